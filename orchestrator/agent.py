@@ -1,0 +1,140 @@
+"""An agent on disk (DESIGN.md §3): agent.yaml, mandate.md, workspace/, state/.
+
+agent.yaml and mandate.md are trusted (the human wrote them; never mounted).
+workspace/ is the agent's and untrusted; state/ is the host's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .policy import Policy, PolicyError, load_policy, policy_from_mapping
+
+DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
+DEFAULT_SCHEDULE = "*/30 * * * *"
+SANDBOX_UID = 1000                    # the sandbox image's unprivileged user
+
+
+class AgentError(ValueError):
+    """A bad agent directory or agent.yaml: one line for the human."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    dir: Path
+    name: str
+    model: str
+    schedule: str
+    policy: Policy
+    dry_run: bool
+
+    @property
+    def workspace(self) -> Path:
+        return self.dir / "workspace"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / "state"
+
+    @property
+    def mandate_path(self) -> Path:
+        return self.dir / "mandate.md"
+
+
+_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every"}
+
+
+def load_agent(agent_dir: str | Path) -> Agent:
+    agent_dir = Path(agent_dir).resolve()
+    config = agent_dir / "agent.yaml"
+    if not config.is_file():
+        raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise AgentError(f"{config}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise AgentError(f"{config}: expected a mapping of keys")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise AgentError(f"{config}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})")
+    return Agent(
+        dir=agent_dir,
+        name=str(data.get("name") or agent_dir.name),
+        model=os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or DEFAULT_MODEL),
+        schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
+        policy=_policy(data.get("policy"), config),
+        dry_run=_dry_run(data.get("dry_run", True), config),
+    )
+
+
+def _policy(value, config: Path) -> Policy:
+    if value is None:
+        return Policy(source=f"{config} (defaults)")
+    if isinstance(value, dict):
+        return policy_from_mapping(value, f"{config} (inline policy)")
+    if isinstance(value, str):
+        path = (config.parent / value).resolve()
+        return load_policy(path)
+    raise PolicyError(f"{config}: policy: expected a file path or a mapping")
+
+
+def _dry_run(value, config: Path) -> bool:
+    env = os.environ.get("WAKELOOP_DRY_RUN")
+    if env is not None and env.strip():
+        if env.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise AgentError(f"WAKELOOP_DRY_RUN={env!r}: expected true or false")
+        return env.strip().lower() in ("true", "1", "yes")
+    if not isinstance(value, bool):
+        raise AgentError(f"{config}: dry_run: expected true or false, got {value!r}")
+    return value
+
+
+_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+AGENT_YAML = """\
+# wakeloop agent: see README.md. This file is trusted and never mounted into the sandbox.
+name: {name}
+model: {model}
+schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s`
+policy: {policy}
+dry_run: true               # no API calls until you set this false (or pass --live)
+"""
+
+MANDATE = """\
+# Mandate
+
+You are {name}, an autonomous agent. Describe here the standing goal and the
+rules you want this agent to follow. The agent reads this at every wake
+through its system prompt; it cannot change it.
+"""
+
+
+def init_agent(agent_dir: str | Path, policy: str | None = None) -> Path:
+    """Create agent.yaml, mandate.md, workspace/ and state/; never overwrite."""
+    agent_dir = Path(agent_dir).resolve()
+    if (agent_dir / "agent.yaml").exists():
+        raise AgentError(f"{agent_dir / 'agent.yaml'} already exists; nothing changed")
+    name = _NAME.sub("-", agent_dir.name).strip("-") or "agent"
+    for sub in ("workspace/memory/journal", "state"):
+        (agent_dir / sub).mkdir(parents=True, exist_ok=True)
+    (agent_dir / "agent.yaml").write_text(AGENT_YAML.format(
+        name=name, model=DEFAULT_MODEL, schedule=DEFAULT_SCHEDULE,
+        policy=policy or "{}            # inline; or a path such as ../policies/default.yaml"))
+    (agent_dir / "mandate.md").write_text(MANDATE.format(name=name))
+    core = agent_dir / "workspace/memory/core.md"
+    if not core.exists():
+        core.write_text("# Core memory\n\n(empty: this is the first wake)\n")
+    os.chmod(agent_dir / "state", 0o700)
+    if os.geteuid() == 0:
+        # Run as root, the workspace would belong to root and the sandbox's
+        # unprivileged user could not write it: hand it to that user.
+        for root, dirs, files in os.walk(agent_dir / "workspace"):
+            for entry in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.lchown(entry, SANDBOX_UID, SANDBOX_UID)
+    return agent_dir

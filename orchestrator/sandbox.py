@@ -1,0 +1,354 @@
+"""The sandbox: every tool call in a fresh, hardened, disposable container.
+
+One call, one container: created from fixed settings, attached before start
+so no output is lost, killed from the host at its deadline, removed whatever
+happens (success, failure, timeout, OOM, an exception here, Ctrl-C). The
+container sees one mount, the agent's workspace, and an environment built
+from scratch. Exit status and OOM come from the engine, never from output.
+
+Not here: which tools exist and whether a call is allowed (tools.py, the
+policy), or what the output means (the model decides).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+import docker
+import docker.errors
+from docker.types import LogConfig, Mount, Ulimit
+from docker.utils.socket import frames_iter
+
+from . import images
+from .output import Capture
+from .policy import SandboxPolicy
+
+WORKSPACE = "/workspace"
+SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
+TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it
+KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
+ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
+LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class SandboxError(RuntimeError):
+    """The box could not be used at all: one line for the human, with the fix."""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    exit_code: int
+    output: str                     # stdout and stderr interleaved, cleaned, capped
+    output_bytes: int               # everything the command printed, counted
+    truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    duration_ms: int
+    container_id: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def for_model(self) -> str:
+        """The text a tool returns. The status is the first line, where output
+        (which may print anything, a fake status line included) cannot come first."""
+        status = f"[exit {self.exit_code}"
+        if self.timed_out:
+            status += ", timed out: killed at the deadline"
+        if self.oom_killed:
+            status += ", killed: out of memory"
+        if self.truncated:
+            status += f", output truncated from {self.output_bytes:,} bytes"
+        return f"{status}]\n{self.output or '(no output)'}"
+
+
+class Sandbox(Protocol):
+    """What the tools need from a box, wherever it lives."""
+
+    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
+
+    def write(self, path: str, content: bytes, timeout_s: float) -> SandboxResult: ...
+
+
+def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
+    """A client for the local engine, or a SandboxError that says how to start one."""
+    try:
+        client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
+        client.ping()
+        return client
+    except docker.errors.DockerException as exc:
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        raise SandboxError(
+            f"cannot reach the Docker engine at {where} ({_first_line(exc)}); "
+            "start it (`sudo systemctl start docker`, or `sudo dockerd &`) or set DOCKER_HOST"
+        ) from None
+
+
+def check_image(client: docker.DockerClient, image: str) -> str | None:
+    """Raise if the image is missing; return a warning line if it is stale."""
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise SandboxError(f"sandbox image {image} not found; build it with `wakeloop image build`") from None
+    reason = images.stale_reason(client, image)
+    return f"warning: {reason}; rebuild it with `wakeloop image build`" if reason else None
+
+
+def resolve_user(setting: str, workspace: Path) -> str:
+    """'auto' is the workspace owner, so files on the host belong to whoever owns the
+    workspace; never uid 0, which falls back to the image's unprivileged user."""
+    if setting != "auto":
+        return setting
+    st = workspace.stat()
+    return SANDBOX_UID if st.st_uid == 0 else f"{st.st_uid}:{st.st_gid}"
+
+
+def check_write_path(path: str) -> str | None:
+    """Why a write_file path is refused before any container starts, or None."""
+    if not path:
+        return "the path is empty"
+    if "\0" in path:
+        return "the path contains a NUL byte"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "the path contains a control character"
+    if path.startswith("/"):
+        return f"the path must be relative to {WORKSPACE}, not absolute"
+    if ".." in PurePosixPath(path).parts:
+        return "the path may not contain '..'"
+    if PurePosixPath(path).parts in ((), (".",)):
+        return "the path names the workspace itself, not a file"
+    return None
+
+
+# Runs inside the container as `python3 -I` (no cwd or PYTHON* in sys.path, so a
+# module planted in the workspace cannot stand in for the stdlib). It resolves the
+# path inside the box, refuses targets outside /workspace, then walks the resolved
+# path with O_NOFOLLOW so a symlink swapped in meanwhile fails instead of being
+# followed, and writes only to a regular file. Content arrives on stdin.
+_WRITE_SCRIPT = r"""
+import os, stat, sys
+root, rel = "/workspace", sys.argv[1]
+target = os.path.realpath(os.path.join(root, rel))
+if os.path.commonpath([root, target]) != root or target == root:
+    print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
+parts = os.path.relpath(target, root).split(os.sep)
+try:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts[:-1]:
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
+except OSError as exc:
+    print(f"refused: {rel}: {exc.strerror} (a symlink or non-directory in the path?)"); sys.exit(3)
+if not stat.S_ISREG(os.fstat(out).st_mode):
+    print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
+os.set_blocking(out, True)
+os.ftruncate(out, 0)
+n = 0
+while chunk := sys.stdin.buffer.read(1 << 16):
+    n += os.write(out, chunk)
+print(f"wrote {n} bytes to {os.path.relpath(target, root)}")
+"""
+
+
+class DockerSandbox:
+    """A Sandbox on the local Docker engine: one new container per call."""
+
+    def __init__(self, workspace: Path, policy: SandboxPolicy, *, agent: str = "agent",
+                 run_id: str | None = None, client: docker.DockerClient | None = None):
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise SandboxError(f"workspace {self.workspace} does not exist; create it with `wakeloop init`")
+        self.policy = policy
+        self.agent = agent
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.client = connect(client)
+        self.warning = check_image(self.client, policy.image)
+        self.user = resolve_user(policy.user, self.workspace)
+
+    # -- the two calls -------------------------------------------------------
+
+    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
+        # stderr joins stdout inside the box, on one pipe, so the order the model
+        # sees is the order things were printed; the engine keeps two pipes apart.
+        # The command travels as an argument, never pasted into a shell string.
+        argv = ["bash", "-c", 'exec bash -c "$1" 2>&1', "bash", command]
+        return self._call(argv, None, timeout_s, max_output_chars)
+
+    def write(self, path: str, content: bytes, timeout_s: float = 30) -> SandboxResult:
+        reason = check_write_path(path)
+        if reason:
+            return SandboxResult(2, f"refused: {reason}", 0, False, False, False, 0, "")
+        argv = ["python3", "-I", "-c", _WRITE_SCRIPT, path]
+        return self._call(argv, content, timeout_s, 4096, workdir="/")
+
+    # -- container settings ---------------------------------------------------
+
+    def container_spec(self, argv: list[str], call_id: str = "-", stdin: bool = False,
+                       workdir: str = WORKSPACE) -> tuple[dict, dict]:
+        """(container config, host config) for one call, in docker SDK terms.
+        Every call is created from exactly these; `policy explain` prints them."""
+        p = self.policy
+        config = dict(
+            image=p.image,
+            command=argv,
+            user=self.user,
+            working_dir=workdir,
+            hostname="sandbox",
+            environment={"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(p.env)},
+            labels={LABEL: "1", "wakeloop.agent": self.agent, "wakeloop.workspace": str(self.workspace),
+                    "wakeloop.run_id": self.run_id, "wakeloop.call_id": call_id},
+            stdin_open=stdin,           # with detach=False this also sets StdinOnce
+            detach=False,
+            use_config_proxy=False,     # else the SDK copies the client's proxy settings in
+        )
+        host = dict(
+            mounts=[Mount(target=WORKSPACE, source=str(self.workspace), type="bind")],
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={p.tmp_size}"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=p.pids,
+            mem_limit=p.memory,
+            memswap_limit=p.memory,
+            nano_cpus=int(p.cpus * 1e9),
+            ulimits=[Ulimit(name="nofile", soft=p.nofile, hard=p.nofile),
+                     Ulimit(name="fsize", soft=p.max_file_size, hard=p.max_file_size),
+                     Ulimit(name="core", soft=0, hard=0)],
+            ipc_mode="private",
+            shm_size=p.shm_size,
+            init=True,
+            runtime=p.runtime,
+            log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+        )
+        return config, host
+
+    # -- one call, start to removal -------------------------------------------
+
+    def _call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
+              workdir: str = WORKSPACE) -> SandboxResult:
+        started = time.monotonic()
+        call_id = uuid.uuid4().hex[:12]
+        try:
+            config, host = self.container_spec(argv, call_id, stdin is not None, workdir)
+            cid = self.client.api.create_container(
+                **config, host_config=self.client.api.create_host_config(**host))["Id"]
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"cannot create a sandbox container: {_first_line(exc)}") from None
+        try:
+            return self._attach_and_wait(cid, stdin, timeout_s, max_output_chars, started)
+        finally:
+            self._remove(cid)
+
+    def _attach_and_wait(self, cid, stdin, timeout_s, cap, started) -> SandboxResult:
+        api = self.client.api
+        params = {"stdin": int(stdin is not None), "stdout": 1, "stderr": 1, "stream": 1}
+        sock = api.attach_socket(cid, params=params)
+        raw = getattr(sock, "_sock", sock)
+        # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
+        deadline = _Deadline(api, cid, raw, timeout_s)
+        try:
+            api.start(cid)
+            deadline.start()
+            if stdin is not None:
+                _send_stdin(raw, stdin)
+            capture = Capture(cap)
+            try:
+                for _stream, data in frames_iter(sock, tty=False):
+                    capture.add(data)
+            except OSError:
+                pass  # the deadline shut the socket; the state below says why
+            deadline.cancel()
+            state = self._final_state(cid)
+        finally:
+            deadline.cancel()
+            sock.close()
+        timed_out = deadline.fired
+        return SandboxResult(
+            exit_code=TIMEOUT_EXIT if timed_out else state["ExitCode"],
+            output=capture.text()[: cap + 200],  # the truncation note may add a little
+            output_bytes=capture.total,
+            truncated=capture.truncated,
+            timed_out=timed_out,
+            oom_killed=bool(state.get("OOMKilled")),
+            duration_ms=int((time.monotonic() - started) * 1000),
+            container_id=cid[:12],
+        )
+
+    def _final_state(self, cid: str) -> dict:
+        self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
+        return self.client.api.inspect_container(cid)["State"]
+
+    def _remove(self, cid: str) -> None:
+        try:
+            self.client.api.remove_container(cid, force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def cleanup_leftovers(self) -> int:
+        """Remove containers an earlier, crashed run left for this workspace."""
+        stale = self.client.containers.list(all=True, filters={
+            "label": [f"{LABEL}=1", f"wakeloop.workspace={self.workspace}"]})
+        for container in stale:
+            self._remove(container.id)
+        return len(stale)
+
+
+class _Deadline:
+    """Kills the container at the deadline, then unblocks the reader if the engine lags."""
+
+    def __init__(self, api, cid: str, raw_socket, timeout_s: float):
+        self.api, self.cid, self.raw = api, cid, raw_socket
+        self.fired = False
+        self._done = threading.Event()
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._done.set()
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        if self._done.is_set():
+            return
+        self.fired = True
+        try:
+            self.api.kill(self.cid)
+        except docker.errors.APIError:
+            pass  # it exited on its own in the meantime
+        if not self._done.wait(KILL_GRACE_S):
+            try:
+                self.raw.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _send_stdin(raw: socket.socket, data: bytes) -> None:
+    """Send all of stdin, then half-close so the process reads EOF (stdin_once).
+    A process that exits without reading closes the pipe: its output still counts."""
+    try:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(getattr(exc, "explanation", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
