@@ -149,9 +149,10 @@ try:
         except FileExistsError:
             pass
         fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
+    # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
+    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
 except OSError as exc:
-    print(f"refused: {rel}: {exc.strerror} (a symlink or non-directory in the path?)"); sys.exit(3)
+    print(f"refused: {rel}: {exc.strerror}"); sys.exit(3)
 if not stat.S_ISREG(os.fstat(out).st_mode):
     print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
 os.set_blocking(out, True)

