@@ -308,6 +308,31 @@ class DockerSandbox:
         return len(stale)
 
 
+def docker_run_args(config: dict, host: dict) -> list[str]:
+    """The `docker run` flags (then image and command) equal to a container_spec.
+    `policy explain` shows these; the benchmark runs them."""
+    args = ["--user", config["user"], "--workdir", config["working_dir"],
+            "--hostname", config["hostname"]]
+    args += [f"--env={k}={v}" for k, v in config["environment"].items()]
+    args += [f"--label={k}={v}" for k, v in config["labels"].items()]
+    args += [f"--mount=type={m['Type']},source={m['Source']},target={m['Target']}" for m in host["mounts"]]
+    args += [f"--network={host['network_mode']}"]
+    args += ["--read-only"] if host["read_only"] else []
+    args += [f"--tmpfs={path}:{opts}" for path, opts in host["tmpfs"].items()]
+    args += [f"--cap-drop={cap}" for cap in host["cap_drop"]]
+    args += [f"--security-opt={opt}" for opt in host["security_opt"]]
+    args += [f"--pids-limit={host['pids_limit']}", f"--memory={host['mem_limit']}",
+             f"--memory-swap={host['memswap_limit']}", f"--cpus={host['nano_cpus'] / 1e9:g}"]
+    args += [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in host["ulimits"]]
+    args += [f"--ipc={host['ipc_mode']}", f"--shm-size={host['shm_size']}"]
+    args += ["--init"] if host["init"] else []
+    args += [f"--runtime={host['runtime']}"]
+    log = host["log_config"]
+    args += [f"--log-driver={log['Type']}"] + [f"--log-opt={k}={v}" for k, v in log["Config"].items()]
+    args += ["--interactive"] if config["stdin_open"] else []
+    return args + [config["image"], *config["command"]]
+
+
 class _Deadline:
     """Kills the container at the deadline, then unblocks the reader if the engine lags."""
 
