@@ -1,12 +1,16 @@
 """Per-call latency of the sandbox against its two reference points.
 
-    .venv/bin/python bench/sandbox_overhead.py [--calls 30]
+    .venv/bin/python bench/sandbox_overhead.py [--calls 30] [--runtime runsc]
 
-(1) a wakeloop sandbox call of `true` (a fresh container, created, attached,
-started, waited for and removed); (2) `docker run --rm` of the same image and
-flags through the CLI; (3) `docker exec` into an already running container,
-the floor any per-call design sits on. The three are interleaved call by call
-so that noise from this shared machine lands on all of them alike.
+(1) a wakeloop sandbox call of `true` taking a container from the warm pool
+(created and started ahead, used once, removed off the call's path), paced
+like an agent: PACE_S between calls, as a model's answer takes at least that;
+(2) the same call cold (create, attach, start, wait, remove on the call's
+path); (3) `docker run --rm` of the same image and flags through the CLI;
+(4) `docker exec` into an already running container, the floor any per-call
+design sits on. The four are interleaved call by call so that noise from
+this shared machine lands on all of them alike. Then the back-to-back rate
+of warm calls with no pause, and what the idle pool holds.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.agent import init_agent, load_agent  # noqa: E402
 from orchestrator.sandbox import DockerSandbox, docker_run_args  # noqa: E402
+
+
+PACE_S = 0.3            # between an agent's tool calls: the model's answer takes at least this
 
 
 def timed(fn) -> float:
@@ -40,11 +48,14 @@ def check(proc: subprocess.CompletedProcess) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=30, help="calls per method (default 30)")
+    parser.add_argument("--runtime", default="runc", help="container runtime (default runc)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         agent = load_agent(init_agent(Path(tmp) / "bench"))
-        box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench")
+        policy = replace(agent.policy.sandbox, runtime=args.runtime)
+        box = DockerSandbox(agent.workspace, policy, agent="bench")
+        cold = DockerSandbox(agent.workspace, policy, agent="bench", warm=0)
         config, host = box.container_spec(["bash", "-c", "true"], "bench")
         run_cmd = ["docker", "run", "--rm", *docker_run_args(config, host)]
         warm = subprocess.run(["docker", "run", "-d", *docker_run_args(
@@ -52,28 +63,51 @@ def main() -> int:
         check(warm)
         warm_id = warm.stdout.strip()
         exec_cmd = ["docker", "exec", warm_id, "bash", "-c", "true"]
-        samples = {"wakeloop sandbox call": [], "docker run --rm": [], "docker exec (warm)": []}
+        samples = {"wakeloop call, warm pool": [], "wakeloop call, cold": [],
+                   "docker run --rm": [], "docker exec (warm)": []}
         try:
             for i in range(args.calls):
-                samples["wakeloop sandbox call"].append(
+                time.sleep(PACE_S)
+                samples["wakeloop call, warm pool"].append(
                     timed(lambda: box.run("true", timeout_s=30, max_output_chars=1000)))
+                samples["wakeloop call, cold"].append(
+                    timed(lambda: cold.run("true", timeout_s=30, max_output_chars=1000)))
                 samples["docker run --rm"].append(
                     timed(lambda: check(subprocess.run(run_cmd, capture_output=True, text=True))))
                 samples["docker exec (warm)"].append(
                     timed(lambda: check(subprocess.run(exec_cmd, capture_output=True, text=True))))
                 print(f"\r{i + 1}/{args.calls} rounds", end="", file=sys.stderr, flush=True)
+            box.pool.wait_ready(box.pool.size, 60)
+            idle = idle_cost(box.pool.idle())
+            started = time.perf_counter()
+            for _ in range(args.calls):
+                box.run("true", timeout_s=30, max_output_chars=1000)
+            rate = args.calls / (time.perf_counter() - started)
         finally:
             subprocess.run(["docker", "rm", "-f", warm_id], capture_output=True)
+            box.close()
         print(file=sys.stderr)
 
     floor = statistics.median(samples["docker exec (warm)"])
     print(f"sandbox overhead: {args.calls} calls each, {os.cpu_count()} cores, runtime {box.policy.runtime}")
-    print(f"{'method':<24} {'median ms':>10} {'p90 ms':>8} {'x exec':>7}")
+    print(f"{'method':<26} {'median ms':>10} {'p90 ms':>8} {'x exec':>7}")
     for name, values in samples.items():
         p90 = statistics.quantiles(values, n=10)[-1]
         median = statistics.median(values)
-        print(f"{name:<24} {median:>10.1f} {p90:>8.1f} {median / floor:>7.2f}")
+        print(f"{name:<26} {median:>10.1f} {p90:>8.1f} {median / floor:>7.2f}")
+    print(f"back-to-back warm calls, no pause: {rate:.1f} calls/s")
+    print(f"idle pool: {idle}")
     return 0
+
+
+def idle_cost(cids: list[str]) -> str:
+    """Containers the idle pool holds and the memory they use (docker stats)."""
+    if not cids:
+        return "empty"
+    proc = subprocess.run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *cids],
+                          capture_output=True, text=True)
+    usage = [line.split("/")[0].strip() for line in proc.stdout.splitlines()]
+    return f"{len(cids)} containers, memory each: {', '.join(usage)}"
 
 
 if __name__ == "__main__":

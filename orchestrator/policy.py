@@ -6,6 +6,9 @@ re-reads YAML or the environment. Defaults are DESIGN.md §4: the safe box.
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
+import posixpath
 import re
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -23,6 +26,8 @@ class Budget:
     max_steps: int = 40                 # model round-trips per wake, hard stop
     max_tokens_per_wake: int = 200_000  # input + output + cache tokens per wake
     max_output_tokens: int = 4096       # per model call
+    max_usd_per_wake: float = 0.0       # USD, worst case checked before each call; 0 = no cap
+    max_usd_per_day: float = 0.0        # USD per UTC day, all wakes; 0 = no cap (ledger.py)
 
 
 @dataclass(frozen=True)
@@ -32,15 +37,84 @@ class BashTool:
     max_output_chars: int = 20_000      # what the model sees; the rest is counted, not kept
 
 
+# Code placed in .git/hooks or .git/config runs on the host of whoever later
+# uses the repository (a hook, core.fsmonitor, core.sshCommand...), so these are
+# denied in every policy unless it sets `protect_git: false`; `deny` adds to them.
+GIT_DENY = ("**/.git/hooks/**", "**/.git/config")
+
+
 @dataclass(frozen=True)
 class WriteFileTool:
+    """The write_file tool's limits. The globs bind this tool only: bash, when
+    enabled, can write anywhere in /workspace.
+
+    Glob semantics (over the normalised path relative to /workspace, '/' separated,
+    case-sensitive, anchored at the workspace root like a path, not like .gitignore):
+      `**`   as a whole segment: zero or more directories (so `**/x` matches `x`
+             and `a/b/x`; `docs/**` matches everything under docs/)
+      `*`    any characters within one segment, dotfiles included (`*.md` is top
+             level only; `**/*.md` is any depth)
+      `?`    one character within a segment; `[abc]` one of those characters
+    A path is allowed when it matches some `allow` glob and no `deny` glob
+    (deny wins), and is normalised first: `./a//b` is `a/b`.
+    """
+
     enabled: bool = True
     max_bytes: int = 1_048_576          # per write
     allow: tuple[str, ...] = ("**",)
-    # Code placed in .git/hooks or .git/config runs on the host of whoever
-    # later uses the repository, so those are denied unless a policy says otherwise.
-    deny: tuple[str, ...] = (".git/hooks/**", ".git/config")
+    deny: tuple[str, ...] = ()
+    protect_git: bool = True            # also deny GIT_DENY
     timeout_s: float = 30
+
+    @property
+    def effective_deny(self) -> tuple[str, ...]:
+        return (GIT_DENY if self.protect_git else ()) + self.deny
+
+    def refusal(self, path: str, size: int) -> str | None:
+        """Why a write_file of `size` bytes to workspace-relative `path` is not
+        allowed, as a sentence for the model, or None when it is."""
+        if not self.enabled:
+            return "the write_file tool is disabled by this agent's policy"
+        rel = normalise(path)
+        if rel is None:
+            return (f"{path!r} is not a path inside /workspace: give it relative to "
+                    "/workspace, without '..'")
+        if size > self.max_bytes:
+            return (f"the content is {size:,} bytes; this policy allows at most "
+                    f"{self.max_bytes:,} bytes per write_file call")
+        denied = next((g for g in self.effective_deny if glob_match(g, rel)), None)
+        if denied:
+            return (f"writing {rel} is denied by this agent's policy (deny glob {denied!r}); "
+                    "this is deliberate, do not try another way round it")
+        if not any(glob_match(g, rel) for g in self.allow):
+            return (f"writing {rel} is not allowed by this agent's policy; it allows only "
+                    f"{', '.join(self.allow) or 'nothing'}")
+        return None
+
+
+def normalise(path: str) -> str | None:
+    """`./a//b/` -> `a/b`; None for an absolute path, one escaping with `..`,
+    the workspace itself, or one with NUL/control characters."""
+    if not path or path.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return None
+    rel = posixpath.normpath(path)
+    if rel in (".", "..") or rel.startswith("../"):
+        return None
+    return rel
+
+
+def glob_match(pattern: str, rel: str) -> bool:
+    """Whether normalised `rel` matches `pattern` (semantics: WriteFileTool)."""
+    return _match_parts(tuple(p for p in pattern.split("/") if p), tuple(rel.split("/")))
+
+
+def _match_parts(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_parts(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _match_parts(rest, parts[1:])
 
 
 @dataclass(frozen=True)
@@ -68,6 +142,7 @@ class SandboxPolicy:
     shm_size: int = 16 * 2**20          # bytes, private /dev/shm
     nofile: int = 1024                  # open files per process
     max_file_size: int = 1 * 2**30      # bytes, RLIMIT_FSIZE: one file, in /workspace too
+    pool: int = 2                       # containers started ahead of calls; 0 = every call cold
     network: str = "none"               # none | allowlist | bridge
     allow_hosts: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -80,27 +155,41 @@ class Policy:
     tools: Tools = field(default_factory=Tools)
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     source: str = "<defaults>"          # where it was read from, for messages
+    # (key path, line) of every key read, so a check made later against the
+    # engine (image, runtime) can still name the line.
+    lines: tuple[tuple[str, int], ...] = field(default=(), compare=False, repr=False)
+
+    def where(self, key_path: str) -> str:
+        """`file:line` of a key, for messages, or just the file."""
+        line = dict(self.lines).get(key_path)
+        return f"{self.source}:{line}" if line else self.source
 
 
 DEFAULT = Policy()
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+# -- sizes ---------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
+_UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes"}
+MIN_MEMORY = 6 * 2**20                  # bytes; the engine refuses a smaller memory limit
 
 
 def parse_size(value: Any) -> int:
-    """'64m', '1g', '1GiB', '512MB' or plain bytes -> bytes (binary units)."""
-    if isinstance(value, bool):
+    """'64m', '1g', '1GiB', '512MB', '100b' or plain bytes -> bytes. Units are binary
+    (k = 1024) whether or not an `i` is written, as Docker's are."""
+    if isinstance(value, bool) or isinstance(value, float):
         raise ValueError(f"expected a size like 64m or 1GiB, got {value!r}")
     if isinstance(value, int):
         return value
-    match = _SIZE.match(str(value))
+    match = _SIZE.match(value) if isinstance(value, str) else None
     if not match:
-        raise ValueError(f"expected a size like 64m or 1GiB, got {value!r}")
-    number, unit, _ = match.groups()
-    return int(float(number) * _UNITS[unit.lower()])
+        raise ValueError(f"expected a size like 64m, 1g, 1GiB or plain bytes, got {value!r}")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit.lower() if unit else None])
 
+
+# -- loading -------------------------------------------------------------------
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
@@ -108,95 +197,321 @@ def load_policy(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text") from None
     return parse_policy(text, str(path))
 
 
 def parse_policy(text: str, source: str) -> Policy:
     try:
-        node = yaml.compose(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) if node is not None else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise PolicyError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    data = yaml.safe_load(text) if node is not None else {}
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise PolicyError(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    _check_duplicates(node, (), source)
     return policy_from_mapping(data, source, node)
 
 
 def policy_from_mapping(data: Any, source: str, node: yaml.Node | None = None) -> Policy:
-    """Validate a mapping (from a file or inline in agent.yaml) into a Policy."""
+    """Validate a mapping (from a file or inline in agent.yaml) into a Policy.
+    Pure: needs no engine. `check_against_engine` does the rest before any container."""
     if data is None:
         data = {}
     policy = _build(Policy, data, (), source, node)
-    return replace(policy, source=source)
+    _check_combinations(policy, source, node)
+    return replace(policy, source=source, lines=tuple(_all_lines(node, ())))
 
 
-def _line_of(node: yaml.Node | None, path: tuple[str, ...]) -> int | None:
-    """The 1-based line of the key at `path` in the YAML node tree, if known."""
+def check_against_engine(policy: Policy, client) -> None:
+    """Raise PolicyError if the live engine lacks the policy's image or runtime,
+    cannot give its cpus, or has a runtime that cannot give its network.
+    Call before any container starts."""
+    box = policy.sandbox
+    try:
+        info = client.info()
+        client.images.get(box.image)
+        has_image = True
+    except Exception as exc:  # docker.errors.ImageNotFound, or an engine error
+        if type(exc).__name__ != "ImageNotFound":
+            raise PolicyError(f"{policy.source}: cannot ask the Docker engine: {exc}") from None
+        has_image = False
+    if not has_image:
+        raise PolicyError(f"{policy.where('sandbox.image')}: sandbox.image: {box.image} is not on this "
+                          "engine; build it with `wakeloop image build` or name an image it has")
+    runtimes = info.get("Runtimes") or {}
+    if box.runtime not in runtimes:
+        hint = " (run scripts/setup-runsc.sh to install gVisor)" if box.runtime == "runsc" else ""
+        raise PolicyError(f"{policy.where('sandbox.runtime')}: sandbox.runtime: the engine has no runtime "
+                          f"{box.runtime!r} (it has: {', '.join(sorted(runtimes))}){hint}")
+    args = (runtimes[box.runtime] or {}).get("runtimeArgs") or []
+    if box.network != "none" and "--network=none" in args:
+        raise PolicyError(f"{policy.where('sandbox.network')}: sandbox.network: runtime {box.runtime} is "
+                          f"registered with --network=none, so network: {box.network} cannot work under "
+                          "it; use runtime runc, or network: none")
+    ncpu = info.get("NCPU") or 0
+    if ncpu and box.cpus > ncpu:
+        raise PolicyError(f"{policy.where('sandbox.cpus')}: sandbox.cpus: {box.cpus} is more than the "
+                          f"{ncpu} CPUs this engine has")
+
+
+# -- the YAML node tree: lines and duplicate keys --------------------------------
+
+def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
+    """The 1-based line of the key (or list item) at `path`, if known."""
     line = None
     for key in path:
-        if not isinstance(node, yaml.MappingNode):
-            return line
-        for key_node, value_node in node.value:
-            if key_node.value == key:
-                line, node = key_node.start_mark.line + 1, value_node
-                break
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == str(key):
+                    line, node = key_node.start_mark.line + 1, value_node
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
         else:
             return line
     return line
 
 
-def _fail(source: str, node, path: tuple[str, ...], message: str) -> PolicyError:
+def _all_lines(node, path: tuple):
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key_path = path + (str(key_node.value),)
+            yield ".".join(key_path), key_node.start_mark.line + 1
+            yield from _all_lines(value_node, key_path)
+
+
+def _check_duplicates(node, path: tuple, source: str) -> None:
+    """YAML keeps the last of two equal keys without a word; a policy must not."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen = {}
+    for key_node, value_node in node.value:
+        key = key_node.value
+        if key in seen:
+            raise PolicyError(f"{source}:{key_node.start_mark.line + 1}: {_dotted(path + (key,))}: "
+                              f"duplicate key (first on line {seen[key]})")
+        seen[key] = key_node.start_mark.line + 1
+        _check_duplicates(value_node, path + (key,), source)
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for key in path:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out or "(top level)"
+
+
+def _fail(source: str, node, path: tuple, message: str) -> PolicyError:
     line = _line_of(node, path)
     where = f"{source}:{line}" if line else source
-    key = ".".join(path) or "(top level)"
-    return PolicyError(f"{where}: {key}: {message}")
+    return PolicyError(f"{where}: {_dotted(path)}: {message}")
 
 
-def _build(cls, data: Any, path: tuple[str, ...], source: str, node):
+# -- building the dataclasses ----------------------------------------------------
+
+def _build(cls, data: Any, path: tuple, source: str, node):
     if not isinstance(data, dict):
-        raise _fail(source, node, path, f"expected a mapping, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls) if f.name != "source"}
+        raise _fail(source, node, path, f"expected a mapping of keys, got {_kind(data)}")
+    known = {f.name: f for f in fields(cls) if f.name not in ("source", "lines")}
     values = {}
     for key, value in data.items():
         key_path = path + (str(key),)
         if key not in known:
-            raise _fail(source, node, key_path, f"unknown key (known: {', '.join(sorted(known))})")
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _fail(source, node, key_path,
+                        f"unknown key ({hint}known here: {', '.join(sorted(known))})")
         default = getattr(cls(), key)
-        values[key] = _convert(key, value, default, key_path, source, node)
+        values[key] = _convert(key, value, default, known[key].type, key_path, source, node)
     return cls(**values)
 
 
-def _convert(key: str, value: Any, default: Any, path, source, node):
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
+            type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _convert(key: str, value: Any, default: Any, type_name: str, path, source, node):
     if is_dataclass(default):
         return _build(type(default), value, path, source, node)
     try:
-        if key in _SIZE_FIELDS:
-            result = parse_size(value)
-        elif key == "env":
-            if not isinstance(value, dict):
-                raise ValueError("expected a mapping of NAME: value")
-            result = tuple(sorted((str(k), str(v)) for k, v in value.items()))
-        elif isinstance(default, tuple):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValueError("expected a list of strings")
-            result = tuple(value)
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ValueError(f"expected true or false, got {value!r}")
-            result = value
-        elif isinstance(default, (int, float)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"expected a number, got {value!r}")
-            if isinstance(default, int) and not isinstance(value, int):
-                raise ValueError(f"expected a whole number, got {value!r}")
-            result = value
-        else:
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"expected a non-empty string, got {value!r}")
-            result = value
-        if isinstance(result, (int, float)) and not isinstance(result, bool) and result <= 0 \
-                and key != "version":
-            raise ValueError(f"must be greater than zero, got {value!r}")
+        check = _CHECKS.get(key)
+        if check:
+            return check(value, path, source, node)
+        return _plain(value, default, type_name)
+    except PolicyError:
+        raise  # already names a deeper key (a list item, an env name)
     except ValueError as exc:
         raise _fail(source, node, path, str(exc)) from None
-    return result
+
+
+def _plain(value: Any, default: Any, type_name: str):
+    """bool, int, float and str fields, by their declared type."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {_kind(value)} {value!r}")
+        if type_name == "int" and not isinstance(value, int):
+            raise ValueError(f"expected a whole number, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"must be greater than zero, got {value!r}")
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {_kind(value)} {value!r}")
+    return value
+
+
+def _size(value, path, source, node) -> int:
+    size = parse_size(value)
+    if size <= 0:
+        raise ValueError(f"must be greater than zero, got {value!r}")
+    if path[-1] == "memory" and size < MIN_MEMORY:
+        raise ValueError(f"{value!r} is below the engine's minimum of 6m")
+    return size
+
+
+def _version(value, path, source, node) -> int:
+    if value != 1 or isinstance(value, bool):
+        raise ValueError(f"this wakeloop reads policy version 1, got {value!r}")
+    return 1
+
+
+_USER = re.compile(r"^(\d+):(\d+)$")
+
+
+def _user(value, path, source, node) -> str:
+    if value == "auto":
+        return value
+    match = _USER.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f'expected "auto" or "UID:GID" such as "1000:1000", got {value!r}')
+    if int(match.group(1)) == 0 or int(match.group(2)) == 0:
+        raise ValueError(f"{value!r} is root; the sandbox never runs as uid or gid 0")
+    return value
+
+
+NETWORKS = ("none", "allowlist", "bridge")
+
+
+def _network(value, path, source, node) -> str:
+    if value not in NETWORKS:
+        raise ValueError(f"expected one of {', '.join(NETWORKS)}, got {value!r}")
+    return value
+
+
+_RUNTIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _runtime(value, path, source, node) -> str:
+    if not isinstance(value, str) or not _RUNTIME.match(value):
+        raise ValueError(f"expected a runtime name such as runc or runsc, got {value!r}")
+    return value
+
+
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_HOST = re.compile(rf"^(\*\.)?({_LABEL}(?:\.{_LABEL})*)(?::(\d{{1,5}}))?$")
+_IPV4 = re.compile(r"^[\d.]+$")
+
+
+def parse_host(entry: str) -> tuple[bool, str, int | None]:
+    """'*.example.org:8443' -> (subdomains_only, 'example.org', 8443); ValueError if malformed."""
+    match = _HOST.match(entry.lower()) if isinstance(entry, str) else None
+    if not match or len(match.group(2)) > 253:
+        raise ValueError(f"expected host, host:port or *.domain, got {entry!r}")
+    wildcard, host, port = match.groups()
+    if _IPV4.match(host):
+        raise ValueError(f"{entry!r} is an IP address; name the host (addresses are never allowed "
+                         "by the proxy, so neither is 169.254.169.254)")
+    if wildcard and "." not in host:
+        raise ValueError(f"{entry!r} would allow a whole top-level domain")
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} in {entry!r} is not between 1 and 65535")
+    return bool(wildcard), host, int(port) if port else None
+
+
+def _allow_hosts(value, path, source, node) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of hosts, got {_kind(value)}")
+    for i, entry in enumerate(value):
+        try:
+            parse_host(entry)
+        except ValueError as exc:
+            raise _fail(source, node, path + (i,), str(exc)) from None
+    return tuple(entry.lower() for entry in value)
+
+
+def _globs(value, path, source, node) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of globs such as ['**'], got {_kind(value)}")
+    for i, glob in enumerate(value):
+        problem = None
+        if not isinstance(glob, str) or not glob.strip():
+            problem = f"expected a non-empty glob string, got {glob!r}"
+        elif glob.startswith("/"):
+            problem = f"{glob!r} is absolute; globs are relative to /workspace"
+        elif ".." in glob.split("/"):
+            problem = f"{glob!r} contains '..'; globs match normalised paths, which never do"
+        elif any(ord(c) < 32 for c in glob):
+            problem = f"{glob!r} contains a control character"
+        if problem:
+            raise _fail(source, node, path + (i,), problem)
+    return tuple(value)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by wakeloop itself (allowlist proxy) or never to be handed to a sandbox.
+_ENV_RESERVED = re.compile(r"^(HTTPS?_PROXY|NO_PROXY|ALL_PROXY|ANTHROPIC_.*|WAKELOOP_.*)$", re.IGNORECASE)
+
+
+def _env(value, path, source, node) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of NAME: value, got {_kind(value)}")
+    out = []
+    for name, val in value.items():
+        where = path + (str(name),)
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise _fail(source, node, where, "not a valid environment variable name")
+        if _ENV_RESERVED.match(name):
+            raise _fail(source, node, where, "reserved: wakeloop sets the proxy variables itself, "
+                                             "and ANTHROPIC_*/WAKELOOP_* never enter the sandbox")
+        if isinstance(val, (dict, list)) or val is None:
+            raise _fail(source, node, where, f"expected a plain value, got {_kind(val)}")
+        text = str(val).lower() if isinstance(val, bool) else str(val)
+        if "\0" in text:
+            raise _fail(source, node, where, "the value contains a NUL byte")
+        out.append((name, text))
+    return tuple(sorted(out))
+
+
+def _pool(value, path, source, node) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_POOL:
+        raise ValueError(f"expected a whole number from 0 (off) to {MAX_POOL}, got {value!r}")
+    return value
+
+
+MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slot
+
+_CHECKS = {
+    **{name: _size for name in _SIZE_FIELDS},
+    "pool": _pool,
+    "version": _version, "user": _user, "network": _network, "runtime": _runtime,
+    "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
+}
+
+
+def _check_combinations(policy: Policy, source: str, node) -> None:
+    box = policy.sandbox
+    if box.network == "allowlist" and not box.allow_hosts:
+        raise _fail(source, node, ("sandbox", "network"),
+                    "allowlist needs at least one entry in sandbox.allow_hosts (or use network: none)")
+    if box.network != "allowlist" and box.allow_hosts:
+        raise _fail(source, node, ("sandbox", "allow_hosts"),
+                    f"only used with network: allowlist (network is {box.network})")

@@ -12,6 +12,7 @@ policy), or what the output means (the model decides).
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import threading
@@ -27,7 +28,9 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from . import images
+from . import network
 from .output import Capture
+from .pool import LAUNCHER, WarmPool, handoff
 from .policy import SandboxPolicy
 
 WORKSPACE = "/workspace"
@@ -165,10 +168,15 @@ print(f"wrote {n} bytes to {os.path.relpath(target, root)}")
 
 
 class DockerSandbox:
-    """A Sandbox on the local Docker engine: one new container per call."""
+    """A Sandbox on the local Docker engine: one new container per call.
+
+    With `pool` > 0 in the policy, calls take a container that was created and
+    started ahead of time from the same settings (pool.py); close() removes them.
+    """
 
     def __init__(self, workspace: Path, policy: SandboxPolicy, *, agent: str = "agent",
-                 run_id: str | None = None, client: docker.DockerClient | None = None):
+                 run_id: str | None = None, client: docker.DockerClient | None = None,
+                 warm: int | None = None):
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist; create it with `wakeloop init`")
@@ -178,6 +186,35 @@ class DockerSandbox:
         self.client = connect(client)
         self.warning = check_image(self.client, policy.image)
         self.user = resolve_user(policy.user, self.workspace)
+        if policy.network == "allowlist":  # the proxy and netns holder, started on demand
+            try:
+                network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
+            except network.NetworkError as exc:
+                raise SandboxError(str(exc)) from None
+        size = policy.pool if warm is None else warm
+        self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm,
+                             remove=self._remove, alive=self._running) if size > 0 else None
+        if self.pool:
+            atexit.register(self.close)  # a safety net; callers close() when done
+
+    def close(self) -> None:
+        """Remove every container this sandbox made; idle pool containers included."""
+        if self.pool:
+            self.pool.close()
+            atexit.unregister(self.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def update_policy(self, policy: SandboxPolicy) -> None:
+        """New settings for the calls to come; idle containers made under the old ones go."""
+        self.policy = policy
+        self.user = resolve_user(policy.user, self.workspace)
+        if self.pool:
+            self.pool.drain()
 
     # -- the two calls -------------------------------------------------------
 
@@ -202,13 +239,17 @@ class DockerSandbox:
         """(container config, host config) for one call, in docker SDK terms.
         Every call is created from exactly these; `policy explain` prints them."""
         p = self.policy
+        # allowlist: join the agent's netns holder (no default route) and reach
+        # out only through the proxy; none/bridge are the engine's own modes.
+        egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
         config = dict(
             image=p.image,
             command=argv,
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",
-            environment={"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(p.env)},
+            environment={"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(p.env),
+                         **(egress.env() if egress else {})},
             labels={LABEL: "1", "wakeloop.agent": self.agent, "wakeloop.workspace": str(self.workspace),
                     "wakeloop.run_id": self.run_id, "wakeloop.call_id": call_id},
             stdin_open=stdin,           # with detach=False this also sets StdinOnce
@@ -217,7 +258,7 @@ class DockerSandbox:
         )
         host = dict(
             mounts=[Mount(target=WORKSPACE, source=str(self.workspace), type="bind")],
-            network_mode="none",
+            network_mode=egress.network_mode if egress else p.network,
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={p.tmp_size}"},
             cap_drop=["ALL"],
@@ -235,6 +276,8 @@ class DockerSandbox:
             runtime=p.runtime,
             log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         )
+        if egress:  # the engine refuses a hostname with container: networking;
+            del config["hostname"]  # the holder's, also "sandbox", applies
         return config, host
 
     # -- one call, start to removal -------------------------------------------
@@ -242,19 +285,52 @@ class DockerSandbox:
     def _call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
               workdir: str = WORKSPACE) -> SandboxResult:
         started = time.monotonic()
-        call_id = uuid.uuid4().hex[:12]
+        cid = self.pool.take() if self.pool else None
+        if cid:   # already running its launcher: hand it the command, then stdin
+            send, start = handoff(argv, workdir, stdin is not None) + (stdin or b""), False
+        else:
+            cid, send, start = self._create(argv, uuid.uuid4().hex[:12], stdin is not None, workdir), stdin, True
         try:
-            config, host = self.container_spec(argv, call_id, stdin is not None, workdir)
-            cid = self.client.api.create_container(
+            result = self._attach_and_wait(cid, send, start, timeout_s, max_output_chars, started)
+        except BaseException:
+            self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
+            raise
+        if self.pool:
+            self.pool.discard(cid)  # removal off the call's path
+        else:
+            self._remove(cid)
+        return result
+
+    def _create(self, argv, call_id: str, stdin: bool, workdir: str) -> str:
+        try:
+            config, host = self.container_spec(argv, call_id, stdin, workdir)
+            return self.client.api.create_container(
                 **config, host_config=self.client.api.create_host_config(**host))["Id"]
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot create a sandbox container: {_first_line(exc)}") from None
-        try:
-            return self._attach_and_wait(cid, stdin, timeout_s, max_output_chars, started)
-        finally:
-            self._remove(cid)
 
-    def _attach_and_wait(self, cid, stdin, timeout_s, cap, started) -> SandboxResult:
+    def _make_warm(self) -> str:
+        """A started container idling in the launcher; same settings as a cold call."""
+        cid = self._create(["python3", "-I", "-c", LAUNCHER], "pool", True, WORKSPACE)
+        try:
+            self.client.api.start(cid)
+        except docker.errors.DockerException:
+            self._remove(cid)
+            raise
+        return cid
+
+    def _settings_key(self) -> str:
+        config, host = self.container_spec(["-"], "-", True, WORKSPACE)
+        config.pop("labels")
+        return repr((config, host))
+
+    def _running(self, cid: str) -> bool:
+        try:
+            return self.client.api.inspect_container(cid)["State"]["Running"]
+        except docker.errors.DockerException:
+            return False
+
+    def _attach_and_wait(self, cid, stdin, start: bool, timeout_s, cap, started) -> SandboxResult:
         api = self.client.api
         params = {"stdin": int(stdin is not None), "stdout": 1, "stderr": 1, "stream": 1}
         sock = api.attach_socket(cid, params=params)
@@ -262,7 +338,8 @@ class DockerSandbox:
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
         deadline = _Deadline(api, cid, raw, timeout_s)
         try:
-            api.start(cid)
+            if start:
+                api.start(cid)
             deadline.start()
             if stdin is not None:
                 _send_stdin(raw, stdin)
@@ -298,11 +375,15 @@ class DockerSandbox:
             self.client.api.remove_container(cid, force=True)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
 
     def cleanup_leftovers(self) -> int:
         """Remove containers an earlier, crashed run left for this workspace."""
-        stale = self.client.containers.list(all=True, filters={
+        found = self.client.containers.list(all=True, filters={
             "label": [f"{LABEL}=1", f"wakeloop.workspace={self.workspace}"]})
+        stale = [c for c in found if c.labels.get("wakeloop.run_id") != self.run_id]
         for container in stale:
             self._remove(container.id)
         return len(stale)

@@ -7,6 +7,7 @@ sandbox image; `.ci/run` (scripts/test.sh) provides both on a bare machine.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -36,15 +37,53 @@ def agent(agent_dir):
     return load_agent(agent_dir)
 
 
+# Every sandbox test runs under each: runc (the default) and gVisor's runsc,
+# which scripts/setup-runsc.sh installs and registers (with --network=none).
+RUNTIMES = ("runc", "runsc")
+
+
+@pytest.fixture(scope="session")
+def engine_runtimes(docker_client) -> set[str]:
+    return set(docker_client.info().get("Runtimes") or {})
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request, engine_runtimes) -> str:
+    if request.param not in engine_runtimes:
+        pytest.skip(f"runtime {request.param} is not registered with this engine "
+                    "(run scripts/setup-runsc.sh)")
+    return request.param
+
+
 @pytest.fixture
-def sandbox(agent, docker_client) -> DockerSandbox:
-    return DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client)
+def make_sandbox(agent, docker_client, runtime):
+    """DockerSandbox(policy=the agent's, **changes) under `runtime`: closed (pool removed)
+    after the test."""
+    made = []
+
+    def make(policy=None, **kwargs) -> DockerSandbox:
+        policy = replace(policy or agent.policy.sandbox, runtime=runtime)
+        box = DockerSandbox(agent.workspace, policy, agent=agent.name,
+                            client=docker_client, **kwargs)
+        made.append(box)
+        return box
+
+    yield make
+    for box in made:
+        box.close()
+
+
+@pytest.fixture
+def sandbox(make_sandbox) -> DockerSandbox:
+    """The sandbox as a wake uses it: the policy's warm pool on."""
+    return make_sandbox()
 
 
 def our_containers(client, base: Path) -> list:
     """Sandbox containers whose workspace lies under this test session's temp dir."""
-    found = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-    return [c for c in found if c.labels.get("wakeloop.workspace", "").startswith(str(base))]
+    found = client.api.containers(all=True, filters={"label": f"{LABEL}=1"})  # one request, no races
+    return [c["Id"][:12] for c in found
+            if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(base))]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -53,9 +92,9 @@ def no_container_left_behind(tmp_path_factory, docker_client):
     base = tmp_path_factory.getbasetemp()
     yield
     left = our_containers(docker_client, base)
-    for container in left:
-        container.remove(force=True)
-    assert not left, f"sandbox containers left behind: {[c.short_id for c in left]}"
+    for cid in left:
+        docker_client.api.remove_container(cid, force=True)
+    assert not left, f"sandbox containers left behind: {left}"
 
 
 def pytest_report_header(config):

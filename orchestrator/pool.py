@@ -1,0 +1,168 @@
+"""A few fresh containers, created and started ahead of the call that uses them.
+
+Creating and starting a container is most of a sandbox call's cost; handing
+a command to one that is already running costs about as much as an exec. So
+each DockerSandbox keeps `pool` containers made from exactly the settings a
+cold call would get, each idling in a tiny launcher that waits on stdin for
+its one command, runs it (exec, so the command is the launcher's successor
+under the same init) and is then removed. Single use: no container ever sees
+a second call, so nothing in /tmp, no process and no state carries over.
+
+Not here: what runs in the box or how its output is read (sandbox.py). The
+pool only makes, hands out, and disposes of containers, and it never hands
+out one made under settings other than the current ones.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import docker.errors
+
+# Runs in the pooled container as `python3 -I -c LAUNCHER`. It reads an 8-byte
+# length and that many bytes of JSON {argv, cwd, stdin} from fd 0 with os.read,
+# which never reads past what it asks for: whatever follows on stdin is left
+# for the command (write_file's content). Without stdin the command gets
+# /dev/null, as a cold call's does.
+LAUNCHER = r"""
+import json, os
+def read_exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            os._exit(125)
+        data += chunk
+    return data
+spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
+os.chdir(spec["cwd"])
+if not spec["stdin"]:
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+os.execvp(spec["argv"][0], spec["argv"])
+"""
+
+IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
+
+
+def handoff(argv: list[str], cwd: str, stdin: bool) -> bytes:
+    """The bytes that hand a pooled container its command."""
+    spec = json.dumps({"argv": argv, "cwd": cwd, "stdin": stdin}).encode()
+    return len(spec).to_bytes(8, "big") + spec
+
+
+@dataclass(frozen=True)
+class _Warm:
+    cid: str
+    key: str            # the settings it was made under
+    made: float         # time.monotonic() when it was started
+
+
+class WarmPool:
+    """Keeps up to `size` started containers for the settings named by `key()`.
+
+    `make(key)` creates and starts one container and returns its id;
+    `remove(cid)` removes one. Both run on the pool's own thread, so a call
+    never waits for a refill or a removal.
+    """
+
+    def __init__(self, size: int, key: Callable[[], str], make: Callable[[], str],
+                 remove: Callable[[str], None], alive: Callable[[str], bool]):
+        self.size, self._key, self._make, self._remove, self._alive = size, key, make, remove, alive
+        self._ready: list[_Warm] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._work: queue.Queue = queue.Queue()
+        self._closed = False
+        self._making = 0
+        self._thread = threading.Thread(target=self._worker, name="wakeloop-pool", daemon=True)
+        self._thread.start()
+        self._refill()
+
+    def take(self) -> str | None:
+        """A started container no call has used, made under the current settings; or None."""
+        key = self._key()
+        while True:
+            with self._lock:
+                if not self._ready:
+                    warm = None
+                else:
+                    warm = self._ready.pop(0)
+            if warm is None:
+                self._refill()
+                return None
+            if warm.key != key or (time.monotonic() - warm.made > IDLE_CHECK_S
+                                   and not self._alive(warm.cid)):
+                self.discard(warm.cid)
+                continue
+            self._refill()
+            return warm.cid
+
+    def discard(self, cid: str) -> None:
+        """Remove a container on the pool's thread (used or stale)."""
+        self._work.put(("remove", cid))
+
+    def drain(self) -> None:
+        """Drop every idle container (the settings changed) and refill."""
+        with self._lock:
+            stale, self._ready = self._ready, []
+        for warm in stale:
+            self.discard(warm.cid)
+        self._refill()
+
+    def close(self) -> None:
+        """Remove every container the pool made or was given; returns when done."""
+        with self._lock:
+            self._closed = True
+            stale, self._ready = self._ready, []
+        for warm in stale:
+            self.discard(warm.cid)
+        self._work.put(("stop", None))
+        self._thread.join()
+
+    def idle(self) -> list[str]:
+        with self._lock:
+            return [w.cid for w in self._ready]
+
+    def wait_ready(self, count: int, timeout_s: float) -> bool:
+        """Block until `count` containers are idle (benchmarks and tests), or the timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self._ready) >= count, timeout_s)
+
+    def _refill(self) -> None:
+        with self._lock:
+            missing = self.size - len(self._ready) - self._making
+            self._making += max(missing, 0)
+        for _ in range(max(missing, 0)):
+            self._work.put(("make", None))
+
+    def _worker(self) -> None:
+        while True:
+            job, cid = self._work.get()
+            if job == "stop":
+                return
+            if job == "remove":
+                self._remove(cid)
+                continue
+            self._make_one()
+
+    def _make_one(self) -> None:
+        key = self._key()
+        try:
+            cid = None if self._closed else self._make()
+        except docker.errors.DockerException:
+            cid = None  # the next call goes cold and says why if the engine is really gone
+        with self._lock:
+            self._making -= 1
+            keep = cid is not None and not self._closed and key == self._key()
+            if keep:
+                self._ready.append(_Warm(cid, key, time.monotonic()))
+                self._changed.notify_all()
+        if cid is not None and not keep:
+            self._remove(cid)

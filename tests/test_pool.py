@@ -1,0 +1,87 @@
+"""The warm pool keeps its promises: single use, fresh state, nothing left, no stale settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.sandbox import LABEL
+
+DEADLINE = 30
+
+
+def run(box, command, timeout=DEADLINE):
+    return box.run(command, timeout_s=timeout, max_output_chars=10_000)
+
+
+def labelled(client, run_id) -> list[str]:
+    found = client.api.containers(all=True, filters={"label": [f"{LABEL}=1", f"wakeloop.run_id={run_id}"]})
+    return [c["Id"][:12] for c in found]
+
+
+def wait_until_ready(box, count):
+    assert box.pool.wait_ready(count, DEADLINE), "the pool never filled"
+
+
+def test_every_call_gets_a_container_no_earlier_call_used(sandbox):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    seen = set()
+    for _ in range(6):
+        idle = {cid[:12] for cid in sandbox.pool.idle()}
+        result = run(sandbox, "true")
+        assert result.container_id not in seen
+        seen.add(result.container_id)
+        if idle:
+            assert result.container_id in idle, "a warm container was idle but the call went cold"
+
+
+def test_nothing_one_call_writes_to_tmp_or_starts_is_seen_by_the_next(sandbox):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    run(sandbox, "echo secret > /tmp/left; echo h > $HOME/h; (sleep 300 &) ; echo x > /dev/shm/s")
+    after = run(sandbox, "ls /tmp /dev/shm; ps -e -o comm --no-headers")
+    assert "left" not in after.output and "h" not in after.output.split()
+    assert "sleep" not in after.output and "s" not in after.output.split()
+
+
+def test_the_pool_is_empty_after_shutdown(sandbox, docker_client):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    run(sandbox, "true")
+    run(sandbox, "exit 3")
+    assert labelled(docker_client, sandbox.run_id), "the pool should hold containers while open"
+    sandbox.close()
+    assert labelled(docker_client, sandbox.run_id) == []
+
+
+def test_a_policy_change_never_hands_out_a_container_made_under_the_old_policy(sandbox, agent):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    run(sandbox, "true")  # a refill is in flight under the old settings now
+    for generation in range(3):
+        sandbox.update_policy(replace(agent.policy.sandbox, env=(("GENERATION", str(generation)),)))
+        assert run(sandbox, "echo $GENERATION").output == f"{generation}\n"
+        assert run(sandbox, "echo $GENERATION").output == f"{generation}\n"
+
+
+def test_write_file_through_a_pooled_container_keeps_bytes_and_stdin_order(sandbox, agent):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    content = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    assert sandbox.write("blob.bin", content).exit_code == 0
+    assert (agent.workspace / "blob.bin").read_bytes() == content
+
+
+def test_a_pooled_command_reads_eof_on_stdin(sandbox):
+    wait_until_ready(sandbox, sandbox.pool.size)
+    result = run(sandbox, "cat; echo done", timeout=10)
+    assert not result.timed_out and result.output == "done\n"
+
+
+@pytest.mark.parametrize("warm", [0, 2], ids=["cold", "warm"])
+def test_cold_and_warm_calls_agree(make_sandbox, warm):
+    box = make_sandbox(warm=warm)
+    if warm:
+        wait_until_ready(box, warm)
+    assert run(box, "echo $0 $(id -u) $(pwd) $HOSTNAME; exit 4").output == "bash 1000 /workspace sandbox\n"
+    assert run(box, "exit 4").exit_code == 4
+    timed = run(box, "sleep 100", timeout=1)
+    assert timed.timed_out and timed.exit_code == 124
+    assert box.write("w.txt", b"ok").output.startswith("wrote 2 bytes")
