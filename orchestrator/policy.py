@@ -172,6 +172,9 @@ DEFAULT = Policy()
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes"}
+# Under gVisor the pids limit counts the Sentry's host threads too: below ~56 a
+# box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
+RUNSC_MIN_PIDS = 128
 MIN_MEMORY = 6 * 2**20                  # bytes; the engine refuses a smaller memory limit
 
 
@@ -250,6 +253,10 @@ def check_against_engine(policy: Policy, client) -> None:
         raise PolicyError(f"{policy.where('sandbox.network')}: sandbox.network: runtime {box.runtime} is "
                           f"registered with --network=none, so network: {box.network} cannot work under "
                           "it; use runtime runc, or network: none")
+    if "runsc" in str((runtimes[box.runtime] or {}).get("path", "")) and box.pids < RUNSC_MIN_PIDS:
+        raise PolicyError(f"{policy.where('sandbox.pids')}: sandbox.pids: {box.pids} is too few under "
+                          f"gVisor, whose own threads count against the limit; use at least "
+                          f"{RUNSC_MIN_PIDS}")
     ncpu = info.get("NCPU") or 0
     if ncpu and box.cpus > ncpu:
         raise PolicyError(f"{policy.where('sandbox.cpus')}: sandbox.cpus: {box.cpus} is more than the "
@@ -361,7 +368,9 @@ def _plain(value: Any, default: Any, type_name: str):
             raise ValueError(f"expected a number, got {_kind(value)} {value!r}")
         if type_name == "int" and not isinstance(value, int):
             raise ValueError(f"expected a whole number, got {value!r}")
-        if value <= 0:
+        if default == 0 and value < 0:  # a default of 0 means "off", so 0 is fine
+            raise ValueError(f"must be zero (off) or more, got {value!r}")
+        if default != 0 and value <= 0:
             raise ValueError(f"must be greater than zero, got {value!r}")
         return value
     if not isinstance(value, str) or not value.strip():

@@ -1,0 +1,130 @@
+"""`wakeloop policy explain`: what an agent's policy gives the model and the box.
+
+The tools come from the real registry (tools.build_registry) and the container
+settings from the real `DockerSandbox.container_spec`, translated into
+`docker run` flags; nothing here restates a setting, so the explanation cannot
+drift from what runs. Not here: validation (policy.py), running anything.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from .policy import GIT_DENY, Policy
+
+# How each docker SDK key reads as a `docker run` flag. A key missing here is
+# printed as "unmapped", never dropped, so a new setting cannot hide.
+_SIMPLE = {
+    "user": "--user", "working_dir": "--workdir", "hostname": "--hostname",
+    "network_mode": "--network", "pids_limit": "--pids-limit", "mem_limit": "--memory",
+    "memswap_limit": "--memory-swap", "ipc_mode": "--ipc", "shm_size": "--shm-size",
+    "runtime": "--runtime",
+}
+_FLAGS = {"read_only": "--read-only", "init": "--init", "stdin_open": "--interactive"}
+_LISTS = {"cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--security-opt",
+          "dns": "--dns"}
+_SKIP = {"image", "command", "detach"}   # the image and argv close the command line
+
+
+def docker_run_flags(config: dict, host: dict) -> list[str]:
+    """`docker run` arguments equivalent to one call's (config, host config)."""
+    flags = ["--rm"]  # the harness removes every call's container itself
+    for key, value in {**config, **host}.items():
+        if key in _SKIP:
+            continue
+        if key == "use_config_proxy":
+            continue  # an SDK-only switch: off, so no proxy variables are copied in
+        if key in _SIMPLE:
+            flags += [_SIMPLE[key], str(value)]
+        elif key in _FLAGS:
+            flags += [_FLAGS[key]] if value else []
+        elif key in _LISTS:
+            for item in value:
+                flags += [_LISTS[key], str(item)]
+        elif key == "nano_cpus":
+            flags += ["--cpus", f"{value / 1e9:g}"]
+        elif key == "environment":
+            for name, val in value.items():
+                flags += ["--env", f"{name}={val}"]
+        elif key == "labels":
+            for name, val in value.items():
+                flags += ["--label", f"{name}={val}"]
+        elif key == "tmpfs":
+            for path, opts in value.items():
+                flags += ["--tmpfs", f"{path}:{opts}"]
+        elif key == "mounts":
+            for m in value:
+                ro = ",readonly" if m.get("ReadOnly") else ""
+                flags += ["--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{ro}"]
+        elif key == "ulimits":
+            for u in value:
+                flags += ["--ulimit", f"{u.name}={u.soft}:{u.hard}"]
+        elif key == "log_config":
+            flags += ["--log-driver", value.type]
+            for name, val in (value.config or {}).items():
+                flags += ["--log-opt", f"{name}={val}"]
+        else:
+            flags += [f"--unmapped-{key}={value!r}"]
+    return flags
+
+
+def explain(policy: Policy, box, registry) -> str:
+    """The text `policy explain` prints: tools offered, then each call's docker run."""
+    lines = [f"policy: {policy.source}", "", "tools offered to the model:"]
+    offered = registry.names()
+    t = policy.tools
+    for name in ("bash", "write_file", "send_message"):
+        if name not in offered:
+            lines.append(f"  {name}: NOT OFFERED (disabled); a call to it anyway is refused")
+    if "bash" in offered:
+        lines.append(f"  bash: timeout {t.bash.timeout_s:g}s, output to the model "
+                     f"{t.bash.max_output_chars:,} chars")
+    if "write_file" in offered:
+        w = t.write_file
+        lines.append(f"  write_file: at most {w.max_bytes:,} bytes per write, timeout {w.timeout_s:g}s")
+        lines.append(f"    allow: {', '.join(w.allow) or '(nothing)'}")
+        lines.append(f"    deny (wins): {', '.join(w.effective_deny) or '(nothing)'}")
+        if not w.protect_git:
+            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} are writable")
+        if "bash" in offered:
+            lines.append("    note: the globs bind write_file only; bash can write anywhere in /workspace")
+    if "send_message" in offered:
+        lines.append(f"  send_message: at most {t.send_message.max_per_wake} per wake")
+    s = policy.sandbox
+    lines += ["", f"network: {s.network}"
+              + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else "")]
+    if s.network == "allowlist":
+        from . import network
+        egress = network.plan(box.workspace, s.allow_hosts)
+        lines += [f"  the box joins the network namespace of {egress.holder} (internal network "
+                  f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
+                  f"  squid proxy {egress.proxy} at {egress.proxy_url}, which also sits on "
+                  f"{network.EGRESS_NETWORK}"]
+    elif s.network == "bridge":
+        lines.append("  Docker's default bridge: the open preset, anything the host can reach")
+    from .sandbox import _WRITE_SCRIPT  # the write path's program, by name rather than by copy
+    image = policy.sandbox.image
+    if "bash" in offered:
+        config, host = box.container_spec(["bash", "-c", 'exec bash -c "$1" 2>&1', "bash", "COMMAND"])
+        lines += ["", "each bash call runs in a new container, as:", _command(config, host, image)]
+    if "write_file" in offered:
+        config, host = box.container_spec(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH"],
+                                          stdin=True, workdir="/")
+        lines += ["", "each write_file call runs in a new container, as (content on stdin;",
+                  f"WRITE_SCRIPT is sandbox._WRITE_SCRIPT, {len(_WRITE_SCRIPT.splitlines())} lines "
+                  "of Python that refuses symlinks and non-regular files):",
+                  _command(config, host, image)]
+    return "\n".join(lines) + "\n"
+
+
+def _command(config: dict, host: dict, image: str) -> str:
+    """One flag (with its value) per line, then the image and argv."""
+    flags, pairs = docker_run_flags(config, host), []
+    for word in flags:
+        if word.startswith("--") or not pairs:
+            pairs.append([word])
+        else:
+            pairs[-1].append(word)
+    rows = ["  docker run"] + ["    " + " ".join(map(shlex.quote, p)) for p in pairs]
+    rows.append("    " + " ".join(shlex.quote(w) for w in [image, *config["command"]]))
+    return " \\\n".join(rows)
