@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.agent import init_agent, load_agent  # noqa: E402
-from orchestrator.sandbox import DockerSandbox, docker_run_args  # noqa: E402
+from orchestrator.explain import docker_run_flags  # noqa: E402
+from orchestrator.sandbox import DockerSandbox  # noqa: E402
 
 
 PACE_S = 0.3            # between an agent's tool calls: the model's answer takes at least this
@@ -57,9 +58,11 @@ def main() -> int:
         box = DockerSandbox(agent.workspace, policy, agent="bench")
         cold = DockerSandbox(agent.workspace, policy, agent="bench", warm=0)
         config, host = box.container_spec(["bash", "-c", "true"], "bench")
-        run_cmd = ["docker", "run", "--rm", *docker_run_args(config, host)]
-        warm = subprocess.run(["docker", "run", "-d", *docker_run_args(
-            {**config, "command": ["sleep", "infinity"]}, host)], capture_output=True, text=True)
+        image = [config["image"], *config["command"]]
+        run_cmd = ["docker", "run", *docker_run_flags(config, host), *image]
+        keep = [flag for flag in docker_run_flags(config, host) if flag != "--rm"]
+        warm = subprocess.run(["docker", "run", "-d", *keep, config["image"], "sleep", "infinity"],
+                              capture_output=True, text=True)
         check(warm)
         warm_id = warm.stdout.strip()
         exec_cmd = ["docker", "exec", warm_id, "bash", "-c", "true"]

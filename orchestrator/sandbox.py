@@ -134,15 +134,22 @@ def check_write_path(path: str) -> str | None:
 
 # Runs inside the container as `python3 -I` (no cwd or PYTHON* in sys.path, so a
 # module planted in the workspace cannot stand in for the stdlib). It resolves the
-# path inside the box, refuses targets outside /workspace, then walks the resolved
-# path with O_NOFOLLOW so a symlink swapped in meanwhile fails instead of being
-# followed, and writes only to a regular file. Content arrives on stdin.
+# path inside the box, refuses targets outside /workspace and paths through a
+# symlink (naming the real path, which the model can then ask for and the
+# policy's globs then judge), walks the path with O_NOFOLLOW so a symlink swapped
+# in meanwhile fails instead of being followed, and writes only to a regular
+# file. Content arrives on stdin.
 _WRITE_SCRIPT = r"""
 import os, stat, sys
 root, rel = "/workspace", sys.argv[1]
 target = os.path.realpath(os.path.join(root, rel))
 if os.path.commonpath([root, target]) != root or target == root:
     print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
+if target != os.path.normpath(os.path.join(root, rel)):
+    # The policy's globs were checked on the path as written; a symlink on the
+    # way would carry the write somewhere they never saw. Name the real path.
+    real = os.path.relpath(target, root)
+    print(f"refused: {rel} goes through a symlink; write to {real} instead"); sys.exit(3)
 parts = os.path.relpath(target, root).split(os.sep)
 try:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -387,31 +394,6 @@ class DockerSandbox:
         for container in stale:
             self._remove(container.id)
         return len(stale)
-
-
-def docker_run_args(config: dict, host: dict) -> list[str]:
-    """The `docker run` flags (then image and command) equal to a container_spec.
-    `policy explain` shows these; the benchmark runs them."""
-    args = ["--user", config["user"], "--workdir", config["working_dir"],
-            "--hostname", config["hostname"]]
-    args += [f"--env={k}={v}" for k, v in config["environment"].items()]
-    args += [f"--label={k}={v}" for k, v in config["labels"].items()]
-    args += [f"--mount=type={m['Type']},source={m['Source']},target={m['Target']}" for m in host["mounts"]]
-    args += [f"--network={host['network_mode']}"]
-    args += ["--read-only"] if host["read_only"] else []
-    args += [f"--tmpfs={path}:{opts}" for path, opts in host["tmpfs"].items()]
-    args += [f"--cap-drop={cap}" for cap in host["cap_drop"]]
-    args += [f"--security-opt={opt}" for opt in host["security_opt"]]
-    args += [f"--pids-limit={host['pids_limit']}", f"--memory={host['mem_limit']}",
-             f"--memory-swap={host['memswap_limit']}", f"--cpus={host['nano_cpus'] / 1e9:g}"]
-    args += [f"--ulimit={u['Name']}={u['Soft']}:{u['Hard']}" for u in host["ulimits"]]
-    args += [f"--ipc={host['ipc_mode']}", f"--shm-size={host['shm_size']}"]
-    args += ["--init"] if host["init"] else []
-    args += [f"--runtime={host['runtime']}"]
-    log = host["log_config"]
-    args += [f"--log-driver={log['Type']}"] + [f"--log-opt={k}={v}" for k, v in log["Config"].items()]
-    args += ["--interactive"] if config["stdin_open"] else []
-    return args + [config["image"], *config["command"]]
 
 
 class _Deadline:

@@ -25,7 +25,8 @@ ensure_engine() {
     fi
     if ! command -v docker >/dev/null; then apt_install docker-cli || apt_install docker.io; fi
     log "docker engine: starting dockerd (log: /var/log/wakeloop-dockerd.log)"
-    nohup dockerd >/var/log/wakeloop-dockerd.log 2>&1 &
+    # Detached from this shell's session and pipes, so CI's runner does not wait on it.
+    setsid nohup dockerd </dev/null >/var/log/wakeloop-dockerd.log 2>&1 &
     for _ in $(seq "$ENGINE_WAIT_S"); do
         docker info >/dev/null 2>&1 && { log "docker engine: up"; return; }
         sleep 1

@@ -93,16 +93,30 @@ def test_fork_bomb_stays_inside_the_pids_limit_and_the_next_call_works(sandbox, 
     started = time.monotonic()
     result = run(sandbox, "f(){ f | f & }; f; sleep 100", timeout=5)
     assert time.monotonic() - started < 5 + 3
-    assert result.timed_out
+    # runc: the bomb hits the pids limit and is killed at the deadline; gVisor's
+    # sentry counts against the same limit, so there the whole box dies early.
+    assert result.timed_out or result.exit_code != 0
     assert not processes_alive(docker_client, result.container_id)
     assert run(sandbox, "echo alive").output.strip() == "alive"
 
 
-def test_pids_limit_is_enforced_from_inside(agent, make_sandbox):
-    box = make_sandbox(replace(agent.policy.sandbox, pids=20))
-    result = run(box, "for i in $(seq 50); do sleep 5 & done 2>&1 | grep -c 'fork\\|retry' ; "
-                      "ps -e --no-headers | wc -l", timeout=15)
-    assert int(result.output.split()[-1]) <= 20
+def test_pids_limit_is_enforced_from_inside(agent, make_sandbox, runtime):
+    # gVisor's own threads count against the limit, so it needs more room to start.
+    limit = 20 if runtime == "runc" else 128
+    box = make_sandbox(replace(agent.policy.sandbox, pids=limit))
+    forker = ("import os, time\n"
+              f"for n in range({limit + 30}):\n"
+              "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+              "    if pid == 0:\n        time.sleep(5); os._exit(0)\n"
+              "print('forked', n)")
+    result = run(box, f"python3 -c \"{forker}\"", timeout=15)
+    if runtime == "runsc" and not result.output:
+        # gVisor's sentry needs threads under the same limit: at the limit the
+        # whole box stops (exit 2, no output). Held, if less informative.
+        assert result.exit_code != 0 and not result.timed_out
+        return
+    assert result.output.startswith("forked"), result.output
+    assert int(result.output.split()[1]) < limit
 
 
 # -- filesystem, network, identity -----------------------------------------------
@@ -128,11 +142,13 @@ def test_no_network_interface_but_loopback(sandbox):
 
 
 def test_runs_as_non_root_with_no_capabilities(sandbox):
-    result = run(sandbox, "id -u; grep -E 'Cap(Eff|Prm|Bnd)|NoNewPrivs' /proc/self/status")
+    # prctl(PR_GET_NO_NEW_PRIVS), since gVisor's /proc/self/status has no NoNewPrivs line
+    no_new_privs = "python3 -c 'import ctypes; print(\"nnp\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"
+    result = run(sandbox, f"id -u; grep -E 'Cap(Eff|Prm|Bnd)' /proc/self/status; {no_new_privs}")
     assert result.output.split()[0] != "0"
     assert "CapEff:\t0000000000000000" in result.output
     assert "CapBnd:\t0000000000000000" in result.output
-    assert "NoNewPrivs:\t1" in result.output
+    assert "nnp 1" in result.output
 
 
 def test_host_environment_and_api_key_are_absent(sandbox, monkeypatch):
@@ -203,11 +219,16 @@ def test_write_through_a_symlink_pointing_outside_fails_and_leaves_the_host_unto
     assert not (tmp_path / "new-file").exists()
 
 
-def test_write_through_a_symlink_inside_the_workspace_works(sandbox, agent):
+def test_write_through_a_symlink_inside_the_workspace_names_the_real_path(sandbox, agent):
+    # The policy's globs judge the path as written; a symlink (say `h -> .git/hooks`)
+    # must not carry a write past them. The model is told the real path instead.
     (agent.workspace / "real").mkdir()
     os.chown(agent.workspace / "real", 1000, 1000)  # as the agent would have made it
     (agent.workspace / "alias").symlink_to("real")
-    assert sandbox.write("alias/f.txt", b"ok").exit_code == 0
+    result = sandbox.write("alias/f.txt", b"ok")
+    assert result.exit_code != 0 and "write to real/f.txt instead" in result.output
+    assert not (agent.workspace / "real/f.txt").exists()
+    assert sandbox.write("real/f.txt", b"ok").exit_code == 0
     assert (agent.workspace / "real/f.txt").read_bytes() == b"ok"
 
 
@@ -216,7 +237,7 @@ def test_write_refuses_a_fifo_without_hanging(sandbox, agent):
     os.chown(agent.workspace / "pipe", 1000, 1000)
     result = sandbox.write("pipe", b"x", timeout_s=10)
     assert not result.timed_out
-    assert "not a regular file" in result.output
+    assert result.exit_code == 3 and result.output.startswith("refused: pipe")
 
 
 # -- output size and memory ------------------------------------------------------

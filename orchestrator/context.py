@@ -1,0 +1,133 @@
+"""What the model sees at the start of a wake: the system prompt and the first user message.
+
+The agent's whole worldview each wake is: mandate + operating rules + core
+memory + the last few journal files (system prompt), then wake number, UTC
+time and the human's queued messages (first user message).
+
+The system prompt is a stable prefix for prompt caching: no timestamps, no
+wake counter, nothing that changes from step to step, so the tools and the
+system prompt are byte-identical for every request of a wake (and between
+wakes until memory changes). The one cache breakpoint on the system block
+covers tools + system; model.py adds a moving breakpoint on the last message
+so step N reads steps 1..N-1 from the cache too.
+
+Workspace files are read through workspace.py only (untrusted: no symlink
+followed, capped, never a hang). mandate.md is the human's and trusted.
+
+Not here: draining the inbox (state.py) or calling the model (model.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from . import workspace
+from .agent import Agent
+from .output import clean
+
+JOURNAL_TAIL = 3                     # journal files in the context, newest last
+MANDATE_CAP = 64 * 1024              # bytes; a trusted file, still not unbounded
+INBOX_CAP = 64 * 1024                # bytes of queued messages shown
+CACHE = {"type": "ephemeral"}        # the breakpoint marker (5-minute cache)
+
+NO_MANDATE = "No mandate.md found. Ask your human (send_message) what your goal is."
+EMPTY_CORE = "(core memory is empty: this may be your first wake)"
+
+
+@dataclass(frozen=True)
+class Context:
+    system: str                     # stable: the cache prefix
+    first_user: str                 # changes every wake: after the prefix
+
+    @property
+    def system_hash(self) -> str:
+        return hashlib.sha256(self.system.encode()).hexdigest()[:16]
+
+    def system_blocks(self) -> list[dict]:
+        return [{"type": "text", "text": self.system, "cache_control": dict(CACHE)}]
+
+    def render(self) -> str:
+        """For `wakeloop context`: what the next wake sends, for a person."""
+        return (f"===== system prompt ({len(self.system):,} chars, sha256 {self.system_hash}) =====\n"
+                f"{self.system}\n\n===== first user message =====\n{self.first_user}\n")
+
+
+def journal_day(now: datetime) -> str:
+    return now.strftime("%Y-%m-%d")
+
+
+def build_context(agent: Agent, *, wake: int, now: datetime, inbox: str) -> Context:
+    return Context(system=system_prompt(agent), first_user=first_message(wake, now, inbox))
+
+
+def system_prompt(agent: Agent) -> str:
+    ws = agent.workspace
+    core = workspace.read_text_or_none(ws, workspace.CORE_MEMORY)
+    journal = "\n\n".join(
+        f"--- {name} ---\n{workspace.read_text(ws, f'{workspace.JOURNAL_DIR}/{name}')}"
+        for name in workspace.journal_names(ws)[-JOURNAL_TAIL:])
+    return f"""You are {agent.name}, an autonomous agent. Nobody watches this session live.
+You wake on a schedule, work, and stop; your continuity exists only in your files.
+
+# Mandate (set by your human)
+{_mandate(agent)}
+
+# Operating rules
+{_rules(agent)}
+
+# Core memory (memory/core.md)
+{core if core is not None and core.strip() else EMPTY_CORE}
+
+# Recent journal
+{journal or '(no journal entries yet)'}"""
+
+
+def _rules(agent: Agent) -> str:
+    tools, budget = agent.policy.tools, agent.policy.budget
+    rules = [
+        "- Your workspace is /workspace. Every bash command and every write_file runs in a "
+        "fresh, disposable container that sees only that directory; nothing outside it "
+        "survives from one call to the next.",
+        "- Your memory lives in memory/. Before you stop you MUST append an entry to today's "
+        "journal, memory/journal/YYYY-MM-DD.md (the first message names the file): what you "
+        "did, what you learned, what comes next. Update memory/core.md when something durable "
+        "changed; overwrite stale state, don't let it grow without bound.",
+        "- You cannot spend money without explicit approval from your human.",
+        f"- A wake may use at most {budget.max_steps} model turns and {budget.max_tokens_per_wake:,} "
+        "tokens. If the token budget runs out you get one last turn without tools: reply with "
+        "your journal entry and the harness appends it to today's journal for you.",
+        "- When you are finished, stop calling tools and reply with a short closing note.",
+    ]
+    if tools.send_message.enabled:
+        rules.insert(2, f"- Use send_message for anything your human must see (at most "
+                        f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.")
+    if not tools.bash.enabled:
+        rules.append("- The bash tool is disabled by your policy.")
+    if not tools.write_file.enabled:
+        rules.append("- The write_file tool is disabled by your policy.")
+    return "\n".join(rules)
+
+
+def _mandate(agent: Agent) -> str:
+    try:
+        with open(agent.mandate_path, "rb") as f:
+            data = f.read(MANDATE_CAP + 1)
+    except OSError:
+        return NO_MANDATE
+    text = data[:MANDATE_CAP].decode("utf-8", "replace").strip()
+    if len(data) > MANDATE_CAP:
+        text += f"\n[... mandate.md cut by the harness at {MANDATE_CAP:,} bytes ...]"
+    return text or NO_MANDATE
+
+
+def first_message(wake: int, now: datetime, inbox: str) -> str:
+    inbox = clean(inbox.strip())
+    if len(inbox) > INBOX_CAP:
+        inbox = inbox[:INBOX_CAP] + f"\n[... cut by the harness at {INBOX_CAP:,} characters ...]"
+    stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return (f"Wake #{wake}. UTC time: {stamp}. "
+            f"Today's journal: memory/journal/{journal_day(now)}.md\n"
+            f"New messages from your human since the last wake:\n{inbox or '(none)'}\n\n"
+            "Proceed with your work.")

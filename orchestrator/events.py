@@ -1,0 +1,100 @@
+"""The event log: `state/events.jsonl`, one JSON object a line (DESIGN.md §6).
+
+Every line is `{"run_id", "type", "timestamp", "data"}` and is written with a
+single `write(2)` on an O_APPEND descriptor the moment it happens, so a wake
+killed with -9 loses at most the line being written, and two processes
+appending at once never interleave inside a line. Reading tolerates a torn
+last line.
+
+Never a secret in it: the API key's value is scrubbed from every line before
+it is written, whatever field it hides in.
+
+Not here: what the events mean (loop.py decides what to record) or how they
+are shown (cli.py `log`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+EVENTS_FILE = "events.jsonl"
+SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+MIN_SECRET_LEN = 8                  # shorter values would scrub ordinary words
+REDACTED = "[redacted]"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def secrets_from_env(environ=os.environ) -> tuple[str, ...]:
+    """The values that must never be written anywhere we control."""
+    return tuple(v for k in SECRET_ENV if len(v := environ.get(k, "").strip()) >= MIN_SECRET_LEN)
+
+
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+class EventLog:
+    """Appends events for one run to one file."""
+
+    def __init__(self, path: Path, run_id: str, secrets: tuple[str, ...] | None = None):
+        self.path = Path(path)
+        self.run_id = run_id
+        self.secrets = secrets_from_env() if secrets is None else secrets
+
+    def emit(self, type: str, **data: Any) -> dict:
+        event = {"run_id": self.run_id, "type": type, "timestamp": now_iso(), "data": data}
+        line = scrub(json.dumps(event, ensure_ascii=False, default=str), self.secrets) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+        return event
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: str
+    type: str
+    timestamp: str
+    data: dict
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    """Every well-formed event in order; a torn or foreign line is skipped."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            try:
+                raw = json.loads(line)
+                yield Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
+                            raw.get("data") if isinstance(raw.get("data"), dict) else {})
+            except (ValueError, KeyError, TypeError):
+                continue
+
+
+LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
+
+
+def format_event(event: Event) -> str:
+    """One readable line for `wakeloop log`; untrusted text is cleaned and cut."""
+    from .output import clean
+    fields = []
+    for key, value in event.data.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        text = clean(" ".join(text.split()))
+        fields.append(f"{key}={text[:LOG_VALUE_CAP]}{'...' if len(text) > LOG_VALUE_CAP else ''}")
+    return f"{event.timestamp}  {event.run_id[:8]}  {event.type:<15} {' '.join(fields)}"

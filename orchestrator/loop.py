@@ -1,0 +1,395 @@
+"""One wake, top to bottom: lock → context → model → registry → sandbox → events → journal → state → receipt.
+
+The harness is dumb; the agent is smart. This module does the seed harness's
+life cycle and nothing else: it holds the lock, assembles the context, calls
+the model, runs the tools it asks for, enforces the caps, makes sure a trace
+lands in today's journal, and writes a receipt. Every step is an event in
+state/events.jsonl the moment it happens.
+
+Stop reasons, each handled on purpose:
+
+- end_turn, stop_sequence: the model is done; the wake ends (`done`).
+- tool_use: run every tool_use block in order, answer each, continue.
+  (tool_use with no tool_use block is treated as the end.)
+- pause_turn: the API paused a long turn; as documented, the assistant turn
+  is sent back as is, with nothing added, and the model continues it.
+- max_tokens: the reply hit max_output_tokens. Complete tool_use blocks in it
+  are run and answered (one with a cut, unusable input gets an is_error
+  result) and the wake continues; with no tool_use block, the harness asks
+  the model to continue in shorter steps. max_steps bounds either way.
+- refusal: the model declined for safety reasons; carrying on would only ask
+  again, so it is a dead letter for a human to look at.
+- model_context_window_exceeded and any value we do not know: dead letter.
+
+Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`.
+`max_tokens_per_wake` counts input + output + cache-read + cache-creation
+tokens; when a response takes the total to the cap, the model gets exactly
+one more request, with no tools offered and a note to write its journal
+entry as its reply, then the wake ends with `budget_stop` and the harness
+appends that reply to today's journal. "No tools offered" is
+`tool_choice: {"type": "none"}` with the tool definitions unchanged: the API
+refuses a request whose history holds tool_use blocks but no `tools`, and the
+unchanged prefix still reads from the prompt cache.
+
+The journal trace: if today's journal did not grow during the wake (sizes
+taken without following a symlink), a stub is appended by a sandbox call
+(workspace.append_in_sandbox), which cannot reach outside the workspace and
+refuses a symlinked journal.
+
+Receipt statuses: done | budget_stop | dead_letter | skipped_locked. A `stop`
+event (a scheduler's SIGTERM) ends the wake at the next step boundary with
+status done, reason "stopped".
+
+Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
+reading the workspace (workspace.py), the lock and state files (state.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from . import state as st
+from .agent import Agent, AgentError
+from .context import build_context, journal_day
+from .events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
+from .model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
+from .output import clean
+from .sandbox import DockerSandbox, Sandbox
+from .tools import build_registry, error
+from .workspace import JOURNAL_DIR, append_in_sandbox, journal_size
+
+CLOSING_NOTE_CAP = 32 * 1024        # chars of the final budget reply kept in the journal
+EVENT_INPUT_CAP = 2000              # chars per tool argument kept in the event log
+PROGRESS_CAP = 160                  # chars of a tool call or reply shown on a progress line
+
+END, TOOLS, PAUSE, CUT, DEAD = "end", "tools", "pause", "cut", "dead"
+STOP_REASONS = {"end_turn": END, "stop_sequence": END, "tool_use": TOOLS, "pause_turn": PAUSE,
+                "max_tokens": CUT, "refusal": DEAD, "model_context_window_exceeded": DEAD}
+
+BUDGET_NOTE = ("[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
+               "No tools are available now. Reply with your journal entry for this wake (what you "
+               "did, what you learned, what comes next); the harness appends your reply to "
+               "memory/journal/{day}.md. Then stop.")
+CONTINUE_NOTE = ("[harness] Your last reply was cut at the output limit of {limit:,} tokens. "
+                 "Continue where you stopped, in smaller steps.")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    run_id: str
+    agent: str
+    wake: int
+    status: str                     # done | budget_stop | dead_letter | skipped_locked
+    reason: str
+    steps: int = 0                  # model requests
+    tokens: int = 0                 # input + output + cache read + cache creation
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    tool_calls: int = 0
+    duration_ms: int = 0
+    model: str = ""
+    live: bool = False
+    journal: str = ""               # who left today's trace: agent | stub | closing note | ...
+    started_at: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+class DeadLetter(Exception):
+    """The wake cannot go on and a human should look: one line."""
+
+
+def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = None,
+         stop: threading.Event | None = None, script: Path | None = None,
+         model: Model | None = None, echo: Callable[[str], None] | None = None) -> Receipt:
+    """Run one wake of `agent`. Config problems raise AgentError/SandboxError
+    before anything is touched; everything after the lock ends in a Receipt.
+    `model` replaces the live/scripted choice (tests); `echo` gets progress lines."""
+    say = echo or (lambda line: None)
+    if live is None:  # a script is a dry run's script; otherwise agent.yaml (or its env override) says
+        live = False if script is not None else not agent.dry_run
+    turns, api_key = _check_config(agent, live, script, model)
+    run_id = uuid.uuid4().hex[:12]
+    agent.state_dir.mkdir(mode=0o700, exist_ok=True)
+    events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
+    lock = st.WakeLock(agent.state_dir)
+    holder = lock.acquire()
+    if holder is not None:
+        return _skipped(agent, run_id, holder, events, say)
+    try:
+        if model is None:
+            model = LiveModel(agent.model, api_key) if live else None
+        return _Wake(agent, run_id, events, lock, say, stop).run(sandbox, model, turns)
+    finally:
+        lock.release()
+
+
+def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | None):
+    if script is not None and live:
+        raise AgentError("--script drives the scripted model of a dry run; drop --live or --script")
+    turns = load_script(script) if script is not None else DRY_RUN_SCRIPT
+    api_key = os.environ.get("ANTHROPIC_API_KEY", "").strip()
+    if live and model is None and not api_key:
+        raise AgentError("ANTHROPIC_API_KEY is not set: export it for a live wake, "
+                         f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)")
+    return turns, api_key
+
+
+def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say) -> Receipt:
+    reason = f"another wake is running ({holder.describe()})"
+    say(f"{agent.name}: {reason}; this wake is skipped")
+    events.emit("wake_skipped", reason=reason, holder_pid=holder.pid)
+    current, _ = st.load_state(agent.state_dir)
+    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status="skipped_locked",
+                   reason=reason, model=agent.model, started_at=now_iso())
+
+
+class _Wake:
+    """The state of one wake in progress; `run` reads in the order things happen."""
+
+    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop):
+        self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
+        self.stop = stop or threading.Event()
+        self.budget = agent.policy.budget
+        self.started, self.started_at = time.monotonic(), now_iso()
+        self.steps = self.tool_calls = 0
+        self.input = self.output = self.cache_read = self.cache_creation = 0
+        self.inbox_committed = False
+        self.closing_note: str | None = None
+        self.secrets = secrets_from_env()
+
+    @property
+    def tokens(self) -> int:
+        return self.input + self.output + self.cache_read + self.cache_creation
+
+    # -- the life cycle -----------------------------------------------------------
+
+    def run(self, sandbox: Sandbox | None, model: Model | None, turns: list[dict]) -> Receipt:
+        state, warning = st.load_state(self.agent.state_dir)
+        if warning:
+            self.say(warning)
+            self.events.emit("state_rebuilt", warning=warning)
+        self.box = sandbox or self._docker_sandbox()
+        try:
+            return self._run_in(state, model, turns)
+        finally:
+            if sandbox is None and hasattr(self.box, "close"):
+                self.box.close()  # ours: no container of this wake outlives it
+
+    def _run_in(self, state: st.State, model: Model | None, turns: list[dict]) -> Receipt:
+        agent, sd = self.agent, self.agent.state_dir
+        state = st.bump_wake(sd, state)
+        self.wake_no, now = state.wake, datetime.now(timezone.utc)
+        self.day = journal_day(now)
+        self.model = model or ScriptedModel(turns, name=f"scripted ({agent.model} when live)",
+                                            variables={"wake": self.wake_no, "today": self.day})
+        inbox = st.drain_inbox(sd)
+        try:
+            self._started(inbox)
+            journal_before = journal_size(agent.workspace, self.day)
+            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox)
+            self.registry = build_registry(agent.policy, self.box,
+                                           outbox=lambda text: st.append_outbox(sd, text, self.wake_no))
+            status, reason = self._converse_or_dead_letter()
+        finally:
+            if not self.inbox_committed:
+                st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
+        journal = self._journal_trace(journal_before, status, reason)
+        receipt = self._receipt(status, reason, journal)
+        st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens,
+                                  last_receipt=receipt.to_dict()))
+        self.events.emit("wake_finished", status=status, reason=reason, tokens=self.tokens,
+                         steps=self.steps, receipt=receipt.to_dict())
+        self.say(f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
+                 f"({self.cache_read:,} read from cache), {self.tool_calls} tool calls, "
+                 f"{receipt.duration_ms / 1000:.1f}s")
+        return receipt
+
+    def _docker_sandbox(self) -> DockerSandbox:
+        box = DockerSandbox(self.agent.workspace, self.agent.policy.sandbox,
+                            agent=self.agent.name, run_id=self.run_id)
+        if box.warning:
+            self.say(box.warning)
+        left = box.cleanup_leftovers()  # we hold the lock: any container of this workspace is stale
+        if left:
+            self.say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
+        return box
+
+    def _started(self, inbox: str) -> None:
+        mode = "live" if self.model.live else "dry run (scripted model, no API call)"
+        self.say(f"wake #{self.wake_no} of {self.agent.name}: {mode}, model {self.model.name}, "
+                 f"run {self.run_id}")
+        stale = self.lock.stale
+        if stale:
+            self.say(f"took over the lock of pid {stale.pid} (no longer running)")
+        messages = st.count_messages(inbox)
+        if messages:
+            self.say(f"{messages} message(s) from your human in this wake's context")
+        self.events.emit("wake_started", wake=self.wake_no, agent=self.agent.name, model=self.model.name,
+                         live=self.model.live, policy=self.agent.policy.source, inbox_messages=messages,
+                         took_over_lock_from=stale.pid if stale else None)
+
+    def _converse_or_dead_letter(self) -> tuple[str, str]:
+        try:
+            return self._converse()
+        except (DeadLetter, ModelError) as exc:
+            reason = scrub(str(exc), self.secrets)
+        except Exception as exc:  # a bug must still leave a trace, a receipt and a free lock
+            reason = scrub(f"internal error: {type(exc).__name__}: {exc}", self.secrets)
+        self.events.emit("dead_letter", reason=reason, step=self.steps)
+        self.say(f"dead letter: {reason}")
+        return "dead_letter", reason
+
+    # -- the conversation -------------------------------------------------------------
+
+    def _converse(self) -> tuple[str, str]:
+        messages: list[dict] = [{"role": "user", "content": self.ctx.first_user}]
+        tools = self.registry.to_anthropic()
+        final = False
+        while True:
+            if self.stop.is_set():
+                return "done", "stopped"
+            if self.steps >= self.budget.max_steps:
+                return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
+            turn = self._ask(messages, tools, final)
+            if turn.content:
+                messages.append({"role": "assistant", "content": turn.content})
+            if final:
+                self.closing_note = turn.text
+                return "budget_stop", (f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) "
+                                       f"reached: {self.tokens:,} tokens")
+            action = STOP_REASONS.get(turn.stop_reason, DEAD)
+            if action == END or (action == TOOLS and not turn.tool_uses):
+                return "done", turn.stop_reason
+            if action == DEAD:
+                raise DeadLetter(f"the model stopped with stop_reason {turn.stop_reason!r}, "
+                                 "which the harness does not continue from")
+            if turn.tool_uses:
+                messages.append({"role": "user", "content": self._run_tools(turn)})
+            elif action == CUT:
+                messages.append({"role": "user", "content": [{"type": "text", "text": CONTINUE_NOTE.format(
+                    limit=self.budget.max_output_tokens)}]})
+            # PAUSE: the assistant turn goes back as is and the model continues it
+            if self.tokens >= self.budget.max_tokens_per_wake:
+                final = True
+                self._budget_stop("max_tokens_per_wake", "the token budget is spent: one last turn, no tools")
+                _add_user_text(messages, BUDGET_NOTE.format(
+                    used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day))
+
+    def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
+        step = self.steps + 1
+        tool_choice = {"type": "none"} if final else None
+        self.events.emit("model_request", step=step, model=self.model.name,
+                         max_tokens=self.budget.max_output_tokens, messages=len(messages),
+                         system_prompt_hash=self.ctx.system_hash, tools=[t["name"] for t in tools],
+                         tool_choice=(tool_choice or {}).get("type", "auto"))
+        turn = self.model.call(system=self.ctx.system_blocks(), tools=tools, messages=messages,
+                               max_tokens=self.budget.max_output_tokens, tool_choice=tool_choice)
+        if not self.inbox_committed:
+            st.commit_inbox(self.agent.state_dir)
+            self.inbox_committed = True
+        self.steps = step
+        u = turn.usage
+        self.input += u.input_tokens
+        self.output += u.output_tokens
+        self.cache_read += u.cache_read_tokens
+        self.cache_creation += u.cache_creation_tokens
+        self.events.emit("model_response", step=step, stop_reason=turn.stop_reason, usage=u.to_dict(),
+                         tool_names=[b["name"] for b in turn.tool_uses], model=turn.model,
+                         tokens_this_wake=self.tokens)
+        if turn.text:
+            self.say(f"step {step}: {_short(turn.text)}")
+        return turn
+
+    def _run_tools(self, turn: Turn) -> list[dict]:
+        """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
+        results = []
+        for call in turn.tool_uses:
+            if self.stop.is_set():
+                results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
+                continue
+            self.tool_calls += 1
+            name, args = call.get("name", ""), call.get("input")
+            self.events.emit("tool_call", step=self.steps, id=call["id"], tool=name, input=_for_log(args))
+            self.say(f"step {self.steps}: {name} {_short(json.dumps(args, ensure_ascii=False))}")
+            result = self.registry.call(name, args)
+            if result.denied:
+                self.events.emit("policy_denied", step=self.steps, tool=name, reason=result.denied)
+            self.events.emit("tool_result", step=self.steps, id=call["id"], tool=name,
+                             is_error=result.is_error, result_chars=len(result.text), **result.detail)
+            self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
+            results.append(result.to_anthropic(call["id"]))
+        return results
+
+    def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
+        self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
+        self.say(f"budget stop: {reason}")
+        return "budget_stop", reason
+
+    # -- after the conversation ----------------------------------------------------------
+
+    def _journal_trace(self, before: int | None, status: str, reason: str) -> str:
+        after = journal_size(self.agent.workspace, self.day)
+        rel = f"{JOURNAL_DIR}/{self.day}.md"
+        if self.closing_note is not None:
+            kind = "closing note"
+            text = (f"\n## Wake #{self.wake_no} (closing note at the token budget, appended by the harness)\n"
+                    f"{clean(self.closing_note)[:CLOSING_NOTE_CAP] or '(the reply was empty)'}\n")
+        elif before is not None and after is not None and after > before:
+            self.say(f"journal: the agent wrote {rel} (+{after - before:,} bytes)")
+            return "agent"
+        else:
+            kind = "stub"
+            text = (f"\n## Wake #{self.wake_no} (harness stub)\n"
+                    f"The agent ended without writing to this journal. Steps: {self.steps}. "
+                    f"Tokens: {self.tokens:,}. Tool calls: {self.tool_calls}. "
+                    f"Ended: {status}: {reason}.\n")
+        written, detail = append_in_sandbox(self.box, rel, scrub(text, self.secrets))
+        self.events.emit("journal_stub", kind=kind, path=rel, written=written, detail=detail)
+        self.say(f"journal: {kind} {'appended to' if written else 'NOT written to'} {rel}"
+                 + ("" if written else f" ({detail})"))
+        return kind if written else f"{kind} not written: {detail}"
+
+    def _receipt(self, status: str, reason: str, journal: str) -> Receipt:
+        return Receipt(run_id=self.run_id, agent=self.agent.name, wake=self.wake_no, status=status,
+                       reason=reason, steps=self.steps, tokens=self.tokens, input_tokens=self.input,
+                       output_tokens=self.output, cache_read_tokens=self.cache_read,
+                       cache_creation_tokens=self.cache_creation, tool_calls=self.tool_calls,
+                       duration_ms=int((time.monotonic() - self.started) * 1000),
+                       model=self.model.name, live=self.model.live, journal=journal,
+                       started_at=self.started_at)
+
+
+def _add_user_text(messages: list[dict], text: str) -> None:
+    """Add a text block to the last user message (after its tool results), or a new user message."""
+    last = messages[-1]
+    if last["role"] == "user" and isinstance(last["content"], list):
+        last["content"] = [*last["content"], {"type": "text", "text": text}]
+    else:
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+
+
+def _for_log(args) -> object:
+    if isinstance(args, dict):
+        return {k: (v[:EVENT_INPUT_CAP] + f"... ({len(v):,} chars)" if isinstance(v, str)
+                    and len(v) > EVENT_INPUT_CAP else v) for k, v in args.items()}
+    return str(args)[:EVENT_INPUT_CAP]
+
+
+def _short(text: str) -> str:
+    text = clean(" ".join(text.split()))
+    return text if len(text) <= PROGRESS_CAP else text[:PROGRESS_CAP] + "..."

@@ -1,0 +1,264 @@
+"""The model: the live Anthropic client, and the scripted model a dry run uses.
+
+Both answer `call(system, tools, messages, max_tokens, tool_choice) -> Turn`
+with plain dicts in and out, so the loop never knows which one it has.
+
+LiveModel is the real `anthropic` SDK. It honours ANTHROPIC_BASE_URL (the SDK
+reads it itself), streams by default (a long reply never meets the
+non-streaming timeout), and lets the SDK retry 408/409/429/5xx with its own
+backoff and `retry-after` handling. When the retries are spent, or the
+request is refused for good (401, 400, ...), it raises ModelError: the loop
+turns that into a dead letter. It adds the moving cache breakpoint: the last
+block of the last user message, so step N reads steps 1..N-1 from the cache.
+
+ScriptedModel makes no API call: it plays a list of turns (built in, or a
+JSON script file) whose tool calls the loop runs for real in the real
+sandbox, so a dry run shows the whole machine working without a key.
+
+Not here: what to do with a stop reason (loop.py) or the tools (tools.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anthropic
+
+from .agent import AgentError
+from .context import CACHE
+
+MAX_RETRIES = 4                     # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
+REQUEST_TIMEOUT_S = 600.0           # one request, the SDK's own default; a stream resets it per chunk
+SCRIPT_CAP = 1 << 20                # bytes of a --script file
+
+
+class ModelError(RuntimeError):
+    """The model could not be reached or refused for good: a dead letter. One line."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
+
+    def to_dict(self) -> dict:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cache_read_input_tokens": self.cache_read_tokens,
+                "cache_creation_input_tokens": self.cache_creation_tokens}
+
+
+@dataclass(frozen=True)
+class Turn:
+    content: list[dict]             # the assistant's blocks, ready to send back
+    stop_reason: str
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+    @property
+    def tool_uses(self) -> list[dict]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(b.get("text", "") for b in self.content if b.get("type") == "text").strip()
+
+
+class Model(Protocol):
+    name: str
+    live: bool
+
+    def call(self, *, system: list[dict], tools: list[dict], messages: list[dict],
+             max_tokens: int, tool_choice: dict | None = None) -> Turn: ...
+
+
+# -- live ----------------------------------------------------------------------------
+
+class LiveModel:
+    live = True
+
+    def __init__(self, name: str, api_key: str, *, stream: bool = True,
+                 max_retries: int = MAX_RETRIES, timeout_s: float = REQUEST_TIMEOUT_S):
+        self.name = name
+        self.stream = stream
+        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s)
+
+    def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
+        kwargs: dict[str, Any] = dict(model=self.name, max_tokens=max_tokens, system=system,
+                                      messages=with_cache_breakpoint(messages))
+        if tools:
+            kwargs["tools"] = tools
+        if tool_choice:
+            kwargs["tool_choice"] = tool_choice
+        try:
+            if self.stream:
+                with self.client.messages.stream(**kwargs) as stream:
+                    message = stream.get_final_message()
+            else:
+                message = self.client.messages.create(**kwargs)
+        except anthropic.APIStatusError as exc:
+            raise ModelError(f"the API answered HTTP {exc.status_code} ({_api_error(exc)}) "
+                             f"after {self.client.max_retries} retries") from None
+        except anthropic.APITimeoutError:
+            raise ModelError(f"the API did not answer within {self.client.timeout}s "
+                             f"(after {self.client.max_retries} retries)") from None
+        except anthropic.APIConnectionError as exc:
+            raise ModelError(f"cannot reach the API at {self.client.base_url} "
+                             f"({type(exc.__cause__ or exc).__name__}) after "
+                             f"{self.client.max_retries} retries") from None
+        except anthropic.AnthropicError as exc:
+            raise ModelError(f"the API call failed: {type(exc).__name__}: {str(exc)[:200]}") from None
+        return _turn(message)
+
+
+def _api_error(exc: anthropic.APIStatusError) -> str:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    kind, msg = err.get("type"), err.get("message")
+    return f"{kind}: {str(msg)[:200]}" if kind else str(exc)[:200]
+
+
+def _turn(message) -> Turn:
+    u = message.usage
+    usage = Usage(u.input_tokens or 0, u.output_tokens or 0,
+                  u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0)
+    content = [b for b in (_block(b) for b in message.content) if b]
+    return Turn(content=content, stop_reason=str(message.stop_reason or "unknown"),
+                usage=usage, model=message.model)
+
+
+def _block(block) -> dict | None:
+    """An SDK content block as the dict we send back next turn (no empty text)."""
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        return {"type": "text", "text": block.text} if block.text else None
+    if kind == "tool_use":
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    data = block.model_dump(mode="json", exclude_none=True)
+    data.pop("parsed_output", None)
+    return data
+
+
+def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
+    """A copy with cache_control on the last block of the last user message.
+
+    Only the request carries it (history stays clean), so there are never
+    more than two breakpoints: the system block and this one."""
+    if not messages or messages[-1].get("role") != "user":
+        return messages
+    last = copy.deepcopy(messages[-1])
+    content = last["content"]
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    content[-1] = {**content[-1], "cache_control": dict(CACHE)}
+    last["content"] = content
+    return [*messages[:-1], last]
+
+
+# -- scripted (dry run) -------------------------------------------------------------
+
+# The built-in dry run: look around, update core memory (keeping what is
+# there), write a note with write_file, append a journal entry, end.
+# {wake} and {today} are filled in; everything else runs as written.
+DRY_RUN_SCRIPT: list[dict] = [
+    {"text": "Dry run: looking around the workspace first.",
+     "tool_calls": [{"name": "bash", "input": {"command":
+        "pwd; ls -la; echo; find . -maxdepth 3 -type f | sort | head -40; echo; "
+        "echo '== memory/core.md =='; head -c 2000 memory/core.md 2>&1"}}]},
+    {"text": "Updating core memory: one line, replaced each dry run, the rest kept.",
+     "tool_calls": [{"name": "bash", "input": {"command":
+        "mkdir -p memory && touch memory/core.md && "
+        "{ grep -v '^- Last dry run: ' memory/core.md; "
+        "echo '- Last dry run: wake #{wake} on {today} (scripted model, no API call).'; } > /tmp/core.md && "
+        "cat /tmp/core.md > memory/core.md && tail -n 3 memory/core.md"}}]},
+    {"text": "Leaving a note with write_file.",
+     "tool_calls": [{"name": "write_file", "input": {"path": "memory/dry-run.md", "content":
+        "# Dry run\n\nWake #{wake} on {today} was a dry run: a scripted model drove the real "
+        "tools in a fresh sandbox container per call, and no API call was made.\n"
+        "To go live, set `dry_run: false` in agent.yaml (or pass --live) and export "
+        "ANTHROPIC_API_KEY.\n"}}]},
+    {"text": "Writing today's journal entry.",
+     "tool_calls": [{"name": "bash", "input": {"command":
+        "mkdir -p memory/journal && printf '\\n## Wake #{wake} (dry run)\\n"
+        "Looked around, updated memory/core.md, wrote memory/dry-run.md. "
+        "Next: a live wake when the human enables it.\\n' >> memory/journal/{today}.md && "
+        "tail -n 3 memory/journal/{today}.md"}}]},
+    {"text": "Dry run complete: looked around, updated memory, journaled. Nothing else to do."},
+]
+
+
+class ScriptedModel:
+    live = False
+
+    def __init__(self, turns: list[dict], *, name: str = "scripted", variables: dict | None = None):
+        self.name = name
+        self.turns = list(turns)
+        self.variables = {f"{{{k}}}": str(v) for k, v in (variables or {}).items()}
+        self.step = 0
+
+    def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
+        turn = self.turns[self.step] if self.step < len(self.turns) else {"text": "(end of script)"}
+        self.step += 1
+        offered = {t["name"] for t in tools} if (tool_choice or {}).get("type") != "none" else set()
+        content: list[dict] = [{"type": "text", "text": self._fill(turn["text"])}] if turn.get("text") else []
+        for i, call in enumerate(turn.get("tool_calls", []) if offered else []):
+            content.append({"type": "tool_use", "id": f"toolu_dry_{self.step:02d}_{i}",
+                            "name": call["name"], "input": self._fill(call.get("input", {}))})
+        stop = turn.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content)
+                                          else "end_turn")
+        return Turn(content=content, stop_reason=stop, usage=Usage(), model=self.name)
+
+    def _fill(self, value):
+        if isinstance(value, str):
+            for key, sub in self.variables.items():
+                value = value.replace(key, sub)
+            return value
+        if isinstance(value, dict):
+            return {k: self._fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._fill(v) for v in value]
+        return value
+
+
+def load_script(path: Path) -> list[dict]:
+    """A dry-run script file: a JSON list of turns (or {"turns": [...]}), each
+    {"text": str?, "tool_calls": [{"name": str, "input": {...}}]?, "stop_reason": str?}."""
+    try:
+        with open(path, "rb") as f:
+            raw = json.loads(f.read(SCRIPT_CAP))
+    except OSError as exc:
+        raise AgentError(f"{path}: cannot read the script: {exc.strerror}") from None
+    except ValueError as exc:
+        raise AgentError(f"{path}: not valid JSON: {exc}") from None
+    turns = raw.get("turns") if isinstance(raw, dict) else raw
+    if not isinstance(turns, list) or not turns:
+        raise AgentError(f"{path}: expected a non-empty JSON list of turns (or {{\"turns\": [...]}})")
+    for n, turn in enumerate(turns, 1):
+        problem = _check_turn(turn)
+        if problem:
+            raise AgentError(f"{path}: turn {n}: {problem}")
+    return turns
+
+
+def _check_turn(turn) -> str | None:
+    if not isinstance(turn, dict):
+        return "expected an object"
+    unknown = set(turn) - {"text", "tool_calls", "stop_reason"}
+    if unknown:
+        return f"unknown key {sorted(unknown)[0]!r} (known: text, tool_calls, stop_reason)"
+    if not isinstance(turn.get("text", ""), str) or not isinstance(turn.get("stop_reason", ""), str):
+        return "text and stop_reason must be strings"
+    calls = turn.get("tool_calls", [])
+    if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+        return "tool_calls must be a list of {\"name\": str, \"input\": {...}}"
+    return None

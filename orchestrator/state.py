@@ -1,0 +1,336 @@
+"""The host's own files in `state/`: the wake lock, state.json, inbox and outbox.
+
+state/ is never mounted into a sandbox, so the agent can neither forge nor
+erase what is here. Every write is either atomic (temp file, fsync, rename)
+or a single O_APPEND write, so a wake killed with -9 leaves files that parse.
+
+- wake.lock: an flock(2) on the file is the lock; the pid and start time
+  written into it are for people. The kernel drops an flock when its process
+  dies, so a lock left by a crashed wake is taken over at once, and two wakes
+  started together cannot both win.
+- state.json: the wake counter and lifetime tokens. Missing or corrupt, it is
+  rebuilt from the event log (or reset) with a warning, never a crash.
+- inbox.txt: human messages for the next wake. A wake moves them to
+  inbox.taken when it really starts and deletes that after its first model
+  call; a wake that fails before (or a kill -9) leaves them to be put back.
+- outbox.txt: what the agent sent with send_message.
+
+Not here: the workspace (workspace.py) or the event log's format (events.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .events import EVENTS_FILE, read_events
+
+LOCK_FILE = "wake.lock"
+STATE_FILE = "state.json"
+INBOX_FILE = "inbox.txt"
+INBOX_TAKEN = "inbox.taken"          # drained by a wake that has not yet called the model
+INBOX_LOCK = "inbox.lock"            # serialises send / drain / put back
+OUTBOX_FILE = "outbox.txt"
+LOCK_ATTEMPTS = 5                    # retries when a releasing wake unlinks the file under us
+MESSAGE_MARK = "--- "                # starts each inbox/outbox entry
+
+
+# -- the wake lock --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LockHolder:
+    pid: int
+    started: str
+
+    @property
+    def alive(self) -> bool:
+        return self.pid > 0 and _pid_alive(self.pid)
+
+    def describe(self) -> str:
+        who = f"pid {self.pid}" if self.pid else "a process that has not written its pid yet"
+        return f"{who}, started {self.started}" if self.started else who
+
+
+class WakeLock:
+    """One wake per agent at a time. `acquire()` returns None when we hold the
+    lock, else who does; `stale` is the dead holder we took over from, if any."""
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / LOCK_FILE
+        self.fd: int | None = None
+        self.stale: LockHolder | None = None
+
+    def acquire(self) -> LockHolder | None:
+        for _ in range(LOCK_ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _parse_holder(_read_fd(fd))
+                os.close(fd)
+                return holder
+            if not self._still_linked(fd):
+                os.close(fd)  # the holder released and unlinked it meanwhile: try the new file
+                continue
+            previous = _parse_holder(_read_fd(fd))
+            self.stale = previous if previous.pid else None
+            started = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {started}\n".encode(), 0)
+            self.fd = fd
+            return None
+        return LockHolder(0, "")  # lost every race: someone else is clearly starting
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if self._still_linked(self.fd):
+                os.unlink(self.path)  # before unlocking, so nobody locks a file about to vanish
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+    def _still_linked(self, fd: int) -> bool:
+        try:
+            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+
+def lock_holder(state_dir: Path) -> LockHolder | None:
+    """Who holds the lock right now, for `status`; never takes the lock itself."""
+    try:
+        fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        holder = _parse_holder(_read_fd(fd))
+    finally:
+        os.close(fd)
+    return holder if holder.alive else None
+
+
+def _read_fd(fd: int) -> str:
+    return os.pread(fd, 200, 0).decode("utf-8", "replace")
+
+
+def _parse_holder(text: str) -> LockHolder:
+    parts = text.split()
+    try:
+        return LockHolder(int(parts[0]), parts[1] if len(parts) > 1 else "")
+    except (IndexError, ValueError):
+        return LockHolder(0, "")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+# -- state.json -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class State:
+    wake: int = 0                   # wakes started, the last one included
+    tokens_lifetime: int = 0        # input + output + cache tokens, all wakes
+    last_receipt: dict | None = field(default=None, compare=False)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def load_state(state_dir: Path) -> tuple[State, str | None]:
+    """The state, and a warning line when it had to be rebuilt."""
+    path = Path(state_dir) / STATE_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return State(wake=_count(raw["wake"]), tokens_lifetime=_count(raw["tokens_lifetime"]),
+                     last_receipt=raw.get("last_receipt") if isinstance(raw.get("last_receipt"), dict)
+                     else None), None
+    except FileNotFoundError:
+        why = "missing"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"unreadable ({type(exc).__name__}: {str(exc)[:80]})"
+    state = rebuild_state(state_dir)
+    if state.wake == 0 and why == "missing":
+        return state, None  # a new agent: nothing to warn about
+    return state, (f"warning: {path} was {why}; rebuilt from the event log "
+                   f"(wake {state.wake}, {state.tokens_lifetime:,} tokens)")
+
+
+def rebuild_state(state_dir: Path) -> State:
+    wake, tokens, last = 0, 0, None
+    for event in read_events(Path(state_dir) / EVENTS_FILE):
+        if event.type == "wake_started":
+            wake = max(wake, _count(event.data.get("wake", 0)))
+        elif event.type == "wake_finished":
+            tokens += _count(event.data.get("tokens", 0))
+            last = event.data.get("receipt") if isinstance(event.data.get("receipt"), dict) else last
+    return State(wake=wake, tokens_lifetime=tokens, last_receipt=last)
+
+
+def save_state(state_dir: Path, state: State) -> None:
+    """Temp file in the same directory, fsync, rename: old or new, never half."""
+    atomic_write(Path(state_dir) / STATE_FILE, state.to_json())
+
+
+def bump_wake(state_dir: Path, state: State) -> State:
+    new = replace(state, wake=state.wake + 1)
+    save_state(state_dir, new)
+    return new
+
+
+def atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a count, got {value!r}")
+    return value
+
+
+# -- inbox and outbox ---------------------------------------------------------------
+
+@contextmanager
+def _inbox_locked(state_dir: Path):
+    fd = os.open(Path(state_dir) / INBOX_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _append(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def send_message_to_agent(state_dir: Path, text: str) -> None:
+    """`wakeloop send`: queue a human message for the next wake."""
+    with _inbox_locked(state_dir):
+        _append(Path(state_dir) / INBOX_FILE, f"{MESSAGE_MARK}{_stamp()}\n{text.rstrip()}\n")
+
+
+def peek_inbox(state_dir: Path) -> str:
+    """What the next wake would drain, without draining it."""
+    state_dir = Path(state_dir)
+    with _inbox_locked(state_dir):
+        return _read(state_dir / INBOX_TAKEN) + _read(state_dir / INBOX_FILE)
+
+
+def drain_inbox(state_dir: Path) -> str:
+    """Move queued messages (and any a killed wake left taken) to inbox.taken."""
+    state_dir = Path(state_dir)
+    inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
+    with _inbox_locked(state_dir):
+        if inbox.exists():
+            if taken.exists():
+                _append(taken, _read(inbox))
+                inbox.unlink()
+            else:
+                os.replace(inbox, taken)
+        return _read(taken)
+
+
+def commit_inbox(state_dir: Path) -> None:
+    """The model has seen the messages: they are gone from the queue."""
+    with _inbox_locked(state_dir):
+        (Path(state_dir) / INBOX_TAKEN).unlink(missing_ok=True)
+
+
+def restore_inbox(state_dir: Path) -> None:
+    """The wake died before the model saw them: back to the head of the queue."""
+    state_dir = Path(state_dir)
+    inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
+    with _inbox_locked(state_dir):
+        if not taken.exists():
+            return
+        atomic_write(inbox, _read(taken) + _read(inbox))
+        taken.unlink()
+
+
+def count_messages(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith(MESSAGE_MARK))
+
+
+def append_outbox(state_dir: Path, text: str, wake: int) -> None:
+    """send_message: host side, in state/, where the agent cannot touch it."""
+    _append(Path(state_dir) / OUTBOX_FILE, f"{MESSAGE_MARK}{_stamp()} wake {wake}\n{text.rstrip()}\n")
+
+
+def read_outbox(state_dir: Path) -> str:
+    return _read(Path(state_dir) / OUTBOX_FILE)
+
+
+# -- status, for people ---------------------------------------------------------------
+
+def status_report(agent) -> str:
+    """`wakeloop status`: wakes, tokens, last receipt, lock holder, queues. Changes nothing."""
+    sd = Path(agent.state_dir)
+    state, warning = load_state(sd)
+    holder = lock_holder(sd)
+    mode = "dry run" if agent.dry_run else "live"
+    lines = [f"{agent.name} ({agent.dir})",
+             f"  model        {agent.model} ({mode}), schedule {agent.schedule}",
+             f"  wakes        {state.wake}",
+             f"  tokens       {state.tokens_lifetime:,} lifetime"]
+    r = state.last_receipt
+    if r:
+        lines.append(f"  last wake    #{r.get('wake')} {r.get('status')}: {r.get('reason')} "
+                     f"({r.get('steps')} steps, {r.get('tokens', 0):,} tokens, "
+                     f"{r.get('cache_read_tokens', 0):,} cache reads, {r.get('tool_calls')} tool calls, "
+                     f"{(r.get('duration_ms') or 0) / 1000:.1f}s) at {r.get('started_at')}")
+        lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
+    else:
+        lines.append("  last wake    (none yet)")
+    lines.append(f"  lock         {'held by ' + holder.describe() if holder else 'free'}")
+    lines.append(f"  inbox        {count_messages(peek_inbox(sd))} message(s) waiting")
+    lines.append(f"  outbox       {count_messages(read_outbox(sd))} message(s) from the agent")
+    if warning:
+        lines.append(f"  {warning}")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The tool registry (seed 003's Registry/Tool): what the model can call, checked against the policy.
+
+Three tools: `bash` and `write_file` run in a fresh sandbox container each
+call; `send_message` appends to state/outbox.txt on the host, where the agent
+can never forge or erase it. A disabled tool is not offered at all, and a
+call to it anyway is refused with a reason.
+
+Errors are values: an unknown tool, missing or ill-typed arguments, a policy
+refusal, a sandbox failure all come back as an `is_error` result the model
+reads and handles. Nothing here raises into the wake. A bash command that
+exits non-zero is not a tool error: the model gets the exit code on the first
+line and decides.
+
+Not here: the order of calls and the events (loop.py), the container (sandbox.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .policy import Policy
+from .sandbox import Sandbox, SandboxError, SandboxResult
+
+TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str                               # what the model reads
+    is_error: bool = False
+    denied: str | None = None               # a policy refusal, logged as policy_denied
+    detail: dict = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
+
+    def to_anthropic(self, tool_use_id: str) -> dict:
+        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": self.text}
+        if self.is_error:
+            block["is_error"] = True
+        return block
+
+
+def error(text: str, **detail) -> ToolResult:
+    return ToolResult(text=f"ERROR: {text}", is_error=True, detail=detail)
+
+
+def denied(reason: str) -> ToolResult:
+    return ToolResult(text=f"REFUSED by policy: {reason}", is_error=True, denied=reason)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict
+    handler: Callable[[dict], ToolResult]
+    enabled: bool = True
+    disabled_reason: str = ""
+
+    def to_anthropic(self) -> dict:
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+
+
+class Registry:
+    """The catalogue: offers enabled tools, validates and dispatches calls."""
+
+    def __init__(self, tools: list[Tool]):
+        self._tools = {t.name: t for t in tools}
+
+    def add(self, tool: Tool) -> None:
+        """One more tool (e.g. tasks.py's complete_task); offered after the built-in three."""
+        self._tools[tool.name] = tool
+
+    def to_anthropic(self) -> list[dict]:
+        return [t.to_anthropic() for t in self._tools.values() if t.enabled]
+
+    def names(self) -> list[str]:
+        return [t.name for t in self._tools.values() if t.enabled]
+
+    def call(self, name: str, args: Any) -> ToolResult:
+        tool = self._tools.get(name)
+        if tool is None or (not tool.enabled and not tool.disabled_reason):
+            return error(f"unknown tool {name!r}; the tools are: {', '.join(self.names()) or 'none'}")
+        if not tool.enabled:
+            return denied(tool.disabled_reason)
+        problem = check_args(tool.input_schema, args)
+        if problem:
+            return error(f"{name}: {problem}; expected arguments: {_signature(tool.input_schema)}")
+        try:
+            return tool.handler(args)
+        except SandboxError as exc:
+            return error(f"{name}: the sandbox could not run this call: {exc}")
+        except Exception as exc:  # a bug here must not end the wake: the model is told
+            return error(f"{name}: internal error in the harness: {type(exc).__name__}: {exc}")
+
+
+def check_args(schema: dict, args: Any) -> str | None:
+    """Why args do not fit the schema (top level only, which is all our tools use), or None."""
+    if not isinstance(args, dict):
+        return f"arguments must be a JSON object, got {type(args).__name__}"
+    props = schema.get("properties", {})
+    problems = [f"missing argument {k!r}" for k in schema.get("required", []) if k not in args]
+    for key, value in args.items():
+        if key not in props:
+            problems.append(f"unexpected argument {key!r}")
+            continue
+        want = TYPES.get(props[key].get("type", ""), object)
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            problems.append(f"argument {key!r} must be a {props[key].get('type')}, got {type(value).__name__}")
+    return ", ".join(problems) or None
+
+
+def _signature(schema: dict) -> str:
+    return ", ".join(f"{k}: {v.get('type')}" for k, v in schema.get("properties", {}).items())
+
+
+# -- the three tools ----------------------------------------------------------------
+
+def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None]) -> Registry:
+    """The tools for one wake. `outbox` appends one message to state/outbox.txt."""
+    box = _Toolbox(policy, sandbox, outbox)
+    t = policy.tools
+    return Registry([
+        Tool("bash", (
+            "Run a shell command (bash -c) in a fresh container whose working directory is "
+            f"/workspace, your workspace. stdout and stderr are returned together, at most "
+            f"{t.bash.max_output_chars:,} characters (head and tail kept). Timeout "
+            f"{t.bash.timeout_s:g}s. The first line of the result is the exit status. "
+            "Only /workspace persists between calls."),
+            {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+            box.bash, t.bash.enabled, "the bash tool is disabled by this agent's policy"),
+        Tool("write_file", (
+            "Create or overwrite a file at a path relative to /workspace (parent directories "
+            f"are created). At most {t.write_file.max_bytes:,} bytes. Symlinks are not followed."),
+            {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+             "required": ["path", "content"]},
+            box.write_file, t.write_file.enabled, "the write_file tool is disabled by this agent's policy"),
+        Tool("send_message", (
+            "Queue a message for your human; they read it outside this session. Use sparingly: "
+            f"at most {t.send_message.max_per_wake} per wake; one good message beats five fragments."),
+            {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+            box.send_message, t.send_message.enabled,
+            "the send_message tool is disabled by this agent's policy"),
+    ])
+
+
+class _Toolbox:
+    def __init__(self, policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None]):
+        self.policy, self.sandbox, self.outbox = policy, sandbox, outbox
+        self.sent = 0
+
+    def bash(self, args: dict) -> ToolResult:
+        command = args["command"]
+        if not command.strip():
+            return error("bash: the command is empty")
+        cfg = self.policy.tools.bash
+        return _from_sandbox(self.sandbox.run(command, timeout_s=cfg.timeout_s,
+                                              max_output_chars=cfg.max_output_chars), error_on_fail=False)
+
+    def write_file(self, args: dict) -> ToolResult:
+        path, content = args["path"], args["content"].encode("utf-8")
+        cfg = self.policy.tools.write_file
+        # policy.py owns the allow/deny globs and max_bytes; absent (older policy.py), no refusal.
+        refusal = getattr(cfg, "refusal", None)
+        reason = refusal(path, len(content)) if refusal else None
+        if reason:
+            return denied(f"write_file {path}: {reason}")
+        return _from_sandbox(self.sandbox.write(path, content, timeout_s=cfg.timeout_s), error_on_fail=True)
+
+    def send_message(self, args: dict) -> ToolResult:
+        text = args["text"]
+        limit = self.policy.tools.send_message.max_per_wake
+        if self.sent >= limit:
+            return denied(f"send_message: already sent {limit} messages this wake (max_per_wake)")
+        if not text.strip():
+            return error("send_message: the text is empty")
+        self.outbox(text)
+        self.sent += 1
+        return ToolResult(text=f"queued for your human ({self.sent} of {limit} this wake).",
+                          detail={"chars": len(text)})
+
+
+def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
+    detail = {"exit_code": result.exit_code, "duration_ms": result.duration_ms,
+              "bytes": result.output_bytes, "truncated": result.truncated,
+              "timed_out": result.timed_out, "oom_killed": result.oom_killed,
+              "container_id": result.container_id}
+    return ToolResult(text=result.for_model(), is_error=error_on_fail and not result.ok, detail=detail)

@@ -1,0 +1,182 @@
+"""Context assembly and host-side safety: the workspace is the agent's, so the host reading it is an attack surface.
+
+One test per plant: a symlink to a host canary, a FIFO, a device node, a
+100 GB sparse file, a symlinked directory, a symlinked journal when the stub
+is written. A breach is: the canary text appears, the host blocks, memory
+jumps, or a host file changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from orchestrator.agent import load_agent
+from orchestrator.context import build_context, system_prompt
+from orchestrator.events import EVENTS_FILE, read_events
+from orchestrator.workspace import READ_CAP, journal_size, read_text
+
+CANARY = "CANARY-host-secret-5d41402abc4b2a76"
+FIFO_DEADLINE_S = 2.0               # the issue's bound for a context build facing a FIFO
+SPARSE_SIZE = 100 * 2**30           # 100 GB, all holes
+SPARSE_DEADLINE_S = 2.0
+SPARSE_PEAK_BYTES = 8 * 2**20       # allocation bound while reading it: a few caps, not gigabytes
+CLI_TIMEOUT_S = 120
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_S, env=env, cwd=Path(__file__).resolve().parent.parent)
+
+
+def host_canary(tmp_path: Path) -> Path:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text(f"{CANARY}\n")
+    return secret
+
+
+def plant(agent_dir: Path, rel: str) -> Path:
+    path = agent_dir / "workspace" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return path
+
+
+def context_in_thread(agent, deadline_s: float) -> str:
+    """Build the context in a thread; fail (not hang) if it takes longer than the deadline."""
+    out: list[str] = []
+    worker = threading.Thread(target=lambda: out.append(system_prompt(agent)), daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    assert not worker.is_alive(), f"building the context blocked for more than {deadline_s}s"
+    return out[0]
+
+
+def test_core_md_symlink_to_host_canary_never_appears_in_context(agent_dir, tmp_path):
+    secret = host_canary(tmp_path)
+    plant(agent_dir, "memory/core.md").symlink_to(secret)
+    plant(agent_dir, f"memory/journal/{datetime.now(timezone.utc):%Y-%m-%d}.md").symlink_to(secret)
+    proc = cli("context", str(agent_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert CANARY not in proc.stdout
+    assert "(unreadable: memory/core.md is a symlink" in proc.stdout
+
+
+def test_symlinked_memory_directory_is_not_followed(agent_dir, tmp_path):
+    host_dir = tmp_path / "hostdir"
+    (host_dir / "journal").mkdir(parents=True)
+    (host_dir / "core.md").write_text(CANARY)
+    (host_dir / "journal/2026-01-01.md").write_text(CANARY)
+    memory = agent_dir / "workspace/memory"
+    os.rename(memory, agent_dir / "workspace/old-memory")
+    memory.symlink_to(host_dir)
+    text = context_in_thread(load_agent(agent_dir), FIFO_DEADLINE_S)
+    assert CANARY not in text and "memory is a symlink" in text
+
+
+def test_dangling_symlink_is_unreadable_not_an_error(agent_dir):
+    plant(agent_dir, "memory/core.md").symlink_to("/nonexistent/nowhere")
+    text = context_in_thread(load_agent(agent_dir), FIFO_DEADLINE_S)
+    assert "(unreadable: memory/core.md is a symlink" in text
+
+
+def test_core_md_fifo_returns_within_2s(agent_dir):
+    os.mkfifo(plant(agent_dir, "memory/core.md"))
+    started = time.monotonic()
+    text = context_in_thread(load_agent(agent_dir), FIFO_DEADLINE_S)
+    assert time.monotonic() - started < FIFO_DEADLINE_S
+    assert "(unreadable: memory/core.md is a FIFO" in text
+
+
+def test_core_md_fifo_through_the_cli(agent_dir):
+    os.mkfifo(plant(agent_dir, "memory/core.md"))
+    proc = cli("context", str(agent_dir))  # bounded by CLI_TIMEOUT_S: a hang fails the test
+    assert proc.returncode == 0 and "is a FIFO" in proc.stdout
+
+
+def test_device_node_is_not_opened(agent_dir):
+    os.mknod(plant(agent_dir, "memory/core.md"), stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's
+    text = context_in_thread(load_agent(agent_dir), FIFO_DEADLINE_S)
+    assert "(unreadable: memory/core.md is a character device" in text
+
+
+def test_100gb_sparse_core_md_is_fast_and_capped(agent_dir):
+    path = plant(agent_dir, "memory/core.md")
+    with open(path, "wb") as f:
+        f.write(b"start of a huge file\n")
+        f.truncate(SPARSE_SIZE)
+    agent = load_agent(agent_dir)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        text = context_in_thread(agent, SPARSE_DEADLINE_S)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < SPARSE_DEADLINE_S
+    assert peak < SPARSE_PEAK_BYTES, f"peak allocation {peak:,} bytes"
+    assert "start of a huge file" in text
+    assert f"only the first {READ_CAP:,} of {SPARSE_SIZE:,} bytes" in text
+    assert len(text) < 2 * READ_CAP
+
+
+def test_invalid_utf8_and_escapes_are_replaced(agent_dir):
+    plant(agent_dir, "memory/core.md").write_bytes(b"ok \xff\xfe bad \x1b[31mred\x1b[0m\n")
+    text = read_text(agent_dir / "workspace", "memory/core.md")
+    assert text == "ok \ufffd\ufffd bad red\n"
+
+
+def test_system_prompt_is_stable_and_first_message_carries_time_and_inbox(agent):
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    a = build_context(agent, wake=7, now=now, inbox="--- t\nhi there\n")
+    b = build_context(agent, wake=8, now=now + timedelta(hours=5), inbox="")
+    assert a.system == b.system and a.system_hash == b.system_hash
+    assert "2026" not in a.system and "Wake #" not in a.system
+    assert "Wake #7. UTC time: 2026-11-29T12:00:00Z" in a.first_user and "hi there" in a.first_user
+    assert "(none)" in b.first_user
+    assert a.system_blocks()[-1]["cache_control"] == {"type": "ephemeral"}
+    assert "# Mandate" in a.system and "You are" in a.system
+
+
+def test_last_three_journal_files_in_order(agent_dir):
+    journal = agent_dir / "workspace/memory/journal"
+    for day in ("2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"):
+        (journal / f"{day}.md").write_text(f"entry {day}\n")
+    (journal / "notes.txt").write_text("not a journal file")
+    text = system_prompt(load_agent(agent_dir))
+    assert "entry 2026-01-01" not in text and "not a journal" not in text
+    assert text.index("entry 2026-01-02") < text.index("entry 2026-01-03") < text.index("entry 2026-01-04")
+
+
+def test_journal_size_does_not_follow_symlinks(agent_dir, tmp_path):
+    secret = host_canary(tmp_path)
+    ws = agent_dir / "workspace"
+    assert journal_size(ws, "2026-01-01") == 0
+    plant(agent_dir, "memory/journal/2026-01-01.md").symlink_to(secret)
+    assert journal_size(ws, "2026-01-01") is None
+
+
+def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir, tmp_path):
+    secret = host_canary(tmp_path)
+    os.chmod(secret, 0o666)  # writable by anyone: only not following the link protects it
+    before = (secret.read_bytes(), secret.stat().st_mtime_ns)
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    plant(agent_dir, f"memory/journal/{day}.md").symlink_to(secret)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "I forgot to journal."}]))
+    proc = cli("wake", str(agent_dir), "--script", str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert (secret.read_bytes(), secret.stat().st_mtime_ns) == before
+    assert (agent_dir / f"workspace/memory/journal/{day}.md").is_symlink()
+    stub = [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "journal_stub"]
+    assert len(stub) == 1 and stub[0]["written"] is False and "refused" in stub[0]["detail"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["journal"].startswith("stub not written")

@@ -1,0 +1,120 @@
+"""Tool restriction through a whole wake (issue 4): the shipped strict.yaml and the
+default write_file protections, driven by the real anthropic SDK against
+tests/fakeapi.py with real tools in real containers.
+
+test_loop.py covers a disabled bash, send_message's max_per_wake and a custom
+deny glob; this file covers the shipped policies and every refusal's reason
+reaching both the model and the event log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fakeapi import FakeAPI, text, tool_use, turn
+from orchestrator.agent import load_agent
+from orchestrator.events import EVENTS_FILE, read_events
+from orchestrator.loop import wake
+from orchestrator.model import LiveModel
+from orchestrator.state import read_outbox
+
+KEY = "sk-ant-test-policy-tools-0000"          # fake; the fake API accepts anything
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fake_api(monkeypatch):
+    servers = []
+
+    def start(*replies) -> FakeAPI:
+        api = FakeAPI(list(replies)).__enter__()
+        servers.append(api)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        return api
+
+    yield start
+    for api in servers:
+        api.__exit__(None, None, None)
+
+
+def use_policy(agent_dir: Path, policy) -> None:
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data["policy"] = policy
+    config.write_text(yaml.safe_dump(data))
+
+
+def run_wake(agent_dir: Path):
+    agent = load_agent(agent_dir)
+    return wake(agent, live=True, model=LiveModel(agent.model, KEY, stream=False))
+
+
+def results_of(request) -> list[dict]:
+    """The tool_result blocks of the last user turn of a recorded request."""
+    return [b for b in request.body["messages"][-1]["content"] if b.get("type") == "tool_result"]
+
+
+def text_of(block: dict) -> str:
+    content = block["content"]
+    return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
+
+
+def denials(agent_dir: Path) -> list[dict]:
+    return [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "policy_denied"]
+
+
+def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_dir, fake_api):
+    use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
+    api = fake_api(
+        turn(tool_use("bash", {"command": "touch /workspace/pwned"}),
+             tool_use("send_message", {"text": "hello"})),
+        turn(text("done")))
+    run_wake(agent_dir)
+    assert [t["name"] for t in api.requests[0].body["tools"]] == ["write_file"]
+    bash, message = results_of(api.requests[1])
+    assert bash["is_error"] and "the bash tool is disabled" in text_of(bash)
+    assert message["is_error"] and "the send_message tool is disabled" in text_of(message)
+    assert not (agent_dir / "workspace/pwned").exists()
+    assert "hello" not in read_outbox(agent_dir / "state")
+    assert [(d["tool"], d["reason"]) for d in denials(agent_dir)] == [
+        ("bash", "the bash tool is disabled by this agent's policy"),
+        ("send_message", "the send_message tool is disabled by this agent's policy")]
+
+
+def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api):
+    use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
+    api = fake_api(
+        turn(tool_use("write_file", {"path": "notes/ok.md", "content": "fine"}),
+             tool_use("write_file", {"path": "src/main.py", "content": "print(1)"}),
+             tool_use("write_file", {"path": "notes/.env", "content": "X=1"}),
+             tool_use("write_file", {"path": "notes/big.md", "content": "x" * (64 * 1024 + 1)})),
+        turn(text("done")))
+    run_wake(agent_dir)
+    ok, outside, dotfile, big = results_of(api.requests[1])
+    assert not ok.get("is_error") and (agent_dir / "workspace/notes/ok.md").read_text() == "fine"
+    assert outside["is_error"] and "allows only memory/**, notes/**, *.md" in text_of(outside)
+    assert dotfile["is_error"] and "deny glob '**/.*'" in text_of(dotfile)
+    assert big["is_error"] and "at most 65,536 bytes" in text_of(big)
+    for path in ("src/main.py", "notes/.env", "notes/big.md"):
+        assert not (agent_dir / "workspace" / path).exists(), path
+    reasons = [d["reason"] for d in denials(agent_dir)]
+    assert len(reasons) == 3 and all(reason in text_of(block) for reason, block
+                                     in zip(reasons, (outside, dotfile, big)))
+
+
+def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_dir, fake_api):
+    api = fake_api(
+        turn(tool_use("write_file", {"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\nid\n"}),
+             tool_use("write_file", {"path": "./.git//config", "content": "[core]\nfsmonitor=id\n"}),
+             tool_use("write_file", {"path": "vendor/lib/.git/hooks/post-checkout", "content": "id"})),
+        turn(text("done")))
+    run_wake(agent_dir)
+    results = results_of(api.requests[1])
+    assert all(r["is_error"] and "denied by this agent's policy" in text_of(r) for r in results)
+    assert not (agent_dir / "workspace/.git").exists()
+    assert not (agent_dir / "workspace/vendor").exists()
+    assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * 3
