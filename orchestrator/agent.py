@@ -55,7 +55,9 @@ def load_agent(agent_dir: str | Path) -> Agent:
     if not config.is_file():
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
     try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        text = config.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise AgentError(f"{config}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -68,16 +70,25 @@ def load_agent(agent_dir: str | Path) -> Agent:
         name=str(data.get("name") or agent_dir.name),
         model=os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or DEFAULT_MODEL),
         schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
-        policy=_policy(data.get("policy"), config),
+        policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
         dry_run=_dry_run(data.get("dry_run", True), config),
     )
 
 
-def _policy(value, config: Path) -> Policy:
+def _value_node(node, key: str):
+    """The YAML node under `key`, so an inline policy's errors name agent.yaml's lines."""
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if key_node.value == key:
+                return value_node
+    return None
+
+
+def _policy(value, config: Path, node) -> Policy:
     if value is None:
         return Policy(source=f"{config} (defaults)")
     if isinstance(value, dict):
-        return policy_from_mapping(value, f"{config} (inline policy)")
+        return policy_from_mapping(value, str(config), node)
     if isinstance(value, str):
         path = (config.parent / value).resolve()
         return load_policy(path)

@@ -62,7 +62,8 @@ from .context import build_context, journal_day
 from .events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from .model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from .output import clean
-from .sandbox import DockerSandbox, Sandbox
+from .policy import check_against_engine
+from .sandbox import DockerSandbox, Sandbox, connect
 from .tools import build_registry, error
 from .workspace import JOURNAL_DIR, append_in_sandbox, journal_size
 
@@ -220,8 +221,10 @@ class _Wake:
         return receipt
 
     def _docker_sandbox(self) -> DockerSandbox:
+        client = connect()
+        check_against_engine(self.agent.policy, client)  # before any container starts
         box = DockerSandbox(self.agent.workspace, self.agent.policy.sandbox,
-                            agent=self.agent.name, run_id=self.run_id)
+                            agent=self.agent.name, run_id=self.run_id, client=client)
         if box.warning:
             self.say(box.warning)
         left = box.cleanup_leftovers()  # we hold the lock: any container of this workspace is stale
