@@ -32,6 +32,8 @@ def cmd_sandbox_exec(args) -> int:
     if not command:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
+    from .policy import check_against_engine
+    check_against_engine(agent.policy, connect())  # image, runtime: one line naming the policy's line
     box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)  # one call: no pool
     if box.warning:
         print(box.warning, file=sys.stderr)
@@ -186,6 +188,13 @@ def cmd_policy_explain(args) -> int:
     return EXIT_OK
 
 
+def cmd_escapes(args) -> int:
+    from .escapes.command import list_probes, run
+    if args.list:
+        return list_probes()
+    return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakeloop",
@@ -274,6 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="image_command", metavar="SUBCOMMAND", required=True)
     p = image.add_parser("build", help="build wakeloop-sandbox:latest from sandbox-image/")
     p.set_defaults(func=cmd_image_build)
+
+    p = sub.add_parser("escapes", help="run the escape suite against the live engine under a policy; "
+                                       "exit 1 if anything escaped")
+    p.add_argument("agent_dir", nargs="?", help="use this agent's policy (probes run in a throwaway agent)")
+    p.add_argument("--policy", help="use this policy file instead (default: the default policy)")
+    p.add_argument("--runtime", help="override the policy's runtime, e.g. runsc")
+    p.add_argument("--json", action="store_true", help="print one JSON report instead of the table")
+    p.add_argument("--probe", action="append", metavar="NAME", help="run only this probe (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the probes and exit")
+    p.set_defaults(func=cmd_escapes)
     return parser
 
 

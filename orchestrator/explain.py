@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 
 from .policy import GIT_DENY, Policy
+from .seccomp import GUARD
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -106,7 +107,9 @@ def explain(policy: Policy, box, registry) -> str:
     image = policy.sandbox.image
     if "bash" in offered:
         config, host = box.container_spec(["bash", "-c", 'exec bash -c "$1" 2>&1', "bash", "COMMAND"])
-        lines += ["", "each bash call runs in a new container, as:", _command(config, host, image)]
+        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD: it",
+                  "stacks a seccomp filter that answers io_uring_* with ENOSYS, then execs the rest):",
+                  _command(config, host, image)]
     if "write_file" in offered:
         config, host = box.container_spec(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH"],
                                           stdin=True, workdir="/")
@@ -126,5 +129,6 @@ def _command(config: dict, host: dict, image: str) -> str:
         else:
             pairs[-1].append(word)
     rows = ["  docker run"] + ["    " + " ".join(map(shlex.quote, p)) for p in pairs]
-    rows.append("    " + " ".join(shlex.quote(w) for w in [image, *config["command"]]))
+    argv = ["SECCOMP_GUARD" if w == GUARD else w for w in config["command"]]
+    rows.append("    " + " ".join(shlex.quote(w) for w in [image, *argv]))
     return " \\\n".join(rows)

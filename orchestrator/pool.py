@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import docker.errors
 
 # Runs in the pooled container as `python3 -I -c LAUNCHER`. It reads an 8-byte
 # length and that many bytes of JSON {argv, cwd, stdin} from fd 0 with os.read,
@@ -148,15 +147,22 @@ class WarmPool:
             if job == "stop":
                 return
             if job == "remove":
-                self._remove(cid)
+                self._remove_quietly(cid)
                 continue
             self._make_one()
+
+    def _remove_quietly(self, cid: str) -> None:
+        # This thread must outlive any one failure, or every later removal is lost.
+        try:
+            self._remove(cid)
+        except Exception:
+            pass  # the container is labelled: the next wake's cleanup_leftovers finds it
 
     def _make_one(self) -> None:
         key = self._key()
         try:
             cid = None if self._closed else self._make()
-        except docker.errors.DockerException:
+        except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
         with self._lock:
             self._making -= 1
@@ -165,4 +171,4 @@ class WarmPool:
                 self._ready.append(_Warm(cid, key, time.monotonic()))
                 self._changed.notify_all()
         if cid is not None and not keep:
-            self._remove(cid)
+            self._remove_quietly(cid)

@@ -31,6 +31,7 @@ from . import images
 from . import network
 from .output import Capture
 from .pool import LAUNCHER, WarmPool, handoff
+from .seccomp import guarded
 from .policy import SandboxPolicy
 
 WORKSPACE = "/workspace"
@@ -251,7 +252,7 @@ class DockerSandbox:
         egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
         config = dict(
             image=p.image,
-            command=argv,
+            command=guarded(argv),      # io_uring off, whatever the engine's profile allows
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",

@@ -250,10 +250,17 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _entry(header: str, text: str) -> str:
+    """One inbox/outbox entry. Body lines are indented, so no text, however
+    crafted, can start a line with MESSAGE_MARK and forge an entry of its own."""
+    body = "\n".join(f"  {line}" for line in text.rstrip().splitlines())
+    return f"{MESSAGE_MARK}{header}\n{body}\n"
+
+
 def send_message_to_agent(state_dir: Path, text: str) -> None:
     """`wakeloop send`: queue a human message for the next wake."""
     with _inbox_locked(state_dir):
-        _append(Path(state_dir) / INBOX_FILE, f"{MESSAGE_MARK}{_stamp()}\n{text.rstrip()}\n")
+        _append(Path(state_dir) / INBOX_FILE, _entry(_stamp(), text))
 
 
 def peek_inbox(state_dir: Path) -> str:
@@ -300,7 +307,7 @@ def count_messages(text: str) -> int:
 
 def append_outbox(state_dir: Path, text: str, wake: int) -> None:
     """send_message: host side, in state/, where the agent cannot touch it."""
-    _append(Path(state_dir) / OUTBOX_FILE, f"{MESSAGE_MARK}{_stamp()} wake {wake}\n{text.rstrip()}\n")
+    _append(Path(state_dir) / OUTBOX_FILE, _entry(f"{_stamp()} wake {wake}", text))
 
 
 def read_outbox(state_dir: Path) -> str:

@@ -130,7 +130,8 @@ def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], Non
             box.bash, t.bash.enabled, "the bash tool is disabled by this agent's policy"),
         Tool("write_file", (
             "Create or overwrite a file at a path relative to /workspace (parent directories "
-            f"are created). At most {t.write_file.max_bytes:,} bytes. Symlinks are not followed."),
+            f"are created). At most {t.write_file.max_bytes:,} bytes. A path through a symlink is "
+            "refused with the real path named."),
             {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
              "required": ["path", "content"]},
             box.write_file, t.write_file.enabled, "the write_file tool is disabled by this agent's policy"),
@@ -159,9 +160,7 @@ class _Toolbox:
     def write_file(self, args: dict) -> ToolResult:
         path, content = args["path"], args["content"].encode("utf-8")
         cfg = self.policy.tools.write_file
-        # policy.py owns the allow/deny globs and max_bytes; absent (older policy.py), no refusal.
-        refusal = getattr(cfg, "refusal", None)
-        reason = refusal(path, len(content)) if refusal else None
+        reason = cfg.refusal(path, len(content))  # policy.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
         return _from_sandbox(self.sandbox.write(path, content, timeout_s=cfg.timeout_s), error_on_fail=True)

@@ -85,3 +85,34 @@ def test_cold_and_warm_calls_agree(make_sandbox, warm):
     timed = run(box, "sleep 100", timeout=1)
     assert timed.timed_out and timed.exit_code == 124
     assert box.write("w.txt", b"ok").output.startswith("wrote 2 bytes")
+
+
+def test_a_failed_make_or_remove_does_not_stop_the_pool():
+    # Plain functions stand in for the engine here: what is under test is the
+    # pool's own thread, which must outlive any one failure.
+    made, removed, failures = [], [], iter([RuntimeError("create failed"), None])
+
+    def make() -> str:
+        failure = next(failures, None)
+        if failure:
+            raise failure
+        made.append(f"c{len(made)}")
+        return made[-1]
+
+    def remove(cid: str) -> None:
+        removed.append(cid)
+        if cid == "c0":
+            raise RuntimeError("remove failed")
+
+    from orchestrator.pool import WarmPool
+    pool = WarmPool(1, key=lambda: "k", make=make, remove=remove, alive=lambda cid: True)
+    # The first make fails; calls go cold meanwhile, and each asks for a refill.
+    for _ in range(100):
+        if pool.take() is None and pool.wait_ready(1, 0.3):
+            break
+    assert pool.idle() == ["c0"]
+    first = pool.take()
+    pool.discard(first)                     # its removal raises
+    assert pool.wait_ready(1, DEADLINE)
+    pool.close()
+    assert first in removed and set(made) <= set(removed)

@@ -1,0 +1,231 @@
+"""Probes, the trial each one runs in, the one rule that judges them, the runner.
+
+A probe is an attack plus the safe outcome it expects. It returns what it
+observed as text; lines starting `ESCAPED` or `HELD` are its findings. Every
+probe is judged by `verdict` and nothing else.
+
+Each probe gets a throwaway agent directory (workspace/, state/, mandate.md)
+under the lab's temp dir, so an attack that fills or plants things in its
+workspace cannot disturb the next probe or anyone's real agent. Canaries are
+planted on the host outside every workspace; finding one is a breach.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import docker
+
+from ..agent import init_agent
+from ..policy import SandboxPolicy, Tools
+from ..sandbox import DockerSandbox, SandboxResult
+
+HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
+
+PROBE_TIMEOUT_S = 30        # a probe is a few syscalls (~1 s); 30 s leaves room on a loaded 2-core CI box
+OBSERVE_CHARS = 20_000      # output kept per probe call; findings are printed last, so they survive in the tail
+OBSERVED_SHOWN = 160        # chars of the deciding line shown in the table
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str                           # named for the attack it blocks
+    category: str
+    expected: str                       # the safe outcome, in words
+    attack: Callable[["Trial"], str]    # runs the attack, returns what it observed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    probe: str
+    category: str
+    expected: str
+    observed: str
+    verdict: str
+    seconds: float
+
+
+def verdict(observation: str) -> tuple[str, str]:
+    """The one rule. If — and only if — a line of the observation starts with
+    `ESCAPED` we consider the sandbox breached. Otherwise it held only if a line
+    starts with `HELD`: the probe's proof that it ran to its end and saw the safe
+    outcome. Neither (the attack never ran, crashed, or printed nothing) is
+    INCONCLUSIVE, which the report counts as a failure too: silence proves nothing.
+    Returns (verdict, the deciding line)."""
+    lines = [line.strip() for line in observation.splitlines()]
+    breach = [_finding(line) for line in lines if line.startswith(ESCAPED)]
+    if breach:
+        return ESCAPED, "; ".join(breach)[:OBSERVED_SHOWN]
+    held = [_finding(line) for line in lines if line.startswith(HELD)]
+    if held:
+        return HELD, held[-1][:OBSERVED_SHOWN]
+    tail = " | ".join(line for line in lines if line)[-OBSERVED_SHOWN:]
+    return INCONCLUSIVE, tail or "(no output)"
+
+
+def _finding(line: str) -> str:
+    """'ESCAPED: why' -> 'why' (the verdict column already says which)."""
+    return line.split(":", 1)[1].strip() if ":" in line else line
+
+
+def held(why: str) -> str:
+    return f"HELD: {why}\n"
+
+
+def escaped(why: str) -> str:
+    return f"ESCAPED: {why}\n"
+
+
+# Python run inside the box before each python probe: the same two finding
+# printers, and raw syscalls by number (x86_64 and aarch64) for calls that
+# glibc does not wrap.
+PRELUDE = r'''
+import ctypes, errno, os, socket, sys
+def held(why): print("HELD:", why, flush=True)
+def escaped(why): print("ESCAPED:", why, flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+_NR = {"x86_64": dict(add_key=248, keyctl=250, bpf=321, perf_event_open=298, io_uring_setup=425,
+                      init_module=175, finit_module=313, delete_module=176, pivot_root=155,
+                      unshare=272, setns=308, ptrace=101, open_tree=428, fsopen=430),
+       "aarch64": dict(add_key=217, keyctl=219, bpf=280, perf_event_open=241, io_uring_setup=425,
+                       init_module=105, finit_module=273, delete_module=106, pivot_root=41,
+                       unshare=97, setns=268, ptrace=117, open_tree=428, fsopen=430)}
+NR = _NR.get(os.uname().machine)
+if NR is None:
+    print("cannot probe: unknown architecture", os.uname().machine); sys.exit(0)
+def call(name, *args):
+    """(return value, errno name) of a raw syscall."""
+    r = libc.syscall(NR[name], *args)
+    return r, errno.errorcode.get(ctypes.get_errno(), "?") if r < 0 else "ok"
+'''
+
+
+@dataclass
+class Lab:
+    """Where probes run: an engine, a sandbox policy, a temp dir for throwaway agents.
+    `sandbox_class` lets a test swap in a deliberately weakened box."""
+
+    client: docker.DockerClient
+    policy: SandboxPolicy
+    base: Path
+    sandbox_class: type = DockerSandbox
+    tools: Tools = field(default_factory=Tools)   # the policy's tools, for the harness probes
+    run_id: str = field(default_factory=lambda: "escapes-" + secrets.token_hex(4))
+    host_canary: str = field(default_factory=lambda: "wakeloop-canary-" + secrets.token_hex(8))
+    other_canary: str = field(default_factory=lambda: "wakeloop-other-agent-" + secrets.token_hex(8))
+
+    def __post_init__(self):
+        self.base = Path(self.base).resolve()
+        self.base.mkdir(parents=True, exist_ok=True)
+        # Host files outside every probe's workspace: a secret beside the agents,
+        # and another agent's memory. No probe may ever read either.
+        self.canary_path = self.base / "host-secret.txt"
+        self.canary_path.write_text(self.host_canary + "\n")
+        self.canary_path.chmod(0o644)  # readable to anyone on the host: only isolation protects it
+        other = init_agent(self.base / "other-agent")
+        (other / "workspace/memory/core.md").write_text(f"# other agent\n{self.other_canary}\n")
+        self.other_workspace = other / "workspace"
+
+    def trial(self, name: str) -> "Trial":
+        return Trial(self, name)
+
+
+class Trial:
+    """One probe's own agent directory and box."""
+
+    def __init__(self, lab: Lab, name: str):
+        self.lab = lab
+        self.dir = init_agent(lab.base / name)
+        self.workspace = self.dir / "workspace"
+        self.state = self.dir / "state"
+        self._boxes: list[DockerSandbox] = []
+        self.box = self.new_box()
+
+    def new_box(self, **kwargs) -> DockerSandbox:
+        """A box on this trial's workspace under the lab's policy (its warm pool
+        included, as users run it); `warm=0` for one whose every call is cold."""
+        box = self.lab.sandbox_class(self.workspace, self.lab.policy, agent="escapes",
+                                     run_id=self.lab.run_id, client=self.lab.client, **kwargs)
+        self._boxes.append(box)
+        return box
+
+    def run(self, command: str, timeout_s: float = PROBE_TIMEOUT_S,
+            cap: int = OBSERVE_CHARS) -> SandboxResult:
+        return self.box.run(command, timeout_s=timeout_s, max_output_chars=cap)
+
+    def sh(self, command: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+        return _observed(self.run(command, timeout_s))
+
+    def py(self, program: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+        return _observed(self.run(python_command(program), timeout_s))
+
+    def close(self) -> None:
+        """Close every box (their idle warm containers go); the workspace stays."""
+        for box in self._boxes:
+            box.close()
+
+    def cleanup(self) -> None:
+        self.close()
+        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
+
+
+def python_command(program: str) -> str:
+    """A bash line that runs `program` (after PRELUDE) with python3 in isolated mode.
+    HOST_KERNEL is the host's kernel release: a box whose uname differs runs on a
+    user-space kernel (gVisor), so its syscalls never reach the host's."""
+    host = f"HOST_KERNEL = {os.uname().release!r}\n"
+    return "python3 -I -c " + shlex.quote(PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n" + program)
+
+
+def _observed(result: SandboxResult) -> str:
+    """The output, plus what the host knows about the call, for the report."""
+    notes = []
+    if result.timed_out:
+        notes.append("the call was killed at its deadline")
+    if result.oom_killed:
+        notes.append("the call was killed: out of memory")
+    suffix = f"\n[host: exit {result.exit_code}{'; ' if notes else ''}{'; '.join(notes)}]"
+    return result.output + suffix
+
+
+def run_probe(lab: Lab, probe: Probe) -> Outcome:
+    started = time.monotonic()
+    trial = None
+    try:
+        trial = lab.trial(probe.name)
+        observation = probe.attack(trial)
+    except Exception as exc:  # a probe that crashes the harness is a finding, shown, not raised
+        observation = f"the probe failed on the host: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    finally:
+        if trial is not None:
+            trial.cleanup()
+    decided, line = verdict(observation)
+    return Outcome(probe.name, probe.category, probe.expected, line, decided,
+                   round(time.monotonic() - started, 2))
+
+
+def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | None = None
+              ) -> list[Outcome]:
+    outcomes = []
+    for index, probe in enumerate(probes, 1):
+        outcome = run_probe(lab, probe)
+        outcomes.append(outcome)
+        if progress:
+            progress(index, len(probes), outcome)
+    return outcomes
+
+
+def temp_lab(client: docker.DockerClient, policy: SandboxPolicy, base: Path | None = None,
+             **kwargs) -> Lab:
+    """A lab in `base`, or in a new temp dir the caller removes (lab.base)."""
+    base = Path(base) if base else Path(tempfile.mkdtemp(prefix="wakeloop-escapes-"))
+    return Lab(client=client, policy=policy, base=base, **kwargs)

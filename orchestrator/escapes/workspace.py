@@ -1,0 +1,186 @@
+"""Workspace attacks: the one directory the box shares with the host, used to
+make the host (write_file, and the harness's own reads) follow a symlink,
+block on a FIFO, read a device, choke on a huge sparse file, or take a name
+with newlines, NUL, `..` or thousands of characters.
+
+Plants are made from inside the box, as the agent would. The canary is a
+host file outside the workspace; it must stay byte-for-byte the same.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import threading
+import time
+
+from ..sandbox import KILL_GRACE_S
+from .core import Probe, Trial, escaped, held
+
+CATEGORY = "workspace"
+WRITE_TIMEOUT_S = 10        # one write_file call; a FIFO must not stretch it
+SWAP_SECONDS = 6            # how long the box keeps swapping a symlink in and out during writes
+SWAP_WRITES = 15            # write_file calls made meanwhile
+SPARSE_SIZE = 100 * 2**30   # a 100 GiB sparse file: size, not disk
+
+
+def _canary_changed(t: Trial, before: bytes) -> bool:
+    return t.lab.canary_path.read_bytes() != before
+
+
+def _write_file_refuses_symlink_to_host(t: Trial) -> str:
+    before = t.lab.canary_path.read_bytes()
+    target = str(t.lab.canary_path)
+    t.run(f"ln -sf {target} memory/core.md; mkdir -p memory/journal; ln -sf {target} memory/journal/today.md; "
+          f"ln -sfn {t.lab.canary_path.parent} memory/outside")
+    results = [t.box.write(path, b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S)
+               for path in ("memory/core.md", "memory/journal/today.md", "memory/outside/host-secret.txt")]
+    if _canary_changed(t, before):
+        return escaped(f"write_file wrote through a symlink into {target}")
+    wrote = [r.output for r in results if r.exit_code == 0]
+    if wrote:
+        return escaped(f"write_file followed a symlink: {wrote[0][:100]}")
+    return held("write_file refused a symlinked file, a symlinked journal and a symlinked directory; canary intact")
+
+
+write_file_refuses_symlinks = Probe(
+    "write_file_refuses_symlinks", CATEGORY,
+    "write_file never writes through a symlink (file or directory) planted toward a host path",
+    _write_file_refuses_symlink_to_host)
+
+
+def _symlink_swapped_during_write(t: Trial) -> str:
+    """The box swaps memory/race.md between a file and a symlink to the host
+    canary as fast as it can while the host issues write_file calls on it."""
+    before = t.lab.canary_path.read_bytes()
+    target = str(t.lab.canary_path)
+    swapper = (f"end=$((SECONDS+{SWAP_SECONDS})); mkdir -p memory; while [ $SECONDS -lt $end ]; do "
+               f"ln -sfn {target} memory/race.tmp && mv -fT memory/race.tmp memory/race.md; "
+               "echo x > memory/race.tmp2 && mv -fT memory/race.tmp2 memory/race.md; done; echo swapped")
+    results, swap_out = [], []
+    worker = threading.Thread(target=lambda: swap_out.append(t.new_box().run(swapper, SWAP_SECONDS + 20, 2000)),
+                              daemon=True)
+    worker.start()
+    _wait_for(lambda: os.path.lexists(t.workspace / "memory/race.md"), SWAP_SECONDS)
+    for _ in range(SWAP_WRITES):
+        results.append(t.box.write("memory/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
+    worker.join(SWAP_SECONDS + 20 + KILL_GRACE_S)
+    if _canary_changed(t, before):
+        return escaped("a write_file raced through the swapped symlink into the host canary")
+    wrote = sum(r.exit_code == 0 for r in results)
+    refused = sum(r.exit_code != 0 for r in results)
+    if not swap_out or "swapped" not in swap_out[0].output:
+        return f"the swapper did not run: {swap_out[0].output[-200:] if swap_out else 'no result'}"
+    return held(f"{wrote} writes landed in the regular file, {refused} refused the symlink; canary intact")
+
+
+write_file_survives_symlink_swap = Probe(
+    "write_file_survives_symlink_swap", CATEGORY,
+    "a symlink swapped in during write_file is refused, never followed",
+    _symlink_swapped_during_write)
+
+
+def _write_file_does_not_hang_on_fifo(t: Trial) -> str:
+    planted = t.run("rm -f memory/core.md; mkfifo memory/core.md memory/pipe.md 2>&1")
+    if not all(stat.S_ISFIFO(os.lstat(t.workspace / p).st_mode) for p in ("memory/core.md", "memory/pipe.md")
+               if os.path.lexists(t.workspace / p)) or not os.path.lexists(t.workspace / "memory/pipe.md"):
+        why = planted.output.strip()[:100] or "mkfifo made nothing the host sees as a FIFO"
+        return held(f"the box cannot plant a FIFO in the workspace here: {why}")
+    started = time.monotonic()
+    results = [t.box.write(p, b"x\n", WRITE_TIMEOUT_S) for p in ("memory/core.md", "memory/pipe.md")]
+    seconds = time.monotonic() - started
+    if any(r.exit_code == 0 for r in results):
+        return escaped("write_file wrote into a FIFO")
+    if seconds > 2 * (WRITE_TIMEOUT_S + KILL_GRACE_S) or any(r.timed_out for r in results):
+        return escaped(f"write_file blocked on a FIFO ({seconds:.1f} s)")
+    return held(f"two writes to FIFOs refused in {seconds:.1f} s: {results[0].output.strip()[:80]}")
+
+
+write_file_does_not_hang_on_fifo = Probe(
+    "write_file_does_not_hang_on_fifo", CATEGORY, "write_file on a planted FIFO is refused at once, never blocks",
+    _write_file_does_not_hang_on_fifo)
+
+
+blocks_hardlink_outside_workspace = Probe(
+    "blocks_hardlink_outside_workspace", CATEGORY,
+    "no hardlink in /workspace can point at a file outside it",
+    lambda t: t.py(r'''
+made = []
+for src in ["/etc/passwd", "/usr/bin/python3", "/etc/hostname", "/etc/resolv.conf", "/tmp/x"]:
+    if src == "/tmp/x": open(src, "w").write("x")
+    try:
+        os.link(src, "/workspace/hl"); made.append(src); os.unlink("/workspace/hl")
+    except OSError:
+        pass
+if made: escaped("hardlinked into /workspace: " + ", ".join(made))
+else: held("every cross-boundary hardlink refused (EXDEV/EPERM)")
+'''))
+
+
+caps_sparse_file_size = Probe(
+    "caps_sparse_file_size", CATEGORY,
+    "a 100 GiB sparse file cannot be planted in /workspace (RLIMIT_FSIZE)",
+    lambda t: t.py(rf'''
+path = "/workspace/memory/huge.md"
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+try:
+    os.ftruncate(fd, {SPARSE_SIZE}); how = "ftruncate"
+except OSError as exc:
+    how = exc.strerror
+try:
+    os.lseek(fd, {SPARSE_SIZE} - 1, 0); os.write(fd, b"x")
+except OSError as exc:
+    how += ", " + exc.strerror
+size = os.fstat(fd).st_size
+if size > os.sysconf("SC_PAGE_SIZE") and size >= 2**31: escaped(f"planted a {{size >> 30}} GiB sparse file ({{how}})")
+else: held(f"sparse file stays at {{size}} bytes ({{how}})")
+'''))
+
+
+def _write_file_refuses_path_tricks(t: Trial) -> str:
+    before = _tree(t.dir)
+    tricks = ["../state/state.json", "../mandate.md", "memory/../../agent.yaml", "/etc/passwd", "/workspace/x",
+              "memory/x\0y.md", "memory/x\ny.md", "memory/\x1b[2Jx.md", ".", "", "a/" * 2100 + "x",
+              "m" * 300 + ".md", "memory/" + "d/" * 600 + "deep.md"]
+    outcomes = []
+    for path in tricks:
+        try:
+            r = t.box.write(path, b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S)
+            outcomes.append((path, r.exit_code))
+        except Exception as exc:  # the host choking on a name is itself the finding
+            return escaped(f"write_file raised {type(exc).__name__} on {path[:40]!r}")
+    after = _tree(t.dir)
+    outside = [p for p in after - before if not p.startswith(str(t.workspace) + "/")]
+    if outside:
+        return escaped(f"files appeared outside the workspace: {outside[:3]}")
+    written_trick = [p for p, code in outcomes[:10] if code == 0]
+    if written_trick:
+        return escaped(f"write_file accepted {written_trick[:3]!r}")
+    deep = [code for _, code in outcomes[10:]]
+    return held(f"'..', absolute, NUL, newline, escape and empty paths refused; long names exit {deep}")
+
+
+write_file_refuses_path_tricks = Probe(
+    "write_file_refuses_path_tricks", CATEGORY,
+    "names with '..', a leading '/', NUL, newline or escapes are refused; very long ones fail cleanly",
+    _write_file_refuses_path_tricks)
+
+def _tree(top) -> set[str]:
+    """Every path under `top` (find(1): the probe's trees are deeper than Python recursion)."""
+    out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
+    return set(out.splitlines())
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    """Poll `condition` until it holds or `seconds` pass (no blind sleep)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+PROBES = [write_file_refuses_symlinks, write_file_survives_symlink_swap, write_file_does_not_hang_on_fifo,
+          blocks_hardlink_outside_workspace, caps_sparse_file_size, write_file_refuses_path_tricks]

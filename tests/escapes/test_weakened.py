@@ -1,0 +1,160 @@
+"""Every probe can fail: the same probe reports ESCAPED against a box with one
+hardening removed.
+
+Weakened boxes exist only here, as subclasses overriding container_spec;
+product code never builds one. Their containers keep the product's labels
+(workspace under this session's temp dir), so the no-leftover check covers
+them. The bridge-network box is judged by its interfaces and routing table
+only: no probe dials out of it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from docker.types import Mount, Ulimit
+
+from orchestrator.escapes import ESCAPED, by_name
+from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.network import ROUTE_ONLY
+from orchestrator.sandbox import DockerSandbox
+
+
+def weakened(change):
+    """A DockerSandbox whose container_spec is the product's, then `change(config, host)`."""
+    class Weak(DockerSandbox):
+        def container_spec(self, *args, **kwargs):
+            config, host = super().container_spec(*args, **kwargs)
+            change(config, host)
+            return config, host
+    Weak.__name__ = f"Weak_{change.__name__}"
+    return Weak
+
+
+def writable_root(config, host):
+    host["read_only"] = False
+
+
+def root_with_default_caps(config, host):
+    config["user"] = "0:0"
+    del host["cap_drop"]
+
+
+def added_capability(config, host):
+    host["cap_add"] = ["SYS_ADMIN"]
+
+
+def host_environment(config, host):
+    config["environment"] = {**os.environ, **config["environment"]}
+
+
+def proxy_settings(config, host):
+    config["environment"]["HTTPS_PROXY"] = "http://proxy.invalid:3128"
+
+
+def bridge_network(config, host):
+    host["network_mode"] = "bridge"
+
+
+def no_pids_limit(config, host):
+    host["pids_limit"] = -1
+
+
+def no_new_privileges_dropped(config, host):
+    host["security_opt"] = [o for o in host["security_opt"] if o != "no-new-privileges"]
+
+
+def seccomp_unconfined(config, host):
+    host["security_opt"] = host["security_opt"] + ["seccomp=unconfined"]
+
+
+def no_memory_limit(config, host):
+    del host["mem_limit"], host["memswap_limit"]
+
+
+def big_tmp(config, host):
+    host["tmpfs"] = {"/tmp": "rw,nosuid,nodev,size=512m"}
+
+
+def host_pid_namespace(config, host):
+    host["pid_mode"] = "host"
+
+
+def host_hostname(config, host):
+    config["hostname"] = socket.gethostname()
+
+
+def docker_socket_mounted(config, host):
+    host["mounts"] = host["mounts"] + [Mount("/var/run/docker.sock", "/var/run/docker.sock", type="bind")]
+
+
+def high_nofile(config, host):
+    host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "nofile"] + \
+        [Ulimit(name="nofile", soft=8192, hard=8192)]
+
+
+def no_cpu_quota(config, host):
+    del host["nano_cpus"]
+
+
+def host_block_device(config, host):
+    disk = next(d for d in ("/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1") if os.path.exists(d))
+    host["devices"] = [f"{disk}:/dev/probe-disk:r"]   # only stat()ed by the probe, never read
+
+
+def no_file_size_limit(config, host):
+    host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "fsize"]
+
+
+# (weakening, probe that must now report ESCAPED)
+CASES = [
+    (writable_root, "blocks_write_outside_workspace"),
+    (root_with_default_caps, "runs_as_unprivileged_user"),
+    (root_with_default_caps, "blocks_chroot"),
+    (host_block_device, "blocks_device_nodes"),
+    (root_with_default_caps, "blocks_raw_and_packet_sockets"),
+    (root_with_default_caps, "blocks_setcap_on_workspace_file"),
+    (added_capability, "holds_no_capabilities"),
+    (host_environment, "hides_host_environment"),
+    (host_environment, "hides_api_key"),
+    (proxy_settings, "hides_proxy_settings"),
+    (bridge_network, "has_no_interface_but_lo"),
+    (bridge_network, "has_no_default_route"),
+    (no_pids_limit, "caps_process_count"),
+    (no_new_privileges_dropped, "sets_no_new_privs"),
+    (seccomp_unconfined, "enforces_seccomp_filter"),
+    (seccomp_unconfined, "blocks_keyctl"),
+    (no_memory_limit, "caps_memory"),
+    (big_tmp, "caps_tmp_size"),
+    (host_pid_namespace, "hides_host_process_list"),
+    (host_hostname, "uses_neutral_hostname"),
+    (docker_socket_mounted, "hides_docker_socket"),
+    (high_nofile, "caps_open_files"),
+    (no_file_size_limit, "caps_sparse_file_size"),
+    (no_cpu_quota, "caps_cpu"),
+]
+
+
+@pytest.fixture(params=["runc"])
+def runtime(request):
+    """The controls run on runc: they show each probe can fail, which needs
+    a runtime that honours the weakened flag (gVisor ignores several)."""
+    return request.param
+
+
+@pytest.mark.parametrize("weakening, probe_name", CASES,
+                         ids=[f"{w.__name__}-{p}" for w, p in CASES])
+def test_probe_escapes_weakened_box(weakening, probe_name, make_lab, monkeypatch):
+    if weakening is bridge_network:
+        assert probe_name in ROUTE_ONLY  # a box with a network is only ever read, never dialled from
+    if weakening is host_environment:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-real-key")
+        monkeypatch.setenv("WAKELOOP_TEST_HOST_ONLY", "a host variable the box must not see")
+    outcome = run_probe(make_lab(sandbox_class=weakened(weakening)), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+
+
+def test_at_least_ten_probes_are_shown_able_to_fail():
+    assert len({probe for _, probe in CASES}) >= 10
