@@ -4,7 +4,9 @@
 # 1. install runsc from Debian's packages if it is missing;
 # 2. register it in /etc/docker/daemon.json under "runtimes" with
 #    runtimeArgs ["--network=none"] (gVisor's own netstack off: a runsc
-#    sandbox has no network at all, whatever the policy's `network` says),
+#    sandbox has no network at all, whatever the policy's `network` says)
+#    and "--oci-seccomp" (the engine's seccomp profile and wakeloop's own
+#    filter are then enforced inside gVisor too, as defence in depth),
 #    merged into whatever the file already holds, never overwriting it;
 # 3. only if the file changed, make dockerd re-read it: SIGHUP reloads
 #    "runtimes" without a restart, which works the same for a systemd
@@ -34,7 +36,7 @@ try:
     config = json.loads(text) if text.strip() else {}
 except FileNotFoundError:
     config = {}
-want = {"path": binary, "runtimeArgs": ["--network=none"]}
+want = {"path": binary, "runtimeArgs": ["--network=none", "--oci-seccomp"]}
 runtimes = config.setdefault("runtimes", {})
 if runtimes.get(name) == want:
     print("no")
