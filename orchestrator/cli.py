@@ -67,7 +67,7 @@ def cmd_wake(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
-    return EXIT_FAILED if receipt.status == "dead_letter" else EXIT_OK
+    return EXIT_FAILED if receipt.status in ("dead_letter", "blocked") else EXIT_OK
 
 
 def cmd_context(args) -> int:

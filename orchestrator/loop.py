@@ -56,9 +56,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from . import ledger, tasks
 from . import state as st
 from .agent import Agent, AgentError
-from .context import build_context, journal_day
+from .context import CACHE, build_context, journal_day
 from .events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from .model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from .output import clean
@@ -102,6 +103,8 @@ class Receipt:
     live: bool = False
     journal: str = ""               # who left today's trace: agent | stub | closing note | ...
     started_at: str = ""
+    usd: float = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
+    task: str = ""                  # the task this wake claimed (tasks.py), if any
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +127,9 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     if live is None:  # a script is a dry run's script; otherwise agent.yaml (or its env override) says
         live = False if script is not None else not agent.dry_run
     turns, api_key = _check_config(agent, live, script, model)
+    if sandbox is None:
+        from .broker import sandbox_from_env
+        sandbox = sandbox_from_env(agent)  # under compose: the broker, never the Docker socket
     run_id = uuid.uuid4().hex[:12]
     agent.state_dir.mkdir(mode=0o700, exist_ok=True)
     events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
@@ -147,6 +153,8 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
     if live and model is None and not api_key:
         raise AgentError("ANTHROPIC_API_KEY is not set: export it for a live wake, "
                          f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)")
+    if live:  # a USD cap on a model with no known price: refuse before anything starts
+        ledger.check_caps(agent.model, agent.policy.budget, ledger.load_prices(), agent.policy.source)
     return turns, api_key
 
 
@@ -184,12 +192,36 @@ class _Wake:
         if warning:
             self.say(warning)
             self.events.emit("state_rebuilt", warning=warning)
+        self.meter = ledger.Meter(self.agent.state_dir, self.agent.model, self.budget, ledger.load_prices(),
+                                  billed=bool(model and model.live), where=self.agent.policy.source,
+                                  cache_ttl=CACHE.get("ttl", "5m"))
+        blocked = self._blocked(state)
+        if blocked:
+            return blocked
         self.box = sandbox or self._docker_sandbox()
         try:
             return self._run_in(state, model, turns)
         finally:
             if sandbox is None and hasattr(self.box, "close"):
                 self.box.close()  # ours: no container of this wake outlives it
+
+    def _blocked(self, state: st.State) -> Receipt | None:
+        """Seed 001: a wake the USD budget cannot afford does not start (status blocked)."""
+        if not self.meter.billed:
+            return None
+        ctx = build_context(self.agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
+                            inbox=st.peek_inbox(self.agent.state_dir))
+        tools = build_registry(self.agent.policy, None, outbox=lambda text: None).to_anthropic()
+        reason = self.meter.check(ledger.estimate_tokens(ctx.system, ctx.first_user, tools),
+                                  self.budget.max_output_tokens)
+        if reason is None:
+            return None
+        self.events.emit("blocked", reason=reason, cap=reason.split(":", 1)[0])
+        self.say(f"blocked: {reason}")
+        receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
+                          reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
+        st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt.to_dict()))
+        return receipt
 
     def _run_in(self, state: st.State, model: Model | None, turns: list[dict]) -> Receipt:
         agent, sd = self.agent, self.agent.state_dir
@@ -201,10 +233,16 @@ class _Wake:
         inbox = st.drain_inbox(sd)
         try:
             self._started(inbox)
+            self.task = self._claim_task()
             journal_before = journal_size(agent.workspace, self.day)
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox)
+            completer = tasks.complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
+            if self.task:  # named in the first user message, after the cached prefix
+                self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
+                    self.task, can_complete=bool(completer and completer[0].enabled)))
             self.registry = build_registry(agent.policy, self.box,
-                                           outbox=lambda text: st.append_outbox(sd, text, self.wake_no))
+                                           outbox=lambda text: st.append_outbox(sd, text, self.wake_no),
+                                           extra=completer)
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
@@ -246,6 +284,16 @@ class _Wake:
                          live=self.model.live, policy=self.agent.policy.source, inbox_messages=messages,
                          took_over_lock_from=stale.pid if stale else None)
 
+    def _claim_task(self) -> tasks.Task | None:
+        task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
+        if warning:
+            self.say(warning)
+            self.events.emit("task_error", warning=warning)
+        if task:
+            self.say(f"task {task.id}: {_short(task.title)}")
+            self.events.emit("task_claimed", task=task.id, title=task.title)
+        return task
+
     def _converse_or_dead_letter(self) -> tuple[str, str]:
         try:
             return self._converse()
@@ -268,6 +316,10 @@ class _Wake:
                 return "done", "stopped"
             if self.steps >= self.budget.max_steps:
                 return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
+            over = self.meter.check(ledger.estimate_tokens(self.ctx.system, tools, messages),
+                                    self.budget.max_output_tokens)
+            if over:  # the worst case of this call would pass a USD cap: it is not made
+                return self._budget_stop(over.split(":", 1)[0], over)
             turn = self._ask(messages, tools, final)
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
@@ -311,6 +363,9 @@ class _Wake:
         self.output += u.output_tokens
         self.cache_read += u.cache_read_tokens
         self.cache_creation += u.cache_creation_tokens
+        # Reconcile: the real usage replaces the worst case (cache writes are 5-minute ones, CACHE).
+        self.meter.record(ledger.Usage(u.input_tokens, u.output_tokens, u.cache_creation_tokens, 0,
+                                       u.cache_read_tokens))
         self.events.emit("model_response", step=step, stop_reason=turn.stop_reason, usage=u.to_dict(),
                          tool_names=[b["name"] for b in turn.tool_uses], model=turn.model,
                          tokens_this_wake=self.tokens)
@@ -374,7 +429,8 @@ class _Wake:
                        cache_creation_tokens=self.cache_creation, tool_calls=self.tool_calls,
                        duration_ms=int((time.monotonic() - self.started) * 1000),
                        model=self.model.name, live=self.model.live, journal=journal,
-                       started_at=self.started_at)
+                       started_at=self.started_at, usd=round(self.meter.usd, 6),
+                       task=self.task.id if getattr(self, "task", None) else "")
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:

@@ -124,10 +124,16 @@ class SendMessageTool:
 
 
 @dataclass(frozen=True)
+class CompleteTaskTool:
+    enabled: bool = True                # host-side: closes this wake's task in state/tasks.json
+
+
+@dataclass(frozen=True)
 class Tools:
     bash: BashTool = field(default_factory=BashTool)
     write_file: WriteFileTool = field(default_factory=WriteFileTool)
     send_message: SendMessageTool = field(default_factory=SendMessageTool)
+    complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)
 
 
 @dataclass(frozen=True)

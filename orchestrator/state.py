@@ -335,6 +335,15 @@ def status_report(agent) -> str:
         lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
     else:
         lines.append("  last wake    (none yet)")
+    from .ledger import read_book  # here: ledger.py imports this module
+    from .tasks import TaskError, open_tasks
+    book = read_book(sd)
+    lines.append(f"  usd          ${book.day().usd:.4f} today ({book.day().tokens:,} tokens), "
+                 f"${book.lifetime.usd:.4f} lifetime")
+    try:
+        lines.append(f"  tasks        {len(open_tasks(sd))} open (`wakeloop task list {agent.dir}`)")
+    except TaskError as exc:
+        lines.append(f"  tasks        {exc}")
     lines.append(f"  lock         {'held by ' + holder.describe() if holder else 'free'}")
     lines.append(f"  inbox        {count_messages(peek_inbox(sd))} message(s) waiting")
     lines.append(f"  outbox       {count_messages(read_outbox(sd))} message(s) from the agent")

@@ -115,8 +115,10 @@ def _signature(schema: dict) -> str:
 
 # -- the three tools ----------------------------------------------------------------
 
-def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None]) -> Registry:
-    """The tools for one wake. `outbox` appends one message to state/outbox.txt."""
+def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None],
+                   extra: list[Tool] = ()) -> Registry:
+    """The tools for one wake. `outbox` appends one message to state/outbox.txt;
+    `extra` are host-side tools made elsewhere (complete_task, tasks.py)."""
     box = _Toolbox(policy, sandbox, outbox)
     t = policy.tools
     return Registry([
@@ -141,6 +143,7 @@ def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], Non
             {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
             box.send_message, t.send_message.enabled,
             "the send_message tool is disabled by this agent's policy"),
+        *extra,
     ])
 
 

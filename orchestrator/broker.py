@@ -1,0 +1,347 @@
+"""The sandbox broker: the one process under compose that talks to Docker.
+
+The Docker API is root on the host, so the process that reads model output
+(the orchestrator) must not hold it. The broker holds the socket and offers
+exactly two things over a local unix socket: "run this command" and "write
+this file", in agent X's workspace, under agent X's policy. A request names
+the agent (its folder name under ROOT) and the command, or the path and the
+content: nothing else. The broker loads X's policy itself from ROOT, takes
+the timeout and output cap from it, refuses what it disables, and creates
+every container through DockerSandbox, from its own fixed settings. So a
+compromised orchestrator can at worst run what the agent itself could.
+
+It holds no API key and never parses model output: it passes the sandbox's
+result back as data. A path-prefix proxy in front of docker.sock could not
+give this guarantee: it lets any body through on container create.
+
+Wire format: one JSON object per line, one request per connection.
+  -> {"op": "run",   "agent": "demo", "command": "ls -la"}
+  -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
+  -> {"op": "ping"}
+  <- {"ok": true, "result": {SandboxResult fields}}  |  {"ok": false, "error": "one line"}
+
+Workspace paths: the engine resolves a bind-mount source on the *host*, and
+the broker may itself run in a container with ROOT mounted anywhere. At start
+it asks the engine where its own ROOT comes from (its own container's mounts),
+so compose needs no same-path bind; outside a container ROOT is the host path.
+
+Not here: the model, tools' schemas, the event log (all orchestrator-side).
+`BrokerSandbox` below is the orchestrator's client: a Sandbox like any other.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import docker
+from docker.types import Mount
+
+from .agent import AgentError, load_agent
+from .policy import PolicyError
+from .sandbox import WORKSPACE, DockerSandbox, SandboxError, SandboxResult, connect
+
+BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
+HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
+MAX_REQUEST_BYTES = 32 * 2**20      # one request line; write content is capped by policy below
+MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2 MB
+CONNECT_WAIT_S = 30.0               # the client waits this long for a broker still starting
+REPLY_MARGIN_S = 60.0               # on top of the call's own timeout: create, remove, a slow engine
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
+
+
+class BrokerError(ValueError):
+    """A request the broker refuses: one line, sent back to the client."""
+
+
+# -- where ROOT is on the host -------------------------------------------------------
+
+def own_container_id() -> str | None:
+    """The id of the container this process runs in, or None on a plain host.
+    Docker bind-mounts /etc/hostname from /var/lib/docker/containers/<id>/."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None
+    match = _CONTAINER_ID.search(text)
+    return match.group(1) if match else None
+
+
+def host_root(root: Path, client: docker.DockerClient) -> Path:
+    """The host path of ROOT, which the engine needs as the mount source."""
+    if os.environ.get(HOST_ROOT_ENV):
+        return Path(os.environ[HOST_ROOT_ENV])
+    cid = own_container_id()
+    if cid is None:
+        return root
+    mounts = client.api.inspect_container(cid).get("Mounts") or []
+    best = None
+    for m in mounts:
+        dest = Path(m.get("Destination", "/nonexistent"))
+        if (root == dest or dest in root.parents) and (best is None or len(str(dest)) > len(str(best[0]))):
+            best = (dest, Path(m["Source"]))
+    if best is None:
+        raise SandboxError(f"the broker runs in container {cid[:12]} but {root} is not mounted from "
+                           f"the host; mount the agents folder there, or set {HOST_ROOT_ENV}")
+    dest, source = best
+    return source / root.relative_to(dest)
+
+
+class _HostPathSandbox(DockerSandbox):
+    """DockerSandbox whose one mount names the workspace by its host path."""
+
+    def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
+        super().__init__(workspace, policy, warm=0, **kwargs)  # one call per instance: no pool
+        self.host_workspace = host_workspace
+
+    def container_spec(self, argv, call_id="-", stdin=False, workdir=WORKSPACE):
+        config, host = super().container_spec(argv, call_id, stdin, workdir)
+        host["mounts"] = [Mount(target=WORKSPACE, source=str(self.host_workspace), type="bind")]
+        return config, host
+
+
+# -- the service ------------------------------------------------------------------------
+
+class Broker:
+    """Turns one request into one sandbox call for one agent under ROOT."""
+
+    def __init__(self, root: Path, client: docker.DockerClient | None = None, log=print):
+        self.root = Path(root).resolve()
+        self.client = connect(client)
+        self.host_root = host_root(self.root, self.client)
+        self.log = log
+
+    def handle(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "ping":
+            return {"ok": True, "result": {"root": str(self.root)}}
+        if op not in ("run", "write"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run and write")
+        agent = self._agent(request.get("agent"))
+        box = self._sandbox(agent)
+        if op == "run":
+            result = self._run(agent, box, request)
+        else:
+            result = self._write(agent, box, request)
+        self.log(f"{agent.dir.name}: {op} exit {result.exit_code}"
+                 f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
+                 f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
+        return {"ok": True, "result": asdict(result)}
+
+    def _agent(self, name):
+        if not isinstance(name, str) or not _AGENT_NAME.match(name):
+            raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r}")
+        agent_dir = self.root / name
+        try:
+            agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
+        except (AgentError, PolicyError) as exc:
+            raise BrokerError(str(exc)) from None
+        workspace = agent.workspace.resolve()
+        if self.root not in workspace.parents:
+            raise BrokerError(f"{name}: workspace resolves to {workspace}, outside {self.root}")
+        return agent
+
+    def _sandbox(self, agent) -> _HostPathSandbox:
+        workspace = agent.workspace.resolve()
+        host_ws = self.host_root / workspace.relative_to(self.root)
+        return _HostPathSandbox(workspace, host_ws, agent.policy.sandbox, agent=agent.name,
+                                client=self.client)
+
+    def _run(self, agent, box, request) -> SandboxResult:
+        bash = agent.policy.tools.bash
+        command = request.get("command")
+        if not bash.enabled:
+            raise BrokerError(f"{agent.dir.name}: the bash tool is disabled by this agent's policy")
+        if not isinstance(command, str) or not command.strip():
+            raise BrokerError("command must be a non-empty string")
+        if len(command) > MAX_COMMAND_CHARS:
+            raise BrokerError(f"command is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,}")
+        return box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
+
+    def _write(self, agent, box, request) -> SandboxResult:
+        tool = agent.policy.tools.write_file
+        path = request.get("path")
+        try:
+            content = base64.b64decode(request.get("content_b64", ""), validate=True)
+        except (ValueError, TypeError):
+            raise BrokerError("content_b64 must be base64") from None
+        if not isinstance(path, str):
+            raise BrokerError("path must be a string")
+        refusal = tool.refusal(path, len(content))
+        if refusal:
+            raise BrokerError(f"{agent.dir.name}: {refusal}")
+        return box.write(path, content, timeout_s=tool.timeout_s)
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self):
+        broker: Broker = self.server.broker  # type: ignore[attr-defined]
+        line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+        try:
+            if len(line) > MAX_REQUEST_BYTES:
+                raise BrokerError(f"request over {MAX_REQUEST_BYTES:,} bytes")
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise BrokerError("a request is one JSON object")
+            reply = broker.handle(request)
+        except (BrokerError, SandboxError) as exc:
+            reply = {"ok": False, "error": str(exc)}
+        except ValueError:
+            reply = {"ok": False, "error": "a request is one JSON object on one line"}
+        except Exception as exc:  # one bad call must not stop the service
+            reply = {"ok": False, "error": f"broker error: {type(exc).__name__}: {exc}"}
+        try:
+            self.wfile.write(json.dumps(reply).encode() + b"\n")
+        except OSError:
+            pass  # the client went away; the container is gone already
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    # On shutdown server_close() joins the request threads: a call in flight
+    # finishes (its own deadline bounds it) and removes its container first.
+    daemon_threads = False
+    block_on_close = True
+
+
+def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
+          stop: threading.Event | None = None) -> int:
+    """`wakeloop broker ROOT --socket PATH`: serve until SIGTERM/SIGINT (or `stop`)."""
+    import signal
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
+    broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True))
+    left = _cleanup(broker, root)
+    socket_path = Path(socket_path)
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    if socket_path.is_socket():
+        socket_path.unlink()  # a stale socket from a broker that died
+    server = _Server(str(socket_path), _Handler)
+    server.broker = broker  # type: ignore[attr-defined]
+    _hand_socket_to_root_owner(socket_path, root)
+    print(f"broker: serving run/write for agents under {root} (host path {broker.host_root}) "
+          f"on {socket_path}{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
+    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, halt)
+        signal.signal(signal.SIGINT, halt)
+    if stop is not None:
+        threading.Thread(target=lambda: (stop.wait(), halt()), daemon=True).start()
+    if ready is not None:
+        ready.set()
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        socket_path.unlink(missing_ok=True)
+        left = _cleanup(broker, root)
+    print(f"broker: stopped{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
+    return 0
+
+
+def _cleanup(broker: Broker, root: Path) -> int:
+    """Containers a crashed broker left for workspaces under ROOT."""
+    # The low-level list: no per-container inspect to race with removals elsewhere.
+    stale = broker.client.api.containers(all=True, filters={"label": "wakeloop.sandbox=1"})
+    mine = [c["Id"] for c in stale
+            if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(root) + "/")]
+    for cid in mine:
+        try:
+            broker.client.api.remove_container(cid, force=True)
+        except docker.errors.APIError:
+            pass  # gone already, or being removed
+    return len(mine)
+
+
+def _hand_socket_to_root_owner(socket_path: Path, root: Path) -> None:
+    """Only the owner of the agents folder (who the orchestrator runs as) may connect."""
+    st = root.stat()
+    if os.geteuid() == 0:
+        os.chown(socket_path, st.st_uid, st.st_gid)
+    os.chmod(socket_path, 0o660)
+
+
+# -- the client: a Sandbox that asks the broker ----------------------------------------
+
+class BrokerSandbox:
+    """The orchestrator's Sandbox under compose: each call is one broker request.
+    Timeouts and caps come from the broker's reading of the policy, not from us."""
+
+    def __init__(self, socket_path: str | Path, agent_name: str):
+        self.socket_path = str(socket_path)
+        self.agent = agent_name
+        self.warning = None
+
+    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
+        return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
+
+    def write(self, path: str, content: bytes, timeout_s: float = 30) -> SandboxResult:
+        return self._call({"op": "write", "agent": self.agent, "path": path,
+                           "content_b64": base64.b64encode(content).decode()}, timeout_s)
+
+    def ping(self) -> dict:
+        return request(self.socket_path, {"op": "ping"}, 10)
+
+    def _call(self, req: dict, timeout_s: float) -> SandboxResult:
+        reply = request(self.socket_path, req, timeout_s + REPLY_MARGIN_S)
+        try:
+            return SandboxResult(**reply)
+        except TypeError:
+            raise SandboxError("the sandbox broker sent a malformed result") from None
+
+
+def request(socket_path: str, req: dict, timeout_s: float) -> dict:
+    """One request, one reply; waits CONNECT_WAIT_S for a broker that is starting."""
+    sock = _connect(socket_path)
+    try:
+        sock.settimeout(timeout_s)
+        sock.sendall(json.dumps(req).encode() + b"\n")
+        with sock.makefile("rb") as f:
+            line = f.readline(MAX_REQUEST_BYTES)
+    except socket.timeout:
+        raise SandboxError(f"the sandbox broker at {socket_path} did not answer within {timeout_s:g}s") from None
+    except OSError as exc:
+        raise SandboxError(f"lost the sandbox broker at {socket_path}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        raise SandboxError(f"the sandbox broker at {socket_path} closed without an answer") from None
+    if not reply.get("ok"):
+        raise SandboxError(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
+    return reply["result"]
+
+
+def _connect(socket_path: str) -> socket.socket:
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(socket_path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise SandboxError(f"no sandbox broker at {socket_path} ({exc.strerror}); start it "
+                                   f"with `wakeloop broker ROOT --socket {socket_path}`") from None
+            time.sleep(0.2)
+        except OSError as exc:
+            sock.close()
+            raise SandboxError(f"cannot reach the sandbox broker at {socket_path}: {exc.strerror}") from None
+
+
+def sandbox_from_env(agent, environ=os.environ) -> BrokerSandbox | None:
+    """A BrokerSandbox when $WAKELOOP_BROKER names a socket, else None (use Docker directly)."""
+    path = environ.get(BROKER_ENV, "").strip()
+    return BrokerSandbox(path, agent.dir.name) if path else None
+

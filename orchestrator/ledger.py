@@ -1,0 +1,276 @@
+"""The dollar ledger: what each model call cost, and whether the next may start.
+
+Prices are data (prices.json beside this file: USD per million tokens, each
+with its source), overridable by a file named in WAKELOOP_PRICES. A call's
+cost comes from the usage the API reports. Before each call the worst case
+is checked against the policy's `max_usd_per_wake` and `max_usd_per_day`:
+the whole input priced as if nothing were cached (and written to the cache,
+the dearest way in), plus `max_tokens` at the output price. After the call the
+real cost replaces the estimate. Per-day totals (UTC) and the lifetime total
+live in state/ledger.json, written atomically.
+
+Not here: how the input is assembled (context.py) or what a stop means for the
+wake (loop.py). A dry run is not billed: its usage is counted, its cost is 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .state import atomic_write
+
+PRICES_FILE = Path(__file__).with_name("prices.json")
+PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
+LEDGER_FILE = "ledger.json"
+LEDGER_LOCK = "ledger.lock"
+CHARS_PER_TOKEN = 3.0               # English runs ~4 chars a token, JSON and code ~3: err high
+PER_MILLION = 1_000_000
+KEEP_DAYS = 400                     # per-day rows kept for `status`; older ones live on in lifetime
+_DATED = re.compile(r"^(.*)-\d{8}$")  # claude-sonnet-4-5-20250929 -> claude-sonnet-4-5
+_PRICE_KEYS = ("input", "output", "cache_write_5m", "cache_write_1h", "cache_read")
+
+
+class LedgerError(ValueError):
+    """A price table or a USD cap that cannot work: one line for the human."""
+
+
+@dataclass(frozen=True)
+class Price:
+    input: float                    # USD per million uncached input tokens
+    output: float                   # USD per million output tokens
+    cache_write_5m: float           # USD per million tokens written to the 5-minute cache
+    cache_write_1h: float           # USD per million tokens written to the 1-hour cache
+    cache_read: float               # USD per million tokens read from the cache
+    source: str                     # where the numbers come from
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_write_5m: int = 0
+    cache_write_1h: int = 0
+    cache_read: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return (self.input_tokens + self.output_tokens + self.cache_write_5m
+                + self.cache_write_1h + self.cache_read)
+
+    @classmethod
+    def from_api(cls, usage: Any) -> "Usage":
+        """From the SDK's `response.usage` (or its dict). Cache writes without the
+        5m/1h breakdown are taken as 5-minute writes, the API's default TTL."""
+        get = usage.get if isinstance(usage, dict) else (lambda k, d=None: getattr(usage, k, d))
+        written = _int(get("cache_creation_input_tokens", 0))
+        split = get("cache_creation", None)
+        split_get = (split.get if isinstance(split, dict)
+                     else (lambda k, d=None: getattr(split, k, d)))
+        w1h = _int(split_get("ephemeral_1h_input_tokens", 0)) if split is not None else 0
+        w5m = _int(split_get("ephemeral_5m_input_tokens", 0)) if split is not None else written
+        return cls(_int(get("input_tokens", 0)), _int(get("output_tokens", 0)),
+                   max(w5m, written - w1h), w1h, _int(get("cache_read_input_tokens", 0)))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+# -- prices ---------------------------------------------------------------------
+
+def load_prices(environ=os.environ) -> dict[str, Price]:
+    """The shipped table, with any entries from $WAKELOOP_PRICES replacing it by name."""
+    table = _read_table(PRICES_FILE)
+    override = environ.get(PRICES_ENV, "").strip()
+    if override:
+        table.update(_read_table(Path(override)))
+    return table
+
+
+def _read_table(path: Path) -> dict[str, Price]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LedgerError(f"{path}: cannot read the price table: {exc.strerror}") from None
+    except ValueError as exc:
+        raise LedgerError(f"{path}: not valid JSON: {exc}") from None
+    models = raw.get("models") if isinstance(raw, dict) else None
+    if not isinstance(models, dict):
+        raise LedgerError(f'{path}: expected {{"models": {{"MODEL": {{"input": ..., ...}}}}}}')
+    return {str(name): _price(path, str(name), entry) for name, entry in models.items()}
+
+
+def _price(path: Path, name: str, entry: Any) -> Price:
+    if not isinstance(entry, dict):
+        raise LedgerError(f"{path}: models.{name}: expected a mapping of prices")
+    values = {}
+    for key in _PRICE_KEYS:
+        value = entry.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise LedgerError(f"{path}: models.{name}.{key}: expected a price in USD per "
+                              f"million tokens, got {value!r}")
+        values[key] = float(value)
+    source = entry.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise LedgerError(f"{path}: models.{name}.source: say where the price comes from")
+    return Price(**values, source=source)
+
+
+def price_for(model: str, prices: dict[str, Price]) -> Price | None:
+    """The model's price; a dated snapshot id falls back to its undated name."""
+    if model in prices:
+        return prices[model]
+    dated = _DATED.match(model)
+    return prices.get(dated.group(1)) if dated else None
+
+
+def cost_usd(price: Price, usage: Usage) -> float:
+    return (usage.input_tokens * price.input + usage.output_tokens * price.output
+            + usage.cache_write_5m * price.cache_write_5m
+            + usage.cache_write_1h * price.cache_write_1h
+            + usage.cache_read * price.cache_read) / PER_MILLION
+
+
+def estimate_tokens(*parts: Any) -> int:
+    """A high estimate of the input tokens of a request made of these parts."""
+    chars = sum(len(p) if isinstance(p, str) else len(json.dumps(p, default=str)) for p in parts)
+    return math.ceil(chars / CHARS_PER_TOKEN)
+
+
+def worst_case_usd(price: Price, input_tokens: int, max_tokens: int, cache_ttl: str = "5m") -> float:
+    """Every input token at the dearest rate it can be billed at (uncached, or
+    written to the cache with this TTL), and every possible output token."""
+    dearest_in = max(price.input, price.cache_write_1h if cache_ttl == "1h" else price.cache_write_5m)
+    return (input_tokens * dearest_in + max_tokens * price.output) / PER_MILLION
+
+
+def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) -> Price | None:
+    """The model's price; a LedgerError when a USD cap is set and no price is known."""
+    price = price_for(model, prices)
+    caps = [k for k in ("max_usd_per_wake", "max_usd_per_day") if getattr(budget, k, None)]
+    if caps and price is None:
+        raise LedgerError(
+            f"{where}: budget.{caps[0]} is set but model {model!r} has no known price; "
+            f"add it to a prices file named by {PRICES_ENV} (shape: {PRICES_FILE.name}), "
+            "or remove the cap")
+    return price
+
+
+# -- the ledger file ------------------------------------------------------------
+
+def today() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+
+
+@dataclass(frozen=True)
+class Totals:
+    usd: float = 0.0
+    tokens: int = 0
+    calls: int = 0
+
+
+@dataclass(frozen=True)
+class Book:
+    days: dict[str, Totals] = field(default_factory=dict)
+    lifetime: Totals = Totals()
+
+    def day(self, date: str | None = None) -> Totals:
+        return self.days.get(date or today(), Totals())
+
+
+def read_book(state_dir: Path) -> Book:
+    """What state/ledger.json holds; a missing or broken file is an empty book."""
+    try:
+        raw = json.loads((Path(state_dir) / LEDGER_FILE).read_text(encoding="utf-8"))
+        days = {str(d): _totals(t) for d, t in raw.get("days", {}).items()}
+        return Book(days, _totals(raw.get("lifetime", {})))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return Book()
+
+
+def _totals(raw: Any) -> Totals:
+    if not isinstance(raw, dict):
+        return Totals()
+    usd = raw.get("usd", 0)
+    return Totals(float(usd) if isinstance(usd, (int, float)) and usd >= 0 else 0.0,
+                  _int(raw.get("tokens", 0)), _int(raw.get("calls", 0)))
+
+
+def record(state_dir: Path, usd: float, tokens: int) -> Book:
+    """Add one call to today's row and the lifetime total, atomically."""
+    with _locked(state_dir):
+        book = read_book(state_dir)
+        date = today()
+        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1)  # noqa: E731
+        days = dict(book.days)
+        days[date] = add(book.day(date))
+        for old in sorted(days)[:-KEEP_DAYS]:
+            del days[old]
+        book = Book(days, add(book.lifetime))
+        atomic_write(Path(state_dir) / LEDGER_FILE, json.dumps({
+            "version": 1,
+            "days": {d: vars(t) for d, t in sorted(days.items())},
+            "lifetime": vars(book.lifetime)}, indent=2) + "\n")
+        return book
+
+
+@contextmanager
+def _locked(state_dir: Path):
+    fd = os.open(Path(state_dir) / LEDGER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- one wake's meter -------------------------------------------------------------
+
+class Meter:
+    """One wake's spending: `check()` before each model call, `record()` after.
+
+    `billed=False` (a dry run) counts tokens but costs nothing and never stops."""
+
+    def __init__(self, state_dir: Path, model: str, budget: Any, prices: dict[str, Price] | None,
+                 *, billed: bool = True, where: str = "policy", cache_ttl: str = "5m"):
+        self.state_dir = Path(state_dir)
+        self.cache_ttl = cache_ttl      # the loop's cache breakpoints: what a cache write costs
+        self.budget = budget
+        self.billed = billed
+        self.price = check_caps(model, budget, prices or {}, where) if billed else None
+        self.usd = 0.0              # this wake, reconciled from real usage
+        self.tokens = 0
+
+    def check(self, input_tokens: int, max_tokens: int) -> str | None:
+        """Why the next call may not start (a sentence for the receipt), or None."""
+        if not self.billed or self.price is None:
+            return None
+        worst = worst_case_usd(self.price, input_tokens, max_tokens, self.cache_ttl)
+        per_wake = getattr(self.budget, "max_usd_per_wake", None)
+        if per_wake and self.usd + worst > per_wake:
+            return (f"max_usd_per_wake: the next model call could cost up to ${worst:.4f} "
+                    f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
+                    f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}")
+        per_day = getattr(self.budget, "max_usd_per_day", None)
+        spent_today = read_book(self.state_dir).day().usd
+        if per_day and spent_today + worst > per_day:
+            return (f"max_usd_per_day: the next model call could cost up to ${worst:.4f}; with "
+                    f"${spent_today:.4f} spent today (UTC) that passes the cap of ${per_day:.4f}")
+        return None
+
+    def record(self, usage: Usage) -> float:
+        """Book one call's real usage; returns its cost in USD."""
+        usd = cost_usd(self.price, usage) if self.billed and self.price else 0.0
+        self.usd += usd
+        self.tokens += usage.tokens
+        record(self.state_dir, usd, usage.tokens)
+        return usd

@@ -1,0 +1,192 @@
+"""Tasks: a human's queue of work for one agent, in state/tasks.json (seed 001).
+
+A task moves todo -> claimed -> done | failed. Each wake claims one: a task a
+previous wake claimed and never closed first (it carries on), else the oldest
+todo. The wake names it in its first user message; the agent closes it with
+the host-side `complete_task` tool. The file lives in state/, which no sandbox
+mounts, so the agent can change a task only through that tool.
+
+Every change is a read-modify-write under an flock, written atomically (temp
+file, fsync, rename), so `task add` from a shell never races a wake's claim
+and a kill -9 leaves the old file or the new one.
+
+Not here: the registry that offers complete_task (tools.py) or when a wake claims (loop.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .state import atomic_write
+
+TASKS_FILE = "tasks.json"
+TASKS_LOCK = "tasks.lock"
+MAX_TITLE_CHARS = 2000              # a task is a line of intent, not a document
+MAX_NOTE_CHARS = 2000               # what the agent may say when closing one
+STATUSES = ("todo", "claimed", "done", "failed")
+OPEN = ("todo", "claimed")
+
+
+class TaskError(ValueError):
+    """A bad task request: one line for the human or the model."""
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str                         # t1, t2, ...: short enough for a person to type
+    title: str
+    status: str = "todo"
+    created: str = ""
+    claimed_by: str = ""            # run id of the wake that claimed it
+    claimed_at: str = ""
+    finished_at: str = ""
+    note: str = ""                  # the agent's closing words
+
+    def describe(self) -> str:
+        return f"{self.id} [{self.status}] {self.title}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def load_tasks(state_dir: Path) -> list[Task]:
+    """Every task, oldest first; a missing file is no tasks, a broken one says so."""
+    path = Path(state_dir) / TASKS_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise TaskError(f"{path}: unreadable ({exc}); fix or remove it") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
+        raise TaskError(f'{path}: expected {{"tasks": [...]}}; fix or remove it')
+    known = set(Task.__dataclass_fields__)
+    tasks = []
+    for item in raw["tasks"]:
+        if isinstance(item, dict) and item.get("status") in STATUSES and item.get("id"):
+            tasks.append(Task(**{k: str(v) for k, v in item.items() if k in known}))
+    return tasks
+
+
+def _save(state_dir: Path, tasks: list[Task]) -> None:
+    atomic_write(Path(state_dir) / TASKS_FILE,
+                 json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n")
+
+
+@contextmanager
+def _locked(state_dir: Path):
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(state_dir) / TASKS_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def add_task(state_dir: Path, title: str) -> Task:
+    """`wakeloop task add`: queue a task at the end."""
+    title = " ".join(title.split())
+    if not title:
+        raise TaskError("the task title is empty; say what the agent should do")
+    if len(title) > MAX_TITLE_CHARS:
+        raise TaskError(f"the task title is {len(title):,} characters; keep it under {MAX_TITLE_CHARS:,} "
+                        "and put details in mandate.md or a message (`wakeloop send`)")
+    with _locked(state_dir):
+        tasks = load_tasks(state_dir)
+        number = 1 + max((int(t.id[1:]) for t in tasks if t.id[1:].isdigit()), default=0)
+        task = Task(id=f"t{number}", title=title, created=_now())
+        _save(state_dir, tasks + [task])
+    return task
+
+
+def open_tasks(state_dir: Path) -> list[Task]:
+    return [t for t in load_tasks(state_dir) if t.status in OPEN]
+
+
+def claim_next(state_dir: Path, run_id: str) -> Task | None:
+    """Claim the task this wake works on: one left claimed by an earlier wake
+    (only one wake runs at a time, so it was abandoned), else the oldest todo."""
+    with _locked(state_dir):
+        tasks = load_tasks(state_dir)
+        pick = next((t for t in tasks if t.status == "claimed"), None) \
+            or next((t for t in tasks if t.status == "todo"), None)
+        if pick is None:
+            return None
+        claimed = replace(pick, status="claimed", claimed_by=run_id, claimed_at=_now())
+        _save(state_dir, [claimed if t.id == pick.id else t for t in tasks])
+    return claimed
+
+
+def finish(state_dir: Path, task_id: str, status: str, note: str = "", run_id: str = "") -> Task:
+    """Close a claimed task as done or failed (the complete_task tool).
+    Raises TaskError with a sentence the model can act on."""
+    if status not in ("done", "failed"):
+        raise TaskError(f"status must be 'done' or 'failed', not {status!r}")
+    with _locked(state_dir):
+        tasks = load_tasks(state_dir)
+        task = next((t for t in tasks if t.id == task_id), None)
+        if task is None:
+            raise TaskError(f"there is no task {task_id!r}")
+        if task.status != "claimed" or (run_id and task.claimed_by != run_id):
+            raise TaskError(f"task {task_id} is {task.status}, not claimed by this wake; "
+                            "only the task named at the start of this wake can be completed")
+        closed = replace(task, status=status, finished_at=_now(), note=note.strip()[:MAX_NOTE_CHARS])
+        _save(state_dir, [closed if t.id == task_id else t for t in tasks])
+    return closed
+
+
+def claim_for_wake(state_dir: Path, run_id: str) -> tuple[Task | None, str | None]:
+    """claim_next for the loop: a broken tasks.json is a warning line, never a failed wake."""
+    try:
+        return claim_next(state_dir, run_id), None
+    except TaskError as exc:
+        return None, f"warning: no task claimed: {exc}"
+
+
+def first_message_line(task: Task, can_complete: bool = True) -> str:
+    """What the first user message says about this wake's task."""
+    line = f"Your task for this wake is {task.id}: {task.title}"
+    if not can_complete:
+        return line + "\nWork on it; your human will close it (complete_task is not available)."
+    return (line + f"\nWhen it is finished (or cannot be finished), call complete_task with task_id "
+            f"\"{task.id}\", status \"done\" or \"failed\", and a one-line note.")
+
+
+COMPLETE_TASK_SCHEMA = {
+    "type": "object",
+    "properties": {"task_id": {"type": "string"},
+                   "status": {"type": "string", "enum": ["done", "failed"]},
+                   "note": {"type": "string"}},
+    "required": ["task_id", "status"],
+}
+
+
+def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_tools) -> list:
+    """The host-side complete_task tool for a wake that claimed `task` (none without one).
+    It writes state/tasks.json only, never the workspace; the policy can disable it."""
+    from .tools import Tool, ToolResult, error
+    if task is None:
+        return []
+    enabled = getattr(getattr(policy_tools, "complete_task", None), "enabled", True)
+
+    def handler(args: dict) -> ToolResult:
+        try:
+            closed = finish(state_dir, args["task_id"], args["status"], args.get("note", ""), run_id=run_id)
+        except TaskError as exc:
+            return error(f"complete_task: {exc}")
+        return ToolResult(text=f"task {closed.id} is now {closed.status}.",
+                          detail={"task": closed.id, "task_status": closed.status})
+
+    return [Tool("complete_task", (
+        f"Close the task named at the start of this wake ({task.id}) as done or failed, with a "
+        f"one-line note for your human (at most {MAX_NOTE_CHARS:,} characters). Only that task "
+        "can be closed, once."), COMPLETE_TASK_SCHEMA, handler, enabled,
+        "the complete_task tool is disabled by this agent's policy")]

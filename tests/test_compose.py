@@ -1,0 +1,83 @@
+"""`docker compose up` in this repository: both images build, the demo agent wakes, down leaves nothing.
+
+The run uses its own project name, so it never touches another stack on the
+engine, and forces a dry run whatever a local .env says: this test never
+calls the real API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_S = 900                        # both images from scratch: apt and pip over the network
+FIRST_WAKE_S = 150                   # the demo wakes every 60s; a first wake is due at once or within 60s
+DOWN_S = 120                         # compose stops the orchestrator gracefully (its wake ends first)
+RECEIPT = re.compile(r"demo: wake (\d+) (\w+).* \| receipt (\{.*\})$")
+WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"   # the broker's view of the demo workspace
+
+
+def compose_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env["WAKELOOP_DRY_RUN"] = "true"   # overrides a live .env: this test never calls the API
+    return env
+
+
+@pytest.fixture(scope="module")
+def compose():
+    setup = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
+    assert setup.returncode == 0, ("docker compose (v2) is not available; scripts/test.sh installs it "
+                                   f"(ensure_compose): {setup.stderr.strip()}")
+    project = f"wakeloop-test-{uuid.uuid4().hex[:8]}"
+
+    def run(*args, timeout=DOWN_S, check=True):
+        done = subprocess.run(["docker", "compose", "-p", project, *args], cwd=REPO, env=compose_env(),
+                              capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert done.returncode == 0, f"docker compose {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    yield run
+    run("down", "--volumes", "--remove-orphans", check=False)
+
+
+def sandbox_containers(docker_client) -> list:
+    return docker_client.api.containers(all=True, filters={"label": ["wakeloop.sandbox=1", WORKSPACE_LABEL]})
+
+
+def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, docker_client):
+    compose("up", "--build", "--detach", timeout=BUILD_S)
+
+    deadline, match = time.monotonic() + FIRST_WAKE_S, None
+    while match is None and time.monotonic() < deadline:
+        logs = compose("logs", "--no-color", "--no-log-prefix", "orchestrator").stdout
+        match = next((m for m in map(RECEIPT.search, logs.splitlines()) if m), None)
+        if match is None:
+            time.sleep(1)
+    assert match, f"no receipt from the demo agent in {FIRST_WAKE_S}s:\n{logs[-3000:]}"
+    wake_no, status, receipt = int(match.group(1)), match.group(2), json.loads(match.group(3))
+    assert status == "done" and receipt["live"] is False and receipt["tool_calls"] >= 1
+
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"
+    assert f"Wake #{wake_no}" in journal.read_text()
+
+    broker_logs = compose("logs", "--no-color", "broker").stdout
+    assert "broker: serving run/write" in broker_logs and "demo: run exit" in broker_logs
+    ids = {s: compose("ps", "-q", s).stdout.strip() for s in ("broker", "orchestrator")}
+    broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
+    assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])
+    assert not any("docker.sock" in m["Source"] for m in orchestrator["Mounts"])
+
+    compose("down", "--volumes", timeout=DOWN_S)
+    assert compose("ps", "-a", "-q").stdout.strip() == ""
+    assert sandbox_containers(docker_client) == []

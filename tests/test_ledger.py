@@ -1,0 +1,194 @@
+"""The dollar ledger: prices as data, cost from real usage, caps checked before a call.
+
+The unit tests pin the arithmetic; the wake tests drive the real loop with the
+real `anthropic` SDK against tests/fakeapi.py and prove that a call whose
+worst case would cross a USD cap is never sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fakeapi import FakeAPI, text, tool_use, turn, usage
+from orchestrator.agent import load_agent
+from orchestrator.events import EVENTS_FILE, read_events
+from orchestrator.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
+                                 load_prices, price_for, read_book, record, worst_case_usd)
+from orchestrator.policy import Budget
+
+KEY = "sk-ant-test-ledger-0123456789"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def set_policy(agent_dir: Path, policy: dict, **extra) -> None:
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data["policy"] = policy
+    data.update(extra)
+    config.write_text(yaml.safe_dump(data))
+
+
+# -- prices and arithmetic ----------------------------------------------------------
+
+def test_every_shipped_price_has_all_five_rates_and_a_source():
+    prices = load_prices(environ={})
+    assert "claude-sonnet-4-6" in prices and "claude-haiku-4-5" in prices
+    for name, p in prices.items():
+        assert p.source.startswith("https://"), name
+        assert p.output > p.input > p.cache_read > 0, name
+        assert p.cache_write_1h > p.cache_write_5m > p.input, name
+
+
+def test_a_dated_snapshot_uses_its_undated_price_and_an_unknown_model_has_none():
+    prices = load_prices(environ={})
+    assert price_for("claude-sonnet-4-5-20250929", prices) == prices["claude-sonnet-4-5"]
+    assert price_for("claude-imaginary-9", prices) is None
+
+
+def test_cost_counts_each_kind_of_token_at_its_own_rate():
+    p = load_prices(environ={})["claude-sonnet-4-6"]   # 3 / 15 / 3.75 / 6 / 0.30 per MTok
+    u = Usage(input_tokens=1_000_000, output_tokens=100_000, cache_write_5m=200_000,
+              cache_write_1h=100_000, cache_read=1_000_000)
+    assert cost_usd(p, u) == pytest.approx(3.0 + 1.5 + 0.75 + 0.6 + 0.30)
+
+
+def test_usage_from_the_api_splits_cache_writes_by_ttl():
+    raw = {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 7,
+           "cache_creation_input_tokens": 30,
+           "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 20}}
+    assert Usage.from_api(raw) == Usage(10, 5, 10, 20, 7)
+    # Without the breakdown every write is a 5-minute write, the API's default.
+    assert Usage.from_api({"input_tokens": 1, "cache_creation_input_tokens": 9}) == Usage(1, 0, 9, 0, 0)
+
+
+def test_worst_case_is_every_input_token_written_to_the_cache_plus_max_tokens_of_output():
+    p = load_prices(environ={})["claude-sonnet-4-6"]
+    assert worst_case_usd(p, 100_000, 4096) == pytest.approx((100_000 * 3.75 + 4096 * 15) / 1e6)
+    assert worst_case_usd(p, 100_000, 0, cache_ttl="1h") == pytest.approx(100_000 * 6 / 1e6)
+
+
+def test_a_prices_file_in_the_environment_overrides_and_adds_models(tmp_path):
+    override = tmp_path / "prices.json"
+    override.write_text(json.dumps({"models": {
+        "claude-sonnet-4-6": {"input": 1, "output": 2, "cache_write_5m": 1, "cache_write_1h": 1,
+                              "cache_read": 0.1, "source": "our contract, 2026"},
+        "my-proxy-model": {"input": 9, "output": 9, "cache_write_5m": 9, "cache_write_1h": 9,
+                           "cache_read": 9, "source": "internal"}}}))
+    prices = load_prices(environ={PRICES_ENV: str(override)})
+    assert prices["claude-sonnet-4-6"].output == 2 and prices["my-proxy-model"].input == 9
+    assert prices["claude-haiku-4-5"].output == 5   # untouched entries stay
+
+
+def test_a_bad_prices_file_is_one_line_naming_the_key(tmp_path):
+    bad = tmp_path / "prices.json"
+    bad.write_text(json.dumps({"models": {"m": {"input": "cheap"}}}))
+    with pytest.raises(LedgerError, match=r"models\.m\.input"):
+        load_prices(environ={PRICES_ENV: str(bad)})
+
+
+def test_a_usd_cap_on_a_model_without_a_price_refuses_with_one_line():
+    with pytest.raises(LedgerError, match="max_usd_per_day is set but model 'claude-imaginary-9' "
+                                          "has no known price"):
+        check_caps("claude-imaginary-9", Budget(max_usd_per_day=1.0), load_prices(environ={}), "p.yaml")
+    assert check_caps("claude-imaginary-9", Budget(), load_prices(environ={}), "p.yaml") is None
+
+
+def test_the_book_keeps_today_and_lifetime(tmp_path):
+    record(tmp_path, 0.25, 1000)
+    book = record(tmp_path, 0.5, 500)
+    assert book.day().usd == pytest.approx(0.75) and book.day().tokens == 1500 and book.day().calls == 2
+    assert read_book(tmp_path).lifetime.usd == pytest.approx(0.75)
+    (tmp_path / "ledger.json").write_text("{not json")
+    assert read_book(tmp_path).lifetime.usd == 0   # broken file: an empty book, never a crash
+
+
+def test_the_meter_stops_on_the_day_cap_from_earlier_wakes(tmp_path):
+    prices = load_prices(environ={})
+    record(tmp_path, 0.99, 1)                      # spent earlier today
+    meter = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=1.0), prices)
+    reason = meter.check(input_tokens=1000, max_tokens=1000)
+    assert reason and reason.startswith("max_usd_per_day") and "$0.9900 spent today" in reason
+    assert Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=2.0), prices).check(1000, 1000) is None
+
+
+def test_a_dry_run_meter_counts_tokens_but_bills_nothing(tmp_path):
+    meter = Meter(tmp_path, "claude-imaginary-9", Budget(max_usd_per_wake=0.01), {}, billed=False)
+    assert meter.check(10**9, 10**6) is None
+    assert meter.record(Usage(input_tokens=100, output_tokens=10)) == 0
+    assert read_book(tmp_path).day().tokens == 110
+
+
+# -- whole wakes against the fake API ------------------------------------------------
+
+@pytest.fixture
+def fake_api(monkeypatch):
+    servers = []
+
+    def start(replies=(), then=None) -> FakeAPI:
+        api = FakeAPI(replies, then=then).__enter__()
+        servers.append(api)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+        return api
+
+    yield start
+    for api in servers:
+        api.__exit__(None, None, None)
+
+
+def test_a_call_whose_worst_case_crosses_the_wake_cap_is_never_sent(agent_dir, fake_api):
+    from orchestrator.loop import wake
+    # Worst case of one call at sonnet-4-6 prices: input (a few thousand tokens at
+    # $3.75/MTok, ~$0.01) + 1000 output tokens at $15/MTok ($0.015): ~$0.025.
+    # The first call fits under $0.05; it reports 2,000 output tokens ($0.03), so
+    # the second call's worst case would pass the cap and must not be made.
+    set_policy(agent_dir, {"budget": {"max_usd_per_wake": 0.05, "max_output_tokens": 1000}},
+               model="claude-sonnet-4-6")
+    api = fake_api([turn(tool_use("bash", {"command": "echo one"}),
+                         usage=usage(input_tokens=1000, output_tokens=2000))],
+                   then=turn(text("never reached")))
+    receipt = wake(load_agent(agent_dir), live=True)
+
+    assert len(api.requests) == 1, "the fake API saw a call the cap should have stopped"
+    assert receipt.status == "budget_stop"
+    assert "max_usd_per_wake" in receipt.reason and "$0.0500" in receipt.reason
+    events = list(read_events(agent_dir / "state" / EVENTS_FILE))
+    stop = [e for e in events if e.type == "budget_stop"]
+    assert stop and stop[0].data.get("cap") == "max_usd_per_wake"
+    book = read_book(agent_dir / "state")
+    assert book.day().usd == pytest.approx((1000 * 3 + 2000 * 15) / 1e6)   # reconciled from real usage
+    assert book.lifetime.calls == 1
+
+
+def test_a_wake_the_day_cap_cannot_afford_is_blocked_and_exits_1(agent_dir, fake_api):
+    set_policy(agent_dir, {"budget": {"max_usd_per_day": 0.01}}, model="claude-sonnet-4-6")
+    record(agent_dir / "state", 0.0099, 100)       # today's earlier spending
+    api = fake_api(then=turn(text("never reached")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WAKELOOP_")}
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--live"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+
+    assert done.returncode == 1, done.stderr
+    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    assert receipt["status"] == "blocked" and "max_usd_per_day" in receipt["reason"]
+    assert api.requests == []
+    assert "blocked" in [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]
+
+
+def test_a_usd_cap_on_an_unpriced_model_refuses_to_start_with_one_line(agent_dir):
+    set_policy(agent_dir, {"budget": {"max_usd_per_wake": 1}}, model="claude-imaginary-9")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WAKELOOP_", "ANTHROPIC_"))}
+    env["ANTHROPIC_API_KEY"] = KEY
+    env["ANTHROPIC_BASE_URL"] = "http://127.0.0.1:9"   # never reached: refused before any call
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--live"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has no known price" in lines[0] and "Traceback" not in done.stderr

@@ -1,0 +1,267 @@
+"""`wakeloop serve`: real wakes (scripted model, real sandbox) on interval schedules of seconds.
+
+Each test reads what happened from the agents' own event logs: when each wake
+started and finished. Waiting is always a poll of a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from functools import partial
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import our_containers
+from orchestrator.agent import init_agent
+from orchestrator.events import EVENTS_FILE, read_events
+from orchestrator.loop import wake
+from orchestrator.scheduler import (Scheduler, describe_receipt, first_due, parse_schedule,
+                                    save_tick, status_table, ScheduleError)
+from orchestrator.state import WakeLock, lock_holder
+
+REPO = Path(__file__).resolve().parent.parent
+WAIT_S = 90                          # the longest any condition here may take on a busy engine
+POLL_S = 0.1
+
+QUICK = [{"text": "journal", "tool_calls": [{"name": "bash", "input": {"command":
+          "mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"}}]},
+         {"text": "done"}]
+SLOW = [{"text": "slow", "tool_calls": [{"name": "bash", "input": {"command":
+         "sleep 3; mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"}}]},
+        {"text": "done"}]
+
+
+def wait_for(condition, timeout: float = WAIT_S, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def make_agent(root: Path, name: str, every: str) -> Path:
+    agent_dir = init_agent(root / name)
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data.pop("schedule", None)
+    data["every"] = every
+    config.write_text(yaml.safe_dump(data))
+    return agent_dir
+
+
+def script_file(tmp_path: Path, turns: list) -> Path:
+    path = tmp_path / f"script-{len(list(tmp_path.glob('script-*')))}.json"
+    path.write_text(json.dumps(turns))
+    return path
+
+
+def wakes(agent_dir: Path) -> list[tuple[datetime, datetime | None]]:
+    """(started, finished) of every wake in the agent's event log, in order."""
+    starts, ends = {}, {}
+    for e in read_events(agent_dir / "state" / EVENTS_FILE):
+        t = datetime.fromisoformat(e.timestamp.replace("Z", "+00:00"))
+        if e.type == "wake_started":
+            starts[e.run_id] = t
+        elif e.type == "wake_finished":
+            ends[e.run_id] = t
+    return sorted((s, ends.get(r)) for r, s in starts.items())
+
+
+def finished(agent_dir: Path) -> int:
+    return sum(1 for _, end in wakes(agent_dir) if end)
+
+
+@contextmanager
+def serving(root: Path, script: Path, k: int = 4):
+    lines: list[str] = []
+    scheduler = Scheduler(root, k, wake_fn=partial(wake, script=script), out=lines.append, rescan_s=0.3)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        yield scheduler, lines
+    finally:
+        scheduler.request_stop()
+        thread.join(timeout=WAIT_S)
+        assert not thread.is_alive(), "the scheduler did not stop"
+
+
+# -- schedules -------------------------------------------------------------------------
+
+def test_schedules_are_cron_lines_or_intervals():
+    assert parse_schedule("30s").interval_s == 30
+    assert parse_schedule("5m").interval_s == 300
+    assert parse_schedule("*/30 * * * *").interval_s is None
+    with pytest.raises(ScheduleError, match="neither a cron line"):
+        parse_schedule("every tuesday")
+    with pytest.raises(ScheduleError, match="under"):
+        parse_schedule("0.1s")
+
+
+def test_ticks_missed_while_down_come_due_once():
+    now = datetime(2026, 11, 29, 12, 0, 30, tzinfo=timezone.utc)
+    cron = parse_schedule("* * * * *")
+    due = first_due(cron, now - timedelta(minutes=10), now)
+    assert due <= now                                   # ten ticks missed: due at once...
+    assert cron.next_after(now) > now                   # ...and after it, the next real tick
+    assert first_due(cron, None, now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
+    assert first_due(parse_schedule("60s"), None, now) == now   # a new interval agent starts now
+
+
+def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "late", "60s")
+    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(minutes=10))  # 10 ticks missed
+    with serving(root, script_file(tmp_path, QUICK)):
+        wait_for(lambda: finished(agent_dir) == 1, what="the catch-up wake")
+        # The next tick is 60s away: no second catch-up wake may start meanwhile.
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            assert len(wakes(agent_dir)) == 1
+            time.sleep(POLL_S)
+
+
+# -- serving ---------------------------------------------------------------------------------
+
+def test_two_agents_wake_on_time(tmp_path):
+    root = tmp_path / "agents"
+    a, b = make_agent(root, "a", "4s"), make_agent(root, "b", "4s")
+    with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
+        wait_for(lambda: finished(a) >= 3 and finished(b) >= 3, what="three wakes of each agent")
+    for agent_dir in (a, b):
+        starts = [s for s, _ in wakes(agent_dir)]
+        gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:])]
+        assert all(3.0 <= g <= 6.0 for g in gaps), f"{agent_dir.name} woke at uneven gaps: {gaps}"
+    assert lines[0].split(" ", 2)[2].startswith("wakeloop serve: 2 agent(s)")
+    assert sum(" a: wake " in line for line in lines) >= 3
+
+
+def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "slow", "1s")
+    with serving(root, script_file(tmp_path, SLOW)) as (_, lines):
+        wait_for(lambda: finished(agent_dir) >= 2, what="two slow wakes")
+    runs = wakes(agent_dir)
+    for (s1, e1), (s2, _) in zip(runs, runs[1:]):
+        assert e1 is not None and s2 >= e1, f"wakes overlapped: {runs}"
+    assert any("slow: tick" in line and "skipped" in line for line in lines)
+    types = [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]
+    assert "wake_skipped" not in types       # the scheduler skipped the tick, not the lock
+
+
+def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_path):
+    root = tmp_path / "agents"
+    root.mkdir()
+    with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
+        first = make_agent(root, "first", "300s")
+        wait_for(lambda: finished(first) == 1, what="the added agent's first wake")
+        config = first / "agent.yaml"
+        config.write_text(config.read_text().replace("every: 300s", "every: 2s"))
+        wait_for(lambda: finished(first) >= 2, what="a wake on the changed schedule")
+        config.unlink()
+        wait_for(lambda: any("removed first" in line for line in lines), what="the removal")
+    assert any("added first: every 300s" in line for line in lines)
+    assert any("changed first: every 2s" in line for line in lines)
+
+
+def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
+    root = tmp_path / "agents"
+    agents = [make_agent(root, f"agent{i:02d}", "600s") for i in range(20)]
+    with serving(root, script_file(tmp_path, QUICK), k=4) as (scheduler, _):
+        wait_for(lambda: all(finished(a) == 1 for a in agents), timeout=240, what="20 wakes")
+    edges = []
+    for agent_dir in agents:
+        (start, end), = wakes(agent_dir)
+        edges += [(start, 1), (end, -1)]
+    running = peak = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):   # an end before a start at a tie
+        running += step
+        peak = max(peak, running)
+    assert 2 <= peak <= 4, f"peak concurrency {peak}"
+    assert scheduler.completed == 20
+
+
+def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root)], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        events = agent_dir / "state" / EVENTS_FILE
+        wait_for(lambda: any(e.type == "tool_result" for e in read_events(events)), what="the first tool call")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=WAIT_S)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert took < 30, f"took {took:.1f}s to stop"
+    assert "stopped: every wake ended cleanly" in out
+    finish = [e for e in read_events(events) if e.type == "wake_finished"]
+    assert len(finish) == 1 and finish[0].data["reason"] == "stopped"
+    assert lock_holder(agent_dir / "state") is None
+    lock = WakeLock(agent_dir / "state")
+    assert lock.acquire() is None                       # free: we can take it
+    lock.release()
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{day}.md").read_text()
+    assert our_containers(docker_client, tmp_path) == []
+
+
+# -- what a person reads -------------------------------------------------------------------
+
+def test_a_receipt_becomes_one_readable_line_with_the_receipt_after_it():
+    receipt = {"run_id": "abc", "agent": "demo", "wake": 3, "status": "done", "reason": "end_turn",
+               "steps": 5, "tool_calls": 4, "tokens": 1234, "duration_ms": 4200, "live": False}
+    line = describe_receipt("demo", receipt)
+    assert line.startswith("demo: wake 3 done (dry run) in 4.2s: 5 steps, 4 tool calls, 1,234 tokens")
+    assert "\n" not in line
+    assert json.loads(line.split(" | receipt ", 1)[1]) == receipt
+
+
+def test_status_root_is_one_table_of_every_agent(tmp_path):
+    root = tmp_path / "agents"
+    a = make_agent(root, "alpha", "60s")
+    make_agent(root, "beta", "* * * * *")
+    from orchestrator.tasks import add_task
+    add_task(a / "state", "one")
+    add_task(a / "state", "two")
+    (a / "state" / "outbox.txt").write_text("--- 2026-11-29T00:00:00Z wake 1\nhello\n")
+    from orchestrator.ledger import record
+    record(a / "state", 0.12, 3000)
+    table = status_table(root).splitlines()
+    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "TOKENS", "TODAY",
+                                "TOKENS", "TOTAL", "USD", "TODAY", "USD", "TOTAL", "OPEN", "TASKS", "UNREAD",
+                                "OUTBOX"]
+    alpha = next(line for line in table if line.startswith("alpha"))
+    assert alpha.split()[-2:] == ["2", "1"] and "never" in alpha
+    assert alpha.split()[-6:-2] == ["3,000", "0", "$0.1200", "$0.1200"]   # tokens today/total, usd
+    assert any(line.startswith("beta") for line in table)
+
+
+def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path):
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "pricey", "60s")
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data.update(model="claude-imaginary-9", dry_run=False, policy={"budget": {"max_usd_per_day": 5}})
+    config.write_text(yaml.safe_dump(data))
+    with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
+        wait_for(lambda: any(line.startswith("wakeloop serve:", 21) for line in lines), what="startup")
+    refusal = [line for line in lines if "pricey: not scheduled:" in line]
+    assert len(refusal) == 1 and "has no known price" in refusal[0]
+    assert wakes(agent_dir) == []
