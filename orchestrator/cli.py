@@ -8,6 +8,7 @@ one line on stderr and exit 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -60,7 +61,8 @@ def cmd_wake(args) -> int:
     agent = load_agent(args.agent_dir)
     live = True if args.live else False if args.dry_run else None
     stop = threading.Event()  # SIGTERM ends the wake at the next step boundary, cleanly
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Set from a thread: Event.set takes a lock the interrupted code may be holding.
+    previous = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stop.set).start())
     try:
         receipt = wake(agent, live=live, stop=stop, script=Path(args.script) if args.script else None,
                        echo=lambda line: print(line, flush=True))
@@ -306,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wakeloop: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `wakeloop log DIR | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         _stop_network()
 
