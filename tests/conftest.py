@@ -14,7 +14,8 @@ import docker
 import pytest
 
 from orchestrator.agent import init_agent, load_agent
-from orchestrator.sandbox import LABEL, DockerSandbox
+from leftovers import our_containers
+from orchestrator.sandbox import DockerSandbox
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,11 +80,23 @@ def sandbox(make_sandbox) -> DockerSandbox:
     return make_sandbox()
 
 
-def our_containers(client, base: Path) -> list:
-    """Sandbox containers whose workspace lies under this test session's temp dir."""
-    found = client.api.containers(all=True, filters={"label": f"{LABEL}=1"})  # one request, no races
-    return [c["Id"][:12] for c in found
-            if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(base))]
+@pytest.fixture
+def fake_api(monkeypatch):
+    """start(replies=(), then=None): a local Messages API (tests/fakeapi.py) that the
+    real SDK reaches through ANTHROPIC_BASE_URL, with a fake key set; stopped after."""
+    from fakeapi import FAKE_KEY, FakeAPI
+    servers = []
+
+    def start(replies=(), then=None) -> FakeAPI:
+        api = FakeAPI(replies, then=then).__enter__()
+        servers.append(api)
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
+        return api
+
+    yield start
+    for api in servers:
+        api.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,6 +31,7 @@ from typing import Callable, Union
 CHARS_PER_TOKEN = 4                 # the cache model's token estimate
 CHUNK = 7                           # characters per SSE delta: small, to exercise accumulation
 MODEL_ECHO = "claude-fake-1"
+FAKE_KEY = "sk-ant-test-CANARY-7f3a9c1e5b2d"   # the tests' key: if it shows up anywhere, it leaked
 
 
 @dataclass

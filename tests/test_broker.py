@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import our_containers
-from orchestrator.agent import init_agent, load_agent
+from leftovers import our_containers
+from orchestrator.agent import init_agent
 from orchestrator.broker import HOST_ROOT_ENV, Broker, BrokerSandbox, serve
 from orchestrator.sandbox import SandboxError
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakeapi import FakeAPI, text, tool_use, turn, usage
+from fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from orchestrator.agent import load_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
                                  load_prices, price_for, read_book, record, worst_case_usd)
 from orchestrator.policy import Budget
 
-KEY = "sk-ant-test-ledger-0123456789"
+KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -126,22 +126,6 @@ def test_a_dry_run_meter_counts_tokens_but_bills_nothing(tmp_path):
 
 
 # -- whole wakes against the fake API ------------------------------------------------
-
-@pytest.fixture
-def fake_api(monkeypatch):
-    servers = []
-
-    def start(replies=(), then=None) -> FakeAPI:
-        api = FakeAPI(replies, then=then).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
-
 
 def test_a_call_whose_worst_case_crosses_the_wake_cap_is_never_sent(agent_dir, fake_api):
     from orchestrator.loop import wake

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakeapi import FakeAPI, api_error, text, tool_use, turn, usage
+from fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
 from orchestrator.agent import load_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.loop import wake
 from orchestrator.model import MAX_RETRIES, LiveModel
 from orchestrator.state import read_outbox, send_message_to_agent
 
-KEY = "sk-ant-test-CANARY-7f3a9c1e5b2d"       # a fake key: if it shows up anywhere, it leaked
+KEY = FAKE_KEY
 WAKELOOP = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 120                           # one CLI wake; a handful of sandbox calls
 
@@ -71,23 +71,6 @@ def result_text(block: dict) -> str:
     return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
 
 
-@pytest.fixture
-def live_env(monkeypatch):
-    """A fake API on localhost and a fake key; yields a function that starts the server."""
-    servers = []
-
-    def start(replies=(), then=None) -> FakeAPI:
-        api = FakeAPI(replies, then=then).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
-
-
 def live_wake(agent_dir: Path, stream: bool = True, **kwargs):
     agent = load_agent(agent_dir)
     return wake(agent, live=True, model=LiveModel(agent.model, KEY, stream=stream), **kwargs)
@@ -96,9 +79,9 @@ def live_wake(agent_dir: Path, stream: bool = True, **kwargs):
 # -- a normal wake ------------------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
-def test_normal_wake_uses_all_three_tools(agent_dir, live_env, stream):
+def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream):
     day = today()
-    api = live_env([
+    api = fake_api([
         turn(text("Looking around."), tool_use("bash", {"command": "echo hello > notes.txt; cat notes.txt"})),
         turn(tool_use("write_file", {"path": f"memory/journal/{day}.md", "content": "## Wake\nWrote notes.\n"})),
         turn(tool_use("send_message", {"text": "Hello, human: notes.txt is ready."})),
@@ -128,9 +111,9 @@ def test_normal_wake_uses_all_three_tools(agent_dir, live_env, stream):
     assert not (agent_dir / "state/wake.lock").exists()
 
 
-def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, live_env):
+def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, fake_api):
     set_policy(agent_dir, {"budget": {"max_steps": 3}})
-    api = live_env(then=lambda rec: turn(tool_use("bash", {"command": "true"})))
+    api = fake_api(then=lambda rec: turn(tool_use("bash", {"command": "true"})))
     receipt = live_wake(agent_dir)
 
     assert receipt.status == "budget_stop" and "max_steps" in receipt.reason
@@ -141,9 +124,9 @@ def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, live_en
     assert "budget_stop" in kinds and "journal_stub" in kinds
 
 
-def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_dir, live_env):
+def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_dir, fake_api):
     set_policy(agent_dir, {"budget": {"max_tokens_per_wake": 1000}})
-    api = live_env([
+    api = fake_api([
         turn(tool_use("bash", {"command": "echo one"}), usage=usage(400, 100)),
         turn(tool_use("bash", {"command": "echo two"}), usage=usage(300, 50, cache_read=200)),  # 1050
         # The final reply even tries a tool: with no tools offered it must not run.
@@ -169,8 +152,8 @@ def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_di
 
 # -- the API failing -------------------------------------------------------------------
 
-def test_529_then_success_is_retried(agent_dir, live_env):
-    api = live_env([api_error(529), turn(text("fine now"))])
+def test_529_then_success_is_retried(agent_dir, fake_api):
+    api = fake_api([api_error(529), turn(text("fine now"))])
     receipt = live_wake(agent_dir)
     assert receipt.status == "done" and receipt.steps == 1
     assert len(api.requests) == 2
@@ -204,8 +187,8 @@ def test_no_api_key_in_live_mode_is_one_line_exit_2_nothing_touched(agent_dir):
 
 # -- bad tool calls -----------------------------------------------------------------------
 
-def test_malformed_tool_input_is_an_error_result_not_a_crash(agent_dir, live_env):
-    api = live_env([
+def test_malformed_tool_input_is_an_error_result_not_a_crash(agent_dir, fake_api):
+    api = fake_api([
         turn(tool_use("bash", {"cmd": "ls"}),                      # wrong argument name
              tool_use("write_file", {"path": 5, "content": "x"}),  # wrong type
              tool_use("bash", "ls -la"),                            # not an object at all
@@ -222,17 +205,17 @@ def test_malformed_tool_input_is_an_error_result_not_a_crash(agent_dir, live_env
     assert receipt.status == "done" and receipt.steps == 2
 
 
-def test_unknown_tool_is_an_error_result(agent_dir, live_env):
-    api = live_env([turn(tool_use("launch_missiles", {"target": "moon"})), turn(text("sorry"))])
+def test_unknown_tool_is_an_error_result(agent_dir, fake_api):
+    api = fake_api([turn(tool_use("launch_missiles", {"target": "moon"})), turn(text("sorry"))])
     receipt = live_wake(agent_dir)
     (result,) = tool_results(api.requests[1])
     assert result.get("is_error") and "unknown tool 'launch_missiles'" in result_text(result)
     assert receipt.status == "done"
 
 
-def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir, live_env):
+def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir, fake_api):
     calls = [tool_use("bash", {"command": f"echo out-{n} >> order.txt; echo out-{n}"}) for n in (1, 2, 3)]
-    api = live_env([turn(text("three at once"), *calls), turn(text("done"))])
+    api = fake_api([turn(text("three at once"), *calls), turn(text("done"))])
     receipt = live_wake(agent_dir)
     results = tool_results(api.requests[1])
     assert [r["tool_use_id"] for r in results] == [c["id"] for c in calls]
@@ -241,9 +224,9 @@ def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir
     assert receipt.tool_calls == 3
 
 
-def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, live_env):
+def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api):
     set_policy(agent_dir, {"tools": {"bash": {"enabled": False}, "send_message": {"max_per_wake": 1}}})
-    api = live_env([
+    api = fake_api([
         turn(tool_use("bash", {"command": "touch pwned"}),
              tool_use("send_message", {"text": "first"}), tool_use("send_message", {"text": "second"})),
         turn(text("ok")),
@@ -259,9 +242,9 @@ def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, live_env)
     assert [d["tool"] for d in denied] == ["bash", "send_message"]
 
 
-def test_write_file_deny_glob_is_refused_and_logged(agent_dir, live_env):
+def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api):
     set_policy(agent_dir, {"tools": {"write_file": {"deny": ["secrets/**"]}}})
-    api = live_env([turn(tool_use("write_file", {"path": "secrets/x.txt", "content": "x"})), turn(text("ok"))])
+    api = fake_api([turn(tool_use("write_file", {"path": "secrets/x.txt", "content": "x"})), turn(text("ok"))])
     live_wake(agent_dir)
     (result,) = tool_results(api.requests[1])
     assert result.get("is_error") and "REFUSED" in result_text(result)
@@ -271,8 +254,8 @@ def test_write_file_deny_glob_is_refused_and_logged(agent_dir, live_env):
 
 # -- the key never leaks --------------------------------------------------------------------
 
-def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, live_env):
-    api = live_env([
+def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_api):
+    api = fake_api([
         turn(tool_use("bash", {"command": "env; cat /proc/1/environ | tr '\\0' '\\n'; "
                                           "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; echo probed"})),
         turn(tool_use("send_message", {"text": "done probing"})),
@@ -295,8 +278,8 @@ def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, live_
 
 # -- prompt caching ----------------------------------------------------------------------------
 
-def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, live_env):
-    api = live_env([turn(tool_use("bash", {"command": f"echo step {n}"})) for n in range(1, 4)]
+def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, fake_api):
+    api = fake_api([turn(tool_use("bash", {"command": f"echo step {n}"})) for n in range(1, 4)]
                    + [turn(text("done"))])
     receipt = live_wake(agent_dir)
     bodies = [r.body for r in api.requests]
@@ -318,45 +301,45 @@ def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, live_env):
 
 # -- stop reasons ---------------------------------------------------------------------------------
 
-def test_pause_turn_sends_the_assistant_turn_back_and_continues(agent_dir, live_env):
+def test_pause_turn_sends_the_assistant_turn_back_and_continues(agent_dir, fake_api):
     paused = [text("Thinking about a long search...")]
-    api = live_env([turn(*paused, stop_reason="pause_turn"), turn(text("finished"))])
+    api = fake_api([turn(*paused, stop_reason="pause_turn"), turn(text("finished"))])
     receipt = live_wake(agent_dir)
     assert receipt.status == "done" and len(api.requests) == 2
     last = api.requests[1].body["messages"][-1]
     assert last["role"] == "assistant" and last["content"] == paused
 
 
-def test_max_tokens_without_tools_asks_to_continue(agent_dir, live_env):
-    api = live_env([turn(text("A very long answer that got cu"), stop_reason="max_tokens"), turn(text("t. Done."))])
+def test_max_tokens_without_tools_asks_to_continue(agent_dir, fake_api):
+    api = fake_api([turn(text("A very long answer that got cu"), stop_reason="max_tokens"), turn(text("t. Done."))])
     receipt = live_wake(agent_dir)
     assert receipt.status == "done" and len(api.requests) == 2
     assert "cut at the output limit" in api.requests[1].body["messages"][-1]["content"][-1]["text"]
 
 
-def test_max_tokens_with_a_complete_tool_use_runs_it(agent_dir, live_env):
-    api = live_env([turn(tool_use("bash", {"command": "echo ran"}), stop_reason="max_tokens"), turn(text("ok"))])
+def test_max_tokens_with_a_complete_tool_use_runs_it(agent_dir, fake_api):
+    api = fake_api([turn(tool_use("bash", {"command": "echo ran"}), stop_reason="max_tokens"), turn(text("ok"))])
     live_wake(agent_dir)
     assert "ran" in result_text(tool_results(api.requests[1])[0])
 
 
 @pytest.mark.parametrize("stop_reason", ["refusal", "model_context_window_exceeded", "something_new"])
-def test_refusal_and_unknown_stop_reasons_are_dead_letters(agent_dir, live_env, stop_reason):
-    live_env([turn(text("..."), stop_reason=stop_reason)])
+def test_refusal_and_unknown_stop_reasons_are_dead_letters(agent_dir, fake_api, stop_reason):
+    fake_api([turn(text("..."), stop_reason=stop_reason)])
     receipt = live_wake(agent_dir)
     assert receipt.status == "dead_letter" and stop_reason in receipt.reason
     assert "dead_letter" in types_of(agent_dir)
     assert "harness stub" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
 
 
-def test_stop_event_ends_at_the_next_step_boundary(agent_dir, live_env):
+def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api):
     stop = threading.Event()
 
     def second(rec):
         stop.set()  # as a scheduler's SIGTERM handler would, mid-wake
         return turn(tool_use("bash", {"command": "echo a"}), tool_use("bash", {"command": "echo b > b.txt"}))
 
-    api = live_env([turn(tool_use("bash", {"command": "true"})), second],
+    api = fake_api([turn(tool_use("bash", {"command": "true"})), second],
                    then=turn(text("no request should get here")))
     receipt = live_wake(agent_dir, stop=stop)
     assert (receipt.status, receipt.reason) == ("done", "stopped")

@@ -11,34 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
-from fakeapi import FakeAPI, text, tool_use, turn
+from fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.agent import load_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.loop import wake
 from orchestrator.model import LiveModel
 from orchestrator.state import read_outbox
 
-KEY = "sk-ant-test-policy-tools-0000"          # fake; the fake API accepts anything
+KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def fake_api(monkeypatch):
-    servers = []
-
-    def start(*replies) -> FakeAPI:
-        api = FakeAPI(list(replies)).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
 
 
 def use_policy(agent_dir: Path, policy) -> None:
@@ -69,10 +52,10 @@ def denials(agent_dir: Path) -> list[dict]:
 
 def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_dir, fake_api):
     use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
-    api = fake_api(
+    api = fake_api([
         turn(tool_use("bash", {"command": "touch /workspace/pwned"}),
              tool_use("send_message", {"text": "hello"})),
-        turn(text("done")))
+        turn(text("done"))])
     run_wake(agent_dir)
     assert [t["name"] for t in api.requests[0].body["tools"]] == ["write_file"]
     bash, message = results_of(api.requests[1])
@@ -87,12 +70,12 @@ def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_
 
 def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api):
     use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
-    api = fake_api(
+    api = fake_api([
         turn(tool_use("write_file", {"path": "notes/ok.md", "content": "fine"}),
              tool_use("write_file", {"path": "src/main.py", "content": "print(1)"}),
              tool_use("write_file", {"path": "notes/.env", "content": "X=1"}),
              tool_use("write_file", {"path": "notes/big.md", "content": "x" * (64 * 1024 + 1)})),
-        turn(text("done")))
+        turn(text("done"))])
     run_wake(agent_dir)
     ok, outside, dotfile, big = results_of(api.requests[1])
     assert not ok.get("is_error") and (agent_dir / "workspace/notes/ok.md").read_text() == "fine"
@@ -107,11 +90,11 @@ def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, f
 
 
 def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_dir, fake_api):
-    api = fake_api(
+    api = fake_api([
         turn(tool_use("write_file", {"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\nid\n"}),
              tool_use("write_file", {"path": "./.git//config", "content": "[core]\nfsmonitor=id\n"}),
              tool_use("write_file", {"path": "vendor/lib/.git/hooks/post-checkout", "content": "id"})),
-        turn(text("done")))
+        turn(text("done"))])
     run_wake(agent_dir)
     results = results_of(api.requests[1])
     assert all(r["is_error"] and "denied by this agent's policy" in text_of(r) for r in results)

@@ -9,7 +9,6 @@ import sys
 import time
 import tracemalloc
 from dataclasses import replace
-from pathlib import Path
 
 import docker
 import pytest

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import our_containers
+from leftovers import our_containers
 from orchestrator.agent import init_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.loop import wake

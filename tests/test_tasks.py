@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakeapi import FakeAPI, text, tool_use, turn
+from fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.agent import load_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
                                 open_tasks)
 
-KEY = "sk-ant-test-tasks-0123456789"
+KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -99,22 +99,6 @@ def test_task_add_and_list_on_the_command_line(agent_dir):
 
 
 # -- whole wakes -----------------------------------------------------------------------------
-
-@pytest.fixture
-def fake_api(monkeypatch):
-    servers = []
-
-    def start(replies=(), then=None) -> FakeAPI:
-        api = FakeAPI(replies, then=then).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
-
 
 def first_user_text(request) -> str:
     content = request.body["messages"][0]["content"]
