@@ -19,7 +19,9 @@ For each runtime (runc, then runsc):
 3. Orchestrator overhead per step: a wake against a fake API answering at
    once, its tools answered by a STAND-IN sandbox (a bench-only test double
    that returns a canned SandboxResult without touching Docker); a step's
-   overhead is the time between two model calls less the sandbox's time.
+   overhead is the time between two model calls less the sandbox's time
+   (context, registry, events, policy, the ledger's check and record). The
+   SDK's own CPU inside the model call is shown beside it, and the two added.
 4. Prompt caching: a 10-step wake with a 12k-token mandate, priced by
    ledger.py's table and cost function, against the same wake with the
    cache breakpoints ignored (the control bills every input token uncached).
@@ -407,6 +409,8 @@ class CacheCost:
     cached_tokens: dict
     uncached_tokens: dict
     model: str
+    cached_receipt_usd: float       # what the wake's receipt says it cost (the loop's Meter): input + output
+    uncached_receipt_usd: float
 
     @property
     def saving(self) -> float:
@@ -462,7 +466,8 @@ def caching(tmp: Path) -> CacheCost:
         return {"input": r.input_tokens, "cache_read": r.cache_read_tokens,
                 "cache_write": r.cache_creation_tokens}
     cached, uncached = receipts["cached"], receipts["uncached"]
-    return CacheCost(input_cost(cached), input_cost(uncached), tokens(cached), tokens(uncached), agent.model)
+    return CacheCost(input_cost(cached), input_cost(uncached), tokens(cached), tokens(uncached), agent.model,
+                     getattr(cached, "usd", float("nan")), getattr(uncached, "usd", float("nan")))
 
 
 # -- 5: scale --------------------------------------------------------------------
@@ -632,7 +637,9 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
          f"{c.cached_tokens['cache_write']:,} / {c.cached_tokens['input']:,}"),
         (f"input cost, {CACHE_STEPS}-step wake, no caching", "",
          f"${c.uncached_usd:.4f} ({c.uncached_tokens['input']:,} tokens)"),
-        ("  saving", f">= {MIN_CACHE_SAVING * 100:.0f} %",
+        ("  whole wake per its receipt, caching / not", "",
+         f"${c.cached_receipt_usd:.4f} / ${c.uncached_receipt_usd:.4f}"),
+        ("  saving on input", f">= {MIN_CACHE_SAVING * 100:.0f} %",
          f"{c.saving * 100:.1f} % {verdict(c.saving >= MIN_CACHE_SAVING)}"),
         (f"scale: {s.agents} agents due at once, finished", "all",
          f"{s.done}/{s.agents} {verdict(s.done == s.agents)}"),

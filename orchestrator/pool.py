@@ -48,6 +48,7 @@ os.execvp(spec["argv"][0], spec["argv"])
 """
 
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
+_STOP = object()        # ends a pool thread's job queue
 
 
 def handoff(argv: list[str], cwd: str, stdin: bool) -> bytes:
@@ -67,8 +68,9 @@ class WarmPool:
     """Keeps up to `size` started containers for the settings named by `key()`.
 
     `make(key)` creates and starts one container and returns its id;
-    `remove(cid)` removes one. Both run on the pool's own thread, so a call
-    never waits for a refill or a removal.
+    `remove(cid)` removes one. Each runs on a thread of its own, so a call
+    never waits for a refill or a removal, and a burst of calls (several
+    tool_use blocks in one turn) is not refilled behind its own removals.
     """
 
     def __init__(self, size: int, key: Callable[[], str], make: Callable[[], str],
@@ -77,11 +79,17 @@ class WarmPool:
         self._ready: list[_Warm] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._work: queue.Queue = queue.Queue()
+        self._makes: queue.Queue = queue.Queue()
+        self._trash: queue.Queue = queue.Queue()
         self._closed = False
         self._making = 0
-        self._thread = threading.Thread(target=self._worker, name="wakeloop-pool", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._serve, args=(self._makes, self._make_one),
+                             name="wakeloop-pool-make", daemon=True),
+            threading.Thread(target=self._serve, args=(self._trash, self._remove_quietly),
+                             name="wakeloop-pool-remove", daemon=True)]
+        for thread in self._threads:
+            thread.start()
         self._refill()
 
     def take(self) -> str | None:
@@ -104,8 +112,8 @@ class WarmPool:
             return warm.cid
 
     def discard(self, cid: str) -> None:
-        """Remove a container on the pool's thread (used or stale)."""
-        self._work.put(("remove", cid))
+        """Remove a container on the pool's remover thread (used or stale)."""
+        self._trash.put(cid)
 
     def drain(self) -> None:
         """Drop every idle container (the settings changed) and refill."""
@@ -122,8 +130,9 @@ class WarmPool:
             stale, self._ready = self._ready, []
         for warm in stale:
             self.discard(warm.cid)
-        self._work.put(("stop", None))
-        self._thread.join()
+        for jobs, thread in zip((self._makes, self._trash), self._threads):
+            jobs.put(_STOP)  # after the removals queued above: they run first
+            thread.join()
 
     def idle(self) -> list[str]:
         with self._lock:
@@ -139,26 +148,21 @@ class WarmPool:
             missing = self.size - len(self._ready) - self._making
             self._making += max(missing, 0)
         for _ in range(max(missing, 0)):
-            self._work.put(("make", None))
+            self._makes.put(None)
 
-    def _worker(self) -> None:
-        while True:
-            job, cid = self._work.get()
-            if job == "stop":
-                return
-            if job == "remove":
-                self._remove_quietly(cid)
-                continue
-            self._make_one()
+    @staticmethod
+    def _serve(jobs: queue.Queue, handle: Callable) -> None:
+        while (job := jobs.get()) is not _STOP:
+            handle(job)
 
     def _remove_quietly(self, cid: str) -> None:
-        # This thread must outlive any one failure, or every later removal is lost.
+        # The remover must outlive any one failure, or every later removal is lost.
         try:
             self._remove(cid)
         except Exception:
             pass  # the container is labelled: the next wake's cleanup_leftovers finds it
 
-    def _make_one(self) -> None:
+    def _make_one(self, _job=None) -> None:
         key = self._key()
         try:
             cid = None if self._closed else self._make()
