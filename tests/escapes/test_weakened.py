@@ -20,6 +20,7 @@ from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
 from orchestrator.sandbox import DockerSandbox
+from orchestrator.seccomp import guarded
 
 
 def weakened(change):
@@ -62,12 +63,21 @@ def no_pids_limit(config, host):
     host["pids_limit"] = -1
 
 
+def without_guard(config):
+    """Drop wakeloop's in-box seccomp filter (seccomp.py): it sets no_new_privs and
+    a filter itself, so a box weakened in those two must lose that layer too."""
+    if config["command"][:4] == guarded([])[:4]:
+        config["command"] = config["command"][4:]
+
+
 def no_new_privileges_dropped(config, host):
     host["security_opt"] = [o for o in host["security_opt"] if o != "no-new-privileges"]
+    without_guard(config)
 
 
 def seccomp_unconfined(config, host):
     host["security_opt"] = host["security_opt"] + ["seccomp=unconfined"]
+    without_guard(config)
 
 
 def no_memory_limit(config, host):
