@@ -15,18 +15,16 @@ wake (loop.py). A dry run is not billed: its usage is counted, its cost is 0.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .state import atomic_write
+from .state import atomic_write, locked
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
@@ -207,7 +205,7 @@ def _totals(raw: Any) -> Totals:
 
 def record(state_dir: Path, usd: float, tokens: int) -> Book:
     """Add one call to today's row and the lifetime total, atomically."""
-    with _locked(state_dir):
+    with locked(state_dir, LEDGER_LOCK):
         book = read_book(state_dir)
         date = today()
         add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1)  # noqa: E731
@@ -221,16 +219,6 @@ def record(state_dir: Path, usd: float, tokens: int) -> Book:
             "days": {d: vars(t) for d, t in sorted(days.items())},
             "lifetime": vars(book.lifetime)}, indent=2) + "\n")
         return book
-
-
-@contextmanager
-def _locked(state_dir: Path):
-    fd = os.open(Path(state_dir) / LEDGER_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 # -- one wake's meter -------------------------------------------------------------

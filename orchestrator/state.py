@@ -222,8 +222,11 @@ def _count(value) -> int:
 # -- inbox and outbox ---------------------------------------------------------------
 
 @contextmanager
-def _inbox_locked(state_dir: Path):
-    fd = os.open(Path(state_dir) / INBOX_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def locked(state_dir: Path, name: str):
+    """An exclusive flock on state/NAME for the block: serialises the host's
+    read-modify-write of one state file between processes (inbox, tasks, ledger)."""
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(state_dir) / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -259,14 +262,14 @@ def _entry(header: str, text: str) -> str:
 
 def send_message_to_agent(state_dir: Path, text: str) -> None:
     """`wakeloop send`: queue a human message for the next wake."""
-    with _inbox_locked(state_dir):
+    with locked(state_dir, INBOX_LOCK):
         _append(Path(state_dir) / INBOX_FILE, _entry(_stamp(), text))
 
 
 def peek_inbox(state_dir: Path) -> str:
     """What the next wake would drain, without draining it."""
     state_dir = Path(state_dir)
-    with _inbox_locked(state_dir):
+    with locked(state_dir, INBOX_LOCK):
         return _read(state_dir / INBOX_TAKEN) + _read(state_dir / INBOX_FILE)
 
 
@@ -274,7 +277,7 @@ def drain_inbox(state_dir: Path) -> str:
     """Move queued messages (and any a killed wake left taken) to inbox.taken."""
     state_dir = Path(state_dir)
     inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
-    with _inbox_locked(state_dir):
+    with locked(state_dir, INBOX_LOCK):
         if inbox.exists():
             if taken.exists():
                 _append(taken, _read(inbox))
@@ -286,7 +289,7 @@ def drain_inbox(state_dir: Path) -> str:
 
 def commit_inbox(state_dir: Path) -> None:
     """The model has seen the messages: they are gone from the queue."""
-    with _inbox_locked(state_dir):
+    with locked(state_dir, INBOX_LOCK):
         (Path(state_dir) / INBOX_TAKEN).unlink(missing_ok=True)
 
 
@@ -294,7 +297,7 @@ def restore_inbox(state_dir: Path) -> None:
     """The wake died before the model saw them: back to the head of the queue."""
     state_dir = Path(state_dir)
     inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
-    with _inbox_locked(state_dir):
+    with locked(state_dir, INBOX_LOCK):
         if not taken.exists():
             return
         atomic_write(inbox, _read(taken) + _read(inbox))

@@ -15,15 +15,12 @@ Not here: the registry that offers complete_task (tools.py) or when a wake claim
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .state import atomic_write
+from .state import atomic_write, locked
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
@@ -80,17 +77,6 @@ def _save(state_dir: Path, tasks: list[Task]) -> None:
                  json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n")
 
 
-@contextmanager
-def _locked(state_dir: Path):
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(state_dir) / TASKS_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def add_task(state_dir: Path, title: str) -> Task:
     """`wakeloop task add`: queue a task at the end."""
     title = " ".join(title.split())
@@ -99,7 +85,7 @@ def add_task(state_dir: Path, title: str) -> Task:
     if len(title) > MAX_TITLE_CHARS:
         raise TaskError(f"the task title is {len(title):,} characters; keep it under {MAX_TITLE_CHARS:,} "
                         "and put details in mandate.md or a message (`wakeloop send`)")
-    with _locked(state_dir):
+    with locked(state_dir, TASKS_LOCK):
         tasks = load_tasks(state_dir)
         number = 1 + max((int(t.id[1:]) for t in tasks if t.id[1:].isdigit()), default=0)
         task = Task(id=f"t{number}", title=title, created=_now())
@@ -114,7 +100,7 @@ def open_tasks(state_dir: Path) -> list[Task]:
 def claim_next(state_dir: Path, run_id: str) -> Task | None:
     """Claim the task this wake works on: one left claimed by an earlier wake
     (only one wake runs at a time, so it was abandoned), else the oldest todo."""
-    with _locked(state_dir):
+    with locked(state_dir, TASKS_LOCK):
         tasks = load_tasks(state_dir)
         pick = next((t for t in tasks if t.status == "claimed"), None) \
             or next((t for t in tasks if t.status == "todo"), None)
@@ -130,7 +116,7 @@ def finish(state_dir: Path, task_id: str, status: str, note: str = "", run_id: s
     Raises TaskError with a sentence the model can act on."""
     if status not in ("done", "failed"):
         raise TaskError(f"status must be 'done' or 'failed', not {status!r}")
-    with _locked(state_dir):
+    with locked(state_dir, TASKS_LOCK):
         tasks = load_tasks(state_dir)
         task = next((t for t in tasks if t.id == task_id), None)
         if task is None:
