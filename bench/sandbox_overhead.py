@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.agent import init_agent, load_agent  # noqa: E402
 from orchestrator.explain import docker_run_flags  # noqa: E402
 from orchestrator.sandbox import DockerSandbox  # noqa: E402
+from run import idle_cost  # noqa: E402  (bench/run.py, beside this file)
 
 
 PACE_S = 0.3            # between an agent's tool calls: the model's answer takes at least this
@@ -101,16 +102,6 @@ def main() -> int:
     print(f"back-to-back warm calls, no pause: {rate:.1f} calls/s")
     print(f"idle pool: {idle}")
     return 0
-
-
-def idle_cost(cids: list[str]) -> str:
-    """Containers the idle pool holds and the memory they use (docker stats)."""
-    if not cids:
-        return "empty"
-    proc = subprocess.run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *cids],
-                          capture_output=True, text=True)
-    usage = [line.split("/")[0].strip() for line in proc.stdout.splitlines()]
-    return f"{len(cids)} containers, memory each: {', '.join(usage)}"
 
 
 if __name__ == "__main__":

@@ -105,6 +105,16 @@ def call(name, *args):
     """(return value, errno name) of a raw syscall."""
     r = libc.syscall(NR[name], *args)
     return r, errno.errorcode.get(ctypes.get_errno(), "?") if r < 0 else "ok"
+def open_for_writing(paths):
+    """Those of `paths` that open for writing: opened, never written."""
+    opened = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            continue
+        os.close(fd); opened.append(path)
+    return opened
 '''
 
 

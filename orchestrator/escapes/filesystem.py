@@ -224,16 +224,11 @@ else: held("no block/memory device in /dev; mknod in /tmp, /workspace, /dev/shm 
 blocks_writes_to_sys = _py(
     "blocks_writes_to_sys", "no file under /sys opens for writing",
     r'''
-opened = []
-for path in ["/sys/kernel/uevent_helper", "/sys/kernel/mm/transparent_hugepage/enabled",
-             "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-             "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cgroup.procs",
-             "/sys/class/net/lo/mtu", "/sys/power/state"]:
-    try:
-        fd = os.open(path, os.O_WRONLY)   # opened, never written
-    except OSError:
-        continue
-    os.close(fd); opened.append(path)
+opened = open_for_writing([
+    "/sys/kernel/uevent_helper", "/sys/kernel/mm/transparent_hugepage/enabled",
+    "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cgroup.procs",
+    "/sys/class/net/lo/mtu", "/sys/power/state"])
 if opened: escaped("writable: " + ", ".join(opened))
 else: held("/sys is read-only to the box")
 ''')
@@ -241,15 +236,10 @@ else: held("/sys is read-only to the box")
 blocks_writes_to_proc_sys = _py(
     "blocks_writes_to_proc_sys", "no /proc/sys knob or /proc/sysrq-trigger opens for writing",
     r'''
-opened = []
-for path in ["/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
-             "/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/sys/fs/binfmt_misc/register",
-             "/proc/sys/net/ipv4/ip_forward", "/proc/sys/kernel/yama/ptrace_scope"]:
-    try:
-        fd = os.open(path, os.O_WRONLY)   # opened, never written
-    except OSError:
-        continue
-    os.close(fd); opened.append(path)
+opened = open_for_writing([
+    "/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
+    "/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/sys/fs/binfmt_misc/register",
+    "/proc/sys/net/ipv4/ip_forward", "/proc/sys/kernel/yama/ptrace_scope"])
 if opened: escaped("writable: " + ", ".join(opened))
 else: held("/proc/sys and /proc/sysrq-trigger are read-only to the box")
 ''')
