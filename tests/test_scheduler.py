@@ -52,13 +52,15 @@ def wait_for(condition, timeout: float = WAIT_S, what: str = "condition"):
 
 
 def make_agent(root: Path, name: str, every: str) -> Path:
-    agent_dir = init_agent(root / name)
-    config = agent_dir / "agent.yaml"
+    """An agent that appears under ROOT at once, complete: a scan never sees it half-made."""
+    staging = init_agent(root.parent / ".staging" / name)
+    config = staging / "agent.yaml"
     data = yaml.safe_load(config.read_text())
     data.pop("schedule", None)
     data["every"] = every
     config.write_text(yaml.safe_dump(data))
-    return agent_dir
+    root.mkdir(parents=True, exist_ok=True)
+    return staging.rename(root / name)
 
 
 def script_file(tmp_path: Path, turns: list) -> Path:
