@@ -2,13 +2,22 @@
 
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and offers
-exactly two things over a local unix socket: "run this command" and "write
-this file", in agent X's workspace, under agent X's policy. A request names
-the agent (its folder name under ROOT) and the command, or the path and the
-content: nothing else. The broker loads X's policy itself from ROOT, takes
-the timeout and output cap from it, refuses what it disables, and creates
-every container through DockerSandbox, from its own fixed settings. So a
-compromised orchestrator can at worst run what the agent itself could.
+exactly three things over a local unix socket: "run this command" and "write
+this file", in agent X's workspace, under agent X's policy, and "append to
+today's journal", the harness's stub when a wake ends unjournaled. A request
+names the agent (its folder name under ROOT) and the command, or the path and
+the content: nothing else. The broker loads X's policy itself from ROOT on
+every request, takes the timeout and output cap from it, refuses what it
+disables, and creates every container through DockerSandbox, from its own
+fixed settings. Append is allowed whatever the tools policy says (a bash-less
+agent still gets its stub) and so is held to one exact path shape and a size
+cap. So a compromised orchestrator can at worst run what the agent itself
+could, plus append a bounded note to the agent's journal.
+
+Each agent keeps one DockerSandbox across requests, so its warm pool (the
+policy's `sandbox.pool`) serves them as it would a direct wake; a policy
+change drains the idle containers made under the old settings. A pool unused
+for IDLE_CLOSE_S, or whose workspace is gone, is closed; all close at exit.
 
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
@@ -17,6 +26,7 @@ give this guarantee: it lets any body through on container create.
 Wire format: one JSON object per line, one request per connection.
   -> {"op": "run",   "agent": "demo", "command": "ls -la"}
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
+  -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}  |  {"ok": false, "error": "one line"}
 
@@ -39,7 +49,7 @@ import socket
 import socketserver
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import docker
@@ -48,6 +58,7 @@ from docker.types import Mount
 from .agent import AgentError, load_agent
 from .policy import PolicyError
 from .sandbox import WORKSPACE, DockerSandbox, SandboxError, SandboxResult, connect
+from .workspace import JOURNAL_DIR
 
 BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
@@ -55,7 +66,14 @@ MAX_REQUEST_BYTES = 32 * 2**20      # one request line; write content is capped 
 MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2 MB
 CONNECT_WAIT_S = 30.0               # the client waits this long for a broker still starting
 REPLY_MARGIN_S = 60.0               # on top of the call's own timeout: create, remove, a slow engine
+APPEND_TIMEOUT_S = 30.0             # one journal append; as workspace.STUB_TIMEOUT_S
+APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
+                                    # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
+IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
+SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
+_JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 
 
@@ -100,8 +118,8 @@ class _HostPathSandbox(DockerSandbox):
     """DockerSandbox whose one mount names the workspace by its host path."""
 
     def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
-        super().__init__(workspace, policy, warm=0, **kwargs)  # one call per instance: no pool
-        self.host_workspace = host_workspace
+        self.host_workspace = host_workspace  # before the pool, whose first refill uses it
+        super().__init__(workspace, policy, **kwargs)
 
     def container_spec(self, argv, call_id="-", stdin=False, workdir=WORKSPACE):
         config, host = super().container_spec(argv, call_id, stdin, workdir)
@@ -111,6 +129,15 @@ class _HostPathSandbox(DockerSandbox):
 
 # -- the service ------------------------------------------------------------------------
 
+@dataclass
+class _AgentBox:
+    """One agent's sandbox, kept across requests so its warm pool serves them."""
+    box: _HostPathSandbox
+    busy: int = 0                   # requests using it now: it is closed only when none is
+    used: float = field(default_factory=time.monotonic)  # when the last request ended
+    retired: bool = False           # out of the dict: its last request closes it
+
+
 class Broker:
     """Turns one request into one sandbox call for one agent under ROOT."""
 
@@ -119,19 +146,29 @@ class Broker:
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
         self.log = log
+        self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
+        self._lock = threading.Lock()            # the server runs each request on a thread
+        self._next_sweep = time.monotonic() + SWEEP_EVERY_S
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
-        if op not in ("run", "write"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run and write")
+        if op not in ("run", "write", "append"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write and append")
         agent = self._agent(request.get("agent"))
-        box = self._sandbox(agent)
-        if op == "run":
-            result = self._run(agent, box, request)
-        else:
-            result = self._write(agent, box, request)
+        if op == "append":
+            path, content = self._check_append(agent, request)  # before any container is used
+        entry = self._acquire(agent)
+        try:
+            if op == "run":
+                result = self._run(agent, entry.box, request)
+            elif op == "write":
+                result = self._write(agent, entry.box, request)
+            else:
+                result = entry.box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
+        finally:
+            self._release(entry)
         self.log(f"{agent.dir.name}: {op} exit {result.exit_code}"
                  f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
@@ -150,11 +187,79 @@ class Broker:
             raise BrokerError(f"{name}: workspace resolves to {workspace}, outside {self.root}")
         return agent
 
-    def _sandbox(self, agent) -> _HostPathSandbox:
+    # -- one sandbox per agent, its pool kept warm across requests ----------------------
+
+    def _acquire(self, agent) -> _AgentBox:
+        """The agent's box, made on its first request, set to the policy just read.
+        Hand it back with _release."""
+        name, policy = agent.dir.name, agent.policy.sandbox
         workspace = agent.workspace.resolve()
-        host_ws = self.host_root / workspace.relative_to(self.root)
-        return _HostPathSandbox(workspace, host_ws, agent.policy.sandbox, agent=agent.name,
-                                client=self.client)
+        place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name)
+        made = None
+        while True:
+            stale = None
+            with self._lock:
+                entry = self._boxes.get(name)
+                if entry and _needs_new_box(entry.box, place, policy):
+                    stale, entry = self._retire(name), None
+                if entry is None and made is not None:
+                    entry = self._boxes[name] = _AgentBox(made)
+                    made = None
+                    self.log(f"{name}: made a sandbox with a pool of {policy.pool} for {place[1]}")
+                if entry is not None:
+                    if entry.box.policy != policy:
+                        entry.box.update_policy(policy)  # drops idle containers of the old settings
+                    entry.busy += 1
+            if stale:
+                stale.box.close()
+            if entry is not None:
+                break
+            # Made outside the lock: an allowlist agent's first box starts its proxy,
+            # and other agents' requests need not wait for that.
+            made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+        if made is not None:
+            made.close()  # a concurrent request for this agent made its box first
+        return entry
+
+    def _release(self, entry: _AgentBox) -> None:
+        with self._lock:
+            entry.busy -= 1
+            entry.used = time.monotonic()
+            done = entry.retired and entry.busy == 0
+        if done:
+            entry.box.close()
+
+    def _retire(self, name: str) -> _AgentBox | None:
+        """Take an agent's box out of use (lock held). Returns it when no request
+        uses it, for the caller to close outside the lock; else _release closes it."""
+        entry = self._boxes.pop(name)
+        entry.retired = True
+        return entry if entry.busy == 0 else None
+
+    def sweep(self) -> None:
+        """Close pools unused for IDLE_CLOSE_S or whose workspace is gone (agent removed
+        or renamed): their idle containers would otherwise run until the broker stops."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_EVERY_S
+        with self._lock:
+            names = [n for n, e in self._boxes.items()
+                     if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())]
+            idle = [self._retire(n) for n in names]
+        for entry in idle:
+            entry.box.close()
+            self.log(f"{entry.box.agent}: closed its idle sandbox pool")
+
+    def close(self) -> None:
+        """Close every agent's pool, removing its idle containers (at shutdown)."""
+        with self._lock:
+            idle = [self._retire(n) for n in list(self._boxes)]
+        for entry in idle:
+            if entry:
+                entry.box.close()
+
+    # -- the three ops --------------------------------------------------------------------
 
     def _run(self, agent, box, request) -> SandboxResult:
         bash = agent.policy.tools.bash
@@ -169,17 +274,40 @@ class Broker:
 
     def _write(self, agent, box, request) -> SandboxResult:
         tool = agent.policy.tools.write_file
-        path = request.get("path")
-        try:
-            content = base64.b64decode(request.get("content_b64", ""), validate=True)
-        except (ValueError, TypeError):
-            raise BrokerError("content_b64 must be base64") from None
+        path, content = request.get("path"), _content(request)
         if not isinstance(path, str):
             raise BrokerError("path must be a string")
         refusal = tool.refusal(path, len(content))
         if refusal:
             raise BrokerError(f"{agent.dir.name}: {refusal}")
         return box.write(path, content, timeout_s=tool.timeout_s)
+
+    def _check_append(self, agent, request) -> tuple[str, bytes]:
+        """The journal stub's (path, content), or a refusal. The tools policy does not
+        apply, so this must not become a general write: one path shape, a size cap.
+        A symlinked journal is refused in the box, as write_file's would be."""
+        path, content = request.get("path"), _content(request)
+        if not isinstance(path, str) or not _JOURNAL_PATH.fullmatch(path):
+            raise BrokerError(f"{agent.dir.name}: append is only for {JOURNAL_DIR}/YYYY-MM-DD.md, "
+                              f"not {path!r:.80}")
+        if len(content) > APPEND_MAX_BYTES:
+            raise BrokerError(f"{agent.dir.name}: an append is at most {APPEND_MAX_BYTES:,} bytes, "
+                              f"got {len(content):,}")
+        return path, content
+
+
+def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
+    """What update_policy cannot change: the mount and labels, the pool's size, and
+    the egress set up when the box was made (an allowlist's proxy and netns holder)."""
+    fixed = lambda p: (p.pool, p.network, p.allow_hosts)  # noqa: E731
+    return (box.workspace, box.host_workspace, box.agent) != place or fixed(box.policy) != fixed(policy)
+
+
+def _content(request: dict) -> bytes:
+    try:
+        return base64.b64decode(request.get("content_b64", ""), validate=True)
+    except (ValueError, TypeError):
+        raise BrokerError("content_b64 must be base64") from None
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -211,6 +339,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = False
     block_on_close = True
 
+    def service_actions(self):
+        # Between polls of the serve loop; a rare close (two container removals)
+        # only delays the next accept, and requests wait in the listen backlog.
+        super().service_actions()
+        self.broker.sweep()  # type: ignore[attr-defined]
+
 
 def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
           stop: threading.Event | None = None) -> int:
@@ -228,7 +362,7 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     server = _Server(str(socket_path), _Handler)
     server.broker = broker  # type: ignore[attr-defined]
     _hand_socket_to_root_owner(socket_path, root)
-    print(f"broker: serving run/write for agents under {root} (host path {broker.host_root}) "
+    print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {socket_path}{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
     if threading.current_thread() is threading.main_thread():
@@ -242,6 +376,7 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
         server.serve_forever(poll_interval=0.2)
     finally:
         server.server_close()
+        broker.close()  # after the last request: every agent's idle pool containers go
         socket_path.unlink(missing_ok=True)
         left = _cleanup(broker, root)
     print(f"broker: stopped{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
@@ -284,8 +419,8 @@ class BrokerSandbox:
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30) -> SandboxResult:
-        return self._call({"op": "write", "agent": self.agent, "path": path,
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
+        return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
                            "content_b64": base64.b64encode(content).decode()}, timeout_s)
 
     def ping(self) -> dict:

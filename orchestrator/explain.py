@@ -103,15 +103,19 @@ def explain(policy: Policy, box, registry) -> str:
                   f"{network.EGRESS_NETWORK}"]
     elif s.network == "bridge":
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
-    from .sandbox import _WRITE_SCRIPT  # the write path's program, by name rather than by copy
+    if s.pool:
+        lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
+                  "  idling in pool.LAUNCHER (in place of the command) until handed one call's",
+                  "  command on stdin; used once, then removed"]
+    from .sandbox import _WRITE_SCRIPT, merged_stderr  # by name rather than by copy
     image = policy.sandbox.image
     if "bash" in offered:
-        config, host = box.container_spec(["bash", "-c", 'exec bash -c "$1" 2>&1', "bash", "COMMAND"])
+        config, host = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
         lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD: it",
                   "stacks a seccomp filter that answers io_uring_* with ENOSYS, then execs the rest):",
                   _command(config, host, image)]
     if "write_file" in offered:
-        config, host = box.container_spec(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH"],
+        config, host = box.container_spec(merged_stderr(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH"]),
                                           stdin=True, workdir="/")
         lines += ["", "each write_file call runs in a new container, as (content on stdin;",
                   f"WRITE_SCRIPT is sandbox._WRITE_SCRIPT, {len(_WRITE_SCRIPT.splitlines())} lines "

@@ -4,7 +4,9 @@ One call, one container: created from fixed settings, attached before start
 so no output is lost, killed from the host at its deadline, removed whatever
 happens (success, failure, timeout, OOM, an exception here, Ctrl-C). The
 container sees one mount, the agent's workspace, and an environment built
-from scratch. Exit status and OOM come from the engine, never from output.
+from scratch. Exit status and OOM come from the engine, or for a pooled
+container from its launcher on a line the command cannot forge (pool.py);
+never from anything the command prints.
 
 Not here: which tools exist and whether a call is allowed (tools.py, the
 policy), or what the output means (the model decides).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import socket
 import threading
 import time
@@ -30,7 +33,7 @@ from docker.utils.socket import frames_iter
 from . import images
 from . import network
 from .output import Capture
-from .pool import LAUNCHER, WarmPool, handoff
+from .pool import LAUNCHER, EndLine, WarmPool, handoff
 from .seccomp import guarded
 from .policy import SandboxPolicy
 
@@ -80,7 +83,7 @@ class Sandbox(Protocol):
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
 
-    def write(self, path: str, content: bytes, timeout_s: float) -> SandboxResult: ...
+    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False) -> SandboxResult: ...
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
@@ -139,10 +142,11 @@ def check_write_path(path: str) -> str | None:
 # symlink (naming the real path, which the model can then ask for and the
 # policy's globs then judge), walks the path with O_NOFOLLOW so a symlink swapped
 # in meanwhile fails instead of being followed, and writes only to a regular
-# file. Content arrives on stdin.
+# file. Content arrives on stdin; argv[2] is "write" (replace the file) or
+# "append" (the journal stub: add to the end, with the same refusals).
 _WRITE_SCRIPT = r"""
 import os, stat, sys
-root, rel = "/workspace", sys.argv[1]
+root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
 target = os.path.realpath(os.path.join(root, rel))
 if os.path.commonpath([root, target]) != root or target == root:
     print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
@@ -161,17 +165,19 @@ try:
             pass
         fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
-    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
+    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                  | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
 except OSError as exc:
     print(f"refused: {rel}: {exc.strerror}"); sys.exit(3)
 if not stat.S_ISREG(os.fstat(out).st_mode):
     print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
 os.set_blocking(out, True)
-os.ftruncate(out, 0)
+if not append:
+    os.ftruncate(out, 0)
 n = 0
 while chunk := sys.stdin.buffer.read(1 << 16):
     n += os.write(out, chunk)
-print(f"wrote {n} bytes to {os.path.relpath(target, root)}")
+print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target, root)}")
 """
 
 
@@ -227,17 +233,14 @@ class DockerSandbox:
     # -- the two calls -------------------------------------------------------
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        # stderr joins stdout inside the box, on one pipe, so the order the model
-        # sees is the order things were printed; the engine keeps two pipes apart.
         # The command travels as an argument, never pasted into a shell string.
-        argv = ["bash", "-c", 'exec bash -c "$1" 2>&1', "bash", command]
-        return self._call(argv, None, timeout_s, max_output_chars)
+        return self._call(["bash", "-c", command], None, timeout_s, max_output_chars)
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30) -> SandboxResult:
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
             return SandboxResult(2, f"refused: {reason}", 0, False, False, False, 0, "")
-        argv = ["python3", "-I", "-c", _WRITE_SCRIPT, path]
+        argv = ["python3", "-I", "-c", _WRITE_SCRIPT, path, "append" if append else "write"]
         return self._call(argv, content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
@@ -295,11 +298,13 @@ class DockerSandbox:
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
         if cid:   # already running its launcher: hand it the command, then stdin
-            send, start = handoff(argv, workdir, stdin is not None) + (stdin or b""), False
+            nonce = secrets.token_hex(16)
+            send, end = handoff(argv, workdir, stdin is not None, nonce) + (stdin or b""), EndLine(nonce)
         else:
-            cid, send, start = self._create(argv, uuid.uuid4().hex[:12], stdin is not None, workdir), stdin, True
+            cid = self._create(merged_stderr(argv), uuid.uuid4().hex[:12], stdin is not None, workdir)
+            send, end = stdin, None
         try:
-            result = self._attach_and_wait(cid, send, start, timeout_s, max_output_chars, started)
+            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started)
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
@@ -338,7 +343,10 @@ class DockerSandbox:
         except docker.errors.DockerException:
             return False
 
-    def _attach_and_wait(self, cid, stdin, start: bool, timeout_s, cap, started) -> SandboxResult:
+    def _attach_and_wait(self, cid, stdin, end: EndLine | None, timeout_s, cap,
+                         started) -> SandboxResult:
+        """Stream the output until the container exits, or (pooled) until its
+        launcher's end line; a cold container is started here, after attaching."""
         api = self.client.api
         params = {"stdin": int(stdin is not None), "stdout": 1, "stderr": 1, "stream": 1}
         sock = api.attach_socket(cid, params=params)
@@ -346,7 +354,7 @@ class DockerSandbox:
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
         deadline = _Deadline(api, cid, raw, timeout_s)
         try:
-            if start:
+            if end is None:
                 api.start(cid)
             deadline.start()
             if stdin is not None:
@@ -354,11 +362,15 @@ class DockerSandbox:
             capture = Capture(cap)
             try:
                 for _stream, data in frames_iter(sock, tty=False):
-                    capture.add(data)
+                    capture.add(end.feed(data) if end else data)
+                    if end and end.found:
+                        break
             except OSError:
                 pass  # the deadline shut the socket; the state below says why
             deadline.cancel()
-            state = self._final_state(cid)
+            if end and not end.found:
+                capture.add(end.flush())
+            state = self._final_state(cid, end)
         finally:
             deadline.cancel()
             sock.close()
@@ -374,9 +386,16 @@ class DockerSandbox:
             container_id=cid[:12],
         )
 
-    def _final_state(self, cid: str) -> dict:
+    def _final_state(self, cid: str, end: EndLine | None) -> dict:
+        # The launcher's word suffices unless it cannot see the cgroup and the
+        # command died by a signal, which may have been the OOM killer's.
+        if end and end.found and not (end.oom == "?" and end.exit_code >= 128):
+            return {"ExitCode": end.exit_code, "OOMKilled": end.oom == "1"}
         self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
-        return self.client.api.inspect_container(cid)["State"]
+        state = self.client.api.inspect_container(cid)["State"]
+        if end and end.found:   # the engine's exit code is the launcher's, not the command's
+            state["ExitCode"] = end.exit_code
+        return state
 
     def _remove(self, cid: str) -> None:
         try:
@@ -427,6 +446,13 @@ class _Deadline:
                 self.raw.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def merged_stderr(argv: list[str]) -> list[str]:
+    """argv with its stderr joined to its stdout inside the box, on one pipe, so
+    the order the model sees is the order things were printed (the engine keeps
+    two pipes apart). A pooled call gets this from its launcher."""
+    return ["bash", "-c", 'exec "$@" 2>&1', "bash", *argv]
 
 
 def _send_stdin(raw: socket.socket, data: bytes) -> None:

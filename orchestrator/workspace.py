@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shlex
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -197,41 +196,14 @@ def _kind(mode: int) -> str:
 
 # -- the one write: an append, from inside the box ----------------------------------
 
-# Runs in the sandbox as `python3 -I`: appends argv[2] to the workspace path
-# argv[1], walking it with O_NOFOLLOW so a symlinked journal (or directory on
-# the way) is refused rather than followed, and appending only to a regular file.
-_APPEND_SCRIPT = r"""
-import os, stat, sys
-rel, text = sys.argv[1], sys.argv[2]
-parts = rel.split("/")
-try:
-    fd = os.open("/workspace", os.O_RDONLY | os.O_DIRECTORY)
-    for part in parts[:-1]:
-        try:
-            os.mkdir(part, 0o755, dir_fd=fd)
-        except FileExistsError:
-            pass
-        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    out = os.open(parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
-                  0o644, dir_fd=fd)
-except OSError as exc:
-    print(f"refused: {rel}: {exc.strerror} (a symlink or non-directory in the path?)"); sys.exit(3)
-if not stat.S_ISREG(os.fstat(out).st_mode):
-    print(f"refused: {rel} is not a regular file"); sys.exit(3)
-os.set_blocking(out, True)
-data = text.encode()
-while data:
-    data = data[os.write(out, data):]
-print("appended")
-"""
-
-
 def append_in_sandbox(box: Sandbox, rel: str, text: str) -> tuple[bool, str]:
     """Append `text` to workspace-relative `rel` from inside a sandbox container:
-    (ok, what the box said). The host never opens the file itself."""
-    command = shlex.join(["python3", "-I", "-c", _APPEND_SCRIPT, rel, text])
+    (ok, what the box said). The host never opens the file itself. It is
+    write_file's own in-box script in append mode, so a symlinked journal (or a
+    symlink on the way) is refused exactly as a write_file through it would be;
+    and it is a write, not a shell command, so an agent without bash gets it too."""
     try:
-        result = box.run(command, timeout_s=STUB_TIMEOUT_S, max_output_chars=2000)
+        result = box.write(rel, text.encode(), STUB_TIMEOUT_S, append=True)
     except SandboxError as exc:
         return False, f"the sandbox is unavailable: {exc}"
     return result.ok, result.output.strip()[:500]

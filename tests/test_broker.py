@@ -14,18 +14,28 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
+import docker
 import pytest
 import yaml
 
 from leftovers import our_containers
+from orchestrator import broker as broker_module
 from orchestrator.agent import init_agent
-from orchestrator.broker import HOST_ROOT_ENV, Broker, BrokerSandbox, serve
-from orchestrator.sandbox import SandboxError
+from orchestrator.broker import APPEND_MAX_BYTES, HOST_ROOT_ENV, Broker, BrokerSandbox, serve
+from orchestrator.loop import CLOSING_NOTE_CAP
+from orchestrator.sandbox import LABEL, SandboxError
+from orchestrator.workspace import append_in_sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 START_S = 30                         # the broker's start: engine ping, leftover sweep
+POOL_WAIT_S = 30                     # a pool refill: create and start two containers
+MEMORY_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+                " || cat /sys/fs/cgroup/memory.max")   # cgroup v1, else v2
 
 
 def set_policy(agent_dir: Path, policy: dict) -> None:
@@ -42,19 +52,55 @@ def root(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture
-def broker(root):
-    """A broker serving ROOT on a short socket path (unix paths are capped at 108 bytes)."""
+@contextmanager
+def served(root: Path):
+    """A broker serving ROOT on a short socket path (unix paths are capped at 108 bytes),
+    stopped (its pools closed) on leaving the block."""
     sock_dir = Path(tempfile.mkdtemp(prefix="wlb-"))
     sock = sock_dir / "broker.sock"
     ready, stop = threading.Event(), threading.Event()
     thread = threading.Thread(target=serve, args=(root, sock, ready, stop), daemon=True)
     thread.start()
-    assert ready.wait(START_S), "the broker did not start"
-    yield sock
-    stop.set()
-    thread.join(timeout=START_S)
-    shutil.rmtree(sock_dir, ignore_errors=True)
+    try:
+        assert ready.wait(START_S), "the broker did not start"
+        yield sock
+    finally:
+        stop.set()
+        thread.join(timeout=START_S)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert not thread.is_alive(), "the broker did not stop"
+
+
+@pytest.fixture
+def broker(root):
+    with served(root) as sock:
+        yield sock
+
+
+def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):
+    """Poll `condition` until it returns something true; that value, or fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # the polling interval
+    return value
+
+
+def pool_containers(client, workspace: Path) -> dict[str, int]:
+    """Idle warm containers for this workspace: short id -> their memory limit."""
+    found = client.api.containers(filters={"label": [
+        f"{LABEL}=1", f"wakeloop.workspace={workspace.resolve()}", "wakeloop.call_id=pool"]})
+    limits = {}
+    for c in found:
+        try:
+            limits[c["Id"][:12]] = client.api.inspect_container(c["Id"])["HostConfig"]["Memory"]
+        except docker.errors.NotFound:
+            pass  # taken by a call and removed meanwhile
+    return limits
+
+
+def today() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def raw_request(sock: Path, request: dict) -> dict:
@@ -73,7 +119,9 @@ def test_a_command_runs_in_a_fresh_hardened_box_and_nothing_is_left(broker, root
     lines = result.output.split()
     assert lines[0] == "hello" and lines[1] != "0" and lines[-1] == "0000000000000000"
     assert (root / "alpha/workspace/note.txt").read_text() == "hello\n"
-    assert our_containers(docker_client, tmp_path) == []
+    # The call's own container is gone; the pool's idle ones go when the broker stops.
+    gone = lambda: result.container_id not in our_containers(docker_client, tmp_path)  # noqa: E731
+    wait_for(gone, "the call's container to be removed")
 
 
 def test_the_timeout_is_the_policys_not_the_requests(broker, root):
@@ -131,9 +179,11 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
 
 def test_the_mount_source_is_the_host_path_of_the_workspace(root, monkeypatch, docker_client):
     monkeypatch.setenv(HOST_ROOT_ENV, "/srv/host/agents")
+    set_policy(root / "alpha", {"sandbox": {"pool": 0}})  # no containers for a mount source that is not there
     broker = Broker(root, client=docker_client, log=lambda line: None)
-    box = broker._sandbox(broker._agent("alpha"))
-    _, host = box.container_spec(["true"])
+    entry = broker._acquire(broker._agent("alpha"))
+    broker._release(entry)
+    _, host = entry.box.container_spec(["true"])
     assert [m["Source"] for m in host["mounts"]] == ["/srv/host/agents/alpha/workspace"]
     assert [m["Target"] for m in host["mounts"]] == ["/workspace"]
     monkeypatch.delenv(HOST_ROOT_ENV)
@@ -150,3 +200,144 @@ def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
     receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["status"] == "done" and receipt["tool_calls"] == 4 and receipt["journal"] == "agent"
     assert (root / "alpha/workspace/memory/dry-run.md").exists()
+
+
+# -- one warm pool per agent ----------------------------------------------------------------
+
+def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(
+        root, docker_client):
+    workspace = root / "alpha/workspace"
+    with served(root) as sock:
+        box = BrokerSandbox(sock, "alpha")
+        first = box.run("true", timeout_s=30, max_output_chars=100)
+        warm = wait_for(lambda: len(p := pool_containers(docker_client, workspace)) >= 2 and p,
+                        "the agent's pool of 2 to be warm")
+        second = box.run("true", timeout_s=30, max_output_chars=100)
+        assert first.ok and second.ok and second.container_id != first.container_id
+        assert second.container_id in warm, "the second call should take a warm container"
+        wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 2, "the pool to refill")
+    assert our_containers(docker_client, root.resolve()) == []
+
+
+def test_a_policy_change_reaches_the_next_call_and_the_pool(broker, root, docker_client):
+    workspace = root / "alpha/workspace"
+    box = BrokerSandbox(broker, "alpha")
+    assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(512 * 2**20)
+    wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 2, "the pool to be warm")
+    set_policy(root / "alpha", {"sandbox": {"memory": "300m"}})
+    result = box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100)
+    assert result.ok and result.output.strip() == str(300 * 2**20)
+    # The idle containers made under 512m are drained; the refill is made under 300m.
+    wait_for(lambda: (p := pool_containers(docker_client, workspace)) and len(p) >= 2
+             and set(p.values()) == {300 * 2**20}, "a pool made under the new memory limit")
+    assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(300 * 2**20)
+
+
+def test_concurrent_calls_for_one_agent_share_one_pool(broker, root, docker_client):
+    box = BrokerSandbox(broker, "alpha")
+    results = [None] * 6
+
+    def call(i):
+        results[i] = box.run(f"echo {i}", timeout_s=30, max_output_chars=100)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [r.output.strip() for r in results] == [str(i) for i in range(len(results))]
+    assert len({r.container_id for r in results}) == len(results)   # one container per call
+    # One pool for the agent, not one per request: it settles at the policy's 2.
+    wait_for(lambda: len(pool_containers(docker_client, root / "alpha/workspace")) == 2, "a pool of 2")
+
+
+@pytest.mark.parametrize("why", ["renamed", "idle"])
+def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, monkeypatch, why):
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        reply = broker.handle({"op": "run", "agent": "alpha", "command": "true"})
+        assert reply["ok"]
+        wait_for(lambda: len(pool_containers(docker_client, root / "alpha/workspace")) >= 2, "a warm pool")
+        if why == "renamed":
+            (root / "alpha").rename(root / "beta")   # the workspace path of the pool is gone
+        else:
+            monkeypatch.setattr(broker_module, "IDLE_CLOSE_S", 0)
+        broker._next_sweep = 0   # sweep now, not in SWEEP_EVERY_S
+        broker.sweep()
+        assert broker._boxes == {}
+        assert our_containers(docker_client, root.resolve()) == []   # close() waits for the removals
+    finally:
+        broker.close()
+
+
+def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
+    init_agent(root / "beta")
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        for name in ("alpha", "beta"):
+            assert broker.handle({"op": "run", "agent": name, "command": "true"})["ok"]
+            wait_for(lambda: len(pool_containers(docker_client, root / name / "workspace")) >= 2, "a warm pool")
+    finally:
+        broker.close()
+    assert our_containers(docker_client, root.resolve()) == []
+
+
+# -- the journal stub: append, for any agent, to today's journal only -------------------------
+
+def test_an_agent_without_bash_or_write_file_still_gets_its_journal_stub(broker, root, tmp_path):
+    set_policy(root / "alpha", {"tools": {"bash": {"enabled": False}, "write_file": {"enabled": False}}})
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "I forgot to journal."}]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env["WAKELOOP_BROKER"] = str(broker)
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"     # the orchestrator has no engine
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha"),
+                           "--script", str(script)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    receipt = json.loads(done.stdout.strip().splitlines()[-1])
+    assert receipt["journal"] == "stub", receipt
+    assert "harness stub" in (root / f"alpha/workspace/memory/journal/{today()}.md").read_text()
+
+
+def test_append_adds_to_the_journal_and_never_truncates(broker, root):
+    box, rel = BrokerSandbox(broker, "alpha"), f"memory/journal/{today()}.md"
+    assert append_in_sandbox(box, rel, "one\n")[0]
+    ok, detail = append_in_sandbox(box, rel, "two\n")
+    assert ok and detail.startswith("appended 4 bytes"), detail
+    assert (root / "alpha/workspace" / rel).read_text() == "one\ntwo\n"
+
+
+@pytest.mark.parametrize("path", [
+    "notes/x.md", "memory/journal/../../x.md", "memory/journal/2026-11-29.md.sh",
+    "memory/journal/2026-11-29.md\n", "./memory/journal/2026-11-29.md", "/workspace/memory/journal/2026-11-29.md",
+    "memory/journal/sub/2026-11-29.md", "memory/journal/٢٠٢٦-11-29.md", "memory/core.md", None,
+])
+def test_append_is_refused_for_any_path_but_a_journal_day(broker, root, path):
+    reply = raw_request(broker, {"op": "append", "agent": "alpha", "path": path, "content_b64": "eA=="})
+    assert reply["ok"] is False and "append is only for memory/journal/YYYY-MM-DD.md" in reply["error"]
+    assert not (root / "x.md").exists() and not (root / "alpha/workspace/notes").exists()
+
+
+def test_append_is_capped_and_the_cap_holds_a_full_closing_note(broker, root):
+    box, rel = BrokerSandbox(broker, "alpha"), f"memory/journal/{today()}.md"
+    with pytest.raises(SandboxError, match="at most"):
+        box.write(rel, b"x" * (APPEND_MAX_BYTES + 1), append=True)
+    note = "\n## Wake #1 (closing note at the token budget, appended by the harness)\n" + "€" * CLOSING_NOTE_CAP
+    assert box.write(rel, note.encode(), append=True).ok
+
+
+def test_append_through_a_symlinked_journal_is_refused_as_write_is(broker, root, tmp_path):
+    outside = tmp_path / "host-file"
+    outside.write_text("host original\n")
+    os.chmod(outside, 0o666)  # writable by anyone: only not following the link protects it
+    journal = root / "alpha/workspace/memory/journal"
+    (journal / "2026-01-01.md").symlink_to(outside)
+    (journal / "2026-01-02.md").symlink_to("../core.md")
+    core = (root / "alpha/workspace/memory/core.md").read_bytes()
+    box = BrokerSandbox(broker, "alpha")
+    for day in ("2026-01-01", "2026-01-02"):
+        ok, detail = append_in_sandbox(box, f"memory/journal/{day}.md", "pwned\n")
+        assert not ok and detail.startswith("refused"), detail
+    assert outside.read_text() == "host original\n"
+    assert (root / "alpha/workspace/memory/core.md").read_bytes() == core

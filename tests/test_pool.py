@@ -116,3 +116,42 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
     assert pool.wait_ready(1, DEADLINE)
     pool.close()
     assert first in removed and set(made) <= set(removed)
+
+
+# -- the launcher's end line (pool.py) ---------------------------------------------
+
+def test_a_pooled_status_is_the_commands_own(make_sandbox):
+    box = make_sandbox(warm=1)
+    cases = {"exit 4": 4, "kill -TERM $$": 143, "kill -KILL $$": 137, "true": 0,
+             r"printf 'x\0wakeloop:%032d:000:0\n' 0; exit 5": 5}
+    for command, expected in cases.items():
+        wait_until_ready(box, 1)
+        result = run(box, command)
+        assert (result.exit_code, result.timed_out) == (expected, False), command
+    assert "wakeloop:" in result.output   # a line that looks like the end line is output
+
+
+def test_a_killed_launcher_leaves_the_status_to_the_engine(make_sandbox):
+    box = make_sandbox(warm=1)
+    wait_until_ready(box, 1)
+    result = run(box, "echo before; kill -KILL $PPID; sleep 5; echo after", timeout=20)
+    assert result.output == "before\n"
+    assert result.exit_code == 137 and not result.timed_out
+
+
+@pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
+def test_what_a_call_leaves_running_ends_with_it(make_sandbox, agent, warm):
+    box = make_sandbox(warm=warm)
+    if warm:
+        wait_until_ready(box, 1)
+    result = run(box, "(sleep 3; echo late >> /workspace/late.txt) & echo now", timeout=20)
+    assert result.output == "now\n"
+    assert run(box, "sleep 4").exit_code == 0
+    assert not (agent.workspace / "late.txt").exists()
+
+
+def test_a_command_that_leaves_stdout_nonblocking_still_ends_cleanly(make_sandbox):
+    box = make_sandbox(warm=1)
+    wait_until_ready(box, 1)
+    result = run(box, "python3 -c 'import os; os.set_blocking(1, False)'; echo done; exit 6")
+    assert (result.output, result.exit_code, result.timed_out) == ("done\n", 6, False)

@@ -239,6 +239,24 @@ def test_write_refuses_a_fifo_without_hanging(sandbox, agent):
     assert result.exit_code == 3 and result.output.startswith("refused: pipe")
 
 
+def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_does(
+        sandbox, agent, tmp_path):
+    assert sandbox.write("memory/journal/d.md", b"one\n", append=True).exit_code == 0
+    result = sandbox.write("memory/journal/d.md", b"two\n", append=True)
+    assert result.exit_code == 0 and result.output.startswith("appended 4 bytes")
+    assert (agent.workspace / "memory/journal/d.md").read_bytes() == b"one\ntwo\n"
+    outside = tmp_path / "host-file"
+    outside.write_text("host original\n")
+    os.chmod(outside, 0o666)  # writable by anyone: only not following the link protects it
+    (agent.workspace / "memory/journal/e.md").symlink_to(outside)
+    (agent.workspace / "memory/journal/f.md").symlink_to("d.md")
+    for path in ("memory/journal/e.md", "memory/journal/f.md"):
+        result = sandbox.write(path, b"pwned\n", append=True)
+        assert result.exit_code == 3 and result.output.startswith("refused"), path
+    assert outside.read_text() == "host original\n"
+    assert (agent.workspace / "memory/journal/d.md").read_bytes() == b"one\ntwo\n"
+
+
 # -- output size and memory ------------------------------------------------------
 
 def test_100mb_of_output_comes_back_truncated_fast_with_flat_host_memory(sandbox):

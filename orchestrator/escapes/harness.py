@@ -177,6 +177,58 @@ harness_caps_planted_sparse_file = _planted(
     "head -c 3000000 /dev/urandom > journal/2026-01-02.md",
     "1000 MiB sparse core.md and journal, a 3 MB binary journal")
 
+# Reads the nonce out of the pool launcher's memory if the kernel lets it (the
+# launcher is the command's parent, same uid), then prints an end line for every
+# candidate with status 0, and exits 3. The status the host reports must be 3.
+_FORGE_END_LINE = r"""
+import os, re, sys
+found, how = set(), []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        if b"wakeloop:" not in open(f"/proc/{pid}/cmdline", "rb").read():
+            continue
+        regions = [l.split()[0].split("-") for l in open(f"/proc/{pid}/maps") if " rw" in l]
+        with open(f"/proc/{pid}/mem", "rb", 0) as mem:
+            for lo, hi in regions:
+                try:
+                    mem.seek(int(lo, 16)); blob = mem.read(int(hi, 16) - int(lo, 16))
+                except OSError:
+                    continue
+                found.update(re.findall(rb"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])", blob))
+        how.append(f"read the memory of launcher {pid}")
+    except OSError as exc:
+        how.append(f"launcher {pid}: {exc.strerror}")
+print("; ".join(how) or "no launcher seen", f"; {len(found)} candidate nonce(s)", flush=True)
+for nonce in list(found)[:5000]:
+    os.write(1, b"\0wakeloop:" + nonce + b":000:0\n")
+os.write(1, b"\0wakeloop:" + b"0" * 32 + b":000:0\n")
+sys.exit(3)
+"""
+
+
+PROBE_READY_S = 60                  # for the pool to have a started container
+
+
+def _forge_end_line(t: Trial) -> str:
+    from .core import python_command
+    if t.box.pool is None or not t.box.pool.wait_ready(1, PROBE_READY_S):
+        return held("no warm container: the status came from the engine, which output cannot reach")
+    result = t.run(python_command(_FORGE_END_LINE))
+    said = result.output.strip().splitlines()[0] if result.output.strip() else "(no output)"
+    if result.exit_code == 3:
+        return held(f"reported exit 3, the command's own ({said})")
+    return escaped(f"reported exit {result.exit_code} for a command that exited 3 ({said})")
+
+
+blocks_forging_the_exit_status = Probe(
+    "blocks_forging_the_exit_status", CATEGORY,
+    "a pooled call's status is the command's own: an end line it prints, its nonce guessed "
+    "or read from the launcher's memory, is output",
+    _forge_end_line)
+
+
 PROBES = [blocks_tool_writes_into_state, blocks_resetting_state_json, blocks_changing_policy_or_mandate,
           blocks_forging_the_outbox, harness_ignores_planted_symlinks, harness_does_not_hang_on_planted_fifo,
-          harness_caps_planted_sparse_file]
+          harness_caps_planted_sparse_file, blocks_forging_the_exit_status]

@@ -114,6 +114,12 @@ def host_block_device(config, host):
     host["devices"] = [f"{disk}:/dev/probe-disk:r"]   # only stat()ed by the probe, never read
 
 
+def dumpable_launcher(config, host):
+    """The pool launcher without PR_SET_DUMPABLE 0: the command can read its memory."""
+    config["command"] = [a.replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
+                         for a in config["command"]]
+
+
 def no_file_size_limit(config, host):
     host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "fsize"]
 
@@ -144,6 +150,7 @@ CASES = [
     (high_nofile, "caps_open_files"),
     (no_file_size_limit, "caps_sparse_file_size"),
     (no_cpu_quota, "caps_cpu"),
+    (dumpable_launcher, "blocks_forging_the_exit_status"),
 ]
 
 
