@@ -268,9 +268,9 @@ class Reference:
 
     def __init__(self, box: DockerSandbox):
         from orchestrator.explain import docker_run_flags
-        from orchestrator.sandbox import _WRITE_SCRIPT
+        from orchestrator.sandbox import write_argv as box_write_argv
         true_cfg, true_host = box.container_spec(["bash", "-c", "true"], "bench-ref")
-        write_argv = ["python3", "-I", "-c", _WRITE_SCRIPT, "bench/ref.txt"]
+        write_argv = box_write_argv("bench/ref.txt")
         write_cfg, write_host = box.container_spec(write_argv, "bench-ref", stdin=True, workdir="/")
         image = true_cfg["image"]
         self.run_true = ["docker", "run", *docker_run_flags(true_cfg, true_host), image, "bash", "-c", "true"]
@@ -340,7 +340,7 @@ class StandInSandbox:
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self._answer()
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30) -> SandboxResult:
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
         return self._answer()
 
 
@@ -430,11 +430,11 @@ def long_mandate() -> str:
 
 def without_cache(script: Script):
     """A responder billing every input token uncached, as if no breakpoint were sent."""
-    from fakeapi import CHARS_PER_TOKEN, _strip_cc, cache_model, usage
+    from fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
 
     def respond(rec):
         reply = script(rec)
-        _, _, total = cache_model(_strip_cc(rec.body), set())
+        _, _, total = cache_model(strip_cache_control(rec.body), set())
         out = max(1, len(json.dumps(reply.content)) // CHARS_PER_TOKEN)
         return replace(reply, usage=usage(input_tokens=total, output_tokens=out))
     return respond

@@ -115,7 +115,7 @@ def explain(policy: Policy, box, registry) -> str:
                   "stacks a seccomp filter that answers io_uring_* with ENOSYS, then execs the rest):",
                   _command(config, host, image)]
     if "write_file" in offered:
-        config, host = box.container_spec(merged_stderr(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH"]),
+        config, host = box.container_spec(merged_stderr(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH", "write"]),
                                           stdin=True, workdir="/")
         lines += ["", "each write_file call runs in a new container, as (content on stdin;",
                   f"WRITE_SCRIPT is sandbox._WRITE_SCRIPT, {len(_WRITE_SCRIPT.splitlines())} lines "

@@ -186,13 +186,19 @@ class Book:
 
 
 def read_book(state_dir: Path) -> Book:
-    """What state/ledger.json holds; a missing or broken file is an empty book."""
+    """What state/ledger.json holds; a missing file is an empty book. A broken one
+    raises LedgerError: read as empty, it would reset the day's spending, and the
+    day cap with it."""
+    path = Path(state_dir) / LEDGER_FILE
     try:
-        raw = json.loads((Path(state_dir) / LEDGER_FILE).read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
         days = {str(d): _totals(t) for d, t in raw.get("days", {}).items()}
         return Book(days, _totals(raw.get("lifetime", {})))
-    except (OSError, ValueError, AttributeError, TypeError):
+    except FileNotFoundError:
         return Book()
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise LedgerError(f"{path} is unreadable ({type(exc).__name__}: {str(exc)[:80]}); "
+                          "repair it or remove it (the day's spending then starts from 0)") from None
 
 
 def _totals(raw: Any) -> Totals:
@@ -249,8 +255,13 @@ class Meter:
                     f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
                     f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}")
         per_day = getattr(self.budget, "max_usd_per_day", None)
-        spent_today = read_book(self.state_dir).day().usd
-        if per_day and spent_today + worst > per_day:
+        if not per_day:
+            return None
+        try:
+            spent_today = read_book(self.state_dir).day().usd
+        except LedgerError as exc:
+            return f"max_usd_per_day: today's spending is unknown: {exc}"
+        if spent_today + worst > per_day:
             return (f"max_usd_per_day: the next model call could cost up to ${worst:.4f}; with "
                     f"${spent_today:.4f} spent today (UTC) that passes the cap of ${per_day:.4f}")
         return None
@@ -260,5 +271,8 @@ class Meter:
         usd = cost_usd(self.price, usage) if self.billed and self.price else 0.0
         self.usd += usd
         self.tokens += usage.tokens
-        record(self.state_dir, usd, usage.tokens)
+        try:
+            record(self.state_dir, usd, usage.tokens)
+        except LedgerError:
+            pass  # left as found, for a human: check() refuses the next call while a day cap needs it
         return usd

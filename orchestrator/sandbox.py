@@ -181,6 +181,11 @@ print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target
 """
 
 
+def write_argv(path: str, append: bool = False) -> list[str]:
+    """What a write_file call runs in the box (from /, content on stdin)."""
+    return ["python3", "-I", "-c", _WRITE_SCRIPT, path, "append" if append else "write"]
+
+
 class DockerSandbox:
     """A Sandbox on the local Docker engine: one new container per call.
 
@@ -240,8 +245,7 @@ class DockerSandbox:
         reason = check_write_path(path)
         if reason:
             return SandboxResult(2, f"refused: {reason}", 0, False, False, False, 0, "")
-        argv = ["python3", "-I", "-c", _WRITE_SCRIPT, path, "append" if append else "write"]
-        return self._call(argv, content, timeout_s, 4096, workdir="/")
+        return self._call(write_argv(path, append), content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
 

@@ -423,7 +423,7 @@ def mark_outbox_read(state_dir: Path) -> None:
 
 
 def status_rows(root: Path, now: datetime | None = None) -> list[list[str]]:
-    from .ledger import read_book
+    from .ledger import LedgerError, read_book
     from .state import load_state
     from .tasks import TaskError, open_tasks
     now = now or utcnow()
@@ -439,16 +439,21 @@ def status_rows(root: Path, now: datetime | None = None) -> list[list[str]]:
         state, _ = load_state(sd)
         r = state.last_receipt or {}
         nxt = next_wake(path, schedule, now)
-        book = read_book(sd)
-        day = book.day(now.strftime("%Y-%m-%d"))
+        try:
+            book = read_book(sd)
+            day = book.day(now.strftime("%Y-%m-%d"))
+            usd_today, usd_total = f"${day.usd:.4f}", f"${book.lifetime.usd:.4f}"
+            tokens_today = f"{day.tokens:,}"
+        except LedgerError:
+            usd_today = usd_total = tokens_today = "? (ledger unreadable)"
         try:
             tasks = str(len(open_tasks(sd)))
         except TaskError:
             tasks = "?"
         rows.append([name, mode, _short_time(r.get("started_at"), now) if r else "never",
                      f"#{r.get('wake')} {r.get('status')}" if r else "-",
-                     stamp(nxt) if nxt else "bad schedule", f"{day.tokens:,}", f"{state.tokens_lifetime:,}",
-                     f"${day.usd:.4f}", f"${book.lifetime.usd:.4f}", tasks, str(unread_outbox(sd))])
+                     stamp(nxt) if nxt else "bad schedule", tokens_today, f"{state.tokens_lifetime:,}",
+                     usd_today, usd_total, tasks, str(unread_outbox(sd))])
     return rows
 
 

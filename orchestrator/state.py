@@ -338,11 +338,14 @@ def status_report(agent) -> str:
         lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
     else:
         lines.append("  last wake    (none yet)")
-    from .ledger import read_book  # here: ledger.py imports this module
+    from .ledger import LedgerError, read_book  # here: ledger.py imports this module
     from .tasks import TaskError, open_tasks
-    book = read_book(sd)
-    lines.append(f"  usd          ${book.day().usd:.4f} today ({book.day().tokens:,} tokens), "
-                 f"${book.lifetime.usd:.4f} lifetime")
+    try:
+        book = read_book(sd)
+        lines.append(f"  usd          ${book.day().usd:.4f} today ({book.day().tokens:,} tokens), "
+                     f"${book.lifetime.usd:.4f} lifetime")
+    except LedgerError as exc:
+        lines.append(f"  usd          {exc}")
     try:
         lines.append(f"  tasks        {len(open_tasks(sd))} open (`wakeloop task list {agent.dir}`)")
     except TaskError as exc:

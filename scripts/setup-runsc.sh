@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make gVisor's runsc available to the Docker engine as the runtime `runsc`.
 #
-# 1. install runsc from Debian's packages if it is missing;
+# 1. install runsc from Debian's packages if it is missing or too old;
 # 2. register it in /etc/docker/daemon.json under "runtimes" with
 #    runtimeArgs ["--network=none"] (gVisor's own netstack off: a runsc
 #    sandbox has no network at all, whatever the policy's `network` says)
@@ -19,10 +19,24 @@ DAEMON_JSON="${DAEMON_JSON:-/etc/docker/daemon.json}"
 RUNTIME="${RUNTIME:-runsc}"
 WAIT_S=30   # how long dockerd gets to show the runtime after a reload
 
-if ! command -v runsc >/dev/null; then
-    echo "runsc: installing the Debian package"
+# runsc releases before this one answer statx(2) with flags coreutils passes
+# (AT_NO_AUTOMOUNT) with EINVAL, so `ls -la` and `stat` fail in the box.
+MIN_RELEASE=20240729
+release() { runsc --version 2>/dev/null | grep -o '20[0-9]\{6\}' | head -1; }
+
+if ! command -v runsc >/dev/null || [ "$(release)" -lt "$MIN_RELEASE" ]; then
+    # Debian 12 ships runsc 20221219; its backports carry 20240729. Later
+    # releases (13 and on) carry a recent enough one in main.
+    suite=""
+    if grep -q '^VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then
+        suite=bookworm-backports
+        echo "deb http://deb.debian.org/debian bookworm-backports main" \
+            > /etc/apt/sources.list.d/wakeloop-bookworm-backports.list
+    fi
+    echo "runsc: installing the Debian package${suite:+ from $suite} (want release >= $MIN_RELEASE)"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${suite:+-t "$suite"} runsc >/dev/null
+    [ "$(release)" -ge "$MIN_RELEASE" ] || { echo "runsc: release $(release) is older than $MIN_RELEASE"; exit 1; }
 fi
 RUNSC="$(command -v runsc)"
 

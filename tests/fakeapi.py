@@ -220,11 +220,11 @@ def _chunks(s: str) -> list[str]:
 
 # -- the prompt-cache model ---------------------------------------------------------
 
-def _strip_cc(value):
+def strip_cache_control(value):
     if isinstance(value, dict):
-        return {k: _strip_cc(v) for k, v in value.items() if k != "cache_control"}
+        return {k: strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
-        return [_strip_cc(v) for v in value]
+        return [strip_cache_control(v) for v in value]
     return value
 
 
@@ -232,12 +232,12 @@ def _segments(body: dict) -> list[tuple[str, bool]]:
     """(canonical text, has a breakpoint) for tools, system blocks, message blocks, in prefix order."""
     segs = []
     for tool in body.get("tools", []) or []:
-        segs.append((json.dumps(_strip_cc(tool), sort_keys=True), "cache_control" in tool))
+        segs.append((json.dumps(strip_cache_control(tool), sort_keys=True), "cache_control" in tool))
     system = body.get("system", [])
     if isinstance(system, str):
         system = [{"type": "text", "text": system}]
     for block in system:
-        segs.append((json.dumps(_strip_cc(block), sort_keys=True), "cache_control" in block))
+        segs.append((json.dumps(strip_cache_control(block), sort_keys=True), "cache_control" in block))
     if body.get("tool_choice"):  # as documented: a new tool_choice invalidates the messages' cache only
         segs.append((json.dumps(body["tool_choice"], sort_keys=True), False))
     for msg in body.get("messages", []):
@@ -245,7 +245,7 @@ def _segments(body: dict) -> list[tuple[str, bool]]:
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         for block in content:
-            segs.append((msg["role"] + json.dumps(_strip_cc(block), sort_keys=True), "cache_control" in block))
+            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True), "cache_control" in block))
     return segs
 
 

@@ -105,8 +105,19 @@ def test_the_book_keeps_today_and_lifetime(tmp_path):
     book = record(tmp_path, 0.5, 500)
     assert book.day().usd == pytest.approx(0.75) and book.day().tokens == 1500 and book.day().calls == 2
     assert read_book(tmp_path).lifetime.usd == pytest.approx(0.75)
+
+
+def test_a_broken_ledger_stops_spending_under_a_day_cap_and_is_left_as_found(tmp_path):
+    prices = load_prices(environ={})
     (tmp_path / "ledger.json").write_text("{not json")
-    assert read_book(tmp_path).lifetime.usd == 0   # broken file: an empty book, never a crash
+    with pytest.raises(LedgerError, match="ledger.json is unreadable"):
+        read_book(tmp_path)                        # never an empty book: that resets the day cap
+    capped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=100.0), prices)
+    assert "today's spending is unknown" in capped.check(input_tokens=10, max_tokens=10)
+    uncapped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_wake=100.0), prices)
+    assert uncapped.check(input_tokens=10, max_tokens=10) is None
+    uncapped.record(Usage(input_tokens=10, output_tokens=10))
+    assert (tmp_path / "ledger.json").read_text() == "{not json"
 
 
 def test_the_meter_stops_on_the_day_cap_from_earlier_wakes(tmp_path):

@@ -140,6 +140,14 @@ def test_no_network_interface_but_loopback(sandbox):
     assert "00000000" not in result.output.split("Iface", 1)[-1]  # no default route
 
 
+def test_the_boxs_own_tools_work_on_the_workspace(sandbox, agent):
+    # runsc before 20240729 answered coreutils' statx with EINVAL: `ls -la` failed.
+    (agent.workspace / "seen.txt").write_text("x")
+    result = run(sandbox, "ls -la /workspace && stat -c %s /workspace/seen.txt && ls -ld /tmp")
+    assert result.exit_code == 0, result.output
+    assert "seen.txt" in result.output
+
+
 def test_runs_as_non_root_with_no_capabilities(sandbox):
     # prctl(PR_GET_NO_NEW_PRIVS), since gVisor's /proc/self/status has no NoNewPrivs line
     no_new_privs = "python3 -c 'import ctypes; print(\"nnp\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"

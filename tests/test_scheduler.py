@@ -253,6 +253,9 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     assert alpha.split()[-2:] == ["2", "1"] and "never" in alpha
     assert alpha.split()[-6:-2] == ["3,000", "0", "$0.1200", "$0.1200"]   # tokens today/total, usd
     assert any(line.startswith("beta") for line in table)
+    (a / "state" / "ledger.json").write_text("{broken")
+    alpha = next(line for line in status_table(root).splitlines() if line.startswith("alpha"))
+    assert "? (ledger unreadable)" in alpha
 
 
 def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path):

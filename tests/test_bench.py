@@ -1,0 +1,22 @@
+"""bench/run.py still runs: the smallest bench, end to end, on the real engine.
+What it measures is reported by the bench itself, never asserted here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_bench_prints_its_whole_table_and_leaves_nothing_behind():
+    proc = subprocess.run([sys.executable, "bench/run.py", "--calls", "2", "--runtimes", "runc",
+                           "--agents", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("bash true: wakeloop call at agent pace", "write_file 1 KiB: docker exec",
+                "back-to-back sandbox calls", "idle pool holds", "orchestrator overhead per step",
+                "saving on input", "scale: 2 agents due at once, finished"):
+        assert row in proc.stdout, f"no row {row!r} in:\n{proc.stdout}"
+    assert "2/2 ok" in proc.stdout
+    assert proc.stdout.rstrip().endswith("(removed now): 0")
