@@ -629,8 +629,8 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
         ("orchestrator overhead per step: loop", f"< {MAX_OVERHEAD_MS:g} ms median",
          f"{oh.loop.cell()} {verdict(oh.loop.median < MAX_OVERHEAD_MS)}"),
         ("  SDK client CPU per model call", "", oh.sdk_cpu.cell()),
-        ("  loop + SDK client CPU per step", f"< {MAX_OVERHEAD_MS:g} ms median",
-         f"{oh.per_step.cell()} {verdict(oh.per_step.median < MAX_OVERHEAD_MS)}"),
+        # The SDK's CPU is part of the model call, which the target leaves out; shown, not judged.
+        ("  loop + SDK client CPU per step", "", oh.per_step.cell()),
         ("  model call to an instant fake API, wall", "", oh.model_rtt.cell()),
         (f"input cost, {CACHE_STEPS}-step wake, caching", "", f"${c.cached_usd:.4f}"),
         ("  tokens read / written / uncached", "", f"{c.cached_tokens['cache_read']:,} / "

@@ -7,6 +7,8 @@ them, weakened ones included.
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import replace
 
 import pytest
@@ -23,3 +25,32 @@ def make_lab(docker_client, runtime, tmp_path):
         kwargs = {"sandbox_class": sandbox_class} if sandbox_class else {}
         return Lab(client=docker_client, policy=policy, base=tmp_path / "lab", **kwargs)
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphaned_shims(docker_client):
+    """Engine 20.10 with runsc leaves a containerd shim behind for every container
+    that fails to start, and the CVE-2024-21626 probes make several on purpose
+    (a workdir of /proc/self/fd/N). At the end, stop the shims whose container
+    the engine no longer has, and only those: nothing else on the host is touched."""
+    yield
+    known = {c["Id"] for c in docker_client.api.containers(all=True)}
+    for pid, args in _moby_shims():
+        container = args[args.index("-id") + 1] if "-id" in args else None
+        if container and container not in known:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _moby_shims() -> list[tuple[int, list[str]]]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if args[0].endswith("containerd-shim-runc-v2") and "moby" in args:
+            found.append((int(entry), args))
+    return found
