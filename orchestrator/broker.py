@@ -51,6 +51,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import docker
 from docker.types import Mount
@@ -157,16 +158,11 @@ class Broker:
         if op not in ("run", "write", "append"):
             raise BrokerError(f"unknown op {op!r}; the broker offers only run, write and append")
         agent = self._agent(request.get("agent"))
-        if op == "append":
-            path, content = self._check_append(agent, request)  # before any container is used
+        checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
+        call = checks[op](agent, request)   # a refusal comes before any box or container is made
         entry = self._acquire(agent)
         try:
-            if op == "run":
-                result = self._run(agent, entry.box, request)
-            elif op == "write":
-                result = self._write(agent, entry.box, request)
-            else:
-                result = entry.box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
+            result = call(entry.box)
         finally:
             self._release(entry)
         self.log(f"{agent.dir.name}: {op} exit {result.exit_code}"
@@ -261,7 +257,7 @@ class Broker:
 
     # -- the three ops --------------------------------------------------------------------
 
-    def _run(self, agent, box, request) -> SandboxResult:
+    def _check_run(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
         bash = agent.policy.tools.bash
         command = request.get("command")
         if not bash.enabled:
@@ -270,9 +266,9 @@ class Broker:
             raise BrokerError("command must be a non-empty string")
         if len(command) > MAX_COMMAND_CHARS:
             raise BrokerError(f"command is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,}")
-        return box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
+        return lambda box: box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
 
-    def _write(self, agent, box, request) -> SandboxResult:
+    def _check_write(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
         tool = agent.policy.tools.write_file
         path, content = request.get("path"), _content(request)
         if not isinstance(path, str):
@@ -280,10 +276,10 @@ class Broker:
         refusal = tool.refusal(path, len(content))
         if refusal:
             raise BrokerError(f"{agent.dir.name}: {refusal}")
-        return box.write(path, content, timeout_s=tool.timeout_s)
+        return lambda box: box.write(path, content, timeout_s=tool.timeout_s)
 
-    def _check_append(self, agent, request) -> tuple[str, bytes]:
-        """The journal stub's (path, content), or a refusal. The tools policy does not
+    def _check_append(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
+        """The journal stub's append, or a refusal. The tools policy does not
         apply, so this must not become a general write: one path shape, a size cap.
         A symlinked journal is refused in the box, as write_file's would be."""
         path, content = request.get("path"), _content(request)
@@ -293,7 +289,7 @@ class Broker:
         if len(content) > APPEND_MAX_BYTES:
             raise BrokerError(f"{agent.dir.name}: an append is at most {APPEND_MAX_BYTES:,} bytes, "
                               f"got {len(content):,}")
-        return path, content
+        return lambda box: box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
 
 
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:

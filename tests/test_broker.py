@@ -142,10 +142,12 @@ def test_writes_obey_the_agents_write_file_policy(broker, root):
     assert not (root / "alpha/workspace/secret").exists()
 
 
-def test_a_disabled_bash_is_refused_by_the_broker_itself(broker, root):
+def test_a_disabled_bash_is_refused_by_the_broker_itself(broker, root, capsys):
     set_policy(root / "alpha", {"tools": {"bash": {"enabled": False}}})
     with pytest.raises(SandboxError, match="bash tool is disabled"):
         BrokerSandbox(broker, "alpha").run("id", timeout_s=10, max_output_chars=100)
+    # Refused before the agent's box is made: no pool warms up for a call never run.
+    assert "alpha: made a sandbox" not in capsys.readouterr().out
 
 
 def test_fields_a_request_should_not_have_change_nothing(broker):
