@@ -53,6 +53,7 @@ class Price:
 
 @dataclass(frozen=True)
 class Usage:
+    """One model call's tokens, as billed: cache writes split by their TTL's price."""
     input_tokens: int = 0
     output_tokens: int = 0
     cache_write_5m: int = 0
@@ -63,6 +64,16 @@ class Usage:
     def tokens(self) -> int:
         return (self.input_tokens + self.output_tokens + self.cache_write_5m
                 + self.cache_write_1h + self.cache_read)
+
+    @property
+    def cache_written(self) -> int:
+        return self.cache_write_5m + self.cache_write_1h
+
+    def to_dict(self) -> dict:
+        """In the API's own field names (the event log's model_response)."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cache_read_input_tokens": self.cache_read,
+                "cache_creation_input_tokens": self.cache_written}
 
     @classmethod
     def from_api(cls, usage: Any) -> "Usage":

@@ -361,11 +361,9 @@ class _Wake:
         u = turn.usage
         self.input += u.input_tokens
         self.output += u.output_tokens
-        self.cache_read += u.cache_read_tokens
-        self.cache_creation += u.cache_creation_tokens
-        # Reconcile: the real usage replaces the worst case (cache writes are 5-minute ones, CACHE).
-        self.meter.record(ledger.Usage(u.input_tokens, u.output_tokens, u.cache_creation_tokens, 0,
-                                       u.cache_read_tokens))
+        self.cache_read += u.cache_read
+        self.cache_creation += u.cache_written
+        self.meter.record(u)  # reconcile: the real usage replaces the worst case
         self.events.emit("model_response", step=step, stop_reason=turn.stop_reason, usage=u.to_dict(),
                          tool_names=[b["name"] for b in turn.tool_uses], model=turn.model,
                          tokens_this_wake=self.tokens)

@@ -30,6 +30,7 @@ import anthropic
 
 from .agent import AgentError
 from .context import CACHE
+from .ledger import Usage
 
 MAX_RETRIES = 4                     # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
 REQUEST_TIMEOUT_S = 600.0           # one request, the SDK's own default; a stream resets it per chunk
@@ -38,23 +39,6 @@ SCRIPT_CAP = 1 << 20                # bytes of a --script file
 
 class ModelError(RuntimeError):
     """The model could not be reached or refused for good: a dead letter. One line."""
-
-
-@dataclass(frozen=True)
-class Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_creation_tokens
-
-    def to_dict(self) -> dict:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cache_read_input_tokens": self.cache_read_tokens,
-                "cache_creation_input_tokens": self.cache_creation_tokens}
 
 
 @dataclass(frozen=True)
@@ -128,9 +112,7 @@ def _api_error(exc: anthropic.APIStatusError) -> str:
 
 
 def _turn(message) -> Turn:
-    u = message.usage
-    usage = Usage(u.input_tokens or 0, u.output_tokens or 0,
-                  u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0)
+    usage = Usage.from_api(message.usage)
     content = [b for b in (_block(b) for b in message.content) if b]
     return Turn(content=content, stop_reason=str(message.stop_reason or "unknown"),
                 usage=usage, model=message.model)
