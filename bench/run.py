@@ -517,6 +517,10 @@ def scale(tmp: Path, runtime: str, agents: int) -> Scale:
                    for name, r in receipts.items() if r.get("status") != "done")
     for line in failed:
         say(f"scale: {line}")
+        name = line.split(":", 1)[0]
+        for said in report["lines"]:
+            if f" {name}:" in said:  # what serve printed about it
+                say(f"scale:   {said}")
     return Scale(agents, agents - len(failed), report["wall_s"], report["maxrss_kb"] / 1024,
                  peak_rss / 1024, peak_containers, report["max_concurrent"], failed)
 

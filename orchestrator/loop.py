@@ -56,6 +56,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+import docker.errors
+
 from . import ledger, tasks
 from . import state as st
 from .agent import Agent, AgentError
@@ -64,7 +66,7 @@ from .events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from .model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from .output import clean
 from .policy import check_against_engine
-from .sandbox import DockerSandbox, Sandbox, connect
+from .sandbox import DockerSandbox, Sandbox, SandboxError, connect
 from .tools import build_registry, error
 from .workspace import JOURNAL_DIR, append_in_sandbox, journal_size
 
@@ -265,7 +267,11 @@ class _Wake:
                             agent=self.agent.name, run_id=self.run_id, client=client)
         if box.warning:
             self.say(box.warning)
-        left = box.cleanup_leftovers()  # we hold the lock: any container of this workspace is stale
+        try:
+            left = box.cleanup_leftovers()  # we hold the lock: any container of this workspace is stale
+        except docker.errors.DockerException as exc:
+            box.close()  # its pool has started: nothing of this wake may outlive it
+            raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
         if left:
             self.say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
         return box

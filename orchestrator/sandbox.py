@@ -412,11 +412,13 @@ class DockerSandbox:
 
     def cleanup_leftovers(self) -> int:
         """Remove containers an earlier, crashed run left for this workspace."""
-        found = self.client.containers.list(all=True, filters={
+        # One listing, no per-container lookup: a pool's container may come and go
+        # between the two (the SDK's containers.list would then raise NotFound).
+        found = self.client.api.containers(all=True, filters={
             "label": [f"{LABEL}=1", f"wakeloop.workspace={self.workspace}"]})
-        stale = [c for c in found if c.labels.get("wakeloop.run_id") != self.run_id]
-        for container in stale:
-            self._remove(container.id)
+        stale = [c["Id"] for c in found if (c.get("Labels") or {}).get("wakeloop.run_id") != self.run_id]
+        for cid in stale:
+            self._remove(cid)
         return len(stale)
 
 

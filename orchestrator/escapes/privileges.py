@@ -114,7 +114,8 @@ while True: time.sleep(1)
     worker.join(STOPPED_INIT_DEADLINE_S + KILL_GRACE_S + HOST_SLACK_S)
     waited = time.monotonic() - started
     t.close()
-    left = t.lab.client.containers.list(all=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
+    left = t.lab.client.containers.list(
+        all=True, sparse=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
     for container in left:
         container.remove(force=True)
     if worker.is_alive():

@@ -47,7 +47,8 @@ def _containers_left(t: Trial) -> list:
 
 
 def _containers_now(t: Trial) -> list:
-    return t.lab.client.containers.list(all=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
+    return t.lab.client.containers.list(
+        all=True, sparse=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
 
 
 def _caps_process_count(t: Trial) -> str:
@@ -216,7 +217,10 @@ class _CpuWatcher:
                         continue
                 self.samples.setdefault(c.id, []).append((time.monotonic(), used))
                 if c.id not in self.quota:
-                    limits = c.attrs.get("HostConfig") or {}
+                    try:
+                        limits = api.inspect_container(c.id)["HostConfig"]
+                    except Exception:  # gone meanwhile: its quota is asked again if it is seen again
+                        continue
                     self.quota[c.id] = (limits.get("NanoCpus") or 0) / 1e9 or \
                         max(limits.get("CpuQuota") or 0, 0) / max(limits.get("CpuPeriod") or 100_000, 1)
 
