@@ -144,7 +144,12 @@ def test_two_agents_wake_on_time(tmp_path):
     for agent_dir in (a, b):
         starts = [s for s, _ in wakes(agent_dir)]
         gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:])]
-        assert all(3.0 <= g <= 6.0 for g in gaps), f"{agent_dir.name} woke at uneven gaps: {gaps}"
+        # A start trails its tick by the box's set-up, which a loaded engine stretches;
+        # a tick that finds the last wake still running is skipped, and says so.
+        skipped = any(f" {agent_dir.name}: tick" in line and "skipped" in line for line in lines)
+        assert all(g >= 2.0 for g in gaps), f"{agent_dir.name} woke twice for one tick: {gaps}"
+        assert skipped or all(g <= 6.0 for g in gaps), f"{agent_dir.name} missed a tick: {gaps}"
+        assert 3.0 <= sorted(gaps)[len(gaps) // 2] <= 5.0, f"{agent_dir.name} not every 4 s: {gaps}"
     assert lines[0].split(" ", 2)[2].startswith("wakeloop serve: 2 agent(s)")
     assert sum(" a: wake " in line for line in lines) >= 3
 
