@@ -61,31 +61,17 @@ def ooms():
         except (OSError, ValueError):
             pass
     return "?"
-# The command's process is forked now, while idle, so a call does not wait for
-# the fork; it learns argv and cwd on a pipe, and never sees the nonce.
-# (Not posix_spawn: its clone3 gets EPERM, not ENOSYS, under gVisor's seccomp.)
-todo_r, todo_w = os.pipe()
-pid = os.fork()
+spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
+os.chdir(spec["cwd"])
+pid = os.fork()   # not posix_spawn: its clone3 gets EPERM, not ENOSYS, under gVisor's seccomp
 if pid == 0:
     try:
-        os.close(todo_w)
-        chunks = []
-        while chunk := os.read(todo_r, 65536):
-            chunks.append(chunk)
-        job = json.loads(b"".join(chunks))
-        os.chdir(job["cwd"])
         os.dup2(1, 2)
-        if not job["stdin"]:
+        if not spec["stdin"]:
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        os.execvp(job["argv"][0], job["argv"])
+        os.execvp(spec["argv"][0], spec["argv"])
     finally:
         os._exit(127)
-os.close(todo_r)
-spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
-job = json.dumps({k: spec[k] for k in ("argv", "cwd", "stdin")}).encode()
-while job:
-    job = job[os.write(todo_w, job):]
-os.close(todo_w)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 code = 128 - code if code < 0 else code
 try:
