@@ -33,11 +33,11 @@ from typing import Callable
 # writes its status on stdout after the command's last byte: the caller then
 # returns at once instead of waiting ~100-200 ms for the engine to notice the
 # exit. Before it writes, it kills every other process in the box but init, so
-# the call ends as a cold call does: nothing it started outlives it. The line carries the call's 128-bit nonce, which the command cannot
-# learn: it arrived before the command existed, and the launcher makes itself
-# non-dumpable first, so a process of the same uid can neither ptrace it nor
-# read its memory through /proc. Output that merely looks like the line is
-# output. The OOM count is the container's own cgroup's (read-only in the
+# the call ends as a cold call does: nothing it started outlives it. The line
+# carries the call's 128-bit nonce, which the command cannot learn: it arrived
+# before the command existed, and the launcher makes itself non-dumpable first,
+# so a process of the same uid can neither ptrace it nor read its memory
+# through /proc. Output that merely looks like the line is output. The OOM count is the container's own cgroup's (read-only in the
 # box); "?" where the runtime shows no cgroup files (gVisor).
 LAUNCHER = r"""
 import ctypes, json, os
