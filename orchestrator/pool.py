@@ -82,6 +82,7 @@ os.set_blocking(1, True)   # the command may have left the shared pipe non-block
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
 """
 
+MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()        # ends a pool thread's job queue
 
@@ -162,11 +163,11 @@ class WarmPool:
         self._trash: queue.Queue = queue.Queue()
         self._closed = False
         self._making = 0
-        self._threads = [
-            threading.Thread(target=self._serve, args=(self._makes, self._make_one),
-                             name="wakeloop-pool-make", daemon=True),
-            threading.Thread(target=self._serve, args=(self._trash, self._remove_quietly),
-                             name="wakeloop-pool-remove", daemon=True)]
+        self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
+                                         name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
+        self._threads = [*self._makers,
+                         threading.Thread(target=self._serve, args=(self._trash, self._remove_quietly),
+                                          name="wakeloop-pool-remove", daemon=True)]
         for thread in self._threads:
             thread.start()
         self._refill()
@@ -209,8 +210,10 @@ class WarmPool:
             stale, self._ready = self._ready, []
         for warm in stale:
             self.discard(warm.cid)
-        for jobs, thread in zip((self._makes, self._trash), self._threads):
-            jobs.put(_STOP)  # after the removals queued above: they run first
+        for _ in self._makers:
+            self._makes.put(_STOP)
+        self._trash.put(_STOP)  # after the removals queued above: they run first
+        for thread in self._threads:
             thread.join()
 
     def idle(self) -> list[str]:
