@@ -148,9 +148,10 @@ class WarmPool:
     """Keeps up to `size` started containers for the settings named by `key()`.
 
     `make(key)` creates and starts one container and returns its id;
-    `remove(cid)` removes one. Each runs on a thread of its own, so a call
-    never waits for a refill or a removal, and a burst of calls (several
-    tool_use blocks in one turn) is not refilled behind its own removals.
+    `remove(cid)` removes one. They run on threads of their own (MAKERS
+    makers, one remover), so a call never waits for a refill or a removal,
+    and a burst of calls (several tool_use blocks in one turn) is not
+    refilled behind its own removals.
     """
 
     def __init__(self, size: int, key: Callable[[], str], make: Callable[[], str],
