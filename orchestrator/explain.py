@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 
 from .policy import GIT_DENY, Policy
+from .sandbox import _WRITE_SCRIPT, merged_stderr, write_argv
 from .seccomp import GUARD
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
@@ -107,7 +108,6 @@ def explain(policy: Policy, box, registry) -> str:
         lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
                   "  idling in pool.LAUNCHER (in place of the command) until handed one call's",
                   "  command on stdin; used once, then removed"]
-    from .sandbox import _WRITE_SCRIPT, merged_stderr  # by name rather than by copy
     image = policy.sandbox.image
     if "bash" in offered:
         config, host = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
@@ -115,8 +115,7 @@ def explain(policy: Policy, box, registry) -> str:
                   "stacks a seccomp filter that answers io_uring_* with ENOSYS, then execs the rest):",
                   _command(config, host, image)]
     if "write_file" in offered:
-        config, host = box.container_spec(merged_stderr(["python3", "-I", "-c", "WRITE_SCRIPT", "PATH", "write"]),
-                                          stdin=True, workdir="/")
+        config, host = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
         lines += ["", "each write_file call runs in a new container, as (content on stdin;",
                   f"WRITE_SCRIPT is sandbox._WRITE_SCRIPT, {len(_WRITE_SCRIPT.splitlines())} lines "
                   "of Python that refuses symlinks and non-regular files):",
@@ -133,6 +132,7 @@ def _command(config: dict, host: dict, image: str) -> str:
         else:
             pairs[-1].append(word)
     rows = ["  docker run"] + ["    " + " ".join(map(shlex.quote, p)) for p in pairs]
-    argv = ["SECCOMP_GUARD" if w == GUARD else w for w in config["command"]]
+    names = {GUARD: "SECCOMP_GUARD", _WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
+    argv = [names.get(w, w) for w in config["command"]]
     rows.append("    " + " ".join(shlex.quote(w) for w in [image, *argv]))
     return " \\\n".join(rows)

@@ -182,6 +182,17 @@ class Trial:
         for box in self._boxes:
             box.close()
 
+    def containers(self) -> list:
+        """This trial's sandbox containers now. Sparse: one listing, no per-container
+        lookup that a container removed meanwhile would turn into NotFound."""
+        return self.lab.client.containers.list(
+            all=True, sparse=True, filters={"label": f"wakeloop.workspace={self.box.workspace}"})
+
+    def containers_left(self) -> list:
+        """Those still there once every box is closed (idle warm ones are theirs until then)."""
+        self.close()
+        return self.containers()
+
     def cleanup(self) -> None:
         self.close()
         # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit

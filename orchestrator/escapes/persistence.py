@@ -82,9 +82,7 @@ def _leaves_no_container_behind(t: Trial) -> str:
     t.run("sleep 60", timeout_s=2)
     t.run("python3 -c 'b = bytearray(1 << 40)'", timeout_s=20)
     t.box.write("memory/x.md", b"x")
-    t.close()   # idle warm containers are the box's until it closes; then none may remain
-    left = t.lab.client.containers.list(
-        all=True, sparse=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
+    left = t.containers_left()
     if left:
         return escaped(f"{len(left)} container(s) left after their calls: {[c.short_id for c in left]}")
     return held("after success, failure, timeout, out-of-memory and a write: no container left")

@@ -113,9 +113,7 @@ while True: time.sleep(1)
     worker.start()
     worker.join(STOPPED_INIT_DEADLINE_S + KILL_GRACE_S + HOST_SLACK_S)
     waited = time.monotonic() - started
-    t.close()
-    left = t.lab.client.containers.list(
-        all=True, sparse=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
+    left = t.containers_left()
     for container in left:
         container.remove(force=True)
     if worker.is_alive():

@@ -40,17 +40,6 @@ def _deadline_kept(result, timeout_s: float) -> bool:
     return result.duration_ms / 1000 <= timeout_s + KILL_GRACE_S + HOST_SLACK_S
 
 
-def _containers_left(t: Trial) -> list:
-    """After closing the trial's boxes (idle warm containers are theirs until then)."""
-    t.close()
-    return _containers_now(t)
-
-
-def _containers_now(t: Trial) -> list:
-    return t.lab.client.containers.list(
-        all=True, sparse=True, filters={"label": f"wakeloop.workspace={t.box.workspace}"})
-
-
 def _caps_process_count(t: Trial) -> str:
     limit = t.lab.policy.pids
     program = rf'''
@@ -88,7 +77,7 @@ caps_process_count = Probe("caps_process_count", CATEGORY, "fork fails at the po
 def _survives_fork_bomb(t: Trial) -> str:
     started = time.monotonic()
     result = t.run(":(){ :|:& };:; sleep 60", timeout_s=BOMB_DEADLINE_S, cap=2000)
-    left = _containers_left(t)
+    left = t.containers_left()
     if not _deadline_kept(result, BOMB_DEADLINE_S) or left:
         return escaped(f"the bomb's call took {time.monotonic() - started:.0f} s; containers left: {len(left)}")
     return held(f"the bomb hit the pids limit; the call ended in {result.duration_ms / 1000:.1f} s "
@@ -182,7 +171,7 @@ print("CREATED", n, round(time.monotonic() - start, 1), flush=True)
     created = next((l.split()[1:] for l in result.output.splitlines() if l.startswith("CREATED ")), None)
     st = os.statvfs(t.workspace)
     free = st.f_ffree / st.f_files if st.f_files else 1.0
-    left = _containers_left(t)
+    left = t.containers_left()
     if not _deadline_kept(result, MANY_FILES_DEADLINE_S) or left or free < MIN_FREE_INODES:
         return escaped(f"took {result.duration_ms / 1000:.0f} s, containers left {len(left)}, "
                        f"host inodes free {free:.1%}")
@@ -208,7 +197,7 @@ class _CpuWatcher:
     def _poll(self):
         api = self.t.lab.client.api
         while not self.stop.wait(CPU_SAMPLE_S):
-            for c in _containers_now(self.t):
+            for c in self.t.containers():
                 used = _cgroup_cpu_ns(c.id)
                 if used is None:
                     try:
@@ -330,7 +319,7 @@ class _LogWatcher:
 
     def _poll(self):
         while not self.stop.wait(0.2):
-            for c in _containers_now(self.t):
+            for c in self.t.containers():
                 try:
                     attrs = self.t.lab.client.api.inspect_container(c.id)
                     self.config = attrs["HostConfig"].get("LogConfig")
