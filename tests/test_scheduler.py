@@ -171,6 +171,9 @@ def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_pa
     root = tmp_path / "agents"
     root.mkdir()
     with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
+        # An agent made before serve's first listing is a starting agent, not an added one.
+        wait_for(lambda: lines, what="serve's startup line")
+        assert "0 agent(s)" in lines[0]
         first = make_agent(root, "first", "300s")
         wait_for(lambda: finished(first) == 1, what="the added agent's first wake")
         config = first / "agent.yaml"
