@@ -57,6 +57,7 @@ import docker
 from docker.types import Mount
 
 from .agent import AgentError, load_agent
+from .ceiling import Ceiling
 from .policy import PolicyError
 from .sandbox import WORKSPACE, DockerSandbox, SandboxError, SandboxResult, connect
 from .workspace import JOURNAL_DIR
@@ -142,8 +143,10 @@ class _AgentBox:
 class Broker:
     """Turns one request into one sandbox call for one agent under ROOT."""
 
-    def __init__(self, root: Path, client: docker.DockerClient | None = None, log=print):
+    def __init__(self, root: Path, client: docker.DockerClient | None = None, log=print,
+                 ceiling: Ceiling | None = None):
         self.root = Path(root).resolve()
+        self.ceiling = ceiling or Ceiling()     # what no agent's policy may exceed
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
         self.log = log
@@ -181,6 +184,9 @@ class Broker:
         workspace = agent.workspace.resolve()
         if self.root not in workspace.parents:
             raise BrokerError(f"{name}: workspace resolves to {workspace}, outside {self.root}")
+        over = self.ceiling.refusal(agent.policy)
+        if over:
+            raise BrokerError(f"{name}: {over}")
         return agent
 
     # -- one sandbox per agent, its pool kept warm across requests ----------------------
@@ -343,13 +349,13 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
-          stop: threading.Event | None = None) -> int:
-    """`wakeloop broker ROOT --socket PATH`: serve until SIGTERM/SIGINT (or `stop`)."""
+          stop: threading.Event | None = None, ceiling: Ceiling | None = None) -> int:
+    """`wakeloop broker ROOT --socket PATH [--ceiling FILE]`: serve until SIGTERM/SIGINT (or `stop`)."""
     import signal
     root = Path(root).resolve()
     if not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
-    broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True))
+    broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True), ceiling=ceiling)
     left = _cleanup(broker, root)
     socket_path = Path(socket_path)
     socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -359,7 +365,8 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     server.broker = broker  # type: ignore[attr-defined]
     _hand_socket_to_root_owner(socket_path, root)
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
-          f"on {socket_path}{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
+          f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
+          f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, halt)

@@ -151,7 +151,8 @@ def cmd_serve(args) -> int:
 
 def cmd_broker(args) -> int:
     from .broker import serve
-    return serve(args.root, args.socket)
+    from .ceiling import load_ceiling
+    return serve(args.root, args.socket, ceiling=load_ceiling(args.ceiling) if args.ceiling else None)
 
 
 def cmd_log(args) -> int:
@@ -171,9 +172,11 @@ def cmd_log(args) -> int:
 
 
 def cmd_policy_check(args) -> int:
+    from .ceiling import is_ceiling, load_ceiling
     from .policy import load_policy
-    load_policy(args.file)  # a PolicyError is the one-line reason, exit 2
-    print(f"ok: {args.file}")
+    ceiling = is_ceiling(args.file)
+    (load_ceiling if ceiling else load_policy)(args.file)  # a PolicyError is the one-line reason, exit 2
+    print(f"ok: {args.file}{' (a broker ceiling)' if ceiling else ''}")
     return EXIT_OK
 
 
@@ -264,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "unix socket (the only process that needs Docker)")
     p.add_argument("root")
     p.add_argument("--socket", required=True, metavar="PATH", help="the unix socket to listen on")
+    p.add_argument("--ceiling", metavar="FILE",
+                   help="the most any agent's policy may ask for (runtimes, images, networks, max "
+                        "sizes); requests over it are refused. Keep it where the orchestrator cannot "
+                        "write (compose: policies/ceiling.yaml)")
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("log", help="the event log, readable (--json for the raw lines)")
@@ -273,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy = sub.add_parser("policy", help="check or explain a policy").add_subparsers(
         dest="policy_command", metavar="SUBCOMMAND", required=True)
-    p = policy.add_parser("check", help="validate a policy file; exit 0, or 2 with the reason")
+    p = policy.add_parser("check", help="validate a policy file (or the broker's ceiling file); "
+                                       "exit 0, or 2 with the reason")
     p.add_argument("file")
     p.set_defaults(func=cmd_policy_check)
     p = policy.add_parser("explain", help="the tools offered and each call's container, "

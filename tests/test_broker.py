@@ -27,6 +27,7 @@ from leftovers import our_containers
 from orchestrator import broker as broker_module
 from orchestrator.agent import init_agent
 from orchestrator.broker import APPEND_MAX_BYTES, HOST_ROOT_ENV, Broker, BrokerSandbox, serve
+from orchestrator.ceiling import Ceiling
 from orchestrator.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox import LABEL, SandboxError
 from orchestrator.workspace import append_in_sandbox
@@ -53,13 +54,13 @@ def root(tmp_path) -> Path:
 
 
 @contextmanager
-def served(root: Path):
+def served(root: Path, ceiling: Ceiling | None = None):
     """A broker serving ROOT on a short socket path (unix paths are capped at 108 bytes),
     stopped (its pools closed) on leaving the block."""
     sock_dir = Path(tempfile.mkdtemp(prefix="wlb-"))
     sock = sock_dir / "broker.sock"
     ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(target=serve, args=(root, sock, ready, stop), daemon=True)
+    thread = threading.Thread(target=serve, args=(root, sock, ready, stop, ceiling), daemon=True)
     thread.start()
     try:
         assert ready.wait(START_S), "the broker did not start"
@@ -233,6 +234,23 @@ def test_a_policy_change_reaches_the_next_call_and_the_pool(broker, root, docker
     wait_for(lambda: (p := pool_containers(docker_client, workspace)) and len(p) >= 2
              and set(p.values()) == {300 * 2**20}, "a pool made under the new memory limit")
     assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(300 * 2**20)
+
+
+def test_an_agent_yaml_edited_past_the_ceiling_is_refused_before_any_container(root, docker_client):
+    # What a taken-over orchestrator can do under compose: edit agent.yaml.
+    ceiling = Ceiling(runtimes=("runc", "runsc"), networks=("none",), max={"pids": 256, "memory": 256 * 2**20},
+                      source="ceiling.yaml")
+    with served(root, ceiling) as sock:
+        box = BrokerSandbox(sock, "alpha")
+        for ask, refusal in [({"pids": 100_000}, "sandbox.pids: 100,000 is over the broker's ceiling of 256"),
+                             ({"network": "bridge"}, "sandbox.network: bridge is not one the broker allows"),
+                             ({"runtime": "kata"}, "sandbox.runtime: kata is not one the broker allows")]:
+            set_policy(root / "alpha", {"sandbox": {"memory": "128m", **ask}})
+            with pytest.raises(SandboxError, match=f"alpha: {root}/alpha/agent.yaml:[0-9]+: {refusal}"):
+                box.run("echo ran", timeout_s=30, max_output_chars=100)
+            assert our_containers(docker_client, root) == []
+        set_policy(root / "alpha", {"sandbox": {"memory": "128m", "pids": 256}})   # at the ceiling: served
+        assert box.run("echo ran", timeout_s=30, max_output_chars=100).output == "ran\n"
 
 
 def test_concurrent_calls_for_one_agent_share_one_pool(broker, root, docker_client):

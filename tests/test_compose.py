@@ -73,6 +73,7 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
 
     broker_logs = compose("logs", "--no-color", "broker").stdout
     assert "broker: serving run/write" in broker_logs and "demo: run exit" in broker_logs
+    assert "ceiling /policies/ceiling.yaml" in broker_logs   # what an edited agent.yaml cannot exceed
     ids = {s: compose("ps", "-q", s).stdout.strip() for s in ("broker", "orchestrator")}
     broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
     assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])

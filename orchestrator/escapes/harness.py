@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from dataclasses import asdict
 
 from ..agent import load_agent
 from ..policy import Policy
@@ -229,6 +230,54 @@ blocks_forging_the_exit_status = Probe(
     _forge_end_line)
 
 
+def _raise_the_box(t: Trial) -> str:
+    """Under compose the orchestrator can edit agent.yaml (it keeps state/ beside it).
+    Taken over, it asks the broker for more than the user allowed; the broker's
+    ceiling (here: the lab's own policy) must refuse each ask before any container."""
+    import yaml
+    from ..broker import Broker, BrokerError
+    from ..ceiling import Ceiling
+    box = t.lab.policy
+    ceiling = Ceiling(runtimes=(box.runtime,), images=(box.image,), networks=(box.network,),
+                      max={"memory": box.memory, "pids": box.pids, "cpus": box.cpus}, source="the lab's policy")
+    asks = [{"pids": box.pids * 1000}, {"memory": "64g"}, {"cpus": box.cpus * 8},
+            {"runtime": "runsc" if box.runtime == "runc" else "runc"}, {"image": "debian:bookworm-slim"},
+            {"network": "bridge" if box.network != "bridge" else "none"}]
+    lab = {**asdict(box), "allow_hosts": list(box.allow_hosts), "env": dict(box.env)}
+    config = t.dir / "agent.yaml"
+    original = config.read_text()
+    broker = Broker(t.dir.parent, client=t.lab.client, log=lambda _: None, ceiling=ceiling)
+    refused = []
+    try:
+        for ask in asks:
+            (key, value), = ask.items()
+            raised = {**lab, **ask, **({"allow_hosts": []} if key == "network" and value != "allowlist" else {})}
+            config.write_text(yaml.safe_dump({**yaml.safe_load(original), "policy": {"sandbox": raised}}))
+            try:
+                result = broker.handle({"op": "run", "agent": t.dir.name, "command": "echo ran"})
+            except BrokerError as exc:
+                if f"sandbox.{key}: " not in str(exc):
+                    return f"refused {ask} for another reason, so the ceiling went untested: {exc}"
+                refused.append(key)
+                continue
+            return escaped(f"the broker ran a call for agent.yaml asking {ask}: {result['result']['output']!r:.60}")
+    finally:
+        broker.close()
+        config.write_text(original)
+    left = t.containers_left()   # the trial's own warm pool goes first: what is left, the broker made
+    if left:
+        return escaped(f"refused asks still made {len(left)} container(s)")
+    return held(f"the broker refused every raised ask ({', '.join(refused)}) before making a container")
+
+
+blocks_orchestrator_raising_the_box = Probe(
+    "blocks_orchestrator_raising_the_box", CATEGORY,
+    "an agent.yaml edited to ask for more pids, memory, cpus, another runtime, image or network "
+    "than the broker's ceiling is refused, and no container is made",
+    _raise_the_box)
+
+
 PROBES = [blocks_tool_writes_into_state, blocks_resetting_state_json, blocks_changing_policy_or_mandate,
           blocks_forging_the_outbox, harness_ignores_planted_symlinks, harness_does_not_hang_on_planted_fifo,
-          harness_caps_planted_sparse_file, blocks_forging_the_exit_status]
+          harness_caps_planted_sparse_file, blocks_forging_the_exit_status,
+          blocks_orchestrator_raising_the_box]

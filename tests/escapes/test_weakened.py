@@ -16,6 +16,7 @@ import socket
 import pytest
 from docker.types import Mount, Ulimit
 
+from orchestrator.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
@@ -175,3 +176,11 @@ def test_probe_escapes_weakened_box(weakening, probe_name, make_lab, monkeypatch
 
 def test_at_least_ten_probes_are_shown_able_to_fail():
     assert len({probe for _, probe in CASES}) >= 10
+
+
+def test_the_ceiling_probe_escapes_a_broker_that_ignores_its_ceiling(make_lab, monkeypatch):
+    # Not a container flag: the broker's own check, switched off.
+    monkeypatch.setattr(Ceiling, "refusal", lambda self, policy: None)
+    outcome = run_probe(make_lab(), by_name("blocks_orchestrator_raising_the_box"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "the broker ran a call for agent.yaml asking {'pids'" in outcome.observed
