@@ -106,13 +106,14 @@ def explain(policy: Policy, box, registry) -> str:
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
     if s.pool:
         lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
-                  "  idling in pool.LAUNCHER (in place of the command) until handed one call's",
-                  "  command on stdin; used once, then removed"]
+                  "  idling in pool.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
+                  "  until handed one call's command on stdin; used once, then removed"]
     image = policy.sandbox.image
     if "bash" in offered:
         config, host = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
-        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD: it",
-                  "stacks a seccomp filter that answers io_uring_* with ENOSYS, then execs the rest):",
+        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD, popped",
+                  "from the environment by the one-line boot: it stacks a seccomp filter that answers",
+                  "io_uring_* with ENOSYS, then execs the rest):",
                   _command(config, host, image)]
     if "write_file" in offered:
         config, host = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
@@ -125,6 +126,8 @@ def explain(policy: Policy, box, registry) -> str:
 
 def _command(config: dict, host: dict, image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
+    names = {GUARD: "SECCOMP_GUARD", _WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
+    config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}
     flags, pairs = docker_run_flags(config, host), []
     for word in flags:
         if word.startswith("--") or not pairs:
@@ -132,7 +135,6 @@ def _command(config: dict, host: dict, image: str) -> str:
         else:
             pairs[-1].append(word)
     rows = ["  docker run"] + ["    " + " ".join(map(shlex.quote, p)) for p in pairs]
-    names = {GUARD: "SECCOMP_GUARD", _WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
     argv = [names.get(w, w) for w in config["command"]]
     rows.append("    " + " ".join(shlex.quote(w) for w in [image, *argv]))
     return " \\\n".join(rows)

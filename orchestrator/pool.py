@@ -4,8 +4,8 @@ Creating and starting a container is most of a sandbox call's cost; handing
 a command to one that is already running costs about as much as an exec. So
 each DockerSandbox keeps `pool` containers made from exactly the settings a
 cold call would get, each idling in a tiny launcher that waits on stdin for
-its one command, runs it (exec, so the command is the launcher's successor
-under the same init) and is then removed. Single use: no container ever sees
+its one command, runs it as its child, reports its status in-band, and is
+then removed. Single use: no container ever sees
 a second call, so nothing in /tmp, no process and no state carries over.
 
 Not here: what runs in the box or how its output is read (sandbox.py). The
@@ -22,8 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from .seccomp import boot
 
-# Runs in the pooled container as `python3 -I -c LAUNCHER`. It reads an 8-byte
+
+# Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
+# (seccomp.boot says why), which it pops before the command. It reads an 8-byte
 # length and that many bytes of JSON {argv, cwd, stdin, end} from fd 0 with
 # os.read, which never reads past what it asks for: whatever follows on stdin
 # is left for the command (write_file's content). Without stdin the command
@@ -81,6 +84,9 @@ except ProcessLookupError:
 os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
 """
+
+LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
+LAUNCH_ARGV = ["python3", "-I", "-c", boot(LAUNCHER_ENV)]
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)

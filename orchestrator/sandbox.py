@@ -33,8 +33,8 @@ from docker.utils.socket import frames_iter
 from . import images
 from . import network
 from .output import Capture
-from .pool import LAUNCHER, EndLine, WarmPool, handoff
-from .seccomp import guarded
+from .pool import LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, EndLine, WarmPool, handoff
+from .seccomp import GUARD, GUARD_ENV, guarded
 from .policy import SandboxPolicy
 
 WORKSPACE = "/workspace"
@@ -257,6 +257,8 @@ class DockerSandbox:
         # allowlist: join the agent's netns holder (no default route) and reach
         # out only through the proxy; none/bridge are the engine's own modes.
         egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
+        # Our own programs, popped from the environment before the command runs.
+        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {})}
         config = dict(
             image=p.image,
             command=guarded(argv),      # io_uring off, whatever the engine's profile allows
@@ -264,7 +266,7 @@ class DockerSandbox:
             working_dir=workdir,
             hostname="sandbox",
             environment={"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(p.env),
-                         **(egress.env() if egress else {})},
+                         **(egress.env() if egress else {}), **programs},
             labels={LABEL: "1", "wakeloop.agent": self.agent, "wakeloop.workspace": str(self.workspace),
                     "wakeloop.run_id": self.run_id, "wakeloop.call_id": call_id},
             stdin_open=stdin,           # with detach=False this also sets StdinOnce
@@ -328,7 +330,7 @@ class DockerSandbox:
 
     def _make_warm(self) -> str:
         """A started container idling in the launcher; same settings as a cold call."""
-        cid = self._create(["python3", "-I", "-c", LAUNCHER], "pool", True, WORKSPACE)
+        cid = self._create(LAUNCH_ARGV, "pool", True, WORKSPACE)
         try:
             self.client.api.start(cid)
         except docker.errors.DockerException:

@@ -87,6 +87,19 @@ def test_cold_and_warm_calls_agree(make_sandbox, warm):
     assert box.write("w.txt", b"ok").output.startswith("wrote 2 bytes")
 
 
+@pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
+def test_ps_shows_wakeloops_programs_as_short_lines_and_the_command_inherits_none(make_sandbox, warm):
+    # The guard's and launcher's sources ride in pid 1's environment, not in argv:
+    # `ps aux` was 4.3 KB of Python before, which the model pays for in tokens.
+    box = make_sandbox(warm=warm)
+    if warm:
+        wait_until_ready(box, warm)
+    listing, env = run(box, "ps -eo args=; echo ---; env").output.split("---\n")
+    assert max(map(len, listing.splitlines())) < 200, listing
+    assert ('WAKELOOP_LAUNCHER' in listing) == bool(warm)
+    assert "WAKELOOP" not in env
+
+
 def test_a_failed_make_or_remove_does_not_stop_the_pool():
     # Plain functions stand in for the engine here: what is under test is the
     # pool's own thread, which must outlive any one failure.

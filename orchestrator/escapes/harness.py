@@ -188,7 +188,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     if int(pid) == os.getpid():
         continue
     try:
-        if b"wakeloop:" not in open(f"/proc/{pid}/cmdline", "rb").read():
+        if b"WAKELOOP_LAUNCHER" not in open(f"/proc/{pid}/cmdline", "rb").read():
             continue
         regions = [l.split()[0].split("-") for l in open(f"/proc/{pid}/maps") if " rw" in l]
         with open(f"/proc/{pid}/mem", "rb", 0) as mem:

@@ -20,6 +20,7 @@ from orchestrator.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
+from orchestrator.pool import LAUNCHER_ENV
 from orchestrator.sandbox import DockerSandbox
 from orchestrator.seccomp import guarded
 
@@ -117,8 +118,9 @@ def host_block_device(config, host):
 
 def dumpable_launcher(config, host):
     """The pool launcher without PR_SET_DUMPABLE 0: the command can read its memory."""
-    config["command"] = [a.replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
-                         for a in config["command"]]
+    env = config["environment"]
+    if LAUNCHER_ENV in env:
+        env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
 
 
 def no_file_size_limit(config, host):
