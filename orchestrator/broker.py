@@ -56,6 +56,7 @@ from typing import Callable
 import docker
 from docker.types import Mount
 
+from . import network
 from .agent import AgentError, load_agent
 from .ceiling import Ceiling
 from .policy import PolicyError
@@ -73,6 +74,7 @@ APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing no
                                     # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
 SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
+EGRESS_CHECK_S = 30.0               # how often an allowlist agent's proxy and netns holder are checked
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
 _JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
@@ -138,6 +140,7 @@ class _AgentBox:
     busy: int = 0                   # requests using it now: it is closed only when none is
     used: float = field(default_factory=time.monotonic)  # when the last request ended
     retired: bool = False           # out of the dict: its last request closes it
+    egress_checked: float = field(default_factory=time.monotonic)  # allowlist: proxy last seen alive
 
 
 class Broker:
@@ -163,6 +166,7 @@ class Broker:
         agent = self._agent(request.get("agent"))
         checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
         call = checks[op](agent, request)   # a refusal comes before any box or container is made
+        self._check_egress(agent.dir.name)
         entry = self._acquire(agent)
         try:
             result = call(entry.box)
@@ -222,6 +226,24 @@ class Broker:
         if made is not None:
             made.close()  # a concurrent request for this agent made its box first
         return entry
+
+    def _check_egress(self, name: str) -> None:
+        """An allowlist agent's box is made with its proxy and netns holder running,
+        and its idle containers live in that holder's network namespace. If either
+        has died since (OOM, a manual `docker rm`), retire the box: the next is made
+        with both anew, instead of every call failing until the box goes idle."""
+        entry = self._boxes.get(name)
+        if (entry is None or entry.box.policy.network != "allowlist"
+                or time.monotonic() - entry.egress_checked < EGRESS_CHECK_S):
+            return
+        entry.egress_checked = time.monotonic()
+        if network.alive(self.client, network.plan(entry.box.workspace, entry.box.policy.allow_hosts)):
+            return
+        self.log(f"{name}: its allowlist proxy or network holder is gone; making its sandbox anew")
+        with self._lock:
+            stale = self._retire(name) if self._boxes.get(name) is entry else None
+        if stale:
+            stale.box.close()
 
     def _release(self, entry: _AgentBox) -> None:
         with self._lock:

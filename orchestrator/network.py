@@ -170,6 +170,15 @@ def ensure(client: docker.DockerClient, egress: Egress) -> None:
         raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
 
 
+def alive(client: docker.DockerClient, egress: Egress) -> bool:
+    """Whether the agent's netns holder and proxy both still run (two inspects)."""
+    try:
+        return all(client.api.inspect_container(name)["State"]["Running"]
+                   for name in (egress.holder, egress.proxy))
+    except docker.errors.DockerException:
+        return False
+
+
 def _labels(key: str) -> dict:
     return {LABEL: "1", f"{LABEL}.key": key}
 

@@ -25,6 +25,7 @@ import yaml
 
 from leftovers import our_containers
 from orchestrator import broker as broker_module
+from orchestrator import network
 from orchestrator.agent import init_agent
 from orchestrator.broker import APPEND_MAX_BYTES, HOST_ROOT_ENV, Broker, BrokerSandbox, serve
 from orchestrator.ceiling import Ceiling
@@ -251,6 +252,27 @@ def test_an_agent_yaml_edited_past_the_ceiling_is_refused_before_any_container(r
             assert our_containers(docker_client, root) == []
         set_policy(root / "alpha", {"sandbox": {"memory": "128m", "pids": 256}})   # at the ceiling: served
         assert box.run("echo ran", timeout_s=30, max_output_chars=100).output == "ran\n"
+
+
+def test_an_allowlist_agents_dead_proxy_is_made_anew_by_its_next_call(root, docker_client, monkeypatch, capsys):
+    monkeypatch.setattr(broker_module, "EGRESS_CHECK_S", 0.0)   # check on every call
+    hosts = ["x.wakeloop.test"]   # never dialled: the test reads only the proxy's address
+    set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 1}})
+    egress = network.plan((root / "alpha/workspace").resolve(), tuple(hosts))
+    try:
+        with served(root) as sock:
+            box = BrokerSandbox(sock, "alpha")
+            assert box.run("echo $HTTPS_PROXY", timeout_s=30, max_output_chars=100).output.strip() == egress.proxy_url
+            dead = docker_client.api.inspect_container(egress.proxy)["Id"]
+            docker_client.api.kill(egress.proxy)                  # as an OOM kill would
+            assert not network.alive(docker_client, egress)
+            result = box.run("echo $HTTPS_PROXY", timeout_s=30, max_output_chars=100)
+            assert result.exit_code == 0 and result.output.strip() == egress.proxy_url
+            assert network.alive(docker_client, egress)
+            assert docker_client.api.inspect_container(egress.proxy)["Id"] != dead
+        assert "alpha: its allowlist proxy or network holder is gone" in capsys.readouterr().out
+    finally:
+        network.shutdown(docker_client, {egress.key})
 
 
 def test_concurrent_calls_for_one_agent_share_one_pool(broker, root, docker_client):
