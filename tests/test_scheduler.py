@@ -202,18 +202,44 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
     assert scheduler.completed == 20
 
 
+def release_fifo(fifo: Path) -> None:
+    """Open the FIFO's write end and close it: its reader in the box reads EOF.
+    From a thread, bounded: the open blocks until the reader is there."""
+    opener = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    opener.start()
+    opener.join(WAIT_S)
+    assert not opener.is_alive(), "nothing in the box ever read the FIFO"
+
+
 def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
+    # Its first call ends with `head memory/core.md`: a FIFO there holds the call
+    # open until the test has seen serve take the SIGTERM, so the stop surely
+    # lands mid-wake (the harness's own reader skips FIFOs, as tested elsewhere).
+    core = agent_dir / "workspace/memory/core.md"
+    core.unlink()
+    os.mkfifo(core, 0o666)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         events = agent_dir / "state" / EVENTS_FILE
-        wait_for(lambda: any(e.type == "tool_result" for e in read_events(events)), what="the first tool call")
+        wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), what="the first tool call")
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        seen, watchdog = [], threading.Timer(WAIT_S, proc.kill)   # a wedged serve ends the read
+        watchdog.start()
+        try:
+            while not any("stopping: no new wakes" in line for line in seen):
+                line = proc.stdout.readline()
+                assert line, f"serve ended before saying it was stopping: {''.join(seen)}"
+                seen.append(line)
+        finally:
+            watchdog.cancel()
+        release_fifo(core)
         out, _ = proc.communicate(timeout=WAIT_S)
+        out = "".join(seen) + out
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
