@@ -333,12 +333,12 @@ def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
     deadline = time.monotonic() + 30
     found = []
     while not found and time.monotonic() < deadline:
-        found = [c for c in docker_client.containers.list(filters={"label": "wakeloop.sandbox=1"})
-                 if c.labels.get("wakeloop.workspace") == workspace]
+        found = docker_client.api.containers(filters={"label": [  # one listing: no lookup to race a removal
+            "wakeloop.sandbox=1", f"wakeloop.workspace={workspace}"]})
     assert found, "the call's container never started"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
-    assert not container_exists(docker_client, found[0].id)
+    assert not container_exists(docker_client, found[0]["Id"])
 
 
 def test_leftovers_from_a_crash_are_removed_at_start(sandbox, docker_client):
