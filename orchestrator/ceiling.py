@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from .policy import NETWORKS, Policy, PolicyError, _line_of, parse_size
+from .policy import NETWORKS, Policy, PolicyError, line_of, parse_size
 
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size")
@@ -76,7 +76,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
         raise PolicyError(f"{path}: not YAML text: {getattr(exc, 'problem', None) or exc}") from None
 
     def fail(keys: tuple, message: str) -> PolicyError:
-        line = _line_of(node, keys)
+        line = line_of(node, keys)
         return PolicyError(f"{path}{f':{line}' if line else ''}: {'.'.join(keys) or '(top level)'}: {message}")
 
     if not isinstance(data, dict):

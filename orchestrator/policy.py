@@ -271,7 +271,7 @@ def check_against_engine(policy: Policy, client) -> None:
 
 # -- the YAML node tree: lines and duplicate keys --------------------------------
 
-def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
+def line_of(node: yaml.Node | None, path: tuple) -> int | None:
     """The 1-based line of the key (or list item) at `path`, if known."""
     line = None
     for key in path:
@@ -320,7 +320,7 @@ def _dotted(path: tuple) -> str:
 
 
 def _fail(source: str, node, path: tuple, message: str) -> PolicyError:
-    line = _line_of(node, path)
+    line = line_of(node, path)
     where = f"{source}:{line}" if line else source
     return PolicyError(f"{where}: {_dotted(path)}: {message}")
 
