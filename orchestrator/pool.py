@@ -5,8 +5,8 @@ a command to one that is already running costs about as much as an exec. So
 each DockerSandbox keeps `pool` containers made from exactly the settings a
 cold call would get, each idling in a tiny launcher that waits on stdin for
 its one command, runs it as its child, reports its status in-band, and is
-then removed. Single use: no container ever sees
-a second call, so nothing in /tmp, no process and no state carries over.
+then removed. Single use: no container ever sees a second call, so nothing
+in /tmp, no process and no state carries over.
 
 Not here: what runs in the box or how its output is read (sandbox.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
