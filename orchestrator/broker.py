@@ -4,8 +4,9 @@ The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and offers
 exactly three things over a local unix socket: "run this command" and "write
 this file", in agent X's workspace, under agent X's policy, and "append to
-today's journal", the harness's stub when a wake ends unjournaled. A request
-names the agent (its folder name under ROOT) and the command, or the path and
+today's journal", the harness's stub when a wake ends unjournaled (and it
+answers "would you serve X?" at each wake's start, so a refusal is one line
+then, not an error on every call). A request names the agent (its folder name under ROOT) and the command, or the path and
 the content: nothing else. The broker loads X's policy itself from ROOT on
 every request, takes the timeout and output cap from it, refuses what it
 disables, and creates every container through DockerSandbox, from its own
@@ -27,6 +28,7 @@ Wire format: one JSON object per line, one request per connection.
   -> {"op": "run",   "agent": "demo", "command": "ls -la"}
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
+  -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start)
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}  |  {"ok": false, "error": "one line"}
 
@@ -161,9 +163,11 @@ class Broker:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
-        if op not in ("run", "write", "append"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write and append")
+        if op not in ("run", "write", "append", "check"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append and check")
         agent = self._agent(request.get("agent"))
+        if op == "check":   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+            return {"ok": True, "result": {"agent": agent.dir.name}}
         checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
         call = checks[op](agent, request)   # a refusal comes before any box or container is made
         self._check_egress(agent.dir.name)
@@ -347,6 +351,8 @@ class _Handler(socketserver.StreamRequestHandler):
             reply = broker.handle(request)
         except (BrokerError, SandboxError) as exc:
             reply = {"ok": False, "error": str(exc)}
+            # What a person reading `docker compose logs broker` needs to see.
+            broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
         except ValueError:
             reply = {"ok": False, "error": "a request is one JSON object on one line"}
         except Exception as exc:  # one bad call must not stop the service
@@ -451,6 +457,11 @@ class BrokerSandbox:
     def ping(self) -> dict:
         return request(self.socket_path, {"op": "ping"}, 10)
 
+    def check(self) -> None:
+        """SandboxError now, before the wake starts, if the broker would refuse this
+        agent as its policy stands (over the ceiling, say), rather than each call."""
+        request(self.socket_path, {"op": "check", "agent": self.agent}, 10)
+
     def _call(self, req: dict, timeout_s: float) -> SandboxResult:
         reply = request(self.socket_path, req, timeout_s + REPLY_MARGIN_S)
         try:
@@ -501,7 +512,12 @@ def _connect(socket_path: str) -> socket.socket:
 
 
 def sandbox_from_env(agent, environ=os.environ) -> BrokerSandbox | None:
-    """A BrokerSandbox when $WAKELOOP_BROKER names a socket, else None (use Docker directly)."""
+    """A BrokerSandbox, checked with the broker, when $WAKELOOP_BROKER names a
+    socket; else None (use Docker directly)."""
     path = environ.get(BROKER_ENV, "").strip()
-    return BrokerSandbox(path, agent.dir.name) if path else None
+    if not path:
+        return None
+    box = BrokerSandbox(path, agent.dir.name)
+    box.check()
+    return box
 

@@ -206,6 +206,19 @@ def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
     assert (root / "alpha/workspace/memory/dry-run.md").exists()
 
 
+def test_over_the_ceiling_a_wake_does_not_start_and_says_why_in_one_line(root, docker_client):
+    set_policy(root / "alpha", {"sandbox": {"pids": 4096}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    with served(root, Ceiling(max={"pids": 256}, source="ceiling.yaml")) as sock:
+        env["WAKELOOP_BROKER"] = str(sock)
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert "sandbox.pids: 4,096 is over the broker's ceiling of 256 (ceiling ceiling.yaml)" in done.stderr
+    assert not list((root / "alpha/state").glob("events*"))       # refused before the wake began
+    assert our_containers(docker_client, root) == []
+
+
 # -- one warm pool per agent ----------------------------------------------------------------
 
 def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(
