@@ -61,8 +61,13 @@ def cmd_wake(args) -> int:
     agent = load_agent(args.agent_dir)
     live = True if args.live else False if args.dry_run else None
     stop = threading.Event()  # SIGTERM ends the wake at the next step boundary, cleanly
-    # Set from a thread: Event.set takes a lock the interrupted code may be holding.
-    previous = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stop.set).start())
+
+    def stopping():
+        stop.set()
+        print("wakeloop: SIGTERM: the wake ends at its next step boundary", file=sys.stderr, flush=True)
+
+    # From a thread: Event.set takes a lock the interrupted code may be holding.
+    previous = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stopping).start())
     try:
         receipt = wake(agent, live=live, stop=stop, script=Path(args.script) if args.script else None,
                        echo=lambda line: print(line, flush=True))

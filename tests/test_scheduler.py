@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from leftovers import our_containers
+from sync import read_until, release_fifo
 from orchestrator.agent import init_agent
 from orchestrator.events import EVENTS_FILE, read_events
 from orchestrator.loop import wake
@@ -202,15 +203,6 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
     assert scheduler.completed == 20
 
 
-def release_fifo(fifo: Path) -> None:
-    """Open the FIFO's write end and close it: its reader in the box reads EOF.
-    From a thread, bounded: the open blocks until the reader is there."""
-    opener = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
-    opener.start()
-    opener.join(WAIT_S)
-    assert not opener.is_alive(), "nothing in the box ever read the FIFO"
-
-
 def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
@@ -228,18 +220,10 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
         wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), what="the first tool call")
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        seen, watchdog = [], threading.Timer(WAIT_S, proc.kill)   # a wedged serve ends the read
-        watchdog.start()
-        try:
-            while not any("stopping: no new wakes" in line for line in seen):
-                line = proc.stdout.readline()
-                assert line, f"serve ended before saying it was stopping: {''.join(seen)}"
-                seen.append(line)
-        finally:
-            watchdog.cancel()
-        release_fifo(core)
+        seen = read_until(proc, proc.stdout, "stopping: no new wakes", WAIT_S)
+        release_fifo(core, WAIT_S)
         out, _ = proc.communicate(timeout=WAIT_S)
-        out = "".join(seen) + out
+        out = seen + out
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from sync import read_until, release_fifo
+
 from orchestrator.events import EVENTS_FILE, EventLog, read_events
 from orchestrator.state import (LOCK_FILE, STATE_FILE, State, WakeLock, commit_inbox, drain_inbox,
                                 load_state, lock_holder, peek_inbox, restore_inbox, save_state,
@@ -93,13 +95,19 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
 
 
 def test_sigterm_ends_the_wake_cleanly(agent_dir, tmp_path):
-    proc = start_wake(agent_dir, script_file(tmp_path, "sleep 2; echo ok"))
+    # The call reads a FIFO, released once the wake has said it took the SIGTERM:
+    # the stop lands mid-call every time, never after the script's last turn.
+    hold = agent_dir / "workspace/hold"
+    os.mkfifo(hold, 0o666)
+    proc = start_wake(agent_dir, script_file(tmp_path, "head -c 1 hold; echo ok"))
     events = agent_dir / "state" / EVENTS_FILE
     wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), EVENT_DEADLINE_S,
              "the wake to reach its sandbox call")
     proc.send_signal(signal.SIGTERM)
+    said = read_until(proc, proc.stderr, "SIGTERM: the wake ends at its next step boundary", WAKE_TIMEOUT_S)
+    release_fifo(hold, WAKE_TIMEOUT_S)
     out, err = proc.communicate(timeout=WAKE_TIMEOUT_S)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, said + err
     receipt = receipt_of(out)
     assert (receipt["status"], receipt["reason"]) == ("done", "stopped")
     assert not (agent_dir / "state" / LOCK_FILE).exists()

@@ -1,0 +1,37 @@
+"""Holding a process at a known point, without sleeps: the tests that stop a
+wake mid-call park its sandbox call on a FIFO and release it only once the
+process has said it took the signal.
+
+A module of its own (not conftest) so tests anywhere under tests/ can import it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO
+
+
+def release_fifo(fifo: Path, timeout_s: float) -> None:
+    """Open the FIFO's write end and close it: its reader in the box reads EOF.
+    From a thread, bounded: the open blocks until the reader is there."""
+    opener = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
+    opener.start()
+    opener.join(timeout_s)
+    assert not opener.is_alive(), "nothing in the box ever read the FIFO"
+
+
+def read_until(proc: subprocess.Popen, stream: IO[str], text: str, timeout_s: float) -> str:
+    """Lines of `stream` up to and including the first holding `text`; a process
+    that never prints it is killed at the deadline, which ends the read."""
+    seen, watchdog = [], threading.Timer(timeout_s, proc.kill)
+    watchdog.start()
+    try:
+        while not any(text in line for line in seen):
+            line = stream.readline()
+            assert line, f"the process ended before printing {text!r}: {''.join(seen)}"
+            seen.append(line)
+    finally:
+        watchdog.cancel()
+    return "".join(seen)
