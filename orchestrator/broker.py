@@ -6,11 +6,12 @@ exactly three things over a local unix socket: "run this command" and "write
 this file", in agent X's workspace, under agent X's policy, and "append to
 today's journal", the harness's stub when a wake ends unjournaled (and it
 answers "would you serve X?" at each wake's start, so a refusal is one line
-then, not an error on every call). A request names the agent (its folder name under ROOT) and the command, or the path and
-the content: nothing else. The broker loads X's policy itself from ROOT on
-every request, takes the timeout and output cap from it, refuses what it
-disables, and creates every container through DockerSandbox, from its own
-fixed settings. Append is allowed whatever the tools policy says (a bash-less
+then, not an error on every call). A request names the agent (its folder
+name under ROOT) and the command, or the path and the content: nothing else.
+The broker loads X's policy itself from ROOT on every request, refuses it
+above the ceiling (ceiling.py), takes the timeout and output cap from it,
+refuses what it disables, and creates every container through DockerSandbox,
+from its own fixed settings. Append is allowed whatever the tools policy says (a bash-less
 agent still gets its stub) and so is held to one exact path shape and a size
 cap. So a compromised orchestrator can at worst run what the agent itself
 could, plus append a bounded note to the agent's journal.
