@@ -11,10 +11,10 @@ name under ROOT) and the command, or the path and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
-from its own fixed settings. Append is allowed whatever the tools policy says (a bash-less
-agent still gets its stub) and so is held to one exact path shape and a size
-cap. So a compromised orchestrator can at worst run what the agent itself
-could, plus append a bounded note to the agent's journal.
+from its own fixed settings. Append is allowed whatever the tools policy says
+(a bash-less agent still gets its stub) and so is held to one exact path shape
+and a size cap. So a compromised orchestrator can at worst run what the agent
+itself could, plus append a bounded note to the agent's journal.
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy

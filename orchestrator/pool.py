@@ -40,8 +40,9 @@ from .seccomp import boot
 # carries the call's 128-bit nonce, which the command cannot learn: it arrived
 # before the command existed, and the launcher makes itself non-dumpable first,
 # so a process of the same uid can neither ptrace it nor read its memory
-# through /proc. Output that merely looks like the line is output. The OOM count is the container's own cgroup's (read-only in the
-# box); "?" where the runtime shows no cgroup files (gVisor).
+# through /proc. Output that merely looks like the line is output. The OOM
+# count is the container's own cgroup's (read-only in the box); "?" where the
+# runtime shows no cgroup files (gVisor).
 LAUNCHER = r"""
 import ctypes, json, os
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
