@@ -58,8 +58,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # fakeapi.py: the local Messages API th
 
 import yaml  # noqa: E402
 
-from orchestrator.agent import init_agent, load_agent  # noqa: E402
-from orchestrator.sandbox import LABEL, DockerSandbox, SandboxResult, connect  # noqa: E402
+from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
+from orchestrator.sandbox.engine import LABEL, DockerSandbox, connect  # noqa: E402
+from orchestrator.sandbox.box import SandboxResult  # noqa: E402
 
 PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
 CALLS = 30                  # calls per measured method (medians and p90 need a few dozen)
@@ -212,7 +213,7 @@ class Paced:
 
 
 def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str) -> Paced:
-    from orchestrator.loop import wake
+    from orchestrator.wake.loop import wake
     agent = make_agent(tmp / name, {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP},
                                     "sandbox": {"runtime": runtime}})
     script = Script(tools, calls, PACE_S)
@@ -226,7 +227,7 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str) -> Paced:
     check_receipt(receipt, name)
     if receipt.tool_calls != calls:
         raise SystemExit(f"bench: {name}: {receipt.tool_calls} tool calls, expected {calls}")
-    from orchestrator.events import EVENTS_FILE, read_events
+    from orchestrator.records.events import EVENTS_FILE, read_events
     in_box = [e.data["duration_ms"] for e in read_events(agent.state_dir / EVENTS_FILE)
               if e.type == "tool_result" and "duration_ms" in e.data]
     return Paced(stats(script.gaps_ms()), (whole - sum(script.held)) * 1000 / calls, misses[0],
@@ -267,8 +268,8 @@ class Reference:
     """The CLI commands the sandbox calls are compared with, and the warm container for exec."""
 
     def __init__(self, box: DockerSandbox):
-        from orchestrator.explain import docker_run_flags
-        from orchestrator.sandbox import write_argv as box_write_argv
+        from orchestrator.sandbox.explain import docker_run_flags
+        from orchestrator.sandbox.programs import write_argv as box_write_argv
         true_cfg, true_host = box.container_spec(["bash", "-c", "true"], "bench-ref")
         write_argv = box_write_argv("bench/ref.txt")
         write_cfg, write_host = box.container_spec(write_argv, "bench-ref", stdin=True, workdir="/")
@@ -383,8 +384,8 @@ class Overhead:
 
 
 def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) -> Overhead:
-    from orchestrator.loop import wake
-    from orchestrator.model import LiveModel
+    from orchestrator.wake.loop import wake
+    from orchestrator.wake.model import LiveModel
     agent = make_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
     box = StandInSandbox()
     with LiveEnv(fake_api(Script(alternate, steps - 1, 0.0))):
@@ -441,8 +442,8 @@ def without_cache(script: Script):
 
 
 def caching(tmp: Path) -> CacheCost:
-    from orchestrator.ledger import Usage, cost_usd, load_prices, price_for
-    from orchestrator.loop import wake
+    from orchestrator.records.ledger import Usage, cost_usd, load_prices, price_for
+    from orchestrator.wake.loop import wake
     receipts = {}
     for label in ("cached", "uncached"):
         agent = make_agent(tmp / label, {"budget": {"max_steps": CACHE_STEPS + 2, "max_tokens_per_wake": TOKEN_CAP}}, mandate=long_mandate())
@@ -491,7 +492,7 @@ def scale_tools(step: int):
 
 
 def scale(tmp: Path, runtime: str, agents: int) -> Scale:
-    from orchestrator.state import load_state
+    from orchestrator.records.state import load_state
     root = tmp / "agents"
     root.mkdir(parents=True)
     for i in range(agents):
@@ -550,7 +551,7 @@ def vm_rss_kb(pid: int) -> int:
 
 def scale_child(root: str, agents: int) -> int:
     """In the child: serve ROOT until `agents` wakes have finished; print one JSON line."""
-    from orchestrator.scheduler import MAX_CONCURRENT, Scheduler
+    from orchestrator.fleet.scheduler import MAX_CONCURRENT, Scheduler
     lines: list[str] = []
     scheduler = Scheduler(Path(root), out=lines.append)
     started = time.perf_counter()

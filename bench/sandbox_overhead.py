@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.agent import init_agent, load_agent  # noqa: E402
-from orchestrator.explain import docker_run_flags  # noqa: E402
-from orchestrator.sandbox import DockerSandbox  # noqa: E402
+from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
+from orchestrator.sandbox.explain import docker_run_flags  # noqa: E402
+from orchestrator.sandbox.engine import DockerSandbox  # noqa: E402
 from run import idle_cost  # noqa: E402  (bench/run.py, beside this file)
 
 

@@ -1,8 +1,15 @@
 """`wakeloop`: the command line (DESIGN.md §5).
 
 Each command is a small function that takes parsed arguments and returns an
-exit code. Expected failures (a bad agent.yaml, an unreachable engine) are
-one line on stderr and exit 2, never a traceback.
+exit code. Expected failures are one line on stderr, never a traceback, with
+the exit code their error class carries (errors.py): 2 bad usage or
+configuration, 3 the environment (no engine, no broker, no permission).
+A failed piece of work (a dead letter, a blocked wake, an escape) is exit 1.
+Every command that reads takes --json; `wake` prints progress on stderr and
+only its receipt on stdout.
+
+Not here: what any command does (each calls into its package), how records
+are rendered (fleet/views.py).
 """
 
 from __future__ import annotations
@@ -11,14 +18,16 @@ import argparse
 import os
 import sys
 
-from . import __version__
-from .agent import AgentError, init_agent, load_agent
-from .policy import PolicyError
-from .ledger import LedgerError
-from .sandbox import DockerSandbox, SandboxError, connect
-from .tasks import TaskError
+import json
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from orchestrator import __version__
+from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WakeloopError
+from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.sandbox.engine import DockerSandbox, connect
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
 def cmd_init(args) -> int:
@@ -33,19 +42,20 @@ def cmd_sandbox_exec(args) -> int:
     if not command:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
-    from .policy import check_against_engine
-    check_against_engine(agent.policy, connect())  # image, runtime: one line naming the policy's line
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)  # one call: no pool
-    if box.warning:
-        print(box.warning, file=sys.stderr)
+    from orchestrator.broker.client import open_sandbox
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    box = open_sandbox(agent, warm=0, say=say)  # the broker under compose, as the bash tool; one call: no pool
     bash = agent.policy.tools.bash
-    result = box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
+    try:
+        result = box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
+    finally:
+        box.close()
     print(result.for_model())
     return result.exit_code
 
 
 def cmd_image_build(args) -> int:
-    from .images import build_sandbox_image
+    from orchestrator.sandbox.images import build_sandbox_image
     client = connect()
     print("building the sandbox image from sandbox-image/ ...", flush=True)
     tag = build_sandbox_image(client, echo=lambda line: print(line, flush=True))
@@ -57,7 +67,7 @@ def cmd_wake(args) -> int:
     import signal
     import threading
     from pathlib import Path
-    from .loop import wake
+    from orchestrator.wake.loop import wake
     agent = load_agent(args.agent_dir)
     live = True if args.live else False if args.dry_run else None
     stop = threading.Event()  # SIGTERM ends the wake at the next step boundary, cleanly
@@ -70,7 +80,7 @@ def cmd_wake(args) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stopping).start())
     try:
         receipt = wake(agent, live=live, stop=stop, script=Path(args.script) if args.script else None,
-                       echo=lambda line: print(line, flush=True))
+                       echo=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
@@ -79,20 +89,24 @@ def cmd_wake(args) -> int:
 
 def cmd_context(args) -> int:
     from datetime import datetime, timezone
-    from .context import build_context
-    from .state import load_state, peek_inbox
+    from orchestrator.wake.context import build_context
+    from orchestrator.records.state import load_state, peek_inbox
     agent = load_agent(args.agent_dir)
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
     ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
                         inbox=peek_inbox(agent.state_dir))
+    if args.json:
+        _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system,
+                     "first_user": ctx.first_user})
+        return EXIT_OK
     print(ctx.render(), end="")
     return EXIT_OK
 
 
 def cmd_send(args) -> int:
-    from .state import count_messages, peek_inbox, send_message_to_agent
+    from orchestrator.records.state import count_messages, peek_inbox, send_message_to_agent
     agent = load_agent(args.agent_dir)
     if not args.text.strip():
         raise AgentError("nothing to send: give the message text, e.g. `wakeloop send DIR 'hello'`")
@@ -103,33 +117,37 @@ def cmd_send(args) -> int:
 
 
 def cmd_outbox(args) -> int:
-    from .output import clean
-    from .state import read_outbox
+    from orchestrator.sandbox.output import clean
+    from orchestrator.records.state import mark_outbox_read, read_outbox, split_messages
     agent = load_agent(args.agent_dir)
     text = read_outbox(agent.state_dir)
-    print(clean(text).rstrip() if text.strip() else f"(no messages from {agent.name} yet)")
-    from .scheduler import mark_outbox_read
+    if args.json:
+        _print_json({"agent": agent.name, "messages": split_messages(text)})
+    else:
+        print(clean(text).rstrip() if text.strip() else f"(no messages from {agent.name} yet)")
     mark_outbox_read(agent.state_dir)  # `status ROOT` counts what came after this as unread
     return EXIT_OK
 
 
 def cmd_status(args) -> int:
     from pathlib import Path
-    from .state import status_report
+    from orchestrator.fleet.schedule import agent_dirs
+    from orchestrator.fleet.views import agent_status, fleet_status, render_agent_status, render_fleet
     root = Path(args.path)
     if not (root / "agent.yaml").is_file():  # a folder with agent.yaml is an agent; else a root
-        from .scheduler import agent_dirs, status_table
         if not agent_dirs(root):
             raise AgentError(f"{args.path}: no agent.yaml here or in its subdirectories; "
                              f"create one with `wakeloop init {args.path}`")
-        print(status_table(root))
+        rows = fleet_status(root)
+        _print_json(rows) if args.json else print(render_fleet(rows, root))
         return EXIT_OK
-    print(status_report(load_agent(root)))
+    data = agent_status(load_agent(root))
+    _print_json(data) if args.json else print(render_agent_status(data))
     return EXIT_OK
 
 
 def cmd_task_add(args) -> int:
-    from .tasks import add_task
+    from orchestrator.records.tasks import add_task
     agent = load_agent(args.agent_dir)
     task = add_task(agent.state_dir, args.title)
     print(f"queued {task.id} for {agent.name}: {task.title}")
@@ -137,10 +155,14 @@ def cmd_task_add(args) -> int:
 
 
 def cmd_task_list(args) -> int:
-    from .output import clean
-    from .tasks import load_tasks
+    from orchestrator.sandbox.output import clean
+    from orchestrator.records.tasks import load_tasks
     agent = load_agent(args.agent_dir)
     tasks = load_tasks(agent.state_dir)
+    if args.json:
+        from dataclasses import asdict
+        _print_json([asdict(t) for t in tasks])
+        return EXIT_OK
     for t in tasks:
         closed = f" ({t.finished_at}: {clean(t.note)})" if t.finished_at else ""
         print(f"{t.id:<5} {t.status:<8} {t.title}{closed}")
@@ -150,18 +172,19 @@ def cmd_task_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .scheduler import serve
+    from orchestrator.fleet.scheduler import serve
     return serve(args.root, args.max_concurrent)
 
 
 def cmd_broker(args) -> int:
-    from .broker import serve
-    from .ceiling import load_ceiling
+    from orchestrator.broker.server import serve
+    from orchestrator.policy.ceiling import load_ceiling
     return serve(args.root, args.socket, ceiling=load_ceiling(args.ceiling) if args.ceiling else None)
 
 
 def cmd_log(args) -> int:
-    from .events import EVENTS_FILE, format_event, read_events
+    from orchestrator.records.events import EVENTS_FILE, read_events
+    from orchestrator.fleet.views import format_event
     agent = load_agent(args.agent_dir)
     path = agent.state_dir / EVENTS_FILE
     if args.json:
@@ -177,8 +200,8 @@ def cmd_log(args) -> int:
 
 
 def cmd_policy_check(args) -> int:
-    from .ceiling import is_ceiling, load_ceiling
-    from .policy import load_policy
+    from orchestrator.policy.ceiling import is_ceiling, load_ceiling
+    from orchestrator.policy.schema import load_policy
     ceiling = is_ceiling(args.file)
     (load_ceiling if ceiling else load_policy)(args.file)  # a PolicyError is the one-line reason, exit 2
     print(f"ok: {args.file}{' (a broker ceiling)' if ceiling else ''}")
@@ -186,138 +209,178 @@ def cmd_policy_check(args) -> int:
 
 
 def cmd_policy_explain(args) -> int:
-    from .explain import explain
-    from .policy import check_against_engine
-    from .tools import build_registry
+    from orchestrator.sandbox.explain import explain, explain_data
+    from orchestrator.policy.schema import check_against_engine
+    from orchestrator.wake.tools import build_registry
     agent = load_agent(args.agent_dir)
     client = connect()
     check_against_engine(agent.policy, client)
     box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=client, warm=0)
     registry = build_registry(agent.policy, box, outbox=lambda text: None)
-    print(explain(agent.policy, box, registry), end="")
+    if args.json:
+        _print_json(explain_data(agent.policy, box, registry))
+    else:
+        print(explain(agent.policy, box, registry), end="")
     return EXIT_OK
 
 
 def cmd_escapes(args) -> int:
-    from .escapes.command import list_probes, run
+    from orchestrator.escapes.command import list_probes, run
     if args.list:
-        return list_probes()
+        return list_probes(as_json=args.json)
     return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe)
+
+
+def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and an example."""
+    p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+                       epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       **kwargs)
+    if func:
+        p.set_defaults(func=func)
+    return p
+
+
+def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what}, for scripts")
+
+
+EPILOG = """\
+exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
+failed (dead letter, blocked, an escape); 2 bad usage or configuration; 3 the
+environment (no engine, no broker, permission denied on the socket).
+
+start here:
+  wakeloop init agents/mine && wakeloop wake agents/mine    # a dry run: no API key needed
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="wakeloop",
+        prog="wakeloop", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a Claude agent unattended on a schedule; every tool call runs "
                     "in a fresh, hardened, disposable container.")
     parser.add_argument("--version", action="version", version=f"wakeloop {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("init", help="create agent.yaml, mandate.md, workspace/ and state/")
+    p = _command(sub, "init", "create agent.yaml, mandate.md, workspace/ and state/",
+                 "wakeloop init agents/mine --policy ../../policies/strict.yaml", cmd_init)
     p.add_argument("agent_dir")
-    p.add_argument("--policy", help="policy file path for agent.yaml (relative to AGENT_DIR)")
-    p.set_defaults(func=cmd_init)
+    p.add_argument("--policy", help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
+                                    "name of a shipped policy (default, strict, networked)")
 
-    sandbox = sub.add_parser("sandbox", help="use the sandbox directly").add_subparsers(
+    sandbox = _command(sub, "sandbox", "use the sandbox directly",
+                       "wakeloop sandbox exec agents/mine -- 'id; ls -la'").add_subparsers(
         dest="sandbox_command", metavar="SUBCOMMAND", required=True)
-    p = sandbox.add_parser("exec", help="run CMD exactly as the bash tool would; exit with its status "
-                                        "(124 on timeout)")
+    p = _command(sandbox, "exec", "run CMD exactly as the bash tool would (through the broker under "
+                                  "compose); exit with its status (124 on timeout)",
+                 "wakeloop sandbox exec agents/mine -- 'df -h /workspace'", cmd_sandbox_exec)
     p.add_argument("agent_dir")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="a shell string")
-    p.set_defaults(func=cmd_sandbox_exec)
 
-    p = sub.add_parser("wake", help="one wake; prints progress, then a JSON receipt as the last line")
+    p = _command(sub, "wake", "one wake; progress on stderr, its JSON receipt alone on stdout",
+                 "wakeloop wake agents/mine --live | jq .status", cmd_wake)
     p.add_argument("agent_dir")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--live", action="store_true", help="call the API (needs ANTHROPIC_API_KEY)")
     mode.add_argument("--dry-run", action="store_true", help="no API call: a scripted model drives "
                                                               "the real tools (the default)")
     p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
-    p.set_defaults(func=cmd_wake)
 
-    p = sub.add_parser("context", help="print the system prompt and first user message the next wake "
-                                       "would send; changes nothing")
+    p = _command(sub, "context", "print the system prompt and first user message the next wake "
+                                 "would send; changes nothing", "wakeloop context agents/mine | less",
+                 cmd_context)
     p.add_argument("agent_dir")
-    p.set_defaults(func=cmd_context)
+    _json_flag(p)
 
-    p = sub.add_parser("send", help="queue a message from you for the agent's next wake")
+    p = _command(sub, "send", "queue a message from you for the agent's next wake",
+                 "wakeloop send agents/mine 'look at the new data first'", cmd_send)
     p.add_argument("agent_dir")
     p.add_argument("text")
-    p.set_defaults(func=cmd_send)
 
-    p = sub.add_parser("outbox", help="show the messages the agent sent you")
+    p = _command(sub, "outbox", "show the messages the agent sent you (and mark them read)",
+                 "wakeloop outbox agents/mine --json", cmd_outbox)
     p.add_argument("agent_dir")
-    p.set_defaults(func=cmd_outbox)
+    _json_flag(p, "the messages as a JSON list")
 
-    p = sub.add_parser("status", help="wakes, tokens, last receipt, lock holder")
+    p = _command(sub, "status", "wakes, tokens, cost, last receipt, lock holder; for ROOT, one table "
+                                "of every agent", "wakeloop status agents/   # or agents/mine", cmd_status)
     p.add_argument("path", metavar="AGENT_DIR|ROOT")
-    p.set_defaults(func=cmd_status)
+    _json_flag(p, "every field whole, as JSON")
 
-    task = sub.add_parser("task", help="the agent's task queue (one task claimed per wake)").add_subparsers(
+    task = _command(sub, "task", "the agent's task queue (one task claimed per wake)",
+                    "wakeloop task add agents/mine 'summarise the logs'").add_subparsers(
         dest="task_command", metavar="SUBCOMMAND", required=True)
-    p = task.add_parser("add", help="queue a task for the agent's next wakes")
+    p = _command(task, "add", "queue a task for the agent's next wakes",
+                 "wakeloop task add agents/mine 'summarise the logs'", cmd_task_add)
     p.add_argument("agent_dir")
     p.add_argument("title")
-    p.set_defaults(func=cmd_task_add)
-    p = task.add_parser("list", help="every task with its status")
+    p = _command(task, "list", "every task with its status", "wakeloop task list agents/mine --json",
+                 cmd_task_list)
     p.add_argument("agent_dir")
-    p.set_defaults(func=cmd_task_list)
+    _json_flag(p, "the tasks as a JSON list")
 
-    p = sub.add_parser("serve", help="wake every agent under ROOT on its schedule until SIGTERM")
+    p = _command(sub, "serve", "wake every agent under ROOT on its schedule until SIGTERM",
+                 "wakeloop serve agents/ --max-concurrent 8", cmd_serve)
     p.add_argument("root")
     p.add_argument("--max-concurrent", type=int, default=4, metavar="K", help="wakes at once (default 4)")
-    p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("broker", help="the sandbox broker: run/write for the agents under ROOT over a "
-                                      "unix socket (the only process that needs Docker)")
+    p = _command(sub, "broker", "the sandbox broker: run/write for the agents under ROOT over a "
+                                "unix socket (the only process that needs Docker)",
+                 "wakeloop broker agents/ --socket /run/wakeloop/broker.sock --ceiling policies/ceiling.yaml",
+                 cmd_broker)
     p.add_argument("root")
     p.add_argument("--socket", required=True, metavar="PATH", help="the unix socket to listen on")
     p.add_argument("--ceiling", metavar="FILE",
                    help="the most any agent's policy may ask for (runtimes, images, networks, max "
                         "sizes); requests over it are refused. Keep it where the orchestrator cannot "
                         "write (compose: policies/ceiling.yaml)")
-    p.set_defaults(func=cmd_broker)
 
-    p = sub.add_parser("log", help="the event log, readable (--json for the raw lines)")
+    p = _command(sub, "log", "the event log, readable (--json for the raw lines)",
+                 "wakeloop log agents/mine --json | jq -c 'select(.type==\"dead_letter\")'", cmd_log)
     p.add_argument("agent_dir")
-    p.add_argument("--json", action="store_true", help="print the raw JSONL lines")
-    p.set_defaults(func=cmd_log)
+    _json_flag(p, "the raw JSONL lines")
 
-    policy = sub.add_parser("policy", help="check or explain a policy").add_subparsers(
+    policy = _command(sub, "policy", "check or explain a policy",
+                      "wakeloop policy check policies/default.yaml").add_subparsers(
         dest="policy_command", metavar="SUBCOMMAND", required=True)
-    p = policy.add_parser("check", help="validate a policy file (or the broker's ceiling file); "
-                                       "exit 0, or 2 with the reason")
+    p = _command(policy, "check", "validate a policy file (or the broker's ceiling file); "
+                                  "exit 0, or 2 with the reason", "wakeloop policy check my-policy.yaml",
+                 cmd_policy_check)
     p.add_argument("file")
-    p.set_defaults(func=cmd_policy_check)
-    p = policy.add_parser("explain", help="the tools offered and each call's container, "
-                                          "as docker run flags")
+    p = _command(policy, "explain", "the tools offered and each call's container, as docker run flags",
+                 "wakeloop policy explain agents/mine", cmd_policy_explain)
     p.add_argument("agent_dir")
-    p.set_defaults(func=cmd_policy_explain)
+    _json_flag(p)
 
-    image = sub.add_parser("image", help="the sandbox image").add_subparsers(
+    image = _command(sub, "image", "the sandbox image", "wakeloop image build").add_subparsers(
         dest="image_command", metavar="SUBCOMMAND", required=True)
-    p = image.add_parser("build", help="build wakeloop-sandbox:latest from sandbox-image/")
-    p.set_defaults(func=cmd_image_build)
+    _command(image, "build", "build wakeloop-sandbox:latest from sandbox-image/", "wakeloop image build",
+             cmd_image_build)
 
-    p = sub.add_parser("escapes", help="run the escape suite against the live engine under a policy; "
-                                       "exit 1 if anything escaped")
+    p = _command(sub, "escapes", "run the escape suite against the live engine under a policy; "
+                                 "exit 1 if anything escaped",
+                 "wakeloop escapes --runtime runsc --policy policies/networked.yaml", cmd_escapes)
     p.add_argument("agent_dir", nargs="?", help="use this agent's policy (probes run in a throwaway agent)")
     p.add_argument("--policy", help="use this policy file instead (default: the default policy)")
     p.add_argument("--runtime", help="override the policy's runtime, e.g. runsc")
-    p.add_argument("--json", action="store_true", help="print one JSON report instead of the table")
+    _json_flag(p, "one JSON report instead of the table (with --list: the probes)")
     p.add_argument("--probe", action="append", metavar="NAME", help="run only this probe (repeatable)")
     p.add_argument("--list", action="store_true", help="list the probes and exit")
-    p.set_defaults(func=cmd_escapes)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
+        parser.print_help()
+        return EXIT_OK if args.command is None else EXIT_USAGE
     try:
         return args.func(args)
-    except (AgentError, PolicyError, SandboxError, TaskError, LedgerError) as exc:
+    except WakeloopError as exc:
         print(f"wakeloop: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         print("wakeloop: interrupted", file=sys.stderr)
         return 130
@@ -330,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stop_network() -> None:
     """Remove the allowlist proxies this process started (network.py); quiet if none."""
-    from . import network
+    from orchestrator.sandbox import network
     if network.started():
         try:
             network.shutdown(connect())

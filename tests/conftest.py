@@ -13,9 +13,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.agent import init_agent, load_agent
+from orchestrator.policy.agent import init_agent, load_agent
 from leftovers import our_containers
-from orchestrator.sandbox import DockerSandbox
+from orchestrator.sandbox.engine import DockerSandbox
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.sandbox import LABEL
+from orchestrator.sandbox.engine import LABEL
 
 
 def our_containers(client, base: Path) -> list:

@@ -24,14 +24,17 @@ import pytest
 import yaml
 
 from leftovers import our_containers
-from orchestrator import broker as broker_module
-from orchestrator import network
-from orchestrator.agent import init_agent
-from orchestrator.broker import APPEND_MAX_BYTES, HOST_ROOT_ENV, Broker, BrokerSandbox, serve
-from orchestrator.ceiling import Ceiling
-from orchestrator.loop import CLOSING_NOTE_CAP
-from orchestrator.sandbox import LABEL, SandboxError
-from orchestrator.workspace import append_in_sandbox
+from orchestrator.broker import server as broker_module
+from orchestrator.sandbox import network
+from orchestrator.policy.agent import init_agent
+from orchestrator.broker.wire import APPEND_MAX_BYTES
+from orchestrator.broker.server import HOST_ROOT_ENV, Broker, serve
+from orchestrator.broker.client import BrokerSandbox
+from orchestrator.policy.ceiling import Ceiling
+from orchestrator.wake.loop import CLOSING_NOTE_CAP
+from orchestrator.sandbox.engine import LABEL
+from orchestrator.sandbox.box import SandboxError
+from orchestrator.wake.workspace import append_in_sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 START_S = 30                         # the broker's start: engine ping, leftover sweep

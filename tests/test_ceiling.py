@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ceiling import Ceiling, load_ceiling
-from orchestrator.policy import DEFAULT, PolicyError, load_policy
+from orchestrator.policy.ceiling import Ceiling, load_ceiling
+from orchestrator.policy.schema import DEFAULT, PolicyError, load_policy
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "policies" / "ceiling.yaml"

@@ -19,10 +19,10 @@ import tracemalloc
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from orchestrator.agent import load_agent
-from orchestrator.context import build_context, system_prompt
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.workspace import READ_CAP, journal_size, read_text
+from orchestrator.policy.agent import load_agent
+from orchestrator.wake.context import build_context, system_prompt
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.wake.workspace import READ_CAP, journal_size, read_text
 
 CANARY = "CANARY-host-secret-5d41402abc4b2a76"
 FIFO_DEADLINE_S = 2.0               # the bound for a context build facing a FIFO

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.events import REDACTED, EventLog, format_event, read_events, secrets_from_env
+from orchestrator.records.events import REDACTED, EventLog, read_events, secrets_from_env
+
+from orchestrator.fleet.views import format_event
 
 APPENDS = 300                       # lines per writer in the concurrency test
 WRITERS = 3
@@ -51,7 +53,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 
 def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
     path = tmp_path / "events.jsonl"
-    code = ("import sys; from orchestrator.events import EventLog; "
+    code = ("import sys; from orchestrator.records.events import EventLog; "
             f"log = EventLog(sys.argv[1], sys.argv[2], secrets=()); "
             f"[log.emit('tick', n=n, pad='x' * 3000) for n in range({APPENDS})]")
     root = Path(__file__).resolve().parent.parent

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from fakeapi import FAKE_KEY, text, tool_use, turn, usage
-from orchestrator.agent import load_agent
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
+from orchestrator.policy.agent import load_agent
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
                                  load_prices, price_for, read_book, record, worst_case_usd)
-from orchestrator.policy import Budget
+from orchestrator.policy.schema import Budget
 
 KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_a_dry_run_meter_counts_tokens_but_bills_nothing(tmp_path):
 # -- whole wakes against the fake API ------------------------------------------------
 
 def test_a_call_whose_worst_case_crosses_the_wake_cap_is_never_sent(agent_dir, fake_api):
-    from orchestrator.loop import wake
+    from orchestrator.wake.loop import wake
     # Worst case of one call at sonnet-4-6 prices: input (a few thousand tokens at
     # $3.75/MTok, ~$0.01) + 1000 output tokens at $15/MTok ($0.015): ~$0.025.
     # The first call fits under $0.05; it reports 2,000 output tokens ($0.03), so

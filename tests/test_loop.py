@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
-from orchestrator.agent import load_agent
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.loop import wake
-from orchestrator.model import MAX_RETRIES, LiveModel
-from orchestrator.state import read_outbox, send_message_to_agent
+from orchestrator.policy.agent import load_agent
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.wake.loop import wake
+from orchestrator.wake.model import MAX_RETRIES, LiveModel
+from orchestrator.records.state import read_outbox, send_message_to_agent
 
 KEY = FAKE_KEY
 WAKELOOP = [sys.executable, "-m", "orchestrator"]
@@ -361,7 +361,8 @@ def test_dry_run_cli_drives_real_tools_without_any_api(agent_dir):
     assert "(empty: this is the first wake)" in (agent_dir / "workspace/memory/core.md").read_text()
     assert "Wake #1 (dry run)" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
     assert (agent_dir / "workspace/memory/dry-run.md").is_file()
-    assert "step 1" in proc.stdout
+    assert "step 1" in proc.stderr                     # progress on stderr: stdout is the receipt alone
+    assert len(proc.stdout.strip().splitlines()) == 1
 
 
 def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(agent_dir, tmp_path):

@@ -24,9 +24,9 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator import network
-from orchestrator.policy import policy_from_mapping
-from orchestrator.sandbox import DockerSandbox
+from orchestrator.sandbox import network
+from orchestrator.policy.schema import policy_from_mapping
+from orchestrator.sandbox.engine import DockerSandbox
 
 SERVER_PORT = 8080                  # both test servers listen here
 UNLISTED_PORT = 8081                # on the allowed host, but not on the list
@@ -117,7 +117,7 @@ def _wait_for_log(container, text: str, deadline_s: float) -> None:
 def allowlist_box(docker_client, tmp_path_factory):
     """A sandbox under `network: allowlist` with [allowed.wakeloop.test:8080]; the
     proxy and holder are removed afterwards, as `wakeloop` does on shutdown."""
-    from orchestrator.agent import init_agent
+    from orchestrator.policy.agent import init_agent
     agent_dir = init_agent(tmp_path_factory.mktemp("net") / "agent")
     policy = policy_from_mapping({"sandbox": {"network": "allowlist",
                                               "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test")
@@ -202,7 +202,7 @@ def allowlist(allowlist_box, servers, docker_client, host_listener):
 @pytest.fixture(scope="module")
 def closed(servers, docker_client, host_listener, tmp_path_factory):
     """The same probe under `network: none`."""
-    from orchestrator.agent import init_agent
+    from orchestrator.policy.agent import init_agent
     agent_dir = init_agent(tmp_path_factory.mktemp("none") / "agent")
     box = DockerSandbox(agent_dir / "workspace", policy_from_mapping({}, "test").sandbox,
                         client=docker_client, warm=0)
@@ -286,7 +286,7 @@ def test_the_proxy_is_reused_and_removed_on_shutdown(docker_client, allowlist_bo
 
 
 def test_shutdown_removes_the_proxy_holder_and_network(docker_client, tmp_path):
-    from orchestrator.agent import init_agent
+    from orchestrator.policy.agent import init_agent
     agent_dir = init_agent(tmp_path / "agent")
     policy = policy_from_mapping({"sandbox": {"network": "allowlist", "allow_hosts": ["x.wakeloop.test"]}},
                                  "test")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import init_agent
-from orchestrator.policy import (DEFAULT, PolicyError, WriteFileTool, check_against_engine,
+from orchestrator.policy.agent import init_agent
+from orchestrator.policy.schema import (DEFAULT, PolicyError, WriteFileTool, check_against_engine,
                                  glob_match, normalise, parse_policy, parse_size)
 
 REPO = Path(__file__).resolve().parent.parent

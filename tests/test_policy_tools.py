@@ -14,11 +14,11 @@ from pathlib import Path
 import yaml
 
 from fakeapi import FAKE_KEY, text, tool_use, turn
-from orchestrator.agent import load_agent
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.loop import wake
-from orchestrator.model import LiveModel
-from orchestrator.state import read_outbox
+from orchestrator.policy.agent import load_agent
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.wake.loop import wake
+from orchestrator.wake.model import LiveModel
+from orchestrator.records.state import read_outbox
 
 KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent

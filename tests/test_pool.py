@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.sandbox import LABEL
+from orchestrator.sandbox.engine import LABEL
 
 DEADLINE = 30
 
@@ -117,7 +117,7 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
         if cid == "c0":
             raise RuntimeError("remove failed")
 
-    from orchestrator.pool import WarmPool
+    from orchestrator.sandbox.pool import WarmPool
     pool = WarmPool(1, key=lambda: "k", make=make, remove=remove, alive=lambda cid: True)
     # The first make fails; calls go cold meanwhile, and each asks for a refill.
     for _ in range(100):

@@ -13,7 +13,9 @@ from dataclasses import replace
 import docker
 import pytest
 
-from orchestrator.sandbox import DockerSandbox, SandboxError, connect
+from orchestrator.sandbox.engine import DockerSandbox, connect
+
+from orchestrator.sandbox.box import SandboxError
 
 TIMEOUT = 30            # generous per-call deadline for commands that should finish at once
 CAP = 20_000            # the default policy's max_output_chars

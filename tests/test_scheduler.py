@@ -23,12 +23,13 @@ import yaml
 
 from leftovers import our_containers
 from sync import read_until, release_fifo
-from orchestrator.agent import init_agent
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.loop import wake
-from orchestrator.scheduler import (Scheduler, describe_receipt, first_due, parse_schedule,
-                                    save_tick, status_table, ScheduleError)
-from orchestrator.state import WakeLock, lock_holder
+from orchestrator.policy.agent import init_agent
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.wake.loop import wake
+from orchestrator.fleet.scheduler import Scheduler
+from orchestrator.fleet.views import describe_receipt, status_table
+from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, ScheduleError
+from orchestrator.records.state import WakeLock, lock_holder
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 90                          # the longest any condition here may take on a busy engine
@@ -257,11 +258,11 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     root = tmp_path / "agents"
     a = make_agent(root, "alpha", "60s")
     make_agent(root, "beta", "* * * * *")
-    from orchestrator.tasks import add_task
+    from orchestrator.records.tasks import add_task
     add_task(a / "state", "one")
     add_task(a / "state", "two")
     (a / "state" / "outbox.txt").write_text("--- 2026-11-29T00:00:00Z wake 1\nhello\n")
-    from orchestrator.ledger import record
+    from orchestrator.records.ledger import record
     record(a / "state", 0.12, 3000)
     table = status_table(root).splitlines()
     assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "TOKENS", "TODAY",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sync import read_until, release_fifo
 
-from orchestrator.events import EVENTS_FILE, EventLog, read_events
-from orchestrator.state import (LOCK_FILE, STATE_FILE, State, WakeLock, commit_inbox, drain_inbox,
+from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
+from orchestrator.records.state import (LOCK_FILE, STATE_FILE, State, WakeLock, commit_inbox, drain_inbox,
                                 load_state, lock_holder, peek_inbox, restore_inbox, save_state,
                                 send_message_to_agent)
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from fakeapi import FAKE_KEY, text, tool_use, turn
-from orchestrator.agent import load_agent
-from orchestrator.events import EVENTS_FILE, read_events
-from orchestrator.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
+from orchestrator.policy.agent import load_agent
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
                                 open_tasks)
 
 KEY = FAKE_KEY
@@ -106,7 +106,7 @@ def first_user_text(request) -> str:
 
 
 def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fake_api):
-    from orchestrator.loop import wake
+    from orchestrator.wake.loop import wake
     add_task(agent_dir / "state", "count the files in the workspace")
     add_task(agent_dir / "state", "the next one, for a later wake")
     api = fake_api([
@@ -127,7 +127,7 @@ def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fa
 
 
 def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fake_api):
-    from orchestrator.loop import wake
+    from orchestrator.wake.loop import wake
     add_task(agent_dir / "state", "first")
     add_task(agent_dir / "state", "second")
     api = fake_api([turn(tool_use("complete_task", {"task_id": "t2", "status": "done", "note": "x"})),
@@ -139,7 +139,7 @@ def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fa
 
 
 def test_a_policy_can_take_complete_task_away(agent_dir, fake_api):
-    from orchestrator.loop import wake
+    from orchestrator.wake.loop import wake
     config = agent_dir / "agent.yaml"
     data = yaml.safe_load(config.read_text())
     data["policy"] = {"tools": {"complete_task": {"enabled": False}}}

@@ -8,18 +8,20 @@ and exits 1 if anything did not hold. Progress goes to stderr as it runs.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from dataclasses import replace
 
-from ..agent import AgentError, load_agent
-from ..policy import Policy, load_policy
-from ..sandbox import SandboxError, check_image, connect
-from .core import HELD, run_suite, temp_lab
-from .host import check_host
-from .registry import ALL_PROBES
-from .report import failed, json_report, text_report
+from orchestrator.policy.agent import AgentError, load_agent
+from orchestrator.policy.schema import Policy, load_policy
+from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.engine import check_image, connect
+from orchestrator.escapes.core import HELD, run_suite, temp_lab
+from orchestrator.escapes.host import check_host
+from orchestrator.escapes.registry import ALL_PROBES
+from orchestrator.escapes.report import failed, json_report, text_report
 
 EXIT_HELD, EXIT_ESCAPED = 0, 1
 
@@ -71,7 +73,11 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
     return EXIT_ESCAPED if failed(outcomes) else EXIT_HELD
 
 
-def list_probes() -> int:
+def list_probes(as_json: bool = False) -> int:
+    if as_json:
+        print(json.dumps([{"name": p.name, "category": p.category, "expected": p.expected}
+                          for p in ALL_PROBES], indent=2))
+        return EXIT_HELD
     for p in ALL_PROBES:
         print(f"{p.category:12} {p.name:40} {p.expected}")
     return EXIT_HELD

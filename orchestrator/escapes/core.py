@@ -24,9 +24,10 @@ from typing import Callable
 
 import docker
 
-from ..agent import init_agent
-from ..policy import SandboxPolicy, Tools
-from ..sandbox import DockerSandbox, SandboxResult
+from orchestrator.policy.agent import init_agent
+from orchestrator.policy.schema import SandboxPolicy, Tools
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.box import SandboxResult
 
 HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import docker.errors
 
-from ..sandbox import SandboxError
-from .core import Probe, Trial, escaped, held
+from orchestrator.sandbox.box import SandboxError
+from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "filesystem"
 CVE_2024_21626_FDS = range(3, 10)   # runc leaked its cgroup dir fd as 7 or 8; 3..9 covers the variants

@@ -14,9 +14,9 @@ import hashlib
 import threading
 from dataclasses import asdict
 
-from ..agent import load_agent
-from ..policy import Policy
-from .core import Probe, Trial, escaped, held
+from orchestrator.policy.agent import load_agent
+from orchestrator.policy.schema import Policy
+from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "harness"
 HARNESS_READ_DEADLINE_S = 10        # building the system prompt takes ms; 10 s means it hung
@@ -24,8 +24,8 @@ PROMPT_MAX_CHARS = 1_000_000        # a prompt larger than this means a planted 
 
 
 def _registry(t: Trial, sent: list[str]):
-    from ..tools import build_registry
-    from .. import state
+    from orchestrator.wake.tools import build_registry
+    from orchestrator.records import state
     policy = Policy(tools=t.lab.tools, sandbox=t.lab.policy)
     return build_registry(policy, t.box, outbox=lambda text: (sent.append(text),
                                                               state.append_outbox(t.state, text, 1)))
@@ -38,7 +38,7 @@ def _fingerprint(t: Trial) -> dict[str, str]:
 
 
 def _seed_state(t: Trial) -> None:
-    from .. import state
+    from orchestrator.records import state
     state.save_state(t.state, state.State(wake=7, tokens_lifetime=1234))
     state.append_outbox(t.state, "a real message", 7)
     (t.state / "events.jsonl").write_text('{"run_id": "r", "type": "wake_started"}\n')
@@ -90,7 +90,7 @@ blocks_changing_policy_or_mandate = _tool_attack(
 
 
 def _forge_outbox(t: Trial) -> str:
-    from .. import state
+    from orchestrator.records import state
     _seed_state(t)
     sent: list[str] = []
     registry = _registry(t, sent)
@@ -120,7 +120,7 @@ blocks_forging_the_outbox = Probe(
 def _build_prompt(t: Trial) -> tuple[str | None, str, float]:
     """The real system prompt for the trial's agent, under a deadline: (prompt, error, seconds)."""
     import time
-    from ..context import system_prompt
+    from orchestrator.wake.context import system_prompt
     agent = load_agent(t.dir)
     out: list = []
 
@@ -213,7 +213,7 @@ PROBE_READY_S = 60                  # for the pool to have a started container
 
 
 def _forge_end_line(t: Trial) -> str:
-    from .core import python_command
+    from orchestrator.escapes.core import python_command
     if t.box.pool is None or not t.box.pool.wait_ready(1, PROBE_READY_S):
         return held("no warm container: the status came from the engine, which output cannot reach")
     result = t.run(python_command(_FORGE_END_LINE))
@@ -235,8 +235,9 @@ def _raise_the_box(t: Trial) -> str:
     Taken over, it asks the broker for more than the user allowed; the broker's
     ceiling (here: the lab's own policy) must refuse each ask before any container."""
     import yaml
-    from ..broker import Broker, BrokerError
-    from ..ceiling import Ceiling
+    from orchestrator.broker.server import Broker
+    from orchestrator.broker.wire import BrokerError
+    from orchestrator.policy.ceiling import Ceiling
     box = t.lab.policy
     ceiling = Ceiling(runtimes=(box.runtime,), images=(box.image,), networks=(box.network,),
                       max={"memory": box.memory, "pids": box.pids, "cpus": box.cpus}, source="the lab's policy")

@@ -14,7 +14,7 @@ import os
 import re
 import socket
 
-from .core import Probe, Trial, escaped, held
+from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "information"
 BOX_ENV = {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_", "OLDPWD"}   # set by the box or bash itself
@@ -52,8 +52,8 @@ def _box_env(t: Trial) -> dict[str, str]:
 def _ours() -> dict[str, str]:
     """wakeloop's own programs, which pid 1 keeps in its environment (seccomp.boot):
     name -> sha256 of the exact source, so nothing else may hide under the name."""
-    from ..pool import LAUNCHER, LAUNCHER_ENV
-    from ..seccomp import GUARD, GUARD_ENV
+    from orchestrator.sandbox.programs import LAUNCHER, LAUNCHER_ENV
+    from orchestrator.sandbox.programs import GUARD, GUARD_ENV
     return {GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
             LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest()}
 

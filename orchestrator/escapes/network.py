@@ -14,7 +14,7 @@ import socket
 
 import docker.errors
 
-from .core import Probe, Trial
+from orchestrator.escapes.core import Probe, Trial
 
 CATEGORY = "network"
 DOCKER_API_PORTS = (2375, 2376)     # the engine's plain and TLS TCP ports

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-from ..sandbox import KILL_GRACE_S
-from .core import Probe, Trial, escaped, held, python_command
+from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 
 CATEGORY = "privileges"
 STOPPED_INIT_DEADLINE_S = 4     # the call's own deadline: short, the point is that it is kept

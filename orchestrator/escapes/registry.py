@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from . import filesystem, harness, information, network, persistence, privileges, resources, workspace
+from orchestrator.escapes import filesystem
+from orchestrator.escapes import harness
+from orchestrator.escapes import information
+from orchestrator.escapes import network
+from orchestrator.escapes import persistence
+from orchestrator.escapes import privileges
+from orchestrator.escapes import resources
+from orchestrator.escapes import workspace
 
 CATEGORIES = ("filesystem", "workspace", "privileges", "network", "information", "persistence",
               "resources", "harness")

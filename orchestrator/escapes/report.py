@@ -10,10 +10,10 @@ import json
 from collections import Counter
 from dataclasses import asdict
 
-from ..output import clean
-from .core import ESCAPED, HELD, INCONCLUSIVE, Outcome
-from .host import WARNING, HostCheck
-from .registry import CATEGORIES
+from orchestrator.sandbox.output import clean
+from orchestrator.escapes.core import ESCAPED, HELD, INCONCLUSIVE, Outcome
+from orchestrator.escapes.host import WARNING, HostCheck
+from orchestrator.escapes.registry import CATEGORIES
 
 WIDTH = {"probe": 38, "category": 11, "verdict": 12, "expected": 48, "observed": 70}   # columns, in characters
 

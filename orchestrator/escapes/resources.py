@@ -14,8 +14,8 @@ import threading
 import time
 
 
-from ..sandbox import KILL_GRACE_S
-from .core import Probe, Trial, escaped, held, python_command
+from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 
 CATEGORY = "resources"
 BOMB_DEADLINE_S = 8             # fork/memory bombs: long enough to hit the limit, short for the suite

@@ -15,8 +15,8 @@ import subprocess
 import threading
 import time
 
-from ..sandbox import KILL_GRACE_S
-from .core import Probe, Trial, escaped, held
+from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10        # one write_file call; a FIFO must not stretch it

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.escapes.core import Lab
-from orchestrator.policy import SandboxPolicy
+from orchestrator.policy.schema import SandboxPolicy
 
 
 @pytest.fixture

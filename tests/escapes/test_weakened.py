@@ -16,13 +16,13 @@ import socket
 import pytest
 from docker.types import Mount, Ulimit
 
-from orchestrator.ceiling import Ceiling
+from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
-from orchestrator.pool import LAUNCHER_ENV
-from orchestrator.sandbox import DockerSandbox
-from orchestrator.seccomp import guarded
+from orchestrator.sandbox.programs import LAUNCHER_ENV
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.programs import guarded
 
 
 def weakened(change):

@@ -56,19 +56,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import docker.errors
-
-from . import ledger, tasks
-from . import state as st
-from .agent import Agent, AgentError
-from .context import CACHE, build_context, journal_day
-from .events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
-from .model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
-from .output import clean
-from .policy import check_against_engine
-from .sandbox import DockerSandbox, Sandbox, SandboxError, connect
-from .tools import build_registry, error
-from .workspace import JOURNAL_DIR, append_in_sandbox, journal_size
+from orchestrator.records import ledger
+from orchestrator.records import tasks
+from orchestrator.records import state as st
+from orchestrator.policy.agent import Agent, AgentError
+from orchestrator.wake.context import CACHE, build_context, journal_day
+from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
+from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
+from orchestrator.sandbox.output import clean
+from orchestrator.broker.client import open_sandbox
+from orchestrator.sandbox.box import Sandbox
+from orchestrator.wake.task_tools import complete_task_tools
+from orchestrator.wake.tools import build_registry, error
+from orchestrator.wake.workspace import JOURNAL_DIR, append_in_sandbox, journal_size
 
 CLOSING_NOTE_CAP = 32 * 1024        # chars of the final budget reply kept in the journal
 EVENT_INPUT_CAP = 2000              # chars per tool argument kept in the event log
@@ -129,9 +129,6 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     if live is None:  # a script is a dry run's script; otherwise agent.yaml (or its env override) says
         live = False if script is not None else not agent.dry_run
     turns, api_key = _check_config(agent, live, script, model)
-    if sandbox is None:
-        from .broker import sandbox_from_env
-        sandbox = sandbox_from_env(agent)  # under compose: the broker, never the Docker socket
     run_id = uuid.uuid4().hex[:12]
     agent.state_dir.mkdir(mode=0o700, exist_ok=True)
     events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
@@ -200,11 +197,12 @@ class _Wake:
         blocked = self._blocked(state)
         if blocked:
             return blocked
-        self.box = sandbox or self._docker_sandbox()
+        # Under compose the broker's, never the Docker socket (client.open_sandbox decides).
+        self.box = sandbox or open_sandbox(self.agent, run_id=self.run_id, fresh=True, say=self.say)
         try:
             return self._run_in(state, model, turns)
         finally:
-            if sandbox is None and hasattr(self.box, "close"):
+            if sandbox is None:
                 self.box.close()  # ours: no container of this wake outlives it
 
     def _blocked(self, state: st.State) -> Receipt | None:
@@ -238,7 +236,7 @@ class _Wake:
             self.task = self._claim_task()
             journal_before = journal_size(agent.workspace, self.day)
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox)
-            completer = tasks.complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
+            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
@@ -259,22 +257,6 @@ class _Wake:
                  f"({self.cache_read:,} read from cache), {self.tool_calls} tool calls, "
                  f"{receipt.duration_ms / 1000:.1f}s")
         return receipt
-
-    def _docker_sandbox(self) -> DockerSandbox:
-        client = connect()
-        check_against_engine(self.agent.policy, client)  # before any container starts
-        box = DockerSandbox(self.agent.workspace, self.agent.policy.sandbox,
-                            agent=self.agent.name, run_id=self.run_id, client=client)
-        if box.warning:
-            self.say(box.warning)
-        try:
-            left = box.cleanup_leftovers()  # we hold the lock: any container of this workspace is stale
-        except docker.errors.DockerException as exc:
-            box.close()  # its pool has started: nothing of this wake may outlive it
-            raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
-        if left:
-            self.say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
-        return box
 
     def _started(self, inbox: str) -> None:
         mode = "live" if self.model.live else "dry run (scripted model, no API call)"

@@ -84,17 +84,3 @@ def read_events(path: Path) -> Iterator[Event]:
                             raw.get("data") if isinstance(raw.get("data"), dict) else {})
             except (ValueError, KeyError, TypeError):
                 continue
-
-
-LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
-
-
-def format_event(event: Event) -> str:
-    """One readable line for `wakeloop log`; untrusted text is cleaned and cut."""
-    from .output import clean
-    fields = []
-    for key, value in event.data.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-        text = clean(" ".join(text.split()))
-        fields.append(f"{key}={text[:LOG_VALUE_CAP]}{'...' if len(text) > LOG_VALUE_CAP else ''}")
-    return f"{event.timestamp}  {event.run_id[:8]}  {event.type:<15} {' '.join(fields)}"

@@ -25,30 +25,22 @@ It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
 
-Wire format: one JSON object per line, one request per connection.
-  -> {"op": "run",   "agent": "demo", "command": "ls -la"}
-  -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
-  -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
-  -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start)
-  -> {"op": "ping"}
-  <- {"ok": true, "result": {SandboxResult fields}}  |  {"ok": false, "error": "one line"}
+Wire format, ops and limits: wire.py.
 
 Workspace paths: the engine resolves a bind-mount source on the *host*, and
 the broker may itself run in a container with ROOT mounted anywhere. At start
 it asks the engine where its own ROOT comes from (its own container's mounts),
 so compose needs no same-path bind; outside a container ROOT is the host path.
 
-Not here: the model, tools' schemas, the event log (all orchestrator-side).
-`BrokerSandbox` below is the orchestrator's client: a Sandbox like any other.
+Not here: the model, tools' schemas, the event log (all orchestrator-side);
+the orchestrator's client (client.py).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
-import socket
 import socketserver
 import threading
 import time
@@ -59,22 +51,17 @@ from typing import Callable
 import docker
 from docker.types import Mount
 
-from . import network
-from .agent import AgentError, load_agent
-from .ceiling import Ceiling
-from .policy import PolicyError
-from .sandbox import WORKSPACE, DockerSandbox, SandboxError, SandboxResult, connect
-from .workspace import JOURNAL_DIR
+from orchestrator.sandbox import network
+from orchestrator.policy.agent import AgentError, load_agent
+from orchestrator.policy.ceiling import Ceiling
+from orchestrator.policy.schema import PolicyError
+from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
+                                      MAX_REQUEST_BYTES, BrokerError, decode_content)
+from orchestrator.sandbox.box import WORKSPACE, SandboxError, SandboxResult
+from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.wake.workspace import JOURNAL_DIR
 
-BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
-MAX_REQUEST_BYTES = 32 * 2**20      # one request line; write content is capped by policy below
-MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2 MB
-CONNECT_WAIT_S = 30.0               # the client waits this long for a broker still starting
-REPLY_MARGIN_S = 60.0               # on top of the call's own timeout: create, remove, a slow engine
-APPEND_TIMEOUT_S = 30.0             # one journal append; as workspace.STUB_TIMEOUT_S
-APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
-                                    # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
 SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
 EGRESS_CHECK_S = 30.0               # how often an allowlist agent's proxy and netns holder are checked
@@ -82,10 +69,6 @@ _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
 _JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
-
-
-class BrokerError(ValueError):
-    """A request the broker refuses: one line, sent back to the client."""
 
 
 # -- where ROOT is on the host -------------------------------------------------------
@@ -303,7 +286,7 @@ class Broker:
 
     def _check_write(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
         tool = agent.policy.tools.write_file
-        path, content = request.get("path"), _content(request)
+        path, content = request.get("path"), decode_content(request)
         if not isinstance(path, str):
             raise BrokerError("path must be a string")
         refusal = tool.refusal(path, len(content))
@@ -315,7 +298,7 @@ class Broker:
         """The journal stub's append, or a refusal. The tools policy does not
         apply, so this must not become a general write: one path shape, a size cap.
         A symlinked journal is refused in the box, as write_file's would be."""
-        path, content = request.get("path"), _content(request)
+        path, content = request.get("path"), decode_content(request)
         if not isinstance(path, str) or not _JOURNAL_PATH.fullmatch(path):
             raise BrokerError(f"{agent.dir.name}: append is only for {JOURNAL_DIR}/YYYY-MM-DD.md, "
                               f"not {path!r:.80}")
@@ -330,13 +313,6 @@ def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
     fixed = lambda p: (p.pool, p.network, p.allow_hosts)  # noqa: E731
     return (box.workspace, box.host_workspace, box.agent) != place or fixed(box.policy) != fixed(policy)
-
-
-def _content(request: dict) -> bytes:
-    try:
-        return base64.b64decode(request.get("content_b64", ""), validate=True)
-    except (ValueError, TypeError):
-        raise BrokerError("content_b64 must be base64") from None
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -435,90 +411,3 @@ def _hand_socket_to_root_owner(socket_path: Path, root: Path) -> None:
     if os.geteuid() == 0:
         os.chown(socket_path, st.st_uid, st.st_gid)
     os.chmod(socket_path, 0o660)
-
-
-# -- the client: a Sandbox that asks the broker ----------------------------------------
-
-class BrokerSandbox:
-    """The orchestrator's Sandbox under compose: each call is one broker request.
-    Timeouts and caps come from the broker's reading of the policy, not from us."""
-
-    def __init__(self, socket_path: str | Path, agent_name: str):
-        self.socket_path = str(socket_path)
-        self.agent = agent_name
-        self.warning = None
-
-    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
-
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
-        return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
-                           "content_b64": base64.b64encode(content).decode()}, timeout_s)
-
-    def ping(self) -> dict:
-        return request(self.socket_path, {"op": "ping"}, 10)
-
-    def check(self) -> None:
-        """SandboxError now, before the wake starts, if the broker would refuse this
-        agent as its policy stands (over the ceiling, say), rather than each call."""
-        request(self.socket_path, {"op": "check", "agent": self.agent}, 10)
-
-    def _call(self, req: dict, timeout_s: float) -> SandboxResult:
-        reply = request(self.socket_path, req, timeout_s + REPLY_MARGIN_S)
-        try:
-            return SandboxResult(**reply)
-        except TypeError:
-            raise SandboxError("the sandbox broker sent a malformed result") from None
-
-
-def request(socket_path: str, req: dict, timeout_s: float) -> dict:
-    """One request, one reply; waits CONNECT_WAIT_S for a broker that is starting."""
-    sock = _connect(socket_path)
-    try:
-        sock.settimeout(timeout_s)
-        sock.sendall(json.dumps(req).encode() + b"\n")
-        with sock.makefile("rb") as f:
-            line = f.readline(MAX_REQUEST_BYTES)
-    except socket.timeout:
-        raise SandboxError(f"the sandbox broker at {socket_path} did not answer within {timeout_s:g}s") from None
-    except OSError as exc:
-        raise SandboxError(f"lost the sandbox broker at {socket_path}: {exc.strerror or exc}") from None
-    finally:
-        sock.close()
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        raise SandboxError(f"the sandbox broker at {socket_path} closed without an answer") from None
-    if not reply.get("ok"):
-        raise SandboxError(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
-    return reply["result"]
-
-
-def _connect(socket_path: str) -> socket.socket:
-    deadline = time.monotonic() + CONNECT_WAIT_S
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(socket_path)
-            return sock
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise SandboxError(f"no sandbox broker at {socket_path} ({exc.strerror}); start it "
-                                   f"with `wakeloop broker ROOT --socket {socket_path}`") from None
-            time.sleep(0.2)
-        except OSError as exc:
-            sock.close()
-            raise SandboxError(f"cannot reach the sandbox broker at {socket_path}: {exc.strerror}") from None
-
-
-def sandbox_from_env(agent, environ=os.environ) -> BrokerSandbox | None:
-    """A BrokerSandbox, checked with the broker, when $WAKELOOP_BROKER names a
-    socket; else None (use Docker directly)."""
-    path = environ.get(BROKER_ENV, "").strip()
-    if not path:
-        return None
-    box = BrokerSandbox(path, agent.dir.name)
-    box.check()
-    return box
-

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from .policy import NETWORKS, Policy, PolicyError, line_of, parse_size
+from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_size
 
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size")

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .policy import Policy
-from .sandbox import Sandbox, SandboxError, SandboxResult
+from orchestrator.policy.schema import Policy
+from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 
 TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
 

@@ -31,116 +31,26 @@ Not here: what a wake does (loop.py) or how it is billed (ledger.py).
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from croniter import croniter
-
-from .agent import Agent, AgentError, load_agent
-from .broker import BROKER_ENV, sandbox_from_env
-from .policy import PolicyError
-from .sandbox import SandboxError
-from .state import atomic_write
+from orchestrator.errors import WakeloopError
+from orchestrator.policy.agent import Agent, AgentError, load_agent
+from orchestrator.broker.client import broker_socket
+from orchestrator.policy.schema import PolicyError
+from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, parse_schedule,
+                                        save_tick, stamp, utcnow)
+from orchestrator.fleet.views import describe_receipt
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
 MAX_CONCURRENT = 4                  # default K: wakes at once; each holds a container and an API call
-SCHEDULE_FILE = "schedule.json"     # in state/: the last tick handled, so a restart runs a missed one once
-_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
-_UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
-MIN_INTERVAL_S = 1.0                # `every: 0.1s` would be a busy loop, not a schedule
-
-
-class ScheduleError(ValueError):
-    """A schedule that is neither cron nor an interval: one line for the human."""
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def stamp(t: datetime | None) -> str:
-    return t.strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
-
-
-# -- schedules -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Schedule:
-    text: str
-    interval_s: float | None = None  # set for `every: 30s`; None for cron
-
-    def next_after(self, t: datetime) -> datetime:
-        if self.interval_s is not None:
-            return t + timedelta(seconds=self.interval_s)
-        return croniter(self.text, t).get_next(datetime)
-
-    def describe(self) -> str:
-        return f"every {self.interval_s:g}s" if self.interval_s is not None else f"cron '{self.text}'"
-
-
-def parse_schedule(text: str) -> Schedule:
-    match = _EVERY.match(text)
-    if match:
-        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower()]
-        if seconds < MIN_INTERVAL_S:
-            raise ScheduleError(f"interval {text!r} is under {MIN_INTERVAL_S:g}s")
-        return Schedule(text, seconds)
-    if croniter.is_valid(text):
-        return Schedule(text)
-    raise ScheduleError(f"schedule {text!r} is neither a cron line (like '*/30 * * * *') "
-                        "nor an interval (like `every: 30s`)")
-
-
-def last_tick(state_dir: Path) -> datetime | None:
-    try:
-        raw = json.loads((Path(state_dir) / SCHEDULE_FILE).read_text(encoding="utf-8"))
-        return datetime.fromisoformat(raw["last_tick"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def save_tick(state_dir: Path, tick: datetime) -> None:
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(state_dir) / SCHEDULE_FILE, json.dumps({"last_tick": tick.isoformat()}) + "\n")
-
-
-def first_due(schedule: Schedule, last: datetime | None, now: datetime) -> datetime:
-    """When an agent is next due, seen fresh (at start, or when added or changed).
-    A tick missed since `last` is due now, once. A never-woken interval agent is
-    due now; a never-woken cron agent waits for its next tick."""
-    if last is None:
-        return now if schedule.interval_s is not None else schedule.next_after(now)
-    return schedule.next_after(last)    # in the past when a tick was missed: due at once
-
-
-def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None) -> datetime | None:
-    """For `status`: when serve would next wake this agent (None: bad schedule)."""
-    try:
-        schedule = parse_schedule(schedule_text)
-    except ScheduleError:
-        return None
-    now = now or utcnow()
-    return max(first_due(schedule, last_tick(Path(agent_dir) / "state"), now), now)
-
-
-def agent_dirs(root: Path) -> list[Path]:
-    """Folders directly under ROOT that hold agent.yaml, by name."""
-    try:
-        return sorted(p for p in Path(root).iterdir() if (p / "agent.yaml").is_file())
-    except OSError:
-        return []
-
-
 # -- the scheduler -------------------------------------------------------------
 
 @dataclass
@@ -193,7 +103,7 @@ class Scheduler:
 
     def run(self) -> int:
         self._scan(startup=True)
-        broker = os.environ.get(BROKER_ENV, "").strip()
+        broker = broker_socket()
         self.say(f"wakeloop serve: {len(self._entries)} agent(s) under {self.root}, at most "
                  f"{self.max_concurrent} wake(s) at once, sandboxes via "
                  f"{'the broker at ' + broker if broker else 'the local Docker engine'}; "
@@ -294,9 +204,9 @@ class Scheduler:
         try:
             agent = load_agent(agent_dir)   # fresh: policy edits apply from the next wake
             wake = self.wake_fn or _loop_wake()
-            receipt = wake(agent, stop=self.stop, sandbox=sandbox_from_env(agent))
+            receipt = wake(agent, stop=self.stop)
             line = describe_receipt(agent.name, receipt)
-        except (AgentError, PolicyError, SandboxError, ValueError) as exc:
+        except (WakeloopError, ValueError) as exc:
             line = f"{name}: wake not started: {exc}"
         except Exception as exc:  # a bug in one wake must not stop the others
             line = (f"{name}: wake crashed after {time.monotonic() - started:.1f}s: "
@@ -342,7 +252,7 @@ class Scheduler:
 
 
 def _loop_wake() -> WakeFn:
-    from .loop import wake
+    from orchestrator.wake.loop import wake
     return wake
 
 
@@ -350,32 +260,8 @@ def _check_prices(agent: Agent) -> None:
     """A USD cap on a model without a price refuses to schedule, with one line."""
     if agent.dry_run:
         return
-    from .ledger import check_caps, load_prices
+    from orchestrator.records.ledger import check_caps, load_prices
     check_caps(agent.model, agent.policy.budget, load_prices(), agent.policy.source)
-
-
-def describe_receipt(name: str, receipt) -> str:
-    """One line a person can follow, then the receipt itself as compact JSON."""
-    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
-    status = data.get("status", "?")
-    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
-    if data.get("dry_run") is True or data.get("live") is False:
-        parts[0] += " (dry run)"
-    ms = data.get("duration_ms")
-    if isinstance(ms, (int, float)):
-        parts[0] += f" in {ms / 1000:.1f}s"
-    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
-               if isinstance(data.get(k), int)]
-    if isinstance(data.get("tokens"), int):
-        details.append(f"{data['tokens']:,} tokens")
-    if isinstance(data.get("usd"), (int, float)):
-        details.append(f"${data['usd']:.4f}")
-    if data.get("task"):
-        details.append(f"task {data['task']}")
-    line = parts[0] + (": " + ", ".join(details) if details else "")
-    if data.get("reason"):
-        line += f"; {data['reason']}"
-    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"
 
 
 def serve(root: Path, max_concurrent: int = MAX_CONCURRENT) -> int:
@@ -396,83 +282,3 @@ def serve(root: Path, max_concurrent: int = MAX_CONCURRENT) -> int:
         return scheduler.run()
     finally:
         sys.stdout.flush()
-
-
-# -- `wakeloop status ROOT`: one table for every agent ----------------------------------
-
-OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person has already seen
-
-
-def unread_outbox(state_dir: Path) -> int:
-    """Messages in outbox.txt past the size recorded when `wakeloop outbox` last showed it."""
-    from .state import count_messages, read_outbox
-    data = read_outbox(state_dir).encode()
-    try:
-        seen = int((Path(state_dir) / OUTBOX_READ).read_text().strip() or 0)
-    except (OSError, ValueError):
-        seen = 0
-    if seen > len(data):
-        seen = 0  # the outbox was cleared since: all of it is new
-    return count_messages(data[seen:].decode("utf-8", "replace"))
-
-
-def mark_outbox_read(state_dir: Path) -> None:
-    """`wakeloop outbox` showed everything up to here."""
-    from .state import read_outbox
-    atomic_write(Path(state_dir) / OUTBOX_READ, f"{len(read_outbox(state_dir).encode())}\n")
-
-
-def status_rows(root: Path, now: datetime | None = None) -> list[list[str]]:
-    from .ledger import LedgerError, read_book
-    from .state import load_state
-    from .tasks import TaskError, open_tasks
-    now = now or utcnow()
-    rows = []
-    for path in agent_dirs(root):
-        sd = path / "state"
-        try:
-            agent = load_agent(path)
-            name, schedule, mode = agent.name, agent.schedule, "dry" if agent.dry_run else "live"
-        except (AgentError, PolicyError, ValueError) as exc:
-            rows.append([path.name, "-", "config error", str(exc)[:60], "-", "-", "-", "-", "-", "-", "-"])
-            continue
-        state, _ = load_state(sd)
-        r = state.last_receipt or {}
-        nxt = next_wake(path, schedule, now)
-        try:
-            book = read_book(sd)
-            day = book.day(now.strftime("%Y-%m-%d"))
-            usd_today, usd_total = f"${day.usd:.4f}", f"${book.lifetime.usd:.4f}"
-            tokens_today = f"{day.tokens:,}"
-        except LedgerError:
-            usd_today = usd_total = tokens_today = "? (ledger unreadable)"
-        try:
-            tasks = str(len(open_tasks(sd)))
-        except TaskError:
-            tasks = "?"
-        rows.append([name, mode, _short_time(r.get("started_at"), now) if r else "never",
-                     f"#{r.get('wake')} {r.get('status')}" if r else "-",
-                     stamp(nxt) if nxt else "bad schedule", tokens_today, f"{state.tokens_lifetime:,}",
-                     usd_today, usd_total, tasks, str(unread_outbox(sd))])
-    return rows
-
-
-def _short_time(iso: str | None, now: datetime) -> str:
-    try:
-        t = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
-    except ValueError:
-        return str(iso or "-")
-    return stamp(t)
-
-
-STATUS_HEADER = ["AGENT", "MODE", "LAST WAKE", "RESULT", "NEXT WAKE", "TOKENS TODAY", "TOKENS TOTAL",
-                 "USD TODAY", "USD TOTAL", "OPEN TASKS", "UNREAD OUTBOX"]
-
-
-def status_table(root: Path) -> str:
-    rows = status_rows(Path(root))
-    if not rows:
-        return f"no agents under {root}: create one with `wakeloop init {root}/NAME`"
-    table = [STATUS_HEADER, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)

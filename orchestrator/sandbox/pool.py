@@ -8,7 +8,7 @@ its one command, runs it as its child, reports its status in-band, and is
 then removed. Single use: no container ever sees a second call, so nothing
 in /tmp, no process and no state carries over.
 
-Not here: what runs in the box or how its output is read (sandbox.py). The
+Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
 out one made under settings other than the current ones.
 """
@@ -22,72 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .seccomp import boot
 
-
-# Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
-# (seccomp.boot says why), which it pops before the command. It reads an 8-byte
-# length and that many bytes of JSON {argv, cwd, stdin, end} from fd 0 with
-# os.read, which never reads past what it asks for: whatever follows on stdin
-# is left for the command (write_file's content). Without stdin the command
-# gets /dev/null, as a cold call's does; its stderr joins its stdout.
-#
-# The launcher stays as the command's parent and, when the command exits,
-# writes its status on stdout after the command's last byte: the caller then
-# returns at once instead of waiting ~100-200 ms for the engine to notice the
-# exit. Before it writes, it kills every other process in the box but init, so
-# the call ends as a cold call does: nothing it started outlives it. The line
-# carries the call's 128-bit nonce, which the command cannot learn: it arrived
-# before the command existed, and the launcher makes itself non-dumpable first,
-# so a process of the same uid can neither ptrace it nor read its memory
-# through /proc. Output that merely looks like the line is output. The OOM
-# count is the container's own cgroup's (read-only in the box); "?" where the
-# runtime shows no cgroup files (gVisor).
-LAUNCHER = r"""
-import ctypes, json, os
-if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
-    os._exit(125)
-def read_exact(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            os._exit(125)
-        data += chunk
-    return data
-def ooms():
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return "1" if int(line.split()[1]) else "0"
-        except (OSError, ValueError):
-            pass
-    return "?"
-spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
-os.chdir(spec["cwd"])
-pid = os.fork()   # not posix_spawn: its clone3 gets EPERM, not ENOSYS, under gVisor's seccomp
-if pid == 0:
-    try:
-        os.dup2(1, 2)
-        if not spec["stdin"]:
-            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        os.execvp(spec["argv"][0], spec["argv"])
-    finally:
-        os._exit(127)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-code = 128 - code if code < 0 else code
-try:
-    os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
-except ProcessLookupError:
-    pass
-os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
-os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
-"""
-
-LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
-LAUNCH_ARGV = ["python3", "-I", "-c", boot(LAUNCHER_ENV)]
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)

@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .state import atomic_write, locked
+from orchestrator.errors import ConfigError
+from orchestrator.records.files import atomic_write, locked
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
@@ -37,7 +38,7 @@ _DATED = re.compile(r"^(.*)-\d{8}$")  # claude-sonnet-4-5-20250929 -> claude-son
 _PRICE_KEYS = ("input", "output", "cache_write_5m", "cache_write_1h", "cache_read")
 
 
-class LedgerError(ValueError):
+class LedgerError(ConfigError):
     """A price table or a USD cap that cannot work: one line for the human."""
 
 

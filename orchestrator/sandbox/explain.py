@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import shlex
 
-from .policy import GIT_DENY, Policy
-from .sandbox import _WRITE_SCRIPT, merged_stderr, write_argv
-from .seccomp import GUARD
+from orchestrator.policy.schema import GIT_DENY, Policy
+from orchestrator.sandbox.programs import WRITE_SCRIPT, merged_stderr, write_argv
+from orchestrator.sandbox.programs import GUARD
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -96,7 +96,7 @@ def explain(policy: Policy, box, registry) -> str:
     lines += ["", f"network: {s.network}"
               + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else "")]
     if s.network == "allowlist":
-        from . import network
+        from orchestrator.sandbox import network
         egress = network.plan(box.workspace, s.allow_hosts)
         lines += [f"  the box joins the network namespace of {egress.holder} (internal network "
                   f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
@@ -106,7 +106,7 @@ def explain(policy: Policy, box, registry) -> str:
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
     if s.pool:
         lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
-                  "  idling in pool.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
+                  "  idling in programs.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
                   "  until handed one call's command on stdin; used once, then removed"]
     image = policy.sandbox.image
     if "bash" in offered:
@@ -118,15 +118,33 @@ def explain(policy: Policy, box, registry) -> str:
     if "write_file" in offered:
         config, host = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
         lines += ["", "each write_file call runs in a new container, as (content on stdin;",
-                  f"WRITE_SCRIPT is sandbox._WRITE_SCRIPT, {len(_WRITE_SCRIPT.splitlines())} lines "
+                  f"WRITE_SCRIPT is programs.WRITE_SCRIPT, {len(WRITE_SCRIPT.splitlines())} lines "
                   "of Python that refuses symlinks and non-regular files):",
                   _command(config, host, image)]
     return "\n".join(lines) + "\n"
 
 
+def explain_data(policy: Policy, box, registry) -> dict:
+    """`policy explain --json`: the tools as the model is offered them, and each
+    call's container as `docker run` arguments (image and argv last)."""
+    calls = {}
+    if "bash" in registry.names():
+        calls["bash"] = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
+    if "write_file" in registry.names():
+        calls["write_file"] = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
+    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}
+    return {"policy": policy.source, "tools": registry.to_anthropic(),
+            "warm_pool": policy.sandbox.pool, "network": policy.sandbox.network,
+            "allow_hosts": list(policy.sandbox.allow_hosts),
+            "calls": {name: ["docker", "run", *docker_run_flags(
+                {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}},
+                host), policy.sandbox.image, *[names.get(w, w) for w in config["command"]]]
+                for name, (config, host) in calls.items()}}
+
+
 def _command(config: dict, host: dict, image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
-    names = {GUARD: "SECCOMP_GUARD", _WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
+    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
     config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}
     flags, pairs = docker_run_flags(config, host), []
     for word in flags:

@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from orchestrator.errors import ConfigError
 
-class PolicyError(ValueError):
+
+class PolicyError(ConfigError):
     """One line for the human: file, key path and, where known, the line."""
 
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .events import EVENTS_FILE, read_events
+from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.files import atomic_write, locked
 
 LOCK_FILE = "wake.lock"
 STATE_FILE = "state.json"
@@ -195,24 +194,6 @@ def bump_wake(state_dir: Path, state: State) -> State:
     return new
 
 
-def atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _count(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a count, got {value!r}")
@@ -220,19 +201,6 @@ def _count(value) -> int:
 
 
 # -- inbox and outbox ---------------------------------------------------------------
-
-@contextmanager
-def locked(state_dir: Path, name: str):
-    """An exclusive flock on state/NAME for the block: serialises the host's
-    read-modify-write of one state file between processes (inbox, tasks, ledger)."""
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(state_dir) / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
 
 def _stamp() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -308,6 +276,18 @@ def count_messages(text: str) -> int:
     return sum(1 for line in text.splitlines() if line.startswith(MESSAGE_MARK))
 
 
+def split_messages(text: str) -> list[dict]:
+    """Inbox or outbox text as [{"header", "text"}], the inverse of _entry."""
+    messages: list[dict] = []
+    for line in text.splitlines():
+        if line.startswith(MESSAGE_MARK):
+            messages.append({"header": line[len(MESSAGE_MARK):], "text": ""})
+        elif messages:
+            body = line[2:] if line.startswith("  ") else line
+            messages[-1]["text"] += ("\n" if messages[-1]["text"] else "") + body
+    return messages
+
+
 def append_outbox(state_dir: Path, text: str, wake: int) -> None:
     """send_message: host side, in state/, where the agent cannot touch it."""
     _append(Path(state_dir) / OUTBOX_FILE, _entry(f"{_stamp()} wake {wake}", text))
@@ -317,42 +297,21 @@ def read_outbox(state_dir: Path) -> str:
     return _read(Path(state_dir) / OUTBOX_FILE)
 
 
-# -- status, for people ---------------------------------------------------------------
+OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person has already seen
 
-def status_report(agent) -> str:
-    """`wakeloop status`: wakes, tokens, last receipt, lock holder, queues. Changes nothing."""
-    sd = Path(agent.state_dir)
-    state, warning = load_state(sd)
-    holder = lock_holder(sd)
-    mode = "dry run" if agent.dry_run else "live"
-    lines = [f"{agent.name} ({agent.dir})",
-             f"  model        {agent.model} ({mode}), schedule {agent.schedule}",
-             f"  wakes        {state.wake}",
-             f"  tokens       {state.tokens_lifetime:,} lifetime"]
-    r = state.last_receipt
-    if r:
-        lines.append(f"  last wake    #{r.get('wake')} {r.get('status')}: {r.get('reason')} "
-                     f"({r.get('steps')} steps, {r.get('tokens', 0):,} tokens, "
-                     f"{r.get('cache_read_tokens', 0):,} cache reads, {r.get('tool_calls')} tool calls, "
-                     f"{(r.get('duration_ms') or 0) / 1000:.1f}s) at {r.get('started_at')}")
-        lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
-    else:
-        lines.append("  last wake    (none yet)")
-    from .ledger import LedgerError, read_book  # here: ledger.py imports this module
-    from .tasks import TaskError, open_tasks
+
+def unread_outbox(state_dir: Path) -> int:
+    """Messages in outbox.txt past the size recorded when `wakeloop outbox` last showed it."""
+    data = read_outbox(state_dir).encode()
     try:
-        book = read_book(sd)
-        lines.append(f"  usd          ${book.day().usd:.4f} today ({book.day().tokens:,} tokens), "
-                     f"${book.lifetime.usd:.4f} lifetime")
-    except LedgerError as exc:
-        lines.append(f"  usd          {exc}")
-    try:
-        lines.append(f"  tasks        {len(open_tasks(sd))} open (`wakeloop task list {agent.dir}`)")
-    except TaskError as exc:
-        lines.append(f"  tasks        {exc}")
-    lines.append(f"  lock         {'held by ' + holder.describe() if holder else 'free'}")
-    lines.append(f"  inbox        {count_messages(peek_inbox(sd))} message(s) waiting")
-    lines.append(f"  outbox       {count_messages(read_outbox(sd))} message(s) from the agent")
-    if warning:
-        lines.append(f"  {warning}")
-    return "\n".join(lines)
+        seen = int((Path(state_dir) / OUTBOX_READ).read_text().strip() or 0)
+    except (OSError, ValueError):
+        seen = 0
+    if seen > len(data):
+        seen = 0  # the outbox was cleared since: all of it is new
+    return count_messages(data[seen:].decode("utf-8", "replace"))
+
+
+def mark_outbox_read(state_dir: Path) -> None:
+    """`wakeloop outbox` showed everything up to here."""
+    atomic_write(Path(state_dir) / OUTBOX_READ, f"{len(read_outbox(state_dir).encode())}\n")

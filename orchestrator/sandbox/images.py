@@ -22,7 +22,7 @@ INPUTS_LABEL = "wakeloop.inputs"
 def sandbox_image_dir() -> Path | None:
     """sandbox-image/ beside the package (a checkout or the orchestrator image)."""
     env = os.environ.get("WAKELOOP_SANDBOX_IMAGE_DIR")
-    candidate = Path(env) if env else Path(__file__).resolve().parent.parent / "sandbox-image"
+    candidate = Path(env) if env else Path(__file__).resolve().parents[2] / "sandbox-image"
     return candidate if (candidate / "Dockerfile").is_file() else None
 
 

@@ -30,8 +30,8 @@ import re
 import stat
 from pathlib import Path, PurePosixPath
 
-from .output import decode
-from .sandbox import Sandbox, SandboxError
+from orchestrator.sandbox.output import decode
+from orchestrator.sandbox.box import Sandbox, SandboxError
 
 READ_CAP = 64 * 1024                 # bytes per file in the context; more is cut with a note
 STUB_TIMEOUT_S = 30                  # the sandbox call that appends the journal stub

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .state import atomic_write, locked
+from orchestrator.errors import ConfigError
+from orchestrator.records.files import atomic_write, locked
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
@@ -30,7 +31,7 @@ STATUSES = ("todo", "claimed", "done", "failed")
 OPEN = ("todo", "claimed")
 
 
-class TaskError(ValueError):
+class TaskError(ConfigError):
     """A bad task request: one line for the human or the model."""
 
 
@@ -144,35 +145,3 @@ def first_message_line(task: Task, can_complete: bool = True) -> str:
         return line + "\nWork on it; your human will close it (complete_task is not available)."
     return (line + f"\nWhen it is finished (or cannot be finished), call complete_task with task_id "
             f"\"{task.id}\", status \"done\" or \"failed\", and a one-line note.")
-
-
-COMPLETE_TASK_SCHEMA = {
-    "type": "object",
-    "properties": {"task_id": {"type": "string"},
-                   "status": {"type": "string", "enum": ["done", "failed"]},
-                   "note": {"type": "string"}},
-    "required": ["task_id", "status"],
-}
-
-
-def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_tools) -> list:
-    """The host-side complete_task tool for a wake that claimed `task` (none without one).
-    It writes state/tasks.json only, never the workspace; the policy can disable it."""
-    from .tools import Tool, ToolResult, error
-    if task is None:
-        return []
-    enabled = getattr(getattr(policy_tools, "complete_task", None), "enabled", True)
-
-    def handler(args: dict) -> ToolResult:
-        try:
-            closed = finish(state_dir, args["task_id"], args["status"], args.get("note", ""), run_id=run_id)
-        except TaskError as exc:
-            return error(f"complete_task: {exc}")
-        return ToolResult(text=f"task {closed.id} is now {closed.status}.",
-                          detail={"task": closed.id, "task_status": closed.status})
-
-    return [Tool("complete_task", (
-        f"Close the task named at the start of this wake ({task.id}) as done or failed, with a "
-        f"one-line note for your human (at most {MAX_NOTE_CHARS:,} characters). Only that task "
-        "can be closed, once."), COMPLETE_TASK_SCHEMA, handler, enabled,
-        "the complete_task tool is disabled by this agent's policy")]

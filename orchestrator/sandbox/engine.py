@@ -21,83 +21,65 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 import docker
 import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
-from . import images
-from . import network
-from .output import Capture
-from .pool import LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, EndLine, WarmPool, handoff
-from .seccomp import GUARD, GUARD_ENV, guarded
-from .policy import SandboxPolicy
+from orchestrator.sandbox import images
+from orchestrator.sandbox import network
+from orchestrator.sandbox.output import Capture
+from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
+from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, guarded,
+                                           merged_stderr, write_argv)
+from orchestrator.policy.schema import SandboxPolicy
+from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
 
-WORKSPACE = "/workspace"
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
-TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class SandboxError(RuntimeError):
-    """The box could not be used at all: one line for the human, with the fix."""
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    exit_code: int
-    output: str                     # stdout and stderr interleaved, cleaned, capped
-    output_bytes: int               # everything the command printed, counted
-    truncated: bool
-    timed_out: bool
-    oom_killed: bool
-    duration_ms: int
-    container_id: str
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
-
-    def for_model(self) -> str:
-        """The text a tool returns. The status is the first line, where output
-        (which may print anything, a fake status line included) cannot come first."""
-        status = f"[exit {self.exit_code}"
-        if self.timed_out:
-            status += ", timed out: killed at the deadline"
-        if self.oom_killed:
-            status += ", killed: out of memory"
-        if self.truncated:
-            status += f", output truncated from {self.output_bytes:,} bytes"
-        return f"{status}]\n{self.output or '(no output)'}"
-
-
-class Sandbox(Protocol):
-    """What the tools need from a box, wherever it lives."""
-
-    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
-
-    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False) -> SandboxResult: ...
+def engine_url(environ=os.environ) -> str:
+    """Where the engine is: $DOCKER_HOST, else the `docker context` the user selected, else the default."""
+    if environ.get("DOCKER_HOST"):
+        return environ["DOCKER_HOST"]
+    try:
+        from docker.context import ContextAPI
+        host = ContextAPI.get_current_context().Host
+    except Exception:  # no config, a broken one: the default socket, as the docker CLI falls back
+        host = None
+    return host or "unix:///var/run/docker.sock"
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
-    """A client for the local engine, or a SandboxError that says how to start one."""
+    """A client for the local engine, or a SandboxError that says what is wrong and how to fix it."""
+    where = engine_url()
     try:
-        client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
+        client = client or docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S)
         client.ping()
         return client
     except docker.errors.DockerException as exc:
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        raise SandboxError(
-            f"cannot reach the Docker engine at {where} ({_first_line(exc)}); "
-            "start it (`sudo systemctl start docker`, or `sudo dockerd &`) or set DOCKER_HOST"
-        ) from None
+        raise SandboxError(f"cannot reach the Docker engine at {where}: {_engine_problem(where, exc)}") from None
+
+
+def _engine_problem(where: str, exc: Exception) -> str:
+    """The reason in words, with the one step that fixes it."""
+    path = where[len("unix://"):] if where.startswith("unix://") else None
+    text = str(exc)
+    if path and not os.path.exists(path):
+        return (f"the socket {path} does not exist: the engine is not running: start it "
+                "(`sudo systemctl start docker`, or `sudo dockerd &`), or set DOCKER_HOST")
+    if "Permission denied" in text or "PermissionError" in text:
+        return (f"permission denied on {path or where}: join the group that owns it "
+                "(`sudo usermod -aG docker $USER`, then log in again) or run as root")
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return "nothing answers there: start it (`sudo systemctl start docker`, or `sudo dockerd &`)"
+    return f"{_first_line(exc)}; start it (`sudo systemctl start docker`, or `sudo dockerd &`) or set DOCKER_HOST"
 
 
 def check_image(client: docker.DockerClient, image: str) -> str | None:
@@ -134,56 +116,6 @@ def check_write_path(path: str) -> str | None:
     if PurePosixPath(path).parts in ((), (".",)):
         return "the path names the workspace itself, not a file"
     return None
-
-
-# Runs inside the container as `python3 -I` (no cwd or PYTHON* in sys.path, so a
-# module planted in the workspace cannot stand in for the stdlib). It resolves the
-# path inside the box, refuses targets outside /workspace and paths through a
-# symlink (naming the real path, which the model can then ask for and the
-# policy's globs then judge), walks the path with O_NOFOLLOW so a symlink swapped
-# in meanwhile fails instead of being followed, and writes only to a regular
-# file. Content arrives on stdin; argv[2] is "write" (replace the file) or
-# "append" (the journal stub: add to the end, with the same refusals).
-_WRITE_SCRIPT = r"""
-import os, stat, sys
-root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
-target = os.path.realpath(os.path.join(root, rel))
-if os.path.commonpath([root, target]) != root or target == root:
-    print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
-if target != os.path.normpath(os.path.join(root, rel)):
-    # The policy's globs were checked on the path as written; a symlink on the
-    # way would carry the write somewhere they never saw. Name the real path.
-    real = os.path.relpath(target, root)
-    print(f"refused: {rel} goes through a symlink; write to {real} instead"); sys.exit(3)
-parts = os.path.relpath(target, root).split(os.sep)
-try:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for part in parts[:-1]:
-        try:
-            os.mkdir(part, 0o755, dir_fd=fd)
-        except FileExistsError:
-            pass
-        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
-    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                  | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
-except OSError as exc:
-    print(f"refused: {rel}: {exc.strerror}"); sys.exit(3)
-if not stat.S_ISREG(os.fstat(out).st_mode):
-    print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
-os.set_blocking(out, True)
-if not append:
-    os.ftruncate(out, 0)
-n = 0
-while chunk := sys.stdin.buffer.read(1 << 16):
-    n += os.write(out, chunk)
-print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target, root)}")
-"""
-
-
-def write_argv(path: str, append: bool = False) -> list[str]:
-    """What a write_file call runs in the box (from /, content on stdin)."""
-    return ["python3", "-I", "-c", _WRITE_SCRIPT, path, "append" if append else "write"]
 
 
 class DockerSandbox:
@@ -244,7 +176,7 @@ class DockerSandbox:
     def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
-            return SandboxResult(2, f"refused: {reason}", 0, False, False, False, 0, "")
+            return refused(reason)
         return self._call(write_argv(path, append), content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
@@ -454,13 +386,6 @@ class _Deadline:
                 self.raw.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-
-def merged_stderr(argv: list[str]) -> list[str]:
-    """argv with its stderr joined to its stdout inside the box, on one pipe, so
-    the order the model sees is the order things were printed (the engine keeps
-    two pipes apart). A pooled call gets this from its launcher."""
-    return ["bash", "-c", 'exec "$@" 2>&1', "bash", *argv]
 
 
 def _send_stdin(raw: socket.socket, data: bytes) -> None:

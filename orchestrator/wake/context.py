@@ -23,9 +23,9 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from . import workspace
-from .agent import Agent
-from .output import clean
+from orchestrator.wake import workspace
+from orchestrator.policy.agent import Agent
+from orchestrator.sandbox.output import clean
 
 JOURNAL_TAIL = 3                     # journal files in the context, newest last
 MANDATE_CAP = 64 * 1024              # bytes; a trusted file, still not unbounded

@@ -35,11 +35,14 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .policy import parse_host
+from orchestrator.errors import EnvironmentFault
+
+from orchestrator.policy.schema import parse_host
+from orchestrator.sandbox.programs import HOLDER_SCRIPT
 
 LABEL = "wakeloop.egress"               # on every container and network created here
 PROXY_IMAGE = "wakeloop-proxy:latest"
-PROXY_IMAGE_DIR = Path(__file__).resolve().parent.parent / "proxy-image"
+PROXY_IMAGE_DIR = Path(__file__).resolve().parents[2] / "proxy-image"
 PROXY_ALIAS = "wakeloop-proxy"          # the proxy's name on each internal network
 PROXY_PORT = 3128                       # squid's usual port
 EGRESS_NETWORK = "wakeloop-egress"      # the one bridge with a way out, proxies only
@@ -48,19 +51,10 @@ READY_TIMEOUT_S = 30                    # squid starts in about a second; a buil
 POLL_S = 0.2                            # readiness polling interval
 PROXY_MEMORY = 256 * 2**20              # bytes; squid without a disk cache stays far below
 PROXY_PIDS = 128                        # squid and its helpers
-NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything
-
-# Runs as root with only NET_ADMIN, SETUID and SETGID, then drops all of it.
-_HOLDER_SCRIPT = (
-    "ip route del default 2>/dev/null; ip -6 route flush table main 2>/dev/null; "
-    "if ip route | grep -q '^default'; then echo 'holder: default route still there'; exit 1; fi; "
-    "echo ready; "
-    f"exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
-    "--bounding-set=-all sleep infinity"
-)
 
 
-class NetworkError(RuntimeError):
+
+class NetworkError(EnvironmentFault):
     """The allowlist could not be set up: one line for the human."""
 
 
@@ -223,7 +217,7 @@ def _ensure_holder(client, egress: Egress, internal) -> None:
         return
     _started.add(egress.key)
     container = client.containers.create(
-        PROXY_IMAGE, ["sh", "-c", _HOLDER_SCRIPT], name=egress.holder, hostname="sandbox",
+        PROXY_IMAGE, ["sh", "-c", HOLDER_SCRIPT], name=egress.holder, hostname="sandbox",
         user="0:0", network=internal.name, labels={**_labels(egress.key), f"{LABEL}.role": "netns"},
         cap_drop=["ALL"], cap_add=["NET_ADMIN", "SETUID", "SETGID"],
         security_opt=["no-new-privileges"], read_only=True,

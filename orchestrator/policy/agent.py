@@ -13,14 +13,15 @@ from pathlib import Path
 
 import yaml
 
-from .policy import Policy, PolicyError, load_policy, policy_from_mapping
+from orchestrator.errors import ConfigError
+from orchestrator.policy.schema import Policy, PolicyError, load_policy, policy_from_mapping
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"
 SANDBOX_UID = 1000                    # the sandbox image's unprivileged user
 
 
-class AgentError(ValueError):
+class AgentError(ConfigError):
     """A bad agent directory or agent.yaml: one line for the human."""
 
 

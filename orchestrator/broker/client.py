@@ -1,0 +1,91 @@
+"""The orchestrator's side of the broker, and the one place a backend is chosen.
+
+BrokerSandbox is a Sandbox like any other: each call is one broker request,
+and the broker, not this process, reads the policy's timeouts and caps.
+open_sandbox() decides, for `wake`, `serve` and `sandbox exec` alike, whether
+an agent's calls go to the broker ($WAKELOOP_BROKER) or to the local engine.
+
+Not here: the wire format (wire.py), serving (server.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S, encode_content, request
+from orchestrator.policy.agent import Agent
+from orchestrator.policy.schema import check_against_engine
+from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
+from orchestrator.sandbox.engine import DockerSandbox, connect
+
+
+class BrokerSandbox:
+    """The orchestrator's Sandbox under compose: each call is one broker request.
+    Timeouts and caps come from the broker's reading of the policy, not from us."""
+
+    def __init__(self, socket_path: str | Path, agent_name: str):
+        self.socket_path = str(socket_path)
+        self.agent = agent_name
+        self.warning = None
+
+    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
+        return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
+
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
+        return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
+                           "content_b64": encode_content(content)}, timeout_s)
+
+    def ping(self) -> dict:
+        return request(self.socket_path, {"op": "ping"}, 10)
+
+    def close(self) -> None:
+        """Nothing to release: the broker keeps the agent's box and pool."""
+
+    def check(self) -> None:
+        """SandboxError now, before the wake starts, if the broker would refuse this
+        agent as its policy stands (over the ceiling, say), rather than each call."""
+        request(self.socket_path, {"op": "check", "agent": self.agent}, 10)
+
+    def _call(self, req: dict, timeout_s: float) -> SandboxResult:
+        reply = request(self.socket_path, req, timeout_s + REPLY_MARGIN_S)
+        try:
+            return SandboxResult(**reply)
+        except TypeError:
+            raise SandboxError("the sandbox broker sent a malformed result") from None
+
+
+def broker_socket(environ=os.environ) -> str | None:
+    """The broker's socket when $WAKELOOP_BROKER names one; None: the local engine."""
+    return environ.get(BROKER_ENV, "").strip() or None
+
+
+def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = None,
+                 fresh: bool = False, say: Callable[[str], None] = lambda line: None,
+                 environ=os.environ) -> Sandbox:
+    """The Sandbox for `agent`'s calls: the broker's under compose, else the local
+    engine's. Either is checked before it is returned (the broker: would it serve
+    this agent; the engine: image and runtime), so a refusal is one line now, not
+    an error on every call. `fresh` (a wake holding the agent's lock) also removes
+    containers an earlier, interrupted run left for this workspace."""
+    path = broker_socket(environ)
+    if path:
+        box = BrokerSandbox(path, agent.dir.name)
+        box.check()
+        return box
+    client = connect()
+    check_against_engine(agent.policy, client)  # before any container starts
+    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, run_id=run_id,
+                        client=client, warm=warm)
+    if box.warning:
+        say(box.warning)
+    if fresh:
+        try:
+            left = box.cleanup_leftovers()  # the caller holds the lock: any container of this workspace is stale
+        except Exception as exc:
+            box.close()  # its pool has started: nothing of this run may outlive it
+            raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
+        if left:
+            say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
+    return box

@@ -1,0 +1,107 @@
+"""When an agent is due: cron lines and intervals, and the last tick handled.
+
+A schedule is a cron line (read by croniter, not by us) or a plain interval
+(`every: 30s`). state/schedule.json keeps the last tick handled, so a restart
+runs a missed tick once, not once per missed tick.
+
+Not here: running wakes (scheduler.py), showing them (views.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from croniter import croniter
+
+from orchestrator.errors import ConfigError
+from orchestrator.records.files import atomic_write
+
+SCHEDULE_FILE = "schedule.json"     # in state/: the last tick handled, so a restart runs a missed one once
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+MIN_INTERVAL_S = 1.0                # `every: 0.1s` would be a busy loop, not a schedule
+
+
+class ScheduleError(ConfigError):
+    """A schedule that is neither cron nor an interval: one line for the human."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def stamp(t: datetime | None) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    text: str
+    interval_s: float | None = None  # set for `every: 30s`; None for cron
+
+    def next_after(self, t: datetime) -> datetime:
+        if self.interval_s is not None:
+            return t + timedelta(seconds=self.interval_s)
+        return croniter(self.text, t).get_next(datetime)
+
+    def describe(self) -> str:
+        return f"every {self.interval_s:g}s" if self.interval_s is not None else f"cron '{self.text}'"
+
+
+def parse_schedule(text: str) -> Schedule:
+    match = _EVERY.match(text)
+    if match:
+        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower()]
+        if seconds < MIN_INTERVAL_S:
+            raise ScheduleError(f"interval {text!r} is under {MIN_INTERVAL_S:g}s")
+        return Schedule(text, seconds)
+    if croniter.is_valid(text):
+        return Schedule(text)
+    raise ScheduleError(f"schedule {text!r} is neither a cron line (like '*/30 * * * *') "
+                        "nor an interval (like `every: 30s`)")
+
+
+def last_tick(state_dir: Path) -> datetime | None:
+    try:
+        raw = json.loads((Path(state_dir) / SCHEDULE_FILE).read_text(encoding="utf-8"))
+        return datetime.fromisoformat(raw["last_tick"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_tick(state_dir: Path, tick: datetime) -> None:
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(state_dir) / SCHEDULE_FILE, json.dumps({"last_tick": tick.isoformat()}) + "\n")
+
+
+def first_due(schedule: Schedule, last: datetime | None, now: datetime) -> datetime:
+    """When an agent is next due, seen fresh (at start, or when added or changed).
+    A tick missed since `last` is due now, once. A never-woken interval agent is
+    due now; a never-woken cron agent waits for its next tick."""
+    if last is None:
+        return now if schedule.interval_s is not None else schedule.next_after(now)
+    return schedule.next_after(last)    # in the past when a tick was missed: due at once
+
+
+def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None) -> datetime | None:
+    """For `status`: when serve would next wake this agent (None: bad schedule)."""
+    try:
+        schedule = parse_schedule(schedule_text)
+    except ScheduleError:
+        return None
+    now = now or utcnow()
+    return max(first_due(schedule, last_tick(Path(agent_dir) / "state"), now), now)
+
+
+def agent_dirs(root: Path) -> list[Path]:
+    """Folders directly under ROOT that hold agent.yaml, by name."""
+    try:
+        return sorted(p for p in Path(root).iterdir() if (p / "agent.yaml").is_file())
+    except OSError:
+        return []
+
+

@@ -1,0 +1,192 @@
+"""What a person reads about agents: status, the fleet table, the event log.
+
+The one place records are rendered. Each view is two steps: a function that
+gathers plain data (a dict, what `--json` prints and a console would show)
+and one that renders it as text. Records (records/) hold data and never
+format it; no other module builds a status line.
+
+Not here: reading the files themselves (records/), scheduling (scheduler.py).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import datetime
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
+from orchestrator.policy.agent import Agent, load_agent
+from orchestrator.records.events import Event
+from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
+                                        unread_outbox)
+from orchestrator.records.tasks import TaskError, open_tasks
+from orchestrator.sandbox.output import clean
+
+LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
+TABLE_COLUMNS = 100                 # `status ROOT` fits a terminal this wide; --json has every field whole
+
+
+# -- one agent ------------------------------------------------------------------------------
+
+def agent_status(agent: Agent) -> dict:
+    """`wakeloop status AGENT_DIR` as data. Changes nothing."""
+    sd = Path(agent.state_dir)
+    state, warning = load_state(sd)
+    holder = lock_holder(sd)
+    data = {"name": agent.name, "dir": str(agent.dir), "model": agent.model, "dry_run": agent.dry_run,
+            "schedule": agent.schedule, "wakes": state.wake, "tokens_lifetime": state.tokens_lifetime,
+            "last_receipt": state.last_receipt or None,
+            "lock": holder.describe() if holder else None,
+            "inbox_waiting": count_messages(peek_inbox(sd)),
+            "outbox_messages": count_messages(read_outbox(sd)),
+            "warning": warning}
+    try:
+        book = read_book(sd)
+        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens,
+                       "lifetime": book.lifetime.usd}
+    except LedgerError as exc:
+        data["usd"] = {"error": str(exc)}
+    try:
+        data["open_tasks"] = len(open_tasks(sd))
+    except TaskError as exc:
+        data["open_tasks"] = {"error": str(exc)}
+    return data
+
+
+def render_agent_status(d: dict) -> str:
+    mode = "dry run" if d["dry_run"] else "live"
+    lines = [f"{d['name']} ({d['dir']})",
+             f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
+             f"  wakes        {d['wakes']}",
+             f"  tokens       {d['tokens_lifetime']:,} lifetime"]
+    r = d["last_receipt"]
+    if r:
+        lines.append(f"  last wake    #{r.get('wake')} {r.get('status')}: {r.get('reason')} "
+                     f"({r.get('steps')} steps, {r.get('tokens', 0):,} tokens, "
+                     f"{r.get('cache_read_tokens', 0):,} cache reads, {r.get('tool_calls')} tool calls, "
+                     f"{(r.get('duration_ms') or 0) / 1000:.1f}s) at {r.get('started_at')}")
+        lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
+    else:
+        lines.append("  last wake    (none yet)")
+    usd = d["usd"]
+    if "error" in usd:
+        lines.append(f"  usd          {usd['error']}")
+    else:
+        lines.append(f"  usd          ${usd['today']:.4f} today ({usd['tokens_today']:,} tokens), "
+                     f"${usd['lifetime']:.4f} lifetime")
+    tasks = d["open_tasks"]
+    lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
+                 else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
+    lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
+    lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
+    lines.append(f"  outbox       {d['outbox_messages']} message(s) from the agent")
+    if d["warning"]:
+        lines.append(f"  {d['warning']}")
+    return "\n".join(lines)
+
+
+# -- every agent under ROOT -----------------------------------------------------------------
+
+STATUS_HEADER = ["AGENT", "MODE", "LAST WAKE", "RESULT", "NEXT WAKE", "TOKENS TODAY", "TOKENS TOTAL",
+                 "USD TODAY", "USD TOTAL", "OPEN TASKS", "UNREAD OUTBOX"]
+_ROW_KEYS = ["agent", "mode", "last_wake", "result", "next_wake", "tokens_today", "tokens_total",
+             "usd_today", "usd_total", "open_tasks", "unread_outbox"]
+
+
+def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
+    """One dict per agent under ROOT (a config error is a row that says so)."""
+    now = now or utcnow()
+    rows = []
+    for path in agent_dirs(root):
+        sd = path / "state"
+        try:
+            agent = load_agent(path)
+        except (ConfigError, ValueError) as exc:
+            rows.append({"agent": path.name, "mode": "-", "last_wake": "config error", "result": str(exc),
+                         "error": str(exc)})
+            continue
+        state, _ = load_state(sd)
+        r = state.last_receipt or {}
+        nxt = next_wake(path, agent.schedule, now)
+        row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
+               "last_wake": _short_time(r.get("started_at"), now) if r else "never",
+               "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
+               "next_wake": stamp(nxt) if nxt else "bad schedule",
+               "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd))}
+        try:
+            book = read_book(sd)
+            day = book.day(now.strftime("%Y-%m-%d"))
+            row.update(usd_today=f"${day.usd:.4f}", usd_total=f"${book.lifetime.usd:.4f}",
+                       tokens_today=f"{day.tokens:,}")
+        except LedgerError:
+            row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
+                       tokens_today="? (ledger unreadable)")
+        try:
+            row["open_tasks"] = str(len(open_tasks(sd)))
+        except TaskError:
+            row["open_tasks"] = "?"
+        rows.append(row)
+    return rows
+
+
+def render_fleet(rows: list[dict], root: Path, columns: int = TABLE_COLUMNS) -> str:
+    if not rows:
+        return f"no agents under {root}: create one with `wakeloop init {root}/NAME`"
+    cells = [[_cut(str(r.get(k, "-")), 60) for k in _ROW_KEYS] for r in rows]
+    table = [STATUS_HEADER, *cells]
+    widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+
+
+def status_table(root: Path) -> str:
+    return render_fleet(fleet_status(Path(root)), root)
+
+
+def _short_time(iso: str | None, now: datetime) -> str:
+    try:
+        t = datetime.fromisoformat(str(iso).replace("Z", "+00:00"))
+    except ValueError:
+        return str(iso or "-")
+    return stamp(t)
+
+
+def _cut(text: str, width: int) -> str:
+    """At most `width` characters, cut at a word boundary (--json keeps the whole text)."""
+    return text if len(text) <= width else textwrap.shorten(text, width, placeholder="...")
+
+
+def describe_receipt(name: str, receipt) -> str:
+    """One line a person can follow, then the receipt itself as compact JSON."""
+    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
+    status = data.get("status", "?")
+    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
+    if data.get("dry_run") is True or data.get("live") is False:
+        parts[0] += " (dry run)"
+    ms = data.get("duration_ms")
+    if isinstance(ms, (int, float)):
+        parts[0] += f" in {ms / 1000:.1f}s"
+    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
+               if isinstance(data.get(k), int)]
+    if isinstance(data.get("tokens"), int):
+        details.append(f"{data['tokens']:,} tokens")
+    if isinstance(data.get("usd"), (int, float)):
+        details.append(f"${data['usd']:.4f}")
+    if data.get("task"):
+        details.append(f"task {data['task']}")
+    line = parts[0] + (": " + ", ".join(details) if details else "")
+    if data.get("reason"):
+        line += f"; {data['reason']}"
+    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"
+
+
+def format_event(event: Event) -> str:
+    """One readable line for `wakeloop log`; untrusted text is cleaned and cut."""
+    fields = []
+    for key, value in event.data.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        text = clean(" ".join(text.split()))
+        fields.append(f"{key}={text[:LOG_VALUE_CAP]}{'...' if len(text) > LOG_VALUE_CAP else ''}")
+    return f"{event.timestamp}  {event.run_id[:8]}  {event.type:<15} {' '.join(fields)}"

@@ -1,0 +1,13 @@
+"""The box: every tool call in a fresh, hardened, disposable container.
+
+box.py (the Sandbox protocol every backend meets, SandboxResult,
+SandboxError), engine.py (the Docker backend: container settings, one call
+start to removal, the host-side deadline), pool.py (containers started ahead),
+programs.py (every program of ours that runs inside a box: the seccomp guard,
+the pool's launcher, the write script, the netns holder), network.py (the
+allowlist network and its proxy), output.py (cleaning and capping what a
+command prints), images.py (building the sandbox image), explain.py (the
+settings of each call as `docker run` flags).
+
+Imports policy/ and records/ at most; never broker/, wake/ or fleet/.
+"""

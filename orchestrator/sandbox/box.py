@@ -1,0 +1,68 @@
+"""What every sandbox backend offers, and what a call returns.
+
+The tools and the loop see only this: a Sandbox they can run a command in,
+write a file in, and close. Where the box lives (the local engine, the
+broker) is the backend's business (engine.py, broker/client.py).
+
+Not here: how a container is made (engine.py), which backend an agent gets
+(broker/client.py's open_sandbox).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.errors import EnvironmentFault
+
+WORKSPACE = "/workspace"            # where the agent's workspace is mounted in every box
+TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it
+
+
+class SandboxError(EnvironmentFault):
+    """The box could not be used at all: one line for the human, with the fix."""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    exit_code: int
+    output: str                     # stdout and stderr interleaved, cleaned, capped
+    output_bytes: int               # everything the command printed, counted
+    truncated: bool
+    timed_out: bool
+    oom_killed: bool
+    duration_ms: int
+    container_id: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def for_model(self) -> str:
+        """The text a tool returns. The status is the first line, where output
+        (which may print anything, a fake status line included) cannot come first."""
+        status = f"[exit {self.exit_code}"
+        if self.timed_out:
+            status += ", timed out: killed at the deadline"
+        if self.oom_killed:
+            status += ", killed: out of memory"
+        if self.truncated:
+            status += f", output truncated from {self.output_bytes:,} bytes"
+        return f"{status}]\n{self.output or '(no output)'}"
+
+
+class Sandbox(Protocol):
+    """What the tools need from a box, wherever it lives."""
+
+    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
+
+    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False) -> SandboxResult: ...
+
+    def close(self) -> None:
+        """Release what the box holds (warm containers, connections); idempotent."""
+
+
+def refused(reason: str) -> SandboxResult:
+    """A call answered before any container exists: exit 2, the reason as its output."""
+    return SandboxResult(exit_code=2, output=f"refused: {reason}", output_bytes=0, truncated=False,
+                         timed_out=False, oom_killed=False, duration_ms=0, container_id="")

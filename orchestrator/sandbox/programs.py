@@ -1,0 +1,199 @@
+"""Every program of ours that runs inside a box, and how each is started.
+
+The seccomp guard (first in every call), the pool's launcher, write_file's
+script and the allowlist network's netns holder. They are data here so that
+`policy explain`, the escape probes and the engine all name the same text.
+
+## The seccomp guard: one more filter before any agent code runs
+
+The engine's default seccomp profile is the first filter. Engines before 25
+let io_uring through it (moby 25 removed io_uring_* from the default), and
+io_uring has been a steady source of kernel privilege escalations; the escape
+suite's `blocks_io_uring` probe found it open on this project's CI engine.
+We cannot ship a copy of the engine's profile, and a hand-written allowlist
+would drift from it, so instead every call's first process stacks a tiny
+filter on top: io_uring_setup, io_uring_enter and io_uring_register answer
+ENOSYS (as on a kernel without io_uring, so programs fall back), everything
+else goes on to the engine's filter. Seccomp filters are inherited across
+fork and exec and can never be removed, and with no_new_privs set (it is) an
+unprivileged process may install one.
+
+Not here: the rest of the hardening (engine.py's container_spec), the pool's
+host side (pool.py).
+"""
+
+from __future__ import annotations
+
+# Python source, run as the first thing in the box (`python3 -I`). The BPF
+# program: A = syscall nr without the x32 bit; 425 <= A <= 427 (io_uring_*,
+# the same numbers on every architecture's unified table) -> ERRNO(ENOSYS);
+# else ALLOW.
+INSTALL = r"""
+import ctypes, struct
+_prog = b"".join(struct.pack("HBBI", *op) for op in (
+    (0x20, 0, 0, 0),            # ld  [nr]
+    (0x54, 0, 0, 0xBFFFFFFF),   # and ~__X32_SYSCALL_BIT
+    (0x35, 0, 2, 425),          # jge io_uring_setup ? next : allow
+    (0x25, 1, 0, 427),          # jgt io_uring_register ? allow : next
+    (0x06, 0, 0, 0x00050026),   # ret ERRNO(ENOSYS)
+    (0x06, 0, 0, 0x7FFF0000),   # ret ALLOW
+))
+_buf = ctypes.create_string_buffer(_prog, len(_prog))
+_fprog = struct.pack("HxxxxxxP", len(_prog) // 8, ctypes.addressof(_buf))
+_libc = ctypes.CDLL(None, use_errno=True)
+if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog), 0, 0) != 0:
+    import os, sys
+    sys.stderr.write(f"wakeloop: cannot install the seccomp filter: {os.strerror(ctypes.get_errno())}\n")
+    os._exit(126)
+"""
+
+# Installs the filter, then becomes the command given as its arguments.
+GUARD = INSTALL + "import os, sys\nos.execvp(sys.argv[1], sys.argv[1:])\n"
+GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
+
+
+def boot(name: str) -> str:
+    """A one-line program that runs the program in $name, taking it out of the
+    environment first. Our programs ride in the environment, not in argv, so that
+    `ps` in the box shows one short line for each, not a kilobyte of source
+    (tokens the model pays for), and the command never inherits them."""
+    return f'import os; exec(os.environ.pop("{name}"))'
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """argv, run under the extra filter (the container's environment must hold GUARD_ENV)."""
+    return ["python3", "-I", "-c", boot(GUARD_ENV), *argv]
+
+
+# Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
+# (boot() says why), which it pops before the command. It reads an 8-byte
+# length and that many bytes of JSON {argv, cwd, stdin, end} from fd 0 with
+# os.read, which never reads past what it asks for: whatever follows on stdin
+# is left for the command (write_file's content). Without stdin the command
+# gets /dev/null, as a cold call's does; its stderr joins its stdout.
+#
+# The launcher stays as the command's parent and, when the command exits,
+# writes its status on stdout after the command's last byte: the caller then
+# returns at once instead of waiting ~100-200 ms for the engine to notice the
+# exit. Before it writes, it kills every other process in the box but init, so
+# the call ends as a cold call does: nothing it started outlives it. The line
+# carries the call's 128-bit nonce, which the command cannot learn: it arrived
+# before the command existed, and the launcher makes itself non-dumpable first,
+# so a process of the same uid can neither ptrace it nor read its memory
+# through /proc. Output that merely looks like the line is output. The OOM
+# count is the container's own cgroup's (read-only in the box); "?" where the
+# runtime shows no cgroup files (gVisor).
+LAUNCHER = r"""
+import ctypes, json, os
+if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
+    os._exit(125)
+def read_exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            os._exit(125)
+        data += chunk
+    return data
+def ooms():
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return "1" if int(line.split()[1]) else "0"
+        except (OSError, ValueError):
+            pass
+    return "?"
+spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
+os.chdir(spec["cwd"])
+pid = os.fork()   # not posix_spawn: its clone3 gets EPERM, not ENOSYS, under gVisor's seccomp
+if pid == 0:
+    try:
+        os.dup2(1, 2)
+        if not spec["stdin"]:
+            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+        os.execvp(spec["argv"][0], spec["argv"])
+    finally:
+        os._exit(127)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+code = 128 - code if code < 0 else code
+try:
+    os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
+except ProcessLookupError:
+    pass
+os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
+os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
+"""
+
+LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
+LAUNCH_ARGV = ["python3", "-I", "-c", boot(LAUNCHER_ENV)]
+
+
+# Runs inside the container as `python3 -I` (no cwd or PYTHON* in sys.path, so a
+# module planted in the workspace cannot stand in for the stdlib). It resolves the
+# path inside the box, refuses targets outside /workspace and paths through a
+# symlink (naming the real path, which the model can then ask for and the
+# policy's globs then judge), walks the path with O_NOFOLLOW so a symlink swapped
+# in meanwhile fails instead of being followed, and writes only to a regular
+# file. Content arrives on stdin; argv[2] is "write" (replace the file) or
+# "append" (the journal stub: add to the end, with the same refusals).
+WRITE_SCRIPT = r"""
+import os, stat, sys
+root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
+target = os.path.realpath(os.path.join(root, rel))
+if os.path.commonpath([root, target]) != root or target == root:
+    print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
+if target != os.path.normpath(os.path.join(root, rel)):
+    # The policy's globs were checked on the path as written; a symlink on the
+    # way would carry the write somewhere they never saw. Name the real path.
+    real = os.path.relpath(target, root)
+    print(f"refused: {rel} goes through a symlink; write to {real} instead"); sys.exit(3)
+parts = os.path.relpath(target, root).split(os.sep)
+try:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts[:-1]:
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
+    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                  | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
+except OSError as exc:
+    print(f"refused: {rel}: {exc.strerror}"); sys.exit(3)
+if not stat.S_ISREG(os.fstat(out).st_mode):
+    print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
+os.set_blocking(out, True)
+if not append:
+    os.ftruncate(out, 0)
+n = 0
+while chunk := sys.stdin.buffer.read(1 << 16):
+    n += os.write(out, chunk)
+print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target, root)}")
+"""
+
+
+def write_argv(path: str, append: bool = False) -> list[str]:
+    """What a write_file call runs in the box (from /, content on stdin)."""
+    return ["python3", "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write"]
+
+
+def merged_stderr(argv: list[str]) -> list[str]:
+    """argv with its stderr joined to its stdout inside the box, on one pipe, so
+    the order the model sees is the order things were printed (the engine keeps
+    two pipes apart). A pooled call gets this from its launcher."""
+    return ["bash", "-c", 'exec "$@" 2>&1', "bash", *argv]
+
+
+NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything
+
+# Runs as root with only NET_ADMIN, SETUID and SETGID, then drops all of it.
+HOLDER_SCRIPT = (
+    "ip route del default 2>/dev/null; ip -6 route flush table main 2>/dev/null; "
+    "if ip route | grep -q '^default'; then echo 'holder: default route still there'; exit 1; fi; "
+    "echo ready; "
+    f"exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups --inh-caps=-all "
+    "--bounding-set=-all sleep infinity"
+)
