@@ -2,6 +2,9 @@
 
 Nothing here mocks the docker SDK. The suite needs a running engine and the
 sandbox image; `.ci/run` (scripts/test.sh) provides both on a bare machine.
+A test that needs the engine carries the `docker` marker: by its module
+(DOCKER_MODULES), by asking for an engine fixture, or by its own
+`@pytest.mark.docker`. `pytest -m "not docker"` runs the rest with no engine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,16 @@ from leftovers import our_containers
 from orchestrator.sandbox.engine import DockerSandbox
 
 REPO = Path(__file__).resolve().parent.parent
+ENGINE_FIXTURES = {"docker_client", "runtime", "make_sandbox", "sandbox", "make_lab", "engine_runtimes"}
+# Modules every test of which drives real containers (directly or through the CLI).
+DOCKER_MODULES = {"test_sandbox", "test_pool", "test_broker", "test_network", "test_compose", "test_loop",
+                  "test_state", "test_bench", "test_policy_tools", "test_probes_hold", "test_weakened", "test_wheel"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in DOCKER_MODULES or ENGINE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.docker)
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +113,12 @@ def fake_api(monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_container_left_behind(tmp_path_factory, docker_client):
+def no_container_left_behind(request, tmp_path_factory):
     """After the whole session, not one sandbox container of ours may exist."""
+    if not any(item.get_closest_marker("docker") for item in request.session.items):
+        yield  # `-m "not docker"`: no engine to ask
+        return
+    docker_client = request.getfixturevalue("docker_client")
     base = tmp_path_factory.getbasetemp()
     yield
     left = our_containers(docker_client, base)

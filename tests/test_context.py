@@ -8,6 +8,8 @@ jumps, or a host file changes.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import stat
@@ -165,6 +167,7 @@ def test_journal_size_does_not_follow_symlinks(agent_dir, tmp_path):
     assert journal_size(ws, "2026-01-01") is None
 
 
+@pytest.mark.docker
 def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir, tmp_path):
     secret = host_canary(tmp_path)
     os.chmod(secret, 0o666)  # writable by anyone: only not following the link protects it

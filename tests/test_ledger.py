@@ -138,6 +138,7 @@ def test_a_dry_run_meter_counts_tokens_but_bills_nothing(tmp_path):
 
 # -- whole wakes against the fake API ------------------------------------------------
 
+@pytest.mark.docker
 def test_a_call_whose_worst_case_crosses_the_wake_cap_is_never_sent(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
     # Worst case of one call at sonnet-4-6 prices: input (a few thousand tokens at

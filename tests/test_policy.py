@@ -271,6 +271,7 @@ def explain(tmp_path, policy_file: str) -> str:
     return done.stdout
 
 
+@pytest.mark.docker
 def test_explain_default_shows_tools_and_the_hardening_flags(tmp_path):
     out = explain(tmp_path, "default.yaml")
     assert "bash: timeout 120s" in out and "send_message: at most 5 per wake" in out
@@ -283,6 +284,7 @@ def test_explain_default_shows_tools_and_the_hardening_flags(tmp_path):
     assert out.count("docker run") == 2 and "--unmapped" not in out
 
 
+@pytest.mark.docker
 def test_explain_strict_offers_write_file_alone(tmp_path):
     out = explain(tmp_path, "strict.yaml")
     assert "bash: NOT OFFERED" in out and "send_message: NOT OFFERED" in out

@@ -123,6 +123,7 @@ def test_ticks_missed_while_down_come_due_once():
     assert first_due(parse_schedule("60s"), None, now) == now   # a new interval agent starts now
 
 
+@pytest.mark.docker
 def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "late", "60s")
@@ -138,6 +139,7 @@ def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
 
 # -- serving ---------------------------------------------------------------------------------
 
+@pytest.mark.docker
 def test_two_agents_wake_on_time(tmp_path):
     root = tmp_path / "agents"
     a, b = make_agent(root, "a", "4s"), make_agent(root, "b", "4s")
@@ -156,6 +158,7 @@ def test_two_agents_wake_on_time(tmp_path):
     assert sum(" a: wake " in line for line in lines) >= 3
 
 
+@pytest.mark.docker
 def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "slow", "1s")
@@ -169,6 +172,7 @@ def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
     assert "wake_skipped" not in types       # the scheduler skipped the tick, not the lock
 
 
+@pytest.mark.docker
 def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_path):
     root = tmp_path / "agents"
     root.mkdir()
@@ -187,6 +191,7 @@ def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_pa
     assert any("changed first: every 2s" in line for line in lines)
 
 
+@pytest.mark.docker
 def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
     root = tmp_path / "agents"
     agents = [make_agent(root, f"agent{i:02d}", "600s") for i in range(20)]
@@ -204,6 +209,7 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
     assert scheduler.completed == 20
 
 
+@pytest.mark.docker
 def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
@@ -277,6 +283,7 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     assert "? (ledger unreadable)" in alpha
 
 
+@pytest.mark.docker
 def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "pricey", "60s")

@@ -105,6 +105,7 @@ def first_user_text(request) -> str:
     return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
 
 
+@pytest.mark.docker
 def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
     add_task(agent_dir / "state", "count the files in the workspace")
@@ -126,6 +127,7 @@ def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fa
     assert "task_claimed" in types
 
 
+@pytest.mark.docker
 def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
     add_task(agent_dir / "state", "first")
@@ -138,6 +140,7 @@ def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fa
     assert [t.status for t in load_tasks(agent_dir / "state")] == ["claimed", "todo"]
 
 
+@pytest.mark.docker
 def test_a_policy_can_take_complete_task_away(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
     config = agent_dir / "agent.yaml"

@@ -327,7 +327,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 raise BrokerError("a request is one JSON object")
             reply = broker.handle(request)
         except (BrokerError, SandboxError) as exc:
-            reply = {"ok": False, "error": str(exc)}
+            # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
+            reply = {"ok": False, "error": str(exc), "refused": isinstance(exc, BrokerError)}
             # What a person reading `docker compose logs broker` needs to see.
             broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
         except ValueError:

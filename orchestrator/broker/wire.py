@@ -6,7 +6,8 @@ Wire format: one JSON object per line, one request per connection.
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start)
   -> {"op": "ping"}
-  <- {"ok": true, "result": {SandboxResult fields}}  |  {"ok": false, "error": "one line"}
+  <- {"ok": true, "result": {SandboxResult fields}}
+   | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy
 
 The server (server.py) and the client (client.py) both import this module;
 neither imports the other.
@@ -21,7 +22,7 @@ import json
 import socket
 import time
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox.box import SandboxError
 
 BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
@@ -37,6 +38,13 @@ APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing no
 
 class BrokerError(ConfigError):
     """A request the broker refuses: one line, sent back to the client."""
+
+
+class BrokerRefusal(SandboxError):
+    """The client's side of a BrokerError: the box is usable, this request or policy is not.
+    Still a SandboxError (a tool call gets it as text), but the CLI's exit is 2, not 3."""
+
+    exit_code = EXIT_USAGE
 
 
 def encode_content(content: bytes) -> str:
@@ -69,7 +77,8 @@ def request(socket_path: str, req: dict, timeout_s: float) -> dict:
     except ValueError:
         raise SandboxError(f"the sandbox broker at {socket_path} closed without an answer") from None
     if not reply.get("ok"):
-        raise SandboxError(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
+        error = BrokerRefusal if reply.get("refused") else SandboxError
+        raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
     return reply["result"]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.policy.schema import Policy, PolicyError, load_policy, policy_from_mapping
 
@@ -91,8 +92,8 @@ def _policy(value, config: Path, node) -> Policy:
     if isinstance(value, dict):
         return policy_from_mapping(value, str(config), node)
     if isinstance(value, str):
-        path = (config.parent / value).resolve()
-        return load_policy(path)
+        shipped = shipped_policy(value.strip())  # `policy: strict`: the shipped one, wherever installed
+        return load_policy(shipped or (config.parent / value).resolve())
     raise PolicyError(f"{config}: policy: expected a file path or a mapping")
 
 
@@ -137,7 +138,7 @@ def init_agent(agent_dir: str | Path, policy: str | None = None) -> Path:
         (agent_dir / sub).mkdir(parents=True, exist_ok=True)
     (agent_dir / "agent.yaml").write_text(AGENT_YAML.format(
         name=name, model=DEFAULT_MODEL, schedule=DEFAULT_SCHEDULE,
-        policy=policy or "{}            # inline; or a path such as ../policies/default.yaml"))
+        policy=policy or "{}            # inline; a shipped one (default, strict, networked); or a path"))
     (agent_dir / "mandate.md").write_text(MANDATE.format(name=name))
     core = agent_dir / "workspace/memory/core.md"
     if not core.exists():

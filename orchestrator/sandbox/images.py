@@ -15,15 +15,17 @@ from pathlib import Path
 
 import docker
 
+from orchestrator.assets import asset_dir
+
 SANDBOX_REPO = "wakeloop-sandbox"
 INPUTS_LABEL = "wakeloop.inputs"
 
 
 def sandbox_image_dir() -> Path | None:
-    """sandbox-image/ beside the package (a checkout or the orchestrator image)."""
+    """sandbox-image/ as shipped (assets.py: a checkout, the orchestrator image or the wheel's data)."""
     env = os.environ.get("WAKELOOP_SANDBOX_IMAGE_DIR")
-    candidate = Path(env) if env else Path(__file__).resolve().parents[2] / "sandbox-image"
-    return candidate if (candidate / "Dockerfile").is_file() else None
+    candidate = Path(env) if env else asset_dir("sandbox-image")
+    return candidate if candidate and (candidate / "Dockerfile").is_file() else None
 
 
 def inputs_hash(directory: Path) -> str:

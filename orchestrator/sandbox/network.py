@@ -35,6 +35,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
 
 from orchestrator.policy.schema import parse_host
@@ -42,7 +43,6 @@ from orchestrator.sandbox.programs import HOLDER_SCRIPT
 
 LABEL = "wakeloop.egress"               # on every container and network created here
 PROXY_IMAGE = "wakeloop-proxy:latest"
-PROXY_IMAGE_DIR = Path(__file__).resolve().parents[2] / "proxy-image"
 PROXY_ALIAS = "wakeloop-proxy"          # the proxy's name on each internal network
 PROXY_PORT = 3128                       # squid's usual port
 EGRESS_NETWORK = "wakeloop-egress"      # the one bridge with a way out, proxies only
@@ -181,7 +181,7 @@ def _ensure_image(client) -> None:
     try:
         client.images.get(PROXY_IMAGE)
     except docker.errors.ImageNotFound:
-        client.images.build(path=str(PROXY_IMAGE_DIR), tag=PROXY_IMAGE, rm=True,
+        client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True,
                             labels={LABEL: "1"})
 
 
