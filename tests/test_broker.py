@@ -14,14 +14,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
 import pytest
-import yaml
 
 from leftovers import our_containers
 from orchestrator.broker import server as broker_module
@@ -35,19 +33,14 @@ from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.wake.workspace import append_in_sandbox
+import support
+from support import scrubbed_env, set_policy
 
 REPO = Path(__file__).resolve().parent.parent
 START_S = 30                         # the broker's start: engine ping, leftover sweep
 POOL_WAIT_S = 30                     # a pool refill: create and start two containers
 MEMORY_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
                 " || cat /sys/fs/cgroup/memory.max")   # cgroup v1, else v2
-
-
-def set_policy(agent_dir: Path, policy: dict) -> None:
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = policy
-    config.write_text(yaml.safe_dump(data))
 
 
 @pytest.fixture
@@ -83,12 +76,7 @@ def broker(root):
 
 
 def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):
-    """Poll `condition` until it returns something true; that value, or fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)  # the polling interval
-    return value
+    return support.wait_for(condition, what, timeout_s)
 
 
 def pool_containers(client, workspace: Path) -> dict[str, int]:
@@ -198,7 +186,7 @@ def test_the_mount_source_is_the_host_path_of_the_workspace(root, monkeypatch, d
 
 
 def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     env["WAKELOOP_BROKER"] = str(broker)
     env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"     # the orchestrator has no engine
     done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
@@ -211,7 +199,7 @@ def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
 
 def test_over_the_ceiling_a_wake_does_not_start_and_says_why_in_one_line(root, docker_client):
     set_policy(root / "alpha", {"sandbox": {"pids": 4096}})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     with served(root, Ceiling(max={"pids": 256}, source="ceiling.yaml")) as sock:
         env["WAKELOOP_BROKER"] = str(sock)
         done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
@@ -346,7 +334,7 @@ def test_an_agent_without_bash_or_write_file_still_gets_its_journal_stub(broker,
     set_policy(root / "alpha", {"tools": {"bash": {"enabled": False}, "write_file": {"enabled": False}}})
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "I forgot to journal."}]))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     env["WAKELOOP_BROKER"] = str(broker)
     env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"     # the orchestrator has no engine
     done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha"),

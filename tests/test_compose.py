@@ -8,7 +8,6 @@ calls the real API.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -17,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from support import scrubbed_env
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_S = 900                        # both images from scratch: apt and pip over the network
@@ -27,7 +27,7 @@ WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"   # the broker's v
 
 
 def compose_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     env["WAKELOOP_DRY_RUN"] = "true"   # overrides a live .env: this test never calls the API
     return env
 

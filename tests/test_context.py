@@ -14,7 +14,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import threading
 import time
 import tracemalloc
@@ -25,6 +24,7 @@ from orchestrator.policy.agent import load_agent
 from orchestrator.wake.context import build_context, system_prompt
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.workspace import READ_CAP, journal_size, read_text
+from support import run_cli
 
 CANARY = "CANARY-host-secret-5d41402abc4b2a76"
 FIFO_DEADLINE_S = 2.0               # the bound for a context build facing a FIFO
@@ -35,9 +35,7 @@ CLI_TIMEOUT_S = 120
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S, env=env, cwd=Path(__file__).resolve().parent.parent)
+    return run_cli(*args, timeout=CLI_TIMEOUT_S)
 
 
 def host_canary(tmp_path: Path) -> Path:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
@@ -22,17 +21,10 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
                                  load_prices, price_for, read_book, record, worst_case_usd)
 from orchestrator.policy.schema import Budget
+from support import set_policy
 
 KEY = FAKE_KEY
 REPO = Path(__file__).resolve().parent.parent
-
-
-def set_policy(agent_dir: Path, policy: dict, **extra) -> None:
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = policy
-    data.update(extra)
-    config.write_text(yaml.safe_dump(data))
 
 
 # -- prices and arithmetic ----------------------------------------------------------

@@ -8,15 +8,11 @@ and what it reported (the receipt, the exit code).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
@@ -24,21 +20,15 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake
 from orchestrator.wake.model import MAX_RETRIES, LiveModel
 from orchestrator.records.state import read_outbox, send_message_to_agent
+import support
+from support import set_policy
 
 KEY = FAKE_KEY
-WAKELOOP = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 120                           # one CLI wake; a handful of sandbox calls
 
 
 def today() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
-
-
-def set_policy(agent_dir: Path, policy: dict) -> None:
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = policy
-    config.write_text(yaml.safe_dump(data))
 
 
 def events_of(agent_dir: Path) -> list:
@@ -50,10 +40,7 @@ def types_of(agent_dir: Path) -> list[str]:
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
-    full_env.update(env or {})
-    return subprocess.run([*WAKELOOP, *args], capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=Path(__file__).resolve().parent.parent)
+    return support.run_cli(*args, env=env, timeout=timeout)
 
 
 def last_receipt(stdout: str) -> dict:

@@ -30,6 +30,8 @@ from orchestrator.fleet.scheduler import Scheduler
 from orchestrator.fleet.views import describe_receipt, status_table
 from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
+import support
+from support import scrubbed_env
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 90                          # the longest any condition here may take on a busy engine
@@ -44,13 +46,7 @@ SLOW = [{"text": "slow", "tool_calls": [{"name": "bash", "input": {"command":
 
 
 def wait_for(condition, timeout: float = WAIT_S, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return support.wait_for(condition, what, timeout)
 
 
 def make_agent(root: Path, name: str, every: str) -> Path:
@@ -219,7 +215,7 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
     core = agent_dir / "workspace/memory/core.md"
     core.unlink()
     os.mkfifo(core, 0o666)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

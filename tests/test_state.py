@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import support
+from support import scrubbed_env
 from sync import read_until, release_fifo
 
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
@@ -22,12 +23,11 @@ from orchestrator.records.state import (LOCK_FILE, STATE_FILE, State, WakeLock, 
                                 send_message_to_agent)
 
 WAKE_TIMEOUT_S = 120                # one CLI wake with a few sandbox calls on a busy engine
-POLL_S = 0.05                       # polling interval while waiting for a condition
 EVENT_DEADLINE_S = 60               # until a started wake reaches its sandbox call
 
 
 def start_wake(agent_dir: Path, script: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
     return subprocess.Popen([sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--script",
                              str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=Path(__file__).resolve().parent.parent)
@@ -41,10 +41,7 @@ def script_file(tmp_path: Path, command: str) -> Path:
 
 
 def wait_for(condition, deadline_s: float, what: str) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(POLL_S)
+    support.wait_for(condition, what, deadline_s)
 
 
 def receipt_of(out: str) -> dict:

@@ -8,9 +8,6 @@ and closed by the agent's complete_task call.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 import yaml
 
 from fakeapi import FAKE_KEY, text, tool_use, turn
+from support import run_cli
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
@@ -28,9 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, timeout: float = 60):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO)
+    return run_cli(*args, timeout=timeout)
 
 
 # -- the queue ---------------------------------------------------------------------------

@@ -7,10 +7,10 @@ tree: the image sources and policies must travel in the wheel itself.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from support import scrubbed_env
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 600               # pip builds the wheel in an isolated env, then installs its dependencies
@@ -30,7 +30,7 @@ def test_the_wheel_installs_and_runs_the_quick_start_from_anywhere(tmp_path):
     run([sys.executable, "-m", "venv", str(venv)], cwd=home)
     run([str(venv / "bin/pip"), "install", "-q", str(wheel)], cwd=home)
     wakeloop = str(venv / "bin/wakeloop")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = scrubbed_env()
 
     from orchestrator import __version__
     assert run([wakeloop, "--version"], home, env=env).stdout.strip() == f"wakeloop {__version__}"

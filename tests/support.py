@@ -1,0 +1,51 @@
+"""Helpers every test module shares: the CLI as a user runs it, a policy
+written into agent.yaml, and waiting for a condition the code promises.
+
+A module of its own (not conftest) so tests anywhere under tests/ can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CLI_TIMEOUT_S = 120                 # one CLI run: a wake of a few sandbox calls on a loaded engine
+POLL_S = 0.1                        # how often wait_for looks again
+
+
+def scrubbed_env(extra: dict | None = None) -> dict:
+    """This process's environment without the API's or wakeloop's own variables,
+    so no test inherits a key, a base URL or a broker from the machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env.update(extra or {})
+    return env
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S, **kwargs):
+    """`wakeloop ARGS` in a subprocess, from the checkout, with a scrubbed environment."""
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout, env=scrubbed_env(env), cwd=REPO, **kwargs)
+
+
+def set_policy(agent_dir: Path, policy: dict, **extra) -> None:
+    """Replace agent.yaml's policy (an inline mapping) and any other keys given."""
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data["policy"] = policy
+    data.update(extra)
+    config.write_text(yaml.safe_dump(data))
+
+
+def wait_for(condition, what: str, timeout_s: float):
+    """Poll `condition` until it returns something true; that value, or fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g}s waiting for {what}"
+        time.sleep(POLL_S)
+    return value
