@@ -5,7 +5,7 @@
 For each runtime (runc, then runsc):
 
 1. bash `true` per call at an agent's pace: a real live wake (the real
-   `anthropic` SDK over HTTP to tests/fakeapi.py) whose fake API waits
+   `anthropic` SDK over HTTP to orchestrator/fakeapi.py) whose fake API waits
    PACE_S before every answer; one call's figure is the time between two
    requests less that wait (model latency), so it holds the tool call in
    a pooled container plus the harness's own work for the step. Beside it
@@ -54,7 +54,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # fakeapi.py: the local Messages API the tests use
 
 import yaml  # noqa: E402
 
@@ -167,10 +166,10 @@ def write_1k(step: int):
 
 
 def fake_api(responder):
-    """tests/fakeapi.py's server, streaming each block in one delta: it sends a
+    """orchestrator/fakeapi.py's server, streaming each block in one delta: it sends a
     whole reply at once, as after a model's latency, where the tests' 7-char
     deltas would bill the harness for streaming a reply token by token."""
-    import fakeapi
+    from orchestrator import fakeapi
     fakeapi.CHUNK = SSE_CHUNK
     return fakeapi.FakeAPI(then=responder)
 
@@ -431,7 +430,7 @@ def long_mandate() -> str:
 
 def without_cache(script: Script):
     """A responder billing every input token uncached, as if no breakpoint were sent."""
-    from fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
+    from orchestrator.fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
 
     def respond(rec):
         reply = script(rec)

@@ -95,9 +95,9 @@ def sandbox(make_sandbox) -> DockerSandbox:
 
 @pytest.fixture
 def fake_api(monkeypatch):
-    """start(replies=(), then=None): a local Messages API (tests/fakeapi.py) that the
+    """start(replies=(), then=None): a local Messages API (orchestrator/fakeapi.py) that the
     real SDK reaches through ANTHROPIC_BASE_URL, with a fake key set; stopped after."""
-    from fakeapi import FAKE_KEY, FakeAPI
+    from orchestrator.fakeapi import FAKE_KEY, FakeAPI
     servers = []
 
     def start(replies=(), then=None) -> FakeAPI:

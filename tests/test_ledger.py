@@ -1,7 +1,7 @@
 """The dollar ledger: prices as data, cost from real usage, caps checked before a call.
 
 The unit tests pin the arithmetic; the wake tests drive the real loop with the
-real `anthropic` SDK against tests/fakeapi.py and prove that a call whose
+real `anthropic` SDK against orchestrator/fakeapi.py and prove that a call whose
 worst case would cross a USD cap is never sent.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fakeapi import FAKE_KEY, text, tool_use, turn, usage
+from orchestrator.fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,

@@ -1,4 +1,4 @@
-"""A small local Messages API for tests: the real `anthropic` SDK talks to it over HTTP.
+"""A small local Messages API: the one boundary the tests and the bench fake, at the wire.
 
 `FakeAPI` runs stdlib http.server in a thread on 127.0.0.1 (a free port) and
 answers POST /v1/messages from a queue of scripted replies, as plain JSON or,
