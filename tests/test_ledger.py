@@ -105,7 +105,7 @@ def test_a_broken_ledger_stops_spending_under_a_day_cap_and_is_left_as_found(tmp
     with pytest.raises(LedgerError, match="ledger.json is unreadable"):
         read_book(tmp_path)                        # never an empty book: that resets the day cap
     capped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=100.0), prices)
-    assert "today's spending is unknown" in capped.check(input_tokens=10, max_tokens=10)
+    assert "today's spending is unknown" in capped.check(input_tokens=10, max_tokens=10).reason
     uncapped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_wake=100.0), prices)
     assert uncapped.check(input_tokens=10, max_tokens=10) is None
     uncapped.record(Usage(input_tokens=10, output_tokens=10))
@@ -116,7 +116,7 @@ def test_the_meter_stops_on_the_day_cap_from_earlier_wakes(tmp_path):
     prices = load_prices(environ={})
     record(tmp_path, 0.99, 1)                      # spent earlier today
     meter = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=1.0), prices)
-    reason = meter.check(input_tokens=1000, max_tokens=1000)
+    reason = meter.check(input_tokens=1000, max_tokens=1000).reason
     assert reason and reason.startswith("max_usd_per_day") and "$0.9900 spent today" in reason
     assert Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=2.0), prices).check(1000, 1000) is None
 

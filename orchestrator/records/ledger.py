@@ -241,6 +241,17 @@ def record(state_dir: Path, usd: float, tokens: int) -> Book:
 
 # -- one wake's meter -------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Over:
+    """Why the next model call may not start: which cap, and the sentence for the receipt."""
+    cap: str                        # max_usd_per_wake | max_usd_per_day
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return f"{self.cap}: {self.detail}"
+
+
 class Meter:
     """One wake's spending: `check()` before each model call, `record()` after.
 
@@ -256,26 +267,26 @@ class Meter:
         self.usd = 0.0              # this wake, reconciled from real usage
         self.tokens = 0
 
-    def check(self, input_tokens: int, max_tokens: int) -> str | None:
-        """Why the next call may not start (a sentence for the receipt), or None."""
+    def check(self, input_tokens: int, max_tokens: int) -> Over | None:
+        """Why the next call may not start, or None."""
         if not self.billed or self.price is None:
             return None
         worst = worst_case_usd(self.price, input_tokens, max_tokens, self.cache_ttl)
         per_wake = getattr(self.budget, "max_usd_per_wake", None)
         if per_wake and self.usd + worst > per_wake:
-            return (f"max_usd_per_wake: the next model call could cost up to ${worst:.4f} "
-                    f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
-                    f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}")
+            return Over("max_usd_per_wake", f"the next model call could cost up to ${worst:.4f} "
+                        f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
+                        f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}")
         per_day = getattr(self.budget, "max_usd_per_day", None)
         if not per_day:
             return None
         try:
             spent_today = read_book(self.state_dir).day().usd
         except LedgerError as exc:
-            return f"max_usd_per_day: today's spending is unknown: {exc}"
+            return Over("max_usd_per_day", f"today's spending is unknown: {exc}")
         if spent_today + worst > per_day:
-            return (f"max_usd_per_day: the next model call could cost up to ${worst:.4f}; with "
-                    f"${spent_today:.4f} spent today (UTC) that passes the cap of ${per_day:.4f}")
+            return Over("max_usd_per_day", f"the next model call could cost up to ${worst:.4f}; with "
+                        f"${spent_today:.4f} spent today (UTC) that passes the cap of ${per_day:.4f}")
         return None
 
     def record(self, usage: Usage) -> float:

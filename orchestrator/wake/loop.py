@@ -212,11 +212,12 @@ class _Wake:
         ctx = build_context(self.agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
                             inbox=st.peek_inbox(self.agent.state_dir))
         tools = build_registry(self.agent.policy, None, outbox=lambda text: None).to_anthropic()
-        reason = self.meter.check(ledger.estimate_tokens(ctx.system, ctx.first_user, tools),
-                                  self.budget.max_output_tokens)
-        if reason is None:
+        over = self.meter.check(ledger.estimate_tokens(ctx.system, ctx.first_user, tools),
+                                self.budget.max_output_tokens)
+        if over is None:
             return None
-        self.events.emit("blocked", reason=reason, cap=reason.split(":", 1)[0])
+        reason = over.reason
+        self.events.emit("blocked", reason=reason, cap=over.cap)
         self.say(f"blocked: {reason}")
         receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
                           reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
@@ -307,7 +308,7 @@ class _Wake:
             over = self.meter.check(ledger.estimate_tokens(self.ctx.system, tools, messages),
                                     self.budget.max_output_tokens)
             if over:  # the worst case of this call would pass a USD cap: it is not made
-                return self._budget_stop(over.split(":", 1)[0], over)
+                return self._budget_stop(over.cap, over.reason)
             turn = self._ask(messages, tools, final)
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
