@@ -6,6 +6,13 @@ Two small HTTP servers of the tests' own sit on the proxies' bridge network:
 under `network: allowlist` and once under `network: none`, and reports what
 each attempt did; each test below asserts one promise.
 
+These tests are about names, ports and routes. The servers live at private
+addresses (the only kind on this machine), which the real proxy refuses by
+address; so the proxy here is built from squid.conf less its address rules
+(tests/squidconf.py). The address rules are proven by the tests at the end,
+against squid itself with no network, and by the escape suite's `allowlist`
+probes against the real proxy.
+
 No probe sends a packet off this machine. "Reachable" is only ever tried
 against the two servers here. "No route" is proven by the routing table and by
 connecting a UDP socket, which is a route lookup that sends nothing; the only
@@ -27,6 +34,7 @@ import pytest
 from orchestrator.sandbox import network
 from orchestrator.policy.schema import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
+from squidconf import squid_without_address_rules
 
 SERVER_PORT = 8080                  # both test servers listen here
 UNLISTED_PORT = 8081                # on the allowed host, but not on the list
@@ -122,7 +130,9 @@ def allowlist_box(docker_client, tmp_path_factory):
     policy = policy_from_mapping({"sandbox": {"network": "allowlist",
                                               "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test")
     started = time.monotonic()
-    box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
+    with pytest.MonkeyPatch.context() as patch:   # the proxy is made here, from this config
+        patch.setattr(network, "squid_config", squid_without_address_rules)
+        box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
     box.setup_s = time.monotonic() - started
     box.egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     yield box
