@@ -15,11 +15,11 @@ ADDRESS_RULES = ("http_access deny to_nonpublic", "http_access deny to_docker",
 def squid_without_address_rules(allow_hosts, docker_subnets=()):
     """Names only: the list is kept, the rules on resolved addresses are gone."""
     conf = REAL_SQUID_CONFIG(allow_hosts, docker_subnets)
-    return "\n".join(line for line in conf.splitlines() if line not in ADDRESS_RULES)
+    return "".join(line + "\n" for line in conf.splitlines() if line not in ADDRESS_RULES)
 
 
 def squid_allowing_everything(allow_hosts, docker_subnets=()):
     """Every http_access rule replaced by `allow all`."""
     conf = REAL_SQUID_CONFIG(allow_hosts, docker_subnets)
-    return "\n".join([line for line in conf.splitlines() if not line.startswith("http_access")]
-                     + ["http_access allow all", ""])
+    return "".join(line + "\n" for line in conf.splitlines()
+                   if not line.startswith("http_access")) + "http_access allow all\n"
