@@ -142,7 +142,7 @@ def allowlist_box(docker_client, tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(docker_client, allowlist_box):
     """Our two HTTP servers on the proxies' bridge network, by name; removed afterwards."""
-    egress = docker_client.networks.get(network.EGRESS_NETWORK)
+    egress = network.find_network(docker_client, network.EGRESS_NETWORK)
     made = {}
     try:
         for alias in (ALLOWED, DENIED):
@@ -180,7 +180,7 @@ def host_bridge_ips(docker_client) -> list[str]:
     """The Docker host's own addresses on its bridges (docker0, the egress bridge)."""
     ips = []
     for name in ("bridge", network.EGRESS_NETWORK):
-        for cfg in docker_client.networks.get(name).attrs["IPAM"]["Config"] or []:
+        for cfg in network.find_network(docker_client, name).attrs["IPAM"]["Config"] or []:
             if cfg.get("Gateway"):
                 ips.append(cfg["Gateway"])
     return ips
@@ -472,5 +472,30 @@ def test_the_proxy_denies_the_subnets_of_its_own_networks(docker_client, allowli
     conf = next(e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_SQUID_CONF="))
     acl = next(line for line in conf.splitlines() if line.startswith("acl to_docker dst "))
     for name in (network.EGRESS_NETWORK, egress.internal_network):
-        for cfg in docker_client.networks.get(name).attrs["IPAM"]["Config"]:
+        for cfg in network.find_network(docker_client, name).attrs["IPAM"]["Config"]:
             assert cfg["Subnet"] in acl.split(), (name, acl)
+
+
+def test_a_network_name_two_processes_raced_for_resolves_to_the_oldest_and_the_loser_removes_its_own():
+    """The engine lets two creates of one name both succeed; a container on an
+    ambiguous name cannot start. No engine here: a stand-in with the race built in."""
+    class Net:
+        def __init__(self, id, created):
+            self.id, self.name, self.attrs, self.removed = id, network.EGRESS_NETWORK, {"Created": created}, False
+        def remove(self):
+            self.removed = True
+            nets.remove(self)
+    theirs = Net("b" * 12, "2026-01-01T00:00:00.1Z")
+    nets = []
+    class Networks:
+        def list(self, names):
+            return list(nets)
+        def get(self, id):
+            return next(n for n in nets if n.id == id)
+        def create(self, name, **kwargs):
+            mine = Net("a" * 12, "2026-01-01T00:00:00.2Z")
+            nets.extend([theirs, mine])    # theirs landed between our look and our create
+            return mine
+    client = type("Client", (), {"networks": Networks()})()
+    got = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
+    assert got is theirs and nets == [theirs]

@@ -155,13 +155,7 @@ def _private_network(t: Trial):
     try:
         yield net
     finally:
-        net.reload()
-        for c in net.containers:
-            try:
-                net.disconnect(c, force=True)
-            except Exception:
-                pass
-        net.remove()
+        net.remove()   # its server and the proxy are gone by now (inner contexts close first)
 
 
 def _private_destination(t: Trial) -> str:
@@ -181,7 +175,7 @@ def _private_destination(t: Trial) -> str:
 def _neighbours(t: Trial) -> str:
     name = "neighbour.wakeloop-probe.test"
     with _allowlist_box(t, (f"{name}:{SERVER_PORT}",)) as (box, egress):
-        outside = t.lab.client.networks.get(network.EGRESS_NETWORK)
+        outside = network.find_network(t.lab.client, network.EGRESS_NETWORK)
         with _server(t, outside, name) as server:
             address = _address(server, outside)
             verdict = _judge(_ask(box, [(name, SERVER_PORT)]), server,
@@ -222,7 +216,7 @@ def _denied_by(conf: str, address: str) -> bool:
 def _unlisted_host(t: Trial) -> str:
     listed, unlisted = "listed.wakeloop-probe.test", "unlisted.wakeloop-probe.test"
     with _allowlist_box(t, (f"{listed}:{SERVER_PORT}",)) as (box, _egress):
-        outside = t.lab.client.networks.get(network.EGRESS_NETWORK)
+        outside = network.find_network(t.lab.client, network.EGRESS_NETWORK)
         # A real server under the unlisted name: a proxy that let the name through
         # would reach it, on this machine; the real one refuses before any lookup.
         with _server(t, outside, unlisted) as server:

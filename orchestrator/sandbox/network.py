@@ -227,18 +227,37 @@ def _ensure_image(client) -> None:
 
 
 def _ensure_network(client, name: str, internal: bool, key: str):
-    found = client.networks.list(names=[name])
-    exact = [n for n in found if n.name == name]
-    if exact:
-        return exact[0]
+    """The network `name`, made if missing. The engine does not keep names
+    unique (two processes creating at once both succeed), and a container
+    connected to an ambiguous name cannot start; so the oldest copy wins, and
+    a process whose copy lost removes it (only its own: it may be in use)."""
+    if _named(client, name):
+        return find_network(client, name)
     options = {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {}
     try:
-        return client.networks.create(name, driver="bridge", internal=internal,
+        mine = client.networks.create(name, driver="bridge", internal=internal,
                                       options=options, labels=_labels(key), check_duplicate=True)
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
-        return client.networks.get(name)  # another process made it meanwhile
+        return find_network(client, name)  # another process made it meanwhile
+    winner = find_network(client, name)
+    if winner.id != mine.id:
+        _quiet(mine.remove)
+    return winner
+
+
+def _named(client, name: str) -> list:
+    return [n for n in client.networks.list(names=[name]) if n.name == name]
+
+
+def find_network(client: docker.DockerClient, name: str):
+    """The network called `name`: the oldest, if a race left two (see _ensure_network)."""
+    found = _named(client, name)
+    if not found:
+        raise docker.errors.NotFound(f"network {name} not found")
+    winner = min(found, key=lambda n: (n.attrs.get("Created", ""), n.id))
+    return client.networks.get(winner.id)
 
 
 def _running(client, name: str):

@@ -2,7 +2,9 @@
 hardening removed.
 
 Weakened boxes exist only here, as subclasses overriding container_spec;
-product code never builds one. Their containers keep the product's labels
+product code never builds one. Weakened allowlist proxies are built from
+tests/squidconf.py's configs, patched in for one test; each allowlist probe
+starts its own proxy and only ever reaches its own server container. Their containers keep the product's labels
 (workspace under this session's temp dir), so the no-leftover check covers
 them. The bridge-network box is judged by its interfaces and routing table
 only: no probe dials out of it.
