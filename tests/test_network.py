@@ -6,6 +6,13 @@ Two small HTTP servers of the tests' own sit on the proxies' bridge network:
 under `network: allowlist` and once under `network: none`, and reports what
 each attempt did; each test below asserts one promise.
 
+These tests are about names, ports and routes. The servers live at private
+addresses (the only kind on this machine), which the real proxy refuses by
+address; so the proxy here is built from squid.conf less its address rules
+(tests/squidconf.py). The address rules are proven by the tests at the end,
+against squid itself with no network, and by the escape suite's `allowlist`
+probes against the real proxy.
+
 No probe sends a packet off this machine. "Reachable" is only ever tried
 against the two servers here. "No route" is proven by the routing table and by
 connecting a UDP socket, which is a route lookup that sends nothing; the only
@@ -27,6 +34,7 @@ import pytest
 from orchestrator.sandbox import network
 from orchestrator.policy.schema import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
+from squidconf import squid_without_address_rules
 
 SERVER_PORT = 8080                  # both test servers listen here
 UNLISTED_PORT = 8081                # on the allowed host, but not on the list
@@ -101,7 +109,7 @@ out = {
                                        *t["host_ips"])},
 }
 print(json.dumps(out))
-"""
+""".replace("MATRIX_TIMEOUT_S", "10")   # squid answers either way in milliseconds
 
 
 def _wait_for_log(container, text: str, deadline_s: float) -> None:
@@ -122,7 +130,9 @@ def allowlist_box(docker_client, tmp_path_factory):
     policy = policy_from_mapping({"sandbox": {"network": "allowlist",
                                               "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test")
     started = time.monotonic()
-    box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
+    with pytest.MonkeyPatch.context() as patch:   # the proxy is made here, from this config
+        patch.setattr(network, "squid_config", squid_without_address_rules)
+        box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
     box.setup_s = time.monotonic() - started
     box.egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     yield box
@@ -132,7 +142,7 @@ def allowlist_box(docker_client, tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(docker_client, allowlist_box):
     """Our two HTTP servers on the proxies' bridge network, by name; removed afterwards."""
-    egress = docker_client.networks.get(network.EGRESS_NETWORK)
+    egress = network.find_network(docker_client, network.EGRESS_NETWORK)
     made = {}
     try:
         for alias in (ALLOWED, DENIED):
@@ -170,7 +180,7 @@ def host_bridge_ips(docker_client) -> list[str]:
     """The Docker host's own addresses on its bridges (docker0, the egress bridge)."""
     ips = []
     for name in ("bridge", network.EGRESS_NETWORK):
-        for cfg in docker_client.networks.get(name).attrs["IPAM"]["Config"] or []:
+        for cfg in network.find_network(docker_client, name).attrs["IPAM"]["Config"] or []:
             if cfg.get("Gateway"):
                 ips.append(cfg["Gateway"])
     return ips
@@ -350,3 +360,142 @@ def test_squid_config_allows_exactly_the_list():
     assert r"acl host_2 dstdom_regex -n -i ^([a-z0-9-]+\.)+example\.net$" in conf
     rules = [line for line in conf.splitlines() if line.startswith("http_access")]
     assert rules[0] == "http_access deny !allowed" and rules[-1] == "http_access deny all"
+
+
+# -- the rules on resolved addresses ----------------------------------------------------------
+
+# Names the matrix below gives squid in its hosts file. Squid runs with no
+# network (only lo), so an allowed address ends in a connect that fails locally
+# (no route: nothing is sent); a refused one never gets that far.
+REFUSED = {"loopback": "127.0.0.1", "loopback-other": "127.9.9.9", "this-net": "0.1.2.3",
+           "rfc1918-10": "10.1.2.3", "rfc1918-172": "172.16.5.4", "rfc1918-192": "192.168.1.1",
+           "cgnat": "100.64.0.1", "metadata": "169.254.169.254", "link-local": "169.254.1.1",
+           "multicast": "224.0.0.251", "reserved": "240.0.0.1", "broadcast": "255.255.255.255",
+           "benchmark": "198.18.0.1", "docker-subnet": "203.0.114.9",
+           "v6-loopback": "::1", "v6-link-local": "fe80::1", "v6-ula": "fd00::1",
+           "v6-multicast": "ff02::1", "v6-doc": "2001:db8::1"}
+PASSED = {"public": "1.1.1.1", "public-2": "8.8.8.8", "v6-public": "2606:4700:4700::1111"}
+MATRIX_SUBNETS = ("203.0.114.0/24",)   # stands for a Docker network the engine put in public space
+
+MATRIX_CLIENT = r"""
+import json, socket, sys
+out = {}
+for name in json.loads(sys.argv[1]):
+    for line, target in ((f"GET http://{name}.wakeloop.test/ HTTP/1.1\r\nHost: {name}.wakeloop.test\r\n", "http"),
+                         (f"CONNECT {name}.wakeloop.test:443 HTTP/1.1\r\nHost: {name}.wakeloop.test:443\r\n", "connect")):
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=MATRIX_TIMEOUT_S)
+        s.sendall((line + "Connection: close\r\n\r\n").encode())
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+        except TimeoutError:
+            head = b"timed out"
+        s.close()
+        error = [l.split(":", 1)[1].split()[0] for l in head.decode(errors="replace").split("\r\n")
+                 if l.lower().startswith("x-squid-error:")]
+        out[f"{name} {target}"] = error[0] if error else head.decode(errors="replace")[:80]
+print(json.dumps(out))
+""".replace("MATRIX_TIMEOUT_S", "10")   # squid answers either way in milliseconds
+
+
+@pytest.fixture(scope="module")
+def address_matrix(docker_client):
+    """{"<name> http|connect": squid's X-Squid-Error} for every name in REFUSED and
+    PASSED, from the product's config (`*.wakeloop.test` allowed) in a squid
+    with no network, asked by a client in its namespace."""
+    from orchestrator.sandbox.network import PROXY_IMAGE, _ensure_image
+    _ensure_image(docker_client)
+    conf = network.squid_config(("*.wakeloop.test",), MATRIX_SUBNETS) + "hosts_file /tmp/hosts\n"
+    hosts = "".join(f"{ip} {name}.wakeloop.test\n" for name, ip in {**REFUSED, **PASSED}.items())
+    squid = docker_client.containers.run(
+        PROXY_IMAGE, ["sh", "-c", 'printf "%s" "$CONF" > /tmp/squid.conf && printf "%s" "$HOSTS" > /tmp/hosts '
+                                  '&& exec squid -N -f /tmp/squid.conf'],
+        environment={"CONF": conf, "HOSTS": hosts}, user="proxy", network_mode="none",
+        # IPv6 on lo, or squid finds no working IPv6 and ignores the v6 addresses.
+        sysctls={"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.lo.disable_ipv6": "0"},
+        read_only=True, tmpfs={"/tmp": "rw,size=16m"}, labels={TEST_LABEL: "1"}, detach=True)
+    try:
+        _wait_for_log(squid, "Accepting HTTP Socket connections", SERVER_READY_S)
+        out = docker_client.containers.run(
+            "wakeloop-sandbox:latest", ["python3", "-I", "-c", MATRIX_CLIENT, json.dumps([*REFUSED, *PASSED])],
+            network_mode=f"container:{squid.id}", user="1000:1000", labels={TEST_LABEL: "1"}, remove=True)
+        return json.loads(out.decode().strip().splitlines()[-1])
+    finally:
+        squid.remove(force=True)
+
+
+def test_the_proxy_refuses_every_non_public_address_a_listed_name_resolves_to(address_matrix):
+    for name in REFUSED:
+        for how in ("http", "connect"):
+            assert address_matrix[f"{name} {how}"] == "ERR_ACCESS_DENIED", (name, how, address_matrix)
+
+
+def test_the_proxy_passes_a_public_address_on_to_a_connect(address_matrix):
+    # Passed on: squid tried to connect, which failed locally (no network).
+    for name in PASSED:
+        for how in ("http", "connect"):
+            assert address_matrix[f"{name} {how}"] == "ERR_CONNECT_FAIL", (name, how, address_matrix)
+
+
+def test_squid_config_denies_addresses_after_names_and_before_allowing():
+    conf = network.squid_config(("pypi.org",), ("172.18.0.0/16", "fd00:1::/64"))
+    assert "acl to_docker dst 172.18.0.0/16 fd00:1::/64" in conf
+    rules = [line for line in conf.splitlines() if line.startswith("http_access")]
+    assert rules == ["http_access deny !allowed", "http_access deny to_nonpublic", "http_access deny to_docker",
+                     "http_access deny to_localhost", "http_access allow allowed", "http_access deny all"]
+
+
+def test_non_public_ranges_do_not_overlap_and_hold_no_global_address():
+    import ipaddress
+    nets = [ipaddress.ip_network(n) for n in network.NON_PUBLIC]
+    for i, a in enumerate(nets):      # squid drops (and warns about) overlapping entries
+        assert not any(a.version == b.version and a.overlaps(b) for b in nets[i + 1:]), a
+    for net in nets:
+        assert not net.network_address.is_global or net.is_multicast or net.is_site_local, net
+
+
+def test_the_proxy_container_is_capped(docker_client, allowlist_box):
+    egress = allowlist_box.egress
+    host = docker_client.api.inspect_container(egress.proxy)["HostConfig"]
+    assert host["Memory"] == host["MemorySwap"] == network.PROXY_MEMORY
+    assert host["NanoCpus"] == int(network.PROXY_CPUS * 1e9) and host["PidsLimit"] == network.PROXY_PIDS
+    assert host["LogConfig"] == {"Type": "json-file", "Config": network.PROXY_LOG}
+
+
+def test_the_proxy_denies_the_subnets_of_its_own_networks(docker_client, allowlist_box):
+    egress = allowlist_box.egress
+    env = docker_client.api.inspect_container(egress.proxy)["Config"]["Env"]
+    conf = next(e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_SQUID_CONF="))
+    acl = next(line for line in conf.splitlines() if line.startswith("acl to_docker dst "))
+    for name in (network.EGRESS_NETWORK, egress.internal_network):
+        for cfg in network.find_network(docker_client, name).attrs["IPAM"]["Config"]:
+            assert cfg["Subnet"] in acl.split(), (name, acl)
+
+
+def test_a_network_name_two_processes_raced_for_resolves_to_the_oldest_and_the_loser_removes_its_own():
+    """The engine lets two creates of one name both succeed; a container on an
+    ambiguous name cannot start. No engine here: a stand-in with the race built in."""
+    class Net:
+        def __init__(self, id, created):
+            self.id, self.name, self.attrs, self.removed = id, network.EGRESS_NETWORK, {"Created": created}, False
+        def remove(self):
+            self.removed = True
+            nets.remove(self)
+    theirs = Net("b" * 12, "2026-01-01T00:00:00.1Z")
+    nets = []
+    class Networks:
+        def list(self, names):
+            return list(nets)
+        def get(self, id):
+            return next(n for n in nets if n.id == id)
+        def create(self, name, **kwargs):
+            mine = Net("a" * 12, "2026-01-01T00:00:00.2Z")
+            nets.extend([theirs, mine])    # theirs landed between our look and our create
+            return mine
+    client = type("Client", (), {"networks": Networks()})()
+    got = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
+    assert got is theirs and nets == [theirs]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.escapes import allowlist
 from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
@@ -11,11 +12,11 @@ from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
 from orchestrator.escapes import workspace
 
-CATEGORIES = ("filesystem", "workspace", "privileges", "network", "information", "persistence",
-              "resources", "harness")
+CATEGORIES = ("filesystem", "workspace", "privileges", "network", "allowlist", "information",
+              "persistence", "resources", "harness")
 
 ALL_PROBES = (filesystem.PROBES + workspace.PROBES + privileges.PROBES + network.PROBES
-              + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES)
+              + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES)
 
 
 def by_name(name: str):

@@ -101,7 +101,9 @@ def explain(policy: Policy, box, registry) -> str:
         lines += [f"  the box joins the network namespace of {egress.holder} (internal network "
                   f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
                   f"  squid proxy {egress.proxy} at {egress.proxy_url}, which also sits on "
-                  f"{network.EGRESS_NETWORK}"]
+                  f"{network.EGRESS_NETWORK}",
+                  "  and refuses any listed name that resolves to an address that is not public "
+                  "internet (private, loopback, link-local, its own Docker networks)"]
     elif s.network == "bridge":
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
     if s.pool:

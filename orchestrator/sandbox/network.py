@@ -14,8 +14,15 @@ For a policy with `network: allowlist`, each agent gets:
 - a proxy container (squid, from Debian's packages: proxy-image/) on that
   internal network, under the alias `wakeloop-proxy`, and on the shared egress
   bridge `wakeloop-egress`. Its squid.conf is generated here from exactly the
-  policy's allow_hosts; it refuses IP-literal targets, link-local and loopback
-  destinations, and every name not on the list, before any DNS lookup.
+  policy's allow_hosts. It refuses every name not on the list, before any DNS
+  lookup, and IP-literal targets; then, for a listed name, every destination
+  address that is not public internet (NON_PUBLIC: loopback, link-local and the
+  metadata address, RFC 1918, CGNAT, unique-local, multicast, reserved), and
+  the addresses of the Docker networks it sits on (its neighbours and their
+  gateway, the Docker host), read from the engine when the config is written.
+  A listed name that resolves to such an address (DNS rebinding, a name the
+  engine's resolver answers for a container) is refused like any other.
+  Its log is capped, and so are its memory, CPU and processes.
 
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.types
 
 from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
@@ -51,7 +59,34 @@ READY_TIMEOUT_S = 30                    # squid starts in about a second; a buil
 POLL_S = 0.2                            # readiness polling interval
 PROXY_MEMORY = 256 * 2**20              # bytes; squid without a disk cache stays far below
 PROXY_PIDS = 128                        # squid and its helpers
-
+PROXY_CPUS = 0.5                        # of one core: a proxy for one agent's downloads
+PROXY_LOG = {"max-size": "1m", "max-file": "1"}  # squid logs each request to stdout: keep 1 MB
+# Destinations that are not the public internet, by the address a name resolves
+# to (squid's `dst`); no two overlap, as squid wants within one acl. The proxy's
+# own Docker networks are added when its config is written (docker_subnets).
+NON_PUBLIC = (
+    "0.0.0.0/8",            # "this network"
+    "10.0.0.0/8",           # RFC 1918
+    "100.64.0.0/10",        # carrier-grade NAT
+    "127.0.0.0/8",          # loopback
+    "169.254.0.0/16",       # link-local, the cloud metadata address
+    "172.16.0.0/12",        # RFC 1918 (Docker's default pools)
+    "192.0.0.0/24",         # IETF protocol assignments
+    "192.0.2.0/24",         # documentation
+    "192.168.0.0/16",       # RFC 1918
+    "198.18.0.0/15",        # benchmarking
+    "198.51.100.0/24",      # documentation
+    "203.0.113.0/24",       # documentation
+    "224.0.0.0/4",          # multicast
+    "240.0.0.0/4",          # reserved, broadcast
+    "::/128", "::1/128",    # unspecified, loopback
+    "100::/64",             # discard
+    "2001:db8::/32",        # documentation
+    "fc00::/7",             # unique-local
+    "fe80::/10",            # link-local
+    "fec0::/10",            # site-local (deprecated)
+    "ff00::/8",             # multicast
+)
 
 
 class NetworkError(EnvironmentFault):
@@ -101,8 +136,10 @@ def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
 
 # -- squid.conf -------------------------------------------------------------------
 
-def squid_config(allow_hosts: tuple[str, ...]) -> str:
-    """squid.conf allowing exactly `allow_hosts` (validated by policy.parse_host)."""
+def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
+    """squid.conf allowing exactly `allow_hosts` (validated by policy.parse_host),
+    to public addresses only: never NON_PUBLIC, never `docker_subnets` (the
+    proxy's own networks, whatever address pool the engine uses)."""
     lines = [
         f"http_port {PROXY_PORT}",
         f"visible_hostname {PROXY_ALIAS}",
@@ -118,7 +155,8 @@ def squid_config(allow_hosts: tuple[str, ...]) -> str:
         "forwarded_for delete",
         "via off",
         "httpd_suppress_version_string on",
-        "acl to_linklocal dst 169.254.0.0/16 fe80::/10",
+        f"acl to_nonpublic dst {' '.join(NON_PUBLIC)}",
+        f"acl to_docker dst {' '.join(docker_subnets)}" if docker_subnets else "acl to_docker dst 0.0.0.0/32",
         f"acl default_ports port {' '.join(map(str, DEFAULT_PORTS))}",
     ]
     allowed = []
@@ -136,8 +174,11 @@ def squid_config(allow_hosts: tuple[str, ...]) -> str:
         f"acl allowed any-of {' '.join(allowed)}" if allowed else "acl allowed src 0.0.0.0/32",
         # Order matters: names are checked first, without DNS, so a name that is
         # not on the list is never even looked up (no DNS channel through squid).
+        # Then the address a listed name resolves to (`dst`), for plain HTTP and
+        # CONNECT alike: squid connects to the address it checked here.
         "http_access deny !allowed",
-        "http_access deny to_linklocal",
+        "http_access deny to_nonpublic",
+        "http_access deny to_docker",
         "http_access deny to_localhost",
         "http_access allow allowed",
         "http_access deny all",
@@ -186,18 +227,37 @@ def _ensure_image(client) -> None:
 
 
 def _ensure_network(client, name: str, internal: bool, key: str):
-    found = client.networks.list(names=[name])
-    exact = [n for n in found if n.name == name]
-    if exact:
-        return exact[0]
+    """The network `name`, made if missing. The engine does not keep names
+    unique (two processes creating at once both succeed), and a container
+    connected to an ambiguous name cannot start; so the oldest copy wins, and
+    a process whose copy lost removes it (only its own: it may be in use)."""
+    if _named(client, name):
+        return find_network(client, name)
     options = {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {}
     try:
-        return client.networks.create(name, driver="bridge", internal=internal,
+        mine = client.networks.create(name, driver="bridge", internal=internal,
                                       options=options, labels=_labels(key), check_duplicate=True)
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
-        return client.networks.get(name)  # another process made it meanwhile
+        return find_network(client, name)  # another process made it meanwhile
+    winner = find_network(client, name)
+    if winner.id != mine.id:
+        _quiet(mine.remove)
+    return winner
+
+
+def _named(client, name: str) -> list:
+    return [n for n in client.networks.list(names=[name]) if n.name == name]
+
+
+def find_network(client: docker.DockerClient, name: str):
+    """The network called `name`: the oldest, if a race left two (see _ensure_network)."""
+    found = _named(client, name)
+    if not found:
+        raise docker.errors.NotFound(f"network {name} not found")
+    winner = min(found, key=lambda n: (n.attrs.get("Created", ""), n.id))
+    return client.networks.get(winner.id)
 
 
 def _running(client, name: str):
@@ -235,14 +295,17 @@ def _ensure_proxy(client, egress: Egress, internal, outside) -> None:
     if _running(client, egress.proxy):
         return
     _started.add(egress.key)
+    subnets = docker_subnets(internal, outside)
     container = client.containers.create(
         PROXY_IMAGE, name=egress.proxy, user="proxy", hostname=PROXY_ALIAS,
-        environment={"WAKELOOP_SQUID_CONF": squid_config(egress.allow_hosts)},
+        environment={"WAKELOOP_SQUID_CONF": squid_config(egress.allow_hosts, subnets)},
         labels={**_labels(egress.key), f"{LABEL}.role": "proxy",
                 f"{LABEL}.allow_hosts": ",".join(egress.allow_hosts)},
         network=internal.name, cap_drop=["ALL"], security_opt=["no-new-privileges"],
         read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=16m"},
         mem_limit=PROXY_MEMORY, memswap_limit=PROXY_MEMORY, pids_limit=PROXY_PIDS,
+        nano_cpus=int(PROXY_CPUS * 1e9),
+        log_config=docker.types.LogConfig(type="json-file", config=PROXY_LOG),
         init=True, detach=True)
     # The alias on the internal network is how the sandbox finds the proxy.
     internal.disconnect(container)
@@ -250,6 +313,17 @@ def _ensure_proxy(client, egress: Egress, internal, outside) -> None:
     outside.connect(container)
     container.start()
     _wait_for_log(container, "Accepting HTTP Socket connections", "proxy")
+
+
+def docker_subnets(*networks) -> tuple[str, ...]:
+    """The subnets the engine gave `networks` (IPv4 and IPv6), from their inspect."""
+    found = []
+    for net in networks:
+        net.reload()
+        for conf in (net.attrs.get("IPAM") or {}).get("Config") or []:
+            if conf.get("Subnet") and conf["Subnet"] not in found:
+                found.append(conf["Subnet"])
+    return tuple(found)
 
 
 def _wait_for_log(container, text: str, what: str) -> None:

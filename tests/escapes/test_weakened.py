@@ -2,7 +2,9 @@
 hardening removed.
 
 Weakened boxes exist only here, as subclasses overriding container_spec;
-product code never builds one. Their containers keep the product's labels
+product code never builds one. Weakened allowlist proxies are built from
+tests/squidconf.py's configs, patched in for one test; each allowlist probe
+starts its own proxy and only ever reaches its own server container. Their containers keep the product's labels
 (workspace under this session's temp dir), so the no-leftover check covers
 them. The bridge-network box is judged by its interfaces and routing table
 only: no probe dials out of it.
@@ -23,6 +25,8 @@ from orchestrator.escapes.network import ROUTE_ONLY
 from orchestrator.sandbox.programs import LAUNCHER_ENV
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
+from orchestrator.sandbox import network
+from squidconf import squid_allowing_everything, squid_without_address_rules
 
 
 def weakened(change):
@@ -186,3 +190,30 @@ def test_the_ceiling_probe_escapes_a_broker_that_ignores_its_ceiling(make_lab, m
     outcome = run_probe(make_lab(), by_name("blocks_orchestrator_raising_the_box"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "the broker ran a call for agent.yaml asking {'pids'" in outcome.observed
+
+
+# -- the allowlist proxy: its squid.conf weakened, each probe's own server reached --------
+
+PROXY_CASES = [
+    (squid_without_address_rules, "allowlist_refuses_private_destination"),
+    (squid_without_address_rules, "allowlist_refuses_proxy_gateway_and_neighbours"),
+    (squid_allowing_everything, "allowlist_refuses_unlisted_host"),
+]
+
+
+@pytest.mark.parametrize("weakening, probe_name", PROXY_CASES,
+                         ids=[f"{w.__name__}-{p}" for w, p in PROXY_CASES])
+def test_allowlist_probe_escapes_a_weakened_proxy(weakening, probe_name, make_lab, monkeypatch):
+    # Each probe starts its own proxy, from this config; the only server it can
+    # reach is the probe's own container on this machine.
+    monkeypatch.setattr(network, "squid_config", weakening)
+    outcome = run_probe(make_lab(), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    assert "logged" in outcome.observed   # the probe's own server saw the request
+
+
+def test_allowlist_route_probe_escapes_a_box_on_the_bridge(make_lab):
+    # Reads the routing table and makes UDP connect()s, which send nothing.
+    outcome = run_probe(make_lab(sandbox_class=weakened(bridge_network)),
+                        by_name("allowlist_has_no_direct_route"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
