@@ -165,6 +165,7 @@ if pid == 0:
             if spec["env"] is None:
                 os.execv(spec["argv"][0], spec["argv"])
             os.execve(spec["argv"][0], [os.path.basename(spec["argv"][0]), *spec["argv"][1:]], spec["env"])
+        os.write(2, b"wakeloop: not an absolute path: %s\n" % spec["argv"][0].encode())
     finally:
         os._exit(127)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
