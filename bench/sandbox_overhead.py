@@ -58,7 +58,8 @@ def main() -> int:
         policy = replace(agent.policy.sandbox, runtime=args.runtime)
         box = DockerSandbox(agent.workspace, policy, agent="bench")
         cold = DockerSandbox(agent.workspace, policy, agent="bench", warm=0)
-        config, host = box.container_spec(["bash", "-c", "true"], "bench")
+        config, host = box.container_spec(["/bin/bash", "-c", "true"], "bench",
+                                          command_env=box.command_env())
         image = [config["image"], *config["command"]]
         run_cmd = ["docker", "run", *docker_run_flags(config, host), *image]
         keep = [flag for flag in docker_run_flags(config, host) if flag != "--rm"]

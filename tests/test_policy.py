@@ -93,6 +93,25 @@ def test_bad_policy_gives_one_line_naming_file_line_and_key(text, expected):
     assert error_of(text).startswith(expected)
 
 
+LOADER_NAMES = ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "BASH_FUNC_ls", "SHELLOPTS",
+                "IFS", "PS4", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PERL5LIB", "PERL5OPT", "RUBYOPT",
+                "NODE_OPTIONS", "GCONV_PATH", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS"]
+
+
+@pytest.mark.parametrize("name", LOADER_NAMES)
+def test_blocks_loader_variables_in_policy(name):
+    text = f"sandbox:\n  env:\n    OK: 1\n    {name}: /workspace/x\n"
+    assert error_of(text) == (f"p.yaml:4: sandbox.env.{name}: refused: it changes how programs load or "
+                              "start (loader, shell or interpreter startup); set it in the command instead")
+
+
+def test_a_workspace_path_first_on_path_and_a_tmpdir_stay_allowed():
+    # Harmless to the harness: its programs run by absolute path under their own environment.
+    policy = parse_policy("sandbox:\n  env: {PATH: '/workspace/bin:/usr/bin:/bin', TMPDIR: /workspace/tmp,"
+                          " LD: x, PYTHON: y, ENVIRONMENT: z}\n", "p.yaml")
+    assert dict(policy.sandbox.env)["PATH"] == "/workspace/bin:/usr/bin:/bin"
+
+
 def test_there_are_at_least_fifteen_bad_policies():
     assert len(BAD) >= 15
 

@@ -100,6 +100,31 @@ def test_ps_shows_wakeloops_programs_as_short_lines_and_the_command_inherits_non
     assert "WAKELOOP" not in env
 
 
+@pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
+def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_sandbox, agent, warm,
+                                                                          monkeypatch):
+    from orchestrator.sandbox import engine
+    from orchestrator.sandbox.programs import COMMAND_ENV, write_argv
+    handed, real_handoff = [], engine.handoff   # what each pooled call hands its launcher
+    monkeypatch.setattr(engine, "handoff", lambda *a: handed.append(a) or real_handoff(*a))
+    env = (("FOO", "bar"), ("PATH", f"/workspace/bin:{engine.PATH}"))
+    box = make_sandbox(replace(agent.policy.sandbox, env=env), warm=warm)
+    if warm:
+        wait_until_ready(box, warm)
+    # The command sees the policy's env; pid 1 (whose environment is the
+    # container's, under which the guard and launcher run) has no FOO of its own.
+    result = run(box, "echo \"$FOO|$PATH\"; tr '\\0' '\\n' < /proc/1/environ | grep -c '^FOO=' || true")
+    assert result.output == f"bar|/workspace/bin:{engine.PATH}\n0\n"
+    config, _ = box.container_spec(write_argv("w.txt"), stdin=True, workdir="/")
+    assert "FOO" not in config["environment"] and COMMAND_ENV not in config["environment"]
+    assert config["environment"]["PATH"] == engine.PATH
+    if warm:
+        wait_until_ready(box, warm)
+        assert box.write("w.txt", b"x").exit_code == 0
+        assert [h[4] is None for h in handed] == [False, True]   # bash: the policy's env; write: ours
+        assert handed[0][4]["FOO"] == "bar"
+
+
 def test_a_failed_make_or_remove_does_not_stop_the_pool():
     # Plain functions stand in for the engine here: what is under test is the
     # pool's own thread, which must outlive any one failure.

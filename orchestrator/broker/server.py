@@ -111,8 +111,8 @@ class _HostPathSandbox(DockerSandbox):
         self.host_workspace = host_workspace  # before the pool, whose first refill uses it
         super().__init__(workspace, policy, **kwargs)
 
-    def container_spec(self, argv, call_id="-", stdin=False, workdir=WORKSPACE):
-        config, host = super().container_spec(argv, call_id, stdin, workdir)
+    def container_spec(self, argv, call_id="-", stdin=False, workdir=WORKSPACE, command_env=None):
+        config, host = super().container_spec(argv, call_id, stdin, workdir, command_env=command_env)
         host["mounts"] = [Mount(target=WORKSPACE, source=str(self.host_workspace), type="bind")]
         return config, host
 

@@ -161,8 +161,9 @@ class Trial:
         self.box = self.new_box()
 
     def new_box(self, policy: SandboxPolicy | None = None, **kwargs) -> DockerSandbox:
-        """A box on this trial's workspace under the lab's policy, or `policy` (its
-        warm pool included, as users run it); `warm=0` for one whose every call is cold."""
+        """A box on this trial's workspace under the lab's policy (its warm pool
+        included, as users run it), or under `policy`, for a probe whose attack
+        is a policy author's; `warm=0` for one whose every call is cold."""
         box = self.lab.sandbox_class(self.workspace, policy or self.lab.policy, agent="escapes",
                                      run_id=self.lab.run_id, client=self.lab.client, **kwargs)
         self._boxes.append(box)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import docker.errors
 
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.programs import PYTHON
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "filesystem"
@@ -143,7 +144,7 @@ def _cve_2024_21626_workdir(t: Trial) -> str:
     for fd in CVE_2024_21626_FDS:
         workdir = f"/proc/self/fd/{fd}"
         try:
-            result = box._call(["python3", "-I", "-c", program], None, 15, 2000, workdir=workdir)
+            result = box._call([PYTHON, "-I", "-c", program], None, 15, 2000, workdir=workdir)
         except (docker.errors.APIError, SandboxError):
             notes.append(f"fd {fd}: refused")
             continue

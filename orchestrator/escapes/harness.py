@@ -278,7 +278,77 @@ blocks_orchestrator_raising_the_box = Probe(
     _raise_the_box)
 
 
+# Planted as /workspace/bin/python3 and /workspace/bin/bash: each notes that it
+# ran, in the workspace where the host reads it, then runs the real program, so
+# a harness that started it goes on as if nothing happened.
+IMPOSTOR_LOG = "impostor-ran.log"
+_IMPOSTOR = """#!/bin/sh
+echo "$0 $*" | head -c 120 | tr '\\n' ' ' >> /workspace/{log}; echo >> /workspace/{log}
+exec {real} "$@"
+"""
+_PLANT_IMPOSTORS = """mkdir -p /workspace/bin
+cat > /workspace/bin/python3 <<'EOF'
+{python}EOF
+cat > /workspace/bin/bash <<'EOF'
+{bash}EOF
+chmod 755 /workspace/bin/python3 /workspace/bin/bash
+echo "FOUND $(command -v python3) $(command -v bash)"
+"""
+
+
+def _impostor_log(t: Trial) -> str:
+    """What the impostors wrote (the workspace is untrusted: no link followed, 4 KiB at most)."""
+    import os
+    try:
+        fd = os.open(t.workspace / IMPOSTOR_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def _planted_python(t: Trial) -> str:
+    from dataclasses import replace
+    from orchestrator.sandbox.engine import PATH
+    from orchestrator.sandbox.programs import BASH, PYTHON
+    # The policy author's mistake: the workspace's bin/ first on the PATH.
+    policy = replace(t.lab.policy, env=(("PATH", f"/workspace/bin:{PATH}"),))
+    plant = _PLANT_IMPOSTORS.format(python=_IMPOSTOR.format(log=IMPOSTOR_LOG, real=PYTHON),
+                                    bash=_IMPOSTOR.format(log=IMPOSTOR_LOG, real=BASH))
+    planted = t.new_box(policy=policy, warm=0).run(plant, 30, 2000)
+    if "FOUND /workspace/bin/python3 /workspace/bin/bash" not in planted.output:
+        return f"the plant failed, or the command did not get the policy's PATH: {planted.output[-200:]}"
+    if _impostor_log(t):
+        return f"an impostor ran while planting, before any call of ours could: {_impostor_log(t)[:120]}"
+    calls = []
+    for warm in (0, 1):     # cold containers, then a pool made after the plant
+        box = t.new_box(policy=policy, warm=warm)
+        how = "pooled" if warm else "cold"
+        for tool in ("bash", "write_file"):
+            if warm and not box.pool.wait_ready(1, PROBE_READY_S):
+                return f"no warm container within {PROBE_READY_S} s"
+            result = box.run("echo ran", 30, 2000) if tool == "bash" else box.write("w.txt", b"x")
+            ran = _impostor_log(t)
+            if ran:
+                return escaped(f"a planted program ran for the {how} {tool} call (or its container): "
+                               f"{ran.splitlines()[0][:100]}")
+            if result.exit_code != 0:
+                return f"the {how} {tool} call failed: exit {result.exit_code}: {result.output[-200:]}"
+            calls.append(f"{how} {tool}")
+    return held(f"with /workspace/bin/python3 and bash planted first on the policy's PATH, "
+                f"{', '.join(calls)} ran ours")
+
+
+blocks_planted_python_on_policy_path = Probe(
+    "blocks_planted_python_on_policy_path", CATEGORY,
+    "a policy env PATH with /workspace/bin first and a python3 and bash planted there: the harness's "
+    "guard, launcher and write script still run the image's own, cold and pooled",
+    _planted_python)
+
+
 PROBES = [blocks_tool_writes_into_state, blocks_resetting_state_json, blocks_changing_policy_or_mandate,
           blocks_forging_the_outbox, harness_ignores_planted_symlinks, harness_does_not_hang_on_planted_fifo,
           harness_caps_planted_sparse_file, blocks_forging_the_exit_status,
-          blocks_orchestrator_raising_the_box]
+          blocks_orchestrator_raising_the_box, blocks_planted_python_on_policy_path]

@@ -49,18 +49,20 @@ def _box_env(t: Trial) -> dict[str, str]:
     return json.loads(line[4:])
 
 
-def _ours() -> dict[str, str]:
-    """wakeloop's own programs, which pid 1 keeps in its environment (seccomp.boot):
-    name -> sha256 of the exact source, so nothing else may hide under the name."""
-    from orchestrator.sandbox.programs import LAUNCHER, LAUNCHER_ENV
-    from orchestrator.sandbox.programs import GUARD, GUARD_ENV
+def _ours(t: Trial) -> dict[str, str]:
+    """wakeloop's own programs, which pid 1 keeps in its environment (programs.boot),
+    and a cold call's command environment (programs.COMMAND_ENV): name -> sha256
+    of the exact value, so nothing else may hide under the name."""
+    from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCHER, LAUNCHER_ENV,
+                                               carried)
     return {GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
-            LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest()}
+            LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest(),
+            COMMAND_ENV: hashlib.sha256(carried(t.box.command_env()).encode()).hexdigest()}
 
 
 def _hides_host_environment(t: Trial) -> str:
     box = _box_env(t)
-    ours = _ours()
+    ours = _ours(t)
     box = {k: v for k, v in box.items() if ours.get(k) != v}
     allowed = BOX_ENV | {k for k, _ in t.lab.policy.env}
     extra = sorted(set(box) - allowed)

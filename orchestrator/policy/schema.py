@@ -486,6 +486,18 @@ def _globs(value, path, source, node) -> tuple[str, ...]:
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by wakeloop itself (allowlist proxy) or never to be handed to a sandbox.
 _ENV_RESERVED = re.compile(r"^(HTTPS?_PROXY|NO_PROXY|ALL_PROXY|ANTHROPIC_.*|WAKELOOP_.*)$", re.IGNORECASE)
+# Names that change how a program loads or starts: the dynamic loader and glibc
+# (preloads, library paths, iconv modules, tunables, resolver config), shell
+# startup and parsing, interpreter startup and module paths. The harness's own
+# programs never see the policy's env (programs.py), so these would only ever
+# reach the agent's command; refused anyway, so that no policy can make a
+# program of the image run code it did not ask for. A command that wants one
+# sets it itself (`PYTHONPATH=lib python3 x.py`). TMPDIR, PATH and HOME stay
+# allowed: they choose where things are, not what code starts.
+_ENV_LOADER = re.compile(
+    r"^(LD_.*|GCONV_PATH|GLIBC_TUNABLES|LOCPATH|NLSPATH|HOSTALIASES|LOCALDOMAIN|RES_OPTIONS"
+    r"|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|IFS|PS4|PROMPT_COMMAND"
+    r"|PYTHON.+|PERL5LIB|PERLLIB|PERL5OPT|PERL5DB|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS)$")
 
 
 def _env(value, path, source, node) -> tuple[tuple[str, str], ...]:
@@ -499,6 +511,9 @@ def _env(value, path, source, node) -> tuple[tuple[str, str], ...]:
         if _ENV_RESERVED.match(name):
             raise _fail(source, node, where, "reserved: wakeloop sets the proxy variables itself, "
                                              "and ANTHROPIC_*/WAKELOOP_* never enter the sandbox")
+        if _ENV_LOADER.match(name):
+            raise _fail(source, node, where, "refused: it changes how programs load or start (loader, "
+                                             "shell or interpreter startup); set it in the command instead")
         if isinstance(val, (dict, list)) or val is None:
             raise _fail(source, node, where, f"expected a plain value, got {_kind(val)}")
         text = str(val).lower() if isinstance(val, bool) else str(val)

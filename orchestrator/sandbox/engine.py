@@ -32,8 +32,8 @@ from orchestrator.sandbox import images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
-from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, guarded,
-                                           merged_stderr, write_argv)
+from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
+                                           carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
 
@@ -42,6 +42,7 @@ KILL_GRACE_S = 5                    # after a kill, how long the engine gets to 
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}   # ours, and the command's before the policy's env
 
 
 def engine_url(environ=os.environ) -> str:
@@ -170,35 +171,50 @@ class DockerSandbox:
     # -- the two calls -------------------------------------------------------
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        # The command travels as an argument, never pasted into a shell string.
-        return self._call(["bash", "-c", command], None, timeout_s, max_output_chars)
+        return self._call(command_argv(command), None, timeout_s, max_output_chars,
+                          command_env=self.command_env())
 
     def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
             return refused(reason)
+        # The write script is ours: it never gets the policy's environment.
         return self._call(write_argv(path, append), content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
 
-    def container_spec(self, argv: list[str], call_id: str = "-", stdin: bool = False,
-                       workdir: str = WORKSPACE) -> tuple[dict, dict]:
-        """(container config, host config) for one call, in docker SDK terms.
-        Every call is created from exactly these; `policy explain` prints them."""
-        p = self.policy
+    def _egress(self):
         # allowlist: join the agent's netns holder (no default route) and reach
         # out only through the proxy; none/bridge are the engine's own modes.
-        egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
-        # Our own programs, popped from the environment before the command runs.
-        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {})}
+        p = self.policy
+        return network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
+
+    def command_env(self) -> dict[str, str]:
+        """The agent's command's whole environment: PATH/HOME/LANG, the policy's
+        env, the allowlist's proxy variables. Never the harness programs'."""
+        egress = self._egress()
+        return {**BASE_ENV, **dict(self.policy.env), **(egress.env() if egress else {})}
+
+    def container_spec(self, argv: list[str], call_id: str = "-", stdin: bool = False,
+                       workdir: str = WORKSPACE, command_env: dict[str, str] | None = None
+                       ) -> tuple[dict, dict]:
+        """(container config, host config) for one call, in docker SDK terms.
+        Every call is created from exactly these; `policy explain` prints them.
+        `command_env` is the environment argv gets when argv is the agent's
+        command; None when argv is one of ours, which runs under ours."""
+        p = self.policy
+        egress = self._egress()
+        # Our own programs, popped from the environment before the command runs,
+        # and the command's environment, which the guard applies at its exec.
+        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {}),
+                    **({COMMAND_ENV: carried(command_env)} if command_env is not None else {})}
         config = dict(
             image=p.image,
             command=guarded(argv),      # io_uring off, whatever the engine's profile allows
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",
-            environment={"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **dict(p.env),
-                         **(egress.env() if egress else {}), **programs},
+            environment={**BASE_ENV, **(egress.env() if egress else {}), **programs},
             labels={LABEL: "1", "wakeloop.agent": self.agent, "wakeloop.workspace": str(self.workspace),
                     "wakeloop.run_id": self.run_id, "wakeloop.call_id": call_id},
             stdin_open=stdin,           # with detach=False this also sets StdinOnce
@@ -232,14 +248,15 @@ class DockerSandbox:
     # -- one call, start to removal -------------------------------------------
 
     def _call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
-              workdir: str = WORKSPACE) -> SandboxResult:
+              workdir: str = WORKSPACE, command_env: dict[str, str] | None = None) -> SandboxResult:
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
         if cid:   # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
-            send, end = handoff(argv, workdir, stdin is not None, nonce) + (stdin or b""), EndLine(nonce)
+            send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")
+            end = EndLine(nonce)
         else:
-            cid = self._create(merged_stderr(argv), uuid.uuid4().hex[:12], stdin is not None, workdir)
+            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None, workdir, command_env)
             send, end = stdin, None
         try:
             result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started)
@@ -252,9 +269,10 @@ class DockerSandbox:
             self._remove(cid)
         return result
 
-    def _create(self, argv, call_id: str, stdin: bool, workdir: str) -> str:
+    def _create(self, argv, call_id: str, stdin: bool, workdir: str,
+                command_env: dict[str, str] | None = None) -> str:
         try:
-            config, host = self.container_spec(argv, call_id, stdin, workdir)
+            config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
             return self.client.api.create_container(
                 **config, host_config=self.client.api.create_host_config(**host))["Id"]
         except docker.errors.DockerException as exc:

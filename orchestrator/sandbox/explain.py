@@ -11,8 +11,7 @@ from __future__ import annotations
 import shlex
 
 from orchestrator.policy.schema import GIT_DENY, Policy
-from orchestrator.sandbox.programs import WRITE_SCRIPT, merged_stderr, write_argv
-from orchestrator.sandbox.programs import GUARD
+from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -112,16 +111,19 @@ def explain(policy: Policy, box, registry) -> str:
                   "  until handed one call's command on stdin; used once, then removed"]
     image = policy.sandbox.image
     if "bash" in offered:
-        config, host = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
-        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD, popped",
+        config, host = _specs(box)["bash"]
+        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is programs.GUARD, popped",
                   "from the environment by the one-line boot: it stacks a seccomp filter that answers",
-                  "io_uring_* with ENOSYS, then execs the rest):",
+                  "io_uring_* with ENOSYS, joins stderr to stdout, then execs the rest by absolute path",
+                  "with exactly the environment in WAKELOOP_COMMAND_ENV: the policy's env reaches the",
+                  "command alone, never the harness's programs):",
                   _command(config, host, image)]
     if "write_file" in offered:
-        config, host = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
+        config, host = _specs(box)["write_file"]
         lines += ["", "each write_file call runs in a new container, as (content on stdin;",
                   f"WRITE_SCRIPT is programs.WRITE_SCRIPT, {len(WRITE_SCRIPT.splitlines())} lines "
-                  "of Python that refuses symlinks and non-regular files):",
+                  "of Python that refuses symlinks and",
+                  "non-regular files; it runs under the harness's environment, never the policy's env):",
                   _command(config, host, image)]
     return "\n".join(lines) + "\n"
 
@@ -129,11 +131,7 @@ def explain(policy: Policy, box, registry) -> str:
 def explain_data(policy: Policy, box, registry) -> dict:
     """`policy explain --json`: the tools as the model is offered them, and each
     call's container as `docker run` arguments (image and argv last)."""
-    calls = {}
-    if "bash" in registry.names():
-        calls["bash"] = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
-    if "write_file" in registry.names():
-        calls["write_file"] = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
+    calls = {name: spec for name, spec in _specs(box).items() if name in registry.names()}
     names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}
     return {"policy": policy.source, "tools": registry.to_anthropic(),
             "warm_pool": policy.sandbox.pool, "network": policy.sandbox.network,
@@ -142,6 +140,12 @@ def explain_data(policy: Policy, box, registry) -> dict:
                 {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}},
                 host), policy.sandbox.image, *[names.get(w, w) for w in config["command"]]]
                 for name, (config, host) in calls.items()}}
+
+
+def _specs(box) -> dict[str, tuple[dict, dict]]:
+    """Each call's (config, host config), made as the box makes them."""
+    return {"bash": box.container_spec(command_argv("COMMAND"), command_env=box.command_env()),
+            "write_file": box.container_spec(write_argv("PATH"), stdin=True, workdir="/")}
 
 
 def _command(config: dict, host: dict, image: str) -> str:

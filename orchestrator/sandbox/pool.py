@@ -29,9 +29,10 @@ IDLE_CHECK_S = 30       # a container idle longer than this is checked before us
 _STOP = object()        # ends a pool thread's job queue
 
 
-def handoff(argv: list[str], cwd: str, stdin: bool, end: str) -> bytes:
-    """The bytes that hand a pooled container its command; `end` is the call's nonce."""
-    spec = json.dumps({"argv": argv, "cwd": cwd, "stdin": stdin, "end": end}).encode()
+def handoff(argv: list[str], cwd: str, stdin: bool, end: str, env: dict[str, str] | None = None) -> bytes:
+    """The bytes that hand a pooled container its command; `end` is the call's nonce,
+    `env` the command's whole environment (None: argv is one of ours, which keeps ours)."""
+    spec = json.dumps({"argv": argv, "cwd": cwd, "stdin": stdin, "env": env, "end": end}).encode()
     return len(spec).to_bytes(8, "big") + spec
 
 

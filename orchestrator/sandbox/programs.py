@@ -18,11 +18,29 @@ else goes on to the engine's filter. Seccomp filters are inherited across
 fork and exec and can never be removed, and with no_new_privs set (it is) an
 unprivileged process may install one.
 
+## Our programs never run under the policy's environment
+
+Each of ours is named by absolute path (PYTHON, BASH), never looked up
+through a PATH, and runs under the container's environment, which is ours
+alone (PATH/HOME/LANG, the allowlist's proxy variables, our programs'
+sources). The policy's `env` reaches the agent's command and nothing else: it
+rides as one JSON variable, COMMAND_ENV (or in the pool's handoff), and is
+applied only at the command's own exec, with an environment built from
+scratch. So a `sandbox.env` of `PATH: /workspace/bin:...` with a `python3`
+planted there runs the agent's own `python3` in the agent's own commands,
+never in place of the guard, the launcher or the write script.
+
 Not here: the rest of the hardening (engine.py's container_spec), the pool's
 host side (pool.py).
 """
 
 from __future__ import annotations
+
+import json
+
+PYTHON = "/usr/bin/python3"         # the image's interpreter, by absolute path: never looked up on a PATH
+BASH = "/bin/bash"                  # the shell a bash call runs, by absolute path likewise
+COMMAND_ENV = "WAKELOOP_COMMAND_ENV"  # the command's whole environment, as JSON; popped by the guard
 
 # Python source, run as the first thing in the box (`python3 -I`). The BPF
 # program: A = syscall nr without the x32 bit; 425 <= A <= 427 (io_uring_*,
@@ -47,8 +65,25 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
     os._exit(126)
 """
 
-# Installs the filter, then becomes the command given as its arguments.
-GUARD = INSTALL + "import os, sys\nos.execvp(sys.argv[1], sys.argv[1:])\n"
+# Installs the filter, then becomes the program given as its arguments, which
+# must be named by absolute path (execvp would search a PATH, execv a relative
+# name in the cwd: /workspace). Its stderr joins its stdout on one pipe, so the
+# order the model sees is the order things were printed (the engine keeps two
+# pipes apart). With $WAKELOOP_COMMAND_ENV (a cold call's command) the program
+# gets exactly that environment, and its own name as argv[0] ($0 is "bash", as
+# for a shell found on a PATH); without it (the pool's launcher, the write
+# script) it is one of ours and keeps ours.
+GUARD = INSTALL + f"""
+import json, os, sys
+os.dup2(1, 2)
+env = os.environ.pop({COMMAND_ENV!r}, None)
+if not sys.argv[1].startswith("/"):
+    sys.stderr.write(f"wakeloop: not an absolute path: {{sys.argv[1]}}\\n")
+    os._exit(127)
+if env is None:
+    os.execv(sys.argv[1], sys.argv[1:])
+os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
+"""
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
 
 
@@ -62,15 +97,28 @@ def boot(name: str) -> str:
 
 def guarded(argv: list[str]) -> list[str]:
     """argv, run under the extra filter (the container's environment must hold GUARD_ENV)."""
-    return ["python3", "-I", "-c", boot(GUARD_ENV), *argv]
+    return [PYTHON, "-I", "-c", boot(GUARD_ENV), *argv]
+
+
+def command_argv(command: str) -> list[str]:
+    """What a bash call runs: the command travels as an argument, never pasted into a shell string."""
+    return [BASH, "-c", command]
+
+
+def carried(env: dict[str, str]) -> str:
+    """The command's environment as the value of COMMAND_ENV."""
+    return json.dumps(env, sort_keys=True)
 
 
 # Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
 # (boot() says why), which it pops before the command. It reads an 8-byte
-# length and that many bytes of JSON {argv, cwd, stdin, end} from fd 0 with
+# length and that many bytes of JSON {argv, cwd, stdin, env, end} from fd 0 with
 # os.read, which never reads past what it asks for: whatever follows on stdin
 # is left for the command (write_file's content). Without stdin the command
-# gets /dev/null, as a cold call's does; its stderr joins its stdout.
+# gets /dev/null, as a cold call's does; its stderr joins its stdout. As the
+# guard does, it runs argv[0] by absolute path only, under `env` and its own
+# name when the handoff has an env (the agent's command), else under its own
+# environment (the write script).
 #
 # The launcher stays as the command's parent and, when the command exits,
 # writes its status on stdout after the command's last byte: the caller then
@@ -113,7 +161,11 @@ if pid == 0:
         os.dup2(1, 2)
         if not spec["stdin"]:
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        os.execvp(spec["argv"][0], spec["argv"])
+        if spec["argv"][0].startswith("/"):
+            if spec["env"] is None:
+                os.execv(spec["argv"][0], spec["argv"])
+            os.execve(spec["argv"][0], [os.path.basename(spec["argv"][0]), *spec["argv"][1:]], spec["env"])
+        os.write(2, b"wakeloop: not an absolute path: %s\n" % spec["argv"][0].encode())
     finally:
         os._exit(127)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -127,10 +179,10 @@ os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().enc
 """
 
 LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
-LAUNCH_ARGV = ["python3", "-I", "-c", boot(LAUNCHER_ENV)]
+LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 
 
-# Runs inside the container as `python3 -I` (no cwd or PYTHON* in sys.path, so a
+# Runs inside the container as `/usr/bin/python3 -I` (no cwd or PYTHON* in sys.path, so a
 # module planted in the workspace cannot stand in for the stdlib). It resolves the
 # path inside the box, refuses targets outside /workspace and paths through a
 # symlink (naming the real path, which the model can then ask for and the
@@ -177,14 +229,7 @@ print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target
 
 def write_argv(path: str, append: bool = False) -> list[str]:
     """What a write_file call runs in the box (from /, content on stdin)."""
-    return ["python3", "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write"]
-
-
-def merged_stderr(argv: list[str]) -> list[str]:
-    """argv with its stderr joined to its stdout inside the box, on one pipe, so
-    the order the model sees is the order things were printed (the engine keeps
-    two pipes apart). A pooled call gets this from its launcher."""
-    return ["bash", "-c", 'exec "$@" 2>&1', "bash", *argv]
+    return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write"]
 
 
 NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything

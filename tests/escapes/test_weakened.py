@@ -22,7 +22,7 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
-from orchestrator.sandbox.programs import LAUNCHER_ENV
+from orchestrator.sandbox.programs import LAUNCH_ARGV, LAUNCHER_ENV
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
@@ -217,3 +217,27 @@ def test_allowlist_route_probe_escapes_a_box_on_the_bridge(make_lab):
     outcome = run_probe(make_lab(sandbox_class=weakened(bridge_network)),
                         by_name("allowlist_has_no_direct_route"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def starts_python3_by_name(only_pooled: bool):
+    """The layout before issue 11: the policy's env in the container's own
+    environment, where tini looks up a guard named bare `python3` on its PATH.
+    Either change alone is harmless (our PATH; an absolute name): the control
+    needs both. `only_pooled`: the pool's launcher containers alone."""
+    class Weak(DockerSandbox):
+        def container_spec(self, argv, *args, **kwargs):
+            config, host = super().container_spec(argv, *args, **kwargs)
+            if argv == LAUNCH_ARGV or not only_pooled:
+                config["environment"] = {**config["environment"], **dict(self.policy.env)}
+                config["command"] = ["python3", *config["command"][1:]]
+            return config, host
+    Weak.__name__ = f"Weak_python3_by_name{'_pooled' if only_pooled else ''}"
+    return Weak
+
+
+@pytest.mark.parametrize("only_pooled", [False, True], ids=["every-call", "pooled-only"])
+def test_the_planted_python_probe_escapes_a_box_that_starts_python3_by_name(make_lab, only_pooled):
+    outcome = run_probe(make_lab(sandbox_class=starts_python3_by_name(only_pooled)),
+                        by_name("blocks_planted_python_on_policy_path"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert ("for the pooled bash call" if only_pooled else "for the cold bash call") in outcome.observed
