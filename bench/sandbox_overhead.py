@@ -11,6 +11,9 @@ path); (3) `docker run --rm` of the same image and flags through the CLI;
 design sits on. The four are interleaved call by call so that noise from
 this shared machine lands on all of them alike. Then the back-to-back rate
 of warm calls with no pause, and what the idle pool holds.
+
+Not here: the full table, a live wake and the harness's own cost (run.py and
+the modules it names); the helpers shared with it (common.py).
 """
 
 from __future__ import annotations
@@ -30,10 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
 from orchestrator.sandbox.explain import docker_run_flags  # noqa: E402
 from orchestrator.sandbox.engine import DockerSandbox  # noqa: E402
-from run import idle_cost  # noqa: E402  (bench/run.py, beside this file)
-
-
-PACE_S = 0.3            # between an agent's tool calls: the model's answer takes at least this
+from common import PACE_S, idle_cost  # noqa: E402  (bench/common.py, beside this file)
 
 
 def timed(fn) -> float:

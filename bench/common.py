@@ -1,0 +1,182 @@
+"""What the bench's measurements share: constants, numbers, agents, the fake API, the docker CLI.
+
+Stats (a table cell's median and p90), make_agent (an agent on disk with the
+policy a measurement needs), Script (what the fake API answers, and when each
+request came), LiveEnv (the base URL and key a live wake reads), timed_ms and
+idle_cost (the docker CLI), and cleanup of every container the bench made.
+
+Not here: the measurements (per_call.py, wake_cost.py, scale.py), the table
+and the command line (run.py), the fake API itself (orchestrator/fakeapi.py).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
+from orchestrator.sandbox.engine import LABEL, connect  # noqa: E402
+
+PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
+WRITE_BYTES = 1024          # content of each write_file call
+SSE_CHUNK = 1 << 20         # characters per SSE delta from the fake API: a block in one delta
+TOKEN_CAP = 50_000_000      # the bench's wakes must end on their script, never on the token budget
+KEY = "sk-ant-bench-not-a-real-key"
+
+
+# -- numbers -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    p90: float
+    n: int
+
+    def cell(self, unit: str = "ms") -> str:
+        return f"{self.median:.1f} / {self.p90:.1f} {unit}"
+
+
+def stats(samples: list[float]) -> Stats:
+    p90 = statistics.quantiles(samples, n=10)[-1] if len(samples) > 1 else samples[0]
+    return Stats(statistics.median(samples), p90, len(samples))
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+# -- agents and the fake API ---------------------------------------------------
+
+def make_agent(path: Path, policy: dict, mandate: str | None = None, schedule: str | None = None):
+    init_agent(path)
+    config = path / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data.update(policy=policy, dry_run=False)
+    if schedule:
+        data["schedule"] = schedule
+    config.write_text(yaml.safe_dump(data))
+    if mandate is not None:
+        (path / "mandate.md").write_text(mandate)
+    return load_agent(path)
+
+
+def step_of(body: dict) -> int:
+    """Which model step a request is (0-based): the assistant turns it already holds."""
+    return sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+
+
+class Script:
+    """A fake-API responder: `calls` tool calls, then an end_turn; each answer
+    after `pace_s`. Stateless per request (the step is read from the body), so
+    many agents can share one server. Records when each request arrived and
+    how long it was held."""
+
+    def __init__(self, tools, calls: int, pace_s: float):
+        self.tools, self.calls, self.pace_s = tools, calls, pace_s
+        self.arrived: list[float] = []
+        self.held: list[float] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, rec):
+        from orchestrator.fakeapi import text, tool_use, turn
+        arrived = time.perf_counter()
+        step = step_of(rec.body)
+        if self.pace_s:
+            time.sleep(self.pace_s)
+        with self._lock:
+            self.arrived.append(arrived)
+            self.held.append(time.perf_counter() - arrived)
+        if step >= self.calls:
+            return turn(text("Done for this wake."))
+        name, args = self.tools(step)
+        return turn(tool_use(name, args))
+
+    def gaps_ms(self) -> list[float]:
+        """Per tool call: request to next request, less the time the API held the first."""
+        return [(self.arrived[i + 1] - self.arrived[i] - self.held[i]) * 1000
+                for i in range(min(self.calls, len(self.arrived) - 1))]
+
+
+def bash_true(step: int):
+    return "bash", {"command": "true"}
+
+
+def write_1k(step: int):
+    return "write_file", {"path": f"bench/w{step:03d}.txt", "content": "x" * WRITE_BYTES}
+
+
+def fake_api(responder):
+    """orchestrator/fakeapi.py's server, streaming each block in one delta: it sends a
+    whole reply at once, as after a model's latency, where the tests' 7-char
+    deltas would bill the harness for streaming a reply token by token."""
+    from orchestrator import fakeapi
+    fakeapi.CHUNK = SSE_CHUNK
+    return fakeapi.FakeAPI(then=responder)
+
+
+class LiveEnv:
+    """ANTHROPIC_BASE_URL and a fake key for this process while a fake API runs."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def __enter__(self):
+        self.api.__enter__()
+        self.saved = {k: os.environ.get(k) for k in ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")}
+        os.environ.update(ANTHROPIC_BASE_URL=self.api.url, ANTHROPIC_API_KEY=KEY)
+        return self.api
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.api.__exit__(*exc)
+
+
+def check_receipt(receipt, what: str) -> None:
+    if receipt.status != "done":
+        raise SystemExit(f"bench: {what}: the wake ended {receipt.status}: {receipt.reason}")
+
+
+# -- the docker CLI and the bench's containers ----------------------------------
+
+def timed_ms(cmd: list[str], data: bytes | None = None) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, input=data, capture_output=True)
+    elapsed = (time.perf_counter() - started) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(cmd[:3])} failed: {proc.stderr.decode()[:300]}")
+    return elapsed
+
+
+def idle_cost(cids: list[str]) -> str:
+    """Containers the idle pool holds and the memory each uses (docker stats)."""
+    if not cids:
+        return "empty"
+    proc = subprocess.run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *cids],
+                          capture_output=True, text=True)
+    usage = [line.split("/")[0].strip() for line in proc.stdout.splitlines()]
+    return f"{len(cids)} containers, {' + '.join(usage) or '? (docker stats said nothing)'}"
+
+
+def cleanup(tmp: Path) -> int:
+    """Remove every sandbox container whose workspace is under the bench's temp dir."""
+    api = connect().api
+    gone = 0
+    for c in api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        if c["Labels"].get("wakeloop.workspace", "").startswith(str(tmp)):
+            api.remove_container(c["Id"], force=True)
+            gone += 1
+    return gone
