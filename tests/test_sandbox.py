@@ -267,6 +267,41 @@ def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_doe
     assert (agent.workspace / "memory/journal/d.md").read_bytes() == b"one\ntwo\n"
 
 
+@pytest.mark.parametrize("repo, planted, path", [
+    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/config"),           # a bare repo's config
+    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/hooks/post-checkout"),
+    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/config.worktree"),
+    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/commondir"),
+    ("", ["HEAD", "objects/", "refs/"], "config"),                          # the workspace itself
+    ("r", ["HEAD", "objects/", "refs/"], "r/Config"),                       # case-folded later
+    ("r", ["head", "Objects/", "REFS/"], "r/hooks/pre-commit"),
+    ("r", ["hooks/", "objects/", "refs/"], "r/HEAD"),                       # the last mark, hooks first
+    ("r", ["config", "HEAD", "refs/"], "r/objects/pack/x"),
+])
+def test_write_refuses_an_embedded_bare_git_repositorys_config_and_hooks(sandbox, agent, repo, planted, path):
+    where = agent.workspace / repo
+    for name in planted:
+        (where / name).mkdir(parents=True) if name.endswith("/") else \
+            (where.mkdir(parents=True, exist_ok=True), (where / name).write_text("ref: refs/heads/main\n"))
+    subprocess.run(["chown", "-R", "1000:1000", str(agent.workspace)], check=True)
+    result = sandbox.write(path, b"[core]\n\tfsmonitor = id\n", timeout_s=TIMEOUT)
+    assert result.exit_code == 3 and "git takes it for a repository" in result.output, result.output
+    assert "protect_git" in result.output
+    assert not (agent.workspace / path).exists()
+    # protect_git off (a policy's choice): the same write goes through
+    result = sandbox.write(path, b"[core]\n", timeout_s=TIMEOUT, protect_git=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_write_leaves_ordinary_directories_named_like_git_parts_alone(sandbox, agent):
+    (agent.workspace / "app/refs").mkdir(parents=True)
+    (agent.workspace / "app/HEAD").write_text("not git\n")
+    subprocess.run(["chown", "-R", "1000:1000", str(agent.workspace)], check=True)
+    for path in ("app/config", "app/hooks/useThing.ts", "src/hooks/x.ts", "objects/a"):
+        result = sandbox.write(path, b"x\n", timeout_s=TIMEOUT)
+        assert result.exit_code == 0, (path, result.output)
+
+
 # -- output size and memory ------------------------------------------------------
 
 def test_100mb_of_output_comes_back_truncated_fast_with_flat_host_memory(sandbox):

@@ -173,11 +173,12 @@ class DockerSandbox:
         # The command travels as an argument, never pasted into a shell string.
         return self._call(["bash", "-c", command], None, timeout_s, max_output_chars)
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
+              protect_git: bool = True) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
             return refused(reason)
-        return self._call(write_argv(path, append), content, timeout_s, 4096, workdir="/")
+        return self._call(write_argv(path, append, protect_git), content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
 

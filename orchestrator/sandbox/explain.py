@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from orchestrator.policy.schema import GIT_DENY, Policy
+from orchestrator.policy.schema import GIT_DENY, GIT_DENY_NOTE, Policy
 from orchestrator.sandbox.programs import WRITE_SCRIPT, merged_stderr, write_argv
 from orchestrator.sandbox.programs import GUARD
 
@@ -86,8 +86,11 @@ def explain(policy: Policy, box, registry) -> str:
         lines.append(f"  write_file: at most {w.max_bytes:,} bytes per write, timeout {w.timeout_s:g}s")
         lines.append(f"    allow: {', '.join(w.allow) or '(nothing)'}")
         lines.append(f"    deny (wins): {', '.join(w.effective_deny) or '(nothing)'}")
-        if not w.protect_git:
-            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} are writable")
+        if w.protect_git:
+            lines.append(f"    protect_git: {GIT_DENY_NOTE}")
+        else:
+            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} and embedded bare "
+                         "repositories' config and hooks are writable")
         if "bash" in offered:
             lines.append("    note: the globs bind write_file only; bash can write anywhere in /workspace")
     if "send_message" in offered:

@@ -138,9 +138,30 @@ LAUNCH_ARGV = ["python3", "-I", "-c", boot(LAUNCHER_ENV)]
 # in meanwhile fails instead of being followed, and writes only to a regular
 # file. Content arrives on stdin; argv[2] is "write" (replace the file) or
 # "append" (the journal stub: add to the end, with the same refusals).
+#
+# argv[3] "git" is the policy's protect_git, for what its globs cannot see: a
+# bare repository planted anywhere (a directory holding HEAD, objects/ and
+# refs/, which is all git asks of a git directory) runs its hooks/ and reads its
+# config, config.worktree and commondir. In each directory on the way, the
+# workspace included, a write that adds one of those names, or one of the three
+# marks, is refused when the directory would then hold all three marks and one
+# of them. Names are compared in any case, as a case-folding filesystem (the
+# user's, later) would. The listing is of the directory the walk holds open.
 WRITE_SCRIPT = r"""
 import os, stat, sys
 root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
+git = sys.argv[3:4] == ["git"]
+MARKS, RUNS = {"head", "objects", "refs"}, {"config", "config.worktree", "commondir", "hooks"}
+def bare_repo(fd, name, where):
+    name = name.lower()
+    if not git or name not in MARKS | RUNS:
+        return
+    after = {n.lower() for n in os.listdir(fd)} | {name}
+    if MARKS <= after and RUNS & after:
+        print(f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
+              f"takes it for a repository and would run what its {name} says; protect_git keeps "
+              "write_file out of a repository's config and hooks. This is deliberate.")
+        sys.exit(3)
 target = os.path.realpath(os.path.join(root, rel))
 if os.path.commonpath([root, target]) != root or target == root:
     print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
@@ -152,12 +173,14 @@ if target != os.path.normpath(os.path.join(root, rel)):
 parts = os.path.relpath(target, root).split(os.sep)
 try:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
+        bare_repo(fd, part, "/".join(parts[:i]))
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
             pass
         fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    bare_repo(fd, parts[-1], "/".join(parts[:-1]))
     # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
     out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                   | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
@@ -175,9 +198,10 @@ print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target
 """
 
 
-def write_argv(path: str, append: bool = False) -> list[str]:
+def write_argv(path: str, append: bool = False, protect_git: bool = True) -> list[str]:
     """What a write_file call runs in the box (from /, content on stdin)."""
-    return ["python3", "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write"]
+    return ["python3", "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write",
+            "git" if protect_git else "-"]
 
 
 def merged_stderr(argv: list[str]) -> list[str]:
