@@ -32,7 +32,7 @@ from orchestrator.sandbox import images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
-from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, guarded,
+from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, STRIP, STRIP_ENV, guarded,
                                            merged_stderr, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
@@ -191,7 +191,7 @@ class DockerSandbox:
         # out only through the proxy; none/bridge are the engine's own modes.
         egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
         # Our own programs, popped from the environment before the command runs.
-        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {})}
+        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {STRIP_ENV: STRIP})}
         config = dict(
             image=p.image,
             command=guarded(argv),      # io_uring off, whatever the engine's profile allows
