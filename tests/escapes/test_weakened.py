@@ -20,7 +20,8 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
-from orchestrator.sandbox.programs import LAUNCHER_ENV
+from orchestrator.policy.schema import Tools, WriteFileTool
+from orchestrator.sandbox.programs import LAUNCHER_ENV, STRIP_ENV
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 
@@ -123,6 +124,16 @@ def dumpable_launcher(config, host):
         env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
 
 
+def set_id_bits_kept(config, host):
+    """Neither the pool launcher nor the cold path's wrapper clears set-id bits."""
+    env = config["environment"]
+    if LAUNCHER_ENV in env:
+        assert "\nstrip_setid()\n" in env[LAUNCHER_ENV]
+        env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("\nstrip_setid()\n", "\n")
+    if STRIP_ENV in env:
+        env[STRIP_ENV] = ""
+
+
 def no_file_size_limit(config, host):
     host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "fsize"]
 
@@ -154,6 +165,7 @@ CASES = [
     (no_file_size_limit, "caps_sparse_file_size"),
     (no_cpu_quota, "caps_cpu"),
     (dumpable_launcher, "blocks_forging_the_exit_status"),
+    (set_id_bits_kept, "blocks_setuid_bit_reaching_host"),
 ]
 
 
@@ -186,3 +198,28 @@ def test_the_ceiling_probe_escapes_a_broker_that_ignores_its_ceiling(make_lab, m
     outcome = run_probe(make_lab(), by_name("blocks_orchestrator_raising_the_box"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "the broker ran a call for agent.yaml asking {'pids'" in outcome.observed
+
+
+GIT_PROBES = ["blocks_gitdir_pointer_write", "blocks_submodule_hook_write", "blocks_bare_repo_hook_write",
+              "blocks_case_variant_git_hook"]
+
+
+@pytest.mark.parametrize("probe_name", GIT_PROBES)
+def test_git_probes_escape_a_policy_with_protect_git_off(probe_name, make_lab):
+    # Not a container flag: the policy's own switch (the globs host-side, the bare-repo check in the box).
+    lab = make_lab()
+    lab.tools = Tools(write_file=WriteFileTool(protect_git=False))
+    outcome = run_probe(lab, by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+class NoBareRepoCheck(DockerSandbox):
+    """protect_git stays on in the policy (the .git globs hold); only the write
+    script's look at the target's directories is off."""
+    def write(self, path, content, timeout_s=30, append=False, protect_git=True):
+        return super().write(path, content, timeout_s, append, protect_git=False)
+
+
+def test_the_bare_repo_probe_escapes_without_the_check_in_the_box(make_lab):
+    outcome = run_probe(make_lab(sandbox_class=NoBareRepoCheck), by_name("blocks_bare_repo_hook_write"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
