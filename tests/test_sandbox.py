@@ -323,6 +323,16 @@ def test_set_id_bits_made_in_a_call_do_not_reach_the_host(make_sandbox, agent, w
     assert os.path.islink(agent.workspace / "link")
 
 
+@pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
+def test_set_id_bits_do_not_survive_a_call_killed_at_its_deadline(make_sandbox, agent, warm):
+    box = make_sandbox(**({} if warm is None else {"warm": warm}))
+    result = box.run("cp /bin/true su && chmod 4755 su && stat -c '%a %n' su && exec sleep 600",
+                     timeout_s=3, max_output_chars=CAP)
+    assert result.timed_out and "4755 su" in result.output, result.output
+    box.close()   # waits for the sweep that follows a killed call
+    assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
+
+
 # what the walk may cost on ~1,000 files, per runtime: measured 14 ms (runc) and
 # 95-540 ms (runsc, every lstat a trip through gVisor) on a loaded 2-core machine
 WALK_1000_BUDGET_S = {"runc": 0.1, "runsc": 1.5}

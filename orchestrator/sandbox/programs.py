@@ -76,8 +76,8 @@ def guarded(argv: list[str]) -> list[str]:
 # bounded: past STRIP_MAX_ENTRIES entries or STRIP_MAX_S seconds it stops and
 # says so in the call's output, and the files it did not reach keep their
 # bits until a later call's walk reaches them. A call killed at its deadline
-# (or out of memory) ends without the walk; the next call's walk clears what
-# it left. Cost per 1,000 files, measured on a loaded 2-core machine
+# (or out of memory) ends without its walk, so the host runs one more short
+# cold call for the walk alone (engine.py's _clear_set_id_bits). Cost per 1,000 files, measured on a loaded 2-core machine
 # (tests/test_sandbox.py): ~14 ms under runc, 95-540 ms under runsc, where
 # every lstat is a trip through gVisor; plus a python3 start (~20 ms) on the
 # cold path. A seccomp rule refusing modes with 06000 (chmod, fchmod*, open*,
