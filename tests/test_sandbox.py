@@ -342,7 +342,7 @@ def test_clearing_set_id_bits_costs_little_on_1000_files(make_sandbox, agent, ru
     box = make_sandbox(warm=0)
     assert run(box, "mkdir -p many && cd many && for d in $(seq 10); do mkdir $d; "
                     "for f in $(seq 100); do : > $d/$f; done; done").ok
-    # the walk alone, in the box, as the call runs it (STRIP), timed there
+    # the walk alone, in the box, as every call runs it (STRIP_FN), timed there
     from orchestrator.sandbox.programs import STRIP_FN
     program = STRIP_FN + "import time; t = time.perf_counter(); strip_setid(); print(f'{time.perf_counter() - t:.4f}')"
     result = run(box, f"python3 -I -S -c {shlex.quote(program)}")

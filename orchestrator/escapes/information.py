@@ -53,9 +53,9 @@ def _ours() -> dict[str, str]:
     """wakeloop's own programs, which pid 1 keeps in its environment (seccomp.boot):
     name -> sha256 of the exact source, so nothing else may hide under the name."""
     from orchestrator.sandbox.programs import LAUNCHER, LAUNCHER_ENV
-    from orchestrator.sandbox.programs import GUARD, GUARD_ENV, STRIP, STRIP_ENV
+    from orchestrator.sandbox.programs import COLD, COLD_ENV, GUARD, GUARD_ENV
     return {GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
-            STRIP_ENV: hashlib.sha256(STRIP.encode()).hexdigest(),
+            COLD_ENV: hashlib.sha256(COLD.encode()).hexdigest(),
             LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest()}
 
 

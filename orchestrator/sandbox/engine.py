@@ -32,7 +32,7 @@ from orchestrator.sandbox import images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
-from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, STRIP, STRIP_ENV,
+from orchestrator.sandbox.programs import (GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV, COLD, COLD_ENV,
                                            STRIP_MAX_S, guarded,
                                            merged_stderr, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
@@ -197,7 +197,7 @@ class DockerSandbox:
         # out only through the proxy; none/bridge are the engine's own modes.
         egress = network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
         # Our own programs, popped from the environment before the command runs.
-        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {STRIP_ENV: STRIP})}
+        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {COLD_ENV: COLD})}
         config = dict(
             image=p.image,
             command=guarded(argv),      # io_uring off, whatever the engine's profile allows
@@ -266,7 +266,7 @@ class DockerSandbox:
     def _clear_set_id_bits(self, killed_cid: str) -> None:
         """After a call killed before its own walk: remove its container (waited
         for, so nothing of it still runs), then one short cold call that runs
-        nothing but the walk (programs.STRIP). Until it ends, ~1-3 s, a set-id
+        nothing but the walk (programs.COLD). Until it ends, ~1-3 s, a set-id
         file the killed call made is on the host; close() waits for it."""
         self._remove(killed_cid)
         cid = self._create(merged_stderr(["true"]), "sweep-" + uuid.uuid4().hex[:6], False, WORKSPACE)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from orchestrator.policy.schema import GIT_DENY, GIT_DENY_NOTE, Policy
-from orchestrator.sandbox.programs import WRITE_SCRIPT, merged_stderr, write_argv
+from orchestrator.sandbox.programs import COLD, WRITE_SCRIPT, merged_stderr, write_argv
 from orchestrator.sandbox.programs import GUARD
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
@@ -116,7 +116,9 @@ def explain(policy: Policy, box, registry) -> str:
         config, host = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
         lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is seccomp.GUARD, popped",
                   "from the environment by the one-line boot: it stacks a seccomp filter that answers",
-                  "io_uring_* with ENOSYS, then execs the rest):",
+                  "io_uring_* with ENOSYS, then execs the rest; COLD_WRAPPER is programs.COLD: it runs",
+                  "the command with stderr joined to stdout, then kills what it left and clears",
+                  "set-uid/set-gid bits in /workspace, as the pool's launcher does):",
                   _command(config, host, image)]
     if "write_file" in offered:
         config, host = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
@@ -135,7 +137,7 @@ def explain_data(policy: Policy, box, registry) -> dict:
         calls["bash"] = box.container_spec(merged_stderr(["bash", "-c", "COMMAND"]))
     if "write_file" in registry.names():
         calls["write_file"] = box.container_spec(merged_stderr(write_argv("PATH")), stdin=True, workdir="/")
-    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}
+    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT", COLD: "COLD_WRAPPER"}
     return {"policy": policy.source, "tools": registry.to_anthropic(),
             "warm_pool": policy.sandbox.pool, "network": policy.sandbox.network,
             "allow_hosts": list(policy.sandbox.allow_hosts),
@@ -147,7 +149,7 @@ def explain_data(policy: Policy, box, registry) -> dict:
 
 def _command(config: dict, host: dict, image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
-    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
+    names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT", COLD: "COLD_WRAPPER"}  # long programs, by name
     config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}
     flags, pairs = docker_run_flags(config, host), []
     for word in flags:

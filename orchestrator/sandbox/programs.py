@@ -118,8 +118,27 @@ def strip_setid(top="/workspace", max_entries=%d, max_s=%r):
                     finally:
                         os.close(fd)
 """ % (STRIP_MAX_ENTRIES, STRIP_MAX_S)
-STRIP = STRIP_FN + "strip_setid()\n"   # the cold path's, run by merged_stderr's wrapper
-STRIP_ENV = "WAKELOOP_STRIP"            # the container's environment carries STRIP under this name
+# The cold path's wrapper (merged_stderr), its source in $WAKELOOP_COLD: runs
+# the command with its stderr joined to its stdout, then, as the launcher does,
+# kills what it left running, walks, and exits with the command's status.
+COLD = STRIP_FN + r"""
+import os, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        os.dup2(1, 2)
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+try:
+    os.kill(-1, 9)
+except ProcessLookupError:
+    pass
+strip_setid()
+os._exit(128 - code if code < 0 else code)
+"""
+COLD_ENV = "WAKELOOP_COLD"
 
 
 # Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
@@ -142,7 +161,6 @@ STRIP_ENV = "WAKELOOP_STRIP"            # the container's environment carries ST
 # runtime shows no cgroup files (gVisor).
 LAUNCHER = STRIP_FN + r"""
 import ctypes, json, os
-os.environ.pop("WAKELOOP_STRIP", None)   # the cold path's copy; the launcher carries its own
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
     os._exit(125)
 def read_exact(n):
@@ -267,10 +285,9 @@ def merged_stderr(argv: list[str]) -> list[str]:
     """argv with its stderr joined to its stdout inside the box, on one pipe, so
     the order the model sees is the order things were printed (the engine keeps
     two pipes apart); then, as the pooled launcher does, everything else in the
-    box is killed and the set-id bits cleared (STRIP, taken out of the command's
-    environment first), and the command's status is the call's."""
-    return ["bash", "-c", f'strip=${STRIP_ENV}; unset {STRIP_ENV}; "$@" 2>&1; status=$?; '
-            'kill -9 -1 2>/dev/null; python3 -I -S -c "$strip"; exit $status', "bash", *argv]
+    box is killed and the set-id bits cleared (COLD), and the command's status
+    is the call's. The container's environment must hold COLD_ENV."""
+    return ["python3", "-I", "-c", boot(COLD_ENV), *argv]
 
 
 NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything

@@ -21,7 +21,7 @@ from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
 from orchestrator.policy.schema import Tools, WriteFileTool
-from orchestrator.sandbox.programs import LAUNCHER_ENV, STRIP_ENV
+from orchestrator.sandbox.programs import COLD_ENV, LAUNCHER_ENV
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 
@@ -127,11 +127,10 @@ def dumpable_launcher(config, host):
 def set_id_bits_kept(config, host):
     """Neither the pool launcher nor the cold path's wrapper clears set-id bits."""
     env = config["environment"]
-    if LAUNCHER_ENV in env:
-        assert "\nstrip_setid()\n" in env[LAUNCHER_ENV]
-        env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("\nstrip_setid()\n", "\n")
-    if STRIP_ENV in env:
-        env[STRIP_ENV] = ""
+    for name in (LAUNCHER_ENV, COLD_ENV):
+        if name in env:
+            assert "\nstrip_setid()\n" in env[name]
+            env[name] = env[name].replace("\nstrip_setid()\n", "\n")
 
 
 def no_file_size_limit(config, host):
