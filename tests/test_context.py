@@ -181,3 +181,12 @@ def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir,
     stub = [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "journal_stub"]
     assert len(stub) == 1 and stub[0]["written"] is False and "refused" in stub[0]["detail"]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["journal"].startswith("stub not written")
+
+
+def test_a_name_with_a_trailing_newline_or_non_ascii_digits_is_not_a_journal(agent_dir):
+    from orchestrator.wake.workspace import journal_names
+    journal = agent_dir / "workspace/memory/journal"
+    (journal / "2026-01-05.md").write_text("real\n")
+    (journal / "2026-01-06.md\n").write_text("trailing newline\n")
+    (journal / "\u0662\u0660\u0662\u0666-\u0660\u0661-\u0660\u0667.md").write_text("arabic-indic digits\n")
+    assert journal_names(agent_dir / "workspace") == ["2026-01-05.md"]

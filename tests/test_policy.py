@@ -218,10 +218,38 @@ def test_git_hooks_and_config_are_denied_by_default_at_any_depth():
     w = DEFAULT.tools.write_file
     for path in (".git/hooks/pre-commit", "./.git//config", "sub/.git/hooks/post-checkout",
                  "x/../.git/config"):
-        assert "deny glob" in w.refusal(path, 1), path
+        assert "(protect_git)" in w.refusal(path, 1), path
     assert w.refusal(".gitignore", 1) is None
-    assert w.refusal(".git/HEAD", 1) is None
+    assert w.refusal(".github/workflows/ci.yml", 1) is None
+    assert w.refusal("src/git/config", 1) is None
     assert WriteFileTool(protect_git=False).refusal(".git/config", 1) is None
+
+
+@pytest.mark.parametrize("path", [
+    ".git",                              # a gitdir: pointer file, redirecting git anywhere
+    "vendor/lib/.git",                   # ... at any depth (a submodule's own pointer)
+    ".git/HEAD",                         # anything under .git, not only hooks and config
+    ".git/config.worktree",
+    ".git/modules/lib/hooks/post-checkout",   # a submodule's hooks and config
+    ".git/modules/lib/config",
+    ".git/worktrees/w/commondir",
+    ".git/info/attributes",
+    ".GIT/hooks/x", ".Git/config", "a/.gIt/hooks/pre-commit",   # macOS and Windows fold case
+    ".git./config", ".git /config", "GIT~1/config",             # NTFS trailing dots, 8.3 name
+    ".g\u200cit/config", "\ufeff.git/hooks/x",                  # HFS+ ignores these code points
+])
+def test_every_spelling_of_dot_git_is_denied_by_default(path):
+    reason = DEFAULT.tools.write_file.refusal(path, 1)
+    assert reason and "(protect_git)" in reason and "git's own directory" in reason, path
+    assert "do not try another way round it" in reason
+    assert WriteFileTool(protect_git=False).refusal(path, 1) is None
+
+
+@pytest.mark.parametrize("segment", [".gitignore", ".gitmodules", ".gitattributes", "git", ".github",
+                                     "x.git", ".git2", "git~2"])
+def test_names_merely_like_dot_git_stay_writable(segment):
+    assert DEFAULT.tools.write_file.refusal(f"{segment}/a", 1) is None
+    assert DEFAULT.tools.write_file.refusal(segment, 1) is None
 
 
 def test_deny_wins_over_allow_and_every_refusal_is_a_sentence():
@@ -294,7 +322,8 @@ def explain(tmp_path, policy_file: str) -> str:
 def test_explain_default_shows_tools_and_the_hardening_flags(tmp_path):
     out = explain(tmp_path, "default.yaml")
     assert "bash: timeout 120s" in out and "send_message: at most 5 per wake" in out
-    assert "deny (wins): **/.git/hooks/**, **/.git/config" in out
+    assert "deny (wins): **/.git, **/.git/**" in out
+    assert "protect_git: the .git globs match any case" in out and "embedded bare repository's config" in out
     assert "bash can write anywhere in /workspace" in out
     for flag in ("--network none", "--read-only", "--cap-drop ALL", "--security-opt no-new-privileges",
                  "--pids-limit 256", f"--memory {512 * 2**20}", f"--memory-swap {512 * 2**20}",

@@ -9,6 +9,7 @@ reaching both the model and the event log.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -101,3 +102,31 @@ def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_d
     assert not (agent_dir / "workspace/.git").exists()
     assert not (agent_dir / "workspace/vendor").exists()
     assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * 3
+
+
+def test_default_policy_refuses_a_gitdir_pointer_submodule_hooks_and_case_variants(agent_dir, fake_api):
+    paths = [".git", "vendor/lib/.git", ".git/modules/lib/hooks/post-checkout", ".git/config.worktree",
+             ".GIT/hooks/pre-commit", ".Git/config"]
+    api = fake_api([turn(*(tool_use("write_file", {"path": p, "content": "gitdir: ../evil\n"}) for p in paths)),
+                    turn(text("done"))])
+    run_wake(agent_dir)
+    results = results_of(api.requests[1])
+    assert len(results) == len(paths)
+    assert all(r["is_error"] and "(protect_git)" in text_of(r) and "git's own directory" in text_of(r)
+               for r in results)
+    assert not any((agent_dir / "workspace" / p).exists() for p in (".git", ".GIT", ".Git", "vendor"))
+    assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * len(paths)
+
+
+def test_default_policy_refuses_a_planted_bare_git_repositorys_hook_in_the_box(agent_dir, fake_api):
+    repo = agent_dir / "workspace/lib.git"
+    (repo / "objects").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "HEAD").write_text("ref: refs/heads/main\n")
+    subprocess.run(["chown", "-R", "1000:1000", str(repo)], check=True)
+    api = fake_api([turn(tool_use("write_file", {"path": "lib.git/hooks/post-checkout", "content": "id\n"})),
+                    turn(text("done"))])
+    run_wake(agent_dir)
+    [result] = results_of(api.requests[1])
+    assert result["is_error"] and "git takes it for a repository" in text_of(result)
+    assert not (repo / "hooks").exists()

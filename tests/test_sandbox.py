@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -265,6 +266,90 @@ def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_doe
         assert result.exit_code == 3 and result.output.startswith("refused"), path
     assert outside.read_text() == "host original\n"
     assert (agent.workspace / "memory/journal/d.md").read_bytes() == b"one\ntwo\n"
+
+
+@pytest.mark.parametrize("repo, planted, path", [
+    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/config"),           # a bare repo's config
+    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/hooks/post-checkout"),
+    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/config.worktree"),
+    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/commondir"),
+    ("", ["HEAD", "objects/", "refs/"], "config"),                          # the workspace itself
+    ("r", ["HEAD", "objects/", "refs/"], "r/Config"),                       # case-folded later
+    ("r", ["head", "Objects/", "REFS/"], "r/hooks/pre-commit"),
+    ("r", ["hooks/", "objects/", "refs/"], "r/HEAD"),                       # the last mark, hooks first
+    ("r", ["config", "HEAD", "refs/"], "r/objects/pack/x"),
+])
+def test_write_refuses_an_embedded_bare_git_repositorys_config_and_hooks(sandbox, agent, repo, planted, path):
+    where = agent.workspace / repo
+    for name in planted:
+        (where / name).mkdir(parents=True) if name.endswith("/") else \
+            (where.mkdir(parents=True, exist_ok=True), (where / name).write_text("ref: refs/heads/main\n"))
+    subprocess.run(["chown", "-R", "1000:1000", str(agent.workspace)], check=True)
+    result = sandbox.write(path, b"[core]\n\tfsmonitor = id\n", timeout_s=TIMEOUT)
+    assert result.exit_code == 3 and "git takes it for a repository" in result.output, result.output
+    assert "protect_git" in result.output
+    assert not (agent.workspace / path).exists()
+    # protect_git off (a policy's choice): the same write goes through
+    result = sandbox.write(path, b"[core]\n", timeout_s=TIMEOUT, protect_git=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_write_leaves_ordinary_directories_named_like_git_parts_alone(sandbox, agent):
+    (agent.workspace / "app/refs").mkdir(parents=True)
+    (agent.workspace / "app/HEAD").write_text("not git\n")
+    subprocess.run(["chown", "-R", "1000:1000", str(agent.workspace)], check=True)
+    for path in ("app/config", "app/hooks/useThing.ts", "src/hooks/x.ts", "objects/a"):
+        result = sandbox.write(path, b"x\n", timeout_s=TIMEOUT)
+        assert result.exit_code == 0, (path, result.output)
+
+
+# -- set-id bits -------------------------------------------------------------------
+
+SETID_PLANT = ("cp /bin/true su && chmod 4755 su && mkdir -p d && cp /bin/true d/sg && chmod 2755 d/sg "
+               "&& ln -s su link && (chmod 6755 d/sg2 2>/dev/null; cp su d/sg2; chmod 6755 d/sg2) "
+               "&& stat -c '%a %n' su d/sg d/sg2; echo last >&2; exit 7")
+
+
+@pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
+def test_set_id_bits_made_in_a_call_do_not_reach_the_host(make_sandbox, agent, warm):
+    box = make_sandbox(**({} if warm is None else {"warm": warm}))
+    result = run(box, SETID_PLANT)
+    # set in the box, during the call; the call's status and output order kept
+    assert result.exit_code == 7, result.output
+    assert result.output.splitlines()[-4:] == ["4755 su", "2755 d/sg", "6755 d/sg2", "last"]
+    for name in ("su", "d/sg", "d/sg2"):
+        mode = os.lstat(agent.workspace / name).st_mode
+        assert mode & 0o6000 == 0 and mode & 0o777 == 0o755, (name, oct(mode))
+    assert os.path.islink(agent.workspace / "link")
+
+
+@pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
+def test_set_id_bits_do_not_survive_a_call_killed_at_its_deadline(make_sandbox, agent, warm):
+    box = make_sandbox(**({} if warm is None else {"warm": warm}))
+    result = box.run("cp /bin/true su && chmod 4755 su && stat -c '%a %n' su && exec sleep 600",
+                     timeout_s=3, max_output_chars=CAP)
+    assert result.timed_out and "4755 su" in result.output, result.output
+    box.close()   # waits for the sweep that follows a killed call
+    assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
+
+
+# what the walk may cost on ~1,000 files, per runtime: measured 14 ms (runc) and
+# 95-540 ms (runsc, every lstat a trip through gVisor) on a loaded 2-core machine
+WALK_1000_BUDGET_S = {"runc": 0.1, "runsc": 1.5}
+
+
+def test_clearing_set_id_bits_costs_little_on_1000_files(make_sandbox, agent, runtime):
+    box = make_sandbox(warm=0)
+    assert run(box, "mkdir -p many && cd many && for d in $(seq 10); do mkdir $d; "
+                    "for f in $(seq 100); do : > $d/$f; done; done").ok
+    # the walk alone, in the box, as every call runs it (STRIP_FN), timed there
+    from orchestrator.sandbox.programs import STRIP_FN
+    program = STRIP_FN + "import time; t = time.perf_counter(); strip_setid(); print(f'{time.perf_counter() - t:.4f}')"
+    result = run(box, f"python3 -I -S -c {shlex.quote(program)}")
+    assert result.ok, result.output
+    seconds = float(result.output.split()[-1])
+    print(f"\nclearing set-id bits over ~1,010 workspace entries: {seconds * 1000:.1f} ms")
+    assert seconds < WALK_1000_BUDGET_S[runtime]
 
 
 # -- output size and memory ------------------------------------------------------

@@ -33,7 +33,9 @@ class BrokerSandbox:
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
+              protect_git: bool = True) -> SandboxResult:
+        # protect_git is not sent: the broker applies its own copy of the agent's policy.
         return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
                            "content_b64": encode_content(content)}, timeout_s)
 

@@ -292,7 +292,7 @@ class Broker:
         refusal = tool.refusal(path, len(content))
         if refusal:
             raise BrokerError(f"{agent.dir.name}: {refusal}")
-        return lambda box: box.write(path, content, timeout_s=tool.timeout_s)
+        return lambda box: box.write(path, content, timeout_s=tool.timeout_s, protect_git=tool.protect_git)
 
     def _check_append(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
         """The journal stub's append, or a refusal. The tools policy does not

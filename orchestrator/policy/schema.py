@@ -39,10 +39,31 @@ class BashTool:
     max_output_chars: int = 20_000      # what the model sees; the rest is counted, not kept
 
 
-# Code placed in .git/hooks or .git/config runs on the host of whoever later
-# uses the repository (a hook, core.fsmonitor, core.sshCommand...), so these are
-# denied in every policy unless it sets `protect_git: false`; `deny` adds to them.
-GIT_DENY = ("**/.git/hooks/**", "**/.git/config")
+# Git runs code from its own directory on the host of whoever later uses the
+# repository: hooks, config (core.fsmonitor, core.sshCommand, filter and diff
+# drivers), config.worktree, a submodule's .git/modules/*/{hooks,config}, a
+# linked worktree's commondir. A `.git` FILE ("gitdir: elsewhere") moves all of
+# it to a directory of the writer's choosing. So unless a policy sets
+# `protect_git: false`, write_file writes nothing named .git and nothing under
+# one, in any spelling a filesystem takes for .git (is_dotgit); `deny` adds to
+# this. A bare repository planted elsewhere (HEAD, objects/, refs/ in one
+# directory) has no .git segment to see: the write script refuses its config,
+# config.worktree, commondir and hooks/ in the box (programs.WRITE_SCRIPT).
+GIT_DENY = ("**/.git", "**/.git/**")
+GIT_DENY_NOTE = ("the .git globs match any case, .git. and git~1 too; the box also refuses "
+                 "an embedded bare repository's config, config.worktree, commondir and hooks/")
+
+# Code points HFS+ ignores in names (git's is_hfs_dotgit), so ".g\u200cit" is .git on macOS.
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                              *range(0x206A, 0x2070), 0xFEFF])
+
+
+def is_dotgit(segment: str) -> bool:
+    """Whether a filesystem may take this one path segment for `.git`: any case
+    (macOS and Windows fold it), HFS+'s ignored code points, NTFS's trailing dots
+    and spaces, and NTFS's 8.3 short name GIT~1."""
+    name = segment.translate(_HFS_IGNORED).lower().rstrip(". ")
+    return name in (".git", "git~1")
 
 
 @dataclass(frozen=True)
@@ -65,7 +86,7 @@ class WriteFileTool:
     max_bytes: int = 1_048_576          # per write
     allow: tuple[str, ...] = ("**",)
     deny: tuple[str, ...] = ()
-    protect_git: bool = True            # also deny GIT_DENY
+    protect_git: bool = True            # also deny GIT_DENY (by is_dotgit) and embedded bare repos' config
     timeout_s: float = 30
 
     @property
@@ -84,7 +105,13 @@ class WriteFileTool:
         if size > self.max_bytes:
             return (f"the content is {size:,} bytes; this policy allows at most "
                     f"{self.max_bytes:,} bytes per write_file call")
-        denied = next((g for g in self.effective_deny if glob_match(g, rel)), None)
+        dotgit = next((s for s in rel.split("/") if is_dotgit(s)), None) if self.protect_git else None
+        if dotgit is not None:
+            return (f"writing {rel} is denied by this agent's policy (protect_git): {dotgit!r} "
+                    "is git's own directory, or a `gitdir:` pointer to one, whose hooks and "
+                    "config make git run code for whoever uses the repository later; "
+                    "this is deliberate, do not try another way round it")
+        denied = next((g for g in self.deny if glob_match(g, rel)), None)
         if denied:
             return (f"writing {rel} is denied by this agent's policy (deny glob {denied!r}); "
                     "this is deliberate, do not try another way round it")

@@ -56,7 +56,10 @@ class Sandbox(Protocol):
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
 
-    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False) -> SandboxResult: ...
+    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False,
+              protect_git: bool = True) -> SandboxResult:
+        """protect_git: refuse, in the box, an embedded bare repository's config and hooks
+        (programs.WRITE_SCRIPT). A broker applies its own copy of the policy's instead."""
 
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""

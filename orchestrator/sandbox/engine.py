@@ -33,7 +33,8 @@ from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
-                                           carried, command_argv, guarded, write_argv)
+                                           STRIP_MAX_S, carried, command_argv, guarded,
+                                           write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
 
@@ -41,6 +42,7 @@ SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when t
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
+SWEEP_TIMEOUT_S = STRIP_MAX_S + 15  # the set-id walk's own cap, plus a container's start on a loaded host
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}   # ours, and the command's before the policy's env
 
@@ -143,6 +145,7 @@ class DockerSandbox:
                 network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
             except network.NetworkError as exc:
                 raise SandboxError(str(exc)) from None
+        self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
         size = policy.pool if warm is None else warm
         self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm,
                              remove=self._remove, alive=self._running) if size > 0 else None
@@ -150,7 +153,10 @@ class DockerSandbox:
             atexit.register(self.close)  # a safety net; callers close() when done
 
     def close(self) -> None:
-        """Remove every container this sandbox made; idle pool containers included."""
+        """Remove every container this sandbox made; idle pool containers included.
+        Waits for the set-id sweeps after killed calls."""
+        while self._sweeps:
+            self._sweeps.pop().join()
         if self.pool:
             self.pool.close()
             atexit.unregister(self.close)
@@ -174,12 +180,13 @@ class DockerSandbox:
         return self._call(command_argv(command), None, timeout_s, max_output_chars,
                           command_env=self.command_env())
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
+    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
+              protect_git: bool = True) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
             return refused(reason)
         # The write script is ours: it never gets the policy's environment.
-        return self._call(write_argv(path, append), content, timeout_s, 4096, workdir="/")
+        return self._call(write_argv(path, append, protect_git), content, timeout_s, 4096, workdir="/")
 
     # -- container settings ---------------------------------------------------
 
@@ -263,11 +270,28 @@ class DockerSandbox:
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
-        if self.pool:
+        if result.timed_out or result.oom_killed:   # it ended before its own set-id walk
+            sweep = threading.Thread(target=self._clear_set_id_bits, args=(cid,), name="wakeloop-sweep")
+            sweep.start()   # off the call's path, as a pooled container's removal is
+            self._sweeps.append(sweep)
+        elif self.pool:
             self.pool.discard(cid)  # removal off the call's path
         else:
             self._remove(cid)
         return result
+
+    def _clear_set_id_bits(self, killed_cid: str) -> None:
+        """After a call killed before its own walk: remove its container (waited
+        for, so nothing of it still runs), then one short cold call that runs
+        nothing but the walk (the guard's, after `true`). Until it ends, ~1-3 s, a set-id
+        file the killed call made is on the host; close() waits for it."""
+        self._remove(killed_cid)
+        cid = self._create(command_argv("true"), "sweep-" + uuid.uuid4().hex[:6], False, WORKSPACE,
+                           command_env=self.command_env())
+        try:
+            self._attach_and_wait(cid, None, None, SWEEP_TIMEOUT_S, 1000, time.monotonic())
+        finally:
+            self._remove(cid)
 
     def _create(self, argv, call_id: str, stdin: bool, workdir: str,
                 command_env: dict[str, str] | None = None) -> str:

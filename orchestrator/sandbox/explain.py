@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from orchestrator.policy.schema import GIT_DENY, Policy
+from orchestrator.policy.schema import GIT_DENY, GIT_DENY_NOTE, Policy
 from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
@@ -85,8 +85,11 @@ def explain(policy: Policy, box, registry) -> str:
         lines.append(f"  write_file: at most {w.max_bytes:,} bytes per write, timeout {w.timeout_s:g}s")
         lines.append(f"    allow: {', '.join(w.allow) or '(nothing)'}")
         lines.append(f"    deny (wins): {', '.join(w.effective_deny) or '(nothing)'}")
-        if not w.protect_git:
-            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} are writable")
+        if w.protect_git:
+            lines.append(f"    protect_git: {GIT_DENY_NOTE}")
+        else:
+            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} and embedded bare "
+                         "repositories' config and hooks are writable")
         if "bash" in offered:
             lines.append("    note: the globs bind write_file only; bash can write anywhere in /workspace")
     if "send_message" in offered:
@@ -114,9 +117,10 @@ def explain(policy: Policy, box, registry) -> str:
         config, host = _specs(box)["bash"]
         lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is programs.GUARD, popped",
                   "from the environment by the one-line boot: it stacks a seccomp filter that answers",
-                  "io_uring_* with ENOSYS, joins stderr to stdout, then execs the rest by absolute path",
+                  "io_uring_* with ENOSYS, joins stderr to stdout, then runs the rest by absolute path",
                   "with exactly the environment in WAKELOOP_COMMAND_ENV: the policy's env reaches the",
-                  "command alone, never the harness's programs):",
+                  "command alone, never the harness's programs; when it exits, the guard kills what it",
+                  "left and clears set-uid/set-gid bits in /workspace, as the pool's launcher does):",
                   _command(config, host, image)]
     if "write_file" in offered:
         config, host = _specs(box)["write_file"]

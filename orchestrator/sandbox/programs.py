@@ -65,15 +65,73 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
     os._exit(126)
 """
 
+# Set-uid and set-gid bits must not reach the host: a file the agent marks
+# u+s in /workspace is, on the host, a program that runs as the sandbox user
+# (1000) for whoever starts it. In the box no-new-privileges already makes the
+# bits inert, and a bind mount cannot be nosuid through the engine's API (nor
+# would that change the mode the host sees), so every call ends by clearing
+# them: after the command and everything it started are killed, a walk of
+# /workspace (os.scandir, never following a symlink) clears S_ISUID/S_ISGID
+# on every regular file, through an O_NOFOLLOW descriptor. The walk is
+# bounded: past STRIP_MAX_ENTRIES entries or STRIP_MAX_S seconds it stops and
+# says so in the call's output, and the files it did not reach keep their
+# bits until a later call's walk reaches them. A call killed at its deadline
+# (or out of memory) ends without its walk, so the host runs one more short
+# cold call for the walk alone (engine.py's _clear_set_id_bits). Cost per 1,000 files, measured on a
+# loaded 2-core machine (tests/test_sandbox.py): ~14 ms under runc, 95-540 ms under runsc, where
+# every lstat is a trip through gVisor; plus a python3 start (~20 ms) on the
+# cold path. A seccomp rule refusing modes with 06000 (chmod, fchmod*, open*,
+# mknod*) would be the kernel-level alternative; it is not built yet.
+STRIP_MAX_ENTRIES = 250_000     # above the default policy's 200,000 inodes: a full workspace under runc
+STRIP_MAX_S = 2.0               # the most a call waits on the walk (runsc reaches ~5,000-20,000 files)
+STRIP_FN = r"""
+def strip_setid(top="/workspace", max_entries=%d, max_s=%r):
+    import os, stat, time
+    deadline, seen, stack = time.monotonic() + max_s, 0, [top]
+    while stack:
+        try:
+            listing = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with listing:
+            for entry in listing:
+                seen += 1
+                if seen > max_entries or (seen %% 1024 == 0 and time.monotonic() > deadline):
+                    os.write(1, b"\nwakeloop: stopped clearing set-uid/set-gid bits after %%d entries; "
+                                b"a later call clears the rest\n" %% seen)
+                    return
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if stat.S_ISDIR(mode):
+                    stack.append(entry.path)
+                elif stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                    try:
+                        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    except OSError:
+                        continue
+                    try:
+                        os.fchmod(fd, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(fd)
+""" % (STRIP_MAX_ENTRIES, STRIP_MAX_S)
+
+
 # Installs the filter, then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
 # name in the cwd: /workspace). Its stderr joins its stdout on one pipe, so the
 # order the model sees is the order things were printed (the engine keeps two
 # pipes apart). With $WAKELOOP_COMMAND_ENV (a cold call's command) the program
 # gets exactly that environment, and its own name as argv[0] ($0 is "bash", as
-# for a shell found on a PATH); without it (the pool's launcher, the write
-# script) it is one of ours and keeps ours.
-GUARD = INSTALL + f"""
+# for a shell found on a PATH), and the guard stays as its parent: when it
+# exits, everything else in the box is killed and the set-id bits cleared, as
+# the pool's launcher does, and its status is the call's. Without it (the
+# pool's launcher, the write script) the program is one of ours: it keeps our
+# environment and takes the guard's place.
+GUARD = INSTALL + STRIP_FN + f"""
 import json, os, sys
 os.dup2(1, 2)
 env = os.environ.pop({COMMAND_ENV!r}, None)
@@ -82,7 +140,19 @@ if not sys.argv[1].startswith("/"):
     os._exit(127)
 if env is None:
     os.execv(sys.argv[1], sys.argv[1:])
-os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
+    finally:
+        os._exit(127)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+try:
+    os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
+except ProcessLookupError:
+    pass
+strip_setid()
+os._exit(128 - code if code < 0 else code)
 """
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
 
@@ -110,6 +180,8 @@ def carried(env: dict[str, str]) -> str:
     return json.dumps(env, sort_keys=True)
 
 
+
+
 # Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
 # (boot() says why), which it pops before the command. It reads an 8-byte
 # length and that many bytes of JSON {argv, cwd, stdin, env, end} from fd 0 with
@@ -131,7 +203,7 @@ def carried(env: dict[str, str]) -> str:
 # through /proc. Output that merely looks like the line is output. The OOM
 # count is the container's own cgroup's (read-only in the box); "?" where the
 # runtime shows no cgroup files (gVisor).
-LAUNCHER = r"""
+LAUNCHER = STRIP_FN + r"""
 import ctypes, json, os
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
     os._exit(125)
@@ -174,6 +246,7 @@ try:
     os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
 except ProcessLookupError:
     pass
+strip_setid()
 os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
 """
@@ -190,9 +263,30 @@ LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 # in meanwhile fails instead of being followed, and writes only to a regular
 # file. Content arrives on stdin; argv[2] is "write" (replace the file) or
 # "append" (the journal stub: add to the end, with the same refusals).
+#
+# argv[3] "git" is the policy's protect_git, for what its globs cannot see: a
+# bare repository planted anywhere (a directory holding HEAD, objects/ and
+# refs/, which is all git asks of a git directory) runs its hooks/ and reads its
+# config, config.worktree and commondir. In each directory on the way, the
+# workspace included, a write that adds one of those names, or one of the three
+# marks, is refused when the directory would then hold all three marks and one
+# of them. Names are compared in any case, as a case-folding filesystem (the
+# user's, later) would. The listing is of the directory the walk holds open.
 WRITE_SCRIPT = r"""
 import os, stat, sys
 root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
+git = sys.argv[3:4] == ["git"]
+MARKS, RUNS = {"head", "objects", "refs"}, {"config", "config.worktree", "commondir", "hooks"}
+def bare_repo(fd, name, where):
+    name = name.lower()
+    if not git or name not in MARKS | RUNS:
+        return
+    after = {n.lower() for n in os.listdir(fd)} | {name}
+    if MARKS <= after and RUNS & after:
+        print(f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
+              f"takes it for a repository and would run what its {name} says; protect_git keeps "
+              "write_file out of a repository's config and hooks. This is deliberate.")
+        sys.exit(3)
 target = os.path.realpath(os.path.join(root, rel))
 if os.path.commonpath([root, target]) != root or target == root:
     print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
@@ -204,12 +298,14 @@ if target != os.path.normpath(os.path.join(root, rel)):
 parts = os.path.relpath(target, root).split(os.sep)
 try:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
+        bare_repo(fd, part, "/".join(parts[:i]))
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
             pass
         fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+    bare_repo(fd, parts[-1], "/".join(parts[:-1]))
     # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
     out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                   | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
@@ -227,9 +323,10 @@ print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target
 """
 
 
-def write_argv(path: str, append: bool = False) -> list[str]:
+def write_argv(path: str, append: bool = False, protect_git: bool = True) -> list[str]:
     """What a write_file call runs in the box (from /, content on stdin)."""
-    return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write"]
+    return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write",
+            "git" if protect_git else "-"]
 
 
 NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything

@@ -166,7 +166,8 @@ class _Toolbox:
         reason = cfg.refusal(path, len(content))  # policy.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
-        return _from_sandbox(self.sandbox.write(path, content, timeout_s=cfg.timeout_s), error_on_fail=True)
+        return _from_sandbox(self.sandbox.write(path, content, timeout_s=cfg.timeout_s,
+                                                protect_git=cfg.protect_git), error_on_fail=True)
 
     def send_message(self, args: dict) -> ToolResult:
         text = args["text"]

@@ -37,7 +37,7 @@ READ_CAP = 64 * 1024                 # bytes per file in the context; more is cu
 STUB_TIMEOUT_S = 30                  # the sandbox call that appends the journal stub
 JOURNAL_DIR = "memory/journal"
 CORE_MEMORY = "memory/core.md"
-_JOURNAL_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}\.md$")
+_JOURNAL_NAME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")   # fullmatch: ASCII digits, no trailing newline
 
 
 class Unreadable(Exception):
@@ -75,7 +75,7 @@ def journal_names(workspace: Path) -> list[str]:
     except (Unreadable, FileNotFoundError):
         return []
     try:
-        return sorted(n for n in os.listdir(dir_fd) if _JOURNAL_NAME.match(n))
+        return sorted(n for n in os.listdir(dir_fd) if _JOURNAL_NAME.fullmatch(n))
     except OSError:
         return []
     finally:

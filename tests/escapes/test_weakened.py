@@ -22,7 +22,10 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import ROUTE_ONLY
-from orchestrator.sandbox.programs import LAUNCH_ARGV, LAUNCHER_ENV
+from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
+
+
+from orchestrator.policy.schema import Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
@@ -127,6 +130,15 @@ def dumpable_launcher(config, host):
         env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
 
 
+def set_id_bits_kept(config, host):
+    """Neither the pool launcher nor the cold path's guard clears set-id bits."""
+    env = config["environment"]
+    for name in (LAUNCHER_ENV, GUARD_ENV):
+        if name in env:
+            assert "\nstrip_setid()\n" in env[name]
+            env[name] = env[name].replace("\nstrip_setid()\n", "\n")
+
+
 def no_file_size_limit(config, host):
     host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "fsize"]
 
@@ -158,6 +170,7 @@ CASES = [
     (no_file_size_limit, "caps_sparse_file_size"),
     (no_cpu_quota, "caps_cpu"),
     (dumpable_launcher, "blocks_forging_the_exit_status"),
+    (set_id_bits_kept, "blocks_setuid_bit_reaching_host"),
 ]
 
 
@@ -241,3 +254,28 @@ def test_the_planted_python_probe_escapes_a_box_that_starts_python3_by_name(make
                         by_name("blocks_planted_python_on_policy_path"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert ("for the pooled bash call" if only_pooled else "for the cold bash call") in outcome.observed
+
+
+GIT_PROBES = ["blocks_gitdir_pointer_write", "blocks_submodule_hook_write", "blocks_bare_repo_hook_write",
+              "blocks_case_variant_git_hook"]
+
+
+@pytest.mark.parametrize("probe_name", GIT_PROBES)
+def test_git_probes_escape_a_policy_with_protect_git_off(probe_name, make_lab):
+    # Not a container flag: the policy's own switch (the globs host-side, the bare-repo check in the box).
+    lab = make_lab()
+    lab.tools = Tools(write_file=WriteFileTool(protect_git=False))
+    outcome = run_probe(lab, by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+class NoBareRepoCheck(DockerSandbox):
+    """protect_git stays on in the policy (the .git globs hold); only the write
+    script's look at the target's directories is off."""
+    def write(self, path, content, timeout_s=30, append=False, protect_git=True):
+        return super().write(path, content, timeout_s, append, protect_git=False)
+
+
+def test_the_bare_repo_probe_escapes_without_the_check_in_the_box(make_lab):
+    outcome = run_probe(make_lab(sandbox_class=NoBareRepoCheck), by_name("blocks_bare_repo_hook_write"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
