@@ -74,7 +74,7 @@ DEFAULT_MAX_CALLS = 32              # sandbox calls in flight across all agents
 DEFAULT_MAX_CALLS_PER_AGENT = 8     # in flight for one agent (a wake makes one at a time)
 DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allowlist proxy) at once
 MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
-REQUEST_READ_S = 5.0                # the whole request line must arrive within this: a local client
+REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
                                     # sends it at once; a silent or dripping one is cut off
 LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
 REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
@@ -131,6 +131,21 @@ class _HostPathSandbox(DockerSandbox):
 
 
 # -- the service ------------------------------------------------------------------------
+
+def real_agent_dir(root: Path, name: str) -> Path:
+    """ROOT/name if it is a real folder, checked without following links: a symlink
+    would make agent X mean another folder (another agent's, or one outside ROOT),
+    served under X's name and counted against X's limits."""
+    agent_dir = root / name
+    try:
+        st = agent_dir.lstat()
+    except OSError:
+        raise BrokerError(f"{name}: no such agent folder under {root}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise BrokerError(f"{name}: not a folder directly under {root} (a symlink or a file); "
+                          "the broker serves only real agent folders")
+    return agent_dir
+
 
 @dataclass
 class _AgentBox:
@@ -194,14 +209,7 @@ class Broker:
     def _agent(self, name):
         if not isinstance(name, str) or not _AGENT_NAME.match(name):
             raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
-        agent_dir = self.root / name
-        try:
-            st = agent_dir.lstat()    # not followed: a symlink would make ROOT/X mean another folder
-        except OSError:
-            raise BrokerError(f"{name}: no such agent folder under {self.root}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise BrokerError(f"{name}: not a folder directly under {self.root} (a symlink or a file); "
-                              "the broker serves only real agent folders")
+        agent_dir = real_agent_dir(self.root, name)
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
         except (AgentError, PolicyError) as exc:
@@ -466,6 +474,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
     block_on_close = True
+    request_queue_size = 128         # the listen backlog (socketserver's default is 5): a burst of
+                                     # connections waits to be accepted instead of being refused
     open_connections = 0             # counted by _Handler, under connections_lock
     connections_lock = threading.Lock()
 
@@ -474,6 +484,15 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         # only delays the next accept, and requests wait in the listen backlog.
         super().service_actions()
         self.broker.sweep()  # type: ignore[attr-defined]
+
+
+def make_server(broker: Broker, socket_path: Path) -> _Server:
+    """A server for `broker` listening on `socket_path`; the caller runs serve_forever,
+    then shutdown and server_close (which joins the request threads)."""
+    server = _Server(str(socket_path), _Handler)
+    server.broker = broker  # type: ignore[attr-defined]
+    server.connections_lock = threading.Lock()  # type: ignore[misc]
+    return server
 
 
 def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
@@ -489,8 +508,7 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.is_socket():
         socket_path.unlink()  # a stale socket from a broker that died
-    server = _Server(str(socket_path), _Handler)
-    server.broker = broker  # type: ignore[attr-defined]
+    server = make_server(broker, socket_path)
     _hand_socket_to_root_owner(socket_path, root)
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"

@@ -6,16 +6,18 @@ from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
 from orchestrator.escapes import network
+from orchestrator.escapes import orchestrator
 from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
 from orchestrator.escapes import workspace
 
 CATEGORIES = ("filesystem", "workspace", "privileges", "network", "information", "persistence",
-              "resources", "harness")
+              "resources", "harness", "orchestrator")
 
 ALL_PROBES = (filesystem.PROBES + workspace.PROBES + privileges.PROBES + network.PROBES
-              + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES)
+              + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES
+              + orchestrator.PROBES)
 
 
 def by_name(name: str):
