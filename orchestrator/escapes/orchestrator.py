@@ -52,6 +52,7 @@ class _Served:
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
                                         daemon=True)
         self._thread.start()
+        self._closed = False
 
     def ask(self, request: dict, timeout_s: float = BOUND_S) -> tuple[dict | None, float]:
         """(reply, seconds) of one request; reply None if it was not answered in time."""
@@ -74,6 +75,9 @@ class _Served:
         return [len(line) for line in self.lines if len(line) > limit]
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.server.shutdown()
         self.server.server_close()     # joins the request threads
         self.broker.close()
@@ -431,7 +435,45 @@ broker_refuses_host_over_ceiling = Probe(
                   "sandbox.allow_hosts: "))
 
 
+# -- egress ---------------------------------------------------------------------------
+
+def _allowlist_churn(t: Trial) -> str:
+    """Each allow_hosts change makes the agent a new box with a new proxy, netns
+    holder and network (the old ones cannot be changed in place). Two changes are
+    enough to see whether the retired ones go; no host is ever dialled."""
+    from orchestrator.sandbox import network
+    lists = [[f"h{i}.wakeloop.test"] for i in range(3)]
+    with _broker(t) as served:
+        workspace = (served.root / "alpha/workspace").resolve()
+        keys = [network.plan(workspace, tuple(hosts)).key for hosts in lists]
+        try:
+            for hosts in lists:
+                _set_policy(served.root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts,
+                                                                "pool": 0}})
+                reply, seconds = served.ask({"op": "run", "agent": "alpha", "command": "true"}, START_S)
+                if not (reply and reply.get("ok")):
+                    return f"an allowlist call was not served: {reply}"
+            containers, networks = network.leftovers(t.lab.client)
+            live = {c.labels.get(f"{network.LABEL}.key") for c in containers} | {
+                n.attrs.get("Labels", {}).get(f"{network.LABEL}.key") for n in networks}
+            stale = [k for k in keys[:-1] if k in live]
+            if stale:
+                return escaped(f"{len(stale)} retired allowlist proxy set(s) of {len(lists) - 1} changes are "
+                               "still there: a request loop leaks one per change")
+        finally:
+            served.close()
+            network.shutdown(t.lab.client, set(keys))
+    return held(f"{len(lists) - 1} allow_hosts changes left one proxy set, and closing the broker none")
+
+
+broker_retires_egress_on_allowlist_churn = Probe(
+    "broker_retires_egress_on_allowlist_churn", CATEGORY,
+    "allow_hosts changed on every request leaves one proxy, holder and network, not one per change",
+    _allowlist_churn)
+
+
 PROBES = [broker_refuses_yaml_alias_bomb, broker_refuses_fifo_policy, broker_refuses_device_or_huge_policy,
           broker_refuses_symlinked_agent_dir, broker_bounds_its_log_lines, broker_bounds_silent_connections,
           broker_bounds_calls_in_flight, broker_refuses_user_over_ceiling,
-          broker_refuses_env_name_over_ceiling, broker_refuses_host_over_ceiling]
+          broker_refuses_env_name_over_ceiling, broker_refuses_host_over_ceiling,
+          broker_retires_egress_on_allowlist_churn]

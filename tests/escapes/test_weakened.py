@@ -211,6 +211,7 @@ BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAP
     ("_user_refusal", "broker_refuses_user_over_ceiling", "the broker served check"),
     ("_env_refusal", "broker_refuses_env_name_over_ceiling", "the broker served check"),
     ("_host_refusal", "broker_refuses_host_over_ceiling", "the broker served check"),
+    ("_close_box", "broker_retires_egress_on_allowlist_churn", "retired allowlist proxy set(s)"),
 ]
 
 
@@ -230,6 +231,7 @@ def _switch_off(what, monkeypatch):
         "_user_refusal": lambda: monkeypatch.setattr(Ceiling, "_user_refusal", lambda self, p, u: None),
         "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
         "_host_refusal": lambda: monkeypatch.setattr(Ceiling, "_host_refusal", lambda self, p: None),
+        "_close_box": lambda: monkeypatch.setattr(server.Broker, "_close_box", lambda self, box: box.close()),
     }
     off[what]()
 
