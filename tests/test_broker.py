@@ -30,6 +30,7 @@ from orchestrator.policy.agent import init_agent
 from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker, serve
 from orchestrator.broker.client import BrokerSandbox
+from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
@@ -414,15 +415,12 @@ def test_allow_hosts_changed_on_every_call_leaves_one_proxy_not_one_per_change(r
         for hosts in lists:
             set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}})
             assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
-        containers, networks = network.leftovers(docker_client)
-        live = {c.labels.get(f"{network.LABEL}.key") for c in containers} | {
-            n.attrs.get("Labels", {}).get(f"{network.LABEL}.key") for n in networks}
-        assert live & keys == {network.plan(workspace, tuple(lists[-1])).key}
+        assert _egress_keys(docker_client) & keys == {network.plan(workspace, tuple(lists[-1])).key}
+        broker.close()
+        assert not _egress_keys(docker_client) & keys    # close() removed the last
     finally:
         broker.close()
         network.shutdown(docker_client, keys)
-    containers, networks = network.leftovers(docker_client)
-    assert not {c.labels.get(f"{network.LABEL}.key") for c in containers} & keys   # close() removed the last
 
 
 def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(root, docker_client):

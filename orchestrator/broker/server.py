@@ -21,6 +21,14 @@ policy's `sandbox.pool`) serves them as it would a direct wake; a policy
 change drains the idle containers made under the old settings. A pool unused
 for IDLE_CLOSE_S, or whose workspace is gone, is closed; all close at exit.
 
+Against an orchestrator taken over (which plants files in ROOT and holds the
+socket): an agent name must be a real folder directly under ROOT; agent.yaml
+and its policy file are read as untrusted (regular files only, capped, no YAML
+aliases: schema.read_config); a request line must arrive whole within
+REQUEST_READ_S; calls in flight, agents with a box, and open connections are
+capped, and a request past a cap is refused at once, never queued; a retired
+allowlist box takes its proxy and network with it; log lines are cut short.
+
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
@@ -249,13 +257,13 @@ class Broker:
         place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name)
         made = None
         while True:
-            stale = None
+            stale = []   # retired boxes no request uses, closed outside the lock
             with self._lock:
                 entry = self._boxes.get(name)
                 if entry and _needs_new_box(entry.box, place, policy):
-                    stale, entry = self._retire(name), None
-                if entry is None and made is None and name not in self._boxes:
-                    stale = self._make_room(name) or stale
+                    stale, entry = [self._retire(name)], None
+                if entry is None and made is None:
+                    stale.append(self._make_room(name))
                 if entry is None and made is not None:
                     entry = self._boxes[name] = _AgentBox(made)
                     made = None
@@ -264,13 +272,17 @@ class Broker:
                     if entry.box.policy != policy:
                         entry.box.update_policy(policy)  # drops idle containers of the old settings
                     entry.busy += 1
-            if stale:
-                self._close_box(stale.box)
+            for old in filter(None, stale):
+                self._close_box(old.box)
             if entry is not None:
                 break
             # Made outside the lock: an allowlist agent's first box starts its proxy,
             # and other agents' requests need not wait for that.
-            made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+            try:
+                made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+            except Exception:
+                self._drop_egress(workspace, policy)   # a proxy set up halfway is not left behind
+                raise
         if made is not None:
             made.close()  # a concurrent request for this agent made its box first (same egress: kept)
         return entry
@@ -291,15 +303,18 @@ class Broker:
         live box has the same egress (the same workspace and hosts): a policy changed
         on every request must not leave one proxy per change."""
         box.close()
-        if box.policy.network != "allowlist":
+        self._drop_egress(box.workspace, box.policy)
+
+    def _drop_egress(self, workspace: Path, policy) -> None:
+        if policy.network != "allowlist":
             return
-        key = network.plan(box.workspace, box.policy.allow_hosts).key
+        key = network.plan(workspace, policy.allow_hosts).key
         with self._lock:
             shared = any(e.box.policy.network == "allowlist"
                          and network.plan(e.box.workspace, e.box.policy.allow_hosts).key == key
                          for e in self._boxes.values())
         if not shared:
-            network.shutdown(self.client, {key})
+            network.shutdown(self.client, {key}, shared=False)  # the wakeloop-egress network stays
 
     def _check_egress(self, name: str) -> None:
         """An allowlist agent's box is made with its proxy and netns holder running,

@@ -281,9 +281,11 @@ def leftovers(client: docker.DockerClient) -> tuple[list, list]:
     return containers, networks
 
 
-def shutdown(client: docker.DockerClient, keys: set[str] | None = None) -> int:
+def shutdown(client: docker.DockerClient, keys: set[str] | None = None, shared: bool = True) -> int:
     """Remove the proxies, holders and internal networks of `keys` (default: those
-    this process started); the shared egress network too once no proxy uses it.
+    this process started); the shared egress network too once no proxy uses it,
+    unless `shared` is False (one agent's set retired while others come and go:
+    removing the shared network then races whoever is about to use it).
     Returns how many objects were removed."""
     keys = set(_started) if keys is None else set(keys)
     removed = 0
@@ -296,7 +298,7 @@ def shutdown(client: docker.DockerClient, keys: set[str] | None = None) -> int:
         if net.attrs.get("Labels", {}).get(f"{LABEL}.key") in keys:
             removed += _quiet(net.remove)
     _started.difference_update(keys)
-    if not [c for c in leftovers(client)[0] if c.labels.get(f"{LABEL}.role") == "proxy"]:
+    if shared and not [c for c in leftovers(client)[0] if c.labels.get(f"{LABEL}.role") == "proxy"]:
         for net in client.networks.list(names=[EGRESS_NETWORK]):
             if net.name == EGRESS_NETWORK:
                 removed += _quiet(net.remove)
