@@ -148,20 +148,28 @@ def squid_config(allow_hosts: tuple[str, ...]) -> str:
 
 # -- creating and finding ------------------------------------------------------------
 
+ENSURE_ATTEMPTS = 3                     # a network removed under us by another process: look again
 _started: set[str] = set()              # egress keys this process created, for shutdown
 
 
 def ensure(client: docker.DockerClient, egress: Egress) -> None:
     """Create whatever of this agent's network, holder and proxy is missing, and
     wait until the proxy accepts connections. Idempotent; cheap when all runs."""
-    try:
-        _ensure_image(client)
-        internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
-        outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
-        _ensure_holder(client, egress, internal)
-        _ensure_proxy(client, egress, internal, outside)
-    except docker.errors.DockerException as exc:
-        raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
+    for attempt in range(ENSURE_ATTEMPTS):
+        try:
+            _ensure_image(client)
+            internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
+            outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
+            _ensure_holder(client, egress, internal)
+            _ensure_proxy(client, egress, internal, outside)
+            return
+        except docker.errors.NotFound as exc:
+            # Another process's shutdown removed the shared network between our lookup
+            # and our connect: look again (a proxy left unstarted is made anew).
+            if attempt + 1 == ENSURE_ATTEMPTS:
+                raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
+        except docker.errors.DockerException as exc:
+            raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
 
 
 def alive(client: docker.DockerClient, egress: Egress) -> bool:
