@@ -25,9 +25,10 @@ from leftovers import our_containers
 from orchestrator.broker import server as broker_module
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent
-from orchestrator.broker.wire import APPEND_MAX_BYTES
+from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker, serve
 from orchestrator.broker.client import BrokerSandbox
+from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
@@ -387,3 +388,44 @@ def test_append_through_a_symlinked_journal_is_refused_as_write_is(broker, root,
         assert not ok and detail.startswith("refused"), detail
     assert outside.read_text() == "host original\n"
     assert (root / "alpha/workspace/memory/core.md").read_bytes() == core
+
+
+# -- a taken-over orchestrator (the attacks themselves: the escape suite's "orchestrator") --
+
+def test_allow_hosts_changed_on_every_call_leaves_one_proxy_not_one_per_change(root, docker_client):
+    # Each change makes a new box with a new proxy, holder and network; the retired
+    # box's must go with it, or a request loop leaks one set per request.
+    workspace = (root / "alpha/workspace").resolve()
+    lists = [[f"h{i}.wakeloop.test"] for i in range(3)]   # never dialled
+    keys = {network.plan(workspace, tuple(hosts)).key for hosts in lists}
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        for hosts in lists:
+            set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}})
+            assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
+        assert _egress_keys(docker_client) & keys == {network.plan(workspace, tuple(lists[-1])).key}
+        broker.close()
+        assert not _egress_keys(docker_client) & keys    # close() removed the last
+    finally:
+        broker.close()
+        network.shutdown(docker_client, keys)
+
+
+def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(root, docker_client):
+    init_agent(root / "beta")
+    for name in ("alpha", "beta"):
+        set_policy(root / name, {"sandbox": {"pool": 1}})
+    broker = Broker(root, client=docker_client, log=lambda line: None,
+                    ceiling=Ceiling(max={"agents": 1}, source="c.yaml"))
+    try:
+        assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
+        assert broker.handle({"op": "run", "agent": "beta", "command": "true"})["ok"]
+        assert list(broker._boxes) == ["beta"]          # alpha's idle pool made room
+        assert pool_containers(docker_client, root / "alpha/workspace") == {}
+        broker._boxes["beta"].busy += 1                  # as if a call of beta's were in flight
+        with pytest.raises(BrokerError, match="alpha: busy: 1 agents hold a sandbox, the broker's max.agents is 1"):
+            broker.handle({"op": "run", "agent": "alpha", "command": "true"})
+        broker._boxes["beta"].busy -= 1
+    finally:
+        broker.close()
+    assert our_containers(docker_client, root.resolve()) == []

@@ -98,3 +98,62 @@ def test_the_broker_will_not_start_on_a_bad_ceiling(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"wakeloop: {bad}:2: max.pids: expected a number of at least 0, got 'lots'\n"
     assert not (tmp_path / "s").exists()
+
+
+def test_users_env_names_and_hosts_are_bounded_naming_their_key():
+    ceiling = Ceiling(users=(1000, 60000), env_names=("LANG", "LC_*"),
+                      hosts=("pypi.org", "*.pythonhosted.org"), source="c.yaml")
+    assert ceiling.refusal(with_box(user="1000:1000")) is None
+    assert ceiling.refusal(with_box(user="999:1000")) == (
+        "<defaults>: sandbox.user: 999:1000 is outside the uids and gids the broker allows: "
+        "1000 to 60000 (ceiling c.yaml)")
+    assert "sandbox.user: 1000:65534 is outside" in ceiling.refusal(with_box(user="1000:65534"))
+    # "auto" is bounded as the broker resolved it for the workspace (its owner)
+    assert ceiling.refusal(with_box(), user="1000:1000") is None
+    assert "sandbox.user: auto (auto: the workspace owner is 70000:70000) is outside" in (
+        ceiling.refusal(with_box(), user="70000:70000"))
+    assert ceiling.refusal(with_box(env=(("LANG", "C"), ("LC_ALL", "C")))) is None
+    assert ceiling.refusal(with_box(env=(("LANG", "C"), ("LD_PRELOAD", "/tmp/x.so")))) == (
+        "<defaults>: sandbox.env.LD_PRELOAD: LD_PRELOAD is not a name the broker lets a policy set: "
+        "LANG, LC_* (ceiling c.yaml)")
+    allow = lambda *hosts: with_box(network="allowlist", allow_hosts=hosts)  # noqa: E731
+    assert ceiling.refusal(allow("pypi.org", "files.pythonhosted.org")) is None
+    for asked in ("example.org", "*.pypi.org", "pythonhosted.org", "pypi.org:8443", "evilpypi.org"):
+        assert f"sandbox.allow_hosts: {asked} is not a host the broker allows" in ceiling.refusal(allow(asked)), asked
+
+
+def test_root_is_refused_even_by_a_ceiling_without_users():
+    assert "sandbox.user: auto (auto: the workspace owner is 0:0) is outside" in Ceiling().refusal(
+        with_box(), user="0:0")
+    assert Ceiling().refusal(with_box(), user="1000:1000") is None
+
+
+def test_an_empty_env_names_or_hosts_list_allows_none():
+    ceiling = Ceiling(env_names=(), hosts=())
+    assert "sandbox.env.LANG" in ceiling.refusal(with_box(env=(("LANG", "C"),)))
+    assert "sandbox.allow_hosts: pypi.org" in ceiling.refusal(with_box(network="allowlist", allow_hosts=("pypi.org",)))
+
+
+def test_the_shipped_ceiling_bounds_users_env_hosts_and_the_brokers_capacity():
+    ceiling = load_ceiling(SHIPPED)
+    assert ceiling.users == (1000, 60000)
+    assert "LD_PRELOAD" in ceiling.refusal(with_box(env=(("LD_PRELOAD", "x"),)))
+    assert "example.org" in ceiling.refusal(with_box(network="allowlist", allow_hosts=("example.org",)))
+    assert {k: ceiling.max[k] for k in ("calls", "calls_per_agent", "agents")} == {
+        "calls": 16, "calls_per_agent": 4, "agents": 32}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("users: {min: 0, max: 10}\n", "c.yaml:1: users: expected {min: 1000, max: 60000}"),
+    ("users: {min: 2000, max: 1000}\n", "c.yaml:1: users: expected"),
+    ("env_names: [LANG, 'LD PRELOAD']\n", "c.yaml:1: env_names: 'LD PRELOAD' is not a variable name"),
+    ("hosts:\n  - pypi.org\n  - 10.0.0.1\n", "c.yaml:3: hosts: '10.0.0.1' is an IP address"),
+    ("max:\n  calls: 0\n", "c.yaml:2: max.calls: expected a whole number of at least 1, got 0"),
+    ("max:\n  agents: 2.5\n", "c.yaml:2: max.agents: expected a whole number of at least 1"),
+])
+def test_a_bad_users_env_names_hosts_or_capacity_is_one_line(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_ceiling(path)
+    assert str(caught.value).startswith(f"{tmp_path}/{message}")

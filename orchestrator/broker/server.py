@@ -21,6 +21,14 @@ policy's `sandbox.pool`) serves them as it would a direct wake; a policy
 change drains the idle containers made under the old settings. A pool unused
 for IDLE_CLOSE_S, or whose workspace is gone, is closed; all close at exit.
 
+Against an orchestrator taken over (which plants files in ROOT and holds the
+socket): an agent name must be a real folder directly under ROOT; agent.yaml
+and its policy file are read as untrusted (regular files only, capped, no YAML
+aliases: schema.read_config); a request line must arrive whole within
+REQUEST_READ_S; calls in flight, agents with a box, and open connections are
+capped, and a request past a cap is refused at once, never queued; a retired
+allowlist box takes its proxy and network with it; log lines are cut short.
+
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
@@ -41,7 +49,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import socketserver
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,6 +64,7 @@ from docker.types import Mount
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
+from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import PolicyError
 from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
                                       MAX_REQUEST_BYTES, BrokerError, decode_content)
@@ -65,6 +76,16 @@ HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not dis
 IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
 SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
 EGRESS_CHECK_S = 30.0               # how often an allowlist agent's proxy and netns holder are checked
+# The broker's capacity when the ceiling does not say (max.calls, max.calls_per_agent, max.agents):
+# a request past them is refused at once, never queued, so a flood cannot pile up threads.
+DEFAULT_MAX_CALLS = 32              # sandbox calls in flight across all agents
+DEFAULT_MAX_CALLS_PER_AGENT = 8     # in flight for one agent (a wake makes one at a time)
+DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allowlist proxy) at once
+MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
+REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
+                                    # sends it at once; a silent or dripping one is cut off
+LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
+REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
 _JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
@@ -119,6 +140,21 @@ class _HostPathSandbox(DockerSandbox):
 
 # -- the service ------------------------------------------------------------------------
 
+def real_agent_dir(root: Path, name: str) -> Path:
+    """ROOT/name if it is a real folder, checked without following links: a symlink
+    would make agent X mean another folder (another agent's, or one outside ROOT),
+    served under X's name and counted against X's limits."""
+    agent_dir = root / name
+    try:
+        st = agent_dir.lstat()
+    except OSError:
+        raise BrokerError(f"{name}: no such agent folder under {root}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise BrokerError(f"{name}: not a folder directly under {root} (a symlink or a file); "
+                          "the broker serves only real agent folders")
+    return agent_dir
+
+
 @dataclass
 class _AgentBox:
     """One agent's sandbox, kept across requests so its warm pool serves them."""
@@ -138,9 +174,14 @@ class Broker:
         self.ceiling = ceiling or Ceiling()     # what no agent's policy may exceed
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
-        self.log = log
+        self.log = lambda line: log(_cut(line, LOG_LINE_CHARS))   # a planted reason cannot flood the log
         self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
         self._lock = threading.Lock()            # the server runs each request on a thread
+        self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
+        capacity = self.ceiling.max
+        self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
+        self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
+        self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
 
     def handle(self, request: dict) -> dict:
@@ -154,12 +195,20 @@ class Broker:
             return {"ok": True, "result": {"agent": agent.dir.name}}
         checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
         call = checks[op](agent, request)   # a refusal comes before any box or container is made
-        self._check_egress(agent.dir.name)
-        entry = self._acquire(agent)
+        name = agent.dir.name
+        self._take_call_slot(name)     # refused at once past max.calls / max.calls_per_agent
         try:
-            result = call(entry.box)
+            self._check_egress(name)
+            entry = self._acquire(agent)
+            try:
+                result = call(entry.box)
+            finally:
+                self._release(entry)
         finally:
-            self._release(entry)
+            with self._lock:
+                self._calls[name] -= 1
+                if not self._calls[name]:
+                    del self._calls[name]
         self.log(f"{agent.dir.name}: {op} exit {result.exit_code}"
                  f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
@@ -167,8 +216,8 @@ class Broker:
 
     def _agent(self, name):
         if not isinstance(name, str) or not _AGENT_NAME.match(name):
-            raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r}")
-        agent_dir = self.root / name
+            raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
+        agent_dir = real_agent_dir(self.root, name)
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
         except (AgentError, PolicyError) as exc:
@@ -176,10 +225,27 @@ class Broker:
         workspace = agent.workspace.resolve()
         if self.root not in workspace.parents:
             raise BrokerError(f"{name}: workspace resolves to {workspace}, outside {self.root}")
-        over = self.ceiling.refusal(agent.policy)
+        try:
+            user = str(resolve_user(agent.policy.sandbox.user, workspace))  # "auto" is bounded as resolved
+        except OSError as exc:
+            raise BrokerError(f"{name}: cannot stat its workspace: {exc.strerror}") from None
+        over = self.ceiling.refusal(agent.policy, user=user)
         if over:
             raise BrokerError(f"{name}: {over}")
         return agent
+
+    def _take_call_slot(self, name: str) -> None:
+        """Count a call in flight, or refuse it at once: never queued, so a flood of
+        `sleep 30`s holds at most max.calls threads and containers."""
+        with self._lock:
+            total, mine = sum(self._calls.values()), self._calls.get(name, 0)
+            if mine >= self.max_calls_per_agent:
+                raise BrokerError(f"{name}: busy: {mine} calls in flight for this agent, the broker's "
+                                  f"max.calls_per_agent is {self.max_calls_per_agent}; try again when one ends")
+            if total >= self.max_calls:
+                raise BrokerError(f"{name}: busy: {total} calls in flight, the broker's max.calls is "
+                                  f"{self.max_calls}; try again when one ends")
+            self._calls[name] = mine + 1
 
     # -- one sandbox per agent, its pool kept warm across requests ----------------------
 
@@ -191,11 +257,13 @@ class Broker:
         place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name)
         made = None
         while True:
-            stale = None
+            stale = []   # retired boxes no request uses, closed outside the lock
             with self._lock:
                 entry = self._boxes.get(name)
                 if entry and _needs_new_box(entry.box, place, policy):
-                    stale, entry = self._retire(name), None
+                    stale, entry = [self._retire(name)], None
+                if entry is None and made is None:
+                    stale.append(self._make_room(name))
                 if entry is None and made is not None:
                     entry = self._boxes[name] = _AgentBox(made)
                     made = None
@@ -204,16 +272,49 @@ class Broker:
                     if entry.box.policy != policy:
                         entry.box.update_policy(policy)  # drops idle containers of the old settings
                     entry.busy += 1
-            if stale:
-                stale.box.close()
+            for old in filter(None, stale):
+                self._close_box(old.box)
             if entry is not None:
                 break
             # Made outside the lock: an allowlist agent's first box starts its proxy,
             # and other agents' requests need not wait for that.
-            made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+            try:
+                made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+            except Exception:
+                self._drop_egress(workspace, policy)   # a proxy set up halfway is not left behind
+                raise
         if made is not None:
-            made.close()  # a concurrent request for this agent made its box first
+            made.close()  # a concurrent request for this agent made its box first (same egress: kept)
         return entry
+
+    def _make_room(self, name: str) -> _AgentBox | None:
+        """Lock held, before a new agent's box is made: at max.agents, retire the
+        longest-idle box (returned, for the caller to close) or refuse if all are busy."""
+        if len(self._boxes) < self.max_agents:
+            return None
+        idle = [(e.used, n) for n, e in self._boxes.items() if e.busy == 0]
+        if not idle:
+            raise BrokerError(f"{name}: busy: {len(self._boxes)} agents hold a sandbox, the broker's "
+                              f"max.agents is {self.max_agents}; try again when one's call ends")
+        return self._retire(min(idle)[1])
+
+    def _close_box(self, box: _HostPathSandbox) -> None:
+        """Close a retired box, and its allowlist proxy, holder and network unless a
+        live box has the same egress (the same workspace and hosts): a policy changed
+        on every request must not leave one proxy per change."""
+        box.close()
+        self._drop_egress(box.workspace, box.policy)
+
+    def _drop_egress(self, workspace: Path, policy) -> None:
+        if policy.network != "allowlist":
+            return
+        key = network.plan(workspace, policy.allow_hosts).key
+        with self._lock:
+            shared = any(e.box.policy.network == "allowlist"
+                         and network.plan(e.box.workspace, e.box.policy.allow_hosts).key == key
+                         for e in self._boxes.values())
+        if not shared:
+            network.shutdown(self.client, {key}, shared=False)  # the wakeloop-egress network stays
 
     def _check_egress(self, name: str) -> None:
         """An allowlist agent's box is made with its proxy and netns holder running,
@@ -239,7 +340,7 @@ class Broker:
             entry.used = time.monotonic()
             done = entry.retired and entry.busy == 0
         if done:
-            entry.box.close()
+            self._close_box(entry.box)
 
     def _retire(self, name: str) -> _AgentBox | None:
         """Take an agent's box out of use (lock held). Returns it when no request
@@ -260,7 +361,7 @@ class Broker:
                      if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())]
             idle = [self._retire(n) for n in names]
         for entry in idle:
-            entry.box.close()
+            self._close_box(entry.box)
             self.log(f"{entry.box.agent}: closed its idle sandbox pool")
 
     def close(self) -> None:
@@ -269,7 +370,7 @@ class Broker:
             idle = [self._retire(n) for n in list(self._boxes)]
         for entry in idle:
             if entry:
-                entry.box.close()
+                self._close_box(entry.box)
 
     # -- the three ops --------------------------------------------------------------------
 
@@ -315,28 +416,71 @@ def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
     return (box.workspace, box.host_workspace, box.agent) != place or fixed(box.policy) != fixed(policy)
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    def handle(self):
-        broker: Broker = self.server.broker  # type: ignore[attr-defined]
-        line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+def _cut(text: str, limit: int) -> str:
+    """One line of at most `limit` characters (a planted YAML error can be many)."""
+    text = " ".join(text.splitlines())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
+    """One request line, refused past `limit` bytes or `deadline_s` seconds in all
+    (not per read: a client dripping a byte a second is cut off too)."""
+    deadline = time.monotonic() + deadline_s
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BrokerError(f"no complete request line within {deadline_s:g}s")
+        sock.settimeout(left)
         try:
-            if len(line) > MAX_REQUEST_BYTES:
-                raise BrokerError(f"request over {MAX_REQUEST_BYTES:,} bytes")
+            chunk = sock.recv(min(2**20, limit + 1 - size))
+        except socket.timeout:
+            raise BrokerError(f"no complete request line within {deadline_s:g}s") from None
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            chunks.append(chunk[:newline + 1])
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise BrokerError(f"request over {limit:,} bytes with no end of line")
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self):
+        server = self.server
+        with server.connections_lock:  # type: ignore[attr-defined]
+            server.open_connections += 1  # type: ignore[attr-defined]
+            over = server.open_connections > MAX_CONNECTIONS  # type: ignore[attr-defined]
+        try:
+            self._serve(server.broker, over)  # type: ignore[attr-defined]
+        finally:
+            with server.connections_lock:  # type: ignore[attr-defined]
+                server.open_connections -= 1  # type: ignore[attr-defined]
+
+    def _serve(self, broker: "Broker", over: bool):
+        try:
+            if over:   # each connection is a thread: a flood of them is answered, not served
+                raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
+            line = _read_line(self.request, MAX_REQUEST_BYTES, REQUEST_READ_S)
             request = json.loads(line)
             if not isinstance(request, dict):
                 raise BrokerError("a request is one JSON object")
             reply = broker.handle(request)
         except (BrokerError, SandboxError) as exc:
             # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
-            reply = {"ok": False, "error": str(exc), "refused": isinstance(exc, BrokerError)}
+            reply = {"ok": False, "error": _cut(str(exc), REPLY_ERROR_CHARS), "refused": isinstance(exc, BrokerError)}
             # What a person reading `docker compose logs broker` needs to see.
             broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
-        except ValueError:
+        except (ValueError, RecursionError):
             reply = {"ok": False, "error": "a request is one JSON object on one line"}
         except Exception as exc:  # one bad call must not stop the service
-            reply = {"ok": False, "error": f"broker error: {type(exc).__name__}: {exc}"}
+            reply = {"ok": False, "error": _cut(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS)}
         try:
-            self.wfile.write(json.dumps(reply).encode() + b"\n")
+            self.request.settimeout(REQUEST_READ_S)   # a client that never reads cannot hold the thread
+            self.request.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
             pass  # the client went away; the container is gone already
 
@@ -346,12 +490,25 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
     block_on_close = True
+    request_queue_size = 128         # the listen backlog (socketserver's default is 5): a burst of
+                                     # connections waits to be accepted instead of being refused
+    open_connections = 0             # counted by _Handler, under connections_lock
+    connections_lock = threading.Lock()
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
         # only delays the next accept, and requests wait in the listen backlog.
         super().service_actions()
         self.broker.sweep()  # type: ignore[attr-defined]
+
+
+def make_server(broker: Broker, socket_path: Path) -> _Server:
+    """A server for `broker` listening on `socket_path`; the caller runs serve_forever,
+    then shutdown and server_close (which joins the request threads)."""
+    server = _Server(str(socket_path), _Handler)
+    server.broker = broker  # type: ignore[attr-defined]
+    server.connections_lock = threading.Lock()  # type: ignore[misc]
+    return server
 
 
 def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
@@ -367,8 +524,7 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.is_socket():
         socket_path.unlink()  # a stale socket from a broker that died
-    server = _Server(str(socket_path), _Handler)
-    server.broker = broker  # type: ignore[attr-defined]
+    server = make_server(broker, socket_path)
     _hand_socket_to_root_owner(socket_path, root)
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"

@@ -7,16 +7,18 @@ from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
 from orchestrator.escapes import network
+from orchestrator.escapes import orchestrator
 from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
 from orchestrator.escapes import workspace
 
 CATEGORIES = ("filesystem", "workspace", "privileges", "network", "allowlist", "information",
-              "persistence", "resources", "harness")
+              "persistence", "resources", "harness", "orchestrator")
 
 ALL_PROBES = (filesystem.PROBES + workspace.PROBES + privileges.PROBES + network.PROBES
-              + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES)
+              + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES
+              + orchestrator.PROBES)
 
 
 def by_name(name: str):

@@ -15,7 +15,8 @@ import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
-from orchestrator.policy.schema import Policy, PolicyError, load_policy, policy_from_mapping
+from orchestrator.policy.schema import (Policy, PolicyError, load_policy, parse_yaml, policy_from_mapping,
+                                        read_config)
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"
@@ -54,12 +55,16 @@ _KEYS = {"name", "model", "schedule", "policy", "dry_run", "every"}
 def load_agent(agent_dir: str | Path) -> Agent:
     agent_dir = Path(agent_dir).resolve()
     config = agent_dir / "agent.yaml"
-    if not config.is_file():
+    if not os.path.lexists(config):
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
     try:
-        text = config.read_text(encoding="utf-8")
-        data = yaml.safe_load(text) or {}
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        text = read_config(config, "agent.yaml")   # a regular file, capped; never a FIFO or device
+        data, node = parse_yaml(text)
+        data = data or {}
+    except PolicyError as exc:
+        raise AgentError(str(exc)) from None
+    except RecursionError:
+        raise AgentError(f"{config}: not valid YAML: nested too deep") from None
     except yaml.YAMLError as exc:
         raise AgentError(f"{config}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

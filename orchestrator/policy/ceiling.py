@@ -11,9 +11,15 @@ a bigger box, another runtime or image, or a network the user did not allow.
     runtimes: [runc, runsc]            # sandbox.runtime must be one of these
     images: [wakeloop-sandbox:latest]  # sandbox.image must be one of these
     networks: [none, allowlist]        # sandbox.network must be one of these
-    max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...}
+    users: {min: 1000, max: 60000}     # sandbox.user's uid and gid ("auto" as resolved)
+    env_names: [LANG, "LC_*"]          # names sandbox.env may set (fnmatch patterns)
+    hosts: [pypi.org, "*.pythonhosted.org"]  # what sandbox.allow_hosts may name
+    max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...,
+          calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
 
-Every key is optional; one left out is not limited.
+Every key is optional; one left out is not limited, except the broker's
+capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
+(server.py). Room is left for sandbox.disk and sandbox.files in SIZES/COUNTS.
 """
 
 from __future__ import annotations
@@ -21,15 +27,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fnmatch
+import re
+
 import yaml
 
-from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_size
+from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_host, parse_size
 
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size")
 COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s")
 TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
 LISTS = ("runtimes", "images", "networks")
+CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
+KEYS = (*LISTS, "users", "env_names", "hosts", "max")
+_ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
+_UID_GID = re.compile(r"^(\d+):(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -38,12 +51,19 @@ class Ceiling:
     images: tuple[str, ...] | None = None
     networks: tuple[str, ...] | None = None
     max: dict[str, float] = field(default_factory=dict)
+    users: tuple[int, int] | None = None        # (min, max) uid and gid; never 0 whatever it says
+    env_names: tuple[str, ...] | None = None    # fnmatch patterns a sandbox.env name must match
+    hosts: tuple[str, ...] | None = None        # allow_hosts entries a policy may name
     source: str = "<none>"
 
-    def refusal(self, policy: Policy) -> str | None:
+    def refusal(self, policy: Policy, user: str | None = None) -> str | None:
         """Why the broker will not serve this policy, one line naming the policy's
-        file, line and key, or None."""
+        file, line and key, or None. `user` is sandbox.user as resolved for the
+        workspace ("auto" is its owner); without it only an explicit UID:GID is bounded."""
         box = policy.sandbox
+        over = self._user_refusal(policy, user) or self._env_refusal(policy) or self._host_refusal(policy)
+        if over:
+            return over
         for key, value in (("runtimes", box.runtime), ("images", box.image), ("networks", box.network)):
             allowed = getattr(self, key)
             if allowed is not None and value not in allowed:
@@ -59,8 +79,58 @@ class Ceiling:
                 return self._say(policy, path, f"{value:,}{unit} is over the broker's ceiling of {limit:,}{unit}")
         return None
 
+    def _user_refusal(self, policy: Policy, user: str | None) -> str | None:
+        setting = policy.sandbox.user
+        resolved = str(user if user is not None else setting)
+        match = _UID_GID.match(resolved) or (re.match(r"^(\d+)()$", resolved))
+        if match is None:
+            return None if resolved == "auto" else self._say(
+                policy, "sandbox.user", f"{resolved!r} is not UID:GID, so the ceiling cannot bound it")
+        ids = [int(v) for v in match.groups() if v]
+        low, high = self.users or (1, None)
+        for n in ids:
+            if n == 0 or n < low or (high is not None and n > high):
+                auto = f" (auto: the workspace owner is {resolved})" if setting == "auto" else ""
+                return self._say(policy, "sandbox.user", f"{setting}{auto} is outside the uids and gids "
+                                 f"the broker allows: {low} to {high if high is not None else 'any'}")
+        return None
+
+    def _env_refusal(self, policy: Policy) -> str | None:
+        if self.env_names is None:
+            return None
+        for name, _ in policy.sandbox.env:
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_names):
+                return self._say(policy, f"sandbox.env.{name}", f"{name} is not a name the broker lets a "
+                                 f"policy set: {', '.join(self.env_names)}")
+        return None
+
+    def _host_refusal(self, policy: Policy) -> str | None:
+        if self.hosts is None:
+            return None
+        for entry in policy.sandbox.allow_hosts:
+            if not any(host_covers(allowed, entry) for allowed in self.hosts):
+                return self._say(policy, "sandbox.allow_hosts", f"{entry} is not a host the broker "
+                                 f"allows: {', '.join(self.hosts) or 'none'}")
+        return None
+
     def _say(self, policy: Policy, path: str, what: str) -> str:
         return f"{policy.where(path)}: {path}: {what} (ceiling {self.source})"
+
+
+def host_covers(allowed: str, entry: str) -> bool:
+    """Whether the ceiling's `allowed` admits a policy's allow_hosts `entry`:
+    the same entry, or `*.d` for a host under d (not d itself, nor `*.d`
+    unless the ceiling says `*.d`). The port, if any, must be the same."""
+    try:
+        wild_a, host_a, port_a = parse_host(allowed)
+        wild_e, host_e, port_e = parse_host(entry)
+    except ValueError:
+        return False
+    if port_a != port_e:
+        return False
+    if not wild_a:
+        return not wild_e and host_a == host_e
+    return host_e.endswith("." + host_a) or (wild_e and host_e == host_a)
 
 
 def load_ceiling(path: str | Path) -> Ceiling:
@@ -77,16 +147,35 @@ def load_ceiling(path: str | Path) -> Ceiling:
 
     def fail(keys: tuple, message: str) -> PolicyError:
         line = line_of(node, keys)
-        return PolicyError(f"{path}{f':{line}' if line else ''}: {'.'.join(keys) or '(top level)'}: {message}")
+        return PolicyError(f"{path}{f':{line}' if line else ''}: {'.'.join(k for k in keys if isinstance(k, str)) or '(top level)'}: {message}")
 
     if not isinstance(data, dict):
-        raise fail((), f"a ceiling is a mapping of {', '.join(LISTS)} and max")
+        raise fail((), f"a ceiling is a mapping of {', '.join(KEYS)}")
     for key, value in data.items():
-        if key not in (*LISTS, "max"):
-            raise fail((key,), f"unknown key; a ceiling has {', '.join(LISTS)} and max")
+        if key not in KEYS:
+            raise fail((key,), f"unknown key; a ceiling has {', '.join(KEYS)}")
         if key in LISTS and (not isinstance(value, list) or not value
                              or not all(isinstance(v, str) and v for v in value)):
             raise fail((key,), f"expected a non-empty list of names, got {value!r}")
+        if key in ("env_names", "hosts") and (not isinstance(value, list)
+                                              or not all(isinstance(v, str) for v in value)):
+            raise fail((key,), f"expected a list (empty: none allowed), got {value!r}")
+    for i, pattern in enumerate(data.get("env_names") or ()):
+        if not _ENV_PATTERN.match(pattern):
+            raise fail(("env_names", i), f"{pattern!r} is not a variable name or a pattern such as LC_*")
+    for i, entry in enumerate(data.get("hosts") or ()):
+        try:
+            parse_host(entry)
+        except ValueError as exc:
+            raise fail(("hosts", i), str(exc)) from None
+    users = data.get("users")
+    if users is not None:
+        if (not isinstance(users, dict) or set(users) - {"min", "max"}
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in users.values())
+                or users.get("min", 1) > users.get("max", users.get("min", 1))):
+            raise fail(("users",), f"expected {{min: 1000, max: 60000}}, whole numbers from 1 (root is "
+                                   f"never allowed), min at most max; got {users!r}")
+        users = (users.get("min", 1), users.get("max"))
     bad = set(data.get("networks", ())) - set(NETWORKS)
     if bad:
         raise fail(("networks",), f"{sorted(bad)[0]} is not one of {', '.join(NETWORKS)}")
@@ -95,14 +184,16 @@ def load_ceiling(path: str | Path) -> Ceiling:
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
     for name, limit in maxima.items():
-        if name not in SIZES + COUNTS:
-            raise fail(("max", name), f"unknown key; max bounds {', '.join(SIZES + COUNTS)}")
+        if name not in SIZES + COUNTS + CAPACITY:
+            raise fail(("max", name), f"unknown key; max bounds {', '.join(SIZES + COUNTS + CAPACITY)}")
         try:
             limits[name] = parse_size(limit) if name in SIZES else _number(limit)
+            if name in CAPACITY and (not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:
             raise fail(("max", name), str(exc)) from None
-    return Ceiling(**{key: tuple(data[key]) for key in LISTS if key in data},
-                   max=limits, source=str(path))
+    return Ceiling(**{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
+                   users=users, max=limits, source=str(path))
 
 
 def is_ceiling(path: str | Path) -> bool:
@@ -111,7 +202,7 @@ def is_ceiling(path: str | Path) -> bool:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False   # the policy loader says why
-    return isinstance(data, dict) and bool(data) and set(data) <= {*LISTS, "max"}
+    return isinstance(data, dict) and bool(data) and set(data) <= set(KEYS)
 
 
 def _number(value) -> float:

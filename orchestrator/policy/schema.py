@@ -7,6 +7,8 @@ re-reads YAML or the environment. Defaults are DESIGN.md §4: the safe box.
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 import fnmatch
 import posixpath
 import re
@@ -229,21 +231,71 @@ def parse_size(value: Any) -> int:
 
 # -- loading -------------------------------------------------------------------
 
-def load_policy(path: str | Path) -> Policy:
+MAX_CONFIG_BYTES = 1 * 2**20   # agent.yaml or a policy file; real ones are a few KiB
+
+
+class NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (`*name`): a policy never needs one, and
+    nested aliases expand exponentially (the "billion laughs" alias bomb)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed here",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def read_config(path: str | Path, what: str = "policy") -> str:
+    """A config file's text, read as untrusted input (under the broker an
+    orchestrator taken over can plant any file): a regular file only, never
+    opened if it is a FIFO or device (the first open is O_PATH), at most
+    MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
-        raise PolicyError(f"{path}: cannot read policy: {exc.strerror}") from None
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        st = os.fstat(probe)
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"{path}: not a regular file; a {what} is a YAML file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise PolicyError(f"{path}: {st.st_size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}")
+        # Reopened through the O_PATH descriptor: the very file just checked.
+        fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    finally:
+        os.close(probe)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)   # a file that grew since the fstat is cut here
+    if len(data) > MAX_CONFIG_BYTES:
+        raise PolicyError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes; a {what} is at most that")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise PolicyError(f"{path}: not UTF-8 text") from None
-    return parse_policy(text, str(path))
+
+
+def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """(data, node tree) of untrusted YAML text: no aliases, no tags beyond SafeLoader's.
+    yaml.YAMLError or RecursionError (nesting thousands deep) for the caller to word."""
+    node = yaml.compose(text, Loader=NoAliasLoader)
+    data = yaml.load(text, Loader=NoAliasLoader) if node is not None else None
+    return data, node
+
+
+def load_policy(path: str | Path) -> Policy:
+    path = Path(path)
+    return parse_policy(read_config(path), str(path))
 
 
 def parse_policy(text: str, source: str) -> Policy:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) if node is not None else {}
+        data, node = parse_yaml(text)
+        data = {} if node is None else data
+    except RecursionError:
+        raise PolicyError(f"{source}: not valid YAML: nested too deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source

@@ -189,20 +189,28 @@ def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] =
 
 # -- creating and finding ------------------------------------------------------------
 
+ENSURE_ATTEMPTS = 3                     # a network removed under us by another process: look again
 _started: set[str] = set()              # egress keys this process created, for shutdown
 
 
 def ensure(client: docker.DockerClient, egress: Egress) -> None:
     """Create whatever of this agent's network, holder and proxy is missing, and
     wait until the proxy accepts connections. Idempotent; cheap when all runs."""
-    try:
-        _ensure_image(client)
-        internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
-        outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
-        _ensure_holder(client, egress, internal)
-        _ensure_proxy(client, egress, internal, outside)
-    except docker.errors.DockerException as exc:
-        raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
+    for attempt in range(ENSURE_ATTEMPTS):
+        try:
+            _ensure_image(client)
+            internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
+            outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
+            _ensure_holder(client, egress, internal)
+            _ensure_proxy(client, egress, internal, outside)
+            return
+        except docker.errors.NotFound as exc:
+            # Another process's shutdown removed the shared network between our lookup
+            # and our connect: look again (a proxy left unstarted is made anew).
+            if attempt + 1 == ENSURE_ATTEMPTS:
+                raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
+        except docker.errors.DockerException as exc:
+            raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
 
 
 def alive(client: docker.DockerClient, egress: Egress) -> bool:
@@ -355,9 +363,11 @@ def leftovers(client: docker.DockerClient) -> tuple[list, list]:
     return containers, networks
 
 
-def shutdown(client: docker.DockerClient, keys: set[str] | None = None) -> int:
+def shutdown(client: docker.DockerClient, keys: set[str] | None = None, shared: bool = True) -> int:
     """Remove the proxies, holders and internal networks of `keys` (default: those
-    this process started); the shared egress network too once no proxy uses it.
+    this process started); the shared egress network too once no proxy uses it,
+    unless `shared` is False (one agent's set retired while others come and go:
+    removing the shared network then races whoever is about to use it).
     Returns how many objects were removed."""
     keys = set(_started) if keys is None else set(keys)
     removed = 0
@@ -370,7 +380,7 @@ def shutdown(client: docker.DockerClient, keys: set[str] | None = None) -> int:
         if net.attrs.get("Labels", {}).get(f"{LABEL}.key") in keys:
             removed += _quiet(net.remove)
     _started.difference_update(keys)
-    if not [c for c in leftovers(client)[0] if c.labels.get(f"{LABEL}.role") == "proxy"]:
+    if shared and not [c for c in leftovers(client)[0] if c.labels.get(f"{LABEL}.role") == "proxy"]:
         for net in client.networks.list(names=[EGRESS_NETWORK]):
             if net.name == EGRESS_NETWORK:
                 removed += _quiet(net.remove)

@@ -199,7 +199,7 @@ def test_at_least_ten_probes_are_shown_able_to_fail():
 
 def test_the_ceiling_probe_escapes_a_broker_that_ignores_its_ceiling(make_lab, monkeypatch):
     # Not a container flag: the broker's own check, switched off.
-    monkeypatch.setattr(Ceiling, "refusal", lambda self, policy: None)
+    monkeypatch.setattr(Ceiling, "refusal", lambda self, policy, user=None: None)
     outcome = run_probe(make_lab(), by_name("blocks_orchestrator_raising_the_box"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "the broker ran a call for agent.yaml asking {'pids'" in outcome.observed
@@ -279,3 +279,64 @@ class NoBareRepoCheck(DockerSandbox):
 def test_the_bare_repo_probe_escapes_without_the_check_in_the_box(make_lab):
     outcome = run_probe(make_lab(sandbox_class=NoBareRepoCheck), by_name("blocks_bare_repo_hook_write"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+# -- the broker against a taken-over orchestrator: its own checks, switched off --------
+
+def _naive_read(path, what="policy"):
+    from pathlib import Path
+    return Path(path).read_text(encoding="utf-8")   # follows anything, opens FIFOs, reads it all
+
+
+def _count_only(self, name):
+    with self._lock:
+        self._calls[name] = self._calls.get(name, 0) + 1   # counted, never refused
+
+
+BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAPED, what it says)
+    ("NoAliasLoader.compose_node", "broker_refuses_yaml_alias_bomb", "refused, but not for what was planted"),
+    ("read_config", "broker_refuses_fifo_policy", "did not answer within"),
+    ("read_config", "broker_refuses_device_or_huge_policy", "the broker served check"),
+    ("real_agent_dir", "broker_refuses_symlinked_agent_dir", "twin: the broker served check"),
+    ("_cut", "broker_bounds_its_log_lines", "broker log lines of"),
+    ("REQUEST_READ_S", "broker_bounds_silent_connections", "that sent nothing were still open"),
+    ("_take_call_slot", "broker_bounds_calls_in_flight", "ran past max.calls_per_agent"),
+    ("_user_refusal", "broker_refuses_user_over_ceiling", "the broker served check"),
+    ("_env_refusal", "broker_refuses_env_name_over_ceiling", "the broker served check"),
+    ("_host_refusal", "broker_refuses_host_over_ceiling", "the broker served check"),
+    ("_close_box", "broker_retires_egress_on_allowlist_churn", "retired allowlist proxy set(s)"),
+]
+
+
+def _switch_off(what, monkeypatch):
+    import yaml
+    from orchestrator.broker import server
+    from orchestrator.policy import agent, schema
+    off = {
+        "NoAliasLoader.compose_node": lambda: monkeypatch.setattr(
+            schema.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node),
+        "read_config": lambda: (monkeypatch.setattr(schema, "read_config", _naive_read),
+                                monkeypatch.setattr(agent, "read_config", _naive_read)),
+        "real_agent_dir": lambda: monkeypatch.setattr(server, "real_agent_dir", lambda root, name: root / name),
+        "_cut": lambda: monkeypatch.setattr(server, "_cut", lambda text, limit: text),
+        "REQUEST_READ_S": lambda: monkeypatch.setattr(server, "REQUEST_READ_S", 3600.0),
+        "_take_call_slot": lambda: monkeypatch.setattr(server.Broker, "_take_call_slot", _count_only),
+        "_user_refusal": lambda: monkeypatch.setattr(Ceiling, "_user_refusal", lambda self, p, u: None),
+        "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
+        "_host_refusal": lambda: monkeypatch.setattr(Ceiling, "_host_refusal", lambda self, p: None),
+        "_close_box": lambda: monkeypatch.setattr(server.Broker, "_close_box", lambda self, box: box.close()),
+    }
+    off[what]()
+
+
+@pytest.mark.parametrize("what, probe_name, says", BROKER_CASES, ids=[p for _, p, _ in BROKER_CASES])
+def test_each_orchestrator_probe_escapes_a_broker_without_its_check(what, probe_name, says, make_lab, monkeypatch):
+    _switch_off(what, monkeypatch)
+    outcome = run_probe(make_lab(), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"{what} off: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    assert says in outcome.observed, outcome.observed
+
+
+def test_every_orchestrator_probe_has_a_weakened_control():
+    from orchestrator.escapes.orchestrator import PROBES
+    assert {p.name for p in PROBES} == {name for _, name, _ in BROKER_CASES}
