@@ -339,3 +339,18 @@ def test_explain_strict_offers_write_file_alone(tmp_path):
     assert "allow: memory/**, notes/**, *.md" in out
     assert out.count("docker run") == 1 and "python3 -I -c WRITE_SCRIPT PATH" in out
     assert "--pids-limit 128" in out and "--cpus 0.5" in out
+
+
+@pytest.mark.parametrize("text, says", [
+    ("name: x\nmodel: m\nbogus: 1\n", "agent.yaml:3: bogus: unknown key (known: "),
+    ("name: x\n\ndry_run: maybe\n", "agent.yaml:3: dry_run: expected true or false, got 'maybe'"),
+    ("name: x\npolicy: 5\n", "agent.yaml:2: policy: expected a file path or a mapping"),
+    ("name: x\npolicy:\n  sandbox: {memroy: 1g}\n", "agent.yaml:3: sandbox.memroy: unknown key"),
+])
+def test_agent_yaml_errors_name_the_file_line_and_key(tmp_path, text, says):
+    from orchestrator.errors import ConfigError
+    from orchestrator.policy.agent import load_agent
+    (tmp_path / "agent.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_agent(tmp_path)
+    assert says in str(err.value) and "\n" not in str(err.value)

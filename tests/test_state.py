@@ -80,7 +80,7 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     assert second.returncode == 0, err
     receipt = receipt_of(out)
     assert receipt["status"] == "done" and receipt["wake"] == 2
-    assert f"took over the lock of pid {proc.pid}" in out
+    assert f"took over the lock of pid {proc.pid}" in err       # progress is on stderr
     assert "left by an earlier, interrupted wake" in out  # the killed wake's `sleep 60` box, removed
     workspace = str((agent_dir / "workspace").resolve())
     assert not docker_client.api.containers(all=True, filters={"label": f"wakeloop.workspace={workspace}"})
@@ -160,7 +160,7 @@ def test_corrupt_state_does_not_stop_a_wake(agent_dir, tmp_path):
     proc = start_wake(agent_dir, script_file(tmp_path, "true"))
     out, err = proc.communicate(timeout=WAKE_TIMEOUT_S)
     assert proc.returncode == 0, err
-    assert "rebuilt" in out
+    assert "rebuilt" in err
     assert json.loads((agent_dir / "state" / STATE_FILE).read_text())["wake"] == 1
 
 

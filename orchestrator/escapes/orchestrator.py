@@ -421,9 +421,10 @@ broker_refuses_user_over_ceiling = Probe(
 
 broker_refuses_env_name_over_ceiling = Probe(
     "broker_refuses_env_name_over_ceiling", CATEGORY,
-    "a sandbox.env name the ceiling's env_names does not list (BASH_ENV, LD_PRELOAD) is refused",
+    "a sandbox.env name the ceiling's env_names does not list is refused (names the policy itself "
+    "accepts: the loader's, such as LD_PRELOAD, never get this far)",
     _over_ceiling("env_names", lambda t: {"env_names": ("LANG", "LC_*")},
-                  [{"env": {"BASH_ENV": "/workspace/.x"}}, {"env": {"LANG": "C", "LD_PRELOAD": "/workspace/x.so"}}],
+                  [{"env": {"GIT_SSH_COMMAND": "/workspace/x"}}, {"env": {"LANG": "C", "EDITOR": "/workspace/x"}}],
                   "sandbox.env."))
 
 broker_refuses_host_over_ceiling = Probe(

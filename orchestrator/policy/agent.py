@@ -15,7 +15,7 @@ import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
-from orchestrator.policy.schema import (Policy, PolicyError, load_policy, parse_yaml, policy_from_mapping,
+from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
                                         read_config)
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
@@ -69,17 +69,23 @@ def load_agent(agent_dir: str | Path) -> Agent:
         raise AgentError(f"{config}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise AgentError(f"{config}: expected a mapping of keys")
-    unknown = set(data) - _KEYS
+    unknown = sorted(set(map(str, data)) - _KEYS)
     if unknown:
-        raise AgentError(f"{config}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(_KEYS))})")
+        raise AgentError(f"{_at(config, node, unknown[0])}: unknown key (known: {', '.join(sorted(_KEYS))})")
     return Agent(
         dir=agent_dir,
         name=str(data.get("name") or agent_dir.name),
         model=os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or DEFAULT_MODEL),
         schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
         policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
-        dry_run=_dry_run(data.get("dry_run", True), config),
+        dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
     )
+
+
+def _at(config: Path, node, key: str) -> str:
+    """`file:line: key`, as every config error reads (schema.py's policies, the ceiling)."""
+    line = line_of(node, (key,))
+    return f"{config}{f':{line}' if line else ''}: {key}"
 
 
 def _value_node(node, key: str):
@@ -99,17 +105,18 @@ def _policy(value, config: Path, node) -> Policy:
     if isinstance(value, str):
         shipped = shipped_policy(value.strip())  # `policy: strict`: the shipped one, wherever installed
         return load_policy(shipped or (config.parent / value).resolve())
-    raise PolicyError(f"{config}: policy: expected a file path or a mapping")
+    line = f":{node.start_mark.line + 1}" if node is not None else ""
+    raise PolicyError(f"{config}{line}: policy: expected a file path or a mapping")
 
 
-def _dry_run(value, config: Path) -> bool:
+def _dry_run(value, where: str) -> bool:
     env = os.environ.get("WAKELOOP_DRY_RUN")
     if env is not None and env.strip():
         if env.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise AgentError(f"WAKELOOP_DRY_RUN={env!r}: expected true or false")
         return env.strip().lower() in ("true", "1", "yes")
     if not isinstance(value, bool):
-        raise AgentError(f"{config}: dry_run: expected true or false, got {value!r}")
+        raise AgentError(f"{where}: expected true or false, got {value!r}")
     return value
 
 
