@@ -273,7 +273,8 @@ class DockerSandbox:
         if result.timed_out or result.oom_killed:   # it ended before its own set-id walk
             sweep = threading.Thread(target=self._clear_set_id_bits, args=(cid,), name="wakeloop-sweep")
             sweep.start()   # off the call's path, as a pooled container's removal is
-            self._sweeps.append(sweep)
+            # A broker keeps a box for weeks: keep only the sweeps still running.
+            self._sweeps = [*(t for t in self._sweeps if t.is_alive()), sweep]
         elif self.pool:
             self.pool.discard(cid)  # removal off the call's path
         else:
@@ -283,8 +284,8 @@ class DockerSandbox:
     def _clear_set_id_bits(self, killed_cid: str) -> None:
         """After a call killed before its own walk: remove its container (waited
         for, so nothing of it still runs), then one short cold call that runs
-        nothing but the walk (the guard's, after `true`). Until it ends, ~1-3 s, a set-id
-        file the killed call made is on the host; close() waits for it."""
+        nothing but the walk (the guard's, after `true`). Until it ends, ~1-3 s, a
+        set-id file the killed call made is on the host; close() waits for it."""
         self._remove(killed_cid)
         cid = self._create(command_argv("true"), "sweep-" + uuid.uuid4().hex[:6], False, WORKSPACE,
                            command_env=self.command_env())
