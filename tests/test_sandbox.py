@@ -333,6 +333,18 @@ def test_set_id_bits_do_not_survive_a_call_killed_at_its_deadline(make_sandbox, 
     assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
 
 
+@pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
+def test_set_id_bits_do_not_survive_a_command_that_kills_the_walker(make_sandbox, agent, warm):
+    # The command's parent is the process that walks when it exits (the pool's
+    # launcher, or the cold call's guard); the command, of the same uid, kills it.
+    box = make_sandbox(**({} if warm is None else {"warm": warm}))
+    result = box.run("cp /bin/true su && chmod 4755 su && stat -c '%a %n' su && kill -9 $PPID; sleep 5",
+                     timeout_s=30, max_output_chars=CAP)
+    assert "4755 su" in result.output and not result.timed_out, result.output
+    box.close()   # waits for the sweep that follows a call whose walker died
+    assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
+
+
 # what the walk may cost on ~1,000 files, per runtime: measured 14 ms (runc) and
 # 95-540 ms (runsc, every lstat a trip through gVisor) on a loaded 2-core machine
 WALK_1000_BUDGET_S = {"runc": 0.1, "runsc": 1.5}

@@ -270,7 +270,7 @@ class DockerSandbox:
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
-        if result.timed_out or result.oom_killed:   # it ended before its own set-id walk
+        if not _walked(result, end):   # it ended before its own set-id walk
             sweep = threading.Thread(target=self._clear_set_id_bits, args=(cid,), name="wakeloop-sweep")
             sweep.start()   # off the call's path, as a pooled container's removal is
             # A broker keeps a box for weeks: keep only the sweeps still running.
@@ -397,6 +397,17 @@ class DockerSandbox:
         for cid in stale:
             self._remove(cid)
         return len(stale)
+
+
+def _walked(result: SandboxResult, end: EndLine | None) -> bool:
+    """Whether the call's own set-id walk surely ran. The launcher walks before its
+    nonce line, so a found line says it did; a cold call's guard walks before it
+    exits with the command's status, so a status of a signal (the command killed
+    the guard, or its own death by one) is not proof. Killed at the deadline or
+    out of memory, nothing walked."""
+    if result.timed_out or result.oom_killed:
+        return False
+    return end.found if end is not None else result.exit_code < 128
 
 
 class _Deadline:
