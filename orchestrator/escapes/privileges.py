@@ -266,12 +266,27 @@ def _setuid_bit_reaching_host(t: Trial) -> str:
         seen.append(f"{how}: {'set in the box, cleared by the end' if set_in_box else 'refused in the box'}")
         for n in modes:
             os.unlink(t.workspace / n)
+    # The walker is the command's parent (the launcher, or the cold call's guard):
+    # the command kills it first. Judged once the box is closed, as a wake closes
+    # its box: the host's sweep after such a call may take a second or two.
+    for how, warm in (("pooled", 1), ("cold", 0)):
+        box = t.new_box(warm=warm)
+        box.run("cp /bin/sh probe-kill && chmod 4755 probe-kill && kill -9 $PPID; sleep 5", 30, 4000)
+        box.close()
+        mode = os.lstat(t.workspace / "probe-kill").st_mode & 0o7777 if os.path.lexists(
+            t.workspace / "probe-kill") else 0
+        if mode & 0o6000:
+            return escaped(f"a {how} call that killed its walker left the host {oct(mode)} probe-kill")
+        seen.append(f"{how}, walker killed: cleared by the host's sweep")
+        if mode:
+            os.unlink(t.workspace / "probe-kill")
     return held("; ".join(seen))
 
 
 blocks_setuid_bit_reaching_host = Probe(
     "blocks_setuid_bit_reaching_host", CATEGORY,
-    "no file in the workspace keeps a set-uid or set-gid bit once a call has ended (pooled or cold)",
+    "no file in the workspace keeps a set-uid or set-gid bit once a call has ended (pooled or cold), "
+    "even when the command kills the process that clears them",
     _setuid_bit_reaching_host)
 
 

@@ -340,3 +340,12 @@ def test_each_orchestrator_probe_escapes_a_broker_without_its_check(what, probe_
 def test_every_orchestrator_probe_has_a_weakened_control():
     from orchestrator.escapes.orchestrator import PROBES
     assert {p.name for p in PROBES} == {name for _, name, _ in BROKER_CASES}
+
+
+def test_the_setuid_probe_escapes_when_a_killed_walker_is_trusted(make_lab, monkeypatch):
+    # The host's old rule: only a call killed at its deadline or out of memory gets a sweep.
+    from orchestrator.sandbox import engine
+    monkeypatch.setattr(engine, "_walked", lambda result, end: not (result.timed_out or result.oom_killed))
+    outcome = run_probe(make_lab(), by_name("blocks_setuid_bit_reaching_host"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "killed its walker" in outcome.observed
