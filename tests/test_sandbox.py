@@ -66,9 +66,13 @@ def test_output_that_fakes_a_status_line_cannot_come_first(sandbox):
     assert text.splitlines()[0] == "[exit 3]"
 
 
+POOL_READY_S = 60                   # a fresh pool's first container, on a loaded engine
+
 # -- deadline, OOM, pids --------------------------------------------------------
 
 def test_timeout_kills_the_command_and_its_children_at_the_deadline(sandbox, docker_client):
+    # Timed from a warm container, as a wake's calls are: the deadline's promise, not a cold start's.
+    assert sandbox.pool.wait_ready(1, POOL_READY_S)
     started = time.monotonic()
     result = run(sandbox, "sleep 1000 & sleep 1000 & sleep 1000", timeout=2)
     elapsed = time.monotonic() - started
