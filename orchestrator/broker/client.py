@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
+import docker.errors
+
 from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S, encode_content, request
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import check_against_engine
@@ -85,7 +87,7 @@ def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = 
     if fresh:
         try:
             left = box.cleanup_leftovers()  # the caller holds the lock: any container of this workspace is stale
-        except Exception as exc:
+        except docker.errors.DockerException as exc:
             box.close()  # its pool has started: nothing of this run may outlive it
             raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
         if left:

@@ -26,7 +26,7 @@ from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.sandbox.output import clean
 
 LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
-TABLE_COLUMNS = 100                 # `status ROOT` fits a terminal this wide; --json has every field whole
+CELL_CHARS = 60                     # a table cell is cut to this, at a word boundary; --json has it whole
 
 
 # -- one agent ------------------------------------------------------------------------------
@@ -132,10 +132,10 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
     return rows
 
 
-def render_fleet(rows: list[dict], root: Path, columns: int = TABLE_COLUMNS) -> str:
+def render_fleet(rows: list[dict], root: Path) -> str:
     if not rows:
         return f"no agents under {root}: create one with `wakeloop init {root}/NAME`"
-    cells = [[_cut(str(r.get(k, "-")), 60) for k in _ROW_KEYS] for r in rows]
+    cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
