@@ -95,8 +95,9 @@ def cmd_context(args) -> int:
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
+    from orchestrator.broker.client import open_files
     ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
-                        inbox=peek_inbox(agent.state_dir))
+                        inbox=peek_inbox(agent.state_dir), files=open_files(agent))
     if args.json:
         _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system,
                      "first_user": ctx.first_user})
@@ -215,7 +216,8 @@ def cmd_policy_explain(args) -> int:
     agent = load_agent(args.agent_dir)
     client = connect()
     check_against_engine(agent.policy, client)
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=client, warm=0)
+    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=client, warm=0,
+                        attach=False)   # explains the disk, does not make it
     registry = build_registry(agent.policy, box, outbox=lambda text: None)
     if args.json:
         _print_json(explain_data(agent.policy, box, registry))

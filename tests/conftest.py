@@ -10,6 +10,7 @@ A test that needs the engine carries the `docker` marker: by its module
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,9 +19,13 @@ import pytest
 
 from orchestrator.policy.agent import init_agent, load_agent
 from leftovers import our_containers
+from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import DockerSandbox
 
 REPO = Path(__file__).resolve().parent.parent
+# Agents' disk images (disk.py) of this session go to a directory of its own,
+# in this process and in every CLI it runs (support.scrubbed_env keeps it).
+os.environ[disk.DISKS_ENV] = tempfile.mkdtemp(prefix="wakeloop-test-disks-")
 ENGINE_FIXTURES = {"docker_client", "runtime", "make_sandbox", "sandbox", "make_lab", "engine_runtimes"}
 # Modules every test of which drives real containers (directly or through the CLI).
 DOCKER_MODULES = {"test_sandbox", "test_pool", "test_broker", "test_network", "test_compose", "test_loop",
@@ -125,6 +130,33 @@ def no_container_left_behind(request, tmp_path_factory):
     for cid in left:
         docker_client.api.remove_container(cid, force=True)
     assert not left, f"sandbox containers left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def disks_released(request):
+    """A test's agents' disks are unmounted, detached and deleted after it (those of
+    wider-scoped fixtures at the session's end): no loop device or mount is left."""
+    if not request.node.get_closest_marker("docker"):
+        yield
+        return
+    client = request.getfixturevalue("docker_client")
+    before = disk.keys()
+    yield
+    for key in disk.keys() - before:
+        disk.release(client, key, delete=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_disk_left_behind(request):
+    yield
+    keys = disk.keys()
+    if keys:
+        client = docker.from_env()
+        for key in keys:
+            disk.release(client, key, delete=True)
+    for view in disk.disks_dir().glob("*.view"):
+        view.rmdir()   # a broker's mount point, unmounted by release: empty, or this fails loudly
+    disk.disks_dir().rmdir()
 
 
 def pytest_report_header(config):

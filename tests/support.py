@@ -22,7 +22,8 @@ POLL_S = 0.1                        # how often wait_for looks again
 def scrubbed_env(extra: dict | None = None) -> dict:
     """This process's environment without the API's or wakeloop's own variables,
     so no test inherits a key, a base URL or a broker from the machine."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"}   # the session's (conftest)
     env.update(extra or {})
     return env
 

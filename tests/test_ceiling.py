@@ -157,3 +157,17 @@ def test_a_bad_users_env_names_hosts_or_capacity_is_one_line(tmp_path, text, mes
     with pytest.raises(PolicyError) as caught:
         load_ceiling(path)
     assert str(caught.value).startswith(f"{tmp_path}/{message}")
+
+
+def test_the_ceiling_bounds_disk_and_files_and_refuses_no_disk_at_all():
+    ceiling = Ceiling(max={"disk": 4 * 2**30, "files": 200_000}, source="c.yaml")
+    assert ceiling.refusal(with_box(disk=2 * 2**30, files=100_000)) is None
+    assert ceiling.refusal(with_box(disk=8 * 2**30)) == (
+        "<defaults>: sandbox.disk: 8,589,934,592 bytes is over the broker's ceiling of 4,294,967,296 bytes "
+        "(ceiling c.yaml)")
+    assert "sandbox.files: 1,000,000 is over the broker's ceiling of 200,000" in ceiling.refusal(
+        with_box(files=1_000_000))
+    assert ceiling.refusal(with_box(disk=0)) == (
+        "<defaults>: sandbox.disk: none (a folder with no limit) is over the broker's ceiling of "
+        "4,294,967,296 bytes (ceiling c.yaml)")
+    assert load_ceiling(SHIPPED).refusal(with_box(disk=0)) is not None   # the shipped one wants a disk

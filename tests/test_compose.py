@@ -19,6 +19,7 @@ import pytest
 from support import scrubbed_env
 
 REPO = Path(__file__).resolve().parent.parent
+DISKS = REPO / "disks"                 # compose's ./disks: the agents' workspace disks
 BUILD_S = 900                        # both images from scratch: apt and pip over the network
 FIRST_WAKE_S = 150                   # the demo wakes every 60s; a first wake is due at once or within 60s
 DOWN_S = 120                         # compose stops the orchestrator gracefully (its wake ends first)
@@ -46,8 +47,11 @@ def compose():
             assert done.returncode == 0, f"docker compose {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done
 
+    disks_before = set(DISKS.glob("*.img"))
     yield run
     run("down", "--volumes", "--remove-orphans", check=False)
+    for image in set(DISKS.glob("*.img")) - disks_before:   # the broker released it at its stop
+        image.unlink()
 
 
 def sandbox_containers(docker_client) -> list:
@@ -67,9 +71,13 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     wake_no, status, receipt = int(match.group(1)), match.group(2), json.loads(match.group(3))
     assert status == "done" and receipt["live"] is False and receipt["tool_calls"] >= 1
 
+    # The workspace is on the demo's disk, which only the broker mounts: the
+    # orchestrator reads it through the broker, as a wake's context does.
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"
-    assert f"Wake #{wake_no}" in journal.read_text()
+    context = compose("exec", "-T", "orchestrator", "wakeloop", "context", "/agents/demo").stdout
+    assert f"--- {day}.md ---" in context and f"Wake #{wake_no}" in context
+    host_journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"   # the folder, not the disk
+    assert f"Wake #{wake_no}" not in (host_journal.read_text() if host_journal.exists() else "")
 
     broker_logs = compose("logs", "--no-color", "broker").stdout
     assert "broker: serving run/write" in broker_logs and "demo: run exit" in broker_logs

@@ -354,3 +354,20 @@ def test_agent_yaml_errors_name_the_file_line_and_key(tmp_path, text, says):
     with pytest.raises(ConfigError) as err:
         load_agent(tmp_path)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_disk_and_files_are_read_and_none_is_a_plain_folder():
+    policy = parse_policy("sandbox:\n  disk: 4g\n  files: 5000\n", "p.yaml")
+    assert (policy.sandbox.disk, policy.sandbox.files) == (4 * 2**30, 5000)
+    assert parse_policy("sandbox:\n  disk: none\n", "p.yaml").sandbox.disk == 0
+    assert (DEFAULT.sandbox.disk, DEFAULT.sandbox.files) == (2 * 2**30, 100_000)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("sandbox:\n  disk: 1m\n", "p.yaml:2: sandbox.disk: '1m' is below the minimum of 16m"),
+    ("sandbox:\n  disk: 0\n", "p.yaml:2: sandbox.disk: 0 is below the minimum of 16m (or none"),
+    ("sandbox:\n  files: 10\n", "p.yaml:2: sandbox.files: expected a whole number of files, at least 64"),
+    ("sandbox:\n  files: lots\n", "p.yaml:2: sandbox.files: expected a whole number of files"),
+])
+def test_a_disk_too_small_or_a_files_count_that_is_not_one_is_refused(text, says):
+    assert error_of(text).startswith(says)

@@ -16,11 +16,12 @@ from typing import Callable
 
 import docker.errors
 
-from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S, encode_content, request
+from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, encode_content, request
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.files import HostFiles
 
 
 class BrokerSandbox:
@@ -41,6 +42,9 @@ class BrokerSandbox:
         return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
                            "content_b64": encode_content(content)}, timeout_s)
 
+    def files(self) -> "BrokerFiles":
+        return BrokerFiles(self.socket_path, self.agent)
+
     def ping(self) -> dict:
         return request(self.socket_path, {"op": "ping"}, 10)
 
@@ -58,6 +62,39 @@ class BrokerSandbox:
             return SandboxResult(**reply)
         except TypeError:
             raise SandboxError("the sandbox broker sent a malformed result") from None
+
+
+class BrokerFiles:
+    """files.Files under compose: the workspace is on a disk only the broker mounts,
+    so the broker reads it, with the same no-follow functions, and sends the text."""
+
+    def __init__(self, socket_path: str, agent: str):
+        self.socket_path, self.agent = socket_path, agent
+
+    def _read(self, what: str, arg: str | None = None):
+        reply = request(self.socket_path, {"op": "read", "agent": self.agent, "what": what, "arg": arg},
+                        READ_TIMEOUT_S)
+        return reply["value"]
+
+    def read_text(self, rel: str) -> str:
+        return self._read("read_text", rel)
+
+    def read_text_or_none(self, rel: str) -> str | None:
+        return self._read("read_text_or_none", rel)
+
+    def journal_names(self) -> list[str]:
+        return self._read("journal_names")
+
+    def journal_size(self, day: str) -> int | None:
+        return self._read("journal_size", day)
+
+
+def open_files(agent: Agent, environ=os.environ):
+    """How `agent`'s workspace is read, for a command that makes no box (`wakeloop
+    context`): the broker's reading under compose, else the folder (or its disk's
+    mount over it, which the agent's last wake left)."""
+    path = broker_socket(environ)
+    return BrokerFiles(path, agent.dir.name) if path else HostFiles(agent.workspace)
 
 
 def broker_socket(environ=os.environ) -> str | None:

@@ -59,18 +59,17 @@ from pathlib import Path
 from typing import Callable
 
 import docker
-from docker.types import Mount
 
-from orchestrator.sandbox import network
+from orchestrator.sandbox import disk, network
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import PolicyError
 from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
                                       MAX_REQUEST_BYTES, BrokerError, decode_content)
-from orchestrator.sandbox.box import WORKSPACE, SandboxError, SandboxResult
+from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.wake.workspace import JOURNAL_DIR
+from orchestrator.sandbox.files import JOURNAL_DIR, READS, HostFiles
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
@@ -126,16 +125,12 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
 
 
 class _HostPathSandbox(DockerSandbox):
-    """DockerSandbox whose one mount names the workspace by its host path."""
+    """DockerSandbox for a workspace the broker sees elsewhere than the host does:
+    its disk is named by the host path and mounted for reading at the broker's own path."""
 
     def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
-        self.host_workspace = host_workspace  # before the pool, whose first refill uses it
-        super().__init__(workspace, policy, **kwargs)
-
-    def container_spec(self, argv, call_id="-", stdin=False, workdir=WORKSPACE, command_env=None):
-        config, host = super().container_spec(argv, call_id, stdin, workdir, command_env=command_env)
-        host["mounts"] = [Mount(target=WORKSPACE, source=str(self.host_workspace), type="bind")]
-        return config, host
+        self.host_workspace = host_workspace
+        super().__init__(workspace, policy, host_path=host_workspace, private_view=True, **kwargs)
 
 
 # -- the service ------------------------------------------------------------------------
@@ -178,6 +173,7 @@ class Broker:
         self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
         self._lock = threading.Lock()            # the server runs each request on a thread
         self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
+        self._disks: set[str] = set()            # agents' disks attached here (disk.py)
         capacity = self.ceiling.max
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
@@ -188,11 +184,13 @@ class Broker:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
-        if op not in ("run", "write", "append", "check"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append and check")
+        if op not in ("run", "write", "append", "check", "read"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check and read")
         agent = self._agent(request.get("agent"))
         if op == "check":   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
             return {"ok": True, "result": {"agent": agent.dir.name}}
+        if op == "read":
+            return {"ok": True, "result": {"value": self._read(agent, request)}}
         checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
         call = checks[op](agent, request)   # a refusal comes before any box or container is made
         name = agent.dir.name
@@ -201,6 +199,9 @@ class Broker:
             self._check_egress(name)
             entry = self._acquire(agent)
             try:
+                over = self.ceiling.refusal(agent.policy, user=entry.box.user)   # "auto" as the disk resolves it
+                if over:
+                    raise BrokerError(f"{name}: {over}")
                 result = call(entry.box)
             finally:
                 self._release(entry)
@@ -266,6 +267,8 @@ class Broker:
                     stale.append(self._make_room(name))
                 if entry is None and made is not None:
                     entry = self._boxes[name] = _AgentBox(made)
+                    if made.disk:
+                        self._disks.add(made.disk.key)   # released when the broker stops
                     made = None
                     self.log(f"{name}: made a sandbox with a pool of {policy.pool} for {place[1]}")
                 if entry is not None:
@@ -371,6 +374,25 @@ class Broker:
         for entry in idle:
             if entry:
                 self._close_box(entry.box)
+        for key in sorted(self._disks):   # unmounted, volume removed, loop device freed; the image kept
+            try:
+                disk.release(self.client, key)
+            except (SandboxError, docker.errors.DockerException) as exc:
+                self.log(f"could not release disk {key}: {exc}")
+
+    def _read(self, agent, request):
+        """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
+        what, arg = request.get("what"), request.get("arg")
+        if what not in READS:
+            raise BrokerError(f"read is one of {', '.join(READS)}, not {what!r:.40}")
+        if what != "journal_names" and not isinstance(arg, str):
+            raise BrokerError(f"read {what} needs a string arg")
+        entry = self._acquire(agent)   # makes and mounts the disk on a first request
+        try:
+            files = HostFiles(entry.box.view)
+            return files.journal_names() if what == "journal_names" else getattr(files, what)(arg)
+        finally:
+            self._release(entry)
 
     # -- the three ops --------------------------------------------------------------------
 

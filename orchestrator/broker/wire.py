@@ -5,8 +5,10 @@ Wire format: one JSON object per line, one request per connection.
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start)
+  -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
+                                        # files.Files, read by the broker: X's disk is mounted only there
   -> {"op": "ping"}
-  <- {"ok": true, "result": {SandboxResult fields}}
+  <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
    | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy
 
 The server (server.py) and the client (client.py) both import this module;
@@ -32,6 +34,7 @@ MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2
 CONNECT_WAIT_S = 30.0               # the client waits this long for a broker still starting
 REPLY_MARGIN_S = 60.0               # on top of the call's own timeout: create, remove, a slow engine
 APPEND_TIMEOUT_S = 30.0             # one journal append; as workspace.STUB_TIMEOUT_S
+READ_TIMEOUT_S = 60.0               # one read: a first one attaches the agent's disk (mkfs, mount)
 APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
                                     # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 

@@ -26,6 +26,7 @@ import docker
 
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
+from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.box import SandboxResult
 
@@ -155,16 +156,18 @@ class Trial:
     def __init__(self, lab: Lab, name: str):
         self.lab = lab
         self.dir = init_agent(lab.base / name)
+        self._disks_before = disk.keys()
         self.workspace = self.dir / "workspace"
         self.state = self.dir / "state"
         self._boxes: list[DockerSandbox] = []
         self.box = self.new_box()
 
-    def new_box(self, policy: SandboxPolicy | None = None, **kwargs) -> DockerSandbox:
-        """A box on this trial's workspace under the lab's policy (its warm pool
-        included, as users run it), or under `policy`, for a probe whose attack
-        is a policy author's; `warm=0` for one whose every call is cold."""
-        box = self.lab.sandbox_class(self.workspace, policy or self.lab.policy, agent="escapes",
+    def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None,
+                **kwargs) -> DockerSandbox:
+        """A box on this trial's workspace (or `workspace`) under the lab's policy (its
+        warm pool included, as users run it), or under `policy`, for a probe whose
+        attack is a policy author's; `warm=0` for one whose every call is cold."""
+        box = self.lab.sandbox_class(workspace or self.workspace, policy or self.lab.policy, agent="escapes",
                                      run_id=self.lab.run_id, client=self.lab.client, **kwargs)
         self._boxes.append(box)
         return box
@@ -174,10 +177,10 @@ class Trial:
         return self.box.run(command, timeout_s=timeout_s, max_output_chars=cap)
 
     def sh(self, command: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-        return _observed(self.run(command, timeout_s))
+        return observed(self.run(command, timeout_s))
 
     def py(self, program: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-        return _observed(self.run(python_command(program), timeout_s))
+        return observed(self.run(python_command(program), timeout_s))
 
     def close(self) -> None:
         """Close every box (their idle warm containers go); the workspace stays."""
@@ -197,6 +200,8 @@ class Trial:
 
     def cleanup(self) -> None:
         self.close()
+        for key in disk.keys() - self._disks_before:   # this trial's agents' disks, a broker's too
+            disk.release(self.lab.client, key, delete=True)
         # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
 
@@ -209,7 +214,7 @@ def python_command(program: str) -> str:
     return "python3 -I -c " + shlex.quote(PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n" + program)
 
 
-def _observed(result: SandboxResult) -> str:
+def observed(result: SandboxResult) -> str:
     """The output, plus what the host knows about the call, for the report."""
     notes = []
     if result.timed_out:

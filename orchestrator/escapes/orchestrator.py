@@ -484,8 +484,67 @@ broker_retires_egress_on_allowlist_churn = Probe(
     _allowlist_churn)
 
 
+# -- the workspace's path, raced ---------------------------------------------------------
+
+SWAP_S = 4.0                 # how long the workspace is swapped for a symlink while calls run
+
+
+def _swap_workspace(workspace: Path, target: Path, stop: threading.Event, counts: dict) -> None:
+    """The attack: the workspace is, for moments, a symlink to `target` (a refill may
+    be made in any of them), then itself again; it ends as itself."""
+    aside = workspace.with_name("workspace.real")
+    while not stop.is_set():
+        os.rename(workspace, aside)
+        workspace.symlink_to(target, target_is_directory=True)
+        time.sleep(0.003)    # the attack's rhythm (not a wait for anything): swapped half the time
+        workspace.unlink()
+        os.rename(aside, workspace)
+        counts["swaps"] += 1
+        time.sleep(0.003)
+
+
+def _pinned_workspace(t: Trial) -> str:
+    canary_dir = t.dir / "elsewhere"
+    canary_dir.mkdir()
+    (canary_dir / "canary.txt").write_text(t.lab.host_canary + "\n")
+    policy = {"sandbox": {"runtime": t.lab.policy.runtime, "disk": t.lab.policy.disk or "none",
+                          "pool": 2}}
+    with _broker(t, agents={"alpha": policy}) as served:
+        look = {"op": "run", "agent": "alpha", "command": "cat /workspace/canary.txt 2>&1; echo looked"}
+        first, _ = served.ask(look, START_S)   # the agent's box (and disk) made before the race
+        if not (first and first.get("ok")):
+            return f"the first call failed: {first}"
+        stop, counts = threading.Event(), {"swaps": 0}
+        swapper = threading.Thread(target=_swap_workspace,
+                                   args=(served.root / "alpha" / "workspace", canary_dir, stop, counts))
+        swapper.start()
+        ran, seen, deadline = 0, 0, time.monotonic() + SWAP_S
+        try:
+            while time.monotonic() < deadline:
+                reply, _ = served.ask(look, START_S)
+                output = (reply or {}).get("result", {}).get("output", "")
+                ran += "looked" in output
+                seen += t.lab.host_canary in output
+        finally:
+            stop.set()
+            swapper.join()
+    if seen:
+        return escaped(f"{seen} of {ran} calls saw the canary of the directory the workspace "
+                       f"was swapped for ({counts['swaps']} swaps)")
+    if ran < 3 or counts["swaps"] < 10:
+        return f"too little raced to judge: {ran} calls, {counts['swaps']} swaps"
+    return held(f"{ran} calls during {counts['swaps']} swaps of the workspace for a symlink: "
+                "none saw the canary (the box names its workspace by device)")
+
+
+pins_workspace_against_symlink_swap = Probe(
+    "pins_workspace_against_symlink_swap", CATEGORY,
+    "swapping an agent's workspace for a symlink while calls and pool refills run never mounts the target",
+    _pinned_workspace)
+
+
 PROBES = [broker_refuses_yaml_alias_bomb, broker_refuses_fifo_policy, broker_refuses_device_or_huge_policy,
           broker_refuses_symlinked_agent_dir, broker_bounds_its_log_lines, broker_bounds_silent_connections,
           broker_bounds_calls_in_flight, broker_refuses_user_over_ceiling,
           broker_refuses_env_name_over_ceiling, broker_refuses_host_over_ceiling,
-          broker_retires_egress_on_allowlist_churn]
+          broker_retires_egress_on_allowlist_churn, pins_workspace_against_symlink_swap]

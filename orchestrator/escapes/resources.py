@@ -12,10 +12,13 @@ import os
 import resource
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 
 
 from orchestrator.sandbox.engine import KILL_GRACE_S
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
+from orchestrator.policy.agent import init_agent
 
 CATEGORY = "resources"
 BOMB_DEADLINE_S = 8             # fork/memory bombs: long enough to hit the limit, short for the suite
@@ -169,7 +172,7 @@ print("CREATED", n, round(time.monotonic() - start, 1), flush=True)
 '''
     result = t.run(python_command(program), timeout_s=MANY_FILES_DEADLINE_S, cap=2000)
     created = next((l.split()[1:] for l in result.output.splitlines() if l.startswith("CREATED ")), None)
-    st = os.statvfs(t.workspace)
+    st = os.statvfs(t.dir)   # the host's filesystem (the workspace may be a disk of its own)
     free = st.f_ffree / st.f_files if st.f_files else 1.0
     left = t.containers_left()
     if not _deadline_kept(result, MANY_FILES_DEADLINE_S) or left or free < MIN_FREE_INODES:
@@ -183,6 +186,83 @@ survives_million_small_files = Probe(
     "survives_million_small_files", CATEGORY,
     f"{MANY_FILES:,} files in /workspace: the call keeps its deadline, the host keeps free inodes",
     _many_small_files)
+
+
+# -- the workspace's own disk (sandbox.disk, sandbox.files; disk.py) ---------------------
+
+SMALL_DISK = 64 * 2**20         # bytes: the disk these probes fill; the mechanism is the same at 2g
+SMALL_FILES = 2000              # inodes of that disk
+DISK_SLACK = 8 * 2**20          # bytes: ext4's own metadata on top of what the box wrote
+
+
+def _small_disk(t: Trial):
+    """A box on an agent of its own whose workspace disk is SMALL_DISK with
+    SMALL_FILES inodes, and that agent's folder."""
+    agent = init_agent(t.dir / "small-disk")
+    policy = replace(t.lab.policy, disk=SMALL_DISK, files=SMALL_FILES)
+    return t.new_box(policy, workspace=agent / "workspace"), agent
+
+
+def _host_bytes(box, agent: Path) -> int:
+    """What the workspace takes on the host's disk: its image's blocks, or (with no
+    disk) the folder's, walked without following links."""
+    if box.disk:
+        return os.stat(box.disk.image).st_blocks * 512
+    total = 0
+    for top, dirs, files in os.walk(agent / "workspace"):
+        total += sum(os.lstat(os.path.join(top, name)).st_blocks * 512 for name in files + dirs)
+    return total
+
+
+def _disk_attack(command: str, observed: str):
+    """Run `command` in a small-disk box; the host's bytes for the workspace must stay
+    within the disk, and the box must have been told no (ENOSPC or EDQUOT)."""
+    def attack(t: Trial) -> str:
+        box, agent = _small_disk(t)
+        result = box.run(command, timeout_s=60, max_output_chars=4000)
+        used = _host_bytes(box, agent)
+        told = any(no in result.output for no in ("No space left", "Disk quota", "unsupported"))
+        if used > SMALL_DISK + DISK_SLACK:
+            return escaped(f"{observed}: the host holds {used >> 20} MiB for a {SMALL_DISK >> 20} MiB disk")
+        if not told:
+            return escaped(f"{observed}: never refused; output: {result.output[-200:]!r}")
+        return held(f"{observed}: refused in the box; the host holds {used >> 20} MiB "
+                    f"({SMALL_DISK >> 20} MiB disk)")
+    return attack
+
+
+caps_workspace_disk = Probe(
+    "caps_workspace_disk", CATEGORY, "writing past sandbox.disk fails with ENOSPC; the host holds no more",
+    _disk_attack("for i in 1 2 3; do head -c 40m /dev/zero > /workspace/fill$i || break; done 2>&1",
+                 "120 MiB of files"))
+caps_workspace_fallocate = Probe(
+    "caps_workspace_fallocate", CATEGORY,
+    "fallocate --keep-size past sandbox.disk fails (ENOSPC, or unsupported under gVisor); the host holds no more",
+    _disk_attack(": > /workspace/pre; fallocate --keep-size -l 1G /workspace/pre 2>&1; "
+                 "fallocate -l 1G /workspace/pre2 2>&1; ls -ls /workspace", "fallocate of 1 GiB"))
+
+
+def _caps_workspace_files(t: Trial) -> str:
+    box, agent = _small_disk(t)
+    program = rf'''
+n, why = 0, "none"
+try:
+    for i in range({SMALL_FILES * 3}):
+        if i % 3 == 0: os.mkdir(f"/workspace/d{{i}}")
+        elif i % 3 == 1: os.close(os.open(f"/workspace/f{{i}}", os.O_CREAT | os.O_WRONLY, 0o644))
+        else: os.symlink("f1", f"/workspace/s{{i}}")
+        n += 1
+except OSError as exc:
+    why = exc.strerror
+if n > {SMALL_FILES}: escaped(f"made {{n}} files, folders and links; sandbox.files is {SMALL_FILES}")
+else: held(f"stopped at {{n}} files, folders and links: {{why}} (sandbox.files {SMALL_FILES})")
+'''
+    return observed(box.run(python_command(program), timeout_s=60, max_output_chars=4000))
+
+
+caps_workspace_files = Probe(
+    "caps_workspace_files", CATEGORY, "files, folders and symlinks stop at sandbox.files (ENOSPC)",
+    _caps_workspace_files)
 
 
 class _CpuWatcher:
@@ -422,6 +502,7 @@ kills_at_deadline = Probe("kills_at_deadline", CATEGORY, "a call that ignores si
                           _kills_at_deadline)
 
 PROBES = [caps_process_count, survives_fork_bomb, caps_memory, caps_tmp_size, caps_dev_shm_size,
-          caps_workspace_file_size, survives_million_small_files, caps_cpu, caps_open_files,
+          caps_workspace_file_size, caps_workspace_disk, caps_workspace_fallocate, caps_workspace_files,
+          survives_million_small_files, caps_cpu, caps_open_files,
           bounds_huge_output, cleans_binary_output, strips_nul_bytes, strips_terminal_escapes,
           status_line_cannot_be_forged, kills_at_deadline]

@@ -11,6 +11,7 @@ Not here: reading the files themselves (records/), scheduling (scheduler.py).
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
 from orchestrator.records.tasks import TaskError, open_tasks
+from orchestrator.sandbox import disk
 from orchestrator.sandbox.output import clean
 
 LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
@@ -53,7 +55,44 @@ def agent_status(agent: Agent) -> dict:
         data["open_tasks"] = len(open_tasks(sd))
     except TaskError as exc:
         data["open_tasks"] = {"error": str(exc)}
+    data["disk"] = disk_status(agent)
     return data
+
+
+def disk_status(agent: Agent) -> dict:
+    """The workspace's disk use against sandbox.disk and sandbox.files: read from its
+    mount over workspace/ (where the last wake left it), else from its image's blocks
+    on this host; under compose only the broker has either."""
+    box = agent.policy.sandbox
+    data = {"limit_bytes": box.disk or None, "limit_files": box.files if box.disk else None}
+    if not box.disk:
+        return data
+    ws = Path(agent.workspace)
+    try:
+        mounted = ws.stat().st_dev != ws.parent.stat().st_dev
+        vfs = os.statvfs(ws) if mounted else None
+    except OSError:
+        vfs = None
+    if vfs:
+        return data | {"used_bytes": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
+                       "size_bytes": vfs.f_blocks * vfs.f_frsize, "used_files": vfs.f_files - vfs.f_ffree}
+    held = disk.usage(disk.key_for(agent.name, ws.resolve()))
+    return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
+
+
+def _render_disk(d: dict) -> str:
+    if not d["limit_bytes"]:
+        return "none (sandbox.disk: none): a plain folder, no limit"
+    limit = f"{_mib(d['limit_bytes'])} and {d['limit_files']:,} files"
+    if "used_bytes" in d:
+        return f"{_mib(d['used_bytes'])} of {_mib(d['size_bytes'])} used, {d['used_files']:,} files (limit {limit})"
+    if "host_bytes" in d:
+        return f"{_mib(d['host_bytes'])} held on the host of {_mib(d['size_bytes'])} (limit {limit}; not mounted here)"
+    return f"limit {limit}; no disk on this host yet (made at the first wake; under compose the broker has it)"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def render_agent_status(d: dict) -> str:
@@ -80,6 +119,7 @@ def render_agent_status(d: dict) -> str:
     tasks = d["open_tasks"]
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
                  else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
+    lines.append(f"  disk         {_render_disk(d['disk'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
     lines.append(f"  outbox       {d['outbox_messages']} message(s) from the agent")

@@ -19,7 +19,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
 
 Every key is optional; one left out is not limited, except the broker's
 capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
-(server.py). Room is left for sandbox.disk and sandbox.files in SIZES/COUNTS.
+(server.py). With max.disk set, `sandbox.disk: none` (no limit) is over it.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import yaml
 from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_host, parse_size
 
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
-SIZES = ("memory", "tmp_size", "shm_size", "max_file_size")
-COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s")
+SIZES = ("memory", "tmp_size", "shm_size", "max_file_size", "disk")
+COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s", "files")
 TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
@@ -74,6 +74,9 @@ class Ceiling:
         for path, value in asked.items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
+            if limit is not None and name == "disk" and value == 0:
+                return self._say(policy, path, f"none (a folder with no limit) is over the broker's "
+                                 f"ceiling of {limit:,} bytes")
             if limit is not None and value > limit:
                 unit = " bytes" if name in SIZES else ""
                 return self._say(policy, path, f"{value:,}{unit} is over the broker's ceiling of {limit:,}{unit}")

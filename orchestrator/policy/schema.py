@@ -179,6 +179,9 @@ class SandboxPolicy:
     shm_size: int = 16 * 2**20          # bytes, private /dev/shm
     nofile: int = 1024                  # open files per process
     max_file_size: int = 1 * 2**30      # bytes, RLIMIT_FSIZE: one file, in /workspace too
+    disk: int = 2 * 2**30               # bytes: the workspace is a filesystem of this size (disk.py);
+                                        # 0 ("none"): a plain host folder, with no limit
+    files: int = 100_000                # files and folders (inodes) that filesystem holds
     pool: int = 2                       # containers started ahead of calls; 0 = every call cold
     network: str = "none"               # none | allowlist | bridge
     allow_hosts: tuple[str, ...] = ()
@@ -213,6 +216,8 @@ _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes"}
 # box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
 RUNSC_MIN_PIDS = 128
 MIN_MEMORY = 6 * 2**20                  # bytes; the engine refuses a smaller memory limit
+MIN_DISK = 16 * 2**20                   # bytes; ext4's journal and metadata need a few MiB
+MIN_FILES = 64                          # inodes; the filesystem's own take eleven
 
 
 def parse_size(value: Any) -> int:
@@ -474,6 +479,21 @@ def _size(value, path, source, node) -> int:
     return size
 
 
+def _disk(value, path, source, node) -> int:
+    if value == "none":
+        return 0
+    size = parse_size(value)
+    if size < MIN_DISK:
+        raise ValueError(f"{value!r} is below the minimum of 16m (or none: no disk of its own, no limit)")
+    return size
+
+
+def _files(value, path, source, node) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_FILES:
+        raise ValueError(f"expected a whole number of files, at least {MIN_FILES}, got {value!r}")
+    return value
+
+
 def _version(value, path, source, node) -> int:
     if value != 1 or isinstance(value, bool):
         raise ValueError(f"this wakeloop reads policy version 1, got {value!r}")
@@ -612,7 +632,7 @@ MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slo
 
 _CHECKS = {
     **{name: _size for name in _SIZE_FIELDS},
-    "pool": _pool,
+    "pool": _pool, "disk": _disk, "files": _files,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
 }

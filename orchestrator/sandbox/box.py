@@ -64,6 +64,10 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""
 
+    def files(self):
+        """How the harness reads this workspace (files.Files): this host's folder or
+        disk mount, or the broker's reading of it under compose."""
+
 
 def refused(reason: str) -> SandboxResult:
     """A call answered before any container exists: exit 2, the reason as its output."""

@@ -28,7 +28,7 @@ import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
-from orchestrator.sandbox import images
+from orchestrator.sandbox import disk, images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
@@ -36,6 +36,7 @@ from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH
                                            STRIP_MAX_S, carried, command_argv, guarded,
                                            write_argv)
 from orchestrator.policy.schema import SandboxPolicy
+from orchestrator.sandbox.files import HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
 
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
@@ -130,7 +131,13 @@ class DockerSandbox:
 
     def __init__(self, workspace: Path, policy: SandboxPolicy, *, agent: str = "agent",
                  run_id: str | None = None, client: docker.DockerClient | None = None,
-                 warm: int | None = None):
+                 warm: int | None = None, host_path: Path | None = None, private_view: bool = False,
+                 attach: bool = True):
+        """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
+        The agent's disk is mounted over the workspace folder, where a person looks,
+        or with `private_view` (the broker, whose workspace folders the orchestrator
+        can rename) at a path of its own. `attach=False` plans the disk without
+        making or mounting it (`policy explain`)."""
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist; create it with `wakeloop init`")
@@ -139,7 +146,10 @@ class DockerSandbox:
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.client = connect(client)
         self.warning = check_image(self.client, policy.image)
-        self.user = resolve_user(policy.user, self.workspace)
+        self._host_path = host_path or self.workspace
+        self._private_view = private_view
+        self.disk = self._attach_disk(policy, attach)
+        self.user = resolve_user(policy.user, self.view)
         if policy.network == "allowlist":  # the proxy and netns holder, started on demand
             try:
                 network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
@@ -167,10 +177,33 @@ class DockerSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def view(self) -> Path:
+        """Where this process reads the workspace: the disk's mount, or the folder."""
+        return self.disk.view if self.disk else self.workspace
+
+    def files(self) -> HostFiles:
+        return HostFiles(self.view)
+
+    def _attach_disk(self, policy: SandboxPolicy, attach: bool = True) -> disk.Disk | None:
+        if not policy.disk:
+            return None
+        key = disk.key_for(self.agent, self._host_path)
+        view = disk.disks_dir() / f"{key}.view" if self._private_view else self.workspace
+        if not attach:
+            return disk.Disk(key, disk.disks_dir() / f"{key}.img", "/dev/loopN", view)
+        made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
+                           seed=self.workspace, view=view)
+        if made.note:
+            self.warning = "; ".join(filter(None, (self.warning, made.note)))
+        return made
+
     def update_policy(self, policy: SandboxPolicy) -> None:
         """New settings for the calls to come; idle containers made under the old ones go."""
+        if (policy.disk, policy.files) != (self.policy.disk, self.policy.files):
+            self.disk = self._attach_disk(policy)   # grown, or made
         self.policy = policy
-        self.user = resolve_user(policy.user, self.workspace)
+        self.user = resolve_user(policy.user, self.view)
         if self.pool:
             self.pool.drain()
 
@@ -229,7 +262,7 @@ class DockerSandbox:
             use_config_proxy=False,     # else the SDK copies the client's proxy settings in
         )
         host = dict(
-            mounts=[Mount(target=WORKSPACE, source=str(self.workspace), type="bind")],
+            mounts=[self.disk.mount() if self.disk else self._bind_mount()],
             network_mode=egress.network_mode if egress else p.network,
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={p.tmp_size}"},
@@ -251,6 +284,10 @@ class DockerSandbox:
         if egress:  # the engine refuses a hostname with container: networking;
             del config["hostname"]  # the holder's, also "sandbox", applies
         return config, host
+
+    def _bind_mount(self) -> Mount:
+        """With `sandbox.disk: none`: the workspace folder, by its host path."""
+        return Mount(target=WORKSPACE, source=str(self._host_path), type="bind")
 
     # -- one call, start to removal -------------------------------------------
 

@@ -23,7 +23,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from orchestrator.wake import workspace
+from orchestrator.sandbox import files as workspace
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.output import clean
 
@@ -58,16 +58,18 @@ def journal_day(now: datetime) -> str:
     return now.strftime("%Y-%m-%d")
 
 
-def build_context(agent: Agent, *, wake: int, now: datetime, inbox: str) -> Context:
-    return Context(system=system_prompt(agent), first_user=first_message(wake, now, inbox))
+def build_context(agent: Agent, *, wake: int, now: datetime, inbox: str,
+                  files: workspace.Files | None = None) -> Context:
+    return Context(system=system_prompt(agent, files), first_user=first_message(wake, now, inbox))
 
 
-def system_prompt(agent: Agent) -> str:
-    ws = agent.workspace
-    core = workspace.read_text_or_none(ws, workspace.CORE_MEMORY)
+def system_prompt(agent: Agent, files: workspace.Files | None = None) -> str:
+    """`files`: where the workspace is read (the broker's, under compose); default this host's folder."""
+    files = files or workspace.HostFiles(agent.workspace)
+    core = files.read_text_or_none(workspace.CORE_MEMORY)
     journal = "\n\n".join(
-        f"--- {name} ---\n{workspace.read_text(ws, f'{workspace.JOURNAL_DIR}/{name}')}"
-        for name in workspace.journal_names(ws)[-JOURNAL_TAIL:])
+        f"--- {name} ---\n{files.read_text(f'{workspace.JOURNAL_DIR}/{name}')}"
+        for name in files.journal_names()[-JOURNAL_TAIL:])
     return f"""You are {agent.name}, an autonomous agent. Nobody watches this session live.
 You wake on a schedule, work, and stop; your continuity exists only in your files.
 

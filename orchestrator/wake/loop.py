@@ -68,7 +68,8 @@ from orchestrator.broker.client import open_sandbox
 from orchestrator.sandbox.box import Sandbox
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
-from orchestrator.wake.workspace import JOURNAL_DIR, append_in_sandbox, journal_size
+from orchestrator.sandbox.files import JOURNAL_DIR
+from orchestrator.wake.workspace import append_in_sandbox
 
 CLOSING_NOTE_CAP = 32 * 1024        # chars of the final budget reply kept in the journal
 EVENT_INPUT_CAP = 2000              # chars per tool argument kept in the event log
@@ -235,8 +236,9 @@ class _Wake:
         try:
             self._started(inbox)
             self.task = self._claim_task()
-            journal_before = journal_size(agent.workspace, self.day)
-            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox)
+            self.files = self.box.files()   # the broker's reading under compose: the disk is mounted there
+            journal_before = self.files.journal_size(self.day)
+            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
             completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
@@ -388,7 +390,7 @@ class _Wake:
     # -- after the conversation ----------------------------------------------------------
 
     def _journal_trace(self, before: int | None, status: str, reason: str) -> str:
-        after = journal_size(self.agent.workspace, self.day)
+        after = self.files.journal_size(self.day)
         rel = f"{JOURNAL_DIR}/{self.day}.md"
         if self.closing_note is not None:
             kind = "closing note"

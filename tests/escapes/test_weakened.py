@@ -143,6 +143,23 @@ def no_file_size_limit(config, host):
     host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "fsize"]
 
 
+class NoDisk(DockerSandbox):
+    """The workspace by its host path (a bind mount), whatever sandbox.disk says."""
+
+    def _attach_disk(self, policy, attach=True):
+        return None
+
+
+DISK_PROBES = ["caps_workspace_disk", "caps_workspace_fallocate", "caps_workspace_files",
+               "hides_workspace_host_path"]
+
+
+@pytest.mark.parametrize("probe_name", DISK_PROBES)
+def test_disk_probes_escape_a_box_without_its_disk(probe_name, make_lab):
+    outcome = run_probe(make_lab(sandbox_class=NoDisk), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"no disk: {probe_name} said {outcome.verdict}: {outcome.observed}"
+
+
 # (weakening, probe that must now report ESCAPED)
 CASES = [
     (writable_root, "blocks_write_outside_workspace"),
@@ -305,6 +322,7 @@ BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAP
     ("_env_refusal", "broker_refuses_env_name_over_ceiling", "the broker served check"),
     ("_host_refusal", "broker_refuses_host_over_ceiling", "the broker served check"),
     ("_close_box", "broker_retires_egress_on_allowlist_churn", "retired allowlist proxy set(s)"),
+    ("_attach_disk", "pins_workspace_against_symlink_swap", "saw the canary"),
 ]
 
 
@@ -325,6 +343,7 @@ def _switch_off(what, monkeypatch):
         "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
         "_host_refusal": lambda: monkeypatch.setattr(Ceiling, "_host_refusal", lambda self, p: None),
         "_close_box": lambda: monkeypatch.setattr(server.Broker, "_close_box", lambda self, box: box.close()),
+        "_attach_disk": lambda: monkeypatch.setattr(DockerSandbox, "_attach_disk", NoDisk._attach_disk),
     }
     off[what]()
 
