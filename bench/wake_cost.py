@@ -25,6 +25,7 @@ from pathlib import Path
 from common import (KEY, TOKEN_CAP, LiveEnv, Script, Stats, bash_true, check_receipt, fake_api, make_agent,
                     stats, write_1k)
 from orchestrator.sandbox.box import SandboxResult
+from orchestrator.sandbox.files import HostFiles
 
 OVERHEAD_STEPS = 60         # model steps in the orchestrator-overhead wake
 CACHE_STEPS = 10            # model steps in the caching wake (9 tool calls, then the end)
@@ -36,9 +37,10 @@ class StandInSandbox:
     """BENCH-ONLY TEST DOUBLE for the container: answers every call at once with a
     canned SandboxResult, so what is left of a step is the orchestrator's own work."""
 
-    def __init__(self, output: str = ""):
+    def __init__(self, output: str = "", workspace: Path | None = None):
         self.output = output
         self.spent = 0.0
+        self.workspace = workspace    # read as a wake reads it on a host (files.HostFiles)
 
     def _answer(self) -> SandboxResult:
         started = time.perf_counter()
@@ -51,6 +53,12 @@ class StandInSandbox:
 
     def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False) -> SandboxResult:
         return self._answer()
+
+    def files(self) -> HostFiles:
+        return HostFiles(self.workspace)
+
+    def close(self) -> None:
+        """Nothing held."""
 
 
 class TimedModel:
@@ -95,7 +103,7 @@ def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) ->
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
     agent = make_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
-    box = StandInSandbox()
+    box = StandInSandbox(workspace=agent.workspace)
     with LiveEnv(fake_api(Script(alternate, steps - 1, 0.0))):
         model = TimedModel(LiveModel(agent.model, KEY), box)  # the SDK reads the base URL now
         if profile:
@@ -158,7 +166,7 @@ def caching(tmp: Path) -> CacheCost:
         script = Script(bash_true, CACHE_STEPS - 1, 0.0)
         api = fake_api(script if label == "cached" else without_cache(script))
         with LiveEnv(api):
-            receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT))
+            receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT, agent.workspace))
         check_receipt(receipt, f"caching ({label})")
         if receipt.steps != CACHE_STEPS:
             raise SystemExit(f"bench: caching ({label}): {receipt.steps} steps, expected {CACHE_STEPS}")

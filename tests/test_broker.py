@@ -33,6 +33,7 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox import disk
 from orchestrator.wake.workspace import append_in_sandbox
 import support
 from support import scrubbed_env, set_policy
@@ -76,6 +77,12 @@ def broker(root):
         yield sock
 
 
+def view(root: Path, name: str = "alpha") -> Path:
+    """Where the broker mounts agent `name`'s disk: the workspace as its boxes see it
+    (the folder under ROOT is not: only the broker mounts the disk)."""
+    return disk.disks_dir() / f"{disk.key_for(name, (root / name / 'workspace').resolve())}.view"
+
+
 def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):
     return support.wait_for(condition, what, timeout_s)
 
@@ -112,7 +119,7 @@ def test_a_command_runs_in_a_fresh_hardened_box_and_nothing_is_left(broker, root
     assert result.exit_code == 0 and result.container_id
     lines = result.output.split()
     assert lines[0] == "hello" and lines[1] != "0" and lines[-1] == "0000000000000000"
-    assert (root / "alpha/workspace/note.txt").read_text() == "hello\n"
+    assert (view(root) / "note.txt").read_text() == "hello\n"
     # The call's own container is gone; the pool's idle ones go when the broker stops.
     gone = lambda: result.container_id not in our_containers(docker_client, tmp_path)  # noqa: E731
     wait_for(gone, "the call's container to be removed")
@@ -128,12 +135,12 @@ def test_writes_obey_the_agents_write_file_policy(broker, root):
     set_policy(root / "alpha", {"tools": {"write_file": {"max_bytes": 100, "deny": ["secret/**"]}}})
     box = BrokerSandbox(broker, "alpha")
     assert box.write("notes/a.md", b"fine\n").exit_code == 0
-    assert (root / "alpha/workspace/notes/a.md").read_text() == "fine\n"
+    assert (view(root) / "notes/a.md").read_text() == "fine\n"
     with pytest.raises(SandboxError, match="deny glob"):
         box.write("secret/key", b"x")
     with pytest.raises(SandboxError, match="at most 100 bytes"):
         box.write("big.txt", b"x" * 101)
-    assert not (root / "alpha/workspace/secret").exists()
+    assert not (view(root) / "secret").exists()
 
 
 def test_a_disabled_bash_is_refused_by_the_broker_itself(broker, root, capsys):
@@ -173,15 +180,22 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
     assert result.exit_code == 0 and result.output.strip() == fake
 
 
-def test_the_mount_source_is_the_host_path_of_the_workspace(root, monkeypatch, docker_client):
+@pytest.mark.parametrize("disk_setting", ["2g", "none"])
+def test_the_disk_or_the_mount_source_is_named_by_the_host_path_of_the_workspace(
+        root, monkeypatch, docker_client, disk_setting):
     monkeypatch.setenv(HOST_ROOT_ENV, "/srv/host/agents")
-    set_policy(root / "alpha", {"sandbox": {"pool": 0}})  # no containers for a mount source that is not there
+    # pool 0: no container for a mount source that is not there
+    set_policy(root / "alpha", {"sandbox": {"pool": 0, "disk": disk_setting}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
     entry = broker._acquire(broker._agent("alpha"))
     broker._release(entry)
     _, host = entry.box.container_spec(["true"])
-    assert [m["Source"] for m in host["mounts"]] == ["/srv/host/agents/alpha/workspace"]
+    key = disk.key_for("alpha", Path("/srv/host/agents/alpha/workspace"))
+    assert [(m["Type"], m["Source"]) for m in host["mounts"]] == (
+        [("volume", disk.VOLUME_PREFIX + key)] if disk_setting == "2g"
+        else [("bind", "/srv/host/agents/alpha/workspace")])
     assert [m["Target"] for m in host["mounts"]] == ["/workspace"]
+    broker.close()
     monkeypatch.delenv(HOST_ROOT_ENV)
     assert Broker(root, client=docker_client).host_root == root.resolve()   # not in a container
 
@@ -195,7 +209,7 @@ def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
     assert done.returncode == 0, done.stderr
     receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["status"] == "done" and receipt["tool_calls"] == 4 and receipt["journal"] == "agent"
-    assert (root / "alpha/workspace/memory/dry-run.md").exists()
+    assert (view(root) / "memory/dry-run.md").exists()
 
 
 def test_over_the_ceiling_a_wake_does_not_start_and_says_why_in_one_line(root, docker_client):
@@ -344,7 +358,7 @@ def test_an_agent_without_bash_or_write_file_still_gets_its_journal_stub(broker,
     assert done.returncode == 0, done.stderr
     receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["journal"] == "stub", receipt
-    assert "harness stub" in (root / f"alpha/workspace/memory/journal/{today()}.md").read_text()
+    assert "harness stub" in (view(root) / f"memory/journal/{today()}.md").read_text()
 
 
 def test_append_adds_to_the_journal_and_never_truncates(broker, root):
@@ -352,7 +366,7 @@ def test_append_adds_to_the_journal_and_never_truncates(broker, root):
     assert append_in_sandbox(box, rel, "one\n")[0]
     ok, detail = append_in_sandbox(box, rel, "two\n")
     assert ok and detail.startswith("appended 4 bytes"), detail
-    assert (root / "alpha/workspace" / rel).read_text() == "one\ntwo\n"
+    assert (view(root) / rel).read_text() == "one\ntwo\n"
 
 
 @pytest.mark.parametrize("path", [
@@ -363,7 +377,7 @@ def test_append_adds_to_the_journal_and_never_truncates(broker, root):
 def test_append_is_refused_for_any_path_but_a_journal_day(broker, root, path):
     reply = raw_request(broker, {"op": "append", "agent": "alpha", "path": path, "content_b64": "eA=="})
     assert reply["ok"] is False and "append is only for memory/journal/YYYY-MM-DD.md" in reply["error"]
-    assert not (root / "x.md").exists() and not (root / "alpha/workspace/notes").exists()
+    assert not (root / "x.md").exists() and not (view(root) / "notes").exists()
 
 
 def test_append_is_capped_and_the_cap_holds_a_full_closing_note(broker, root):
@@ -381,13 +395,13 @@ def test_append_through_a_symlinked_journal_is_refused_as_write_is(broker, root,
     journal = root / "alpha/workspace/memory/journal"
     (journal / "2026-01-01.md").symlink_to(outside)
     (journal / "2026-01-02.md").symlink_to("../core.md")
-    core = (root / "alpha/workspace/memory/core.md").read_bytes()
+    core = (root / "alpha/workspace/memory/core.md").read_bytes()   # copied onto the disk at its first call
     box = BrokerSandbox(broker, "alpha")
     for day in ("2026-01-01", "2026-01-02"):
         ok, detail = append_in_sandbox(box, f"memory/journal/{day}.md", "pwned\n")
         assert not ok and detail.startswith("refused"), detail
     assert outside.read_text() == "host original\n"
-    assert (root / "alpha/workspace/memory/core.md").read_bytes() == core
+    assert (view(root) / "memory/core.md").read_bytes() == core
 
 
 # -- a taken-over orchestrator (the attacks themselves: the escape suite's "orchestrator") --
@@ -429,3 +443,17 @@ def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
+
+
+def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(broker, root):
+    box = BrokerSandbox(broker, "alpha")
+    assert box.run("echo remembered > memory/core.md; ln -s /etc/passwd memory/link.md",
+                   timeout_s=30, max_output_chars=100).ok
+    files = box.files()
+    assert files.read_text_or_none("memory/core.md") == "remembered\n"
+    assert "symlink, which the harness never follows" in files.read_text("memory/link.md")
+    assert "not a plain relative path" in files.read_text("../../../etc/passwd")
+    assert files.journal_size("../../../../etc/passwd") is None        # a day, not a path
+    assert files.read_text_or_none("memory/none.md") is None
+    reply = raw_request(broker, {"op": "read", "agent": "alpha", "what": "open", "arg": "/etc/passwd"})
+    assert reply["ok"] is False and "read is one of" in reply["error"]

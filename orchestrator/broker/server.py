@@ -6,7 +6,8 @@ exactly three things over a local unix socket: "run this command" and "write
 this file", in agent X's workspace, under agent X's policy, and "append to
 today's journal", the harness's stub when a wake ends unjournaled (and it
 answers "would you serve X?" at each wake's start, so a refusal is one line
-then, not an error on every call). A request names the agent (its folder
+then, not an error on every call, and reads X's memory and journal for the
+wake's context). A request names the agent (its folder
 name under ROOT) and the command, or the path and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
@@ -35,10 +36,15 @@ give this guarantee: it lets any body through on container create.
 
 Wire format, ops and limits: wire.py.
 
-Workspace paths: the engine resolves a bind-mount source on the *host*, and
-the broker may itself run in a container with ROOT mounted anywhere. At start
-it asks the engine where its own ROOT comes from (its own container's mounts),
-so compose needs no same-path bind; outside a container ROOT is the host path.
+Workspaces: each agent's is a disk of its own (disk.py), named by the host
+path of its folder, attached by the broker, given to boxes as a volume (by
+device: nothing the orchestrator does to paths moves it) and mounted for
+reading at the broker's own path, never under ROOT. So the orchestrator
+reads a workspace through the broker: op `read`, the same no-follow, capped
+readers (sandbox/files.py) a wake uses on a host, on that mount. At start the
+broker asks the engine where its own ROOT comes from (its own container's
+mounts); outside a container ROOT is the host path. Its disks are released
+(unmounted, detached; the images kept) when it stops.
 
 Not here: the model, tools' schemas, the event log (all orchestrator-side);
 the orchestrator's client (client.py).

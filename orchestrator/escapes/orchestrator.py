@@ -324,15 +324,16 @@ def _calls_in_flight(t: Trial) -> str:
     ceiling = Ceiling(max={"calls_per_agent": 2, "calls": 3}, source="the probe's ceiling")
     cold = {"sandbox": {"pool": 0}}   # a container per call and none waiting: three in all
     with _broker(t, ceiling, agents={"alpha": cold, "beta": cold}) as served:
-        fifos = [served.root / f"{name}/workspace/hold" for name in ("alpha", "alpha", "beta")]
-        fifos[1] = fifos[1].with_name("hold2")
+        views = {}
+        for name in ("alpha", "beta"):   # made in the box: the workspace is a disk only the broker mounts
+            reply, _ = served.ask({"op": "run", "agent": name, "command": "mkfifo -m 666 hold hold2"}, START_S)
+            if not (reply and reply.get("ok") and reply["result"]["exit_code"] == 0):
+                return f"{name}: could not make its FIFOs: {reply}"
+            views[name] = served.broker._boxes[name].box.view
+        fifos = [views["alpha"] / "hold", views["alpha"] / "hold2", views["beta"] / "hold"]
         holders, writers, opened = [], [], []
         try:
-            for fifo in fifos:
-                os.mkfifo(fifo, 0o666)
-                os.chmod(fifo, 0o666)   # the box's user reads it
-            for fifo in fifos:
-                agent = fifo.parent.parent.name
+            for fifo, agent in zip(fifos, ("alpha", "alpha", "beta")):
                 done = threading.Event()
                 writer = threading.Thread(target=lambda f=fifo, d=done: (opened.append(open(f, "wb")), d.set()),
                                           daemon=True)

@@ -55,6 +55,7 @@ LABEL = "wakeloop.disk"                 # on each volume: the image it mounts
 BOX_OPTIONS = "nosuid,nodev,discard"    # the box's mount (the engine's local driver)
 VIEW_OPTIONS = "nosuid,nodev,noexec,discard"   # ours: nothing on it runs on the host
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
+CAP_SYS_RESOURCE = 24                   # linux/capability.h: ext4's online resize asks for it
 TOOL_TIMEOUT_S = 120                    # mkfs -d of a large folder; the rest take milliseconds
 
 
@@ -149,7 +150,9 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False) -> N
             client.api.remove_volume(VOLUME_PREFIX + key, force=True)
         except docker.errors.NotFound:
             pass
-        _tool("losetup", "-d", device)
+        # Not checked: a device still open (the engine's last unmount) is detached when it
+        # closes, and one another release detached first is gone; either way it goes.
+        _tool("losetup", "-d", device, check=False)
     if delete:
         image.unlink(missing_ok=True)
         (image.parent / f"{key}.lock").unlink(missing_ok=True)
@@ -194,16 +197,27 @@ def _loop(image: Path) -> str:
 
 
 def _grow(image: Path, device: str, size: int) -> str | None:
-    """A policy that asks for more: grow the filesystem in place. Less: say so; it does not shrink."""
+    """A policy that asks for more: grow the mounted filesystem in place (ext4's online
+    resize, which needs CAP_SYS_RESOURCE). Less, or no such capability: say so."""
     have = image.stat().st_size
+    anew = f"to make it anew, stop the agent, copy its files out and remove {image}"
+    if size < have:
+        return f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}; a disk does not shrink: {anew}"
+    if size > have and not _capable(CAP_SYS_RESOURCE):
+        return (f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}: growing a disk in use "
+                f"needs CAP_SYS_RESOURCE, which this process lacks; {anew}")
     if size > have:
         os.truncate(image, size)
         _tool("losetup", "--set-capacity", device)
         _tool("resize2fs", device)
-    elif size < have:
-        return (f"sandbox.disk asks for {size:,} bytes but the disk was made with {have:,}; "
-                f"a disk does not shrink: to make it anew, remove {image} with the agent stopped")
     return None
+
+
+def _capable(cap: int) -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
 
 
 def _volume(client: docker.DockerClient, key: str, device: str, image: Path) -> None:

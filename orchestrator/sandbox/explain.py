@@ -108,6 +108,7 @@ def explain(policy: Policy, box, registry) -> str:
                   "internet (private, loopback, link-local, its own Docker networks)"]
     elif s.network == "bridge":
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
+    lines += ["", _workspace_line(box)]
     if s.pool:
         lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
                   "  idling in programs.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
@@ -132,6 +133,16 @@ def explain(policy: Policy, box, registry) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _workspace_line(box) -> str:
+    s, d = box.policy, box.disk
+    if d is None:
+        return (f"workspace: the folder {box.workspace}, bind-mounted by its path (sandbox.disk: none): "
+                "no limit on its bytes or files")
+    return (f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
+            f"{d.image} on a loop device,\n  the engine's volume {d.volume} (type ext4, nosuid, nodev): "
+            "full is ENOSPC in the box; the box names it by device, never by a host path")
+
+
 def explain_data(policy: Policy, box, registry) -> dict:
     """`policy explain --json`: the tools as the model is offered them, and each
     call's container as `docker run` arguments (image and argv last)."""
@@ -140,6 +151,8 @@ def explain_data(policy: Policy, box, registry) -> dict:
     return {"policy": policy.source, "tools": registry.to_anthropic(),
             "warm_pool": policy.sandbox.pool, "network": policy.sandbox.network,
             "allow_hosts": list(policy.sandbox.allow_hosts),
+            "disk": ({"bytes": policy.sandbox.disk, "files": policy.sandbox.files, "image": str(box.disk.image),
+                      "volume": box.disk.volume} if box.disk else None),
             "calls": {name: ["docker", "run", *docker_run_flags(
                 {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}},
                 host), policy.sandbox.image, *[names.get(w, w) for w in config["command"]]]

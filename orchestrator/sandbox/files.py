@@ -117,6 +117,8 @@ def journal_size(workspace: Path, day: str) -> int | None:
     """Size of memory/journal/DAY.md if it is a regular file; 0 if missing;
     None if it is anything else (a symlink is not followed, and does not count)."""
     rel = f"{JOURNAL_DIR}/{day}.md"
+    if not _JOURNAL_NAME.fullmatch(f"{day}.md"):   # a day, not a path (the broker's read op passes it on)
+        return None
     try:
         parent = _open_dir(workspace, str(PurePosixPath(rel).parent))
     except FileNotFoundError:
