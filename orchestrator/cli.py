@@ -184,8 +184,17 @@ def cmd_broker(args) -> int:
 
 
 def cmd_log(args) -> int:
+    from pathlib import Path
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.fleet.views import format_event
+    from orchestrator.fleet import logview
+    if not (Path(args.agent_dir) / "agent.yaml").exists():
+        from orchestrator.fleet.schedule import agent_dirs
+        if agent_dirs(Path(args.agent_dir)):   # ROOT: follow every agent's events
+            logview.follow_root(Path(args.agent_dir), lambda line: print(line, flush=True))
+            return EXIT_OK
+    if args.run is not None or args.follow:
+        return _transcript(args.agent_dir, args.run, args.follow, args.json, args.system)
     agent = load_agent(args.agent_dir)
     path = agent.state_dir / EVENTS_FILE
     if args.json:
@@ -197,6 +206,34 @@ def cmd_log(args) -> int:
         return EXIT_OK
     for event in read_events(path):
         print(format_event(event))
+    return EXIT_OK
+
+
+def cmd_transcript(args) -> int:
+    return _transcript(args.agent_dir, args.run or "", args.follow, args.json, args.system)
+
+
+def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
+    from orchestrator.fleet import logview
+    from orchestrator.records.transcript import find_run, read_lines
+    agent = load_agent(agent_dir)
+    path = find_run(agent.state_dir, run)
+    if path is None:
+        raise AgentError(f"{agent.name}: no transcript " + (f"for run {run!r} (a unique prefix of a run id; "
+                         f"`wakeloop log {agent_dir}` lists runs)" if run else
+                         f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"))
+    if follow:
+        logview.follow_transcript(path, lambda line: print(line, flush=True))
+        return EXIT_OK
+    lines = list(read_lines(path))
+    if as_json:
+        for line in lines:
+            print(json.dumps(line, ensure_ascii=False))
+        return EXIT_OK
+    for text in logview.render_transcript(lines, agent.state_dir, system=system):
+        print(text)
+    if not lines or lines[-1]["type"] != "end":
+        print(f"(no end line: the wake is running, or was killed; `wakeloop log {agent_dir} -f` follows it)")
     return EXIT_OK
 
 
@@ -338,9 +375,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "sizes); requests over it are refused. Keep it where the orchestrator cannot "
                         "write (compose: policies/ceiling.yaml)")
 
-    p = _command(sub, "log", "the event log, readable (--json for the raw lines)",
-                 "wakeloop log agents/mine --json | jq -c 'select(.type==\"dead_letter\")'", cmd_log)
+    p = _command(sub, "log", "the event log, readable; --run ID: one wake's transcript; -f: follow the "
+                             "running wake; ROOT: follow every agent's events",
+                 "wakeloop log agents/mine --run last   # or: wakeloop log agents/ (follows all)", cmd_log)
+    p.add_argument("agent_dir", metavar="AGENT_DIR|ROOT")
+    p.add_argument("--run", metavar="ID", help="show this wake's transcript (a run id or a unique prefix; "
+                                              "`last` or empty: the newest)")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
+    p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
+    _json_flag(p, "the raw JSONL lines")
+
+    p = _command(sub, "transcript", "one wake's transcript: who spoke, what ran, exit codes, timings, cost",
+                 "wakeloop transcript agents/mine 3f2a   # the newest wake without an id", cmd_transcript)
     p.add_argument("agent_dir")
+    p.add_argument("run", nargs="?", metavar="ID", help="a run id or a unique prefix (default: the newest)")
+    p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
+    p.add_argument("--system", action="store_true", help="print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
 
     policy = _command(sub, "policy", "check or explain a policy",

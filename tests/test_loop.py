@@ -378,8 +378,9 @@ def test_send_context_outbox_status_log(agent_dir):
     assert ctx.returncode == 0 and "hello agent" in ctx.stdout and "Wake #1." in ctx.stdout
     assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # context drained nothing
     assert not (agent_dir / "state/state.json").exists()                 # and counted nothing
-    assert run_cli("wake", str(agent_dir)).returncode == 0
-    assert not (agent_dir / "state/inbox.txt").exists()
+    woke = run_cli("wake", str(agent_dir))
+    assert woke.returncode == 0 and last_receipt(woke.stdout)["messages_waiting"] == 1
+    assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # a dry run leaves it for a live wake
     status = run_cli("status", str(agent_dir))
     assert status.returncode == 0 and "wakes        1" in status.stdout and "lock         free" in status.stdout
     assert "agent" in run_cli("status", str(agent_dir.parent)).stdout  # ROOT form: a table of agents
