@@ -84,7 +84,53 @@ def cmd_wake(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
+    _send_notifications(agent)
     return EXIT_FAILED if receipt.status in ("dead_letter", "blocked") else EXIT_OK
+
+
+def _send_notifications(agent) -> None:
+    """After a standalone wake: one pass of the sender over this agent's queue (progress on stderr).
+    What fails waits in state/notify/ for the next pass (the next wake, or serve)."""
+    import time
+    from orchestrator.notify.sender import send_due
+    report = send_due(agent.state_dir, agent.notify, now=time.time())
+    for line in report.sent:
+        print(f"notified {line}", file=sys.stderr)
+    for line in report.failed + report.gave_up:
+        print(f"notification not delivered: {line}", file=sys.stderr)
+    if report.waiting:
+        print(f"{report.waiting} notification(s) wait in {agent.state_dir}/notify/queue for the next "
+              "attempt (serve retries them)", file=sys.stderr)
+
+
+def cmd_notify_test(args) -> int:
+    import os
+    from orchestrator.notify.channels import DeliveryError, deliver
+    from orchestrator.notify.outcomes import payload
+    agent = load_agent(args.agent_dir)
+    if not agent.notify:
+        raise AgentError(f"{agent.name}: no notify channels in {agent.dir / 'agent.yaml'} or "
+                         f"{agent.dir.parent / 'notify.yaml'}")
+    import uuid
+    note = payload(agent.name, "test", f"test/{uuid.uuid4().hex[:12]}", f"{agent.name}: test notification",
+                   f"A test from `wakeloop notify test {args.agent_dir}`: this channel works.")
+    failed = 0
+    for channel in agent.notify:
+        try:
+            print(f"{channel.label}: {deliver(channel, note, os.environ)}")
+        except DeliveryError as exc:
+            failed += 1
+            print(f"{channel.label}: FAILED: {exc}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_pause(args) -> int:
+    from orchestrator.notify.health import set_paused
+    agent = load_agent(args.agent_dir)
+    set_paused(agent.state_dir, args.command == "pause")
+    print(f"{agent.name}: paused: serve runs none of its ticks until `wakeloop resume {args.agent_dir}`"
+          if args.command == "pause" else f"{agent.name}: resumed: failures forgotten, ticks run again")
+    return EXIT_OK
 
 
 def cmd_context(args) -> int:
@@ -294,6 +340,19 @@ start here:
 """
 
 
+def _notify_commands(sub) -> None:
+    notify = _command(sub, "notify", "notifications: test every channel",
+                      "wakeloop notify test agents/mine").add_subparsers(
+        dest="notify_command", metavar="SUBCOMMAND", required=True)
+    p = _command(notify, "test", "send a test notification to every channel now; print what each answered",
+                 "wakeloop notify test agents/mine", cmd_notify_test)
+    p.add_argument("agent_dir")
+    for name, summary in (("pause", "stop serve from waking this agent (a running serve sees it at the next tick)"),
+                          ("resume", "let serve wake this agent again; forgets its failures")):
+        p = _command(sub, name, summary, f"wakeloop {name} agents/mine", cmd_pause)
+        p.add_argument("agent_dir")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakeloop", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -392,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
     p.add_argument("--system", action="store_true", help="print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
+
+    _notify_commands(sub)
 
     policy = _command(sub, "policy", "check or explain a policy",
                       "wakeloop policy check policies/default.yaml").add_subparsers(

@@ -36,17 +36,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from orchestrator.errors import WakeloopError
-from orchestrator.policy.agent import Agent, AgentError, load_agent
+from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, parse_schedule,
                                         save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
+from orchestrator.notify import health, outcomes
+from orchestrator.notify.config import NotifyError, load_root_notify
+from orchestrator.notify.sender import SenderThread
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
@@ -63,6 +66,7 @@ class _Entry:
     due: datetime | None = None     # None: not schedulable (the error was logged)
     queued: bool = False
     running: datetime | None = None  # when the running wake started
+    said_paused: bool = False       # "paused" is said once, not per tick
 
 
 @dataclass
@@ -110,6 +114,7 @@ class Scheduler:
                  + ("; ".join(self._plan(e) for e in self._entries.values()) or "add one with "
                     f"`wakeloop init {self.root}/NAME`"))
         next_scan = time.monotonic() + self.rescan_s
+        SenderThread(self._queues, self.say, self.stop).start()   # notifications: off the wakes' path
         while not self.stop.is_set():
             self._reap()
             if time.monotonic() >= next_scan:
@@ -160,6 +165,7 @@ class Scheduler:
         except (AgentError, PolicyError, ScheduleError, ValueError) as exc:
             entry.name, entry.schedule, entry.due = entry.name or entry.dir.name, None, None
             self.say(f"{entry.dir.name}: not scheduled: {exc}")
+            self._not_started(entry.dir, entry.name, f"not scheduled: {exc}")
             return
         entry.due = first_due(entry.schedule, last_tick(entry.dir / "state"), utcnow())
 
@@ -179,6 +185,8 @@ class Scheduler:
             if entry.due <= now:            # behind (a slow queue, a suspended host): coalesce
                 entry.due = entry.schedule.next_after(now)
             save_tick(entry.dir / "state", tick)
+            if self._held(entry, tick):
+                continue
             if entry.running or entry.queued:
                 why = (f"its wake started {stamp(entry.running)} is still running" if entry.running
                        else "its previous tick is still queued")
@@ -186,6 +194,50 @@ class Scheduler:
                 continue
             entry.queued = True
             self._queue.append(entry.dir)
+
+    def _held(self, entry: _Entry, tick: datetime) -> bool:
+        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
+        h = health.load(entry.dir / "state")
+        if h.paused:
+            if not entry.said_paused:
+                self.say(f"{entry.name}: paused ({h.paused_reason}); `wakeloop resume {entry.dir}` lets it wake")
+            entry.said_paused = True
+            return True
+        entry.said_paused = False
+        until = h.backoff_until()
+        if until > time.time():
+            self.say(f"{entry.name}: tick {stamp(tick)} skipped: backing off after {h.failures} failed wake(s), "
+                     f"until {stamp(datetime.fromtimestamp(until, timezone.utc))}")
+            return True
+        return False
+
+    def _queues(self) -> list:
+        """(state_dir, channels) of every agent with notifications waiting, for the sender thread.
+        An agent whose agent.yaml does not load now keeps its queue until it does."""
+        found = []
+        for path in agent_dirs(self.root):
+            if any((path / "state/notify/queue").glob("*.json")):
+                try:
+                    found.append((path / "state", load_agent(path).notify))
+                except (WakeloopError, ValueError):
+                    continue
+        return found
+
+    def _not_started(self, agent_dir: Path, name: str, reason: str) -> None:
+        """A wake that could not start is that agent's failure too: events, health, notifications."""
+        try:
+            agent = load_agent(agent_dir)
+            channels, pause_after = agent.notify, agent.pause_after_failures
+        except (WakeloopError, ValueError):
+            try:
+                channels = load_root_notify(self.root)
+            except NotifyError:
+                channels = ()
+            pause_after = PAUSE_AFTER_FAILURES
+        try:
+            outcomes.not_started(agent_dir, name, channels, pause_after, reason)
+        except OSError as exc:
+            self.say(f"{name}: could not record the failure in its state/: {exc}")
 
     def _dispatch(self) -> None:
         while self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set():
@@ -208,9 +260,11 @@ class Scheduler:
             line = describe_receipt(agent.name, receipt)
         except (WakeloopError, ValueError) as exc:
             line = f"{name}: wake not started: {exc}"
+            self._not_started(agent_dir, name, str(exc))
         except Exception as exc:  # a bug in one wake must not stop the others
             line = (f"{name}: wake crashed after {time.monotonic() - started:.1f}s: "
                     f"{type(exc).__name__}: {exc}")
+            self._not_started(agent_dir, name, f"the wake crashed: {type(exc).__name__}: {exc}")
         self._finished.append(_Finished(agent_dir, line))
         self._wakeup.set()
 

@@ -56,6 +56,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.notify import outcomes
 from orchestrator.records import ledger
 from orchestrator.records import tasks
 from orchestrator.records import state as st
@@ -228,6 +229,7 @@ class _Wake:
         receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
                           reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
         st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt.to_dict()))
+        self._notify(outcomes.after_wake, self.agent, receipt)
         return receipt
 
     def _run_in(self, state: st.State, model: Model | None, turns: list[dict]) -> Receipt:
@@ -251,9 +253,7 @@ class _Wake:
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
-            self.registry = build_registry(agent.policy, self.box,
-                                           outbox=lambda text: st.append_outbox(sd, text, self.wake_no),
-                                           extra=completer)
+            self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer)
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
@@ -263,6 +263,7 @@ class _Wake:
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens,
                                   last_receipt=receipt.to_dict()))
         self._close_transcript(receipt)
+        self._notify(outcomes.after_wake, self.agent, receipt)
         self.events.emit("wake_finished", status=status, reason=reason, tokens=self.tokens,
                          steps=self.steps, receipt=receipt.to_dict())
         self.say(f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
@@ -402,6 +403,20 @@ class _Wake:
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
             results.append(result.to_anthropic(call["id"]))
         return results
+
+    def _message(self, text: str) -> None:
+        """send_message: into the outbox in state/, and queued for whoever asked to be told."""
+        st.append_outbox(self.agent.state_dir, text, self.wake_no)
+        self.messages_sent = getattr(self, "messages_sent", 0) + 1
+        self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
+
+    def _notify(self, queue_it, *args) -> None:
+        """Queue notifications (notify/outcomes.py); a failure to queue is said, never fatal."""
+        try:
+            queue_it(*args)
+        except OSError as exc:
+            self.events.emit("notify_error", error=f"could not queue a notification: {exc}")
+            self.say(f"could not queue a notification: {exc}")
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
