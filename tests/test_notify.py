@@ -21,7 +21,7 @@ import yaml
 
 import support
 from receivers import SMTP, Hook
-from orchestrator.fakeapi import api_error, text, tool_use, turn
+from orchestrator.fakeapi import text, tool_use, turn
 from orchestrator.notify import health, outcomes, queue
 from orchestrator.notify.config import NotifyError, parse_notify
 from orchestrator.notify.sender import CAP_S, retry_after, send_due

@@ -267,7 +267,7 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     from orchestrator.records.ledger import record
     record(a / "state", 0.12, 3000)
     table = status_table(root).splitlines()
-    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "TOKENS", "TODAY",
+    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "HEALTH", "TOKENS", "TODAY",
                                 "TOKENS", "TOTAL", "USD", "TODAY", "USD", "TOTAL", "OPEN", "TASKS", "UNREAD",
                                 "OUTBOX"]
     alpha = next(line for line in table if line.startswith("alpha"))

@@ -6,7 +6,6 @@ kill -9 is in test_state.py's kill test (which already kills a wake mid-call).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 

@@ -50,7 +50,8 @@ def render_line(line: dict) -> str:
         took = f", {line['duration_ms'] / 1000:.1f}s" if isinstance(line.get("duration_ms"), (int, float)) else ""
         return f"{t} {step}{line.get('tool')} <- {head}{took}\n{_indent(line.get('text', ''))}"
     if kind == "truncated":
-        return f"{t} -- the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): the rest is counted, not kept"
+        return (f"{t} -- the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
+                "the rest is counted, not kept")
     if kind == "end":
         dropped = f"; {line['dropped_lines']} line(s) not kept" if line.get("dropped_lines") else ""
         return (f"{t} == {line.get('status')}: {clean(str(line.get('reason', '')))}; {line.get('steps')} steps, "

@@ -84,7 +84,8 @@ def parse_notify(value: Any, source: Path, node: yaml.Node | None, path: tuple =
     def fail(keys: tuple, message: str) -> NotifyError:
         line = line_of(node, path + keys)
         dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
-        return NotifyError(f"{source}{f':{line}' if line else ''}: {'.'.join(map(str, path)) or 'notify'}{dotted}: {message}")
+        where = f"{source}:{line}" if line else str(source)
+        return NotifyError(f"{where}: {'.'.join(map(str, path)) or 'notify'}{dotted}: {message}")
 
     if value is None:
         return ()

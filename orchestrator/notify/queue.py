@@ -114,8 +114,9 @@ def prune(state_dir: Path, *, retention_days: int, now: float | None = None) -> 
     """Drop done.jsonl lines older than `retention_days`; returns how many went.
 
     Queued items are never pruned (they are given up by the sender, which
-    records it). Call it under the sender lock, as finish() is. Like transcript.prune, a small local rule meant to be folded
-    into the one retention mechanism for state/."""
+    records it). Call it under the sender lock, as finish() is. Like
+    transcript.prune, a small local rule meant to be folded into the one
+    retention mechanism for state/."""
     now = time.time() if now is None else now
     lines = done(state_dir)
     keep = [d for d in lines if now - float(d.get("at", now)) <= retention_days * 86400]
