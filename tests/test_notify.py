@@ -190,7 +190,8 @@ def test_failing_is_sent_once_the_agent_pauses_at_its_count_and_recovered_follow
     assert (h.failures, h.paused) == (4, True) and "3 failed wakes in a row" in h.paused_reason
     assert h.backoff_until() == h.last_failure_at + health.backoff_s(4) and health.backoff_s(99) == health.BACKOFF_CAP_S
     outcomes.after_wake(agent, receipt("blocked", 5))                        # the USD cap: not a failure
-    outcomes.after_wake(agent, receipt("done", 6))
+    outcomes.after_wake(agent, receipt("blocked", 6))                        # and said once a day
+    outcomes.after_wake(agent, receipt("done", 7))
     events = [i.event for i in queue.pending(agent.state_dir)]
     assert events == ["dead_letter", "dead_letter", "failing", "dead_letter", "paused", "dead_letter",
                       "blocked", "recovered"]

@@ -7,6 +7,7 @@ kill -9 is in test_state.py's kill test (which already kills a wake mid-call).
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -96,3 +97,43 @@ def test_transcript_policy_keys_have_defaults_are_checked_and_bounded_by_the_cei
     refusal = load_ceiling(ceiling).refusal(policy)
     assert "transcript.max_wake_bytes" in refusal and "ceiling" in refusal
     assert load_ceiling(ceiling).refusal(Policy()) is None
+
+
+def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path):
+    from orchestrator.fleet.logview import follow_transcript
+    t = tr.Transcript(tmp_path, "live", 1 << 20, ())
+    t.add("wake", run_id="live", wake=1, agent="a", model="m", live=False)
+    shown, first = [], threading.Event()
+
+    def out(line):
+        shown.append(line)
+        first.set()
+    follower = threading.Thread(target=follow_transcript, args=(t.path, out), daemon=True)
+    follower.start()
+    assert first.wait(10), "the follower never printed the first line"
+    t.add("tool_result", step=1, tool="bash", text="[exit 0]\nhi", exit_code=0, duration_ms=10)
+    t.end(status="done", reason="end_turn", steps=1, tokens=0, tool_calls=1, usd=0, duration_ms=20)
+    follower.join(10)
+    assert not follower.is_alive(), "the follower did not stop at the end line"
+    assert "wake #1 of a" in shown[0] and "bash <- exit 0" in shown[1] and "== done" in shown[2]
+
+
+def test_log_root_follows_every_agent_a_line_per_event_prefixed_by_its_name(tmp_path):
+    from orchestrator.fleet.logview import follow_root
+    from orchestrator.policy.agent import init_agent
+    from orchestrator.records.events import EVENTS_FILE, EventLog
+    a, b = init_agent(tmp_path / "alpha"), init_agent(tmp_path / "beta")
+    EventLog(a / "state" / EVENTS_FILE, "old").emit("wake_started", wake=1)   # before following: not shown
+    shown, started = [], threading.Event()
+    follower = threading.Thread(target=follow_root, kwargs=dict(
+        root=tmp_path, out=shown.append, stop=lambda: started.set() or len(shown) >= 3), daemon=True)
+    follower.start()
+    assert started.wait(10)
+    EventLog(a / "state" / EVENTS_FILE, "r1").emit("wake_started", wake=2)
+    EventLog(b / "state" / EVENTS_FILE, "r2").emit("dead_letter", reason="boom")
+    gamma = init_agent(tmp_path / "gamma")                                    # added while following
+    EventLog(gamma / "state" / EVENTS_FILE, "r3").emit("wake_finished", status="done")
+    follower.join(20)
+    assert not follower.is_alive()
+    assert sorted(line.split()[0] for line in shown) == ["alpha", "beta", "gamma"]
+    assert any("dead_letter" in line and "reason=boom" in line for line in shown)

@@ -65,7 +65,7 @@ def after_wake(agent, receipt) -> None:
     """A finished wake: its own news, the health rules, and a digest if a day has turned."""
     r = receipt
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
-    if r.status in WAKE_EVENTS:
+    if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
         emit(agent.state_dir, agent.notify, payload(
             agent.name, r.status, f"{r.run_id}/{r.status}", f"{agent.name}: {r.status.replace('_', ' ')}",
             f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
@@ -102,6 +102,21 @@ def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id
         title, text = texts[event]
         emit(state_dir, channels, payload(name, event, f"{event}/{series if event != 'recovered' else run_id}",
                                           title, text, run_id, {"failures": h.failures, "reason": reason}))
+
+
+def _first_today(state_dir: Path, what: str) -> bool:
+    """True once per UTC day for `what`: a wake blocked by the USD cap is blocked every tick until
+    midnight, and one notification says so."""
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    marker = queue.notify_dir(state_dir) / f"{what}.day"
+    try:
+        if marker.read_text(encoding="utf-8").strip() == today:
+            return False
+    except OSError:
+        pass
+    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write(marker, today)
+    return True
 
 
 def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str | None = None) -> None:
