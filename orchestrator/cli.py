@@ -124,6 +124,16 @@ def cmd_notify_test(args) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_run_now(args) -> int:
+    from orchestrator.fleet.control import request_run, scheduler_note
+    agent = load_agent(args.agent_dir)
+    request_run(agent.state_dir)
+    note = scheduler_note(agent.dir.parent)
+    print(f"{agent.name}: one wake requested; " + (f"it runs when serve starts ({note})" if note
+                                                    else "the running serve starts it within seconds"))
+    return EXIT_OK
+
+
 def cmd_pause(args) -> int:
     from orchestrator.notify.health import set_paused
     agent = load_agent(args.agent_dir)
@@ -351,6 +361,9 @@ def _notify_commands(sub) -> None:
                           ("resume", "let serve wake this agent again; forgets its failures")):
         p = _command(sub, name, summary, f"wakeloop {name} agents/mine", cmd_pause)
         p.add_argument("agent_dir")
+    p = _command(sub, "run-now", "ask serve (running, or the next one started) for one wake of this agent now",
+                 "wakeloop run-now agents/mine", cmd_run_now)
+    p.add_argument("agent_dir")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -230,11 +230,16 @@ def test_the_daily_digest_is_queued_once_per_day_with_wakes_statuses_and_cost(tm
 
 # -- serve ---------------------------------------------------------------------------------------
 
-def test_serve_records_failed_starts_pauses_and_a_resume_acts_on_the_running_serve(tmp_path, monkeypatch):
+def not_started(agent_dir: Path) -> int:
+    return [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)].count("wake_not_started")
+
+
+def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_running_serve(tmp_path, monkeypatch):
     """A live agent with no API key cannot start a wake (no engine needed): serve records each failure
     in the agent's events and health, backs off, says `failing` once, pauses at the count, and its
-    sender delivers all of it; `wakeloop resume` reaches the running serve. The hook's token is in no
-    file under state/ and not in serve's output."""
+    sender delivers all of it; `wakeloop run-now` and `resume` reach the running serve, whose heartbeat
+    `status` sees. The hook's token is in no file under state/ and not in serve's output."""
+    from orchestrator.fleet.control import scheduler_note
     from orchestrator.fleet.scheduler import Scheduler
     monkeypatch.setattr(health, "BACKOFF_BASE_S", 0.0)      # the backoff rule itself is tested above
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
@@ -252,13 +257,18 @@ def test_serve_records_failed_starts_pauses_and_a_resume_acts_on_the_running_ser
             assert [b["event"] for b in hook.received] == ["failing", "paused"]
             assert "ANTHROPIC_API_KEY is not set" in hook.received[0]["text"]
             support.wait_for(lambda: any("paused (" in line for line in lines), "serve to say paused", 10)
+            assert scheduler_note(root) is None                                # its heartbeat is fresh
+            before = not_started(agent_dir)
+            assert cli("run-now", str(agent_dir)) == 0                         # paused, but a person asked
+            support.wait_for(lambda: not_started(agent_dir) == before + 1, "the run-now wake", 30)
+            assert any("run-now requested" in line for line in lines)
             assert cli("resume", str(agent_dir)) == 0
             support.wait_for(lambda: health.load(agent_dir / "state").failures >= 1, "ticks to run again", 30)
         finally:
             scheduler.request_stop()
             thread.join(30)
     kinds = [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]
-    assert kinds.count("wake_not_started") >= 3 and "notify_sent" in kinds
+    assert kinds.count("wake_not_started") >= 4 and "notify_sent" in kinds
     assert TOKEN not in everything_under(agent_dir / "state") and TOKEN not in "\n".join(lines)
 
 
@@ -284,3 +294,14 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
     assert "-> send_message" in out.out and "Hello, human" in out.out
     assert "notified webhook 127.0.0.1/…: HTTP 200" in out.err
     assert TOKEN not in out.out + out.err and TOKEN not in everything_under(agent.state_dir)
+
+
+def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
+    from orchestrator.fleet.control import STALE_S, beat, scheduler_note
+    from orchestrator.fleet.views import status_table
+    make_agent(tmp_path, "a", [])
+    assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)
+    beat(tmp_path)
+    assert scheduler_note(tmp_path) is None and "no scheduler" not in status_table(tmp_path)
+    beat(tmp_path, now=time.time() - STALE_S - 1)
+    assert "its last heartbeat was" in scheduler_note(tmp_path) and "no scheduler" in status_table(tmp_path)

@@ -47,6 +47,7 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, parse_schedule,
                                         save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
+from orchestrator.fleet import control
 from orchestrator.notify import health, outcomes
 from orchestrator.notify.config import NotifyError, load_root_notify
 from orchestrator.notify.sender import SenderThread
@@ -115,7 +116,11 @@ class Scheduler:
                     f"`wakeloop init {self.root}/NAME`"))
         next_scan = time.monotonic() + self.rescan_s
         SenderThread(self._queues, self.say, self.stop).start()   # notifications: off the wakes' path
+        next_beat = 0.0
         while not self.stop.is_set():
+            if time.monotonic() >= next_beat:   # `status` tells a running serve from a dead one by this
+                control.beat(self.root)
+                next_beat = time.monotonic() + control.HEARTBEAT_S
             self._reap()
             if time.monotonic() >= next_scan:
                 self._scan()
@@ -178,6 +183,12 @@ class Scheduler:
 
     def _tick(self, now: datetime) -> None:
         for entry in self._entries.values():
+            if control.take_run_request(entry.dir / "state"):   # `wakeloop run-now`: a person asked
+                self.say(f"{entry.name}: run-now requested" + (": already running or queued"
+                                                               if entry.running or entry.queued else ""))
+                if not (entry.running or entry.queued):
+                    entry.queued = True
+                    self._queue.append(entry.dir)
             if entry.due is None or entry.due > now:
                 continue
             tick = entry.due

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.fleet.control import scheduler_note
 from orchestrator.notify import health, queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
@@ -169,6 +170,7 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
     """One dict per agent under ROOT (a config error is a row that says so)."""
     now = now or utcnow()
     rows = []
+    no_scheduler = scheduler_note(root) is not None
     for path in agent_dirs(root):
         sd = path / "state"
         try:
@@ -184,7 +186,8 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
         row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
                "last_wake": _short_time(r.get("started_at"), now) if r else "never",
                "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-               "next_wake": "paused" if h["paused"] else stamp(nxt) if nxt else "bad schedule",
+               "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+                             else stamp(nxt) if nxt else "bad schedule"),
                "health": _health_line(h),
                "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd))}
         try:
@@ -209,7 +212,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+    note = scheduler_note(root)
+    return (note + "\n" if note else "") + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
 
 
 def status_table(root: Path) -> str:
