@@ -305,3 +305,23 @@ def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tm
     assert scheduler_note(tmp_path) is None and "no scheduler" not in status_table(tmp_path)
     beat(tmp_path, now=time.time() - STALE_S - 1)
     assert "its last heartbeat was" in scheduler_note(tmp_path) and "no scheduler" in status_table(tmp_path)
+
+
+@pytest.mark.docker
+def test_a_hung_wake_ends_at_max_wake_s_with_a_receipt_and_a_free_lock(tmp_path):
+    """A call that would hang for ten minutes is cut to what is left of max_wake_s; the wake then
+    stops at its next step boundary, receipt budget_stop, lock released, the failure rules untouched."""
+    from orchestrator.records.state import lock_holder
+    from orchestrator.wake.loop import wake
+    script = tmp_path / "hang.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]},
+                                  {"text": "never reached"}]))
+    agent_dir = make_agent(tmp_path, "a", [], policy={"budget": {"max_wake_s": 5}, "sandbox": {"pool": 0}})
+    started = time.monotonic()
+    receipt = wake(load_agent(agent_dir), script=script)
+    assert (receipt.status, receipt.reason) == ("budget_stop", "max_wake_s (5s) reached")
+    assert time.monotonic() - started < 120                                   # not the call's 600 s
+    assert lock_holder(agent_dir / "state") is None
+    results = [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tool_result"]
+    assert all(r.get("timed_out") for r in results)                          # if it ran, it was cut
+    assert health.load(agent_dir / "state").failures == 0

@@ -39,6 +39,7 @@ from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, p
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size", "disk")
 COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s", "files")
 TRANSCRIPT = ("max_wake_bytes", "max_agent_bytes", "retention_days")   # transcript.*: what state/ may hold
+WAKE = ("max_wake_s",)                        # budget.*: how long one wake may hold a sandbox
 TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
@@ -74,6 +75,7 @@ class Ceiling:
         asked = {f"sandbox.{name}": getattr(box, name) for name in SIZES + COUNTS if name != "timeout_s"}
         asked |= {f"tools.{tool}.timeout_s": getattr(policy.tools, tool).timeout_s for tool in TIMED_TOOLS}
         asked |= {f"transcript.{name}": getattr(policy.transcript, name) for name in TRANSCRIPT}
+        asked |= {f"budget.{name}": getattr(policy.budget, name) for name in WAKE}
         for path, value in asked.items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
@@ -190,8 +192,9 @@ def load_ceiling(path: str | Path) -> Ceiling:
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
     for name, limit in maxima.items():
-        if name not in SIZES + COUNTS + TRANSCRIPT + CAPACITY:
-            raise fail(("max", name), f"unknown key; max bounds {', '.join(SIZES + COUNTS + TRANSCRIPT + CAPACITY)}")
+        known = SIZES + COUNTS + TRANSCRIPT + WAKE + CAPACITY
+        if name not in known:
+            raise fail(("max", name), f"unknown key; max bounds {', '.join(known)}")
         try:
             limits[name] = parse_size(limit) if name in SIZES or name.endswith("_bytes") else _number(limit)
             if name in CAPACITY and (not isinstance(limit, int) or limit < 1):

@@ -32,6 +32,7 @@ class Budget:
     max_output_tokens: int = 4096       # per model call
     max_usd_per_wake: float = 0.0       # USD, worst case checked before each call; 0 = no cap
     max_usd_per_day: float = 0.0        # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    max_wake_s: float = 1800.0          # wall clock of one wake: checked at each step, caps each tool call
 
 
 @dataclass(frozen=True)
@@ -504,6 +505,12 @@ def _files(value, path, source, node) -> int:
     return value
 
 
+def _positive(value, path, source, node) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"expected a number of seconds greater than zero, got {value!r}")
+    return float(value)
+
+
 def _days(value, path, source, node) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a whole number of days, at least 1, got {value!r}")
@@ -651,7 +658,7 @@ _CHECKS = {
     "pool": _pool, "disk": _disk, "files": _files,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
-    "retention_days": _days,
+    "retention_days": _days, "max_wake_s": _positive,
 }
 
 

@@ -253,7 +253,8 @@ class _Wake:
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
-            self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer)
+            self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer,
+                                           remaining=self._time_left)
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
@@ -322,6 +323,8 @@ class _Wake:
                 return "done", "stopped"
             if self.steps >= self.budget.max_steps:
                 return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
+            if self._time_left() <= 0:
+                return self._budget_stop("max_wake_s", f"max_wake_s ({self.budget.max_wake_s:g}s) reached")
             over = self.meter.check(ledger.estimate_tokens(self.ctx.system, tools, messages),
                                     self.budget.max_output_tokens)
             if over:  # the worst case of this call would pass a USD cap: it is not made
@@ -386,7 +389,7 @@ class _Wake:
         """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
         results = []
         for call in turn.tool_uses:
-            if self.stop.is_set():
+            if self.stop.is_set() or self._time_left() <= 0:
                 results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
                 continue
             self.tool_calls += 1
@@ -403,6 +406,10 @@ class _Wake:
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
             results.append(result.to_anthropic(call["id"]))
         return results
+
+    def _time_left(self) -> float:
+        """Seconds of budget.max_wake_s left; a tool call's timeout is cut to it (tools.py)."""
+        return self.budget.max_wake_s - (time.monotonic() - self.started)
 
     def _message(self, text: str) -> None:
         """send_message: into the outbox in state/, and queued for whoever asked to be told."""
