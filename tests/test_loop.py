@@ -257,7 +257,7 @@ def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_
     for rec in api.requests:                                # ...and the key is nowhere else
         assert KEY.encode() not in rec.raw
     assert KEY not in (agent_dir / "state" / EVENTS_FILE).read_text()
-    for path in (agent_dir / "workspace").rglob("*"):
+    for path in [*(agent_dir / "workspace").rglob("*"), *(agent_dir / "state").rglob("*")]:   # transcripts too
         if path.is_file():
             assert KEY not in path.read_text(errors="replace")
     assert KEY not in receipt.to_json()
