@@ -266,7 +266,8 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     (a / "state" / "outbox.txt").write_text("--- 2026-11-29T00:00:00Z wake 1\nhello\n")
     from orchestrator.records.ledger import record
     record(a / "state", 0.12, 3000)
-    table = status_table(root).splitlines()
+    note, *table = status_table(root).splitlines()
+    assert note.startswith("scheduler not running")                      # no serve under this root
     assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "HEALTH", "TOKENS", "TODAY",
                                 "TOKENS", "TOTAL", "USD", "TODAY", "USD", "TOTAL", "OPEN", "TASKS", "UNREAD",
                                 "OUTBOX"]
