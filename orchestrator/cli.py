@@ -104,14 +104,13 @@ def _send_notifications(agent) -> None:
 
 
 def cmd_notify_test(args) -> int:
-    import os
+    import uuid
     from orchestrator.notify.channels import DeliveryError, deliver
     from orchestrator.notify.outcomes import payload
     agent = load_agent(args.agent_dir)
     if not agent.notify:
         raise AgentError(f"{agent.name}: no notify channels in {agent.dir / 'agent.yaml'} or "
                          f"{agent.dir.parent / 'notify.yaml'}")
-    import uuid
     note = payload(agent.name, "test", f"test/{uuid.uuid4().hex[:12]}", f"{agent.name}: test notification",
                    f"A test from `wakeloop notify test {args.agent_dir}`: this channel works.")
     failed = 0

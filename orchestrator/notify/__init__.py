@@ -9,6 +9,7 @@ order per channel, with exponential backoff and a bounded give-up),
 health.py (consecutive failures: backoff, `failing` once, pause, `recovered`),
 outcomes.py (what a wake's end, a send_message and a new day put in the queue).
 
-Sits beside records/: imports records/ and errors only, never wake/ or
-fleet/, so the loop and the scheduler can both call it.
+Sits beside records/: imports records/, errors and policy/schema's line
+finder only, never wake/ or fleet/, so the loop, the scheduler and
+policy/agent.py (which reads `notify:`) can all call it.
 """

@@ -1,5 +1,10 @@
 """One wake, top to bottom: lock → context → model → registry → sandbox → events → journal → state → receipt.
 
+Beside the events, every step's words go to the wake's transcript
+(records/transcript.py) as they happen, and news for a person (a dead
+letter, a send_message, ...) is only queued (notify/outcomes.py): delivery
+is the sender's, never the wake's.
+
 The harness is dumb; the agent is smart. This module does the seed harness's
 life cycle and nothing else: it holds the lock, assembles the context, calls
 the model, runs the tools it asks for, enforces the caps, makes sure a trace
@@ -21,7 +26,10 @@ Stop reasons, each handled on purpose:
   again, so it is a dead letter for a human to look at.
 - model_context_window_exceeded and any value we do not know: dead letter.
 
-Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`.
+Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
+and so does `max_wake_s` (wall clock), at the first step boundary past it;
+each tool call's timeout is cut to the time left, so a hung call cannot hold
+the wake (a model request in flight keeps the SDK's own timeout).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with no tools offered and a note to write its journal
@@ -41,7 +49,8 @@ event (a scheduler's SIGTERM) ends the wake at the next step boundary with
 status done, reason "stopped".
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
-reading the workspace (workspace.py), the lock and state files (state.py).
+reading the workspace (workspace.py), the lock and state files (state.py),
+the transcript's format (records/transcript.py), notifications (notify/).
 """
 
 from __future__ import annotations
@@ -418,12 +427,14 @@ class _Wake:
         self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
 
     def _notify(self, queue_it, *args) -> None:
-        """Queue notifications (notify/outcomes.py); a failure to queue is said, never fatal."""
+        """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
+        receipt, so any failure here (a full disk, a bug) is recorded and said, never raised."""
         try:
             queue_it(*args)
-        except OSError as exc:
-            self.events.emit("notify_error", error=f"could not queue a notification: {exc}")
-            self.say(f"could not queue a notification: {exc}")
+        except Exception as exc:
+            why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
+            self.events.emit("notify_error", error=why)
+            self.say(why)
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
