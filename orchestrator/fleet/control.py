@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.records.files import atomic_write
+from orchestrator.records.state import LockHolder
 
 HEARTBEAT_FILE = "serve.json"       # in ROOT
 HEARTBEAT_S = 10.0                  # how often serve rewrites it
@@ -36,7 +37,7 @@ class Heartbeat:
     at: float                       # epoch seconds
 
     def alive(self, now: float) -> bool:
-        return now - self.at <= STALE_S and _pid_alive(self.pid)
+        return now - self.at <= STALE_S and LockHolder(self.pid, "").alive   # state.py's liveness rule
 
 
 def beat(root: Path, now: float | None = None) -> None:
@@ -76,13 +77,3 @@ def take_run_request(state_dir: Path) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 
 from orchestrator.fleet.schedule import agent_dirs
 from orchestrator.fleet.views import format_event
-from orchestrator.records.events import EVENTS_FILE, Event
-from orchestrator.records.transcript import prompt_text
+from orchestrator.records.events import EVENTS_FILE, parse_event
+from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
 
 POLL_S = 0.2                        # how often a followed file is looked at again
@@ -116,11 +116,8 @@ def follow_transcript(path: Path, out: Callable[[str], None], stop: Callable[[],
     tail = Tail(path)
     while not stop():
         for raw in tail.lines():
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(line, dict) and isinstance(line.get("type"), str):
+            line = parse_line(raw)
+            if line is not None:
                 out(render_line(line))
                 if line["type"] == "end":
                     return
@@ -136,16 +133,7 @@ def follow_root(root: Path, out: Callable[[str], None], stop: Callable[[], bool]
             tails.setdefault(d, Tail(d / "state" / EVENTS_FILE))
         for d, tail in tails.items():
             for raw in tail.lines():
-                event = _event(raw)
+                event = parse_event(raw)
                 if event is not None:
                     out(f"{d.name:<16} {format_event(event)}")
         time.sleep(POLL_S)
-
-
-def _event(raw: str) -> Event | None:
-    try:
-        e = json.loads(raw)
-        return Event(str(e["run_id"]), str(e["type"]), str(e["timestamp"]),
-                     e.get("data") if isinstance(e.get("data"), dict) else {})
-    except (ValueError, KeyError, TypeError):
-        return None

@@ -124,13 +124,19 @@ def read_lines(path: Path) -> Iterator[dict]:
     except FileNotFoundError:
         return
     with f:
-        for line in f:
-            try:
-                raw = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(raw, dict) and isinstance(raw.get("type"), str):
-                yield raw
+        for text in f:
+            line = parse_line(text)
+            if line is not None:
+                yield line
+
+
+def parse_line(text: str) -> dict | None:
+    """One transcript line, or None for a torn or foreign one."""
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return None
+    return line if isinstance(line, dict) and isinstance(line.get("type"), str) else None
 
 
 def runs(state_dir: Path) -> list[Path]:
