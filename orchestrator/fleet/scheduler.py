@@ -9,7 +9,12 @@ The rules, each kept in one place below:
   keeps out a manual `wakeloop wake`).
 - A tick missed while the scheduler was down runs once, not once per missed
   tick: state/schedule.json keeps the last tick handled; on start, if a tick
-  fell between it and now, one wake runs at once.
+  fell between it and now, one wake runs at once, unless that tick is late
+  by more than the agent's interval: then it is skipped aloud (said, and
+  `tick_skipped` in its events) and the next regular tick runs.
+- A paused agent's ticks, and those inside its failure backoff, are skipped
+  aloud (notify/health.py); `wakeloop run-now` queues one wake at once
+  (control.py); a wake that cannot start is recorded as that agent's failure.
 - At most K wakes at once across agents; due wakes queue in order.
 - ROOT is listed again every RESCAN_S: agents added, changed (agent.yaml
   edited) or removed are picked up without a restart.
@@ -44,8 +49,9 @@ from orchestrator.errors import WakeloopError
 from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
-from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, parse_schedule,
-                                        save_tick, stamp, utcnow)
+from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
+                                         parse_schedule, save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
 from orchestrator.fleet import control
 from orchestrator.notify import health, outcomes
@@ -166,13 +172,21 @@ class Scheduler:
         try:
             agent = load_agent(entry.dir)
             _check_prices(agent)
-            entry.name, entry.schedule = agent.name, parse_schedule(agent.schedule)
+            entry.name, entry.schedule = agent.name, parse_schedule(agent.schedule, agent.timezone)
         except (AgentError, PolicyError, ScheduleError, ValueError) as exc:
             entry.name, entry.schedule, entry.due = entry.name or entry.dir.name, None, None
             self.say(f"{entry.dir.name}: not scheduled: {exc}")
             self._not_started(entry.dir, entry.name, f"not scheduled: {exc}")
             return
-        entry.due = first_due(entry.schedule, last_tick(entry.dir / "state"), utcnow())
+        now, last = utcnow(), last_tick(entry.dir / "state")
+        entry.due = first_due(entry.schedule, last, now)
+        missed = entry.schedule.next_after(last) if last else None
+        if missed and misfired(entry.schedule, missed, now):   # said, and in its events: not silent
+            why = (f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
+                   f"not run late; next {stamp(entry.due)}")
+            self.say(f"{entry.name}: {why}")
+            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").emit("tick_skipped", tick=missed.isoformat(),
+                                                                          reason=why)
 
     def _plan(self, e: _Entry) -> str:
         if e.schedule is None or e.due is None:
@@ -314,6 +328,11 @@ class Scheduler:
         else:
             self.say("stopped: every wake ended cleanly")
         return 0
+
+
+def _ago(delta) -> str:
+    s = int(delta.total_seconds())
+    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s"
 
 
 def _loop_wake() -> WakeFn:

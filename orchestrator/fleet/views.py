@@ -181,7 +181,7 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
             continue
         state, _ = load_state(sd)
         r = state.last_receipt or {}
-        nxt = next_wake(path, agent.schedule, now)
+        nxt = next_wake(path, agent.schedule, now, agent.timezone)
         h = health_status(sd)[0]
         row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
                "last_wake": _short_time(r.get("started_at"), now) if r else "never",

@@ -37,6 +37,7 @@ class Agent:
     schedule: str
     policy: Policy
     dry_run: bool
+    timezone: str = "UTC"           # IANA zone of a cron schedule (fleet/schedule.py checks it)
     notify: tuple = ()              # notify.config.Channel: agent.yaml's, then ROOT/notify.yaml's
     pause_after_failures: int = PAUSE_AFTER_FAILURES   # failed wakes in a row before serve pauses it
 
@@ -53,7 +54,7 @@ class Agent:
         return self.dir / "mandate.md"
 
 
-_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every", "notify", "pause_after_failures"}
+_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every", "timezone", "notify", "pause_after_failures"}
 
 
 def load_agent(agent_dir: str | Path) -> Agent:
@@ -83,6 +84,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
         schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
         policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
+        timezone=str(data.get("timezone") or "UTC"),
         notify=_notify(data.get("notify"), config, node),
         pause_after_failures=_count(data.get("pause_after_failures", PAUSE_AFTER_FAILURES),
                                     _at(config, node, "pause_after_failures")),
@@ -147,7 +149,8 @@ AGENT_YAML = """\
 # wakeloop agent: see README.md. This file is trusted and never mounted into the sandbox.
 name: {name}
 model: {model}
-schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s`
+schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s` (s, m, h, d)
+timezone: UTC               # the zone the cron line is read in (an IANA name such as Europe/Berlin)
 policy: {policy}
 dry_run: true               # no API calls until you set this false (or pass --live)
 """
