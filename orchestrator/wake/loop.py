@@ -195,6 +195,8 @@ class _Wake:
         self.transcript = tr.Transcript(agent.state_dir, run_id, agent.policy.transcript.max_wake_bytes,
                                         self.secrets)
         self.transcribed = 0            # messages[:transcribed] are in the transcript already
+        self.messages_sent = 0          # send_message calls: each notification's id names its number
+        self.waiting = 0                # a dry run: the human's messages it left in the inbox
 
     @property
     def tokens(self) -> int:
@@ -423,7 +425,7 @@ class _Wake:
     def _message(self, text: str) -> None:
         """send_message: into the outbox in state/, and queued for whoever asked to be told."""
         st.append_outbox(self.agent.state_dir, text, self.wake_no)
-        self.messages_sent = getattr(self, "messages_sent", 0) + 1
+        self.messages_sent += 1
         self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
 
     def _notify(self, queue_it, *args) -> None:
@@ -493,7 +495,7 @@ class _Wake:
                        model=self.model.name, live=self.model.live, journal=journal,
                        started_at=self.started_at, usd=round(self.meter.usd, 6),
                        task=self.task.id if getattr(self, "task", None) else "",
-                       messages_waiting=getattr(self, "waiting", 0))
+                       messages_waiting=self.waiting)
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:
