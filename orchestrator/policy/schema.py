@@ -30,8 +30,9 @@ class Budget:
     max_steps: int = 40                 # model round-trips per wake, hard stop
     max_tokens_per_wake: int = 200_000  # input + output + cache tokens per wake
     max_output_tokens: int = 4096       # per model call
-    max_usd_per_wake: float = 0.0       # USD, worst case checked before each call; 0 = no cap
-    max_usd_per_day: float = 0.0        # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    max_usd_per_wake: float = 1.00      # USD, worst case checked before each call; 0 = no cap
+    max_usd_per_day: float = 10.00      # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    allow_unpriced: bool = False        # a live wake on a model with no known price: refused unless true
     max_wake_s: float = 1800.0          # wall clock of one wake: checked at each step, caps each tool call
 
 
