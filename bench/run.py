@@ -31,6 +31,7 @@ from pathlib import Path
 from common import PACE_S, bash_true, cleanup, make_agent, say, stats, write_1k
 from orchestrator.sandbox.engine import DockerSandbox
 from per_call import Reference, References, back_to_back, paced_wake
+from records_cost import queue_per_notification, transcript_per_step
 from scale import SCALE_TOOL_STEPS, scale
 from wake_cost import CACHE_STEPS, OVERHEAD_STEPS, PREFIX_CHARS, caching, orchestrator_overhead
 
@@ -68,6 +69,7 @@ def measure(tmp: Path, runtime: str, calls: int, agents: int) -> dict:
     out["exec_write"], out["run_write"] = stats(refs.exec_write), stats(refs.run_write)
     say(f"{runtime}: orchestrator overhead ({OVERHEAD_STEPS} steps, stand-in sandbox)")
     out["overhead"] = orchestrator_overhead(tmp / "overhead", OVERHEAD_STEPS)
+    out["transcript"], out["queue"] = transcript_per_step(tmp / "transcript"), queue_per_notification(tmp / "queue")
     say(f"{runtime}: prompt caching ({CACHE_STEPS}-step wake, {PREFIX_CHARS // 4:,}-token mandate)")
     out["cache"] = caching(tmp / "cache")
     say(f"{runtime}: scale: {agents} agents due at once")
@@ -111,6 +113,8 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
         # The SDK's CPU is part of the model call, which the target leaves out; shown, not judged.
         ("  loop + SDK client CPU per step", "", oh.per_step.cell()),
         ("  model call to an instant fake API, wall", "", oh.model_rtt.cell()),
+        ("  of the loop: the transcript's 2 lines per step", "", r["transcript"].cell()),
+        ("  one notification queued (not per step)", "", r["queue"].cell()),
         (f"input cost, {CACHE_STEPS}-step wake, caching", "", f"${c.cached_usd:.4f}"),
         ("  tokens read / written / uncached", "", f"{c.cached_tokens['cache_read']:,} / "
          f"{c.cached_tokens['cache_write']:,} / {c.cached_tokens['input']:,}"),

@@ -84,7 +84,62 @@ def cmd_wake(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
+    _send_notifications(agent)
     return EXIT_FAILED if receipt.status in ("dead_letter", "blocked") else EXIT_OK
+
+
+def _send_notifications(agent) -> None:
+    """After a standalone wake: one pass of the sender over this agent's queue (progress on stderr).
+    What fails waits in state/notify/ for the next pass (the next wake, or serve)."""
+    import time
+    from orchestrator.notify.sender import send_due
+    report = send_due(agent.state_dir, agent.notify, now=time.time())
+    for line in report.sent:
+        print(f"notified {line}", file=sys.stderr)
+    for line in report.failed + report.gave_up:
+        print(f"notification not delivered: {line}", file=sys.stderr)
+    if report.waiting:
+        print(f"{report.waiting} notification(s) wait in {agent.state_dir}/notify/queue for the next "
+              "attempt (serve retries them)", file=sys.stderr)
+
+
+def cmd_notify_test(args) -> int:
+    import uuid
+    from orchestrator.notify.channels import DeliveryError, deliver
+    from orchestrator.notify.outcomes import payload
+    agent = load_agent(args.agent_dir)
+    if not agent.notify:
+        raise AgentError(f"{agent.name}: no notify channels in {agent.dir / 'agent.yaml'} or "
+                         f"{agent.dir.parent / 'notify.yaml'}")
+    note = payload(agent.name, "test", f"test/{uuid.uuid4().hex[:12]}", f"{agent.name}: test notification",
+                   f"A test from `wakeloop notify test {args.agent_dir}`: this channel works.")
+    failed = 0
+    for channel in agent.notify:
+        try:
+            print(f"{channel.label}: {deliver(channel, note, os.environ)}")
+        except DeliveryError as exc:
+            failed += 1
+            print(f"{channel.label}: FAILED: {exc}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_run_now(args) -> int:
+    from orchestrator.fleet.control import request_run, scheduler_note
+    agent = load_agent(args.agent_dir)
+    request_run(agent.state_dir)
+    note = scheduler_note(agent.dir.parent)
+    print(f"{agent.name}: one wake requested; " + (f"it runs when serve starts ({note})" if note
+                                                    else "the running serve starts it within seconds"))
+    return EXIT_OK
+
+
+def cmd_pause(args) -> int:
+    from orchestrator.notify.health import set_paused
+    agent = load_agent(args.agent_dir)
+    set_paused(agent.state_dir, args.command == "pause")
+    print(f"{agent.name}: paused: serve runs none of its ticks until `wakeloop resume {args.agent_dir}`"
+          if args.command == "pause" else f"{agent.name}: resumed: failures forgotten, ticks run again")
+    return EXIT_OK
 
 
 def cmd_context(args) -> int:
@@ -184,8 +239,17 @@ def cmd_broker(args) -> int:
 
 
 def cmd_log(args) -> int:
+    from pathlib import Path
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.fleet.views import format_event
+    from orchestrator.fleet import logview
+    if not (Path(args.agent_dir) / "agent.yaml").exists():
+        from orchestrator.fleet.schedule import agent_dirs
+        if agent_dirs(Path(args.agent_dir)):   # ROOT: follow every agent's events
+            logview.follow_root(Path(args.agent_dir), lambda line: print(line, flush=True))
+            return EXIT_OK
+    if args.run is not None or args.follow:
+        return _transcript(args.agent_dir, args.run, args.follow, args.json, args.system)
     agent = load_agent(args.agent_dir)
     path = agent.state_dir / EVENTS_FILE
     if args.json:
@@ -197,6 +261,34 @@ def cmd_log(args) -> int:
         return EXIT_OK
     for event in read_events(path):
         print(format_event(event))
+    return EXIT_OK
+
+
+def cmd_transcript(args) -> int:
+    return _transcript(args.agent_dir, args.run or "", args.follow, args.json, args.system)
+
+
+def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
+    from orchestrator.fleet import logview
+    from orchestrator.records.transcript import find_run, read_lines
+    agent = load_agent(agent_dir)
+    path = find_run(agent.state_dir, run)
+    if path is None:
+        raise AgentError(f"{agent.name}: no transcript " + (f"for run {run!r} (a unique prefix of a run id; "
+                         f"`wakeloop log {agent_dir}` lists runs)" if run else
+                         f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"))
+    if follow:
+        logview.follow_transcript(path, lambda line: print(line, flush=True))
+        return EXIT_OK
+    lines = list(read_lines(path))
+    if as_json:
+        for line in lines:
+            print(json.dumps(line, ensure_ascii=False))
+        return EXIT_OK
+    for text in logview.render_transcript(lines, agent.state_dir, system=system):
+        print(text)
+    if not lines or lines[-1]["type"] != "end":
+        print(f"(no end line: the wake is running, or was killed; `wakeloop log {agent_dir} -f` follows it)")
     return EXIT_OK
 
 
@@ -255,6 +347,22 @@ environment (no engine, no broker, permission denied on the socket).
 start here:
   wakeloop init agents/mine && wakeloop wake agents/mine    # a dry run: no API key needed
 """
+
+
+def _notify_commands(sub) -> None:
+    notify = _command(sub, "notify", "notifications: test every channel",
+                      "wakeloop notify test agents/mine").add_subparsers(
+        dest="notify_command", metavar="SUBCOMMAND", required=True)
+    p = _command(notify, "test", "send a test notification to every channel now; print what each answered",
+                 "wakeloop notify test agents/mine", cmd_notify_test)
+    p.add_argument("agent_dir")
+    for name, summary in (("pause", "stop serve from waking this agent (a running serve sees it at the next tick)"),
+                          ("resume", "let serve wake this agent again; forgets its failures")):
+        p = _command(sub, name, summary, f"wakeloop {name} agents/mine", cmd_pause)
+        p.add_argument("agent_dir")
+    p = _command(sub, "run-now", "ask serve (running, or the next one started) for one wake of this agent now",
+                 "wakeloop run-now agents/mine", cmd_run_now)
+    p.add_argument("agent_dir")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,10 +446,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "sizes); requests over it are refused. Keep it where the orchestrator cannot "
                         "write (compose: policies/ceiling.yaml)")
 
-    p = _command(sub, "log", "the event log, readable (--json for the raw lines)",
-                 "wakeloop log agents/mine --json | jq -c 'select(.type==\"dead_letter\")'", cmd_log)
-    p.add_argument("agent_dir")
+    p = _command(sub, "log", "the event log, readable; --run ID: one wake's transcript; -f: follow the "
+                             "running wake; ROOT: follow every agent's events",
+                 "wakeloop log agents/mine --run last   # or: wakeloop log agents/ (follows all)", cmd_log)
+    p.add_argument("agent_dir", metavar="AGENT_DIR|ROOT")
+    p.add_argument("--run", metavar="ID", help="show this wake's transcript (a run id or a unique prefix; "
+                                              "`last` or empty: the newest)")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
+    p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
+
+    p = _command(sub, "transcript", "one wake's transcript: who spoke, what ran, exit codes, timings, cost",
+                 "wakeloop transcript agents/mine 3f2a   # the newest wake without an id", cmd_transcript)
+    p.add_argument("agent_dir")
+    p.add_argument("run", nargs="?", metavar="ID", help="a run id or a unique prefix (default: the newest)")
+    p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
+    p.add_argument("--system", action="store_true", help="print the system prompt too")
+    _json_flag(p, "the raw JSONL lines")
+
+    _notify_commands(sub)
 
     policy = _command(sub, "policy", "check or explain a policy",
                       "wakeloop policy check policies/default.yaml").add_subparsers(

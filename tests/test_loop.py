@@ -257,7 +257,7 @@ def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_
     for rec in api.requests:                                # ...and the key is nowhere else
         assert KEY.encode() not in rec.raw
     assert KEY not in (agent_dir / "state" / EVENTS_FILE).read_text()
-    for path in (agent_dir / "workspace").rglob("*"):
+    for path in [*(agent_dir / "workspace").rglob("*"), *(agent_dir / "state").rglob("*")]:   # transcripts too
         if path.is_file():
             assert KEY not in path.read_text(errors="replace")
     assert KEY not in receipt.to_json()
@@ -378,8 +378,9 @@ def test_send_context_outbox_status_log(agent_dir):
     assert ctx.returncode == 0 and "hello agent" in ctx.stdout and "Wake #1." in ctx.stdout
     assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # context drained nothing
     assert not (agent_dir / "state/state.json").exists()                 # and counted nothing
-    assert run_cli("wake", str(agent_dir)).returncode == 0
-    assert not (agent_dir / "state/inbox.txt").exists()
+    woke = run_cli("wake", str(agent_dir))
+    assert woke.returncode == 0 and last_receipt(woke.stdout)["messages_waiting"] == 1
+    assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # a dry run leaves it for a live wake
     status = run_cli("status", str(agent_dir))
     assert status.returncode == 0 and "wakes        1" in status.stdout and "lock         free" in status.stdout
     assert "agent" in run_cli("status", str(agent_dir.parent)).stdout  # ROOT form: a table of agents

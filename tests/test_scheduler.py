@@ -102,6 +102,13 @@ def serving(root: Path, script: Path, k: int = 4):
 def test_schedules_are_cron_lines_or_intervals():
     assert parse_schedule("30s").interval_s == 30
     assert parse_schedule("5m").interval_s == 300
+    assert parse_schedule("1d").interval_s == 86400
+    berlin = parse_schedule("0 9 * * *", "Europe/Berlin")         # 09:00 in Berlin is 08:00Z in winter
+    assert berlin.next_after(datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)) == datetime(
+        2026, 12, 1, 8, 0, tzinfo=timezone.utc)
+    assert berlin.next_after(datetime(2026, 7, 1, 0, 0, tzinfo=timezone.utc)).hour == 7   # and 07:00Z in summer
+    with pytest.raises(ScheduleError, match="not an IANA name"):
+        parse_schedule("0 9 * * *", "Mars/Olympus")
     assert parse_schedule("*/30 * * * *").interval_s is None
     with pytest.raises(ScheduleError, match="neither a cron line"):
         parse_schedule("every tuesday")
@@ -112,18 +119,34 @@ def test_schedules_are_cron_lines_or_intervals():
 def test_ticks_missed_while_down_come_due_once():
     now = datetime(2026, 11, 29, 12, 0, 30, tzinfo=timezone.utc)
     cron = parse_schedule("* * * * *")
-    due = first_due(cron, now - timedelta(minutes=10), now)
-    assert due <= now                                   # ten ticks missed: due at once...
+    due = first_due(cron, now - timedelta(seconds=60), now)
+    assert due <= now                                   # a tick missed by 30 s: due at once...
     assert cron.next_after(now) > now                   # ...and after it, the next real tick
+    # Ten ticks missed: the first is 9.5 minutes late, more than the interval: not run late.
+    assert first_due(cron, now - timedelta(minutes=10), now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
     assert first_due(cron, None, now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
     assert first_due(parse_schedule("60s"), None, now) == now   # a new interval agent starts now
+
+
+def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(tmp_path):
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "late", "60s")
+    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(hours=5))
+    lines: list[str] = []
+    scheduler = Scheduler(root, out=lines.append)
+    scheduler._scan(startup=True)                       # what serve does first: no wake is run here
+    [entry] = scheduler._entries.values()
+    assert entry.due > datetime.now(timezone.utc)       # the next regular tick, not now
+    assert any("late: tick" in line and "more than its interval: skipped" in line for line in lines), lines
+    skipped = [e for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tick_skipped"]
+    assert len(skipped) == 1 and "4h 59m" in skipped[0].data["reason"]
 
 
 @pytest.mark.docker
 def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "late", "60s")
-    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(minutes=10))  # 10 ticks missed
+    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(seconds=90))  # 1 missed, 30 s late
     with serving(root, script_file(tmp_path, QUICK)):
         wait_for(lambda: finished(agent_dir) == 1, what="the catch-up wake")
         # The next tick is 60s away: no second catch-up wake may start meanwhile.
@@ -266,8 +289,9 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     (a / "state" / "outbox.txt").write_text("--- 2026-11-29T00:00:00Z wake 1\nhello\n")
     from orchestrator.records.ledger import record
     record(a / "state", 0.12, 3000)
-    table = status_table(root).splitlines()
-    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "TOKENS", "TODAY",
+    note, *table = status_table(root).splitlines()
+    assert note.startswith("scheduler not running")                      # no serve under this root
+    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "HEALTH", "TOKENS", "TODAY",
                                 "TOKENS", "TOTAL", "USD", "TODAY", "USD", "TOTAL", "OPEN", "TASKS", "UNREAD",
                                 "OUTBOX"]
     alpha = next(line for line in table if line.startswith("alpha"))

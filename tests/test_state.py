@@ -18,6 +18,7 @@ from support import scrubbed_env
 from sync import read_until, release_fifo
 
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
+from orchestrator.records.transcript import read_lines, transcript_path
 from orchestrator.records.state import (LOCK_FILE, STATE_FILE, State, WakeLock, commit_inbox, drain_inbox,
                                 load_state, lock_holder, peek_inbox, restore_inbox, save_state,
                                 send_message_to_agent)
@@ -74,6 +75,14 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     assert (agent_dir / "state" / LOCK_FILE).exists()  # left behind, holding a dead pid
+    # Its transcript is a readable prefix: up to the call it was killed in, no end line.
+    killed = next(e.run_id for e in read_events(events) if e.type == "wake_started")
+    lines = list(read_lines(transcript_path(agent_dir / "state", killed)))
+    assert [line["type"] for line in lines] == ["wake", "system", "user", "assistant"]
+    assert lines[-1]["content"][0]["input"] == {"command": "sleep 60"}
+    shown = support.run_cli("log", str(agent_dir), "--run", killed[:6])
+    assert shown.returncode == 0 and "-> bash {\"command\": \"sleep 60\"}" in shown.stdout
+    assert "no end line" in shown.stdout
 
     second = start_wake(agent_dir, script_file(tmp_path, "echo second"))
     out, err = second.communicate(timeout=WAKE_TIMEOUT_S)

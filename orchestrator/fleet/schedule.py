@@ -1,8 +1,11 @@
 """When an agent is due: cron lines and intervals, and the last tick handled.
 
-A schedule is a cron line (read by croniter, not by us) or a plain interval
-(`every: 30s`). state/schedule.json keeps the last tick handled, so a restart
-runs a missed tick once, not once per missed tick.
+A schedule is a cron line (read by croniter, not by us) in the agent's
+`timezone:` (an IANA name, default UTC), or a plain interval (`every: 30s`,
+`5m`, `2h`, `1d`). state/schedule.json keeps the last tick handled, so a
+restart runs a missed tick once, not once per missed tick, and only if it is
+late by less than the agent's interval: a tick missed by more is skipped
+aloud (scheduler.py says so and logs `tick_skipped`), not run hours late.
 
 Not here: running wakes (scheduler.py), showing them (views.py).
 """
@@ -14,6 +17,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
@@ -21,8 +25,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.records.files import atomic_write
 
 SCHEDULE_FILE = "schedule.json"     # in state/: the last tick handled, so a restart runs a missed one once
-_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
-_UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+DEFAULT_TZ = "UTC"                  # cron lines are read in this zone unless agent.yaml says `timezone:`
 MIN_INTERVAL_S = 1.0                # `every: 0.1s` would be a busy loop, not a schedule
 
 
@@ -42,25 +47,33 @@ def stamp(t: datetime | None) -> str:
 class Schedule:
     text: str
     interval_s: float | None = None  # set for `every: 30s`; None for cron
+    tz: str = DEFAULT_TZ            # IANA zone a cron line is read in (DST included); times out are UTC
 
     def next_after(self, t: datetime) -> datetime:
         if self.interval_s is not None:
             return t + timedelta(seconds=self.interval_s)
-        return croniter(self.text, t).get_next(datetime)
+        local = t.astimezone(ZoneInfo(self.tz))
+        return croniter(self.text, local).get_next(datetime).astimezone(timezone.utc)
 
     def describe(self) -> str:
-        return f"every {self.interval_s:g}s" if self.interval_s is not None else f"cron '{self.text}'"
+        if self.interval_s is not None:
+            return f"every {self.interval_s:g}s"
+        return f"cron '{self.text}'" + (f" ({self.tz})" if self.tz != DEFAULT_TZ else "")
 
 
-def parse_schedule(text: str) -> Schedule:
+def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ScheduleError(f"timezone {tz!r} is not an IANA name such as UTC or Europe/Berlin") from None
     match = _EVERY.match(text)
     if match:
         seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower()]
         if seconds < MIN_INTERVAL_S:
             raise ScheduleError(f"interval {text!r} is under {MIN_INTERVAL_S:g}s")
-        return Schedule(text, seconds)
+        return Schedule(text, seconds, tz)
     if croniter.is_valid(text):
-        return Schedule(text)
+        return Schedule(text, tz=tz)
     raise ScheduleError(f"schedule {text!r} is neither a cron line (like '*/30 * * * *') "
                         "nor an interval (like `every: 30s`)")
 
@@ -84,13 +97,20 @@ def first_due(schedule: Schedule, last: datetime | None, now: datetime) -> datet
     due now; a never-woken cron agent waits for its next tick."""
     if last is None:
         return now if schedule.interval_s is not None else schedule.next_after(now)
-    return schedule.next_after(last)    # in the past when a tick was missed: due at once
+    missed = schedule.next_after(last)  # in the past when a tick was missed: due at once...
+    return schedule.next_after(now) if misfired(schedule, missed, now) else missed
 
 
-def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None) -> datetime | None:
+def misfired(schedule: Schedule, tick: datetime, now: datetime) -> bool:
+    """...unless it is late by more than the agent's interval: then it is skipped, not run hours late."""
+    return now - tick > schedule.next_after(tick) - tick
+
+
+def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None,
+              tz: str = DEFAULT_TZ) -> datetime | None:
     """For `status`: when serve would next wake this agent (None: bad schedule)."""
     try:
-        schedule = parse_schedule(schedule_text)
+        schedule = parse_schedule(schedule_text, tz)
     except ScheduleError:
         return None
     now = now or utcnow()

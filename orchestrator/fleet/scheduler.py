@@ -9,7 +9,12 @@ The rules, each kept in one place below:
   keeps out a manual `wakeloop wake`).
 - A tick missed while the scheduler was down runs once, not once per missed
   tick: state/schedule.json keeps the last tick handled; on start, if a tick
-  fell between it and now, one wake runs at once.
+  fell between it and now, one wake runs at once, unless that tick is late
+  by more than the agent's interval: then it is skipped aloud (said, and
+  `tick_skipped` in its events) and the next regular tick runs.
+- A paused agent's ticks, and those inside its failure backoff, are skipped
+  aloud (notify/health.py); `wakeloop run-now` queues one wake at once
+  (control.py); a wake that cannot start is recorded as that agent's failure.
 - At most K wakes at once across agents; due wakes queue in order.
 - ROOT is listed again every RESCAN_S: agents added, changed (agent.yaml
   edited) or removed are picked up without a restart.
@@ -36,17 +41,22 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from orchestrator.errors import WakeloopError
-from orchestrator.policy.agent import Agent, AgentError, load_agent
+from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
-from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, parse_schedule,
-                                        save_tick, stamp, utcnow)
+from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
+                                         parse_schedule, save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
+from orchestrator.fleet import control
+from orchestrator.notify import health, outcomes
+from orchestrator.notify.config import NotifyError, load_root_notify
+from orchestrator.notify.sender import SenderThread
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
@@ -63,6 +73,7 @@ class _Entry:
     due: datetime | None = None     # None: not schedulable (the error was logged)
     queued: bool = False
     running: datetime | None = None  # when the running wake started
+    said_paused: bool = False       # "paused" is said once, not per tick
 
 
 @dataclass
@@ -110,7 +121,12 @@ class Scheduler:
                  + ("; ".join(self._plan(e) for e in self._entries.values()) or "add one with "
                     f"`wakeloop init {self.root}/NAME`"))
         next_scan = time.monotonic() + self.rescan_s
+        SenderThread(self._queues, self.say, self.stop).start()   # notifications: off the wakes' path
+        next_beat = 0.0
         while not self.stop.is_set():
+            if time.monotonic() >= next_beat:   # `status` tells a running serve from a dead one by this
+                control.beat(self.root)
+                next_beat = time.monotonic() + control.HEARTBEAT_S
             self._reap()
             if time.monotonic() >= next_scan:
                 self._scan()
@@ -156,12 +172,21 @@ class Scheduler:
         try:
             agent = load_agent(entry.dir)
             _check_prices(agent)
-            entry.name, entry.schedule = agent.name, parse_schedule(agent.schedule)
+            entry.name, entry.schedule = agent.name, parse_schedule(agent.schedule, agent.timezone)
         except (AgentError, PolicyError, ScheduleError, ValueError) as exc:
             entry.name, entry.schedule, entry.due = entry.name or entry.dir.name, None, None
             self.say(f"{entry.dir.name}: not scheduled: {exc}")
+            self._not_started(entry.dir, entry.name, f"not scheduled: {exc}")
             return
-        entry.due = first_due(entry.schedule, last_tick(entry.dir / "state"), utcnow())
+        now, last = utcnow(), last_tick(entry.dir / "state")
+        entry.due = first_due(entry.schedule, last, now)
+        missed = entry.schedule.next_after(last) if last else None
+        if missed and misfired(entry.schedule, missed, now):   # said, and in its events: not silent
+            why = (f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
+                   f"not run late; next {stamp(entry.due)}")
+            self.say(f"{entry.name}: {why}")
+            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").emit("tick_skipped", tick=missed.isoformat(),
+                                                                          reason=why)
 
     def _plan(self, e: _Entry) -> str:
         if e.schedule is None or e.due is None:
@@ -172,6 +197,12 @@ class Scheduler:
 
     def _tick(self, now: datetime) -> None:
         for entry in self._entries.values():
+            if control.take_run_request(entry.dir / "state"):   # `wakeloop run-now`: a person asked
+                self.say(f"{entry.name}: run-now requested" + (": already running or queued"
+                                                               if entry.running or entry.queued else ""))
+                if not (entry.running or entry.queued):
+                    entry.queued = True
+                    self._queue.append(entry.dir)
             if entry.due is None or entry.due > now:
                 continue
             tick = entry.due
@@ -179,6 +210,8 @@ class Scheduler:
             if entry.due <= now:            # behind (a slow queue, a suspended host): coalesce
                 entry.due = entry.schedule.next_after(now)
             save_tick(entry.dir / "state", tick)
+            if self._held(entry, tick):
+                continue
             if entry.running or entry.queued:
                 why = (f"its wake started {stamp(entry.running)} is still running" if entry.running
                        else "its previous tick is still queued")
@@ -186,6 +219,50 @@ class Scheduler:
                 continue
             entry.queued = True
             self._queue.append(entry.dir)
+
+    def _held(self, entry: _Entry, tick: datetime) -> bool:
+        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
+        h = health.load(entry.dir / "state")
+        if h.paused:
+            if not entry.said_paused:
+                self.say(f"{entry.name}: paused ({h.paused_reason}); `wakeloop resume {entry.dir}` lets it wake")
+            entry.said_paused = True
+            return True
+        entry.said_paused = False
+        until = h.backoff_until()
+        if until > time.time():
+            self.say(f"{entry.name}: tick {stamp(tick)} skipped: backing off after {h.failures} failed wake(s), "
+                     f"until {stamp(datetime.fromtimestamp(until, timezone.utc))}")
+            return True
+        return False
+
+    def _queues(self) -> list:
+        """(state_dir, channels) of every agent with notifications waiting, for the sender thread.
+        An agent whose agent.yaml does not load now keeps its queue until it does."""
+        found = []
+        for path in agent_dirs(self.root):
+            if any((path / "state/notify/queue").glob("*.json")):
+                try:
+                    found.append((path / "state", load_agent(path).notify))
+                except (WakeloopError, ValueError):
+                    continue
+        return found
+
+    def _not_started(self, agent_dir: Path, name: str, reason: str) -> None:
+        """A wake that could not start is that agent's failure too: events, health, notifications."""
+        try:
+            agent = load_agent(agent_dir)
+            channels, pause_after = agent.notify, agent.pause_after_failures
+        except (WakeloopError, ValueError):
+            try:
+                channels = load_root_notify(self.root)
+            except NotifyError:
+                channels = ()
+            pause_after = PAUSE_AFTER_FAILURES
+        try:
+            outcomes.not_started(agent_dir, name, channels, pause_after, reason)
+        except OSError as exc:
+            self.say(f"{name}: could not record the failure in its state/: {exc}")
 
     def _dispatch(self) -> None:
         while self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set():
@@ -208,9 +285,11 @@ class Scheduler:
             line = describe_receipt(agent.name, receipt)
         except (WakeloopError, ValueError) as exc:
             line = f"{name}: wake not started: {exc}"
+            self._not_started(agent_dir, name, str(exc))
         except Exception as exc:  # a bug in one wake must not stop the others
             line = (f"{name}: wake crashed after {time.monotonic() - started:.1f}s: "
                     f"{type(exc).__name__}: {exc}")
+            self._not_started(agent_dir, name, f"the wake crashed: {type(exc).__name__}: {exc}")
         self._finished.append(_Finished(agent_dir, line))
         self._wakeup.set()
 
@@ -249,6 +328,11 @@ class Scheduler:
         else:
             self.say("stopped: every wake ended cleanly")
         return 0
+
+
+def _ago(delta) -> str:
+    s = int(delta.total_seconds())
+    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s"
 
 
 def _loop_wake() -> WakeFn:

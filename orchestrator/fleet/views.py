@@ -17,6 +17,8 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.fleet.control import scheduler_note
+from orchestrator.notify import health, queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
@@ -56,7 +58,29 @@ def agent_status(agent: Agent) -> dict:
     except TaskError as exc:
         data["open_tasks"] = {"error": str(exc)}
     data["disk"] = disk_status(agent)
+    data["health"], data["notify"] = health_status(sd)
     return data
+
+
+def health_status(sd: Path) -> tuple[dict, dict]:
+    """Failures, pause, and the notification queue: waiting, given up (notify/)."""
+    h = health.load(sd)
+    finished = queue.done(sd)
+    waiting = queue.pending(sd)
+    return ({"failures": h.failures, "failing_since": h.failing_since or None, "last_reason": h.last_reason,
+             "paused": h.paused, "paused_reason": h.paused_reason},
+            {"waiting": len(waiting), "retrying": [f"{i.label}: {i.last_error}" for i in waiting if i.attempts],
+             "sent": sum(1 for d in finished if d.get("outcome") == "sent"),
+             "gave_up": [f"{d.get('label')}: {d.get('event')} {d.get('id')}: {d.get('detail')}"
+                         for d in finished if d.get("outcome") == "gave_up"]})
+
+
+def _health_line(h: dict) -> str:
+    if h["paused"]:
+        return f"PAUSED: {h['paused_reason']}"
+    if h["failures"]:
+        return f"failing since {h['failing_since']} ({h['failures']} in a row): {h['last_reason']}"
+    return "ok"
 
 
 def disk_status(agent: Agent) -> dict:
@@ -123,6 +147,12 @@ def render_agent_status(d: dict) -> str:
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
     lines.append(f"  outbox       {d['outbox_messages']} message(s) from the agent")
+    lines.append(f"  health       {_health_line(d['health'])}" + (f" (`wakeloop resume {d['dir']}`)"
+                                                                 if d["health"]["paused"] else ""))
+    n = d["notify"]
+    lines.append(f"  notify       {n['sent']} sent, {n['waiting']} waiting, {len(n['gave_up'])} given up")
+    lines += [f"    retrying   {line}" for line in n["retrying"][:3]]
+    lines += [f"    gave up    {clean(line)}" for line in n["gave_up"][-3:]]
     if d["warning"]:
         lines.append(f"  {d['warning']}")
     return "\n".join(lines)
@@ -130,9 +160,9 @@ def render_agent_status(d: dict) -> str:
 
 # -- every agent under ROOT -----------------------------------------------------------------
 
-STATUS_HEADER = ["AGENT", "MODE", "LAST WAKE", "RESULT", "NEXT WAKE", "TOKENS TODAY", "TOKENS TOTAL",
+STATUS_HEADER = ["AGENT", "MODE", "LAST WAKE", "RESULT", "NEXT WAKE", "HEALTH", "TOKENS TODAY", "TOKENS TOTAL",
                  "USD TODAY", "USD TOTAL", "OPEN TASKS", "UNREAD OUTBOX"]
-_ROW_KEYS = ["agent", "mode", "last_wake", "result", "next_wake", "tokens_today", "tokens_total",
+_ROW_KEYS = ["agent", "mode", "last_wake", "result", "next_wake", "health", "tokens_today", "tokens_total",
              "usd_today", "usd_total", "open_tasks", "unread_outbox"]
 
 
@@ -140,6 +170,7 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
     """One dict per agent under ROOT (a config error is a row that says so)."""
     now = now or utcnow()
     rows = []
+    no_scheduler = scheduler_note(root) is not None
     for path in agent_dirs(root):
         sd = path / "state"
         try:
@@ -150,11 +181,14 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
             continue
         state, _ = load_state(sd)
         r = state.last_receipt or {}
-        nxt = next_wake(path, agent.schedule, now)
+        nxt = next_wake(path, agent.schedule, now, agent.timezone)
+        h = health_status(sd)[0]
         row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
                "last_wake": _short_time(r.get("started_at"), now) if r else "never",
                "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-               "next_wake": stamp(nxt) if nxt else "bad schedule",
+               "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+                             else stamp(nxt) if nxt else "bad schedule"),
+               "health": _health_line(h),
                "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd))}
         try:
             book = read_book(sd)
@@ -178,7 +212,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+    note = scheduler_note(root)
+    return (note + "\n" if note else "") + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
 
 
 def status_table(root: Path) -> str:

@@ -15,12 +15,14 @@ import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
+from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
                                         read_config)
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"
 SANDBOX_UID = 1000                    # the sandbox image's unprivileged user
+PAUSE_AFTER_FAILURES = 5              # consecutive failed wakes before serve pauses an agent
 
 
 class AgentError(ConfigError):
@@ -35,6 +37,9 @@ class Agent:
     schedule: str
     policy: Policy
     dry_run: bool
+    timezone: str = "UTC"           # IANA zone of a cron schedule (fleet/schedule.py checks it)
+    notify: tuple = ()              # notify.config.Channel: agent.yaml's, then ROOT/notify.yaml's
+    pause_after_failures: int = PAUSE_AFTER_FAILURES   # failed wakes in a row before serve pauses it
 
     @property
     def workspace(self) -> Path:
@@ -49,7 +54,7 @@ class Agent:
         return self.dir / "mandate.md"
 
 
-_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every"}
+_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every", "timezone", "notify", "pause_after_failures"}
 
 
 def load_agent(agent_dir: str | Path) -> Agent:
@@ -79,7 +84,25 @@ def load_agent(agent_dir: str | Path) -> Agent:
         schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
         policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
+        timezone=str(data.get("timezone") or "UTC"),
+        notify=_notify(data.get("notify"), config, node),
+        pause_after_failures=_count(data.get("pause_after_failures", PAUSE_AFTER_FAILURES),
+                                    _at(config, node, "pause_after_failures")),
     )
+
+
+def _notify(value, config: Path, node) -> tuple:
+    """agent.yaml's notify list, then ROOT/notify.yaml's (ROOT: the folder holding the agent)."""
+    try:
+        return parse_notify(value, config, node) + load_root_notify(config.parent.parent)
+    except NotifyError as exc:
+        raise AgentError(str(exc)) from None
+
+
+def _count(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AgentError(f"{where}: expected a whole number of at least 1, got {value!r}")
+    return value
 
 
 def _at(config: Path, node, key: str) -> str:
@@ -126,7 +149,8 @@ AGENT_YAML = """\
 # wakeloop agent: see README.md. This file is trusted and never mounted into the sandbox.
 name: {name}
 model: {model}
-schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s`
+schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s` (s, m, h, d)
+timezone: UTC               # the zone the cron line is read in (an IANA name such as Europe/Berlin)
 policy: {policy}
 dry_run: true               # no API calls until you set this false (or pass --live)
 """

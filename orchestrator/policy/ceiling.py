@@ -15,6 +15,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
     env_names: [LANG, "LC_*"]          # names sandbox.env may set (fnmatch patterns)
     hosts: [pypi.org, "*.pythonhosted.org"]  # what sandbox.allow_hosts may name
     max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...,
+          max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
           calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
 
 Every key is optional; one left out is not limited, except the broker's
@@ -37,6 +38,8 @@ from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, p
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size", "disk")
 COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s", "files")
+TRANSCRIPT = ("max_wake_bytes", "max_agent_bytes", "retention_days")   # transcript.*: what state/ may hold
+WAKE = ("max_wake_s",)                        # budget.*: how long one wake may hold a sandbox
 TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
@@ -71,6 +74,8 @@ class Ceiling:
                                  f"{value} is not one the broker allows: {', '.join(allowed)}")
         asked = {f"sandbox.{name}": getattr(box, name) for name in SIZES + COUNTS if name != "timeout_s"}
         asked |= {f"tools.{tool}.timeout_s": getattr(policy.tools, tool).timeout_s for tool in TIMED_TOOLS}
+        asked |= {f"transcript.{name}": getattr(policy.transcript, name) for name in TRANSCRIPT}
+        asked |= {f"budget.{name}": getattr(policy.budget, name) for name in WAKE}
         for path, value in asked.items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
@@ -78,7 +83,7 @@ class Ceiling:
                 return self._say(policy, path, f"none (a folder with no limit) is over the broker's "
                                  f"ceiling of {limit:,} bytes")
             if limit is not None and value > limit:
-                unit = " bytes" if name in SIZES else ""
+                unit = " bytes" if name in SIZES or name.endswith("_bytes") else ""
                 return self._say(policy, path, f"{value:,}{unit} is over the broker's ceiling of {limit:,}{unit}")
         return None
 
@@ -187,10 +192,11 @@ def load_ceiling(path: str | Path) -> Ceiling:
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
     for name, limit in maxima.items():
-        if name not in SIZES + COUNTS + CAPACITY:
-            raise fail(("max", name), f"unknown key; max bounds {', '.join(SIZES + COUNTS + CAPACITY)}")
+        known = SIZES + COUNTS + TRANSCRIPT + WAKE + CAPACITY
+        if name not in known:
+            raise fail(("max", name), f"unknown key; max bounds {', '.join(known)}")
         try:
-            limits[name] = parse_size(limit) if name in SIZES else _number(limit)
+            limits[name] = parse_size(limit) if name in SIZES or name.endswith("_bytes") else _number(limit)
             if name in CAPACITY and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:

@@ -30,8 +30,10 @@ class Budget:
     max_steps: int = 40                 # model round-trips per wake, hard stop
     max_tokens_per_wake: int = 200_000  # input + output + cache tokens per wake
     max_output_tokens: int = 4096       # per model call
-    max_usd_per_wake: float = 0.0       # USD, worst case checked before each call; 0 = no cap
-    max_usd_per_day: float = 0.0        # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    max_usd_per_wake: float = 1.00      # USD, worst case checked before each call; 0 = no cap
+    max_usd_per_day: float = 10.00      # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    allow_unpriced: bool = False        # a live wake on a model with no known price: refused unless true
+    max_wake_s: float = 1800.0          # wall clock of one wake: checked at each step, caps each tool call
 
 
 @dataclass(frozen=True)
@@ -189,11 +191,20 @@ class SandboxPolicy:
 
 
 @dataclass(frozen=True)
+class TranscriptPolicy:
+    """state/transcripts/ (records/transcript.py): what one wake and one agent may keep."""
+    max_wake_bytes: int = 8 * 2**20     # bytes of one wake's transcript; past it lines are counted, not kept
+    max_agent_bytes: int = 256 * 2**20  # bytes of all of an agent's transcripts; the oldest go first
+    retention_days: int = 30            # days a transcript is kept (by its last write)
+
+
+@dataclass(frozen=True)
 class Policy:
     version: int = 1
     budget: Budget = field(default_factory=Budget)
     tools: Tools = field(default_factory=Tools)
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
     source: str = "<defaults>"          # where it was read from, for messages
     # (key path, line) of every key read, so a check made later against the
     # engine (image, runtime) can still name the line.
@@ -211,7 +222,8 @@ DEFAULT = Policy()
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes"}
+_SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
+                "max_agent_bytes"}
 # Under gVisor the pids limit counts the Sentry's host threads too: below ~56 a
 # box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
 RUNSC_MIN_PIDS = 128
@@ -494,6 +506,18 @@ def _files(value, path, source, node) -> int:
     return value
 
 
+def _positive(value, path, source, node) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"expected a number of seconds greater than zero, got {value!r}")
+    return float(value)
+
+
+def _days(value, path, source, node) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a whole number of days, at least 1, got {value!r}")
+    return value
+
+
 def _version(value, path, source, node) -> int:
     if value != 1 or isinstance(value, bool):
         raise ValueError(f"this wakeloop reads policy version 1, got {value!r}")
@@ -635,6 +659,7 @@ _CHECKS = {
     "pool": _pool, "disk": _disk, "files": _files,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
+    "retention_days": _days, "max_wake_s": _positive,
 }
 
 

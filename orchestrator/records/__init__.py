@@ -2,7 +2,8 @@
 
 files.py (atomic write, advisory locks), state.py (state.json, the wake lock,
 inbox and outbox), events.py (the append-only event log), ledger.py (prices,
-usage, the USD ledger and the per-wake meter), tasks.py (the task queue).
+usage, the USD ledger and the per-wake meter), tasks.py (the task queue),
+transcript.py (every wake's words, bounded and pruned).
 
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold
 data; rendering them for a person is fleet/views.py's job.

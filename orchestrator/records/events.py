@@ -78,9 +78,16 @@ def read_events(path: Path) -> Iterator[Event]:
         return
     with f:
         for line in f:
-            try:
-                raw = json.loads(line)
-                yield Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
-                            raw.get("data") if isinstance(raw.get("data"), dict) else {})
-            except (ValueError, KeyError, TypeError):
-                continue
+            event = parse_event(line)
+            if event is not None:
+                yield event
+
+
+def parse_event(line: str) -> Event | None:
+    """One line of the log as an Event, or None for a torn or foreign line."""
+    try:
+        raw = json.loads(line)
+        return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
+                     raw.get("data") if isinstance(raw.get("data"), dict) else {})
+    except (ValueError, KeyError, TypeError):
+        return None

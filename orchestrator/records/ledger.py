@@ -164,14 +164,15 @@ def worst_case_usd(price: Price, input_tokens: int, max_tokens: int, cache_ttl: 
 
 
 def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) -> Price | None:
-    """The model's price; a LedgerError when a USD cap is set and no price is known."""
+    """The model's price; a LedgerError when a USD cap is set (the default) and no price is known,
+    unless the policy says budget.allow_unpriced: true (then no USD cap can apply to it)."""
     price = price_for(model, prices)
     caps = [k for k in ("max_usd_per_wake", "max_usd_per_day") if getattr(budget, k, None)]
-    if caps and price is None:
+    if caps and price is None and not getattr(budget, "allow_unpriced", False):
         raise LedgerError(
             f"{where}: budget.{caps[0]} is set but model {model!r} has no known price; "
             f"add it to a prices file named by {PRICES_ENV} (shape: {PRICES_FILE.name}), "
-            "or remove the cap")
+            "or set budget.allow_unpriced: true (no USD cap then applies to it)")
     return price
 
 

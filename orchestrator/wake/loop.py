@@ -1,5 +1,10 @@
 """One wake, top to bottom: lock → context → model → registry → sandbox → events → journal → state → receipt.
 
+Beside the events, every step's words go to the wake's transcript
+(records/transcript.py) as they happen, and news for a person (a dead
+letter, a send_message, ...) is only queued (notify/outcomes.py): delivery
+is the sender's, never the wake's.
+
 The harness is dumb; the agent is smart. This module does the seed harness's
 life cycle and nothing else: it holds the lock, assembles the context, calls
 the model, runs the tools it asks for, enforces the caps, makes sure a trace
@@ -21,7 +26,10 @@ Stop reasons, each handled on purpose:
   again, so it is a dead letter for a human to look at.
 - model_context_window_exceeded and any value we do not know: dead letter.
 
-Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`.
+Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
+and so does `max_wake_s` (wall clock), at the first step boundary past it;
+each tool call's timeout is cut to the time left, so a hung call cannot hold
+the wake (a model request in flight keeps the SDK's own timeout).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with no tools offered and a note to write its journal
@@ -41,7 +49,8 @@ event (a scheduler's SIGTERM) ends the wake at the next step boundary with
 status done, reason "stopped".
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
-reading the workspace (workspace.py), the lock and state files (state.py).
+reading the workspace (workspace.py), the lock and state files (state.py),
+the transcript's format (records/transcript.py), notifications (notify/).
 """
 
 from __future__ import annotations
@@ -56,9 +65,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.notify import outcomes
 from orchestrator.records import ledger
 from orchestrator.records import tasks
 from orchestrator.records import state as st
+from orchestrator.records import transcript as tr
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.wake.context import CACHE, build_context, journal_day
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
@@ -108,6 +119,7 @@ class Receipt:
     started_at: str = ""
     usd: float = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
     task: str = ""                  # the task this wake claimed (tasks.py), if any
+    messages_waiting: int = 0       # a dry run: the human's messages left for the first live wake
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,6 +192,11 @@ class _Wake:
         self.inbox_committed = False
         self.closing_note: str | None = None
         self.secrets = secrets_from_env()
+        self.transcript = tr.Transcript(agent.state_dir, run_id, agent.policy.transcript.max_wake_bytes,
+                                        self.secrets)
+        self.transcribed = 0            # messages[:transcribed] are in the transcript already
+        self.messages_sent = 0          # send_message calls: each notification's id names its number
+        self.waiting = 0                # a dry run: the human's messages it left in the inbox
 
     @property
     def tokens(self) -> int:
@@ -223,6 +240,7 @@ class _Wake:
         receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
                           reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
         st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt.to_dict()))
+        self._notify(outcomes.after_wake, self.agent, receipt)
         return receipt
 
     def _run_in(self, state: st.State, model: Model | None, turns: list[dict]) -> Receipt:
@@ -232,20 +250,22 @@ class _Wake:
         self.day = journal_day(now)
         self.model = model or ScriptedModel(turns, name=f"scripted ({agent.model} when live)",
                                             variables={"wake": self.wake_no, "today": self.day})
-        inbox = st.drain_inbox(sd)
+        # A dry run leaves the human's messages (and any a killed wake took) for the first live wake.
+        inbox = st.drain_inbox(sd) if self.model.live else ""
+        self.inbox_committed = not self.model.live
         try:
             self._started(inbox)
             self.task = self._claim_task()
             self.files = self.box.files()   # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
+            self.transcript.system(self.ctx.system, self.ctx.system_hash)
             completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
-            self.registry = build_registry(agent.policy, self.box,
-                                           outbox=lambda text: st.append_outbox(sd, text, self.wake_no),
-                                           extra=completer)
+            self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer,
+                                           remaining=self._time_left)
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
@@ -254,6 +274,8 @@ class _Wake:
         receipt = self._receipt(status, reason, journal)
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens,
                                   last_receipt=receipt.to_dict()))
+        self._close_transcript(receipt)
+        self._notify(outcomes.after_wake, self.agent, receipt)
         self.events.emit("wake_finished", status=status, reason=reason, tokens=self.tokens,
                          steps=self.steps, receipt=receipt.to_dict())
         self.say(f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
@@ -271,9 +293,14 @@ class _Wake:
         messages = st.count_messages(inbox)
         if messages:
             self.say(f"{messages} message(s) from your human in this wake's context")
+        self.waiting = 0 if self.model.live else st.count_messages(st.peek_inbox(self.agent.state_dir))
+        if self.waiting:
+            self.say(f"{self.waiting} message(s) from your human wait for the first live wake")
         self.events.emit("wake_started", wake=self.wake_no, agent=self.agent.name, model=self.model.name,
                          live=self.model.live, policy=self.agent.policy.source, inbox_messages=messages,
                          took_over_lock_from=stale.pid if stale else None)
+        self.transcript.add("wake", run_id=self.run_id, wake=self.wake_no, agent=self.agent.name,
+                            model=self.model.name, live=self.model.live)
 
     def _claim_task(self) -> tasks.Task | None:
         task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
@@ -307,6 +334,8 @@ class _Wake:
                 return "done", "stopped"
             if self.steps >= self.budget.max_steps:
                 return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
+            if self._time_left() <= 0:
+                return self._budget_stop("max_wake_s", f"max_wake_s ({self.budget.max_wake_s:g}s) reached")
             over = self.meter.check(ledger.estimate_tokens(self.ctx.system, tools, messages),
                                     self.budget.max_output_tokens)
             if over:  # the worst case of this call would pass a USD cap: it is not made
@@ -343,6 +372,9 @@ class _Wake:
                          max_tokens=self.budget.max_output_tokens, messages=len(messages),
                          system_prompt_hash=self.ctx.system_hash, tools=[t["name"] for t in tools],
                          tool_choice=(tool_choice or {}).get("type", "auto"))
+        for text in _user_texts(messages[self.transcribed:]):  # tool results went in as they ran
+            self.transcript.add("user", step=step, text=text)
+        self.transcribed = len(messages)
         turn = self.model.call(system=self.ctx.system_blocks(), tools=tools, messages=messages,
                                max_tokens=self.budget.max_output_tokens, tool_choice=tool_choice)
         if not self.inbox_committed:
@@ -358,6 +390,8 @@ class _Wake:
         self.events.emit("model_response", step=step, stop_reason=turn.stop_reason, usage=u.to_dict(),
                          tool_names=[b["name"] for b in turn.tool_uses], model=turn.model,
                          tokens_this_wake=self.tokens)
+        self.transcript.add("assistant", step=step, content=turn.content, stop_reason=turn.stop_reason,
+                            usage=u.to_dict(), model=turn.model, usd_so_far=round(self.meter.usd, 6))
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
@@ -366,7 +400,7 @@ class _Wake:
         """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
         results = []
         for call in turn.tool_uses:
-            if self.stop.is_set():
+            if self.stop.is_set() or self._time_left() <= 0:
                 results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
                 continue
             self.tool_calls += 1
@@ -378,9 +412,31 @@ class _Wake:
                 self.events.emit("policy_denied", step=self.steps, tool=name, reason=result.denied)
             self.events.emit("tool_result", step=self.steps, id=call["id"], tool=name,
                              is_error=result.is_error, result_chars=len(result.text), **result.detail)
+            self.transcript.add("tool_result", step=self.steps, id=call["id"], tool=name, text=result.text,
+                                is_error=result.is_error, denied=result.denied or None, **result.detail)
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
             results.append(result.to_anthropic(call["id"]))
         return results
+
+    def _time_left(self) -> float:
+        """Seconds of budget.max_wake_s left; a tool call's timeout is cut to it (tools.py)."""
+        return self.budget.max_wake_s - (time.monotonic() - self.started)
+
+    def _message(self, text: str) -> None:
+        """send_message: into the outbox in state/, and queued for whoever asked to be told."""
+        st.append_outbox(self.agent.state_dir, text, self.wake_no)
+        self.messages_sent += 1
+        self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
+
+    def _notify(self, queue_it, *args) -> None:
+        """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
+        receipt, so any failure here (a full disk, a bug) is recorded and said, never raised."""
+        try:
+            queue_it(*args)
+        except Exception as exc:
+            why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
+            self.events.emit("notify_error", error=why)
+            self.say(why)
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
@@ -411,6 +467,25 @@ class _Wake:
                  + ("" if written else f" ({detail})"))
         return kind if written else f"{kind} not written: {detail}"
 
+    def _close_transcript(self, receipt: Receipt) -> None:
+        """The transcript's last line, then its retention (records/transcript.py prune)."""
+        self.transcript.end(status=receipt.status, reason=receipt.reason, steps=receipt.steps,
+                            tokens=receipt.tokens, tool_calls=receipt.tool_calls, usd=receipt.usd,
+                            duration_ms=receipt.duration_ms, journal=receipt.journal)
+        caps = self.agent.policy.transcript
+        try:
+            pruned = tr.prune(self.agent.state_dir, max_agent_bytes=caps.max_agent_bytes,
+                              retention_days=caps.retention_days, keep=self.run_id)
+        except OSError as exc:
+            self.transcript.error = self.transcript.error or f"transcript retention failed: {exc}"
+        else:
+            if pruned.files:
+                self.events.emit("transcripts_pruned", files=pruned.files, bytes=pruned.bytes,
+                                 prompts=pruned.prompts)
+        if self.transcript.error:  # never silent, never fatal: the wake itself went on
+            self.events.emit("transcript_error", error=self.transcript.error)
+            self.say(self.transcript.error)
+
     def _receipt(self, status: str, reason: str, journal: str) -> Receipt:
         return Receipt(run_id=self.run_id, agent=self.agent.name, wake=self.wake_no, status=status,
                        reason=reason, steps=self.steps, tokens=self.tokens, input_tokens=self.input,
@@ -419,7 +494,8 @@ class _Wake:
                        duration_ms=int((time.monotonic() - self.started) * 1000),
                        model=self.model.name, live=self.model.live, journal=journal,
                        started_at=self.started_at, usd=round(self.meter.usd, 6),
-                       task=self.task.id if getattr(self, "task", None) else "")
+                       task=self.task.id if getattr(self, "task", None) else "",
+                       messages_waiting=self.waiting)
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:
@@ -429,6 +505,17 @@ def _add_user_text(messages: list[dict], text: str) -> None:
         last["content"] = [*last["content"], {"type": "text", "text": text}]
     else:
         messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+
+
+def _user_texts(messages: list[dict]) -> list[str]:
+    """The text the harness sent in these messages: user strings and text blocks (not tool results)."""
+    out = []
+    for m in messages:
+        if m["role"] != "user":
+            continue
+        blocks = [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
+        out += [b["text"] for b in blocks if b.get("type") == "text"]
+    return out
 
 
 def _for_log(args) -> object:

@@ -116,10 +116,11 @@ def _signature(schema: dict) -> str:
 # -- the three tools ----------------------------------------------------------------
 
 def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None],
-                   extra: list[Tool] = ()) -> Registry:
+                   extra: list[Tool] = (), remaining: Callable[[], float] | None = None) -> Registry:
     """The tools for one wake. `outbox` appends one message to state/outbox.txt;
-    `extra` are host-side tools made elsewhere (complete_task, tasks.py)."""
-    box = _Toolbox(policy, sandbox, outbox)
+    `extra` are host-side tools made elsewhere (complete_task, tasks.py); `remaining`
+    is the wake's time left (budget.max_wake_s), which caps every call's timeout."""
+    box = _Toolbox(policy, sandbox, outbox, remaining)
     t = policy.tools
     return Registry([
         Tool("bash", (
@@ -147,17 +148,26 @@ def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], Non
     ])
 
 
+MIN_CALL_S = 1.0                    # a call's timeout when the wake's time is (nearly) up: it still answers
+
+
 class _Toolbox:
-    def __init__(self, policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None]):
+    def __init__(self, policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None],
+                 remaining: Callable[[], float] | None = None):
         self.policy, self.sandbox, self.outbox = policy, sandbox, outbox
+        self.remaining = remaining
         self.sent = 0
+
+    def _timeout(self, policy_s: float) -> float:
+        """The tool's timeout, cut to what is left of the wake's wall clock."""
+        return policy_s if self.remaining is None else max(MIN_CALL_S, min(policy_s, self.remaining()))
 
     def bash(self, args: dict) -> ToolResult:
         command = args["command"]
         if not command.strip():
             return error("bash: the command is empty")
         cfg = self.policy.tools.bash
-        return _from_sandbox(self.sandbox.run(command, timeout_s=cfg.timeout_s,
+        return _from_sandbox(self.sandbox.run(command, timeout_s=self._timeout(cfg.timeout_s),
                                               max_output_chars=cfg.max_output_chars), error_on_fail=False)
 
     def write_file(self, args: dict) -> ToolResult:
@@ -166,7 +176,7 @@ class _Toolbox:
         reason = cfg.refusal(path, len(content))  # policy.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
-        return _from_sandbox(self.sandbox.write(path, content, timeout_s=cfg.timeout_s,
+        return _from_sandbox(self.sandbox.write(path, content, timeout_s=self._timeout(cfg.timeout_s),
                                                 protect_git=cfg.protect_git), error_on_fail=True)
 
     def send_message(self, args: dict) -> ToolResult:

@@ -1,0 +1,15 @@
+"""Telling a person: notifications out of an unattended agent, never lost, never slowing a wake.
+
+config.py (the `notify:` entries of agent.yaml and ROOT/notify.yaml, read
+once into frozen Channels), queue.py (the durable queue under
+state/notify/: a file per notification and channel, written before anyone
+tries to send it), channels.py (webhook, slack, email, command: one delivery
+each, one secret-free line on failure), sender.py (delivers what is due, in
+order per channel, with exponential backoff and a bounded give-up),
+health.py (consecutive failures: backoff, `failing` once, pause, `recovered`),
+outcomes.py (what a wake's end, a send_message and a new day put in the queue).
+
+Sits beside records/: imports records/, errors and policy/schema's line
+finder only, never wake/ or fleet/, so the loop, the scheduler and
+policy/agent.py (which reads `notify:`) can all call it.
+"""

@@ -1,0 +1,155 @@
+"""What goes into the queue, and when: a wake's end, a send_message, a wake that could not start, a new day.
+
+Every function here only *queues* (queue.enqueue: a file written
+atomically) and returns at once: delivery is the sender's, later, so a
+receiver that hangs never slows or breaks a wake.
+
+A notification is one JSON object, the same on every channel:
+
+    {"id": "demo/3f2a9c1b07de/dead_letter", "agent": "demo", "event": "dead_letter",
+     "title": "demo: dead letter", "text": "...", "run_id": "3f2a9c1b07de",
+     "time": "2026-12-01T03:00:00.000Z", "data": {...}}
+
+`id` is stable (agent, run, event, and the message's number or the day),
+so a receiver that sees it twice (at least once) can drop the second.
+
+Not here: sending (sender.py), the failure rules (health.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+from orchestrator.notify import health, queue
+from orchestrator.notify.config import Channel
+from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_events
+from orchestrator.records.files import atomic_write
+
+WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")   # receipt statuses that are news by themselves
+DAILY_FILE = "daily.json"           # under state/notify/: the last UTC day a digest was queued for
+TEXT_CAP = 8000                     # chars of the agent's own text in one notification
+
+
+def payload(agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "",
+            data: dict | None = None) -> dict:
+    return {"id": f"{agent}/{id_tail}", "agent": agent, "event": event, "title": title, "text": text[:TEXT_CAP],
+            "run_id": run_id, "time": now_iso(), "data": data or {}}
+
+
+def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
+    """Queue `note` for every channel that asked for its event; how many were queued."""
+    n = 0
+    for channel in channels:
+        if note["event"] in channel.on:
+            queue.enqueue(state_dir, queue.Item(id=note["id"], channel=channel.key, label=channel.label,
+                                                event=note["event"], payload=note, queued_at=time.time()))
+            n += 1
+    if n:
+        EventLog(Path(state_dir) / EVENTS_FILE, note["run_id"] or "notify").emit(
+            "notify_queued", id=note["id"], event=note["event"], channels=n)
+    return n
+
+
+def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
+    """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
+    emit(agent.state_dir, agent.notify, payload(
+        agent.name, "message", f"{run_id}/message/{number}", f"{agent.name} (wake #{wake}) says", text, run_id,
+        {"wake": wake}))
+
+
+def after_wake(agent, receipt) -> None:
+    """A finished wake: its own news, the health rules, and a digest if a day has turned."""
+    r = receipt
+    see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
+    if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
+        emit(agent.state_dir, agent.notify, payload(
+            agent.name, r.status, f"{r.run_id}/{r.status}", f"{agent.name}: {r.status.replace('_', ' ')}",
+            f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
+    if r.status != "blocked":           # waiting for money is not failing
+        _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,
+                ok=r.status != "dead_letter", reason=r.reason, run_id=r.run_id, wake=r.wake)
+    daily(agent.state_dir, agent.name, agent.notify)
+
+
+def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause_after: int, reason: str) -> None:
+    """A wake that could not start (bad config, no engine, no broker): in its events, its health, and out."""
+    state_dir = Path(agent_dir) / "state"
+    state_dir.mkdir(mode=0o700, exist_ok=True)
+    EventLog(state_dir / EVENTS_FILE, "not-started").emit("wake_not_started", reason=reason)
+    _health(state_dir, name, str(agent_dir), channels, pause_after, ok=False, reason=reason,
+            run_id="", wake=None)
+
+
+def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id, wake) -> None:
+    h, said = health.record(state_dir, ok, reason, at=time.time(), at_iso=now_iso(), pause_after=pause_after,
+                            fatal=not ok and "HTTP 401" in reason)
+    if said:
+        EventLog(Path(state_dir) / EVENTS_FILE, run_id or "health").emit(
+            "health", said=said, failures=h.failures, paused=h.paused, reason=reason)
+    series = h.failing_since or now_iso()       # one series of failures: its notes share ids
+    texts = {
+        "failing": (f"{name} is failing", f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
+                    f"{reason}\nBacking off between wakes; paused after {pause_after}."),
+        "paused": (f"{name} is paused", f"{h.paused_reason}\nNo wake runs until you fix it and resume: "
+                   f"`wakeloop resume {where}`."),
+        "recovered": (f"{name} recovered", f"Wake #{wake} finished normally; the failures are over."),
+    }
+    for event in said:
+        title, text = texts[event]
+        emit(state_dir, channels, payload(name, event, f"{event}/{series if event != 'recovered' else run_id}",
+                                          title, text, run_id, {"failures": h.failures, "reason": reason}))
+
+
+def _first_today(state_dir: Path, what: str) -> bool:
+    """True once per UTC day for `what`: a wake blocked by the USD cap is blocked every tick until
+    midnight, and one notification says so."""
+    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    marker = queue.notify_dir(state_dir) / f"{what}.day"
+    try:
+        if marker.read_text(encoding="utf-8").strip() == today:
+            return False
+    except OSError:
+        pass
+    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write(marker, today)
+    return True
+
+
+def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str | None = None) -> None:
+    """At the first wake of a UTC day, a digest of the last day digested (only if a channel asked)."""
+    if not any("daily" in c.on for c in channels):
+        return
+    today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    marker = queue.notify_dir(state_dir) / DAILY_FILE
+    try:
+        last = marker.read_text(encoding="utf-8").strip()
+    except OSError:
+        last = ""
+    if last == today:
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if last:
+        emit(state_dir, channels, digest(state_dir, name, last))
+    atomic_write(marker, today)
+
+
+def digest(state_dir: Path, name: str, day: str) -> dict:
+    """One day's wakes, statuses, cost per model and messages, from the event log."""
+    receipts = [e.data.get("receipt") or {} for e in read_events(Path(state_dir) / EVENTS_FILE)
+                if e.type == "wake_finished" and e.timestamp.startswith(day)]
+    statuses = Counter(r.get("status", "?") for r in receipts)
+    cost: Counter = Counter()
+    for r in receipts:
+        cost[r.get("model", "?")] += float(r.get("usd") or 0)
+    messages = sum(1 for e in read_events(Path(state_dir) / EVENTS_FILE)
+                   if e.type == "tool_call" and e.data.get("tool") == "send_message" and e.timestamp.startswith(day))
+    lines = [f"{len(receipts)} wake(s): " + (", ".join(f"{n} {s}" for s, n in statuses.most_common()) or "none"),
+             "cost: " + (", ".join(f"${usd:.4f} {model}" for model, usd in cost.items()) or "$0"),
+             f"messages from the agent: {messages}"]
+    return payload(name, "daily", f"daily/{day}", f"{name}: {day}", "\n".join(lines), "",
+                   {"day": day, "wakes": len(receipts), "statuses": dict(statuses), "usd_by_model": dict(cost),
+                    "messages": messages})

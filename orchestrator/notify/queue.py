@@ -1,0 +1,132 @@
+"""The durable notification queue: `state/notify/`, written before anyone tries to send.
+
+    state/notify/queue/<ns>-<channel>-<rnd>.json  one notification for one channel, waiting
+    state/notify/done.jsonl                  one line per item delivered or given up
+
+An item is a whole file written atomically (files.atomic_write), named by
+the nanosecond it was queued, so a directory listing sorted by name is the
+order to send in, and a crash or kill -9 at any moment leaves each item
+either fully queued or not yet queued, never half. An item leaves the queue
+only after done.jsonl says what became of it, so the worst a crash does is
+send one again: delivery is at least once, and every notification carries a
+stable `id` for the receiver to deduplicate on.
+
+An item names its channel by the channel's key and label (config.py), never
+by its URL, address or token: nothing secret is ever written under state/.
+
+Not here: when an item is due and how it is sent (sender.py, channels.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from orchestrator.records.files import atomic_write
+
+NOTIFY_DIR = "notify"               # under state/
+QUEUE_DIR = "queue"
+DONE_FILE = "done.jsonl"
+SENDER_LOCK = "sender.lock"         # one sender per agent at a time (serve's, or a standalone wake's)
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str                         # the notification's stable id: the same on every channel and retry
+    channel: str                    # Channel.key
+    label: str                      # Channel.label: safe to show
+    event: str
+    payload: dict                   # what the receiver gets (see outcomes.payload)
+    queued_at: float                # epoch seconds
+    attempts: int = 0
+    next_at: float = 0.0            # not before this (epoch seconds)
+    last_error: str = ""
+    name: str = field(default="", compare=False)   # the file's name in queue/
+
+
+def notify_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / NOTIFY_DIR
+
+
+def enqueue(state_dir: Path, item: Item) -> Item:
+    folder = notify_dir(state_dir) / QUEUE_DIR
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = f"{time.time_ns():020d}-{item.channel}-{os.urandom(3).hex()}.json"   # sorts in queued order
+    item = replace(item, name=name)
+    atomic_write(folder / name, _dump(item))
+    return item
+
+
+def pending(state_dir: Path) -> list[Item]:
+    """Every waiting item, in the order queued; a file that does not parse is skipped (and kept)."""
+    folder = notify_dir(state_dir) / QUEUE_DIR
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
+    items = []
+    for name in names:
+        try:
+            raw = json.loads((folder / name).read_text(encoding="utf-8"))
+            items.append(Item(**{**raw, "name": name}))
+        except (OSError, ValueError, TypeError):
+            continue
+    return items
+
+
+def update(state_dir: Path, item: Item) -> None:
+    atomic_write(notify_dir(state_dir) / QUEUE_DIR / item.name, _dump(item))
+
+
+def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "") -> None:
+    """Record what became of an item (sent | gave_up), then take it off the queue."""
+    line = json.dumps({"id": item.id, "channel": item.channel, "label": item.label, "event": item.event,
+                       "outcome": outcome, "attempts": item.attempts, "at": at, "detail": detail,
+                       "queued_at": item.queued_at}, ensure_ascii=False) + "\n"
+    fd = os.open(notify_dir(state_dir) / DONE_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    (notify_dir(state_dir) / QUEUE_DIR / item.name).unlink(missing_ok=True)
+
+
+def done(state_dir: Path) -> list[dict]:
+    """What became of every finished item, oldest first; a torn last line is skipped."""
+    try:
+        text = (notify_dir(state_dir) / DONE_FILE).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def prune(state_dir: Path, *, retention_days: int, now: float | None = None) -> int:
+    """Drop done.jsonl lines older than `retention_days`; returns how many went.
+
+    Queued items are never pruned (they are given up by the sender, which
+    records it). Call it under the sender lock, as finish() is. Like
+    transcript.prune, a small local rule meant to be folded into the one
+    retention mechanism for state/."""
+    now = time.time() if now is None else now
+    lines = done(state_dir)
+    keep = [d for d in lines if now - float(d.get("at", now)) <= retention_days * 86400]
+    if len(keep) < len(lines):
+        atomic_write(notify_dir(state_dir) / DONE_FILE,
+                     "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
+    return len(lines) - len(keep)
+
+
+def _dump(item: Item) -> str:
+    data = asdict(item)
+    data.pop("name")
+    return json.dumps(data, ensure_ascii=False)

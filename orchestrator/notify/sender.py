@@ -1,0 +1,155 @@
+"""The sender: delivers what is due in an agent's queue, in order per channel, until it is sent or given up.
+
+Rules, each in one place below:
+
+- Order: items go out in the order queued, per channel. While a channel's
+  oldest item waits for its retry, the items behind it wait too, so a
+  receiver that was down gets everything, once each, in order.
+- Backoff: the n-th failed attempt of an item waits BASE_S * 2**(n-1),
+  capped at CAP_S, so a receiver back after an hour hears within CAP_S.
+- Give up: a failed attempt on an item older than its channel's
+  give_up_after (default 24h) ends it; done.jsonl and the events say so,
+  and `status` counts it.
+- One sender per agent at a time: a non-blocking flock on
+  state/notify/sender.lock. serve's thread and a standalone wake's pass
+  never deliver the same item at once; the loser just returns.
+
+Time is passed in (`now`, epoch seconds), never read here: tests drive the
+backoff through hours without waiting.
+
+Not here: what a delivery does (channels.py), the files (queue.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.notify import queue
+from orchestrator.notify.channels import DeliveryError, deliver
+from orchestrator.notify.config import Channel
+from orchestrator.records.events import EVENTS_FILE, EventLog
+
+BASE_S = 5.0                        # first retry after a failed attempt
+CAP_S = 600.0                       # longest wait between attempts: a receiver back is heard within this
+SERVE_POLL_S = 2.0                  # how often serve's sender looks at every agent's queue
+DONE_RETENTION_DAYS = 30            # done.jsonl lines kept (queue.prune)
+
+
+def retry_after(attempts: int) -> float:
+    return min(CAP_S, BASE_S * 2 ** max(0, attempts - 1))
+
+
+@dataclass
+class Report:
+    sent: list[str] = field(default_factory=list)       # "label: answer"
+    failed: list[str] = field(default_factory=list)     # "label: error (retry in Ns)"
+    gave_up: list[str] = field(default_factory=list)
+    waiting: int = 0                                     # items still queued after this pass
+    busy: bool = False                                   # another sender holds the lock
+
+
+def send_due(state_dir: Path, channels: tuple[Channel, ...], *, now: float, environ=os.environ,
+             send: Callable[[Channel, dict, object], str] = deliver) -> Report:
+    """One pass over the agent's queue: every item that is due, tried once."""
+    report = Report()
+    folder = queue.notify_dir(state_dir)
+    if not (folder / queue.QUEUE_DIR).is_dir():
+        return report
+    with _sender_lock(folder) as mine:
+        if not mine:
+            report.busy = True
+            return report
+        by_key = {c.key: c for c in channels}
+        held: set[str] = set()      # channels whose older item is still waiting: the rest of theirs wait
+        for item in queue.pending(state_dir):
+            if item.channel in held:
+                continue
+            channel = by_key.get(item.channel)
+            if channel is None:
+                _give_up(state_dir, item, now, "its channel is no longer in agent.yaml or notify.yaml", report)
+            elif item.next_at > now:
+                held.add(item.channel)
+            else:
+                _attempt(state_dir, channel, item, now, environ, send, report, held)
+        queue.prune(state_dir, retention_days=DONE_RETENTION_DAYS, now=now)
+        report.waiting = len(queue.pending(state_dir))
+    return report
+
+
+def _attempt(state_dir, channel, item, now, environ, send, report, held) -> None:
+    item = replace(item, attempts=item.attempts + 1)
+    try:
+        answer = send(channel, item.payload, environ)
+    except DeliveryError as exc:
+        error = str(exc)
+        if now - item.queued_at >= channel.give_up_after_s:
+            _give_up(state_dir, item, now, f"still failing after {channel.give_up_after_s / 3600:g}h: {error}",
+                     report)
+            return
+        wait = retry_after(item.attempts)
+        queue.update(state_dir, replace(item, next_at=now + wait, last_error=error))
+        _event(state_dir, item, "notify_failed", error=error, retry_in_s=wait)
+        report.failed.append(f"{item.label}: {error} (retry in {wait:g}s)")
+        held.add(item.channel)
+        return
+    queue.finish(state_dir, item, "sent", now, answer)
+    _event(state_dir, item, "notify_sent", answer=answer)
+    report.sent.append(f"{item.label}: {answer}")
+
+
+def _give_up(state_dir, item, now, why, report) -> None:
+    queue.finish(state_dir, item, "gave_up", now, why)
+    _event(state_dir, item, "notify_gave_up", error=why)
+    report.gave_up.append(f"{item.label}: {why}")
+
+
+def _event(state_dir: Path, item: queue.Item, type: str, **data) -> None:
+    EventLog(Path(state_dir) / EVENTS_FILE, str(item.payload.get("run_id") or "notify")).emit(
+        type, id=item.id, channel=item.label, event=item.event, attempts=item.attempts, **data)
+
+
+class _sender_lock:
+    """A non-blocking flock: yields True when this process is the agent's sender now."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / queue.SENDER_LOCK
+
+    def __enter__(self) -> bool:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+# -- serve's sender ------------------------------------------------------------------
+
+class SenderThread(threading.Thread):
+    """Under `serve`: every SERVE_POLL_S, one pass over every agent's queue under ROOT.
+    `agents()` lists (state_dir, channels) fresh each pass, so agent.yaml edits apply."""
+
+    def __init__(self, agents: Callable[[], list[tuple[Path, tuple[Channel, ...]]]],
+                 say: Callable[[str], None], stop: threading.Event, poll_s: float = SERVE_POLL_S):
+        super().__init__(name="notify-sender", daemon=True)
+        self.agents, self.say, self.stop, self.poll_s = agents, say, stop, poll_s
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for state_dir, channels in self.agents():
+                    report = send_due(state_dir, channels, now=time.time())
+                    for line in report.gave_up:
+                        self.say(f"{Path(state_dir).parent.name}: notification given up: {line}")
+            except Exception as exc:  # the sender must outlive any one agent's oddity, and say so
+                self.say(f"notify sender: {type(exc).__name__}: {exc}")
+            self.stop.wait(self.poll_s)

@@ -1,0 +1,225 @@
+"""The transcript of one wake: `state/transcripts/<run_id>.jsonl`, every word, as it happens.
+
+The event log (events.py) says *that* the model was called and a tool ran;
+the transcript keeps *what* was said: each user message the harness sent
+(the first one, its notes), the model's whole reply (text, tool_use inputs,
+stop reason, usage, the wake's cost so far), and each tool result exactly as
+the model saw it, with its exit code and duration. The system prompt is
+stable across wakes, so a line names its hash and the text is stored once per
+hash in `state/transcripts/prompts/<hash>.txt`.
+
+Kept as the event log is, for the same reasons: one JSON object a line, each
+written with a single write(2) on an O_APPEND descriptor the moment it
+happens, so a wake killed with -9 leaves a readable prefix; secrets scrubbed
+from every line before it is written (events.scrub); state/ is never mounted
+into a box, so the agent can neither read nor forge it.
+
+Bounded: past `max_wake_bytes` a wake's lines are counted, not kept (one
+`truncated` line says so, and the `end` line is always written); `prune`
+removes transcripts older than `retention_days`, then the oldest until the
+agent's all fit `max_agent_bytes`, and prompts no transcript names.
+
+Line types: wake (start), system (prompt hash), user, assistant,
+tool_result, truncated, end. Every line has "type", "t" (UTC time) and the
+run_id in its file name.
+
+Not here: what a wake records (wake/loop.py), how a transcript is shown
+(fleet/logview.py), the policy keys (policy/schema.py TranscriptPolicy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.records.events import now_iso, scrub
+from orchestrator.records.files import atomic_write
+
+TRANSCRIPTS_DIR = "transcripts"     # under state/
+PROMPTS_DIR = "prompts"             # under state/transcripts/: one text per system prompt hash
+SUFFIX = ".jsonl"
+END_RESERVE = 4096                  # bytes kept back from max_wake_bytes so the `end` line always fits
+DAY_S = 86_400
+
+
+def transcripts_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / TRANSCRIPTS_DIR
+
+
+def transcript_path(state_dir: Path, run_id: str) -> Path:
+    return transcripts_dir(state_dir) / f"{run_id}{SUFFIX}"
+
+
+class Transcript:
+    """Appends one wake's lines to its file; never raises past a full disk (the wake matters more)."""
+
+    def __init__(self, state_dir: Path, run_id: str, max_wake_bytes: int, secrets: tuple[str, ...]):
+        self.dir = transcripts_dir(state_dir)
+        self.path = transcript_path(state_dir, run_id)
+        self.max_bytes = max_wake_bytes
+        self.secrets = secrets
+        self.written = 0
+        self.dropped_lines = self.dropped_bytes = 0
+        self.error: str | None = None   # the first write that failed, for the wake to report once
+
+    def system(self, text: str, sha: str) -> None:
+        """The system prompt by hash; its text once per hash, in prompts/."""
+        prompt = self.dir / PROMPTS_DIR / f"{sha}.txt"
+        if not prompt.exists():
+            try:
+                prompt.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                atomic_write(prompt, scrub(text, self.secrets))
+            except OSError as exc:
+                self._failed(exc)
+        self.add("system", hash=sha, chars=len(text))
+
+    def add(self, type: str, **data: Any) -> None:
+        line = scrub(json.dumps({"type": type, "t": now_iso(), **data}, ensure_ascii=False, default=str),
+                     self.secrets) + "\n"
+        raw = line.encode("utf-8")
+        if type != "end" and self.written + len(raw) > self.max_bytes - END_RESERVE:
+            self._drop(len(raw))
+            return
+        self._write(raw)
+
+    def end(self, **data: Any) -> None:
+        if self.dropped_lines:
+            data = {**data, "dropped_lines": self.dropped_lines, "dropped_bytes": self.dropped_bytes}
+        self.add("end", **data)
+
+    def _drop(self, size: int) -> None:
+        if not self.dropped_lines:  # said once, where the gap begins
+            self._write(json.dumps({"type": "truncated", "t": now_iso(), "max_wake_bytes": self.max_bytes},
+                                   ensure_ascii=False).encode() + b"\n")
+        self.dropped_lines += 1
+        self.dropped_bytes += size
+
+    def _write(self, raw: bytes) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, raw)
+            finally:
+                os.close(fd)
+            self.written += len(raw)
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = f"the transcript {self.path} could not be written: {exc.strerror or exc}"
+
+
+# -- reading ------------------------------------------------------------------
+
+def read_lines(path: Path) -> Iterator[dict]:
+    """Every well-formed line in order; a torn last line (a killed wake) is skipped."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    with f:
+        for text in f:
+            line = parse_line(text)
+            if line is not None:
+                yield line
+
+
+def parse_line(text: str) -> dict | None:
+    """One transcript line, or None for a torn or foreign one."""
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return None
+    return line if isinstance(line, dict) and isinstance(line.get("type"), str) else None
+
+
+def runs(state_dir: Path) -> list[Path]:
+    """The agent's transcripts, oldest first (by their last write)."""
+    folder = transcripts_dir(state_dir)
+    try:
+        found = [p for p in folder.iterdir() if p.name.endswith(SUFFIX) and p.is_file()]
+    except FileNotFoundError:
+        return []
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def find_run(state_dir: Path, run_id: str | None) -> Path | None:
+    """A run's transcript by id (a unique prefix will do); the newest without one."""
+    every = runs(state_dir)
+    if not run_id or run_id == "last":
+        return every[-1] if every else None
+    hits = [p for p in every if p.name.startswith(run_id)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def prompt_text(state_dir: Path, sha: str) -> str | None:
+    try:
+        return (transcripts_dir(state_dir) / PROMPTS_DIR / f"{sha}.txt").read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+
+
+# -- retention ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pruned:
+    files: int = 0
+    bytes: int = 0
+    prompts: int = 0
+
+
+def prune(state_dir: Path, *, max_agent_bytes: int, retention_days: int, keep: str = "",
+          now: float | None = None) -> Pruned:
+    """Transcript retention, for one agent; called at the end of every wake.
+
+    In order: transcripts whose last write is older than `retention_days`
+    go; then the oldest until all that remain fit `max_agent_bytes`; then
+    prompt texts no remaining transcript names. The transcript of run `keep`
+    (the wake that is ending) is never removed. Returns what it removed.
+
+    This is deliberately small and local: when state/ has one retention
+    mechanism for every record (the event log first), this is its
+    transcripts rule, to be folded into it."""
+    now = time.time() if now is None else now
+    every = runs(state_dir)
+    sizes = {p: p.stat().st_size for p in every}
+    removed: list[Path] = []
+    for p in every:
+        if p.stem != keep and now - p.stat().st_mtime > retention_days * DAY_S:
+            removed.append(p)
+    total = sum(size for p, size in sizes.items() if p not in removed)
+    for p in every:
+        if total <= max_agent_bytes:
+            break
+        if p.stem != keep and p not in removed:
+            removed.append(p)
+            total -= sizes[p]
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return Pruned(files=len(removed), bytes=sum(sizes[p] for p in removed),
+                  prompts=_prune_prompts(state_dir, [p for p in every if p not in removed]))
+
+
+def _prompt_hash(path: Path) -> str | None:
+    """The hash a transcript's system line names (near the top: the rest is not read)."""
+    for line in read_lines(path):
+        if line["type"] == "system":
+            return line.get("hash")
+    return None
+
+
+def _prune_prompts(state_dir: Path, kept: list[Path]) -> int:
+    named = {_prompt_hash(p) for p in kept}
+    folder = transcripts_dir(state_dir) / PROMPTS_DIR
+    gone = 0
+    for prompt in folder.glob("*.txt") if folder.is_dir() else ():
+        if prompt.stem not in named:
+            prompt.unlink(missing_ok=True)
+            gone += 1
+    return gone
