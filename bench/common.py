@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
+from orchestrator.sandbox import disk  # noqa: E402
 from orchestrator.sandbox.engine import LABEL, connect  # noqa: E402
 
 PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
@@ -171,12 +172,21 @@ def idle_cost(cids: list[str]) -> str:
     return f"{len(cids)} containers, {' + '.join(usage) or '? (docker stats said nothing)'}"
 
 
+def own_disks(tmp: Path) -> None:
+    """The bench's agents' workspace disks go under its temp dir (children inherit it)."""
+    os.environ[disk.DISKS_ENV] = str(tmp / "disks")
+
+
 def cleanup(tmp: Path) -> int:
-    """Remove every sandbox container whose workspace is under the bench's temp dir."""
-    api = connect().api
+    """Remove every sandbox container whose workspace is under the bench's temp dir,
+    then the disks of its agents (unmounted, detached, deleted)."""
+    client = connect()
     gone = 0
-    for c in api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+    for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
         if c["Labels"].get("wakeloop.workspace", "").startswith(str(tmp)):
-            api.remove_container(c["Id"], force=True)
+            client.api.remove_container(c["Id"], force=True)
             gone += 1
+    if disk.disks_dir() == tmp / "disks":
+        for key in disk.keys():
+            disk.release(client, key, delete=True)
     return gone

@@ -17,17 +17,17 @@ machine's drift falls on all alike:
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 # common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import Stats, cleanup, make_agent, say, stats, timed_ms
+from common import Stats, cleanup, make_agent, own_disks, say, stats, timed_ms
 from per_call import Reference
 from orchestrator.sandbox import disk
-from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.engine import DockerSandbox
 
 CALLS = 40
 STARTS = 10
@@ -96,17 +96,15 @@ def main() -> int:
     reason = disk.unavailable()
     if reason:
         raise SystemExit(f"bench: {reason}")
-    tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-disk-"))
-    os.environ.setdefault(disk.DISKS_ENV, str(tmp / "disks"))
-    before = disk.keys()
+    tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-disk-")).resolve()
+    own_disks(tmp)
     results = {}
     try:
         for runtime in args.runtimes.split(","):
             results[runtime] = measure(tmp, runtime, args.calls)
     finally:
         cleanup(tmp)
-        for key in disk.keys() - before:
-            disk.release(connect(), key, delete=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     print(table(results))
     return 0
 

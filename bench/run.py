@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 # common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import PACE_S, bash_true, cleanup, make_agent, say, stats, write_1k
+from common import PACE_S, bash_true, cleanup, make_agent, own_disks, say, stats, write_1k
 from orchestrator.sandbox.engine import DockerSandbox
 from per_call import Reference, References, back_to_back, paced_wake
 from records_cost import queue_per_notification, transcript_per_step
@@ -165,6 +165,7 @@ def main() -> int:
     parser.add_argument("--profile", metavar="FILE", help="only profile the orchestrator-overhead wake (cProfile)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-")).resolve()
+    own_disks(tmp)
     results = {}
     started = time.perf_counter()
     try:

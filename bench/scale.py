@@ -57,7 +57,8 @@ def scale(tmp: Path, runtime: str, agents: int) -> Scale:
     for i in range(agents):
         make_agent(root / f"a{i:02d}", {"sandbox": {"runtime": runtime}}, schedule="1h")
     api = fake_api(Script(scale_tools, SCALE_TOOL_STEPS, PACE_S))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"}   # common.own_disks
     with api:
         env.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=KEY)
         child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--scale-child", str(root),
@@ -72,7 +73,7 @@ def scale(tmp: Path, runtime: str, agents: int) -> Scale:
     if child.returncode != 0:
         raise SystemExit(f"bench: the scale child failed (exit {child.returncode}): {out[-500:]}")
     report = json.loads(out.strip().splitlines()[-1])
-    receipts = {d.name: load_state(d / "state")[0].last_receipt or {} for d in sorted(root.iterdir())}
+    receipts = {d.name: load_state(d / "state")[0].last_receipt or {} for d in sorted(root.iterdir()) if d.is_dir()}
     failed = tuple(f"{name}: {r.get('status', 'no receipt')}: {r.get('reason', '')}"
                    for name, r in receipts.items() if r.get("status") != "done")
     for line in failed:
