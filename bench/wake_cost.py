@@ -36,9 +36,14 @@ class StandInSandbox:
     """BENCH-ONLY TEST DOUBLE for the container: answers every call at once with a
     canned SandboxResult, so what is left of a step is the orchestrator's own work."""
 
-    def __init__(self, output: str = ""):
+    def __init__(self, output: str = "", workspace: Path | None = None):
         self.output = output
         self.spent = 0.0
+        self.workspace = workspace      # read by the wake (context, journal) from the host
+
+    def files(self):
+        from orchestrator.sandbox.files import HostFiles
+        return HostFiles(self.workspace)
 
     def _answer(self) -> SandboxResult:
         started = time.perf_counter()
@@ -95,7 +100,7 @@ def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) ->
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
     agent = make_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
-    box = StandInSandbox()
+    box = StandInSandbox(workspace=agent.workspace)
     with LiveEnv(fake_api(Script(alternate, steps - 1, 0.0))):
         model = TimedModel(LiveModel(agent.model, KEY), box)  # the SDK reads the base URL now
         if profile:
@@ -158,7 +163,7 @@ def caching(tmp: Path) -> CacheCost:
         script = Script(bash_true, CACHE_STEPS - 1, 0.0)
         api = fake_api(script if label == "cached" else without_cache(script))
         with LiveEnv(api):
-            receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT))
+            receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT, agent.workspace))
         check_receipt(receipt, f"caching ({label})")
         if receipt.steps != CACHE_STEPS:
             raise SystemExit(f"bench: caching ({label}): {receipt.steps} steps, expected {CACHE_STEPS}")

@@ -42,10 +42,12 @@ from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, Sand
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
-# Idle connections the shared client keeps to the engine. Each wake at once holds up
-# to ~5 in flight (its call, two pool makers, the remover, a deadline's kill); past
-# the pool, urllib3 opens extra ones and closes them after use (with a warning), so
-# this covers serve's default 4 wakes and a broker's 16 calls with room to spare.
+# Connections the shared client keeps per URL. The SDK makes a pool per URL (so
+# per container: start, wait, inspect, delete) and keeps the 25 most recent, each
+# with its idle connections, closing the rest as they are evicted: serve's sockets
+# to the engine stay near 25-40 whatever the number of wakes. Concurrent requests
+# share a URL only on create and ping; past this size urllib3 would open extra
+# connections and warn, so it covers serve's 4 wakes and a broker's 16 calls.
 ENGINE_POOL = 32
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
 SWEEP_TIMEOUT_S = STRIP_MAX_S + 15  # the set-id walk's own cap, plus a container's start on a loaded host
