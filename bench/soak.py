@@ -38,6 +38,7 @@ tests/test_soak.py, which calls soak() below.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shutil
 import signal
@@ -78,6 +79,7 @@ class Soak:
     failures: list[str] = field(default_factory=list)
     state_bytes: int = 0    # all agents' state/ at the end, less what init left
     rotated: int = 0        # rotated segments under the agents' state/ at the end
+    gzip_ratio: float = 0.0     # the live event logs' size gzipped over plain: what rotation keeps
 
     @property
     def warm(self) -> list[Sample]:
@@ -118,7 +120,6 @@ def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: fl
     `state` is the agents' policy `state:` section, if not the default."""
     root = tmp / "agents"
     env = child_env(tmp)
-    os.environ.update(WAKELOOP_DISKS=env["WAKELOOP_DISKS"])   # cleanup() here finds the soak's disks
     for i in range(agents):
         make_soak_agent(root / f"s{i:02d}", runtime, state)
     before = state_bytes(root)
@@ -150,7 +151,14 @@ def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: fl
     result.failures = [line[:300] for line in lines if _is_wake_end(line) and not _is_done(line)]
     result.state_bytes = state_bytes(root) - before
     result.rotated = sum(1 for _ in root.glob("*/state/events-*"))
+    result.gzip_ratio = gzip_ratio(root)
     return result
+
+
+def gzip_ratio(root: Path) -> float:
+    plain = [p.read_bytes() for p in root.glob("*/state/events.jsonl")]
+    total = sum(len(b) for b in plain)
+    return sum(len(gzip.compress(b)) for b in plain) / total if total else 0.0
 
 
 def child_env(tmp: Path) -> dict[str, str]:
@@ -211,9 +219,17 @@ def release_disks(tmp: Path) -> None:
     from orchestrator.sandbox.engine import connect
     if not (tmp / "disks").is_dir():
         return
-    client = connect()
-    for key in disk.keys():
-        disk.release(client, key, delete=True)
+    saved = os.environ.get(disk.DISKS_ENV)
+    os.environ[disk.DISKS_ENV] = str(tmp / "disks")   # disk.py reads its folder from here
+    try:
+        client = connect()
+        for key in disk.keys():
+            disk.release(client, key, delete=True)
+    finally:
+        if saved is None:
+            os.environ.pop(disk.DISKS_ENV, None)
+        else:
+            os.environ[disk.DISKS_ENV] = saved
 
 
 def table(s: Soak) -> str:
@@ -228,7 +244,7 @@ def table(s: Soak) -> str:
               f"({len(s.warm)} after the warm-up)",
               f"wakes: {s.wakes} ({s.rate:.2f}/s)",
               f"state/ per wake: {s.bytes_per_wake:,.0f} bytes ({s.state_bytes:,} in all, "
-              f"{s.rotated} rotated segments)",
+              f"{s.rotated} rotated segments); the event log gzipped: {s.gzip_ratio:.3f} of it",
               f"failures: {len(s.failures)}"]
     marks = [(n, s.at_wake(n)) for n in (1_000, 10_000) if s.at_wake(n)]
     lines += [f"RSS at wake {n:,}: {m.rss_kb / 1024:.1f} MB (sample at {m.wakes:,})" for n, m in marks]
