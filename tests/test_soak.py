@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO / "bench"))   # after tests/ and the package: bench/ only adds its own modules
 
 import soak as bench_soak  # noqa: E402
 
