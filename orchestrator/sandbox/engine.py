@@ -74,7 +74,7 @@ _clients_lock = threading.Lock()
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
     """The process's client for the local engine (checked with a ping), or a SandboxError
     that says what is wrong and how to fix it. Shared by every wake, sandbox and thread
-    (the SDK's session is safe across threads; the broker has always shared one), so
+    (as the broker's one client always has been: urllib3's pools are thread-safe), so
     its idle connections are bounded (ENGINE_POOL above), instead of a client per wake
     whose sockets only the garbage collector would close."""
     where = engine_url()
