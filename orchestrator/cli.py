@@ -240,7 +240,8 @@ def cmd_broker(args) -> int:
 
 def cmd_log(args) -> int:
     from pathlib import Path
-    from orchestrator.records.events import EVENTS_FILE, read_events
+    """The retained history, oldest first, across rotated segments; streamed."""
+    from orchestrator.records.events import raw_history, read_history
     from orchestrator.fleet.views import format_event
     from orchestrator.fleet import logview
     if not (Path(args.agent_dir) / "agent.yaml").exists():
@@ -251,15 +252,10 @@ def cmd_log(args) -> int:
     if args.run is not None or args.follow:
         return _transcript(args.agent_dir, args.run, args.follow, args.json, args.system)
     agent = load_agent(args.agent_dir)
-    path = agent.state_dir / EVENTS_FILE
     if args.json:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                sys.stdout.writelines(f)
-        except FileNotFoundError:
-            pass
+        sys.stdout.writelines(raw_history(agent.state_dir))
         return EXIT_OK
-    for event in read_events(path):
+    for event in read_history(agent.state_dir):
         print(format_event(event))
     return EXIT_OK
 

@@ -22,6 +22,7 @@ from orchestrator.notify import health, queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
+from orchestrator.records import retention
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
@@ -59,6 +60,10 @@ def agent_status(agent: Agent) -> dict:
         data["open_tasks"] = {"error": str(exc)}
     data["disk"] = disk_status(agent)
     data["health"], data["notify"] = health_status(sd)
+    rules = agent.policy.state
+    data["state"] = {"bytes": retention.usage(sd), "rotate_bytes": rules.rotate_size,
+                     "rotate_days": rules.rotate_days, "keep_days": rules.keep_days,
+                     "keep_bytes": rules.keep_size}
     return data
 
 
@@ -104,6 +109,12 @@ def disk_status(agent: Agent) -> dict:
     return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
 
 
+def _render_state(d: dict) -> str:
+    return (f"{_mib(d['bytes'])} on the host (the log rotates past {_mib(d['rotate_bytes'])} or "
+            f"{d['rotate_days']:g} day(s); rotated files kept {d['keep_days']:g} days, "
+            f"at most {_mib(d['keep_bytes'])})")
+
+
 def _render_disk(d: dict) -> str:
     if not d["limit_bytes"]:
         return "none (sandbox.disk: none): a plain folder, no limit"
@@ -144,6 +155,7 @@ def render_agent_status(d: dict) -> str:
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
                  else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
     lines.append(f"  disk         {_render_disk(d['disk'])}")
+    lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
     lines.append(f"  outbox       {d['outbox_messages']} message(s) from the agent")

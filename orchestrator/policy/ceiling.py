@@ -16,6 +16,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
     hosts: [pypi.org, "*.pythonhosted.org"]  # what sandbox.allow_hosts may name
     max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...,
           max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
+          rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
           calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
 
 Every key is optional; one left out is not limited, except the broker's
@@ -43,6 +44,8 @@ WAKE = ("max_wake_s",)                        # budget.*: how long one wake may 
 TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
+STATE_SIZES = ("rotate_size", "keep_size")    # state.*: the host's disk that an agent's state/ may hold
+STATE_COUNTS = ("keep_days",)
 KEYS = (*LISTS, "users", "env_names", "hosts", "max")
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 _UID_GID = re.compile(r"^(\d+):(\d+)$")
@@ -76,6 +79,7 @@ class Ceiling:
         asked |= {f"tools.{tool}.timeout_s": getattr(policy.tools, tool).timeout_s for tool in TIMED_TOOLS}
         asked |= {f"transcript.{name}": getattr(policy.transcript, name) for name in TRANSCRIPT}
         asked |= {f"budget.{name}": getattr(policy.budget, name) for name in WAKE}
+        asked |= {f"state.{name}": getattr(policy.state, name) for name in STATE_SIZES + STATE_COUNTS}
         for path, value in asked.items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
@@ -83,7 +87,7 @@ class Ceiling:
                 return self._say(policy, path, f"none (a folder with no limit) is over the broker's "
                                  f"ceiling of {limit:,} bytes")
             if limit is not None and value > limit:
-                unit = " bytes" if name in SIZES or name.endswith("_bytes") else ""
+                unit = " bytes" if name in SIZES + STATE_SIZES or name.endswith("_bytes") else ""
                 return self._say(policy, path, f"{value:,}{unit} is over the broker's ceiling of {limit:,}{unit}")
         return None
 
@@ -191,12 +195,12 @@ def load_ceiling(path: str | Path) -> Ceiling:
     if not isinstance(maxima, dict):
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
+    bounded = SIZES + COUNTS + STATE_SIZES + STATE_COUNTS + TRANSCRIPT + WAKE + CAPACITY
     for name, limit in maxima.items():
-        known = SIZES + COUNTS + TRANSCRIPT + WAKE + CAPACITY
-        if name not in known:
-            raise fail(("max", name), f"unknown key; max bounds {', '.join(known)}")
+        if name not in bounded:
+            raise fail(("max", name), f"unknown key; max bounds {', '.join(bounded)}")
         try:
-            limits[name] = parse_size(limit) if name in SIZES or name.endswith("_bytes") else _number(limit)
+            limits[name] = parse_size(limit) if name in SIZES + STATE_SIZES or name.endswith("_bytes") else _number(limit)
             if name in CAPACITY and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:

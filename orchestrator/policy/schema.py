@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
+from orchestrator.records.retention import Retention
 
 
 class PolicyError(ConfigError):
@@ -205,6 +206,7 @@ class Policy:
     tools: Tools = field(default_factory=Tools)
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
+    state: Retention = field(default_factory=Retention)   # how much of state/ is kept (retention.py)
     source: str = "<defaults>"          # where it was read from, for messages
     # (key path, line) of every key read, so a check made later against the
     # engine (image, runtime) can still name the line.
@@ -223,7 +225,7 @@ DEFAULT = Policy()
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
-                "max_agent_bytes"}
+                "max_agent_bytes", "rotate_size", "keep_size"}
 # Under gVisor the pids limit counts the Sentry's host threads too: below ~56 a
 # box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
 RUNSC_MIN_PIDS = 128

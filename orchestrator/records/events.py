@@ -4,7 +4,8 @@ Every line is `{"run_id", "type", "timestamp", "data"}` and is written with a
 single `write(2)` on an O_APPEND descriptor the moment it happens, so a wake
 killed with -9 loses at most the line being written, and two processes
 appending at once never interleave inside a line. Reading tolerates a torn
-last line.
+last line. The live file is rotated (renamed, gzipped, later dropped) by
+retention.py at the start of a wake; read_history() reads across it all.
 
 Never a secret in it: the API key's value is scrubbed from every line before
 it is written, whatever field it hides in.
@@ -22,7 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from orchestrator.records import retention
+
 EVENTS_FILE = "events.jsonl"
+retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 MIN_SECRET_LEN = 8                  # shorter values would scrub ordinary words
 REDACTED = "[redacted]"
@@ -71,16 +75,19 @@ class Event:
 
 
 def read_events(path: Path) -> Iterator[Event]:
-    """Every well-formed event in order; a torn or foreign line is skipped."""
-    try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return
-    with f:
-        for line in f:
-            event = parse_event(line)
-            if event is not None:
-                yield event
+    """Every well-formed event of one file in order; a torn or foreign line is skipped."""
+    return _parse(retention.iter_lines([Path(path)]))
+
+
+def read_history(state_dir: Path) -> Iterator[Event]:
+    """Every retained event, oldest first: the rotated segments (gzipped or not), then
+    the live file. Streams: memory stays flat however long the history."""
+    return _parse(retention.iter_lines(retention.history(state_dir, EVENTS_FILE)))
+
+
+def raw_history(state_dir: Path) -> Iterator[str]:
+    """The same lines, as written (`wakeloop log --json`)."""
+    return retention.iter_lines(retention.history(state_dir, EVENTS_FILE))
 
 
 def parse_event(line: str) -> Event | None:
@@ -91,3 +98,7 @@ def parse_event(line: str) -> Event | None:
                      raw.get("data") if isinstance(raw.get("data"), dict) else {})
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _parse(lines: Iterator[str]) -> Iterator[Event]:
+    return (event for event in map(parse_event, lines) if event is not None)

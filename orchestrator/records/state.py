@@ -9,7 +9,9 @@ or a single O_APPEND write, so a wake killed with -9 leaves files that parse.
   dies, so a lock left by a crashed wake is taken over at once, and two wakes
   started together cannot both win.
 - state.json: the wake counter and lifetime tokens. Missing or corrupt, it is
-  rebuilt from the event log (or reset) with a warning, never a crash.
+  rebuilt from the event log (or reset) with a warning, never a crash: the
+  wake counter from the newest retained wake, the lifetime tokens from the
+  retained history only (retention.py may have dropped older segments).
 - inbox.txt: human messages for the next wake. A wake moves them to
   inbox.taken when it really starts and deletes that after its first model
   call; a wake that fails before (or a kill -9) leaves them to be put back.
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.events import read_history
 from orchestrator.records.files import atomic_write, locked
 
 LOCK_FILE = "wake.lock"
@@ -174,7 +176,7 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
 
 def rebuild_state(state_dir: Path) -> State:
     wake, tokens, last = 0, 0, None
-    for event in read_events(Path(state_dir) / EVENTS_FILE):
+    for event in read_history(Path(state_dir)):  # the retained segments too, oldest first
         if event.type == "wake_started":
             wake = max(wake, _count(event.data.get("wake", 0)))
         elif event.type == "wake_finished":

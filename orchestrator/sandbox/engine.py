@@ -42,6 +42,13 @@ from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, Sand
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
+# Connections the shared client keeps per URL. The SDK makes a pool per URL (so
+# per container: start, wait, inspect, delete) and keeps the 25 most recent, each
+# with its idle connections, closing the rest as they are evicted: serve's sockets
+# to the engine stay near 25-40 whatever the number of wakes. Concurrent requests
+# share a URL only on create and ping; past this size urllib3 would open extra
+# connections and warn, so it covers serve's 4 wakes and a broker's 16 calls.
+ENGINE_POOL = 32
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
 SWEEP_TIMEOUT_S = STRIP_MAX_S + 15  # the set-id walk's own cap, plus a container's start on a loaded host
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -60,15 +67,31 @@ def engine_url(environ=os.environ) -> str:
     return host or "unix:///var/run/docker.sock"
 
 
+_clients: dict[str, docker.DockerClient] = {}    # one per engine address, for the process's life
+_clients_lock = threading.Lock()
+
+
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
-    """A client for the local engine, or a SandboxError that says what is wrong and how to fix it."""
+    """The process's client for the local engine (checked with a ping), or a SandboxError
+    that says what is wrong and how to fix it. Shared by every wake, sandbox and thread
+    (as the broker's one client always has been: urllib3's pools are thread-safe), so
+    its idle connections are bounded (ENGINE_POOL above), instead of a client per wake
+    whose sockets only the garbage collector would close."""
     where = engine_url()
     try:
-        client = client or docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S)
+        client = client or _shared(where)
         client.ping()
         return client
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot reach the Docker engine at {where}: {_engine_problem(where, exc)}") from None
+
+
+def _shared(where: str) -> docker.DockerClient:
+    with _clients_lock:
+        if where not in _clients:
+            _clients[where] = docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S,
+                                                  max_pool_size=ENGINE_POOL)
+        return _clients[where]
 
 
 def _engine_problem(where: str, exc: Exception) -> str:
@@ -391,7 +414,10 @@ class DockerSandbox:
             state = self._final_state(cid, end)
         finally:
             deadline.cancel()
+            # Both: the SDK's socket object and the socket under it. Closing only the
+            # first leaves the descriptor open until the garbage collector finds it.
             sock.close()
+            raw.close()
         timed_out = deadline.fired
         return SandboxResult(
             exit_code=TIMEOUT_EXIT if timed_out else state["ExitCode"],

@@ -1,4 +1,4 @@
-"""One wake, top to bottom: lock → context → model → registry → sandbox → events → journal → state → receipt.
+"""One wake, top to bottom: lock → retention → context → model → registry → sandbox → events → journal → state → receipt.
 
 Beside the events, every step's words go to the wake's transcript
 (records/transcript.py) as they happen, and news for a person (a dead
@@ -72,6 +72,7 @@ from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.wake.context import CACHE, build_context, journal_day
+from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from orchestrator.sandbox.output import clean
@@ -149,12 +150,29 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     holder = lock.acquire()
     if holder is not None:
         return _skipped(agent, run_id, holder, events, say)
+    ours = None                     # a live model this wake made, and so closes
     try:
-        if model is None:
-            model = LiveModel(agent.model, api_key) if live else None
+        if model is None and live:
+            model = ours = LiveModel(agent.model, api_key)
+        _retain(agent, events, say)
         return _Wake(agent, run_id, events, lock, say, stop).run(sandbox, model, turns)
     finally:
+        if ours is not None:
+            ours.close()   # a wake leaves no connection open behind it
         lock.release()
+
+
+def _retain(agent: Agent, events: EventLog, say) -> None:
+    """state/ kept bounded before this wake adds to it (retention.py), under the lock.
+    Never fatal: a wake that cannot rotate still runs, and says why."""
+    try:
+        done = retention.enforce(agent.state_dir, agent.policy.state)
+    except OSError as exc:
+        done = [f"retention skipped: {exc}"]
+    for line in done:
+        say(f"state: {line}")
+    if done:
+        events.emit("retention", done=done)
 
 
 def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | None):
