@@ -185,3 +185,21 @@ def test_a_usd_cap_on_an_unpriced_model_refuses_to_start_with_one_line(agent_dir
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no known price" in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_cost_with_unpriced_calls_is_unknown_in_status_and_the_digest_never_zero(agent_dir):
+    from orchestrator.fleet.views import agent_status, render_agent_status
+    from orchestrator.notify.outcomes import digest
+    from orchestrator.records.events import EventLog
+    from orchestrator.records.ledger import Meter, Usage, read_book
+    from orchestrator.policy.schema import Budget
+    agent = load_agent(agent_dir)
+    meter = Meter(agent.state_dir, "model-with-no-price", Budget(allow_unpriced=True), {})
+    meter.record(Usage(input_tokens=1000, output_tokens=200))
+    assert read_book(agent.state_dir).day().unpriced == 1
+    text = render_agent_status(agent_status(agent))
+    assert "unknown (1 call(s) at no known price" in text and "$0.0000 today" not in text
+    EventLog(agent.state_dir / EVENTS_FILE, "r1").emit(
+        "wake_finished", receipt={"status": "done", "model": "model-with-no-price", "live": True, "usd": None})
+    day = read_events(agent.state_dir / EVENTS_FILE).__next__().timestamp[:10]
+    assert "unknown (no price) model-with-no-price" in digest(agent.state_dir, agent.name, day)["text"]

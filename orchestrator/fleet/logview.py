@@ -56,7 +56,7 @@ def render_line(line: dict) -> str:
         dropped = f"; {line['dropped_lines']} line(s) not kept" if line.get("dropped_lines") else ""
         return (f"{t} == {line.get('status')}: {clean(str(line.get('reason', '')))}; {line.get('steps')} steps, "
                 f"{line.get('tokens', 0):,} tokens, {line.get('tool_calls')} tool calls, "
-                f"${line.get('usd', 0):.4f}, {line.get('duration_ms', 0) / 1000:.1f}s{dropped}")
+                f"{_cost(line.get('usd'))}, {line.get('duration_ms', 0) / 1000:.1f}s{dropped}")
     return f"{t} {kind} {clean(json.dumps(line, ensure_ascii=False))[:INPUT_CAP]}"
 
 
@@ -137,3 +137,8 @@ def follow_root(root: Path, out: Callable[[str], None], stop: Callable[[], bool]
                 if event is not None:
                     out(f"{d.name:<16} {format_event(event)}")
         time.sleep(POLL_S)
+
+
+def _cost(usd) -> str:
+    """None is a cost that is not known (a model with no price), never $0."""
+    return f"${usd:.4f}" if isinstance(usd, (int, float)) else "cost unknown"

@@ -51,7 +51,8 @@ def agent_status(agent: Agent) -> dict:
     try:
         book = read_book(sd)
         data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens,
-                       "lifetime": book.lifetime.usd}
+                       "lifetime": book.lifetime.usd, "unpriced_calls_today": book.day().unpriced,
+                       "unpriced_calls_lifetime": book.lifetime.unpriced}
     except LedgerError as exc:
         data["usd"] = {"error": str(exc)}
     try:
@@ -126,6 +127,13 @@ def _render_disk(d: dict) -> str:
     return f"limit {limit}; no disk on this host yet (made at the first wake; under compose the broker has it)"
 
 
+def _usd(usd: float, unpriced: int) -> str:
+    """A cost with calls of unknown price in it is unknown, never shown as $0."""
+    if not unpriced:
+        return f"${usd:.4f}"
+    return f"unknown ({unpriced} call(s) at no known price, plus ${usd:.4f})"
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -149,8 +157,9 @@ def render_agent_status(d: dict) -> str:
     if "error" in usd:
         lines.append(f"  usd          {usd['error']}")
     else:
-        lines.append(f"  usd          ${usd['today']:.4f} today ({usd['tokens_today']:,} tokens), "
-                     f"${usd['lifetime']:.4f} lifetime")
+        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today "
+                     f"({usd['tokens_today']:,} tokens), "
+                     f"{_usd(usd['lifetime'], usd['unpriced_calls_lifetime'])} lifetime")
     tasks = d["open_tasks"]
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
                  else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
@@ -205,7 +214,8 @@ def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
         try:
             book = read_book(sd)
             day = book.day(now.strftime("%Y-%m-%d"))
-            row.update(usd_today=f"${day.usd:.4f}", usd_total=f"${book.lifetime.usd:.4f}",
+            row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
+                       usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
                        tokens_today=f"{day.tokens:,}")
         except LedgerError:
             row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",

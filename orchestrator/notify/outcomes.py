@@ -26,7 +26,7 @@ from typing import Iterable
 
 from orchestrator.notify import health, queue
 from orchestrator.notify.config import Channel
-from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_events
+from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.files import atomic_write
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")   # receipt statuses that are news by themselves
@@ -139,17 +139,19 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
 
 def digest(state_dir: Path, name: str, day: str) -> dict:
     """One day's wakes, statuses, cost per model and messages, from the event log."""
-    receipts = [e.data.get("receipt") or {} for e in read_events(Path(state_dir) / EVENTS_FILE)
-                if e.type == "wake_finished" and e.timestamp.startswith(day)]
+    events = [e for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated files too
+    receipts = [e.data.get("receipt") or {} for e in events if e.type == "wake_finished"]
     statuses = Counter(r.get("status", "?") for r in receipts)
     cost: Counter = Counter()
+    unknown = {r.get("model", "?") for r in receipts if r.get("live") and r.get("usd") is None}
     for r in receipts:
         cost[r.get("model", "?")] += float(r.get("usd") or 0)
-    messages = sum(1 for e in read_events(Path(state_dir) / EVENTS_FILE)
-                   if e.type == "tool_call" and e.data.get("tool") == "send_message" and e.timestamp.startswith(day))
+    messages = sum(1 for e in events if e.type == "tool_call" and e.data.get("tool") == "send_message")
     lines = [f"{len(receipts)} wake(s): " + (", ".join(f"{n} {s}" for s, n in statuses.most_common()) or "none"),
-             "cost: " + (", ".join(f"${usd:.4f} {model}" for model, usd in cost.items()) or "$0"),
+             "cost: " + (", ".join(f"{'unknown (no price)' if model in unknown else f'${usd:.4f}'} {model}"
+                                   for model, usd in cost.items()) or "$0"),
              f"messages from the agent: {messages}"]
     return payload(name, "daily", f"daily/{day}", f"{name}: {day}", "\n".join(lines), "",
-                   {"day": day, "wakes": len(receipts), "statuses": dict(statuses), "usd_by_model": dict(cost),
+                   {"day": day, "wakes": len(receipts), "statuses": dict(statuses),
+                    "usd_by_model": {m: None if m in unknown else usd for m, usd in cost.items()},
                     "messages": messages})

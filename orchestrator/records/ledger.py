@@ -187,6 +187,7 @@ class Totals:
     usd: float = 0.0
     tokens: int = 0
     calls: int = 0
+    unpriced: int = 0       # billed calls on a model with no known price: their cost is unknown, not $0
 
 
 @dataclass(frozen=True)
@@ -219,15 +220,16 @@ def _totals(raw: Any) -> Totals:
         return Totals()
     usd = raw.get("usd", 0)
     return Totals(float(usd) if isinstance(usd, (int, float)) and usd >= 0 else 0.0,
-                  _int(raw.get("tokens", 0)), _int(raw.get("calls", 0)))
+                  _int(raw.get("tokens", 0)), _int(raw.get("calls", 0)), _int(raw.get("unpriced", 0)))
 
 
-def record(state_dir: Path, usd: float, tokens: int) -> Book:
-    """Add one call to today's row and the lifetime total, atomically."""
+def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Book:
+    """Add one call to today's row and the lifetime total, atomically. `priced=False`:
+    a billed call whose cost is unknown (no price for its model)."""
     with locked(state_dir, LEDGER_LOCK):
         book = read_book(state_dir)
         date = today()
-        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1)  # noqa: E731
+        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))  # noqa: E731
         days = dict(book.days)
         days[date] = add(book.day(date))
         for old in sorted(days)[:-KEEP_DAYS]:
@@ -296,7 +298,7 @@ class Meter:
         self.usd += usd
         self.tokens += usage.tokens
         try:
-            record(self.state_dir, usd, usage.tokens)
+            record(self.state_dir, usd, usage.tokens, priced=not self.billed or self.price is not None)
         except LedgerError:
             pass  # left as found, for a human: check() refuses the next call while a day cap needs it
         return usd

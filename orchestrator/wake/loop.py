@@ -511,7 +511,8 @@ class _Wake:
                        cache_creation_tokens=self.cache_creation, tool_calls=self.tool_calls,
                        duration_ms=int((time.monotonic() - self.started) * 1000),
                        model=self.model.name, live=self.model.live, journal=journal,
-                       started_at=self.started_at, usd=round(self.meter.usd, 6),
+                       started_at=self.started_at,
+                       usd=None if self.meter.billed and self.meter.price is None else round(self.meter.usd, 6),
                        task=self.task.id if getattr(self, "task", None) else "",
                        messages_waiting=self.waiting)
 
