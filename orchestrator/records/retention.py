@@ -11,7 +11,9 @@ of file registers once, at import, by name:
   the same way.
 
 Either way, segments older than `keep_days` are deleted, then the oldest
-until what is left of that kind fits in `keep_size`. So state/ holds at most
+until what is left of that kind fits in `keep_size` (`expire`, the one
+expiry rule: transcript.prune applies it to the transcripts with their own
+limits, transcript.max_agent_bytes and retention_days). So state/ holds at most
 `rotate_size` (plus one wake's lines) live and `keep_size` rotated, per kind,
 whatever the schedule.
 
@@ -174,20 +176,29 @@ def _compress(path: Path) -> str:
 
 
 def _expire(state_dir: Path, kind: Kind, rules: Retention, now: datetime) -> list[str]:
-    """Segments past keep_days go, then the oldest until the rest fits in keep_size."""
-    found = segments(state_dir, kind)
-    cutoff = (now - timedelta(days=rules.keep_days)).timestamp()
-    sizes = {p: p.stat().st_size for p in found}
-    gone = [p for p in found if p.stat().st_mtime < cutoff]
-    kept = [p for p in found if p not in gone]
+    gone = expire(segments(state_dir, kind), rules.keep_days, rules.keep_size, now)
+    return [f"dropped {len(gone)} {kind.name} segment(s) past the retention"] if gone else []
+
+
+def expire(oldest_first: list[Path], keep_days: float, keep_bytes: int, now: datetime,
+           spare: frozenset[Path] = frozenset()) -> dict[Path, int]:
+    """The one expiry rule of state/, for every kind (the event log's segments here,
+    the transcripts with their own limits): files last written over `keep_days`
+    ago go, then the oldest until the rest fit in `keep_bytes`. `spare` never go
+    (a wake's own, still open). Returns what went, with its size."""
+    cutoff = (now - timedelta(days=keep_days)).timestamp()
+    sizes = {p: p.stat().st_size for p in oldest_first}
+    gone = [p for p in oldest_first if p not in spare and p.stat().st_mtime < cutoff]
+    kept = [p for p in oldest_first if p not in gone]
     total = sum(sizes[p] for p in kept)
-    while kept and total > rules.keep_size:
-        oldest = kept.pop(0)
-        total -= sizes[oldest]
-        gone.append(oldest)
+    for p in [p for p in kept if p not in spare]:
+        if total <= keep_bytes:
+            break
+        total -= sizes[p]
+        gone.append(p)
     for path in gone:
         path.unlink(missing_ok=True)
-    return [f"dropped {len(gone)} {kind.name} segment(s) past the retention"] if gone else []
+    return {p: sizes[p] for p in gone}
 
 
 def usage(state_dir: Path) -> int:

@@ -33,17 +33,18 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 from orchestrator.records.events import now_iso, scrub
+from orchestrator.records import retention
 from orchestrator.records.files import atomic_write
 
 TRANSCRIPTS_DIR = "transcripts"     # under state/
 PROMPTS_DIR = "prompts"             # under state/transcripts/: one text per system prompt hash
 SUFFIX = ".jsonl"
 END_RESERVE = 4096                  # bytes kept back from max_wake_bytes so the `end` line always fits
-DAY_S = 86_400
 
 
 def transcripts_dir(state_dir: Path) -> Path:
@@ -176,34 +177,16 @@ class Pruned:
 
 def prune(state_dir: Path, *, max_agent_bytes: int, retention_days: int, keep: str = "",
           now: float | None = None) -> Pruned:
-    """Transcript retention, for one agent; called at the end of every wake.
-
-    In order: transcripts whose last write is older than `retention_days`
-    go; then the oldest until all that remain fit `max_agent_bytes`; then
-    prompt texts no remaining transcript names. The transcript of run `keep`
-    (the wake that is ending) is never removed. Returns what it removed.
-
-    This is deliberately small and local: when state/ has one retention
-    mechanism for every record (the event log first), this is its
-    transcripts rule, to be folded into it."""
-    now = time.time() if now is None else now
+    """Transcript retention, for one agent; called at the end of every wake: the
+    one expiry rule of state/ (retention.expire) with the transcript's limits,
+    then the prompt texts no remaining transcript names. The transcript of run
+    `keep` (the wake that is ending) is never removed. Returns what it removed."""
+    when = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
     every = runs(state_dir)
-    sizes = {p: p.stat().st_size for p in every}
-    removed: list[Path] = []
-    for p in every:
-        if p.stem != keep and now - p.stat().st_mtime > retention_days * DAY_S:
-            removed.append(p)
-    total = sum(size for p, size in sizes.items() if p not in removed)
-    for p in every:
-        if total <= max_agent_bytes:
-            break
-        if p.stem != keep and p not in removed:
-            removed.append(p)
-            total -= sizes[p]
-    for p in removed:
-        p.unlink(missing_ok=True)
-    return Pruned(files=len(removed), bytes=sum(sizes[p] for p in removed),
-                  prompts=_prune_prompts(state_dir, [p for p in every if p not in removed]))
+    spare = frozenset(p for p in every if p.stem == keep)
+    gone = retention.expire(every, retention_days, max_agent_bytes, when, spare)
+    return Pruned(files=len(gone), bytes=sum(gone.values()),
+                  prompts=_prune_prompts(state_dir, [p for p in every if p not in gone]))
 
 
 def _prompt_hash(path: Path) -> str | None:
