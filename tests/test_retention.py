@@ -165,3 +165,25 @@ def test_state_keys_are_checked_and_bounded_by_the_ceiling():
         parse_policy("state: {keep_days: 0}\n", "p.yaml")
     with pytest.raises(PolicyError, match=r"state.rotate_size: expected a size"):
         parse_policy("state: {rotate_size: lots}\n", "p.yaml")
+
+
+def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp_path):
+    from orchestrator.records.state import (append_outbox, mark_outbox_read, read_outbox,
+                                            split_messages, unread_outbox)
+    sd = tmp_path / "state"
+    sd.mkdir()
+    for wake in range(1, 41):
+        append_outbox(sd, f"report {wake}: " + "x" * 200, wake)
+    mark_outbox_read(sd)                            # a person has seen all 40
+    append_outbox(sd, "not yet read", 41)
+    rules = Retention(rotate_size=4096, compress=True)
+    done = enforce(sd, rules)
+    assert any("already read" in line for line in done), done
+    assert [m["text"] for m in split_messages(read_outbox(sd))] == ["not yet read"]
+    assert unread_outbox(sd) == 1
+    kept = segments(sd, retention.KINDS[OUTBOX_FILE])
+    assert len(kept) == 1 and kept[0].name.endswith(".txt.gz")
+    with retention.open_text(kept[0]) as f:
+        assert f.read().count("report ") == 40
+    assert enforce(sd, rules) == []                 # nothing read since, below the size: nothing to do
+    assert enforce(sd, Retention(keep_size=0)) and not segments(sd, retention.KINDS[OUTBOX_FILE])

@@ -6,6 +6,8 @@ of file registers once, at import, by name:
 - a log (`register_log("events.jsonl")`): one live file appended to; when it
   passes `rotate_size` bytes, or its first line is `rotate_days` old, it is
   renamed to `NAME-<UTC stamp>.<ext>` and (with `compress`) gzipped;
+  A log may bring its own rotation (the outbox, state.py: only the part a
+  person has read leaves the live file, as a segment);
 - a folder of finished files (`register_folder("transcripts")`, one file a
   wake, say): each file in it is already a closed segment and is gzipped
   the same way.
@@ -42,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 DAY_S = 86_400
 STAMP = "%Y%m%dT%H%M%S%fZ"          # in a segment's name: when it was rotated, sortable as text
@@ -65,6 +67,9 @@ class Kind:
     """A growing file (or folder of files) under state/ that retention keeps bounded."""
     name: str                       # "events.jsonl" (a log) or "transcripts" (a folder)
     folder: bool = False
+    # A log whose live file cannot simply be renamed away (the outbox: only what a
+    # person has read may leave it) brings its own rotation; None: _rotate's.
+    rotate: Callable[[Path, "Kind", Retention, datetime], list[str]] | None = None
 
     def stem_ext(self) -> tuple[str, str]:
         stem, dot, ext = self.name.partition(".")
@@ -74,8 +79,8 @@ class Kind:
 KINDS: dict[str, Kind] = {}
 
 
-def register_log(name: str) -> Kind:
-    KINDS[name] = Kind(name)
+def register_log(name: str, rotate: Callable[[Path, Kind, Retention, datetime], list[str]] | None = None) -> Kind:
+    KINDS[name] = Kind(name, rotate=rotate)
     return KINDS[name]
 
 
@@ -128,7 +133,7 @@ def enforce(state_dir: Path, rules: Retention, now: datetime | None = None) -> l
     done: list[str] = []
     for kind in KINDS.values():
         if not kind.folder:
-            done += _rotate(Path(state_dir), kind, rules, now)
+            done += (kind.rotate or _rotate)(Path(state_dir), kind, rules, now)
         if rules.compress:
             done += [_compress(p) for p in segments(state_dir, kind) if not p.name.endswith(GZ)]
         done += _expire(Path(state_dir), kind, rules, now)

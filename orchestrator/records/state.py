@@ -15,7 +15,8 @@ or a single O_APPEND write, so a wake killed with -9 leaves files that parse.
 - inbox.txt: human messages for the next wake. A wake moves them to
   inbox.taken when it really starts and deletes that after its first model
   call; a wake that fails before (or a kill -9) leaves them to be put back.
-- outbox.txt: what the agent sent with send_message.
+- outbox.txt: what the agent sent with send_message; past state.rotate_size the part
+  a person has read moves to a segment (retention.py), what is unread stays.
 
 Not here: the workspace (workspace.py) or the event log's format (events.py).
 """
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.records import retention
 from orchestrator.records.events import read_history
 from orchestrator.records.files import atomic_write, locked
 
@@ -317,3 +319,25 @@ def unread_outbox(state_dir: Path) -> int:
 def mark_outbox_read(state_dir: Path) -> None:
     """`wakeloop outbox` showed everything up to here."""
     atomic_write(Path(state_dir) / OUTBOX_READ, f"{len(read_outbox(state_dir).encode())}\n")
+
+
+def _rotate_outbox(state_dir: Path, kind, rules, now: datetime) -> list[str]:
+    """retention.py's rotation of outbox.txt: past rotate_size, the part a person has
+    seen (`wakeloop outbox`) moves to a segment, which retention then compresses
+    and expires; what is unread stays. Runs under the wake lock, at a wake's start."""
+    live = Path(state_dir) / OUTBOX_FILE
+    try:
+        data = live.read_bytes() if live.lstat().st_size >= rules.rotate_size else b""
+        seen = int((Path(state_dir) / OUTBOX_READ).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return []
+    if not 0 < seen <= len(data):
+        return []
+    target = Path(state_dir) / f"outbox-{now.strftime(retention.STAMP)}.txt"
+    atomic_write(target, data[:seen].decode("utf-8", "replace"))
+    atomic_write(live, data[seen:].decode("utf-8", "replace"))
+    atomic_write(Path(state_dir) / OUTBOX_READ, "0\n")
+    return [f"rotated the {seen:,} bytes of outbox.txt already read to {target.name}"]
+
+
+retention.register_log(OUTBOX_FILE, rotate=_rotate_outbox)
