@@ -52,6 +52,8 @@ def compose():
     run("down", "--volumes", "--remove-orphans", check=False)
     for image in set(DISKS.glob("*.img")) - disks_before:   # the broker released it at its stop
         image.unlink()
+        image.with_suffix(".lock").unlink(missing_ok=True)
+        image.with_suffix(".view").rmdir()                    # its mount point, empty once unmounted
 
 
 def sandbox_containers(docker_client) -> list:
