@@ -9,6 +9,8 @@ reaching both the model and the event log.
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 from pathlib import Path
 
@@ -69,8 +71,15 @@ def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_
         ("send_message", "the send_message tool is disabled by this agent's policy")]
 
 
-def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api):
+def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api, tmp_path, monkeypatch):
     use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
+    # strict's $0.25 a wake would stop this wake before its second call (64 KiB of
+    # content in the context, priced at the worst case): not what this test is about.
+    cheap = tmp_path / "prices.json"
+    cheap.write_text(json.dumps({"models": {load_agent(agent_dir).model: {
+        "input": 0.01, "output": 0.01, "cache_write_5m": 0.01, "cache_write_1h": 0.01, "cache_read": 0.01,
+        "source": "a test price"}}}))
+    monkeypatch.setenv("WAKELOOP_PRICES", str(cheap))
     api = fake_api([
         turn(tool_use("write_file", {"path": "notes/ok.md", "content": "fine"}),
              tool_use("write_file", {"path": "src/main.py", "content": "print(1)"}),
