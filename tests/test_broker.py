@@ -80,7 +80,7 @@ def broker(root):
 def view(root: Path, name: str = "alpha") -> Path:
     """Where the broker mounts agent `name`'s disk: the workspace as its boxes see it
     (the folder under ROOT is not: only the broker mounts the disk)."""
-    return disk.disks_dir() / f"{disk.key_for(name, (root / name / 'workspace').resolve())}.view"
+    return disk.path_of(disk.key_for(name, (root / name / 'workspace').resolve()), "view")
 
 
 def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):

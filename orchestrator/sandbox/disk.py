@@ -84,6 +84,11 @@ def disks_dir(environ=os.environ) -> Path:
     return Path(environ.get(DISKS_ENV) or DEFAULT_DISKS)
 
 
+def path_of(key: str, kind: str) -> Path:
+    """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `view` (a broker's mount point)."""
+    return disks_dir() / f"{key}.{kind}"
+
+
 def key_for(agent: str, place: Path) -> str:
     """One agent's disk, by its name and where its folder is on the host."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", agent)[:40]
@@ -111,10 +116,9 @@ def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed
         raise DiskError(f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
                         "(`docker compose up`), or set `sandbox.disk: none` in the policy for a "
                         "workspace with no disk limit")
-    folder = disks_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    image = folder / f"{key}.img"
-    with _locked(folder / f"{key}.lock"):
+    disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    image = path_of(key, "img")
+    with _locked(path_of(key, "lock")):
         note = None
         if not image.exists():
             note = _create(image, size, files, seed)
@@ -133,7 +137,7 @@ def keys() -> set[str]:
 def usage(key: str) -> tuple[int, int] | None:
     """(bytes the image holds on the host, the disk's size), or None if it has none."""
     try:
-        st = (disks_dir() / f"{key}.img").stat()
+        st = path_of(key, "img").stat()
     except OSError:
         return None
     return st.st_blocks * 512, st.st_size
@@ -142,7 +146,7 @@ def usage(key: str) -> tuple[int, int] | None:
 def release(client: docker.DockerClient, key: str, *, delete: bool = False) -> None:
     """Unmount the disk everywhere this process sees it, remove its volume, detach
     its loop device; with `delete`, the image too (its files are gone)."""
-    image = disks_dir() / f"{key}.img"
+    image = path_of(key, "img")
     for device in _devices_of(image):
         for target in _mounts_of(device):
             _tool("umount", target)
@@ -155,8 +159,8 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False) -> N
         _tool("losetup", "-d", device, check=False)
     if delete:
         image.unlink(missing_ok=True)
-        (image.parent / f"{key}.lock").unlink(missing_ok=True)
-        view = image.parent / f"{key}.view"   # a broker's mount point, empty once unmounted
+        path_of(key, "lock").unlink(missing_ok=True)
+        view = path_of(key, "view")   # a broker's mount point, empty once unmounted
         if view.is_dir():
             view.rmdir()
 

@@ -212,9 +212,9 @@ class DockerSandbox:
         if not policy.disk:
             return None
         key = disk.key_for(self.agent, self._host_path)
-        view = disk.disks_dir() / f"{key}.view" if self._private_view else self.workspace
+        view = disk.path_of(key, "view") if self._private_view else self.workspace
         if not attach:
-            return disk.Disk(key, disk.disks_dir() / f"{key}.img", "/dev/loopN", view)
+            return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
         made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
                            seed=self.workspace, view=view)
         if made.note:
