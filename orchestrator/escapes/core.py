@@ -92,7 +92,7 @@ def escaped(why: str) -> str:
 PRELUDE = r'''
 import ctypes, errno, os, socket, sys
 def held(why): print("HELD:", why, flush=True)
-def escaped(why): print("ESCAPED:", why, flush=True)
+def escaped(why): print("\nESCAPED:", why, flush=True)   # on a line of its own, whatever came before
 libc = ctypes.CDLL(None, use_errno=True)
 _NR = {"x86_64": dict(add_key=248, keyctl=250, bpf=321, perf_event_open=298, io_uring_setup=425,
                       init_module=175, finit_module=313, delete_module=176, pivot_root=155,

@@ -23,6 +23,7 @@ from orchestrator.policy.agent import init_agent
 CATEGORY = "resources"
 BOMB_DEADLINE_S = 8             # fork/memory bombs: long enough to hit the limit, short for the suite
 DEADLINE_PROBE_S = 3            # kills_at_deadline: the deadline itself is what is tested
+DEADLINE_LOOP_S = 60            # how long its TERM-ignoring loop runs if nothing kills it
 HOST_SLACK_S = 15               # past deadline + kill grace, the host has lost control of the call
 OVERSHOOT = 64 * 2**20          # bytes: bombs try this far past a size limit, then stop
 OUTPUT_BYTES = 10**9            # 1 GB of output; streams in ~10 s here
@@ -491,7 +492,8 @@ status_line_cannot_be_forged = Probe("status_line_cannot_be_forged", CATEGORY,
 
 
 def _kills_at_deadline(t: Trial) -> str:
-    result = t.run("trap '' TERM INT HUP; for i in $(seq 600); do sleep 0.1; done", timeout_s=DEADLINE_PROBE_S)
+    result = t.run(f"trap '' TERM INT HUP; for i in $(seq {DEADLINE_LOOP_S * 10}); do sleep 0.1; done",
+                   timeout_s=DEADLINE_PROBE_S)
     seconds = result.duration_ms / 1000
     if not result.timed_out or result.exit_code != 124 or not _deadline_kept(result, DEADLINE_PROBE_S):
         return escaped(f"a {DEADLINE_PROBE_S} s call ran {seconds:.1f} s (timed_out={result.timed_out}, exit {result.exit_code})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 from docker.types import Mount, Ulimit
@@ -21,11 +22,11 @@ from docker.types import Mount, Ulimit
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
-from orchestrator.escapes.network import ROUTE_ONLY
+from orchestrator.escapes.network import LOCAL_ONLY
 from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
 
 
-from orchestrator.policy.schema import Tools, WriteFileTool
+from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
@@ -160,6 +161,72 @@ def test_disk_probes_escape_a_box_without_its_disk(probe_name, make_lab):
     assert outcome.verdict == ESCAPED, f"no disk: {probe_name} said {outcome.verdict}: {outcome.observed}"
 
 
+# -- every other probe: the one layer it proves, removed ---------------------------------
+#
+# Weakenings that need a host path take it from the box's own label (the
+# trial's workspace under the lab's temp dir): no test mounts anything of the
+# host but the lab's throwaway folders, and sysfs files that are only opened.
+
+def _agent_dir(config) -> Path:
+    return Path(config["labels"]["wakeloop.workspace"]).parent
+
+
+def lab_folder_mounted(config, host):
+    """The lab's folder (the host secret, every agent) visible in the box, read-only."""
+    host["mounts"] = host["mounts"] + [Mount("/mnt/host", str(_agent_dir(config).parent), type="bind",
+                                             read_only=True)]
+
+
+def root_on_writable_root(config, host):
+    root_with_default_caps(config, host)
+    writable_root(config, host)
+
+
+def leaked_directory_fd(config, host):
+    """A runtime that leaks a descriptor of a host directory into the box (runc's
+    CVE-2024-21626 leaked its cgroup dir's): fd 7, inherited by the command."""
+    config["command"] = ["/bin/sh", "-c", 'exec 7</etc; exec "$@"', "sh", *config["command"]]
+
+
+def everything_allowed(config, host):
+    """Root with the capabilities a kernel attack needs and no seccomp or AppArmor
+    filter. Its own pid namespace still: never the host's with root (a probe
+    aimed at "all processes" must only ever reach the box's)."""
+    root_with_default_caps(config, host)
+    host["cap_add"] = ["SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE", "NET_ADMIN"]
+    host["security_opt"] = ["seccomp=unconfined", "apparmor=unconfined"]
+    without_guard(config)
+
+
+def writable_sysfs_file(config, host):
+    """Root, and one host sysfs directory bound read-write (the probe only opens)."""
+    root_with_default_caps(config, host)
+    path = "/sys/kernel/mm/transparent_hugepage"
+    host["mounts"] = host["mounts"] + [Mount(path, path, type="bind", read_only=False)]
+
+
+def workspace_on_the_root_filesystem(config, host):
+    """/workspace and /tmp as plain folders of one writable root filesystem."""
+    root_on_writable_root(config, host)
+    host["mounts"], host["tmpfs"] = [], {}
+
+
+def persistent_var_tmp(config, host):
+    """/var/tmp bound to a host folder that outlives the box."""
+    shared = _agent_dir(config).parent / "persistent-var-tmp"
+    shared.mkdir(exist_ok=True)
+    shared.chmod(0o1777)
+    host["mounts"] = host["mounts"] + [Mount("/var/tmp", str(shared), type="bind")]
+
+
+def big_shm(config, host):
+    host["shm_size"] = 512 * 2**20
+
+
+def unbounded_engine_log(config, host):
+    host["log_config"] = {"Type": "json-file", "Config": {}}
+
+
 # (weakening, probe that must now report ESCAPED)
 CASES = [
     (writable_root, "blocks_write_outside_workspace"),
@@ -188,6 +255,28 @@ CASES = [
     (no_cpu_quota, "caps_cpu"),
     (dumpable_launcher, "blocks_forging_the_exit_status"),
     (set_id_bits_kept, "blocks_setuid_bit_reaching_host"),
+    (lab_folder_mounted, "blocks_reading_host_files"),
+    (lab_folder_mounted, "hides_other_agents_workspaces"),
+    (docker_socket_mounted, "blocks_proc_1_root"),   # the host's paths under /proc/1/root
+    (root_on_writable_root, "blocks_overwriting_proc_self_exe"),
+    (everything_allowed, "blocks_mount"),
+    (everything_allowed, "blocks_pivot_root"),
+    (everything_allowed, "blocks_bpf"),
+    (everything_allowed, "blocks_kernel_modules"),
+    (seccomp_unconfined, "blocks_unshare_namespaces"),
+    (seccomp_unconfined, "blocks_perf_event_open"),
+    (seccomp_unconfined, "blocks_io_uring"),
+    (root_with_default_caps, "blocks_setuid_binaries"),
+    (root_with_default_caps, "blocks_setuid_root"),
+    (writable_sysfs_file, "blocks_writes_to_sys"),
+    (workspace_on_the_root_filesystem, "blocks_hardlink_outside_workspace"),
+    (host_pid_namespace, "blocks_ptrace_outside_box"),   # the box's uid, never root, in the host's pids
+    (bridge_network, "has_no_dns"),
+    (bridge_network, "has_no_route_to_metadata"),
+    (bridge_network, "cannot_reach_bridge_gateway"),
+    (bridge_network, "cannot_reach_docker_api_tcp"),
+    (persistent_var_tmp, "forgets_files_outside_workspace"),
+    (big_shm, "caps_dev_shm_size"),
 ]
 
 
@@ -202,7 +291,7 @@ def runtime(request):
                          ids=[f"{w.__name__}-{p}" for w, p in CASES])
 def test_probe_escapes_weakened_box(weakening, probe_name, make_lab, monkeypatch):
     if weakening is bridge_network:
-        assert probe_name in ROUTE_ONLY  # a box with a network is only ever read, never dialled from
+        assert probe_name in LOCAL_ONLY  # a box with a network dials nothing but this host's own addresses
     if weakening is host_environment:
         monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-a-real-key")
         monkeypatch.setenv("WAKELOOP_TEST_HOST_ONLY", "a host variable the box must not see")
@@ -368,3 +457,310 @@ def test_the_setuid_probe_escapes_when_a_killed_walker_is_trusted(make_lab, monk
     outcome = run_probe(make_lab(), by_name("blocks_setuid_bit_reaching_host"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "killed its walker" in outcome.observed
+
+
+
+def test_the_leaked_fd_probe_escapes_a_runtime_that_leaks_one(make_lab):
+    # Cold calls: the guard execs the command, which keeps the descriptor (a
+    # pooled launcher's subprocess would close it, as runc's fix does).
+    outcome = run_probe(make_lab(sandbox_class=weakened(leaked_directory_fd), pool=0),
+                        by_name("blocks_leaked_host_fds"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "/proc/self/fd/7 -> /etc" in outcome.observed
+
+
+class StartsInTheCgroupFs(DockerSandbox):
+    """What a vulnerable runc did with a working dir of /proc/self/fd/N: the box
+    started with its cwd in the host's cgroup filesystem."""
+    def _call(self, argv, stdin, timeout_s, max_output_chars, workdir="/workspace", command_env=None):
+        if workdir.startswith("/proc/self/fd/"):
+            workdir = "/sys/fs/cgroup"
+        return super()._call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
+
+
+class SystemPathsUnconfined(DockerSandbox):
+    """Root, without the engine's read-only /proc/sys and /proc/sysrq-trigger
+    (`--security-opt systempaths=unconfined`, which the API spells as paths)."""
+    def _create(self, argv, call_id, stdin, workdir, command_env=None):
+        config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
+        root_with_default_caps(config, host)
+        host_config = self.client.api.create_host_config(**host)
+        host_config.update(MaskedPaths=[], ReadonlyPaths=[])
+        return self.client.api.create_container(**config, host_config=host_config)["Id"]
+
+
+class OnATerminal(DockerSandbox):
+    """Commands run on a terminal of their own (`docker exec -t`, or `script`)."""
+    def run(self, command, timeout_s, max_output_chars):
+        import shlex
+        return super().run(f"script -qec {shlex.quote(command)} /dev/null", timeout_s, max_output_chars)
+
+
+class BashEnvFromWorkspace(DockerSandbox):
+    """The command's environment names a startup file in the workspace (the
+    policy refuses BASH_ENV; this box never asked it)."""
+    def command_env(self):
+        return {**super().command_env(), "BASH_ENV": "/workspace/.bashrc"}
+
+
+class WritesFromTheHost(DockerSandbox):
+    """write_file done by the harness on the host, through the workspace folder,
+    as a naive harness would; each write then takes a real call's time."""
+    def write(self, path, content, timeout_s=30, append=False, protect_git=True):
+        target = self.view / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "ab" if append else "wb") as fh:
+            fh.write(content)
+        return self.run("true", timeout_s, 1000)
+
+
+SANDBOX_CLASSES = [   # (a weakened box, the probe that must now report ESCAPED)
+    (StartsInTheCgroupFs, "blocks_workdir_at_leaked_fd"),
+    (SystemPathsUnconfined, "blocks_writes_to_proc_sys"),
+    (OnATerminal, "blocks_tiocsti"),
+    (BashEnvFromWorkspace, "workspace_cannot_hijack_commands"),
+    (WritesFromTheHost, "write_file_refuses_symlinks"),
+    (WritesFromTheHost, "write_file_survives_symlink_swap"),
+]
+
+
+@pytest.mark.parametrize("sandbox_class, probe_name", SANDBOX_CLASSES, ids=[p for _, p in SANDBOX_CLASSES])
+def test_probe_escapes_a_weakened_sandbox_class(sandbox_class, probe_name, make_lab):
+    outcome = run_probe(make_lab(sandbox_class=sandbox_class), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"{sandbox_class.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_file_size_probe_escapes_a_box_without_rlimit_fsize(make_lab):
+    # A small max_file_size, so the box without its limit writes ~100 MiB, not a GiB.
+    outcome = run_probe(make_lab(sandbox_class=weakened(no_file_size_limit), max_file_size=32 * 2**20),
+                        by_name("caps_workspace_file_size"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, monkeypatch):
+    from orchestrator.escapes import resources
+    monkeypatch.setattr(resources, "OUTPUT_BYTES", 300 * 10**6)   # enough to be watched, not a GB
+    outcome = run_probe(make_lab(sandbox_class=weakened(unbounded_engine_log)), by_name("bounds_huge_output"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "log" in outcome.observed
+
+
+def test_the_baked_secret_probe_escapes_an_image_with_a_key_in_its_env(make_lab, docker_client):
+    import io
+    import secrets
+    tag = "wakeloop-test-baked-secret:" + secrets.token_hex(4)
+    dockerfile = f"FROM {SandboxPolicy().image}\nENV ANTHROPIC_API_KEY=sk-ant-test-not-a-real-key\n"
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    try:
+        outcome = run_probe(make_lab(image=tag, pool=0), by_name("image_has_no_baked_secrets"))
+    finally:
+        docker_client.images.remove(tag, force=True)
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "ENV ANTHROPIC_API_KEY" in outcome.observed
+
+
+# -- the harness's own checks and layers, switched off ---------------------------------
+
+class KeepsItsContainers(NoDisk):
+    """The `docker exec` model: a container lives on after its command, and
+    nothing removes it. (The test removes them; on a folder, not a disk, which
+    a container still using it would keep from being released.)"""
+    def container_spec(self, argv, *args, **kwargs):
+        config, host = super().container_spec(argv, *args, **kwargs)
+        if argv == LAUNCH_ARGV:
+            config["command"] = ["/bin/sh", "-c", '"$@"; exec sleep 60', "sh", *config["command"]]
+            kill = "os.kill(-1, 9)"
+            assert kill in config["environment"][LAUNCHER_ENV]
+            config["environment"][LAUNCHER_ENV] = config["environment"][LAUNCHER_ENV].replace(kill, "pass")
+        return config, host
+
+    def _remove(self, cid):
+        pass
+
+    def run(self, command, timeout_s, max_output_chars):
+        self.pool.wait_ready(1, 60)   # a pooled call: a cold one's container ends with its command
+        return super().run(command, timeout_s, max_output_chars)
+
+
+def _remove_lab_containers(client, lab_dir):
+    for c in client.api.containers(all=True, filters={"label": "wakeloop.sandbox=1"}):
+        if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(lab_dir)):
+            client.api.remove_container(c["Id"], force=True)
+
+
+@pytest.mark.parametrize("probe_name", ["kills_background_processes", "leaves_no_container_behind",
+                                        "survives_fork_bomb", "survives_million_small_files"])
+def test_container_probes_escape_a_box_that_keeps_its_containers(probe_name, make_lab, docker_client,
+                                                               monkeypatch, tmp_path):
+    from orchestrator.escapes import resources
+    monkeypatch.setattr(resources, "MANY_FILES", 2000)   # the containers left are the finding, not the files
+    monkeypatch.setattr(resources, "BOMB_DEADLINE_S", 3)
+    try:
+        outcome = run_probe(make_lab(sandbox_class=KeepsItsContainers), by_name(probe_name))
+    finally:
+        _remove_lab_containers(docker_client, tmp_path / "lab")
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def _deadline_never_fires(monkeypatch):
+    from orchestrator.sandbox import engine
+    monkeypatch.setattr(engine._Deadline, "_expire", lambda self: None)
+
+
+def test_the_deadline_probe_escapes_a_deadline_that_never_fires(make_lab, monkeypatch):
+    from orchestrator.escapes import resources
+    _deadline_never_fires(monkeypatch)
+    monkeypatch.setattr(resources, "DEADLINE_LOOP_S", 6)   # ends by itself, twice the deadline
+    outcome = run_probe(make_lab(), by_name("kills_at_deadline"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_stopped_init_probe_escapes_a_deadline_that_never_fires(make_lab, docker_client, monkeypatch, tmp_path):
+    from orchestrator.escapes import privileges
+    _deadline_never_fires(monkeypatch)
+    monkeypatch.setattr(privileges, "HOST_SLACK_S", 1)   # the call hangs for good: judged sooner
+    monkeypatch.setattr(privileges, "KILL_GRACE_S", 0)
+    try:
+        outcome = run_probe(make_lab(), by_name("ends_call_with_ptrace_stopped_init"))
+    finally:
+        _remove_lab_containers(docker_client, tmp_path / "lab")   # ends the hung call
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+@pytest.mark.parametrize("probe_name", ["cleans_binary_output", "strips_nul_bytes", "strips_terminal_escapes"])
+def test_output_probes_escape_without_cleaning(probe_name, make_lab, monkeypatch):
+    from orchestrator.sandbox import output
+    monkeypatch.setattr(output, "clean", lambda text: text)
+    outcome = run_probe(make_lab(), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_status_line_probe_escapes_when_the_status_follows_the_output(make_lab, monkeypatch):
+    from orchestrator.sandbox.box import SandboxResult
+    monkeypatch.setattr(SandboxResult, "for_model", lambda self: f"{self.output}\n[exit {self.exit_code}]")
+    outcome = run_probe(make_lab(), by_name("status_line_cannot_be_forged"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_path_tricks_probe_escapes_without_the_hosts_path_check(make_lab, monkeypatch):
+    from orchestrator.sandbox import engine
+    monkeypatch.setattr(engine, "check_write_path", lambda path: None)
+    outcome = run_probe(make_lab(), by_name("write_file_refuses_path_tricks"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monkeypatch):
+    from orchestrator.escapes import workspace
+    from orchestrator.sandbox import engine, programs
+    flags = "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK"
+    assert flags in programs.WRITE_SCRIPT
+    blocking = programs.WRITE_SCRIPT.replace(flags, "os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW")
+    monkeypatch.setattr(engine, "write_argv", lambda path, append=False, protect_git=True:
+                        [programs.PYTHON, "-I", "-c", blocking, path, "append" if append else "write", "-"])
+    monkeypatch.setattr(workspace, "WRITE_TIMEOUT_S", 3)
+    outcome = run_probe(make_lab(), by_name("write_file_does_not_hang_on_fifo"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+class AgentFolderAsWorkspace(DockerSandbox):
+    """The agent's whole folder at /workspace (the symlink swap of issue 11
+    pointing one level up), commands starting in its workspace/, as root."""
+    def container_spec(self, argv, *args, **kwargs):
+        config, host = super().container_spec(argv, *args, **kwargs)
+        host["mounts"] = [Mount("/workspace", str(self.workspace.parent), type="bind")]
+        root_with_default_caps(config, host)   # state/ is root's, workspace/ the agent's
+        return config, host
+
+    def _attach_disk(self, policy, attach=True):
+        return None
+
+    def run(self, command, timeout_s, max_output_chars):
+        from orchestrator.sandbox.programs import command_argv
+        return self._call(command_argv(command), None, timeout_s, max_output_chars,
+                          workdir="/workspace/workspace", command_env=self.command_env())
+
+
+@pytest.mark.parametrize("probe_name", ["blocks_tool_writes_into_state", "blocks_resetting_state_json",
+                                        "blocks_changing_policy_or_mandate", "blocks_forging_the_outbox"])
+def test_state_probes_escape_a_box_that_mounts_the_agent_folder(probe_name, make_lab):
+    outcome = run_probe(make_lab(sandbox_class=AgentFolderAsWorkspace), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def _trusting_read(workspace, rel, cap):
+    """Follows links, opens what is there, reads 2 MB of anything."""
+    with open(workspace / rel, "rb") as fh:
+        return fh.read(2_000_000).decode(errors="replace")
+
+
+def _trusting_journal(workspace):
+    from orchestrator.sandbox import files
+    try:
+        return sorted(n for n in os.listdir(workspace / files.JOURNAL_DIR) if n.endswith(".md"))
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("probe_name", ["harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo",
+                                        "harness_caps_planted_sparse_file"])
+def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, make_lab, monkeypatch):
+    from orchestrator.escapes import harness
+    from orchestrator.sandbox import files
+    monkeypatch.setattr(files, "_read_capped", _trusting_read)
+    monkeypatch.setattr(files, "journal_names", _trusting_journal)
+    monkeypatch.setattr(harness, "HARNESS_READ_DEADLINE_S", 3)
+    build = harness._build_prompt
+
+    def build_then_release(t):
+        try:
+            return build(t)
+        finally:
+            _release_fifo_readers(t.workspace)   # while the FIFOs are still there to open
+    monkeypatch.setattr(harness, "_build_prompt", build_then_release)
+    # On a folder: a reader still blocked in a FIFO would keep a disk from being released.
+    outcome = run_probe(make_lab(sandbox_class=NoDisk), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+def _release_fifo_readers(workspace, seconds=10.0):
+    """The trusting reader blocks in open() on each planted FIFO in turn: open
+    each for writing (which lets its reader through to EOF) until none waits."""
+    import stat
+    import time
+    fifos = [p for p in workspace.rglob("*.md") if stat.S_ISFIFO(p.lstat().st_mode)]
+    end, idle = time.monotonic() + seconds, 0
+    while fifos and idle < 20 and time.monotonic() < end:
+        released = False
+        for fifo in fifos:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                released = True
+            except OSError:
+                pass   # ENXIO: nobody reads it now
+        idle = 0 if released else idle + 1
+        time.sleep(0.05)
+
+
+# -- every probe is shown able to fail --------------------------------------------------
+
+COVERED = ({p for _, p in CASES} | set(DISK_PROBES) | {p for _, p in PROXY_CASES} | set(GIT_PROBES)
+           | {p for _, p, _ in BROKER_CASES} | {p for _, p in SANDBOX_CLASSES}
+           | {"blocks_orchestrator_raising_the_box", "allowlist_has_no_direct_route",
+              "blocks_planted_python_on_policy_path", "blocks_bare_repo_hook_write",
+              "blocks_setuid_bit_reaching_host", "blocks_leaked_host_fds", "caps_workspace_file_size",
+              "bounds_huge_output", "image_has_no_baked_secrets", "kills_background_processes",
+              "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files",
+              "kills_at_deadline", "ends_call_with_ptrace_stopped_init", "cleans_binary_output",
+              "strips_nul_bytes", "strips_terminal_escapes", "status_line_cannot_be_forged",
+              "write_file_refuses_path_tricks", "write_file_does_not_hang_on_fifo",
+              "blocks_tool_writes_into_state", "blocks_resetting_state_json",
+              "blocks_changing_policy_or_mandate", "blocks_forging_the_outbox",
+              "harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo",
+              "harness_caps_planted_sparse_file"})
+
+
+def test_every_probe_has_a_weakened_control():
+    from orchestrator.escapes import ALL_PROBES
+    missing = sorted(p.name for p in ALL_PROBES if p.name not in COVERED)
+    assert not missing, f"probes never shown able to fail: {missing}"
+    assert COVERED <= {p.name for p in ALL_PROBES}
