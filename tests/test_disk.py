@@ -91,3 +91,38 @@ def test_no_disk_is_a_plain_folder_by_its_path(agent, docker_client):
         assert box.disk is None
         _, host = box.container_spec(["true"])
     assert host["mounts"][0]["Type"] == "bind" and host["mounts"][0]["Source"] == str(agent.workspace)
+
+
+@pytest.fixture
+def small_disks_dir(tmp_path, monkeypatch, docker_client):
+    """WAKELOOP_DISKS on a 300 MiB filesystem of its own; its disks released after."""
+    import subprocess
+    place = tmp_path / "disks"
+    place.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300m", "tmpfs", str(place)], check=True)
+    monkeypatch.setenv(disk.DISKS_ENV, str(place))
+    try:
+        yield place
+    finally:
+        for key in disk.keys():
+            disk.release(docker_client, key, delete=True)
+        subprocess.run(["umount", "--lazy", str(place)], check=True)   # a loop device may close later
+
+
+def test_disks_never_promise_more_than_their_filesystem_holds(small_disks_dir, tmp_path, docker_client):
+    from orchestrator.policy.agent import init_agent
+    first, second = (load_agent(init_agent(tmp_path / name)) for name in ("first", "second"))
+    policy = first.policy.sandbox
+    with pytest.raises(DiskError) as caught:   # 2 GiB on 300 MiB: refused before mkfs
+        DockerSandbox(first.workspace, policy, agent=first.name, warm=0)
+    assert str(caught.value).startswith(f"sandbox.disk: no room for {2 * GIB:,} more bytes of disk in ")
+    assert "\n" not in str(caught.value) and list(small_disks_dir.glob("*.img")) == []
+    with DockerSandbox(first.workspace, replace(policy, disk=200 * 2**20), agent=first.name, warm=0) as box:
+        assert box.run("true", timeout_s=30, max_output_chars=100).ok
+    # 200 MiB promised to the first: 100 more would let the two fill the filesystem.
+    with pytest.raises(DiskError, match="its 1 disk\\(s\\) may still take"):
+        DockerSandbox(second.workspace, replace(policy, disk=100 * 2**20), agent=second.name, warm=0)
+    with DockerSandbox(second.workspace, replace(policy, disk=32 * 2**20), agent=second.name, warm=0) as box:
+        filled = box.run("head -c 64m /dev/zero > f; df -P -B1M . | tail -1", timeout_s=60, max_output_chars=500)
+    assert "No space left on device" in filled.output, filled.output
+    assert os.statvfs(small_disks_dir).f_bavail > 0

@@ -26,7 +26,7 @@ import docker
 
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.box import SandboxResult
 
@@ -200,6 +200,13 @@ class Trial:
 
     def cleanup(self) -> None:
         self.close()
+        # Each trial is an agent of its own, so under an allowlist policy it has a
+        # proxy set of its own: retired with it, or a run exhausts the engine's
+        # address pools (~30 networks) before its last probe.
+        egress = {network.plan(b.workspace, b.policy.allow_hosts).key for b in self._boxes
+                  if b.policy.network == "allowlist"}
+        if egress:
+            network.shutdown(self.lab.client, egress, shared=False)
         for key in disk.keys() - self._disks_before:   # this trial's agents' disks, a broker's too
             disk.release(self.lab.client, key, delete=True)
         # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit

@@ -57,6 +57,8 @@ VIEW_OPTIONS = "nosuid,nodev,noexec,discard"   # ours: nothing on it runs on the
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
 CAP_SYS_RESOURCE = 24                   # linux/capability.h: ext4's online resize asks for it
 TOOL_TIMEOUT_S = 120                    # mkfs -d of a large folder; the rest take milliseconds
+RESERVE = 0.05                          # of the disks' filesystem, never promised to any disk
+ROOM_LOCK = "room.lock"                 # in the disks' directory: one process at a time claims room
 
 
 class DiskError(SandboxError):
@@ -174,8 +176,10 @@ def _create(image: Path, size: int, files: int, seed: Path) -> str | None:
         st = os.fstat(fd)
         entries = os.listdir(fd)
         partial = image.with_suffix(".partial")
-        with open(partial, "wb") as f:
-            f.truncate(size)
+        with _locked(disks_dir() / ROOM_LOCK):   # the check and the claim, one process at a time
+            _check_room(size)
+            with open(partial, "wb") as f:
+                f.truncate(size)
         options = f"nodiscard,lazy_itable_init=1,lazy_journal_init=1,root_owner={st.st_uid}:{st.st_gid}"
         done = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(files), "-E", options,
                                "-d", f"/proc/self/fd/{fd}", str(partial)],
@@ -195,6 +199,27 @@ def _create(image: Path, size: int, files: int, seed: Path) -> str | None:
             "own copy is no longer used (beneath the disk's mount if it is mounted there)") if entries else None
 
 
+def _check_room(more: int) -> None:
+    """Sparse images take host blocks only as the box writes: refuse `more` bytes
+    of disk unless every disk here, filled to its size, would still fit in the
+    filesystem that holds them (less RESERVE), so agents together cannot fill it."""
+    st = os.statvfs(disks_dir())
+    room = st.f_bavail * st.f_frsize - int(st.f_blocks * st.f_frsize * RESERVE)
+    promised = 0
+    for image in [*disks_dir().glob("*.img"), *disks_dir().glob("*.partial")]:
+        try:
+            held = image.stat()
+        except FileNotFoundError:
+            continue   # released meanwhile
+        promised += max(held.st_size - held.st_blocks * 512, 0)
+    if more + promised > room:
+        raise DiskError(f"sandbox.disk: no room for {more:,} more bytes of disk in {disks_dir()}: its "
+                        f"filesystem has {max(room, 0):,} free beyond its {RESERVE:.0%} reserve, and its "
+                        f"{len(keys())} disk(s) may still take {promised:,} of them as they fill; lower "
+                        "sandbox.disk, delete the disks of agents you removed, or give WAKELOOP_DISKS "
+                        "a bigger filesystem")
+
+
 def _loop(image: Path) -> str:
     """The loop device of `image`: the one it has, or a free one (--nooverlap)."""
     return _tool("losetup", "--nooverlap", "--find", "--show", str(image)).strip()
@@ -211,7 +236,9 @@ def _grow(image: Path, device: str, size: int) -> str | None:
         return (f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}: growing a disk in use "
                 f"needs CAP_SYS_RESOURCE, which this process lacks; {anew}")
     if size > have:
-        os.truncate(image, size)
+        with _locked(disks_dir() / ROOM_LOCK):
+            _check_room(size - have)
+            os.truncate(image, size)
         _tool("losetup", "--set-capacity", device)
         _tool("resize2fs", device)
     return None
