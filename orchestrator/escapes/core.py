@@ -160,7 +160,11 @@ class Trial:
         self.workspace = self.dir / "workspace"
         self.state = self.dir / "state"
         self._boxes: list[DockerSandbox] = []
-        self.box = self.new_box()
+        try:
+            self.box = self.new_box()
+        except Exception:
+            self.cleanup()   # a box that failed halfway (its proxy, say) may have made a disk
+            raise
 
     def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None,
                 **kwargs) -> DockerSandbox:
