@@ -6,8 +6,9 @@ For each runtime (runc, then runsc), in this order: bash `true` and
 write_file per call at an agent's pace against `docker exec` and `docker run
 --rm`, the back-to-back rate and the idle pool (1 and 2, per_call.py); the
 orchestrator's overhead per step and the cost of a wake with and without
-prompt caching (3 and 4, wake_cost.py); N agents due at once under `serve`
-(5, scale.py). Then one row per figure, a column per runtime, each target
+prompt caching (3 and 4, wake_cost.py); the workspace's disk against a plain
+folder, per call and at a wake's start (disk.py); N agents due at once under
+`serve` (5, scale.py). Then one row per figure, a column per runtime, each target
 beside it.
 
 Every container the bench makes carries the wakeloop.sandbox label and a
@@ -29,6 +30,7 @@ from pathlib import Path
 
 # common first: importing it puts the checkout on sys.path for orchestrator.*
 from common import PACE_S, bash_true, cleanup, make_agent, own_disks, say, stats, write_1k
+from disk import measure as disk_cost
 from orchestrator.sandbox.engine import DockerSandbox
 from per_call import Reference, References, back_to_back, paced_wake
 from records_cost import queue_per_notification, transcript_per_step
@@ -72,6 +74,8 @@ def measure(tmp: Path, runtime: str, calls: int, agents: int) -> dict:
     out["transcript"], out["queue"] = transcript_per_step(tmp / "transcript"), queue_per_notification(tmp / "queue")
     say(f"{runtime}: prompt caching ({CACHE_STEPS}-step wake, {PREFIX_CHARS // 4:,}-token mandate)")
     out["cache"] = caching(tmp / "cache")
+    say(f"{runtime}: the workspace's disk against a plain folder, per call and at a wake's start")
+    out["disk"] = disk_cost(tmp / "disk", runtime, calls)
     say(f"{runtime}: scale: {agents} agents due at once")
     out["scale"] = scale(tmp, runtime, agents)
     out["load"] = f"{out['load']:.1f} -> {os.getloadavg()[0]:.1f}"
@@ -103,6 +107,17 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
             ("  call / exec", f"<= {MAX_X_EXEC}x", ratio(x_exec, x_exec <= MAX_X_EXEC)),
             ("  docker run / call", f">= {MIN_X_RUN:g}x", ratio(x_run, x_run >= MIN_X_RUN)),
         ]
+    d = r["disk"]
+    x_disk = d["call, disk"].median / d["docker exec"].median
+    rows += [
+        ("workspace on its disk: call (bash true)", "", d["call, disk"].cell()),
+        ("  on a plain folder (sandbox.disk: none)", "", d["call, folder"].cell()),
+        ("  docker exec, interleaved with both", "", d["docker exec"].cell()),
+        ("  call on its disk / exec", f"<= {MAX_X_EXEC}x", ratio(x_disk, x_disk <= MAX_X_EXEC)),
+        ("  wake start: first (mkfs) / later, disk / folder", "",
+         f"{d['first start, disk'].median:.0f} / {d['start, disk'].median:.0f} / "
+         f"{d['start, folder'].median:.0f} ms"),
+    ]
     oh, c, s = r["overhead"], r["cache"], r["scale"]
     rows += [
         ("back-to-back sandbox calls, no pause", "", f"{r['rate']:.1f} calls/s, {r['rate_cold']} cold"),
