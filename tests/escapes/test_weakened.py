@@ -1,8 +1,13 @@
 """Every probe can fail: the same probe reports ESCAPED against a box with one
-hardening removed.
+hardening removed (test_every_probe_has_a_weakened_control keeps it so).
 
-Weakened boxes exist only here, as subclasses overriding container_spec;
-product code never builds one. Weakened allowlist proxies are built from
+The weakenings: a container flag changed (`weakened(change)`), a sandbox
+subclass built as a design we rejected (the harness writing or reading the
+workspace from the host, a `docker exec` container that outlives its
+command), or one of our checks switched off with monkeypatch. Weakened boxes
+exist only here; product code never builds one. None combines root with the
+host's pid namespace: a probe aimed at "every process" must only ever reach
+the box's own. Weakened allowlist proxies are built from
 tests/squidconf.py's configs, patched in for one test; each allowlist probe
 starts its own proxy and only ever reaches its own server container. Their containers keep the product's labels
 (workspace under this session's temp dir), so the no-leftover check covers
