@@ -266,6 +266,31 @@ caps_workspace_files = Probe(
     _caps_workspace_files)
 
 
+def _caps_all_disks(t: Trial) -> str:
+    """Many agents, each within its own limit, could still fill the host together:
+    ask for one disk larger than what the disks' filesystem can still promise."""
+    from orchestrator.sandbox.disk import DiskError, disks_dir
+    st = os.statvfs(disks_dir())
+    free = st.f_bavail * st.f_frsize
+    asked = free + 2**30
+    agent = init_agent(t.dir / "greedy")
+    try:
+        box = t.new_box(replace(t.lab.policy, disk=asked), workspace=agent / "workspace", warm=0)
+    except DiskError as exc:
+        if "no room" not in str(exc):
+            return f"refused for another reason: {exc}"
+        return held(f"a {asked >> 30} GiB disk with {free >> 30} GiB free was refused before it was made")
+    size = os.stat(box.disk.image).st_size if box.disk else 0
+    return escaped(f"a {size >> 30} GiB disk was made with {free >> 30} GiB free: "
+                   "agents together can fill the host")
+
+
+caps_all_disks_together = Probe(
+    "caps_all_disks_together", CATEGORY,
+    "no disk is made unless every disk, filled, still fits the host's free space (5% kept)",
+    _caps_all_disks)
+
+
 class _CpuWatcher:
     """Samples, from the host, the CPU time the engine charges to this workspace's
     boxes: the truth under any runtime (gVisor keeps its own clock inside)."""
@@ -505,6 +530,6 @@ kills_at_deadline = Probe("kills_at_deadline", CATEGORY, "a call that ignores si
 
 PROBES = [caps_process_count, survives_fork_bomb, caps_memory, caps_tmp_size, caps_dev_shm_size,
           caps_workspace_file_size, caps_workspace_disk, caps_workspace_fallocate, caps_workspace_files,
-          survives_million_small_files, caps_cpu, caps_open_files,
+          caps_all_disks_together, survives_million_small_files, caps_cpu, caps_open_files,
           bounds_huge_output, cleans_binary_output, strips_nul_bytes, strips_terminal_escapes,
           status_line_cannot_be_forged, kills_at_deadline]

@@ -550,6 +550,13 @@ def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, 
     assert "log" in outcome.observed
 
 
+def test_the_all_disks_probe_escapes_without_the_room_check(make_lab, monkeypatch):
+    from orchestrator.sandbox import disk
+    monkeypatch.setattr(disk, "_check_room", lambda more: None)   # a sparse image: ~5 MB written
+    outcome = run_probe(make_lab(), by_name("caps_all_disks_together"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
 def test_the_baked_secret_probe_escapes_an_image_with_a_key_in_its_env(make_lab, docker_client):
     import io
     import secrets
@@ -753,7 +760,7 @@ COVERED = ({p for _, p in CASES} | set(DISK_PROBES) | {p for _, p in PROXY_CASES
            | {"blocks_orchestrator_raising_the_box", "allowlist_has_no_direct_route",
               "blocks_planted_python_on_policy_path", "blocks_bare_repo_hook_write",
               "blocks_setuid_bit_reaching_host", "blocks_leaked_host_fds", "caps_workspace_file_size",
-              "bounds_huge_output", "image_has_no_baked_secrets", "kills_background_processes",
+              "bounds_huge_output", "image_has_no_baked_secrets", "caps_all_disks_together", "kills_background_processes",
               "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files",
               "kills_at_deadline", "ends_call_with_ptrace_stopped_init", "cleans_binary_output",
               "strips_nul_bytes", "strips_terminal_escapes", "status_line_cannot_be_forged",
