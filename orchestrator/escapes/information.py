@@ -57,7 +57,15 @@ def _ours(t: Trial) -> dict[str, str]:
                                                carried)
     return {GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
             LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest(),
-            COMMAND_ENV: hashlib.sha256(carried(t.box.command_env()).encode()).hexdigest()}
+            COMMAND_ENV: hashlib.sha256(carried(t.box.command_env()).encode()).hexdigest(),
+            **_egress_env(t)}
+
+
+def _egress_env(t: Trial) -> dict[str, str]:
+    """An allowlist's proxy variables, which name the agent's own proxy: name -> sha256
+    of that exact value (anything else under those names is still a finding)."""
+    egress = t.box._egress()
+    return {k: hashlib.sha256(v.encode()).hexdigest() for k, v in (egress.env() if egress else {}).items()}
 
 
 def _hides_host_environment(t: Trial) -> str:
@@ -103,7 +111,9 @@ hides_api_key = Probe("hides_api_key", CATEGORY,
 
 def _hides_proxy_settings(t: Trial) -> str:
     box = _box_env(t)
-    proxies = sorted(k for k in box if "proxy" in k.lower() and k not in {n for n, _ in t.lab.policy.env})
+    ours = _egress_env(t)
+    proxies = sorted(k for k, v in box.items() if "proxy" in k.lower() and ours.get(k) != v
+                     and k not in {n for n, _ in t.lab.policy.env})
     if proxies:
         return escaped(f"proxy settings copied in: {proxies}")
     return held("no *_proxy variable in the box (the client's proxy config is not copied in)")

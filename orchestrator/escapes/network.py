@@ -26,35 +26,47 @@ def _py(name: str, expected: str, program: str) -> Probe:
     return Probe(name, CATEGORY, expected, lambda t: t.py(program))
 
 
-has_no_interface_but_lo = _py(
-    "has_no_interface_but_lo", "the only network interface is lo",
-    r'''
+def _interfaces(t: Trial) -> str:
+    # network: allowlist puts the box in a namespace with one interface, on the
+    # agent's internal network where only its proxy answers (the allowlist probes).
+    allowed = 1 if t.lab.policy.network == "allowlist" else 0
+    return t.py(rf'''
 names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
 if not names:
     names = [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]]
 others = [n for n in names if n != "lo"]
-if others: escaped(f"interfaces besides lo: {others}")
-else: held(f"interfaces: {names}")
+if len(others) > {allowed}: escaped(f"interfaces besides lo: {{others}}")
+else: held(f"interfaces: {{names}}" + (" (one to the allowlist's proxy network)" if others else ""))
 ''')
 
+
+has_no_interface_but_lo = Probe(
+    "has_no_interface_but_lo", CATEGORY,
+    "the only network interface is lo (under an allowlist, one more: to its proxy's internal network)",
+    _interfaces)
+
 has_no_default_route = _py(
-    "has_no_default_route", "the routing tables (IPv4 and IPv6) hold no route off the box",
+    "has_no_default_route", "the routing tables (IPv4 and IPv6) hold no default route and no gateway",
     r'''
-routes = []
+routes, local = [], []
 try:
     for line in open("/proc/net/route").readlines()[1:]:
         f = line.split()
-        if f and f[0] != "lo": routes.append(f"{f[0]} dst {f[1]} gw {f[2]}")
+        if not f or f[0] == "lo": continue
+        # dst 0 is a default route; a gateway leads off the link. A link route
+        # alone (an allowlist's internal network) reaches only that network.
+        (routes if f[1] == "00000000" or f[2] != "00000000" else local).append(f"{f[0]} dst {f[1]} gw {f[2]}")
 except OSError:
     pass
 try:
     for line in open("/proc/net/ipv6_route"):
         f = line.split()
-        if f and f[-1] != "lo": routes.append(f"v6 {f[0]}/{f[1]} via {f[-1]}")
+        if not f or f[-1] == "lo": continue
+        (routes if f[1] == "00" or f[4] != "0" * 32 else local).append(f"v6 {f[0]}/{f[1]} via {f[-1]}")
 except OSError:
     pass
 if routes: escaped("routes off the box: " + "; ".join(routes[:4]))
-else: held("no route except loopback")
+else: held("no default route and no gateway" + (f"; link routes only: {local[:2]}" if local else ""))
 ''')
 
 
