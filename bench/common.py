@@ -58,10 +58,16 @@ def say(line: str) -> None:
 
 # -- agents and the fake API ---------------------------------------------------
 
+BENCH_DISK = "256m"      # each agent's workspace disk: its size costs nothing per call, and
+                        # hundreds of agents must fit the host's room for disks (disk._check_room)
+
+
 def make_agent(path: Path, policy: dict, mandate: str | None = None, schedule: str | None = None):
     init_agent(path)
     config = path / "agent.yaml"
     data = yaml.safe_load(config.read_text())
+    sandbox = policy.get("sandbox", {})
+    policy = {**policy, "sandbox": {"disk": BENCH_DISK, **sandbox}}
     data.update(policy=policy, dry_run=False)
     if schedule:
         data["schedule"] = schedule
