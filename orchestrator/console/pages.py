@@ -1,0 +1,175 @@
+"""What each page shows, as plain data, from the same readers as the CLI.
+
+Fleet: views.fleet_status (the rows of `status ROOT`). Agent: views.agent_status
+(`status AGENT`), the wake history (fleet/history.py), the ledger's cost per
+day, the mandate and the policy as loaded, tasks, the outbox. A wake: its
+transcript (records/transcript.py), grouped into turns.
+
+Agents are found by listing ROOT (schedule.agent_dirs) and named by their
+folder: a name from a URL is only ever looked up in that listing, never
+joined onto a path.
+
+Loading an agent (agent.yaml and its policy) takes a millisecond or two, so
+a page of 100 agents keeps them in AgentCache, reloaded when agent.yaml
+changes or after RELOAD_S (a policy file edited in place).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.fleet.control import scheduler_note
+from orchestrator.fleet.history import WakeIndex
+from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
+from orchestrator.fleet.views import COST_DAYS, agent_status, current_wake, fleet_status, usd_by_day
+from orchestrator.policy.agent import Agent, load_agent
+from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records.state import read_outbox, split_messages
+from orchestrator.records.tasks import TaskError, load_tasks
+from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
+
+RELOAD_S = 5.0                      # a cached agent is loaded again at least this often
+WAKES_SHOWN = 100                   # rows of wake history on an agent's page
+RUN_ID = re.compile(r"[0-9a-f]{6,32}")
+MANDATE_CAP = 64 * 1024             # chars of mandate.md shown
+
+
+class NotFound(LookupError):
+    pass
+
+
+class AgentCache:
+    def __init__(self):
+        self._agents: dict[Path, tuple[tuple, float, Agent]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, path: Path) -> Agent:
+        st = (path / "agent.yaml").stat()
+        key = (st.st_mtime_ns, st.st_size)
+        with self._lock:
+            hit = self._agents.get(path)
+        if hit and hit[0] == key and time.monotonic() - hit[1] < RELOAD_S:
+            return hit[2]
+        agent = load_agent(path)        # an error is raised, never cached
+        with self._lock:
+            self._agents[path] = (key, time.monotonic(), agent)
+        return agent
+
+
+class Pages:
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        self.agents = AgentCache()
+        self.wakes = WakeIndex()
+
+    def agent_dir(self, name: str) -> Path:
+        for path in agent_dirs(self.root):
+            if path.name == name:
+                return path
+        raise NotFound(f"no agent named {name!r} under {self.root}")
+
+    def fleet(self) -> dict:
+        rows = fleet_status(self.root, load=self.agents.load)
+        return {"rows": rows, "note": scheduler_note(self.root), "root": str(self.root),
+                "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
+                "running": sum(1 for r in rows if r.get("state") == "running")}
+
+    def agent(self, name: str) -> dict:
+        path = self.agent_dir(name)
+        try:
+            agent = self.agents.load(path)
+        except (ConfigError, ValueError) as exc:
+            return {"name": name, "error": str(exc)}
+        sd = agent.state_dir
+        now = utcnow()
+        status = agent_status(agent)
+        nxt = next_wake(path, agent.schedule, now, agent.timezone)
+        wakes = self.wakes.wakes(sd)
+        try:
+            days = usd_by_day(read_book(sd), now, COST_DAYS)
+        except LedgerError:
+            days = []
+        try:
+            tasks = [asdict(t) for t in load_tasks(sd)]
+            tasks_error = None
+        except TaskError as exc:
+            tasks, tasks_error = [], str(exc)
+        return {"name": name, "agent": status, "next_wake": stamp(nxt) if nxt else None,
+                "running": current_wake(sd), "wakes": list(reversed(wakes[-WAKES_SHOWN:])),
+                "wakes_total": len(wakes), "usd_by_day": days,
+                "mandate": _mandate(agent), "policy": _policy_yaml(agent),
+                "tasks": tasks, "tasks_error": tasks_error,
+                "outbox": list(reversed(split_messages(read_outbox(sd))))}
+
+    def wake(self, name: str, run_id: str) -> dict:
+        path = self.agent_dir(name)
+        if not RUN_ID.fullmatch(run_id):
+            raise NotFound(f"{run_id!r} is not a run id")
+        sd = path / "state"
+        lines = list(read_lines(transcript_path(sd, run_id)))
+        if not lines:
+            raise NotFound(f"no transcript of run {run_id} for {name} (pruned, or never written)")
+        running = current_wake(sd)
+        system = next((line for line in lines if line["type"] == "system"), None)
+        return {"name": name, "run_id": run_id, "turns": turns(lines),
+                "head": lines[0] if lines[0]["type"] == "wake" else {},
+                "end": lines[-1] if lines[-1]["type"] == "end" else None,
+                "live": bool(running and running.get("run_id") == run_id),
+                "system": prompt_text(sd, str(system.get("hash"))) if system else None}
+
+
+def turns(lines: list[dict]) -> list[dict]:
+    """Transcript lines grouped by step: what the harness sent, what the model said, what ran."""
+    out: list[dict] = []
+    results: dict[str, dict] = {}
+    for line in lines:
+        if line["type"] not in ("user", "assistant", "tool_result", "truncated"):
+            continue
+        if not out or ("step" in line and line.get("step") != out[-1]["step"]):
+            out.append({"step": line.get("step"), "user": [], "text": [], "calls": [], "notes": []})
+        turn = out[-1]
+        if line["type"] == "user":
+            turn["user"].append(str(line.get("text", "")))
+        elif line["type"] == "assistant":
+            turn.update(stop_reason=line.get("stop_reason"), usage=line.get("usage") or {},
+                        usd_so_far=line.get("usd_so_far"), t=line.get("t"))
+            for block in line.get("content") or []:
+                if block.get("type") == "text":
+                    turn["text"].append(str(block.get("text", "")))
+                elif block.get("type") == "tool_use":
+                    call = {"id": block.get("id"), "name": block.get("name"),
+                            "input": json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
+                            "result": None}
+                    results[str(block.get("id"))] = call
+                    turn["calls"].append(call)
+        elif line["type"] == "tool_result":
+            call = results.get(str(line.get("id")))
+            if call is None:
+                call = {"id": line.get("id"), "name": line.get("tool"), "input": "", "result": None}
+                turn["calls"].append(call)
+            call["result"] = line
+        else:
+            turn["notes"].append(f"the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
+                                 "the rest is counted, not kept")
+    return out
+
+
+def _mandate(agent: Agent) -> str:
+    try:
+        return agent.mandate_path.read_text(encoding="utf-8", errors="replace")[:MANDATE_CAP]
+    except OSError as exc:
+        return f"(mandate.md unreadable: {exc.strerror})"
+
+
+def _policy_yaml(agent: Agent) -> str:
+    """The policy as loaded (defaults filled in), as YAML."""
+    plain = json.loads(json.dumps(asdict(agent.policy), default=str))
+    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
