@@ -238,7 +238,7 @@ class _Guard:
 
 
 _HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
-            "referrer-policy": "no-referrer", "cache-control": "no-store"}
+            "referrer-policy": "same-origin", "cache-control": "no-store"}
 
 
 def _with_headers(response: Response) -> Response:

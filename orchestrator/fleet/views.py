@@ -193,47 +193,49 @@ def fleet_status(root: Path, now: datetime | None = None, load=load_agent) -> li
     """One dict per agent under ROOT (a config error is a row that says so).
     `load`: how an agent is loaded (the console passes a cached load_agent)."""
     now = now or utcnow()
-    rows = []
     no_scheduler = scheduler_note(root) is not None
-    for path in agent_dirs(root):
-        sd = path / "state"
-        try:
-            agent = load(path)
-        except (ConfigError, ValueError) as exc:
-            rows.append({"agent": path.name, "dir_name": path.name, "mode": "-", "last_wake": "config error",
-                         "result": str(exc), "error": str(exc), "state": "config error"})
-            continue
-        state, _ = load_state(sd)
-        r = state.last_receipt or {}
-        nxt = next_wake(path, agent.schedule, now, agent.timezone)
-        h = health_status(sd)[0]
-        row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
-               "last_wake": _short_time(r.get("started_at"), now) if r else "never",
-               "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-               "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
-                             else stamp(nxt) if nxt else "bad schedule"),
-               "health": _health_line(h),
-               "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd)),
-               "dir_name": path.name, "receipt": r or None, "health_detail": h,
-               "running": current_wake(sd), "disk": disk_status(agent)}
-        row["state"] = ("running" if row["running"] else "paused" if h["paused"]
-                        else "failing" if h["failures"] else "ok")
-        try:
-            book = read_book(sd)
-            day = book.day(now.strftime("%Y-%m-%d"))
-            row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
-                       usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
-                       tokens_today=f"{day.tokens:,}", usd_by_day=usd_by_day(book, now, COST_DAYS))
-            row["usd_30d"] = round(sum(usd for _, usd in row["usd_by_day"]), 6)
-        except LedgerError:
-            row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
-                       tokens_today="? (ledger unreadable)")
-        try:
-            row["open_tasks"] = str(len(open_tasks(sd)))
-        except TaskError:
-            row["open_tasks"] = "?"
-        rows.append(row)
-    return rows
+    return [fleet_row(path, now, no_scheduler, load) for path in agent_dirs(root)]
+
+
+def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) -> dict:
+    """One agent's row of the fleet table."""
+    sd = path / "state"
+    try:
+        agent = load(path)
+    except (ConfigError, ValueError) as exc:
+        return {"agent": path.name, "dir_name": path.name, "mode": "-", "last_wake": "config error",
+                "result": str(exc), "error": str(exc), "state": "config error"}
+    state, _ = load_state(sd)
+    r = state.last_receipt or {}
+    nxt = next_wake(path, agent.schedule, now, agent.timezone)
+    h = health_status(sd)[0]
+    row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
+           "last_wake": _short_time(r.get("started_at"), now) if r else "never",
+           "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
+           "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+                         else stamp(nxt) if nxt else "bad schedule"),
+           "next_wake_at": nxt.timestamp() if nxt else None,
+           "health": _health_line(h),
+           "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd)),
+           "dir_name": path.name, "receipt": r or None, "health_detail": h,
+           "running": current_wake(sd), "disk": disk_status(agent)}
+    row["state"] = ("running" if row["running"] else "paused" if h["paused"]
+                    else "failing" if h["failures"] else "ok")
+    try:
+        book = read_book(sd)
+        day = book.day(now.strftime("%Y-%m-%d"))
+        row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
+                   usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
+                   tokens_today=f"{day.tokens:,}", usd_by_day=usd_by_day(book, now, COST_DAYS))
+        row["usd_30d"] = round(sum(usd for _, usd in row["usd_by_day"]), 6)
+    except LedgerError:
+        row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
+                   tokens_today="? (ledger unreadable)")
+    try:
+        row["open_tasks"] = str(len(open_tasks(sd)))
+    except TaskError:
+        row["open_tasks"] = "?"
+    return row
 
 
 def usd_by_day(book, now: datetime, days: int) -> list[tuple[str, float]]:
