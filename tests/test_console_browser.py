@@ -250,5 +250,5 @@ def test_when_the_held_model_answers_the_wake_finishes_and_its_request_and_messa
     metrics = wait_for(scraped, "the sent notification in /metrics", 30)
     assert 'wakeloop_model_requests_total{agent="midwake",model="claude-sonnet-4-6"} 2.0' in metrics
     assert 'wakeloop_notifications_total{outcome="queued"} 1.0' in metrics
-    assert re.search(r'wakeloop_tokens_total\{agent="midwake",kind="input"\} [1-9]', metrics)
+    assert re.search(r'wakeloop_tokens_total\{agent="midwake",kind="output"\} [1-9]', metrics)
     assert 'wakeloop_cost_usd_total{agent="midwake"' in metrics
