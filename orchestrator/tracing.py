@@ -5,9 +5,9 @@ without them, or without the variable, every function here is a no-op that
 costs one `is None` test. The tree of one wake:
 
     invoke_agent AGENT                  the wake (wake/loop.py)
-      chat MODEL                        each model request: the anthropic SDK's own span
-                                        (it emits GenAI spans once a tracer provider is set);
-                                        ours, same names, for a dry run's scripted model
+      anthropic.messages.create         each model request: the anthropic SDK's own span (it
+                                        emits GenAI spans once a tracer provider is set);
+      chat MODEL                        ours, same attributes, for a dry run's scripted model
       execute_tool TOOL                 each tool call
         sandbox CONTAINER               the container that ran it, timed by the sandbox
 
