@@ -165,9 +165,9 @@ class Console:
         form, refused = await self._checked(request)
         if refused:
             return refused
-        line = self.runner.start(form.get("runtime", ""), form.get("policy", ""))
-        if not self.runner.last or not self.runner.last.running:
-            return self.render(request, "error.html", 409, message=line)
+        why_not = self.runner.start(form.get("runtime", ""), form.get("policy", ""))
+        if why_not:
+            return self.render(request, "error.html", 409, message=why_not)
         return RedirectResponse("/escapes?said=escapes", status_code=303)
 
     async def _checked(self, request: Request) -> tuple[dict, Response | None]:

@@ -53,8 +53,8 @@ class Runner:
         self.last: Run | None = None
         self._lock = threading.Lock()
 
-    def start(self, runtime: str, policy: str) -> str:
-        """Start a run; the one line to show (started, or why not)."""
+    def start(self, runtime: str, policy: str) -> str | None:
+        """Start a run; None, or the one line that says why not."""
         if runtime not in RUNTIMES or policy not in SHIPPED_POLICIES:
             return f"choose a runtime of {', '.join(RUNTIMES)} and a policy of {', '.join(SHIPPED_POLICIES)}"
         with self._lock:
@@ -64,7 +64,7 @@ class Runner:
         argv = [sys.executable, "-m", "orchestrator", "escapes", "--json", "--runtime", runtime,
                 "--policy", str(shipped_policy(policy)), *self.extra_args]
         threading.Thread(target=self._follow, args=(run, argv), name="wakeloop-escapes", daemon=True).start()
-        return f"the escape suite started: runtime {runtime}, policy {policy}"
+        return None
 
     @staticmethod
     def _follow(run: Run, argv: list[str]) -> None:
