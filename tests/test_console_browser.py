@@ -252,3 +252,13 @@ def test_when_the_held_model_answers_the_wake_finishes_and_its_request_and_messa
     assert 'wakeloop_notifications_total{outcome="queued"} 1.0' in metrics
     assert re.search(r'wakeloop_tokens_total\{agent="midwake",kind="output"\} [1-9]', metrics)
     assert 'wakeloop_cost_usd_total{agent="midwake"' in metrics
+
+
+def test_a_live_agents_cost_today_is_a_bar_on_its_chart(console, browser, shots):
+    wait_for(lambda: any("midwake: wake 1 done" in line for line in list(console.lines)), "the held wake", WAIT_S)
+    visit(browser, f"{console.url}agents/midwake", shots, "agent-with-cost")
+    bars = by_css(browser, "#cost-chart svg rect")
+    assert len(bars) == 30 and "bar zero" not in bars[-1].get_attribute("class")     # today, the last
+    assert float(bars[-1].get_attribute("height")) > 2 and "$0.00" in bars[-1].text + bars[-1].get_attribute(
+        "innerHTML")
+    visit(browser, console.url, shots, "fleet-after")

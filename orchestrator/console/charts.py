@@ -18,8 +18,9 @@ def bars(points: list[tuple[str, float]], *, width: int = 240, height: int = 40,
     gap = 1 if step > 3 else 0
     rects = []
     for i, (label, value) in enumerate(points):
-        h = 0 if value <= 0 else max(1.0, value / top * (height - 2))
-        rects.append(f'<rect class="bar" x="{i * step:.1f}" y="{height - h:.1f}" width="{max(step - gap, 1):.1f}" '
+        h = 1.0 if value <= 0 else max(2.0, value / top * (height - 2))   # a day of $0 is a tick, not nothing
+        kind = "bar zero" if value <= 0 else "bar"
+        rects.append(f'<rect class="{kind}" x="{i * step:.1f}" y="{height - h:.1f}" width="{max(step - gap, 1):.1f}" '
                      f'height="{h:.1f}"><title>{escape(label)}: {escape(_amount(value, unit))}</title></rect>')
     total = sum(v for _, v in points)
     return Markup(f'<svg class="{escape(css)}" role="img" viewBox="0 0 {width} {height}" width="{width}" '
