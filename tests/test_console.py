@@ -180,18 +180,19 @@ def test_the_wake_index_reads_each_file_once_follows_the_live_log_and_survives_r
     index = WakeIndex()
     for n in range(1, 4):
         finish(n)
-    assert [w["wake"] for w in index.wakes(sd)] == [1, 2, 3]
+    assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3]
     finish(4)
-    assert [w["wake"] for w in index.wakes(sd)] == [1, 2, 3, 4]
+    assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4]
     segment = sd / "events-20260101T000000000000Z.jsonl.gz"      # what retention.py leaves
     with open(sd / EVENTS_FILE, "rb") as live, gzip.open(segment, "wb") as out:
         shutil.copyfileobj(live, out)
     os.unlink(sd / EVENTS_FILE)
     finish(5)
-    assert [w["wake"] for w in index.wakes(sd)] == [1, 2, 3, 4, 5]
+    assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4, 5]
+    assert index.recent(sd, 2) == (5, index.recent(sd)[1][-2:])
     with open(sd / EVENTS_FILE, "a") as live:
         live.write(json.dumps({"run_id": "x", "type": "wake_finished"})[:20])   # a torn last line waits
-    assert [w["wake"] for w in index.wakes(sd)] == [1, 2, 3, 4, 5]
+    assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.docker

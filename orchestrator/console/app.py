@@ -68,7 +68,18 @@ class Console:
         self.env.globals.update(bars=bars, SAID=SAID)
         if not metrics.enabled():
             metrics.install()
+        self.warmed = threading.Event()
+        # The first view of a big fleet reads every agent (~4 ms each), and of an agent its
+        # history (~50 ms for a year): done now, off the request.
+        threading.Thread(target=self._warm, name="wakeloop-console-warm", daemon=True).start()
 
+    def _warm(self) -> None:
+        try:
+            for row in self.pages.fleet()["rows"]:
+                self.pages.wakes.recent(self.root / row["dir_name"] / "state")
+        except Exception:
+            pass    # the page itself will say what is wrong when asked
+        self.warmed.set()
     # -- plumbing -------------------------------------------------------------------------
 
     def app(self) -> Starlette:

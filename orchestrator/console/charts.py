@@ -5,12 +5,19 @@ Every label goes through markupsafe's escape; numbers are formatted here.
 
 from __future__ import annotations
 
+import functools
+
 from markupsafe import Markup, escape
 
 
 def bars(points: list[tuple[str, float]], *, width: int = 240, height: int = 40, unit: str = "$",
          css: str = "chart") -> Markup:
     """One bar per point (label, value), scaled to the largest; a <title> per bar."""
+    return _bars(tuple(tuple(p) for p in points), width, height, unit, css)
+
+
+@functools.lru_cache(maxsize=2048)   # a fleet page draws 100 charts, most of them unchanged since the last view
+def _bars(points: tuple, width: int, height: int, unit: str, css: str) -> Markup:
     if not points:
         return Markup("")
     top = max(v for _, v in points) or 1.0

@@ -6,8 +6,8 @@ day, the mandate and the policy as loaded, tasks, the outbox. A wake: its
 transcript (records/transcript.py), grouped into turns.
 
 Agents are found by listing ROOT (schedule.agent_dirs) and named by their
-folder: a name from a URL is only ever looked up in that listing, never
-joined onto a path.
+folder: a name from a URL is used only when it is a plain folder name (no
+slash, no leading dot) that holds agent.yaml.
 
 Loading an agent (agent.yaml and its policy) takes a millisecond or two, so
 a page of 100 agents keeps them in AgentCache, reloaded when agent.yaml
@@ -44,13 +44,14 @@ from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
 
 RELOAD_S = 5.0                      # a cached agent is loaded again at least this often
-ROW_TTL_S = 30.0                    # a cached fleet row is read again at least this often (plus jitter)
+ROW_TTL_S = 120.0                   # a cached fleet row is read again at least this often (plus jitter)
 LOCK = "state/wake.lock"            # there while a wake runs
 ROW_SOURCES = ("agent.yaml", "state/state.json", "state/ledger.json", "state/health.json", "state/tasks.json",
                "state/outbox.txt", "state/outbox.read", "state/schedule.json", "state/notify/queue",
                "state/notify/done.jsonl", LOCK)
 WAKES_SHOWN = 100                   # rows of wake history on an agent's page
 RUN_ID = re.compile(r"[0-9a-f]{6,32}")
+AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")   # a folder name: no path, never . or ..
 MANDATE_CAP = 64 * 1024             # chars of mandate.md shown
 
 
@@ -118,10 +119,10 @@ class Pages:
         self.wakes = WakeIndex()
 
     def agent_dir(self, name: str) -> Path:
-        for path in agent_dirs(self.root):
-            if path.name == name:
-                return path
-        raise NotFound(f"no agent named {name!r} under {self.root}")
+        """ROOT/NAME when NAME is a plain folder name holding agent.yaml (agent_dirs' rule)."""
+        if not AGENT_NAME.fullmatch(name) or not (self.root / name / "agent.yaml").is_file():
+            raise NotFound(f"no agent named {name!r} under {self.root}")
+        return self.root / name
 
     def fleet(self) -> dict:
         now, note = utcnow(), scheduler_note(self.root)
@@ -141,7 +142,7 @@ class Pages:
         now = utcnow()
         status = agent_status(agent)
         nxt = next_wake(path, agent.schedule, now, agent.timezone)
-        wakes = self.wakes.wakes(sd)
+        total, wakes = self.wakes.recent(sd, WAKES_SHOWN)
         try:
             days = usd_by_day(read_book(sd), now, COST_DAYS)
         except LedgerError:
@@ -152,8 +153,7 @@ class Pages:
         except TaskError as exc:
             tasks, tasks_error = [], str(exc)
         return {"name": name, "agent": status, "next_wake": stamp(nxt) if nxt else None,
-                "running": current_wake(sd), "wakes": list(reversed(wakes[-WAKES_SHOWN:])),
-                "wakes_total": len(wakes), "usd_by_day": days,
+                "running": current_wake(sd), "wakes": list(reversed(wakes)), "wakes_total": total, "usd_by_day": days,
                 "mandate": _mandate(agent), "policy": self._policy(agent),
                 "tasks": tasks, "tasks_error": tasks_error,
                 "outbox": list(reversed(split_messages(read_outbox(sd))))}

@@ -6,7 +6,10 @@ first. A year of wakes is tens of thousands of event lines, too many to
 parse on every page view, so `WakeIndex` keeps, per file, the rows it found
 and where it stopped: a rotated segment never changes (its rows are reused
 while its size and mtime stand), and the live file is read on from the last
-complete line. A page then costs a stat per file and the new lines.
+complete line. A page then costs a stat per file and the new lines. Only
+the newest KEEP rows of each file are held (and every file's count): a
+page shows the newest wakes, and 100 agents with a year of wakes each
+would otherwise hold 100,000 rows in serve's memory.
 
 Lines are filtered as bytes before JSON parsing: only those naming
 `wake_finished` are parsed.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.retention import history, open_text
 
 MARK = '"wake_finished"'
+KEEP = 100                          # rows held per file: the newest
 ROW_KEYS = ("run_id", "wake", "status", "reason", "steps", "tokens", "tool_calls", "usd", "duration_ms",
             "started_at", "model", "live", "task")
 
@@ -33,7 +38,14 @@ ROW_KEYS = ("run_id", "wake", "status", "reason", "steps", "tokens", "tool_calls
 class _File:
     key: tuple                      # (size, mtime_ns) when read to its end
     offset: int = 0                 # the live file: bytes read so far (complete lines only)
-    rows: list[dict] = field(default_factory=list)
+    rows: deque = field(default_factory=lambda: deque(maxlen=KEEP))
+    count: int = 0
+
+    def add(self, rows) -> None:
+        for row in rows:
+            if row:
+                self.rows.append(row)
+                self.count += 1
 
 
 def row_of(line: str) -> dict | None:
@@ -55,43 +67,43 @@ class WakeIndex:
         self._files: dict[Path, _File] = {}
         self._lock = threading.Lock()
 
-    def wakes(self, state_dir: Path) -> list[dict]:
-        """Every finished wake still in the retained history, oldest first."""
+    def recent(self, state_dir: Path, n: int = KEEP) -> tuple[int, list[dict]]:
+        """How many finished wakes the retained history holds, and the newest n of them, oldest first."""
         paths = history(Path(state_dir), EVENTS_FILE)
-        rows: list[dict] = []
+        total, rows = 0, deque(maxlen=n)
         with self._lock:
             for path in paths:
-                rows += self._rows(path, live=path.name == EVENTS_FILE)
+                known = self._read(path, live=path.name == EVENTS_FILE)
+                if known:
+                    total += known.count
+                    rows.extend(known.rows)
             gone = [p for p in self._files if p.parent == Path(state_dir) and p not in paths]
             for p in gone:              # expired segments, or a live file rotated away
                 del self._files[p]
-        return rows
+        return total, list(rows)
 
-    def _rows(self, path: Path, live: bool) -> list[dict]:
+    def _read(self, path: Path, live: bool) -> _File | None:
         try:
             st = path.stat()
         except OSError:
-            return []
+            return None
         key = (st.st_size, st.st_mtime_ns)
         known = self._files.get(path)
         if known and known.key == key:
-            return known.rows
+            return known
         if not live:
-            known = self._files[path] = _File(key, rows=self._read_whole(path))
-            return known.rows
+            known = self._files[path] = _File(key)
+            try:
+                with open_text(path) as f:
+                    known.add(map(row_of, f))
+            except OSError:
+                pass
+            return known
         if known is None or st.st_size < known.offset:   # new, or replaced since (rotated)
             known = self._files[path] = _File(key)
         self._read_on(path, known)
         known.key = key
-        return known.rows
-
-    @staticmethod
-    def _read_whole(path: Path) -> list[dict]:
-        try:
-            with open_text(path) as f:
-                return [r for r in map(row_of, f) if r]
-        except OSError:
-            return []
+        return known
 
     @staticmethod
     def _read_on(path: Path, known: _File) -> None:
@@ -104,5 +116,4 @@ class WakeIndex:
             data = f.read()
         end = data.rfind(b"\n") + 1     # a half-written last line waits for the next look
         known.offset += end
-        text = data[:end].decode("utf-8", errors="replace")
-        known.rows += [r for r in map(row_of, text.splitlines()) if r]
+        known.add(map(row_of, data[:end].decode("utf-8", errors="replace").splitlines()))
