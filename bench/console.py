@@ -1,6 +1,6 @@
 """What the console, the metrics and the traces cost, and how fast the console's pages are.
 
-    .venv/bin/python bench/console.py [--agents 100] [--wakes 1000] [--steps 60] [--views 40]
+    .venv/bin/python bench/console.py [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
 
 1. Per step of a wake, each on and off: wake_cost.orchestrator_overhead (a
    live wake against a fake API answering at once, tools answered by the
@@ -113,16 +113,19 @@ class _Sink:
         self.server.server_close()
 
 
-def per_step(steps: int) -> dict[str, dict]:
-    out = {}
-    for setting in SETTINGS:
-        say(f"per step: {setting}")
-        child = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(steps)],
-                               capture_output=True, text=True, timeout=600, cwd=ROOT)
-        if child.returncode != 0:
-            raise SystemExit(f"the {setting} run failed:\n{child.stderr[-2000:]}")
-        out[setting] = json.loads(child.stdout.strip().splitlines()[-1])
-    return out
+def per_step(steps: int, rounds: int) -> dict[str, dict]:
+    """Each setting `rounds` times, the settings interleaved (a shared machine's load drifts);
+    the median of each round's median, and of its p90."""
+    runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+    for r in range(rounds):
+        for setting in SETTINGS:
+            say(f"per step: {setting}, round {r + 1} of {rounds}")
+            child = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(steps)],
+                                   capture_output=True, text=True, timeout=600, cwd=ROOT)
+            if child.returncode != 0:
+                raise SystemExit(f"the {setting} run failed:\n{child.stderr[-2000:]}")
+            runs[setting].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    return {s: {k: statistics.median(r[k] for r in got) for k in ("per_step", "p90")} for s, got in runs.items()}
 
 
 # -- 2. a big root ---------------------------------------------------------------------------
@@ -242,12 +245,13 @@ def main() -> int:
     parser.add_argument("--wakes", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=60, help="model steps in each per-step wake")
     parser.add_argument("--views", type=int, default=40, help="fetches of each page")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each per-step setting")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)   # the child of per_step
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_setting(args.one, args.steps)))
         return 0
-    steps = per_step(args.steps)
+    steps = per_step(args.steps, args.rounds)
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-console-"))
     try:
         pages, warm_s = page_times(tmp, args.agents, args.wakes, args.views)

@@ -17,6 +17,7 @@ import urllib.request
 from http.cookiejar import CookieJar
 from pathlib import Path
 
+import jinja2
 import pytest
 
 from orchestrator.console import auth
@@ -100,6 +101,21 @@ def test_agent_text_is_escaped_and_every_page_forbids_scripts(serve_console):
     assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-store"
     assert client.get("/agents/..%2f..%2fetc")[0] == 404
     assert client.get("/agents/one/wakes/..%2fprompts")[0] == 404
+
+
+def test_the_escaping_check_fails_against_a_console_that_does_not_escape(root):
+    """The weakened control: with autoescaping off, the same check sees the raw <script>."""
+    weak = Console(root, Access(TOKEN, True))
+    escaping = weak.env
+    weak.env = jinja2.Environment(loader=escaping.loader, autoescape=False, undefined=jinja2.StrictUndefined)
+    weak.env.filters.update(escaping.filters)
+    weak.env.globals.update(escaping.globals)
+    listening = start(weak, "127.0.0.1", 0)
+    try:
+        html = Client(listening.url).get("/agents/one")[2]
+    finally:
+        listening.stop()
+    assert XSS in html
 
 
 def test_on_loopback_reading_is_open_and_acting_needs_the_token_and_the_forms_csrf(serve_console, root):

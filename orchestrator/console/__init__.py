@@ -15,5 +15,9 @@ a page through Jinja2's autoescaping. The console reads state/ and the
 trusted agent.yaml and mandate.md; it never reads the workspace (the disk's
 use comes from views.disk_status, as `status` has it).
 
-The top layer, beside cli.py: may import anything below it.
+The top layer, beside cli.py: may import anything below it (escapes/ too,
+which is why it is not under fleet/).
+
+Not here: what a page shows is decided by fleet/views.py, the same code as
+`wakeloop status`; the metrics are metrics.py's.
 """

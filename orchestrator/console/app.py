@@ -7,6 +7,9 @@ redirect back to the page (303), which shows what was done.
 
 `start()` binds the socket first, so a port in use is one line from serve,
 not a thread that died quietly.
+
+Not here: who may do what (auth.py), what a page holds (pages.py), the
+markup (templates/), what serve prints at start (listen.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Small SVG bar charts, drawn on the server: no script, no asset from anywhere.
 
 Every label goes through markupsafe's escape; numbers are formatted here.
+
+Not here: where the numbers come from (views.usd_by_day, the ledger).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ lines ("[ 3/103] HELD probe ...") are kept, the last LINES_KEPT of them.
 
 Under compose the orchestrator has no Docker engine: the run then fails at
 once and the page says why (run `wakeloop escapes` in the broker's container).
+
+Not here: the probes and the report (escapes/), where reports are kept
+(escapes/history.py).
 """
 
 from __future__ import annotations

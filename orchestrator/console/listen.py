@@ -5,6 +5,9 @@ from, and whether actions are on: off on a non-loopback address unless a
 TLS proxy is in front (`--behind-tls`). `--published-on-loopback` is for a
 container whose port the host publishes on its loopback only (compose.yaml):
 the console listens on 0.0.0.0 inside, but only this host can reach it.
+
+Not here: the scheduler (fleet/scheduler.py, which calls `attach` through
+serve's `beside`), the routes (app.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ measure) is kept in RowCache while none of the files it is read from has
 changed (a stat each), until the agent's next wake is due, and at most
 ROW_TTL_S (what no file says: the disk's use, the day); an agent whose wake
 runs is read afresh on every view.
+
+Not here: the rows' and the status's contents (fleet/views.py), the wake
+history (fleet/history.py), HTML (templates/).
 """
 
 from __future__ import annotations

@@ -75,8 +75,9 @@ class LiveModel:
                  max_retries: int = MAX_RETRIES, timeout_s: float = REQUEST_TIMEOUT_S):
         self.name = name
         self.stream = stream
+        traced = tracing.sdk_option()   # only when content is asked for: an SDK without the option still works
         self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s,
-                                          open_telemetry=tracing.sdk_option())
+                                          **({"open_telemetry": traced} if traced else {}))
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""
