@@ -201,6 +201,7 @@ def test_the_running_wake_is_followed_live_on_its_agents_page(console, browser, 
     browser.switch_to.frame(frame)
     try:
         assert "running: this page follows it" in browser.find_element("css selector", "#live").text
+        assert "waiting for the model" in browser.find_element("css selector", "#waiting").text
         assert browser.find_element("css selector", "meta[http-equiv=refresh]").get_attribute("content") == "2"
     finally:
         browser.switch_to.default_content()
