@@ -237,20 +237,24 @@ def p50_p95(samples: list[float]) -> tuple[float, float]:
 
 
 def table(steps: dict, pages: dict, warm_s: float, agents: int, wakes: int) -> str:
-    base = steps["off"]
-    rows = [("per step of a wake (wall median / p90)", "", "CPU per step, all threads")]
-    for setting in SETTINGS:
+    rows = []
+    if steps:
+        rows.append(("per step of a wake (wall median / p90)", "", "CPU per step, all threads"))
+    base = steps.get("off")
+    for setting in SETTINGS if steps else ():
         s = steps[setting]
         extra = (f"{s['cpu']:.2f} ms" + ("" if setting == "off" else
                  f" ({s['cpu'] - base['cpu']:+.2f} ms; wall {s['per_step'] - base['per_step']:+.2f} ms)"))
         rows.append((f"  {setting}", f"{s['per_step']:.2f} / {s['p90']:.2f} ms", extra))
-    rows.append((f"page time, {agents} agents x {wakes:,} wakes (p50 / p95)", "",
-                 f"CPU p50; wall p95 against {PAGE_BUDGET_MS:.0f} ms"))
+    if pages:
+        rows.append((f"page time, {agents} agents x {wakes:,} wakes (p50 / p95)", "",
+                     f"CPU p50; wall p95 against {PAGE_BUDGET_MS:.0f} ms"))
     for name, (samples, cpu) in pages.items():
         p50, p95 = p50_p95(samples) if len(samples) > 1 else (samples[0], samples[0])
         rows.append((f"  {name}", f"{p50:.1f} / {p95:.1f} ms",
                      f"{statistics.median(cpu):.1f} ms CPU; {'ok' if p95 < PAGE_BUDGET_MS else 'OVER'}"))
-    rows.append(("  every fleet row and history read, in the background", f"{warm_s:.1f} s after start", ""))
+    if pages:
+        rows.append(("  every fleet row and history read, in the background", f"{warm_s:.1f} s after start", ""))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:<{width}}  {b:<20} {c}".rstrip() for a, b, c in rows)
 
@@ -262,17 +266,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60, help="model steps in each per-step wake")
     parser.add_argument("--views", type=int, default=40, help="fetches of each page")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each per-step setting")
+    parser.add_argument("--only", choices=("steps", "pages"), help="one of the two measurements")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)   # the child of per_step
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one_setting(args.one, args.steps)))
         return 0
-    steps = per_step(args.steps, args.rounds)
-    tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-console-"))
-    try:
-        pages, warm_s = page_times(tmp, args.agents, args.wakes, args.views)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    steps = per_step(args.steps, args.rounds) if args.only != "pages" else {}
+    pages, warm_s = {}, 0.0
+    if args.only != "steps":
+        tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-console-"))
+        try:
+            pages, warm_s = page_times(tmp, args.agents, args.wakes, args.views)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(table(steps, pages, warm_s, args.agents, args.wakes))
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores when done)")
     return 0

@@ -118,6 +118,7 @@ class Pages:
         self.root = Path(root).resolve()
         self.agents = AgentCache()
         self.rows = RowCache()
+        self._fleet_lock = threading.Lock()
         self._policies: dict[int, tuple[Agent, str]] = {}   # id(agent) -> its policy as YAML (15 ms to dump)
         self.wakes = WakeIndex()
 
@@ -128,9 +129,11 @@ class Pages:
         return self.root / name
 
     def fleet(self) -> dict:
-        now, note = utcnow(), scheduler_note(self.root)
-        rows = [self.rows.row(path, note is None, lambda: fleet_row(path, now, note is not None, self.agents.load))
-                for path in agent_dirs(self.root)]
+        with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
+            now, note = utcnow(), scheduler_note(self.root)
+            rows = [self.rows.row(path, note is None,
+                                  lambda: fleet_row(path, now, note is not None, self.agents.load))
+                    for path in agent_dirs(self.root)]
         return {"rows": rows, "note": note, "root": str(self.root),
                 "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
                 "running": sum(1 for r in rows if r.get("state") == "running")}
