@@ -47,7 +47,7 @@ CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 's
        "frame-ancestors 'self'; form-action 'self'; base-uri 'none'")
 MAX_FORM_BYTES = 64 * 1024          # a message or a task title, with room
 LIVE_REFRESH_S = 2                  # a running wake's frame reloads this often
-FLEET_REFRESH_S = 10
+FLEET_REFRESH_S = 10                # the fleet page reloads this often: states change without anyone asking
 SAID = {"run-now": "one wake requested: it starts within seconds",
         "pause": "paused: serve runs none of its ticks until resumed",
         "resume": "resumed: failures forgotten, ticks run again",
@@ -85,6 +85,7 @@ class Console:
         except Exception:
             pass    # the page itself will say what is wrong when asked
         self.warmed.set()
+
     # -- plumbing -------------------------------------------------------------------------
 
     def app(self) -> Starlette:

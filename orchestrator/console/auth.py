@@ -29,11 +29,11 @@ from pathlib import Path
 TOKEN_ENV = "WAKELOOP_CONSOLE_TOKEN"
 TOKEN_FILE = "console.token"        # in ROOT, when the variable is unset
 COOKIE = "wakeloop_session"
-MIN_TOKEN_CHARS = 16
+MIN_TOKEN_CHARS = 16                # shorter is guessable; a generated one is 32 (24 random bytes)
 
 
 class TokenError(ValueError):
-    pass
+    """A console token that will not do: one line for the human, with the fix."""
 
 
 def load_token(root: Path, environ=os.environ) -> tuple[str, str]:
