@@ -64,6 +64,8 @@ def cmd_image_build(args) -> int:
 
 
 def cmd_wake(args) -> int:
+    from orchestrator import tracing
+    tracing.setup()
     import signal
     import threading
     from pathlib import Path
@@ -228,8 +230,13 @@ def cmd_task_list(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from functools import partial
+    from orchestrator import tracing
+    from orchestrator.console.listen import Options, attach
     from orchestrator.fleet.scheduler import serve
-    return serve(args.root, args.max_concurrent)
+    tracing.setup()
+    options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback)
+    return serve(args.root, args.max_concurrent, beside=partial(attach, options=options))
 
 
 def cmd_broker(args) -> int:
@@ -426,10 +433,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("agent_dir")
     _json_flag(p, "the tasks as a JSON list")
 
-    p = _command(sub, "serve", "wake every agent under ROOT on its schedule until SIGTERM",
-                 "wakeloop serve agents/ --max-concurrent 8", cmd_serve)
+    p = _command(sub, "serve", "wake every agent under ROOT on its schedule until SIGTERM; optionally "
+                               "a web console and Prometheus metrics",
+                 "wakeloop serve agents/ --http 127.0.0.1:8765   # then open http://127.0.0.1:8765/", cmd_serve)
     p.add_argument("root")
     p.add_argument("--max-concurrent", type=int, default=4, metavar="K", help="wakes at once (default 4)")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Actions need the "
+                        "token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token); off "
+                        "loopback, reading needs it too and actions need TLS in front (--behind-tls)")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics alone at http://HOST:PORT/metrics (no console)")
+    p.add_argument("--behind-tls", action="store_true",
+                   help="a TLS-terminating proxy is in front of --http: allow actions on a non-loopback address")
+    p.add_argument("--published-on-loopback", action="store_true",
+                   help="--http listens in a container whose port the host publishes on 127.0.0.1 only "
+                        "(compose.yaml): treat it as loopback")
 
     p = _command(sub, "broker", "the sandbox broker: run/write for the agents under ROOT over a "
                                 "unix socket (the only process that needs Docker)",

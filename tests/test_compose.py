@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,9 +29,19 @@ RECEIPT = re.compile(r"demo: wake (\d+) (\w+).* \| receipt (\{.*\})$")
 WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"   # the broker's view of the demo workspace
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONSOLE_PORT = free_port()           # not 8765: another stack on this engine may hold it
+
+
 def compose_env() -> dict:
     env = scrubbed_env()
     env["WAKELOOP_DRY_RUN"] = "true"   # overrides a live .env: this test never calls the API
+    env["WAKELOOP_CONSOLE_PORT"] = str(CONSOLE_PORT)
     return env
 
 
@@ -48,7 +60,11 @@ def compose():
         return done
 
     disks_before = set(DISKS.glob("*.img"))
+    token = REPO / "agents" / "console.token"
+    token_before = token.exists()
     yield run
+    if not token_before:
+        token.unlink(missing_ok=True)
     run("down", "--volumes", "--remove-orphans", check=False)
     for image in set(DISKS.glob("*.img")) - disks_before:   # the broker released it at its stop
         image.unlink()
@@ -88,6 +104,13 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
     assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])
     assert not any("docker.sock" in m["Source"] for m in orchestrator["Mounts"])
+
+    # The console, published on the host's loopback: the demo on the fleet page, its wake in /metrics.
+    assert re.search(r"console: http://0\.0\.0\.0:8765/ \(token .*\); actions on", logs), logs[-3000:]
+    fleet = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/", timeout=30).read().decode()
+    assert 'id="agent-demo"' in fleet
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/metrics", timeout=30).read().decode()
+    assert re.search(r'wakeloop_wakes_total\{agent="demo",status="done"\} [1-9]', metrics)
 
     compose("down", "--volumes", timeout=DOWN_S)
     assert compose("ps", "-a", "-q").stdout.strip() == ""

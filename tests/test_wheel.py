@@ -34,6 +34,9 @@ def test_the_wheel_installs_and_runs_the_quick_start_from_anywhere(tmp_path):
 
     from orchestrator import __version__
     assert run([wakeloop, "--version"], home, env=env).stdout.strip() == f"wakeloop {__version__}"
+    console = ("import orchestrator.console.app as a; assert (a.HERE / 'templates' / 'fleet.html').is_file() "
+               "and (a.HERE / 'static' / 'console.css').is_file()")   # serve --http's pages travel too
+    run([str(venv / "bin/python"), "-c", console], home, env=env)
     assert "built wakeloop-sandbox" in run([wakeloop, "image", "build"], home, env=env).stdout
     run([wakeloop, "init", "agents/mine", "--policy", "strict"], home, env=env)
     assert "policies/strict.yaml" in run([wakeloop, "policy", "explain", "agents/mine"], home, env=env).stdout

@@ -21,7 +21,9 @@ from orchestrator.sandbox.engine import check_image, connect
 from orchestrator.escapes.core import HELD, run_suite, temp_lab
 from orchestrator.escapes.host import check_host
 from orchestrator.escapes.registry import ALL_PROBES
+from orchestrator.escapes import history
 from orchestrator.escapes.report import failed, json_report, text_report
+from orchestrator.records.events import now_iso
 
 EXIT_HELD, EXIT_ESCAPED = 0, 1
 
@@ -63,9 +65,17 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
     seconds = time.monotonic() - started
     host = check_host(client, sandbox.runtime, {o.probe: o.verdict for o in outcomes})
+    doc = json_report(outcomes, host, {"policy": policy.source, "runtime": sandbox.runtime,
+                                       "seconds": round(seconds, 1), "finished_at": now_iso(),
+                                       "probes_run": "all" if not only else len(probes)})
+    try:
+        kept = history.save(json.loads(doc))
+    except OSError as exc:
+        print(f"escapes: the report was not kept for the console: {exc}", file=sys.stderr)
+    else:
+        print(f"escapes: report kept in {kept}", file=sys.stderr)
     if as_json:
-        print(json_report(outcomes, host, {"policy": policy.source, "runtime": sandbox.runtime,
-                                           "seconds": round(seconds, 1)}))
+        print(doc)
     else:
         header = (f"wakeloop escapes: {len(outcomes)} probes, policy {policy.source}, "
                   f"runtime {sandbox.runtime}, {seconds:.0f} s")

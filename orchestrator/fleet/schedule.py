@@ -12,6 +12,7 @@ Not here: running wakes (scheduler.py), showing them (views.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class Schedule:
         return f"cron '{self.text}'" + (f" ({self.tz})" if self.tz != DEFAULT_TZ else "")
 
 
+@functools.lru_cache(maxsize=1024)     # a page of 100 agents parses each line once, not per view
 def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
     try:
         ZoneInfo(tz)

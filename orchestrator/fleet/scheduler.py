@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from orchestrator import metrics
 from orchestrator.errors import WakeloopError
 from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent
 from orchestrator.broker.client import broker_socket
@@ -72,6 +73,7 @@ class _Entry:
     schedule: Schedule | None = None
     due: datetime | None = None     # None: not schedulable (the error was logged)
     queued: bool = False
+    wanted: datetime | None = None  # when the queued wake was due (its tick, or a run-now request)
     running: datetime | None = None  # when the running wake started
     said_paused: bool = False       # "paused" is said once, not per tick
 
@@ -106,6 +108,10 @@ class Scheduler:
         self.completed = 0
 
     # -- public --------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Look at the agents now (the console queued a run-now): no waiting for the next tick."""
+        self._wakeup.set()
 
     def request_stop(self, *_args) -> None:
         """No new wakes; running ones end at their next step boundary."""
@@ -201,7 +207,7 @@ class Scheduler:
                 self.say(f"{entry.name}: run-now requested" + (": already running or queued"
                                                                if entry.running or entry.queued else ""))
                 if not (entry.running or entry.queued):
-                    entry.queued = True
+                    entry.queued, entry.wanted = True, now
                     self._queue.append(entry.dir)
             if entry.due is None or entry.due > now:
                 continue
@@ -217,7 +223,7 @@ class Scheduler:
                        else "its previous tick is still queued")
                 self.say(f"{entry.name}: tick {stamp(tick)} skipped: {why}")
                 continue
-            entry.queued = True
+            entry.queued, entry.wanted = True, tick
             self._queue.append(entry.dir)
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
@@ -271,6 +277,8 @@ class Scheduler:
             if entry is None:
                 continue
             entry.queued, entry.running = False, utcnow()
+            if entry.wanted:
+                metrics.scheduler_lag((entry.running - entry.wanted).total_seconds())
             thread = threading.Thread(target=self._wake, args=(entry.dir, entry.name),
                                       name=f"wake-{entry.name}", daemon=True)
             self._threads[path] = thread
@@ -348,8 +356,11 @@ def _check_prices(agent: Agent) -> None:
     check_caps(agent.model, agent.policy.budget, load_prices(), agent.policy.source)
 
 
-def serve(root: Path, max_concurrent: int = MAX_CONCURRENT) -> int:
-    """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT."""
+def serve(root: Path, max_concurrent: int = MAX_CONCURRENT,
+          beside: Callable[[Scheduler], Callable[[], None]] | None = None) -> int:
+    """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT.
+    `beside(scheduler)` starts what runs next to it (the console, metrics) and
+    returns how to stop that."""
     import signal
     if not Path(root).is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds your agents "
@@ -362,7 +373,10 @@ def serve(root: Path, max_concurrent: int = MAX_CONCURRENT) -> int:
     stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()  # noqa: E731
     signal.signal(signal.SIGTERM, stop_soon)
     signal.signal(signal.SIGINT, stop_soon)
+    stop_beside = beside(scheduler) if beside else None
     try:
         return scheduler.run()
     finally:
+        if stop_beside:
+            stop_beside()
         sys.stdout.flush()

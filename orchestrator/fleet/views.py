@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -27,10 +27,12 @@ from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
 from orchestrator.records.tasks import TaskError, open_tasks
+from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.output import clean
 
 LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
+COST_DAYS = 30                      # the fleet's cost chart: this many UTC days up to today
 CELL_CHARS = 60                     # a table cell is cut to this, at a word boundary; --json has it whole
 
 
@@ -187,45 +189,74 @@ _ROW_KEYS = ["agent", "mode", "last_wake", "result", "next_wake", "health", "tok
              "usd_today", "usd_total", "open_tasks", "unread_outbox"]
 
 
-def fleet_status(root: Path, now: datetime | None = None) -> list[dict]:
-    """One dict per agent under ROOT (a config error is a row that says so)."""
+def fleet_status(root: Path, now: datetime | None = None, load=load_agent) -> list[dict]:
+    """One dict per agent under ROOT (a config error is a row that says so).
+    `load`: how an agent is loaded (the console passes a cached load_agent)."""
     now = now or utcnow()
-    rows = []
     no_scheduler = scheduler_note(root) is not None
-    for path in agent_dirs(root):
-        sd = path / "state"
-        try:
-            agent = load_agent(path)
-        except (ConfigError, ValueError) as exc:
-            rows.append({"agent": path.name, "mode": "-", "last_wake": "config error", "result": str(exc),
-                         "error": str(exc)})
-            continue
-        state, _ = load_state(sd)
-        r = state.last_receipt or {}
-        nxt = next_wake(path, agent.schedule, now, agent.timezone)
-        h = health_status(sd)[0]
-        row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
-               "last_wake": _short_time(r.get("started_at"), now) if r else "never",
-               "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-               "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
-                             else stamp(nxt) if nxt else "bad schedule"),
-               "health": _health_line(h),
-               "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd))}
-        try:
-            book = read_book(sd)
-            day = book.day(now.strftime("%Y-%m-%d"))
-            row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
-                       usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
-                       tokens_today=f"{day.tokens:,}")
-        except LedgerError:
-            row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
-                       tokens_today="? (ledger unreadable)")
-        try:
-            row["open_tasks"] = str(len(open_tasks(sd)))
-        except TaskError:
-            row["open_tasks"] = "?"
-        rows.append(row)
-    return rows
+    return [fleet_row(path, now, no_scheduler, load) for path in agent_dirs(root)]
+
+
+def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) -> dict:
+    """One agent's row of the fleet table."""
+    sd = path / "state"
+    try:
+        agent = load(path)
+    except (ConfigError, ValueError) as exc:
+        return {"agent": path.name, "dir_name": path.name, "mode": "-", "last_wake": "config error",
+                "result": str(exc), "error": str(exc), "state": "config error"}
+    state, _ = load_state(sd)
+    r = state.last_receipt or {}
+    nxt = next_wake(path, agent.schedule, now, agent.timezone)
+    h = health_status(sd)[0]
+    row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
+           "last_wake": _short_time(r.get("started_at"), now) if r else "never",
+           "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
+           "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+                         else stamp(nxt) if nxt else "bad schedule"),
+           "next_wake_at": nxt.timestamp() if nxt else None,
+           "health": _health_line(h),
+           "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd)),
+           "dir_name": path.name, "receipt": r or None, "health_detail": h,
+           "running": current_wake(sd), "disk": disk_status(agent)}
+    row["state"] = ("running" if row["running"] else "paused" if h["paused"]
+                    else "failing" if h["failures"] else "ok")
+    try:
+        book = read_book(sd)
+        day = book.day(now.strftime("%Y-%m-%d"))
+        row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
+                   usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
+                   tokens_today=f"{day.tokens:,}", usd_by_day=usd_by_day(book, now, COST_DAYS))
+        row["usd_30d"] = round(sum(usd for _, usd in row["usd_by_day"]), 6)
+    except LedgerError:
+        row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
+                   tokens_today="? (ledger unreadable)")
+    try:
+        row["open_tasks"] = str(len(open_tasks(sd)))
+    except TaskError:
+        row["open_tasks"] = "?"
+    return row
+
+
+def usd_by_day(book, now: datetime, days: int) -> list[tuple[str, float]]:
+    """The ledger's USD per UTC day for the `days` days up to `now`, oldest first (0 for none)."""
+    dates = [(now - timedelta(days=n)).strftime("%Y-%m-%d") for n in range(days - 1, -1, -1)]
+    return [(d, round(book.days[d].usd, 6) if d in book.days else 0.0) for d in dates]
+
+
+def current_wake(sd: Path) -> dict | None:
+    """The wake running now (its lock is held by a live process): its run and its step so far,
+    from its transcript, the newest. None when no wake runs."""
+    holder = lock_holder(sd)
+    if holder is None:
+        return None
+    newest = find_run(sd, None)
+    lines = list(read_lines(newest)) if newest else []
+    if not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
+        return {"run_id": None, "step": 0, "started_at": holder.started, "pid": holder.pid}
+    steps = [line["step"] for line in lines if isinstance(line.get("step"), int)]
+    return {"run_id": newest.stem, "step": max(steps, default=0), "started_at": lines[0].get("t"),
+            "pid": holder.pid}
 
 
 def render_fleet(rows: list[dict], root: Path) -> str:

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from orchestrator.records import retention
 
@@ -30,6 +30,15 @@ retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by reten
 SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 MIN_SECRET_LEN = 8                  # shorter values would scrub ordinary words
 REDACTED = "[redacted]"
+Listener = Callable[[Path, dict], None]
+_listeners: list[Listener] = []     # metrics.py: told of each event after it lands
+
+
+def listen(fn: Listener) -> None:
+    """Call fn(path, event) after every event this process writes, on the writing thread.
+    A listener that raises is ignored: counting an event must never cost the wake."""
+    if fn not in _listeners:
+        _listeners.append(fn)
 
 
 def now_iso() -> str:
@@ -63,6 +72,11 @@ class EventLog:
             os.write(fd, line.encode("utf-8"))
         finally:
             os.close(fd)
+        for fn in _listeners:
+            try:
+                fn(self.path, event)
+            except Exception:
+                pass
         return event
 
 

@@ -28,6 +28,7 @@ import docker.errors
 from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
+from orchestrator import metrics
 from orchestrator.sandbox import disk, images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
@@ -358,10 +359,12 @@ class DockerSandbox:
                 command_env: dict[str, str] | None = None) -> str:
         try:
             config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
-            return self.client.api.create_container(
+            cid = self.client.api.create_container(
                 **config, host_config=self.client.api.create_host_config(**host))["Id"]
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot create a sandbox container: {_first_line(exc)}") from None
+        metrics.container_made(cid)
+        return cid
 
     def _make_warm(self) -> str:
         """A started container idling in the launcher; same settings as a cold call."""
@@ -444,8 +447,9 @@ class DockerSandbox:
     def _remove(self, cid: str) -> None:
         try:
             self.client.api.remove_container(cid, force=True)
+            metrics.container_removed(cid)
         except docker.errors.NotFound:
-            pass
+            metrics.container_removed(cid)
         except docker.errors.APIError as exc:
             if "already in progress" not in str(exc):
                 raise

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from orchestrator import metrics
 
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
@@ -127,12 +128,14 @@ class WarmPool:
                     warm = self._ready.pop(0)
             if warm is None:
                 self._refill()
+                metrics.pool_take(hit=False)
                 return None
             if warm.key != key or (time.monotonic() - warm.made > IDLE_CHECK_S
                                    and not self._alive(warm.cid)):
                 self.discard(warm.cid)
                 continue
             self._refill()
+            metrics.pool_take(hit=True)
             return warm.cid
 
     def discard(self, cid: str) -> None:

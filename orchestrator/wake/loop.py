@@ -65,6 +65,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from orchestrator import tracing
 from orchestrator.notify import outcomes
 from orchestrator.records import ledger
 from orchestrator.records import tasks
@@ -236,7 +237,10 @@ class _Wake:
         # Under compose the broker's, never the Docker socket (client.open_sandbox decides).
         self.box = sandbox or open_sandbox(self.agent, run_id=self.run_id, fresh=True, say=self.say)
         try:
-            return self._run_in(state, model, turns)
+            with tracing.wake_span(self.agent.name, self.run_id, self.agent.model, bool(model and model.live)) as span:
+                receipt = self._run_in(state, model, turns)
+                tracing.wake_result(span, receipt.status, receipt.steps, receipt.tokens, receipt.reason)
+            return receipt
         finally:
             if sandbox is None:
                 self.box.close()  # ours: no container of this wake outlives it
@@ -393,8 +397,12 @@ class _Wake:
         for text in _user_texts(messages[self.transcribed:]):  # tool results went in as they ran
             self.transcript.add("user", step=step, text=text)
         self.transcribed = len(messages)
+        started_ns = time.time_ns()
         turn = self.model.call(system=self.ctx.system_blocks(), tools=tools, messages=messages,
                                max_tokens=self.budget.max_output_tokens, tool_choice=tool_choice)
+        if not self.model.live:  # a live call's span is the SDK's own
+            tracing.scripted_chat(self.model.name, self.budget.max_output_tokens, turn.usage.to_dict(),
+                                  turn.stop_reason, started_ns)
         if not self.inbox_committed:
             st.commit_inbox(self.agent.state_dir)
             self.inbox_committed = True
@@ -425,11 +433,15 @@ class _Wake:
             name, args = call.get("name", ""), call.get("input")
             self.events.emit("tool_call", step=self.steps, id=call["id"], tool=name, input=_for_log(args))
             self.say(f"step {self.steps}: {name} {_short(json.dumps(args, ensure_ascii=False))}")
-            result = self.registry.call(name, args)
+            with tracing.tool_span(name, call["id"], args) as span:
+                result = self.registry.call(name, args)
+                if span:
+                    span.result(result.text, result.is_error, result.detail)
             if result.denied:
                 self.events.emit("policy_denied", step=self.steps, tool=name, reason=result.denied)
             self.events.emit("tool_result", step=self.steps, id=call["id"], tool=name,
-                             is_error=result.is_error, result_chars=len(result.text), **result.detail)
+                             is_error=result.is_error, result_chars=len(result.text),
+                             **({"denied": True} if result.denied else {}), **result.detail)
             self.transcript.add("tool_result", step=self.steps, id=call["id"], tool=name, text=result.text,
                                 is_error=result.is_error, denied=result.denied or None, **result.detail)
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")

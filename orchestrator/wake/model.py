@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import anthropic
 
+from orchestrator import tracing
 from orchestrator.policy.agent import AgentError
 from orchestrator.wake.context import CACHE
 from orchestrator.records.ledger import Usage
@@ -74,7 +75,9 @@ class LiveModel:
                  max_retries: int = MAX_RETRIES, timeout_s: float = REQUEST_TIMEOUT_S):
         self.name = name
         self.stream = stream
-        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s)
+        traced = tracing.sdk_option()   # only when content is asked for: an SDK without the option still works
+        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s,
+                                          **({"open_telemetry": traced} if traced else {}))
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""

@@ -1,0 +1,23 @@
+"""The web console of `wakeloop serve ROOT --http ADDR`: the fleet, each agent, the escape report.
+
+Server-rendered HTML on Starlette under uvicorn, in a thread of serve's own
+process; no script at all (the Content-Security-Policy forbids every one),
+so a live wake is followed by a page that reloads itself, framed inside the
+agent's page. Charts are SVG drawn here.
+
+app.py (routes, headers, the listener), auth.py (the token, sessions, CSRF,
+who may act), pages.py (what each page shows, gathered from the CLI's own
+readers: fleet/views.py, fleet/history.py, records/), charts.py (SVG),
+escapes.py (the escape suite run in the background), templates/ and static/.
+
+Everything an agent or a model wrote is untrusted: it is only ever put into
+a page through Jinja2's autoescaping. The console reads state/ and the
+trusted agent.yaml and mandate.md; it never reads the workspace (the disk's
+use comes from views.disk_status, as `status` has it).
+
+The top layer, beside cli.py: may import anything below it (escapes/ too,
+which is why it is not under fleet/).
+
+Not here: what a page shows is decided by fleet/views.py, the same code as
+`wakeloop status`; the metrics are metrics.py's.
+"""

@@ -1,0 +1,320 @@
+"""The console's routes, headers and listener: a Starlette app under uvicorn, in a thread of serve.
+
+Every response carries a Content-Security-Policy that allows no script at
+all, only this console's stylesheet, inline SVG and forms posted back here,
+and refuses to be framed by anyone else. Actions are POSTs answered with a
+redirect back to the page (303), which shows what was done.
+
+`start()` binds the socket first, so a port in use is one line from serve,
+not a thread that died quietly.
+
+Not here: who may do what (auth.py), what a page holds (pages.py), the
+markup (templates/), what serve prints at start (listen.py).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qs, quote
+
+import jinja2
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from orchestrator import metrics
+from orchestrator.console import pages as pages_mod
+from orchestrator.console.auth import COOKIE, Access
+from orchestrator.console.charts import bars
+from orchestrator.console.escapes import RUNTIMES, Runner
+from orchestrator.assets import SHIPPED_POLICIES
+from orchestrator.errors import ConfigError
+from orchestrator.escapes import history as escape_history
+from orchestrator.fleet.control import request_run
+from orchestrator.notify.health import set_paused
+from orchestrator.records.state import send_message_to_agent
+from orchestrator.records.tasks import add_task
+
+HERE = Path(__file__).parent
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 'self'; "
+       "frame-ancestors 'self'; form-action 'self'; base-uri 'none'")
+MAX_FORM_BYTES = 64 * 1024          # a message or a task title, with room
+LIVE_REFRESH_S = 2                  # a running wake's frame reloads this often
+FLEET_REFRESH_S = 10                # the fleet page reloads this often: states change without anyone asking
+SAID = {"run-now": "one wake requested: it starts within seconds",
+        "pause": "paused: serve runs none of its ticks until resumed",
+        "resume": "resumed: failures forgotten, ticks run again",
+        "send": "message queued for the next live wake", "task": "task queued",
+        "escapes": "the escape suite started", "login": "signed in"}
+
+
+@dataclass
+class Console:
+    root: Path
+    access: Access
+    poke: Callable[[], None] = lambda: None     # the scheduler looks again now
+    runner: Runner | None = None
+
+    def __post_init__(self):
+        self.pages = pages_mod.Pages(self.root)
+        self.runner = self.runner or Runner()
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                                      undefined=jinja2.StrictUndefined)
+        self.env.filters.update(money=_money, seconds=_seconds)
+        self.env.globals.update(bars=bars, SAID=SAID)
+        if not metrics.enabled():
+            metrics.install()
+        self.warmed = threading.Event()
+        # The first view of a big fleet reads every agent (~4 ms each), and of an agent its
+        # history (~50 ms for a year); each template compiles in ~30 ms: done now, off the request.
+        threading.Thread(target=self._warm, name="wakeloop-console-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            for template in self.env.list_templates(".html"):
+                self.env.get_template(template)     # compiled once, here, not on a person's first view
+            for row in self.pages.fleet()["rows"]:
+                self.pages.wakes.recent(self.root / row["dir_name"] / "state")
+        except Exception:
+            pass    # the page itself will say what is wrong when asked
+        self.warmed.set()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def app(self) -> Starlette:
+        routes = [Route("/", self.fleet), Route("/agents/{name}", self.agent),
+                  Route("/agents/{name}/wakes/{run_id}", self.wake),
+                  Route("/agents/{name}/{action}", self.act, methods=["POST"]),
+                  Route("/escapes", self.escapes), Route("/escapes/run", self.run_escapes, methods=["POST"]),
+                  Route("/login", self.login, methods=["GET", "POST"]),
+                  Route("/logout", self.logout, methods=["POST"]),
+                  Route("/metrics", self.metrics), Route("/static/console.css", self.css),
+                  Route("/favicon.ico", lambda request: Response(status_code=204))]
+        app = Starlette(routes=routes)
+        app.add_middleware(_Guard, console=self)
+        return app
+
+    def render(self, request: Request, template: str, status: int = 200, **data) -> HTMLResponse:
+        signed_in = self.access.signed_in(request.cookies, request.headers)
+        data.setdefault("refresh", 0)
+        html = self.env.get_template(template).render(
+            csrf=self.access.csrf if signed_in else "", signed_in=signed_in,
+            can_act=self.access.actions_allowed and signed_in, actions_allowed=self.access.actions_allowed,
+            said=SAID.get(request.query_params.get("said", "")), path=request.url.path, **data)
+        return HTMLResponse(html, status_code=status)
+
+    # -- pages ----------------------------------------------------------------------------
+
+    def fleet(self, request: Request):
+        return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet())
+
+    def agent(self, request: Request):
+        try:
+            data = self.pages.agent(request.path_params["name"])
+        except pages_mod.NotFound as exc:
+            return self.render(request, "error.html", 404, message=str(exc))
+        return self.render(request, "agent.html", **data)
+
+    def wake(self, request: Request):
+        try:
+            data = self.pages.wake(request.path_params["name"], request.path_params["run_id"])
+        except pages_mod.NotFound as exc:
+            return self.render(request, "error.html", 404, message=str(exc))
+        framed = request.query_params.get("frame") == "1"
+        return self.render(request, "wake.html", framed=framed,
+                           refresh=LIVE_REFRESH_S if data["live"] else 0, **data)
+
+    def escapes(self, request: Request):
+        run = self.runner.last
+        return self.render(request, "escapes.html", reports=escape_history.latest(), run=run,
+                           runtimes=RUNTIMES, policies=SHIPPED_POLICIES,
+                           refresh=LIVE_REFRESH_S if run and run.running else 0)
+
+    def metrics(self, request: Request):
+        body, kind = metrics.exposition()
+        return Response(body, media_type=kind)
+
+    def css(self, request: Request):
+        return FileResponse(HERE / "static" / "console.css", media_type="text/css")
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def act(self, request: Request):
+        name, action = request.path_params["name"], request.path_params["action"]
+        form, refused = await self._checked(request)
+        if refused:
+            return refused
+        try:
+            path = self.pages.agent_dir(name)
+            await run_in_threadpool(self._do, path, action, form)
+        except pages_mod.NotFound as exc:
+            return self.render(request, "error.html", 404, message=str(exc))
+        except (ConfigError, ValueError) as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        return RedirectResponse(f"/agents/{quote(name)}?said={action}", status_code=303)
+
+    def _do(self, path: Path, action: str, form: dict) -> None:
+        """The CLI's own functions: run-now, pause, resume, send, task add."""
+        sd = path / "state"
+        if action == "run-now":
+            request_run(sd)
+            self.poke()
+        elif action in ("pause", "resume"):
+            set_paused(sd, action == "pause")
+        elif action == "send":
+            text = form.get("text", "").strip()
+            if not text:
+                raise ValueError("nothing to send: write the message first")
+            send_message_to_agent(sd, text)
+        elif action == "task":
+            add_task(sd, form.get("title", "").strip())
+        else:
+            raise pages_mod.NotFound(f"no action {action!r}")
+
+    async def run_escapes(self, request: Request):
+        form, refused = await self._checked(request)
+        if refused:
+            return refused
+        why_not = self.runner.start(form.get("runtime", ""), form.get("policy", ""))
+        if why_not:
+            return self.render(request, "error.html", 409, message=why_not)
+        return RedirectResponse("/escapes?said=escapes", status_code=303)
+
+    async def _checked(self, request: Request) -> tuple[dict, Response | None]:
+        try:
+            form = await _form(request)
+        except ValueError as exc:
+            return {}, self.render(request, "error.html", 413, message=str(exc))
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        why = self.access.why_not_act(request.cookies, request.headers, form, own)
+        if why is None:
+            return form, None
+        return form, self.render(request, "error.html", 403, message=why)
+
+    # -- signing in -----------------------------------------------------------------------
+
+    async def login(self, request: Request):
+        if request.method == "GET":
+            return self.render(request, "login.html", next=_local(request.query_params.get("next", "/")),
+                               message=None)
+        try:
+            form = await _form(request)
+        except ValueError:
+            form = {}
+        if not self.access.token_ok(form.get("token", "").strip()):
+            return self.render(request, "login.html", 403, next=_local(form.get("next", "/")),
+                               message="that is not the console token")
+        target = _local(form.get("next", "/"))
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(COOKIE, self.access.session, httponly=True, samesite="strict",
+                            secure=self.access.behind_tls, path="/")
+        return response
+
+    async def logout(self, request: Request):
+        form, refused = await self._checked(request)
+        response = RedirectResponse("/", status_code=303)
+        if not refused:
+            response.delete_cookie(COOKIE, path="/")
+        return response
+
+
+class _Guard:
+    """Headers on every response; reading refused off loopback without the token."""
+
+    OPEN = ("/login", "/static/", "/favicon.ico")
+
+    def __init__(self, app, console: Console):
+        self.app, self.console = app, console
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        path = scope["path"]
+        if not path.startswith(self.OPEN) and not self.console.access.may_read(request.cookies, request.headers):
+            if path == "/metrics":
+                response = Response("the console token is needed (Authorization: Bearer TOKEN)\n", 401)
+            else:
+                response = RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+            return await _with_headers(response)(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(k.encode(), v.encode()) for k, v in _HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+        return await self.app(scope, receive, send_with_headers)
+
+
+_HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
+            "referrer-policy": "same-origin", "cache-control": "no-store"}
+
+
+def _with_headers(response: Response) -> Response:
+    response.headers.update(_HEADERS)
+    return response
+
+
+async def _form(request: Request) -> dict:
+    """An urlencoded form, capped; the last value of each field."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise ValueError("the form is too large")
+    return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+
+def _local(target: str) -> str:
+    """Only a path on this console: never an open redirect."""
+    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+
+
+def _money(value) -> str:
+    return f"${value:.4f}" if isinstance(value, (int, float)) else "unknown"
+
+
+def _seconds(ms) -> str:
+    return f"{ms / 1000:.1f}s" if isinstance(ms, (int, float)) else "-"
+
+
+# -- the listener ---------------------------------------------------------------------------
+
+@dataclass
+class Listening:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def start(console: Console, host: str, port: int) -> Listening:
+    """Bind HOST:PORT now (an error is the caller's one line), then serve in a thread."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"--http {host}:{port}: cannot listen there ({exc.strerror})") from None
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False,
+                                           lifespan="off", server_header=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="wakeloop-console",
+                              daemon=True)
+    thread.start()
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return Listening(f"http://{shown}:{bound}/", server, thread)

@@ -1,0 +1,238 @@
+"""What each page shows, as plain data, from the same readers as the CLI.
+
+Fleet: views.fleet_status (the rows of `status ROOT`). Agent: views.agent_status
+(`status AGENT`), the wake history (fleet/history.py), the ledger's cost per
+day, the mandate and the policy as loaded, tasks, the outbox. A wake: its
+transcript (records/transcript.py), grouped into turns.
+
+Agents are found by listing ROOT (schedule.agent_dirs) and named by their
+folder: a name from a URL is used only when it is a plain folder name (no
+slash, no leading dot) that holds agent.yaml.
+
+Loading an agent (agent.yaml and its policy) takes a millisecond or two, so
+a page of 100 agents keeps them in AgentCache, reloaded when agent.yaml
+changes or after RELOAD_S (a policy file edited in place). A fleet row
+(views.fleet_row: 3-4 ms with a cron line, a year of ledger and a disk to
+measure) is kept in RowCache while none of the files it is read from has
+changed (a stat each), until the agent's next wake is due, and at most
+ROW_TTL_S (what no file says: the disk's use, the day); an agent whose wake
+runs is read afresh on every view.
+
+Not here: the rows' and the status's contents (fleet/views.py), the wake
+history (fleet/history.py), HTML (templates/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.fleet.control import scheduler_note
+from orchestrator.fleet.history import WakeIndex
+from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
+from orchestrator.fleet.views import COST_DAYS, agent_status, current_wake, fleet_row, usd_by_day
+from orchestrator.policy.agent import Agent, load_agent
+from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records.state import read_outbox, split_messages
+from orchestrator.records.tasks import TaskError, load_tasks
+from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
+
+RELOAD_S = 5.0                      # a cached agent is loaded again at least this often
+ROW_TTL_S = 120.0                   # a cached fleet row is read again at least this often (plus jitter)
+LOCK = "state/wake.lock"            # there while a wake runs
+ROW_SOURCES = ("agent.yaml", "state/state.json", "state/ledger.json", "state/health.json", "state/tasks.json",
+               "state/outbox.txt", "state/outbox.read", "state/schedule.json", "state/notify/queue",
+               "state/notify/done.jsonl", LOCK)
+WAKES_SHOWN = 100                   # rows of wake history on an agent's page
+RUN_ID = re.compile(r"[0-9a-f]{6,32}")
+AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")   # a folder name: no path, never . or ..
+MANDATE_CAP = 64 * 1024             # chars of mandate.md shown
+
+
+class NotFound(LookupError):
+    pass
+
+
+class AgentCache:
+    def __init__(self):
+        self._agents: dict[Path, tuple[tuple, float, Agent]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, path: Path) -> Agent:
+        st = (path / "agent.yaml").stat()
+        key = (st.st_mtime_ns, st.st_size)
+        with self._lock:
+            hit = self._agents.get(path)
+        if hit and hit[0] == key and time.monotonic() - hit[1] < RELOAD_S:
+            return hit[2]
+        agent = load_agent(path)        # an error is raised, never cached
+        with self._lock:
+            self._agents[path] = (key, time.monotonic(), agent)
+        return agent
+
+
+class RowCache:
+    """Fleet rows kept between views while what they are read from stands (see the docstring)."""
+
+    def __init__(self):
+        self._rows: dict[Path, tuple[tuple, float, dict]] = {}
+        self._jitter = random.Random()
+
+    def row(self, path: Path, scheduler_up: bool, compute) -> dict:
+        key = (scheduler_up, *_fingerprint(path))
+        hit = self._rows.get(path)
+        now = time.time()
+        if hit and hit[0] == key and now < hit[1]:
+            return hit[2]
+        row = compute()
+        if row.get("state") != "running" and key[-1] is None:   # no wake.lock: nothing moves by itself
+            until = now + ROW_TTL_S * (1 + self._jitter.random())  # spread: not every row at once
+            if row.get("next_wake_at"):
+                until = min(until, row["next_wake_at"])
+            self._rows[path] = (key, until, row)
+        return row
+
+
+def _fingerprint(path: Path) -> tuple:
+    out = []
+    for rel in ROW_SOURCES:
+        try:
+            st = os.stat(path / rel, follow_symlinks=False)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+class Pages:
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        self.agents = AgentCache()
+        self.rows = RowCache()
+        self._fleet_lock = threading.Lock()
+        self._policies: dict[int, tuple[Agent, str]] = {}   # id(agent) -> its policy as YAML (15 ms to dump)
+        self.wakes = WakeIndex()
+
+    def agent_dir(self, name: str) -> Path:
+        """ROOT/NAME when NAME is a plain folder name holding agent.yaml (agent_dirs' rule)."""
+        if not AGENT_NAME.fullmatch(name) or not (self.root / name / "agent.yaml").is_file():
+            raise NotFound(f"no agent named {name!r} under {self.root}")
+        return self.root / name
+
+    def fleet(self) -> dict:
+        with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
+            now, note = utcnow(), scheduler_note(self.root)
+            rows = [self.rows.row(path, note is None,
+                                  lambda: fleet_row(path, now, note is not None, self.agents.load))
+                    for path in agent_dirs(self.root)]
+        return {"rows": rows, "note": note, "root": str(self.root),
+                "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
+                "running": sum(1 for r in rows if r.get("state") == "running")}
+
+    def agent(self, name: str) -> dict:
+        path = self.agent_dir(name)
+        try:
+            agent = self.agents.load(path)
+        except (ConfigError, ValueError) as exc:
+            return {"name": name, "error": str(exc)}
+        sd = agent.state_dir
+        now = utcnow()
+        status = agent_status(agent)
+        nxt = next_wake(path, agent.schedule, now, agent.timezone)
+        total, wakes = self.wakes.recent(sd, WAKES_SHOWN)
+        try:
+            days = usd_by_day(read_book(sd), now, COST_DAYS)
+        except LedgerError:
+            days = []
+        try:
+            tasks = [asdict(t) for t in load_tasks(sd)]
+            tasks_error = None
+        except TaskError as exc:
+            tasks, tasks_error = [], str(exc)
+        return {"name": name, "agent": status, "next_wake": stamp(nxt) if nxt else None,
+                "running": current_wake(sd), "wakes": list(reversed(wakes)), "wakes_total": total, "usd_by_day": days,
+                "mandate": _mandate(agent), "policy": self._policy(agent),
+                "tasks": tasks, "tasks_error": tasks_error,
+                "outbox": list(reversed(split_messages(read_outbox(sd))))}
+
+    def _policy(self, agent: Agent) -> str:
+        hit = self._policies.get(id(agent))
+        if hit is None or hit[0] is not agent:
+            if len(self._policies) > 4 * len(agent_dirs(self.root)) + 16:
+                self._policies.clear()
+            hit = self._policies[id(agent)] = (agent, _policy_yaml(agent))
+        return hit[1]
+
+    def wake(self, name: str, run_id: str) -> dict:
+        path = self.agent_dir(name)
+        if not RUN_ID.fullmatch(run_id):
+            raise NotFound(f"{run_id!r} is not a run id")
+        sd = path / "state"
+        lines = list(read_lines(transcript_path(sd, run_id)))
+        if not lines:
+            raise NotFound(f"no transcript of run {run_id} for {name} (pruned, or never written)")
+        running = current_wake(sd)
+        system = next((line for line in lines if line["type"] == "system"), None)
+        return {"name": name, "run_id": run_id, "turns": turns(lines),
+                "head": lines[0] if lines[0]["type"] == "wake" else {},
+                "end": lines[-1] if lines[-1]["type"] == "end" else None,
+                "live": bool(running and running.get("run_id") == run_id),
+                "system": prompt_text(sd, str(system.get("hash"))) if system else None}
+
+
+def turns(lines: list[dict]) -> list[dict]:
+    """Transcript lines grouped by step: what the harness sent, what the model said, what ran."""
+    out: list[dict] = []
+    results: dict[str, dict] = {}
+    for line in lines:
+        if line["type"] not in ("user", "assistant", "tool_result", "truncated"):
+            continue
+        if not out or ("step" in line and line.get("step") != out[-1]["step"]):
+            out.append({"step": line.get("step"), "user": [], "text": [], "calls": [], "notes": []})
+        turn = out[-1]
+        if line["type"] == "user":
+            turn["user"].append(str(line.get("text", "")))
+        elif line["type"] == "assistant":
+            turn.update(stop_reason=line.get("stop_reason"), usage=line.get("usage") or {},
+                        usd_so_far=line.get("usd_so_far"), t=line.get("t"))
+            for block in line.get("content") or []:
+                if block.get("type") == "text":
+                    turn["text"].append(str(block.get("text", "")))
+                elif block.get("type") == "tool_use":
+                    call = {"id": block.get("id"), "name": block.get("name"),
+                            "input": json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
+                            "result": None}
+                    results[str(block.get("id"))] = call
+                    turn["calls"].append(call)
+        elif line["type"] == "tool_result":
+            call = results.get(str(line.get("id")))
+            if call is None:
+                call = {"id": line.get("id"), "name": line.get("tool"), "input": "", "result": None}
+                turn["calls"].append(call)
+            call["result"] = line
+        else:
+            turn["notes"].append(f"the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
+                                 "the rest is counted, not kept")
+    return out
+
+
+def _mandate(agent: Agent) -> str:
+    try:
+        return agent.mandate_path.read_text(encoding="utf-8", errors="replace")[:MANDATE_CAP]
+    except OSError as exc:
+        return f"(mandate.md unreadable: {exc.strerror})"
+
+
+def _policy_yaml(agent: Agent) -> str:
+    """The policy as loaded (defaults filled in), as YAML."""
+    plain = json.loads(json.dumps(asdict(agent.policy), default=str))
+    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
