@@ -19,8 +19,11 @@ itself could, plus append a bounded note to the agent's journal.
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy
-change drains the idle containers made under the old settings. A pool unused
-for IDLE_CLOSE_S, or whose workspace is gone, is closed; all close at exit.
+change drains the idle containers made under the old settings. A wake's
+`wind_down` (no more calls but its journal stub) stops the pool's refills and
+the next wake's `check` starts them again, so no container is made for a call
+that will not come. A pool unused for IDLE_CLOSE_S, or whose workspace is
+gone, is closed; all close at exit.
 
 Against an orchestrator taken over (which plants files in ROOT and holds the
 socket): an agent name must be a real folder directly under ROOT; agent.yaml
@@ -190,10 +193,15 @@ class Broker:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
-        if op not in ("run", "write", "append", "check", "read"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check and read")
+        if op not in ("run", "write", "append", "check", "read", "wind_down"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check, "
+                              "read and wind_down")
+        if op == "wind_down":   # a hint that costs nothing to obey: no policy read, no box made
+            self._pace(_agent_name(request.get("agent")), "wind_down")
+            return {"ok": True, "result": {}}
         agent = self._agent(request.get("agent"))
         if op == "check":   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+            self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
             return {"ok": True, "result": {"agent": agent.dir.name}}
         if op == "read":
             return {"ok": True, "result": {"value": self._read(agent, request)}}
@@ -221,10 +229,15 @@ class Broker:
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
         return {"ok": True, "result": asdict(result)}
 
+    def _pace(self, name: str, how: str) -> None:
+        """The agent's kept box (if any) winds its pool down, or rearms it for a new wake."""
+        with self._lock:
+            entry = self._boxes.get(name)
+            if entry is not None:
+                getattr(entry.box, how)()
+
     def _agent(self, name):
-        if not isinstance(name, str) or not _AGENT_NAME.match(name):
-            raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
-        agent_dir = real_agent_dir(self.root, name)
+        agent_dir = real_agent_dir(self.root, _agent_name(name))
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
         except (AgentError, PolicyError) as exc:
@@ -435,6 +448,12 @@ class Broker:
             raise BrokerError(f"{agent.dir.name}: an append is at most {APPEND_MAX_BYTES:,} bytes, "
                               f"got {len(content):,}")
         return lambda box: box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
+
+
+def _agent_name(name) -> str:
+    if not isinstance(name, str) or not _AGENT_NAME.match(name):
+        raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
+    return name
 
 
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
