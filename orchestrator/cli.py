@@ -429,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "serve", "wake every agent under ROOT on its schedule until SIGTERM",
                  "wakeloop serve agents/ --max-concurrent 8", cmd_serve)
     p.add_argument("root")
-    p.add_argument("--max-concurrent", type=int, default=4, metavar="K", help="wakes at once (default 4)")
+    p.add_argument("--max-concurrent", type=int, default=None, metavar="K",
+                   help="wakes at once (default: fitted to the host's cores, memory and engine, said at start)")
 
     p = _command(sub, "broker", "the sandbox broker: run/write for the agents under ROOT over a "
                                 "unix socket (the only process that needs Docker)",

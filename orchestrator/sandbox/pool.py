@@ -12,8 +12,8 @@ No container made in vain: a warm container nobody takes is removed unused,
 and on a busy host that is engine time another agent's call needed. So the
 pool keeps one ahead (a model turn, 0.3 s or more, outlasts a refill), grows
 toward the policy's `pool` only while calls come faster than a refill and the
-engine is not what is slow (a loaded engine is not made faster by asking it
-for more), waits for a container already being made rather than starting a
+engine is not what is slow (a loaded engine, or one other wakes' pools are
+also filling, is not made faster by asking it for more), waits for a container already being made rather than starting a
 second, and stops making any once the wake says no more calls are coming
 (wind_down: the model's turn ended without a tool call, or the step cap).
 
@@ -93,19 +93,31 @@ class EndLine:
 
 
 class MakePace:
-    """The fastest create-and-start seen on one engine and runtime: the engine unloaded.
-    Shared by the pools of a process (engine.py), so a short-lived pool need not learn it."""
+    """How this process's pools are loading one engine and runtime: the fastest make
+    seen (the engine unloaded) and the makes in flight now, across pools. Shared by
+    the pools of a process (engine.py), so a pool that lives for one wake need not
+    learn it, and a wake can tell it is one of a fleet."""
 
     def __init__(self):
         self.fastest_s = float("inf")
+        self.making = 0
         self._lock = threading.Lock()
 
-    def saw(self, seconds: float) -> None:
+    def started(self) -> None:
         with self._lock:
-            self.fastest_s = min(self.fastest_s, seconds)
+            self.making += 1
 
-    def loaded(self, seconds: float) -> bool:
-        return seconds > LOADED_X * self.fastest_s
+    def finished(self, seconds: float | None) -> None:
+        with self._lock:
+            self.making -= 1
+            if seconds is not None:
+                self.fastest_s = min(self.fastest_s, seconds)
+
+    def loaded(self, seconds: float, mine: int) -> bool:
+        """Whether the engine, not this pool's size, is what makes its refills late:
+        the last make was LOADED_X times the fastest, or other pools are making too
+        (more ahead here would only compete with their calls for the engine)."""
+        return seconds > LOADED_X * self.fastest_s or self.making > mine
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,7 @@ class WarmPool:
         """Lock held, at a take that found nothing ready. Calls coming faster than a
         refill want one more ahead; but if refills are slow because the engine is
         loaded, more ahead only queues more work there: one fewer."""
-        if self.pace.loaded(self._last_s):
+        if self.pace.loaded(self._last_s, self._making):
             self.want = max(min(AHEAD, self.size), self.want - 1) if self.want else 0
         elif self.want and since_last_take < self._last_s:
             self.want = min(self.size, self.want + 1)
@@ -253,16 +265,18 @@ class WarmPool:
 
     def _make_one(self, _job=None) -> None:
         key, started = self._key(), time.monotonic()
+        self.pace.started()
         try:
             cid = None if self._closed else self._make()
         except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
+        took = time.monotonic() - started if cid is not None else None
+        self.pace.finished(took)
         with self._lock:
             self._making -= 1
-            if cid is not None:
+            if took is not None:
                 self.made += 1
-                self._last_s = time.monotonic() - started
-                self.pace.saw(self._last_s)
+                self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()
             if keep:
                 self._ready.append(_Warm(cid, key, time.monotonic()))
