@@ -352,6 +352,17 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
     assert our_containers(docker_client, root.resolve()) == []
 
 
+def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked(root, docker_client):
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        first = broker.handle({"op": "rate"})["result"]
+        assert first["per_s"] > 0 and first["calls"] >= 1
+        assert broker.handle({"op": "rate"})["result"] == first     # kept, not measured again
+    finally:
+        broker.close()
+    assert our_containers(docker_client, root.resolve()) == []
+
+
 def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
     init_agent(root / "beta")
     broker = Broker(root, client=docker_client, log=lambda line: None)

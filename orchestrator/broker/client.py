@@ -23,6 +23,7 @@ from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import HostFiles
 
+RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
 
 
@@ -49,6 +50,10 @@ class BrokerSandbox:
 
     def ping(self) -> dict:
         return request(self.socket_path, {"op": "ping"}, 10)
+
+    def engine_rate(self) -> dict:
+        """The broker's engine's rate (sandbox/rate.py): {"per_s", "calls", "seconds"}."""
+        return request(self.socket_path, {"op": "rate"}, RATE_TIMEOUT_S)
 
     def wind_down(self) -> None:
         """Tell the broker to make no more containers ahead for this agent. A hint:

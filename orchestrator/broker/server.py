@@ -7,7 +7,8 @@ this file", in agent X's workspace, under agent X's policy, and "append to
 today's journal", the harness's stub when a wake ends unjournaled (and it
 answers "would you serve X?" at each wake's start, so a refusal is one line
 then, not an error on every call, and reads X's memory and journal for the
-wake's context). A request names the agent (its folder
+wake's context; and, for `serve`'s choice of how many wakes at once, it
+measures the engine's rate, at most once every RATE_KEEP_S). A request names the agent (its folder
 name under ROOT) and the command, or the path and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
@@ -69,11 +70,11 @@ from typing import Callable
 
 import docker
 
-from orchestrator.sandbox import disk, network
+from orchestrator.sandbox import disk, network, rate
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
-from orchestrator.policy.schema import PolicyError
+from orchestrator.policy.schema import DEFAULT, PolicyError
 from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
                                       MAX_REQUEST_BYTES, BrokerError, decode_content)
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -92,6 +93,9 @@ DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allow
 MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
 REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
                                     # sends it at once; a silent or dripping one is cut off
+RATE_KEEP_S = 600.0                 # the engine's measured rate is reused this long (op rate)
+RATE_CALLS_PER_CORE = 4             # as serve's own measurement (fleet/capacity.py)
+RATE_PARALLEL_PER_CORE = 2
 LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
 REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -188,14 +192,18 @@ class Broker:
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+        self._rate_lock = threading.Lock()
+        self._rate_at: tuple[float, dict] | None = None     # (when, the rate op's answer)
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
+        if op == "rate":    # serve fits its K to the engine it cannot see
+            return {"ok": True, "result": self._rate()}
         if op not in ("run", "write", "append", "check", "read", "wind_down"):
             raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check, "
-                              "read and wind_down")
+                              "read, wind_down, rate and ping")
         if op == "wind_down":   # a hint that costs nothing to obey: no policy read, no box made
             self._pace(_agent_name(request.get("agent")), "wind_down")
             return {"ok": True, "result": {}}
@@ -228,6 +236,21 @@ class Broker:
                  f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
         return {"ok": True, "result": asdict(result)}
+
+    def _rate(self) -> dict:
+        """The engine's create-start-remove rate (sandbox/rate.py) under the default
+        policy, measured at most once per RATE_KEEP_S and one measurement at a time:
+        a flood of `rate` requests costs the engine one measurement."""
+        with self._rate_lock:
+            if self._rate_at is None or time.monotonic() - self._rate_at[0] > RATE_KEEP_S:
+                cores = len(os.sched_getaffinity(0))
+                measured = rate.measure(self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores,
+                                        RATE_PARALLEL_PER_CORE * cores)
+                self._rate_at = (time.monotonic(), {"per_s": measured.per_s, "calls": measured.calls,
+                                                    "seconds": measured.seconds})
+                self.log(f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
+                         f"in {measured.seconds:.1f} s)")
+            return self._rate_at[1]
 
     def _pace(self, name: str, how: str) -> None:
         """The agent's kept box (if any) winds its pool down, or rearms it for a new wake."""

@@ -10,6 +10,8 @@ Wire format: one JSON object per line, one request per connection.
                                         # its pool makes none ahead (a hint; answers {})
   -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
                                         # files.Files, read by the broker: X's disk is mounted only there
+  -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K:
+                                        # {"per_s", "calls", "seconds"}; measured at most every 10 min
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
    | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy

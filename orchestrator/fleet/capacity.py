@@ -66,7 +66,8 @@ def choose(host: Host, box_memory: int) -> Choice:
 
 def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
     """(this host, the largest `sandbox.memory` of the agents under ROOT). The engine's
-    rate is measured under the first agent's policy, unless the broker holds the engine."""
+    rate is measured under the first agent's policy, or asked of the broker, which
+    holds the engine (and measures under its default policy)."""
     from orchestrator.fleet.schedule import agent_dirs
     from orchestrator.policy.agent import load_agent
     from orchestrator.policy.schema import DEFAULT
@@ -77,9 +78,7 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
         except Exception:   # noqa: BLE001 - serve says why when it schedules it
             continue
     box_memory = max((p.memory for p in policies), default=DEFAULT.sandbox.memory)
-    rate, note = None, ": the broker holds it" if broker else ""
-    if not broker:
-        rate, note = _engine_rate((policies or [DEFAULT.sandbox])[0])
+    rate, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
     return Host(cores(), memory_available(), rate, note), box_memory
 
 
@@ -93,6 +92,16 @@ def _engine_rate(policy) -> tuple[float | None, str]:
     except WakeloopError as exc:
         return None, f": {exc}"
     return measured.per_s, f", {measured.calls} cold calls in {measured.seconds:.1f} s,"
+
+
+def _broker_rate(socket_path: str) -> tuple[float | None, str]:
+    from orchestrator.broker.client import BrokerSandbox
+    from orchestrator.errors import WakeloopError
+    try:
+        measured = BrokerSandbox(socket_path, "-").engine_rate()
+        return float(measured["per_s"]), f", the broker's: {measured['calls']} cold calls in {measured['seconds']:.1f} s,"
+    except (WakeloopError, KeyError, TypeError, ValueError) as exc:
+        return None, f": the broker did not say ({exc})"
 
 
 def cores() -> int:
