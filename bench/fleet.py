@@ -287,7 +287,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     disk_rows = {tuple(r.split(":")) for r in args.disk_rows.split(",") if r}
-    plan = [(m, int(n), False) for m in args.modes.split(",") for n in args.agents.split(",")]
+    plan = [(m, int(n), False) for m in args.modes.split(",") for n in args.agents.split(",") if n]
     plan += [(m, int(n), True) for m, n in sorted(disk_rows)]
     run = Plan(args.code.resolve(), args.label, args.max_concurrent, args.pace, args.rate_calls)
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-fleet-"))
