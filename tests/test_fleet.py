@@ -119,13 +119,14 @@ def test_a_fleet_makes_no_container_in_vain(tmp_path, fake_api, docker_client):
 
 
 def test_the_chosen_concurrency_is_the_tightest_limit_and_says_all_three():
-    engine = capacity.choose(capacity.Host(2, 24 * GiB, 6.0, ", 8 cold calls in 1.3 s,"), 512 * MiB)
-    assert engine.wakes == 12 and "set by engine" in engine.why
+    engine = capacity.choose(capacity.Host(2, 24 * GiB, 6.0, ", 8 cold calls in 1.3 s,", 0.6), 512 * MiB)
+    assert engine.wakes == 15 and "set by engine" in engine.why     # 6/s x (1 s + 0.6 s) x 1.5 = 14.4
     for what in ("cores 16 (2 cores x 8)", "memory 48 (24.0 GiB available / 512 MiB per call)",
-                 "engine 12 (6.0 containers/s, 8 cold calls in 1.3 s, x 1 s turn x 2)", "--max-concurrent"):
+                 "engine 15 (6.0 containers/s, 8 cold calls in 1.3 s, x (1 s turn + 0.6 s a call) x 1.5)",
+                 "--max-concurrent"):
         assert what in engine.why
     assert "\n" not in engine.why
-    memory = capacity.choose(capacity.Host(2, 3 * GiB, 6.0), 1 * GiB)
+    memory = capacity.choose(capacity.Host(2, 3 * GiB, 6.0, "", 0.6), 1 * GiB)
     assert memory.wakes == 3 and "set by memory" in memory.why
     brokered = capacity.choose(capacity.Host(2, 24 * GiB, None, ": the broker holds it"), 512 * MiB)
     assert brokered.wakes == 16 and "engine not measured: the broker holds it" in brokered.why

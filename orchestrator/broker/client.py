@@ -52,7 +52,7 @@ class BrokerSandbox:
         return request(self.socket_path, {"op": "ping"}, 10)
 
     def engine_rate(self) -> dict:
-        """The broker's engine's rate (sandbox/rate.py): {"per_s", "calls", "seconds"}."""
+        """The broker's engine's rate (sandbox/rate.py): {"per_s", "calls", "seconds", "latency_s"}."""
         return request(self.socket_path, {"op": "rate"}, RATE_TIMEOUT_S)
 
     def wind_down(self) -> None:

@@ -247,7 +247,8 @@ class Broker:
                 measured = rate.measure(self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores,
                                         RATE_PARALLEL_PER_CORE * cores)
                 self._rate_at = (time.monotonic(), {"per_s": measured.per_s, "calls": measured.calls,
-                                                    "seconds": measured.seconds})
+                                                    "seconds": measured.seconds,
+                                                    "latency_s": measured.latency_s})
                 self.log(f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
                          f"in {measured.seconds:.1f} s)")
             return self._rate_at[1]

@@ -11,7 +11,7 @@ Wire format: one JSON object per line, one request per connection.
   -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
                                         # files.Files, read by the broker: X's disk is mounted only there
   -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K:
-                                        # {"per_s", "calls", "seconds"}; measured at most every 10 min
+                                        # {"per_s", "calls", "seconds", "latency_s"}; at most every 10 min
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
    | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy

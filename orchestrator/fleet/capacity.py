@@ -2,11 +2,13 @@
 
 Three limits, the smallest wins, and `serve` says all three in one line:
 
-- the engine: a wake asks for about one container per model turn, and a
-  turn takes ENGINE_TURN_S at the least, so rate x ENGINE_TURN_S x
-  ENGINE_HEADROOM wakes keep the engine busy with the next call always
-  waiting; more only lengthens the queue inside the engine, where a call
-  could time out. The rate is measured at start (sandbox/rate.py).
+- the engine: a wake asks for one container per model turn, so it cycles
+  through a turn (ENGINE_TURN_S at the least) and a call (the measured
+  latency of one create-start-remove, which on a loaded host is seconds).
+  By Little's law rate x (turn + latency) wakes keep the engine busy;
+  ENGINE_HEADROOM more keeps the next call waiting when turns or calls
+  run short. More only lengthens the queue inside the engine, where a call
+  could time out. Rate and latency are measured at start (sandbox/rate.py).
 - memory: each running wake may have one call using its policy's whole
   `sandbox.memory` (warm containers idle in a launcher of ~1 MB), so the
   memory available now, divided by the largest policy's limit.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENGINE_TURN_S = 1.0         # the shortest model turn (the fleet bench's fake API answers in this)
-ENGINE_HEADROOM = 2.0       # wakes per container-second of the engine: one asking, one in its model turn
+ENGINE_HEADROOM = 1.5       # x the wakes that just keep the engine busy: the next call is already waiting
 WAKES_PER_CORE = 8          # estimated: a wake at 1-s turns is busy on this host a tenth of its time
 MIN_WAKES = 1
 RATE_CALLS_PER_CORE = 4     # cold calls of `true` the start-up measurement makes, per core
@@ -37,6 +39,7 @@ class Host:
     memory_available: int           # bytes, /proc/meminfo's MemAvailable
     engine_rate: float | None       # containers created, started and removed per second; None: unknown
     rate_note: str = ""             # why it is unknown, or how it was measured
+    engine_latency_s: float = 0.0   # one call's create-start-remove, measured at that rate
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,10 @@ def choose(host: Host, box_memory: int) -> Choice:
         limits["memory"] = (host.memory_available // max(box_memory, 1),
                             f"{_gib(host.memory_available)} available / {_mib(box_memory)} per call")
     if host.engine_rate:
-        limits["engine"] = (math.ceil(host.engine_rate * ENGINE_TURN_S * ENGINE_HEADROOM),
-                            f"{host.engine_rate:.1f} containers/s{host.rate_note} x {ENGINE_TURN_S:g} s "
-                            f"turn x {ENGINE_HEADROOM:g}")
+        cycle = ENGINE_TURN_S + host.engine_latency_s
+        limits["engine"] = (math.ceil(host.engine_rate * cycle * ENGINE_HEADROOM),
+                            f"{host.engine_rate:.1f} containers/s{host.rate_note} x ({ENGINE_TURN_S:g} s turn "
+                            f"+ {host.engine_latency_s:.1f} s a call) x {ENGINE_HEADROOM:g}")
     bound = min(limits, key=lambda name: limits[name][0])
     wakes = max(MIN_WAKES, limits[bound][0])
     parts = [f"{name} {n} ({how})" for name, (n, how) in limits.items()]
@@ -78,11 +82,11 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
         except Exception:   # noqa: BLE001 - serve says why when it schedules it
             continue
     box_memory = max((p.memory for p in policies), default=DEFAULT.sandbox.memory)
-    rate, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
-    return Host(cores(), memory_available(), rate, note), box_memory
+    rate, latency, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
+    return Host(cores(), memory_available(), rate, note, latency), box_memory
 
 
-def _engine_rate(policy) -> tuple[float | None, str]:
+def _engine_rate(policy) -> tuple[float | None, float, str]:
     from orchestrator.errors import WakeloopError
     from orchestrator.sandbox import rate
     from orchestrator.sandbox.engine import connect
@@ -90,18 +94,19 @@ def _engine_rate(policy) -> tuple[float | None, str]:
     try:
         measured = rate.measure(connect(), policy, RATE_CALLS_PER_CORE * n, RATE_PARALLEL_PER_CORE * n)
     except WakeloopError as exc:
-        return None, f": {exc}"
-    return measured.per_s, f", {measured.calls} cold calls in {measured.seconds:.1f} s,"
+        return None, 0.0, f": {exc}"
+    return measured.per_s, measured.latency_s, f", {measured.calls} cold calls in {measured.seconds:.1f} s,"
 
 
-def _broker_rate(socket_path: str) -> tuple[float | None, str]:
+def _broker_rate(socket_path: str) -> tuple[float | None, float, str]:
     from orchestrator.broker.client import BrokerSandbox
     from orchestrator.errors import WakeloopError
     try:
         measured = BrokerSandbox(socket_path, "-").engine_rate()
-        return float(measured["per_s"]), f", the broker's: {measured['calls']} cold calls in {measured['seconds']:.1f} s,"
+        return (float(measured["per_s"]), float(measured["latency_s"]),
+                f", the broker's: {measured['calls']} cold calls in {measured['seconds']:.1f} s,")
     except (WakeloopError, KeyError, TypeError, ValueError) as exc:
-        return None, f": the broker did not say ({exc})"
+        return None, 0.0, f": the broker did not say ({exc})"
 
 
 def cores() -> int:

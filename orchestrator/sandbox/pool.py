@@ -11,11 +11,12 @@ in /tmp, no process and no state carries over.
 No container made in vain: a warm container nobody takes is removed unused,
 and on a busy host that is engine time another agent's call needed. So the
 pool keeps one ahead (a model turn, 0.3 s or more, outlasts a refill), grows
-toward the policy's `pool` only while calls come faster than a refill and the
-engine is not what is slow (a loaded engine, or one other wakes' pools are
-also filling, is not made faster by asking it for more), waits for a container already being made rather than starting a
-second, and stops making any once the wake says no more calls are coming
-(wind_down: the model's turn ended without a tool call, or the step cap).
+toward the policy's `pool` only while calls come faster than a refill and
+the engine is not what is slow (a loaded engine, or one other wakes' pools
+are filling too, is not made faster by asking it for more), waits for a
+container already being made rather than starting a second, and stops
+making any once the wake says no more calls are coming (wind_down: the
+model's turn ended without a tool call, or the step cap).
 
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
@@ -143,7 +144,6 @@ class WarmPool:
         self.pace = pace or MakePace()
         self.size, self._key, self._make, self._remove, self._alive = size, key, make, remove, alive
         self.want = min(AHEAD, size)
-        self.made = 0                   # containers this pool started, for the bench's count
         self._ready: list[_Warm] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -275,7 +275,6 @@ class WarmPool:
         with self._lock:
             self._making -= 1
             if took is not None:
-                self.made += 1
                 self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()
             if keep:

@@ -39,6 +39,11 @@ class Rate:
     def per_s(self) -> float:
         return self.calls / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def latency_s(self) -> float:
+        """One call's time, start to removal, at this rate (`parallel` were in flight)."""
+        return self.seconds * self.parallel / self.calls if self.calls else 0.0
+
 
 def measure(client: docker.DockerClient, policy: SandboxPolicy, calls: int, parallel: int) -> Rate:
     """Cold calls of `true` under `policy`'s settings, `parallel` at once; SandboxError if one fails."""
