@@ -8,8 +8,9 @@ today's journal", the harness's stub when a wake ends unjournaled (and it
 answers "would you serve X?" at each wake's start, so a refusal is one line
 then, not an error on every call, and reads X's memory and journal for the
 wake's context; and, for `serve`'s choice of how many wakes at once, it
-measures the engine's rate, at most once every RATE_KEEP_S). A request names the agent (its folder
-name under ROOT) and the command, or the path and the content: nothing else.
+measures the engine's rate, at most once every RATE_KEEP_S). A request
+names the agent (its folder name under ROOT) and the command, or the path
+and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,

@@ -410,9 +410,11 @@ def serve(root: Path, max_concurrent: int | None = None) -> int:
                          "(each a folder with agent.yaml)")
     if max_concurrent is not None and max_concurrent < 1:
         raise AgentError(f"--max-concurrent must be at least 1, not {max_concurrent}")
-    choice = fitted(Path(root)) if max_concurrent is None else None
-    scheduler = Scheduler(Path(root), choice.wakes if choice else max_concurrent,
-                          why=choice.why if choice else f"at most {max_concurrent} wake(s) at once (--max-concurrent)")
+    if max_concurrent is None:
+        choice = fitted(Path(root))
+    else:
+        choice = capacity.Choice(max_concurrent, f"at most {max_concurrent} wake(s) at once (--max-concurrent)")
+    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why)
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
     stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()  # noqa: E731

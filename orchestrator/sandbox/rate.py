@@ -48,7 +48,8 @@ class Rate:
 def measure(client: docker.DockerClient, policy: SandboxPolicy, calls: int, parallel: int) -> Rate:
     """Cold calls of `true` under `policy`'s settings, `parallel` at once; SandboxError if one fails."""
     with tempfile.TemporaryDirectory(prefix="wakeloop-rate-") as scratch:
-        box = DockerSandbox(Path(scratch), replace(policy, disk=0, pool=0, network="none", allow_hosts=()), agent="rate", client=client)
+        cold = replace(policy, disk=0, pool=0, network="none", allow_hosts=())
+        box = DockerSandbox(Path(scratch), cold, agent="rate", client=client)
         left, lock, failed = [calls], threading.Lock(), []
 
         def worker() -> None:
