@@ -114,7 +114,6 @@ def test_a_fleet_makes_no_container_in_vain(tmp_path, fake_api, docker_client):
     calls = sum(calls_served(a) for a in agents)
     assert scheduler.completed == len(agents)
     assert calls == len(agents) * (CALLS + 1), f"{calls} calls served"
-    print(f"fleet: {created} containers for {calls} calls")
     assert created / calls <= MAX_CONTAINERS_PER_CALL, f"{created} containers for {calls} calls"
 
 
