@@ -35,7 +35,7 @@ POOL_READY_S = 60
 
 
 def timed_call(box: DockerSandbox) -> float:
-    box.pool.wait_ready(box.pool.size, POOL_READY_S)   # the warm path: a pooled container waits
+    box.pool.wait_ready(box.pool.want, POOL_READY_S)   # the warm path: a pooled container waits
     started = time.perf_counter()
     result = box.run("true", timeout_s=30, max_output_chars=1000)
     elapsed = (time.perf_counter() - started) * 1000

@@ -120,7 +120,7 @@ def back_to_back(box: DockerSandbox, calls: int) -> tuple[float, int, str]:
     """(calls per second with no pause, how many went cold, what the full idle pool holds)."""
     if box.pool is None:
         return 0.0, calls, "no pool"
-    box.pool.wait_ready(box.pool.size, 60)
+    box.pool.wait_ready(box.pool.want, 60)
     idle = idle_cost(box.pool.idle())
     misses = count_misses(box)
     started = time.perf_counter()

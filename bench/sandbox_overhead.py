@@ -82,7 +82,7 @@ def main() -> int:
                 samples["docker exec (warm)"].append(
                     timed(lambda: check(subprocess.run(exec_cmd, capture_output=True, text=True))))
                 print(f"\r{i + 1}/{args.calls} rounds", end="", file=sys.stderr, flush=True)
-            box.pool.wait_ready(box.pool.size, 60)
+            box.pool.wait_ready(box.pool.want, 60)
             idle = idle_cost(box.pool.idle())
             started = time.perf_counter()
             for _ in range(args.calls):

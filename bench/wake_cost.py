@@ -57,6 +57,9 @@ class StandInSandbox:
     def files(self) -> HostFiles:
         return HostFiles(self.workspace)
 
+    def wind_down(self) -> None:
+        """Nothing made ahead."""
+
     def close(self) -> None:
         """Nothing held."""
 

@@ -437,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "a web console and Prometheus metrics",
                  "wakeloop serve agents/ --http 127.0.0.1:8765   # then open http://127.0.0.1:8765/", cmd_serve)
     p.add_argument("root")
-    p.add_argument("--max-concurrent", type=int, default=4, metavar="K", help="wakes at once (default 4)")
+    p.add_argument("--max-concurrent", type=int, default=None, metavar="K",
+                   help="wakes at once (default: fitted to the host's cores, memory and engine, said at start)")
     p.add_argument("--http", metavar="HOST:PORT",
                    help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Actions need the "
                         "token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token); off "

@@ -20,3 +20,14 @@ def test_the_bench_prints_its_whole_table_and_leaves_nothing_behind():
         assert row in proc.stdout, f"no row {row!r} in:\n{proc.stdout}"
     assert "2/2 ok" in proc.stdout
     assert proc.stdout.rstrip().endswith("(removed now): 0")
+
+
+def test_the_fleet_bench_runs_in_process_and_via_the_broker_and_leaves_nothing_behind():
+    proc = subprocess.run([sys.executable, "bench/fleet.py", "--agents", "1", "--modes", "inproc,broker",
+                           "--max-concurrent", "2", "--pace", "0.2", "--rate-calls", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| after |")]
+    assert [row.split(" | ")[1] for row in rows] == ["inproc", "broker"], proc.stdout
+    assert all(row.split(" | ")[11] == "0" for row in rows), proc.stdout    # failures
+    assert "left behind" not in proc.stderr

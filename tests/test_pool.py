@@ -25,7 +25,7 @@ def wait_until_ready(box, count):
 
 
 def test_every_call_gets_a_container_no_earlier_call_used(sandbox):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     seen = set()
     for _ in range(6):
         idle = {cid[:12] for cid in sandbox.pool.idle()}
@@ -37,7 +37,7 @@ def test_every_call_gets_a_container_no_earlier_call_used(sandbox):
 
 
 def test_nothing_one_call_writes_to_tmp_or_starts_is_seen_by_the_next(sandbox):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     run(sandbox, "echo secret > /tmp/left; echo h > $HOME/h; (sleep 300 &) ; echo x > /dev/shm/s")
     after = run(sandbox, "ls /tmp /dev/shm; ps -e -o comm --no-headers")
     assert "left" not in after.output and "h" not in after.output.split()
@@ -45,7 +45,7 @@ def test_nothing_one_call_writes_to_tmp_or_starts_is_seen_by_the_next(sandbox):
 
 
 def test_the_pool_is_empty_after_shutdown(sandbox, docker_client):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     run(sandbox, "true")
     run(sandbox, "exit 3")
     assert labelled(docker_client, sandbox.run_id), "the pool should hold containers while open"
@@ -54,7 +54,7 @@ def test_the_pool_is_empty_after_shutdown(sandbox, docker_client):
 
 
 def test_a_policy_change_never_hands_out_a_container_made_under_the_old_policy(sandbox, agent):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     run(sandbox, "true")  # a refill is in flight under the old settings now
     for generation in range(3):
         sandbox.update_policy(replace(agent.policy.sandbox, env=(("GENERATION", str(generation)),)))
@@ -63,14 +63,14 @@ def test_a_policy_change_never_hands_out_a_container_made_under_the_old_policy(s
 
 
 def test_write_file_through_a_pooled_container_keeps_bytes_and_stdin_order(sandbox, agent):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     content = bytes(range(256)) * 4096  # 1 MiB, every byte value
     assert sandbox.write("blob.bin", content).exit_code == 0
     assert (agent.workspace / "blob.bin").read_bytes() == content
 
 
 def test_a_pooled_command_reads_eof_on_stdin(sandbox):
-    wait_until_ready(sandbox, sandbox.pool.size)
+    wait_until_ready(sandbox, sandbox.pool.want)
     result = run(sandbox, "cat; echo done", timeout=10)
     assert not result.timed_out and result.output == "done\n"
 
@@ -79,7 +79,7 @@ def test_a_pooled_command_reads_eof_on_stdin(sandbox):
 def test_cold_and_warm_calls_agree(make_sandbox, warm):
     box = make_sandbox(warm=warm)
     if warm:
-        wait_until_ready(box, warm)
+        wait_until_ready(box, box.pool.want)
     assert run(box, "echo $0 $(id -u) $(pwd) $HOSTNAME; exit 4").output == "bash 1000 /workspace sandbox\n"
     assert run(box, "exit 4").exit_code == 4
     timed = run(box, "sleep 100", timeout=1)
@@ -93,7 +93,7 @@ def test_ps_shows_wakeloops_programs_as_short_lines_and_the_command_inherits_non
     # `ps aux` was 4.3 KB of Python before, which the model pays for in tokens.
     box = make_sandbox(warm=warm)
     if warm:
-        wait_until_ready(box, warm)
+        wait_until_ready(box, box.pool.want)
     listing, env = run(box, "ps -eo args=; echo ---; env").output.split("---\n")
     assert max(map(len, listing.splitlines())) < 200, listing
     assert ('WAKELOOP_LAUNCHER' in listing) == bool(warm)
@@ -110,7 +110,7 @@ def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_
     env = (("FOO", "bar"), ("PATH", f"/workspace/bin:{engine.PATH}"))
     box = make_sandbox(replace(agent.policy.sandbox, env=env), warm=warm)
     if warm:
-        wait_until_ready(box, warm)
+        wait_until_ready(box, box.pool.want)
     # The command sees the policy's env; pid 1 (whose environment is the
     # container's, under which the guard and launcher run) has no FOO of its own.
     result = run(box, "echo \"$FOO|$PATH\"; tr '\\0' '\\n' < /proc/1/environ | grep -c '^FOO=' || true")
@@ -119,7 +119,7 @@ def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_
     assert "FOO" not in config["environment"] and COMMAND_ENV not in config["environment"]
     assert config["environment"]["PATH"] == engine.PATH
     if warm:
-        wait_until_ready(box, warm)
+        wait_until_ready(box, box.pool.want)
         assert box.write("w.txt", b"x").exit_code == 0
         assert [h[4] is None for h in handed] == [False, True]   # bash: the policy's env; write: ours
         assert handed[0][4]["FOO"] == "bar"

@@ -23,6 +23,9 @@ from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import HostFiles
 
+RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
+WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
+
 
 class BrokerSandbox:
     """The orchestrator's Sandbox under compose: each call is one broker request.
@@ -47,6 +50,18 @@ class BrokerSandbox:
 
     def ping(self) -> dict:
         return request(self.socket_path, {"op": "ping"}, 10)
+
+    def engine_rate(self) -> dict:
+        """The broker's engine's rate (sandbox/rate.py): {"per_s", "calls", "seconds", "latency_s"}."""
+        return request(self.socket_path, {"op": "rate"}, RATE_TIMEOUT_S)
+
+    def wind_down(self) -> None:
+        """Tell the broker to make no more containers ahead for this agent. A hint:
+        if the broker is busy or gone, the next call says so, not this."""
+        try:
+            request(self.socket_path, {"op": "wind_down", "agent": self.agent}, WIND_DOWN_TIMEOUT_S)
+        except SandboxError:
+            pass
 
     def close(self) -> None:
         """Nothing to release: the broker keeps the agent's box and pool."""

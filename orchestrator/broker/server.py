@@ -7,8 +7,10 @@ this file", in agent X's workspace, under agent X's policy, and "append to
 today's journal", the harness's stub when a wake ends unjournaled (and it
 answers "would you serve X?" at each wake's start, so a refusal is one line
 then, not an error on every call, and reads X's memory and journal for the
-wake's context). A request names the agent (its folder
-name under ROOT) and the command, or the path and the content: nothing else.
+wake's context; and, for `serve`'s choice of how many wakes at once, it
+measures the engine's rate, at most once every RATE_KEEP_S). A request
+names the agent (its folder name under ROOT) and the command, or the path
+and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
@@ -19,8 +21,11 @@ itself could, plus append a bounded note to the agent's journal.
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy
-change drains the idle containers made under the old settings. A pool unused
-for IDLE_CLOSE_S, or whose workspace is gone, is closed; all close at exit.
+change drains the idle containers made under the old settings. A wake's
+`wind_down` (no more calls but its journal stub) stops the pool's refills and
+the next wake's `check` starts them again, so no container is made for a call
+that will not come. A pool unused for IDLE_CLOSE_S, or whose workspace is
+gone, is closed; all close at exit.
 
 Against an orchestrator taken over (which plants files in ROOT and holds the
 socket): an agent name must be a real folder directly under ROOT; agent.yaml
@@ -66,11 +71,11 @@ from typing import Callable
 
 import docker
 
-from orchestrator.sandbox import disk, network
+from orchestrator.sandbox import disk, network, rate
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
-from orchestrator.policy.schema import PolicyError
+from orchestrator.policy.schema import DEFAULT, PolicyError
 from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
                                       MAX_REQUEST_BYTES, BrokerError, decode_content)
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -89,6 +94,9 @@ DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allow
 MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
 REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
                                     # sends it at once; a silent or dripping one is cut off
+RATE_KEEP_S = 600.0                 # the engine's measured rate is reused this long (op rate)
+RATE_CALLS_PER_CORE = 4             # as serve's own measurement (fleet/capacity.py)
+RATE_PARALLEL_PER_CORE = 2
 LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
 REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -185,15 +193,24 @@ class Broker:
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+        self._rate_lock = threading.Lock()
+        self._rate_at: tuple[float, dict] | None = None     # (when, the rate op's answer)
 
     def handle(self, request: dict) -> dict:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "result": {"root": str(self.root)}}
-        if op not in ("run", "write", "append", "check", "read"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check and read")
+        if op == "rate":    # serve fits its K to the engine it cannot see
+            return {"ok": True, "result": self._rate()}
+        if op not in ("run", "write", "append", "check", "read", "wind_down"):
+            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check, "
+                              "read, wind_down, rate and ping")
+        if op == "wind_down":   # a hint that costs nothing to obey: no policy read, no box made
+            self._pace(_agent_name(request.get("agent")), "wind_down")
+            return {"ok": True, "result": {}}
         agent = self._agent(request.get("agent"))
         if op == "check":   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+            self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
             return {"ok": True, "result": {"agent": agent.dir.name}}
         if op == "read":
             return {"ok": True, "result": {"value": self._read(agent, request)}}
@@ -221,10 +238,31 @@ class Broker:
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
         return {"ok": True, "result": asdict(result)}
 
+    def _rate(self) -> dict:
+        """The engine's create-start-remove rate (sandbox/rate.py) under the default
+        policy, measured at most once per RATE_KEEP_S and one measurement at a time:
+        a flood of `rate` requests costs the engine one measurement."""
+        with self._rate_lock:
+            if self._rate_at is None or time.monotonic() - self._rate_at[0] > RATE_KEEP_S:
+                cores = len(os.sched_getaffinity(0))
+                measured = rate.measure(self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores,
+                                        RATE_PARALLEL_PER_CORE * cores)
+                self._rate_at = (time.monotonic(), {"per_s": measured.per_s, "calls": measured.calls,
+                                                    "seconds": measured.seconds,
+                                                    "latency_s": measured.latency_s})
+                self.log(f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
+                         f"in {measured.seconds:.1f} s)")
+            return self._rate_at[1]
+
+    def _pace(self, name: str, how: str) -> None:
+        """The agent's kept box (if any) winds its pool down, or rearms it for a new wake."""
+        with self._lock:
+            entry = self._boxes.get(name)
+            if entry is not None:
+                getattr(entry.box, how)()
+
     def _agent(self, name):
-        if not isinstance(name, str) or not _AGENT_NAME.match(name):
-            raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
-        agent_dir = real_agent_dir(self.root, name)
+        agent_dir = real_agent_dir(self.root, _agent_name(name))
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
         except (AgentError, PolicyError) as exc:
@@ -435,6 +473,12 @@ class Broker:
             raise BrokerError(f"{agent.dir.name}: an append is at most {APPEND_MAX_BYTES:,} bytes, "
                               f"got {len(content):,}")
         return lambda box: box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
+
+
+def _agent_name(name) -> str:
+    if not isinstance(name, str) or not _AGENT_NAME.match(name):
+        raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
+    return name
 
 
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:

@@ -4,9 +4,14 @@ Wire format: one JSON object per line, one request per connection.
   -> {"op": "run",   "agent": "demo", "command": "ls -la"}
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
-  -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start)
+  -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start;
+                                        # X's kept pool makes one container ahead again)
+  -> {"op": "wind_down", "agent": "demo"}   # X's wake expects no more calls but its journal stub:
+                                        # its pool makes none ahead (a hint; answers {})
   -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
                                         # files.Files, read by the broker: X's disk is mounted only there
+  -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K:
+                                        # {"per_s", "calls", "seconds", "latency_s"}; at most every 10 min
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
    | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy

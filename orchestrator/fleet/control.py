@@ -40,9 +40,11 @@ class Heartbeat:
         return now - self.at <= STALE_S and LockHolder(self.pid, "").alive   # state.py's liveness rule
 
 
-def beat(root: Path, now: float | None = None) -> None:
+def beat(root: Path, now: float | None = None, extra: dict | None = None) -> None:
+    """`extra`: the scheduler's load (running, queued, lag percentiles), for a person or a bench."""
     atomic_write(Path(root) / HEARTBEAT_FILE, json.dumps({"pid": os.getpid(),
-                                                          "at": time.time() if now is None else now}))
+                                                          "at": time.time() if now is None else now,
+                                                          **(extra or {})}))
 
 
 def read_heartbeat(root: Path) -> Heartbeat | None:

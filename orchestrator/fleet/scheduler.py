@@ -15,7 +15,12 @@ The rules, each kept in one place below:
 - A paused agent's ticks, and those inside its failure backoff, are skipped
   aloud (notify/health.py); `wakeloop run-now` queues one wake at once
   (control.py); a wake that cannot start is recorded as that agent's failure.
-- At most K wakes at once across agents; due wakes queue in order.
+- At most K wakes at once across agents (`serve` fits K to the host unless
+  told: capacity.py); due wakes queue in the order they fell due (ties by
+  name), first in, first out, so none is starved: an agent ticking again
+  while queued is coalesced, never put ahead of one already waiting. The
+  lag from due to started is kept (the last LAG_SAMPLES), said once the
+  queue drains after a backlog, and written to ROOT/serve.json.
 - ROOT is listed again every RESCAN_S: agents added, changed (agent.yaml
   edited) or removed are picked up without a restart.
 - SIGTERM (or Ctrl-C): no new wakes; queued ones are dropped; running wakes
@@ -54,14 +59,16 @@ from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
                                          parse_schedule, save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
-from orchestrator.fleet import control
+from orchestrator.fleet import capacity, control
 from orchestrator.notify import health, outcomes
 from orchestrator.notify.config import NotifyError, load_root_notify
 from orchestrator.notify.sender import SenderThread
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
-MAX_CONCURRENT = 4                  # default K: wakes at once; each holds a container and an API call
+LAG_SAMPLES = 10_000                # due-to-started lags kept for the percentiles (a deque: bounded memory)
+BACKLOG_SAID = 2                    # a queue at least this long is said when it drains, with its lag
+MAX_CONCURRENT = 4                  # K when a Scheduler is made without one; `serve` fits K to the host
 # -- the scheduler -------------------------------------------------------------
 
 @dataclass
@@ -73,7 +80,7 @@ class _Entry:
     schedule: Schedule | None = None
     due: datetime | None = None     # None: not schedulable (the error was logged)
     queued: bool = False
-    wanted: datetime | None = None  # when the queued wake was due (its tick, or a run-now request)
+    queued_due: datetime | None = None  # when the queued wake fell due (its tick, or the run-now)
     running: datetime | None = None  # when the running wake started
     said_paused: bool = False       # "paused" is said once, not per tick
 
@@ -95,6 +102,7 @@ class Scheduler:
     out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     rescan_s: float = RESCAN_S
     grace_s: float = SHUTDOWN_GRACE_S
+    why: str = ""                   # how max_concurrent was chosen (capacity.py), said at start
 
     def __post_init__(self):
         self.root = Path(self.root).resolve()
@@ -106,6 +114,8 @@ class Scheduler:
         self._finished: deque[_Finished] = deque()
         self._print_lock = threading.Lock()
         self.completed = 0
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)   # seconds from due to started
+        self._backlog = 0                   # the longest the queue got since it was last empty
 
     # -- public --------------------------------------------------------------
 
@@ -121,8 +131,8 @@ class Scheduler:
     def run(self) -> int:
         self._scan(startup=True)
         broker = broker_socket()
-        self.say(f"wakeloop serve: {len(self._entries)} agent(s) under {self.root}, at most "
-                 f"{self.max_concurrent} wake(s) at once, sandboxes via "
+        self.say(f"wakeloop serve: {len(self._entries)} agent(s) under {self.root}, "
+                 f"{self.why or f'at most {self.max_concurrent} wake(s) at once'}, sandboxes via "
                  f"{'the broker at ' + broker if broker else 'the local Docker engine'}; "
                  + ("; ".join(self._plan(e) for e in self._entries.values()) or "add one with "
                     f"`wakeloop init {self.root}/NAME`"))
@@ -131,7 +141,7 @@ class Scheduler:
         next_beat = 0.0
         while not self.stop.is_set():
             if time.monotonic() >= next_beat:   # `status` tells a running serve from a dead one by this
-                control.beat(self.root)
+                control.beat(self.root, extra=self.load())
                 next_beat = time.monotonic() + control.HEARTBEAT_S
             self._reap()
             if time.monotonic() >= next_scan:
@@ -202,29 +212,39 @@ class Scheduler:
     # -- ticks, the queue, the threads ----------------------------------------
 
     def _tick(self, now: datetime) -> None:
+        due: list[tuple[datetime, str, _Entry]] = []
         for entry in self._entries.values():
             if control.take_run_request(entry.dir / "state"):   # `wakeloop run-now`: a person asked
                 self.say(f"{entry.name}: run-now requested" + (": already running or queued"
                                                                if entry.running or entry.queued else ""))
                 if not (entry.running or entry.queued):
-                    entry.queued, entry.wanted = True, now
-                    self._queue.append(entry.dir)
-            if entry.due is None or entry.due > now:
-                continue
-            tick = entry.due
-            entry.due = entry.schedule.next_after(tick)
-            if entry.due <= now:            # behind (a slow queue, a suspended host): coalesce
-                entry.due = entry.schedule.next_after(now)
-            save_tick(entry.dir / "state", tick)
-            if self._held(entry, tick):
-                continue
-            if entry.running or entry.queued:
-                why = (f"its wake started {stamp(entry.running)} is still running" if entry.running
-                       else "its previous tick is still queued")
-                self.say(f"{entry.name}: tick {stamp(tick)} skipped: {why}")
-                continue
-            entry.queued, entry.wanted = True, tick
-            self._queue.append(entry.dir)
+                    due.append((now, entry.name, entry))
+            tick = self._due_tick(entry, now)
+            if tick is not None:
+                due.append((tick, entry.name, entry))
+        for tick, _name, entry in sorted(due, key=lambda d: (d[0], d[1])):
+            if not entry.queued:    # a run-now and a tick at once: one wake
+                entry.queued, entry.queued_due = True, tick
+                self._queue.append(entry.dir)
+        self._backlog = max(self._backlog, len(self._queue))
+
+    def _due_tick(self, entry: _Entry, now: datetime) -> datetime | None:
+        """The tick of `entry` that falls due now and should queue a wake, or None."""
+        if entry.due is None or entry.due > now:
+            return None
+        tick = entry.due
+        entry.due = entry.schedule.next_after(tick)
+        if entry.due <= now:            # behind (a slow queue, a suspended host): coalesce
+            entry.due = entry.schedule.next_after(now)
+        save_tick(entry.dir / "state", tick)
+        if self._held(entry, tick):
+            return None
+        if entry.running or entry.queued:
+            why = (f"its wake started {stamp(entry.running)} is still running" if entry.running
+                   else "its previous tick is still queued")
+            self.say(f"{entry.name}: tick {stamp(tick)} skipped: {why}")
+            return None
+        return tick
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
         """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
@@ -277,12 +297,38 @@ class Scheduler:
             if entry is None:
                 continue
             entry.queued, entry.running = False, utcnow()
-            if entry.wanted:
-                metrics.scheduler_lag((entry.running - entry.wanted).total_seconds())
+            if entry.queued_due is not None:
+                lag = max(0.0, (entry.running - entry.queued_due).total_seconds())
+                self.lags.append(lag)
+                metrics.scheduler_lag(lag)
             thread = threading.Thread(target=self._wake, args=(entry.dir, entry.name),
                                       name=f"wake-{entry.name}", daemon=True)
             self._threads[path] = thread
             thread.start()
+        if not self._queue and self._backlog >= BACKLOG_SAID:
+            self.say(f"queue drained: the longest it got was {self._backlog} wake(s), "
+                     f"{self.max_concurrent} at once; {self.lag_line()}")
+            self._backlog = 0
+
+    def load(self) -> dict:
+        """Running, queued, K and the lag percentiles, for serve.json and the bench."""
+        p50, p99 = self.lag_percentiles()
+        return {"running": len(self._threads), "queued": len(self._queue),
+                "max_concurrent": self.max_concurrent, "lag_p50_s": p50, "lag_p99_s": p99,
+                "started": len(self.lags)}
+
+    def lag_percentiles(self) -> tuple[float | None, float | None]:
+        lags = sorted(self.lags)
+        if not lags:
+            return None, None
+        at = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]  # noqa: E731
+        return at(0.50), at(0.99)
+
+    def lag_line(self) -> str:
+        p50, p99 = self.lag_percentiles()
+        if p50 is None:
+            return "no wake started yet"
+        return f"lag from due to started over the last {len(self.lags)} wake(s): p50 {p50:.1f} s, p99 {p99:.1f} s"
 
     def _wake(self, agent_dir: Path, name: str) -> None:
         started = time.monotonic()
@@ -338,6 +384,12 @@ class Scheduler:
         return 0
 
 
+def fitted(root: Path) -> capacity.Choice:
+    """K for this host and the agents under ROOT, with the line that says why."""
+    host, box_memory = capacity.measure_host(root, broker_socket())
+    return capacity.choose(host, box_memory)
+
+
 def _ago(delta) -> str:
     s = int(delta.total_seconds())
     return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s"
@@ -356,18 +408,23 @@ def _check_prices(agent: Agent) -> None:
     check_caps(agent.model, agent.policy.budget, load_prices(), agent.policy.source)
 
 
-def serve(root: Path, max_concurrent: int = MAX_CONCURRENT,
+def serve(root: Path, max_concurrent: int | None = None,
           beside: Callable[[Scheduler], Callable[[], None]] | None = None) -> int:
     """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT.
+    Without `max_concurrent`, it is fitted to the host (capacity.py).
     `beside(scheduler)` starts what runs next to it (the console, metrics) and
     returns how to stop that."""
     import signal
     if not Path(root).is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds your agents "
                          "(each a folder with agent.yaml)")
-    if max_concurrent < 1:
+    if max_concurrent is not None and max_concurrent < 1:
         raise AgentError(f"--max-concurrent must be at least 1, not {max_concurrent}")
-    scheduler = Scheduler(Path(root), max_concurrent)
+    if max_concurrent is None:
+        choice = fitted(Path(root))
+    else:
+        choice = capacity.Choice(max_concurrent, f"at most {max_concurrent} wake(s) at once (--max-concurrent)")
+    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why)
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
     stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()  # noqa: E731

@@ -61,6 +61,10 @@ class Sandbox(Protocol):
         """protect_git: refuse, in the box, an embedded bare repository's config and hooks
         (programs.WRITE_SCRIPT). A broker applies its own copy of the policy's instead."""
 
+    def wind_down(self) -> None:
+        """The wake expects no more calls but perhaps its journal's stub: make no
+        containers ahead for it (each would be removed unused)."""
+
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""
 

@@ -32,7 +32,7 @@ from orchestrator import metrics
 from orchestrator.sandbox import disk, images
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
-from orchestrator.sandbox.pool import EndLine, WarmPool, handoff
+from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
                                            STRIP_MAX_S, carried, command_argv, guarded,
                                            write_argv)
@@ -70,6 +70,7 @@ def engine_url(environ=os.environ) -> str:
 
 _clients: dict[str, docker.DockerClient] = {}    # one per engine address, for the process's life
 _clients_lock = threading.Lock()
+_paces: dict[tuple[str, str], MakePace] = {}   # how fast this engine makes a warm container, per runtime
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
@@ -93,6 +94,14 @@ def _shared(where: str) -> docker.DockerClient:
             _clients[where] = docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S,
                                                   max_pool_size=ENGINE_POOL)
         return _clients[where]
+
+
+def _pace(client: docker.DockerClient, runtime: str) -> MakePace:
+    """Shared by every pool of this process on this engine and runtime: one pool's
+    wake is short, but the engine's unloaded pace is learnt over all of them."""
+    key = (str(client.api.base_url), runtime)
+    with _clients_lock:
+        return _paces.setdefault(key, MakePace())
 
 
 def _engine_problem(where: str, exc: Exception) -> str:
@@ -181,8 +190,8 @@ class DockerSandbox:
                 raise SandboxError(str(exc)) from None
         self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
         size = policy.pool if warm is None else warm
-        self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm,
-                             remove=self._remove, alive=self._running) if size > 0 else None
+        self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
+                             alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
         if self.pool:
             atexit.register(self.close)  # a safety net; callers close() when done
 
@@ -194,6 +203,17 @@ class DockerSandbox:
         if self.pool:
             self.pool.close()
             atexit.unregister(self.close)
+
+    def wind_down(self) -> None:
+        """The wake expects no more calls but perhaps its journal's stub: the pool makes
+        no more containers ahead (each would be removed unused)."""
+        if self.pool:
+            self.pool.wind_down()
+
+    def rearm(self) -> None:
+        """A wake starts on this box (the broker keeps one per agent): one container ahead."""
+        if self.pool:
+            self.pool.rearm()
 
     def __enter__(self):
         return self

@@ -8,6 +8,16 @@ its one command, runs it as its child, reports its status in-band, and is
 then removed. Single use: no container ever sees a second call, so nothing
 in /tmp, no process and no state carries over.
 
+No container made in vain: a warm container nobody takes is removed unused,
+and on a busy host that is engine time another agent's call needed. So the
+pool keeps one ahead (a model turn, 0.3 s or more, outlasts a refill), grows
+toward the policy's `pool` only while calls come faster than a refill and
+the engine is not what is slow (a loaded engine, or one other wakes' pools
+are filling too, is not made faster by asking it for more), waits for a
+container already being made rather than starting a second, and stops
+making any once the wake says no more calls are coming (wind_down: the
+model's turn ended without a tool call, or the step cap).
+
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
 out one made under settings other than the current ones.
@@ -26,6 +36,9 @@ from orchestrator import metrics
 
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
+AHEAD = 1              # containers kept ahead at first: one per model turn is the usual pace
+LOADED_X = 2.0         # a make this many times slower than the fastest seen: the engine is the bottleneck
+WAIT_S = 60.0          # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()        # ends a pool thread's job queue
 
@@ -81,6 +94,34 @@ class EndLine:
         return held
 
 
+class MakePace:
+    """How this process's pools are loading one engine and runtime: the fastest make
+    seen (the engine unloaded) and the makes in flight now, across pools. Shared by
+    the pools of a process (engine.py), so a pool that lives for one wake need not
+    learn it, and a wake can tell it is one of a fleet."""
+
+    def __init__(self):
+        self.fastest_s = float("inf")
+        self.making = 0
+        self._lock = threading.Lock()
+
+    def started(self) -> None:
+        with self._lock:
+            self.making += 1
+
+    def finished(self, seconds: float | None) -> None:
+        with self._lock:
+            self.making -= 1
+            if seconds is not None:
+                self.fastest_s = min(self.fastest_s, seconds)
+
+    def loaded(self, seconds: float, mine: int) -> bool:
+        """Whether the engine, not this pool's size, is what makes its refills late:
+        the last make was LOADED_X times the fastest, or other pools are making too
+        (more ahead here would only compete with their calls for the engine)."""
+        return seconds > LOADED_X * self.fastest_s or self.making > mine
+
+
 @dataclass(frozen=True)
 class _Warm:
     cid: str
@@ -89,18 +130,21 @@ class _Warm:
 
 
 class WarmPool:
-    """Keeps up to `size` started containers for the settings named by `key()`.
+    """Keeps up to `size` started containers for the settings named by `key()`;
+    `want` of them at a time (AHEAD at first, up to `size` as calls demand).
 
     `make(key)` creates and starts one container and returns its id;
     `remove(cid)` removes one. They run on threads of their own (MAKERS
-    makers, one remover), so a call never waits for a refill or a removal,
-    and a burst of calls (several tool_use blocks in one turn) is not
-    refilled behind its own removals.
+    makers, one remover), so a call never waits for a removal, and a burst of
+    calls (several tool_use blocks in one turn) is not refilled behind its
+    own removals.
     """
 
     def __init__(self, size: int, key: Callable[[], str], make: Callable[[], str],
-                 remove: Callable[[str], None], alive: Callable[[str], bool]):
+                 remove: Callable[[str], None], alive: Callable[[str], bool], pace: MakePace | None = None):
+        self.pace = pace or MakePace()
         self.size, self._key, self._make, self._remove, self._alive = size, key, make, remove, alive
+        self.want = min(AHEAD, size)
         self._ready: list[_Warm] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -108,6 +152,8 @@ class WarmPool:
         self._trash: queue.Queue = queue.Queue()
         self._closed = False
         self._making = 0
+        self._last_s = 0.0              # the latest make's duration
+        self._last_take = float("-inf")
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
                                          name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
         self._threads = [*self._makers,
@@ -118,14 +164,12 @@ class WarmPool:
         self._refill()
 
     def take(self) -> str | None:
-        """A started container no call has used, made under the current settings; or None."""
+        """A started container no call has used, made under the current settings; or
+        None (the call goes cold). Waits for one already being made rather than
+        have the engine make a second."""
         key = self._key()
         while True:
-            with self._lock:
-                if not self._ready:
-                    warm = None
-                else:
-                    warm = self._ready.pop(0)
+            warm = self._next()
             if warm is None:
                 self._refill()
                 metrics.pool_take(hit=False)
@@ -137,6 +181,36 @@ class WarmPool:
             self._refill()
             metrics.pool_take(hit=True)
             return warm.cid
+
+    def _next(self) -> _Warm | None:
+        with self._changed:
+            now = time.monotonic()
+            if not self._ready:
+                self._grow_or_shrink(now - self._last_take)
+            self._last_take = now
+            self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
+            return self._ready.pop(0) if self._ready else None
+
+    def _grow_or_shrink(self, since_last_take: float) -> None:
+        """Lock held, at a take that found nothing ready. Calls coming faster than a
+        refill want one more ahead; but if refills are slow because the engine is
+        loaded, more ahead only queues more work there: one fewer."""
+        if self.pace.loaded(self._last_s, self._making):
+            self.want = max(min(AHEAD, self.size), self.want - 1) if self.want else 0
+        elif self.want and since_last_take < self._last_s:
+            self.want = min(self.size, self.want + 1)
+
+    def wind_down(self) -> None:
+        """No more calls are expected but perhaps one (the journal's stub): make no more.
+        What is idle stays for that call; close() removes the rest."""
+        with self._lock:
+            self.want = 0
+
+    def rearm(self) -> None:
+        """A wake starts on a pool kept from the last (the broker's): one ahead again."""
+        with self._lock:
+            self.want = max(self.want, min(AHEAD, self.size))
+        self._refill()
 
     def discard(self, cid: str) -> None:
         """Remove a container on the pool's remover thread (used or stale)."""
@@ -155,6 +229,7 @@ class WarmPool:
         with self._lock:
             self._closed = True
             stale, self._ready = self._ready, []
+            self._changed.notify_all()
         for warm in stale:
             self.discard(warm.cid)
         for _ in self._makers:
@@ -174,7 +249,7 @@ class WarmPool:
 
     def _refill(self) -> None:
         with self._lock:
-            missing = self.size - len(self._ready) - self._making
+            missing = 0 if self._closed else self.want - len(self._ready) - self._making
             self._making += max(missing, 0)
         for _ in range(max(missing, 0)):
             self._makes.put(None)
@@ -192,16 +267,21 @@ class WarmPool:
             pass  # the container is labelled: the next wake's cleanup_leftovers finds it
 
     def _make_one(self, _job=None) -> None:
-        key = self._key()
+        key, started = self._key(), time.monotonic()
+        self.pace.started()
         try:
             cid = None if self._closed else self._make()
         except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
+        took = time.monotonic() - started if cid is not None else None
+        self.pace.finished(took)
         with self._lock:
             self._making -= 1
+            if took is not None:
+                self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()
             if keep:
                 self._ready.append(_Warm(cid, key, time.monotonic()))
-                self._changed.notify_all()
+            self._changed.notify_all()   # a waiting take: a container, or none coming
         if cid is not None and not keep:
             self._remove_quietly(cid)

@@ -363,6 +363,8 @@ class _Wake:
             if over:  # the worst case of this call would pass a USD cap: it is not made
                 return self._budget_stop(over.cap, over.reason)
             turn = self._ask(messages, tools, final)
+            if self._last_tools(turn, final):
+                self.box.wind_down()    # the pool makes nothing ahead that no call would take
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
             if final:
@@ -421,6 +423,14 @@ class _Wake:
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
+
+    def _last_tools(self, turn: Turn, final: bool) -> bool:
+        """Whether no model turn after this one can ask for a tool: it asked for none
+        and ends the wake, or it is the last the caps allow. Then only this turn's
+        calls and the journal's stub are left."""
+        action = STOP_REASONS.get(turn.stop_reason, DEAD)
+        ends = action in (END, DEAD) or (action == TOOLS and not turn.tool_uses)
+        return ends or final or self.steps >= self.budget.max_steps
 
     def _run_tools(self, turn: Turn) -> list[dict]:
         """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
