@@ -160,11 +160,19 @@ class Trial:
         self.workspace = self.dir / "workspace"
         self.state = self.dir / "state"
         self._boxes: list[DockerSandbox] = []
-        try:
-            self.box = self.new_box()
-        except Exception:
-            self.cleanup()   # a box that failed halfway (its proxy, say) may have made a disk
-            raise
+        self._box: DockerSandbox | None = None
+
+    @property
+    def box(self) -> DockerSandbox:
+        """The trial's box, made at first use: a probe of the surfaces around the box
+        (the console, notifications, the files kept) never pays for one."""
+        if self._box is None:
+            try:
+                self._box = self.new_box()
+            except Exception:
+                self.cleanup()   # a box that failed halfway (its proxy, say) may have made a disk
+                raise
+        return self._box
 
     def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None,
                 **kwargs) -> DockerSandbox:

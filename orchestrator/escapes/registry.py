@@ -11,14 +11,15 @@ from orchestrator.escapes import orchestrator
 from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
+from orchestrator.escapes import surfaces
 from orchestrator.escapes import workspace
 
 CATEGORIES = ("filesystem", "workspace", "privileges", "network", "allowlist", "information",
-              "persistence", "resources", "harness", "orchestrator")
+              "persistence", "resources", "harness", "orchestrator", "surfaces")
 
 ALL_PROBES = (filesystem.PROBES + workspace.PROBES + privileges.PROBES + network.PROBES
               + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES
-              + orchestrator.PROBES)
+              + orchestrator.PROBES + surfaces.PROBES)
 
 
 def by_name(name: str):

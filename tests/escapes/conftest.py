@@ -27,6 +27,12 @@ def make_lab(docker_client, runtime, tmp_path):
     return make
 
 
+@pytest.fixture
+def surface_lab(docker_client, tmp_path) -> Lab:
+    """A lab for the probes of the surfaces around the box, which make no box."""
+    return Lab(client=docker_client, policy=SandboxPolicy(), base=tmp_path / "lab")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_orphaned_shims(docker_client):
     """Engine 20.10 with runsc leaves a containerd shim behind for every container

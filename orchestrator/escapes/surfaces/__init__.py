@@ -1,0 +1,20 @@
+"""Attacks on the ring around the box: the console, notifications, metrics,
+the files wakeloop keeps in an agent folder, and the workspace disks.
+
+The attackers here are not the model's shell but those around it (README,
+"Threat model"): what the model writes that reaches a person or a file we
+keep (A), a web page in the operator's browser and any other local user (C),
+and whoever may write one agent folder under a shared ROOT (D). Every probe
+runs against a real console on 127.0.0.1, a real receiver of our own, or
+files planted in its trial's own folder; none needs a box, so none makes one,
+and each runs once, whatever the runtime.
+
+One module per surface: console.py, notify.py, records.py, disks.py.
+
+Not here: the model's attacks from inside the box (the other escapes modules).
+"""
+
+from orchestrator.escapes.surfaces import console, disks, notify, records
+
+CATEGORY = "surfaces"
+PROBES = console.PROBES + notify.PROBES + records.PROBES + disks.PROBES

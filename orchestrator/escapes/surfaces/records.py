@@ -1,0 +1,5 @@
+"""Surface probes: records. (Each probe's weakened control: tests/escapes/test_surfaces_records.py.)"""
+
+from __future__ import annotations
+
+PROBES: list = []
