@@ -7,7 +7,8 @@ password) is scrubbed out of it first. The stdlib does the talking
 (urllib, smtplib, subprocess): no client library earns its place here.
 
 - webhook: POST the notification as JSON; `Idempotency-Key` and
-  `X-Wakeloop-Id` carry its stable id. Any 2xx is delivered.
+  `X-Wakeloop-Id` carry its stable id. Any 2xx is delivered; a redirect is
+  not followed (a receiver must not steer the sender to another address).
 - slack: POST Slack's incoming-webhook payload ({"text": ...}).
 - email: WAKELOOP_SMTP_URL=smtp[s]://user:pass@host:port[?from=addr]; smtp
   upgrades with STARTTLS when the server offers it, smtps is TLS from the
@@ -15,27 +16,46 @@ password) is scrubbed out of it first. The stdlib does the talking
 - command: argv as written (${VAR} expanded), the notification as JSON on
   stdin, killed at timeout_s; exit 0 is delivered.
 
+What the agent wrote (its messages, a reason that quotes it, its workspace's
+names) and what an agent folder's author chose (the agent's name) is data
+on every channel, never structure:
+
+- slack: `&`, `<`, `>` escaped (so `<!channel>` and `<https://…|Approve>`
+  arrive as text), controls and bidi overrides shown as `\u202e`, and every
+  line of the text quoted (`>`) under our bold title: the agent cannot write
+  a line that looks like the harness's own.
+- email: our headers only (From, To, Subject, ids), each one line of
+  printable text; the agent's words are in the body.
+- webhook: JSON fields; the id in a header is percent-encoded ASCII.
+- command: the JSON on stdin; argv is the operator's, and the environment
+  it gets has no secret (records/secrets.py) in it.
+
 Not here: retries and their timing (sender.py), what is sent (outcomes.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import smtplib
 import ssl
 import subprocess
+import unicodedata
 import urllib.error
 import urllib.request
 from email.message import EmailMessage
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from orchestrator.notify.config import Channel, expand, referenced
+from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.records.events import scrub, secrets_from_env
+from orchestrator.records.secrets import is_secret
 
 HTTP_TIMEOUT_S = 10.0               # one POST; a slow receiver is retried, not waited on
 SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
 ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
+HEADER_CAP = 200                    # chars of a Subject: a title is one short line
+_NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")   # what some reader breaks a line at
 
 
 class DeliveryError(Exception):
@@ -47,13 +67,13 @@ def deliver(channel: Channel, payload: dict, environ) -> str:
     secrets = secrets_from_env(environ) + referenced(written, environ)
     try:
         if channel.kind == "command":
-            argv = [expand(a, environ) for a in channel.target]
-            return _command(argv, payload, channel.timeout_s)
+            argv = [expand(a, environ, channel.expand) for a in channel.target]
+            return _command(argv, payload, channel.timeout_s, environ)
         if channel.kind == "email":
             url = environ.get(SMTP_ENV, "")
             secrets += _pieces(url)
-            return _email(expand(str(channel.target), environ), url, payload)
-        url = expand(str(channel.target), environ)
+            return _email(expand(str(channel.target), environ, channel.expand), url, payload)
+        url = expand(str(channel.target), environ, channel.expand)
         secrets += _pieces(url)
         body = payload if channel.kind == "webhook" else {"text": slack_text(payload)}
         return _post(url, body, payload["id"])
@@ -74,17 +94,32 @@ def _pieces(url: str) -> tuple[str, ...]:
     return tuple(p for p in found if len(p) >= 4 and p != "/")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the receiver's answer, not an address to go on to: the sender stays where the operator pointed it."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _post(url: str, body: dict, id: str) -> str:
-    if not url.startswith(("http://", "https://")):
+    if urlsplit(url).scheme not in ("http", "https"):
         raise DeliveryError("the target is not an http(s) URL")
+    header_id = header_safe_id(id)
     request = urllib.request.Request(url, data=json.dumps(body, ensure_ascii=False).encode("utf-8"),
                                      method="POST", headers={"Content-Type": "application/json",
-                                                             "Idempotency-Key": id, "X-Wakeloop-Id": id,
+                                                             "Idempotency-Key": header_id,
+                                                             "X-Wakeloop-Id": header_id,
                                                              "User-Agent": "wakeloop"})
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+        with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as response:
             return f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            raise DeliveryError(f"HTTP {exc.code}: a redirect, not followed; point the channel at the "
+                                "final address") from None
         answer = exc.read(ERROR_CAP).decode("utf-8", "replace").strip()
         raise DeliveryError(f"HTTP {exc.code}{': ' + ' '.join(answer.split()) if answer else ''}") from None
     except urllib.error.URLError as exc:
@@ -93,8 +128,34 @@ def _post(url: str, body: dict, id: str) -> str:
         raise DeliveryError(f"no answer within {HTTP_TIMEOUT_S:g}s") from None
 
 
+def header_safe_id(id: str) -> str:
+    """A notification id for a header: ASCII, no space or control (an agent's name is in it)."""
+    return quote(id, safe="/:@._-~+")
+
+
 def slack_text(payload: dict) -> str:
-    return f"*{payload['title']}*\n{payload['text']}"
+    """Our bold title, then the text quoted line by line, both escaped: nothing in either can
+    ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
+    title = slack_escape(one_line(payload["title"]).replace("*", ""))   # an agent's name cannot end our bold
+    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\n\r\v\f\x85\u2028\u2029")).split("\n")
+    return f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
+
+
+def slack_escape(text: str) -> str:
+    """Slack's three control characters, as Slack says to escape them."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def shown(text: str, keep: str = "") -> str:
+    """Text with every control and format character (bidi overrides, zero-width joiners, NUL,
+    ESC) written out as \\uXXXX: seen, never acted on. `keep`: characters left for the caller."""
+    return "".join(c if c in keep or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+                   else f"\\u{ord(c):04x}" for c in text)
+
+
+def one_line(text: str, cap: int = HEADER_CAP) -> str:
+    """One printable line: line breaks become spaces, other controls are written out, capped."""
+    return shown(" ".join(_NEWLINES.sub(" ", text).split()))[:cap]
 
 
 def _email(to: str, url: str, payload: dict) -> str:
@@ -104,10 +165,13 @@ def _email(to: str, url: str, payload: dict) -> str:
     if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
         raise DeliveryError(f"{SMTP_ENV} must be smtp://… or smtps://… with a host")
     sender = (parse_qs(parts.query).get("from") or [f"wakeloop@{parts.hostname}"])[0]
+    for role, address in (("to", to), ("from", sender)):    # ${VAR} and ?from= are read only now
+        if not EMAIL.match(address):
+            raise DeliveryError(f"the {role} address is not one plain address (no name, comma or line break)")
     msg = EmailMessage()
-    msg["From"], msg["To"], msg["Subject"] = sender, to, payload["title"]
-    msg["Message-ID"] = f"<{payload['id']}@wakeloop>"
-    msg["X-Wakeloop-Id"] = payload["id"]
+    msg["From"], msg["To"], msg["Subject"] = sender, to, one_line(payload["title"])
+    msg["Message-ID"] = f"<{header_safe_id(payload['id'])}@wakeloop>"
+    msg["X-Wakeloop-Id"] = header_safe_id(payload["id"])
     msg.set_content(f"{payload['text']}\n\n-- \n{json.dumps(payload, ensure_ascii=False, indent=2)}\n")
     port = parts.port or (465 if parts.scheme == "smtps" else 25)
     smtp_class = smtplib.SMTP_SSL if parts.scheme == "smtps" else smtplib.SMTP
@@ -129,10 +193,11 @@ def _email(to: str, url: str, payload: dict) -> str:
     return "250 accepted"
 
 
-def _command(argv: list[str], payload: dict, timeout_s: float) -> str:
+def _command(argv: list[str], payload: dict, timeout_s: float, environ) -> str:
+    env = {k: v for k, v in environ.items() if not is_secret(k)}   # the operator's program, not the key's holder
     try:
         done = subprocess.run(argv, input=json.dumps(payload, ensure_ascii=False), capture_output=True,
-                              text=True, timeout=timeout_s)
+                              text=True, timeout=timeout_s, env=env)
     except FileNotFoundError:
         raise DeliveryError(f"{argv[0]}: no such program") from None
     except PermissionError:
