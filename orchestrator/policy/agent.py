@@ -98,9 +98,9 @@ def _notify(value, config: Path, node) -> tuple:
     """agent.yaml's notify list, then ROOT/notify.yaml's (ROOT: the folder holding the agent).
     agent.yaml is not the operator's: what its entries may do comes from ROOT/notify.yaml and the ceiling."""
     try:
-        root_channels, allowed = load_root_notify(config.parent.parent, *notify_ceiling())
-        return parse_notify(value, config, node, allowed=allowed) + root_channels
-    except NotifyError as exc:
+        operators, allowed = load_root_notify(config.parent.parent, *notify_ceiling())
+        return parse_notify(value, config, node, allowed=allowed) + operators
+    except (NotifyError, PolicyError) as exc:      # PolicyError: the ceiling's own
         raise AgentError(str(exc)) from None
 
 
