@@ -168,11 +168,7 @@ def _email(to: str, url: str, payload: dict) -> str:
     for role, address in (("to", to), ("from", sender)):    # ${VAR} and ?from= are read only now
         if not EMAIL.match(address):
             raise DeliveryError(f"the {role} address is not one plain address (no name, comma or line break)")
-    msg = EmailMessage()
-    msg["From"], msg["To"], msg["Subject"] = sender, to, one_line(payload["title"])
-    msg["Message-ID"] = f"<{header_safe_id(payload['id'])}@wakeloop>"
-    msg["X-Wakeloop-Id"] = header_safe_id(payload["id"])
-    msg.set_content(f"{payload['text']}\n\n-- \n{json.dumps(payload, ensure_ascii=False, indent=2)}\n")
+    msg = _message(to, sender, payload)
     port = parts.port or (465 if parts.scheme == "smtps" else 25)
     smtp_class = smtplib.SMTP_SSL if parts.scheme == "smtps" else smtplib.SMTP
     try:
@@ -183,7 +179,7 @@ def _email(to: str, url: str, payload: dict) -> str:
                 smtp.ehlo()
             if parts.username:
                 smtp.login(unquote(parts.username), unquote(parts.password or ""))
-            refused = smtp.send_message(msg)
+            refused = smtp.send_message(msg, from_addr=sender, to_addrs=[to])   # never a header's list
     except smtplib.SMTPException as exc:
         raise DeliveryError(f"SMTP: {exc}") from None
     except OSError as exc:
@@ -191,6 +187,16 @@ def _email(to: str, url: str, payload: dict) -> str:
     if refused:
         raise DeliveryError(f"SMTP refused {', '.join(refused)}")
     return "250 accepted"
+
+
+def _message(to: str, sender: str, payload: dict) -> EmailMessage:
+    """Our headers, each one printable line; the agent's words only in the body."""
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = sender, to, one_line(payload["title"])
+    msg["Message-ID"] = f"<{header_safe_id(payload['id'])}@wakeloop>"
+    msg["X-Wakeloop-Id"] = header_safe_id(payload["id"])
+    msg.set_content(f"{payload['text']}\n\n-- \n{json.dumps(payload, ensure_ascii=False, indent=2)}\n")
+    return msg
 
 
 def _command(argv: list[str], payload: dict, timeout_s: float, environ) -> str:

@@ -148,16 +148,15 @@ def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: b
     if len(kinds) != 1:
         raise fail((i,), f"name exactly one channel ({', '.join(KINDS)}), got {', '.join(kinds) or 'none'}")
     kind = kinds[0]
-    if kind == "command" and not (operator or allowed.agent_commands):
+    if kind == "command" and not command_allowed(operator, allowed):
         raise fail((i, kind), "a command runs a program as the orchestrator: only ROOT/notify.yaml (the "
                               "operator's) may name one, or the ceiling with notify_commands: true")
     unknown = sorted(set(map(str, entry)) - {kind, "on", "give_up_after", "timeout_s"})
     if unknown:
         raise fail((i, unknown[0]), "unknown key (known: on, give_up_after, timeout_s)")
     target = _target(kind, entry[kind], lambda m: fail((i, kind), m))
-    for name in _VAR.findall(" ".join(target) if kind == "command" else target):
-        if why := allowed.refusal(name):
-            raise fail((i, kind), why)
+    if why := target_refusal(target, allowed):
+        raise fail((i, kind), why)
     on = entry.get("on", list(DEFAULT_ON))
     if not isinstance(on, list) or not all(isinstance(e, str) for e in on):
         raise fail((i, "on"), f"expected a list of events: {', '.join(EVENTS)}")
@@ -170,6 +169,20 @@ def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: b
     except ValueError as exc:
         raise fail((i, "give_up_after" if "give_up_after" in entry else "timeout_s"), str(exc)) from None
     return Channel(kind, target, frozenset(on), give_up, timeout, where, allowed.expand)
+
+
+def target_refusal(target: str | tuple[str, ...], allowed: Allowed) -> str | None:
+    """Why a target's ${VAR}s may not be read (the first that may not), or None."""
+    for name in _VAR.findall(" ".join(target) if isinstance(target, tuple) else target):
+        if why := allowed.refusal(name):
+            return why
+    return None
+
+
+def command_allowed(operator: bool, allowed: Allowed) -> bool:
+    """A command runs as the orchestrator: the operator's file may name one; an agent.yaml only
+    when the ceiling says notify_commands: true."""
+    return operator or allowed.agent_commands
 
 
 def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
