@@ -80,15 +80,30 @@ def test_a_variable_nobody_allowed_is_refused_and_an_allowed_one_expands(tmp_pat
     with pytest.raises(AgentError, match=r"notify\[0\]\.email: \$\{PAGER_TO\} is not a variable"):
         load_agent(make_agent(tmp_path, "b", [{"email": "${PAGER_TO}"}]))
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "c", [{"webhook": "${SLACK_HOOK}/t/${WAKELOOP_NOTIFY_PATH}"}]))
+        agent = load_agent(make_agent(tmp_path, "c", [{"webhook": "${WAKELOOP_NOTIFY_HOOK}/t/p9"}]))
         message(agent, "hi")
-        report = send(agent, {"SLACK_HOOK": hook.url(""), "WAKELOOP_NOTIFY_PATH": "p9", "ANTHROPIC_API_KEY": FAKE_KEY})
+        report = send(agent, {"WAKELOOP_NOTIFY_HOOK": hook.url(""), "ANTHROPIC_API_KEY": FAKE_KEY})
     assert len(report.sent) == 1 and hook.paths == ["/t/p9"]
+
+
+def test_agent_yaml_cannot_send_an_allowed_variable_to_a_host_of_its_own(tmp_path):
+    """SLACK_* may be read, but from agent.yaml only as the start of the target: the operator's
+    Slack URL goes to Slack, never into the path of the author's own receiver."""
+    with Hook() as theirs:
+        for target in (theirs.url("/${SLACK_WEBHOOK_URL}"), "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}"):
+            with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: in agent.yaml one \$\{VAR\} may start"):
+                load_agent(make_agent(tmp_path, f"a{len(target)}", [{"webhook": target}]))
+        (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"webhook": theirs.url("/${SLACK_TEAM}")}]}))
+        agent = load_agent(make_agent(tmp_path, "b", []))            # the operator's own file may
+        message(agent, "hi")
+        send(agent, {"SLACK_TEAM": "T0123"})
+    assert theirs.paths == ["/T0123"]
 
 
 def test_the_operator_allows_more_in_notify_yaml_or_the_ceiling_but_never_a_secret(tmp_path, monkeypatch):
     (tmp_path / "notify.yaml").write_text('expand: [PAGER_TOKEN, "OPS_*"]\nnotify: []\n')
-    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "https://h.example/${OPS_HOOK}/${PAGER_TOKEN}"}]))
+    assert load_agent(make_agent(tmp_path, "o", [{"webhook": "${OPS_HOOK}"}])).notify[0].expand[-1] == "OPS_*"
+    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "${PAGER_TOKEN}/x"}]))
     assert agent.notify[0].expand[-2:] == ("PAGER_TOKEN", "OPS_*")
     for bad, line in (('"ANTHROPIC_*"', 2), ('"*"', 2), ("WAKELOOP_CONSOLE_TOKEN", 2), ('"A*"', 2)):
         (tmp_path / "notify.yaml").write_text(f"notify: []\nexpand: [{bad}]\n")
@@ -189,8 +204,9 @@ def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
 
 
 def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
-    for address in ("ops@example.com,evil@example.net", "Ops <ops@example.com>", "a b@example.com"):
-        with pytest.raises(AgentError, match=r"notify\[0\]\.email: .* is not an email address"):
+    for address in ("ops@example.com,evil@example.net", "Ops <ops@example.com>", "a b@example.com",
+                    "ops@example.com\r\nBcc: evil@example.net", "\"evil\"@example.net"):
+        with pytest.raises(AgentError, match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"):
             load_agent(make_agent(tmp_path, f"a{len(address)}", [{"email": address}]))
     with SMTP() as smtp:
         agent = load_agent(make_agent(tmp_path, "b", [{"email": "${WAKELOOP_NOTIFY_TO}"}]))
@@ -241,3 +257,13 @@ def test_root_notify_yaml_is_read_safely(tmp_path):
     root_file.write_text("# " + "x" * (2 * 2**20) + "\n")
     with pytest.raises(AgentError, match=r"notify.yaml: .* bytes; a notify.yaml is at most"):
         load_agent(folder)
+
+
+def test_an_agent_yaml_cannot_ask_for_a_flood_or_forever(tmp_path):
+    many = [{"webhook": f"https://h{n}.example/x"} for n in range(17)]
+    with pytest.raises(AgentError, match=r"agent.yaml:\d+: notify\[16\]: 17 channels; at most 16"):
+        load_agent(make_agent(tmp_path, "a", many))
+    with pytest.raises(AgentError, match=r"notify\[0\]\.give_up_after: '3650d' is over the most allowed, 604800s"):
+        load_agent(make_agent(tmp_path, "b", [{"webhook": "https://h.example/x", "give_up_after": "3650d"}]))
+    with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: a target has no spaces, line breaks or control"):
+        load_agent(make_agent(tmp_path, "c", [{"webhook": "http://127.0.0.1:9/x HTTP/1.1\r\nX-Evil: 1"}]))

@@ -54,6 +54,7 @@ HTTP_TIMEOUT_S = 10.0               # one POST; a slow receiver is retried, not 
 SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
 ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
+ZWJ = "\u200d"                        # joins emoji (a family, a flag): the one format character kept
 HEADER_CAP = 200                    # chars of a Subject: a title is one short line
 _NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")   # what some reader breaks a line at
 
@@ -149,7 +150,7 @@ def slack_escape(text: str) -> str:
 def shown(text: str, keep: str = "") -> str:
     """Text with every control and format character (bidi overrides, zero-width joiners, NUL,
     ESC) written out as \\uXXXX: seen, never acted on. `keep`: characters left for the caller."""
-    return "".join(c if c in keep or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+    return "".join(c if c in keep or c == ZWJ or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
                    else f"\\u{ord(c):04x}" for c in text)
 
 

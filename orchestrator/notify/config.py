@@ -60,6 +60,9 @@ DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")   # a digest a day is aske
 KINDS = ("webhook", "slack", "email", "command")
 GIVE_UP_AFTER_S = 24 * 3600         # one notification is retried this long, then given up (and shown)
 COMMAND_TIMEOUT_S = 30.0            # a command hook's wall clock
+MAX_GIVE_UP_AFTER_S = 7 * 86400     # past a week a notification is history, and its queue file would stay
+MAX_TIMEOUT_S = 600.0               # a command hook that needs longer is not a notification
+MAX_CHANNELS = 16                   # entries in one notify list: each message goes to every one
 ROOT_FILE = "notify.yaml"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
@@ -136,6 +139,8 @@ def parse_notify(value: Any, source: Path, node: yaml.Node | None, path: tuple =
         return ()
     if not isinstance(value, list):
         raise fail((), "expected a list of channels, e.g. - webhook: https://…")
+    if len(value) > MAX_CHANNELS:
+        raise fail((MAX_CHANNELS,), f"{len(value)} channels; at most {MAX_CHANNELS} (each message goes to every one)")
     return tuple(_channel(i, entry, fail, f"{source}:{line_of(node, path + (i,)) or '?'}", allowed, operator)
                  for i, entry in enumerate(value))
 
@@ -155,7 +160,7 @@ def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: b
     if unknown:
         raise fail((i, unknown[0]), "unknown key (known: on, give_up_after, timeout_s)")
     target = _target(kind, entry[kind], lambda m: fail((i, kind), m))
-    if why := target_refusal(target, allowed):
+    if why := target_refusal(target, allowed) or (None if operator else _placement_refusal(kind, target)):
         raise fail((i, kind), why)
     on = entry.get("on", list(DEFAULT_ON))
     if not isinstance(on, list) or not all(isinstance(e, str) for e in on):
@@ -164,8 +169,8 @@ def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: b
     if bad:
         raise fail((i, "on"), f"{bad[0]!r} is not an event; known: {', '.join(EVENTS)}")
     try:
-        give_up = _seconds(entry.get("give_up_after", GIVE_UP_AFTER_S))
-        timeout = _seconds(entry.get("timeout_s", COMMAND_TIMEOUT_S))
+        give_up = _seconds(entry.get("give_up_after", GIVE_UP_AFTER_S), MAX_GIVE_UP_AFTER_S)
+        timeout = _seconds(entry.get("timeout_s", COMMAND_TIMEOUT_S), MAX_TIMEOUT_S)
     except ValueError as exc:
         raise fail((i, "give_up_after" if "give_up_after" in entry else "timeout_s"), str(exc)) from None
     return Channel(kind, target, frozenset(on), give_up, timeout, where, allowed.expand)
@@ -177,6 +182,16 @@ def target_refusal(target: str | tuple[str, ...], allowed: Allowed) -> str | Non
         if why := allowed.refusal(name):
             return why
     return None
+
+
+def _placement_refusal(kind: str, target: str | tuple[str, ...]) -> str | None:
+    """From agent.yaml, a ${VAR} may only start the target: one written inside a URL the
+    author chose (`https://their.host/${SLACK_WEBHOOK_URL}`) would send its value to their host."""
+    names = _VAR.findall(" ".join(target) if isinstance(target, tuple) else target)
+    if not names or (len(names) == 1 and isinstance(target, str) and target.startswith(f"${{{names[0]}}}")):
+        return None
+    return (f"in agent.yaml one ${{VAR}} may start the {kind} target (${{SLACK_WEBHOOK_URL}}, "
+            "${SLACK_HOST}/path), never sit inside a URL that names its own host; ROOT/notify.yaml may")
 
 
 def command_allowed(operator: bool, allowed: Allowed) -> bool:
@@ -193,6 +208,8 @@ def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
     if not isinstance(value, str) or not value.strip():
         raise fail("expected a string")
     value = value.strip()
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise fail("a target has no spaces, line breaks or control characters")
     if kind == "email" and not (EMAIL.match(value) or _VAR.fullmatch(value)):
         raise fail(f"{value!r} is not an email address")
     if kind in ("webhook", "slack") and not (_VAR.search(value) or value.startswith(("http://", "https://"))):
@@ -200,13 +217,17 @@ def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
     return value
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: Any, most: float) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    match = _DURATION.match(value) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"expected a duration like 30s, 10m, 24h or 2d, got {value!r}")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value) if isinstance(value, str) else None
+        if not match:
+            raise ValueError(f"expected a duration like 30s, 10m, 24h or 2d, got {value!r}")
+        seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if seconds > most:
+        raise ValueError(f"{value!r} is over the most allowed, {most:g}s")
+    return seconds
 
 
 def load_root_notify(root: Path, ceiling_expand: tuple[str, ...] = (),
