@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -240,6 +242,43 @@ def test_a_redirect_is_not_followed(tmp_path):
         report = send(agent)
     assert report.failed and "HTTP 302: a redirect, not followed" in report.failed[0]
     assert hook.attempts == 1 and elsewhere.attempts == 0
+
+
+def test_a_receiver_that_trickles_its_answer_cannot_hold_the_sender(tmp_path, monkeypatch):
+    """Before: the 10 s timeout was per read, so an answer sent a byte at a time held serve's one
+    sender thread (every agent's notifications) as long as the receiver liked. Now one POST has a
+    deadline in all (here 0.5 s instead of 20 s)."""
+    from orchestrator.notify import channels
+    monkeypatch.setattr(channels, "HTTP_DEADLINE_S", 0.5)
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+            if stop.is_set():
+                break
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+            stop.wait(0.05)          # the attacker's pace: well inside the 10 s per-read timeout
+        conn.close()
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    try:
+        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        message(agent, "hi")
+        started = time.monotonic()
+        report = send(agent)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join(10)
+        server.close()
+    assert report.failed and "no whole answer within 0.5s" in report.failed[0]
+    assert took < 5
 
 
 # -- ROOT/notify.yaml is read as untrusted input ------------------------------------------------------

@@ -4,7 +4,7 @@ Each `deliver` either returns a short answer ("HTTP 200", "250 ok", "exit
 0") or raises DeliveryError with one line that is safe to store and show:
 every value a target expands to (the URL, its path and query, the SMTP
 password) is scrubbed out of it first. The stdlib does the talking
-(urllib, smtplib, subprocess): no client library earns its place here.
+(http.client, smtplib, subprocess): no client library earns its place here.
 
 - webhook: POST the notification as JSON; `Idempotency-Key` and
   `X-Wakeloop-Id` carry its stable id. Any 2xx is delivered; a redirect is
@@ -35,22 +35,25 @@ Not here: retries and their timing (sender.py), what is sent (outcomes.py).
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import smtplib
+import socket
 import ssl
 import subprocess
+import threading
 import unicodedata
-import urllib.error
-import urllib.request
 from email.message import EmailMessage
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.records.events import scrub, secrets_from_env
 from orchestrator.records.secrets import is_secret
 
-HTTP_TIMEOUT_S = 10.0               # one POST; a slow receiver is retried, not waited on
+HTTP_TIMEOUT_S = 10.0               # one POST's connect, and each wait for bytes; a slow receiver is retried
+HTTP_DEADLINE_S = 20.0              # one POST in all, however its bytes trickle in
 SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
 ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
@@ -95,38 +98,69 @@ def _pieces(url: str) -> tuple[str, ...]:
     return tuple(p for p in found if len(p) >= 4 and p != "/")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx is the receiver's answer, not an address to go on to: the sender stays where the operator pointed it."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 def _post(url: str, body: dict, id: str) -> str:
     if urlsplit(url).scheme not in ("http", "https"):
         raise DeliveryError("the target is not an http(s) URL")
     header_id = header_safe_id(id)
-    request = urllib.request.Request(url, data=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                                     method="POST", headers={"Content-Type": "application/json",
-                                                             "Idempotency-Key": header_id,
-                                                             "X-Wakeloop-Id": header_id,
-                                                             "User-Agent": "wakeloop"})
+    status, answer = _request(url, json.dumps(body, ensure_ascii=False).encode("utf-8"), {
+        "Content-Type": "application/json", "Idempotency-Key": header_id, "X-Wakeloop-Id": header_id,
+        "User-Agent": "wakeloop"})
+    if 200 <= status < 300:
+        return f"HTTP {status}"
+    if 300 <= status < 400:
+        raise DeliveryError(f"HTTP {status}: a redirect, not followed; point the channel at the final address")
+    answer = " ".join(answer.decode("utf-8", "replace").split())
+    raise DeliveryError(f"HTTP {status}{': ' + answer if answer else ''}")
+
+
+def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
+    """One POST, one answer: (status, the first ERROR_CAP bytes of the body). Never a redirect
+    followed (a receiver must not steer the sender elsewhere), and done within HTTP_DEADLINE_S
+    in all: a receiver that answers a byte at a time has its socket shut at the deadline, so it
+    cannot hold serve's one sender thread (and every other agent's notifications) for longer."""
+    parts = urlsplit(url)
+    conn, path = _connection(parts)
+    late = threading.Event()
+
+    def cut() -> None:
+        late.set()
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    timer = threading.Timer(HTTP_DEADLINE_S, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as response:
-            return f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        if 300 <= exc.code < 400:
-            raise DeliveryError(f"HTTP {exc.code}: a redirect, not followed; point the channel at the "
-                                "final address") from None
-        answer = exc.read(ERROR_CAP).decode("utf-8", "replace").strip()
-        raise DeliveryError(f"HTTP {exc.code}{': ' + ' '.join(answer.split()) if answer else ''}") from None
-    except urllib.error.URLError as exc:
-        raise DeliveryError(f"cannot reach the receiver: {exc.reason}") from None
-    except TimeoutError:
-        raise DeliveryError(f"no answer within {HTTP_TIMEOUT_S:g}s") from None
+        conn.request("POST", path, data, headers)
+        response = conn.getresponse()
+        return response.status, response.read(ERROR_CAP)
+    except (OSError, http.client.HTTPException) as exc:
+        if late.is_set():
+            raise DeliveryError(f"no whole answer within {HTTP_DEADLINE_S:g}s") from None
+        if isinstance(exc, TimeoutError):
+            raise DeliveryError(f"no answer within {HTTP_TIMEOUT_S:g}s") from None
+        raise DeliveryError(f"cannot reach the receiver: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        timer.cancel()
+        conn.close()
+
+
+def _connection(parts) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to the target, through the proxy the environment names for its scheme
+    (HTTPS_PROXY, HTTP_PROXY, NO_PROXY, as urllib reads them), and the path to ask for."""
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    proxy = getproxies().get(parts.scheme)
+    if not proxy or proxy_bypass(parts.hostname or ""):
+        return kind(parts.hostname, parts.port, timeout=HTTP_TIMEOUT_S), path
+    via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if parts.scheme == "https":     # a CONNECT tunnel: TLS is end to end, the proxy sees the host only
+        conn = kind(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S)
+        conn.set_tunnel(parts.hostname, parts.port or 443)
+        return conn, path
+    return http.client.HTTPConnection(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S), parts.geturl()
 
 
 def header_safe_id(id: str) -> str:

@@ -55,7 +55,8 @@ def test_a_secret_reaches_the_receiver_without_the_allowed_names(surface_lab, mo
 
 
 def test_a_secret_target_loads_without_the_load_time_check(surface_lab, monkeypatch):
-    """The send-time lock alone: nothing is sent, but agent.yaml's secret target loaded."""
+    """The send-time lock alone: nothing is sent, but ROOT/notify.yaml's secret target loaded
+    (agent.yaml's is still refused by the rule that a ${VAR} only starts its target)."""
     monkeypatch.setattr(config, "target_refusal", lambda target, allowed: None)
     outcome = outcome_of(surface_lab, "notify_target_never_carries_a_secret")
     assert outcome.verdict == ESCAPED and "loaded" in outcome.observed and "request path" not in outcome.observed
@@ -95,6 +96,9 @@ def test_email_headers_are_injected_by_a_message_built_as_text(surface_lab, monk
 
 def test_a_redirect_is_followed_by_urllibs_default_opener(surface_lab, monkeypatch):
     """The design before: urllib.request.urlopen, which turns a 302 after a POST into a GET elsewhere."""
-    monkeypatch.setattr(channels, "_OPENER", urllib.request.build_opener())
+    def urlopen(url, data, headers):
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers, method="POST")) as r:
+            return r.status, r.read(100)
+    monkeypatch.setattr(channels, "_request", urlopen)
     outcome = outcome_of(surface_lab, "notify_does_not_follow_redirects")
     assert outcome.verdict == ESCAPED and "/followed" in outcome.observed

@@ -10,8 +10,9 @@ planted in it; the real environment's secrets are never read here.
 
 - notify_slack_markup_arrives_inert: a send_message of `<!channel>` and a
   disguised link reaches Slack escaped, every line quoted under our heading.
-- notify_target_never_carries_a_secret: agent.yaml targets that name
-  ${ANTHROPIC_API_KEY} or ${WAKELOOP_CONSOLE_TOKEN} are refused at load,
+- notify_target_never_carries_a_secret: targets that name
+  ${ANTHROPIC_API_KEY} or ${WAKELOOP_CONSOLE_TOKEN}, in agent.yaml or in
+  the operator's ROOT/notify.yaml, are refused at load,
   and a channel that got past the load is refused at send: nothing arrives.
 - notify_refuses_command_from_agent_yaml: a `command:` channel in agent.yaml
   is refused at load, and the program never runs.
@@ -136,16 +137,18 @@ class _Mailbox:
 
 # -- an agent under a ROOT of the probe's own --------------------------------------------------------
 
-def _agent_folder(t: Trial, notify: list, **extra) -> Path:
-    """ROOT/a inside the trial's folder, its agent.yaml naming `notify` (D's file)."""
+def _agent_folder(t: Trial, notify: list, root_notify: dict | None = None, **extra) -> Path:
+    """A fresh ROOT inside the trial's folder with one agent, its agent.yaml naming `notify`
+    (D's file) and, if given, ROOT/notify.yaml holding `root_notify` (the operator's)."""
     from orchestrator.policy.agent import init_agent
-    root = t.dir / "root"
-    root.mkdir(exist_ok=True)
-    folder = init_agent(root / f"a{sum(1 for _ in root.iterdir())}")
+    root = t.dir / f"root{sum(1 for p in t.dir.iterdir() if p.name.startswith('root'))}"
+    folder = init_agent(root / "a")
     config = folder / "agent.yaml"
     data = yaml.safe_load(config.read_text())
     data.update(notify=notify, **extra)
     config.write_text(yaml.safe_dump(data))
+    if root_notify is not None:
+        (root / "notify.yaml").write_text(yaml.safe_dump(root_notify))
     return folder
 
 
@@ -200,12 +203,15 @@ def _secret_target(t: Trial) -> str:
     with _Hook() as hook:
         for name in ("ANTHROPIC_API_KEY", "WAKELOOP_CONSOLE_TOKEN"):
             target = hook.url(f"/k/${{{name}}}")
-            agent, refused = _load(_agent_folder(t, [{"webhook": target}]))
-            if agent is not None:
-                _say_and_send(agent, "hello", environ)
-                said.append(f"agent.yaml naming ${{{name}}} loaded")
-            elif "agent.yaml:" not in refused or "is a secret" not in refused:
-                said.append(f"${{{name}}} refused, but not as `file:line: key: a secret`: {refused}")
+            for whose, folder in (("agent.yaml", _agent_folder(t, [{"webhook": target}])),
+                                  ("ROOT/notify.yaml", _agent_folder(t, [], {"notify": [{"webhook": target}]}))):
+                agent, refused = _load(folder)
+                if agent is not None:
+                    _say_and_send(agent, "hello", environ)
+                    said.insert(0, f"{whose} naming ${{{name}}} loaded")   # the worst first: the table shows 160 chars
+                elif f"{Path(whose).name}:" not in refused or "is a secret" not in refused:
+                    said.append(f"{whose}'s ${{{name}}} refused, but not as `file:line: key: a secret`: "
+                                f"{refused.split(': ', 1)[-1][:80]}")
             try:    # the second lock: a channel that got past the load
                 deliver(Channel("webhook", target, frozenset(DEFAULT_ON)), payload("a", "message", "p/m", "t", "x"),
                         environ)
@@ -217,8 +223,9 @@ def _secret_target(t: Trial) -> str:
         return escaped(f"a secret reached the receiver in the request path: {len(leaked)} request(s)")
     if said:
         return escaped("; ".join(said))
-    return held(f"targets naming ${{ANTHROPIC_API_KEY}} and ${{WAKELOOP_CONSOLE_TOKEN}} were refused at load "
-                f"(`file:line`) and at send; the receiver saw {len(hook.requests)} requests")
+    return held(f"targets naming ${{ANTHROPIC_API_KEY}} and ${{WAKELOOP_CONSOLE_TOKEN}}, in agent.yaml and in "
+                f"ROOT/notify.yaml, were refused at load (`file:line`) and at send; the receiver saw "
+                f"{len(hook.requests)} requests")
 
 
 def _agent_command(t: Trial) -> str:
