@@ -220,6 +220,20 @@ def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
 
 # -- where a target may point ------------------------------------------------------------------------
 
+def test_a_url_with_credentials_is_refused_at_load(tmp_path):
+    with pytest.raises(AgentError, match=r"notify\[0\]\.slack: a URL with user:password@ is not sent"):
+        load_agent(make_agent(tmp_path, "a", [{"slack": "http://user:pass@127.0.0.1:9/x"}]))
+
+
+def test_a_long_text_is_cut_where_slack_would_and_says_so(tmp_path):
+    with Hook() as hook:
+        agent = load_agent(make_agent(tmp_path, "a", [{"slack": hook.url()}]))
+        message(agent, "&" * 2**20)                    # 1 MiB, each char 5 once escaped
+        assert len(send(agent).sent) == 1
+    text = hook.received[0]["text"]
+    assert len(text) < 40_000 and "(cut: " in text.splitlines()[-1]
+
+
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://127.0.0.1:70/_x", "ftp://127.0.0.1/x",
                                  "http+unix://%2Frun%2Fdocker.sock/x", "/run/wakeloop/broker.sock"])
 def test_a_target_that_is_not_http_is_refused_at_load(tmp_path, url):

@@ -58,6 +58,7 @@ SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
 ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
 ZWJ = "\u200d"                        # joins emoji (a family, a flag): the one format character kept
+SLACK_CAP = 39_000                  # chars of one Slack text (Slack's own limit is 40,000)
 HEADER_CAP = 200                    # chars of a Subject: a title is one short line
 _NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")   # what some reader breaks a line at
 
@@ -173,7 +174,10 @@ def slack_text(payload: dict) -> str:
     ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
     title = slack_escape(one_line(payload["title"]).replace("*", ""))   # an agent's name cannot end our bold
     lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\n\r\v\f\x85\u2028\u2029")).split("\n")
-    return f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
+    text = f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
+    if len(text) > SLACK_CAP:           # Slack cuts past 40,000 chars without a word; we say so
+        text = text[:SLACK_CAP] + f"\n(cut: {len(text) - SLACK_CAP:,} more characters)"
+    return text
 
 
 def slack_escape(text: str) -> str:

@@ -214,6 +214,9 @@ def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
         raise fail(f"{value!r} is not an email address")
     if kind in ("webhook", "slack") and not (_VAR.search(value) or value.startswith(("http://", "https://"))):
         raise fail("expected an http(s) URL or ${VAR} naming one")
+    if kind in ("webhook", "slack") and "://" in value and urlsplit(value).username is not None:
+        raise fail("a URL with user:password@ is not sent (its host would be read as the name); put the "
+                   "token in the path through ${VAR}")
     return value
 
 
