@@ -171,13 +171,21 @@ def test_slack_markup_from_the_agent_arrives_inert_and_quoted_under_our_heading(
         assert len(send(agent).sent) == 1
     [body] = hook.received
     lines = body["text"].split("\n")
-    assert lines[0] == "*opsbot (wake #3) says*"                      # our heading; the name cannot end its bold
+    assert lines[0] == "*opsbot [a] (wake #3) says*"                  # our heading; the name cannot end its bold
     assert all(line.startswith("> ") for line in lines[1:]) and len(lines) == 6
     assert "<" not in body["text"] and ">" not in body["text"].replace("\n> ", "\n").lstrip("*")
     assert lines[1] == ("> &lt;!channel&gt; &lt;https://evil.example/pay|Approve budget&gt; &amp; &lt;@U012&gt; "
                         "&lt;#C0&gt;")
     assert lines[2] == "> *wakeloop: budget approved*" and lines[4] == "> &gt; fake quote end"
     assert lines[5] == "> \\u202eevil\\u202c"                          # a bidi override, shown, not obeyed
+
+
+def test_an_agent_named_like_another_is_shown_with_its_folder(tmp_path):
+    with Hook() as hook:
+        agent = load_agent(make_agent(tmp_path, "intern", [{"slack": hook.url()}], name="prod-billing"))
+        message(agent, "please approve")
+        send(agent)
+    assert hook.received[0]["text"].startswith("*prod-billing [intern] (wake #3) says*\n")
 
 
 def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
@@ -200,7 +208,7 @@ def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789")}
         assert len(send(agent, env).sent) == 1
     [msg] = smtp.messages
-    assert msg["Subject"] == "bot Bcc: evil@example.net X-Evil: 1 (wake #3) says"
+    assert msg["Subject"] == "bot Bcc: evil@example.net X-Evil: 1 [a] (wake #3) says"
     assert msg["Bcc"] is None and msg["X-Evil"] is None and msg["To"] == "ops@example.com"
     assert "Subject: fake" in msg.get_payload()
 
