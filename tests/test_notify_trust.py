@@ -303,6 +303,49 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_the_sender(tmp_path, mo
     assert took < 5
 
 
+def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
+    """serve's sender: one agent's receiver that never finishes answering does not keep another
+    agent's notification from going out (before: one thread, agent after agent)."""
+    from orchestrator.notify import channels
+    from orchestrator.notify.sender import SenderThread
+    monkeypatch.setattr(channels, "HTTP_DEADLINE_S", 30.0)
+    server = socket.create_server(("127.0.0.1", 0))
+    stalled, stop = threading.Event(), threading.Event()
+
+    def stall():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        stalled.set()
+        stop.wait(30)               # answers nothing until the test is done
+        conn.close()
+    threading.Thread(target=stall, daemon=True).start()
+    arrived = threading.Event()
+    with Hook() as hook:
+        original = hook.server.RequestHandlerClass.do_POST
+
+        def noted(handler):
+            original(handler)
+            arrived.set()
+        hook.server.RequestHandlerClass.do_POST = noted
+        slow = load_agent(make_agent(tmp_path, "slow", [{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        fast = load_agent(make_agent(tmp_path, "fast", [{"webhook": hook.url()}]))
+        message(slow, "one")
+        message(fast, "two")
+        done = threading.Event()
+        sender = SenderThread(lambda: [(slow.state_dir, slow.notify), (fast.state_dir, fast.notify)],
+                              lambda line: None, done, poll_s=0.05)
+        sender.start()
+        try:
+            assert stalled.wait(10), "the slow agent's receiver never got its POST"
+            assert arrived.wait(10), "the fast agent's notification waited behind the stalled receiver"
+        finally:
+            stop.set()
+            done.set()
+            sender.join(40)
+            server.close()
+    assert [b["text"] for b in hook.received] == ["two"] and not sender.is_alive()
+
+
 # -- ROOT/notify.yaml is read as untrusted input ------------------------------------------------------
 
 def test_root_notify_yaml_is_read_safely(tmp_path):
