@@ -173,7 +173,7 @@ def slack_text(payload: dict) -> str:
     """Our bold title, then the text quoted line by line, both escaped: nothing in either can
     ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
     title = slack_escape(one_line(payload["title"]).replace("*", ""))   # an agent's name cannot end our bold
-    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\n\r\v\f\x85\u2028\u2029")).split("\n")
+    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\t\n\r\v\f\x85\u2028\u2029")).split("\n")
     text = f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
     if len(text) > SLACK_CAP:           # Slack cuts past 40,000 chars without a word; we say so
         text = text[:SLACK_CAP] + f"\n(cut: {len(text) - SLACK_CAP:,} more characters)"
