@@ -57,7 +57,7 @@ class Hook:
                 self.wfile.write(b"no" if hook.status >= 300 else b"ok")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
         return self
 
     def url(self, path: str = "/hook") -> str:
@@ -109,7 +109,7 @@ class SMTP:
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
         return self
 
     def url(self, user: str, password: str) -> str:
