@@ -25,6 +25,8 @@ class Hook:
     received: list[dict] = field(default_factory=list)   # bodies accepted, in order
     attempts: int = 0                                     # every POST, accepted or not
     headers: list[dict] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)       # every request's path, accepted or not
+    location: str = ""                                    # sent as Location (with a 3xx status)
 
     def __enter__(self) -> "Hook":
         hook = self
@@ -33,19 +35,29 @@ class Hook:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):        # only a followed redirect would come as a GET
+                hook.attempts += 1
+                hook.paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 hook.attempts += 1
+                hook.paths.append(self.path)
                 if 200 <= hook.status < 300:
                     hook.received.append(json.loads(body))
                     hook.headers.append(dict(self.headers))
                 self.send_response(hook.status)
+                if hook.location:
+                    self.send_header("Location", hook.location)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"no" if hook.status >= 300 else b"ok")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
         return self
 
     def url(self, path: str = "/hook") -> str:
@@ -97,7 +109,7 @@ class SMTP:
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
         return self
 
     def url(self, user: str, password: str) -> str:

@@ -57,7 +57,7 @@ def test_notify_entries_are_checked_naming_file_line_and_key(tmp_path):
     with pytest.raises(AgentError, match=r"notify\[0\]: name exactly one channel"):
         load_agent(make_agent(tmp_path, "b", [{"webhook": "https://h.example/x", "slack": "https://s.example"}]))
     with pytest.raises(NotifyError, match=r"notify\[0\]\.command: expected the program"):
-        parse_notify([{"command": "page-me"}], Path("f.yaml"), None)
+        parse_notify([{"command": "page-me"}], Path("f.yaml"), None, operator=True)
     (tmp_path / "notify.yaml").write_text("- email: ops@example.com\n  on: [daily]\n")
     agent = load_agent(make_agent(tmp_path, "c", [{"slack": "${SLACK_URL}"}]))
     assert [c.kind for c in agent.notify] == ["slack", "email"]          # its own, then ROOT's
@@ -135,10 +135,11 @@ def test_email_carries_the_agents_message_over_real_smtp_and_the_password_stays_
 def test_a_command_hook_gets_the_json_on_stdin_and_its_failure_is_one_line(tmp_path):
     out = tmp_path / "paged.json"
     page = [sys.executable, "-c", f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"]
-    agent = load_agent(make_agent(tmp_path, "a", [{"command": page, "on": ["dead_letter"]},
-                                                  {"command": [sys.executable, "-c", "import sys; "
-                                                               "sys.exit('pager says no ' + sys.argv[1])",
-                                                               "${PAGER_TOKEN}"]}]))
+    (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"expand": ["PAGER_TOKEN"], "notify": [
+        {"command": page, "on": ["dead_letter"]},
+        {"command": [sys.executable, "-c", "import sys; sys.exit('pager says no ' + sys.argv[1])",
+                     "${PAGER_TOKEN}"]}]}))      # the operator's file: the only place a command comes from
+    agent = load_agent(make_agent(tmp_path, "a", []))
     outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
     report = send_due(agent.state_dir, agent.notify, now=time.time(), environ={"PAGER_TOKEN": TOKEN})
     assert json.loads(out.read_text())["id"] == "a/run1/dead_letter"

@@ -52,7 +52,7 @@ from typing import Callable
 
 from orchestrator import metrics
 from orchestrator.errors import WakeloopError
-from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent
+from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent, root_channels
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
 from orchestrator.records.events import EVENTS_FILE, EventLog
@@ -61,7 +61,6 @@ from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, fi
 from orchestrator.fleet.views import describe_receipt
 from orchestrator.fleet import capacity, control
 from orchestrator.notify import health, outcomes
-from orchestrator.notify.config import NotifyError, load_root_notify
 from orchestrator.notify.sender import SenderThread
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
@@ -281,8 +280,8 @@ class Scheduler:
             channels, pause_after = agent.notify, agent.pause_after_failures
         except (WakeloopError, ValueError):
             try:
-                channels = load_root_notify(self.root)
-            except NotifyError:
+                channels = root_channels(self.root)
+            except (WakeloopError, ValueError):     # notify.yaml's own error, or the ceiling's
                 channels = ()
             pause_after = PAUSE_AFTER_FAILURES
         try:

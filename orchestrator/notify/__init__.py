@@ -9,7 +9,8 @@ order per channel, with exponential backoff and a bounded give-up),
 health.py (consecutive failures: backoff, `failing` once, pause, `recovered`),
 outcomes.py (what a wake's end, a send_message and a new day put in the queue).
 
-Sits beside records/: imports records/, errors and policy/schema's line
-finder only, never wake/ or fleet/, so the loop, the scheduler and
-policy/agent.py (which reads `notify:`) can all call it.
+Sits beside records/: imports records/ (secrets.py: the one list of secret
+names), errors and policy/schema's line finder and safe YAML reader only,
+never wake/ or fleet/, so the loop, the scheduler, policy/agent.py (which
+reads `notify:`) and policy/ceiling.py (its notify_env check) can all call it.
 """

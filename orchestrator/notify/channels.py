@@ -4,10 +4,11 @@ Each `deliver` either returns a short answer ("HTTP 200", "250 ok", "exit
 0") or raises DeliveryError with one line that is safe to store and show:
 every value a target expands to (the URL, its path and query, the SMTP
 password) is scrubbed out of it first. The stdlib does the talking
-(urllib, smtplib, subprocess): no client library earns its place here.
+(http.client, smtplib, subprocess): no client library earns its place here.
 
 - webhook: POST the notification as JSON; `Idempotency-Key` and
-  `X-Wakeloop-Id` carry its stable id. Any 2xx is delivered.
+  `X-Wakeloop-Id` carry its stable id. Any 2xx is delivered; a redirect is
+  not followed (a receiver must not steer the sender to another address).
 - slack: POST Slack's incoming-webhook payload ({"text": ...}).
 - email: WAKELOOP_SMTP_URL=smtp[s]://user:pass@host:port[?from=addr]; smtp
   upgrades with STARTTLS when the server offers it, smtps is TLS from the
@@ -15,27 +16,51 @@ password) is scrubbed out of it first. The stdlib does the talking
 - command: argv as written (${VAR} expanded), the notification as JSON on
   stdin, killed at timeout_s; exit 0 is delivered.
 
+What the agent wrote (its messages, a reason that quotes it, its workspace's
+names) and what an agent folder's author chose (the agent's name) is data
+on every channel, never structure:
+
+- slack: `&`, `<`, `>` escaped (so `<!channel>` and `<https://…|Approve>`
+  arrive as text), controls and bidi overrides shown as `\u202e`, and every
+  line of the text quoted (`>`) under our bold title: the agent cannot write
+  a line that looks like the harness's own.
+- email: our headers only (From, To, Subject, ids), each one line of
+  printable text; the agent's words are in the body.
+- webhook: JSON fields; the id in a header is percent-encoded ASCII.
+- command: the JSON on stdin; argv is the operator's, and the environment
+  it gets has no secret (records/secrets.py) in it.
+
 Not here: retries and their timing (sender.py), what is sent (outcomes.py).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
 import smtplib
+import socket
 import ssl
 import subprocess
-import urllib.error
-import urllib.request
+import threading
+import unicodedata
 from email.message import EmailMessage
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
-from orchestrator.notify.config import Channel, expand, referenced
+from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.records.events import scrub, secrets_from_env
+from orchestrator.records.secrets import is_secret
 
-HTTP_TIMEOUT_S = 10.0               # one POST; a slow receiver is retried, not waited on
+HTTP_TIMEOUT_S = 10.0               # one POST's connect, and each wait for bytes; a slow receiver is retried
+HTTP_DEADLINE_S = 20.0              # one POST in all, however its bytes trickle in
 SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
 ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
+ZWJ = "\u200d"                        # joins emoji (a family, a flag): the one format character kept
+SLACK_CAP = 39_000                  # chars of one Slack text (Slack's own limit is 40,000)
+HEADER_CAP = 200                    # chars of a Subject: a title is one short line
+_NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")   # what some reader breaks a line at
 
 
 class DeliveryError(Exception):
@@ -47,13 +72,13 @@ def deliver(channel: Channel, payload: dict, environ) -> str:
     secrets = secrets_from_env(environ) + referenced(written, environ)
     try:
         if channel.kind == "command":
-            argv = [expand(a, environ) for a in channel.target]
-            return _command(argv, payload, channel.timeout_s)
+            argv = [expand(a, environ, channel.expand) for a in channel.target]
+            return _command(argv, payload, channel.timeout_s, environ)
         if channel.kind == "email":
             url = environ.get(SMTP_ENV, "")
             secrets += _pieces(url)
-            return _email(expand(str(channel.target), environ), url, payload)
-        url = expand(str(channel.target), environ)
+            return _email(expand(str(channel.target), environ, channel.expand), url, payload)
+        url = expand(str(channel.target), environ, channel.expand)
         secrets += _pieces(url)
         body = payload if channel.kind == "webhook" else {"text": slack_text(payload)}
         return _post(url, body, payload["id"])
@@ -75,26 +100,101 @@ def _pieces(url: str) -> tuple[str, ...]:
 
 
 def _post(url: str, body: dict, id: str) -> str:
-    if not url.startswith(("http://", "https://")):
+    if urlsplit(url).scheme not in ("http", "https"):
         raise DeliveryError("the target is not an http(s) URL")
-    request = urllib.request.Request(url, data=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                                     method="POST", headers={"Content-Type": "application/json",
-                                                             "Idempotency-Key": id, "X-Wakeloop-Id": id,
-                                                             "User-Agent": "wakeloop"})
+    header_id = header_safe_id(id)
+    status, answer = _request(url, json.dumps(body, ensure_ascii=False).encode("utf-8"), {
+        "Content-Type": "application/json", "Idempotency-Key": header_id, "X-Wakeloop-Id": header_id,
+        "User-Agent": "wakeloop"})
+    if 200 <= status < 300:
+        return f"HTTP {status}"
+    if 300 <= status < 400:
+        raise DeliveryError(f"HTTP {status}: a redirect, not followed; point the channel at the final address")
+    answer = " ".join(answer.decode("utf-8", "replace").split())
+    raise DeliveryError(f"HTTP {status}{': ' + answer if answer else ''}")
+
+
+def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
+    """One POST, one answer: (status, the first ERROR_CAP bytes of the body). Never a redirect
+    followed (a receiver must not steer the sender elsewhere), and done within HTTP_DEADLINE_S
+    in all: a receiver that answers a byte at a time has its socket shut at the deadline, so it
+    cannot hold serve's one sender thread (and every other agent's notifications) for longer."""
+    parts = urlsplit(url)
+    conn, path = _connection(parts)
+    late = threading.Event()
+
+    def cut() -> None:
+        late.set()
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    timer = threading.Timer(HTTP_DEADLINE_S, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
-            return f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        answer = exc.read(ERROR_CAP).decode("utf-8", "replace").strip()
-        raise DeliveryError(f"HTTP {exc.code}{': ' + ' '.join(answer.split()) if answer else ''}") from None
-    except urllib.error.URLError as exc:
-        raise DeliveryError(f"cannot reach the receiver: {exc.reason}") from None
-    except TimeoutError:
-        raise DeliveryError(f"no answer within {HTTP_TIMEOUT_S:g}s") from None
+        conn.request("POST", path, data, headers)
+        response = conn.getresponse()
+        return response.status, response.read(ERROR_CAP)
+    except (OSError, http.client.HTTPException) as exc:
+        if late.is_set():
+            raise DeliveryError(f"no whole answer within {HTTP_DEADLINE_S:g}s") from None
+        if isinstance(exc, TimeoutError):
+            raise DeliveryError(f"no answer within {HTTP_TIMEOUT_S:g}s") from None
+        raise DeliveryError(f"cannot reach the receiver: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        timer.cancel()
+        conn.close()
+
+
+def _connection(parts) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to the target, through the proxy the environment names for its scheme
+    (HTTPS_PROXY, HTTP_PROXY, NO_PROXY, as urllib reads them), and the path to ask for."""
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    proxy = getproxies().get(parts.scheme)
+    if not proxy or proxy_bypass(parts.hostname or ""):
+        return kind(parts.hostname, parts.port, timeout=HTTP_TIMEOUT_S), path
+    via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if parts.scheme == "https":     # a CONNECT tunnel: TLS is end to end, the proxy sees the host only
+        conn = kind(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S)
+        conn.set_tunnel(parts.hostname, parts.port or 443)
+        return conn, path
+    return http.client.HTTPConnection(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S), parts.geturl()
+
+
+def header_safe_id(id: str) -> str:
+    """A notification id for a header: ASCII, no space or control (an agent's name is in it)."""
+    return quote(id, safe="/:@._-~+")
 
 
 def slack_text(payload: dict) -> str:
-    return f"*{payload['title']}*\n{payload['text']}"
+    """Our bold title, then the text quoted line by line, both escaped: nothing in either can
+    ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
+    title = slack_escape(one_line(payload["title"]).replace("*", ""))   # an agent's name cannot end our bold
+    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\t\n\r\v\f\x85\u2028\u2029")).split("\n")
+    text = f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
+    if len(text) > SLACK_CAP:           # Slack cuts past 40,000 chars without a word; we say so
+        text = text[:SLACK_CAP] + f"\n(cut: {len(text) - SLACK_CAP:,} more characters)"
+    return text
+
+
+def slack_escape(text: str) -> str:
+    """Slack's three control characters, as Slack says to escape them."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def shown(text: str, keep: str = "") -> str:
+    """Text with every control and format character (bidi overrides, zero-width joiners, NUL,
+    ESC) written out as \\uXXXX: seen, never acted on. `keep`: characters left for the caller."""
+    return "".join(c if c in keep or c == ZWJ or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+                   else f"\\u{ord(c):04x}" for c in text)
+
+
+def one_line(text: str, cap: int = HEADER_CAP) -> str:
+    """One printable line: line breaks become spaces, other controls are written out, capped."""
+    return shown(" ".join(_NEWLINES.sub(" ", text).split()))[:cap]
 
 
 def _email(to: str, url: str, payload: dict) -> str:
@@ -104,11 +204,10 @@ def _email(to: str, url: str, payload: dict) -> str:
     if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
         raise DeliveryError(f"{SMTP_ENV} must be smtp://… or smtps://… with a host")
     sender = (parse_qs(parts.query).get("from") or [f"wakeloop@{parts.hostname}"])[0]
-    msg = EmailMessage()
-    msg["From"], msg["To"], msg["Subject"] = sender, to, payload["title"]
-    msg["Message-ID"] = f"<{payload['id']}@wakeloop>"
-    msg["X-Wakeloop-Id"] = payload["id"]
-    msg.set_content(f"{payload['text']}\n\n-- \n{json.dumps(payload, ensure_ascii=False, indent=2)}\n")
+    for role, address in (("to", to), ("from", sender)):    # ${VAR} and ?from= are read only now
+        if not EMAIL.match(address):
+            raise DeliveryError(f"the {role} address is not one plain address (no name, comma or line break)")
+    msg = _message(to, sender, payload)
     port = parts.port or (465 if parts.scheme == "smtps" else 25)
     smtp_class = smtplib.SMTP_SSL if parts.scheme == "smtps" else smtplib.SMTP
     try:
@@ -119,7 +218,7 @@ def _email(to: str, url: str, payload: dict) -> str:
                 smtp.ehlo()
             if parts.username:
                 smtp.login(unquote(parts.username), unquote(parts.password or ""))
-            refused = smtp.send_message(msg)
+            refused = smtp.send_message(msg, from_addr=sender, to_addrs=[to])   # never a header's list
     except smtplib.SMTPException as exc:
         raise DeliveryError(f"SMTP: {exc}") from None
     except OSError as exc:
@@ -129,10 +228,21 @@ def _email(to: str, url: str, payload: dict) -> str:
     return "250 accepted"
 
 
-def _command(argv: list[str], payload: dict, timeout_s: float) -> str:
+def _message(to: str, sender: str, payload: dict) -> EmailMessage:
+    """Our headers, each one printable line; the agent's words only in the body."""
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = sender, to, one_line(payload["title"])
+    msg["Message-ID"] = f"<{header_safe_id(payload['id'])}@wakeloop>"
+    msg["X-Wakeloop-Id"] = header_safe_id(payload["id"])
+    msg.set_content(f"{payload['text']}\n\n-- \n{json.dumps(payload, ensure_ascii=False, indent=2)}\n")
+    return msg
+
+
+def _command(argv: list[str], payload: dict, timeout_s: float, environ) -> str:
+    env = {k: v for k, v in environ.items() if not is_secret(k)}   # the operator's program, not the key's holder
     try:
         done = subprocess.run(argv, input=json.dumps(payload, ensure_ascii=False), capture_output=True,
-                              text=True, timeout=timeout_s)
+                              text=True, timeout=timeout_s, env=env)
     except FileNotFoundError:
         raise DeliveryError(f"{argv[0]}: no such program") from None
     except PermissionError:

@@ -40,6 +40,13 @@ def payload(agent: str, event: str, id_tail: str, title: str, text: str, run_id:
             "run_id": run_id, "time": now_iso(), "data": data or {}}
 
 
+def who(name: str, agent_dir) -> str:
+    """The agent as a title names it: its name, and its folder when the name differs. agent.yaml's
+    author picks the name, the operator the folder: no agent can pass for another in a heading."""
+    folder = Path(agent_dir).name
+    return name if name == folder else f"{name} [{folder}]"
+
+
 def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
     """Queue `note` for every channel that asked for its event; how many were queued."""
     n = 0
@@ -57,7 +64,7 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
 def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
     emit(agent.state_dir, agent.notify, payload(
-        agent.name, "message", f"{run_id}/message/{number}", f"{agent.name} (wake #{wake}) says", text, run_id,
+        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says", text, run_id,
         {"wake": wake}))
 
 
@@ -67,7 +74,7 @@ def after_wake(agent, receipt) -> None:
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
     if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
         emit(agent.state_dir, agent.notify, payload(
-            agent.name, r.status, f"{r.run_id}/{r.status}", f"{agent.name}: {r.status.replace('_', ' ')}",
+            agent.name, r.status, f"{r.run_id}/{r.status}", f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
             f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
     if r.status != "blocked":           # waiting for money is not failing
         _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,
@@ -85,6 +92,7 @@ def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause
 
 
 def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id, wake) -> None:
+    shown = who(name, where)
     h, said = health.record(state_dir, ok, reason, at=time.time(), at_iso=now_iso(), pause_after=pause_after,
                             fatal=not ok and "HTTP 401" in reason)
     if said:
@@ -92,11 +100,11 @@ def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id
             "health", said=said, failures=h.failures, paused=h.paused, reason=reason)
     series = h.failing_since or now_iso()       # one series of failures: its notes share ids
     texts = {
-        "failing": (f"{name} is failing", f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
+        "failing": (f"{shown} is failing", f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
                     f"{reason}\nBacking off between wakes; paused after {pause_after}."),
-        "paused": (f"{name} is paused", f"{h.paused_reason}\nNo wake runs until you fix it and resume: "
+        "paused": (f"{shown} is paused", f"{h.paused_reason}\nNo wake runs until you fix it and resume: "
                    f"`wakeloop resume {where}`."),
-        "recovered": (f"{name} recovered", f"Wake #{wake} finished normally; the failures are over."),
+        "recovered": (f"{shown} recovered", f"Wake #{wake} finished normally; the failures are over."),
     }
     for event in said:
         title, text = texts[event]
@@ -151,7 +159,7 @@ def digest(state_dir: Path, name: str, day: str) -> dict:
              "cost: " + (", ".join(f"{'unknown (no price)' if model in unknown else f'${usd:.4f}'} {model}"
                                    for model, usd in cost.items()) or "$0"),
              f"messages from the agent: {messages}"]
-    return payload(name, "daily", f"daily/{day}", f"{name}: {day}", "\n".join(lines), "",
+    return payload(name, "daily", f"daily/{day}", f"{who(name, Path(state_dir).parent)}: {day}", "\n".join(lines), "",
                    {"day": day, "wakes": len(receipts), "statuses": dict(statuses),
                     "usd_by_model": {m: None if m in unknown else usd for m, usd in cost.items()},
                     "messages": messages})

@@ -13,6 +13,9 @@ Rules, each in one place below:
 - One sender per agent at a time: a non-blocking flock on
   state/notify/sender.lock. serve's thread and a standalone wake's pass
   never deliver the same item at once; the loser just returns.
+- Agents apart: under serve each agent's pass runs on a worker of its own,
+  so a receiver that stalls (see channels.py's HTTP_DEADLINE_S) delays its
+  own agent's notifications only.
 
 Time is passed in (`now`, epoch seconds), never read here: tests drive the
 backoff through hours without waiting.
@@ -26,6 +29,7 @@ import fcntl
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -38,6 +42,7 @@ from orchestrator.records.events import EVENTS_FILE, EventLog
 BASE_S = 5.0                        # first retry after a failed attempt
 CAP_S = 600.0                       # longest wait between attempts: a receiver back is heard within this
 SERVE_POLL_S = 2.0                  # how often serve's sender looks at every agent's queue
+SENDER_WORKERS = 8                  # agents delivering at once: a slow receiver holds one worker, not all
 DONE_RETENTION_DAYS = 30            # done.jsonl lines kept (queue.prune)
 
 
@@ -136,20 +141,40 @@ class _sender_lock:
 
 class SenderThread(threading.Thread):
     """Under `serve`: every SERVE_POLL_S, one pass over every agent's queue under ROOT.
-    `agents()` lists (state_dir, channels) fresh each pass, so agent.yaml edits apply."""
+    `agents()` lists (state_dir, channels) fresh each pass, so agent.yaml edits apply.
+
+    Each agent's pass runs on a worker of its own (at most SENDER_WORKERS at once, and never two
+    for one agent): a receiver that is slow, or one an agent folder's author made slow on
+    purpose, holds that agent's notifications only, never every other agent's."""
 
     def __init__(self, agents: Callable[[], list[tuple[Path, tuple[Channel, ...]]]],
                  say: Callable[[str], None], stop: threading.Event, poll_s: float = SERVE_POLL_S):
         super().__init__(name="notify-sender", daemon=True)
         self.agents, self.say, self.stop, self.poll_s = agents, say, stop, poll_s
+        self._busy: set[Path] = set()
+        self._lock = threading.Lock()
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                for state_dir, channels in self.agents():
-                    report = send_due(state_dir, channels, now=time.time())
-                    for line in report.gave_up:
-                        self.say(f"{Path(state_dir).parent.name}: notification given up: {line}")
-            except Exception as exc:  # the sender must outlive any one agent's oddity, and say so
-                self.say(f"notify sender: {type(exc).__name__}: {exc}")
-            self.stop.wait(self.poll_s)
+        with ThreadPoolExecutor(SENDER_WORKERS, thread_name_prefix="notify-send") as pool:
+            while not self.stop.is_set():
+                try:
+                    for state_dir, channels in self.agents():
+                        with self._lock:
+                            if state_dir in self._busy:
+                                continue
+                            self._busy.add(state_dir)
+                        pool.submit(self._one, state_dir, channels)
+                except Exception as exc:  # the sender must outlive any one agent's oddity, and say so
+                    self.say(f"notify sender: {type(exc).__name__}: {exc}")
+                self.stop.wait(self.poll_s)
+
+    def _one(self, state_dir: Path, channels: tuple[Channel, ...]) -> None:
+        try:
+            report = send_due(state_dir, channels, now=time.time())
+            for line in report.gave_up:
+                self.say(f"{Path(state_dir).parent.name}: notification given up: {line}")
+        except Exception as exc:  # one agent's oddity costs its own pass, never the sender
+            self.say(f"notify sender: {Path(state_dir).parent.name}: {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                self._busy.discard(state_dir)

@@ -16,6 +16,7 @@ import yaml
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
+from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
                                         read_config)
 
@@ -23,6 +24,8 @@ DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 
 DEFAULT_SCHEDULE = "*/30 * * * *"
 SANDBOX_UID = 1000                    # the sandbox image's unprivileged user
 PAUSE_AFTER_FAILURES = 5              # consecutive failed wakes before serve pauses an agent
+CEILING_ENV = "WAKELOOP_CEILING"      # the broker's ceiling file, for the processes that load agents
+                                      # (compose sets it: /policies/ceiling.yaml, read-only to them)
 
 
 class AgentError(ConfigError):
@@ -92,11 +95,28 @@ def load_agent(agent_dir: str | Path) -> Agent:
 
 
 def _notify(value, config: Path, node) -> tuple:
-    """agent.yaml's notify list, then ROOT/notify.yaml's (ROOT: the folder holding the agent)."""
+    """agent.yaml's notify list, then ROOT/notify.yaml's (ROOT: the folder holding the agent).
+    agent.yaml is not the operator's: what its entries may do comes from ROOT/notify.yaml and the ceiling."""
     try:
-        return parse_notify(value, config, node) + load_root_notify(config.parent.parent)
-    except NotifyError as exc:
+        operators, allowed = load_root_notify(config.parent.parent, *notify_ceiling())
+        return parse_notify(value, config, node, allowed=allowed) + operators
+    except (NotifyError, PolicyError) as exc:      # PolicyError: the ceiling's own
         raise AgentError(str(exc)) from None
+
+
+def root_channels(root: Path) -> tuple:
+    """ROOT/notify.yaml's channels alone (for an agent whose agent.yaml does not load)."""
+    return load_root_notify(root, *notify_ceiling())[0]
+
+
+def notify_ceiling() -> tuple[tuple[str, ...], bool]:
+    """The ceiling's say on notifications (notify_env, notify_commands), read from the file
+    WAKELOOP_CEILING names; without one, the defaults (notify/config.py)."""
+    path = os.environ.get(CEILING_ENV, "").strip()
+    if not path:
+        return (), False
+    ceiling = load_ceiling(path)
+    return ceiling.notify_env, ceiling.notify_commands
 
 
 def _count(value, where: str) -> int:

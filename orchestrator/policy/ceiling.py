@@ -18,6 +18,13 @@ a bigger box, another runtime or image, or a network the user did not allow.
           max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
           rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
           calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
+    notify_env: [PAGER_TOKEN, "OPS_*"] # more ${VAR}s notify targets may read (never a secret)
+    notify_commands: false             # may an agent.yaml name a `command:` channel
+
+The notify keys are read by whoever loads agents (the orchestrator finds
+this file through WAKELOOP_CEILING; notify/config.py applies them): an
+agent.yaml is not the operator's, so what its notify entries may do is
+said here or in ROOT/notify.yaml, never in agent.yaml.
 
 Every key is optional; one left out is not limited, except the broker's
 capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
@@ -35,6 +42,7 @@ import re
 import yaml
 
 from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_host, parse_size
+from orchestrator.notify.config import expand_refusal
 
 # The sandbox settings a ceiling bounds from above, and how to read their limit.
 SIZES = ("memory", "tmp_size", "shm_size", "max_file_size", "disk")
@@ -46,7 +54,8 @@ LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
 STATE_SIZES = ("rotate_size", "keep_size")    # state.*: the host's disk that an agent's state/ may hold
 STATE_COUNTS = ("keep_days",)
-KEYS = (*LISTS, "users", "env_names", "hosts", "max")
+NOTIFY = ("notify_env", "notify_commands")   # notify/config.py's, not the broker's
+KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 _UID_GID = re.compile(r"^(\d+):(\d+)$")
 
@@ -60,6 +69,8 @@ class Ceiling:
     users: tuple[int, int] | None = None        # (min, max) uid and gid; never 0 whatever it says
     env_names: tuple[str, ...] | None = None    # fnmatch patterns a sandbox.env name must match
     hosts: tuple[str, ...] | None = None        # allow_hosts entries a policy may name
+    notify_env: tuple[str, ...] = ()            # ${VAR} patterns notify targets may read beyond the defaults
+    notify_commands: bool = False               # an agent.yaml may name a `command:` channel
     source: str = "<none>"
 
     def refusal(self, policy: Policy, user: str | None = None) -> str | None:
@@ -175,6 +186,14 @@ def load_ceiling(path: str | Path) -> Ceiling:
     for i, pattern in enumerate(data.get("env_names") or ()):
         if not _ENV_PATTERN.match(pattern):
             raise fail(("env_names", i), f"{pattern!r} is not a variable name or a pattern such as LC_*")
+    notify_env = data.get("notify_env") or []
+    if not isinstance(notify_env, list) or not all(isinstance(v, str) for v in notify_env):
+        raise fail(("notify_env",), f"expected a list of variable names or patterns, got {notify_env!r}")
+    for i, pattern in enumerate(notify_env):
+        if why := expand_refusal(pattern):
+            raise fail(("notify_env", i), why)
+    if not isinstance(data.get("notify_commands", False), bool):
+        raise fail(("notify_commands",), f"expected true or false, got {data['notify_commands']!r}")
     for i, entry in enumerate(data.get("hosts") or ()):
         try:
             parse_host(entry)
@@ -206,7 +225,8 @@ def load_ceiling(path: str | Path) -> Ceiling:
         except ValueError as exc:
             raise fail(("max", name), str(exc)) from None
     return Ceiling(**{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
-                   users=users, max=limits, source=str(path))
+                   users=users, max=limits, notify_env=tuple(notify_env),
+                   notify_commands=data.get("notify_commands", False), source=str(path))
 
 
 def is_ceiling(path: str | Path) -> bool:

@@ -7,7 +7,8 @@ appending at once never interleave inside a line. Reading tolerates a torn
 last line. The live file is rotated (renamed, gzipped, later dropped) by
 retention.py at the start of a wake; read_history() reads across it all.
 
-Never a secret in it: the API key's value is scrubbed from every line before
+Never a secret in it: the API key's value (and every name records/secrets.py
+lists) is scrubbed from every line before
 it is written, whatever field it hides in.
 
 Not here: what the events mean (loop.py decides what to record) or how they
@@ -24,11 +25,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from orchestrator.records import retention
+from orchestrator.records.secrets import secret_values
 
 EVENTS_FILE = "events.jsonl"
 retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
-SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
-MIN_SECRET_LEN = 8                  # shorter values would scrub ordinary words
 REDACTED = "[redacted]"
 Listener = Callable[[Path, dict], None]
 _listeners: list[Listener] = []     # metrics.py: told of each event after it lands
@@ -46,8 +46,8 @@ def now_iso() -> str:
 
 
 def secrets_from_env(environ=os.environ) -> tuple[str, ...]:
-    """The values that must never be written anywhere we control."""
-    return tuple(v for k in SECRET_ENV if len(v := environ.get(k, "").strip()) >= MIN_SECRET_LEN)
+    """The values that must never be written anywhere we control (records/secrets.py names them)."""
+    return secret_values(environ)
 
 
 def scrub(text: str, secrets: tuple[str, ...]) -> str:
