@@ -25,6 +25,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from orchestrator import metrics
 from orchestrator.console import auth
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
@@ -403,3 +404,63 @@ def test_the_escapes_button_runs_the_suite_in_the_background_and_its_report_is_s
     assert "blocks_proc_1_root" in page and "1 probes" in page
     assert client.post("/escapes/run", {"csrf": Access(TOKEN, True).csrf, "runtime": "nope",
                                         "policy": "default"})[0] == 409
+
+
+def series(client: Client) -> set[str]:
+    """Every sample line's name and labels in /metrics: one per series."""
+    text = client.get("/metrics")[2]
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_the_metrics_tool_label_is_the_registrys_tools_and_nothing_else(tmp_path):
+    from orchestrator.policy.schema import Policy
+    from orchestrator.records.tasks import Task
+    from orchestrator.wake.task_tools import complete_task_tools
+    from orchestrator.wake.tools import build_registry
+    registry = build_registry(Policy(), None, outbox=lambda text: None,
+                              extra=complete_task_tools(tmp_path, "run", Task("t1", "x"), Policy().tools))
+    assert set(metrics.TOOLS) == set(registry.names())
+
+
+@pytest.mark.docker
+def test_a_model_that_invents_a_thousand_tool_names_mints_no_series(serve_console, root, tmp_path):
+    """Two dry-run wakes of a scripted model, in this process under a console: the first calls one
+    invented tool, the second 1,000 more; /metrics has exactly the same series after both."""
+    from orchestrator.policy.agent import load_agent
+    from orchestrator.wake.loop import wake
+    client = serve_console()
+    agent = load_agent(root / "one")
+
+    def invent(names: list[str]) -> Path:
+        script = tmp_path / f"invent-{len(names)}.json"
+        script.write_text(json.dumps([{"text": "Inventing.", "tool_calls": [{"name": n, "input": {}} for n in names]},
+                                      {"text": "Done."}]))
+        return script
+    assert wake(agent, script=invent(["made_up_0"])).status == "done"
+    before = series(client)
+    invented = [f"made_up_{i}_{os.urandom(3).hex()}" for i in range(1000)]
+    assert wake(agent, script=invent(invented)).status == "done"
+    after = series(client)
+    assert after == before, sorted(after ^ before)[:10]
+    text = client.get("/metrics")[2]
+    assert "made_up_" not in text and 'tool="other"' in text and 'agent="one"' in text
+
+
+def test_metrics_labels_come_from_bounded_sets_whatever_an_event_says(root, tmp_path):
+    """Events as a wake writes them (records/events.py), with names no agent or model should mint."""
+    metrics.install()
+    metrics.watch_root(root)
+    stray = init_agent(tmp_path / "elsewhere" / "stray")          # an agent folder outside ROOT
+    for sd, agent in ((root / "one" / "state", "one"), (stray / "state", "other")):
+        log = EventLog(sd / EVENTS_FILE, "run-bounded", secrets=())
+        log.emit("wake_started", agent="forged-name", model="m" * 500)
+        log.emit("model_response", model="invented model name \n with newline", usage={"input_tokens": 1})
+        log.emit("tool_result", tool="<script>", is_error=False)
+        log.emit("wake_finished", status="status-from-nowhere", receipt={"usd": 0.01, "model": "x" * 300})
+        assert metrics.agent_label(sd / EVENTS_FILE) == agent
+    assert metrics.tool_label("<script>") == "other" and metrics.tool_label("bash") == "bash"
+    assert metrics.model_label("m" * 500) == "other" and metrics.model_label("a\nb") == "other"
+    text = metrics.exposition()[0].decode()
+    for minted in ("forged-name", "mmmmmmmmmm", "invented model", "<script>", "status-from-nowhere", "xxxxxxxxxx",
+                   'agent="stray"'):
+        assert minted not in text, minted
