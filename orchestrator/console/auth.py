@@ -161,9 +161,12 @@ class Access:
         if not self.signed_in(cookies, headers):
             return "sign in with the console token first"
         script = self.bearer_ok(headers) and "cookie" not in headers
-        if not script and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
+        if not script and not self.csrf_ok(form):
             return "refused: the form's CSRF token is missing or wrong (reload the page)"
         return None
+
+    def csrf_ok(self, form: dict) -> bool:
+        return hmac.compare_digest(str(form.get("csrf", "")).encode(), self.csrf.encode())
 
 
 def _mac(token: str, purpose: str) -> str:
