@@ -22,8 +22,9 @@ seen that look like one, else `other`; `status`, `kind`, `exit_class`,
 Under compose the sandbox runs in the broker, so the pool and container
 metrics of the orchestrator's /metrics stay at zero there.
 
-Not here: the HTTP listener (console/app.py, or prometheus_client's own
-server for `--metrics`), spans (tracing.py).
+Not here: the console's HTTP listener (console/app.py; `serve_alone` is the
+one for `--metrics`, with the Host rule console/hosts.py gives it), spans
+(tracing.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
+from typing import Callable
 
 NAMESPACE = "wakeloop"
 # Sandbox calls run from ~30 ms (a warm pool) to the bash tool's timeout.
@@ -151,12 +153,39 @@ def exposition(registry=None) -> tuple[bytes, str]:
     return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
 
 
-def serve_alone(addr: str) -> None:
-    """`serve --metrics HOST:PORT` without the console: prometheus_client's own server."""
-    from prometheus_client import start_http_server
+def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bool]]):
+    """`serve --metrics HOST:PORT` without the console: prometheus_client's exposition in a threaded
+    WSGI server that answers only the Host names `host_check(bound port)` accepts (421 otherwise:
+    a rebound name must not read it any more than the console). Returns the server (its
+    server_port; shutdown() and server_close() to stop it)."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from prometheus_client import make_wsgi_app
     host, port = split_addr(addr)
     install()
-    start_http_server(port, addr=host)
+    exposition_app = make_wsgi_app()
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    answers: list[Callable[[str | None], bool]] = []
+
+    def guarded(environ, start_response):
+        if not answers or not answers[0](environ.get("HTTP_HOST")):
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"421: these metrics do not answer to that Host\n"]
+        return exposition_app(environ, start_response)
+
+    server = make_server(host, port, guarded, Server, handler_class=Quiet)
+    answers.append(host_check(server.server_port))
+    threading.Thread(target=server.serve_forever, name="wakeloop-metrics", daemon=True).start()
+    return server
 
 
 def split_addr(addr: str) -> tuple[str, int]:

@@ -464,3 +464,18 @@ def test_metrics_labels_come_from_bounded_sets_whatever_an_event_says(root, tmp_
     for minted in ("forged-name", "mmmmmmmmmm", "invented model", "<script>", "status-from-nowhere", "xxxxxxxxxx",
                    'agent="stray"'):
         assert minted not in text, minted
+
+
+def test_metrics_alone_answer_only_their_own_host_names():
+    from orchestrator.console.hosts import Hosts
+    server = metrics.serve_alone("127.0.0.1:0", lambda bound: Hosts.of("127.0.0.1", bound).answers)
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_port}/")
+        status, _, text = client.raw("GET", "/metrics", [("Host", f"127.0.0.1:{server.server_port}")])
+        assert status == 200 and "wakeloop_" in text
+        for host in ("rebind.example", f"rebind.example:{server.server_port}", f"localhost.:{server.server_port}"):
+            status, _, text = client.raw("GET", "/metrics", [("Host", host)])
+            assert status == 421 and "wakeloop_" not in text, host
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -9,6 +9,9 @@ every start as Jupyter does (reading needs the token, on loopback too).
 on its loopback only (compose.yaml): the console listens on 0.0.0.0 inside,
 but only this host can reach it.
 
+`--metrics ADDR` alone is prometheus_client's exposition, open without the
+token, answering only the Host names hosts.py gives its address.
+
 Not here: the scheduler (fleet/scheduler.py, which calls `attach` through
 serve's `beside`), the routes (app.py).
 """
@@ -21,7 +24,7 @@ from urllib.parse import quote
 
 from orchestrator import metrics
 from orchestrator.console.auth import Access, TokenError, load_token
-from orchestrator.console.hosts import is_loopback
+from orchestrator.console.hosts import Hosts, bracketed, is_loopback
 from orchestrator.errors import ConfigError
 
 
@@ -40,10 +43,14 @@ def attach(scheduler, options: Options) -> Callable[[], None]:
     metrics.watch_root(scheduler.root)      # agent labels: only the agents under this ROOT
     if options.metrics:
         try:
-            metrics.serve_alone(options.metrics)
+            host, _ = metrics.split_addr(options.metrics)
+            server = metrics.serve_alone(options.metrics, lambda bound: Hosts.of(
+                host, bound, options.public_names, options.published_on_loopback).answers)
         except (ValueError, OSError) as exc:
             raise ConfigError(f"--metrics {options.metrics}: {getattr(exc, 'strerror', None) or exc}") from None
-        scheduler.say(f"metrics: http://{options.metrics}/metrics (Prometheus text format)")
+        stops.append(lambda: (server.shutdown(), server.server_close()))
+        scheduler.say(f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
+                      "its own Host names only, no token)")
     if options.http:
         stops.append(_console(scheduler, options))
     return lambda: [stop() for stop in stops]
