@@ -479,3 +479,20 @@ def test_metrics_alone_answer_only_their_own_host_names():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_agent_folder_that_is_a_link_is_neither_shown_nor_acted_on(serve_console, root, tmp_path):
+    outside = init_agent(tmp_path / "elsewhere" / "outside")
+    (root / "link").symlink_to(outside)
+    client = serve_console().sign_in()
+    assert client.get("/agents/link")[0] == 404 and 'id="agent-link"' not in client.get("/")[2]
+    assert client.post("/agents/link/pause", {"csrf": Access(TOKEN, True).csrf})[0] == 404
+    assert not load_health(outside / "state").paused
+
+
+def test_only_the_login_page_and_the_stylesheet_are_open_not_paths_that_start_like_them(serve_console):
+    client = serve_console()
+    for path in ("/login/../agents/one", "/loginx", "/static/../agents/one", "/static/console.css/../../agents/one",
+                 "/favicon.ico/../agents/one"):
+        status, headers, _ = client.raw("GET", path, [("Host", f"127.0.0.1:{client.port}")])
+        assert status == 303 and headers["location"].startswith("/login?next="), path

@@ -240,12 +240,14 @@ class Console:
 class _Guard:
     """First the Host (421 unless it is ours), then the token; our headers on every response."""
 
-    OPEN = ("/login", "/static/", "/favicon.ico")
+    OPEN = ("/login", "/static/console.css", "/favicon.ico")    # exact paths: no token needed
 
     def __init__(self, app, console: Console):
         self.app, self.console = app, console
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":        # no route takes one; refused before the app sees it
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         refused = self._refused(scope)
@@ -268,7 +270,7 @@ class _Guard:
         if self.console.hosts is None or not self.console.hosts.answers(host):
             return Response(refused_line(host), 421, media_type="text/plain")
         path = scope["path"]
-        if path.startswith(self.OPEN):
+        if path in self.OPEN:
             return None
         request = Request(scope)
         access = self.console.access
@@ -347,8 +349,11 @@ def start(console: Console, host: str, port: int, public_names=(), published_on_
     except ValueError as exc:
         sock.close()
         raise ConfigError(str(exc)) from None
+    # X-Forwarded-* only from a proxy the operator says is there: otherwise any local client could
+    # make uvicorn believe the request came over https from anywhere.
     server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False,
-                                           lifespan="off", server_header=False))
+                                           lifespan="off", server_header=False,
+                                           proxy_headers=console.access.behind_tls))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="wakeloop-console",
                               daemon=True)
     thread.start()
