@@ -186,6 +186,9 @@ def test_a_foreign_host_gets_421_on_every_route_and_only_the_consoles_names_are_
             assert status == 421 and len(body.strip().splitlines()) == 1, (host, path, status)
     status, _, body = client.raw("GET", "/metrics", [("Host", f"127.0.0.1:{port}"), ("Host", "rebind.example")])
     assert status in (400, 421), "two Host headers: answered by no one (uvicorn's h11 says 400 first)"
+    for target in (f"http://rebind.example:{port}/agents/one", f"http://127.0.0.1:{port}/agents/one"):
+        status, _, body = client.raw("GET", target, [("Host", f"127.0.0.1:{port}"), bearer])
+        assert status == 421 and body.startswith("421: a request for an absolute URL"), target
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}",
                  "console.example.org", "console.example.org:8080", "proxy.example.org:8443"):
         assert client.raw("GET", "/agents/one", [("Host", host), bearer])[0] == 200, host

@@ -58,6 +58,7 @@ SAID = {"run-now": "one wake requested: it starts within seconds",
         "resume": "resumed: failures forgotten, ticks run again",
         "send": "message queued for the next live wake", "task": "task queued",
         "escapes": "the escape suite started", "login": "signed in"}
+ABSOLUTE_FORM = "421: a request for an absolute URL is for a proxy, and this console is none\n"
 TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by no one\n"
 
 
@@ -269,6 +270,10 @@ class _Guard:
         host = hosts[0] if hosts else None
         if self.console.hosts is None or not self.console.hosts.answers(host):
             return Response(refused_line(host), 421, media_type="text/plain")
+        if not scope.get("raw_path", b"/").startswith(b"/"):
+            # absolute-form (`GET http://name/ HTTP/1.1`): its authority, not Host, names the target,
+            # and only proxies are sent one; a console is no proxy.
+            return Response(ABSOLUTE_FORM, 421, media_type="text/plain")
         path = scope["path"]
         if path in self.OPEN:
             return None
