@@ -360,6 +360,9 @@ def test_serve_says_in_one_line_when_it_cannot_listen(root):
         port = taken.getsockname()[1]
         busy = run_cli("serve", str(root), "--http", f"127.0.0.1:{port}")
     assert busy.returncode == 2 and "cannot listen there" in busy.stderr
+    named = run_cli("serve", str(root), "--http", "127.0.0.1:0", "--public-name", "evil.example/x")
+    assert named.returncode == 2 and "--public-name 'evil.example/x' is not a host name" in named.stderr
+    assert len(named.stderr.strip().splitlines()) == 1
     assert "--metrics" in run_cli("serve", "--help").stdout
 
 
@@ -499,3 +502,20 @@ def test_only_the_login_page_and_the_stylesheet_are_open_not_paths_that_start_li
                  "/favicon.ico/../agents/one"):
         status, headers, _ = client.raw("GET", path, [("Host", f"127.0.0.1:{client.port}")])
         assert status == 303 and headers["location"].startswith("/login?next="), path
+
+
+def test_under_compose_the_published_port_is_a_public_name_and_the_sign_in_url_uses_it():
+    """compose.yaml: `--http 0.0.0.0:8765 --published-on-loopback --public-name 127.0.0.1:${PORT}`."""
+    from orchestrator.console.hosts import Hosts
+    from orchestrator.console.listen import Options, sign_in_url
+    options = Options("0.0.0.0:8765", published_on_loopback=True, public_names=("127.0.0.1:18765",))
+    hosts = Hosts.of("0.0.0.0", 8765, options.public_names, options.published_on_loopback)
+    for host in ("127.0.0.1:18765", "localhost:18765", "localhost", "[::1]:4000", "0.0.0.0:8765"):
+        assert hosts.answers(host), host
+    for host in ("rebind.example:18765", "127.0.0.1.nip.io:18765", "host.docker.internal:8765", None):
+        assert not hosts.answers(host), host
+    assert sign_in_url("http://0.0.0.0:8765/", options, "tok/en+") == "http://127.0.0.1:18765/login?token=tok%2Fen%2B"
+    v6 = Hosts.of("::1", 8765)
+    assert v6.answers("[::1]:8765") and v6.answers("localhost:8765") and not v6.answers("[::1]:8766")
+    with pytest.raises(ValueError, match="not a host name"):
+        Hosts.of("127.0.0.1", 8765, ("evil.example/path",))

@@ -40,6 +40,10 @@ class Options:
 def attach(scheduler, options: Options) -> Callable[[], None]:
     """Start what the options ask for; returns how to stop it. Errors are one line (ConfigError)."""
     stops: list[Callable[[], None]] = []
+    try:
+        Hosts.of("127.0.0.1", 0, options.public_names)     # each --public-name checked before anything starts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     metrics.watch_root(scheduler.root)      # agent labels: only the agents under this ROOT
     if options.metrics:
         try:
