@@ -9,7 +9,6 @@ import os
 import secrets
 
 import jinja2
-import pytest
 
 from orchestrator import metrics
 from orchestrator.console import auth
@@ -105,10 +104,3 @@ def test_console_without_autoescaping_runs_the_agents_script(surface_lab, monkey
 def test_metrics_taking_any_tool_name_mint_series(surface_lab, monkeypatch):
     monkeypatch.setattr(metrics, "tool_label", lambda name: str(name))
     assert "new series" in escapes(surface_lab, "console_metrics_bounded_against_invented_tools")
-
-
-@pytest.mark.parametrize("probe", probes.PROBES, ids=lambda p: p.name)
-def test_console_probe_holds(probe, surface_lab):
-    """The same probes against wakeloop as it is (test_probes_hold.py runs them too, with the rest)."""
-    outcome = run_probe(surface_lab, probe)
-    assert outcome.verdict == "HELD", f"{outcome.verdict}: {outcome.observed}"
