@@ -12,8 +12,9 @@ by anyone else. Actions are POSTs answered with a redirect back to the page
 `start()` binds the socket first, so a port in use is one line from serve,
 not a thread that died quietly.
 
-Not here: who may do what (auth.py), which names are answered (hosts.py), what a page holds (pages.py), the
-markup (templates/), what serve prints at start (listen.py).
+Not here: who may do what (auth.py), which names are answered (hosts.py),
+what a page holds (pages.py), the markup (templates/), what serve prints at
+start (listen.py).
 """
 
 from __future__ import annotations
