@@ -46,6 +46,7 @@ from pathlib import Path
 from common import ROOT, say
 from wake_cost import StandInSandbox, orchestrator_overhead
 
+BENCH_TOKEN = "bench-token-0123456789"    # the console token of the bench's own consoles
 SETTINGS = ("off", "metrics", "console", "traces")
 PAGE_BUDGET_MS = 300.0
 
@@ -83,7 +84,7 @@ def _watched_console(tmp: Path):
     """The console on this process, and a person watching whatever wake runs under tmp."""
     from orchestrator.console.app import LIVE_REFRESH_S, Console, start
     from orchestrator.console.auth import Access
-    console = Console(tmp, Access("bench-token-0123456789", loopback=True))
+    console = Console(tmp, Access(BENCH_TOKEN, loopback=True))
     listening = start(console, "127.0.0.1", 0)
     console.warmed.wait(timeout=60)
     done = threading.Event()
@@ -196,7 +197,7 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int) -> tuple[dict[str
     started = time.monotonic()
     build_root(root, agents, wakes)
     say(f"built in {time.monotonic() - started:.0f}s; timing pages")
-    console = Console(root, Access("bench-token-0123456789", loopback=True))
+    console = Console(root, Access(BENCH_TOKEN, loopback=True))
     started = time.perf_counter()
     listening = start(console, "127.0.0.1", 0)
     url = listening.url
@@ -224,9 +225,11 @@ def _get(url: str, cpu: list[float] | None = None) -> float:
     """Wall ms of one page; its CPU ms (this process: the server's thread and the client) go to `cpu`.
     On a shared machine the wall time is the load's as much as ours; the CPU time is ours."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    with urllib.request.urlopen(url, timeout=30) as r:
+    # With the token: reading needs it, on loopback too (without it, urllib would time the login page).
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {BENCH_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
         r.read()
-        assert r.status == 200, f"{url}: {r.status}"
+        assert r.status == 200 and r.url == url, f"{url}: {r.status} at {r.url}"
     if cpu is not None:
         cpu.append((time.process_time() - cpu_started) * 1000)
     return (time.perf_counter() - started) * 1000

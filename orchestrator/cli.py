@@ -235,7 +235,8 @@ def cmd_serve(args) -> int:
     from orchestrator.console.listen import Options, attach
     from orchestrator.fleet.scheduler import serve
     tracing.setup()
-    options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback)
+    options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback,
+                      tuple(args.public_name))
     return serve(args.root, args.max_concurrent, beside=partial(attach, options=options))
 
 
@@ -440,9 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, default=None, metavar="K",
                    help="wakes at once (default: fitted to the host's cores, memory and engine, said at start)")
     p.add_argument("--http", metavar="HOST:PORT",
-                   help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Actions need the "
-                        "token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token); off "
-                        "loopback, reading needs it too and actions need TLS in front (--behind-tls)")
+                   help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Reading and acting "
+                        "need the token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token; "
+                        "serve prints a sign-in URL); /metrics is open on loopback; off loopback actions need "
+                        "TLS in front (--behind-tls)")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics alone at http://HOST:PORT/metrics (no console)")
     p.add_argument("--behind-tls", action="store_true",
@@ -450,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--published-on-loopback", action="store_true",
                    help="--http listens in a container whose port the host publishes on 127.0.0.1 only "
                         "(compose.yaml): treat it as loopback")
+    p.add_argument("--public-name", action="append", default=[], metavar="NAME[:PORT]",
+                   help="a Host name the console answers besides its own address (a proxy's name; "
+                        "repeatable); any other Host gets 421. The first one is the sign-in URL's")
 
     p = _command(sub, "broker", "the sandbox broker: run/write for the agents under ROOT over a "
                                 "unix socket (the only process that needs Docker)",

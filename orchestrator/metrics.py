@@ -10,21 +10,29 @@ the scheduler's lag from a tick's due time to its wake's start (fleet/).
 Off until `install()`: every hook returns at once, and prometheus_client is
 not even imported, so `wakeloop wake` and the broker pay nothing.
 
-Labels: `agent` is the only unbounded one (one series per agent). `model`
-is the handful of models in use, `tool` the registry's tools, `status`,
-`kind`, `exit_class`, `outcome` and `result` small fixed sets.
+Every label value comes from a bounded set, whatever a model, an API reply
+or an agent folder says (a model that invents tool names must not mint
+series): `tool` is one of TOOLS (the registry's, wake/tools.py; a test keeps
+the two equal) or `other`; `agent` is the folder name of an agent under a
+ROOT that serve watches (`watch_root`), holding agent.yaml, at most
+MAX_AGENTS of them, else `other`; `model` is the first MAX_MODELS model names
+seen that look like one, else `other`; `status`, `kind`, `exit_class`,
+`outcome` and `result` are fixed sets, anything else `other`.
 
 Under compose the sandbox runs in the broker, so the pool and container
 metrics of the orchestrator's /metrics stay at zero there.
 
-Not here: the HTTP listener (console/app.py, or prometheus_client's own
-server for `--metrics`), spans (tracing.py).
+Not here: the console's HTTP listener (console/app.py; `serve_alone` is the
+one for `--metrics`, with the Host rule console/hosts.py gives it), spans
+(tracing.py).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
+from typing import Callable
 
 NAMESPACE = "wakeloop"
 # Sandbox calls run from ~30 ms (a warm pool) to the bash tool's timeout.
@@ -33,10 +41,22 @@ LAG_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
 TOKEN_KINDS = {"input_tokens": "input", "output_tokens": "output", "cache_read_input_tokens": "cache_read",
                "cache_creation_input_tokens": "cache_write"}
 
+TOOLS = ("bash", "write_file", "send_message", "complete_task")    # the registry's (wake/tools.py, tasks)
+WAKE_STATUSES = ("done", "budget_stop", "dead_letter", "blocked", "skipped_locked")
+OTHER = "other"                     # every value outside its label's set
+MAX_AGENTS = 2000                   # agent label values: a fleet far larger than serve is fitted for
+MAX_MODELS = 16                     # model label values: the handful of models a fleet uses
+MODEL_NAME = re.compile(r"[A-Za-z0-9 ._:@/()+-]{1,80}")
+AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")     # a folder name (console/pages.py's rule)
+
 _m = None                           # the metrics, once installed
 _install_lock = threading.Lock()
 _agents: dict[str, tuple[str, str]] = {}   # run_id -> (agent, model), from wake_started to wake_finished
 _live: set[str] = set()             # container ids made and not yet removed (a set: a removal may be retried)
+_roots: set[Path] = set()           # the ROOTs whose agents may be an `agent` label (watch_root)
+_agent_labels: dict[str, str] = {}  # an event file's folder -> its agent label, decided once
+_models: set[str] = set()           # model label values given out so far
+_labels_lock = threading.Lock()
 
 
 class _Metrics:
@@ -78,6 +98,50 @@ def install(registry=None):
     return registry or REGISTRY
 
 
+def watch_root(root) -> None:
+    """The agents under ROOT may be `agent` label values (serve and its console call this)."""
+    with _labels_lock:
+        _roots.add(Path(root).resolve())
+        _agent_labels.clear()
+
+
+def agent_label(events_path) -> str:
+    """The agent folder's name when it is an agent under a watched ROOT (and the labels given out
+    are fewer than MAX_AGENTS), else `other`. Decided once per folder: a stat or two."""
+    state = str(Path(events_path).parent)
+    label = _agent_labels.get(state)
+    if label is not None:
+        return label
+    folder = Path(state).parent
+    try:
+        resolved = folder.resolve()
+        ours = (resolved.parent in _roots and AGENT_NAME.fullmatch(folder.name) is not None
+                and (resolved / "agent.yaml").is_file())
+    except OSError:
+        ours = False
+    with _labels_lock:
+        known = set(_agent_labels.values())
+        label = folder.name if ours and (folder.name in known or len(known) < MAX_AGENTS) else OTHER
+        if len(_agent_labels) < 4 * MAX_AGENTS:
+            _agent_labels[state] = label
+    return label
+
+
+def model_label(name) -> str:
+    name = str(name or "")
+    with _labels_lock:
+        if name in _models:
+            return name
+        if len(_models) < MAX_MODELS and MODEL_NAME.fullmatch(name):
+            _models.add(name)
+            return name
+    return OTHER
+
+
+def tool_label(name) -> str:
+    return name if name in TOOLS else OTHER
+
+
 def enabled() -> bool:
     return _m is not None
 
@@ -88,12 +152,39 @@ def exposition(registry=None) -> tuple[bytes, str]:
     return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
 
 
-def serve_alone(addr: str) -> None:
-    """`serve --metrics HOST:PORT` without the console: prometheus_client's own server."""
-    from prometheus_client import start_http_server
+def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bool]]):
+    """`serve --metrics HOST:PORT` without the console: prometheus_client's exposition in a threaded
+    WSGI server that answers only the Host names `host_check(bound port)` accepts (421 otherwise:
+    a rebound name must not read it any more than the console). Returns the server (its
+    server_port; shutdown() and server_close() to stop it)."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+    from prometheus_client import make_wsgi_app
     host, port = split_addr(addr)
     install()
-    start_http_server(port, addr=host)
+    exposition_app = make_wsgi_app()
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    answers: list[Callable[[str | None], bool]] = []
+
+    def guarded(environ, start_response):
+        if not answers or not answers[0](environ.get("HTTP_HOST")):
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"421: these metrics do not answer to that Host\n"]
+        return exposition_app(environ, start_response)
+
+    server = make_server(host, port, guarded, Server, handler_class=Quiet)
+    answers.append(host_check(server.server_port))
+    threading.Thread(target=server.serve_forever, name="wakeloop-metrics", daemon=True).start()
+    return server
 
 
 def split_addr(addr: str) -> tuple[str, int]:
@@ -129,9 +220,9 @@ def scheduler_lag(seconds: float) -> None:
 def on_event(path: Path, event: dict) -> None:
     """Called by EventLog.emit after each line lands (on the emitting thread)."""
     kind, data, run = event["type"], event["data"], event["run_id"]
-    fallback = (Path(path).parent.parent.name, "")
+    fallback = (agent_label(path), OTHER)
     if kind == "wake_started":
-        _agents[run] = (str(data.get("agent") or fallback[0]), str(data.get("model") or ""))
+        _agents[run] = (fallback[0], model_label(data.get("model")))
     agent, model = _agents.get(run, fallback)
     handler = _HANDLERS.get(kind)
     if handler:
@@ -141,14 +232,14 @@ def on_event(path: Path, event: dict) -> None:
 
 
 def _model_response(agent: str, model: str, data: dict) -> None:
-    _m.model_requests.labels(agent, data.get("model") or model).inc()
+    _m.model_requests.labels(agent, model_label(data.get("model")) if data.get("model") else model).inc()
     for key, value in (data.get("usage") or {}).items():
         if key in TOKEN_KINDS and isinstance(value, int) and value > 0:
             _m.tokens.labels(agent, TOKEN_KINDS[key]).inc(value)
 
 
 def _tool_result(agent: str, model: str, data: dict) -> None:
-    tool = str(data.get("tool") or "?")
+    tool = tool_label(data.get("tool"))
     _m.tool_calls.labels(tool, exit_class(data)).inc()
     if data.get("container_id") and isinstance(data.get("duration_ms"), (int, float)):
         _m.call_seconds.labels(tool).observe(data["duration_ms"] / 1000)
@@ -166,10 +257,11 @@ def exit_class(data: dict) -> str:
 
 def _wake_finished(agent: str, model: str, data: dict) -> None:
     receipt = data.get("receipt") or {}
-    _m.wakes.labels(agent, str(data.get("status") or receipt.get("status") or "?")).inc()
+    status = data.get("status") or receipt.get("status")
+    _m.wakes.labels(agent, status if status in WAKE_STATUSES else OTHER).inc()
     usd = receipt.get("usd")
     if isinstance(usd, (int, float)) and usd > 0:
-        _m.usd.labels(agent, str(receipt.get("model") or model)).inc(usd)
+        _m.usd.labels(agent, model_label(receipt.get("model")) if receipt.get("model") else model).inc(usd)
 
 
 def _notify(outcome: str):

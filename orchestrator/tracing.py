@@ -4,12 +4,16 @@
 without them, or without the variable, every function here is a no-op that
 costs one `is None` test. The tree of one wake:
 
-    invoke_agent AGENT                  the wake (wake/loop.py)
+    invoke_agent                        the wake (wake/loop.py)
       anthropic.messages.create         each model request: the anthropic SDK's own span (it
                                         emits GenAI spans once a tracer provider is set);
-      chat MODEL                        ours, same attributes, for a dry run's scripted model
-      execute_tool TOOL                 each tool call
-        sandbox CONTAINER               the container that ran it, timed by the sandbox
+      chat                              ours, same attributes, for a dry run's scripted model
+      execute_tool                      each tool call
+        sandbox                         the container that ran it, timed by the sandbox
+
+Span names are these fixed strings: an agent's, a model's or a tool's name
+(which a model may invent) and every id are attributes, capped at NAME_CAP
+characters, so a trace backend's span-name index stays bounded.
 
 Attribute names are the GenAI semantic conventions' where they exist
 (gen_ai.operation.name, gen_ai.agent.name, gen_ai.request.model,
@@ -34,6 +38,7 @@ ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 CONTENT_ENV = "WAKELOOP_TRACE_CONTENT"
 SCOPE = "wakeloop"
 CONTENT_CAP = 4000                  # chars of tool input/output in a span, when content is asked for
+NAME_CAP = 128                      # chars of a name or id in an attribute (a model may invent a tool name)
 
 _tracer = None                      # set by setup() when tracing is on
 _provider = None
@@ -92,8 +97,8 @@ def wake_span(agent: str, run_id: str, model: str, live: bool) -> Iterator[objec
     if _tracer is None:
         yield None
         return
-    with _tracer.start_as_current_span(f"invoke_agent {agent}", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
+    with _tracer.start_as_current_span("invoke_agent", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent[:NAME_CAP],
             "gen_ai.conversation.id": run_id, "gen_ai.request.model": model,
             "wakeloop.run_id": run_id, "wakeloop.live": live}) as span:
         yield span
@@ -112,7 +117,7 @@ def scripted_chat(model: str, max_tokens: int, usage: dict, stop_reason: str, st
     """A dry run's model turn: no SDK call, so our own span with the SDK's names."""
     if _tracer is None:
         return
-    span = _tracer.start_span(f"chat {model}", start_time=started_ns, attributes={
+    span = _tracer.start_span("chat", start_time=started_ns, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.provider.name": "wakeloop-scripted",
         "gen_ai.request.model": model, "gen_ai.request.max_tokens": max_tokens,
         "gen_ai.response.finish_reasons": [stop_reason or ""],
@@ -126,11 +131,11 @@ def tool_span(tool: str, call_id: str, args) -> Iterator["ToolSpan | None"]:
     if _tracer is None:
         yield None
         return
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                  "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function"}
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": str(tool)[:NAME_CAP],
+                  "gen_ai.tool.call.id": str(call_id)[:NAME_CAP], "gen_ai.tool.type": "function"}
     if content():
         attributes["gen_ai.tool.call.arguments"] = str(args)[:CONTENT_CAP]
-    with _tracer.start_as_current_span(f"execute_tool {tool}", attributes=attributes) as span:
+    with _tracer.start_as_current_span("execute_tool", attributes=attributes) as span:
         yield ToolSpan(span)
 
 
@@ -150,6 +155,6 @@ class ToolSpan:
         cid, ms = detail.get("container_id"), detail.get("duration_ms")
         if cid and isinstance(ms, (int, float)):
             end = time.time_ns()
-            box = _tracer.start_span(f"sandbox {cid}", start_time=end - int(ms * 1e6),
+            box = _tracer.start_span("sandbox", start_time=end - int(ms * 1e6),
                                      attributes={"wakeloop.container.id": str(cid), **attrs})
             box.end(end_time=end)

@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from datetime import datetime, timezone
@@ -105,10 +106,18 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])
     assert not any("docker.sock" in m["Source"] for m in orchestrator["Mounts"])
 
-    # The console, published on the host's loopback: the demo on the fleet page, its wake in /metrics.
+    # The console, published on the host's loopback: the sign-in URL in the log (the host's port),
+    # then the demo on the fleet page; its wake in /metrics (open on loopback).
     assert re.search(r"console: http://0\.0\.0\.0:8765/ \(token .*\); actions on", logs), logs[-3000:]
-    fleet = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/", timeout=30).read().decode()
-    assert 'id="agent-demo"' in fleet
+    sign_in = re.search(rf"console: sign in at (http://127\.0\.0\.1:{CONSOLE_PORT}/login\?token=\S+)", logs)
+    assert sign_in, logs[-3000:]
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    with opener.open(sign_in.group(1), timeout=30) as signed_in:      # the cookie, then / without the token
+        assert signed_in.url == f"http://127.0.0.1:{CONSOLE_PORT}/" and 'id="agent-demo"' in signed_in.read().decode()
+    with pytest.raises(urllib.error.HTTPError) as foreign:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{CONSOLE_PORT}/metrics",
+                                                      headers={"Host": "rebind.example"}), timeout=30)
+    assert foreign.value.code == 421
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/metrics", timeout=30).read().decode()
     assert re.search(r'wakeloop_wakes_total\{agent="demo",status="done"\} [1-9]', metrics)
 

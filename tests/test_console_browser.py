@@ -4,9 +4,12 @@ One root, built once for the module with the CLI and real wakes: `healthy`
 (a dry-run wake that ran a command and sent a message holding a <script>),
 `failing` (two dead letters), `paused` (`wakeloop pause`) and `midwake`
 (a live wake whose model request the fake API holds until the module ends).
-One serve process, one browser session. Every page is checked for what a
-person would look at, and for any error in the browser's console; a
-screenshot of each is kept under $OUT (or the test's temp dir).
+One serve process, one browser session, signed in at the start with the
+sign-in URL serve printed (reading needs the token, on loopback too). Every
+page is checked for what a person would look at, and for any error in the
+browser's console; a screenshot of each is kept under $OUT (or the test's
+temp dir). Chromium resolves `rebind.example` to 127.0.0.1
+(--host-resolver-rules), as a DNS-rebinding page's name would.
 
 Selenium is pointed at /usr/bin/chromedriver and /usr/bin/chromium, so its
 manager never downloads anything; Chromium runs with every background
@@ -41,6 +44,7 @@ NEVER = "0 0 1 1 *"                 # a cron line that does not tick during the 
 XSS = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> look"
 BOX_SAYS = "hello-from-the-box"
 WAIT_S = 90
+REBOUND = "rebind.example"          # a name the browser resolves to 127.0.0.1, as DNS rebinding would
 
 
 def _agent(root: Path, name: str, **keys) -> Path:
@@ -99,8 +103,12 @@ def console(tmp_path_factory):
             found = wait_for(lambda: next((m for line in list(lines)
                                            if (m := re.search(r"console: (http://127\.0\.0\.1:\d+/)", line))), None),
                              "the console's address", 60)
+            sign_in = wait_for(lambda: next((m for line in list(lines)
+                                             if (m := re.search(r"console: sign in at (\S+)", line))), None),
+                               "the sign-in URL", 60)
             wait_for(lambda: api.requests, "the mid-wake agent's model request", WAIT_S)
-            yield SimpleNamespace(url=found.group(1), lines=lines, api=api, hook=hook, root=root, release=release)
+            yield SimpleNamespace(url=found.group(1), sign_in=sign_in.group(1), lines=lines, api=api, hook=hook,
+                                  root=root, release=release)
         finally:
             release.set()
             serve.send_signal(signal.SIGTERM)
@@ -108,7 +116,8 @@ def console(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def browser(tmp_path_factory, console):
+    """Chromium, signed in with the URL serve printed."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), "scripts/test.sh installs chromium"
@@ -117,11 +126,14 @@ def browser(tmp_path_factory):
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
+                 f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
+    driver.get(console.sign_in)
+    assert driver.current_url == console.url, "signed in, and the token left the address bar"
     yield driver
     driver.quit()
 
@@ -152,6 +164,36 @@ def by_css(driver, selector: str):
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+def test_the_sign_in_url_is_printed_once_and_a_browser_without_it_sees_only_the_login_page(console, browser,
+                                                                                          shots):
+    assert TOKEN in console.sign_in and sum(TOKEN in line for line in list(console.lines)) == 1
+    assert TOKEN not in browser.current_url
+    cookies = browser.get_cookies()
+    assert [c["name"] for c in cookies] == ["wakeloop_session"] and cookies[0]["httpOnly"]
+    assert TOKEN not in cookies[0]["value"]                 # an HMAC of the token, not the token
+    browser.delete_all_cookies()
+    try:
+        visit(browser, f"{console.url}agents/healthy", shots, "login-needed")
+        assert "/login?next=/agents/healthy" in browser.current_url and by_css(browser, "#token")
+        assert not by_css(browser, "#outbox")
+    finally:
+        browser.get(console.sign_in)
+    assert browser.current_url == console.url
+
+
+def test_a_rebound_name_reaches_the_console_and_gets_421(console, browser, shots):
+    """DNS rebinding in a real browser: rebind.example resolves to 127.0.0.1, the console refuses it."""
+    port = console.url.rstrip("/").rsplit(":", 1)[1]
+    for path in ("", "agents/healthy", "metrics"):
+        browser.get(f"http://{REBOUND}:{port}/{path}")
+        browser.save_screenshot(str(shots / f"rebound-{path.replace('/', '-') or 'fleet'}.png"))
+        body = browser.find_element("css selector", "body").text
+        assert "does not answer to Host" in body and "healthy" not in body and "wakeloop_" not in body, body
+    logged = browser.get_log("browser")     # read, so the next page's check starts clean
+    assert logged and all("421" in e["message"] for e in logged), logged
+    browser.get(console.url)
+
+
 def test_fleet_page_marks_the_failing_paused_and_running_agents_and_draws_the_cost_charts(console, browser, shots):
     url = console.url
     visit(browser, url, shots, "fleet")
@@ -177,7 +219,8 @@ def test_agent_page_shows_history_chart_mandate_policy_and_the_outbox_as_text_ne
     assert "<script>window.__pwned = 1</script>" in outbox and "look" in outbox   # shown as text
     assert browser.execute_script("return window.__pwned") is None                # and never run
     assert not by_css(browser, "#outbox script, #outbox img")
-    csp = urllib.request.urlopen(f"{url}agents/healthy").headers["content-security-policy"]
+    csp = urllib.request.urlopen(urllib.request.Request(f"{url}agents/healthy", headers={
+        "Authorization": f"Bearer {TOKEN}"})).headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src" not in csp
 
 
@@ -209,9 +252,9 @@ def test_the_running_wake_is_followed_live_on_its_agents_page(console, browser, 
 
 def test_signed_in_run_now_starts_a_wake_and_a_forged_request_is_refused(console, browser, shots):
     url, lines = console.url, console.lines
-    visit(browser, f"{url}agents/healthy", shots, "agent-signed-out")
-    assert not by_css(browser, "#run-now")                 # reading needs no token on loopback; acting does
-    visit(browser, f"{url}login?next=/agents/healthy", shots, "login")
+    browser.delete_all_cookies()
+    visit(browser, f"{url}agents/healthy", shots, "login")      # signed out: sent to sign in, then back
+    assert "/login?next=/agents/healthy" in browser.current_url and not by_css(browser, "#run-now")
     browser.find_element("css selector", "#token").send_keys(TOKEN)
     browser.find_element("css selector", "#sign-in").click()
     arrived(browser, "#run-now").click()

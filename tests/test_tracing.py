@@ -83,6 +83,8 @@ def test_a_live_wake_is_one_trace_wake_model_requests_tool_calls_and_containers(
     finally:
         receiver.close()
     assert len({s["trace"] for s in spans}) == 1, "one wake, one trace"
+    ours = {s["name"] for s in spans if s["scope"] == "wakeloop"}
+    assert ours == {"invoke_agent", "execute_tool", "sandbox"}, "span names are fixed; names and ids are attributes"
     by_name = {}
     for s in spans:
         by_name.setdefault(s["name"].split(" ")[0], []).append(s)

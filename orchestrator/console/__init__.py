@@ -5,8 +5,9 @@ process; no script at all (the Content-Security-Policy forbids every one),
 so a live wake is followed by a page that reloads itself, framed inside the
 agent's page. Charts are SVG drawn here.
 
-app.py (routes, headers, the listener), auth.py (the token, sessions, CSRF,
-who may act), pages.py (what each page shows, gathered from the CLI's own
+app.py (routes, headers, the listener), hosts.py (which Host names are
+answered: DNS rebinding), auth.py (the token, sessions, CSRF, who may read
+and act), pages.py (what each page shows, gathered from the CLI's own
 readers: fleet/views.py, fleet/history.py, records/), charts.py (SVG),
 escapes.py (the escape suite run in the background), templates/ and static/.
 

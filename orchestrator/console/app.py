@@ -1,15 +1,20 @@
 """The console's routes, headers and listener: a Starlette app under uvicorn, in a thread of serve.
 
-Every response carries a Content-Security-Policy that allows no script at
-all, only this console's stylesheet, inline SVG and forms posted back here,
-and refuses to be framed by anyone else. Actions are POSTs answered with a
-redirect back to the page (303), which shows what was done.
+Every request is first checked for its Host (hosts.py: 421 unless it is one
+of this console's names), then for the token (auth.py: every page needs it;
+/metrics is open on a loopback listener, where Prometheus scrapes it; /login
+and the stylesheet are open). Every response carries a
+Content-Security-Policy that allows no script at all, only this console's
+stylesheet, inline SVG and forms posted back here, and refuses to be framed
+by anyone else. Actions are POSTs answered with a redirect back to the page
+(303), which shows what was done.
 
 `start()` binds the socket first, so a port in use is one line from serve,
 not a thread that died quietly.
 
-Not here: who may do what (auth.py), what a page holds (pages.py), the
-markup (templates/), what serve prints at start (listen.py).
+Not here: who may do what (auth.py), which names are answered (hosts.py),
+what a page holds (pages.py), the markup (templates/), what serve prints at
+start (listen.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from orchestrator.console import pages as pages_mod
 from orchestrator.console.auth import COOKIE, Access
 from orchestrator.console.charts import bars
 from orchestrator.console.escapes import RUNTIMES, Runner
+from orchestrator.console.hosts import Hosts, refused_line
 from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
 from orchestrator.escapes import history as escape_history
@@ -53,6 +59,8 @@ SAID = {"run-now": "one wake requested: it starts within seconds",
         "resume": "resumed: failures forgotten, ticks run again",
         "send": "message queued for the next live wake", "task": "task queued",
         "escapes": "the escape suite started", "login": "signed in"}
+ABSOLUTE_FORM = "421: a request for an absolute URL is for a proxy, and this console is none\n"
+TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by no one\n"
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Console:
     access: Access
     poke: Callable[[], None] = lambda: None     # the scheduler looks again now
     runner: Runner | None = None
+    hosts: Hosts | None = None                  # set by start() once the port is bound; None answers no one
 
     def __post_init__(self):
         self.pages = pages_mod.Pages(self.root)
@@ -71,6 +80,7 @@ class Console:
         self.env.globals.update(bars=bars, SAID=SAID)
         if not metrics.enabled():
             metrics.install()
+        metrics.watch_root(self.root)   # its agents, and only they, are `agent` label values
         self.warmed = threading.Event()
         # The first view of a big fleet reads every agent (~4 ms each), and of an agent its
         # history (~50 ms for a year); each template compiles in ~30 ms: done now, off the request.
@@ -201,13 +211,17 @@ class Console:
     # -- signing in -----------------------------------------------------------------------
 
     async def login(self, request: Request):
+        """The form (GET), its answer (POST), and serve's sign-in URL (GET with ?token=): the cookie is
+        set and the browser sent on at once, so the token does not stay in the address bar."""
         if request.method == "GET":
-            return self.render(request, "login.html", next=_local(request.query_params.get("next", "/")),
-                               message=None)
-        try:
-            form = await _form(request)
-        except ValueError:
-            form = {}
+            form = dict(request.query_params)
+            if "token" not in form:
+                return self.render(request, "login.html", next=_local(form.get("next", "/")), message=None)
+        else:
+            try:
+                form = await _form(request)
+            except ValueError:
+                form = {}
         if not self.access.token_ok(form.get("token", "").strip()):
             return self.render(request, "login.html", 403, next=_local(form.get("next", "/")),
                                message="that is not the console token")
@@ -226,24 +240,21 @@ class Console:
 
 
 class _Guard:
-    """Headers on every response; reading refused off loopback without the token."""
+    """First the Host (421 unless it is ours), then the token; our headers on every response."""
 
-    OPEN = ("/login", "/static/", "/favicon.ico")
+    OPEN = ("/login", "/static/console.css", "/favicon.ico")    # exact paths: no token needed
 
     def __init__(self, app, console: Console):
         self.app, self.console = app, console
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":        # no route takes one; refused before the app sees it
+            return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        request = Request(scope)
-        path = scope["path"]
-        if not path.startswith(self.OPEN) and not self.console.access.may_read(request.cookies, request.headers):
-            if path == "/metrics":
-                response = Response("the console token is needed (Authorization: Bearer TOKEN)\n", 401)
-            else:
-                response = RedirectResponse(f"/login?next={quote(path)}", status_code=303)
-            return await _with_headers(response)(scope, receive, send)
+        refused = self._refused(scope)
+        if refused is not None:
+            return await _with_headers(refused)(scope, receive, send)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -252,6 +263,32 @@ class _Guard:
                 message = {**message, "headers": headers}
             await send(message)
         return await self.app(scope, receive, send_with_headers)
+
+    def _refused(self, scope) -> Response | None:
+        hosts = [value.decode("latin-1") for key, value in scope["headers"] if key == b"host"]
+        if len(hosts) > 1:
+            return Response(TOO_MANY_HOSTS, 421, media_type="text/plain")
+        host = hosts[0] if hosts else None
+        if self.console.hosts is None or not self.console.hosts.answers(host):
+            return Response(refused_line(host), 421, media_type="text/plain")
+        if not scope.get("raw_path", b"/").startswith(b"/"):
+            # absolute-form (`GET http://name/ HTTP/1.1`): its authority, not Host, names the target,
+            # and only proxies are sent one; a console is no proxy.
+            return Response(ABSOLUTE_FORM, 421, media_type="text/plain")
+        path = scope["path"]
+        if path in self.OPEN:
+            return None
+        request = Request(scope)
+        access = self.console.access
+        if path == "/metrics" and access.loopback:
+            return None             # Prometheus on this host scrapes without the token (README)
+        if access.may_read(request.cookies, request.headers):
+            return None
+        if path == "/metrics":
+            return Response("the console token is needed (Authorization: Bearer TOKEN)\n", 401)
+        if scope["method"] not in ("GET", "HEAD"):
+            return Response("sign in with the console token first\n", 403, media_type="text/plain")
+        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
 
 
 _HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
@@ -299,8 +336,10 @@ class Listening:
         self.thread.join(timeout=10)
 
 
-def start(console: Console, host: str, port: int) -> Listening:
-    """Bind HOST:PORT now (an error is the caller's one line), then serve in a thread."""
+def start(console: Console, host: str, port: int, public_names=(), published_on_loopback: bool = False
+          ) -> Listening:
+    """Bind HOST:PORT now (an error is the caller's one line), then serve in a thread, answering
+    only the Host names hosts.py allows for this address, its bound port and PUBLIC_NAMES."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -310,11 +349,19 @@ def start(console: Console, host: str, port: int) -> Listening:
         sock.close()
         raise ConfigError(f"--http {host}:{port}: cannot listen there ({exc.strerror})") from None
     sock.listen(64)
+    bound = sock.getsockname()[1]
+    try:
+        console.hosts = Hosts.of(host, bound, public_names, published_on_loopback)
+    except ValueError as exc:
+        sock.close()
+        raise ConfigError(str(exc)) from None
+    # X-Forwarded-* only from a proxy the operator says is there: otherwise any local client could
+    # make uvicorn believe the request came over https from anywhere.
     server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False,
-                                           lifespan="off", server_header=False))
+                                           lifespan="off", server_header=False,
+                                           proxy_headers=console.access.behind_tls))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="wakeloop-console",
                               daemon=True)
     thread.start()
-    bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     return Listening(f"http://{shown}:{bound}/", server, thread)

@@ -1,10 +1,16 @@
 """`serve --http ADDR` and `--metrics ADDR`: what serve starts beside its scheduler, and says at start.
 
-The console's one line at start names its address, where the token comes
-from, and whether actions are on: off on a non-loopback address unless a
-TLS proxy is in front (`--behind-tls`). `--published-on-loopback` is for a
-container whose port the host publishes on its loopback only (compose.yaml):
-the console listens on 0.0.0.0 inside, but only this host can reach it.
+The console's lines at start name its address, the Host names it answers
+(hosts.py; more with `--public-name NAME`), where the token comes from,
+whether actions are on (off on a non-loopback address unless a TLS proxy is
+in front: `--behind-tls`), and a sign-in URL carrying the token, printed at
+every start as Jupyter does (reading needs the token, on loopback too).
+`--published-on-loopback` is for a container whose port the host publishes
+on its loopback only (compose.yaml): the console listens on 0.0.0.0 inside,
+but only this host can reach it.
+
+`--metrics ADDR` alone is prometheus_client's exposition, open without the
+token, answering only the Host names hosts.py gives its address.
 
 Not here: the scheduler (fleet/scheduler.py, which calls `attach` through
 serve's `beside`), the routes (app.py).
@@ -14,9 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import quote
 
 from orchestrator import metrics
-from orchestrator.console.auth import Access, TokenError, is_loopback, load_token
+from orchestrator.console.auth import Access, TokenError, load_token
+from orchestrator.console.hosts import Hosts, bracketed, is_loopback
 from orchestrator.errors import ConfigError
 
 
@@ -26,17 +34,27 @@ class Options:
     metrics: str | None = None
     behind_tls: bool = False
     published_on_loopback: bool = False
+    public_names: tuple[str, ...] = ()
 
 
 def attach(scheduler, options: Options) -> Callable[[], None]:
     """Start what the options ask for; returns how to stop it. Errors are one line (ConfigError)."""
     stops: list[Callable[[], None]] = []
+    try:
+        Hosts.of("127.0.0.1", 0, options.public_names)     # each --public-name checked before anything starts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    metrics.watch_root(scheduler.root)      # agent labels: only the agents under this ROOT
     if options.metrics:
         try:
-            metrics.serve_alone(options.metrics)
+            host, _ = metrics.split_addr(options.metrics)
+            server = metrics.serve_alone(options.metrics, lambda bound: Hosts.of(
+                host, bound, options.public_names, options.published_on_loopback).answers)
         except (ValueError, OSError) as exc:
             raise ConfigError(f"--metrics {options.metrics}: {getattr(exc, 'strerror', None) or exc}") from None
-        scheduler.say(f"metrics: http://{options.metrics}/metrics (Prometheus text format)")
+        stops.append(lambda: (server.shutdown(), server.server_close()))
+        scheduler.say(f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
+                      "its own Host names only, no token)")
     if options.http:
         stops.append(_console(scheduler, options))
     return lambda: [stop() for stop in stops]
@@ -51,11 +69,24 @@ def _console(scheduler, options: Options) -> Callable[[], None]:
         raise ConfigError(f"--http {options.http}: {exc}") from None
     access = Access(token, loopback=is_loopback(host) or options.published_on_loopback,
                     behind_tls=options.behind_tls)
-    listening = start(Console(scheduler.root, access, poke=scheduler.poke), host, port)
+    console = Console(scheduler.root, access, poke=scheduler.poke)
+    listening = start(console, host, port, options.public_names, options.published_on_loopback)
     if access.actions_allowed:
         acts = "actions on (sign in with the token)"
     else:
         acts = ("actions OFF: a non-loopback address without TLS in front (put a TLS proxy in front "
                 "and pass --behind-tls); reading needs the token")
-    scheduler.say(f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics")
+    scraped = "open on loopback" if access.loopback else "needs the token"
+    scheduler.say(f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics ({scraped}); "
+                  f"answers Host {console.hosts.shown()}")
+    scheduler.say(f"console: sign in at {sign_in_url(listening.url, options, token)}")
     return listening.stop
+
+
+def sign_in_url(url: str, options: Options, token: str) -> str:
+    """The URL a person opens: the first --public-name's when there is one (compose names the
+    host's published port so), else the listener's own."""
+    if options.public_names:
+        scheme = "https" if options.behind_tls else "http"
+        url = f"{scheme}://{options.public_names[0]}/"
+    return f"{url}login?token={quote(token, safe='')}"

@@ -7,7 +7,8 @@ transcript (records/transcript.py), grouped into turns.
 
 Agents are found by listing ROOT (schedule.agent_dirs) and named by their
 folder: a name from a URL is used only when it is a plain folder name (no
-slash, no leading dot) that holds agent.yaml.
+slash, no leading dot) that holds agent.yaml and is not a link (a link's
+folder is neither shown nor acted on).
 
 Loading an agent (agent.yaml and its policy) takes a millisecond or two, so
 a page of 100 agents keeps them in AgentCache, reloaded when agent.yaml
@@ -123,17 +124,19 @@ class Pages:
         self.wakes = WakeIndex()
 
     def agent_dir(self, name: str) -> Path:
-        """ROOT/NAME when NAME is a plain folder name holding agent.yaml (agent_dirs' rule)."""
-        if not AGENT_NAME.fullmatch(name) or not (self.root / name / "agent.yaml").is_file():
+        """ROOT/NAME when NAME is a plain folder name holding agent.yaml (agent_dirs' rule), and a
+        folder of ROOT's own, not a link to one elsewhere (whose state/ an action would write)."""
+        path = self.root / name
+        if not AGENT_NAME.fullmatch(name) or path.is_symlink() or not (path / "agent.yaml").is_file():
             raise NotFound(f"no agent named {name!r} under {self.root}")
-        return self.root / name
+        return path
 
     def fleet(self) -> dict:
         with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
             now, note = utcnow(), scheduler_note(self.root)
             rows = [self.rows.row(path, note is None,
                                   lambda: fleet_row(path, now, note is not None, self.agents.load))
-                    for path in agent_dirs(self.root)]
+                    for path in agent_dirs(self.root) if not path.is_symlink()]
         return {"rows": rows, "note": note, "root": str(self.root),
                 "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
                 "running": sum(1 for r in rows if r.get("state") == "running")}
