@@ -34,12 +34,14 @@ def test_an_existing_workspace_is_copied_onto_its_new_disk_and_seen_in_the_box(a
         assert box.disk and "copied" in box.warning and str(box.disk.image) in box.warning
         seen = box.run("cat notes/b.md; stat -c %h notes/a.md; readlink link; df -P . | tail -1",
                        timeout_s=30, max_output_chars=2000)
+        assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev     # mounted over workspace/ on the host
+        (ws / "notes/a.md").unlink()   # the folder's own copy, beneath the mount, is untouched
     assert seen.ok, seen.output
     lines = seen.output.splitlines()
     assert lines[:3] == ["kept", "2", "/etc/passwd"]          # content, the hard link, the link as a link
     assert lines[3].startswith("/dev/loop")                    # the box's workspace is the disk
-    assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev     # mounted over workspace/ on the host
-    assert (ws / "notes/a.md").read_text() == "kept\n"         # where a person looks
+    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev     # released when the box closed
+    assert (ws / "notes/a.md").read_text() == "kept\n"         # the folder's own copy, as it was
 
 
 def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does_not_shrink_it(
@@ -63,10 +65,13 @@ def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does
 def test_status_shows_the_disk_used_against_its_limit(agent, docker_client):
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0) as box:
         box.run("head -c 3m /dev/zero > big", timeout_s=30, max_output_chars=100)
-    d = agent_status(agent)["disk"]
-    assert d["limit_bytes"] == 2 * GIB and d["limit_files"] == 100_000
-    assert 3 * 2**20 <= d["used_bytes"] < 64 * 2**20 and d["used_files"] > 2
-    assert "MiB used" in render_agent_status(agent_status(agent))
+        d = agent_status(agent)["disk"]   # mounted over workspace/: the filesystem's own count
+        assert d["limit_bytes"] == 2 * GIB and d["limit_files"] == 100_000
+        assert 3 * 2**20 <= d["used_bytes"] < 64 * 2**20 and d["used_files"] > 2
+        assert "MiB used" in render_agent_status(agent_status(agent))
+    d = agent_status(agent)["disk"]       # released: the image's blocks on the host
+    assert 3 * 2**20 <= d["host_bytes"] < 64 * 2**20 and d["size_bytes"] == 2 * GIB
+    assert "held on the host" in render_agent_status(agent_status(agent))
 
 
 def test_without_root_a_disk_is_one_line_saying_what_to_do(agent, docker_client, monkeypatch):
@@ -105,7 +110,7 @@ def small_disks_dir(tmp_path, monkeypatch, docker_client):
         yield place
     finally:
         for key in disk.keys():
-            disk.release(docker_client, key, delete=True)
+            disk.release(docker_client, key, delete=True, force=True)
         subprocess.run(["umount", "--lazy", str(place)], check=True)   # a loop device may close later
 
 
