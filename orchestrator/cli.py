@@ -626,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
+    from orchestrator.sandbox import disk
+    held_before = disk.holding()   # an embedding process's own (tests): not this command's to let go
     try:
         return args.func(args)
     except WakeloopError as exc:
@@ -638,18 +640,18 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     finally:
-        _release_disks()
+        _release_disks(held_before)
         _stop_network()
 
 
-def _release_disks() -> None:
+def _release_disks(held_before: frozenset) -> None:
     """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
     that attached), whatever ended it: released unless another process holds it."""
     from orchestrator.sandbox import disk
-    if not disk.holding():
+    if not disk.holding() - held_before:
         return
     try:
-        problems = disk.let_go_all(connect())
+        problems = disk.let_go_all(connect(), kept=held_before)
     except Exception as exc:  # releasing must not mask the command's own result
         problems = [f"could not release the workspace disk(s): {exc}"]
     for line in problems:

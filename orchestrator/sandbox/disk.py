@@ -392,16 +392,17 @@ def let_go(client: docker.DockerClient, held: Disk) -> str | None:
     return None
 
 
-def holding() -> bool:
-    """Whether this process holds any disk now."""
+def holding() -> frozenset:
+    """The holds this process has now (a command's start, to let go only its own at the end)."""
     with _holds_lock:
-        return bool(_holds)
+        return frozenset(_holds)
 
 
-def let_go_all(client: docker.DockerClient) -> list[str]:
-    """Every disk this process still holds (a command's end, whatever ended it): let go."""
+def let_go_all(client: docker.DockerClient, kept: frozenset = frozenset()) -> list[str]:
+    """Every disk this process still holds but those in `kept` (a command's end, whatever
+    ended it): let go, each released if nobody else holds it."""
     with _holds_lock:
-        left = list(_holds)
+        left = [hold for hold in _holds if hold not in kept]
     problems = []
     for hold in left:
         if hold.drop():
