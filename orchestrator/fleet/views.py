@@ -93,8 +93,9 @@ def _health_line(h: dict) -> str:
 
 def disk_status(agent: Agent) -> dict:
     """The workspace's disk use against sandbox.disk and sandbox.files: read from its
-    mount over workspace/ (where the last wake left it), else from its image's blocks
-    on this host; under compose only the broker has either."""
+    mount over workspace/ while a command has it attached, else from its image's blocks
+    on this host (the folder's disk, by its identity: disk.lookup); under compose only
+    the broker has either."""
     box = agent.policy.sandbox
     data = {"limit_bytes": box.disk or None, "limit_files": box.files if box.disk else None}
     if not box.disk:

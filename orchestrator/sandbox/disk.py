@@ -26,20 +26,34 @@ An existing workspace folder is copied into the new image (`mkfs.ext4 -d`),
 once, with a line saying so; the folder's own copy is left as it is, unused.
 
 Which disk is whose: a disk belongs to an agent *folder*, named by the
-kernel's identity of that folder, its inode number and its birth time
-(statx's btime, to the nanosecond), kept in an index beside the images
-($WAKELOOP_DISKS/index.json, root's, outside agents/). So:
+kernel's identity of that folder: its inode number and the mark set when the
+inode is made, its birth time (statx's btime, to the nanosecond) or, where
+the filesystem keeps none (ext4 with 128-byte inodes), its generation (ext4
+draws it at random for each new inode). The index beside the images
+($WAKELOOP_DISKS/index.json, root's, outside agents/) maps identity to disk.
+Weighed, and why this one:
 
-- renaming or moving the folder keeps its disk (one disk per folder, whatever
-  its name becomes), and a folder made anew, even on a reused inode, has
-  another birth time and gets a disk of its own, never the old one;
-- nobody without root can make a folder claim another's identity: a birth
-  time cannot be set (utimes does not touch it), and the index is not in
-  agents/. A taken-over orchestrator, which holds agents/ read-write, can
-  give agent X's *name* to agent Y's folder by renaming, and Y's disk goes
-  with Y's folder: what it could already do with the folders themselves.
-  An id kept in state/ was weighed and refused: copying one file into
-  another folder would hand that folder another agent's disk;
+- a path or a name (the old design) follows whoever holds the name: a rename
+  made a new disk each time (11 from four renames), and a folder made at a
+  deleted agent's path got its disk;
+- an id kept in the agent's state/: a taken-over orchestrator, which holds
+  agents/ read-write, copies one file into another folder and that folder's
+  box mounts the other agent's disk;
+- the folder's identity: renaming or moving the folder keeps its disk (one
+  disk per folder, whatever its name becomes); a folder made anew, even on a
+  reused inode (ext4 hands a freed inode back at once), has another birth
+  time or generation and gets a disk of its own; and no one without root can
+  make a folder claim another's: the inode is the kernel's, a birth time
+  cannot be set (utimes does not touch it), the index is not in agents/. What
+  the orchestrator can do, give agent X's *name* to agent Y's folder by
+  renaming, moves Y's disk with Y's folder: what it could already do with
+  the folders themselves. (Where the mark is a generation, the folder's owner
+  may set it with FS_IOC_SETVERSION on ext4 without metadata_csum: after
+  deleting agent X's folder, and if its inode came back, the orchestrator
+  could claim X's old disk, files it could reach until it deleted X.) st_dev
+  is recorded but not matched (it may change across boots); the broker
+  refuses an agent folder on another filesystem than ROOT (a FUSE folder
+  could report any identity);
 - a folder copied elsewhere (another filesystem, a restore) is a new
   folder: it gets a new disk, copied from its workspace/; the old image
   stays, shown by `wakeloop disk list` with no folder, until `disk rm`.
