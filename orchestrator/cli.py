@@ -233,7 +233,11 @@ def cmd_disk_rm(args) -> int:
                          f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`")
     _need_root(disk)
     lock = WakeLock(folder / "state")
-    holder = lock.acquire()   # held while we delete: no wake starts on a disk going away
+    try:
+        holder = lock.acquire()   # held while we delete: no wake starts on a disk going away
+    except OSError as exc:   # state/ missing, or its wake.lock a link: not a wake we can rule out
+        raise disk.DiskError(f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); "
+                             "`wakeloop status` says why") from None
     if holder is not None:
         raise disk.DiskError(f"{args.agent_dir} is waking ({holder.describe()}); try again when the wake ends")
     try:

@@ -132,6 +132,27 @@ def no_container_left_behind(request, tmp_path_factory):
     assert not left, f"sandbox containers left behind: {left}"
 
 
+@pytest.fixture
+def disk_view(docker_client):
+    """view(agent_dir): the agent's workspace as its wakes see it, its disk attached for
+    the rest of the test (a wake releases it when it ends; workspace/ then shows the
+    folder's own, unused copy), released after; the folder itself with `sandbox.disk: none`."""
+    boxes = {}
+
+    def view(agent_dir) -> Path:
+        agent = load_agent(agent_dir)
+        if not agent.policy.sandbox.disk:
+            return agent.workspace
+        if agent.dir not in boxes:
+            boxes[agent.dir] = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name,
+                                             client=docker_client, warm=0)
+        return boxes[agent.dir].view
+
+    yield view
+    for box in boxes.values():
+        box.close()
+
+
 @pytest.fixture(autouse=True)
 def disks_released(request):
     """A test's agents' disks are deleted after it (those of wider-scoped fixtures at

@@ -355,3 +355,26 @@ def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, dock
     finally:
         broker.close()
     assert attached_devices(disk.path_of(key, "img")) == []
+
+
+def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_own_disk(tmp_path, docker_client):
+    from orchestrator.broker.server import Broker
+    from orchestrator.policy.agent import init_agent
+    from support import set_policy
+    root = tmp_path / "agents"
+    for name in ("alpha", "beta"):
+        set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        for name in ("alpha", "beta"):
+            broker_call(broker, name, f"echo {name} > mine.txt")
+        for name, other in (("alpha", "swap"), ("beta", "alpha"), ("swap", "beta")):
+            (root / name).rename(root / other)   # alpha's folder is now "beta", and beta's "alpha"
+        assert broker_call(broker, "alpha", "cat mine.txt")["output"] == "beta\n"
+        assert broker_call(broker, "beta", "cat mine.txt")["output"] == "alpha\n"
+        symlinked = root / "gamma"
+        symlinked.symlink_to(root / "alpha")   # a link claiming a folder's identity: refused
+        with pytest.raises(Exception, match="not a folder directly under"):
+            broker_call(broker, "gamma")
+    finally:
+        broker.close()

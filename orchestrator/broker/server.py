@@ -151,11 +151,11 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
 class _HostPathSandbox(DockerSandbox):
     """DockerSandbox for a workspace the broker sees elsewhere than the host does: its
     disk is its agent folder's (on ROOT's own filesystem), mounted for reading at the
-    broker's own path. `identity`: the folder's when the box was made (None: no disk)."""
+    broker's own path. `identity`: the folder's, read once when the box is made, both
+    to claim its disk and to key the kept box (None: no disk)."""
 
-    def __init__(self, workspace: Path, host_workspace: Path, policy, *, identity, **kwargs):
+    def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
         self.host_workspace = host_workspace
-        self.identity = identity
         super().__init__(workspace, policy, host_path=host_workspace, private_view=True, **kwargs)
 
 

@@ -313,10 +313,12 @@ def lookup(folder: Path) -> str | None:
 
 
 def claim(folder: Path, *, agent: str, host_workspace: Path, host_folder: Path,
-          within: Path | None = None) -> str:
+          within: Path | None = None, identity: Identity | None = None) -> str:
     """The key of `folder`'s disk: the one the index has for its identity, else an old-style
-    image it adopts, else a new key; recorded (with where the folder was last seen)."""
-    ident = identity_of(folder, within=within)
+    image it adopts, else a new key; recorded (with where the folder was last seen).
+    `identity`: the folder's as the caller already took it (the broker, which keys its
+    kept box by it: read once, so a folder swapped meanwhile cannot split the two)."""
+    ident = identity or identity_of(folder, within=within)
     disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     with _locked(disks_dir() / INDEX_LOCK):
         entries = read_index()

@@ -166,12 +166,12 @@ class DockerSandbox:
                  run_id: str | None = None, client: docker.DockerClient | None = None,
                  warm: int | None = None, host_path: Path | None = None, private_view: bool = False,
                  attach: bool = True, folder: Path | None = None, host_folder: Path | None = None,
-                 within: Path | None = None):
+                 within: Path | None = None, identity: disk.Identity | None = None):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
         workspace's parent), by its identity (disk.py); `host_folder` is where the host
         sees it, for the index's record; `within` (the broker's ROOT) the filesystem it
-        must be on. The disk is mounted over the workspace folder, where a person looks,
+        must be on; `identity` the folder's identity if the caller took it already. The disk is mounted over the workspace folder, where a person looks,
         or with `private_view` (the broker, whose workspace folders the orchestrator
         can rename) at a path of its own. `attach=False` plans the disk without
         making or mounting it (`policy explain`). close() lets go of the disk: it is
@@ -189,6 +189,7 @@ class DockerSandbox:
         self.folder = Path(folder) if folder else self.workspace.parent
         self._host_folder = host_folder or self.folder
         self._within = within
+        self.identity = identity
         self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
         self.pool = None
         self.release_problem: str | None = None     # why close() could not release the disk
@@ -253,8 +254,9 @@ class DockerSandbox:
             key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
             view = disk.path_of(key, "view") if self._private_view else self.workspace
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
+        self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
         key = disk.claim(self.folder, agent=self.agent, host_workspace=self._host_path,
-                         host_folder=self._host_folder, within=self._within)
+                         host_folder=self._host_folder, within=self._within, identity=self.identity)
         view = disk.path_of(key, "view") if self._private_view else self.workspace
         made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
                            seed=self.workspace, view=view)
