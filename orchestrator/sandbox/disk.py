@@ -630,8 +630,8 @@ def _check_room(more: int) -> None:
         raise DiskError(f"sandbox.disk: no room for {more:,} more bytes of disk in {disks_dir()}: its "
                         f"filesystem has {max(room, 0):,} free beyond its {RESERVE:.0%} reserve, and its "
                         f"{len(keys())} disk(s) may still take {promised:,} of them as they fill; lower "
-                        "sandbox.disk, delete the disks of agents you removed, or give WAKELOOP_DISKS "
-                        "a bigger filesystem")
+                        "sandbox.disk, delete the disks of agents you removed (`wakeloop disk list`, then "
+                        "`wakeloop disk rm`), or give WAKELOOP_DISKS a bigger filesystem")
 
 
 def _loop(image: Path) -> str:
