@@ -378,3 +378,13 @@ def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_ow
             broker_call(broker, "gamma")
     finally:
         broker.close()
+
+
+def test_a_workspace_that_is_a_link_to_another_agents_gets_no_disk_mounted_over_it(tmp_path, docker_client):
+    from orchestrator.policy.agent import init_agent
+    victim, evil = init_agent(tmp_path / "victim"), init_agent(tmp_path / "evil")
+    subprocess.run(["rm", "-rf", str(evil / "workspace")], check=True)
+    (evil / "workspace").symlink_to(victim / "workspace")   # whoever may write the evil folder (actor D)
+    with pytest.raises(DiskError, match="is a link"):
+        open_box(evil)
+    assert os.stat(victim / "workspace").st_dev == os.stat(victim).st_dev   # nothing mounted there

@@ -482,7 +482,12 @@ def _unheld(key: str) -> int | None:
 
 def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
     for device in _devices_of(image):
+        rdev = os.stat(device).st_rdev
         for target in _mounts_of(device):
+            # umount takes a path and removes the mount on top there: never another disk's.
+            if os.stat(target).st_dev != rdev:
+                raise DiskError(f"sandbox.disk: {image} is mounted at {target} beneath another mount; "
+                                "release that one first")
             _tool("umount", target)
     try:
         client.api.remove_volume(VOLUME_PREFIX + key, force=True)

@@ -176,7 +176,8 @@ class DockerSandbox:
         can rename) at a path of its own. `attach=False` plans the disk without
         making or mounting it (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it."""
-        self.workspace = Path(workspace).resolve()
+        self._given_workspace = Path(workspace).absolute()
+        self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist; create it with `wakeloop init`")
         self.policy = policy
@@ -255,6 +256,11 @@ class DockerSandbox:
             view = disk.path_of(key, "view") if self._private_view else self.workspace
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
         self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
+        if not self._private_view and self._given_workspace.is_symlink():
+            # Mounted over a real workspace folder only: never over one a link names
+            # (another agent's workspace, where its own disk is mounted).
+            raise disk.DiskError(f"sandbox.disk: {self._given_workspace} is a link (to {self.workspace}); "
+                                 "a disk is mounted only over a real workspace folder: make it one")
         key = disk.claim(self.folder, agent=self.agent, host_workspace=self._host_path,
                          host_folder=self._host_folder, within=self._within, identity=self.identity)
         view = disk.path_of(key, "view") if self._private_view else self.workspace

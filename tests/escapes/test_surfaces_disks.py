@@ -21,7 +21,7 @@ COVERED: set[str] = {
 }
 
 
-def path_keyed(folder, *, agent, host_workspace, host_folder, within=None) -> str:
+def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, identity=None) -> str:
     """The design before issue 20: a disk named by the agent's name and its workspace's path."""
     return disk.legacy_key(agent, host_workspace)
 
@@ -34,7 +34,7 @@ def escapes(lab, probe) -> str:
 
 def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):
     monkeypatch.setattr(disk, "claim", path_keyed)
-    assert "disk images" in escapes(surface_lab, probes.disks_one_per_folder_through_renames)
+    assert "4 disk images and 4 loop devices" in escapes(surface_lab, probes.disks_one_per_folder_through_renames)
 
 
 def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_it(surface_lab, monkeypatch):
