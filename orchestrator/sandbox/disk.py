@@ -84,7 +84,6 @@ workspace's files (files.py).
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import hashlib
 import json
@@ -92,7 +91,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import struct
 import subprocess
 import threading
@@ -284,7 +282,10 @@ def read_index() -> dict[str, dict]:
         return {}
     try:
         with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(INDEX_MAX_BYTES + 1)[:INDEX_MAX_BYTES + 1] or b"{}")
+            raw = f.read(INDEX_MAX_BYTES + 1)
+        if len(raw) > INDEX_MAX_BYTES:
+            raise ValueError(f"over {INDEX_MAX_BYTES:,} bytes")
+        data = json.loads(raw or b"{}")
     except ValueError as exc:
         raise DiskError(f"sandbox.disk: {path} is not the index wakeloop writes ({exc}); move it "
                         "aside, and `wakeloop disk list` shows the images it named") from None
