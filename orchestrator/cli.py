@@ -153,11 +153,16 @@ def cmd_context(args) -> int:
     if warning:
         print(warning, file=sys.stderr)
     from orchestrator.broker.client import broker_socket, open_files
+    from orchestrator.sandbox.box import SandboxError
     box = None
     if agent.policy.sandbox.disk and not broker_socket() and _has_disk(agent):
         # The memory is on the agent's disk: attached for this reading, released after.
-        box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0,
-                            folder=agent.dir.resolve())
+        try:
+            box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0,
+                                folder=agent.dir.resolve())
+        except SandboxError as exc:
+            print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})",
+                  file=sys.stderr)
     try:
         ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
                             inbox=peek_inbox(agent.state_dir), files=box.files() if box else open_files(agent))
