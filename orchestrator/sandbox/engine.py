@@ -171,9 +171,10 @@ class DockerSandbox:
         The agent's disk belongs to `folder` (the agent folder; by default the
         workspace's parent), by its identity (disk.py); `host_folder` is where the host
         sees it, for the index's record; `within` (the broker's ROOT) the filesystem it
-        must be on; `identity` the folder's identity if the caller took it already. The disk is mounted over the workspace folder, where a person looks,
-        or with `private_view` (the broker, whose workspace folders the orchestrator
-        can rename) at a path of its own. `attach=False` plans the disk without
+        must be on; `identity` the folder's identity if the caller took it already.
+        The disk is mounted over the workspace folder, where a person looks, or with
+        `private_view` (the broker, whose workspace folders the orchestrator can
+        rename) at a path of its own. `attach=False` plans the disk without
         making or mounting it (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it."""
         self._given_workspace = Path(workspace).absolute()
