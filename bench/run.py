@@ -51,7 +51,8 @@ MAX_RSS_MB = 150            # the orchestrator's peak RSS serving AGENTS agents
 def measure(tmp: Path, runtime: str, calls: int, agents: int) -> dict:
     out: dict = {"load": os.getloadavg()[0]}
     agent = make_agent(tmp / "ref", {"sandbox": {"runtime": runtime}})
-    ref = Reference(DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench-ref", warm=0))
+    ref_box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench-ref", warm=0)
+    ref = Reference(ref_box)
     refs = References([], [], [], [])
     try:
         say(f"{runtime}: docker exec / docker run references, first half")
@@ -63,7 +64,8 @@ def measure(tmp: Path, runtime: str, calls: int, agents: int) -> dict:
         say(f"{runtime}: docker exec / docker run references, second half")
         ref.rounds(calls - calls // 2, refs)
     finally:
-        ref.close()
+        ref.close()       # its docker exec container first: it mounts the disk's volume
+        ref_box.close()   # then the disk is released (it was left mounted over ref/workspace)
     say(f"{runtime}: back-to-back sandbox calls and the idle pool")
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench-pool") as box:
         out["rate"], out["rate_cold"], out["idle"] = back_to_back(box, calls)

@@ -91,6 +91,7 @@ def main() -> int:
         finally:
             subprocess.run(["docker", "rm", "-f", warm_id], capture_output=True)
             box.close()
+            cold.close()   # the last holder of the disk: released before the folder goes
         print(file=sys.stderr)
 
     floor = statistics.median(samples["docker exec (warm)"])

@@ -152,15 +152,112 @@ def cmd_context(args) -> int:
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
-    from orchestrator.broker.client import open_files
-    ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
-                        inbox=peek_inbox(agent.state_dir), files=open_files(agent))
+    from orchestrator.broker.client import broker_socket, open_files
+    from orchestrator.sandbox.box import SandboxError
+    box = None
+    if agent.policy.sandbox.disk and not broker_socket() and _has_disk(agent):
+        # The memory is on the agent's disk: attached for this reading, released after.
+        try:
+            box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0,
+                                folder=agent.dir.resolve())
+        except SandboxError as exc:
+            print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})",
+                  file=sys.stderr)
+    try:
+        ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
+                            inbox=peek_inbox(agent.state_dir), files=box.files() if box else open_files(agent))
+    finally:
+        if box:
+            box.close()
     if args.json:
         _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system,
                      "first_user": ctx.first_user})
         return EXIT_OK
     print(ctx.render(), end="")
     return EXIT_OK
+
+
+def _has_disk(agent) -> bool:
+    """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
+    from orchestrator.sandbox import disk
+    key = disk.lookup(agent.dir.resolve())
+    return bool(key) and disk.path_of(key, "img").exists()
+
+
+def cmd_disk_list(args) -> int:
+    from pathlib import Path
+    from orchestrator.fleet.views import disk_record, render_disks
+    from orchestrator.sandbox import disk
+    root = Path(args.root) if args.root else None
+    if root and not root.is_dir():
+        raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
+    try:
+        records = disk.survey(root)
+    except PermissionError:
+        raise disk.DiskError(f"cannot read {disk.disks_dir()} (the disks' folder is root's): "
+                             "run `sudo wakeloop disk list`") from None
+    if args.json:
+        _print_json([disk_record(r) for r in records])
+    else:
+        print(render_disks(records, disk.disks_dir()), end="")
+    return EXIT_OK
+
+
+def _disk_of(agent_dir: str):
+    """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
+    from pathlib import Path
+    from orchestrator.sandbox import disk
+    folder = Path(agent_dir).resolve()
+    if not folder.is_dir():
+        raise AgentError(f"{agent_dir} is not a folder; give an agent's folder, e.g. agents/mine")
+    key = disk.lookup(folder)
+    if key is None or not disk.path_of(key, "img").exists():
+        raise disk.DiskError(f"{agent_dir} has no disk in {disk.disks_dir()} (`wakeloop disk list` shows "
+                             "every disk and its folder)")
+    return folder, key
+
+
+def cmd_disk_release(args) -> int:
+    from orchestrator.sandbox import disk
+    folder, key = _disk_of(args.agent_dir)
+    _need_root(disk)
+    if not disk.release(connect(), key):
+        raise disk.DiskError(f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
+                             "broker holds it); it is released when that ends")
+    print(f"released the disk of {folder}: unmounted and detached; the image {disk.path_of(key, 'img')} is kept")
+    return EXIT_OK
+
+
+def cmd_disk_rm(args) -> int:
+    from orchestrator.records.state import WakeLock
+    from orchestrator.sandbox import disk
+    folder, key = _disk_of(args.agent_dir)
+    image = disk.path_of(key, "img")
+    if not args.yes:
+        raise AgentError(f"this deletes {image}, the workspace's files of {folder}, for good; "
+                         f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`")
+    _need_root(disk)
+    lock = WakeLock(folder / "state")
+    try:
+        holder = lock.acquire()   # held while we delete: no wake starts on a disk going away
+    except OSError as exc:   # state/ missing, or its wake.lock a link: not a wake we can rule out
+        raise disk.DiskError(f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); "
+                             "`wakeloop status` says why") from None
+    if holder is not None:
+        raise disk.DiskError(f"{args.agent_dir} is waking ({holder.describe()}); try again when the wake ends")
+    try:
+        if not disk.release(connect(), key, delete=True):
+            raise disk.DiskError(f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
+                                 "holds it); try again when that ends")
+    finally:
+        lock.release()
+    print(f"deleted the disk of {folder} ({image}); its next wake makes a new one from workspace/")
+    return EXIT_OK
+
+
+def _need_root(disk) -> None:
+    if os.geteuid() != 0:
+        raise disk.DiskError("releasing or deleting a disk needs root (umount, losetup): run it with sudo")
 
 
 def cmd_send(args) -> int:
@@ -353,6 +450,25 @@ start here:
 """
 
 
+def _disk_commands(sub) -> None:
+    disks = _command(sub, "disk", "the agents' workspace disks: list, release, delete",
+                     "wakeloop disk list agents/").add_subparsers(
+        dest="disk_command", metavar="SUBCOMMAND", required=True)
+    p = _command(disks, "list", "every disk in $WAKELOOP_DISKS: its agent folder, size, bytes on the "
+                                "host, attached or not (reads only)", "wakeloop disk list agents/ --json",
+                 cmd_disk_list)
+    p.add_argument("root", nargs="?", metavar="ROOT", help="find each disk's folder among the agents here")
+    _json_flag(p, "the disks as a JSON list")
+    p = _command(disks, "release", "unmount and detach an agent's disk now (the image is kept; the "
+                                   "next wake attaches it again)", "sudo wakeloop disk release agents/mine",
+                 cmd_disk_release)
+    p.add_argument("agent_dir")
+    p = _command(disks, "rm", "delete an agent's disk, its workspace's files with it (refused while "
+                              "it wakes)", "sudo wakeloop disk rm agents/old --yes", cmd_disk_rm)
+    p.add_argument("agent_dir")
+    p.add_argument("--yes", action="store_true", help="yes, delete the workspace's files for good")
+
+
 def _notify_commands(sub) -> None:
     notify = _command(sub, "notify", "notifications: test every channel",
                       "wakeloop notify test agents/mine").add_subparsers(
@@ -400,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="no API call: a scripted model drives "
                                                               "the real tools (the default)")
     p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
+
+    _disk_commands(sub)
 
     p = _command(sub, "context", "print the system prompt and first user message the next wake "
                                  "would send; changes nothing", "wakeloop context agents/mine | less",
@@ -522,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
+    from orchestrator.sandbox import disk
+    held_before = disk.holding()   # an embedding process's own (tests): not this command's to let go
     try:
         return args.func(args)
     except WakeloopError as exc:
@@ -534,7 +654,22 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     finally:
+        _release_disks(held_before)
         _stop_network()
+
+
+def _release_disks(held_before: frozenset) -> None:
+    """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
+    that attached), whatever ended it: released unless another process holds it."""
+    from orchestrator.sandbox import disk
+    if not disk.holding() - held_before:
+        return
+    try:
+        problems = disk.let_go_all(connect(), kept=held_before)
+    except Exception as exc:  # releasing must not mask the command's own result
+        problems = [f"could not release the workspace disk(s): {exc}"]
+    for line in problems:
+        print(f"wakeloop: {line}; `wakeloop disk release AGENT_DIR` retries", file=sys.stderr)
 
 
 def _stop_network() -> None:

@@ -132,10 +132,32 @@ def no_container_left_behind(request, tmp_path_factory):
     assert not left, f"sandbox containers left behind: {left}"
 
 
+@pytest.fixture
+def disk_view(docker_client):
+    """view(agent_dir): the agent's workspace as its wakes see it, its disk attached for
+    the rest of the test (a wake releases it when it ends; workspace/ then shows the
+    folder's own, unused copy), released after; the folder itself with `sandbox.disk: none`."""
+    boxes = {}
+
+    def view(agent_dir) -> Path:
+        agent = load_agent(agent_dir)
+        if not agent.policy.sandbox.disk:
+            return agent.workspace
+        if agent.dir not in boxes:
+            boxes[agent.dir] = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name,
+                                             client=docker_client, warm=0)
+        return boxes[agent.dir].view
+
+    yield view
+    for box in boxes.values():
+        box.close()
+
+
 @pytest.fixture(autouse=True)
 def disks_released(request):
-    """A test's agents' disks are unmounted, detached and deleted after it (those of
-    wider-scoped fixtures at the session's end): no loop device or mount is left."""
+    """A test's agents' disks are deleted after it (those of wider-scoped fixtures at
+    the session's end). A disk the code under test left attached is a leak: forced
+    off here so later tests run clean, and named at the session's end, which fails."""
     if not request.node.get_closest_marker("docker"):
         yield
         return
@@ -143,22 +165,62 @@ def disks_released(request):
     before = disk.keys()
     yield
     for key in disk.keys() - before:
-        disk.release(client, key, delete=True)
+        if disk.held(key) or _attached(disk.path_of(key, "img")):
+            _leaks.append(f"{request.node.nodeid}: disk {key} still attached after the test")
+        disk.release(client, key, delete=True, force=True)
+
+
+_leaks: list[str] = []   # tests whose code left a disk attached (disks_released)
+
+
+def _attached(image: Path) -> bool:
+    return any(backing.read_text().strip().startswith(str(image))
+               for backing in Path("/sys/block").glob("loop*/loop/backing_file"))
+
+
+def disk_leftovers(client, where: Path) -> list[str]:
+    """What this session's disks dir still has on the host: loop devices backed by a
+    file in it, mounts of those, engine volumes labelled with an image in it, images."""
+    left = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        if backing.read_text().strip().startswith(str(where) + "/"):
+            device = backing.parent.parent.name
+            left.append(f"loop device /dev/{device} ({backing.read_text().strip()})")
+            numbers = (backing.parent.parent / "dev").read_text().strip()
+            left += [f"mount of /dev/{device} at {line.split()[4]}"
+                     for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                     if line.split()[2] == numbers]
+    for volume in client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []:
+        if (volume.get("Labels") or {}).get(disk.LABEL, "").startswith(str(where) + "/"):
+            left.append(f"volume {volume['Name']}")
+    left += [f"image {image}" for image in sorted(where.glob("*.img"))]
+    return left
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_disk_left_behind(request):
+    """After the whole session: no loop device, mount or volume of this session's disks
+    dir remains, and no test's code left a disk attached; else the run fails. Images
+    (a module fixture's, whose box closed) are deleted here, and none may be left after."""
     yield
-    keys = disk.keys()
-    if keys:
-        client = docker.from_env()
-        for key in keys:
-            disk.release(client, key, delete=True)
-    for view in disk.disks_dir().glob("*.view"):
+    where = disk.disks_dir()
+    if not where.is_dir():
+        return
+    client = docker.from_env()
+    left = [what for what in disk_leftovers(client, where) if not what.startswith("image ")]
+    for key in disk.keys():   # cleaned anyway, so the host is left as it was found
+        disk.release(client, key, delete=True, force=True)
+    left += disk_leftovers(client, where)   # what even a forced release could not remove
+    for name in (disk.INDEX, "index.partial-index"):
+        (where / name).unlink(missing_ok=True)
+    for view in where.glob("*.view"):
         view.rmdir()   # a broker's mount point, unmounted by release: empty, or this fails loudly
-    for lock in disk.disks_dir().glob("*.lock"):
-        lock.unlink()   # room.lock, and those of disks refused before they were made
-    disk.disks_dir().rmdir()
+    for kind in ("lock", "use"):
+        for lock in where.glob(f"*.{kind}"):
+            lock.unlink()   # room.lock, and those of disks refused before they were made
+    where.rmdir()
+    problems = left + _leaks
+    assert not problems, "disks left behind by this session:\n  " + "\n  ".join(problems)
 
 
 def pytest_report_header(config):

@@ -80,7 +80,7 @@ def broker(root):
 def view(root: Path, name: str = "alpha") -> Path:
     """Where the broker mounts agent `name`'s disk: the workspace as its boxes see it
     (the folder under ROOT is not: only the broker mounts the disk)."""
-    return disk.path_of(disk.key_for(name, (root / name / 'workspace').resolve()), "view")
+    return disk.path_of(disk.lookup(root / name), "view")
 
 
 def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):
@@ -181,7 +181,7 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
 
 
 @pytest.mark.parametrize("disk_setting", ["2g", "none"])
-def test_the_disk_or_the_mount_source_is_named_by_the_host_path_of_the_workspace(
+def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_workspace(
         root, monkeypatch, docker_client, disk_setting):
     monkeypatch.setenv(HOST_ROOT_ENV, "/srv/host/agents")
     # pool 0: no container for a mount source that is not there
@@ -190,7 +190,9 @@ def test_the_disk_or_the_mount_source_is_named_by_the_host_path_of_the_workspace
     entry = broker._acquire(broker._agent("alpha"))
     broker._release(entry)
     _, host = entry.box.container_spec(["true"])
-    key = disk.key_for("alpha", Path("/srv/host/agents/alpha/workspace"))
+    key = disk.lookup(root / "alpha")
+    if disk_setting == "2g":   # the index records where the host sees the folder
+        assert disk.read_index()[key]["folder"] == "/srv/host/agents/alpha"
     assert [(m["Type"], m["Source"]) for m in host["mounts"]] == (
         [("volume", disk.VOLUME_PREFIX + key)] if disk_setting == "2g"
         else [("bind", "/srv/host/agents/alpha/workspace")])

@@ -67,10 +67,17 @@ def compose():
     if not token_before:
         token.unlink(missing_ok=True)
     run("down", "--volumes", "--remove-orphans", check=False)
-    for image in set(DISKS.glob("*.img")) - disks_before:   # the broker released it at its stop
+    made = set(DISKS.glob("*.img")) - disks_before
+    for image in made:   # the broker released it at its stop
         image.unlink()
-        image.with_suffix(".lock").unlink(missing_ok=True)
+        for kind in (".lock", ".use"):
+            image.with_suffix(kind).unlink(missing_ok=True)
         image.with_suffix(".view").rmdir()                    # its mount point, empty once unmounted
+    index = DISKS / "index.json"
+    if made and index.exists():   # and the index forgets them
+        entries = json.loads(index.read_text())
+        entries["disks"] = {k: v for k, v in entries["disks"].items() if k not in {i.stem for i in made}}
+        index.write_text(json.dumps(entries))
 
 
 def sandbox_containers(docker_client) -> list:

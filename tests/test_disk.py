@@ -9,6 +9,7 @@ line a host without root or loop devices gets.
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from orchestrator.fleet.views import agent_status, render_agent_status
 from orchestrator.policy.agent import load_agent
 from orchestrator.sandbox import disk
+from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.disk import DiskError
 from orchestrator.sandbox.engine import DockerSandbox
 
@@ -34,12 +36,14 @@ def test_an_existing_workspace_is_copied_onto_its_new_disk_and_seen_in_the_box(a
         assert box.disk and "copied" in box.warning and str(box.disk.image) in box.warning
         seen = box.run("cat notes/b.md; stat -c %h notes/a.md; readlink link; df -P . | tail -1",
                        timeout_s=30, max_output_chars=2000)
+        assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev     # mounted over workspace/ on the host
+        (ws / "notes/a.md").unlink()   # the folder's own copy, beneath the mount, is untouched
     assert seen.ok, seen.output
     lines = seen.output.splitlines()
     assert lines[:3] == ["kept", "2", "/etc/passwd"]          # content, the hard link, the link as a link
     assert lines[3].startswith("/dev/loop")                    # the box's workspace is the disk
-    assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev     # mounted over workspace/ on the host
-    assert (ws / "notes/a.md").read_text() == "kept\n"         # where a person looks
+    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev     # released when the box closed
+    assert (ws / "notes/a.md").read_text() == "kept\n"         # the folder's own copy, as it was
 
 
 def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does_not_shrink_it(
@@ -63,10 +67,13 @@ def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does
 def test_status_shows_the_disk_used_against_its_limit(agent, docker_client):
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0) as box:
         box.run("head -c 3m /dev/zero > big", timeout_s=30, max_output_chars=100)
-    d = agent_status(agent)["disk"]
-    assert d["limit_bytes"] == 2 * GIB and d["limit_files"] == 100_000
-    assert 3 * 2**20 <= d["used_bytes"] < 64 * 2**20 and d["used_files"] > 2
-    assert "MiB used" in render_agent_status(agent_status(agent))
+        d = agent_status(agent)["disk"]   # mounted over workspace/: the filesystem's own count
+        assert d["limit_bytes"] == 2 * GIB and d["limit_files"] == 100_000
+        assert 3 * 2**20 <= d["used_bytes"] < 64 * 2**20 and d["used_files"] > 2
+        assert "MiB used" in render_agent_status(agent_status(agent))
+    d = agent_status(agent)["disk"]       # released: the image's blocks on the host
+    assert 3 * 2**20 <= d["host_bytes"] < 64 * 2**20 and d["size_bytes"] == 2 * GIB
+    assert "held on the host" in render_agent_status(agent_status(agent))
 
 
 def test_without_root_a_disk_is_one_line_saying_what_to_do(agent, docker_client, monkeypatch):
@@ -105,7 +112,7 @@ def small_disks_dir(tmp_path, monkeypatch, docker_client):
         yield place
     finally:
         for key in disk.keys():
-            disk.release(docker_client, key, delete=True)
+            disk.release(docker_client, key, delete=True, force=True)
         subprocess.run(["umount", "--lazy", str(place)], check=True)   # a loop device may close later
 
 
@@ -126,3 +133,258 @@ def test_disks_never_promise_more_than_their_filesystem_holds(small_disks_dir, t
         filled = box.run("head -c 64m /dev/zero > f; df -P -B1M . | tail -1", timeout_s=60, max_output_chars=500)
     assert "No space left on device" in filled.output, filled.output
     assert os.statvfs(small_disks_dir).f_bavail > 0
+
+
+# -- whose disk: one per agent folder, whatever its name ---------------------------------
+
+def attached_devices(image) -> list[str]:
+    """Loop devices backed by `image` now (sysfs: what the kernel has, not what we think)."""
+    return sorted(d for d, backing in disk._loops().items() if backing == str(image))
+
+
+def open_box(agent_dir, **kwargs) -> DockerSandbox:
+    agent = load_agent(agent_dir)
+    return DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0, **kwargs)
+
+
+def test_renaming_an_agent_folder_keeps_its_one_disk(agent_dir, docker_client):
+    with open_box(agent_dir) as box:
+        box.run("echo mine > kept.txt", timeout_s=30, max_output_chars=100)
+        first = box.disk
+    images_before = disk.keys()
+    place = agent_dir
+    for n in range(4):
+        place = place.rename(place.with_name(f"renamed-{n}"))
+        with open_box(place) as box:
+            assert box.disk.key == first.key and box.disk.image == first.image
+            seen = box.run("cat kept.txt", timeout_s=30, max_output_chars=100)
+            assert seen.output == "mine\n" and len(attached_devices(first.image)) == 1
+    assert disk.keys() == images_before and attached_devices(first.image) == []
+    assert disk.read_index()[first.key]["folder"] == str(place)   # where it was last seen
+
+
+def test_a_folder_made_anew_where_a_deleted_one_was_gets_a_disk_of_its_own(agent_dir, docker_client):
+    from orchestrator.policy.agent import init_agent
+    with open_box(agent_dir) as box:
+        box.run("echo secret > old.txt", timeout_s=30, max_output_chars=100)
+        old = box.disk.key
+    before = disk.identity_of(agent_dir)
+    subprocess.run(["rm", "-rf", str(agent_dir)], check=True)
+    again = init_agent(agent_dir)   # same path, same name; maybe the same inode number
+    assert disk.identity_of(again) != before
+    with open_box(again) as box:
+        assert box.disk.key != old
+        assert box.run("cat old.txt", timeout_s=30, max_output_chars=100).exit_code != 0
+    assert disk.path_of(old, "img").exists()   # the old one is kept until `disk rm`
+
+
+def test_a_disk_named_the_old_way_is_adopted_by_its_folder(agent_dir, docker_client):
+    agent = load_agent(agent_dir)
+    with open_box(agent_dir) as box:
+        box.run("echo before > upgraded.txt", timeout_s=30, max_output_chars=100)
+        made = box.disk.key
+    old_style = disk.legacy_key(agent.name, agent.workspace.resolve())
+    for kind in ("img", "lock", "use"):   # as an earlier wakeloop left it: no index entry
+        disk.path_of(made, kind).rename(disk.path_of(old_style, kind))
+    disk.forget(made)
+    with open_box(agent_dir) as box:
+        assert box.disk.key == old_style and disk.read_index()[old_style]["adopted"] is True
+        assert box.run("cat upgraded.txt", timeout_s=30, max_output_chars=100).output == "before\n"
+    agent_dir.rename(agent_dir.with_name("moved"))   # adopted once: the folder keeps it when renamed
+    with open_box(agent_dir.with_name("moved")) as box:
+        assert box.disk.key == old_style
+
+
+def test_a_disk_is_released_when_its_last_holder_closes_and_its_image_is_kept(agent_dir, docker_client):
+    first = open_box(agent_dir)
+    second = open_box(agent_dir)   # a wake and a `sandbox exec` at once
+    image = first.disk.image
+    assert first.disk.key == second.disk.key and len(attached_devices(image)) == 1
+    first.close()
+    assert len(attached_devices(image)) == 1 and disk.held(first.disk.key)   # the other still has it
+    assert second.run("true", timeout_s=30, max_output_chars=100).ok
+    second.close()
+    assert attached_devices(image) == [] and not disk.held(first.disk.key) and image.exists()
+    ws = agent_dir / "workspace"
+    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev   # unmounted: `rm -rf` of the folder works
+    volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
+    assert first.disk.volume not in {v["Name"] for v in volumes}
+
+
+def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_client, monkeypatch):
+    from orchestrator.sandbox import network
+    policy = replace(load_agent(agent_dir).policy.sandbox, network="allowlist", allow_hosts=("example.com",))
+
+    def no_proxy(*args, **kwargs):   # the allowlist's proxy fails to start, after the disk attached
+        raise network.NetworkError("no proxy today")
+    monkeypatch.setattr(network, "ensure", no_proxy)
+    with pytest.raises(SandboxError, match="no proxy today"):
+        DockerSandbox(agent_dir / "workspace", policy, agent="agent", warm=0)
+    key = disk.lookup(agent_dir)
+    assert key and attached_devices(disk.path_of(key, "img")) == [] and not disk.held(key)
+
+
+# -- a one-shot command leaves nothing attached; `wakeloop disk` ---------------------------
+
+def test_one_shot_commands_release_the_disk_they_attached(agent_dir, docker_client, capsys):
+    from orchestrator.cli import main
+    assert main(["sandbox", "exec", str(agent_dir), "--", "echo x > made.txt"]) == 0
+    key = disk.lookup(agent_dir)
+    assert key and attached_devices(disk.path_of(key, "img")) == []
+    assert main(["wake", str(agent_dir)]) == 0   # a dry run: the scripted model drives the real tools
+    assert main(["context", str(agent_dir)]) == 0   # reads the memory on the disk, then lets it go
+    assert main(["sandbox", "exec", str(agent_dir), "--", "exit 3"]) == 3   # a failing command too
+    assert attached_devices(disk.path_of(key, "img")) == [] and not disk.holding()
+    subprocess.run(["rm", "-rf", str(agent_dir)], check=True)   # "Device or resource busy" before
+
+
+def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
+    import signal
+    import sys
+    from support import REPO, scrubbed_env, wait_for
+    agent = load_agent(agent_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--",
+                             "sleep 60"], cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        running = lambda: docker_client.api.containers(filters={  # noqa: E731
+            "label": f"wakeloop.workspace={agent.workspace.resolve()}", "status": "running"})
+        wait_for(running, "the call's container to run", 60)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    key = disk.lookup(agent_dir)
+    assert attached_devices(disk.path_of(key, "img")) == [] and not disk.held(key), err
+
+
+def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch):
+    import json
+    from orchestrator.cli import main
+    from orchestrator.records.state import WakeLock
+    box = open_box(agent_dir)
+    image = box.disk.image
+    assert main(["disk", "list", str(agent_dir.parent), "--json"]) == 0
+    [listed] = [d for d in json.loads(capsys.readouterr().out) if d["image"] == str(image)]
+    assert listed["folder"] == str(agent_dir.resolve()) and listed["folder_found"] and listed["attached"]
+    assert listed["size_bytes"] == 2 * GIB and 0 < listed["host_bytes"] < 64 * 2**20
+    assert listed["mounted_at"] == [str(agent_dir / "workspace")] and listed["held"] is True
+    assert main(["disk", "release", str(agent_dir)]) == 3   # held by the box: one line, exit 3
+    assert "is in use" in capsys.readouterr().err
+    box.close()
+    assert main(["disk", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"image {image}" in out and "not attached" in out
+    with monkeypatch.context() as m:   # without root, list still reads
+        m.setattr(os, "geteuid", lambda: 1000)
+        assert main(["disk", "list", "--json"]) == 0 and str(image) in capsys.readouterr().out
+        assert main(["disk", "release", str(agent_dir)]) == 3
+        assert "needs root" in capsys.readouterr().err
+    assert main(["disk", "rm", str(agent_dir)]) == 2 and "--yes" in capsys.readouterr().err
+    lock = WakeLock(agent_dir / "state")
+    assert lock.acquire() is None   # a wake runs
+    try:
+        assert main(["disk", "rm", str(agent_dir), "--yes"]) == 3
+        assert "is waking" in capsys.readouterr().err and image.exists()
+    finally:
+        lock.release()
+    assert main(["disk", "rm", str(agent_dir), "--yes"]) == 0
+    assert not image.exists() and disk.lookup(agent_dir) is None
+    err = capsys.readouterr().err
+    assert main(["disk", "release", str(agent_dir)]) == 3
+    assert "has no disk" in capsys.readouterr().err and err == ""
+
+
+# -- the broker: one disk per folder through renames, released when idle --------------------
+
+def broker_call(broker, name: str, command: str = "true"):
+    return broker.handle({"op": "run", "agent": name, "command": command})["result"]
+
+
+def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tmp_path, docker_client):
+    from orchestrator.broker.server import IDLE_CLOSE_S, Broker
+    from orchestrator.policy.agent import init_agent
+    from support import set_policy
+    root = tmp_path / "agents"
+    for name in ("alpha", "beta"):
+        set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    before = disk.keys()
+    try:
+        broker_call(broker, "alpha", "echo mine > kept.txt")
+        broker_call(broker, "beta")
+        key = disk.lookup(root / "alpha")
+        name = "alpha"
+        for n in range(4):   # the attack of issue 20: each rename, then a call
+            (root / name).rename(root / f"alpha-{n}")
+            name = f"alpha-{n}"
+            assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"
+        assert disk.keys() - before == {key, disk.lookup(root / "beta")}   # two agents, two disks
+        assert disk.lookup(root / name) == key
+        assert len(attached_devices(disk.path_of(key, "img"))) == 1
+        # Idle past IDLE_CLOSE_S (and the renamed-away boxes, whose folders are gone): released.
+        for entry in broker._boxes.values():
+            entry.used -= IDLE_CLOSE_S + 1
+        broker._next_sweep = 0
+        broker.sweep()
+        assert attached_devices(disk.path_of(key, "img")) == [] and broker._boxes == {}
+        assert disk.path_of(key, "img").exists()
+        assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"   # attached again
+    finally:
+        broker.close()
+    assert attached_devices(disk.path_of(key, "img")) == []
+
+
+def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, docker_client):
+    from orchestrator.broker.server import IDLE_CLOSE_S, Broker
+    from orchestrator.policy.agent import init_agent
+    from support import set_policy
+    root = tmp_path / "agents"
+    set_policy(init_agent(root / "alpha"), {"sandbox": {"pool": 0}})
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        entry = broker._acquire(broker._agent("alpha"))   # a call in flight holds the box
+        entry.used -= IDLE_CLOSE_S + 1
+        broker._next_sweep = 0
+        broker.sweep()
+        key = disk.lookup(root / "alpha")
+        assert len(attached_devices(disk.path_of(key, "img"))) == 1 and "alpha" in broker._boxes
+        assert entry.box.run("echo still > here.txt", timeout_s=30, max_output_chars=100).ok
+        broker._release(entry)
+    finally:
+        broker.close()
+    assert attached_devices(disk.path_of(key, "img")) == []
+
+
+def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_own_disk(tmp_path, docker_client):
+    from orchestrator.broker.server import Broker
+    from orchestrator.policy.agent import init_agent
+    from support import set_policy
+    root = tmp_path / "agents"
+    for name in ("alpha", "beta"):
+        set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        for name in ("alpha", "beta"):
+            broker_call(broker, name, f"echo {name} > mine.txt")
+        for name, other in (("alpha", "swap"), ("beta", "alpha"), ("swap", "beta")):
+            (root / name).rename(root / other)   # alpha's folder is now "beta", and beta's "alpha"
+        assert broker_call(broker, "alpha", "cat mine.txt")["output"] == "beta\n"
+        assert broker_call(broker, "beta", "cat mine.txt")["output"] == "alpha\n"
+        symlinked = root / "gamma"
+        symlinked.symlink_to(root / "alpha")   # a link claiming a folder's identity: refused
+        with pytest.raises(Exception, match="not a folder directly under"):
+            broker_call(broker, "gamma")
+    finally:
+        broker.close()
+
+
+def test_a_workspace_that_is_a_link_to_another_agents_gets_no_disk_mounted_over_it(tmp_path, docker_client):
+    from orchestrator.policy.agent import init_agent
+    victim, evil = init_agent(tmp_path / "victim"), init_agent(tmp_path / "evil")
+    subprocess.run(["rm", "-rf", str(evil / "workspace")], check=True)
+    (evil / "workspace").symlink_to(victim / "workspace")   # whoever may write the evil folder (actor D)
+    with pytest.raises(DiskError, match="is a link"):
+        open_box(evil)
+    assert os.stat(victim / "workspace").st_dev == os.stat(victim).st_dev   # nothing mounted there

@@ -66,7 +66,7 @@ def live_wake(agent_dir: Path, stream: bool = True, **kwargs):
 # -- a normal wake ------------------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
-def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream):
+def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream, disk_view):
     day = today()
     api = fake_api([
         turn(text("Looking around."), tool_use("bash", {"command": "echo hello > notes.txt; cat notes.txt"})),
@@ -81,13 +81,13 @@ def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream):
     assert len(api.requests) == 4
     assert "please write notes" in api.requests[0].body["messages"][0]["content"][0]["text"]
     assert bool(api.requests[0].body.get("stream")) is stream
-    assert (agent_dir / "workspace/notes.txt").read_text() == "hello\n"
+    assert (disk_view(agent_dir) / "notes.txt").read_text() == "hello\n"
     assert "hello" in result_text(tool_results(api.requests[1])[0])
     assert "wrote" in result_text(tool_results(api.requests[2])[0])
     assert "Hello, human" in read_outbox(agent_dir / "state")
-    assert not (agent_dir / "workspace/outbox.txt").exists()
+    assert not (disk_view(agent_dir) / "outbox.txt").exists()
     assert receipt.journal == "agent"  # the agent journaled: no stub
-    assert "harness stub" not in (agent_dir / f"workspace/memory/journal/{day}.md").read_text()
+    assert "harness stub" not in (disk_view(agent_dir) / f"memory/journal/{day}.md").read_text()
     assert not (agent_dir / "state/inbox.txt").exists() and not (agent_dir / "state/inbox.taken").exists()
     kinds = types_of(agent_dir)
     for kind in ("wake_started", "model_request", "model_response", "tool_call", "tool_result", "wake_finished"):
@@ -98,20 +98,20 @@ def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream):
     assert not (agent_dir / "state/wake.lock").exists()
 
 
-def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, fake_api):
+def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"budget": {"max_steps": 3}})
     api = fake_api(then=lambda rec: turn(tool_use("bash", {"command": "true"})))
     receipt = live_wake(agent_dir)
 
     assert receipt.status == "budget_stop" and "max_steps" in receipt.reason
     assert receipt.steps == 3 and len(api.requests) == 3
-    journal = (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    journal = (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
     assert "harness stub" in journal and "Steps: 3" in journal and "max_steps" in journal
     kinds = types_of(agent_dir)
     assert "budget_stop" in kinds and "journal_stub" in kinds
 
 
-def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_dir, fake_api):
+def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"budget": {"max_tokens_per_wake": 1000}})
     api = fake_api([
         turn(tool_use("bash", {"command": "echo one"}), usage=usage(400, 100)),
@@ -131,8 +131,8 @@ def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_di
     assert note["type"] == "text" and "token budget" in note["text"] and "journal" in note["text"]
     assert receipt.status == "budget_stop" and "max_tokens_per_wake" in receipt.reason
     assert receipt.tokens == 400 + 100 + 300 + 50 + 200 + 100 + 20
-    assert receipt.tool_calls == 2 and not (agent_dir / "workspace/x").exists()
-    journal = (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    assert receipt.tool_calls == 2 and not (disk_view(agent_dir) / "x").exists()
+    journal = (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
     assert "ran echo one and two" in journal and "closing note" in journal
     assert types_of(agent_dir).count("budget_stop") == 1
 
@@ -147,7 +147,7 @@ def test_529_then_success_is_retried(agent_dir, fake_api):
     assert api.requests[1].headers.get("x-stainless-retry-count") == "1"
 
 
-def test_529_forever_is_a_dead_letter_exit_1_lock_free_inbox_kept(agent_dir):
+def test_529_forever_is_a_dead_letter_exit_1_lock_free_inbox_kept(agent_dir, disk_view):
     send_message_to_agent(agent_dir / "state", "a message that must not be lost")
     with FakeAPI(then=api_error(529)) as api:
         proc = run_cli("wake", str(agent_dir), "--live",
@@ -158,7 +158,7 @@ def test_529_forever_is_a_dead_letter_exit_1_lock_free_inbox_kept(agent_dir):
     assert len(api.requests) == 1 + MAX_RETRIES
     assert not (agent_dir / "state/wake.lock").exists()
     assert "a message that must not be lost" in (agent_dir / "state/inbox.txt").read_text()
-    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
     dead = [e for e in events_of(agent_dir) if e.type == "dead_letter"]
     assert len(dead) == 1 and "overloaded" in dead[0].data["reason"]
 
@@ -200,18 +200,18 @@ def test_unknown_tool_is_an_error_result(agent_dir, fake_api):
     assert receipt.status == "done"
 
 
-def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir, fake_api):
+def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir, fake_api, disk_view):
     calls = [tool_use("bash", {"command": f"echo out-{n} >> order.txt; echo out-{n}"}) for n in (1, 2, 3)]
     api = fake_api([turn(text("three at once"), *calls), turn(text("done"))])
     receipt = live_wake(agent_dir)
     results = tool_results(api.requests[1])
     assert [r["tool_use_id"] for r in results] == [c["id"] for c in calls]
     assert [result_text(r).splitlines()[-1] for r in results] == ["out-1", "out-2", "out-3"]
-    assert (agent_dir / "workspace/order.txt").read_text() == "out-1\nout-2\nout-3\n"
+    assert (disk_view(agent_dir) / "order.txt").read_text() == "out-1\nout-2\nout-3\n"
     assert receipt.tool_calls == 3
 
 
-def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api):
+def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"tools": {"bash": {"enabled": False}, "send_message": {"max_per_wake": 1}}})
     api = fake_api([
         turn(tool_use("bash", {"command": "touch pwned"}),
@@ -223,25 +223,25 @@ def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api)
     bash, first, second = tool_results(api.requests[1])
     assert bash.get("is_error") and "disabled" in result_text(bash)
     assert not first.get("is_error") and second.get("is_error") and "max_per_wake" in result_text(second)
-    assert not (agent_dir / "workspace/pwned").exists()
+    assert not (disk_view(agent_dir) / "pwned").exists()
     assert "first" in read_outbox(agent_dir / "state") and "second" not in read_outbox(agent_dir / "state")
     denied = [e.data for e in events_of(agent_dir) if e.type == "policy_denied"]
     assert [d["tool"] for d in denied] == ["bash", "send_message"]
 
 
-def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api):
+def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"tools": {"write_file": {"deny": ["secrets/**"]}}})
     api = fake_api([turn(tool_use("write_file", {"path": "secrets/x.txt", "content": "x"})), turn(text("ok"))])
     live_wake(agent_dir)
     (result,) = tool_results(api.requests[1])
     assert result.get("is_error") and "REFUSED" in result_text(result)
-    assert not (agent_dir / "workspace/secrets").exists()
+    assert not (disk_view(agent_dir) / "secrets").exists()
     assert "policy_denied" in types_of(agent_dir)
 
 
 # -- the key never leaks --------------------------------------------------------------------
 
-def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_api):
+def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_api, disk_view):
     api = fake_api([
         turn(tool_use("bash", {"command": "env; cat /proc/1/environ | tr '\\0' '\\n'; "
                                           "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; echo probed"})),
@@ -257,7 +257,7 @@ def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_
     for rec in api.requests:                                # ...and the key is nowhere else
         assert KEY.encode() not in rec.raw
     assert KEY not in (agent_dir / "state" / EVENTS_FILE).read_text()
-    for path in [*(agent_dir / "workspace").rglob("*"), *(agent_dir / "state").rglob("*")]:   # transcripts too
+    for path in [*disk_view(agent_dir).rglob("*"), *(agent_dir / "state").rglob("*")]:   # transcripts too
         if path.is_file():
             assert KEY not in path.read_text(errors="replace")
     assert KEY not in receipt.to_json()
@@ -311,15 +311,15 @@ def test_max_tokens_with_a_complete_tool_use_runs_it(agent_dir, fake_api):
 
 
 @pytest.mark.parametrize("stop_reason", ["refusal", "model_context_window_exceeded", "something_new"])
-def test_refusal_and_unknown_stop_reasons_are_dead_letters(agent_dir, fake_api, stop_reason):
+def test_refusal_and_unknown_stop_reasons_are_dead_letters(agent_dir, fake_api, stop_reason, disk_view):
     fake_api([turn(text("..."), stop_reason=stop_reason)])
     receipt = live_wake(agent_dir)
     assert receipt.status == "dead_letter" and stop_reason in receipt.reason
     assert "dead_letter" in types_of(agent_dir)
-    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
 
 
-def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api):
+def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api, disk_view):
     stop = threading.Event()
 
     def second(rec):
@@ -331,28 +331,28 @@ def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api):
     receipt = live_wake(agent_dir, stop=stop)
     assert (receipt.status, receipt.reason) == ("done", "stopped")
     assert len(api.requests) == 2 and receipt.tool_calls == 1
-    assert not (agent_dir / "workspace/b.txt").exists()
-    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    assert not (disk_view(agent_dir) / "b.txt").exists()
+    assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
     assert not (agent_dir / "state/wake.lock").exists()
 
 
 # -- dry run and the CLI ---------------------------------------------------------------------------
 
-def test_dry_run_cli_drives_real_tools_without_any_api(agent_dir):
+def test_dry_run_cli_drives_real_tools_without_any_api(agent_dir, disk_view):
     proc = run_cli("wake", str(agent_dir), env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"})
     assert proc.returncode == 0, proc.stderr
     receipt = last_receipt(proc.stdout)
     assert receipt["status"] == "done" and not receipt["live"] and receipt["tool_calls"] == 4
     assert receipt["journal"] == "agent"
-    assert "- Last dry run: wake #1" in (agent_dir / "workspace/memory/core.md").read_text()
-    assert "(empty: this is the first wake)" in (agent_dir / "workspace/memory/core.md").read_text()
-    assert "Wake #1 (dry run)" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
-    assert (agent_dir / "workspace/memory/dry-run.md").is_file()
+    assert "- Last dry run: wake #1" in (disk_view(agent_dir) / "memory/core.md").read_text()
+    assert "(empty: this is the first wake)" in (disk_view(agent_dir) / "memory/core.md").read_text()
+    assert "Wake #1 (dry run)" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
+    assert (disk_view(agent_dir) / "memory/dry-run.md").is_file()
     assert "step 1" in proc.stderr                     # progress on stderr: stdout is the receipt alone
     assert len(proc.stdout.strip().splitlines()) == 1
 
 
-def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(agent_dir, tmp_path):
+def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(agent_dir, tmp_path, disk_view):
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "echo hi > hi.txt"}}]},
                                   {"text": "bye"}]))
@@ -360,8 +360,8 @@ def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(ag
     assert proc.returncode == 0, proc.stderr
     receipt = last_receipt(proc.stdout)
     assert receipt["tool_calls"] == 1 and receipt["journal"] == "stub"
-    assert (agent_dir / "workspace/hi.txt").read_text() == "hi\n"
-    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{today()}.md").read_text()
+    assert (disk_view(agent_dir) / "hi.txt").read_text() == "hi\n"
+    assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
 
 
 def test_bad_script_file_is_a_config_error(agent_dir, tmp_path):

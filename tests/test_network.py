@@ -136,6 +136,7 @@ def allowlist_box(docker_client, tmp_path_factory):
     box.setup_s = time.monotonic() - started
     box.egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     yield box
+    box.close()   # its disk released
     network.shutdown(docker_client, {box.egress.key})
 
 
@@ -214,9 +215,9 @@ def closed(servers, docker_client, host_listener, tmp_path_factory):
     """The same probe under `network: none`."""
     from orchestrator.policy.agent import init_agent
     agent_dir = init_agent(tmp_path_factory.mktemp("none") / "agent")
-    box = DockerSandbox(agent_dir / "workspace", policy_from_mapping({}, "test").sandbox,
-                        client=docker_client, warm=0)
-    return probe(box, _targets(servers, docker_client, host_listener))
+    with DockerSandbox(agent_dir / "workspace", policy_from_mapping({}, "test").sandbox,
+                       client=docker_client, warm=0) as box:
+        return probe(box, _targets(servers, docker_client, host_listener))
 
 
 def no_connection_reached(host_listener) -> bool:
@@ -287,9 +288,9 @@ def test_the_docker_host_is_unreachable(allowlist, host_listener):
 def test_the_proxy_is_reused_and_removed_on_shutdown(docker_client, allowlist_box, allowlist):
     egress = allowlist_box.egress
     proxy_id = docker_client.containers.get(egress.proxy).id
-    again = DockerSandbox(allowlist_box.workspace, allowlist_box.policy, client=docker_client, warm=0)
-    assert docker_client.containers.get(egress.proxy).id == proxy_id
-    assert again.run("echo $HTTPS_PROXY", 30, 1000).output.strip() == egress.proxy_url
+    with DockerSandbox(allowlist_box.workspace, allowlist_box.policy, client=docker_client, warm=0) as again:
+        assert docker_client.containers.get(egress.proxy).id == proxy_id
+        assert again.run("echo $HTTPS_PROXY", 30, 1000).output.strip() == egress.proxy_url
     containers, networks = network.leftovers(docker_client)
     assert {c.name for c in containers} >= {egress.proxy, egress.holder}
     assert egress.internal_network in {n.name for n in networks}
@@ -300,7 +301,7 @@ def test_shutdown_removes_the_proxy_holder_and_network(docker_client, tmp_path):
     agent_dir = init_agent(tmp_path / "agent")
     policy = policy_from_mapping({"sandbox": {"network": "allowlist", "allow_hosts": ["x.wakeloop.test"]}},
                                  "test")
-    DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
+    DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0).close()
     egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     assert network.shutdown(docker_client, {egress.key}) >= 3
     containers, networks = network.leftovers(docker_client)
@@ -341,9 +342,9 @@ def test_none_resolves_no_name_and_reaches_no_host_address(closed, host_listener
 
 def test_bridge_is_the_engines_default_bridge_and_allowlist_joins_the_holder(
         agent, docker_client, allowlist_box):
-    bridge = DockerSandbox(agent.workspace, replace(agent.policy.sandbox, network="bridge"),
-                           client=docker_client, warm=0)
-    assert bridge.container_spec(["true"])[1]["network_mode"] == "bridge"
+    with DockerSandbox(agent.workspace, replace(agent.policy.sandbox, network="bridge"),
+                       client=docker_client, warm=0) as bridge:
+        assert bridge.container_spec(["true"])[1]["network_mode"] == "bridge"
     config, host = allowlist_box.container_spec(["true"])
     egress = allowlist_box.egress
     assert host["network_mode"] == f"container:{egress.holder}"

@@ -53,7 +53,7 @@ def denials(agent_dir: Path) -> list[dict]:
     return [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "policy_denied"]
 
 
-def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_dir, fake_api):
+def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_dir, fake_api, disk_view):
     use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
     api = fake_api([
         turn(tool_use("bash", {"command": "touch /workspace/pwned"}),
@@ -64,14 +64,15 @@ def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_
     bash, message = results_of(api.requests[1])
     assert bash["is_error"] and "the bash tool is disabled" in text_of(bash)
     assert message["is_error"] and "the send_message tool is disabled" in text_of(message)
-    assert not (agent_dir / "workspace/pwned").exists()
+    assert not (disk_view(agent_dir) / "pwned").exists()
     assert "hello" not in read_outbox(agent_dir / "state")
     assert [(d["tool"], d["reason"]) for d in denials(agent_dir)] == [
         ("bash", "the bash tool is disabled by this agent's policy"),
         ("send_message", "the send_message tool is disabled by this agent's policy")]
 
 
-def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api, tmp_path, monkeypatch):
+def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api, tmp_path, monkeypatch,
+                                                                    disk_view):
     use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
     # strict's $0.25 a wake would stop this wake before its second call (64 KiB of
     # content in the context, priced at the worst case): not what this test is about.
@@ -88,18 +89,18 @@ def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, f
         turn(text("done"))])
     run_wake(agent_dir)
     ok, outside, dotfile, big = results_of(api.requests[1])
-    assert not ok.get("is_error") and (agent_dir / "workspace/notes/ok.md").read_text() == "fine"
+    assert not ok.get("is_error") and (disk_view(agent_dir) / "notes/ok.md").read_text() == "fine"
     assert outside["is_error"] and "allows only memory/**, notes/**, *.md" in text_of(outside)
     assert dotfile["is_error"] and "deny glob '**/.*'" in text_of(dotfile)
     assert big["is_error"] and "at most 65,536 bytes" in text_of(big)
     for path in ("src/main.py", "notes/.env", "notes/big.md"):
-        assert not (agent_dir / "workspace" / path).exists(), path
+        assert not (disk_view(agent_dir) / path).exists(), path
     reasons = [d["reason"] for d in denials(agent_dir)]
     assert len(reasons) == 3 and all(reason in text_of(block) for reason, block
                                      in zip(reasons, (outside, dotfile, big)))
 
 
-def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_dir, fake_api):
+def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_dir, fake_api, disk_view):
     api = fake_api([
         turn(tool_use("write_file", {"path": ".git/hooks/pre-commit", "content": "#!/bin/sh\nid\n"}),
              tool_use("write_file", {"path": "./.git//config", "content": "[core]\nfsmonitor=id\n"}),
@@ -108,12 +109,12 @@ def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_d
     run_wake(agent_dir)
     results = results_of(api.requests[1])
     assert all(r["is_error"] and "denied by this agent's policy" in text_of(r) for r in results)
-    assert not (agent_dir / "workspace/.git").exists()
-    assert not (agent_dir / "workspace/vendor").exists()
+    assert not (disk_view(agent_dir) / ".git").exists()
+    assert not (disk_view(agent_dir) / "vendor").exists()
     assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * 3
 
 
-def test_default_policy_refuses_a_gitdir_pointer_submodule_hooks_and_case_variants(agent_dir, fake_api):
+def test_default_policy_refuses_a_gitdir_pointer_submodule_hooks_and_case_variants(agent_dir, fake_api, disk_view):
     paths = [".git", "vendor/lib/.git", ".git/modules/lib/hooks/post-checkout", ".git/config.worktree",
              ".GIT/hooks/pre-commit", ".Git/config"]
     api = fake_api([turn(*(tool_use("write_file", {"path": p, "content": "gitdir: ../evil\n"}) for p in paths)),
@@ -123,11 +124,11 @@ def test_default_policy_refuses_a_gitdir_pointer_submodule_hooks_and_case_varian
     assert len(results) == len(paths)
     assert all(r["is_error"] and "(protect_git)" in text_of(r) and "git's own directory" in text_of(r)
                for r in results)
-    assert not any((agent_dir / "workspace" / p).exists() for p in (".git", ".GIT", ".Git", "vendor"))
+    assert not any((disk_view(agent_dir) / p).exists() for p in (".git", ".GIT", ".Git", "vendor"))
     assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * len(paths)
 
 
-def test_default_policy_refuses_a_planted_bare_git_repositorys_hook_in_the_box(agent_dir, fake_api):
+def test_default_policy_refuses_a_planted_bare_git_repositorys_hook_in_the_box(agent_dir, fake_api, disk_view):
     repo = agent_dir / "workspace/lib.git"
     (repo / "objects").mkdir(parents=True)
     (repo / "refs").mkdir()
@@ -138,4 +139,4 @@ def test_default_policy_refuses_a_planted_bare_git_repositorys_hook_in_the_box(a
     run_wake(agent_dir)
     [result] = results_of(api.requests[1])
     assert result["is_error"] and "git takes it for a repository" in text_of(result)
-    assert not (repo / "hooks").exists()
+    assert not (disk_view(agent_dir) / "lib.git/hooks").exists()   # on the disk the wake used

@@ -328,17 +328,17 @@ def test_set_id_bits_made_in_a_call_do_not_reach_the_host(make_sandbox, agent, w
 
 
 @pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
-def test_set_id_bits_do_not_survive_a_call_killed_at_its_deadline(make_sandbox, agent, warm):
+def test_set_id_bits_do_not_survive_a_call_killed_at_its_deadline(make_sandbox, agent, warm, disk_view):
     box = make_sandbox(**({} if warm is None else {"warm": warm}))
     result = box.run("cp /bin/true su && chmod 4755 su && stat -c '%a %n' su && exec sleep 600",
                      timeout_s=3, max_output_chars=CAP)
     assert result.timed_out and "4755 su" in result.output, result.output
     box.close()   # waits for the sweep that follows a killed call
-    assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
+    assert os.lstat(disk_view(agent.dir) / "su").st_mode & 0o7777 == 0o755   # closed: its disk let go
 
 
 @pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
-def test_set_id_bits_do_not_survive_a_command_that_kills_the_walker(make_sandbox, agent, warm):
+def test_set_id_bits_do_not_survive_a_command_that_kills_the_walker(make_sandbox, agent, warm, disk_view):
     # The command's parent is the process that walks when it exits (the pool's
     # launcher, or the cold call's guard); the command, of the same uid, kills it.
     box = make_sandbox(**({} if warm is None else {"warm": warm}))
@@ -346,7 +346,7 @@ def test_set_id_bits_do_not_survive_a_command_that_kills_the_walker(make_sandbox
                      timeout_s=30, max_output_chars=CAP)
     assert "4755 su" in result.output and not result.timed_out, result.output
     box.close()   # waits for the sweep that follows a call whose walker died
-    assert os.lstat(agent.workspace / "su").st_mode & 0o7777 == 0o755
+    assert os.lstat(disk_view(agent.dir) / "su").st_mode & 0o7777 == 0o755   # closed: its disk let go
 
 
 # what the walk may cost on ~1,000 files, per runtime: measured 14 ms (runc) and

@@ -229,7 +229,7 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
 
 
 @pytest.mark.docker
-def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
+def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
     # Its first call ends with `head memory/core.md`: a FIFO there holds the call
@@ -264,7 +264,7 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client):
     assert lock.acquire() is None                       # free: we can take it
     lock.release()
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    assert "harness stub" in (agent_dir / f"workspace/memory/journal/{day}.md").read_text()
+    assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{day}.md").read_text()
     assert our_containers(docker_client, tmp_path) == []
 
 

@@ -24,8 +24,9 @@ policy's `sandbox.pool`) serves them as it would a direct wake; a policy
 change drains the idle containers made under the old settings. A wake's
 `wind_down` (no more calls but its journal stub) stops the pool's refills and
 the next wake's `check` starts them again, so no container is made for a call
-that will not come. A pool unused for IDLE_CLOSE_S, or whose workspace is
-gone, is closed; all close at exit.
+that will not come. A box unused for IDLE_CLOSE_S, or whose workspace is
+gone, is closed (its pool first, then its disk is let go: released unless
+another box holds it); all close at exit.
 
 Against an orchestrator taken over (which plants files in ROOT and holds the
 socket): an agent name must be a real folder directly under ROOT; agent.yaml
@@ -41,15 +42,20 @@ give this guarantee: it lets any body through on container create.
 
 Wire format, ops and limits: wire.py.
 
-Workspaces: each agent's is a disk of its own (disk.py), named by the host
-path of its folder, attached by the broker, given to boxes as a volume (by
-device: nothing the orchestrator does to paths moves it) and mounted for
-reading at the broker's own path, never under ROOT. So the orchestrator
-reads a workspace through the broker: op `read`, the same no-follow, capped
-readers (sandbox/files.py) a wake uses on a host, on that mount. At start the
-broker asks the engine where its own ROOT comes from (its own container's
-mounts); outside a container ROOT is the host path. Its disks are released
-(unmounted, detached; the images kept) when it stops.
+Workspaces: each agent's is a disk of its own (disk.py), belonging to its
+folder by the folder's identity (inode and birth time or generation, never
+its name or path: a renamed agent keeps its one disk), attached by the
+broker, given to boxes as a volume (by device: nothing the orchestrator does
+to paths moves it) and mounted for reading at the broker's own path, never
+under ROOT. A kept box is used only while the folder under its name is the
+one it was made for: a folder swapped in under that name gets a box (and a
+disk) of its own. So the orchestrator reads a workspace through the broker:
+op `read`, the same no-follow, capped readers (sandbox/files.py) a wake uses
+on a host, on that mount. At start the broker asks the engine where its own
+ROOT comes from (its own container's mounts); outside a container ROOT is the
+host path. A disk is released (unmounted, volume removed, detached; the image
+kept) when the last box holding it closes: after IDLE_CLOSE_S unused, when
+its folder is gone, and when the broker stops.
 
 Not here: the model, tools' schemas, the event log (all orchestrator-side);
 the orchestrator's client (client.py).
@@ -83,7 +89,11 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import JOURNAL_DIR, READS, HostFiles
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
-IDLE_CLOSE_S = 600.0                # an agent's pool unused this long is closed: no idle containers kept
+# An agent's box unused this long is closed: its idle containers removed, its disk released (a
+# loop device, a mount and a volume are host-wide and finite; attaching again costs ~0.1 s). Calls
+# of a wake come seconds apart and wakes minutes to hours apart: 10 min keeps a wake's box warm
+# through its model's slowest turns and lets an agent that sleeps for an hour hold nothing.
+IDLE_CLOSE_S = 600.0
 SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
 EGRESS_CHECK_S = 30.0               # how often an allowlist agent's proxy and netns holder are checked
 # The broker's capacity when the ceiling does not say (max.calls, max.calls_per_agent, max.agents):
@@ -139,8 +149,10 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
 
 
 class _HostPathSandbox(DockerSandbox):
-    """DockerSandbox for a workspace the broker sees elsewhere than the host does:
-    its disk is named by the host path and mounted for reading at the broker's own path."""
+    """DockerSandbox for a workspace the broker sees elsewhere than the host does: its
+    disk is its agent folder's (on ROOT's own filesystem), mounted for reading at the
+    broker's own path. `identity`: the folder's, read once when the box is made, both
+    to claim its disk and to key the kept box (None: no disk)."""
 
     def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
         self.host_workspace = host_workspace
@@ -187,7 +199,6 @@ class Broker:
         self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
         self._lock = threading.Lock()            # the server runs each request on a thread
         self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
-        self._disks: set[str] = set()            # agents' disks attached here (disk.py)
         capacity = self.ceiling.max
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
@@ -299,7 +310,10 @@ class Broker:
         Hand it back with _release."""
         name, policy = agent.dir.name, agent.policy.sandbox
         workspace = agent.workspace.resolve()
-        place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name)
+        # Which folder has this name now: a kept box made for another (renamed away, a folder
+        # swapped in) is not used for it. Its inode and birth mark, never its path.
+        identity = disk.identity_of(agent.dir, within=self.root) if policy.disk else None
+        place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name, identity)
         made = None
         while True:
             stale = []   # retired boxes no request uses, closed outside the lock
@@ -311,8 +325,6 @@ class Broker:
                     stale.append(self._make_room(name))
                 if entry is None and made is not None:
                     entry = self._boxes[name] = _AgentBox(made)
-                    if made.disk:
-                        self._disks.add(made.disk.key)   # released when the broker stops
                     made = None
                     self.log(f"{name}: made a sandbox with a pool of {policy.pool} for {place[1]}")
                 if entry is not None:
@@ -326,7 +338,9 @@ class Broker:
             # Made outside the lock: an allowlist agent's first box starts its proxy,
             # and other agents' requests need not wait for that.
             try:
-                made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client)
+                made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client,
+                                        identity=identity, folder=agent.dir, within=self.root,
+                                        host_folder=self.host_root / name)
             except Exception:
                 self._drop_egress(workspace, policy)   # a proxy set up halfway is not left behind
                 raise
@@ -350,6 +364,8 @@ class Broker:
         live box has the same egress (the same workspace and hosts): a policy changed
         on every request must not leave one proxy per change."""
         box.close()
+        if box.release_problem:
+            self.log(f"{box.agent}: {box.release_problem}")
         self._drop_egress(box.workspace, box.policy)
 
     def _drop_egress(self, workspace: Path, policy) -> None:
@@ -397,8 +413,9 @@ class Broker:
         return entry if entry.busy == 0 else None
 
     def sweep(self) -> None:
-        """Close pools unused for IDLE_CLOSE_S or whose workspace is gone (agent removed
-        or renamed): their idle containers would otherwise run until the broker stops."""
+        """Close boxes unused for IDLE_CLOSE_S or whose workspace is gone (agent removed
+        or renamed): their idle containers would otherwise run, and their disks stay
+        attached, until the broker stops. A box closes its pool, then lets go of its disk."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
@@ -409,20 +426,18 @@ class Broker:
             idle = [self._retire(n) for n in names]
         for entry in idle:
             self._close_box(entry.box)
-            self.log(f"{entry.box.agent}: closed its idle sandbox pool")
+            self.log(f"{entry.box.agent}: closed its idle sandbox and let go of its disk")
 
     def close(self) -> None:
-        """Close every agent's pool, removing its idle containers (at shutdown)."""
+        """Close every agent's box (at shutdown): its idle containers removed, then its
+        disk released (unmounted, volume removed, loop device freed; the image kept)."""
         with self._lock:
             idle = [self._retire(n) for n in list(self._boxes)]
         for entry in idle:
             if entry:
                 self._close_box(entry.box)
-        for key in sorted(self._disks):   # unmounted, volume removed, loop device freed; the image kept
-            try:
-                disk.release(self.client, key)
-            except (SandboxError, docker.errors.DockerException) as exc:
-                self.log(f"could not release disk {key}: {exc}")
+        for problem in disk.let_go_all(self.client):   # any a box could not: none, normally
+            self.log(problem)
 
     def _read(self, agent, request):
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
@@ -485,7 +500,7 @@ def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
     fixed = lambda p: (p.pool, p.network, p.allow_hosts)  # noqa: E731
-    return (box.workspace, box.host_workspace, box.agent) != place or fixed(box.policy) != fixed(policy)
+    return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
 def _cut(text: str, limit: int) -> str:

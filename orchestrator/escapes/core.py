@@ -220,7 +220,7 @@ class Trial:
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
         for key in disk.keys() - self._disks_before:   # this trial's agents' disks, a broker's too
-            disk.release(self.lab.client, key, delete=True)
+            disk.release(self.lab.client, key, delete=True, force=True)   # ours, whoever holds it
         # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
 

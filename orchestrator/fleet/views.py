@@ -93,8 +93,9 @@ def _health_line(h: dict) -> str:
 
 def disk_status(agent: Agent) -> dict:
     """The workspace's disk use against sandbox.disk and sandbox.files: read from its
-    mount over workspace/ (where the last wake left it), else from its image's blocks
-    on this host; under compose only the broker has either."""
+    mount over workspace/ while a command has it attached, else from its image's blocks
+    on this host (the folder's disk, by its identity: disk.lookup); under compose only
+    the broker has either."""
     box = agent.policy.sandbox
     data = {"limit_bytes": box.disk or None, "limit_files": box.files if box.disk else None}
     if not box.disk:
@@ -108,8 +109,38 @@ def disk_status(agent: Agent) -> dict:
     if vfs:
         return data | {"used_bytes": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
                        "size_bytes": vfs.f_blocks * vfs.f_frsize, "used_files": vfs.f_files - vfs.f_ffree}
-    held = disk.usage(disk.key_for(agent.name, ws.resolve()))
+    key = disk.lookup(agent.dir.resolve())
+    held = disk.usage(key) if key else None
     return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
+
+
+def disk_record(r: disk.DiskRecord) -> dict:
+    """One disk of `wakeloop disk list`, as data (--json)."""
+    return {"folder": r.folder, "folder_found": r.folder_found, "image": str(r.image), "key": r.key,
+            "size_bytes": r.size, "host_bytes": r.host_bytes, "attached": bool(r.devices),
+            "devices": list(r.devices), "mounted_at": list(r.mounts), "held": r.held, "adopted": r.adopted}
+
+
+def render_disks(records: list, where: Path) -> str:
+    """`wakeloop disk list`: one block per disk, for a person."""
+    if not records:
+        return f"no disks in {where}\n"
+    lines = []
+    for r in records:
+        if r.folder_found:
+            folder = str(r.folder)
+        elif r.folder:
+            folder = f"{r.folder} (last seen there; not found under ROOT)"
+        else:
+            folder = "no folder known (named the old way and not adopted yet, or its folder is gone)"
+        if not r.devices:
+            attached = "not attached"
+        else:
+            mounted = f"mounted at {', '.join(r.mounts)}" if r.mounts else "not mounted here"
+            attached = f"attached as {', '.join(r.devices)}, {mounted}{', in use' if r.held else ''}"
+        lines += [folder, f"  image {r.image}",
+                  f"  {_mib(r.size)} promised, {_mib(r.host_bytes)} held on the host; {attached}"]
+    return "\n".join(lines) + "\n"
 
 
 def _render_state(d: dict) -> str:

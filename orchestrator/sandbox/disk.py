@@ -25,21 +25,78 @@ filesystem, nor point the loop device at another file.
 An existing workspace folder is copied into the new image (`mkfs.ext4 -d`),
 once, with a line saying so; the folder's own copy is left as it is, unused.
 
+Which disk is whose: a disk belongs to an agent *folder*, named by the
+kernel's identity of that folder: its inode number and the mark set when the
+inode is made, its birth time (statx's btime, to the nanosecond) or, where
+the filesystem keeps none (ext4 with 128-byte inodes), its generation (ext4
+draws it at random for each new inode). The index beside the images
+($WAKELOOP_DISKS/index.json, root's, outside agents/) maps identity to disk.
+Weighed, and why this one:
+
+- a path or a name (the old design) follows whoever holds the name: a rename
+  made a new disk each time (11 from four renames), and a folder made at a
+  deleted agent's path got its disk;
+- an id kept in the agent's state/: a taken-over orchestrator, which holds
+  agents/ read-write, copies one file into another folder and that folder's
+  box mounts the other agent's disk;
+- the folder's identity: renaming or moving the folder keeps its disk (one
+  disk per folder, whatever its name becomes); a folder made anew, even on a
+  reused inode (ext4 hands a freed inode back at once), has another birth
+  time or generation and gets a disk of its own; and no one without root can
+  make a folder claim another's: the inode is the kernel's, a birth time
+  cannot be set (utimes does not touch it), the index is not in agents/. What
+  the orchestrator can do, give agent X's *name* to agent Y's folder by
+  renaming, moves Y's disk with Y's folder: what it could already do with
+  the folders themselves. (Where the mark is a generation, the folder's owner
+  may set it with FS_IOC_SETVERSION on ext4 without metadata_csum: after
+  deleting agent X's folder, and if its inode came back, the orchestrator
+  could claim X's old disk, files it could reach until it deleted X.) st_dev
+  is recorded but not matched (it may change across boots); the broker
+  refuses an agent folder on another filesystem than ROOT (a FUSE folder
+  could report any identity);
+- a folder copied elsewhere (another filesystem, a restore) is a new
+  folder: it gets a new disk, copied from its workspace/; the old image
+  stays, shown by `wakeloop disk list` with no folder, until `disk rm`.
+
+Disks named the old way (agent name + a hash of the workspace's host path,
+`legacy_key`) are adopted, not renamed: the first time a folder with no disk
+in the index is seen at the path its old-style image names, and the folder
+is older than the image (it was made from the folder), the index records
+that image as the folder's. A folder made later at that path is younger than
+the image and gets a disk of its own.
+
+Life cycle: each holder of a disk (a DockerSandbox: a wake, a one-shot
+command, a broker's kept box) holds a shared lock on `KEY.use` while it has
+the disk; `release` takes it exclusive, without waiting, and so unmounts,
+removes the volume and detaches only a disk nobody holds. A holder lets go
+(and releases if it was the last) when it closes: at the end of every
+one-shot command, a broker's box after its idle time. The image is kept.
+
 Needs root (losetup, mount) and loop devices. Without them a policy that
 sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
-plain folder with no disk limit, as before.
+plain folder with no disk limit, as before. Reading the list needs neither.
+
+Not here: when a box closes (engine.py, broker/server.py), the CLI's
+`disk list|release|rm` (cli.py; rendered by fleet/views.py), the
+workspace's files (files.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
+import json
 import os
 import re
+import secrets
 import shutil
+import struct
 import subprocess
+import threading
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -59,10 +116,41 @@ CAP_SYS_RESOURCE = 24                   # linux/capability.h: ext4's online resi
 TOOL_TIMEOUT_S = 120                    # mkfs -d of a large folder; the rest take milliseconds
 RESERVE = 0.05                          # of the disks' filesystem, never promised to any disk
 ROOM_LOCK = "room.lock"                 # in the disks' directory: one process at a time claims room
+INDEX = "index.json"                    # in the disks' directory: which folder each disk belongs to
+INDEX_LOCK = "index.lock"               # one process at a time reads-and-writes the index
+INDEX_MAX_BYTES = 16 * 2**20            # ~100k disks; a bigger index is not ours
+DETACH_WAIT_S = 10                      # a detached loop device goes when its last opener closes it
+                                        # (udev's probe, the engine's unmount): ~0.1-1 s, bounded here
+DETACH_POLL_S = 0.02                    # how often sysfs is read meanwhile
 
 
 class DiskError(SandboxError):
     """The workspace's disk cannot be made or attached: one line, with what to do."""
+
+
+class _Hold:
+    """A shared lock on a disk's `use` file: while one is open the disk is not released."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.fd: int | None = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        with _holds_lock:
+            _holds.add(self)
+
+    def drop(self) -> bool:
+        """Close the lock; False if it was closed already."""
+        with _holds_lock:
+            if self.fd is None:
+                return False
+            fd, self.fd = self.fd, None
+            _holds.discard(self)
+        os.close(fd)
+        return True
+
+
+_holds: set[_Hold] = set()          # this process's holds, for let_go_all at a command's end
+_holds_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,6 +160,7 @@ class Disk:
     device: str          # /dev/loopN
     view: Path           # where this process has it mounted, to read
     note: str | None = None   # a migration or a size it could not take, for the person
+    hold: _Hold | None = field(default=None, compare=False, repr=False)   # None: planned, not attached
 
     @property
     def volume(self) -> str:
@@ -87,15 +176,186 @@ def disks_dir(environ=os.environ) -> Path:
 
 
 def path_of(key: str, kind: str) -> Path:
-    """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `view` (a broker's mount point)."""
+    """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `use`, `view` (a broker's mount point)."""
     return disks_dir() / f"{key}.{kind}"
 
 
-def key_for(agent: str, place: Path) -> str:
-    """One agent's disk, by its name and where its folder is on the host."""
+def legacy_key(agent: str, place: Path) -> str:
+    """The old name of a disk: the agent's name and the workspace's host path (adopted, see above)."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", agent)[:40]
     return f"{name}-{hashlib.sha256(str(place).encode()).hexdigest()[:12]}"
 
+
+def _new_key(agent: str) -> str:
+    """A new disk's name: readable (the agent's name when it was made), never derived from a path."""
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', agent)[:40]}-{secrets.token_hex(6)}"
+
+
+# -- whose disk: the folder's identity, the index ---------------------------------------
+
+@dataclass(frozen=True)
+class Identity:
+    """An agent folder as the kernel knows it: no path, no name (see the module's docstring)."""
+    ino: int
+    kind: str        # "btime" or "generation": which mark this filesystem gives
+    mark: int        # the birth time in ns, or the inode's generation
+    dev: int         # st_dev, kept for the record (and the broker's same-filesystem check)
+
+    def matches(self, entry: dict) -> bool:
+        return (entry.get("ino"), entry.get("kind"), entry.get("mark")) == (self.ino, self.kind, self.mark)
+
+    def fields(self) -> dict:
+        return {"ino": self.ino, "kind": self.kind, "mark": self.mark}
+
+
+_AT_EMPTY_PATH = 0x1000
+_STATX_INO = 0x100
+_STATX_BTIME = 0x800
+_STATX_BUFFER = 256       # sizeof(struct statx)
+_FS_IOC_GETVERSION = 0x80087601   # _IOR('v', 1, long): the inode's generation
+_libc_handle = None
+
+
+def _statx(fd: int) -> tuple[int, int, int]:
+    """(the mask statx filled, inode, birth time in ns) of an open file."""
+    global _libc_handle
+    _libc_handle = _libc_handle or ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(_STATX_BUFFER)
+    if _libc_handle.statx(fd, b"", _AT_EMPTY_PATH, _STATX_INO | _STATX_BTIME, buf) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    (mask,), (ino,) = struct.unpack_from("I", buf, 0), struct.unpack_from("Q", buf, 32)
+    sec, nsec = struct.unpack_from("qI", buf, 80)     # stx_btime: tv_sec, tv_nsec
+    return mask, ino, (sec * 10**9 + nsec) if mask & _STATX_BTIME else 0
+
+
+def _generation(fd: int) -> int:
+    """The inode's generation (ext4: random when the inode is made), or 0 if none is given."""
+    try:
+        return struct.unpack("q", fcntl.ioctl(fd, _FS_IOC_GETVERSION, b"\0" * 8))[0]
+    except OSError:
+        return 0
+
+
+def identity_of(folder: Path, *, within: Path | None = None) -> Identity:
+    """The agent folder's identity; never through a link. Its inode, and the birth time
+    where the filesystem records one (set when the inode is made; nothing sets it
+    later), else the inode's generation (ext4 with small inodes: a random number drawn
+    when the inode is made). `within` (the broker's ROOT): the folder must be on ROOT's
+    own filesystem, not something mounted there (a FUSE folder reports what it likes)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DiskError(f"sandbox.disk: the agent folder {folder} is not a real folder "
+                        f"({exc.strerror}); a disk belongs to a folder, never to a link") from None
+    try:
+        _, ino, born = _statx(fd)
+        generation = 0 if born else _generation(fd)
+        dev = os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+    if within is not None and os.stat(within).st_dev != dev:
+        raise DiskError(f"sandbox.disk: the agent folder {folder} is a mount point, not a folder "
+                        f"of {within}'s own filesystem; the broker gives disks only to folders of ROOT")
+    if not born and not generation:
+        raise DiskError(f"sandbox.disk: the filesystem of {folder} gives a folder neither a birth time "
+                        "nor a generation, by which wakeloop tells one agent's disk from another's; "
+                        "keep the agents on ext4, xfs or btrfs, or set `sandbox.disk: none`")
+    return Identity(ino, "btime", born, dev) if born else Identity(ino, "generation", generation, dev)
+
+
+def _born_ns(path: Path) -> int:
+    """The birth time of a file in ns, or 0 if its filesystem keeps none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _statx(fd)[2]
+    finally:
+        os.close(fd)
+
+
+def read_index() -> dict[str, dict]:
+    """Every disk the index knows: key -> {ino, kind, mark, dev, agent, folder (last seen), adopted}."""
+    path = disks_dir() / INDEX
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(INDEX_MAX_BYTES + 1)
+        if len(raw) > INDEX_MAX_BYTES:
+            raise ValueError(f"over {INDEX_MAX_BYTES:,} bytes")
+        data = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise DiskError(f"sandbox.disk: {path} is not the index wakeloop writes ({exc}); move it "
+                        "aside, and `wakeloop disk list` shows the images it named") from None
+    disks = data.get("disks") if isinstance(data, dict) else None
+    return {k: v for k, v in disks.items() if isinstance(v, dict)} if isinstance(disks, dict) else {}
+
+
+def _write_index(entries: dict[str, dict]) -> None:
+    path = disks_dir() / INDEX
+    partial = path.with_suffix(".partial-index")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"disks": entries}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def lookup(folder: Path) -> str | None:
+    """The key of `folder`'s disk if the index has one (reads only; None on any doubt)."""
+    try:
+        ident = identity_of(folder)
+        return next((k for k, e in read_index().items() if ident.matches(e)), None)
+    except (DiskError, OSError):
+        return None
+
+
+def claim(folder: Path, *, agent: str, host_workspace: Path, host_folder: Path,
+          within: Path | None = None, identity: Identity | None = None) -> str:
+    """The key of `folder`'s disk: the one the index has for its identity, else an old-style
+    image it adopts, else a new key; recorded (with where the folder was last seen).
+    `identity`: the folder's as the caller already took it (the broker, which keys its
+    kept box by it: read once, so a folder swapped meanwhile cannot split the two)."""
+    ident = identity or identity_of(folder, within=within)
+    disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _locked(disks_dir() / INDEX_LOCK):
+        entries = read_index()
+        key = next((k for k, e in entries.items() if ident.matches(e)), None)
+        adopted = key is None and _adoptable(agent, host_workspace, ident, entries)
+        key = key or (legacy_key(agent, host_workspace) if adopted else _new_key(agent))
+        entry = entries.get(key, {"agent": agent, **ident.fields(), "adopted": bool(adopted)})
+        if entries.get(key) != {**entry, "dev": ident.dev, "folder": str(host_folder)}:
+            entries[key] = {**entry, "dev": ident.dev, "folder": str(host_folder)}
+            _write_index(entries)
+    return key
+
+
+def _adoptable(agent: str, host_workspace: Path, ident: Identity, entries: dict) -> bool:
+    """An image named the old way for this agent's name and path, no folder's yet, and
+    (where both birth times are known) younger than the folder, which it was made from:
+    a folder made later at that path is not the one the image was made for."""
+    key = legacy_key(agent, host_workspace)
+    if key in entries:
+        return False
+    try:
+        image_born = _born_ns(path_of(key, "img"))
+    except OSError:
+        return False   # no such image
+    return ident.kind != "btime" or not image_born or ident.mark <= image_born
+
+
+def forget(key: str) -> None:
+    """Take a deleted disk out of the index."""
+    with _locked(disks_dir() / INDEX_LOCK):
+        entries = read_index()
+        if entries.pop(key, None) is not None:
+            _write_index(entries)
+
+
+# -- attach, let go, release ---------------------------------------------------------------
 
 def unavailable() -> str | None:
     """Why this process cannot attach a disk on this host, or None."""
@@ -112,7 +372,8 @@ def unavailable() -> str | None:
 def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed: Path,
            view: Path) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
-    is), attached, offered to the engine as a volume and mounted at `view`."""
+    is), attached, offered to the engine as a volume and mounted at `view`; held
+    (its `use` lock, shared) until let_go."""
     reason = unavailable()
     if reason:
         raise DiskError(f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
@@ -121,14 +382,129 @@ def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed
     disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     image = path_of(key, "img")
     with _locked(path_of(key, "lock")):
-        note = None
-        if not image.exists():
-            note = _create(image, size, files, seed)
-        device = _loop(image)
-        note = _grow(image, device, size) or note
-        _volume(client, key, device, image)
-        _mount_view(device, view)
-    return Disk(key, image, device, view, note)
+        hold = _Hold(key)   # first: a release waiting for this lock then finds the disk held
+        try:
+            note = None
+            if not image.exists():
+                note = _create(image, size, files, seed)
+            device = _loop(image)
+            note = _grow(image, device, size) or note
+            _volume(client, key, device, image)
+            _mount_view(device, view)
+        except BaseException:
+            hold.drop()
+            raise
+    return Disk(key, image, device, view, note, hold)
+
+
+def let_go(client: docker.DockerClient, held: Disk) -> str | None:
+    """This holder is done with the disk: release it if nobody else holds it. Never raises
+    (it runs at the end of a command, whatever ended it): the reason it could not, or None."""
+    if held.hold is None or not held.hold.drop():
+        return None
+    try:
+        release(client, held.key)
+    except (SandboxError, docker.errors.DockerException, OSError) as exc:
+        return f"could not release the disk {held.image}: {exc}; `wakeloop disk release` retries"
+    return None
+
+
+def holding() -> frozenset:
+    """The holds this process has now (a command's start, to let go only its own at the end)."""
+    with _holds_lock:
+        return frozenset(_holds)
+
+
+def let_go_all(client: docker.DockerClient, kept: frozenset = frozenset()) -> list[str]:
+    """Every disk this process still holds but those in `kept` (a command's end, whatever
+    ended it): let go, each released if nobody else holds it."""
+    with _holds_lock:
+        left = [hold for hold in _holds if hold not in kept]
+    problems = []
+    for hold in left:
+        if hold.drop():
+            try:
+                release(client, hold.key)
+            except (SandboxError, docker.errors.DockerException, OSError) as exc:
+                problems.append(f"could not release the disk {path_of(hold.key, 'img')}: {exc}")
+    return problems
+
+
+def release(client: docker.DockerClient, key: str, *, delete: bool = False, force: bool = False) -> bool:
+    """Unmount the disk everywhere this process sees it, remove its volume, detach
+    its loop device; with `delete`, the image too (its files are gone). Only a disk
+    nobody holds (False, nothing done, while a wake or a box has it), unless `force`
+    (the tests' own cleanup of what a test left)."""
+    image = path_of(key, "img")
+    if not disks_dir().is_dir():
+        return True
+    with _locked(path_of(key, "lock")):
+        use = _unheld(key)
+        if use is None and not force:
+            return False
+        try:
+            _detach(client, key, image)
+            if delete:
+                image.unlink(missing_ok=True)
+                view = path_of(key, "view")   # a broker's mount point, empty once unmounted
+                if view.is_dir():
+                    view.rmdir()
+                forget(key)
+        finally:
+            if use is not None:
+                os.close(use)
+    if delete:   # the lock files last: nobody waits on them now
+        for kind in ("use", "lock"):
+            path_of(key, kind).unlink(missing_ok=True)
+    return True
+
+
+def held(key: str) -> bool:
+    """Whether a wake, a one-shot command or a broker's box holds this disk now."""
+    if not path_of(key, "use").exists():
+        return False
+    use = _unheld(key)
+    if use is None:
+        return True
+    os.close(use)
+    return False
+
+
+def _unheld(key: str) -> int | None:
+    """The `use` file locked exclusive, if nobody holds it (never waits), else None."""
+    fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
+    for device in _devices_of(image):
+        rdev = os.stat(device).st_rdev
+        for target in _mounts_of(device):
+            # umount takes a path and removes the mount on top there: never another disk's.
+            if os.stat(target).st_dev != rdev:
+                raise DiskError(f"sandbox.disk: {image} is mounted at {target} beneath another mount; "
+                                "release that one first")
+            _tool("umount", target)
+    try:
+        client.api.remove_volume(VOLUME_PREFIX + key, force=True)
+    except docker.errors.NotFound:
+        pass
+    devices = _devices_of(image)
+    for device in devices:
+        # Not checked: a device still open (udev's probe, the engine's last unmount) is
+        # detached when it closes, and one another release detached first is gone.
+        _tool("losetup", "-d", device, check=False)
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while any(_loops().get(device) == str(image) for device in devices):
+        if time.monotonic() > deadline:   # released means gone: its last writes are in the image
+            raise DiskError(f"sandbox.disk: {', '.join(devices)} still open {DETACH_WAIT_S:g} s after "
+                            f"detaching (by another process?); it goes when that closes it")
+        time.sleep(DETACH_POLL_S)
 
 
 def keys() -> set[str]:
@@ -145,26 +521,70 @@ def usage(key: str) -> tuple[int, int] | None:
     return st.st_blocks * 512, st.st_size
 
 
-def release(client: docker.DockerClient, key: str, *, delete: bool = False) -> None:
-    """Unmount the disk everywhere this process sees it, remove its volume, detach
-    its loop device; with `delete`, the image too (its files are gone)."""
-    image = path_of(key, "img")
-    for device in _devices_of(image):
-        for target in _mounts_of(device):
-            _tool("umount", target)
+# -- what is there: `wakeloop disk list` ---------------------------------------------------
+
+@dataclass(frozen=True)
+class DiskRecord:
+    """One image in $WAKELOOP_DISKS, as `disk list` shows it."""
+    key: str
+    image: Path
+    folder: str | None       # the agent folder it belongs to (found under ROOT, or last seen)
+    folder_found: bool       # the folder was found (under ROOT) by its identity just now
+    adopted: bool            # named the old way and adopted by its folder
+    size: int                # bytes promised: the disk's size
+    host_bytes: int          # bytes the sparse image holds on the host
+    devices: tuple[str, ...]   # loop devices backed by it: attached if any
+    mounts: tuple[str, ...]    # where those are mounted (in this namespace)
+    held: bool | None        # a wake or a box holds it now (None: cannot tell without root)
+
+
+def survey(root: Path | None = None) -> list[DiskRecord]:
+    """Every disk image, with its folder and whether it is attached. Reads only: no
+    root needed beyond reading $WAKELOOP_DISKS (sysfs and mountinfo are world-readable)."""
+    index = read_index()
+    found = _folders_under(root, index) if root else {}
+    loops = _loops()
+    records = []
+    for image in sorted(disks_dir().glob("*.img")):
+        key, st = image.stem, image.stat()
+        entry = index.get(key, {})
+        devices = tuple(sorted(dev for dev, backing in loops.items() if backing == str(image)))
         try:
-            client.api.remove_volume(VOLUME_PREFIX + key, force=True)
-        except docker.errors.NotFound:
-            pass
-        # Not checked: a device still open (the engine's last unmount) is detached when it
-        # closes, and one another release detached first is gone; either way it goes.
-        _tool("losetup", "-d", device, check=False)
-    if delete:
-        image.unlink(missing_ok=True)
-        path_of(key, "lock").unlink(missing_ok=True)
-        view = path_of(key, "view")   # a broker's mount point, empty once unmounted
-        if view.is_dir():
-            view.rmdir()
+            holding = held(key) if os.access(disks_dir(), os.W_OK) else None
+        except OSError:
+            holding = None
+        records.append(DiskRecord(
+            key, image, str(found[key]) if key in found else entry.get("folder"), key in found,
+            bool(entry.get("adopted")), st.st_size, st.st_blocks * 512, devices,
+            tuple(t for dev in devices for t in _mounts_of(dev)), holding))
+    return records
+
+
+def _folders_under(root: Path, index: dict[str, dict]) -> dict[str, Path]:
+    """key -> the folder directly under ROOT that has that disk's identity."""
+    out = {}
+    for child in sorted(Path(root).iterdir()):
+        try:
+            if not child.is_dir() or child.is_symlink():
+                continue
+            ident = identity_of(child)
+        except (DiskError, OSError):
+            continue
+        key = next((k for k, e in index.items() if ident.matches(e)), None)
+        if key:
+            out[key] = child.resolve()
+    return out
+
+
+def _loops() -> dict[str, str]:
+    """/dev/loopN -> the file backing it, from sysfs (readable without root)."""
+    out = {}
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            out["/dev/" + backing.parent.parent.name] = backing.read_text().strip()
+        except OSError:
+            continue
+    return out
 
 
 # -- the steps ------------------------------------------------------------------------
@@ -216,8 +636,8 @@ def _check_room(more: int) -> None:
         raise DiskError(f"sandbox.disk: no room for {more:,} more bytes of disk in {disks_dir()}: its "
                         f"filesystem has {max(room, 0):,} free beyond its {RESERVE:.0%} reserve, and its "
                         f"{len(keys())} disk(s) may still take {promised:,} of them as they fill; lower "
-                        "sandbox.disk, delete the disks of agents you removed, or give WAKELOOP_DISKS "
-                        "a bigger filesystem")
+                        "sandbox.disk, delete the disks of agents you removed (`wakeloop disk list`, then "
+                        "`wakeloop disk rm`), or give WAKELOOP_DISKS a bigger filesystem")
 
 
 def _loop(image: Path) -> str:

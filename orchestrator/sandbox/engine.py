@@ -165,13 +165,20 @@ class DockerSandbox:
     def __init__(self, workspace: Path, policy: SandboxPolicy, *, agent: str = "agent",
                  run_id: str | None = None, client: docker.DockerClient | None = None,
                  warm: int | None = None, host_path: Path | None = None, private_view: bool = False,
-                 attach: bool = True):
+                 attach: bool = True, folder: Path | None = None, host_folder: Path | None = None,
+                 within: Path | None = None, identity: disk.Identity | None = None):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
-        The agent's disk is mounted over the workspace folder, where a person looks,
-        or with `private_view` (the broker, whose workspace folders the orchestrator
-        can rename) at a path of its own. `attach=False` plans the disk without
-        making or mounting it (`policy explain`)."""
-        self.workspace = Path(workspace).resolve()
+        The agent's disk belongs to `folder` (the agent folder; by default the
+        workspace's parent), by its identity (disk.py); `host_folder` is where the host
+        sees it, for the index's record; `within` (the broker's ROOT) the filesystem it
+        must be on; `identity` the folder's identity if the caller took it already.
+        The disk is mounted over the workspace folder, where a person looks, or with
+        `private_view` (the broker, whose workspace folders the orchestrator can
+        rename) at a path of its own. `attach=False` plans the disk without
+        making or mounting it (`policy explain`). close() lets go of the disk: it is
+        released (unmounted, detached; the image kept) unless another holder has it."""
+        self._given_workspace = Path(workspace).absolute()
+        self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
             raise SandboxError(f"workspace {self.workspace} does not exist; create it with `wakeloop init`")
         self.policy = policy
@@ -181,28 +188,41 @@ class DockerSandbox:
         self.warning = check_image(self.client, policy.image)
         self._host_path = host_path or self.workspace
         self._private_view = private_view
-        self.disk = self._attach_disk(policy, attach)
-        self.user = resolve_user(policy.user, self.view)
-        if policy.network == "allowlist":  # the proxy and netns holder, started on demand
-            try:
-                network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
-            except network.NetworkError as exc:
-                raise SandboxError(str(exc)) from None
+        self.folder = Path(folder) if folder else self.workspace.parent
+        self._host_folder = host_folder or self.folder
+        self._within = within
+        self.identity = identity
         self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
+        self.pool = None
+        self.release_problem: str | None = None     # why close() could not release the disk
+        self.disk = self._attach_disk(policy, attach)
+        try:
+            self.user = resolve_user(policy.user, self.view)
+            if policy.network == "allowlist":  # the proxy and netns holder, started on demand
+                try:
+                    network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
+                except network.NetworkError as exc:
+                    raise SandboxError(str(exc)) from None
+        except BaseException:
+            self.close()   # the disk attached above is let go
+            raise
         size = policy.pool if warm is None else warm
         self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
                              alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
-        if self.pool:
+        if self.pool or (self.disk and self.disk.hold):
             atexit.register(self.close)  # a safety net; callers close() when done
 
     def close(self) -> None:
         """Remove every container this sandbox made; idle pool containers included.
-        Waits for the set-id sweeps after killed calls."""
+        Waits for the set-id sweeps after killed calls. Then lets go of the disk
+        (after the pool: no container of ours still has its volume)."""
         while self._sweeps:
             self._sweeps.pop().join()
         if self.pool:
             self.pool.close()
-            atexit.unregister(self.close)
+        if self.disk and self.disk.hold:
+            self.release_problem = disk.let_go(self.client, self.disk) or self.release_problem
+        atexit.unregister(self.close)
 
     def wind_down(self) -> None:
         """The wake expects no more calls but perhaps its journal's stub: the pool makes
@@ -232,10 +252,19 @@ class DockerSandbox:
     def _attach_disk(self, policy: SandboxPolicy, attach: bool = True) -> disk.Disk | None:
         if not policy.disk:
             return None
-        key = disk.key_for(self.agent, self._host_path)
-        view = disk.path_of(key, "view") if self._private_view else self.workspace
-        if not attach:
+        if not attach:   # planned: the folder's disk if it has one, else what a new one would be
+            key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
+            view = disk.path_of(key, "view") if self._private_view else self.workspace
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
+        self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
+        if not self._private_view and self._given_workspace.is_symlink():
+            # Mounted over a real workspace folder only: never over one a link names
+            # (another agent's workspace, where its own disk is mounted).
+            raise disk.DiskError(f"sandbox.disk: {self._given_workspace} is a link (to {self.workspace}); "
+                                 "a disk is mounted only over a real workspace folder: make it one")
+        key = disk.claim(self.folder, agent=self.agent, host_workspace=self._host_path,
+                         host_folder=self._host_folder, within=self._within, identity=self.identity)
+        view = disk.path_of(key, "view") if self._private_view else self.workspace
         made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
                            seed=self.workspace, view=view)
         if made.note:
@@ -245,7 +274,13 @@ class DockerSandbox:
     def update_policy(self, policy: SandboxPolicy) -> None:
         """New settings for the calls to come; idle containers made under the old ones go."""
         if (policy.disk, policy.files) != (self.policy.disk, self.policy.files):
+            old = self.disk
             self.disk = self._attach_disk(policy)   # grown, or made
+            if old and old.hold:
+                if self.disk and self.disk.key == old.key:
+                    old.hold.drop()   # the same disk, held anew
+                else:
+                    self.release_problem = disk.let_go(self.client, old) or self.release_problem
         self.policy = policy
         self.user = resolve_user(policy.user, self.view)
         if self.pool:

@@ -4,4 +4,54 @@ older design put back. COVERED names the probes shown able to fail here."""
 
 from __future__ import annotations
 
-COVERED: set[str] = set()
+import pytest
+
+from orchestrator.escapes import ESCAPED
+from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.surfaces import disks as probes
+from orchestrator.sandbox import disk
+
+pytestmark = pytest.mark.docker
+
+COVERED: set[str] = {
+    "disks_one_per_folder_through_renames",
+    "disks_released_after_a_one_shot_call",
+    "disks_never_handed_to_a_folder_made_in_a_deleted_ones_place",
+    "disks_broker_box_follows_the_folder_not_the_name",
+}
+
+
+def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, identity=None) -> str:
+    """The design before issue 20: a disk named by the agent's name and its workspace's path."""
+    return disk.legacy_key(agent, host_workspace)
+
+
+def escapes(lab, probe) -> str:
+    outcome = run_probe(lab, probe)
+    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
+    return outcome.observed
+
+
+def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):
+    monkeypatch.setattr(disk, "claim", path_keyed)
+    assert "4 disk images and 4 loop devices" in escapes(surface_lab, probes.disks_one_per_folder_through_renames)
+
+
+def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_it(surface_lab, monkeypatch):
+    monkeypatch.setattr(disk, "let_go", lambda client, held: None)   # the box lets go of nothing
+    assert "still attached" in escapes(surface_lab, probes.disks_released_after_a_one_shot_call)
+
+
+def test_a_new_folder_in_a_deleted_ones_place_gets_its_disk_when_named_by_its_path(surface_lab, monkeypatch):
+    monkeypatch.setattr(disk, "claim", path_keyed)
+    observed = escapes(surface_lab, probes.disks_never_handed_to_a_folder_made_in_a_deleted_ones_place)
+    assert "got the deleted agent's disk" in observed
+
+
+def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_identity_check(
+        surface_lab, monkeypatch):
+    from orchestrator.broker import server
+    before = server._needs_new_box
+    monkeypatch.setattr(server, "_needs_new_box",
+                        lambda box, place, policy: before(box, (*place[:3], box.identity), policy))
+    assert "newcomer's calls ran" in escapes(surface_lab, probes.disks_broker_box_follows_the_folder_not_the_name)
