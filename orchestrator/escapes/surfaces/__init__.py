@@ -6,8 +6,9 @@ The attackers here are not the model's shell but those around it (README,
 keep (A), a web page in the operator's browser and any other local user (C),
 and whoever may write one agent folder under a shared ROOT (D). Every probe
 runs against a real console on 127.0.0.1, a real receiver of our own, or
-files planted in its trial's own folder; none needs a box, so none makes one,
-and each runs once, whatever the runtime.
+files planted in its trial's own folder, and each runs once, whatever the
+runtime. Only the disk probes make boxes (cold ones, on their trial's own
+agents): a disk is attached by a box.
 
 One module per surface: console.py, notify.py, records.py, disks.py.
 
