@@ -30,7 +30,6 @@ from orchestrator.escapes.core import Probe, Trial, escaped, held, python_comman
 CATEGORY = "privileges"
 SET_ID_MODES = (0o4755, 0o2755, 0o6755)
 PLAIN_MODE = 0o755              # the control: the same call without 06000 must work
-FOLDER = "setid"                # under /workspace: every attempt's file
 
 # Python run in the box (after core.PRELUDE): attempt(abi, call, mode) makes
 # /workspace/setid/<abi>-<call>-<mode> through one raw syscall and prints
@@ -43,10 +42,10 @@ WS = "/workspace/setid"
 os.makedirs(WS, exist_ok=True)
 NUMBERS = {
     "x86_64": dict(chmod=90, fchmod=91, fchmodat=268, fchmodat2=452, open=2, openat=257, creat=85,
-                   mknod=133, mknodat=259, openat2=437, linkat=265),
+                   mknod=133, mknodat=259, openat2=437),
     "i386": dict(chmod=15, fchmod=94, fchmodat=306, fchmodat2=452, open=5, openat=295, creat=8,
-                 mknod=14, mknodat=297, openat2=437, linkat=303),
-    "aarch64": dict(fchmod=52, fchmodat=53, fchmodat2=452, openat=56, mknodat=33, openat2=437, linkat=37),
+                 mknod=14, mknodat=297, openat2=437),
+    "aarch64": dict(fchmod=52, fchmodat=53, fchmodat2=452, openat=56, mknodat=33, openat2=437),
 }
 def _native(nr, *args):
     conv = [ctypes.c_char_p(a) if isinstance(a, bytes) else L(a) for a in args]
