@@ -21,6 +21,7 @@ agents at once (scale.py), the quick sandbox-only comparison
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -40,10 +41,13 @@ class Paced:
     in_box: Stats           # of which inside DockerSandbox.run/write (its duration_ms)
 
 
-def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str) -> Paced:
+def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int = 0) -> Paced:
+    """`files`: that many empty files in the workspace (on its own disk) before the wake,
+    as a working agent's would hold: what a call costs may grow with them."""
     from orchestrator.wake.loop import wake
     agent = make_agent(tmp / name, {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP},
                                     "sandbox": {"runtime": runtime}})
+    fill(agent.workspace, files)
     script = Script(tools, calls, PACE_S)
     with LiveEnv(fake_api(script)):
         started = time.perf_counter()
@@ -60,6 +64,20 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str) -> Paced:
               if e.type == "tool_result" and "duration_ms" in e.data]
     return Paced(stats(script.gaps_ms()), (whole - sum(script.held)) * 1000 / calls, misses[0],
                  stats(in_box))
+
+
+def fill(workspace: Path, files: int, per_folder: int = 100) -> None:
+    """`files` empty files in folders of `per_folder`, owned as the workspace is."""
+    st = workspace.stat()
+    for i in range(files):
+        folder = workspace / "files" / str(i // per_folder)
+        if i % per_folder == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chown(folder, st.st_uid, st.st_gid)
+            os.chown(folder.parent, st.st_uid, st.st_gid)
+        path = folder / str(i)
+        path.touch()
+        os.chown(path, st.st_uid, st.st_gid)
 
 
 def count_misses(box: DockerSandbox) -> list[int]:

@@ -7,7 +7,8 @@ tests/escapes/ runs them in CI and against deliberately weakened boxes, so every
 probe is shown able to fail.
 
 Layout: core.py (probe, trial, verdict, runner), one module per category of
-attack, host.py (what no probe inside can see: engine and runc versions, daemon
+attack (setid.py, set-id bits by every syscall and ABI, is listed under
+privileges), host.py (what no probe inside can see: engine and runc versions, daemon
 mode, seccomp profile), report.py (the table).
 
 Not here: fixing anything. A probe that escapes is reported, never softened.

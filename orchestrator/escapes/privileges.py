@@ -1,6 +1,8 @@
 """Privilege attacks: become root, regain capabilities, reach kernel interfaces
 that have carried container escapes (namespaces, keyrings, bpf, perf, io_uring,
 modules), inject keystrokes, or stop the box's init so it never ends.
+
+Not here: set-id bits reaching the host (setid.py, whose probes are listed here too).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import threading
 import time
 
 from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.escapes import setid
 from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 
 CATEGORY = "privileges"
@@ -260,53 +263,7 @@ if got: escaped("succeeded: " + ", ".join(got))
 else: held("setresuid/setreuid/setresgid/setgroups to 0 refused")
 ''')
 
-SETID_PLANT = ("cp /bin/sh probe-suid && chmod 4755 probe-suid && cp /bin/sh probe-sgid "
-               "&& chmod 2755 probe-sgid && cp /bin/sh probe-both && chmod 6755 probe-both "
-               "&& stat -c '%a %n' probe-suid probe-sgid probe-both")
-
-
-def _setuid_bit_reaching_host(t: Trial) -> str:
-    """A set-uid copy of sh made in the box is, on the host, a shell as uid 1000
-    for whoever runs it. Made on a pooled call and on a cold one; judged from
-    the host after each call has ended, by lstat alone (nothing is run)."""
-    seen = []
-    for how, box in (("pooled", t.box), ("cold", t.new_box(warm=0))):
-        result = box.run(SETID_PLANT, timeout_s=30, max_output_chars=4000)
-        modes = {n: os.lstat(t.workspace / n).st_mode & 0o7777
-                 for n in ("probe-suid", "probe-sgid", "probe-both") if os.path.lexists(t.workspace / n)}
-        kept = {n: oct(m) for n, m in modes.items() if m & 0o6000}
-        if kept:
-            return escaped(f"after a {how} call the host sees {kept}")
-        set_in_box = "4755 probe-suid" in result.output
-        seen.append(f"{how}: {'set in the box, cleared by the end' if set_in_box else 'refused in the box'}")
-        for n in modes:
-            os.unlink(t.workspace / n)
-    # The walker is the command's parent (the launcher, or the cold call's guard):
-    # the command kills it first. Judged once the box is closed, as a wake closes
-    # its box: the host's sweep after such a call may take a second or two.
-    for how, warm in (("pooled", 1), ("cold", 0)):
-        box = t.new_box(warm=warm)
-        box.run("cp /bin/sh probe-kill && chmod 4755 probe-kill && kill -9 $PPID; sleep 5", 30, 4000)
-        box.close()
-        mode = os.lstat(t.workspace / "probe-kill").st_mode & 0o7777 if os.path.lexists(
-            t.workspace / "probe-kill") else 0
-        if mode & 0o6000:
-            return escaped(f"a {how} call that killed its walker left the host {oct(mode)} probe-kill")
-        seen.append(f"{how}, walker killed: cleared by the host's sweep")
-        if mode:
-            os.unlink(t.workspace / "probe-kill")
-    return held("; ".join(seen))
-
-
-blocks_setuid_bit_reaching_host = Probe(
-    "blocks_setuid_bit_reaching_host", CATEGORY,
-    "no file in the workspace keeps a set-uid or set-gid bit once a call has ended (pooled or cold), "
-    "even when the command kills the process that clears them",
-    _setuid_bit_reaching_host)
-
-
 PROBES = [runs_as_unprivileged_user, holds_no_capabilities, sets_no_new_privs, enforces_seccomp_filter,
           blocks_unshare_namespaces, ends_call_with_ptrace_stopped_init, blocks_ptrace_outside_box,
           blocks_keyctl, blocks_bpf, blocks_perf_event_open, blocks_io_uring, blocks_kernel_modules,
-          blocks_setcap_on_workspace_file, blocks_tiocsti, blocks_setuid_root,
-          blocks_setuid_bit_reaching_host]
+          blocks_setcap_on_workspace_file, blocks_tiocsti, blocks_setuid_root, *setid.PROBES]

@@ -4,7 +4,9 @@ box.py (the Sandbox protocol every backend meets, SandboxResult,
 SandboxError), engine.py (the Docker backend: container settings, one call
 start to removal, the host-side deadline), pool.py (containers started ahead),
 programs.py (every program of ours that runs inside a box: the seccomp guard,
-the pool's launcher, the write script, the netns holder), network.py (the
+the pool's launcher, the write script, the netns holder), seccomp.py (the
+guard's filter: io_uring and set-id modes refused, per syscall ABI, and the
+small BPF assembler it is written with), network.py (the
 allowlist network and its proxy), output.py (cleaning and capping what a
 command prints), images.py (building the sandbox image), explain.py (the
 settings of each call as `docker run` flags).

@@ -34,8 +34,7 @@ from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
-                                           STRIP_MAX_S, carried, command_argv, guarded,
-                                           write_argv)
+                                           carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.files import HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
@@ -51,7 +50,6 @@ ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, r
 # connections and warn, so it covers serve's 4 wakes and a broker's 16 calls.
 ENGINE_POOL = 32
 LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
-SWEEP_TIMEOUT_S = STRIP_MAX_S + 15  # the set-id walk's own cap, plus a container's start on a loaded host
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}   # ours, and the command's before the policy's env
 
@@ -192,7 +190,6 @@ class DockerSandbox:
         self._host_folder = host_folder or self.folder
         self._within = within
         self.identity = identity
-        self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
         self.pool = None
         self.release_problem: str | None = None     # why close() could not release the disk
         self.disk = self._attach_disk(policy, attach)
@@ -214,10 +211,7 @@ class DockerSandbox:
 
     def close(self) -> None:
         """Remove every container this sandbox made; idle pool containers included.
-        Waits for the set-id sweeps after killed calls. Then lets go of the disk
-        (after the pool: no container of ours still has its volume)."""
-        while self._sweeps:
-            self._sweeps.pop().join()
+        Then lets go of the disk (after the pool: no container of ours still has its volume)."""
         if self.pool:
             self.pool.close()
         if self.disk and self.disk.hold:
@@ -329,7 +323,7 @@ class DockerSandbox:
                     **({COMMAND_ENV: carried(command_env)} if command_env is not None else {})}
         config = dict(
             image=p.image,
-            command=guarded(argv),      # io_uring off, whatever the engine's profile allows
+            command=guarded(argv),      # io_uring and set-id modes refused (seccomp.py)
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",
@@ -386,29 +380,11 @@ class DockerSandbox:
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
-        if not _walked(result, end):   # it ended before its own set-id walk
-            sweep = threading.Thread(target=self._clear_set_id_bits, args=(cid,), name="wakeloop-sweep")
-            sweep.start()   # off the call's path, as a pooled container's removal is
-            # A broker keeps a box for weeks: keep only the sweeps still running.
-            self._sweeps = [*(t for t in self._sweeps if t.is_alive()), sweep]
-        elif self.pool:
+        if self.pool:
             self.pool.discard(cid)  # removal off the call's path
         else:
             self._remove(cid)
         return result
-
-    def _clear_set_id_bits(self, killed_cid: str) -> None:
-        """After a call killed before its own walk: remove its container (waited
-        for, so nothing of it still runs), then one short cold call that runs
-        nothing but the walk (the guard's, after `true`). Until it ends, ~1-3 s, a
-        set-id file the killed call made is on the host; close() waits for it."""
-        self._remove(killed_cid)
-        cid = self._create(command_argv("true"), "sweep-" + uuid.uuid4().hex[:6], False, WORKSPACE,
-                           command_env=self.command_env())
-        try:
-            self._attach_and_wait(cid, None, None, SWEEP_TIMEOUT_S, 1000, time.monotonic())
-        finally:
-            self._remove(cid)
 
     def _create(self, argv, call_id: str, stdin: bool, workdir: str,
                 command_env: dict[str, str] | None = None) -> str:
@@ -519,17 +495,6 @@ class DockerSandbox:
         for cid in stale:
             self._remove(cid)
         return len(stale)
-
-
-def _walked(result: SandboxResult, end: EndLine | None) -> bool:
-    """Whether the call's own set-id walk surely ran. The launcher walks before its
-    nonce line, so a found line says it did; a cold call's guard walks before it
-    exits with the command's status, so a status of a signal (the command killed
-    the guard, or its own death by one) is not proof. Killed at the deadline or
-    out of memory, nothing walked."""
-    if result.timed_out or result.oom_killed:
-        return False
-    return end.found if end is not None else result.exit_code < 128
 
 
 class _Deadline:

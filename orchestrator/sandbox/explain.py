@@ -118,10 +118,11 @@ def explain(policy: Policy, box, registry) -> str:
         config, host = _specs(box)["bash"]
         lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is programs.GUARD, popped",
                   "from the environment by the one-line boot: it stacks a seccomp filter that answers",
-                  "io_uring_* with ENOSYS, joins stderr to stdout, then runs the rest by absolute path",
-                  "with exactly the environment in WAKELOOP_COMMAND_ENV: the policy's env reaches the",
-                  "command alone, never the harness's programs; when it exits, the guard kills what it",
-                  "left and clears set-uid/set-gid bits in /workspace, as the pool's launcher does):",
+                  "io_uring_* and openat2 with ENOSYS and a set-uid/set-gid mode (chmod, open, creat,",
+                  "mknod and kin, on every syscall ABI) with EPERM, joins stderr to stdout, then runs",
+                  "the rest by absolute path with exactly the environment in WAKELOOP_COMMAND_ENV: the",
+                  "policy's env reaches the command alone, never the harness's programs; when it exits,",
+                  "the guard kills what it left, as the pool's launcher does):",
                   _command(config, host, image)]
     if "write_file" in offered:
         config, host = _specs(box)["write_file"]

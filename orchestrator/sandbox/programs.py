@@ -6,17 +6,30 @@ script and the allowlist network's netns holder. They are data here so that
 
 ## The seccomp guard: one more filter before any agent code runs
 
-The engine's default seccomp profile is the first filter. Engines before 25
-let io_uring through it (moby 25 removed io_uring_* from the default), and
-io_uring has been a steady source of kernel privilege escalations; the escape
-suite's `blocks_io_uring` probe found it open on this project's CI engine.
+The engine's default seccomp profile is the first filter. Every call's first
+process stacks one more on top (seccomp.py: what it refuses, and why), for
+what no engine profile does for us:
+
+- io_uring_setup, io_uring_enter and io_uring_register answer ENOSYS (as on a
+  kernel without io_uring, so programs fall back). Engines before 25 let
+  io_uring through (moby 25 removed io_uring_* from the default), and it has
+  been a steady source of kernel privilege escalations; the escape suite's
+  `blocks_io_uring` probe found it open on this project's CI engine.
+- A set-uid or set-gid mode answers EPERM on chmod, open/creat and mknod and
+  their *at forms, on every syscall ABI (i386's `int 0x80` included): a file
+  the agent marks u+s in /workspace would be, on the host, a program that
+  runs as the sandbox user for whoever starts it. In the box no_new_privs
+  already makes the bits inert, and a bind mount cannot be nosuid through the
+  engine's API (nor would that change the mode the host sees). The kernel
+  refusing the mode replaces a walk of the workspace after every call
+  (10-14 ms under runc, 94-540 ms under runsc on 1,000 files), which a
+  command could also skip by killing or ptracing the process that walked.
+
 We cannot ship a copy of the engine's profile, and a hand-written allowlist
-would drift from it, so instead every call's first process stacks a tiny
-filter on top: io_uring_setup, io_uring_enter and io_uring_register answer
-ENOSYS (as on a kernel without io_uring, so programs fall back), everything
-else goes on to the engine's filter. Seccomp filters are inherited across
-fork and exec and can never be removed, and with no_new_privs set (it is) an
-unprivileged process may install one.
+would drift from it, so ours refuses only these and lets everything else go
+on to the engine's. Seccomp filters are inherited across fork and exec and
+can never be removed, and with no_new_privs set (it is) an unprivileged
+process may install one.
 
 ## Our programs never run under the policy's environment
 
@@ -38,24 +51,19 @@ from __future__ import annotations
 
 import json
 
+from orchestrator.sandbox.seccomp import FILTER
+
 PYTHON = "/usr/bin/python3"         # the image's interpreter, by absolute path: never looked up on a PATH
 BASH = "/bin/bash"                  # the shell a bash call runs, by absolute path likewise
 COMMAND_ENV = "WAKELOOP_COMMAND_ENV"  # the command's whole environment, as JSON; popped by the guard
 
-# Python source, run as the first thing in the box (`python3 -I`). The BPF
-# program: A = syscall nr without the x32 bit; 425 <= A <= 427 (io_uring_*,
-# the same numbers on every architecture's unified table) -> ERRNO(ENOSYS);
-# else ALLOW.
+# Python source, run as the first thing in the box (`python3 -I`): it sets
+# no_new_privs and installs seccomp.py's filter (io_uring and openat2 answer
+# ENOSYS; a set-uid or set-gid mode answers EPERM, on every ABI), as bytes
+# assembled on the host at import.
 INSTALL = r"""
 import ctypes, struct
-_prog = b"".join(struct.pack("HBBI", *op) for op in (
-    (0x20, 0, 0, 0),            # ld  [nr]
-    (0x54, 0, 0, 0xBFFFFFFF),   # and ~__X32_SYSCALL_BIT
-    (0x35, 0, 2, 425),          # jge io_uring_setup ? next : allow
-    (0x25, 1, 0, 427),          # jgt io_uring_register ? allow : next
-    (0x06, 0, 0, 0x00050026),   # ret ERRNO(ENOSYS)
-    (0x06, 0, 0, 0x7FFF0000),   # ret ALLOW
-))
+_prog = bytes.fromhex(%r)
 _buf = ctypes.create_string_buffer(_prog, len(_prog))
 _fprog = struct.pack("HxxxxxxP", len(_prog) // 8, ctypes.addressof(_buf))
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -63,62 +71,7 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
     import os, sys
     sys.stderr.write(f"wakeloop: cannot install the seccomp filter: {os.strerror(ctypes.get_errno())}\n")
     os._exit(126)
-"""
-
-# Set-uid and set-gid bits must not reach the host: a file the agent marks
-# u+s in /workspace is, on the host, a program that runs as the sandbox user
-# (1000) for whoever starts it. In the box no-new-privileges already makes the
-# bits inert, and a bind mount cannot be nosuid through the engine's API (nor
-# would that change the mode the host sees), so every call ends by clearing
-# them: after the command and everything it started are killed, a walk of
-# /workspace (os.scandir, never following a symlink) clears S_ISUID/S_ISGID
-# on every regular file, through an O_NOFOLLOW descriptor. The walk is
-# bounded: past STRIP_MAX_ENTRIES entries or STRIP_MAX_S seconds it stops and
-# says so in the call's output, and the files it did not reach keep their
-# bits until a later call's walk reaches them. A call killed at its deadline
-# (or out of memory) ends without its walk, so the host runs one more short
-# cold call for the walk alone (engine.py's _clear_set_id_bits). Cost per 1,000 files, measured on a
-# loaded 2-core machine (tests/test_sandbox.py): ~14 ms under runc, 95-540 ms under runsc, where
-# every lstat is a trip through gVisor; plus a python3 start (~20 ms) on the
-# cold path. A seccomp rule refusing modes with 06000 (chmod, fchmod*, open*,
-# mknod*) would be the kernel-level alternative; it is not built yet.
-STRIP_MAX_ENTRIES = 250_000     # above the default policy's 200,000 inodes: a full workspace under runc
-STRIP_MAX_S = 2.0               # the most a call waits on the walk (runsc reaches ~5,000-20,000 files)
-STRIP_FN = r"""
-def strip_setid(top="/workspace", max_entries=%d, max_s=%r):
-    import os, stat, time
-    deadline, seen, stack = time.monotonic() + max_s, 0, [top]
-    while stack:
-        try:
-            listing = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with listing:
-            for entry in listing:
-                seen += 1
-                if seen > max_entries or (seen %% 1024 == 0 and time.monotonic() > deadline):
-                    os.write(1, b"\nwakeloop: stopped clearing set-uid/set-gid bits after %%d entries; "
-                                b"a later call clears the rest\n" %% seen)
-                    return
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError:
-                    continue
-                if stat.S_ISDIR(mode):
-                    stack.append(entry.path)
-                elif stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
-                    try:
-                        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                    except OSError:
-                        continue
-                    try:
-                        os.fchmod(fd, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                    except OSError:
-                        pass
-                    finally:
-                        os.close(fd)
-""" % (STRIP_MAX_ENTRIES, STRIP_MAX_S)
-
+""" % FILTER.hex()
 
 # Installs the filter, then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
@@ -127,11 +80,11 @@ def strip_setid(top="/workspace", max_entries=%d, max_s=%r):
 # pipes apart). With $WAKELOOP_COMMAND_ENV (a cold call's command) the program
 # gets exactly that environment, and its own name as argv[0] ($0 is "bash", as
 # for a shell found on a PATH), and the guard stays as its parent: when it
-# exits, everything else in the box is killed and the set-id bits cleared, as
-# the pool's launcher does, and its status is the call's. Without it (the
-# pool's launcher, the write script) the program is one of ours: it keeps our
-# environment and takes the guard's place.
-GUARD = INSTALL + STRIP_FN + f"""
+# exits, everything else in the box is killed, as the pool's launcher does,
+# and its status is the call's. Without it (the pool's launcher, the write
+# script) the program is one of ours: it keeps our environment and takes the
+# guard's place.
+GUARD = INSTALL + f"""
 import json, os, sys
 os.dup2(1, 2)
 env = os.environ.pop({COMMAND_ENV!r}, None)
@@ -151,7 +104,6 @@ try:
     os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
 except ProcessLookupError:
     pass
-strip_setid()
 os._exit(128 - code if code < 0 else code)
 """
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
@@ -203,7 +155,7 @@ def carried(env: dict[str, str]) -> str:
 # through /proc. Output that merely looks like the line is output. The OOM
 # count is the container's own cgroup's (read-only in the box); "?" where the
 # runtime shows no cgroup files (gVisor).
-LAUNCHER = STRIP_FN + r"""
+LAUNCHER = r"""
 import ctypes, json, os
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
     os._exit(125)
@@ -246,7 +198,6 @@ try:
     os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
 except ProcessLookupError:
     pass
-strip_setid()
 os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network import LOCAL_ONLY
+from orchestrator.sandbox import seccomp
 from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
 
 
@@ -136,13 +138,23 @@ def dumpable_launcher(config, host):
         env[LAUNCHER_ENV] = env[LAUNCHER_ENV].replace("ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0", "False")
 
 
-def set_id_bits_kept(config, host):
-    """Neither the pool launcher nor the cold path's guard clears set-id bits."""
+def _guard_filter(config, abis) -> None:
+    """The guard installs the filter `abis` make, in place of the product's (seccomp.py)."""
     env = config["environment"]
-    for name in (LAUNCHER_ENV, GUARD_ENV):
-        if name in env:
-            assert "\nstrip_setid()\n" in env[name]
-            env[name] = env[name].replace("\nstrip_setid()\n", "\n")
+    assert seccomp.FILTER.hex() in env[GUARD_ENV]
+    env[GUARD_ENV] = env[GUARD_ENV].replace(seccomp.FILTER.hex(), seccomp.assemble(seccomp.program(abis)).hex())
+
+
+def set_id_modes_allowed(config, host):
+    """The guard's filter as it was before: io_uring alone, no rule on modes."""
+    _guard_filter(config, tuple(replace(abi, mode_at={}, open_at={}, enosys=seccomp.IO_URING)
+                                for abi in seccomp.ABIS))
+
+
+def arch_blind_filter(config, host):
+    """A filter that knows x86_64's numbers only, as one written without reading
+    seccomp_data.arch would: i386's calls (other numbers) fall to the io_uring rule."""
+    _guard_filter(config, (seccomp.X86_64,))
 
 
 def no_file_size_limit(config, host):
@@ -259,7 +271,9 @@ CASES = [
     (no_file_size_limit, "caps_sparse_file_size"),
     (no_cpu_quota, "caps_cpu"),
     (dumpable_launcher, "blocks_forging_the_exit_status"),
-    (set_id_bits_kept, "blocks_setuid_bit_reaching_host"),
+    (set_id_modes_allowed, "blocks_setuid_bit_reaching_host"),
+    (set_id_modes_allowed, "blocks_setuid_bit_at_creation"),
+    (arch_blind_filter, "blocks_setuid_bit_through_i386_abi"),
     (lab_folder_mounted, "blocks_reading_host_files"),
     (lab_folder_mounted, "hides_other_agents_workspaces"),
     (docker_socket_mounted, "blocks_proc_1_root"),   # the host's paths under /proc/1/root
@@ -455,14 +469,15 @@ def test_every_orchestrator_probe_has_a_weakened_control():
     assert {p.name for p in PROBES} == {name for _, name, _ in BROKER_CASES}
 
 
-def test_the_setuid_probe_escapes_when_a_killed_walker_is_trusted(make_lab, monkeypatch):
-    # The host's old rule: only a call killed at its deadline or out of memory gets a sweep.
-    from orchestrator.sandbox import engine
-    monkeypatch.setattr(engine, "_walked", lambda result, end: not (result.timed_out or result.oom_killed))
-    outcome = run_probe(make_lab(), by_name("blocks_setuid_bit_reaching_host"))
+def test_the_setuid_probe_escapes_through_a_cold_call_alone(make_lab):
+    # The rule must hold in every container a call can get: here the pool's are
+    # guarded as the product does, the cold path's guard is not.
+    def cold_unguarded(config, host):
+        if config["command"][4:] != LAUNCH_ARGV:
+            set_id_modes_allowed(config, host)
+    outcome = run_probe(make_lab(sandbox_class=weakened(cold_unguarded)), by_name("blocks_setuid_bit_reaching_host"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
-    assert "killed its walker" in outcome.observed
-
+    assert "after a cold call's chmod" in outcome.observed
 
 
 def test_the_leaked_fd_probe_escapes_a_runtime_that_leaks_one(make_lab):
@@ -759,7 +774,7 @@ COVERED_HERE = ({p for _, p in CASES} | set(DISK_PROBES) | {p for _, p in PROXY_
            | {p for _, p, _ in BROKER_CASES} | {p for _, p in SANDBOX_CLASSES}
            | {"blocks_orchestrator_raising_the_box", "allowlist_has_no_direct_route",
               "blocks_planted_python_on_policy_path", "blocks_bare_repo_hook_write",
-              "blocks_setuid_bit_reaching_host", "blocks_leaked_host_fds", "caps_workspace_file_size",
+              "blocks_leaked_host_fds", "caps_workspace_file_size",
               "bounds_huge_output", "image_has_no_baked_secrets", "caps_all_disks_together", "kills_background_processes",
               "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files",
               "kills_at_deadline", "ends_call_with_ptrace_stopped_init", "cleans_binary_output",
