@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.policy.schema import line_of
+from orchestrator.records.folder import Folder
 
 EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "daily")
 DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")   # a digest a day is asked for, not assumed
@@ -42,6 +44,7 @@ KINDS = ("webhook", "slack", "email", "command")
 GIVE_UP_AFTER_S = 24 * 3600         # one notification is retried this long, then given up (and shown)
 COMMAND_TIMEOUT_S = 30.0            # a command hook's wall clock
 ROOT_FILE = "notify.yaml"
+NOTIFY_CAP = 1 * 2**20              # bytes of ROOT/notify.yaml read; real ones are a few KiB
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -148,10 +151,10 @@ def _seconds(value: Any) -> float:
 def load_root_notify(root: Path) -> tuple[Channel, ...]:
     """ROOT/notify.yaml's channels (none if the file is absent)."""
     path = Path(root) / ROOT_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return ()
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:   # records/folder.py: no link followed, never a FIFO or device, capped
+        text = Folder(Path(root)).read_bytes(ROOT_FILE, NOTIFY_CAP).decode("utf-8")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

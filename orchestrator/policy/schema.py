@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
+from orchestrator.records.folder import Folder, Refused, TooBig
 from orchestrator.records.retention import Retention
 
 
@@ -264,12 +265,16 @@ class NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def read_config(path: str | Path, what: str = "policy") -> str:
+def read_config(path: str | Path, what: str = "policy", within: Path | None = None) -> str:
     """A config file's text, read as untrusted input (under the broker an
     orchestrator taken over can plant any file): a regular file only, never
     opened if it is a FIFO or device (the first open is O_PATH), at most
-    MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file."""
+    MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file.
+    A file inside `within` (its agent folder: agent.yaml, a policy beside it)
+    is read through records/folder.py: no link followed on the way or at the end."""
     path = Path(path)
+    if within is not None and _inside(path, within):
+        return _read_inside(path, what, Path(within))
     try:
         probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
@@ -296,6 +301,27 @@ def read_config(path: str | Path, what: str = "policy") -> str:
         raise PolicyError(f"{path}: not UTF-8 text") from None
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(os.path.normpath(path)).is_relative_to(os.path.normpath(folder))
+
+
+def _read_inside(path: Path, what: str, folder: Path) -> str:
+    rel = os.path.relpath(os.path.normpath(path), os.path.normpath(folder))
+    try:
+        data = Folder(folder).read_bytes(rel, MAX_CONFIG_BYTES)
+    except TooBig:
+        raise PolicyError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes; a {what} is at most that") from None
+    except Refused as exc:
+        raise PolicyError(f"{path}: {exc.strerror}; a {what} is a regular YAML file in the agent folder, "
+                          "read without following links") from None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text") from None
+
+
 def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     """(data, node tree) of untrusted YAML text: no aliases, no tags beyond SafeLoader's.
     yaml.YAMLError or RecursionError (nesting thousands deep) for the caller to word."""
@@ -304,9 +330,10 @@ def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     return data, node
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policy(path: str | Path, within: Path | None = None) -> Policy:
+    """A policy file; one inside `within` (the agent folder) is read with no link followed."""
     path = Path(path)
-    return parse_policy(read_config(path), str(path))
+    return parse_policy(read_config(path, within=within), str(path))
 
 
 def parse_policy(text: str, source: str) -> Policy:

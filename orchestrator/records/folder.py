@@ -10,7 +10,8 @@ file. So every path under a folder is:
 - walked one component at a time from the folder's own descriptor with
   O_NOFOLLOW, so no link is followed, at the end or in the middle (`Refused`);
 - opened O_NONBLOCK (a FIFO cannot hang the open) and used only when fstat
-  says regular file (a FIFO, device or socket is `Refused`);
+  says regular file with one name (a FIFO, device, socket, or a hard link to a
+  file elsewhere is `Refused`);
 - read up to a cap the caller names (`TooBig` past it, or cut with `head`);
 - written whole (temp file, fsync, rename in the same folder descriptor) or
   by one O_APPEND write, and deleted only when it is a regular file.
@@ -110,7 +111,10 @@ class Folder:
             except OSError as exc:
                 raise _refusal(exc, name, dir_fd, self._show(rel)) from None
         try:
-            _require_regular(os.fstat(fd).st_mode, self._show(rel))  # it may have been swapped meanwhile
+            st = os.fstat(fd)
+            _require_regular(st.st_mode, self._show(rel))  # it may have been swapped meanwhile
+            if st.st_nlink > 1:   # ours never have two names: a hard link to a file elsewhere
+                raise Refused(errno.EMLINK, "a hard link (a file with another name elsewhere)", self._show(rel))
         except BaseException:
             os.close(fd)
             raise
