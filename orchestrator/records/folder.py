@@ -215,7 +215,7 @@ class Folder:
                 # Swapped for a link meanwhile, unlink removes the link: nothing outside is touched.
                 os.unlink(name, dir_fd=dir_fd)
                 return True
-        except FileNotFoundError:
+        except (FileNotFoundError, Refused):   # gone, or its folder is a link: nothing of ours
             return False
 
     def rename(self, src: str, dst: str) -> None:
@@ -248,26 +248,30 @@ def read_upto(fd: int, limit: int) -> bytes:
 def capped_lines(f: IO[bytes], line_cap: int, total_cap: int) -> Iterator[bytes]:
     """The lines of a binary stream, each at most line_cap bytes (a longer one is
     skipped whole: no line of ours is that long), and no more than total_cap bytes
-    read in all: a sparse 100 GB file, or a gzip bomb, costs no more than that."""
-    pending, skipping, read = b"", False, 0
+    read in all: a sparse 100 GB file, or a gzip bomb, costs no more than that.
+    A last line with no newline is yielded if the stream ended before the cap."""
+    parts: list[bytes] = []
+    size, skipping, read = 0, False, 0
     while read < total_cap:
         chunk = f.read(min(CHUNK, total_cap - read))
         if not chunk:
             break
         read += len(chunk)
-        pending += chunk
-        while True:
-            cut = pending.find(b"\n")
-            if cut < 0:
-                break
-            line, pending = pending[:cut + 1], pending[cut + 1:]
-            if not skipping and len(line) <= line_cap:
-                yield line
-            skipping = False
-        if len(pending) > line_cap:
-            pending, skipping = b"", True
-    if pending and not skipping and read < total_cap:
-        yield pending
+        start = 0
+        while (cut := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:cut + 1]
+            if not skipping and size + len(piece) <= line_cap:
+                yield b"".join(parts) + piece
+            parts, size, skipping, start = [], 0, False, cut + 1
+        rest = chunk[start:]
+        if rest and not skipping:
+            if size + len(rest) > line_cap:
+                parts, size, skipping = [], 0, True
+            else:
+                parts.append(rest)
+                size += len(rest)
+    if parts and read < total_cap:
+        yield b"".join(parts)
 
 
 def _parts(rel: str, allow_empty: bool = False) -> tuple[str, ...]:

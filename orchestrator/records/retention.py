@@ -146,11 +146,12 @@ def holder(path: Path) -> tuple[Folder, str]:
 
 
 @contextmanager
-def open_text(path: Path, line_cap: int = LINE_CAP, file_cap: int = FILE_CAP) -> Iterator[Iterator[str]]:
+def open_text(path: Path, line_cap: int | None = None, file_cap: int | None = None) -> Iterator[Iterator[str]]:
     """A segment or live file's lines as text, gzipped or not; never through a link,
     never a FIFO or device; a line over line_cap is skipped, and no more than
     file_cap bytes are read. A context manager: the descriptor is closed when the block ends."""
     folder, name = holder(path)
+    line_cap, file_cap = line_cap or LINE_CAP, file_cap or FILE_CAP
     with folder.reader(name) as raw:
         if name.endswith(GZ):
             with gzip.GzipFile(fileobj=raw) as unzipped:

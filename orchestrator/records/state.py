@@ -223,10 +223,10 @@ def _append(path: Path, text: str) -> None:
 
 
 def _read(path: Path) -> str:
-    """A message file's text, its first BOX_CAP bytes; "" when absent."""
+    """A message file's text, its first BOX_CAP bytes; "" when absent or refused."""
     try:
         return state_folder(path.parent).head(path.name, BOX_CAP)[:BOX_CAP].decode("utf-8", "replace")
-    except FileNotFoundError:
+    except OSError:   # absent, or not ours (a link, a FIFO): nothing to show, nothing taken from it
         return ""
 
 
