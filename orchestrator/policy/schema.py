@@ -156,6 +156,7 @@ def _match_parts(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
 class SendMessageTool:
     enabled: bool = True
     max_per_wake: int = 5
+    max_chars: int = 4000               # characters of one message; a longer one is cut, and the model told
 
 
 @dataclass(frozen=True)
@@ -227,6 +228,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNO
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
                 "max_agent_bytes", "rotate_size", "keep_size"}
+SIZE_FIELDS = frozenset(_SIZE_FIELDS | {"disk"})   # every field read as a size (disk: or none)
 # Under gVisor the pids limit counts the Sentry's host threads too: below ~56 a
 # box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
 RUNSC_MIN_PIDS = 128
