@@ -61,7 +61,8 @@ def numbers(policy: Policy, prefix: str = "") -> dict[str, float]:
 
 # The keys of `max`: a policy number's last name (timeout_s bounds both tools'), and the
 # broker's own capacity. Sizes are read as sizes (64m); the rest as plain numbers.
-NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in numbers(Policy())))
+NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in   # the box's first, as people look for them
+                              sorted(numbers(Policy()), key=lambda p: not p.startswith("sandbox."))))
 SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
 ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day")   # 0 there means "no limit"
 LISTS = ("runtimes", "images", "networks")
