@@ -277,3 +277,52 @@ def test_read_bytes_past_the_cap_is_too_big(tmp_path):
     with pytest.raises(TooBig):
         Folder(tmp_path).read_bytes("f", 10)
     assert len(Folder(tmp_path).head("f", 10)) == 11
+
+
+# -- JSON nested a hundred thousand deep --------------------------------------------
+
+NEST_BOMB = "[" * 200_000            # json.loads raises RecursionError on it, which no reader expected
+
+
+def test_a_json_nesting_bomb_in_any_state_file_is_a_corrupt_file_not_a_crash(agent_dir):
+    from orchestrator.notify import queue
+    from orchestrator.records import ledger, tasks
+    sd = agent_dir / "state"
+    for name in ("state.json", "tasks.json", "ledger.json"):
+        (sd / name).write_text(NEST_BOMB)
+    (sd / "events.jsonl").write_text(NEST_BOMB + "\n")
+    (sd / "notify" / "queue").mkdir(parents=True)
+    (sd / "notify" / "queue" / "1.json").write_text(NEST_BOMB)
+    (sd / "notify" / "done.jsonl").write_text(NEST_BOMB + "\n")
+    (sd / "transcripts").mkdir()
+    (sd / "transcripts" / "r.jsonl").write_text(NEST_BOMB + "\n")
+    assert "rebuilt" in st.load_state(sd)[1]
+    with pytest.raises(tasks.TaskError, match="nested too deep"):
+        tasks.load_tasks(sd)
+    with pytest.raises(ledger.LedgerError, match="nested too deep"):
+        ledger.read_book(sd)
+    assert list(read_history(sd)) == [] and queue.pending(sd) == [] and queue.done(sd) == []
+    assert list(tr.read_lines(sd / "transcripts" / "r.jsonl")) == []
+    enforce(sd, Retention(rotate_days=0.0001))   # reads the live logs' first lines
+
+
+def test_the_console_mandate_reader_never_opens_a_fifo(agent_dir):
+    from orchestrator.console import pages
+    (agent_dir / "mandate.md").unlink()
+    os.mkfifo(agent_dir / "mandate.md")
+    agent = load_agent(agent_dir)
+    done, value = returns_within(lambda: pages._mandate(agent), release=open_fifo_writer(agent_dir / "mandate.md"))
+    assert done and "unreadable" in value
+
+
+def test_notify_sender_lock_and_markers_never_go_through_a_link(agent_dir, tmp_path):
+    from orchestrator.notify import outcomes, sender
+    elsewhere = tmp_path / "elsewhere-notify"
+    elsewhere.mkdir()
+    (agent_dir / "state" / "notify").symlink_to(elsewhere)
+    with pytest.raises(Refused):
+        with sender._sender_lock(agent_dir / "state" / "notify"):
+            pass
+    with pytest.raises(Refused):
+        outcomes._first_today(agent_dir / "state", "blocked")
+    assert os.listdir(elsewhere) == []

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from orchestrator.records import retention
 from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 NOTIFY_DIR = "notify"               # under state/
 QUEUE_DIR = "queue"
@@ -73,7 +74,7 @@ def pending(state_dir: Path) -> list[Item]:
     items = []
     for name in names:
         try:
-            raw = json.loads(folder.read_text(f"{queue}/{name}", ITEM_CAP))
+            raw = loads(folder.read_text(f"{queue}/{name}", ITEM_CAP))
             items.append(Item(**{**raw, "name": name}))
         except (OSError, ValueError, TypeError):
             continue
@@ -99,7 +100,7 @@ def done(state_dir: Path) -> list[dict]:
     out = []
     for line in retention.iter_lines([notify_dir(state_dir) / DONE_FILE]):   # capped, no link, no FIFO
         try:
-            out.append(json.loads(line))
+            out.append(loads(line))
         except ValueError:
             continue
     return out

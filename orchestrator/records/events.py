@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from orchestrator.records import retention
+from orchestrator.records.jsontext import loads
 
 EVENTS_FILE = "events.jsonl"
 retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
@@ -105,7 +106,7 @@ def raw_history(state_dir: Path) -> Iterator[str]:
 def parse_event(line: str) -> Event | None:
     """One line of the log as an Event, or None for a torn or foreign line."""
     try:
-        raw = json.loads(line)
+        raw = loads(line)
         return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
                      raw.get("data") if isinstance(raw.get("data"), dict) else {})
     except (ValueError, KeyError, TypeError):

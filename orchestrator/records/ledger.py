@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.records.files import locked
 from orchestrator.records.folder import RECORD_CAP, state_folder
+from orchestrator.records.jsontext import loads
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
@@ -206,7 +207,7 @@ def read_book(state_dir: Path) -> Book:
     day cap with it."""
     path = Path(state_dir) / LEDGER_FILE
     try:
-        raw = json.loads(state_folder(state_dir).read_text(LEDGER_FILE, RECORD_CAP))
+        raw = loads(state_folder(state_dir).read_text(LEDGER_FILE, RECORD_CAP))
         days = {str(d): _totals(t) for d, t in raw.get("days", {}).items()}
         return Book(days, _totals(raw.get("lifetime", {})))
     except FileNotFoundError:

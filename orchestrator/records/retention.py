@@ -47,7 +47,6 @@ walk itself (folder.py).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import stat
@@ -58,6 +57,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from orchestrator.records.folder import Folder, capped_lines, state_folder
+from orchestrator.records.jsontext import loads
 
 DAY_S = 86_400
 STAMP = "%Y%m%dT%H%M%S%fZ"          # in a segment's name: when it was rotated, sortable as text
@@ -222,7 +222,7 @@ def _age_days(live: Path, now: datetime) -> float:
     an unreadable first line counts as new, so it rotates by size alone."""
     try:
         with open_text(live, FIRST_LINE_CAP, FIRST_LINE_CAP + 1) as lines:
-            first = json.loads(next(lines))
+            first = loads(next(lines))
         then = datetime.fromisoformat(str(first["timestamp"]).replace("Z", "+00:00"))
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return 0.0

@@ -41,6 +41,7 @@ from orchestrator.records import retention
 from orchestrator.records.events import read_history
 from orchestrator.records.files import locked
 from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 LOCK_FILE = "wake.lock"
 STATE_FILE = "state.json"
@@ -169,7 +170,7 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
     """The state, and a warning line when it had to be rebuilt."""
     path = Path(state_dir) / STATE_FILE
     try:
-        raw = json.loads(state_folder(state_dir).read_text(STATE_FILE, STATE_CAP))
+        raw = loads(state_folder(state_dir).read_text(STATE_FILE, STATE_CAP))
         return State(wake=_count(raw["wake"]), tokens_lifetime=_count(raw["tokens_lifetime"]),
                      last_receipt=raw.get("last_receipt") if isinstance(raw.get("last_receipt"), dict)
                      else None), None

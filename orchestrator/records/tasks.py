@@ -23,6 +23,7 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.records.files import locked
 from orchestrator.records.folder import RECORD_CAP, state_folder
+from orchestrator.records.jsontext import loads
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
@@ -59,7 +60,7 @@ def load_tasks(state_dir: Path) -> list[Task]:
     """Every task, oldest first; a missing file is no tasks, a broken one says so."""
     path = Path(state_dir) / TASKS_FILE
     try:
-        raw = json.loads(state_folder(state_dir).read_text(TASKS_FILE, RECORD_CAP))
+        raw = loads(state_folder(state_dir).read_text(TASKS_FILE, RECORD_CAP))
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:

@@ -44,6 +44,7 @@ from typing import Any, Iterator
 from orchestrator.records.events import now_iso, scrub
 from orchestrator.records import retention
 from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 TRANSCRIPTS_DIR = "transcripts"     # under state/
 PROMPTS_DIR = "prompts"             # under state/transcripts/: one text per system prompt hash
@@ -135,7 +136,7 @@ def read_lines(path: Path) -> Iterator[dict]:
 def parse_line(text: str) -> dict | None:
     """One transcript line, or None for a torn or foreign one."""
     try:
-        line = json.loads(text)
+        line = loads(text)
     except ValueError:
         return None
     return line if isinstance(line, dict) and isinstance(line.get("type"), str) else None
