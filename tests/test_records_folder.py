@@ -28,6 +28,7 @@ HANG_S = 3.0                        # a reader that has not returned by then is 
 CANARY = "canary-e5b1c0ffee"
 SPARSE = 100 * 2**30                # bytes: a 100 GB sparse file costs no disk
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+LINK_HOLD_S = 0.0005                # the race below: with links followed, 100 rounds reach outside every time
 
 
 @pytest.fixture
@@ -326,3 +327,43 @@ def test_notify_sender_lock_and_markers_never_go_through_a_link(agent_dir, tmp_p
     with pytest.raises(Refused):
         outcomes._first_today(agent_dir / "state", "blocked")
     assert os.listdir(elsewhere) == []
+
+
+def test_prompts_swapped_for_a_link_in_a_race_never_lets_a_wake_reach_outside(agent_dir, tmp_path):
+    """A writer of the folder flips state/transcripts/prompts between a folder and a link
+    out as fast as it can while wakes store prompts and prune: each step is walked anew
+    from a descriptor, so there is no check-then-use window to win."""
+    sd = agent_dir / "state"
+    outside = tmp_path / "someone-elses"
+    outside.mkdir()
+    (outside / "old.txt").write_text("keep me")
+    prompts, aside = sd / "transcripts" / "prompts", sd / "transcripts" / "aside"
+    prompts.mkdir(parents=True)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            try:
+                os.rename(prompts, aside)
+                os.symlink(outside, prompts)
+                time.sleep(LINK_HOLD_S)   # the attacker keeps its link up a moment (not a synchronisation)
+                os.unlink(prompts)
+                os.rename(aside, prompts)
+            except OSError:
+                if not prompts.exists() and aside.exists():
+                    try:
+                        os.rename(aside, prompts)
+                    except OSError:
+                        pass
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        for i in range(100):
+            t = tr.Transcript(sd, f"run{i}", 2**20, ())
+            t.system(f"prompt {i}", f"{i:016x}")
+            t.end()
+            tr.prune(sd, max_agent_bytes=2**20, retention_days=1, keep=f"run{i}", now=time.time() + 86400 * 2)
+    finally:
+        stop.set()
+        flipper.join(HANG_S)
+    assert sorted(os.listdir(outside)) == ["old.txt"]
