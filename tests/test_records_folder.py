@@ -367,3 +367,14 @@ def test_prompts_swapped_for_a_link_in_a_race_never_lets_a_wake_reach_outside(ag
         stop.set()
         flipper.join(HANG_S)
     assert sorted(os.listdir(outside)) == ["old.txt"]
+
+
+def test_workspace_a_link_out_is_refused_before_anything_reads_or_mounts_it(agent_dir, tmp_path, canary):
+    elsewhere = tmp_path / "elsewhere-ws"
+    (elsewhere / "memory").mkdir(parents=True)
+    (elsewhere / "memory" / "core.md").write_text(CANARY)
+    import shutil
+    shutil.rmtree(agent_dir / "workspace")
+    (agent_dir / "workspace").symlink_to(elsewhere)
+    with pytest.raises(AgentError, match="workspace is a symlink"):
+        load_agent(agent_dir)

@@ -69,7 +69,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
     config = agent_dir / "agent.yaml"
     if not os.path.lexists(config):
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
-    _check_state(agent_dir)
+    _check_folders(agent_dir)
     try:
         text = read_config(config, "agent.yaml", within=agent_dir)   # no link, capped; never a FIFO
         data, node = parse_yaml(text)
@@ -99,14 +99,17 @@ def load_agent(agent_dir: str | Path) -> Agent:
     )
 
 
-def _check_state(agent_dir: Path) -> None:
-    """state/ is wakeloop's own: one planted as a link (to another agent's, to a folder
-    elsewhere) or as anything but a folder is refused before anything reads or writes it."""
-    st = Folder(agent_dir).lstat("state")
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
-        raise AgentError(f"{agent_dir / 'state'} is {what}; wakeloop keeps state/ itself and never follows "
-                         f"a link there: remove it (`rm {agent_dir / 'state'}`) and the next wake makes a new one")
+def _check_folders(agent_dir: Path) -> None:
+    """state/ and workspace/ are folders of this agent's own: one planted as a link (to
+    another agent's, to a folder elsewhere) or as anything but a folder is refused
+    before anything reads, writes or mounts it."""
+    for name, fix in (("state", "the next wake makes a new one"),
+                      ("workspace", "make it a folder again (`mkdir`), or run `wakeloop init` on a new folder")):
+        st = Folder(agent_dir).lstat(name)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+            raise AgentError(f"{agent_dir / name} is {what}; wakeloop never follows a link out of an agent "
+                             f"folder: remove it (`rm {agent_dir / name}`); {fix}")
 
 
 def _notify(value, config: Path, node) -> tuple:
