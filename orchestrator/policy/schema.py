@@ -311,8 +311,8 @@ def _read_inside(path: Path, what: str, folder: Path) -> str:
     rel = os.path.relpath(os.path.normpath(path), os.path.normpath(folder))
     try:
         data = Folder(folder).read_bytes(rel, MAX_CONFIG_BYTES)
-    except TooBig:
-        raise PolicyError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes; a {what} is at most that") from None
+    except TooBig as exc:
+        raise PolicyError(f"{path}: {exc.size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}") from None
     except Refused as exc:
         raise PolicyError(f"{path}: {exc.strerror}; a {what} is a regular YAML file in the agent folder, "
                           "read without following links") from None

@@ -51,6 +51,10 @@ class Refused(OSError):
 class TooBig(Refused):
     """A file over the cap its reader named."""
 
+    def __init__(self, size: int, cap: int, shown: str):
+        super().__init__(errno.EFBIG, f"{size:,} bytes, over {cap:,}", shown)
+        self.size, self.cap = size, cap
+
 
 @dataclass(frozen=True)
 class Folder:
@@ -131,9 +135,15 @@ class Folder:
             os.close(fd)
 
     def read_bytes(self, rel: str, cap: int) -> bytes:
-        data = self.head(rel, cap)
-        if len(data) > cap:
-            raise TooBig(errno.EFBIG, f"over {cap:,} bytes", self._show(rel))
+        """All of rel, or TooBig when it is over cap (known from fstat, before a byte is read)."""
+        fd = self.open(rel)
+        try:
+            size = os.fstat(fd).st_size
+            data = read_upto(fd, cap + 1) if size <= cap else b""
+        finally:
+            os.close(fd)
+        if size > cap or len(data) > cap:   # or grown since the fstat
+            raise TooBig(max(size, len(data)), cap, self._show(rel))
         return data
 
     def read_text(self, rel: str, cap: int) -> str:
