@@ -155,8 +155,8 @@ def test_status_of_an_agent_with_a_year_of_history_is_fast(agent_dir):
 
 
 def test_state_keys_are_checked_and_bounded_by_the_ceiling():
-    policy = parse_policy("state: {rotate_size: 1g, keep_days: 7}\n", "p.yaml")
-    assert policy.state.rotate_size == 2**30 and policy.state.keep_days == 7
+    policy = parse_policy("state: {rotate_size: 100m, keep_days: 7}\n", "p.yaml")
+    assert policy.state.rotate_size == 100 * 2**20 and policy.state.keep_days == 7
     over = Ceiling(max={"rotate_size": 64 * 2**20}, source="ceiling.yaml").refusal(policy)
     assert over is not None and "state.rotate_size" in over and "p.yaml:1" in over
     assert Ceiling(max={"rotate_size": 64 * 2**20, "keep_days": 3650}).refusal(
@@ -165,6 +165,8 @@ def test_state_keys_are_checked_and_bounded_by_the_ceiling():
         parse_policy("state: {keep_days: 0}\n", "p.yaml")
     with pytest.raises(PolicyError, match=r"state.rotate_size: expected a size"):
         parse_policy("state: {rotate_size: lots}\n", "p.yaml")
+    with pytest.raises(PolicyError, match=r"state.rotate_size: '1g' is over 128m: retention reads no log past"):
+        parse_policy("state: {rotate_size: 1g}\n", "p.yaml")   # over it, a file is taken for a planted one
 
 
 def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp_path):

@@ -20,7 +20,7 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Refused, TooBig
-from orchestrator.records.retention import Retention
+from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE, Retention
 
 
 class PolicyError(ConfigError):
@@ -522,6 +522,14 @@ def _size(value, path, source, node) -> int:
     return size
 
 
+def _rotate_size(value, path, source, node) -> int:
+    size = _size(value, path, source, node)
+    if size > MAX_ROTATE_SIZE:
+        raise ValueError(f"{value!r} is over {MAX_ROTATE_SIZE // 2**20}m: retention reads no log past "
+                         f"{FILE_CAP // 2**20}m (a bigger file in state/ is taken for a planted one)")
+    return size
+
+
 def _disk(value, path, source, node) -> int:
     if value == "none":
         return 0
@@ -687,7 +695,7 @@ MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slo
 
 _CHECKS = {
     **{name: _size for name in _SIZE_FIELDS},
-    "pool": _pool, "disk": _disk, "files": _files,
+    "pool": _pool, "disk": _disk, "files": _files, "rotate_size": _rotate_size,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
     "retention_days": _days, "max_wake_s": _positive,

@@ -64,8 +64,9 @@ STAMP = "%Y%m%dT%H%M%S%fZ"          # in a segment's name: when it was rotated, 
 GZ = ".gz"
 FIRST_LINE_CAP = 64 * 2**10         # bytes read to learn a live log's age; a longer line is not ours
 LINE_CAP = 8 * 2**20                # bytes: no line we write is longer (events, done.jsonl, transcripts)
-FILE_CAP = 2 * 2**30                # bytes read of one retained file (after gunzip): over the ceiling's
-                                    # rotate_size bound many times, so only a planted file is cut
+FILE_CAP = 256 * 2**20              # bytes read of one retained file (after gunzip); a live log rotates
+                                    # at rotate_size, which the schema holds to MAX_ROTATE_SIZE below it
+MAX_ROTATE_SIZE = FILE_CAP // 2     # the most state.rotate_size may be: room for a wake's lines past it
 
 
 @dataclass(frozen=True)
