@@ -20,8 +20,9 @@ A folder's own path is the operator's (ROOT/name, as resolved by load_agent)
 and is opened as given; `state_folder(state_dir)` also walks `state` itself
 without following it, so `state` planted as a link is refused too.
 
-`Refused` is an OSError: callers that already treat an unreadable file as
-missing or corrupt keep doing so. sandbox/files.py keeps its own walk for
+`Refused` is an OSError, so callers that already treat an unreadable file as
+missing or corrupt keep doing so, and a ConfigError, so one the CLI meets is
+one line saying what to remove. sandbox/files.py keeps its own walk for
 the workspace (it says why a read failed, in the model's words).
 
 Not here: what any file holds (state.py, events.py, transcript.py, ...), the
@@ -38,14 +39,23 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Iterator
 
+from orchestrator.errors import ConfigError
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 CHUNK = 1 << 16                     # bytes per read(2)
 RECORD_CAP = 16 * 2**20             # bytes of a JSON record read whole (tasks.json, ledger.json): years of use
 
 
-class Refused(OSError):
-    """A path under an agent folder that is not ours to use: a link, a FIFO, a device, too big."""
+class Refused(OSError, ConfigError):
+    """A path under an agent folder that is not ours to use: a link, a FIFO, a device, too big.
+    An OSError to the readers that treat an unreadable file as missing or corrupt; a
+    ConfigError (one line, exit 2) to the CLI when it reaches it."""
+
+    def __str__(self) -> str:
+        return (f"{self.filename}: {self.strerror}; wakeloop never follows a link in an agent folder, "
+                "nor opens anything there but a regular file of its own: remove it (`rm` it; what "
+                "wakeloop needs there it makes again)")
 
 
 class TooBig(Refused):
