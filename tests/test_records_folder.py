@@ -378,3 +378,18 @@ def test_workspace_a_link_out_is_refused_before_anything_reads_or_mounts_it(agen
     (agent_dir / "workspace").symlink_to(elsewhere)
     with pytest.raises(AgentError, match="workspace is a symlink"):
         load_agent(agent_dir)
+
+
+def test_an_outbox_over_the_read_cap_shows_its_newest_messages_and_no_forged_mark(agent_dir, monkeypatch):
+    sd = agent_dir / "state"
+    monkeypatch.setattr(st, "BOX_CAP", 1000)
+    st.append_outbox(sd, "old " + "x" * 2000 + "\n--- forged entry", 1)   # a body line: indented, never a mark
+    st.mark_outbox_read(sd)
+    for n in range(3):
+        st.append_outbox(sd, f"new {n}", 2)
+    shown = st.split_messages(st.read_outbox(sd))
+    assert [m["text"] for m in shown][-3:] == ["new 0", "new 1", "new 2"]
+    assert not any("forged" in m["header"] for m in shown)
+    assert st.unread_outbox(sd) == 3
+    st.mark_outbox_read(sd)
+    assert st.unread_outbox(sd) == 0

@@ -52,7 +52,8 @@ OUTBOX_FILE = "outbox.txt"
 LOCK_ATTEMPTS = 5                    # retries when a releasing wake unlinks the file under us
 MESSAGE_MARK = "--- "                # starts each inbox/outbox entry
 STATE_CAP = 1 * 2**20                # bytes of state.json read; ours are under 4 KiB
-BOX_CAP = 64 * 2**20                 # bytes of inbox or outbox read: the ceiling's rotate_size bound
+BOX_CAP = 16 * 2**20                 # bytes of inbox or outbox read (the outbox's newest): 4,000 messages
+                                     # of send_message's default max_chars
 
 
 # -- the wake lock --------------------------------------------------------------
@@ -223,12 +224,23 @@ def _append(path: Path, text: str) -> None:
     state_folder(path.parent).append(path.name, text.encode("utf-8"))
 
 
-def _read(path: Path) -> str:
-    """A message file's text, its first BOX_CAP bytes; "" when absent or refused."""
+def _read(path: Path, newest: bool = False, since: int = 0) -> str:
+    """A message file's text from byte `since`, at most BOX_CAP bytes of it: the first
+    (the inbox: oldest first), or with `newest` the last (the outbox: what came last is
+    what a person looks for), from a line's start; "" when absent or refused."""
     try:
-        return state_folder(path.parent).head(path.name, BOX_CAP)[:BOX_CAP].decode("utf-8", "replace")
+        fd = state_folder(path.parent).open(path.name)
     except OSError:   # absent, or not ours (a link, a FIFO): nothing to show, nothing taken from it
         return ""
+    try:
+        size = os.fstat(fd).st_size
+        start = max(since, size - BOX_CAP) if newest else since
+        data = os.pread(fd, min(BOX_CAP, max(0, size - start)), start)
+    finally:
+        os.close(fd)
+    if start > since:   # cut: from the next line's start, so no body line reads as an entry's mark
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    return data.decode("utf-8", "replace")
 
 
 def _entry(header: str, text: str) -> str:
@@ -306,7 +318,8 @@ def append_outbox(state_dir: Path, text: str, wake: int) -> None:
 
 
 def read_outbox(state_dir: Path) -> str:
-    return _read(Path(state_dir) / OUTBOX_FILE)
+    """The outbox's text: its last BOX_CAP bytes, the newest messages."""
+    return _read(Path(state_dir) / OUTBOX_FILE, newest=True)
 
 
 OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person has already seen
@@ -314,16 +327,17 @@ OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person ha
 
 def unread_outbox(state_dir: Path) -> int:
     """Messages in outbox.txt past the size recorded when `wakeloop outbox` last showed it."""
-    data = read_outbox(state_dir).encode()
-    seen = _seen(state_dir)
-    if seen > len(data):
+    st = state_folder(state_dir).lstat(OUTBOX_FILE)
+    size, seen = (st.st_size if st is not None else 0), _seen(state_dir)
+    if seen > size:
         seen = 0  # the outbox was cleared since: all of it is new
-    return count_messages(data[seen:].decode("utf-8", "replace"))
+    return count_messages(_read(Path(state_dir) / OUTBOX_FILE, newest=True, since=seen))
 
 
 def mark_outbox_read(state_dir: Path) -> None:
     """`wakeloop outbox` showed everything up to here."""
-    state_folder(state_dir).write_atomic(OUTBOX_READ, f"{len(read_outbox(state_dir).encode())}\n")
+    st = state_folder(state_dir).lstat(OUTBOX_FILE)
+    state_folder(state_dir).write_atomic(OUTBOX_READ, f"{st.st_size if st is not None else 0}\n")
 
 
 def _seen(state_dir: Path) -> int:

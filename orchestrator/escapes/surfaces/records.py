@@ -32,7 +32,7 @@ from orchestrator.escapes.core import Probe, Trial, escaped, held
 CATEGORY = "surfaces"
 HANG_S = 2.0                        # a host read of ours takes milliseconds; one still running then is stuck
 SPARSE_BYTES = 100 * 2**30          # a planted 100 GB sparse file: costs no disk
-READ_LIMIT = 64 * 2**20             # the most any reader of state/ may take of one file (state.BOX_CAP)
+READ_LIMIT = 16 * 2**20             # the most a reader of the outbox may take of it (state.BOX_CAP)
 MESSAGE_CHARS = 2**20               # a 1 MiB send_message, as a live model sent one (issue 20)
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
