@@ -393,3 +393,22 @@ def test_an_outbox_over_the_read_cap_shows_its_newest_messages_and_no_forged_mar
     assert st.unread_outbox(sd) == 3
     st.mark_outbox_read(sd)
     assert st.unread_outbox(sd) == 0
+
+
+def test_a_policy_path_outside_the_folder_that_is_not_a_policy_is_refused_unquoted(agent_dir, tmp_path, canary):
+    leak = tmp_path / "leak.yaml"
+    leak.write_text(f"{CANARY}: 1\nbudget: {{max_steps: {CANARY}}}\n")
+    for target in (leak, canary):
+        text = (agent_dir / "agent.yaml").read_text()
+        (agent_dir / "agent.yaml").write_text(text.replace("policy: {}", f"policy: {target}").replace(
+            f"policy: {leak}", f"policy: {target}"))
+        with pytest.raises(AgentError) as caught:
+            load_agent(agent_dir)
+        assert CANARY not in str(caught.value) and "policy check" in str(caught.value)
+
+
+def test_a_shared_policy_outside_the_folder_is_still_used(agent_dir):
+    shipped = Path(__file__).resolve().parent.parent / "policies" / "strict.yaml"
+    text = (agent_dir / "agent.yaml").read_text()
+    (agent_dir / "agent.yaml").write_text(text.replace("policy: {}", f"policy: {shipped}"))
+    assert not load_agent(agent_dir).policy.tools.bash.enabled

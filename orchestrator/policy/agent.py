@@ -151,9 +151,26 @@ def _policy(value, config: Path, node) -> Policy:
         if shipped:
             return load_policy(shipped)
         # Not resolve(): that would follow a planted link before read_config could refuse it.
-        return load_policy(Path(os.path.normpath(config.parent / value)), within=config.parent)
+        path = Path(os.path.normpath(config.parent / value))
+        if path.is_relative_to(config.parent):
+            return load_policy(path, within=config.parent)
+        return _outside_policy(path, config, node)
     line = f":{node.start_mark.line + 1}" if node is not None else ""
     raise PolicyError(f"{config}{line}: policy: expected a file path or a mapping")
+
+
+def _outside_policy(path: Path, config: Path, node) -> Policy:
+    """A policy file outside the agent folder: a shared one of the operator's. Whoever
+    writes agent.yaml chooses the path, so a file that is not a policy is refused
+    without quoting a word of it (its keys and values would otherwise reach the
+    agent's events, which that writer can read): `wakeloop policy check` says why."""
+    try:
+        return load_policy(path)
+    except PolicyError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        raise AgentError(f"{config}{line}: policy: {path} is outside the agent folder and not a policy "
+                         f"wakeloop can use (nothing of it is quoted here); see why with "
+                         f"`wakeloop policy check {path}`") from None
 
 
 def _dry_run(value, where: str) -> bool:
