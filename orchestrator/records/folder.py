@@ -41,8 +41,8 @@ from typing import IO, Iterator
 
 from orchestrator.errors import ConfigError
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC   # a step of the walk: a real folder
+FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC    # never a link; a FIFO cannot hang it
 CHUNK = 1 << 16                     # bytes per read(2)
 RECORD_CAP = 16 * 2**20             # bytes of a JSON record read whole (tasks.json, ledger.json): years of use
 
