@@ -21,7 +21,7 @@ import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder
+from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
                                         read_config)
@@ -71,7 +71,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
     _check_folders(agent_dir)
     try:
-        text = read_config(config, "agent.yaml", within=agent_dir)   # no link, capped; never a FIFO
+        text = read_config(Place(agent_dir, "agent.yaml"), "agent.yaml")   # no link, capped; never a FIFO
         data, node = parse_yaml(text)
         data = data or {}
     except PolicyError as exc:
@@ -153,7 +153,7 @@ def _policy(value, config: Path, node) -> Policy:
         # Not resolve(): that would follow a planted link before read_config could refuse it.
         path = Path(os.path.normpath(config.parent / value))
         if path.is_relative_to(config.parent):
-            return load_policy(path, within=config.parent)
+            return load_policy(Place(config.parent, str(path.relative_to(config.parent))))
         return _outside_policy(path, config, node)
     line = f":{node.start_mark.line + 1}" if node is not None else ""
     raise PolicyError(f"{config}{line}: policy: expected a file path or a mapping")

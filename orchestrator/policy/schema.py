@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder, Refused, TooBig
+from orchestrator.records.folder import Folder, Place, Refused, TooBig
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE, Retention
 
 
@@ -267,16 +267,16 @@ class NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def read_config(path: str | Path, what: str = "policy", within: Path | None = None) -> str:
+def read_config(path: str | Path | Place, what: str = "policy") -> str:
     """A config file's text, read as untrusted input (under the broker an
     orchestrator taken over can plant any file): a regular file only, never
     opened if it is a FIFO or device (the first open is O_PATH), at most
     MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file.
-    A file inside `within` (its agent folder: agent.yaml, a policy beside it)
-    is read through records/folder.py: no link followed on the way or at the end."""
+    A `Place` (a file of an agent folder: agent.yaml, a policy inside it) is
+    read through records/folder.py: no link followed on the way or at the end."""
+    if isinstance(path, Place):
+        return _read_inside(path, what)
     path = Path(path)
-    if within is not None and _inside(path, within):
-        return _read_inside(path, what, Path(within))
     try:
         probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
@@ -303,14 +303,9 @@ def read_config(path: str | Path, what: str = "policy", within: Path | None = No
         raise PolicyError(f"{path}: not UTF-8 text") from None
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return Path(os.path.normpath(path)).is_relative_to(os.path.normpath(folder))
-
-
-def _read_inside(path: Path, what: str, folder: Path) -> str:
-    rel = os.path.relpath(os.path.normpath(path), os.path.normpath(folder))
+def _read_inside(path: Place, what: str) -> str:
     try:
-        data = Folder(folder).read_bytes(rel, MAX_CONFIG_BYTES)
+        data = Folder(path.folder).read_bytes(path.rel, MAX_CONFIG_BYTES)
     except TooBig as exc:
         raise PolicyError(f"{path}: {exc.size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}") from None
     except Refused as exc:
@@ -332,10 +327,9 @@ def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     return data, node
 
 
-def load_policy(path: str | Path, within: Path | None = None) -> Policy:
-    """A policy file; one inside `within` (the agent folder) is read with no link followed."""
-    path = Path(path)
-    return parse_policy(read_config(path, within=within), str(path))
+def load_policy(path: str | Path | Place) -> Policy:
+    """A policy file; a `Place` in an agent folder is read with no link followed."""
+    return parse_policy(read_config(path), str(path))
 
 
 def parse_policy(text: str, source: str) -> Policy:

@@ -248,6 +248,21 @@ class Folder:
         return str(self.path / rel)
 
 
+@dataclass(frozen=True)
+class Place:
+    """A file named by its agent folder and its path inside it, for a reader that takes a
+    path (policy/schema.py read_config): it then reads with the folder's walk. As a path
+    (os.fspath, str) it is the full one, for messages and for code that opens paths."""
+    folder: Path
+    rel: str
+
+    def __fspath__(self) -> str:
+        return str(Path(self.folder) / self.rel)
+
+    def __str__(self) -> str:
+        return self.__fspath__()
+
+
 def state_folder(state_dir: Path) -> Folder:
     """An agent's state/, walked from the agent folder: `state` itself must not be a link."""
     state_dir = Path(state_dir)
