@@ -227,6 +227,19 @@ def test_over_the_ceiling_a_wake_does_not_start_and_says_why_in_one_line(root, d
     assert our_containers(docker_client, root) == []
 
 
+def test_the_shipped_ceiling_refuses_a_hundred_billion_output_chars_at_check(root, docker_client):
+    """Issue 20: through the broker, a policy with tools.bash.max_output_chars 100000000000
+    passed `check` (max had no bound for it); the broker holds a call's output in memory."""
+    from orchestrator.policy.ceiling import load_ceiling
+    set_policy(root / "alpha", {"tools": {"bash": {"max_output_chars": 100_000_000_000}}})
+    with served(root, load_ceiling(REPO / "policies" / "ceiling.yaml")) as sock:
+        with pytest.raises(SandboxError, match="tools.bash.max_output_chars: 100,000,000,000 is over"):
+            BrokerSandbox(sock, "alpha").check()
+        with pytest.raises(SandboxError, match="max_output_chars"):
+            BrokerSandbox(sock, "alpha").run("true", timeout_s=30, max_output_chars=100)
+    assert our_containers(docker_client, root) == []
+
+
 # -- one warm pool per agent ----------------------------------------------------------------
 
 def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(

@@ -171,3 +171,65 @@ def test_the_ceiling_bounds_disk_and_files_and_refuses_no_disk_at_all():
         "<defaults>: sandbox.disk: none (a folder with no limit) is over the broker's ceiling of "
         "4,294,967,296 bytes (ceiling c.yaml)")
     assert load_ceiling(SHIPPED).refusal(with_box(disk=0)) is not None   # the shipped one wants a disk
+
+
+# -- every number a policy can ask for has a bound ------------------------------------
+
+def schema_numbers(cls=None, prefix: str = "") -> dict[str, type]:
+    """Every int, float or size field of the policy schema's dataclasses, by dotted key,
+    walked from the declared types (not from ceiling.py, whose walk this checks)."""
+    import dataclasses
+    import typing
+    from orchestrator.policy.schema import Policy
+    cls = cls or Policy
+    found = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            found |= schema_numbers(kind, f"{prefix}{f.name}.")
+        elif kind in (int, float) and f.name != "version":   # version asks the host for nothing
+            found[prefix + f.name] = kind
+    return found
+
+
+def test_the_schema_walk_finds_the_numbers_we_know_of():
+    keys = schema_numbers()
+    for known in ("tools.bash.max_output_chars", "tools.send_message.max_chars", "sandbox.memory",
+                  "sandbox.disk", "budget.max_usd_per_day", "state.rotate_days", "transcript.max_wake_bytes"):
+        assert known in keys
+
+
+def test_the_ceiling_bounds_every_number_a_policy_can_ask_for():
+    """A number the schema gains without a bound here would let a policy ask the broker for any amount."""
+    ceiling = load_ceiling(SHIPPED)
+    unbounded = sorted(key for key in schema_numbers() if key.rsplit(".", 1)[1] not in ceiling.max)
+    assert unbounded == [], f"no bound in {SHIPPED.name} for: {', '.join(unbounded)}"
+
+
+@pytest.mark.parametrize("key", sorted(schema_numbers()))
+def test_each_number_past_its_bound_is_refused_naming_its_key(key):
+    ceiling = load_ceiling(SHIPPED)
+    limit = ceiling.max[key.rsplit(".", 1)[1]]
+    over = limit * 2 + 1
+    policy = _with(DEFAULT, key.split("."), int(over) if schema_numbers()[key] is int else float(over))
+    refusal = ceiling.refusal(policy)
+    assert refusal and f": {key}: " in refusal and "is over the broker's ceiling" in refusal, refusal
+
+
+@pytest.mark.parametrize("key", ["budget.max_usd_per_wake", "budget.max_usd_per_day", "sandbox.disk"])
+def test_zero_meaning_no_limit_is_over_a_bound(key):
+    refusal = load_ceiling(SHIPPED).refusal(_with(DEFAULT, key.split("."), 0))
+    assert refusal and f": {key}: " in refusal, refusal
+
+
+def test_max_output_chars_of_a_hundred_billion_is_refused():
+    policy = _with(DEFAULT, ["tools", "bash", "max_output_chars"], 100_000_000_000)
+    assert "tools.bash.max_output_chars: 100,000,000,000 is over the broker's ceiling of 1,000,000" in (
+        load_ceiling(SHIPPED).refusal(policy))
+
+
+def _with(obj, path: list[str], value):
+    if len(path) == 1:
+        return replace(obj, **{path[0]: value})
+    return replace(obj, **{path[0]: _with(getattr(obj, path[0]), path[1:], value)})

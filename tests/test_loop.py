@@ -229,6 +229,22 @@ def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api,
     assert [d["tool"] for d in denied] == ["bash", "send_message"]
 
 
+def test_a_long_send_message_is_cut_to_max_chars_and_the_model_is_told(agent_dir, fake_api):
+    # 40,000 characters: the fake API counts them as output tokens, and a 1 MiB reply would
+    # spend the wake's budget (the 1 MiB case: surfaces/records.py's probe, on the tool itself).
+    set_policy(agent_dir, {"tools": {"send_message": {"max_chars": 1000}}})
+    api = fake_api([turn(tool_use("send_message", {"text": "A" * 999 + "B" + "C" * 39_000})), turn(text("ok"))])
+    live_wake(agent_dir, stream=False)
+    (result,) = tool_results(api.requests[1])
+    told = result_text(result)
+    assert not result.get("is_error") and "cut" in told and "39,000" in told and "max_chars" in told
+    outbox = read_outbox(agent_dir / "state")
+    assert "A" * 999 + "B" in outbox and "C" not in outbox
+    assert (agent_dir / "state" / "outbox.txt").stat().st_size < 1200
+    sent = [e.data for e in events_of(agent_dir) if e.type == "tool_call" and e.data.get("tool") == "send_message"]
+    assert sent and all(len(json.dumps(d)) < 4000 for d in sent)   # the event log keeps an abbreviation
+
+
 def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"tools": {"write_file": {"deny": ["secrets/**"]}}})
     api = fake_api([turn(tool_use("write_file", {"path": "secrets/x.txt", "content": "x"})), turn(text("ok"))])

@@ -101,7 +101,7 @@ def test_a_registered_folder_is_compressed_and_expired_by_the_same_rules(tmp_pat
     for i in range(5):
         (folder / f"wake-{i}.jsonl").write_text(json.dumps({"i": i, "pad": "y" * 500}) + "\n")
         os.utime(folder / f"wake-{i}.jsonl", (1_000_000 + i, 1_000_000 + i))   # oldest first
-    enforce(tmp_path, Retention(keep_days=36500, keep_size=300), NOW)
+    enforce(tmp_path, Retention(keep_days=36500, keep_size=150), NOW)   # each gzipped: 43 bytes
     left = sorted(p.name for p in folder.iterdir())
     assert left and all(name.endswith(".jsonl.gz") for name in left) and len(left) < 5
     assert "wake-4.jsonl.gz" in left   # the newest is kept
@@ -155,8 +155,8 @@ def test_status_of_an_agent_with_a_year_of_history_is_fast(agent_dir):
 
 
 def test_state_keys_are_checked_and_bounded_by_the_ceiling():
-    policy = parse_policy("state: {rotate_size: 1g, keep_days: 7}\n", "p.yaml")
-    assert policy.state.rotate_size == 2**30 and policy.state.keep_days == 7
+    policy = parse_policy("state: {rotate_size: 100m, keep_days: 7}\n", "p.yaml")
+    assert policy.state.rotate_size == 100 * 2**20 and policy.state.keep_days == 7
     over = Ceiling(max={"rotate_size": 64 * 2**20}, source="ceiling.yaml").refusal(policy)
     assert over is not None and "state.rotate_size" in over and "p.yaml:1" in over
     assert Ceiling(max={"rotate_size": 64 * 2**20, "keep_days": 3650}).refusal(
@@ -165,6 +165,8 @@ def test_state_keys_are_checked_and_bounded_by_the_ceiling():
         parse_policy("state: {keep_days: 0}\n", "p.yaml")
     with pytest.raises(PolicyError, match=r"state.rotate_size: expected a size"):
         parse_policy("state: {rotate_size: lots}\n", "p.yaml")
+    with pytest.raises(PolicyError, match=r"state.rotate_size: '1g' is over 128m: retention reads no log past"):
+        parse_policy("state: {rotate_size: 1g}\n", "p.yaml")   # over it, a file is taken for a planted one
 
 
 def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp_path):
@@ -184,6 +186,6 @@ def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp
     kept = segments(sd, retention.KINDS[OUTBOX_FILE])
     assert len(kept) == 1 and kept[0].name.endswith(".txt.gz")
     with retention.open_text(kept[0]) as f:
-        assert f.read().count("report ") == 40
+        assert "".join(f).count("report ") == 40
     assert enforce(sd, rules) == []                 # nothing read since, below the size: nothing to do
     assert enforce(sd, Retention(keep_size=0)) and not segments(sd, retention.KINDS[OUTBOX_FILE])

@@ -46,6 +46,7 @@ from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
+from orchestrator.records.folder import Folder
 
 RELOAD_S = 5.0                      # a cached agent is loaded again at least this often
 ROW_TTL_S = 120.0                   # a cached fleet row is read again at least this often (plus jitter)
@@ -229,8 +230,8 @@ def turns(lines: list[dict]) -> list[dict]:
 
 
 def _mandate(agent: Agent) -> str:
-    try:
-        return agent.mandate_path.read_text(encoding="utf-8", errors="replace")[:MANDATE_CAP]
+    try:   # records/folder.py: no link followed, never a FIFO or device (a request would hang)
+        return Folder(agent.dir).head("mandate.md", MANDATE_CAP)[:MANDATE_CAP].decode("utf-8", "replace")
     except OSError as exc:
         return f"(mandate.md unreadable: {exc.strerror})"
 

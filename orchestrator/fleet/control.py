@@ -24,6 +24,7 @@ from pathlib import Path
 
 from orchestrator.records.files import atomic_write
 from orchestrator.records.state import LockHolder
+from orchestrator.records.folder import state_folder
 
 HEARTBEAT_FILE = "serve.json"       # in ROOT
 HEARTBEAT_S = 10.0                  # how often serve rewrites it
@@ -74,8 +75,4 @@ def request_run(state_dir: Path) -> None:
 
 def take_run_request(state_dir: Path) -> bool:
     """True once per request: the file is removed by whoever takes it."""
-    try:
-        os.unlink(Path(state_dir) / RUN_NOW_FILE)
-        return True
-    except FileNotFoundError:
-        return False
+    return state_folder(state_dir).unlink(RUN_NOW_FILE)   # a regular file, never through a link

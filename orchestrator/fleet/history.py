@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.records.events import EVENTS_FILE, parse_event
-from orchestrator.records.retention import history, open_text
+from orchestrator.records.retention import LINE_CAP, history, holder, open_text
 
 MARK = '"wake_finished"'
 KEEP = 100                          # rows held per file: the newest
@@ -108,12 +108,15 @@ class WakeIndex:
     @staticmethod
     def _read_on(path: Path, known: _File) -> None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            folder, name = holder(path)   # records/folder.py: no link followed, never a FIFO
+            fd = folder.open(name)
         except OSError:
             return
         with os.fdopen(fd, "rb") as f:
             f.seek(known.offset)
-            data = f.read()
+            data = f.read(LINE_CAP)     # a look reads at most this: a planted 100 GB file costs no more
         end = data.rfind(b"\n") + 1     # a half-written last line waits for the next look
+        if end == 0 and len(data) == LINE_CAP:
+            end = len(data)             # no line of ours is that long: skipped
         known.offset += end
         known.add(map(row_of, data[:end].decode("utf-8", errors="replace").splitlines()))

@@ -27,6 +27,7 @@ from orchestrator.fleet.views import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
+from orchestrator.records.retention import LINE_CAP, holder
 
 POLL_S = 0.2                        # how often a followed file is looked at again
 INPUT_CAP = 4000                    # chars of one tool input shown (the JSON lines keep it whole)
@@ -101,12 +102,15 @@ class Tail:
 
     def lines(self) -> list[str]:
         try:
-            with open(self.path, "rb") as f:
+            folder, name = holder(self.path)   # records/folder.py: no link followed, never a FIFO
+            with folder.reader(name) as f:
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(LINE_CAP)     # a look reads at most this: a planted 100 GB file costs no more
         except OSError:
             return []
         end = data.rfind(b"\n") + 1     # a half-written last line waits for the next look
+        if end == 0 and len(data) == LINE_CAP:
+            end = len(data)             # no line of ours is that long: skipped
         self.offset += end
         return data[:end].decode("utf-8", errors="replace").splitlines()
 

@@ -24,6 +24,8 @@ from croniter import croniter
 
 from orchestrator.errors import ConfigError
 from orchestrator.records.files import atomic_write
+from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 SCHEDULE_FILE = "schedule.json"     # in state/: the last tick handled, so a restart runs a missed one once
 _EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
@@ -82,7 +84,7 @@ def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
 
 def last_tick(state_dir: Path) -> datetime | None:
     try:
-        raw = json.loads((Path(state_dir) / SCHEDULE_FILE).read_text(encoding="utf-8"))
+        raw = loads(state_folder(state_dir).read_text(SCHEDULE_FILE, 4096))   # no link, never a FIFO
         return datetime.fromisoformat(raw["last_tick"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

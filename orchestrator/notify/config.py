@@ -52,7 +52,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.policy.schema import PolicyError, line_of, parse_yaml, read_config
+from orchestrator.policy.schema import PolicyError, line_of, parse_yaml
+from orchestrator.records.folder import Folder
 from orchestrator.records.secrets import is_secret, pattern_reaches_secret
 
 EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "daily")
@@ -64,6 +65,7 @@ MAX_GIVE_UP_AFTER_S = 7 * 86400     # past a week a notification is history, and
 MAX_TIMEOUT_S = 600.0               # a command hook that needs longer is not a notification
 MAX_CHANNELS = 16                   # entries in one notify list: each message goes to every one
 ROOT_FILE = "notify.yaml"
+NOTIFY_CAP = 1 * 2**20              # bytes of ROOT/notify.yaml read; real ones are a few KiB
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -242,9 +244,12 @@ def load_root_notify(root: Path, ceiling_expand: tuple[str, ...] = (),
     if not os.path.lexists(path):
         return (), allowed
     try:
-        data, node = parse_yaml(read_config(path, "notify.yaml"))   # capped, no links' FIFOs, no aliases
+        # records/folder.py: no link followed, never a FIFO or device, capped; parse_yaml: no aliases
+        data, node = parse_yaml(Folder(Path(root)).read_bytes(ROOT_FILE, NOTIFY_CAP).decode("utf-8"))
     except PolicyError as exc:
         raise NotifyError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NotifyError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except RecursionError:
         raise NotifyError(f"{path}: not valid YAML: nested too deep") from None
     except yaml.YAMLError as exc:

@@ -24,6 +24,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from orchestrator.records.files import atomic_write, locked
+from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
+from orchestrator.notify.queue import ITEM_CAP
 
 HEALTH_FILE = "health.json"
 HEALTH_LOCK = "health.lock"
@@ -54,7 +57,7 @@ def backoff_s(failures: int) -> float:
 
 def load(state_dir: Path) -> Health:
     try:
-        raw = json.loads((Path(state_dir) / HEALTH_FILE).read_text(encoding="utf-8"))
+        raw = loads(state_folder(state_dir).read_text(HEALTH_FILE, ITEM_CAP))   # no link, capped
         return Health(**{k: v for k, v in raw.items() if k in Health.__dataclass_fields__})
     except (OSError, ValueError, TypeError):
         return Health()     # none yet, or unreadable: a healthy agent is the safe reading

@@ -27,9 +27,10 @@ from typing import Iterable
 from orchestrator.notify import health, queue
 from orchestrator.notify.config import Channel
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
-from orchestrator.records.files import atomic_write
+from orchestrator.records.folder import state_folder
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")   # receipt statuses that are news by themselves
+MARKER_CAP = 64                     # bytes of a day marker read (a date)
 DAILY_FILE = "daily.json"           # under state/notify/: the last UTC day a digest was queued for
 TEXT_CAP = 8000                     # chars of the agent's own text in one notification
 
@@ -116,14 +117,13 @@ def _first_today(state_dir: Path, what: str) -> bool:
     """True once per UTC day for `what`: a wake blocked by the USD cap is blocked every tick until
     midnight, and one notification says so."""
     today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    marker = queue.notify_dir(state_dir) / f"{what}.day"
-    try:
-        if marker.read_text(encoding="utf-8").strip() == today:
+    marker = f"{queue.NOTIFY_DIR}/{what}.day"
+    try:   # records/folder.py: no link followed, capped
+        if state_folder(state_dir).read_text(marker, MARKER_CAP).strip() == today:
             return False
     except OSError:
         pass
-    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    atomic_write(marker, today)
+    state_folder(state_dir).write_atomic(marker, today, create_dirs=True)
     return True
 
 
@@ -132,17 +132,16 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
     if not any("daily" in c.on for c in channels):
         return
     today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    marker = queue.notify_dir(state_dir) / DAILY_FILE
-    try:
-        last = marker.read_text(encoding="utf-8").strip()
+    marker = f"{queue.NOTIFY_DIR}/{DAILY_FILE}"
+    try:   # records/folder.py: no link followed, capped
+        last = state_folder(state_dir).read_text(marker, MARKER_CAP).strip()
     except OSError:
         last = ""
     if last == today:
         return
-    marker.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if last:
         emit(state_dir, channels, digest(state_dir, name, last))
-    atomic_write(marker, today)
+    state_folder(state_dir).write_atomic(marker, today, create_dirs=True)
 
 
 def digest(state_dir: Path, name: str, day: str) -> dict:

@@ -11,6 +11,10 @@ only after done.jsonl says what became of it, so the worst a crash does is
 send one again: delivery is at least once, and every notification carries a
 stable `id` for the receiver to deduplicate on.
 
+Every file here is reached through records/folder.py (no link followed,
+regular files only, reads capped); done.jsonl is also a log of retention.py's,
+rotated and expired by the one rule for state/.
+
 An item names its channel by the channel's key and label (config.py), never
 by its URL, address or token: nothing secret is ever written under state/.
 
@@ -25,12 +29,17 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.records.files import atomic_write
+from orchestrator.records import retention
+from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 NOTIFY_DIR = "notify"               # under state/
 QUEUE_DIR = "queue"
 DONE_FILE = "done.jsonl"
 SENDER_LOCK = "sender.lock"         # one sender per agent at a time (serve's, or a standalone wake's)
+ITEM_CAP = 1 * 2**20                # bytes of a queued item read; ours are a few KiB
+# done.jsonl is a log under the one retention rule (rotated, compressed, expired by retention.py).
+retention.register_log(f"{NOTIFY_DIR}/{DONE_FILE}")
 
 
 @dataclass(frozen=True)
@@ -52,25 +61,20 @@ def notify_dir(state_dir: Path) -> Path:
 
 
 def enqueue(state_dir: Path, item: Item) -> Item:
-    folder = notify_dir(state_dir) / QUEUE_DIR
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     name = f"{time.time_ns():020d}-{item.channel}-{os.urandom(3).hex()}.json"   # sorts in queued order
     item = replace(item, name=name)
-    atomic_write(folder / name, _dump(item))
+    state_folder(state_dir).write_atomic(f"{NOTIFY_DIR}/{QUEUE_DIR}/{name}", _dump(item), create_dirs=True)
     return item
 
 
 def pending(state_dir: Path) -> list[Item]:
     """Every waiting item, in the order queued; a file that does not parse is skipped (and kept)."""
-    folder = notify_dir(state_dir) / QUEUE_DIR
-    try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
-    except FileNotFoundError:
-        return []
+    folder, queue = state_folder(state_dir), f"{NOTIFY_DIR}/{QUEUE_DIR}"
+    names = sorted(n for n in folder.files(queue) if n.endswith(".json"))   # regular files, no link
     items = []
     for name in names:
         try:
-            raw = json.loads((folder / name).read_text(encoding="utf-8"))
+            raw = loads(folder.read_text(f"{queue}/{name}", ITEM_CAP))
             items.append(Item(**{**raw, "name": name}))
         except (OSError, ValueError, TypeError):
             continue
@@ -78,7 +82,7 @@ def pending(state_dir: Path) -> list[Item]:
 
 
 def update(state_dir: Path, item: Item) -> None:
-    atomic_write(notify_dir(state_dir) / QUEUE_DIR / item.name, _dump(item))
+    state_folder(state_dir).write_atomic(f"{NOTIFY_DIR}/{QUEUE_DIR}/{item.name}", _dump(item))
 
 
 def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "") -> None:
@@ -86,25 +90,17 @@ def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "
     line = json.dumps({"id": item.id, "channel": item.channel, "label": item.label, "event": item.event,
                        "outcome": outcome, "attempts": item.attempts, "at": at, "detail": detail,
                        "queued_at": item.queued_at}, ensure_ascii=False) + "\n"
-    fd = os.open(notify_dir(state_dir) / DONE_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, line.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    (notify_dir(state_dir) / QUEUE_DIR / item.name).unlink(missing_ok=True)
+    folder = state_folder(state_dir)
+    folder.append(f"{NOTIFY_DIR}/{DONE_FILE}", line.encode("utf-8"), fsync=True, create_dirs=True)
+    folder.unlink(f"{NOTIFY_DIR}/{QUEUE_DIR}/{item.name}")
 
 
 def done(state_dir: Path) -> list[dict]:
     """What became of every finished item, oldest first; a torn last line is skipped."""
-    try:
-        text = (notify_dir(state_dir) / DONE_FILE).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
     out = []
-    for line in text.splitlines():
+    for line in retention.iter_lines([notify_dir(state_dir) / DONE_FILE]):   # capped, no link, no FIFO
         try:
-            out.append(json.loads(line))
+            out.append(loads(line))
         except ValueError:
             continue
     return out
@@ -121,8 +117,8 @@ def prune(state_dir: Path, *, retention_days: int, now: float | None = None) -> 
     lines = done(state_dir)
     keep = [d for d in lines if now - float(d.get("at", now)) <= retention_days * 86400]
     if len(keep) < len(lines):
-        atomic_write(notify_dir(state_dir) / DONE_FILE,
-                     "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
+        state_folder(state_dir).write_atomic(f"{NOTIFY_DIR}/{DONE_FILE}",
+                                             "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
     return len(lines) - len(keep)
 
 

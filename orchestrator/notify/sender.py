@@ -38,6 +38,7 @@ from orchestrator.notify import queue
 from orchestrator.notify.channels import DeliveryError, deliver
 from orchestrator.notify.config import Channel
 from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.records.retention import holder
 
 BASE_S = 5.0                        # first retry after a failed attempt
 CAP_S = 600.0                       # longest wait between attempts: a receiver back is heard within this
@@ -126,7 +127,8 @@ class _sender_lock:
         self.path = folder / queue.SENDER_LOCK
 
     def __enter__(self) -> bool:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        folder, name = holder(self.path)   # records/folder.py: state/notify/ walked, no link followed
+        self.fd = folder.open(name, os.O_RDWR | os.O_CREAT, create_dirs=True)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True

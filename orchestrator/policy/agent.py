@@ -1,6 +1,11 @@
 """An agent on disk (DESIGN.md §3): agent.yaml, mandate.md, workspace/, state/.
 
-agent.yaml and mandate.md are trusted (the human wrote them; never mounted).
+agent.yaml and mandate.md are the human's (never mounted into a box), but
+under a shared ROOT whoever may write one agent folder is not the operator:
+every file of the folder is read through records/folder.py (no link followed,
+`state` itself included; never a FIFO or device; capped). A policy path in
+agent.yaml inside the folder is read the same way; one outside it (a shared
+policy of the operator's) with schema.read_config's checks.
 workspace/ is the agent's and untrusted; state/ is the host's alone.
 """
 
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +21,7 @@ import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
+from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
@@ -65,8 +72,9 @@ def load_agent(agent_dir: str | Path) -> Agent:
     config = agent_dir / "agent.yaml"
     if not os.path.lexists(config):
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
+    _check_folders(agent_dir)
     try:
-        text = read_config(config, "agent.yaml")   # a regular file, capped; never a FIFO or device
+        text = read_config(Place(agent_dir, "agent.yaml"), "agent.yaml")   # no link, capped; never a FIFO
         data, node = parse_yaml(text)
         data = data or {}
     except PolicyError as exc:
@@ -92,6 +100,19 @@ def load_agent(agent_dir: str | Path) -> Agent:
         pause_after_failures=_count(data.get("pause_after_failures", PAUSE_AFTER_FAILURES),
                                     _at(config, node, "pause_after_failures")),
     )
+
+
+def _check_folders(agent_dir: Path) -> None:
+    """state/ and workspace/ are folders of this agent's own: one planted as a link (to
+    another agent's, to a folder elsewhere) or as anything but a folder is refused
+    before anything reads, writes or mounts it."""
+    for name, fix in (("state", "the next wake makes a new one"),
+                      ("workspace", "make it a folder again (`mkdir`), or run `wakeloop init` on a new folder")):
+        st = Folder(agent_dir).lstat(name)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+            raise AgentError(f"{agent_dir / name} is {what}; wakeloop never follows a link out of an agent "
+                             f"folder: remove it (`rm {agent_dir / name}`); {fix}")
 
 
 def _notify(value, config: Path, node) -> tuple:
@@ -147,9 +168,29 @@ def _policy(value, config: Path, node) -> Policy:
         return policy_from_mapping(value, str(config), node)
     if isinstance(value, str):
         shipped = shipped_policy(value.strip())  # `policy: strict`: the shipped one, wherever installed
-        return load_policy(shipped or (config.parent / value).resolve())
+        if shipped:
+            return load_policy(shipped)
+        # Not resolve(): that would follow a planted link before read_config could refuse it.
+        path = Path(os.path.normpath(config.parent / value))
+        if path.is_relative_to(config.parent):
+            return load_policy(Place(config.parent, str(path.relative_to(config.parent))))
+        return _outside_policy(path, config, node)
     line = f":{node.start_mark.line + 1}" if node is not None else ""
     raise PolicyError(f"{config}{line}: policy: expected a file path or a mapping")
+
+
+def _outside_policy(path: Path, config: Path, node) -> Policy:
+    """A policy file outside the agent folder: a shared one of the operator's. Whoever
+    writes agent.yaml chooses the path, so a file that is not a policy is refused
+    without quoting a word of it (its keys and values would otherwise reach the
+    agent's events, which that writer can read): `wakeloop policy check` says why."""
+    try:
+        return load_policy(path)
+    except PolicyError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        raise AgentError(f"{config}{line}: policy: {path} is outside the agent folder and not a policy "
+                         f"wakeloop can use (nothing of it is quoted here); see why with "
+                         f"`wakeloop policy check {path}`") from None
 
 
 def _dry_run(value, where: str) -> bool:

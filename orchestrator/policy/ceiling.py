@@ -17,6 +17,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
     max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...,
           max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
           rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
+          max_output_chars: 1000000, max_chars: 100000, ...,  # tools.*, budget.*
           calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
     notify_env: [PAGER_TOKEN, "OPS_*"] # more ${VAR}s notify targets may read (never a secret)
     notify_commands: false             # may an agent.yaml name a `command:` channel
@@ -26,14 +27,19 @@ this file through WAKELOOP_CEILING; notify/config.py applies them): an
 agent.yaml is not the operator's, so what its notify entries may do is
 said here or in ROOT/notify.yaml, never in agent.yaml.
 
+`max` bounds every number a policy can ask for, by its key's last name:
+NUMBERS is found by walking the policy's dataclasses (every int and float
+field; schema.py), so a number added to the schema is a key here at once,
+and tests/test_ceiling.py fails until policies/ceiling.yaml bounds it.
 Every key is optional; one left out is not limited, except the broker's
 capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
-(server.py). With max.disk set, `sandbox.disk: none` (no limit) is over it.
+(server.py). With max.disk set, `sandbox.disk: none` (no limit) is over
+it; with max.max_usd_per_wake or max_usd_per_day set, 0 (no cap) is over it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 import fnmatch
@@ -41,19 +47,34 @@ import re
 
 import yaml
 
-from orchestrator.policy.schema import NETWORKS, Policy, PolicyError, line_of, parse_host, parse_size
+from orchestrator.policy.schema import (NETWORKS, SIZE_FIELDS, Policy, PolicyError, line_of, parse_host,
+                                        parse_size)
 from orchestrator.notify.config import expand_refusal
 
-# The sandbox settings a ceiling bounds from above, and how to read their limit.
-SIZES = ("memory", "tmp_size", "shm_size", "max_file_size", "disk")
-COUNTS = ("cpus", "pids", "nofile", "pool", "timeout_s", "files")
-TRANSCRIPT = ("max_wake_bytes", "max_agent_bytes", "retention_days")   # transcript.*: what state/ may hold
-WAKE = ("max_wake_s",)                        # budget.*: how long one wake may hold a sandbox
-TIMED_TOOLS = ("bash", "write_file")          # whose timeout_s the broker takes from the policy
+NOT_A_LIMIT = ("version",)          # numbers of the schema that ask the host for nothing
+
+
+def numbers(policy: Policy, prefix: str = "") -> dict[str, float]:
+    """Every number a policy asks for, by dotted key (`tools.bash.max_output_chars`):
+    each int or float field of its dataclasses, walked, bools and NOT_A_LIMIT left out."""
+    found: dict[str, float] = {}
+    for f in fields(policy):
+        value = getattr(policy, f.name)
+        if is_dataclass(value):
+            found |= numbers(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and f.name not in NOT_A_LIMIT:
+            found[prefix + f.name] = value
+    return found
+
+
+# The keys of `max`: a policy number's last name (timeout_s bounds both tools'), and the
+# broker's own capacity. Sizes are read as sizes (64m); the rest as plain numbers.
+NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in   # the box's first, as people look for them
+                              sorted(numbers(Policy()), key=lambda p: not p.startswith("sandbox."))))
+SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
+ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day")   # 0 there means "no limit"
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
-STATE_SIZES = ("rotate_size", "keep_size")    # state.*: the host's disk that an agent's state/ may hold
-STATE_COUNTS = ("keep_days",)
 NOTIFY = ("notify_env", "notify_commands")   # notify/config.py's, not the broker's
 KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
@@ -86,19 +107,16 @@ class Ceiling:
             if allowed is not None and value not in allowed:
                 return self._say(policy, f"sandbox.{key[:-1]}",
                                  f"{value} is not one the broker allows: {', '.join(allowed)}")
-        asked = {f"sandbox.{name}": getattr(box, name) for name in SIZES + COUNTS if name != "timeout_s"}
-        asked |= {f"tools.{tool}.timeout_s": getattr(policy.tools, tool).timeout_s for tool in TIMED_TOOLS}
-        asked |= {f"transcript.{name}": getattr(policy.transcript, name) for name in TRANSCRIPT}
-        asked |= {f"budget.{name}": getattr(policy.budget, name) for name in WAKE}
-        asked |= {f"state.{name}": getattr(policy.state, name) for name in STATE_SIZES + STATE_COUNTS}
-        for path, value in asked.items():
+        for path, value in numbers(policy).items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
-            if limit is not None and name == "disk" and value == 0:
-                return self._say(policy, path, f"none (a folder with no limit) is over the broker's "
-                                 f"ceiling of {limit:,} bytes")
-            if limit is not None and value > limit:
-                unit = " bytes" if name in SIZES + STATE_SIZES or name.endswith("_bytes") else ""
+            if limit is None:
+                continue
+            unit = " bytes" if name in SIZES else ""
+            if name in ZERO_IS_NO_LIMIT and value == 0:
+                what = "none (a folder with no limit)" if name == "disk" else "0 (no cap)"
+                return self._say(policy, path, f"{what} is over the broker's ceiling of {limit:,}{unit}")
+            if value > limit:
                 return self._say(policy, path, f"{value:,}{unit} is over the broker's ceiling of {limit:,}{unit}")
         return None
 
@@ -214,12 +232,12 @@ def load_ceiling(path: str | Path) -> Ceiling:
     if not isinstance(maxima, dict):
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
-    bounded = SIZES + COUNTS + STATE_SIZES + STATE_COUNTS + TRANSCRIPT + WAKE + CAPACITY
+    bounded = NUMBERS + CAPACITY
     for name, limit in maxima.items():
         if name not in bounded:
             raise fail(("max", name), f"unknown key; max bounds {', '.join(bounded)}")
         try:
-            limits[name] = parse_size(limit) if name in SIZES + STATE_SIZES or name.endswith("_bytes") else _number(limit)
+            limits[name] = parse_size(limit) if name in SIZES else _number(limit)
             if name in CAPACITY and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:

@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.retention import Retention
+from orchestrator.records.folder import Folder, Place, Refused, TooBig
+from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE, Retention
 
 
 class PolicyError(ConfigError):
@@ -155,6 +156,7 @@ def _match_parts(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
 class SendMessageTool:
     enabled: bool = True
     max_per_wake: int = 5
+    max_chars: int = 4000               # characters of one message; a longer one is cut, and the model told
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNO
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
                 "max_agent_bytes", "rotate_size", "keep_size"}
+SIZE_FIELDS = frozenset(_SIZE_FIELDS | {"disk"})   # every field read as a size (disk: or none)
 # Under gVisor the pids limit counts the Sentry's host threads too: below ~56 a
 # box cannot start, below 128 a few background jobs kill it (measured, runsc 2022-12).
 RUNSC_MIN_PIDS = 128
@@ -264,11 +267,15 @@ class NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def read_config(path: str | Path, what: str = "policy") -> str:
+def read_config(path: str | Path | Place, what: str = "policy") -> str:
     """A config file's text, read as untrusted input (under the broker an
     orchestrator taken over can plant any file): a regular file only, never
     opened if it is a FIFO or device (the first open is O_PATH), at most
-    MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file."""
+    MAX_CONFIG_BYTES, UTF-8. PolicyError otherwise, naming the file.
+    A `Place` (a file of an agent folder: agent.yaml, a policy inside it) is
+    read through records/folder.py: no link followed on the way or at the end."""
+    if isinstance(path, Place):
+        return _read_inside(path, what)
     path = Path(path)
     try:
         probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -296,6 +303,22 @@ def read_config(path: str | Path, what: str = "policy") -> str:
         raise PolicyError(f"{path}: not UTF-8 text") from None
 
 
+def _read_inside(path: Place, what: str) -> str:
+    try:
+        data = Folder(path.folder).read_bytes(path.rel, MAX_CONFIG_BYTES)
+    except TooBig as exc:
+        raise PolicyError(f"{path}: {exc.size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}") from None
+    except Refused as exc:
+        raise PolicyError(f"{path}: {exc.strerror}; a {what} is a regular YAML file in the agent folder, "
+                          "read without following links") from None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text") from None
+
+
 def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     """(data, node tree) of untrusted YAML text: no aliases, no tags beyond SafeLoader's.
     yaml.YAMLError or RecursionError (nesting thousands deep) for the caller to word."""
@@ -304,8 +327,8 @@ def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
     return data, node
 
 
-def load_policy(path: str | Path) -> Policy:
-    path = Path(path)
+def load_policy(path: str | Path | Place) -> Policy:
+    """A policy file; a `Place` in an agent folder is read with no link followed."""
     return parse_policy(read_config(path), str(path))
 
 
@@ -493,6 +516,14 @@ def _size(value, path, source, node) -> int:
     return size
 
 
+def _rotate_size(value, path, source, node) -> int:
+    size = _size(value, path, source, node)
+    if size > MAX_ROTATE_SIZE:
+        raise ValueError(f"{value!r} is over {MAX_ROTATE_SIZE // 2**20}m: retention reads no log past "
+                         f"{FILE_CAP // 2**20}m (a bigger file in state/ is taken for a planted one)")
+    return size
+
+
 def _disk(value, path, source, node) -> int:
     if value == "none":
         return 0
@@ -658,7 +689,7 @@ MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slo
 
 _CHECKS = {
     **{name: _size for name in _SIZE_FIELDS},
-    "pool": _pool, "disk": _disk, "files": _files,
+    "pool": _pool, "disk": _disk, "files": _files, "rotate_size": _rotate_size,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
     "retention_days": _days, "max_wake_s": _positive,

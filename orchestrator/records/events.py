@@ -3,7 +3,8 @@
 Every line is `{"run_id", "type", "timestamp", "data"}` and is written with a
 single `write(2)` on an O_APPEND descriptor the moment it happens, so a wake
 killed with -9 loses at most the line being written, and two processes
-appending at once never interleave inside a line. Reading tolerates a torn
+appending at once never interleave inside a line. Written and read through
+folder.py (no link followed, regular files only, lines and files capped). Reading tolerates a torn
 last line. The live file is rotated (renamed, gzipped, later dropped) by
 retention.py at the start of a wake; read_history() reads across it all.
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from orchestrator.records import retention
+from orchestrator.records.jsontext import loads
 from orchestrator.records.secrets import secret_values
 
 EVENTS_FILE = "events.jsonl"
@@ -67,11 +69,8 @@ class EventLog:
     def emit(self, type: str, **data: Any) -> dict:
         event = {"run_id": self.run_id, "type": type, "timestamp": now_iso(), "data": data}
         line = scrub(json.dumps(event, ensure_ascii=False, default=str), self.secrets) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
+        folder, name = retention.holder(self.path)   # never through a link, never into a FIFO
+        folder.append(name, line.encode("utf-8"))
         for fn in _listeners:
             try:
                 fn(self.path, event)
@@ -107,7 +106,7 @@ def raw_history(state_dir: Path) -> Iterator[str]:
 def parse_event(line: str) -> Event | None:
     """One line of the log as an Event, or None for a torn or foreign line."""
     try:
-        raw = json.loads(line)
+        raw = loads(line)
         return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
                      raw.get("data") if isinstance(raw.get("data"), dict) else {})
     except (ValueError, KeyError, TypeError):

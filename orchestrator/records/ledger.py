@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.files import atomic_write, locked
+from orchestrator.records.files import locked
+from orchestrator.records.folder import RECORD_CAP, state_folder
+from orchestrator.records.jsontext import loads
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
@@ -205,7 +207,7 @@ def read_book(state_dir: Path) -> Book:
     day cap with it."""
     path = Path(state_dir) / LEDGER_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = loads(state_folder(state_dir).read_text(LEDGER_FILE, RECORD_CAP))
         days = {str(d): _totals(t) for d, t in raw.get("days", {}).items()}
         return Book(days, _totals(raw.get("lifetime", {})))
     except FileNotFoundError:
@@ -235,7 +237,7 @@ def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Boo
         for old in sorted(days)[:-KEEP_DAYS]:
             del days[old]
         book = Book(days, add(book.lifetime))
-        atomic_write(Path(state_dir) / LEDGER_FILE, json.dumps({
+        state_folder(state_dir).write_atomic(LEDGER_FILE, json.dumps({
             "version": 1,
             "days": {d: vars(t) for d, t in sorted(days.items())},
             "lifetime": vars(book.lifetime)}, indent=2) + "\n")

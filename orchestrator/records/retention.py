@@ -27,29 +27,46 @@ of state/ when there is nothing to do: a wake never reads the history.
 
 Readers that must see the whole retained history (`wakeloop log`, a state
 rebuild) iterate `segments()` then the live file, oldest first, streaming;
-gzip is read with the same code as plain text (`open_text`).
+gzip is read with the same code as plain text (`open_text`), a line at most
+LINE_CAP and a file at most FILE_CAP bytes (after gunzip): a planted 100 GB
+sparse log or a gzip bomb costs no more than that.
+
+Every file is reached through folder.py from the agent folder: no link is
+followed (state/, a kind's folder, a segment), only regular files are read,
+compressed, renamed or deleted, and only those named as this kind's
+segments: retention never deletes a file it did not make, nor one outside
+state/. A segment larger than FILE_CAP is deleted without being
+compressed or read (no file of ours is that big; gzip of a planted sparse
+file would hold the wake for minutes).
 
 Not here: what any file holds (events.py, state.py), the policy keys'
-validation (policy/schema.py) and their ceiling (policy/ceiling.py).
+validation (policy/schema.py) and their ceiling (policy/ceiling.py), the
+walk itself (folder.py).
 """
 
 from __future__ import annotations
 
 import gzip
-import io
-import json
 import os
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
+
+from orchestrator.records.folder import Folder, capped_lines, state_folder
+from orchestrator.records.jsontext import loads
 
 DAY_S = 86_400
 STAMP = "%Y%m%dT%H%M%S%fZ"          # in a segment's name: when it was rotated, sortable as text
 GZ = ".gz"
 FIRST_LINE_CAP = 64 * 2**10         # bytes read to learn a live log's age; a longer line is not ours
+LINE_CAP = 8 * 2**20                # bytes: no line we write is longer (events, done.jsonl, transcripts)
+FILE_CAP = 256 * 2**20              # bytes read of one retained file (after gunzip); a live log rotates
+                                    # at rotate_size, which the schema holds to MAX_ROTATE_SIZE below it
+MAX_ROTATE_SIZE = FILE_CAP // 2     # the most state.rotate_size may be: room for a wake's lines past it
 
 
 @dataclass(frozen=True)
@@ -65,15 +82,31 @@ class Retention:
 @dataclass(frozen=True)
 class Kind:
     """A growing file (or folder of files) under state/ that retention keeps bounded."""
-    name: str                       # "events.jsonl" (a log) or "transcripts" (a folder)
+    name: str                       # "events.jsonl" (a log), "notify/done.jsonl", or "transcripts" (a folder)
     folder: bool = False
     # A log whose live file cannot simply be renamed away (the outbox: only what a
     # person has read may leave it) brings its own rotation; None: _rotate's.
     rotate: Callable[[Path, "Kind", Retention, datetime], list[str]] | None = None
 
     def stem_ext(self) -> tuple[str, str]:
-        stem, dot, ext = self.name.partition(".")
+        stem, dot, ext = self.file.partition(".")
         return stem, dot + ext
+
+    @property
+    def where(self) -> str:
+        """The folder under state/ holding the live file and its segments ("." for state/ itself)."""
+        return self.name if self.folder else (self.name.rpartition("/")[0] or ".")
+
+    @property
+    def file(self) -> str:
+        return self.name.rpartition("/")[2]
+
+    def is_segment(self, name: str) -> bool:
+        """Whether a file name is one of this kind's rotated segments (the only files it deletes)."""
+        if self.folder:
+            return not name.startswith(".")
+        stem, ext = self.stem_ext()
+        return name.startswith(f"{stem}-") and name.endswith((ext, ext + GZ))
 
 
 KINDS: dict[str, Kind] = {}
@@ -92,18 +125,14 @@ def register_folder(name: str) -> Kind:
 # -- reading across segments --------------------------------------------------------
 
 def segments(state_dir: Path, kind: Kind) -> list[Path]:
-    """A kind's rotated segments (a folder's files), oldest first."""
-    state_dir = Path(state_dir)
+    """A kind's rotated segments (a folder's files), oldest first: regular files only,
+    never through a link."""
+    found = state_folder(state_dir).files(kind.where)
+    folder = Path(state_dir) / kind.where
     if kind.folder:
-        try:
-            found = [p for p in (state_dir / kind.name).iterdir()
-                     if p.is_file() and not p.is_symlink() and not p.name.startswith(".")]
-        except OSError:
-            return []
-        return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
-    stem, ext = kind.stem_ext()
-    return sorted(p for p in state_dir.glob(f"{stem}-*{ext}*")
-                  if p.name.endswith((ext, ext + GZ)) and not p.is_symlink())
+        return [folder / n for n, _ in sorted(((n, st) for n, st in found.items() if kind.is_segment(n)),
+                                               key=lambda e: (e[1].st_mtime_ns, e[0]))]
+    return sorted(folder / n for n in found if kind.is_segment(n))
 
 
 def history(state_dir: Path, name: str) -> list[Path]:
@@ -111,17 +140,29 @@ def history(state_dir: Path, name: str) -> list[Path]:
     return [*segments(state_dir, KINDS[name]), Path(state_dir) / name]
 
 
+def holder(path: Path) -> tuple[Folder, str]:
+    """The folder holding `path` (itself walked without following a link) and its name."""
+    path = Path(path)
+    return Folder(path.parent.parent, (path.parent.name,)), path.name
+
+
 @contextmanager
-def open_text(path: Path) -> Iterator[IO[str]]:
-    """A segment or live file for reading as text, gzipped or not; never follows a
-    symlink. A context manager: the descriptor is closed when the block ends."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as raw:
-        if path.name.endswith(GZ):
+def open_text(path: Path, line_cap: int | None = None, file_cap: int | None = None) -> Iterator[Iterator[str]]:
+    """A segment or live file's lines as text, gzipped or not; never through a link,
+    never a FIFO or device; a line over line_cap is skipped, and no more than
+    file_cap bytes are read. A context manager: the descriptor is closed when the block ends."""
+    folder, name = holder(path)
+    line_cap, file_cap = line_cap or LINE_CAP, file_cap or FILE_CAP
+    with folder.reader(name) as raw:
+        if name.endswith(GZ):
             with gzip.GzipFile(fileobj=raw) as unzipped:
-                yield io.TextIOWrapper(unzipped, encoding="utf-8", errors="replace")
+                yield _text(capped_lines(unzipped, line_cap, file_cap))
         else:
-            yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+            yield _text(capped_lines(raw, line_cap, file_cap))
+
+
+def _text(lines: Iterator[bytes]) -> Iterator[str]:
+    return (line.decode("utf-8", "replace") for line in lines)
 
 
 # -- keeping it bounded -----------------------------------------------------------
@@ -134,6 +175,7 @@ def enforce(state_dir: Path, rules: Retention, now: datetime | None = None) -> l
     for kind in KINDS.values():
         if not kind.folder:
             done += (kind.rotate or _rotate)(Path(state_dir), kind, rules, now)
+        done += _drop_oversized(Path(state_dir), kind)
         if rules.compress:
             done += [_compress(p) for p in segments(state_dir, kind) if not p.name.endswith(GZ)]
         done += _expire(Path(state_dir), kind, rules, now)
@@ -142,42 +184,63 @@ def enforce(state_dir: Path, rules: Retention, now: datetime | None = None) -> l
 
 def _rotate(state_dir: Path, kind: Kind, rules: Retention, now: datetime) -> list[str]:
     live = state_dir / kind.name
-    try:
-        size = live.lstat().st_size
-    except FileNotFoundError:
-        return []
+    st = state_folder(state_dir).lstat(kind.name)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return []   # absent, or not ours (a link, a FIFO): its writers refuse it too
+    size = st.st_size
     too_big = size >= rules.rotate_size
     too_old = size > 0 and _age_days(live, now) >= rules.rotate_days
     if not (too_big or too_old):
         return []
+    target = segment_name(kind, now)
+    state_folder(state_dir).rename(kind.name, target)
+    return [f"rotated {kind.name} ({size:,} bytes, {'size' if too_big else 'age'}) to {target}"]
+
+
+def segment_name(kind: Kind, now: datetime) -> str:
+    """A new segment's path under state/: NAME-<UTC stamp>.<ext>, beside the live file."""
     stem, ext = kind.stem_ext()
-    target = state_dir / f"{stem}-{now.strftime(STAMP)}{ext}"
-    os.rename(live, target)
-    return [f"rotated {kind.name} ({size:,} bytes, {'size' if too_big else 'age'}) to {target.name}"]
+    where = "" if kind.where == "." else kind.where + "/"
+    return f"{where}{stem}-{now.strftime(STAMP)}{ext}"
+
+
+def _drop_oversized(state_dir: Path, kind: Kind) -> list[str]:
+    """Segments over FILE_CAP are not ours (a live file rotates long before): deleted
+    unread, uncompressed (gzip of a planted 100 GB sparse file would hold the wake)."""
+    big = {p: size for p in segments(state_dir, kind) if (size := _size(p)) > FILE_CAP}
+    return [f"dropped {p.name} ({size:,} bytes, over {FILE_CAP:,}: not one of ours)"
+            for p, size in big.items() if _unlink(p)]
+
+
+def _size(path: Path) -> int:
+    folder, name = holder(path)
+    st = folder.lstat(name)
+    return st.st_size if st is not None else 0
 
 
 def _age_days(live: Path, now: datetime) -> float:
     """Days since the live log's first line was written (its "timestamp" field);
     an unreadable first line counts as new, so it rotates by size alone."""
     try:
-        with open_text(live) as f:
-            first = json.loads(f.readline(FIRST_LINE_CAP))
+        with open_text(live, FIRST_LINE_CAP, FIRST_LINE_CAP + 1) as lines:
+            first = loads(next(lines))
         then = datetime.fromisoformat(str(first["timestamp"]).replace("Z", "+00:00"))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return 0.0
     return (now - then).total_seconds() / DAY_S
 
 
 def _compress(path: Path) -> str:
     """PATH -> PATH.gz, written aside and renamed, so a crash leaves one or the other whole."""
-    target = path.with_name(path.name + GZ)
-    partial = path.with_name(f".{path.name}{GZ}.partial")
-    with open(path, "rb") as src, gzip.open(partial, "wb") as dst:
+    folder, name = holder(path)
+    partial = f".{name}{GZ}.partial"
+    folder.unlink(partial)   # a crash's leftover
+    out = folder.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with folder.reader(name) as src, os.fdopen(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as dst:
         shutil.copyfileobj(src, dst)
-    os.chmod(partial, 0o600)
-    os.rename(partial, target)
-    path.unlink()
-    return f"compressed {path.name}"
+    folder.rename(partial, name + GZ)
+    folder.unlink(name)
+    return f"compressed {name}"
 
 
 def _expire(state_dir: Path, kind: Kind, rules: Retention, now: datetime) -> list[str]:
@@ -192,8 +255,10 @@ def expire(oldest_first: list[Path], keep_days: float, keep_bytes: int, now: dat
     ago go, then the oldest until the rest fit in `keep_bytes`. `spare` never go
     (a wake's own, still open). Returns what went, with its size."""
     cutoff = (now - timedelta(days=keep_days)).timestamp()
-    sizes = {p: p.stat().st_size for p in oldest_first}
-    gone = [p for p in oldest_first if p not in spare and p.stat().st_mtime < cutoff]
+    seen = {p: st for p in oldest_first if (st := holder(p)[0].lstat(p.name)) is not None}
+    oldest_first = [p for p in oldest_first if p in seen]
+    sizes = {p: seen[p].st_size for p in oldest_first}
+    gone = [p for p in oldest_first if p not in spare and seen[p].st_mtime < cutoff]
     kept = [p for p in oldest_first if p not in gone]
     total = sum(sizes[p] for p in kept)
     for p in [p for p in kept if p not in spare]:
@@ -201,9 +266,13 @@ def expire(oldest_first: list[Path], keep_days: float, keep_bytes: int, now: dat
             break
         total -= sizes[p]
         gone.append(p)
-    for path in gone:
-        path.unlink(missing_ok=True)
+    gone = [p for p in gone if _unlink(p)]   # a regular file, never through a link
     return {p: sizes[p] for p in gone}
+
+
+def _unlink(path: Path) -> bool:
+    folder, name = holder(path)
+    return folder.unlink(name)
 
 
 def usage(state_dir: Path) -> int:
@@ -222,7 +291,7 @@ def iter_lines(paths: list[Path]) -> Iterator[str]:
     """Every line of these files in order; a file that vanished (expired meanwhile) is skipped."""
     for path in paths:
         try:
-            with open_text(path) as f:
-                yield from f
-        except FileNotFoundError:
+            with open_text(path) as lines:
+                yield from lines
+        except OSError:   # vanished (expired meanwhile), or not ours (a link, a FIFO): skipped
             continue

@@ -16,7 +16,13 @@ or a single O_APPEND write, so a wake killed with -9 leaves files that parse.
   inbox.taken when it really starts and deletes that after its first model
   call; a wake that fails before (or a kill -9) leaves them to be put back.
 - outbox.txt: what the agent sent with send_message; past state.rotate_size the part
-  a person has read moves to a segment (retention.py), what is unread stays.
+  a person has read moves to a segment (retention.py), what is unread stays,
+  unless the unread part alone is past rotate_size: then the whole live file
+  moves to a segment (read and unread alike come under the one retention rule).
+
+Every file here is read, written and deleted through folder.py: `state` or
+any file in it planted as a link, a FIFO or a device is refused (a corrupt
+state.json, say, is then rebuilt), and every read is capped.
 
 Not here: the workspace (workspace.py) or the event log's format (events.py).
 """
@@ -26,13 +32,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.records import retention
 from orchestrator.records.events import read_history
-from orchestrator.records.files import atomic_write, locked
+from orchestrator.records.files import locked
+from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 LOCK_FILE = "wake.lock"
 STATE_FILE = "state.json"
@@ -42,6 +51,9 @@ INBOX_LOCK = "inbox.lock"            # serialises send / drain / put back
 OUTBOX_FILE = "outbox.txt"
 LOCK_ATTEMPTS = 5                    # retries when a releasing wake unlinks the file under us
 MESSAGE_MARK = "--- "                # starts each inbox/outbox entry
+STATE_CAP = 1 * 2**20                # bytes of state.json read; ours are under 4 KiB
+BOX_CAP = 16 * 2**20                 # bytes of inbox or outbox read (the outbox's newest): 4,000 messages
+                                     # of send_message's default max_chars
 
 
 # -- the wake lock --------------------------------------------------------------
@@ -71,7 +83,7 @@ class WakeLock:
 
     def acquire(self) -> LockHolder | None:
         for _ in range(LOCK_ATTEMPTS):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fd = state_folder(self.path.parent).open(LOCK_FILE, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -95,22 +107,20 @@ class WakeLock:
             return
         try:
             if self._still_linked(self.fd):
-                os.unlink(self.path)  # before unlocking, so nobody locks a file about to vanish
+                state_folder(self.path.parent).unlink(LOCK_FILE)  # before unlocking: nobody locks a file about to vanish
         finally:
             os.close(self.fd)
             self.fd = None
 
     def _still_linked(self, fd: int) -> bool:
-        try:
-            return os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            return False
+        st = state_folder(self.path.parent).lstat(LOCK_FILE)
+        return st is not None and st.st_ino == os.fstat(fd).st_ino
 
 
 def lock_holder(state_dir: Path) -> LockHolder | None:
     """Who holds the lock right now, for `status`; never takes the lock itself."""
     try:
-        fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = state_folder(state_dir).open(LOCK_FILE)
     except OSError:
         return None
     try:
@@ -161,7 +171,7 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
     """The state, and a warning line when it had to be rebuilt."""
     path = Path(state_dir) / STATE_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = loads(state_folder(state_dir).read_text(STATE_FILE, STATE_CAP))
         return State(wake=_count(raw["wake"]), tokens_lifetime=_count(raw["tokens_lifetime"]),
                      last_receipt=raw.get("last_receipt") if isinstance(raw.get("last_receipt"), dict)
                      else None), None
@@ -189,7 +199,7 @@ def rebuild_state(state_dir: Path) -> State:
 
 def save_state(state_dir: Path, state: State) -> None:
     """Temp file in the same directory, fsync, rename: old or new, never half."""
-    atomic_write(Path(state_dir) / STATE_FILE, state.to_json())
+    state_folder(state_dir).write_atomic(STATE_FILE, state.to_json())
 
 
 def bump_wake(state_dir: Path, state: State) -> State:
@@ -211,18 +221,26 @@ def _stamp() -> str:
 
 
 def _append(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    state_folder(path.parent).append(path.name, text.encode("utf-8"))
+
+
+def _read(path: Path, newest: bool = False, since: int = 0) -> str:
+    """A message file's text from byte `since`, at most BOX_CAP bytes of it: the first
+    (the inbox: oldest first), or with `newest` the last (the outbox: what came last is
+    what a person looks for), from a line's start; "" when absent or refused."""
     try:
-        os.write(fd, text.encode("utf-8"))
+        fd = state_folder(path.parent).open(path.name)
+    except OSError:   # absent, or not ours (a link, a FIFO): nothing to show, nothing taken from it
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        start = max(since, size - BOX_CAP) if newest else since
+        data = os.pread(fd, min(BOX_CAP, max(0, size - start)), start)
     finally:
         os.close(fd)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
+    if start > since:   # cut: from the next line's start, so no body line reads as an entry's mark
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    return data.decode("utf-8", "replace")
 
 
 def _entry(header: str, text: str) -> str:
@@ -249,31 +267,33 @@ def drain_inbox(state_dir: Path) -> str:
     """Move queued messages (and any a killed wake left taken) to inbox.taken."""
     state_dir = Path(state_dir)
     inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
+    folder = state_folder(state_dir)
     with locked(state_dir, INBOX_LOCK):
-        if inbox.exists():
-            if taken.exists():
+        if folder.is_file(INBOX_FILE):
+            if folder.is_file(INBOX_TAKEN):
                 _append(taken, _read(inbox))
-                inbox.unlink()
+                folder.unlink(INBOX_FILE)
             else:
-                os.replace(inbox, taken)
+                folder.rename(INBOX_FILE, INBOX_TAKEN)
         return _read(taken)
 
 
 def commit_inbox(state_dir: Path) -> None:
     """The model has seen the messages: they are gone from the queue."""
     with locked(state_dir, INBOX_LOCK):
-        (Path(state_dir) / INBOX_TAKEN).unlink(missing_ok=True)
+        state_folder(state_dir).unlink(INBOX_TAKEN)
 
 
 def restore_inbox(state_dir: Path) -> None:
     """The wake died before the model saw them: back to the head of the queue."""
     state_dir = Path(state_dir)
     inbox, taken = state_dir / INBOX_FILE, state_dir / INBOX_TAKEN
+    folder = state_folder(state_dir)
     with locked(state_dir, INBOX_LOCK):
-        if not taken.exists():
+        if not folder.is_file(INBOX_TAKEN):
             return
-        atomic_write(inbox, _read(taken) + _read(inbox))
-        taken.unlink()
+        folder.write_atomic(INBOX_FILE, _read(taken) + _read(inbox))
+        folder.unlink(INBOX_TAKEN)
 
 
 def count_messages(text: str) -> int:
@@ -298,7 +318,8 @@ def append_outbox(state_dir: Path, text: str, wake: int) -> None:
 
 
 def read_outbox(state_dir: Path) -> str:
-    return _read(Path(state_dir) / OUTBOX_FILE)
+    """The outbox's text: its last BOX_CAP bytes, the newest messages."""
+    return _read(Path(state_dir) / OUTBOX_FILE, newest=True)
 
 
 OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person has already seen
@@ -306,38 +327,53 @@ OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person ha
 
 def unread_outbox(state_dir: Path) -> int:
     """Messages in outbox.txt past the size recorded when `wakeloop outbox` last showed it."""
-    data = read_outbox(state_dir).encode()
-    try:
-        seen = int((Path(state_dir) / OUTBOX_READ).read_text().strip() or 0)
-    except (OSError, ValueError):
-        seen = 0
-    if seen > len(data):
+    st = state_folder(state_dir).lstat(OUTBOX_FILE)
+    size, seen = (st.st_size if st is not None else 0), _seen(state_dir)
+    if seen > size:
         seen = 0  # the outbox was cleared since: all of it is new
-    return count_messages(data[seen:].decode("utf-8", "replace"))
+    return count_messages(_read(Path(state_dir) / OUTBOX_FILE, newest=True, since=seen))
 
 
 def mark_outbox_read(state_dir: Path) -> None:
     """`wakeloop outbox` showed everything up to here."""
-    atomic_write(Path(state_dir) / OUTBOX_READ, f"{len(read_outbox(state_dir).encode())}\n")
+    st = state_folder(state_dir).lstat(OUTBOX_FILE)
+    state_folder(state_dir).write_atomic(OUTBOX_READ, f"{st.st_size if st is not None else 0}\n")
+
+
+def _seen(state_dir: Path) -> int:
+    """Bytes of outbox.txt a person has seen (outbox.read); 0 when absent or not a count."""
+    try:
+        return max(0, int(state_folder(state_dir).read_text(OUTBOX_READ, 64).strip() or 0))
+    except (OSError, ValueError):
+        return 0
 
 
 def _rotate_outbox(state_dir: Path, kind, rules, now: datetime) -> list[str]:
     """retention.py's rotation of outbox.txt: past rotate_size, the part a person has
     seen (`wakeloop outbox`) moves to a segment, which retention then compresses
-    and expires; what is unread stays. Runs under the wake lock, at a wake's start."""
-    live = Path(state_dir) / OUTBOX_FILE
+    and expires; what is unread stays, unless it alone is past rotate_size (nobody
+    reads this outbox): then all of it moves, so the unread part is bounded too.
+    Runs under the wake lock, at a wake's start. Nothing is read whole: the live
+    file is renamed to the segment, and the unread tail (under rotate_size) copied back."""
+    folder = state_folder(state_dir)
+    st = folder.lstat(OUTBOX_FILE)
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_size < rules.rotate_size:
+        return []
+    size, seen = st.st_size, _seen(state_dir)
+    seen = seen if seen <= size else 0  # cleared since: all of it is unread
+    target = retention.segment_name(kind, now)
+    folder.rename(OUTBOX_FILE, target)
+    folder.write_atomic(OUTBOX_READ, "0\n")
+    if size - seen >= rules.rotate_size:
+        return [f"rotated outbox.txt ({size:,} bytes, {size - seen:,} of them unread, over "
+                f"state.rotate_size) to {target}"]
+    fd = folder.open(target, os.O_RDWR)
     try:
-        data = live.read_bytes() if live.lstat().st_size >= rules.rotate_size else b""
-        seen = int((Path(state_dir) / OUTBOX_READ).read_text().strip() or 0)
-    except (OSError, ValueError):
-        return []
-    if not 0 < seen <= len(data):
-        return []
-    target = Path(state_dir) / f"outbox-{now.strftime(retention.STAMP)}.txt"
-    atomic_write(target, data[:seen].decode("utf-8", "replace"))
-    atomic_write(live, data[seen:].decode("utf-8", "replace"))
-    atomic_write(Path(state_dir) / OUTBOX_READ, "0\n")
-    return [f"rotated the {seen:,} bytes of outbox.txt already read to {target.name}"]
+        folder.write_atomic(OUTBOX_FILE, os.pread(fd, size - seen, seen))
+        os.ftruncate(fd, seen)
+    finally:
+        os.close(fd)
+    return [f"rotated the {seen:,} bytes of outbox.txt already read to {target}"]
 
 
 retention.register_log(OUTBOX_FILE, rotate=_rotate_outbox)

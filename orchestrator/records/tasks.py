@@ -21,7 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.files import atomic_write, locked
+from orchestrator.records.files import locked
+from orchestrator.records.folder import RECORD_CAP, state_folder
+from orchestrator.records.jsontext import loads
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
@@ -58,7 +60,7 @@ def load_tasks(state_dir: Path) -> list[Task]:
     """Every task, oldest first; a missing file is no tasks, a broken one says so."""
     path = Path(state_dir) / TASKS_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = loads(state_folder(state_dir).read_text(TASKS_FILE, RECORD_CAP))
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
@@ -74,7 +76,7 @@ def load_tasks(state_dir: Path) -> list[Task]:
 
 
 def _save(state_dir: Path, tasks: list[Task]) -> None:
-    atomic_write(Path(state_dir) / TASKS_FILE,
+    state_folder(state_dir).write_atomic(TASKS_FILE,
                  json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n")
 
 

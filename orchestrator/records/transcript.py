@@ -19,6 +19,11 @@ Bounded: past `max_wake_bytes` a wake's lines are counted, not kept (one
 removes transcripts older than `retention_days`, then the oldest until the
 agent's all fit `max_agent_bytes`, and prompts no transcript names.
 
+Every read, write and delete goes through folder.py from the agent folder:
+`state`, `transcripts` or `prompts` planted as a link (to a folder elsewhere)
+is refused, never followed, so no wake writes or deletes outside state/;
+only regular files named as ours (<run_id>.jsonl, <hash>.txt) are deleted.
+
 Line types: wake (start), system (prompt hash), user, assistant,
 tool_result, truncated, end. Every line has "type", "t" (UTC time) and the
 run_id in its file name.
@@ -30,7 +35,6 @@ Not here: what a wake records (wake/loop.py), how a transcript is shown
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,12 +43,14 @@ from typing import Any, Iterator
 
 from orchestrator.records.events import now_iso, scrub
 from orchestrator.records import retention
-from orchestrator.records.files import atomic_write
+from orchestrator.records.folder import state_folder
+from orchestrator.records.jsontext import loads
 
 TRANSCRIPTS_DIR = "transcripts"     # under state/
 PROMPTS_DIR = "prompts"             # under state/transcripts/: one text per system prompt hash
 SUFFIX = ".jsonl"
 END_RESERVE = 4096                  # bytes kept back from max_wake_bytes so the `end` line always fits
+PROMPT_CAP = 4 * 2**20              # bytes of a stored system prompt read back (ours are under 300 KiB)
 
 
 def transcripts_dir(state_dir: Path) -> Path:
@@ -61,6 +67,8 @@ class Transcript:
     def __init__(self, state_dir: Path, run_id: str, max_wake_bytes: int, secrets: tuple[str, ...]):
         self.dir = transcripts_dir(state_dir)
         self.path = transcript_path(state_dir, run_id)
+        self.folder = state_folder(state_dir)
+        self.rel = f"{TRANSCRIPTS_DIR}/{run_id}{SUFFIX}"
         self.max_bytes = max_wake_bytes
         self.secrets = secrets
         self.written = 0
@@ -69,11 +77,10 @@ class Transcript:
 
     def system(self, text: str, sha: str) -> None:
         """The system prompt by hash; its text once per hash, in prompts/."""
-        prompt = self.dir / PROMPTS_DIR / f"{sha}.txt"
-        if not prompt.exists():
+        prompt = f"{TRANSCRIPTS_DIR}/{PROMPTS_DIR}/{sha}.txt"
+        if not self.folder.is_file(prompt):
             try:
-                prompt.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                atomic_write(prompt, scrub(text, self.secrets))
+                self.folder.write_atomic(prompt, scrub(text, self.secrets), create_dirs=True)
             except OSError as exc:
                 self._failed(exc)
         self.add("system", hash=sha, chars=len(text))
@@ -101,12 +108,7 @@ class Transcript:
 
     def _write(self, raw: bytes) -> None:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, raw)
-            finally:
-                os.close(fd)
+            self.folder.append(self.rel, raw, create_dirs=True)
             self.written += len(raw)
         except OSError as exc:
             self._failed(exc)
@@ -119,22 +121,22 @@ class Transcript:
 # -- reading ------------------------------------------------------------------
 
 def read_lines(path: Path) -> Iterator[dict]:
-    """Every well-formed line in order; a torn last line (a killed wake) is skipped."""
+    """Every well-formed line in order; a torn last line (a killed wake) is skipped,
+    and so is a transcript that is not ours (a link, a FIFO)."""
     try:
-        f = open(path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        with retention.open_text(path) as lines:
+            for text in lines:
+                line = parse_line(text)
+                if line is not None:
+                    yield line
+    except OSError:
         return
-    with f:
-        for text in f:
-            line = parse_line(text)
-            if line is not None:
-                yield line
 
 
 def parse_line(text: str) -> dict | None:
     """One transcript line, or None for a torn or foreign one."""
     try:
-        line = json.loads(text)
+        line = loads(text)
     except ValueError:
         return None
     return line if isinstance(line, dict) and isinstance(line.get("type"), str) else None
@@ -142,12 +144,10 @@ def parse_line(text: str) -> dict | None:
 
 def runs(state_dir: Path) -> list[Path]:
     """The agent's transcripts, oldest first (by their last write)."""
+    found = state_folder(state_dir).files(TRANSCRIPTS_DIR)   # regular files, never through a link
     folder = transcripts_dir(state_dir)
-    try:
-        found = [p for p in folder.iterdir() if p.name.endswith(SUFFIX) and p.is_file()]
-    except FileNotFoundError:
-        return []
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    return [folder / n for n, _ in sorted(((n, st) for n, st in found.items() if n.endswith(SUFFIX)),
+                                           key=lambda e: (e[1].st_mtime_ns, e[0]))]
 
 
 def find_run(state_dir: Path, run_id: str | None) -> Path | None:
@@ -161,7 +161,7 @@ def find_run(state_dir: Path, run_id: str | None) -> Path | None:
 
 def prompt_text(state_dir: Path, sha: str) -> str | None:
     try:
-        return (transcripts_dir(state_dir) / PROMPTS_DIR / f"{sha}.txt").read_text(encoding="utf-8")
+        return state_folder(state_dir).read_text(f"{TRANSCRIPTS_DIR}/{PROMPTS_DIR}/{sha}.txt", PROMPT_CAP)
     except (OSError, ValueError):
         return None
 
@@ -199,10 +199,6 @@ def _prompt_hash(path: Path) -> str | None:
 
 def _prune_prompts(state_dir: Path, kept: list[Path]) -> int:
     named = {_prompt_hash(p) for p in kept}
-    folder = transcripts_dir(state_dir) / PROMPTS_DIR
-    gone = 0
-    for prompt in folder.glob("*.txt") if folder.is_dir() else ():
-        if prompt.stem not in named:
-            prompt.unlink(missing_ok=True)
-            gone += 1
-    return gone
+    folder, rel = state_folder(state_dir), f"{TRANSCRIPTS_DIR}/{PROMPTS_DIR}"
+    return sum(folder.unlink(f"{rel}/{name}") for name in folder.files(rel)
+               if name.endswith(".txt") and name[:-4] not in named)

@@ -12,7 +12,9 @@ covers tools + system; model.py adds a moving breakpoint on the last message
 so step N reads steps 1..N-1 from the cache too.
 
 Workspace files are read through workspace.py only (untrusted: no symlink
-followed, capped, never a hang). mandate.md is the human's and trusted.
+followed, capped, never a hang). mandate.md is the human's, but under a
+shared ROOT not only the operator writes an agent folder: it is read through
+records/folder.py (no link followed, never a FIFO or device, capped).
 
 Not here: draining the inbox (state.py) or calling the model (model.py).
 """
@@ -25,6 +27,7 @@ from datetime import datetime
 
 from orchestrator.sandbox import files as workspace
 from orchestrator.policy.agent import Agent
+from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
 
 JOURNAL_TAIL = 3                     # journal files in the context, newest last
@@ -114,9 +117,8 @@ def _rules(agent: Agent) -> str:
 
 def _mandate(agent: Agent) -> str:
     try:
-        with open(agent.mandate_path, "rb") as f:
-            data = f.read(MANDATE_CAP + 1)
-    except OSError:
+        data = Folder(agent.dir).head("mandate.md", MANDATE_CAP)
+    except OSError:   # absent, or a link, FIFO or device planted in its place: never followed or opened
         return NO_MANDATE
     text = data[:MANDATE_CAP].decode("utf-8", "replace").strip()
     if len(data) > MANDATE_CAP:

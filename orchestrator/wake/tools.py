@@ -140,7 +140,8 @@ def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], Non
             box.write_file, t.write_file.enabled, "the write_file tool is disabled by this agent's policy"),
         Tool("send_message", (
             "Queue a message for your human; they read it outside this session. Use sparingly: "
-            f"at most {t.send_message.max_per_wake} per wake; one good message beats five fragments."),
+            f"at most {t.send_message.max_per_wake} per wake, {t.send_message.max_chars:,} characters each "
+            "(a longer one is cut); one good message beats five fragments."),
             {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
             box.send_message, t.send_message.enabled,
             "the send_message tool is disabled by this agent's policy"),
@@ -186,10 +187,24 @@ class _Toolbox:
             return denied(f"send_message: already sent {limit} messages this wake (max_per_wake)")
         if not text.strip():
             return error("send_message: the text is empty")
-        self.outbox(text)
+        sent, note = cut_message(text, self.policy.tools.send_message.max_chars)
+        self.outbox(sent)
         self.sent += 1
-        return ToolResult(text=f"queued for your human ({self.sent} of {limit} this wake).",
-                          detail={"chars": len(text)})
+        return ToolResult(text=f"queued for your human ({self.sent} of {limit} this wake).{note}",
+                          detail={"chars": len(sent), **({"cut_chars": len(text) - len(sent)} if note else {})})
+
+
+def cut_message(text: str, max_chars: int) -> tuple[str, str]:
+    """A message as sent (at most max_chars characters) and what the model is told of
+    the cut: nothing, or how much went and where the sent text stops, so it can send the
+    rest (shorter) if it matters. The outbox, the transcript and every notification see
+    only the sent text."""
+    if len(text) <= max_chars:
+        return text, ""
+    cut = len(text) - max_chars
+    return text[:max_chars], (f" It was cut: only its first {max_chars:,} characters were sent "
+                              f"(tools.send_message.max_chars); the last {cut:,} were not. "
+                              f"The sent text ends with: {text[max(0, max_chars - 60):max_chars]!r}")
 
 
 def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:

@@ -4,4 +4,90 @@ older design put back. COVERED names the probes shown able to fail here."""
 
 from __future__ import annotations
 
-COVERED: set[str] = set()
+import os
+
+import pytest
+
+from orchestrator.escapes import ESCAPED
+from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.surfaces import records as probes
+
+COVERED: set[str] = {
+    "mandate_link_is_never_followed", "mandate_fifo_never_hangs_a_wake", "agent_yaml_link_is_refused",
+    "event_log_never_follows_a_link", "sparse_state_files_are_read_capped",
+    "retention_never_deletes_through_a_link", "send_message_is_capped", "ceiling_refuses_an_unbounded_number",
+}
+
+
+def escapes(lab, probe) -> str:
+    outcome = run_probe(lab, probe)
+    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
+    return outcome.observed
+
+
+@pytest.fixture
+def old_mandate_reader(monkeypatch):
+    """The design before issue 20: mandate.md opened by path, "the human's and trusted"."""
+    from orchestrator.wake import context
+
+    def _mandate(agent):
+        try:
+            with open(agent.mandate_path, "rb") as f:
+                data = f.read(context.MANDATE_CAP + 1)
+        except OSError:
+            return context.NO_MANDATE
+        return data[:context.MANDATE_CAP].decode("utf-8", "replace").strip() or context.NO_MANDATE
+    monkeypatch.setattr(context, "_mandate", _mandate)
+
+
+def test_mandate_read_by_path_follows_the_link(surface_lab, old_mandate_reader):
+    assert "followed" in escapes(surface_lab, probes.mandate_link_is_never_followed)
+
+
+def test_mandate_read_by_path_blocks_on_the_fifo(surface_lab, old_mandate_reader):
+    assert "blocked" in escapes(surface_lab, probes.mandate_fifo_never_hangs_a_wake)
+
+
+def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypatch):
+    from orchestrator.policy import agent, schema
+    read_by_path = schema.read_config   # the design before: agent.yaml opened by its path, links followed
+    monkeypatch.setattr(agent, "read_config", lambda path, what="policy": read_by_path(os.fspath(path), what))
+    assert "was loaded" in escapes(surface_lab, probes.agent_yaml_link_is_refused)
+
+
+@pytest.fixture
+def links_followed(monkeypatch):
+    """folder.py with O_NOFOLLOW and the regular-file check switched off."""
+    from orchestrator.records import folder
+    monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
+    monkeypatch.setattr(folder, "FILE_FLAGS", folder.FILE_FLAGS & ~os.O_NOFOLLOW)
+    monkeypatch.setattr(folder, "_require_regular", lambda mode, shown: None)
+
+
+def test_an_event_log_that_follows_links_writes_into_the_canary(surface_lab, links_followed):
+    assert "into the host canary" in escapes(surface_lab, probes.event_log_never_follows_a_link)
+
+
+def test_a_walk_that_follows_links_writes_and_deletes_outside(surface_lab, monkeypatch):
+    from orchestrator.records import folder
+    monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
+    assert "changed that folder" in escapes(surface_lab, probes.retention_never_deletes_through_a_link)
+
+
+def test_an_uncapped_outbox_reader_takes_the_whole_sparse_file(surface_lab, monkeypatch):
+    from orchestrator.records import state
+    monkeypatch.setattr(state, "BOX_CAP", 2**40)
+    monkeypatch.setattr(probes, "SPARSE_BYTES", probes.READ_LIMIT + 2**20)   # not 100 GB: the test must end
+    assert "took" in escapes(surface_lab, probes.sparse_state_files_are_read_capped)
+
+
+def test_an_uncut_send_message_lands_whole(surface_lab, monkeypatch):
+    from orchestrator.wake import tools
+    monkeypatch.setattr(tools, "cut_message", lambda text, max_chars: (text, ""))
+    assert "landed" in escapes(surface_lab, probes.send_message_is_capped)
+
+
+def test_a_ceiling_without_a_bound_for_max_output_chars_lets_it_pass(surface_lab, monkeypatch):
+    from orchestrator.policy import ceiling
+    monkeypatch.setattr(ceiling, "NOT_A_LIMIT", ("version", "max_output_chars"))
+    assert "let a policy ask" in escapes(surface_lab, probes.ceiling_refuses_an_unbounded_number)
