@@ -5,8 +5,9 @@ so no output is lost, killed from the host at its deadline, removed whatever
 happens (success, failure, timeout, OOM, an exception here, Ctrl-C). The
 container sees one mount, the agent's workspace, and an environment built
 from scratch. Exit status and OOM come from the engine, or for a pooled
-container from its launcher on a line the command cannot forge (pool.py);
-never from anything the command prints.
+container from its launcher on a line the command cannot forge (pool.py)
+and a count of OOM kills the kernel keeps (read in the box under runc, on
+the host under gVisor: oom.py); never from anything the command prints.
 
 Not here: which tools exist and whether a call is allowed (tools.py, the
 policy), or what the output means (the model decides).
@@ -29,7 +30,7 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import disk, images
+from orchestrator.sandbox import disk, images, oom
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
@@ -189,6 +190,7 @@ class DockerSandbox:
             except network.NetworkError as exc:
                 raise SandboxError(str(exc)) from None
         self._sweeps: list[threading.Thread] = []   # _clear_set_id_bits after killed calls
+        self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
         size = policy.pool if warm is None else warm
         self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
                              alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
@@ -387,13 +389,17 @@ class DockerSandbox:
         return cid
 
     def _make_warm(self) -> str:
-        """A started container idling in the launcher; same settings as a cold call."""
+        """A started container idling in the launcher; same settings as a cold call.
+        Its memory cgroup's OOM count is found now, off any call's path and before
+        the box holds any command of the agent's (oom.py)."""
         cid = self._create(LAUNCH_ARGV, "pool", True, WORKSPACE)
         try:
             self.client.api.start(cid)
+            pid = self.client.api.inspect_container(cid)["State"]["Pid"]
         except docker.errors.DockerException:
             self._remove(cid)
             raise
+        self._oom_files[cid] = oom.counter_file(pid, cid)
         return cid
 
     def _settings_key(self) -> str:
@@ -454,17 +460,37 @@ class DockerSandbox:
         )
 
     def _final_state(self, cid: str, end: EndLine | None) -> dict:
-        # The launcher's word suffices unless it cannot see the cgroup and the
-        # command died by a signal, which may have been the OOM killer's.
-        if end and end.found and not (end.oom == "?" and end.exit_code >= 128):
-            return {"ExitCode": end.exit_code, "OOMKilled": end.oom == "1"}
+        """ExitCode and OOMKilled: a pooled call's from its launcher's line and a count of
+        OOM kills no command can forge, at once; else the engine's, once the container
+        has exited (a cold call's, or a pooled call's that nothing at hand can settle)."""
+        if end and end.found:
+            killed = self._oom_at_once(cid, end)
+            if killed is not None:
+                return {"ExitCode": end.exit_code, "OOMKilled": killed}
         self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
         state = self.client.api.inspect_container(cid)["State"]
         if end and end.found:   # the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
         return state
 
+    def _oom_at_once(self, cid: str, end: EndLine) -> bool | None:
+        """Whether a pooled call was killed at its memory limit, from a count the kernel
+        keeps: the one its launcher read in the box (runc), else the one read here on
+        the host (gVisor, whose box shows no such count, and whose command killed at
+        the limit merely exits 1). None when only the engine can tell."""
+        if end.oom in ("0", "1"):
+            return end.oom == "1"
+        counted = self._oom_files.get(cid)
+        kills = oom.read_kills(counted) if counted else None
+        if kills is not None:
+            return kills > 0
+        # No count here (this process does not see the host's cgroups: the broker in its
+        # own container, a remote engine). A command that ended 0 was not killed; any
+        # other status is the engine's to explain, at the cost of waiting for the exit.
+        return False if end.exit_code == 0 else None
+
     def _remove(self, cid: str) -> None:
+        self._oom_files.pop(cid, None)
         try:
             self.client.api.remove_container(cid, force=True)
             metrics.container_removed(cid)
@@ -488,13 +514,16 @@ class DockerSandbox:
 
 def _walked(result: SandboxResult, end: EndLine | None) -> bool:
     """Whether the call's own set-id walk surely ran. The launcher walks before its
-    nonce line, so a found line says it did; a cold call's guard walks before it
-    exits with the command's status, so a status of a signal (the command killed
-    the guard, or its own death by one) is not proof. Killed at the deadline or
-    out of memory, nothing walked."""
-    if result.timed_out or result.oom_killed:
+    nonce line, so a found line says it did (a command killed out of memory
+    included); a cold call's guard walks before it exits with the command's
+    status, so a status of a signal (the command killed the guard, or its own
+    death by one) is not proof, nor is a status after an OOM kill (the guard
+    itself may have been the one killed). Killed at the deadline, nothing walked."""
+    if result.timed_out:
         return False
-    return end.found if end is not None else result.exit_code < 128
+    if end is not None:
+        return end.found
+    return not result.oom_killed and result.exit_code < 128
 
 
 class _Deadline:
