@@ -34,7 +34,7 @@ from orchestrator.sandbox import disk, images, oom
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
-from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
+from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
                                            STRIP_MAX_S, carried, command_argv, guarded,
                                            write_argv)
 from orchestrator.policy.schema import SandboxPolicy
@@ -346,10 +346,13 @@ class DockerSandbox:
             send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")
             end = EndLine(nonce)
         else:
-            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None, workdir, command_env)
+            # The agent's command: its guard holds the box until its OOM count is read.
+            hold = command_env is not None and stdin is None
+            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None or hold, workdir, command_env)
             send, end = stdin, None
         try:
-            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started)
+            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started,
+                                           hold=not end and hold)
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
@@ -414,11 +417,13 @@ class DockerSandbox:
             return False
 
     def _attach_and_wait(self, cid, stdin, end: EndLine | None, timeout_s, cap,
-                         started) -> SandboxResult:
+                         started, hold: bool = False) -> SandboxResult:
         """Stream the output until the container exits, or (pooled) until its
-        launcher's end line; a cold container is started here, after attaching."""
+        launcher's end line; a cold container is started here, after attaching.
+        `hold`: a cold call whose guard waits, its command over, until the host has
+        read the box's OOM count and closed its stdin (programs.py's GUARD)."""
         api = self.client.api
-        params = {"stdin": int(stdin is not None), "stdout": 1, "stderr": 1, "stream": 1}
+        params = {"stdin": int(stdin is not None or hold), "stdout": 1, "stderr": 1, "stream": 1}
         sock = api.attach_socket(cid, params=params)
         raw = getattr(sock, "_sock", sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
@@ -430,8 +435,15 @@ class DockerSandbox:
             if stdin is not None:
                 _send_stdin(raw, stdin)
             capture = Capture(cap)
+            held = EndLine(HELD) if hold else None
+            kills = None
             try:
                 for _stream, data in frames_iter(sock, tty=False):
+                    if held and not held.found:
+                        data = held.feed(data)
+                        if held.found:   # the box stands until stdin closes: count, then release it
+                            kills = self._count_ooms(cid)
+                            _send_stdin(raw, b"")
                     capture.add(end.feed(data) if end else data)
                     if end and end.found:
                         break
@@ -440,7 +452,11 @@ class DockerSandbox:
             deadline.cancel()
             if end and not end.found:
                 capture.add(end.flush())
+            if held and not held.found:
+                capture.add(held.flush())
             state = self._final_state(cid, end)
+            if kills:   # the kernel's count: the engine's flag may have lost the race with the exit
+                state["OOMKilled"] = True
         finally:
             deadline.cancel()
             # Both: the SDK's socket object and the socket under it. Closing only the
@@ -472,6 +488,16 @@ class DockerSandbox:
         if end and end.found:   # the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
         return state
+
+    def _count_ooms(self, cid: str) -> int | None:
+        """The OOM kills so far in a running container's memory cgroup, read on the host;
+        None where this process cannot see it."""
+        try:
+            pid = self.client.api.inspect_container(cid)["State"]["Pid"]
+        except docker.errors.DockerException:
+            return None
+        counted = oom.counter_file(pid, cid)
+        return oom.read_kills(counted) if counted else None
 
     def _oom_at_once(self, cid: str, end: EndLine) -> bool | None:
         """Whether a pooled call was killed at its memory limit, from a count the kernel
