@@ -131,6 +131,15 @@ def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
     assert result.oom_killed and "after=" in result.output, result
 
 
+def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
+    # So the tests above decide pooled gVisor calls by the kernel's count, not the
+    # engine's fallback; found before the box was handed any command.
+    from orchestrator.sandbox import oom
+    box = memory_box(make_sandbox, agent, "pooled")
+    counted = box._oom_files[box.pool.idle()[0]]
+    assert counted is not None and oom.read_kills(counted) == 0
+
+
 def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, monkeypatch):
     # The broker in its own container sees no host cgroup: a pooled gVisor call then
     # waits for the engine's word, which is OOMKilled too.

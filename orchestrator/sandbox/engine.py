@@ -398,11 +398,10 @@ class DockerSandbox:
         cid = self._create(LAUNCH_ARGV, "pool", True, WORKSPACE)
         try:
             self.client.api.start(cid)
-            pid = self.client.api.inspect_container(cid)["State"]["Pid"]
         except docker.errors.DockerException:
             self._remove(cid)
             raise
-        self._oom_files[cid] = oom.counter_file(pid, cid)
+        self._oom_files[cid] = self._oom_file(cid)
         return cid
 
     def _settings_key(self) -> str:
@@ -489,14 +488,22 @@ class DockerSandbox:
             state["ExitCode"] = end.exit_code
         return state
 
-    def _count_ooms(self, cid: str) -> int | None:
-        """The OOM kills so far in a running container's memory cgroup, read on the host;
-        None where this process cannot see it."""
+    def _oom_file(self, cid: str) -> Path | None:
+        """Where the host counts a running container's OOM kills; None where this process
+        cannot see it (oom.py)."""
+        usual = oom.usual_counter_file(cid)
+        if usual:
+            return usual
         try:
             pid = self.client.api.inspect_container(cid)["State"]["Pid"]
         except docker.errors.DockerException:
             return None
-        counted = oom.counter_file(pid, cid)
+        return oom.counter_file(pid, cid)
+
+    def _count_ooms(self, cid: str) -> int | None:
+        """The OOM kills so far in a running container's memory cgroup, read on the host;
+        None where this process cannot see it."""
+        counted = self._oom_file(cid)
         return oom.read_kills(counted) if counted else None
 
     def _oom_at_once(self, cid: str, end: EndLine) -> bool | None:

@@ -223,7 +223,7 @@ def carried(env: dict[str, str]) -> str:
 # so a process of the same uid can neither ptrace it nor read its memory
 # through /proc. Output that merely looks like the line is output. The OOM
 # count is the container's own cgroup's (read-only in the box); "?" where the
-# runtime shows no cgroup files (gVisor).
+# runtime shows no such count (gVisor), and the host reads it instead (oom.py).
 LAUNCHER = STRIP_FN + r"""
 import ctypes, json, os
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
