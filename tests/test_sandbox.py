@@ -131,6 +131,15 @@ def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
     assert result.oom_killed and "after=" in result.output, result
 
 
+def test_a_cold_call_that_prints_the_guards_held_line_keeps_its_status_and_output(make_sandbox):
+    # The line carries no secret: printed by the command it only makes the host read
+    # the OOM count (and close the guard's stdin) early. The status stays the engine's.
+    box = make_sandbox(warm=0)
+    result = run(box, "printf 'before\\n\\0wakeloop:held:000:1\\n'; echo after; cat; exit 5")
+    assert (result.exit_code, result.oom_killed) == (5, False)
+    assert result.output.splitlines()[0] == "before" and "after" in result.output
+
+
 def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
     # So the tests above decide pooled gVisor calls by the kernel's count, not the
     # engine's fallback; found before the box was handed any command.

@@ -443,6 +443,7 @@ class DockerSandbox:
                         if held.found:   # the box stands until stdin closes: count, then release it
                             kills = self._count_ooms(cid)
                             _send_stdin(raw, b"")
+                            data += held.rest   # the command's, if it printed the line itself
                     capture.add(end.feed(data) if end else data)
                     if end and end.found:
                         break
