@@ -344,15 +344,14 @@ class DockerSandbox:
         if cid:   # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
             send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")
-            end = EndLine(nonce)
+            end, hold = EndLine(nonce), False
         else:
             # The agent's command: its guard holds the box until its OOM count is read.
             hold = command_env is not None and stdin is None
             cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None or hold, workdir, command_env)
             send, end = stdin, None
         try:
-            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started,
-                                           hold=not end and hold)
+            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started, hold=hold)
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
