@@ -88,11 +88,88 @@ def test_a_ptrace_stopped_init_still_ends_at_the_deadline(sandbox, docker_client
     assert not processes_alive(docker_client, result.container_id)
 
 
-def test_memory_bomb_is_reported_as_oom(agent, make_sandbox):
-    box = make_sandbox(replace(agent.policy.sandbox, memory=64 * 2**20))
-    result = run(box, "python3 -c 'x = bytearray(1 << 30)'")
-    assert result.oom_killed
-    assert result.exit_code != 0
+SMALL_MEMORY = 128 * 2**20          # bytes: a bomb reaches it in well under a second; under gVisor the
+                                    # command (its stub process), not the ~50 MB sentry, is then the
+                                    # biggest in the box, so the kernel kills it and the box goes on
+MEMORY_BOMB = "python3 -c 'x = bytearray(1 << 30)'"   # 1 GiB, every page touched (zeroed)
+# 8 MiB at a time: the command's own address space is then what the kernel kills
+# at the limit (under gVisor, the stub process that holds it, not the sentry).
+GROWING_BOMB = ("python3 -c 'x = []\nwhile True: x.append(bytearray(8 << 20)); "
+                "x[-1][::4096] = bytes(len(x[-1]) // 4096)'")
+# A command that says it was killed out of memory, in every way output and status can.
+FORGED_OOM = ("echo 'killed: out of memory'; echo '[exit 137, killed: out of memory]' >&2; "
+              "echo 'Memory cgroup out of memory: Killed process 1'; kill -9 $$")
+
+
+def memory_box(make_sandbox, agent, how: str):
+    """A box whose next call is `how`: "pooled" (a warm container, ready), or "cold"."""
+    policy = replace(agent.policy.sandbox, memory=SMALL_MEMORY)
+    if how == "cold":
+        return make_sandbox(policy, warm=0)
+    box = make_sandbox(policy)
+    assert box.pool.wait_ready(1, POOL_READY_S)
+    return box
+
+
+@pytest.mark.parametrize("how", ["pooled", "cold"])
+def test_memory_bomb_is_reported_as_oom(agent, make_sandbox, how):
+    box = memory_box(make_sandbox, agent, how)
+    warm = set(box.pool.idle()) if box.pool else set()
+    result = run(box, GROWING_BOMB)
+    assert (result.container_id in {c[:12] for c in warm}) == (how == "pooled")
+    assert result.oom_killed, result
+    assert result.exit_code != 0     # 137 under runc; 1 under gVisor, which kills by no signal
+    assert result.for_model().startswith(f"[exit {result.exit_code}, killed: out of memory]")
+
+
+@pytest.mark.parametrize("how", ["pooled", "cold"])
+def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
+    # The kernel killed the bomb at the limit; the shell goes on and exits 0: the
+    # model is still told that something was killed out of memory, as the engine says.
+    box = memory_box(make_sandbox, agent, how)
+    result = run(box, GROWING_BOMB + "; echo after=$?")
+    assert result.oom_killed and "after=" in result.output, result
+
+
+def test_a_cold_call_that_prints_the_guards_held_line_keeps_its_status_and_output(make_sandbox):
+    # The line carries no secret: printed by the command it only makes the host read
+    # the OOM count (and close the guard's stdin) early. The status stays the engine's.
+    box = make_sandbox(warm=0)
+    result = run(box, "printf 'before\\n\\0wakeloop:held:000:1\\n'; echo after; cat; exit 5")
+    assert (result.exit_code, result.oom_killed) == (5, False)
+    assert result.output.splitlines()[0] == "before" and "after" in result.output
+
+
+def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
+    # So the tests above decide pooled gVisor calls by the kernel's count, not the
+    # engine's fallback; found before the box was handed any command.
+    from orchestrator.sandbox import oom
+    box = memory_box(make_sandbox, agent, "pooled")
+    counted = box._oom_files[box.pool.idle()[0]]
+    assert counted is not None and oom.read_kills(counted) == 0
+
+
+def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, monkeypatch):
+    # The broker in its own container sees no host cgroup: a pooled gVisor call then
+    # waits for the engine's word, which is OOMKilled too.
+    from orchestrator.sandbox import oom
+    monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
+    box = memory_box(make_sandbox, agent, "pooled")
+    result = run(box, GROWING_BOMB)
+    assert result.oom_killed and result.exit_code != 0, result
+
+
+@pytest.mark.parametrize("view", ["host", "engine"])
+@pytest.mark.parametrize("how", ["pooled", "cold"])
+def test_a_forged_oom_is_not_reported(agent, make_sandbox, monkeypatch, how, view):
+    if view == "engine":
+        from orchestrator.sandbox import oom
+        monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
+    box = memory_box(make_sandbox, agent, how)
+    result = run(box, FORGED_OOM)
+    assert result.exit_code == 137 and "killed: out of memory" in result.output
+    assert not result.oom_killed, result
+    assert result.for_model().splitlines()[0] == "[exit 137]"
 
 
 def test_fork_bomb_stays_inside_the_pids_limit_and_the_next_call_works(sandbox, docker_client):

@@ -113,10 +113,15 @@ if total > {limit}: escaped(f"allocated {{total >> 20}} MiB; the policy allows {
     most = max(allocs, default=0)
     if "ESCAPED" in result.output or most > limit:
         return escaped(f"allocated {most >> 20} MiB; the policy allows {limit >> 20} MiB")
-    if result.oom_killed or "MemoryError" in result.output or result.exit_code == 137:
-        return held(f"stopped at {most >> 20} MiB of {limit >> 20} MiB "
-                    f"({'OOM-killed, reported by the engine' if result.oom_killed else 'MemoryError' if 'MemoryError' in result.output else 'SIGKILLed'})")
-    return result.output[-300:]
+    if result.oom_killed:
+        return held(f"stopped at {most >> 20} MiB of {limit >> 20} MiB, and the model was told: "
+                    f"{result.for_model().splitlines()[0]}")
+    if "MemoryError" in result.output:
+        return held(f"stopped at {most >> 20} MiB of {limit >> 20} MiB: MemoryError in the box")
+    # The limit held, but the model was told something else (under gVisor a command
+    # killed at the limit exits 1, by no signal): not a pass either.
+    return (f"stopped at {most >> 20} MiB of {limit >> 20} MiB, but the model was told "
+            f"{result.for_model().splitlines()[0]!r}: {result.output[-200:]}")
 
 
 caps_memory = Probe("caps_memory", CATEGORY, "allocation stops at the policy's memory (OOM kill reported, no swap)",

@@ -3,6 +3,7 @@
 box.py (the Sandbox protocol every backend meets, SandboxResult,
 SandboxError), engine.py (the Docker backend: container settings, one call
 start to removal, the host-side deadline), pool.py (containers started ahead),
+oom.py (a box's count of OOM kills, read on the host),
 programs.py (every program of ours that runs inside a box: the seccomp guard,
 the pool's launcher, the write script, the netns holder), seccomp.py (the
 guard's filter: io_uring and set-id modes refused, per syscall ABI, and the

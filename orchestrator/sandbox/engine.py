@@ -5,8 +5,9 @@ so no output is lost, killed from the host at its deadline, removed whatever
 happens (success, failure, timeout, OOM, an exception here, Ctrl-C). The
 container sees one mount, the agent's workspace, and an environment built
 from scratch. Exit status and OOM come from the engine, or for a pooled
-container from its launcher on a line the command cannot forge (pool.py);
-never from anything the command prints.
+container from its launcher on a line the command cannot forge (pool.py)
+and a count of OOM kills the kernel keeps (read in the box under runc, on
+the host under gVisor: oom.py); never from anything the command prints.
 
 Not here: which tools exist and whether a call is allowed (tools.py, the
 policy), or what the output means (the model decides).
@@ -29,11 +30,11 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import disk, images
+from orchestrator.sandbox import disk, images, oom
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
-from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
+from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
                                            carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.files import HostFiles
@@ -203,6 +204,7 @@ class DockerSandbox:
         except BaseException:
             self.close()   # the disk attached above is let go
             raise
+        self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
         size = policy.pool if warm is None else warm
         self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
                              alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
@@ -371,12 +373,14 @@ class DockerSandbox:
         if cid:   # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
             send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")
-            end = EndLine(nonce)
+            end, hold = EndLine(nonce), False
         else:
-            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None, workdir, command_env)
+            # The agent's command: its guard holds the box until its OOM count is read.
+            hold = command_env is not None and stdin is None
+            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None or hold, workdir, command_env)
             send, end = stdin, None
         try:
-            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started)
+            result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started, hold=hold)
         except BaseException:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
@@ -398,13 +402,16 @@ class DockerSandbox:
         return cid
 
     def _make_warm(self) -> str:
-        """A started container idling in the launcher; same settings as a cold call."""
+        """A started container idling in the launcher; same settings as a cold call.
+        Its memory cgroup's OOM count is found now, off any call's path and before
+        the box holds any command of the agent's (oom.py)."""
         cid = self._create(LAUNCH_ARGV, "pool", True, WORKSPACE)
         try:
             self.client.api.start(cid)
         except docker.errors.DockerException:
             self._remove(cid)
             raise
+        self._oom_files[cid] = self._oom_file(cid)
         return cid
 
     def _settings_key(self) -> str:
@@ -419,11 +426,13 @@ class DockerSandbox:
             return False
 
     def _attach_and_wait(self, cid, stdin, end: EndLine | None, timeout_s, cap,
-                         started) -> SandboxResult:
+                         started, hold: bool = False) -> SandboxResult:
         """Stream the output until the container exits, or (pooled) until its
-        launcher's end line; a cold container is started here, after attaching."""
+        launcher's end line; a cold container is started here, after attaching.
+        `hold`: a cold call whose guard waits, its command over, until the host has
+        read the box's OOM count and closed its stdin (programs.py's GUARD)."""
         api = self.client.api
-        params = {"stdin": int(stdin is not None), "stdout": 1, "stderr": 1, "stream": 1}
+        params = {"stdin": int(stdin is not None or hold), "stdout": 1, "stderr": 1, "stream": 1}
         sock = api.attach_socket(cid, params=params)
         raw = getattr(sock, "_sock", sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
@@ -435,8 +444,16 @@ class DockerSandbox:
             if stdin is not None:
                 _send_stdin(raw, stdin)
             capture = Capture(cap)
+            held = EndLine(HELD) if hold else None
+            kills = None
             try:
                 for _stream, data in frames_iter(sock, tty=False):
+                    if held and not held.found:
+                        data = held.feed(data)
+                        if held.found:   # the box stands until stdin closes: count, then release it
+                            kills = self._count_ooms(cid)
+                            _send_stdin(raw, b"")
+                            data += held.rest   # the command's, if it printed the line itself
                     capture.add(end.feed(data) if end else data)
                     if end and end.found:
                         break
@@ -445,7 +462,11 @@ class DockerSandbox:
             deadline.cancel()
             if end and not end.found:
                 capture.add(end.flush())
+            if held and not held.found:
+                capture.add(held.flush())
             state = self._final_state(cid, end)
+            if kills:   # the kernel's count: the engine's flag may have lost the race with the exit
+                state["OOMKilled"] = True
         finally:
             deadline.cancel()
             # Both: the SDK's socket object and the socket under it. Closing only the
@@ -465,17 +486,55 @@ class DockerSandbox:
         )
 
     def _final_state(self, cid: str, end: EndLine | None) -> dict:
-        # The launcher's word suffices unless it cannot see the cgroup and the
-        # command died by a signal, which may have been the OOM killer's.
-        if end and end.found and not (end.oom == "?" and end.exit_code >= 128):
-            return {"ExitCode": end.exit_code, "OOMKilled": end.oom == "1"}
+        """ExitCode and OOMKilled: a pooled call's from its launcher's line and a count of
+        OOM kills no command can forge, at once; else the engine's, once the container
+        has exited (a cold call's, or a pooled call's that nothing at hand can settle)."""
+        if end and end.found:
+            killed = self._oom_at_once(cid, end)
+            if killed is not None:
+                return {"ExitCode": end.exit_code, "OOMKilled": killed}
         self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
         state = self.client.api.inspect_container(cid)["State"]
         if end and end.found:   # the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
         return state
 
+    def _oom_file(self, cid: str) -> Path | None:
+        """Where the host counts a running container's OOM kills; None where this process
+        cannot see it (oom.py)."""
+        usual = oom.usual_counter_file(cid)
+        if usual:
+            return usual
+        try:
+            pid = self.client.api.inspect_container(cid)["State"]["Pid"]
+        except docker.errors.DockerException:
+            return None
+        return oom.counter_file(pid, cid)
+
+    def _count_ooms(self, cid: str) -> int | None:
+        """The OOM kills so far in a running container's memory cgroup, read on the host;
+        None where this process cannot see it."""
+        counted = self._oom_file(cid)
+        return oom.read_kills(counted) if counted else None
+
+    def _oom_at_once(self, cid: str, end: EndLine) -> bool | None:
+        """Whether a pooled call was killed at its memory limit, from a count the kernel
+        keeps: the one its launcher read in the box (runc), else the one read here on
+        the host (gVisor, whose box shows no such count, and whose command killed at
+        the limit merely exits 1). None when only the engine can tell."""
+        if end.oom in ("0", "1"):
+            return end.oom == "1"
+        counted = self._oom_files.get(cid)
+        kills = oom.read_kills(counted) if counted else None
+        if kills is not None:
+            return kills > 0
+        # No count here (this process does not see the host's cgroups: the broker in its
+        # own container, a remote engine). A command that ended 0 was not killed; any
+        # other status is the engine's to explain, at the cost of waiting for the exit.
+        return False if end.exit_code == 0 else None
+
     def _remove(self, cid: str) -> None:
+        self._oom_files.pop(cid, None)
         try:
             self.client.api.remove_container(cid, force=True)
             metrics.container_removed(cid)

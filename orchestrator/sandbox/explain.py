@@ -122,7 +122,8 @@ def explain(policy: Policy, box, registry) -> str:
                   "mknod and kin, on every syscall ABI) with EPERM, joins stderr to stdout, then runs",
                   "the rest by absolute path with exactly the environment in WAKELOOP_COMMAND_ENV: the",
                   "policy's env reaches the command alone, never the harness's programs; when it exits,",
-                  "the guard kills what it left, as the pool's launcher does):",
+                  "the guard kills what it left, as the pool's launcher does; the command's stdin is",
+                  "/dev/null, the guard's is held open until the host has read the box's count of OOM kills):",
                   _command(config, host, image)]
     if "write_file" in offered:
         config, host = _specs(box)["write_file"]
@@ -162,7 +163,7 @@ def explain_data(policy: Policy, box, registry) -> dict:
 
 def _specs(box) -> dict[str, tuple[dict, dict]]:
     """Each call's (config, host config), made as the box makes them."""
-    return {"bash": box.container_spec(command_argv("COMMAND"), command_env=box.command_env()),
+    return {"bash": box.container_spec(command_argv("COMMAND"), stdin=True, command_env=box.command_env()),
             "write_file": box.container_spec(write_argv("PATH"), stdin=True, workdir="/")}
 
 

@@ -57,7 +57,9 @@ class EndLine:
     since the line may arrive split across reads; flush() returns that tail when
     the stream ends without the line (the launcher was killed: the engine then
     tells the status). Bytes after the line (a background process still
-    printing) are dropped, as a cold call's end drops them.
+    printing) are dropped, as a cold call's end drops them; they are kept in
+    `rest` for a reader that goes on (a cold call's guard's line, which the
+    command may have printed itself: engine.py).
     """
 
     _TAIL = len(":000:?\n")
@@ -66,6 +68,7 @@ class EndLine:
         self.needle = b"\0wakeloop:" + nonce.encode() + b":"
         self.exit_code: int | None = None
         self.oom: str | None = None          # "1", "0", or "?" (unknown)
+        self.rest = b""                      # what came after the line in the same read
         self._held = b""
 
     @property
@@ -73,21 +76,28 @@ class EndLine:
         return self.exit_code is not None
 
     def feed(self, data: bytes) -> bytes:
-        buf = self._held + data
-        at = buf.find(self.needle)
-        if at < 0:
-            keep = min(len(buf), len(self.needle) + self._TAIL)
-            self._held = buf[len(buf) - keep:]
-            return buf[:len(buf) - keep]
-        line = buf[at + len(self.needle):]
-        if len(line) >= self._TAIL - 1 and b"\n" in line:
-            fields = line.split(b"\n", 1)[0].split(b":")
+        buf, out, self._held = self._held + data, b"", b""
+        while True:
+            at = buf.find(self.needle)
+            if at < 0:
+                keep = min(len(buf), len(self.needle) + self._TAIL)
+                self._held = buf[len(buf) - keep:]
+                return out + buf[:len(buf) - keep]
+            line = buf[at + len(self.needle):]
+            nl = line.find(b"\n", 0, self._TAIL)
+            if nl < 0 and len(line) < self._TAIL:   # the line may yet arrive whole
+                self._held = buf[at:]
+                return out + buf[:at]
+            fields = line[:nl].split(b":") if nl >= 0 else []
             if len(fields) == 2 and fields[0].isdigit():
                 self.exit_code, self.oom = int(fields[0]), fields[1].decode("ascii", "replace")
-            self._held = b""
-        else:
-            self._held = buf[at:]
-        return buf[:at]
+                self.rest = line[nl + 1:]
+                return out + buf[:at]
+            # Not a status line (too long, or malformed): output, and look on past it.
+            # Never held back whole: a reader with no secret in its needle would
+            # otherwise keep all a command prints after the needle in memory.
+            out += buf[:at + len(self.needle)]
+            buf = line
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""

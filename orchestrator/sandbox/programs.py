@@ -56,6 +56,7 @@ from orchestrator.sandbox.seccomp import FILTER
 PYTHON = "/usr/bin/python3"         # the image's interpreter, by absolute path: never looked up on a PATH
 BASH = "/bin/bash"                  # the shell a bash call runs, by absolute path likewise
 COMMAND_ENV = "WAKELOOP_COMMAND_ENV"  # the command's whole environment, as JSON; popped by the guard
+HELD = "held"                       # in the guard's line when a cold call's command is over (GUARD below)
 
 # Python source, run as the first thing in the box (`python3 -I`): it sets
 # no_new_privs and installs seccomp.py's filter (io_uring and openat2 answer
@@ -84,8 +85,19 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
 # and its status is the call's. Without it (the pool's launcher, the write
 # script) the program is one of ours: it keeps our environment and takes the
 # guard's place.
+#
+# A cold call's command gets no stdin (/dev/null), but the engine holds the
+# guard's stdin open (a pipe): once the command is over, the guard writes the
+# HELD line and waits for the host to close it. Meanwhile the box still
+# stands, so its memory cgroup does too, and the host reads that cgroup's count
+# of OOM kills (oom.py), which the engine's own flag misses when the box exits
+# soon after the kill (Docker's OOM event then loses the race with the exit).
+# The line carries no secret and the host trusts nothing in it: the status is
+# the engine's, the count the kernel's; a command that prints it early only
+# makes the host read the count early. Without a pipe on stdin (a `docker run`
+# of these settings) there is no line and no wait.
 GUARD = INSTALL + f"""
-import json, os, sys
+import json, os, stat, sys
 os.dup2(1, 2)
 env = os.environ.pop({COMMAND_ENV!r}, None)
 if not sys.argv[1].startswith("/"):
@@ -93,18 +105,27 @@ if not sys.argv[1].startswith("/"):
     os._exit(127)
 if env is None:
     os.execv(sys.argv[1], sys.argv[1:])
+held = stat.S_ISFIFO(os.fstat(0).st_mode)
 pid = os.fork()
 if pid == 0:
     try:
+        if held:
+            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
         os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
     finally:
         os._exit(127)
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+code = 128 - code if code < 0 else code
 try:
     os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
 except ProcessLookupError:
     pass
-os._exit(128 - code if code < 0 else code)
+if held:
+    os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
+    os.write(1, b"\\0wakeloop:{HELD}:%03d:?\\n" % code)
+    while os.read(0, 4096):
+        pass
+os._exit(code)
 """
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
 
@@ -154,7 +175,7 @@ def carried(env: dict[str, str]) -> str:
 # so a process of the same uid can neither ptrace it nor read its memory
 # through /proc. Output that merely looks like the line is output. The OOM
 # count is the container's own cgroup's (read-only in the box); "?" where the
-# runtime shows no cgroup files (gVisor).
+# runtime shows no such count (gVisor), and the host reads it instead (oom.py).
 LAUNCHER = r"""
 import ctypes, json, os
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0

@@ -14,13 +14,7 @@ from orchestrator.escapes import ALL_PROBES, HELD
 from orchestrator.escapes.core import run_probe
 
 # probe name -> {runtime: why it escapes there}
-KNOWN_HOLES: dict[str, dict[str, str]] = {
-    # Found at the merge of issue 14's pool, whose first call now waits for a pooled
-    # container: under gVisor a pooled call killed at its memory limit ends with exit 1
-    # and no OOM flag (a cold call reports OOMKilled). The limit itself holds (~480 of
-    # 512 MiB); what fails is the report the model reads. Not yet fixed.
-    "caps_memory": {"runsc": "a pooled runsc call killed at its memory limit is reported as exit 1, not OOM"},
-}
+KNOWN_HOLES: dict[str, dict[str, str]] = {}
 
 
 # The surfaces around the box (the console, notifications, the files kept) make no box:
