@@ -339,13 +339,17 @@ def cmd_serve(args) -> int:
 
 def cmd_broker(args) -> int:
     from orchestrator.broker.server import serve
+    from pathlib import Path
+    from orchestrator.policy.agent import CEILING_ENV
     from orchestrator.policy.ceiling import load_ceiling
+    if args.ceiling:   # the broker loads agents too: under the same notify rules as serve's (agent.py)
+        os.environ.setdefault(CEILING_ENV, str(Path(args.ceiling).resolve()))
     return serve(args.root, args.socket, ceiling=load_ceiling(args.ceiling) if args.ceiling else None)
 
 
 def cmd_log(args) -> int:
-    from pathlib import Path
     """The retained history, oldest first, across rotated segments; streamed."""
+    from pathlib import Path
     from orchestrator.records.events import raw_history, read_history
     from orchestrator.fleet.views import format_event
     from orchestrator.fleet import logview

@@ -70,5 +70,32 @@ ensure_browser
 scripts/base-image.sh debian:bookworm-slim
 ensure_venv
 .venv/bin/wakeloop image build
+host_state() {
+    # What a run could leave on the host: loop devices, their mounts, containers,
+    # volumes, networks and images. After the run ($1 = after), images tagged as
+    # ours (wakeloop*, the base) do not count: test_compose builds wakeloop:latest.
+    losetup --list -n -O NAME,BACK-FILE 2>/dev/null | sed 's/^/loop device /'
+    grep '^/dev/loop' /proc/mounts | awk '{print "mount " $1 " at " $2}'
+    docker ps -aq --no-trunc | sed 's/^/container /'
+    docker volume ls -q | sed 's/^/volume /'
+    docker network ls -q --no-trunc | sed 's/^/network /'
+    docker images -q --no-trunc | sort -u | while read -r id; do
+        if [ "${1:-}" = after ] && docker image inspect -f '{{range .RepoTags}}{{.}} {{end}}' "$id" \
+                | grep -qE '(^| )(wakeloop[^ ]*|debian:bookworm-slim)'; then continue; fi
+        echo "image $id"
+    done
+}
+
 log "running pytest"
-exec .venv/bin/python -m pytest "$@"
+before="$(mktemp)"; host_state | sort > "$before"
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+# Whatever pytest said: a run leaves nothing behind that was not there before it.
+left="$(host_state after | sort | comm -13 "$before" -)"
+rm -f "$before"
+if [ -n "$left" ]; then
+    log "the run left these behind (it must leave nothing):"
+    printf '%s\n' "$left" | sed 's/^/  /' >&2
+    [ "$status" -ne 0 ] || status=1
+fi
+exit "$status"

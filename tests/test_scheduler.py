@@ -316,3 +316,15 @@ def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path)
     refusal = [line for line in lines if "pricey: not scheduled:" in line]
     assert len(refusal) == 1 and "has no known price" in refusal[0]
     assert wakes(agent_dir) == []
+
+
+def test_a_linked_agent_folder_or_agent_yaml_is_no_agent(tmp_path):
+    from orchestrator.fleet.schedule import agent_dirs
+    root = tmp_path / "agents"
+    real = init_agent(root / "real")
+    elsewhere = init_agent(tmp_path / "elsewhere")
+    (root / "linked").symlink_to(elsewhere)                    # a folder that is a link
+    odd = init_agent(root / "odd")
+    (odd / "agent.yaml").unlink()
+    (odd / "agent.yaml").symlink_to(elsewhere / "agent.yaml")  # an agent.yaml that is a link
+    assert agent_dirs(root) == [real]

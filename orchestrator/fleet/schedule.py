@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -122,10 +123,19 @@ def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None,
 
 
 def agent_dirs(root: Path) -> list[Path]:
-    """Folders directly under ROOT that hold agent.yaml, by name."""
+    """Folders directly under ROOT that hold agent.yaml, by name. A link (the folder or
+    its agent.yaml) is no agent: wakeloop follows no link into or out of an agent folder
+    (records/folder.py), and the console shows none, so serve wakes none either."""
     try:
-        return sorted(p for p in Path(root).iterdir() if (p / "agent.yaml").is_file())
+        return sorted(p for p in Path(root).iterdir() if not p.is_symlink() and _holds_agent_yaml(p))
     except OSError:
         return []
+
+
+def _holds_agent_yaml(folder: Path) -> bool:
+    try:
+        return stat.S_ISREG((folder / "agent.yaml").lstat().st_mode)
+    except OSError:
+        return False
 
 
