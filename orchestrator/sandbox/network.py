@@ -137,7 +137,7 @@ def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
 # -- squid.conf -------------------------------------------------------------------
 
 def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
-    """squid.conf allowing exactly `allow_hosts` (validated by policy.parse_host),
+    """squid.conf allowing exactly `allow_hosts` (validated by schema.parse_host),
     to public addresses only: never NON_PUBLIC, never `docker_subnets` (the
     proxy's own networks, whatever address pool the engine uses)."""
     lines = [
