@@ -143,6 +143,9 @@ def test_the_check_sees_a_stale_name():
     assert not missing("ROOT/notify.yaml") and not missing("workspace/")
     urls = "see https://example.com/a/b.py and /etc/docker/daemon.json or ~/x/y.py"
     assert [m.group(1) for m in NAME.finditer(urls)] == []
+    # And the scan reads what it should: docstrings, comments and the docs, hundreds of names.
+    names = [m.group(1) for _, _, text in _texts() for m in NAME.finditer(text)]
+    assert len(names) > 500 and "records/folder.py" in names and "docs/architecture.md" in names
 
 
 def _sections(text: str) -> set[str]:
