@@ -1,7 +1,7 @@
 """wakeloop's errors: one small hierarchy, caught once by the CLI.
 
 Every expected failure is one line for the human, with the fix, and an exit
-code that says whose move it is (DESIGN.md §5):
+code that says whose move it is (docs/architecture.md §4):
 
   ConfigError       2  bad usage or configuration: agent.yaml, a policy, the
                        ceiling, a schedule, a task, the ledger's files

@@ -1,16 +1,17 @@
 """The sandbox broker: the one process under compose that talks to Docker.
 
 The Docker API is root on the host, so the process that reads model output
-(the orchestrator) must not hold it. The broker holds the socket and offers
-exactly three things over a local unix socket: "run this command" and "write
-this file", in agent X's workspace, under agent X's policy, and "append to
-today's journal", the harness's stub when a wake ends unjournaled (and it
-answers "would you serve X?" at each wake's start, so a refusal is one line
-then, not an error on every call, and reads X's memory and journal for the
-wake's context; and, for `serve`'s choice of how many wakes at once, it
-measures the engine's rate, at most once every RATE_KEEP_S). A request
-names the agent (its folder name under ROOT) and the command, or the path
-and the content: nothing else.
+(the orchestrator) must not hold it. The broker holds the socket and answers
+eight ops over a local unix socket (wire.py; docs/architecture.md §5). Three
+make a container: `run` a command and `write` a file, in agent X's
+workspace, under agent X's policy, and `append` to today's journal, the
+harness's stub when a wake ends unjournaled. Five make none: `check` (would
+X be served? asked at each wake's start, so a refusal is one line then, not
+an error on every call), `read` (X's memory and journal for the wake's
+context), `wind_down` (X's pool makes no more ahead), `rate` (the engine's
+rate, for `serve`'s choice of how many wakes at once, measured at most once
+every RATE_KEEP_S) and `ping`. A request names the agent (its folder name
+under ROOT) and the command, or the path and the content: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
@@ -453,7 +454,7 @@ class Broker:
         finally:
             self._release(entry)
 
-    # -- the three ops --------------------------------------------------------------------
+    # -- the three ops that make a container ------------------------------------------
 
     def _check_run(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
         bash = agent.policy.tools.bash

@@ -1,5 +1,5 @@
 """Orchestrator attacks: what a taken-over orchestrator can send the broker or
-plant for it (DESIGN.md §7: it holds agents/ read-write and the broker socket).
+plant for it (docs/architecture.md §3, actor B: it holds agents/ read-write and the broker socket).
 
 Each probe serves a real Broker on a temp unix socket for a temp ROOT inside
 its own trial folder (never the real agents folder), plants its files there,

@@ -1,4 +1,4 @@
-"""An agent on disk (DESIGN.md §3): agent.yaml, mandate.md, workspace/, state/.
+"""An agent on disk (docs/architecture.md §4): agent.yaml, mandate.md, workspace/, state/.
 
 agent.yaml and mandate.md are the human's (never mounted into a box), but
 under a shared ROOT whoever may write one agent folder is not the operator:

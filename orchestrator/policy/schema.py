@@ -1,7 +1,8 @@
 """The policy: which tools exist and how tight the box is.
 
 Read once, validated into frozen dataclasses, passed down. Nothing deeper
-re-reads YAML or the environment. Defaults are DESIGN.md §4: the safe box.
+re-reads YAML or the environment. Defaults are the safe box: no network, modest
+limits (README, "What one tool call gets").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The event log: `state/events.jsonl`, one JSON object a line (DESIGN.md §6).
+"""The event log: `state/events.jsonl`, one JSON object a line (docs/architecture.md §4).
 
 Every line is `{"run_id", "type", "timestamp", "data"}` and is written with a
 single `write(2)` on an O_APPEND descriptor the moment it happens, so a wake

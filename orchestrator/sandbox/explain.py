@@ -3,7 +3,7 @@
 The tools come from the real registry (tools.build_registry) and the container
 settings from the real `DockerSandbox.container_spec`, translated into
 `docker run` flags; nothing here restates a setting, so the explanation cannot
-drift from what runs. Not here: validation (policy.py), running anything.
+drift from what runs. Not here: validation (policy/schema.py), running anything.
 """
 
 from __future__ import annotations

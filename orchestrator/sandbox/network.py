@@ -26,9 +26,9 @@ For a policy with `network: allowlist`, each agent gets:
 
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
-it exits. Not here: whether a policy may use the network (policy.py), the
-sandbox's other settings (sandbox.py), the `bridge` preset (just Docker's
-default bridge, set in sandbox.py).
+it exits. Not here: whether a policy may use the network (policy/schema.py),
+the sandbox's other settings (engine.py), the `bridge` preset (just Docker's
+default bridge, set in engine.py's container_spec).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
 # -- squid.conf -------------------------------------------------------------------
 
 def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
-    """squid.conf allowing exactly `allow_hosts` (validated by policy.parse_host),
+    """squid.conf allowing exactly `allow_hosts` (validated by schema.parse_host),
     to public addresses only: never NON_PUBLIC, never `docker_subnets` (the
     proxy's own networks, whatever address pool the engine uses)."""
     lines = [

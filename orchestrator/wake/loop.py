@@ -44,9 +44,9 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | skipped_locked. A `stop`
-event (a scheduler's SIGTERM) ends the wake at the next step boundary with
-status done, reason "stopped".
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked.
+A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
+boundary with status done, reason "stopped".
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
 reading the workspace (workspace.py), the lock and state files (state.py),
@@ -105,7 +105,7 @@ class Receipt:
     run_id: str
     agent: str
     wake: int
-    status: str                     # done | budget_stop | dead_letter | skipped_locked
+    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked
     reason: str
     steps: int = 0                  # model requests
     tokens: int = 0                 # input + output + cache read + cache creation

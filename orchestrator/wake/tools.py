@@ -11,7 +11,8 @@ reads and handles. Nothing here raises into the wake. A bash command that
 exits non-zero is not a tool error: the model gets the exit code on the first
 line and decides.
 
-Not here: the order of calls and the events (loop.py), the container (sandbox.py).
+Not here: the order of calls and the events (loop.py), the container
+(sandbox/engine.py, or the broker's: broker/client.py).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class _Toolbox:
     def write_file(self, args: dict) -> ToolResult:
         path, content = args["path"], args["content"].encode("utf-8")
         cfg = self.policy.tools.write_file
-        reason = cfg.refusal(path, len(content))  # policy.py owns the globs and max_bytes
+        reason = cfg.refusal(path, len(content))  # policy/schema.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
         return _from_sandbox(self.sandbox.write(path, content, timeout_s=self._timeout(cfg.timeout_s),
