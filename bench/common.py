@@ -194,5 +194,5 @@ def cleanup(tmp: Path) -> int:
             gone += 1
     if disk.disks_dir() == tmp / "disks":
         for key in disk.keys():
-            disk.release(client, key, delete=True)
+            disk.release(client, key, delete=True, force=True)
     return gone

@@ -224,7 +224,7 @@ def release_disks(tmp: Path) -> None:
     try:
         client = connect()
         for key in disk.keys():
-            disk.release(client, key, delete=True)
+            disk.release(client, key, delete=True, force=True)
     finally:
         if saved is None:
             os.environ.pop(disk.DISKS_ENV, None)

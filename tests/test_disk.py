@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.fleet.views import agent_status, render_agent_status
-from orchestrator.policy.agent import load_agent
+from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.disk import DiskError
@@ -385,6 +385,33 @@ def test_a_workspace_that_is_a_link_to_another_agents_gets_no_disk_mounted_over_
     victim, evil = init_agent(tmp_path / "victim"), init_agent(tmp_path / "evil")
     subprocess.run(["rm", "-rf", str(evil / "workspace")], check=True)
     (evil / "workspace").symlink_to(victim / "workspace")   # whoever may write the evil folder (actor D)
-    with pytest.raises(DiskError, match="is a link"):
+    with pytest.raises(AgentError, match="is a symlink"):   # load_agent refuses it first
         open_box(evil)
+    policy = load_agent(victim).policy.sandbox               # and the box itself, without load_agent
+    with pytest.raises(DiskError, match="is a link"):
+        DockerSandbox(evil / "workspace", policy, agent="evil", warm=0)
     assert os.stat(victim / "workspace").st_dev == os.stat(victim).st_dev   # nothing mounted there
+
+
+def test_a_workspace_swapped_for_a_link_just_before_the_mount_is_not_mounted_through(tmp_path):
+    """The check that workspace/ is no link and mount(8) are apart in time: a folder's author
+    who swaps in a link between the two must not get the disk mounted where the link points
+    (as root: /etc/profile.d). The mount goes on the folder opened without following a link."""
+    image, target, view = tmp_path / "x.img", tmp_path / "target", tmp_path / "workspace"
+    subprocess.run(["truncate", "-s", "32M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
+    device = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    try:
+        target.mkdir()
+        view.symlink_to(target)   # the swap, already made when the mount comes
+        with pytest.raises(DiskError, match="never through a link"):
+            disk._mount_view(device, view)
+        assert os.stat(target).st_dev == os.stat(tmp_path).st_dev   # nothing mounted where it points
+        view.unlink()
+        view.mkdir()
+        disk._mount_view(device, view)   # a real folder: mounted, on that folder
+        assert os.stat(view).st_dev == os.stat(device).st_rdev
+    finally:
+        subprocess.run(["umount", str(view)], check=False, capture_output=True)
+        subprocess.run(["losetup", "-d", device], check=True)

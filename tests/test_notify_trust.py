@@ -24,7 +24,7 @@ import yaml
 from receivers import SMTP, Hook
 from orchestrator.notify import outcomes
 from orchestrator.notify.channels import DeliveryError, deliver
-from orchestrator.notify.config import Allowed, Channel, DEFAULT_ON
+from orchestrator.notify.config import Channel, DEFAULT_ON
 from orchestrator.notify.sender import send_due
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.policy.schema import PolicyError
@@ -92,9 +92,13 @@ def test_agent_yaml_cannot_send_an_allowed_variable_to_a_host_of_its_own(tmp_pat
     """SLACK_* may be read, but from agent.yaml only as the start of the target: the operator's
     Slack URL goes to Slack, never into the path of the author's own receiver."""
     with Hook() as theirs:
-        for target in (theirs.url("/${SLACK_WEBHOOK_URL}"), "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}"):
+        for target in (theirs.url("/${SLACK_WEBHOOK_URL}"), "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}",
+                       "${SLACK_HOST}@their.example/x", "${SLACK_HOST}.their.example"):
             with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: in agent.yaml one \$\{VAR\} may start"):
                 load_agent(make_agent(tmp_path, f"a{len(target)}", [{"webhook": target}]))
+        for target in ("${SLACK_BOT_TOKEN}@their.example", "ops-${SLACK_BOT_TOKEN}@their.example"):
+            with pytest.raises(AgentError, match=r"notify\[0\]\.email: in agent.yaml one \$\{VAR\} may start"):
+                load_agent(make_agent(tmp_path, f"e{len(target)}", [{"email": target}]))
         (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"webhook": theirs.url("/${SLACK_TEAM}")}]}))
         agent = load_agent(make_agent(tmp_path, "b", []))            # the operator's own file may
         message(agent, "hi")

@@ -189,3 +189,16 @@ def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp
         assert "".join(f).count("report ") == 40
     assert enforce(sd, rules) == []                 # nothing read since, below the size: nothing to do
     assert enforce(sd, Retention(keep_size=0)) and not segments(sd, retention.KINDS[OUTBOX_FILE])
+
+
+def test_a_transcript_is_never_read_through_a_linked_state_folder(tmp_path):
+    """The console's wake page reads a transcript without load_agent (which refuses a linked
+    state/): the walk itself must not follow `state` to another agent's transcripts."""
+    from orchestrator.records.transcript import read_lines, transcript_path
+    other = tmp_path / "other" / "state" / "transcripts"
+    other.mkdir(parents=True)
+    (other / "abcdef123456.jsonl").write_text(json.dumps({"type": "wake", "secret": "other's"}) + "\n")
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "state").symlink_to(tmp_path / "other" / "state")
+    assert list(read_lines(transcript_path(tmp_path / "other" / "state", "abcdef123456")))   # its own: read
+    assert list(read_lines(transcript_path(tmp_path / "evil" / "state", "abcdef123456"))) == []

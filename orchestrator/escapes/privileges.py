@@ -7,7 +7,6 @@ Not here: set-id bits reaching the host (setid.py, whose probes are listed here 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 

@@ -133,7 +133,7 @@ def _ask(box, calls: tuple[str, ...], abi_names: str) -> list[list[str]]:
     return [line.split()[1:] for line in result.output.splitlines() if line.startswith("ATTEMPT ")]
 
 
-def _judge(t: Trial, answers: list[list[str]], what: str, extra: str = "") -> str:
+def _judge(t: Trial, answers: list[list[str]], what: str, extra: str = "", none_made_ok: bool = False) -> str:
     kept = kept_bits(t.workspace)
     if kept:
         return escaped(f"after {what} the host sees {kept}")
@@ -143,6 +143,8 @@ def _judge(t: Trial, answers: list[list[str]], what: str, extra: str = "") -> st
     plain = [a for a in answers if not int(a[2], 8) & 0o6000]
     refusals = sorted({a[3] for a in asked})
     made = sum(a[3] == "ok" for a in plain)
+    if plain and not made and not none_made_ok:   # every call failed anyway: the refusals prove nothing
+        return f"{what}: not one call without 06000 worked ({'/'.join(sorted({a[3] for a in plain}))}): nothing to judge\n"
     return held(f"{what}: {len(asked)} set-id asks answered {'/'.join(refusals)}, none kept; "
                 f"without 06000, {made} of the same {len(plain)} calls ok{extra}")
 
@@ -175,7 +177,7 @@ def _i386(t: Trial) -> str:
     answers = _ask(t.box, calls, "['i386']")
     gvisor = " (this runtime refuses i386 syscalls outright)" if answers and all(
         a[3] == "EPERM" for a in answers) else ""
-    return _judge(t, answers, "every mode-taking call through int 0x80 (i386)", gvisor)
+    return _judge(t, answers, "every mode-taking call through int 0x80 (i386)", gvisor, none_made_ok=bool(gvisor))
 
 
 blocks_setuid_bit_reaching_host = Probe(

@@ -187,13 +187,20 @@ def target_refusal(target: str | tuple[str, ...], allowed: Allowed) -> str | Non
 
 
 def _placement_refusal(kind: str, target: str | tuple[str, ...]) -> str | None:
-    """From agent.yaml, a ${VAR} may only start the target: one written inside a URL the
-    author chose (`https://their.host/${SLACK_WEBHOOK_URL}`) would send its value to their host."""
+    """From agent.yaml, one ${VAR} may only start the target, and what follows it cannot name
+    another host: one written inside a URL the author chose (`https://their.host/${SLACK_WEBHOOK_URL}`),
+    or followed by `@their.host` or `.their.host`, would send its value to their host. So a
+    webhook's is followed by nothing or by a path or query (`/…`, `?…`), an email's by nothing."""
     names = _VAR.findall(" ".join(target) if isinstance(target, tuple) else target)
-    if not names or (len(names) == 1 and isinstance(target, str) and target.startswith(f"${{{names[0]}}}")):
+    if not names:
         return None
-    return (f"in agent.yaml one ${{VAR}} may start the {kind} target (${{SLACK_WEBHOOK_URL}}, "
-            "${SLACK_HOST}/path), never sit inside a URL that names its own host; ROOT/notify.yaml may")
+    if len(names) == 1 and isinstance(target, str) and target.startswith(f"${{{names[0]}}}"):
+        rest = target[len(names[0]) + 3:]
+        if not rest or (kind != "email" and rest[0] in "/?"):
+            return None
+    return (f"in agent.yaml one ${{VAR}} may start the {kind} target (${{SLACK_WEBHOOK_URL}}"
+            + ("" if kind == "email" else ", ${SLACK_HOST}/path") + ") and nothing after it may name "
+            "another host; ROOT/notify.yaml may")
 
 
 def command_allowed(operator: bool, allowed: Allowed) -> bool:

@@ -106,22 +106,6 @@ def done(state_dir: Path) -> list[dict]:
     return out
 
 
-def prune(state_dir: Path, *, retention_days: int, now: float | None = None) -> int:
-    """Drop done.jsonl lines older than `retention_days`; returns how many went.
-
-    Queued items are never pruned (they are given up by the sender, which
-    records it). Call it under the sender lock, as finish() is. Like
-    transcript.prune, a small local rule meant to be folded into the one
-    retention mechanism for state/."""
-    now = time.time() if now is None else now
-    lines = done(state_dir)
-    keep = [d for d in lines if now - float(d.get("at", now)) <= retention_days * 86400]
-    if len(keep) < len(lines):
-        state_folder(state_dir).write_atomic(f"{NOTIFY_DIR}/{DONE_FILE}",
-                                             "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in keep))
-    return len(lines) - len(keep)
-
-
 def _dump(item: Item) -> str:
     data = asdict(item)
     data.pop("name")

@@ -44,7 +44,6 @@ BASE_S = 5.0                        # first retry after a failed attempt
 CAP_S = 600.0                       # longest wait between attempts: a receiver back is heard within this
 SERVE_POLL_S = 2.0                  # how often serve's sender looks at every agent's queue
 SENDER_WORKERS = 8                  # agents delivering at once: a slow receiver holds one worker, not all
-DONE_RETENTION_DAYS = 30            # done.jsonl lines kept (queue.prune)
 
 
 def retry_after(attempts: int) -> float:
@@ -83,7 +82,6 @@ def send_due(state_dir: Path, channels: tuple[Channel, ...], *, now: float, envi
                 held.add(item.channel)
             else:
                 _attempt(state_dir, channel, item, now, environ, send, report, held)
-        queue.prune(state_dir, retention_days=DONE_RETENTION_DAYS, now=now)
         report.waiting = len(queue.pending(state_dir))
     return report
 

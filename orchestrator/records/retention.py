@@ -141,8 +141,13 @@ def history(state_dir: Path, name: str) -> list[Path]:
 
 
 def holder(path: Path) -> tuple[Folder, str]:
-    """The folder holding `path` (itself walked without following a link) and its name."""
+    """The folder holding `path` and its name, walked without following a link from the agent
+    folder down: `state` itself included (a reader that skips load_agent, the console's wake
+    page, must not read another agent's transcripts through a linked state/)."""
     path = Path(path)
+    for up in path.parents:
+        if up.name == "state":   # the nearest: AGENT/state/transcripts/x.jsonl -> AGENT, (state, transcripts)
+            return Folder(up.parent, ("state", *path.parent.relative_to(up).parts)), path.name
     return Folder(path.parent.parent, (path.parent.name,)), path.name
 
 

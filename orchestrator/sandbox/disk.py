@@ -688,10 +688,24 @@ def _volume(client: docker.DockerClient, key: str, device: str, image: Path) -> 
 
 
 def _mount_view(device: str, view: Path) -> None:
+    """Mount at the folder `view` names now, never at a path: whoever may write the agent
+    folder could swap workspace/ for a link between a check and mount(8), which follows
+    links in its target (root's disk on /etc/profile.d). So the folder is opened first,
+    without following a link, and the mount goes on that open folder (/proc/self/fd/N in
+    mount's own process, not canonicalized)."""
     view.mkdir(parents=True, exist_ok=True)
-    if os.stat(view).st_dev == os.stat(device).st_rdev:
-        return   # mounted there already
-    _tool("mount", "-t", "ext4", "-o", VIEW_OPTIONS, device, str(view))
+    try:
+        fd = os.open(view, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DiskError(f"sandbox.disk: {view} is not a folder wakeloop can mount on ({exc.strerror}); "
+                        "a disk is mounted only over a real folder, never through a link") from None
+    try:
+        if os.fstat(fd).st_dev == os.stat(device).st_rdev:
+            return   # mounted there already
+        _tool("mount", "--no-canonicalize", "-t", "ext4", "-o", VIEW_OPTIONS, device, f"/proc/self/fd/{fd}",
+              pass_fds=(fd,))
+    finally:
+        os.close(fd)
 
 
 def _devices_of(image: Path) -> list[str]:
@@ -711,8 +725,8 @@ def _mounts_of(device: str) -> list[str]:
     return sorted(targets, key=len, reverse=True)
 
 
-def _tool(*argv: str, check: bool = True) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+def _tool(*argv: str, check: bool = True, pass_fds: tuple[int, ...] = ()) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, pass_fds=pass_fds)
     if check and done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         raise DiskError(f"sandbox.disk: {argv[0]} failed: {why}")

@@ -276,6 +276,8 @@ class DockerSandbox:
                 if self.disk and self.disk.key == old.key:
                     old.hold.drop()   # the same disk, held anew
                 else:
+                    if self.pool:
+                        self.pool.drain()   # its idle containers mount the old disk's volume
                     self.release_problem = disk.let_go(self.client, old) or self.release_problem
         self.policy = policy
         self.user = resolve_user(policy.user, self.view)

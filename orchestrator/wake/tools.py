@@ -198,8 +198,9 @@ class _Toolbox:
 def cut_message(text: str, max_chars: int) -> tuple[str, str]:
     """A message as sent (at most max_chars characters) and what the model is told of
     the cut: nothing, or how much went and where the sent text stops, so it can send the
-    rest (shorter) if it matters. The outbox, the transcript and every notification see
-    only the sent text."""
+    rest (shorter) if it matters. The outbox and every notification see only the sent
+    text; the transcript keeps the model's reply as it came (its tool_use input whole,
+    bounded by max_output_tokens and transcript.max_wake_bytes)."""
     if len(text) <= max_chars:
         return text, ""
     cut = len(text) - max_chars

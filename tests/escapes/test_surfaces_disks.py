@@ -38,8 +38,14 @@ def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, mo
 
 
 def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_it(surface_lab, monkeypatch):
-    monkeypatch.setattr(disk, "let_go", lambda client, held: None)   # the box lets go of nothing
-    assert "still attached" in escapes(surface_lab, probes.disks_released_after_a_one_shot_call)
+    kept = []
+    monkeypatch.setattr(disk, "let_go", lambda client, held: kept.append(held))   # the box lets go of nothing
+    try:
+        assert "still attached" in escapes(surface_lab, probes.disks_released_after_a_one_shot_call)
+    finally:
+        for held in kept:   # the hold the weakened box kept: dropped, so no later test sees it held
+            if held.hold:
+                held.hold.drop()
 
 
 def test_a_new_folder_in_a_deleted_ones_place_gets_its_disk_when_named_by_its_path(surface_lab, monkeypatch):
