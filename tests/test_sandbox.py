@@ -127,7 +127,10 @@ def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
     # model is still told that something was killed out of memory, as the engine says.
     box = memory_box(make_sandbox, agent, how)
     result = run(box, GROWING_BOMB + "; echo after=$?")
-    assert result.oom_killed and "after=" in result.output, result
+    assert result.oom_killed, result
+    sandbox_killed = box.policy.runtime == "runsc" and result.exit_code == 137 and not result.output
+    if not sandbox_killed:   # under gVisor the kernel may pick gVisor's own process: the whole box ends (README)
+        assert "after=" in result.output, result
 
 
 def test_a_cold_call_that_prints_the_guards_held_line_keeps_its_status_and_output(make_sandbox):
