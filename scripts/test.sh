@@ -74,8 +74,9 @@ host_state() {
     # What a run could leave on the host: loop devices, their mounts, containers,
     # volumes, networks and images. After the run ($1 = after), images tagged as
     # ours (wakeloop*, the base) do not count: test_compose builds wakeloop:latest.
-    losetup --list -n -O NAME,BACK-FILE 2>/dev/null | sed 's/^/loop device /'
-    grep '^/dev/loop' /proc/mounts | awk '{print "mount " $1 " at " $2}'
+    # (Each line may find nothing: grep's exit 1 must not end the script under set -e.)
+    { losetup --list -n -O NAME,BACK-FILE 2>/dev/null || true; } | sed 's/^/loop device /'
+    { grep '^/dev/loop' /proc/mounts || true; } | awk '{print "mount " $1 " at " $2}'
     docker ps -aq --no-trunc | sed 's/^/container /'
     docker volume ls -q | sed 's/^/volume /'
     docker network ls -q --no-trunc | sed 's/^/network /'
