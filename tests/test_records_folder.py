@@ -20,6 +20,7 @@ import pytest
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records import retention, state as st, transcript as tr
 from orchestrator.records.events import EventLog, read_history
+from orchestrator.escapes.surfaces.records import fifo_releaser, returns_within
 from orchestrator.records.folder import Folder, Refused, TooBig, capped_lines, state_folder
 from orchestrator.records.retention import Retention, enforce
 from orchestrator.wake.context import NO_MANDATE, build_context
@@ -43,33 +44,6 @@ def canary(tmp_path) -> Path:
     path.parent.mkdir()
     path.write_text(f"{CANARY}\n")
     return path
-
-
-def returns_within(fn, release=None, bound=HANG_S):
-    """(returned in time, result or exception). `release` unblocks a stuck call afterwards."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:   # the caller judges it
-            box["value"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(bound)
-    stuck = thread.is_alive()
-    if stuck and release:
-        release()
-        thread.join(bound)
-    return not stuck, box.get("value")
-
-
-def open_fifo_writer(path: Path):
-    """Unblock a reader stuck on the FIFO at path: open it for writing, then close."""
-    def release():
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-    return release
 
 
 # -- the module itself ------------------------------------------------------------
@@ -133,7 +107,7 @@ def test_mandate_md_a_fifo_does_not_hang_the_wake(agent_dir):
     os.mkfifo(mandate)
     agent = load_agent(agent_dir)
     done, ctx = returns_within(lambda: build_context(agent, wake=1, now=NOW, inbox=""),
-                               release=open_fifo_writer(mandate))
+                               release=fifo_releaser(mandate), bound=HANG_S)
     assert done, "building the context blocked on a FIFO mandate.md"
     assert NO_MANDATE in ctx.system
 
@@ -179,7 +153,7 @@ def test_a_fifo_state_json_and_inbox_do_not_hang(agent_dir):
     for name in ("state.json", "inbox.txt", "outbox.txt"):
         os.mkfifo(sd / name)
     done, value = returns_within(lambda: (st.load_state(sd), st.read_outbox(sd), st.peek_inbox(sd)),
-                                 release=open_fifo_writer(sd / "state.json"))
+                                 release=fifo_releaser(sd / "state.json"), bound=HANG_S)
     assert done and not isinstance(value, BaseException), value
 
 
@@ -267,7 +241,7 @@ def test_a_device_in_state_is_never_opened(agent_dir):
         os.mknod(sd / "state.json", 0o600 | 0o020000, os.makedev(1, 5))   # /dev/zero's numbers
     except PermissionError:
         pytest.skip("mknod needs CAP_MKNOD")
-    done, value = returns_within(lambda: st.load_state(sd))
+    done, value = returns_within(lambda: st.load_state(sd), bound=HANG_S)
     assert done and "rebuilt" in value[1]
     with pytest.raises(Refused, match="character device"):
         state_folder(sd).read_bytes("state.json", 10)
@@ -312,7 +286,7 @@ def test_the_console_mandate_reader_never_opens_a_fifo(agent_dir):
     (agent_dir / "mandate.md").unlink()
     os.mkfifo(agent_dir / "mandate.md")
     agent = load_agent(agent_dir)
-    done, value = returns_within(lambda: pages._mandate(agent), release=open_fifo_writer(agent_dir / "mandate.md"))
+    done, value = returns_within(lambda: pages._mandate(agent), release=fifo_releaser(agent_dir / "mandate.md"), bound=HANG_S)
     assert done and "unreadable" in value
 
 

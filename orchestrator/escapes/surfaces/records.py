@@ -37,31 +37,34 @@ MESSAGE_CHARS = 2**20               # a 1 MiB send_message, as a live model sent
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 
 
-def _within(call: Callable[[], object], release: Callable[[], None]) -> tuple[bool, object]:
-    """(returned within HANG_S, its value or exception); a stuck call is released after."""
+def returns_within(call: Callable[[], object], release: Callable[[], None] | None = None,
+                   bound: float = HANG_S) -> tuple[bool, object]:
+    """(returned within `bound`, its value or exception); a stuck call is released after.
+    tests/test_records_folder.py judges the same way with this."""
     box: dict = {}
 
     def run():
         try:
             box["value"] = call()
-        except Exception as exc:   # judged by the probe
+        except BaseException as exc:   # judged by the caller
             box["value"] = exc
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    thread.join(HANG_S)
+    thread.join(bound)
     stuck = thread.is_alive()
-    if stuck:
+    if stuck and release:
         release()
-        thread.join(HANG_S)
+        thread.join(bound)
     return not stuck, box.get("value")
 
 
-def _open_writer(fifo: Path) -> Callable[[], None]:
+def fifo_releaser(fifo: Path) -> Callable[[], None]:
+    """Unblocks a reader stuck on the FIFO: opens it for writing (EOF once closed)."""
     def release():
         try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))   # EOF for the stuck reader
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         except OSError:
-            pass
+            pass   # nobody reads it now
     return release
 
 
@@ -92,7 +95,7 @@ def _mandate_fifo(trial: Trial) -> str:
     mandate = trial.dir / "mandate.md"
     mandate.unlink()
     os.mkfifo(mandate)
-    done, value = _within(lambda: _context(trial), _open_writer(mandate))
+    done, value = returns_within(lambda: _context(trial), fifo_releaser(mandate))
     if not done:
         return escaped(f"building the context blocked on a FIFO mandate.md for over {HANG_S:.0f} s "
                        "(a wake holding its lock would hang)")
@@ -153,7 +156,7 @@ def _sparse_state(trial: Trial) -> str:
                 os.truncate(path, 0)   # a reader still at it reaches the end at once
             except OSError:
                 pass
-    done, value = _within(lambda: (state.load_state(trial.state), state.read_outbox(trial.state)), release)
+    done, value = returns_within(lambda: (state.load_state(trial.state), state.read_outbox(trial.state)), release)
     if not done:
         return escaped(f"reading a {SPARSE_BYTES / 2**30:.0f} GB sparse state.json and outbox.txt took over "
                        f"{HANG_S:.0f} s")
