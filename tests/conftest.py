@@ -183,11 +183,16 @@ def _attached(image: Path) -> bool:
             continue
         device = backing.parent.parent
         going = (device / "loop" / "autoclear").read_text().strip() == "1"
-        numbers = (device / "dev").read_text().strip()
-        mounted = any(line.split()[2] == numbers for line in Path("/proc/self/mountinfo").read_text().splitlines())
-        if mounted or not going:
+        if _mount_points(device) or not going:
             return True
     return False
+
+
+def _mount_points(device: Path) -> list[str]:
+    """Where the loop device (its /sys/block folder) is mounted in this namespace."""
+    numbers = (device / "dev").read_text().strip()
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[2] == numbers]
 
 
 def disk_leftovers(client, where: Path) -> list[str]:
@@ -196,12 +201,9 @@ def disk_leftovers(client, where: Path) -> list[str]:
     left = []
     for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
         if backing.read_text().strip().startswith(str(where) + "/"):
-            device = backing.parent.parent.name
-            left.append(f"loop device /dev/{device} ({backing.read_text().strip()})")
-            numbers = (backing.parent.parent / "dev").read_text().strip()
-            left += [f"mount of /dev/{device} at {line.split()[4]}"
-                     for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                     if line.split()[2] == numbers]
+            device = backing.parent.parent
+            left.append(f"loop device /dev/{device.name} ({backing.read_text().strip()})")
+            left += [f"mount of /dev/{device.name} at {target}" for target in _mount_points(device)]
     for volume in client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []:
         if (volume.get("Labels") or {}).get(disk.LABEL, "").startswith(str(where) + "/"):
             left.append(f"volume {volume['Name']}")
