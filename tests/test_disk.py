@@ -238,6 +238,33 @@ def test_one_shot_commands_release_the_disk_they_attached(agent_dir, docker_clie
     subprocess.run(["rm", "-rf", str(agent_dir)], check=True)   # "Device or resource busy" before
 
 
+def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docker_client):
+    """A child forked by another thread (losetup for another agent) shares an flock's open
+    file until it execs: with flock, the release right after the last holder closed found
+    the disk held in most tries and left it mounted. A record lock is never inherited."""
+    import threading
+    stop = threading.Event()
+
+    def fork_in_a_loop():
+        while not stop.is_set():
+            subprocess.run(["true"], check=True)
+
+    forkers = [threading.Thread(target=fork_in_a_loop, daemon=True) for _ in range(3)]
+    for forker in forkers:
+        forker.start()
+    try:
+        for attempt in range(30):
+            with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0) as box:
+                image = box.disk.image
+            assert box.release_problem is None, box.release_problem
+            assert attached_devices(image) == [], f"attempt {attempt}: the disk stayed attached"
+    finally:
+        stop.set()
+        for forker in forkers:
+            forker.join()
+    assert not disk.held(box.disk.key)
+
+
 def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
     import signal
     import sys

@@ -66,11 +66,18 @@ that image as the folder's. A folder made later at that path is younger than
 the image and gets a disk of its own.
 
 Life cycle: each holder of a disk (a DockerSandbox: a wake, a one-shot
-command, a broker's kept box) holds a shared lock on `KEY.use` while it has
-the disk; `release` takes it exclusive, without waiting, and so unmounts,
-removes the volume and detaches only a disk nobody holds. A holder lets go
-(and releases if it was the last) when it closes: at the end of every
-one-shot command, a broker's box after its idle time. The image is kept.
+command, a broker's kept box) counts as a holder while it has the disk: in
+its process, a count per disk; between processes, a shared POSIX record lock
+on `KEY.use`, taken by the process's first holder and dropped by its last.
+`release` tests it exclusive, without waiting, and so unmounts, removes the
+volume and detaches only a disk nobody holds. A holder lets go (and releases
+if it was the last) when it closes: at the end of every one-shot command, a
+broker's box after its idle time. The image is kept. Record locks, not
+flock: a child forked by any thread (losetup for another agent, a notify
+command) shares flock's open file until it execs, so a release right after
+the last holder closed found the disk held in 2 of 3 tries under forks in a
+loop, and left it mounted; a record lock belongs to the process and is never
+inherited by a child.
 
 Needs root (losetup, mount) and loop devices. Without them a policy that
 sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
@@ -129,28 +136,53 @@ class DiskError(SandboxError):
 
 
 class _Hold:
-    """A shared lock on a disk's `use` file: while one is open the disk is not released."""
+    """One holder of a disk in this process; while any is open the disk is not released."""
 
     def __init__(self, key: str):
-        self.key = key
-        self.fd: int | None = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
+        self.key, self.open = key, True
         with _holds_lock:
+            fd, count = _held_here.get(key, (None, 0))
+            if fd is None:   # the process's first holder takes the lock other processes see
+                fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.lockf(fd, fcntl.LOCK_SH)   # made under the disk's lock: no release has it
+            _held_here[key] = (fd, count + 1)
             _holds.add(self)
 
     def drop(self) -> bool:
-        """Close the lock; False if it was closed already."""
+        """Let go; False if this holder let go already."""
         with _holds_lock:
-            if self.fd is None:
+            if not self.open:
                 return False
-            fd, self.fd = self.fd, None
+            self.open = False
             _holds.discard(self)
-        os.close(fd)
+            fd, count = _held_here.pop(self.key)
+            if count > 1:
+                _held_here[self.key] = (fd, count - 1)
+            else:
+                os.close(fd)   # the process's last holder: its record lock goes with it
         return True
 
 
-_holds: set[_Hold] = set()          # this process's holds, for let_go_all at a command's end
+_holds: set[_Hold] = set()          # this process's holders, for let_go_all at a command's end
+_held_here: dict[str, tuple[int, int]] = {}   # key -> (the locked `use` fd, holders in this process)
 _holds_lock = threading.Lock()
+
+
+def _nobody_holds(key: str) -> bool:
+    """No holder in this process nor in any other, tested without waiting. A record lock
+    is the process's: any fd of the file closed drops it, so the test runs only while this
+    process has none, and no holder of it is made meanwhile (_holds_lock)."""
+    with _holds_lock:
+        if key in _held_here:
+            return False
+        fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # EAGAIN or EACCES: another process holds it
+            return False
+        finally:
+            os.close(fd)
+        return True
 
 
 @dataclass(frozen=True)
@@ -439,20 +471,16 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
     if not disks_dir().is_dir():
         return True
     with _locked(path_of(key, "lock")):
-        use = _unheld(key)
-        if use is None and not force:
+        # A holder is made only under this lock (attach): none can appear until it is let go.
+        if not _nobody_holds(key) and not force:
             return False
-        try:
-            _detach(client, key, image)
-            if delete:
-                image.unlink(missing_ok=True)
-                view = path_of(key, "view")   # a broker's mount point, empty once unmounted
-                if view.is_dir():
-                    view.rmdir()
-                forget(key)
-        finally:
-            if use is not None:
-                os.close(use)
+        _detach(client, key, image)
+        if delete:
+            image.unlink(missing_ok=True)
+            view = path_of(key, "view")   # a broker's mount point, empty once unmounted
+            if view.is_dir():
+                view.rmdir()
+            forget(key)
     if delete:   # the lock files last: nobody waits on them now
         for kind in ("use", "lock"):
             path_of(key, kind).unlink(missing_ok=True)
@@ -463,22 +491,7 @@ def held(key: str) -> bool:
     """Whether a wake, a one-shot command or a broker's box holds this disk now."""
     if not path_of(key, "use").exists():
         return False
-    use = _unheld(key)
-    if use is None:
-        return True
-    os.close(use)
-    return False
-
-
-def _unheld(key: str) -> int | None:
-    """The `use` file locked exclusive, if nobody holds it (never waits), else None."""
-    fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return not _nobody_holds(key)
 
 
 def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
