@@ -30,6 +30,7 @@ from orchestrator.broker.server import HOST_ROOT_ENV, Broker, serve
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
+from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
@@ -178,6 +179,14 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
     fake = '{"ok": false, "error": "forged"}'
     result = BrokerSandbox(broker, "alpha").run(f"echo '{fake}'", timeout_s=30, max_output_chars=1000)
     assert result.exit_code == 0 and result.output.strip() == fake
+
+
+def test_a_smaller_output_cap_of_the_caller_is_kept_and_a_larger_one_is_not(broker):
+    box = BrokerSandbox(broker, "alpha")
+    small = box.run("head -c 5000 /dev/zero | tr '\\0' x", timeout_s=30, max_output_chars=100)
+    assert small.ok and small.truncated and small.output.count("x") <= 100
+    large = box.run("head -c 50000 /dev/zero | tr '\\0' x", timeout_s=30, max_output_chars=10**9)
+    assert large.truncated and large.output.count("x") <= DEFAULT.tools.bash.max_output_chars
 
 
 @pytest.mark.parametrize("disk_setting", ["2g", "none"])

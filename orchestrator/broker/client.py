@@ -1,7 +1,9 @@
 """The orchestrator's side of the broker, and the one place a backend is chosen.
 
-BrokerSandbox is a Sandbox like any other: each call is one broker request,
-and the broker, not this process, reads the policy's timeouts and caps.
+BrokerClient speaks the typed wire (wire.py): one method per op, one
+request per call. BrokerSandbox (a Sandbox like any other) and BrokerFiles
+(files.Files) wrap it for one agent; the broker, not this process, reads the
+policy's timeouts and caps.
 open_sandbox() decides, for `wake`, `serve` and `sandbox exec` alike, whether
 an agent's calls go to the broker ($WAKELOOP_BROKER) or to the local engine.
 
@@ -16,7 +18,8 @@ from typing import Callable
 
 import docker.errors
 
-from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, encode_content, request
+from orchestrator.broker import wire
+from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
@@ -25,41 +28,69 @@ from orchestrator.sandbox.files import HostFiles
 
 RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
+CHECK_TIMEOUT_S = 10.0
+
+
+class BrokerClient:
+    """The broker at `socket_path`, one method per op."""
+
+    def __init__(self, socket_path: str | Path):
+        self.socket_path = str(socket_path)
+
+    def ping(self) -> dict:
+        return wire.request(self.socket_path, wire.Ping(), 10)
+
+    def rate(self) -> EngineRate:
+        """The broker's engine's create-start-remove rate (sandbox/rate.py)."""
+        result = wire.request(self.socket_path, wire.Rate(), RATE_TIMEOUT_S)
+        try:
+            return EngineRate(float(result["per_s"]), int(result["calls"]), float(result["seconds"]),
+                              float(result["latency_s"]))
+        except (KeyError, TypeError, ValueError):
+            raise SandboxError("the sandbox broker sent a malformed rate") from None
+
+    def check(self, agent: str) -> None:
+        wire.request(self.socket_path, wire.Check(agent), CHECK_TIMEOUT_S)
+
+    def wind_down(self, agent: str) -> None:
+        wire.request(self.socket_path, wire.WindDown(agent), WIND_DOWN_TIMEOUT_S)
+
+    def call(self, op: wire.Run | wire.Write | wire.Append, timeout_s: float) -> SandboxResult:
+        """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
+        return wire.result_of(wire.request(self.socket_path, op, timeout_s + REPLY_MARGIN_S))
+
+    def read(self, agent: str, what: str, arg: str | None = None):
+        return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
 
 
 class BrokerSandbox:
     """The orchestrator's Sandbox under compose: each call is one broker request.
-    Timeouts and caps come from the broker's reading of the policy, not from us."""
+    Timeouts and caps come from the broker's reading of the policy, not from us;
+    a smaller output cap of ours is sent and kept."""
 
     def __init__(self, socket_path: str | Path, agent_name: str):
-        self.socket_path = str(socket_path)
+        self.broker = BrokerClient(socket_path)
+        self.socket_path = self.broker.socket_path
         self.agent = agent_name
         self.warning = None
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        return self._call({"op": "run", "agent": self.agent, "command": command}, timeout_s)
+        return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
 
     def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
               protect_git: bool = True) -> SandboxResult:
         # protect_git is not sent: the broker applies its own copy of the agent's policy.
-        return self._call({"op": "append" if append else "write", "agent": self.agent, "path": path,
-                           "content_b64": encode_content(content)}, timeout_s)
+        op = wire.Append if append else wire.Write
+        return self.broker.call(op(self.agent, path, content), timeout_s)
 
     def files(self) -> "BrokerFiles":
         return BrokerFiles(self.socket_path, self.agent)
-
-    def ping(self) -> dict:
-        return request(self.socket_path, {"op": "ping"}, 10)
-
-    def engine_rate(self) -> dict:
-        """The broker's engine's rate (sandbox/rate.py): {"per_s", "calls", "seconds", "latency_s"}."""
-        return request(self.socket_path, {"op": "rate"}, RATE_TIMEOUT_S)
 
     def wind_down(self) -> None:
         """Tell the broker to make no more containers ahead for this agent. A hint:
         if the broker is busy or gone, the next call says so, not this."""
         try:
-            request(self.socket_path, {"op": "wind_down", "agent": self.agent}, WIND_DOWN_TIMEOUT_S)
+            self.broker.wind_down(self.agent)
         except SandboxError:
             pass
 
@@ -69,14 +100,7 @@ class BrokerSandbox:
     def check(self) -> None:
         """SandboxError now, before the wake starts, if the broker would refuse this
         agent as its policy stands (over the ceiling, say), rather than each call."""
-        request(self.socket_path, {"op": "check", "agent": self.agent}, 10)
-
-    def _call(self, req: dict, timeout_s: float) -> SandboxResult:
-        reply = request(self.socket_path, req, timeout_s + REPLY_MARGIN_S)
-        try:
-            return SandboxResult(**reply)
-        except TypeError:
-            raise SandboxError("the sandbox broker sent a malformed result") from None
+        self.broker.check(self.agent)
 
 
 class BrokerFiles:
@@ -84,12 +108,10 @@ class BrokerFiles:
     so the broker reads it, with the same no-follow functions, and sends the text."""
 
     def __init__(self, socket_path: str, agent: str):
-        self.socket_path, self.agent = socket_path, agent
+        self.broker, self.agent = BrokerClient(socket_path), agent
 
     def _read(self, what: str, arg: str | None = None):
-        reply = request(self.socket_path, {"op": "read", "agent": self.agent, "what": what, "arg": arg},
-                        READ_TIMEOUT_S)
-        return reply["value"]
+        return self.broker.read(self.agent, what, arg)
 
     def read_text(self, rel: str) -> str:
         return self._read("read_text", rel)

@@ -83,11 +83,11 @@ from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError
-from orchestrator.broker.wire import (APPEND_MAX_BYTES, APPEND_TIMEOUT_S, MAX_COMMAND_CHARS,
-                                      MAX_REQUEST_BYTES, BrokerError, decode_content)
+from orchestrator.broker import wire
+from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.sandbox.files import JOURNAL_DIR, READS, HostFiles
+from orchestrator.sandbox.files import HostFiles
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -110,9 +110,6 @@ RATE_CALLS_PER_CORE = 4             # as serve's own measurement (fleet/capacity
 RATE_PARALLEL_PER_CORE = 2
 LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
 REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
-_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
-_JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 
 
@@ -206,29 +203,28 @@ class Broker:
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._rate_lock = threading.Lock()
-        self._rate_at: tuple[float, dict] | None = None     # (when, the rate op's answer)
+        self._rate_at: tuple[float, wire.EngineRate] | None = None     # (when, the rate op's answer)
         self._held_before = disk.holding()    # another's disks in this process (a test, a probe): not ours to let go
 
-    def handle(self, request: dict) -> dict:
-        op = request.get("op")
-        if op == "ping":
-            return {"ok": True, "result": {"root": str(self.root)}}
-        if op == "rate":    # serve fits its K to the engine it cannot see
-            return {"ok": True, "result": self._rate()}
-        if op not in ("run", "write", "append", "check", "read", "wind_down"):
-            raise BrokerError(f"unknown op {op!r}; the broker offers only run, write, append, check, "
-                              "read, wind_down, rate and ping")
-        if op == "wind_down":   # a hint that costs nothing to obey: no policy read, no box made
-            self._pace(_agent_name(request.get("agent")), "wind_down")
-            return {"ok": True, "result": {}}
-        agent = self._agent(request.get("agent"))
-        if op == "check":   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+    def handle(self, raw) -> dict:
+        """One request line's JSON value, its reply; BrokerError if refused."""
+        return self.serve(wire.parse(raw))
+
+    def serve(self, req: wire.Request) -> dict:
+        if isinstance(req, wire.Ping):
+            return wire.ok({"root": str(self.root)})
+        if isinstance(req, wire.Rate):    # serve fits its K to the engine it cannot see
+            return wire.ok(asdict(self._rate()))
+        if isinstance(req, wire.WindDown):   # a hint that costs nothing to obey: no policy read, no box made
+            self._pace(req.agent, "wind_down")
+            return wire.ok({})
+        agent = self._agent(req.agent)
+        if isinstance(req, wire.Check):   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
             self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
-            return {"ok": True, "result": {"agent": agent.dir.name}}
-        if op == "read":
-            return {"ok": True, "result": {"value": self._read(agent, request)}}
-        checks = {"run": self._check_run, "write": self._check_write, "append": self._check_append}
-        call = checks[op](agent, request)   # a refusal comes before any box or container is made
+            return wire.ok({"agent": agent.dir.name})
+        if isinstance(req, wire.Read):
+            return wire.ok({"value": self._read(agent, req)})
+        call = self._allowed(agent, req)   # a refusal comes before any box or container is made
         name = agent.dir.name
         self._take_call_slot(name)     # refused at once past max.calls / max.calls_per_agent
         try:
@@ -246,12 +242,12 @@ class Broker:
                 self._calls[name] -= 1
                 if not self._calls[name]:
                     del self._calls[name]
-        self.log(f"{agent.dir.name}: {op} exit {result.exit_code}"
+        self.log(f"{agent.dir.name}: {req.op} exit {result.exit_code}"
                  f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
                  f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
-        return {"ok": True, "result": asdict(result)}
+        return wire.ok(asdict(result))
 
-    def _rate(self) -> dict:
+    def _rate(self) -> wire.EngineRate:
         """The engine's create-start-remove rate (sandbox/rate.py) under the default
         policy, measured at most once per RATE_KEEP_S and one measurement at a time:
         a flood of `rate` requests costs the engine one measurement."""
@@ -260,9 +256,8 @@ class Broker:
                 cores = len(os.sched_getaffinity(0))
                 measured = rate.measure(self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores,
                                         RATE_PARALLEL_PER_CORE * cores)
-                self._rate_at = (time.monotonic(), {"per_s": measured.per_s, "calls": measured.calls,
-                                                    "seconds": measured.seconds,
-                                                    "latency_s": measured.latency_s})
+                self._rate_at = (time.monotonic(), wire.EngineRate(measured.per_s, measured.calls,
+                                                                   measured.seconds, measured.latency_s))
                 self.log(f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
                          f"in {measured.seconds:.1f} s)")
             return self._rate_at[1]
@@ -274,8 +269,8 @@ class Broker:
             if entry is not None:
                 getattr(entry.box, how)()
 
-    def _agent(self, name):
-        agent_dir = real_agent_dir(self.root, _agent_name(name))
+    def _agent(self, name: str):
+        agent_dir = real_agent_dir(self.root, name)
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
         except (AgentError, PolicyError) as exc:
@@ -441,61 +436,35 @@ class Broker:
         for problem in disk.let_go_all(self.client, kept=self._held_before):   # any a box could not: none, normally
             self.log(problem)
 
-    def _read(self, agent, request):
+    def _read(self, agent, req: wire.Read):
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
-        what, arg = request.get("what"), request.get("arg")
-        if what not in READS:
-            raise BrokerError(f"read is one of {', '.join(READS)}, not {what!r:.40}")
-        if what != "journal_names" and not isinstance(arg, str):
-            raise BrokerError(f"read {what} needs a string arg")
         entry = self._acquire(agent)   # makes and mounts the disk on a first request
         try:
             files = HostFiles(entry.box.view)
-            return files.journal_names() if what == "journal_names" else getattr(files, what)(arg)
+            return files.journal_names() if req.what == "journal_names" else getattr(files, req.what)(req.arg)
         finally:
             self._release(entry)
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _check_run(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
-        bash = agent.policy.tools.bash
-        command = request.get("command")
-        if not bash.enabled:
-            raise BrokerError(f"{agent.dir.name}: the bash tool is disabled by this agent's policy")
-        if not isinstance(command, str) or not command.strip():
-            raise BrokerError("command must be a non-empty string")
-        if len(command) > MAX_COMMAND_CHARS:
-            raise BrokerError(f"command is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,}")
-        return lambda box: box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
-
-    def _check_write(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
+    def _allowed(self, agent, req: wire.Run | wire.Write | wire.Append) -> Callable[[DockerSandbox], SandboxResult]:
+        """The call the agent's policy allows, or BrokerError. Append is allowed whatever
+        the tools policy says (a bash-less agent still gets its stub): wire.parse held it
+        to one path shape and a size cap."""
+        if isinstance(req, wire.Run):
+            bash = agent.policy.tools.bash
+            if not bash.enabled:
+                raise BrokerError(f"{agent.dir.name}: the bash tool is disabled by this agent's policy")
+            cap = min(bash.max_output_chars, req.max_output_chars or bash.max_output_chars)
+            return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap)
+        if isinstance(req, wire.Append):
+            return lambda box: box.write(req.path, req.content, timeout_s=APPEND_TIMEOUT_S, append=True)
         tool = agent.policy.tools.write_file
-        path, content = request.get("path"), decode_content(request)
-        if not isinstance(path, str):
-            raise BrokerError("path must be a string")
-        refusal = tool.refusal(path, len(content))
-        if refusal:
-            raise BrokerError(f"{agent.dir.name}: {refusal}")
-        return lambda box: box.write(path, content, timeout_s=tool.timeout_s, protect_git=tool.protect_git)
-
-    def _check_append(self, agent, request) -> Callable[[DockerSandbox], SandboxResult]:
-        """The journal stub's append, or a refusal. The tools policy does not
-        apply, so this must not become a general write: one path shape, a size cap.
-        A symlinked journal is refused in the box, as write_file's would be."""
-        path, content = request.get("path"), decode_content(request)
-        if not isinstance(path, str) or not _JOURNAL_PATH.fullmatch(path):
-            raise BrokerError(f"{agent.dir.name}: append is only for {JOURNAL_DIR}/YYYY-MM-DD.md, "
-                              f"not {path!r:.80}")
-        if len(content) > APPEND_MAX_BYTES:
-            raise BrokerError(f"{agent.dir.name}: an append is at most {APPEND_MAX_BYTES:,} bytes, "
-                              f"got {len(content):,}")
-        return lambda box: box.write(path, content, timeout_s=APPEND_TIMEOUT_S, append=True)
-
-
-def _agent_name(name) -> str:
-    if not isinstance(name, str) or not _AGENT_NAME.match(name):
-        raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
-    return name
+        reason = tool.refusal(req.path, len(req.content))
+        if reason:
+            raise BrokerError(f"{agent.dir.name}: {reason}")
+        return lambda box: box.write(req.path, req.content, timeout_s=tool.timeout_s,
+                                     protect_git=tool.protect_git)
 
 
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
@@ -554,19 +523,17 @@ class _Handler(socketserver.BaseRequestHandler):
             if over:   # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
             line = _read_line(self.request, MAX_REQUEST_BYTES, REQUEST_READ_S)
-            request = json.loads(line)
-            if not isinstance(request, dict):
-                raise BrokerError("a request is one JSON object")
-            reply = broker.handle(request)
+            reply = broker.handle(json.loads(line))
         except (BrokerError, SandboxError) as exc:
             # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
-            reply = {"ok": False, "error": _cut(str(exc), REPLY_ERROR_CHARS), "refused": isinstance(exc, BrokerError)}
+            reply = wire.refusal(Refusal(_cut(str(exc), REPLY_ERROR_CHARS), isinstance(exc, BrokerError)))
             # What a person reading `docker compose logs broker` needs to see.
             broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
         except (ValueError, RecursionError):
-            reply = {"ok": False, "error": "a request is one JSON object on one line"}
+            reply = wire.refusal(Refusal("a request is one JSON object on one line", True))
         except Exception as exc:  # one bad call must not stop the service
-            reply = {"ok": False, "error": _cut(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS)}
+            reply = wire.refusal(Refusal(_cut(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS),
+                                         False))
         try:
             self.request.settimeout(REQUEST_READ_S)   # a client that never reads cannot hold the thread
             self.request.sendall(json.dumps(reply).encode() + b"\n")

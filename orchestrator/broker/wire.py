@@ -1,7 +1,11 @@
 """The broker's wire format: what both sides of the socket agree on, and nothing else.
 
-Wire format: one JSON object per line, one request per connection.
-  -> {"op": "run",   "agent": "demo", "command": "ls -la"}
+One JSON object per line, one request per connection. Each op is a frozen
+dataclass below; `parse()` turns a line's object into one of them and owns
+every check that needs no agent's policy (the server applies the policy's:
+is bash on, may this path be written); `encode()` is the one way to the wire.
+
+  -> {"op": "run",   "agent": "demo", "command": "ls -la", "max_output_chars": 2000}
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start;
@@ -10,14 +14,18 @@ Wire format: one JSON object per line, one request per connection.
                                         # its pool makes none ahead (a hint; answers {})
   -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
                                         # files.Files, read by the broker: X's disk is mounted only there
-  -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K:
-                                        # {"per_s", "calls", "seconds", "latency_s"}; at most every 10 min
+  -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K
+                                        # (EngineRate); measured at most every 10 min
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
-   | {"ok": false, "error": "one line", "refused": true|false}   # refused: the request or policy
+   | {"ok": false, "error": "one line", "refused": true|false}   # Refusal; refused: the request or policy
+
+Fields a request should not have are ignored, never obeyed. A run's
+`max_output_chars` may only lower the policy's cap (the orchestrator's own
+tool setting); the broker takes timeouts and caps from the policy it reads.
 
 The server (server.py) and the client (client.py) both import this module;
-neither imports the other.
+neither imports the other. A second transport carries the same lines.
 
 Not here: serving (server.py), the orchestrator's Sandbox (client.py).
 """
@@ -26,11 +34,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import time
+from dataclasses import asdict, dataclass, fields
 
 from orchestrator.errors import EXIT_USAGE, ConfigError
-from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.box import SandboxError, SandboxResult
+from orchestrator.sandbox.files import JOURNAL_DIR, READS
 
 BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
@@ -42,6 +53,9 @@ APPEND_TIMEOUT_S = 30.0             # one journal append; as workspace.STUB_TIME
 READ_TIMEOUT_S = 60.0               # one read: a first one attaches the agent's disk (mkfs, mount)
 APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
                                     # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
+_JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
 
 
 class BrokerError(ConfigError):
@@ -55,23 +69,191 @@ class BrokerRefusal(SandboxError):
     exit_code = EXIT_USAGE
 
 
-def encode_content(content: bytes) -> str:
-    return base64.b64encode(content).decode()
+# -- the ops ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ping:
+    op = "ping"
 
 
-def decode_content(request: dict) -> bytes:
+@dataclass(frozen=True)
+class Rate:
+    op = "rate"
+
+
+@dataclass(frozen=True)
+class Check:
+    agent: str
+    op = "check"
+
+
+@dataclass(frozen=True)
+class WindDown:
+    agent: str
+    op = "wind_down"
+
+
+@dataclass(frozen=True)
+class Run:
+    agent: str
+    command: str
+    max_output_chars: int | None = None     # None: the policy's cap; else the smaller of the two
+    op = "run"
+
+
+@dataclass(frozen=True)
+class Write:
+    agent: str
+    path: str
+    content: bytes
+    op = "write"
+
+
+@dataclass(frozen=True)
+class Append:
+    agent: str
+    path: str          # memory/journal/YYYY-MM-DD.md, nothing else
+    content: bytes     # at most APPEND_MAX_BYTES
+    op = "append"
+
+
+@dataclass(frozen=True)
+class Read:
+    agent: str
+    what: str          # one of files.READS
+    arg: str | None    # None only for journal_names
+    op = "read"
+
+
+Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read
+OPS: dict[str, type] = {cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping)}
+
+
+@dataclass(frozen=True)
+class EngineRate:
+    """The `rate` op's result: sandbox/rate.py's measurement of the broker's engine."""
+    per_s: float
+    calls: int
+    seconds: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The one error reply. `refused`: the request or the agent's policy (the CLI exits 2);
+    else the box failed (3)."""
+    error: str
+    refused: bool
+
+
+# -- one parse, one encoder --------------------------------------------------------------
+
+def parse(obj) -> Request:
+    """A request line's JSON value as its op, or BrokerError with the one line why."""
+    if not isinstance(obj, dict):
+        raise BrokerError("a request is one JSON object")
+    cls = OPS.get(obj.get("op")) if isinstance(obj.get("op"), str) else None
+    if cls is None:
+        raise BrokerError(f"unknown op {obj.get('op')!r:.80}; the broker offers only {', '.join(OPS)}")
+    if cls in (Ping, Rate):
+        return cls()
+    agent = agent_name(obj.get("agent"))
+    if cls is Run:
+        return Run(agent, _command(obj.get("command")), _cap(obj.get("max_output_chars")))
+    if cls in (Write, Append):
+        path, content = obj.get("path"), _content(obj.get("content_b64", ""))
+        if cls is Append:
+            return Append(agent, _journal_path(agent, path), _append_content(agent, content))
+        if not isinstance(path, str):
+            raise BrokerError("path must be a string")
+        return Write(agent, path, content)
+    if cls is Read:
+        return _read(agent, obj.get("what"), obj.get("arg"))
+    return cls(agent)
+
+
+def encode(request: Request) -> bytes:
+    """The request as its line on the wire."""
+    body = {"op": request.op, **{f.name: getattr(request, f.name) for f in fields(request)}}
+    if isinstance(request, (Write, Append)):
+        body["content_b64"] = base64.b64encode(body.pop("content")).decode()
+    if isinstance(request, Run) and request.max_output_chars is None:
+        del body["max_output_chars"]
+    return json.dumps(body).encode() + b"\n"
+
+
+def ok(result: dict) -> dict:
+    return {"ok": True, "result": result}
+
+
+def refusal(refused: Refusal) -> dict:
+    return {"ok": False, **asdict(refused)}
+
+
+def agent_name(name) -> str:
+    if not isinstance(name, str) or not _AGENT_NAME.match(name):
+        raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
+    return name
+
+
+def _command(command) -> str:
+    if not isinstance(command, str) or not command.strip():
+        raise BrokerError("command must be a non-empty string")
+    if len(command) > MAX_COMMAND_CHARS:
+        raise BrokerError(f"command is {len(command):,} characters; at most {MAX_COMMAND_CHARS:,}")
+    return command
+
+
+def _cap(value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BrokerError(f"max_output_chars must be a positive whole number, got {value!r:.40}")
+    return value
+
+
+def _content(value) -> bytes:
     try:
-        return base64.b64decode(request.get("content_b64", ""), validate=True)
+        return base64.b64decode(value, validate=True)
     except (ValueError, TypeError):
         raise BrokerError("content_b64 must be base64") from None
 
 
-def request(socket_path: str, req: dict, timeout_s: float) -> dict:
-    """One request, one reply; waits CONNECT_WAIT_S for a broker that is starting."""
+def _journal_path(agent: str, path) -> str:
+    """Append is allowed whatever the tools policy says, so it must not become a
+    general write: one path shape (a symlinked journal is refused in the box)."""
+    if not isinstance(path, str) or not _JOURNAL_PATH.fullmatch(path):
+        raise BrokerError(f"{agent}: append is only for {JOURNAL_DIR}/YYYY-MM-DD.md, not {path!r:.80}")
+    return path
+
+
+def _append_content(agent: str, content: bytes) -> bytes:
+    if len(content) > APPEND_MAX_BYTES:
+        raise BrokerError(f"{agent}: an append is at most {APPEND_MAX_BYTES:,} bytes, got {len(content):,}")
+    return content
+
+
+def _read(agent: str, what, arg) -> Read:
+    if what not in READS:
+        raise BrokerError(f"read is one of {', '.join(READS)}, not {what!r:.40}")
+    if what != "journal_names" and not isinstance(arg, str):
+        raise BrokerError(f"read {what} needs a string arg")
+    return Read(agent, what, arg if what != "journal_names" else None)
+
+
+def result_of(reply: dict) -> SandboxResult:
+    try:
+        return SandboxResult(**reply)
+    except TypeError:
+        raise SandboxError("the sandbox broker sent a malformed result") from None
+
+
+def request(socket_path: str, req: Request, timeout_s: float) -> dict:
+    """One request, one reply (its result); waits CONNECT_WAIT_S for a broker that is starting."""
     sock = _connect(socket_path)
     try:
         sock.settimeout(timeout_s)
-        sock.sendall(json.dumps(req).encode() + b"\n")
+        sock.sendall(encode(req))
         with sock.makefile("rb") as f:
             line = f.readline(MAX_REQUEST_BYTES)
     except socket.timeout:
@@ -84,6 +266,8 @@ def request(socket_path: str, req: dict, timeout_s: float) -> dict:
         reply = json.loads(line)
     except ValueError:
         raise SandboxError(f"the sandbox broker at {socket_path} closed without an answer") from None
+    if not isinstance(reply, dict):
+        raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
     if not reply.get("ok"):
         error = BrokerRefusal if reply.get("refused") else SandboxError
         raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")

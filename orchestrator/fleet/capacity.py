@@ -99,13 +99,13 @@ def _engine_rate(policy) -> tuple[float | None, float, str]:
 
 
 def _broker_rate(socket_path: str) -> tuple[float | None, float, str]:
-    from orchestrator.broker.client import BrokerSandbox
+    from orchestrator.broker.client import BrokerClient
     from orchestrator.errors import WakeloopError
     try:
-        measured = BrokerSandbox(socket_path, "-").engine_rate()
-        return (float(measured["per_s"]), float(measured["latency_s"]),
-                f", the broker's: {measured['calls']} cold calls in {measured['seconds']:.1f} s,")
-    except (WakeloopError, KeyError, TypeError, ValueError) as exc:
+        measured = BrokerClient(socket_path).rate()
+        return (measured.per_s, measured.latency_s,
+                f", the broker's: {measured.calls} cold calls in {measured.seconds:.1f} s,")
+    except WakeloopError as exc:
         return None, 0.0, f": the broker did not say ({exc})"
 
 

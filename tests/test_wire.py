@@ -1,0 +1,68 @@
+"""The broker's typed wire (orchestrator/broker/wire.py): one parse, one encoder.
+
+No engine: what a line becomes, what is refused before any agent is looked
+up, and that what the client encodes the server parses back unchanged.
+The server's use of it, against a real engine, is in test_broker.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from orchestrator.broker import wire
+from orchestrator.broker.wire import BrokerError
+
+EVERY_OP = [wire.Ping(), wire.Rate(), wire.Check("alpha"), wire.WindDown("alpha"),
+            wire.Run("alpha", "ls -la"), wire.Run("alpha", "ls", max_output_chars=100),
+            wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
+            wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
+            wire.Read("alpha", "read_text", "memory/core.md"), wire.Read("alpha", "journal_names", None)]
+
+
+@pytest.mark.parametrize("request_", EVERY_OP, ids=lambda r: type(r).__name__)
+def test_what_the_client_encodes_the_server_parses_back_unchanged(request_):
+    line = wire.encode(request_)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert wire.parse(json.loads(line)) == request_
+
+
+def test_every_op_has_its_type_and_each_type_one_op():
+    assert set(wire.OPS) == {type(r).op for r in EVERY_OP}
+
+
+@pytest.mark.parametrize("raw, says", [
+    ([], "one JSON object"),
+    ({"op": "create_container", "image": "alpine"}, "unknown op"),
+    ({"op": ["run"]}, "unknown op"),
+    ({"op": "run", "agent": "../alpha", "command": "id"}, "agent must be the name of a folder"),
+    ({"op": "check", "agent": 7}, "agent must be the name of a folder"),
+    ({"op": "run", "agent": "alpha", "command": " "}, "non-empty string"),
+    ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
+    ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
+    ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
+    ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
+    ({"op": "write", "agent": "alpha", "path": "a", "content_b64": "not base64!"}, "base64"),
+    ({"op": "append", "agent": "alpha", "path": "memory/core.md", "content_b64": ""}, "append is only for"),
+    ({"op": "append", "agent": "alpha", "path": "memory/journal/2026-12-01.md",
+      "content_b64": base64.b64encode(b"x" * (wire.APPEND_MAX_BYTES + 1)).decode()}, "at most"),
+    ({"op": "read", "agent": "alpha", "what": "__class__", "arg": "x"}, "read is one of"),
+    ({"op": "read", "agent": "alpha", "what": "read_text"}, "needs a string arg"),
+])
+def test_a_malformed_request_is_refused_in_one_line_before_any_agent_is_looked_up(raw, says):
+    with pytest.raises(BrokerError, match=says) as refused:
+        wire.parse(raw)
+    assert "\n" not in str(refused.value)
+
+
+def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
+    parsed = wire.parse({"op": "run", "agent": "alpha", "command": "id", "image": "alpine",
+                         "privileged": True, "timeout_s": 999, "user": "0:0"})
+    assert parsed == wire.Run("alpha", "id")
+
+
+def test_a_refusal_has_one_shape():
+    assert wire.refusal(wire.Refusal("no", refused=True)) == {"ok": False, "error": "no", "refused": True}
+    assert wire.ok({"value": 1}) == {"ok": True, "result": {"value": 1}}
