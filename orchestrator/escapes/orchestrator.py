@@ -111,7 +111,8 @@ def _refusals(served: _Served, names: list[str], must_say: str, op: str = "check
     """None if every agent in `names` is refused within BOUND_S with `must_say` in the
     reason, else the finding (ESCAPED or not) as text."""
     for name in names:
-        reply, seconds = served.ask({"op": op, "agent": name})
+        # A whole request of its kind: what is refused must be the agent, not the line.
+        reply, seconds = served.ask({"op": op, "agent": name, **({"command": "true"} if op == "run" else {})})
         if reply is None:
             return escaped(f"{name}: the broker did not answer within {BOUND_S:g}s: it is stuck on a planted file")
         if reply.get("ok"):
