@@ -181,6 +181,14 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
     assert result.exit_code == 0 and result.output.strip() == fake
 
 
+def test_the_compose_healthcheck_pings_the_broker_with_the_wires_own_line(broker, tmp_path):
+    from orchestrator import healthcheck
+    from orchestrator.broker import wire
+    assert healthcheck.PING == wire.encode(wire.Ping())
+    assert healthcheck.broker(str(broker)) is None and healthcheck.main(["broker", str(broker)]) == 0
+    assert healthcheck.main(["broker", str(tmp_path / "no.sock")]) == 1
+
+
 def test_a_smaller_output_cap_of_the_caller_is_kept_and_a_larger_one_is_not(broker):
     box = BrokerSandbox(broker, "alpha")
     small = box.run("head -c 5000 /dev/zero | tr '\\0' x", timeout_s=30, max_output_chars=100)

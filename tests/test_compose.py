@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from support import scrubbed_env
+from support import scrubbed_env, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DISKS = REPO / "disks"                 # compose's ./disks: the agents' workspace disks
@@ -112,6 +112,14 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
     assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])
     assert not any("docker.sock" in m["Source"] for m in orchestrator["Mounts"])
+    # Healthchecks: the orchestrator started only once the broker answered ping; its console's
+    # /healthz follows (one 10 s interval after its start). Logs rotate on both.
+    health = lambda s: (docker_client.api.inspect_container(ids[s])["State"].get("Health") or {}).get("Status")  # noqa: E731
+    assert health("broker") == "healthy"
+    wait_for(lambda: health("orchestrator") == "healthy", "the console's healthcheck", timeout_s=60)
+    for inspected in (broker, orchestrator):
+        assert inspected["HostConfig"]["LogConfig"] == {"Type": "json-file",
+                                                        "Config": {"max-file": "3", "max-size": "10m"}}
 
     # The console, published on the host's loopback: the sign-in URL in the log (the host's port),
     # then the demo on the fleet page; its wake in /metrics (open on loopback).

@@ -504,6 +504,18 @@ def test_only_the_login_page_and_the_stylesheet_are_open_not_paths_that_start_li
         assert status == 303 and headers["location"].startswith("/login?next="), path
 
 
+def test_healthz_needs_no_token_says_only_ok_and_is_what_compose_checks(serve_console):
+    from orchestrator import healthcheck
+    client = serve_console()
+    status, _, body = client.get("/healthz")
+    assert (status, body) == (200, "ok\n")
+    assert client.raw("GET", "/healthz", [("Host", "rebind.example")])[0] == 421   # the Host check first
+    assert client.raw("GET", "/healthz/../agents/one", [("Host", f"127.0.0.1:{client.port}")])[0] == 303
+    assert healthcheck.console(client.url + "healthz") is None
+    assert healthcheck.main(["console", client.url + "healthz"]) == 0
+    assert "console at" in healthcheck.console(client.url + "agents/one")   # the login redirect is no "ok"
+
+
 def test_under_compose_the_published_port_is_a_public_name_and_the_sign_in_url_uses_it():
     """compose.yaml: `--http 0.0.0.0:8765 --published-on-loopback --public-name 127.0.0.1:${PORT}`."""
     from orchestrator.console.hosts import Hosts

@@ -106,7 +106,8 @@ class Console:
                   Route("/login", self.login, methods=["GET", "POST"]),
                   Route("/logout", self.logout, methods=["POST"]),
                   Route("/metrics", self.metrics), Route("/static/console.css", self.css),
-                  Route("/favicon.ico", lambda request: Response(status_code=204))]
+                  Route("/favicon.ico", lambda request: Response(status_code=204)),
+                  Route("/healthz", lambda request: Response("ok\n", media_type="text/plain"))]
         app = Starlette(routes=routes)
         app.add_middleware(_Guard, console=self)
         return app
@@ -242,7 +243,7 @@ class Console:
 class _Guard:
     """First the Host (421 unless it is ours), then the token; our headers on every response."""
 
-    OPEN = ("/login", "/static/console.css", "/favicon.ico")    # exact paths: no token needed
+    OPEN = ("/login", "/static/console.css", "/favicon.ico", "/healthz")    # exact paths: no token needed
 
     def __init__(self, app, console: Console):
         self.app, self.console = app, console
