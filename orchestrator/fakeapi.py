@@ -245,7 +245,8 @@ def _segments(body: dict) -> list[tuple[str, bool]]:
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         for block in content:
-            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True), "cache_control" in block))
+            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True),
+                         "cache_control" in block))
     return segs
 
 

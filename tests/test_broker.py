@@ -401,7 +401,8 @@ def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
     try:
         for name in ("alpha", "beta"):
             assert broker.handle({"op": "run", "agent": name, "command": "true"})["ok"]
-            wait_for(lambda: len(pool_containers(docker_client, root / name / "workspace")) >= 1, "a warm pool")
+            wait_for(lambda name=name: len(pool_containers(docker_client, root / name / "workspace")) >= 1,
+                     "a warm pool")
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []

@@ -136,7 +136,7 @@ class Pages:
         with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
             now, note = utcnow(), scheduler_note(self.root)
             rows = [self.rows.row(path, note is None,
-                                  lambda: fleet_row(path, now, note is not None, self.agents.load))
+                                  lambda path=path: fleet_row(path, now, note is not None, self.agents.load))
                     for path in agent_dirs(self.root) if not path.is_symlink()]
         return {"rows": rows, "note": note, "root": str(self.root),
                 "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),

@@ -366,7 +366,7 @@ def _git_write(name: str, expected: str, paths: list[str], plant: str = "") -> P
         registry = _registry(t, [])
         answers = [registry.call("write_file", {"path": p, "content": HOOK}) for p in paths]
         landed = [p for p in paths if os.path.lexists(t.workspace / p)]
-        accepted = [p for p, a in zip(paths, answers) if not a.is_error]
+        accepted = [p for p, a in zip(paths, answers, strict=True) if not a.is_error]
         if landed or accepted:
             return escaped(f"write_file wrote {sorted(set(landed + accepted))}")
         first = answers[0].text.splitlines()[-1]

@@ -334,7 +334,7 @@ def _calls_in_flight(t: Trial) -> str:
         fifos = [views["alpha"] / "hold", views["alpha"] / "hold2", views["beta"] / "hold"]
         holders, writers, opened = [], [], []
         try:
-            for fifo, agent in zip(fifos, ("alpha", "alpha", "beta")):
+            for fifo, agent in zip(fifos, ("alpha", "alpha", "beta"), strict=True):
                 done = threading.Event()
                 writer = threading.Thread(target=lambda f=fifo, d=done: (opened.append(open(f, "wb")), d.set()),
                                           daemon=True)

@@ -297,7 +297,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
     note = scheduler_note(root)
-    return (note + "\n" if note else "") + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+    return (note + "\n" if note else "") + "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
 
 
 def status_table(root: Path) -> str:

@@ -65,8 +65,8 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
 def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
     emit(agent.state_dir, agent.notify, payload(
-        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says", text, run_id,
-        {"wake": wake}))
+        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says",
+        text, run_id, {"wake": wake}))
 
 
 def after_wake(agent, receipt) -> None:
@@ -75,7 +75,8 @@ def after_wake(agent, receipt) -> None:
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
     if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
         emit(agent.state_dir, agent.notify, payload(
-            agent.name, r.status, f"{r.run_id}/{r.status}", f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
+            agent.name, r.status, f"{r.run_id}/{r.status}",
+            f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
             f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
     if r.status != "blocked":           # waiting for money is not failing
         _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,

@@ -188,7 +188,8 @@ def load_ceiling(path: str | Path) -> Ceiling:
 
     def fail(keys: tuple, message: str) -> PolicyError:
         line = line_of(node, keys)
-        return PolicyError(f"{path}{f':{line}' if line else ''}: {'.'.join(k for k in keys if isinstance(k, str)) or '(top level)'}: {message}")
+        where = '.'.join(k for k in keys if isinstance(k, str)) or '(top level)'
+        return PolicyError(f"{path}{f':{line}' if line else ''}: {where}: {message}")
 
     if not isinstance(data, dict):
         raise fail((), f"a ceiling is a mapping of {', '.join(KEYS)}")

@@ -107,7 +107,8 @@ class WakeLock:
             return
         try:
             if self._still_linked(self.fd):
-                state_folder(self.path.parent).unlink(LOCK_FILE)  # before unlocking: nobody locks a file about to vanish
+                # before unlocking: nobody locks a file about to vanish
+                state_folder(self.path.parent).unlink(LOCK_FILE)
         finally:
             os.close(self.fd)
             self.fd = None

@@ -1,4 +1,4 @@
-"""One wake, top to bottom: lock → retention → context → model → registry → sandbox → events → journal → state → receipt.
+"""One wake, in order: lock → retention → context → model → registry → sandbox → events → journal → state → receipt.
 
 Beside the events, every step's words go to the wake's transcript
 (records/transcript.py) as they happen, and news for a person (a dead
