@@ -181,7 +181,7 @@ def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
     from orchestrator.sandbox import disk
     key = disk.lookup(agent.dir.resolve())
-    return bool(key) and disk.path_of(key, "img").exists()
+    return bool(key and disk.path_of(key, "img").exists())
 
 
 def cmd_disk_list(args) -> int:

@@ -421,7 +421,7 @@ class Broker:
             names = [n for n, e in self._boxes.items()
                      if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())]
             idle = [self._retire(n) for n in names]
-        for entry in idle:
+        for entry in filter(None, idle):   # none is None: each was idle (busy == 0)
             self._close_box(entry.box)
             self.log(f"{entry.box.agent}: closed its idle sandbox and let go of its disk")
 

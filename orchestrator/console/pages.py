@@ -105,7 +105,7 @@ class RowCache:
 
 
 def _fingerprint(path: Path) -> tuple:
-    out = []
+    out: list[tuple[int, int, int] | None] = []
     for rel in ROW_SOURCES:
         try:
             st = os.stat(path / rel, follow_symlinks=False)
@@ -197,6 +197,7 @@ def turns(lines: list[dict]) -> list[dict]:
     """Transcript lines grouped by step: what the harness sent, what the model said, what ran."""
     out: list[dict] = []
     results: dict[str, dict] = {}
+    call: dict | None
     for line in lines:
         if line["type"] not in ("user", "assistant", "tool_result", "truncated"):
             continue

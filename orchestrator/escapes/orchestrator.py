@@ -86,8 +86,8 @@ class _Served:
 
 
 @contextmanager
-def _broker(t: Trial, ceiling=None, agents: dict[str, dict] | None = None):
-    """A temp ROOT under the trial with `agents` (name -> inline policy), served."""
+def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None):
+    """A temp ROOT under the trial with `agents` (name -> inline policy, or its file), served."""
     from orchestrator.policy.agent import init_agent
     from orchestrator.policy.ceiling import Ceiling
     root = t.dir / "root"
@@ -336,8 +336,11 @@ def _calls_in_flight(t: Trial) -> str:
         try:
             for fifo, agent in zip(fifos, ("alpha", "alpha", "beta"), strict=True):
                 done = threading.Event()
-                writer = threading.Thread(target=lambda f=fifo, d=done: (opened.append(open(f, "wb")), d.set()),
-                                          daemon=True)
+
+                def open_fifo(f=fifo, d=done) -> None:
+                    opened.append(open(f, "wb"))
+                    d.set()
+                writer = threading.Thread(target=open_fifo, daemon=True)
                 writers.append(writer)
                 writer.start()   # the open returns once the box's `cat` has the FIFO open: the call is in flight
                 call = threading.Thread(target=served.ask, args=(
@@ -471,7 +474,7 @@ def _allowlist_churn(t: Trial) -> str:
     return held(f"{len(lists) - 1} allow_hosts changes left one proxy set, and closing the broker none")
 
 
-def _egress_keys(client) -> set[str]:
+def _egress_keys(client) -> set[str | None]:
     """Keys of every allowlist container and network on the engine. The low-level
     lists: no per-object inspect to race with another process's removals."""
     from orchestrator.sandbox import network

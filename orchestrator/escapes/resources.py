@@ -301,7 +301,9 @@ class _CpuWatcher:
     boxes: the truth under any runtime (gVisor keeps its own clock inside)."""
 
     def __init__(self, t: Trial):
-        self.t, self.samples, self.quota = t, {}, {}
+        self.t = t
+        self.samples: dict[str, list[tuple[float, float]]] = {}
+        self.quota: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -425,7 +427,8 @@ class _LogWatcher:
     """Polls the engine's log file of this workspace's box while it runs."""
 
     def __init__(self, t: Trial):
-        self.t, self.largest, self.readable, self.config = t, 0, None, None
+        self.t, self.largest, self.readable = t, 0, None
+        self.config: dict | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 

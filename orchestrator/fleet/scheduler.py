@@ -229,7 +229,7 @@ class Scheduler:
 
     def _due_tick(self, entry: _Entry, now: datetime) -> datetime | None:
         """The tick of `entry` that falls due now and should queue a wake, or None."""
-        if entry.due is None or entry.due > now:
+        if entry.due is None or entry.schedule is None or entry.due > now:
             return None
         tick = entry.due
         entry.due = entry.schedule.next_after(tick)
@@ -408,7 +408,7 @@ def _check_prices(agent: Agent) -> None:
 
 
 def serve(root: Path, max_concurrent: int | None = None,
-          beside: Callable[[Scheduler], Callable[[], None]] | None = None) -> int:
+          beside: Callable[[Scheduler], Callable[[], object]] | None = None) -> int:
     """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT.
     Without `max_concurrent`, it is fitted to the host (capacity.py).
     `beside(scheduler)` starts what runs next to it (the console, metrics) and

@@ -283,7 +283,7 @@ def current_wake(sd: Path) -> dict | None:
         return None
     newest = find_run(sd, None)
     lines = list(read_lines(newest)) if newest else []
-    if not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
+    if newest is None or not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
         return {"run_id": None, "step": 0, "started_at": holder.started, "pid": holder.pid}
     steps = [line["step"] for line in lines if isinstance(line.get("step"), int)]
     return {"run_id": newest.stem, "step": max(steps, default=0), "started_at": lines[0].get("t"),

@@ -19,7 +19,7 @@ Not here: sending (sender.py), the failure rules (health.py).
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
@@ -150,7 +150,7 @@ def digest(state_dir: Path, name: str, day: str) -> dict:
     events = [e for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated files too
     receipts = [e.data.get("receipt") or {} for e in events if e.type == "wake_finished"]
     statuses = Counter(r.get("status", "?") for r in receipts)
-    cost: Counter = Counter()
+    cost: defaultdict[str, float] = defaultdict(float)
     unknown = {r.get("model", "?") for r in receipts if r.get("live") and r.get("usd") is None}
     for r in receipts:
         cost[r.get("model", "?")] += float(r.get("usd") or 0)

@@ -64,8 +64,11 @@ def _renaming_keeps_one_disk(t: Trial) -> str:
 
 def _one_shot_call_releases(t: Trial) -> str:
     from orchestrator.broker.client import open_sandbox
+    from orchestrator.sandbox.engine import DockerSandbox
     agent = load_agent(init_agent(t.dir / "one-shot"))
     box = open_sandbox(agent, warm=0, environ={})   # `wakeloop sandbox exec`: the local engine
+    assert isinstance(box, DockerSandbox)           # (no broker socket in that environ)
+    assert box.disk is not None                     # the default policy gives the workspace a disk
     try:
         box.run("echo x > made.txt", timeout_s=CALL_S, max_output_chars=100)
     finally:

@@ -59,7 +59,8 @@ class _Hook:
     """An HTTP receiver: every request's method, path and body, answered with `status` (and `location`)."""
 
     def __init__(self, status: int = 200, location: str = ""):
-        self.status, self.location, self.requests = status, location, []
+        self.status, self.location = status, location
+        self.requests: list[tuple[str, str, str]] = []
 
     def __enter__(self) -> "_Hook":
         hook = self
@@ -199,7 +200,7 @@ def _secret_target(t: Trial) -> str:
     from orchestrator.notify.config import DEFAULT_ON, Channel
     from orchestrator.notify.outcomes import payload
     environ = {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_TOKEN}
-    said = []
+    said: list[str] = []
     with _Hook() as hook:
         for name in ("ANTHROPIC_API_KEY", "WAKELOOP_CONSOLE_TOKEN"):
             target = hook.url(f"/k/${{{name}}}")
