@@ -43,7 +43,7 @@ def cmd_sandbox_exec(args) -> int:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
     from orchestrator.broker.client import open_sandbox
-    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    say = lambda line: print(line, file=sys.stderr)
     box = open_sandbox(agent, warm=0, say=say)  # the broker under compose, as the bash tool; one call: no pool
     bash = agent.policy.tools.bash
     try:

@@ -470,7 +470,7 @@ class Broker:
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
-    fixed = lambda p: (p.pool, p.network, p.allow_hosts)  # noqa: E731
+    fixed = lambda p: (p.pool, p.network, p.allow_hosts)
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
@@ -507,16 +507,18 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
 
 
 class _Handler(socketserver.BaseRequestHandler):
+    server: _Server                  # the one make_server made
+
     def handle(self):
         server = self.server
-        with server.connections_lock:  # type: ignore[attr-defined]
-            server.open_connections += 1  # type: ignore[attr-defined]
-            over = server.open_connections > MAX_CONNECTIONS  # type: ignore[attr-defined]
+        with server.connections_lock:
+            server.open_connections += 1
+            over = server.open_connections > MAX_CONNECTIONS
         try:
-            self._serve(server.broker, over)  # type: ignore[attr-defined]
+            self._serve(server.broker, over)
         finally:
-            with server.connections_lock:  # type: ignore[attr-defined]
-                server.open_connections -= 1  # type: ignore[attr-defined]
+            with server.connections_lock:
+                server.open_connections -= 1
 
     def _serve(self, broker: "Broker", over: bool):
         try:
@@ -549,21 +551,22 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     request_queue_size = 128         # the listen backlog (socketserver's default is 5): a burst of
                                      # connections waits to be accepted instead of being refused
     open_connections = 0             # counted by _Handler, under connections_lock
-    connections_lock = threading.Lock()
+    connections_lock: threading.Lock     # make_server's, one per server
+    broker: Broker                   # make_server's
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
         # only delays the next accept, and requests wait in the listen backlog.
         super().service_actions()
-        self.broker.sweep()  # type: ignore[attr-defined]
+        self.broker.sweep()
 
 
 def make_server(broker: Broker, socket_path: Path) -> _Server:
     """A server for `broker` listening on `socket_path`; the caller runs serve_forever,
     then shutdown and server_close (which joins the request threads)."""
     server = _Server(str(socket_path), _Handler)
-    server.broker = broker  # type: ignore[attr-defined]
-    server.connections_lock = threading.Lock()  # type: ignore[misc]
+    server.broker = broker
+    server.connections_lock = threading.Lock()
     return server
 
 
@@ -585,7 +588,7 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
-    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
+    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, halt)
         signal.signal(signal.SIGINT, halt)

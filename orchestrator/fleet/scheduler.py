@@ -320,7 +320,7 @@ class Scheduler:
         lags = sorted(self.lags)
         if not lags:
             return None, None
-        at = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]  # noqa: E731
+        at = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]
         return at(0.50), at(0.99)
 
     def lag_line(self) -> str:
@@ -426,7 +426,7 @@ def serve(root: Path, max_concurrent: int | None = None,
     scheduler = Scheduler(Path(root), choice.wakes, why=choice.why)
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
-    stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()  # noqa: E731
+    stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()
     signal.signal(signal.SIGTERM, stop_soon)
     signal.signal(signal.SIGINT, stop_soon)
     stop_beside = beside(scheduler) if beside else None

@@ -231,7 +231,7 @@ def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Boo
     with locked(state_dir, LEDGER_LOCK):
         book = read_book(state_dir)
         date = today()
-        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))  # noqa: E731
+        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))
         days = dict(book.days)
         days[date] = add(book.day(date))
         for old in sorted(days)[:-KEEP_DAYS]:

@@ -114,7 +114,7 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
     _no_pool(init_agent(root / "alpha"))
     broker = Broker(root, client=t.lab.client, log=lambda line: None)
     try:
-        call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})  # noqa: E731
+        call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})
         call("alpha", f"echo {canary} > secret.txt")
         key = disk.lookup(root / "alpha")
         (root / "alpha").rename(root / "kept")       # alpha's folder, now under another name
