@@ -271,6 +271,8 @@ def request(socket_path: str, req: Request, timeout_s: float) -> dict:
     if not reply.get("ok"):
         error = BrokerRefusal if reply.get("refused") else SandboxError
         raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
+    if not isinstance(reply.get("result"), dict):
+        raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
     return reply["result"]
 
 
