@@ -69,6 +69,7 @@ import os
 import re
 import socket
 import socketserver
+import ssl
 import stat
 import threading
 import time
@@ -83,7 +84,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError
-from orchestrator.broker import wire
+from orchestrator.broker import tls, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
@@ -513,10 +514,28 @@ class _Handler(socketserver.BaseRequestHandler):
             server.open_connections += 1  # type: ignore[attr-defined]
             over = server.open_connections > MAX_CONNECTIONS  # type: ignore[attr-defined]
         try:
-            self._serve(server.broker, over)  # type: ignore[attr-defined]
+            if self._proven(server):
+                self._serve(server.broker, over)  # type: ignore[attr-defined]
         finally:
             with server.connections_lock:  # type: ignore[attr-defined]
                 server.open_connections -= 1  # type: ignore[attr-defined]
+
+    def _proven(self, server) -> bool:
+        """Over TLS: the handshake, and the client proven the orchestrator (tls.py), or the
+        connection closed with nothing sent and a line in the log. A unix socket: as it is."""
+        if server.tls is None:
+            return True
+        try:
+            self.request = tls.accept(self.request, server.tls, REQUEST_READ_S)
+        except (ssl.SSLError, OSError) as exc:
+            server.broker.log(f"refused a connection from {self.client_address[0]}: "
+                              f"{getattr(exc, 'reason', None) or exc}")
+            return False
+        return True
+
+    def finish(self):
+        if isinstance(self.request, ssl.SSLSocket):   # the server closes the plain socket it accepted,
+            self.request.close()                      # which the TLS one took over
 
     def _serve(self, broker: "Broker", over: bool):
         try:
@@ -541,7 +560,7 @@ class _Handler(socketserver.BaseRequestHandler):
             pass  # the client went away; the container is gone already
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _Serving(socketserver.ThreadingMixIn):
     # On shutdown server_close() joins the request threads: a call in flight
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
@@ -550,6 +569,7 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                                      # connections waits to be accepted instead of being refused
     open_connections = 0             # counted by _Handler, under connections_lock
     connections_lock = threading.Lock()
+    tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
@@ -558,32 +578,59 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.broker.sweep()  # type: ignore[attr-defined]
 
 
-def make_server(broker: Broker, socket_path: Path) -> _Server:
-    """A server for `broker` listening on `socket_path`; the caller runs serve_forever,
+class _Server(_Serving, socketserver.UnixStreamServer):
+    pass
+
+
+class _TLSServer(_Serving, socketserver.TCPServer):
+    allow_reuse_address = True       # a restarted broker binds its port again at once
+
+
+class _TLSServer6(_TLSServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None) -> _Serving:
+    """A server for `broker` listening on `address`: a unix socket's path, or tls://HOST:PORT
+    with the broker's certificates in `tls_dir` (tls.py). The caller runs serve_forever,
     then shutdown and server_close (which joins the request threads)."""
-    server = _Server(str(socket_path), _Handler)
+    if str(address).startswith(tls.SCHEME):
+        if tls_dir is None:
+            raise tls.TLSConfigError(f"listening on {address} needs --tls-dir: the folder with "
+                                     f"{tls.CA} and {tls.BROKER_NAME}.pem/.key")
+        context = tls.server_context(Path(tls_dir).resolve())
+        host, port = tls.host_port(str(address))
+        server: _Serving = (_TLSServer6 if ":" in host else _TLSServer)((host, port), _Handler)
+        server.tls = context
+    else:
+        server = _Server(str(address), _Handler)
     server.broker = broker  # type: ignore[attr-defined]
     server.connections_lock = threading.Lock()  # type: ignore[misc]
     return server
 
 
-def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
-          stop: threading.Event | None = None, ceiling: Ceiling | None = None) -> int:
-    """`wakeloop broker ROOT --socket PATH [--ceiling FILE]`: serve until SIGTERM/SIGINT (or `stop`)."""
+def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
+          stop: threading.Event | None = None, ceiling: Ceiling | None = None,
+          tls_dir: Path | None = None) -> int:
+    """`wakeloop broker ROOT --socket PATH | --listen tls://HOST:PORT --tls-dir DIR [--ceiling FILE]`:
+    serve until SIGTERM/SIGINT (or `stop`)."""
     import signal
     root = Path(root).resolve()
     if not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True), ceiling=ceiling)
     left = _cleanup(broker, root)
-    socket_path = Path(socket_path)
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    if socket_path.is_socket():
-        socket_path.unlink()  # a stale socket from a broker that died
-    server = make_server(broker, socket_path)
-    _hand_socket_to_root_owner(socket_path, root)
+    socket_path = None if str(address).startswith(tls.SCHEME) else Path(address)
+    if socket_path is not None:
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if socket_path.is_socket():
+            socket_path.unlink()  # a stale socket from a broker that died
+    server = make_server(broker, socket_path or address, tls_dir)
+    if socket_path is not None:
+        _hand_socket_to_root_owner(socket_path, root)
+    where = socket_path or f"{address} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
-          f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
+          f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
     if threading.current_thread() is threading.main_thread():
@@ -594,11 +641,12 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     if ready is not None:
         ready.set()
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.serve_forever(poll_interval=0.2)  # type: ignore[attr-defined]
     finally:
-        server.server_close()
+        server.server_close()  # type: ignore[attr-defined]
         broker.close()  # after the last request: every agent's idle pool containers go
-        socket_path.unlink(missing_ok=True)
+        if socket_path is not None:
+            socket_path.unlink(missing_ok=True)
         left = _cleanup(broker, root)
     print(f"broker: stopped{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     return 0
