@@ -15,6 +15,7 @@ import select
 import signal
 import stat
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -179,10 +180,10 @@ def test_a_commit_or_an_undo_killed_at_any_step_is_finished_at_the_next_start(wa
         trial = tmp_path / f"trial-{steps}"
         subprocess.run(["cp", "-a", str(template), str(trial)], check=True)
         t_lower, t_upper, undo = trial / "lower", trial / "upper", trial / "undo"
-        finished = kill_at(steps, lambda: commit(t_upper, t_lower, undo, "run-1", allowed))
+        finished = kill_at(steps, partial(commit, t_upper, t_lower, undo, "run-1", allowed))
         recover(t_lower, undo)
         committed = tree(t_lower)
-        undone = kill_at(steps, lambda: undo_run(t_lower, undo, []))
+        undone = kill_at(steps, partial(undo_run, t_lower, undo, []))
         recover(t_lower, undo)
         assert tree(t_lower) == before, f"killed at step {steps}: the undo did not put it all back"
         # Before its manifest lands (step 0) the wake has not begun to commit: as before it, whole.

@@ -570,12 +570,13 @@ class _Serving(socketserver.ThreadingMixIn):
     open_connections = 0             # counted by _Handler, under connections_lock
     connections_lock = threading.Lock()
     tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
+    broker: "Broker"                    # set by make_server
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
         # only delays the next accept, and requests wait in the listen backlog.
         super().service_actions()
-        self.broker.sweep()  # type: ignore[attr-defined]
+        self.broker.sweep()
 
 
 class _Server(_Serving, socketserver.UnixStreamServer):
@@ -590,7 +591,7 @@ class _TLSServer6(_TLSServer):
     address_family = socket.AF_INET6
 
 
-def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None) -> _Serving:
+def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None) -> _Server | _TLSServer:
     """A server for `broker` listening on `address`: a unix socket's path, or tls://HOST:PORT
     with the broker's certificates in `tls_dir` (tls.py). The caller runs serve_forever,
     then shutdown and server_close (which joins the request threads)."""
@@ -600,11 +601,11 @@ def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None
                                      f"{tls.CA} and {tls.BROKER_NAME}.pem/.key")
         context = tls.server_context(Path(tls_dir).resolve())
         host, port = tls.host_port(str(address))
-        server: _Serving = (_TLSServer6 if ":" in host else _TLSServer)((host, port), _Handler)
+        server: _Server | _TLSServer = (_TLSServer6 if ":" in host else _TLSServer)((host, port), _Handler)
         server.tls = context
     else:
         server = _Server(str(address), _Handler)
-    server.broker = broker  # type: ignore[attr-defined]
+    server.broker = broker
     server.connections_lock = threading.Lock()  # type: ignore[misc]
     return server
 
@@ -641,9 +642,9 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
     if ready is not None:
         ready.set()
     try:
-        server.serve_forever(poll_interval=0.2)  # type: ignore[attr-defined]
+        server.serve_forever(poll_interval=0.2)
     finally:
-        server.server_close()  # type: ignore[attr-defined]
+        server.server_close()
         broker.close()  # after the last request: every agent's idle pool containers go
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)

@@ -129,7 +129,8 @@ def accept(sock: socket.socket, context: ssl.SSLContext, timeout_s: float) -> ss
     tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
     try:
         tls.do_handshake()
-        names = [value for kind, value in (tls.getpeercert() or {}).get("subjectAltName", ()) if kind == "DNS"]
+        alt_names = (tls.getpeercert() or {}).get("subjectAltName", ())   # ((kind, value), ...)
+        names = [pair[1] for pair in alt_names if isinstance(pair, tuple) and pair[0] == "DNS"]
         if names != [ORCHESTRATOR_NAME]:
             raise ssl.SSLError(f"the client's certificate names {names or 'nothing'}, not {ORCHESTRATOR_NAME}")
     except BaseException:

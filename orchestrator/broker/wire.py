@@ -156,9 +156,10 @@ def parse(obj) -> Request:
     """A request line's JSON value as its op, or BrokerError with the one line why."""
     if not isinstance(obj, dict):
         raise BrokerError("a request is one JSON object")
-    cls = OPS.get(obj.get("op")) if isinstance(obj.get("op"), str) else None
+    op = obj.get("op")
+    cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
-        raise BrokerError(f"unknown op {obj.get('op')!r:.80}; the broker offers only {', '.join(OPS)}")
+        raise BrokerError(f"unknown op {op!r:.80}; the broker offers only {', '.join(OPS)}")
     if cls in (Ping, Rate):
         return cls()
     agent = agent_name(obj.get("agent"))

@@ -153,10 +153,10 @@ def check(changes: list[Change], protect: tuple[str, ...] = (), protect_git: boo
         rule = _rule(change, protect, protect_git)
         if rule is None and change.kind == "deleted" and change.type == "dir":
             under = next((r for r in refused if r.change.path.startswith(change.path + "/")), None)
-            rule = under and f"{under.rule} (beneath it: {under.change.path})"
+            rule = f"{under.rule} (beneath it: {under.change.path})" if under else None
         if rule is None and change.kind == "added":   # in the place of what could not be deleted
             kept = next((r for r in refused if r.change.path == change.path), None)
-            rule = kept and kept.rule
+            rule = kept.rule if kept else None
         if rule:
             refused.append(Refused(change, rule))
         else:
