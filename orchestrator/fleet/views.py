@@ -22,7 +22,7 @@ from orchestrator.notify import health, queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
-from orchestrator.records import retention
+from orchestrator.records import retention, stopswitch
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
@@ -243,7 +243,8 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
     row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
            "last_wake": _short_time(r.get("started_at"), now) if r else "never",
            "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-           "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+           "next_wake": ("fleet stopped" if stopswitch.is_stopped(path.parent) else "paused" if h["paused"]
+                         else "no scheduler" if no_scheduler
                          else stamp(nxt) if nxt else "bad schedule"),
            "next_wake_at": nxt.timestamp() if nxt else None,
            "health": _health_line(h),
@@ -296,8 +297,14 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
-    note = scheduler_note(root)
-    return (note + "\n" if note else "") + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+    notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
+    return "".join(n + "\n" for n in notes) + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+
+
+def fleet_notes(root: Path) -> list[str]:
+    """Lines about the whole fleet, above its table: the switch (ROOT/STOP)."""
+    halted = stopswitch.read(root)
+    return [f"STOPPED: {halted.describe()}"] if halted else []
 
 
 def status_table(root: Path) -> str:

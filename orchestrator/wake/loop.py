@@ -44,9 +44,14 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked.
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped.
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
-boundary with status done, reason "stopped".
+boundary with status done, reason "stopped". The fleet's switch (ROOT/STOP,
+records/stopswitch.py) is looked at before the wake starts and at every
+step boundary and tool call: present, the wake ends with status `stopped`
+and the switch's who, when and why as its reason; the sandbox has killed
+any call in flight (engine.py) and starts no other, so no journal stub is
+written either (the receipt says so).
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
 reading the workspace (workspace.py), the lock and state files (state.py),
@@ -68,6 +73,7 @@ from typing import Callable
 from orchestrator import tracing
 from orchestrator.notify import outcomes
 from orchestrator.records import ledger
+from orchestrator.records import stopswitch
 from orchestrator.records import tasks
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
@@ -105,7 +111,7 @@ class Receipt:
     run_id: str
     agent: str
     wake: int
-    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked
+    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked | stopped
     reason: str
     steps: int = 0                  # model requests
     tokens: int = 0                 # input + output + cache read + cache creation
@@ -147,6 +153,9 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     run_id = uuid.uuid4().hex[:12]
     agent.state_dir.mkdir(mode=0o700, exist_ok=True)
     events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
+    halted = stopswitch.read(agent.dir.parent)
+    if halted is not None:
+        return _not_started(agent, run_id, halted, events, say)
     lock = st.WakeLock(agent.state_dir)
     holder = lock.acquire()
     if holder is not None:
@@ -198,11 +207,22 @@ def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog,
                    reason=reason, model=agent.model, started_at=now_iso())
 
 
+def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say) -> Receipt:
+    """The fleet is stopped: this wake does not start (no lock, no sandbox, no model call)."""
+    reason = f"not started: {halted.describe()}"
+    say(f"{agent.name}: {reason}")
+    events.emit("wake_skipped", reason=reason, stopped_by=halted.who)
+    current, _ = st.load_state(agent.state_dir)
+    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status="stopped",
+                   reason=reason, model=agent.model, started_at=now_iso())
+
+
 class _Wake:
     """The state of one wake in progress; `run` reads in the order things happen."""
 
     def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop):
         self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
+        self.root = agent.dir.parent    # whose switch (ROOT/STOP) this wake obeys
         self.stop = stop or threading.Event()
         self.budget = agent.policy.budget
         self.started, self.started_at = time.monotonic(), now_iso()
@@ -352,6 +372,9 @@ class _Wake:
         tools = self.registry.to_anthropic()
         final = False
         while True:
+            halted = stopswitch.read(self.root)
+            if halted is not None:
+                return self._stopped(halted)
             if self.stop.is_set():
                 return "done", "stopped"
             if self.steps >= self.budget.max_steps:
@@ -436,7 +459,7 @@ class _Wake:
         """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
         results = []
         for call in turn.tool_uses:
-            if self.stop.is_set() or self._time_left() <= 0:
+            if self.stop.is_set() or self._time_left() <= 0 or stopswitch.is_stopped(self.root):
                 results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
                 continue
             self.tool_calls += 1
@@ -477,6 +500,11 @@ class _Wake:
             why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
             self.events.emit("notify_error", error=why)
             self.say(why)
+
+    def _stopped(self, halted: stopswitch.Stop) -> tuple[str, str]:
+        self.events.emit("stopped", who=halted.who, at=halted.at, why=halted.why, steps=self.steps)
+        self.say(f"stopped: {halted.describe()}")
+        return "stopped", halted.describe()
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
