@@ -23,7 +23,8 @@ from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
 from orchestrator.records import retention, stopswitch
-from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
+from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
 from orchestrator.records.tasks import TaskError, open_tasks
@@ -302,9 +303,33 @@ def render_fleet(rows: list[dict], root: Path) -> str:
 
 
 def fleet_notes(root: Path) -> list[str]:
-    """Lines about the whole fleet, above its table: the switch (ROOT/STOP)."""
+    """Lines about the whole fleet, above its table: the switch (ROOT/STOP), and the
+    fleet's spending where a budget caps it (ROOT/budget.yaml, or the ceiling)."""
     halted = stopswitch.read(root)
-    return [f"STOPPED: {halted.describe()}"] if halted else []
+    budget = fleet_budget(root)
+    return ([f"STOPPED: {halted.describe()}"] if halted else []) + (
+        [budget_line(budget)] if "error" in budget or budget["capped"] else [])
+
+
+def fleet_budget(root: Path) -> dict:
+    """What all agents under ROOT spent today and this month (UTC), against the fleet's caps."""
+    try:
+        caps = load_fleet_budget(root)
+        spent = FLEET_BOOKS.spent(root)
+    except ConfigError as exc:      # a bad budget.yaml or ceiling, an unreadable ledger: said, not raised
+        return {"error": str(exc)}
+    return {"usd_today": round(spent.today, 6), "usd_month": round(spent.month, 6),
+            "max_usd_per_day": caps.max_usd_per_day or None, "max_usd_per_month": caps.max_usd_per_month or None,
+            "capped": bool(caps), "source": caps.source}
+
+
+def budget_line(b: dict) -> str:
+    if "error" in b:
+        return f"fleet budget: {b['error']}"
+    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"   # noqa: E731
+    return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
+            f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
+            + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together"))
 
 
 def status_table(root: Path) -> str:

@@ -30,6 +30,11 @@ Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
 and so does `max_wake_s` (wall clock), at the first step boundary past it;
 each tool call's timeout is cut to the time left, so a hung call cannot hold
 the wake (a model request in flight keeps the SDK's own timeout).
+The USD caps (the agent's per wake, day and month; all agents' together per
+day and month, ROOT/budget.yaml) are checked before each model request
+(ledger.py Meter): a wake that cannot afford its first is `blocked`, one that
+cannot afford a later one ends `budget_stop`, its reason naming the cap
+(`fleet.max_usd_per_month: ROOT/budget.yaml: ...`).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with no tools offered and a note to write its journal
@@ -78,6 +83,7 @@ from orchestrator.records import tasks
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.policy.agent import Agent, AgentError
+from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.wake.context import CACHE, build_context, journal_day
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
@@ -149,7 +155,7 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     say = echo or (lambda line: None)
     if live is None:  # a script is a dry run's script; otherwise agent.yaml (or its env override) says
         live = False if script is not None else not agent.dry_run
-    turns, api_key = _check_config(agent, live, script, model)
+    turns, api_key, fleet = _check_config(agent, live, script, model)
     run_id = uuid.uuid4().hex[:12]
     agent.state_dir.mkdir(mode=0o700, exist_ok=True)
     events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
@@ -165,7 +171,7 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
         _retain(agent, events, say)
-        return _Wake(agent, run_id, events, lock, say, stop).run(sandbox, model, turns)
+        return _Wake(agent, run_id, events, lock, say, stop, fleet).run(sandbox, model, turns)
     finally:
         if ours is not None:
             ours.close()   # a wake leaves no connection open behind it
@@ -193,9 +199,11 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
     if live and model is None and not api_key:
         raise AgentError("ANTHROPIC_API_KEY is not set: export it for a live wake, "
                          f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)")
+    fleet = None
     if live:  # a USD cap on a model with no known price: refuse before anything starts
         ledger.check_caps(agent.model, agent.policy.budget, ledger.load_prices(), agent.policy.source)
-    return turns, api_key
+        fleet = load_fleet_budget(agent.dir.parent)   # ROOT/budget.yaml: a bad one is one line, now
+    return turns, api_key, fleet
 
 
 def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say) -> Receipt:
@@ -220,11 +228,13 @@ def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: Eve
 class _Wake:
     """The state of one wake in progress; `run` reads in the order things happen."""
 
-    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop):
+    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop,
+                 fleet: ledger.FleetCaps | None = None):
         self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
         self.root = agent.dir.parent    # whose switch (ROOT/STOP) this wake obeys
         self.stop = stop or threading.Event()
         self.budget = agent.policy.budget
+        self.fleet = fleet              # what all agents under ROOT may spend together (budget.yaml)
         self.started, self.started_at = time.monotonic(), now_iso()
         self.steps = self.tool_calls = 0
         self.input = self.output = self.cache_read = self.cache_creation = 0
@@ -250,7 +260,7 @@ class _Wake:
             self.events.emit("state_rebuilt", warning=warning)
         self.meter = ledger.Meter(self.agent.state_dir, self.agent.model, self.budget, ledger.load_prices(),
                                   billed=bool(model and model.live), where=self.agent.policy.source,
-                                  cache_ttl=CACHE.get("ttl", "5m"))
+                                  cache_ttl=CACHE.get("ttl", "5m"), fleet=self.fleet)
         blocked = self._blocked(state)
         if blocked:
             return blocked
