@@ -152,3 +152,30 @@ def test_the_broker_refuses_every_call_while_stopped(tmp_path, docker_client):
     finally:
         broker.close()
     assert our_containers(docker_client, tmp_path) == []
+
+
+def test_the_console_stops_and_starts_the_fleet_only_signed_in_with_the_forms_csrf(tmp_path):
+    from orchestrator.console.app import Console, start
+    from orchestrator.console.auth import Access
+    from test_console import TOKEN, Client
+    root = tmp_path / "agents"
+    init_agent(root / "one")
+    listening = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0)
+    try:
+        client = Client(listening.url)
+        assert client.post("/fleet/stop", {})[0] == 403 and not stopswitch.is_stopped(root)   # not signed in
+        client.sign_in()
+        assert client.post("/fleet/stop", {"csrf": "forged"})[0] == 403 and not stopswitch.is_stopped(root)
+        csrf = Access(TOKEN, True).csrf
+        assert client.post("/fleet/stop", {"csrf": csrf}, Origin="http://evil.example")[0] == 403
+        status, headers, _ = client.post("/fleet/stop", {"csrf": csrf, "reason": "a runaway agent"})
+        assert status == 303 and headers["location"] == "/?said=stop"
+        halted = stopswitch.read(root)
+        assert halted.why == "a runaway agent" and halted.who.startswith("the console")
+        html = client.get("/?said=stop")[2]
+        assert 'id="stopped"' in html and "a runaway agent" in html and 'id="fleet-start"' in html
+        assert "fleet spend: $0.0000 today (no cap)" in html
+        assert client.post("/fleet/start", {"csrf": csrf})[0] == 303 and not stopswitch.is_stopped(root)
+        assert 'id="fleet-stop"' in client.get("/")[2]
+    finally:
+        listening.stop()
