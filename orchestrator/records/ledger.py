@@ -375,8 +375,8 @@ class Meter:
         try:
             book = read_book(self.state_dir)
         except LedgerError as exc:
-            return Over("max_usd_per_day" if per_day else "max_usd_per_month",
-                        f"this agent's spending is unknown: {exc}")
+            return (Over("max_usd_per_day", f"today's spending is unknown: {exc}") if per_day
+                    else Over("max_usd_per_month", f"this month's spending is unknown: {exc}"))
         for cap, limit, spent, when in (("max_usd_per_day", per_day, book.day().usd, "today (UTC)"),
                                         ("max_usd_per_month", per_month, book.month(), "this month (UTC)")):
             if limit and spent + worst > limit:
