@@ -179,3 +179,36 @@ def test_the_console_stops_and_starts_the_fleet_only_signed_in_with_the_forms_cs
         assert 'id="fleet-stop"' in client.get("/")[2]
     finally:
         listening.stop()
+
+
+def test_serve_started_while_stopped_dispatches_nothing_until_start(tmp_path):
+    """The switch outlives serve: a scheduler made after `stop` holds its ticks and run-now
+    requests; after `start` the waiting run-now is taken. One pass at a time, no thread timing."""
+    from orchestrator.fleet.control import RUN_NOW_FILE, request_run
+    from orchestrator.fleet.schedule import utcnow
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "mine")
+    stopswitch.stop(root, why="overnight", who="ops")
+    woken: list[str] = []
+    lines: list[str] = []
+    scheduler = Scheduler(root, 4, wake_fn=lambda agent, stop: woken.append(agent.name) or {"status": "done"},
+                          out=lines.append)
+
+    def one_pass():
+        scheduler._reap()
+        scheduler._watch_switch()
+        scheduler._tick(utcnow())
+        scheduler._dispatch()
+        for thread in list(scheduler._threads.values()):
+            thread.join(timeout=30)
+
+    scheduler._scan(startup=True)
+    request_run(agent_dir / "state")
+    one_pass()                                          # due at once, and a run-now waiting: both held
+    assert woken == [] and not scheduler._threads and scheduler.load()["stopped"]
+    assert (agent_dir / "state" / RUN_NOW_FILE).exists()   # the person's request waits for `start`
+    assert any("STOPPED: " in line and "overnight" in line for line in lines)
+    stopswitch.start(root)
+    one_pass()
+    assert woken == ["mine"] and any("started: the fleet's switch is off" in line for line in lines)
+    assert not (agent_dir / "state" / RUN_NOW_FILE).exists()
