@@ -20,6 +20,7 @@ from leftovers import our_containers
 from orchestrator.broker.server import Broker
 from orchestrator.broker.wire import BrokerError
 from orchestrator.fleet.scheduler import Scheduler
+from orchestrator.fleet.views import agent_status, render_agent_status
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records import stopswitch
 from orchestrator.records.events import EVENTS_FILE, read_events
@@ -102,6 +103,7 @@ def test_no_wake_starts_while_stopped_and_start_lets_it(tmp_path):
     assert receipt.status == "stopped" and receipt.reason.startswith("not started:")
     assert "ops" in receipt.reason and "maintenance" in receipt.reason and f"wakeloop start {root}" in receipt.reason
     assert load_state(agent_dir / "state")[0].wake == 0   # nothing ran, nothing counted
+    assert render_agent_status(agent_status(load_agent(agent_dir))).startswith("STOPPED: the fleet under ")
     assert stopswitch.start(root).who == "ops"
     assert stopswitch.read(root) is None and stopswitch.start(root) is None
 

@@ -242,7 +242,8 @@ class Scheduler:
     def _tick(self, now: datetime) -> None:
         due: list[tuple[datetime, str, _Entry]] = []
         for entry in self._entries.values():
-            if self.halted is None and control.take_run_request(entry.dir / "state"):   # `wakeloop run-now`: a person asked
+            # `wakeloop run-now`: a person asked; while the fleet is stopped, the request waits
+            if self.halted is None and control.take_run_request(entry.dir / "state"):
                 self.say(f"{entry.name}: run-now requested" + (": already running or queued"
                                                                if entry.running or entry.queued else ""))
                 if not (entry.running or entry.queued):

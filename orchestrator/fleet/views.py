@@ -53,7 +53,10 @@ def agent_status(agent: Agent) -> dict:
             "warning": warning}
     try:
         book = read_book(sd)
-        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens,
+        budget = agent.policy.budget
+        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens, "month": book.month(),
+                       "max_usd_per_day": budget.max_usd_per_day or None,
+                       "max_usd_per_month": budget.max_usd_per_month or None,
                        "lifetime": book.lifetime.usd, "unpriced_calls_today": book.day().unpriced,
                        "unpriced_calls_lifetime": book.lifetime.unpriced}
     except LedgerError as exc:
@@ -63,6 +66,8 @@ def agent_status(agent: Agent) -> dict:
     except TaskError as exc:
         data["open_tasks"] = {"error": str(exc)}
     data["disk"] = disk_status(agent)
+    halted = stopswitch.read(agent.dir.parent)
+    data["fleet_stopped"] = halted.describe() if halted else None
     data["health"], data["notify"] = health_status(sd)
     rules = agent.policy.state
     data["state"] = {"bytes": retention.usage(sd), "rotate_bytes": rules.rotate_size,
@@ -174,7 +179,8 @@ def _mib(n: int) -> str:
 
 def render_agent_status(d: dict) -> str:
     mode = "dry run" if d["dry_run"] else "live"
-    lines = [f"{d['name']} ({d['dir']})",
+    lines = [f"STOPPED: {d['fleet_stopped']}"] if d.get("fleet_stopped") else []
+    lines += [f"{d['name']} ({d['dir']})",
              f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
              f"  wakes        {d['wakes']}",
              f"  tokens       {d['tokens_lifetime']:,} lifetime"]
@@ -191,8 +197,10 @@ def render_agent_status(d: dict) -> str:
     if "error" in usd:
         lines.append(f"  usd          {usd['error']}")
     else:
-        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today "
-                     f"({usd['tokens_today']:,} tokens), "
+        cap = lambda c: f" of ${c:,.2f}" if c else ""   # noqa: E731
+        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
+                     f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
+                     f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
                      f"{_usd(usd['lifetime'], usd['unpriced_calls_lifetime'])} lifetime")
     tasks = d["open_tasks"]
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
@@ -299,7 +307,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
-    return "".join(n + "\n" for n in notes) + "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    return "\n".join(notes + lines)
 
 
 def fleet_notes(root: Path) -> list[str]:

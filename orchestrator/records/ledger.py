@@ -12,7 +12,8 @@ real cost replaces the estimate. Per-day totals (UTC) and the lifetime total
 live in state/ledger.json, written atomically; a month is the sum of its
 days. The fleet's spending is every agent's ledger under ROOT, each read
 again only when its (inode, mtime, size) changed (FleetBooks), so a check
-costs one stat per agent (100 agents: ~10-17 ms on a loaded 2-core host). Wakes running at once each check before they call, so the
+costs one stat per agent (100 agents: ~10-17 ms on a loaded 2-core host).
+Wakes running at once each check before they call, so the
 fleet can pass its cap by at most one call's worst case per running wake.
 
 Not here: how the input is assembled (context.py) or what a stop means for the
