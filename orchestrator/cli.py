@@ -142,9 +142,9 @@ def cmd_stop(args) -> int:
     halted = stopswitch.stop(root, why=args.reason or "")
     note = scheduler_note(root)
     print(f"STOPPED: {halted.describe()}")
-    print("nothing starts now: no wake, no sandbox call (the broker refuses too); " +
-          ("running wakes end at their next step with a `stopped` receipt, their calls killed within "
-           f"{stopswitch.POLL_S:g}s" if note is None else f"no serve is running here ({note})"))
+    print("nothing starts now: no wake, no sandbox call (the broker refuses too); calls in flight are killed "
+          f"within {stopswitch.POLL_S:g}s and running wakes end at their next step with a `stopped` receipt"
+          + (f" ({note})" if note else ""))
     return EXIT_OK
 
 
