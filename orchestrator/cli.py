@@ -135,6 +135,39 @@ def cmd_run_now(args) -> int:
     return EXIT_OK
 
 
+def cmd_stop(args) -> int:
+    from orchestrator.fleet.control import scheduler_note
+    from orchestrator.records import stopswitch
+    root = _fleet_root(args.root)
+    halted = stopswitch.stop(root, why=args.reason or "")
+    note = scheduler_note(root)
+    print(f"STOPPED: {halted.describe()}")
+    print("nothing starts now: no wake, no sandbox call (the broker refuses too); calls in flight are killed "
+          f"within {stopswitch.POLL_S:g}s and running wakes end at their next step with a `stopped` receipt"
+          + (f" ({note})" if note else ""))
+    return EXIT_OK
+
+
+def cmd_start(args) -> int:
+    from orchestrator.records import stopswitch
+    root = _fleet_root(args.root)
+    was = stopswitch.start(root)
+    print(f"started: the fleet under {root} runs again (it was stopped since {was.at} by {was.who})" if was
+          else f"{root} was not stopped: nothing to do")
+    return EXIT_OK
+
+
+def _fleet_root(path: str):
+    from pathlib import Path
+    root = Path(path)
+    if not root.is_dir():
+        raise AgentError(f"{path} is not a folder; give ROOT, the folder that holds your agents")
+    if (root / "agent.yaml").is_file():
+        raise AgentError(f"{path} is an agent; the switch is for the whole fleet: give its ROOT "
+                         f"({root.resolve().parent}), or `wakeloop pause {path}` for this agent alone")
+    return root
+
+
 def cmd_pause(args) -> int:
     from orchestrator.notify.health import set_paused
     agent = load_agent(args.agent_dir)
@@ -514,6 +547,18 @@ def _notify_commands(sub) -> None:
     p.add_argument("agent_dir")
 
 
+def _switch_commands(sub) -> None:
+    p = _command(sub, "stop", "the one switch: nothing under ROOT starts (no wake, no sandbox call; the "
+                              "broker refuses too), running calls are killed and running wakes end "
+                              "`stopped`; holds across restarts until `wakeloop start ROOT`",
+                 "wakeloop stop agents/ --reason 'an agent is misbehaving'", cmd_stop)
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--reason", metavar="TEXT", help="why, kept in ROOT/STOP and shown by status and the console")
+    p = _command(sub, "start", "undo `wakeloop stop ROOT`: remove ROOT/STOP; serve's next ticks run",
+                 "wakeloop start agents/", cmd_start)
+    p.add_argument("root", metavar="ROOT")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakeloop", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -640,6 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(p, "the raw JSONL lines")
 
     _notify_commands(sub)
+    _switch_commands(sub)
 
     policy = _command(sub, "policy", "check or explain a policy",
                       "wakeloop policy check policies/default.yaml").add_subparsers(

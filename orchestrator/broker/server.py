@@ -37,6 +37,13 @@ REQUEST_READ_S; calls in flight, agents with a box, and open connections are
 capped, and a request past a cap is refused at once, never queued; a retired
 allowlist box takes its proxy and network with it; log lines are cut short.
 
+The fleet's switch (ROOT/STOP, records/stopswitch.py) is read from ROOT on
+every request that could start a container or a wake (`check`, `run`,
+`write`, `append`): while it is there each is refused (a BrokerError, so
+`refused: true`); and every DockerSandbox here kills its call in flight
+within POLL_S of it appearing. The file survives the broker's restart, so a
+stop holds until `wakeloop start ROOT` removes it.
+
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
@@ -89,6 +96,7 @@ from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, Broker
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import HostFiles
+from orchestrator.records import stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -219,6 +227,10 @@ class Broker:
         if isinstance(req, wire.WindDown):   # a hint that costs nothing to obey: no policy read, no box made
             self._pace(req.agent, "wind_down")
             return wire.ok({})
+        if not isinstance(req, wire.Read):   # nothing starts while the fleet is stopped
+            halted = stopswitch.read(self.root)
+            if halted is not None:
+                raise BrokerError(f"{req.agent}: refused: {halted.describe()}")
         agent = self._agent(req.agent)
         if isinstance(req, wire.Check):   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
             self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
