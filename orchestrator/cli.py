@@ -21,7 +21,7 @@ import sys
 import json
 
 from orchestrator import __version__
-from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WakeloopError
+from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
@@ -133,6 +133,39 @@ def cmd_run_now(args) -> int:
     print(f"{agent.name}: one wake requested; " + (f"it runs when serve starts ({note})" if note
                                                     else "the running serve starts it within seconds"))
     return EXIT_OK
+
+
+def cmd_stop(args) -> int:
+    from orchestrator.fleet.control import scheduler_note
+    from orchestrator.records import stopswitch
+    root = _fleet_root(args.root)
+    halted = stopswitch.stop(root, why=args.reason or "")
+    note = scheduler_note(root)
+    print(f"STOPPED: {halted.describe()}")
+    print("nothing starts now: no wake, no sandbox call (the broker refuses too); calls in flight are killed "
+          f"within {stopswitch.POLL_S:g}s and running wakes end at their next step with a `stopped` receipt"
+          + (f" ({note})" if note else ""))
+    return EXIT_OK
+
+
+def cmd_start(args) -> int:
+    from orchestrator.records import stopswitch
+    root = _fleet_root(args.root)
+    was = stopswitch.start(root)
+    print(f"started: the fleet under {root} runs again (it was stopped since {was.at} by {was.who})" if was
+          else f"{root} was not stopped: nothing to do")
+    return EXIT_OK
+
+
+def _fleet_root(path: str):
+    from pathlib import Path
+    root = Path(path)
+    if not root.is_dir():
+        raise AgentError(f"{path} is not a folder; give ROOT, the folder that holds your agents")
+    if (root / "agent.yaml").is_file():
+        raise AgentError(f"{path} is an agent; the switch is for the whole fleet: give its ROOT "
+                         f"({root.resolve().parent}), or `wakeloop pause {path}` for this agent alone")
+    return root
 
 
 def cmd_pause(args) -> int:
@@ -344,7 +377,23 @@ def cmd_broker(args) -> int:
     from orchestrator.policy.ceiling import load_ceiling
     if args.ceiling:   # the broker loads agents too: under the same notify rules as serve's (agent.py)
         os.environ.setdefault(CEILING_ENV, str(Path(args.ceiling).resolve()))
-    return serve(args.root, args.socket, ceiling=load_ceiling(args.ceiling) if args.ceiling else None)
+    if args.listen and not args.tls_dir:
+        raise ConfigError("--listen tls://HOST:PORT needs --tls-dir DIR (make one with `wakeloop swarm certs DIR`)")
+    return serve(args.root, args.socket or args.listen, ceiling=load_ceiling(args.ceiling) if args.ceiling else None,
+                 tls_dir=Path(args.tls_dir) if args.tls_dir else None)
+
+
+def cmd_swarm_certs(args) -> int:
+    from pathlib import Path
+    from orchestrator.broker import tls
+    made = tls.make_certs(Path(args.dir))
+    print(f"made a CA for this stack and the broker's and the orchestrator's certificates in {args.dir}:")
+    for path in made:
+        warning = '   (the CA key: keep it here, never give it to a service)' if path.name == tls.CA_KEY else ''
+        print(f"  {path}{warning}")
+    print(f"the broker gets {tls.CA}, {tls.BROKER_NAME}.pem/.key; the orchestrator {tls.CA}, "
+          f"{tls.ORCHESTRATOR_NAME}.pem/.key, with WAKELOOP_BROKER=tls://HOST:PORT and {tls.TLS_DIR_ENV}=DIR")
+    return 0
 
 
 def cmd_log(args) -> int:
@@ -454,6 +503,16 @@ start here:
 """
 
 
+def _swarm_commands(sub) -> None:
+    swarm = _command(sub, "swarm", "past one host: the brokers reached over TCP with mutual TLS",
+                     "wakeloop swarm certs ./stack-certs").add_subparsers(
+        dest="swarm_command", metavar="SUBCOMMAND", required=True)
+    p = _command(swarm, "certs", "make a CA for the stack and the broker's and the orchestrator's "
+                                 "certificates in DIR (never over existing ones; needs openssl)",
+                 "wakeloop swarm certs ./stack-certs", cmd_swarm_certs)
+    p.add_argument("dir", metavar="DIR")
+
+
 def _disk_commands(sub) -> None:
     disks = _command(sub, "disk", "the agents' workspace disks: list, release, delete",
                      "wakeloop disk list agents/").add_subparsers(
@@ -489,6 +548,18 @@ def _notify_commands(sub) -> None:
     p.add_argument("agent_dir")
 
 
+def _switch_commands(sub) -> None:
+    p = _command(sub, "stop", "the one switch: nothing under ROOT starts (no wake, no sandbox call; the "
+                              "broker refuses too), running calls are killed and running wakes end "
+                              "`stopped`; holds across restarts until `wakeloop start ROOT`",
+                 "wakeloop stop agents/ --reason 'an agent is misbehaving'", cmd_stop)
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--reason", metavar="TEXT", help="why, kept in ROOT/STOP and shown by status and the console")
+    p = _command(sub, "start", "undo `wakeloop stop ROOT`: remove ROOT/STOP; serve's next ticks run",
+                 "wakeloop start agents/", cmd_start)
+    p.add_argument("root", metavar="ROOT")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wakeloop", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -522,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
 
     _disk_commands(sub)
+    _swarm_commands(sub)
 
     p = _command(sub, "context", "print the system prompt and first user message the next wake "
                                  "would send; changes nothing", "wakeloop context agents/mine | less",
@@ -583,7 +655,13 @@ def build_parser() -> argparse.ArgumentParser:
                  "wakeloop broker agents/ --socket /run/wakeloop/broker.sock --ceiling policies/ceiling.yaml",
                  cmd_broker)
     p.add_argument("root")
-    p.add_argument("--socket", required=True, metavar="PATH", help="the unix socket to listen on")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", metavar="PATH", help="the unix socket to listen on (one host)")
+    where.add_argument("--listen", metavar="tls://HOST:PORT",
+                       help="listen on TCP with mutual TLS (more than one host): only a client with the "
+                            "stack's orchestrator certificate is answered; needs --tls-dir")
+    p.add_argument("--tls-dir", metavar="DIR", help="with --listen: the folder with wakeloop-ca.pem and "
+                                                    "wakeloop-broker.pem/.key (`wakeloop swarm certs`)")
     p.add_argument("--ceiling", metavar="FILE",
                    help="the most any agent's policy may ask for (runtimes, images, networks, max "
                         "sizes); requests over it are refused. Keep it where the orchestrator cannot "
@@ -608,6 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(p, "the raw JSONL lines")
 
     _notify_commands(sub)
+    _switch_commands(sub)
 
     policy = _command(sub, "policy", "check or explain a policy",
                       "wakeloop policy check policies/default.yaml").add_subparsers(

@@ -42,7 +42,7 @@ TOKEN_KINDS = {"input_tokens": "input", "output_tokens": "output", "cache_read_i
                "cache_creation_input_tokens": "cache_write"}
 
 TOOLS = ("bash", "write_file", "send_message", "complete_task")    # the registry's (wake/tools.py, tasks)
-WAKE_STATUSES = ("done", "budget_stop", "dead_letter", "blocked", "skipped_locked")
+WAKE_STATUSES = ("done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped")
 OTHER = "other"                     # every value outside its label's set
 MAX_AGENTS = 2000                   # agent label values: a fleet far larger than serve is fitted for
 MAX_MODELS = 16                     # model label values: the handful of models a fleet uses

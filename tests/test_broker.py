@@ -522,3 +522,50 @@ def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(brok
     assert files.read_text_or_none("memory/none.md") is None
     reply = raw_request(broker, {"op": "read", "agent": "alpha", "what": "open", "arg": "/etc/passwd"})
     assert reply["ok"] is False and "read is one of" in reply["error"]
+
+
+# -- past one host: the same wire over TCP with mutual TLS (broker/tls.py) ----------------------
+
+@contextmanager
+def served_tls(root: Path, certs: Path):
+    ready, stop = threading.Event(), threading.Event()
+    with socket.socket() as probe:      # a free port now; the broker binds it next
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"tls://127.0.0.1:{port}"
+    thread = threading.Thread(target=serve, args=(root, address, ready, stop), kwargs={"tls_dir": certs},
+                              daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(START_S), "the broker did not start"
+        yield address
+    finally:
+        stop.set()
+        thread.join(timeout=START_S)
+    assert not thread.is_alive(), "the broker did not stop"
+
+
+def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_broker_is_refused(
+        root, tmp_path, monkeypatch, capsys):
+    from orchestrator.broker import tls
+    from orchestrator.broker.client import BrokerClient
+    from orchestrator.errors import ConfigError
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    tls.make_certs(ours)
+    tls.make_certs(theirs)
+    with served_tls(root, ours) as address:
+        with pytest.raises(ConfigError, match="WAKELOOP_TLS_DIR"):   # no certificates named: one line
+            BrokerSandbox(address, "alpha").check()
+        monkeypatch.setenv(tls.TLS_DIR_ENV, str(ours))
+        box = BrokerSandbox(address, "alpha")
+        box.check()
+        result = box.run("echo over-tls > note.txt; cat note.txt", timeout_s=30, max_output_chars=1000)
+        assert result.ok and result.output.strip() == "over-tls"
+        assert box.files().read_text("note.txt") == "over-tls\n"
+        assert BrokerClient(address).ping()["root"] == str(root.resolve())
+        tls.client_context.cache_clear()
+        monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))   # a client of another stack: its CA does not know ours
+        with pytest.raises(SandboxError, match="failed the TLS handshake"):
+            BrokerSandbox(address, "alpha").check()
+        tls.client_context.cache_clear()
+    assert "mutual TLS" in capsys.readouterr().out

@@ -94,7 +94,8 @@ def test_a_usd_cap_on_a_model_without_a_price_refuses_with_one_line():
     with pytest.raises(LedgerError, match="max_usd_per_wake is set .* or set budget.allow_unpriced: true"):
         check_caps(unpriced[0], Budget(), *unpriced[1:])                    # capped by default
     assert check_caps(unpriced[0], Budget(allow_unpriced=True), *unpriced[1:]) is None
-    assert check_caps(unpriced[0], Budget(max_usd_per_wake=0, max_usd_per_day=0), *unpriced[1:]) is None
+    assert check_caps(unpriced[0], Budget(max_usd_per_wake=0, max_usd_per_day=0, max_usd_per_month=0),
+                      *unpriced[1:]) is None
 
 
 def test_the_book_keeps_today_and_lifetime(tmp_path):
@@ -111,7 +112,8 @@ def test_a_broken_ledger_stops_spending_under_a_day_cap_and_is_left_as_found(tmp
         read_book(tmp_path)                        # never an empty book: that resets the day cap
     capped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_day=100.0), prices)
     assert "today's spending is unknown" in capped.check(input_tokens=10, max_tokens=10).reason
-    uncapped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_wake=100.0, max_usd_per_day=0), prices)
+    uncapped = Meter(tmp_path, "claude-sonnet-4-6", Budget(max_usd_per_wake=100.0, max_usd_per_day=0,
+                                                           max_usd_per_month=0), prices)
     assert uncapped.check(input_tokens=10, max_tokens=10) is None
     uncapped.record(Usage(input_tokens=10, output_tokens=10))
     assert (tmp_path / "ledger.json").read_text() == "{not json"

@@ -66,3 +66,22 @@ def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
 def test_a_refusal_has_one_shape():
     assert wire.refusal(wire.Refusal("no", refused=True)) == {"ok": False, "error": "no", "refused": True}
     assert wire.ok({"value": 1}) == {"ok": True, "result": {"value": 1}}
+
+
+def test_swarm_certs_makes_the_stacks_files_once_and_listen_without_them_is_one_line(tmp_path, capsys):
+    from orchestrator.broker import tls
+    from orchestrator.cli import main
+    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 0
+    made = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "certs").iterdir()}
+    assert made == {tls.CA: 0o644, tls.CA_KEY: 0o600, "wakeloop-broker.pem": 0o644, "wakeloop-broker.key": 0o600,
+                    "wakeloop-orchestrator.pem": 0o644, "wakeloop-orchestrator.key": 0o600}
+    assert tls.server_context(tmp_path / "certs") and tls.client_context(tmp_path / "certs")   # they load
+    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 2          # never over a stack's CA
+    assert main(["broker", str(tmp_path), "--listen", "tls://127.0.0.1:7443"]) == 2
+    with pytest.raises(SystemExit) as both:                                   # argparse: one or the other
+        main(["broker", str(tmp_path), "--socket", "/tmp/x.sock", "--listen", "tls://127.0.0.1:1"])
+    assert both.value.code == 2
+    err = capsys.readouterr().err
+    assert "never made over others" in err and "needs --tls-dir" in err
+    with pytest.raises(tls.TLSConfigError, match="tls://HOST:PORT"):
+        tls.host_port("tls://nohost")

@@ -37,6 +37,13 @@ REQUEST_READ_S; calls in flight, agents with a box, and open connections are
 capped, and a request past a cap is refused at once, never queued; a retired
 allowlist box takes its proxy and network with it; log lines are cut short.
 
+The fleet's switch (ROOT/STOP, records/stopswitch.py) is read from ROOT on
+every request that could start a container or a wake (`check`, `run`,
+`write`, `append`): while it is there each is refused (a BrokerError, so
+`refused: true`); and every DockerSandbox here kills its call in flight
+within POLL_S of it appearing. The file survives the broker's restart, so a
+stop holds until `wakeloop start ROOT` removes it.
+
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
@@ -69,6 +76,7 @@ import os
 import re
 import socket
 import socketserver
+import ssl
 import stat
 import threading
 import time
@@ -83,11 +91,12 @@ from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError
-from orchestrator.broker import wire
+from orchestrator.broker import tls, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import HostFiles
+from orchestrator.records import stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -218,6 +227,10 @@ class Broker:
         if isinstance(req, wire.WindDown):   # a hint that costs nothing to obey: no policy read, no box made
             self._pace(req.agent, "wind_down")
             return wire.ok({})
+        if not isinstance(req, wire.Read):   # nothing starts while the fleet is stopped
+            halted = stopswitch.read(self.root)
+            if halted is not None:
+                raise BrokerError(f"{req.agent}: refused: {halted.describe()}")
         agent = self._agent(req.agent)
         if isinstance(req, wire.Check):   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
             self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
@@ -507,7 +520,7 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: _Server                  # the one make_server made
+    server: _Server | _TLSServer     # the one make_server made
 
     def handle(self):
         server = self.server
@@ -515,10 +528,28 @@ class _Handler(socketserver.BaseRequestHandler):
             server.open_connections += 1
             over = server.open_connections > MAX_CONNECTIONS
         try:
-            self._serve(server.broker, over)
+            if self._proven(server):
+                self._serve(server.broker, over)
         finally:
             with server.connections_lock:
                 server.open_connections -= 1
+
+    def _proven(self, server) -> bool:
+        """Over TLS: the handshake, and the client proven the orchestrator (tls.py), or the
+        connection closed with nothing sent and a line in the log. A unix socket: as it is."""
+        if server.tls is None:
+            return True
+        try:
+            self.request = tls.accept(self.request, server.tls, REQUEST_READ_S)
+        except (ssl.SSLError, OSError) as exc:
+            server.broker.log(f"refused a connection from {self.client_address[0]}: "
+                              f"{getattr(exc, 'reason', None) or exc}")
+            return False
+        return True
+
+    def finish(self):
+        if isinstance(self.request, ssl.SSLSocket):   # the server closes the plain socket it accepted,
+            self.request.close()                      # which the TLS one took over
 
     def _serve(self, broker: "Broker", over: bool):
         try:
@@ -543,7 +574,7 @@ class _Handler(socketserver.BaseRequestHandler):
             pass  # the client went away; the container is gone already
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _Serving(socketserver.ThreadingMixIn):
     # On shutdown server_close() joins the request threads: a call in flight
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
@@ -552,7 +583,8 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                                      # connections waits to be accepted instead of being refused
     open_connections = 0             # counted by _Handler, under connections_lock
     connections_lock: threading.Lock     # make_server's, one per server
-    broker: Broker                   # make_server's
+    tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
+    broker: Broker                      # set by make_server
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
@@ -561,32 +593,59 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.broker.sweep()
 
 
-def make_server(broker: Broker, socket_path: Path) -> _Server:
-    """A server for `broker` listening on `socket_path`; the caller runs serve_forever,
+class _Server(_Serving, socketserver.UnixStreamServer):
+    pass
+
+
+class _TLSServer(_Serving, socketserver.TCPServer):
+    allow_reuse_address = True       # a restarted broker binds its port again at once
+
+
+class _TLSServer6(_TLSServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None) -> _Server | _TLSServer:
+    """A server for `broker` listening on `address`: a unix socket's path, or tls://HOST:PORT
+    with the broker's certificates in `tls_dir` (tls.py). The caller runs serve_forever,
     then shutdown and server_close (which joins the request threads)."""
-    server = _Server(str(socket_path), _Handler)
+    if str(address).startswith(tls.SCHEME):
+        if tls_dir is None:
+            raise tls.TLSConfigError(f"listening on {address} needs --tls-dir: the folder with "
+                                     f"{tls.CA} and {tls.BROKER_NAME}.pem/.key")
+        context = tls.server_context(Path(tls_dir).resolve())
+        host, port = tls.host_port(str(address))
+        server: _Server | _TLSServer = (_TLSServer6 if ":" in host else _TLSServer)((host, port), _Handler)
+        server.tls = context
+    else:
+        server = _Server(str(address), _Handler)
     server.broker = broker
     server.connections_lock = threading.Lock()
     return server
 
 
-def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
-          stop: threading.Event | None = None, ceiling: Ceiling | None = None) -> int:
-    """`wakeloop broker ROOT --socket PATH [--ceiling FILE]`: serve until SIGTERM/SIGINT (or `stop`)."""
+def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
+          stop: threading.Event | None = None, ceiling: Ceiling | None = None,
+          tls_dir: Path | None = None) -> int:
+    """`wakeloop broker ROOT --socket PATH | --listen tls://HOST:PORT --tls-dir DIR [--ceiling FILE]`:
+    serve until SIGTERM/SIGINT (or `stop`)."""
     import signal
     root = Path(root).resolve()
     if not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True), ceiling=ceiling)
     left = _cleanup(broker, root)
-    socket_path = Path(socket_path)
-    socket_path.parent.mkdir(parents=True, exist_ok=True)
-    if socket_path.is_socket():
-        socket_path.unlink()  # a stale socket from a broker that died
-    server = make_server(broker, socket_path)
-    _hand_socket_to_root_owner(socket_path, root)
+    socket_path = None if str(address).startswith(tls.SCHEME) else Path(address)
+    if socket_path is not None:
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if socket_path.is_socket():
+            socket_path.unlink()  # a stale socket from a broker that died
+    server = make_server(broker, socket_path or address, tls_dir)
+    if socket_path is not None:
+        _hand_socket_to_root_owner(socket_path, root)
+    where = socket_path or f"{address} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
-          f"on {socket_path}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
+          f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
     if threading.current_thread() is threading.main_thread():
@@ -601,7 +660,8 @@ def serve(root: Path, socket_path: Path, ready: threading.Event | None = None,
     finally:
         server.server_close()
         broker.close()  # after the last request: every agent's idle pool containers go
-        socket_path.unlink(missing_ok=True)
+        if socket_path is not None:
+            socket_path.unlink(missing_ok=True)
         left = _cleanup(broker, root)
     print(f"broker: stopped{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     return 0

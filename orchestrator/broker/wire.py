@@ -25,7 +25,9 @@ Fields a request should not have are ignored, never obeyed. A run's
 tool setting); the broker takes timeouts and caps from the policy it reads.
 
 The server (server.py) and the client (client.py) both import this module;
-neither imports the other. A second transport carries the same lines.
+neither imports the other. Two transports carry the same lines: a unix
+socket on one host, and TCP with mutual TLS past it (tls.py), chosen by the
+address: a path, or tls://HOST:PORT.
 
 Not here: serving (server.py), the orchestrator's Sandbox (client.py).
 """
@@ -36,14 +38,16 @@ import base64
 import json
 import re
 import socket
+import ssl
 import time
 from dataclasses import asdict, dataclass, fields
 
+from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.files import JOURNAL_DIR, READS
 
-BROKER_ENV = "WAKELOOP_BROKER"      # the socket path; set, the orchestrator uses the broker
+BROKER_ENV = "WAKELOOP_BROKER"      # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 MAX_REQUEST_BYTES = 32 * 2**20      # one request line; write content is capped by policy below
 MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2 MB
@@ -155,7 +159,7 @@ def parse(obj) -> Request:
     op = obj.get("op")
     cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
-        raise BrokerError(f"unknown op {obj.get('op')!r:.80}; the broker offers only {', '.join(OPS)}")
+        raise BrokerError(f"unknown op {op!r:.80}; the broker offers only {', '.join(OPS)}")
     if cls in (Ping, Rate):
         return cls()
     agent = agent_name(obj.get("agent"))
@@ -272,22 +276,35 @@ def request(socket_path: str, req: Request, timeout_s: float) -> dict:
     if not reply.get("ok"):
         error = BrokerRefusal if reply.get("refused") else SandboxError
         raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
+    if not isinstance(reply.get("result"), dict):
+        raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
     return reply["result"]
 
 
-def _connect(socket_path: str) -> socket.socket:
+def _connect(address: str) -> socket.socket:
+    """A unix socket's path, or tls://HOST:PORT (tls.py); waits for a broker that is starting."""
     deadline = time.monotonic() + CONNECT_WAIT_S
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(socket_path)
-            return sock
+            return tls.connect(address) if address.startswith(tls.SCHEME) else _unix(address)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
-            sock.close()
             if time.monotonic() >= deadline:
-                raise SandboxError(f"no sandbox broker at {socket_path} ({exc.strerror}); start it "
-                                   f"with `wakeloop broker ROOT --socket {socket_path}`") from None
+                how = "--listen" if address.startswith(tls.SCHEME) else "--socket"
+                raise SandboxError(f"no sandbox broker at {address} ({exc.strerror}); start it "
+                                   f"with `wakeloop broker ROOT {how} {address}`") from None
             time.sleep(0.2)
+        except ssl.SSLError as exc:   # a broker this stack's CA did not sign, or one that refused us
+            raise SandboxError(f"the sandbox broker at {address} failed the TLS handshake: "
+                               f"{exc.reason or exc}") from None
         except OSError as exc:
-            sock.close()
-            raise SandboxError(f"cannot reach the sandbox broker at {socket_path}: {exc.strerror}") from None
+            raise SandboxError(f"cannot reach the sandbox broker at {address}: {exc.strerror or exc}") from None
+
+
+def _unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -45,6 +45,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.escapes import history as escape_history
 from orchestrator.fleet.control import request_run
 from orchestrator.notify.health import set_paused
+from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
 from orchestrator.records.tasks import add_task
 
@@ -58,7 +59,9 @@ SAID = {"run-now": "one wake requested: it starts within seconds",
         "pause": "paused: serve runs none of its ticks until resumed",
         "resume": "resumed: failures forgotten, ticks run again",
         "send": "message queued for the next live wake", "task": "task queued",
-        "escapes": "the escape suite started", "login": "signed in"}
+        "escapes": "the escape suite started", "login": "signed in",
+        "stop": "stopped: nothing starts, running calls are killed, running wakes end `stopped`",
+        "start": "started: the fleet runs again from the next ticks"}
 ABSOLUTE_FORM = "421: a request for an absolute URL is for a proxy, and this console is none\n"
 TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by no one\n"
 
@@ -102,6 +105,7 @@ class Console:
         routes = [Route("/", self.fleet), Route("/agents/{name}", self.agent),
                   Route("/agents/{name}/wakes/{run_id}", self.wake),
                   Route("/agents/{name}/{action}", self.act, methods=["POST"]),
+                  Route("/fleet/{action}", self.switch, methods=["POST"]),
                   Route("/escapes", self.escapes), Route("/escapes/run", self.run_escapes, methods=["POST"]),
                   Route("/login", self.login, methods=["GET", "POST"]),
                   Route("/logout", self.logout, methods=["POST"]),
@@ -171,6 +175,25 @@ class Console:
         except (ConfigError, ValueError) as exc:
             return self.render(request, "error.html", 400, message=str(exc))
         return RedirectResponse(f"/agents/{quote(name)}?said={action}", status_code=303)
+
+    async def switch(self, request: Request):
+        """The one switch (records/stopswitch.py): stop or start every agent under ROOT."""
+        action = request.path_params["action"]
+        form, refused = await self._checked(request)
+        if refused:
+            return refused
+        if action == "stop":
+            who = f"the console ({request.client.host if request.client else 'unknown'})"
+            await run_in_threadpool(stopswitch.stop, self.root, form.get("reason", ""), who)
+        elif action == "start":
+            try:
+                await run_in_threadpool(stopswitch.start, self.root)
+            except ConfigError as exc:
+                return self.render(request, "error.html", 400, message=str(exc))
+        else:
+            return self.render(request, "error.html", 404, message=f"no action {action!r}")
+        self.poke()
+        return RedirectResponse(f"/?said={action}", status_code=303)
 
     def _do(self, path: Path, action: str, form: dict) -> None:
         """The CLI's own functions: run-now, pause, resume, send, task add."""

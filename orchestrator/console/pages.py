@@ -40,7 +40,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
-from orchestrator.fleet.views import COST_DAYS, agent_status, current_wake, fleet_row, usd_by_day
+from orchestrator.fleet.views import (COST_DAYS, agent_status, budget_line, current_wake, fleet_budget, fleet_row,
+                                      usd_by_day)
+from orchestrator.records import stopswitch
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.state import read_outbox, split_messages
@@ -138,7 +140,9 @@ class Pages:
             rows = [self.rows.row(path, note is None,
                                   lambda path=path: fleet_row(path, now, note is not None, self.agents.load))
                     for path in agent_dirs(self.root) if not path.is_symlink()]
+        halted, budget = stopswitch.read(self.root), fleet_budget(self.root)
         return {"rows": rows, "note": note, "root": str(self.root),
+                "stopped": halted.describe() if halted else None, "budget": budget, "budget_line": budget_line(budget),
                 "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
                 "running": sum(1 for r in rows if r.get("state") == "running")}
 

@@ -41,14 +41,17 @@ OVERSIZED_BYTES = 33 * 2**20  # one request line past wire.MAX_REQUEST_BYTES (32
 class _Served:
     """A Broker served on a temp socket for ROOT; its log kept for the probe to judge."""
 
-    def __init__(self, root: Path, client, ceiling):
+    def __init__(self, root: Path, client, ceiling, tls_dir: Path | None = None):
         from orchestrator.broker.server import Broker, make_server
         self.root = root
         self.lines: list[str] = []
         self.broker = Broker(root, client=client, log=self.lines.append, ceiling=ceiling)
         self._dir = Path(tempfile.mkdtemp(prefix="wlo-"))  # unix socket paths are capped at 108 bytes
         self.socket = self._dir / "broker.sock"
-        self.server = make_server(self.broker, self.socket)
+        # With `tls_dir`: TCP with mutual TLS on a free port of 127.0.0.1 (`address`), not the socket.
+        self.server = make_server(self.broker, "tls://127.0.0.1:0" if tls_dir else self.socket, tls_dir)
+        port = self.server.socket.getsockname()[1] if tls_dir else None
+        self.address = f"tls://127.0.0.1:{port}" if tls_dir else str(self.socket)
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
                                         daemon=True)
         self._thread.start()

@@ -23,6 +23,12 @@ The rules, each kept in one place below:
   queue drains after a backlog, and written to ROOT/serve.json.
 - ROOT is listed again every RESCAN_S: agents added, changed (agent.yaml
   edited) or removed are picked up without a restart.
+- The fleet's switch (ROOT/STOP, `wakeloop stop ROOT`: records/stopswitch.py),
+  looked at on every pass of the loop (at most RESCAN_S apart): while it is
+  there no wake is dispatched, the queue is dropped, ticks are skipped (said
+  once, not per tick) and run-now requests wait; running wakes end on their
+  own with `stopped` receipts (loop.py), their calls killed by the sandbox.
+  When `wakeloop start ROOT` removes it, the next regular ticks run.
 - SIGTERM (or Ctrl-C): no new wakes; queued ones are dropped; running wakes
   get `stop` set, so each ends at its next step boundary, writes its journal
   stub, releases its lock and leaves no container; then exit 0, within
@@ -62,6 +68,7 @@ from orchestrator.fleet.views import describe_receipt
 from orchestrator.fleet import capacity, control
 from orchestrator.notify import health, outcomes
 from orchestrator.notify.sender import SenderThread
+from orchestrator.records import stopswitch
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
@@ -115,6 +122,7 @@ class Scheduler:
         self.completed = 0
         self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)   # seconds from due to started
         self._backlog = 0                   # the longest the queue got since it was last empty
+        self.halted: stopswitch.Stop | None = None   # the fleet's switch, as last looked at
 
     # -- public --------------------------------------------------------------
 
@@ -143,6 +151,7 @@ class Scheduler:
                 control.beat(self.root, extra=self.load())
                 next_beat = time.monotonic() + control.HEARTBEAT_S
             self._reap()
+            self._watch_switch()
             if time.monotonic() >= next_scan:
                 self._scan()
                 next_scan = time.monotonic() + self.rescan_s
@@ -210,10 +219,31 @@ class Scheduler:
 
     # -- ticks, the queue, the threads ----------------------------------------
 
+    def _watch_switch(self) -> None:
+        """ROOT/STOP appeared (drop the queue, say it) or went (say it); else nothing."""
+        halted = stopswitch.read(self.root)
+        if (halted is None) == (self.halted is None):
+            self.halted = halted
+            return
+        self.halted = halted
+        if halted is None:
+            self.say("started: the fleet's switch is off; the next ticks run")
+            return
+        dropped = len(self._queue)
+        for path in self._queue:
+            if path in self._entries:
+                self._entries[path].queued = False
+        self._queue.clear()
+        running = sum(1 for e in self._entries.values() if e.running)
+        self.say(f"STOPPED: {halted.describe()}. No wake starts"
+                 + (f", {dropped} queued dropped" if dropped else "")
+                 + (f"; {running} running end at their next step, their calls killed" if running else ""))
+
     def _tick(self, now: datetime) -> None:
         due: list[tuple[datetime, str, _Entry]] = []
         for entry in self._entries.values():
-            if control.take_run_request(entry.dir / "state"):   # `wakeloop run-now`: a person asked
+            # `wakeloop run-now`: a person asked; while the fleet is stopped, the request waits
+            if self.halted is None and control.take_run_request(entry.dir / "state"):
                 self.say(f"{entry.name}: run-now requested" + (": already running or queued"
                                                                if entry.running or entry.queued else ""))
                 if not (entry.running or entry.queued):
@@ -247,6 +277,8 @@ class Scheduler:
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
         """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
+        if self.halted is not None:     # said once when the switch went on
+            return True
         h = health.load(entry.dir / "state")
         if h.paused:
             if not entry.said_paused:
@@ -290,7 +322,8 @@ class Scheduler:
             self.say(f"{name}: could not record the failure in its state/: {exc}")
 
     def _dispatch(self) -> None:
-        while self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set():
+        while (self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set()
+               and self.halted is None):
             path = self._queue.popleft()
             entry = self._entries.get(path)
             if entry is None:
@@ -312,7 +345,7 @@ class Scheduler:
     def load(self) -> dict:
         """Running, queued, K and the lag percentiles, for serve.json and the bench."""
         p50, p99 = self.lag_percentiles()
-        return {"running": len(self._threads), "queued": len(self._queue),
+        return {"running": len(self._threads), "queued": len(self._queue), "stopped": self.halted is not None,
                 "max_concurrent": self.max_concurrent, "lag_p50_s": p50, "lag_p99_s": p99,
                 "started": len(self.lags)}
 

@@ -22,8 +22,9 @@ from orchestrator.notify import health, queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
-from orchestrator.records import retention
-from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records import retention, stopswitch
+from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
+from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
                                         unread_outbox)
 from orchestrator.records.tasks import TaskError, open_tasks
@@ -52,7 +53,10 @@ def agent_status(agent: Agent) -> dict:
             "warning": warning}
     try:
         book = read_book(sd)
-        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens,
+        budget = agent.policy.budget
+        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens, "month": book.month(),
+                       "max_usd_per_day": budget.max_usd_per_day or None,
+                       "max_usd_per_month": budget.max_usd_per_month or None,
                        "lifetime": book.lifetime.usd, "unpriced_calls_today": book.day().unpriced,
                        "unpriced_calls_lifetime": book.lifetime.unpriced}
     except LedgerError as exc:
@@ -62,6 +66,8 @@ def agent_status(agent: Agent) -> dict:
     except TaskError as exc:
         data["open_tasks"] = {"error": str(exc)}
     data["disk"] = disk_status(agent)
+    halted = stopswitch.read(agent.dir.parent)
+    data["fleet_stopped"] = halted.describe() if halted else None
     data["health"], data["notify"] = health_status(sd)
     rules = agent.policy.state
     data["state"] = {"bytes": retention.usage(sd), "rotate_bytes": rules.rotate_size,
@@ -173,7 +179,8 @@ def _mib(n: int) -> str:
 
 def render_agent_status(d: dict) -> str:
     mode = "dry run" if d["dry_run"] else "live"
-    lines = [f"{d['name']} ({d['dir']})",
+    lines = [f"STOPPED: {d['fleet_stopped']}"] if d.get("fleet_stopped") else []
+    lines += [f"{d['name']} ({d['dir']})",
              f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
              f"  wakes        {d['wakes']}",
              f"  tokens       {d['tokens_lifetime']:,} lifetime"]
@@ -190,8 +197,10 @@ def render_agent_status(d: dict) -> str:
     if "error" in usd:
         lines.append(f"  usd          {usd['error']}")
     else:
-        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today "
-                     f"({usd['tokens_today']:,} tokens), "
+        cap = lambda c: f" of ${c:,.2f}" if c else ""   # noqa: E731
+        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
+                     f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
+                     f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
                      f"{_usd(usd['lifetime'], usd['unpriced_calls_lifetime'])} lifetime")
     tasks = d["open_tasks"]
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
@@ -243,7 +252,8 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
     row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
            "last_wake": _short_time(r.get("started_at"), now) if r else "never",
            "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
-           "next_wake": ("paused" if h["paused"] else "no scheduler" if no_scheduler
+           "next_wake": ("fleet stopped" if stopswitch.is_stopped(path.parent) else "paused" if h["paused"]
+                         else "no scheduler" if no_scheduler
                          else stamp(nxt) if nxt else "bad schedule"),
            "next_wake_at": nxt.timestamp() if nxt else None,
            "health": _health_line(h),
@@ -296,9 +306,39 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
-    note = scheduler_note(root)
-    return (note + "\n" if note else "") + "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
+    notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    return "\n".join(notes + lines)
+
+
+def fleet_notes(root: Path) -> list[str]:
+    """Lines about the whole fleet, above its table: the switch (ROOT/STOP), and the
+    fleet's spending where a budget caps it (ROOT/budget.yaml, or the ceiling)."""
+    halted = stopswitch.read(root)
+    budget = fleet_budget(root)
+    return ([f"STOPPED: {halted.describe()}"] if halted else []) + (
+        [budget_line(budget)] if "error" in budget or budget["capped"] else [])
+
+
+def fleet_budget(root: Path) -> dict:
+    """What all agents under ROOT spent today and this month (UTC), against the fleet's caps."""
+    try:
+        caps = load_fleet_budget(root)
+        spent = FLEET_BOOKS.spent(root)
+    except ConfigError as exc:      # a bad budget.yaml or ceiling, an unreadable ledger: said, not raised
+        return {"error": str(exc)}
+    return {"usd_today": round(spent.today, 6), "usd_month": round(spent.month, 6),
+            "max_usd_per_day": caps.max_usd_per_day or None, "max_usd_per_month": caps.max_usd_per_month or None,
+            "capped": bool(caps), "source": caps.source}
+
+
+def budget_line(b: dict) -> str:
+    if "error" in b:
+        return f"fleet budget: {b['error']}"
+    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"   # noqa: E731
+    return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
+            f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
+            + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together"))
 
 
 def status_table(root: Path) -> str:

@@ -18,7 +18,8 @@ a bigger box, another runtime or image, or a network the user did not allow.
           max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
           rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
           max_output_chars: 1000000, max_chars: 100000, ...,  # tools.*, budget.*
-          calls: 16, calls_per_agent: 4, agents: 32}   # the broker's own capacity
+          calls: 16, calls_per_agent: 4, agents: 32,   # the broker's own capacity
+          fleet_usd_per_day: 500, fleet_usd_per_month: 5000}   # ROOT/budget.yaml's caps
     notify_env: [PAGER_TOKEN, "OPS_*"] # more ${VAR}s notify targets may read (never a secret)
     notify_commands: false             # may an agent.yaml name a `command:` channel
 
@@ -34,7 +35,10 @@ and tests/test_ceiling.py fails until policies/ceiling.yaml bounds it.
 Every key is optional; one left out is not limited, except the broker's
 capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
 (server.py). With max.disk set, `sandbox.disk: none` (no limit) is over
-it; with max.max_usd_per_wake or max_usd_per_day set, 0 (no cap) is over it.
+it; with max.max_usd_per_wake, max_usd_per_day or max_usd_per_month set, 0
+(no cap) is over it. max.fleet_usd_per_day and fleet_usd_per_month bound
+ROOT/budget.yaml (all agents together; policy/fleetbudget.py reads it),
+and are the fleet's caps where there is no such file.
 """
 
 from __future__ import annotations
@@ -76,9 +80,10 @@ def numbers(policy: DataclassInstance, prefix: str = "") -> dict[str, float]:
 NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in   # the box's first, as people look for them
                               sorted(numbers(Policy()), key=lambda p: not p.startswith("sandbox."))))
 SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
-ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day")   # 0 there means "no limit"
+ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")   # 0 there: "no limit"
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
+FLEET = ("fleet_usd_per_day", "fleet_usd_per_month")   # ROOT/budget.yaml's, all agents together (fleetbudget.py)
 NOTIFY = ("notify_env", "notify_commands")   # notify/config.py's, not the broker's
 KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
@@ -237,7 +242,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
     if not isinstance(maxima, dict):
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
     limits = {}
-    bounded = NUMBERS + CAPACITY
+    bounded = NUMBERS + CAPACITY + FLEET
     for name, limit in maxima.items():
         if name not in bounded:
             raise fail(("max", name), f"unknown key; max bounds {', '.join(bounded)}")

@@ -35,6 +35,7 @@ class Budget:
     max_output_tokens: int = 4096       # per model call
     max_usd_per_wake: float = 1.00      # USD, worst case checked before each call; 0 = no cap
     max_usd_per_day: float = 10.00      # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    max_usd_per_month: float = 300.00   # USD per UTC month, all wakes (a month of the day cap); 0 = no cap
     allow_unpriced: bool = False        # a live wake on a model with no known price: refused unless true
     max_wake_s: float = 1800.0          # wall clock of one wake: checked at each step, caps each tool call
 

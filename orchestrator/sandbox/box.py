@@ -36,6 +36,7 @@ class SandboxResult:
     oom_killed: bool
     duration_ms: int
     container_id: str
+    stopped: bool = False           # killed because the fleet was stopped (records/stopswitch.py)
 
     @property
     def ok(self) -> bool:
@@ -49,6 +50,8 @@ class SandboxResult:
             status += ", timed out: killed at the deadline"
         if self.oom_killed:
             status += ", killed: out of memory"
+        if self.stopped:
+            status += ", killed: a person stopped every agent (`wakeloop stop`)"
         if self.truncated:
             status += f", output truncated from {self.output_bytes:,} bytes"
         return f"{status}]\n{self.output or '(no output)'}"

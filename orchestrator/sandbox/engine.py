@@ -37,6 +37,7 @@ from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
                                            carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
+from orchestrator.records import stopswitch
 from orchestrator.sandbox.files import HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
 
@@ -368,8 +369,16 @@ class DockerSandbox:
 
     # -- one call, start to removal -------------------------------------------
 
+    @property
+    def root(self) -> Path:
+        """The ROOT whose switch (ROOT/STOP) this agent's calls obey: its folder's parent."""
+        return self.folder.parent
+
     def _call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
               workdir: str = WORKSPACE, command_env: dict[str, str] | None = None) -> SandboxResult:
+        halted = stopswitch.read(self.root)
+        if halted is not None:   # no call starts while the fleet is stopped
+            return refused(halted.describe())
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
         send: bytes | None
@@ -439,7 +448,7 @@ class DockerSandbox:
         sock = api.attach_socket(cid, params=params)
         raw = getattr(sock, "_sock", sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
-        deadline = _Deadline(api, cid, raw, timeout_s)
+        deadline = _Deadline(api, cid, raw, timeout_s, halted=lambda: stopswitch.is_stopped(self.root))
         try:
             if end is None:
                 api.start(cid)
@@ -486,6 +495,7 @@ class DockerSandbox:
             oom_killed=bool(state.get("OOMKilled")),
             duration_ms=int((time.monotonic() - started) * 1000),
             container_id=cid[:12],
+            stopped=deadline.stopped,
         )
 
     def _final_state(self, cid: str, end: EndLine | None) -> dict:
@@ -560,26 +570,42 @@ class DockerSandbox:
 
 
 class _Deadline:
-    """Kills the container at the deadline, then unblocks the reader if the engine lags."""
+    """Kills the container at the deadline, or within POLL_S of the fleet being stopped
+    (ROOT/STOP), then unblocks the reader if the engine lags. One thread per call, as
+    a Timer was: it wakes every POLL_S for one lstat."""
 
-    def __init__(self, api, cid: str, raw_socket, timeout_s: float):
+    def __init__(self, api, cid: str, raw_socket, timeout_s: float, halted=lambda: False):
         self.api, self.cid, self.raw = api, cid, raw_socket
-        self.fired = False
+        self.fired = False              # killed at the deadline
+        self.stopped = False            # killed because the fleet was stopped
+        self._halted = halted
+        self._halt = False              # why _expire runs: the switch (True) or the deadline
+        self._timeout_s = timeout_s
+        self._end = 0.0
         self._done = threading.Event()
-        self._timer = threading.Timer(timeout_s, self._expire)
-        self._timer.daemon = True
+        self._thread = threading.Thread(target=self._watch, name="wakeloop-deadline", daemon=True)
 
     def start(self) -> None:
-        self._timer.start()
+        self._end = time.monotonic() + self._timeout_s   # counted from the container's start, as before
+        self._thread.start()
 
     def cancel(self) -> None:
         self._done.set()
-        self._timer.cancel()
+
+    def _watch(self) -> None:
+        while not self._done.wait(max(0.0, min(stopswitch.POLL_S, self._end - time.monotonic()))):
+            self._halt = self._halted()
+            if self._halt or time.monotonic() >= self._end:
+                self._expire()
+                return
 
     def _expire(self) -> None:
         if self._done.is_set():
             return
-        self.fired = True
+        if self._halt:
+            self.stopped = True
+        else:
+            self.fired = True
         try:
             self.api.kill(self.cid)
         except docker.errors.APIError:

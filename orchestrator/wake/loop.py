@@ -30,6 +30,11 @@ Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
 and so does `max_wake_s` (wall clock), at the first step boundary past it;
 each tool call's timeout is cut to the time left, so a hung call cannot hold
 the wake (a model request in flight keeps the SDK's own timeout).
+The USD caps (the agent's per wake, day and month; all agents' together per
+day and month, ROOT/budget.yaml) are checked before each model request
+(ledger.py Meter): a wake that cannot afford its first is `blocked`, one that
+cannot afford a later one ends `budget_stop`, its reason naming the cap
+(`fleet.max_usd_per_month: ROOT/budget.yaml: ...`).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with no tools offered and a note to write its journal
@@ -44,9 +49,14 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked.
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped.
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
-boundary with status done, reason "stopped".
+boundary with status done, reason "stopped". The fleet's switch (ROOT/STOP,
+records/stopswitch.py) is looked at before the wake starts and at every
+step boundary and tool call: present, the wake ends with status `stopped`
+and the switch's who, when and why as its reason; the sandbox has killed
+any call in flight (engine.py) and starts no other, so no journal stub is
+written either (the receipt says so).
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
 reading the workspace (workspace.py), the lock and state files (state.py),
@@ -68,10 +78,12 @@ from typing import Callable
 from orchestrator import tracing
 from orchestrator.notify import outcomes
 from orchestrator.records import ledger
+from orchestrator.records import stopswitch
 from orchestrator.records import tasks
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.policy.agent import Agent, AgentError
+from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.wake.context import CACHE, build_context, journal_day
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
@@ -105,7 +117,7 @@ class Receipt:
     run_id: str
     agent: str
     wake: int
-    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked
+    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked | stopped
     reason: str
     steps: int = 0                  # model requests
     tokens: int = 0                 # input + output + cache read + cache creation
@@ -143,10 +155,13 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     say = echo or (lambda line: None)
     if live is None:  # a script is a dry run's script; otherwise agent.yaml (or its env override) says
         live = False if script is not None else not agent.dry_run
-    turns, api_key = _check_config(agent, live, script, model)
+    turns, api_key, fleet = _check_config(agent, live, script, model)
     run_id = uuid.uuid4().hex[:12]
     agent.state_dir.mkdir(mode=0o700, exist_ok=True)
     events = EventLog(agent.state_dir / EVENTS_FILE, run_id)
+    halted = stopswitch.read(agent.dir.parent)
+    if halted is not None:
+        return _not_started(agent, run_id, halted, events, say)
     lock = st.WakeLock(agent.state_dir)
     holder = lock.acquire()
     if holder is not None:
@@ -156,7 +171,7 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
         _retain(agent, events, say)
-        return _Wake(agent, run_id, events, lock, say, stop).run(sandbox, model, turns)
+        return _Wake(agent, run_id, events, lock, say, stop, fleet).run(sandbox, model, turns)
     finally:
         if ours is not None:
             ours.close()   # a wake leaves no connection open behind it
@@ -184,9 +199,11 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
     if live and model is None and not api_key:
         raise AgentError("ANTHROPIC_API_KEY is not set: export it for a live wake, "
                          f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)")
+    fleet = None
     if live:  # a USD cap on a model with no known price: refuse before anything starts
         ledger.check_caps(agent.model, agent.policy.budget, ledger.load_prices(), agent.policy.source)
-    return turns, api_key
+        fleet = load_fleet_budget(agent.dir.parent)   # ROOT/budget.yaml: a bad one is one line, now
+    return turns, api_key, fleet
 
 
 def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say) -> Receipt:
@@ -198,13 +215,26 @@ def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog,
                    reason=reason, model=agent.model, started_at=now_iso())
 
 
+def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say) -> Receipt:
+    """The fleet is stopped: this wake does not start (no lock, no sandbox, no model call)."""
+    reason = f"not started: {halted.describe()}"
+    say(f"{agent.name}: {reason}")
+    events.emit("wake_skipped", reason=reason, stopped_by=halted.who)
+    current, _ = st.load_state(agent.state_dir)
+    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status="stopped",
+                   reason=reason, model=agent.model, started_at=now_iso())
+
+
 class _Wake:
     """The state of one wake in progress; `run` reads in the order things happen."""
 
-    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop):
+    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop,
+                 fleet: ledger.FleetCaps | None = None):
         self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
+        self.root = agent.dir.parent    # whose switch (ROOT/STOP) this wake obeys
         self.stop = stop or threading.Event()
         self.budget = agent.policy.budget
+        self.fleet = fleet              # what all agents under ROOT may spend together (budget.yaml)
         self.started, self.started_at = time.monotonic(), now_iso()
         self.steps = self.tool_calls = 0
         self.input = self.output = self.cache_read = self.cache_creation = 0
@@ -230,7 +260,7 @@ class _Wake:
             self.events.emit("state_rebuilt", warning=warning)
         self.meter = ledger.Meter(self.agent.state_dir, self.agent.model, self.budget, ledger.load_prices(),
                                   billed=bool(model and model.live), where=self.agent.policy.source,
-                                  cache_ttl=CACHE.get("ttl", "5m"))
+                                  cache_ttl=CACHE.get("ttl", "5m"), fleet=self.fleet)
         blocked = self._blocked(state)
         if blocked:
             return blocked
@@ -352,6 +382,9 @@ class _Wake:
         tools = self.registry.to_anthropic()
         final = False
         while True:
+            halted = stopswitch.read(self.root)
+            if halted is not None:
+                return self._stopped(halted)
             if self.stop.is_set():
                 return "done", "stopped"
             if self.steps >= self.budget.max_steps:
@@ -436,7 +469,7 @@ class _Wake:
         """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
         results = []
         for call in turn.tool_uses:
-            if self.stop.is_set() or self._time_left() <= 0:
+            if self.stop.is_set() or self._time_left() <= 0 or stopswitch.is_stopped(self.root):
                 results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
                 continue
             self.tool_calls += 1
@@ -477,6 +510,11 @@ class _Wake:
             why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
             self.events.emit("notify_error", error=why)
             self.say(why)
+
+    def _stopped(self, halted: stopswitch.Stop) -> tuple[str, str]:
+        self.events.emit("stopped", who=halted.who, at=halted.at, why=halted.why, steps=self.steps)
+        self.say(f"stopped: {halted.describe()}")
+        return "stopped", halted.describe()
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)

@@ -215,5 +215,5 @@ def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
     detail = {"exit_code": result.exit_code, "duration_ms": result.duration_ms,
               "bytes": result.output_bytes, "truncated": result.truncated,
               "timed_out": result.timed_out, "oom_killed": result.oom_killed,
-              "container_id": result.container_id}
+              "container_id": result.container_id, **({"stopped": True} if result.stopped else {})}
     return ToolResult(text=result.for_model(), is_error=error_on_fail and not result.ok, detail=detail)

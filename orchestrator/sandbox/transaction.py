@@ -1,0 +1,322 @@
+"""A wake as a transaction on the workspace: what it changed, checked, committed whole, undoable.
+
+A wake's boxes see the workspace through an overlay (lower: the agent's
+files, read-only; upper and work: the wake's, on the same disk, where no box
+looks). When the wake ends, whatever its receipt, its upper layer is the
+exact record of what it changed:
+
+- `scan(upper, lower)` reads it into Changes (added, modified, deleted;
+  files, folders, links as links, never followed): a whiteout (a 0:0
+  character device) is a deletion, an opaque folder (xattr
+  trusted.overlay.opaque=y) deletes what it hid; a file copied up but equal
+  to its lower self (a chmod back, a hard link made to it) is no change.
+  The overlay is mounted with redirect_dir, index, metacopy and xino off,
+  so nothing else can be in the upper layer.
+- `check(changes, protect, protect_git)` sorts them: a path under a
+  `workspace.protect` glob, inside a git directory (protect_git), or a file
+  with a set-id bit is refused, with the rule that refused it; a folder's
+  deletion is refused if anything refused lies beneath it.
+- `commit(...)` applies what passes to the lower layer and keeps what it
+  replaced in the wake's undo folder. Every step is a rename on one
+  filesystem, and a manifest written first (state `committing`) lists them;
+  each step can be done again and finds its own work done, so a commit cut
+  short at any instant (kill -9, power) is finished by `recover()` at the
+  agent's next start: the workspace is as before the wake or as after it,
+  never half. What was refused stays in the upper layer until it is dropped.
+- `undo(...)` puts back what one wake changed, the same way (state
+  `undoing`), and refuses when a later wake changed one of its paths.
+
+Not here: mounting the overlay and giving it to the boxes (engine.py, disk.py),
+the policy section (policy/schema.py), the wake's events (wake/loop.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.policy.schema import glob_match, is_dotgit
+
+OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"   # an upper layer scan() can read whole
+MANIFEST = "manifest.json"
+OLD, NEW = "old", "new"             # in an undo folder: what a commit replaced; what an undo took away
+SETID = stat.S_ISUID | stat.S_ISGID
+OPAQUE = "trusted.overlay.opaque"
+
+
+class TransactionError(OSError):
+    """A commit or an undo that cannot go on: one line."""
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str                       # workspace-relative, posix
+    kind: str                       # added | modified | deleted
+    type: str                       # file | dir | link | other (after; before, for a deletion)
+    size: int = 0                   # bytes after (a file), 0 otherwise
+    mode: int = 0                   # permission bits after (0 for a deletion)
+    target: str | None = None       # a link's target, as written: never followed
+    sha256: str | None = None       # a file's content after
+
+
+@dataclass(frozen=True)
+class Refused:
+    change: Change
+    rule: str                       # the glob, `protect_git`, or `set-id bit`
+
+
+# -- reading the upper layer ---------------------------------------------------------------
+
+def scan(upper: Path, lower: Path) -> list[Change]:
+    """What the wake changed, parents before children, deletions of a folder's contents before it."""
+    changes: list[Change] = []
+    _walk(Path(upper), Path(lower), "", changes)
+    return changes
+
+
+def _walk(upper: Path, lower: Path, rel: str, out: list[Change]) -> None:
+    with os.scandir(upper / rel if rel else upper) as entries:
+        names = sorted(entry.name for entry in entries)
+    if rel and _opaque(upper / rel) and (lower / rel).is_dir() and not (lower / rel).is_symlink():
+        for name in sorted(os.listdir(lower / rel)):
+            if name not in names:
+                out += _deleted(lower, _join(rel, name))
+    for name in names:
+        path = _join(rel, name)
+        st, before = os.lstat(upper / path), _lstat(lower / path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:          # a whiteout
+            if before is not None:
+                out += _deleted(lower, path)
+            continue
+        if before is not None and _type(before.st_mode) != _type(st.st_mode):
+            out += _deleted(lower, path)                           # a file became a folder, or the reverse
+            before = None
+        if stat.S_ISDIR(st.st_mode):
+            if before is None or stat.S_IMODE(before.st_mode) != stat.S_IMODE(st.st_mode):
+                out.append(_change(upper, path, st, "added" if before is None else "modified"))
+            _walk(upper, lower, path, out)
+        elif before is None:
+            out.append(_change(upper, path, st, "added"))
+        elif not _same(upper / path, st, lower / path, before):
+            out.append(_change(upper, path, st, "modified"))
+
+
+def _deleted(lower: Path, path: str) -> list[Change]:
+    """A deletion of `path` in the lower layer: a folder's contents first, deepest first."""
+    st = os.lstat(lower / path)
+    out: list[Change] = []
+    if stat.S_ISDIR(st.st_mode):
+        for name in sorted(os.listdir(lower / path)):
+            out += _deleted(lower, _join(path, name))
+    out.append(Change(path, "deleted", _type(st.st_mode)))
+    return out
+
+
+def _change(upper: Path, path: str, st: os.stat_result, kind: str) -> Change:
+    kind_of = _type(st.st_mode)
+    return Change(path, kind, kind_of, st.st_size if kind_of == "file" else 0, stat.S_IMODE(st.st_mode),
+                  os.readlink(upper / path) if kind_of == "link" else None,
+                  _sha256(upper / path) if kind_of == "file" else None)
+
+
+def _same(new: Path, st: os.stat_result, old: Path, before: os.stat_result) -> bool:
+    """A copy-up that changed nothing: same type, mode and content (a link: same target)."""
+    if stat.S_IMODE(st.st_mode) != stat.S_IMODE(before.st_mode):
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        return os.readlink(new) == os.readlink(old)
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size == before.st_size and _sha256(new) == _sha256(old)
+    return False
+
+
+def _opaque(folder: Path) -> bool:
+    try:
+        return os.getxattr(folder, OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+# -- the policy -----------------------------------------------------------------------------
+
+def check(changes: list[Change], protect: tuple[str, ...] = (), protect_git: bool = True
+          ) -> tuple[list[Change], list[Refused]]:
+    """(what may land, what may not and why). A folder is deleted only with everything in it."""
+    allowed: list[Change] = []
+    refused: list[Refused] = []
+    for change in changes:
+        rule = _rule(change, protect, protect_git)
+        if rule is None and change.kind == "deleted" and change.type == "dir":
+            under = next((r for r in refused if r.change.path.startswith(change.path + "/")), None)
+            rule = f"{under.rule} (beneath it: {under.change.path})" if under else None
+        if rule is None and change.kind == "added":   # in the place of what could not be deleted
+            kept = next((r for r in refused if r.change.path == change.path), None)
+            rule = kept.rule if kept else None
+        if rule:
+            refused.append(Refused(change, rule))
+        else:
+            allowed.append(change)
+    return allowed, refused
+
+
+def _rule(change: Change, protect: tuple[str, ...], protect_git: bool) -> str | None:
+    if protect_git and any(is_dotgit(part) for part in change.path.split("/")):
+        return "protect_git"
+    glob = next((g for g in protect if glob_match(g, change.path)), None)
+    if glob:
+        return glob
+    if change.type == "file" and change.mode & SETID:
+        return "set-id bit"
+    return None
+
+
+# -- landing it, and taking it back ------------------------------------------------------------
+
+def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Change]) -> None:
+    """Apply `allowed` to `lower`, keeping what it replaces under `undo` (a folder of this
+    wake's, on the same filesystem). Finished by recover() if cut short."""
+    undo.mkdir(parents=True, exist_ok=True)
+    modes = {str(i): stat.S_IMODE(os.lstat(Path(lower) / c.path).st_mode) for i, c in enumerate(allowed)
+             if c.type == "dir" and c.kind == "modified"}
+    _write_manifest(undo, {"run_id": run_id, "state": "committing", "upper": str(upper),
+                           "changes": [asdict(c) for c in allowed], "dir_modes": modes})
+    _apply(Path(upper), Path(lower), undo, allowed)
+    _set_state(undo, "committed")
+
+
+def undo_run(lower: Path, undo: Path, later: list[Path], force: bool = False) -> list[Change]:
+    """Put back what the wake of `undo` changed. `later`: the undo folders of the wakes after it;
+    a path one of them changed too is refused (TransactionError) unless `force`."""
+    manifest = read_manifest(undo)
+    if manifest["state"] not in ("committed", "undoing"):
+        raise TransactionError(errno.EINVAL, f"wake {manifest['run_id']} is {manifest['state']}, not committed")
+    changes = [Change(**c) for c in manifest["changes"]]
+    if not force:
+        mine = {c.path for c in changes}
+        for folder in later:
+            theirs = read_manifest(folder)
+            again = sorted(mine & {c["path"] for c in theirs["changes"]})
+            if again and theirs["state"] != "undone":
+                raise TransactionError(errno.EBUSY, f"a later wake ({theirs['run_id']}) changed "
+                                       f"{', '.join(again[:3])}{' ...' if len(again) > 3 else ''} too; "
+                                       "undo it first, or use --force")
+    _set_state(undo, "undoing")
+    _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
+    _set_state(undo, "undone")
+    return changes
+
+
+def recover(lower: Path, undo: Path) -> str | None:
+    """Finish a commit or an undo that a crash cut short (at the agent's next start, before
+    anything else): what was done, or None if there was nothing to finish."""
+    try:
+        manifest = read_manifest(undo)
+    except FileNotFoundError:
+        return None
+    changes = [Change(**c) for c in manifest["changes"]]
+    if manifest["state"] == "committing":
+        _apply(Path(manifest["upper"]), Path(lower), undo, changes)
+        _set_state(undo, "committed")
+        return f"finished committing wake {manifest['run_id']} ({len(changes)} changes)"
+    if manifest["state"] == "undoing":
+        _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
+        _set_state(undo, "undone")
+        return f"finished undoing wake {manifest['run_id']} ({len(changes)} changes)"
+    return None
+
+
+# Each change's old version is kept at undo/old/N and what an undo takes away at undo/new/N,
+# N its place in the manifest: one name per step, never a path's, so a folder replaced by a
+# file (or the reverse) and a folder deleted with its contents never meet. A step is done
+# when its own name says so; run again, it does nothing.
+
+def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
+    for i, change in enumerate(changes):
+        here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
+        if change.kind == "deleted":
+            if not _lexists(old):
+                _move(here, old)                    # contents first (scan's order), then the folder
+        elif change.type == "dir":
+            here.mkdir(exist_ok=True)
+            os.chmod(here, change.mode)
+        elif _lexists(new):                         # not yet landed: the old kept, then the new landed
+            if change.kind == "modified" and not _lexists(old):
+                _move(here, old)
+            _move(new, here)
+
+
+def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> None:
+    for i in reversed(range(len(changes))):
+        change = changes[i]
+        here, old, gone = lower / change.path, undo / OLD / str(i), undo / NEW / str(i)
+        if change.type == "dir" and change.kind == "added":
+            if not _lexists(gone) and here.is_dir() and not here.is_symlink() and not os.listdir(here):
+                _move(here, gone)
+        elif change.type == "dir" and change.kind == "modified":
+            os.chmod(here, dir_modes[str(i)])   # keys are strings: the manifest is JSON
+        elif change.kind == "deleted":
+            _move(old, here)
+        else:
+            if not _lexists(gone):
+                _move(here, gone)
+            if change.kind == "modified":
+                _move(old, here)
+
+
+def _move(source: Path, target: Path) -> None:
+    """rename(2), never across filesystems, with the target's folder made; no source: nothing."""
+    if not _lexists(source):
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(source, target)
+
+
+def read_manifest(undo: Path) -> dict:
+    return json.loads((undo / MANIFEST).read_text())
+
+
+def _write_manifest(undo: Path, manifest: dict) -> None:
+    partial = undo / (MANIFEST + ".partial")
+    with open(partial, "w") as f:
+        json.dump(manifest, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(partial, undo / MANIFEST)
+
+
+def _set_state(undo: Path, state: str) -> None:
+    _write_manifest(undo, {**read_manifest(undo), "state": state})
+
+
+def _type(mode: int) -> str:
+    return ("dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode)
+            else "file" if stat.S_ISREG(mode) else "other")
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):   # a parent that is a file: nothing beneath it
+        return None
+
+
+def _lexists(path: Path) -> bool:
+    return _lstat(path) is not None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with open(fd, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
