@@ -197,7 +197,7 @@ def render_agent_status(d: dict) -> str:
     if "error" in usd:
         lines.append(f"  usd          {usd['error']}")
     else:
-        cap = lambda c: f" of ${c:,.2f}" if c else ""   # noqa: E731
+        cap = lambda c: f" of ${c:,.2f}" if c else ""
         lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
                      f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
                      f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
@@ -335,7 +335,7 @@ def fleet_budget(root: Path) -> dict:
 def budget_line(b: dict) -> str:
     if "error" in b:
         return f"fleet budget: {b['error']}"
-    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"   # noqa: E731
+    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"
     return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
             f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
             + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together"))
