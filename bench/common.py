@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
+import yaml
 
-from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
-from orchestrator.sandbox import disk  # noqa: E402
-from orchestrator.sandbox.engine import LABEL, connect  # noqa: E402
+from orchestrator.policy.agent import init_agent, load_agent
+from orchestrator.sandbox import disk
+from orchestrator.sandbox.engine import LABEL, connect
 
 PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
 WRITE_BYTES = 1024          # content of each write_file call

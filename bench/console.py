@@ -56,7 +56,7 @@ PAGE_BUDGET_MS = 300.0
 def one_setting(setting: str, steps: int) -> dict:
     """In this (child) process: turn `setting` on, run the overhead wake, return its numbers."""
     from orchestrator import metrics, tracing
-    stop = lambda: None  # noqa: E731
+    stop = lambda: None
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-observe-"))
     try:
         if setting == "metrics":

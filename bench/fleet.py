@@ -219,7 +219,7 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
         threading.Thread(target=serve.stdout.read, daemon=True).start()   # drain: never block serve
         serve_mb = broker_mb = 0.0
         deadline = time.monotonic() + ROW_TIMEOUT_S
-        peaks = lambda: (max(serve_mb, hwm_mb(serve.pid)), max(broker_mb, hwm_mb(broker.pid) if broker else 0))  # noqa: E731
+        peaks = lambda: (max(serve_mb, hwm_mb(serve.pid)), max(broker_mb, hwm_mb(broker.pid) if broker else 0))
         while finished(agents) < n and time.monotonic() < deadline and serve.poll() is None:
             serve_mb, broker_mb = peaks()
             time.sleep(POLL_S)

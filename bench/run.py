@@ -170,7 +170,7 @@ def table(results: dict, calls: int, files: int) -> str:
     head = ["measure", "target", *runtimes]
     body = [[what, target, *[per[rt][i][2] for rt in runtimes]] for i, (what, target, _) in enumerate(first)]
     widths = [max(len(row[j]) for row in [head, *body]) for j in range(len(head))]
-    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()  # noqa: E731
+    fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
     head_line = (f"wakeloop bench: {os.cpu_count()} cores; median / p90 over {calls} calls; "
                  f"fake API pace {PACE_S * 1000:.0f} ms; {files:,} files in each paced wake's workspace")
     if "scale" not in results[runtimes[0]]:   # --only-calls

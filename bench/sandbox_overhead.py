@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.policy.agent import init_agent, load_agent  # noqa: E402
-from orchestrator.sandbox.explain import docker_run_flags  # noqa: E402
-from orchestrator.sandbox.engine import DockerSandbox  # noqa: E402
-from common import PACE_S, idle_cost  # noqa: E402  (bench/common.py, beside this file)
+from orchestrator.policy.agent import init_agent, load_agent
+from orchestrator.sandbox.explain import docker_run_flags
+from orchestrator.sandbox.engine import DockerSandbox
+from common import PACE_S, idle_cost  # bench/common.py, beside this file
 
 
 def timed(fn) -> float:

@@ -283,7 +283,8 @@ def standin_child(root: str) -> int:
     from orchestrator.wake.loop import wake
     from wake_cost import StandInSandbox
     scheduler = Scheduler(Path(root), MAX_CONCURRENT,
-                          wake_fn=lambda agent, stop: wake(agent, stop=stop, sandbox=StandInSandbox(workspace=agent.workspace)))
+                          wake_fn=lambda agent, stop: wake(agent, stop=stop,
+                                                           sandbox=StandInSandbox(workspace=agent.workspace)))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=scheduler.request_stop).start())
     return scheduler.run()
 

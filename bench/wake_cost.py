@@ -84,7 +84,7 @@ class TimedModel:
 
     def overhead_ms(self) -> list[float]:
         """Per step: end of one model call to the start of the next, less the sandbox's time."""
-        return [((b[0] - a[1]) - (b[2] - a[2])) * 1000 for a, b in zip(self.spans, self.spans[1:])]
+        return [((b[0] - a[1]) - (b[2] - a[2])) * 1000 for a, b in zip(self.spans, self.spans[1:], strict=False)]
 
     def model_ms(self) -> list[float]:
         return [(end - start) * 1000 for start, end, _ in self.spans]
@@ -118,7 +118,7 @@ def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) ->
             receipt = wake(agent, live=True, sandbox=box, model=model)
     check_receipt(receipt, "orchestrator overhead")
     loop = model.overhead_ms()
-    per_step = [gap + cpu for gap, cpu in zip(loop, model.cpu[1:])]  # a step's gap, then its model call
+    per_step = [gap + cpu for gap, cpu in zip(loop, model.cpu[1:], strict=True)]  # a step's gap, then its model call
     return Overhead(stats(loop), stats(model.cpu), stats(per_step), stats(model.model_ms()))
 
 
@@ -165,7 +165,8 @@ def caching(tmp: Path) -> CacheCost:
     from orchestrator.wake.loop import wake
     receipts = {}
     for label in ("cached", "uncached"):
-        agent = make_agent(tmp / label, {"budget": {"max_steps": CACHE_STEPS + 2, "max_tokens_per_wake": TOKEN_CAP}}, mandate=long_mandate())
+        budget = {"max_steps": CACHE_STEPS + 2, "max_tokens_per_wake": TOKEN_CAP}
+        agent = make_agent(tmp / label, {"budget": budget}, mandate=long_mandate())
         script = Script(bash_true, CACHE_STEPS - 1, 0.0)
         api = fake_api(script if label == "cached" else without_cache(script))
         with LiveEnv(api):

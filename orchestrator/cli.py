@@ -43,7 +43,7 @@ def cmd_sandbox_exec(args) -> int:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
     from orchestrator.broker.client import open_sandbox
-    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    say = lambda line: print(line, file=sys.stderr)
     box = open_sandbox(agent, warm=0, say=say)  # the broker under compose, as the bash tool; one call: no pool
     bash = agent.policy.tools.bash
     try:
@@ -214,7 +214,7 @@ def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
     from orchestrator.sandbox import disk
     key = disk.lookup(agent.dir.resolve())
-    return bool(key) and disk.path_of(key, "img").exists()
+    return bool(key and disk.path_of(key, "img").exists())
 
 
 def cmd_disk_list(args) -> int:
@@ -389,7 +389,8 @@ def cmd_swarm_certs(args) -> int:
     made = tls.make_certs(Path(args.dir))
     print(f"made a CA for this stack and the broker's and the orchestrator's certificates in {args.dir}:")
     for path in made:
-        print(f"  {path}{'   (the CA key: keep it here, never give it to a service)' if path.name == tls.CA_KEY else ''}")
+        warning = '   (the CA key: keep it here, never give it to a service)' if path.name == tls.CA_KEY else ''
+        print(f"  {path}{warning}")
     print(f"the broker gets {tls.CA}, {tls.BROKER_NAME}.pem/.key; the orchestrator {tls.CA}, "
           f"{tls.ORCHESTRATOR_NAME}.pem/.key, with WAKELOOP_BROKER=tls://HOST:PORT and {tls.TLS_DIR_ENV}=DIR")
     return 0

@@ -26,7 +26,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Union
+from typing import Callable, Sequence, Union
 
 CHARS_PER_TOKEN = 4                 # the cache model's token estimate
 CHUNK = 7                           # characters per SSE delta: small, to exercise accumulation
@@ -84,7 +84,7 @@ def api_error(status: int = 529, type: str = "overloaded_error", message: str = 
 
 
 class FakeAPI:
-    def __init__(self, replies: list[Responder] = (), then: Responder | None = None):
+    def __init__(self, replies: Sequence[Responder] = (), then: Responder | None = None):
         self.queue: list[Responder] = list(replies)
         self.then = then                # used when the queue is empty; None: a plain end_turn
         self.requests: list[Recorded] = []
@@ -96,7 +96,7 @@ class FakeAPI:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = self._server.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     def __enter__(self) -> "FakeAPI":
@@ -191,7 +191,7 @@ def sse_events(message: dict) -> list[dict]:
     use = message["usage"]
     start = {**message, "content": [], "stop_reason": None,
              "usage": {**use, "output_tokens": 1}}
-    events = [{"type": "message_start", "message": start}, {"type": "ping"}]
+    events: list[dict] = [{"type": "message_start", "message": start}, {"type": "ping"}]
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
             events.append({"type": "content_block_start", "index": i,
@@ -245,7 +245,8 @@ def _segments(body: dict) -> list[tuple[str, bool]]:
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         for block in content:
-            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True), "cache_control" in block))
+            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True),
+                         "cache_control" in block))
     return segs
 
 

@@ -225,24 +225,24 @@ def on_event(path: Path, event: dict) -> None:
         _agents[run] = (fallback[0], model_label(data.get("model")))
     agent, model = _agents.get(run, fallback)
     handler = _HANDLERS.get(kind)
-    if handler:
-        handler(agent, model, data)
+    if handler and _m is not None:      # (always so: on_event is listened to once _m is made)
+        handler(_m, agent, model, data)
     if kind == "wake_finished":
         _agents.pop(run, None)
 
 
-def _model_response(agent: str, model: str, data: dict) -> None:
-    _m.model_requests.labels(agent, model_label(data.get("model")) if data.get("model") else model).inc()
+def _model_response(m: _Metrics, agent: str, model: str, data: dict) -> None:
+    m.model_requests.labels(agent, model_label(data.get("model")) if data.get("model") else model).inc()
     for key, value in (data.get("usage") or {}).items():
         if key in TOKEN_KINDS and isinstance(value, int) and value > 0:
-            _m.tokens.labels(agent, TOKEN_KINDS[key]).inc(value)
+            m.tokens.labels(agent, TOKEN_KINDS[key]).inc(value)
 
 
-def _tool_result(agent: str, model: str, data: dict) -> None:
+def _tool_result(m: _Metrics, agent: str, model: str, data: dict) -> None:
     tool = tool_label(data.get("tool"))
-    _m.tool_calls.labels(tool, exit_class(data)).inc()
+    m.tool_calls.labels(tool, exit_class(data)).inc()
     if data.get("container_id") and isinstance(data.get("duration_ms"), (int, float)):
-        _m.call_seconds.labels(tool).observe(data["duration_ms"] / 1000)
+        m.call_seconds.labels(tool).observe(data["duration_ms"] / 1000)
 
 
 def exit_class(data: dict) -> str:
@@ -255,19 +255,19 @@ def exit_class(data: dict) -> str:
     return "ok"
 
 
-def _wake_finished(agent: str, model: str, data: dict) -> None:
+def _wake_finished(m: _Metrics, agent: str, model: str, data: dict) -> None:
     receipt = data.get("receipt") or {}
     status = data.get("status") or receipt.get("status")
-    _m.wakes.labels(agent, status if status in WAKE_STATUSES else OTHER).inc()
+    m.wakes.labels(agent, status if status in WAKE_STATUSES else OTHER).inc()
     usd = receipt.get("usd")
     if isinstance(usd, (int, float)) and usd > 0:
-        _m.usd.labels(agent, model_label(receipt.get("model")) if receipt.get("model") else model).inc(usd)
+        m.usd.labels(agent, model_label(receipt.get("model")) if receipt.get("model") else model).inc(usd)
 
 
 def _notify(outcome: str):
-    def count(agent: str, model: str, data: dict) -> None:
+    def count(m: _Metrics, agent: str, model: str, data: dict) -> None:
         n = data.get("channels", 1) if outcome == "queued" else 1
-        _m.notifications.labels(outcome).inc(n if isinstance(n, int) else 1)
+        m.notifications.labels(outcome).inc(n if isinstance(n, int) else 1)
     return count
 
 

@@ -153,7 +153,7 @@ class ToolSpan:
         if is_error:
             self.span.set_status(Status(StatusCode.ERROR, text.splitlines()[0][:200] if text else "error"))
         cid, ms = detail.get("container_id"), detail.get("duration_ms")
-        if cid and isinstance(ms, (int, float)):
+        if cid and isinstance(ms, (int, float)) and _tracer is not None:   # (a ToolSpan means it is)
             end = time.time_ns()
             box = _tracer.start_span("sandbox", start_time=end - int(ms * 1e6),
                                      attributes={"wakeloop.container.id": str(cid), **attrs})

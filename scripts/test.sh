@@ -6,7 +6,8 @@
 # for the console's browser tests (Debian's chromium, chromium-driver);
 # starts dockerd if none answers; makes
 # the base image locally when no registry can be reached; builds the sandbox
-# image; installs the package in .venv; runs pytest. Where Docker already runs
+# image; installs the package in .venv; runs ruff and mypy (a finding fails the
+# run), then pytest. Where Docker already runs
 # it is used as it is. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +70,14 @@ ensure_browser
 [ -x scripts/setup-runsc.sh ] && scripts/setup-runsc.sh
 scripts/base-image.sh debian:bookworm-slim
 ensure_venv
+
+# Lint and types first: seconds, and a finding fails the run before any image is built.
+# (Their configuration is pyproject.toml's [tool.ruff] and [tool.mypy].)
+log "ruff check"
+.venv/bin/ruff check orchestrator tests bench
+log "mypy"
+.venv/bin/mypy
+
 .venv/bin/wakeloop image build
 host_state() {
     # What a run could leave on the host: loop devices, their mounts, containers,

@@ -122,7 +122,7 @@ def test_a_command_runs_in_a_fresh_hardened_box_and_nothing_is_left(broker, root
     assert lines[0] == "hello" and lines[1] != "0" and lines[-1] == "0000000000000000"
     assert (view(root) / "note.txt").read_text() == "hello\n"
     # The call's own container is gone; the pool's idle ones go when the broker stops.
-    gone = lambda: result.container_id not in our_containers(docker_client, tmp_path)  # noqa: E731
+    gone = lambda: result.container_id not in our_containers(docker_client, tmp_path)
     wait_for(gone, "the call's container to be removed")
 
 
@@ -401,7 +401,8 @@ def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
     try:
         for name in ("alpha", "beta"):
             assert broker.handle({"op": "run", "agent": name, "command": "true"})["ok"]
-            wait_for(lambda: len(pool_containers(docker_client, root / name / "workspace")) >= 1, "a warm pool")
+            wait_for(lambda name=name: len(pool_containers(docker_client, root / name / "workspace")) >= 1,
+                     "a warm pool")
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []

@@ -116,7 +116,7 @@ def test_users_env_names_and_hosts_are_bounded_naming_their_key():
     assert ceiling.refusal(with_box(env=(("LANG", "C"), ("LD_PRELOAD", "/tmp/x.so")))) == (
         "<defaults>: sandbox.env.LD_PRELOAD: LD_PRELOAD is not a name the broker lets a policy set: "
         "LANG, LC_* (ceiling c.yaml)")
-    allow = lambda *hosts: with_box(network="allowlist", allow_hosts=hosts)  # noqa: E731
+    allow = lambda *hosts: with_box(network="allowlist", allow_hosts=hosts)
     assert ceiling.refusal(allow("pypi.org", "files.pythonhosted.org")) is None
     for asked in ("example.org", "*.pypi.org", "pythonhosted.org", "pypi.org:8443", "evilpypi.org"):
         assert f"sandbox.allow_hosts: {asked} is not a host the broker allows" in ceiling.refusal(allow(asked)), asked

@@ -114,7 +114,7 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     assert not any("docker.sock" in m["Source"] for m in orchestrator["Mounts"])
     # Healthchecks: the orchestrator started only once the broker answered ping; its console's
     # /healthz follows (one 10 s interval after its start). Logs rotate on both.
-    health = lambda s: (docker_client.api.inspect_container(ids[s])["State"].get("Health") or {}).get("Status")  # noqa: E731
+    health = lambda s: (docker_client.api.inspect_container(ids[s])["State"].get("Health") or {}).get("Status")
     assert health("broker") == "healthy"
     wait_for(lambda: health("orchestrator") == "healthy", "the console's healthcheck", timeout_s=60)
     for inspected in (broker, orchestrator):

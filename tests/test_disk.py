@@ -274,7 +274,7 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
                              "sleep 60"], cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        running = lambda: docker_client.api.containers(filters={  # noqa: E731
+        running = lambda: docker_client.api.containers(filters={
             "label": f"wakeloop.workspace={agent.workspace.resolve()}", "status": "running"})
         wait_for(running, "the call's container to run", 60)
         proc.send_signal(signal.SIGINT)

@@ -260,7 +260,8 @@ def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api, disk_vi
 def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_api, disk_view):
     api = fake_api([
         turn(tool_use("bash", {"command": "env; cat /proc/1/environ | tr '\\0' '\\n'; "
-                                          "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; echo probed"})),
+                                          "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; "
+                                          "echo probed"})),
         turn(tool_use("send_message", {"text": "done probing"})),
         turn(text("bye")),
     ])

@@ -195,7 +195,8 @@ def probe(box: DockerSandbox, targets: dict) -> dict:
 
 
 def _targets(servers, docker_client, host_listener, internal_gateway=None) -> dict:
-    return {"internal_gateway": internal_gateway,"allowed": ALLOWED, "denied": DENIED, "port": SERVER_PORT, "unlisted_port": UNLISTED_PORT,
+    return {"internal_gateway": internal_gateway, "allowed": ALLOWED, "denied": DENIED, "port": SERVER_PORT,
+            "unlisted_port": UNLISTED_PORT,
             "allowed_ip": servers[ALLOWED], "denied_ip": servers[DENIED],
             "host_ips": host_bridge_ips(docker_client), "host_port": host_listener[0]}
 
@@ -383,7 +384,8 @@ import json, socket, sys
 out = {}
 for name in json.loads(sys.argv[1]):
     for line, target in ((f"GET http://{name}.wakeloop.test/ HTTP/1.1\r\nHost: {name}.wakeloop.test\r\n", "http"),
-                         (f"CONNECT {name}.wakeloop.test:443 HTTP/1.1\r\nHost: {name}.wakeloop.test:443\r\n", "connect")):
+                         (f"CONNECT {name}.wakeloop.test:443 HTTP/1.1\r\nHost: {name}.wakeloop.test:443\r\n",
+                          "connect")):
         s = socket.create_connection(("127.0.0.1", 3128), timeout=MATRIX_TIMEOUT_S)
         s.sendall((line + "Connection: close\r\n\r\n").encode())
         head = b""

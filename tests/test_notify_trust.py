@@ -139,7 +139,8 @@ def test_a_command_channel_in_agent_yaml_is_refused_unless_the_ceiling_allows_it
     with pytest.raises(AgentError) as refused:
         load_agent(folder)
     assert str(refused.value).count("\n") == 0 and "agent.yaml:" in str(refused.value)
-    assert "notify[0].command: a command runs a program as the orchestrator: only ROOT/notify.yaml" in str(refused.value)
+    assert ("notify[0].command: a command runs a program as the orchestrator: only ROOT/notify.yaml"
+            in str(refused.value))
     ceiling = tmp_path / "ceiling.yaml"
     ceiling.write_text("notify_commands: true\n")
     monkeypatch.setenv("WAKELOOP_CEILING", str(ceiling))
@@ -158,7 +159,8 @@ def test_a_command_gets_the_text_on_stdin_only_and_no_secret_in_its_environment(
     (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"command": spy}]}))
     agent = load_agent(make_agent(tmp_path, "a", []))
     message(agent, "$(touch /tmp/x) `id` ${ANTHROPIC_API_KEY} --help")
-    report = send(agent, {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_CONSOLE, "PATH": os.environ["PATH"]})
+    report = send(agent, {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_CONSOLE,
+                          "PATH": os.environ["PATH"]})
     assert len(report.sent) == 1
     seen = json.loads(out.read_text())
     assert seen["argv"][1:] == [] and json.loads(seen["stdin"])["text"].startswith("$(touch /tmp/x)")
@@ -220,7 +222,8 @@ def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
 def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
     for address in ("ops@example.com,evil@example.net", "Ops <ops@example.com>", "a b@example.com",
                     "ops@example.com\r\nBcc: evil@example.net", "\"evil\"@example.net"):
-        with pytest.raises(AgentError, match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"):
+        with pytest.raises(AgentError,
+                           match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"):
             load_agent(make_agent(tmp_path, f"a{len(address)}", [{"email": address}]))
     with SMTP() as smtp:
         agent = load_agent(make_agent(tmp_path, "b", [{"email": "${WAKELOOP_NOTIFY_TO}"}]))

@@ -97,7 +97,7 @@ def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, f
         assert not (disk_view(agent_dir) / path).exists(), path
     reasons = [d["reason"] for d in denials(agent_dir)]
     assert len(reasons) == 3 and all(reason in text_of(block) for reason, block
-                                     in zip(reasons, (outside, dotfile, big)))
+                                     in zip(reasons, (outside, dotfile, big), strict=True))
 
 
 def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_dir, fake_api, disk_view):

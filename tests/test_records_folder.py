@@ -286,7 +286,8 @@ def test_the_console_mandate_reader_never_opens_a_fifo(agent_dir):
     (agent_dir / "mandate.md").unlink()
     os.mkfifo(agent_dir / "mandate.md")
     agent = load_agent(agent_dir)
-    done, value = returns_within(lambda: pages._mandate(agent), release=fifo_releaser(agent_dir / "mandate.md"), bound=HANG_S)
+    done, value = returns_within(lambda: pages._mandate(agent), release=fifo_releaser(agent_dir / "mandate.md"),
+                                 bound=HANG_S)
     assert done and "unreadable" in value
 
 

@@ -166,7 +166,7 @@ def test_two_agents_wake_on_time(tmp_path):
         wait_for(lambda: finished(a) >= 3 and finished(b) >= 3, what="three wakes of each agent")
     for agent_dir in (a, b):
         starts = [s for s, _ in wakes(agent_dir)]
-        gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:])]
+        gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
         # A start trails its tick by the box's set-up, which a loaded engine stretches;
         # a tick that finds the last wake still running is skipped, and says so.
         skipped = any(f" {agent_dir.name}: tick" in line and "skipped" in line for line in lines)
@@ -184,7 +184,7 @@ def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
     with serving(root, script_file(tmp_path, SLOW)) as (_, lines):
         wait_for(lambda: finished(agent_dir) >= 2, what="two slow wakes")
     runs = wakes(agent_dir)
-    for (s1, e1), (s2, _) in zip(runs, runs[1:]):
+    for (_, e1), (s2, _) in zip(runs, runs[1:], strict=False):
         assert e1 is not None and s2 >= e1, f"wakes overlapped: {runs}"
     assert any("slow: tick" in line and "skipped" in line for line in lines)
     types = [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]

@@ -90,7 +90,8 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     receipt = receipt_of(out)
     assert receipt["status"] == "done" and receipt["wake"] == 2
     assert f"took over the lock of pid {proc.pid}" in err       # progress is on stderr
-    assert "left by an earlier, interrupted wake" in err  # progress, on stderr: the killed wake's `sleep 60` box, removed
+    # progress, on stderr: the killed wake's `sleep 60` box, removed
+    assert "left by an earlier, interrupted wake" in err
     workspace = str((agent_dir / "workspace").resolve())
     assert not docker_client.api.containers(all=True, filters={"label": f"wakeloop.workspace={workspace}"})
     state = json.loads((agent_dir / "state" / STATE_FILE).read_text())

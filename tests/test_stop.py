@@ -31,7 +31,8 @@ from support import run_cli
 
 FLEET = 20                          # agents mid-wake when the switch is flipped (the number)
 START_S = 240                       # twenty containers made at once on a loaded 2-core engine
-STOPPED_WITHIN_S = 20               # generous: measured 1.2-2.9 s, median 2.2 s (20 runs); the kill waits POLL_S at most
+STOPPED_WITHIN_S = 20               # generous: measured 1.2-2.9 s, median 2.2 s (20 runs);
+                                    # the kill waits POLL_S at most
 # One call that would hold its wake for ten minutes, then nothing.
 BLOCK = [{"text": "waiting", "tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]},
          {"text": "done"}]

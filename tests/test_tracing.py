@@ -2,8 +2,8 @@
 to a real receiver on 127.0.0.1 that this test runs and whose protobuf it decodes.
 
 The tree of one wake: invoke_agent at the root; under it the SDK's own
-spans (`anthropic.messages.create`, gen_ai.operation.name chat; one per model request) and an `execute_tool` span per tool
-call, with the container that ran it beneath. No prompt, mandate or tool
+spans (`anthropic.messages.create`, gen_ai.operation.name chat; one per model
+request) and an `execute_tool` span per tool call, with the container that ran it beneath. No prompt, mandate or tool
 output is in any span unless WAKELOOP_TRACE_CONTENT asks.
 """
 

@@ -29,10 +29,10 @@ def test_lines_are_written_as_they_happen_scrubbed_and_a_torn_line_is_skipped(tm
     t.add("wake", wake=1, agent="a")
     t.system(f"you are a. key {SECRET}", "abc123")
     t.add("assistant", step=1, content=[{"type": "text", "text": f"the key is {SECRET}"}])
-    assert [l["type"] for l in lines_of(t.path)] == ["wake", "system", "assistant"]   # before any end
+    assert [line["type"] for line in lines_of(t.path)] == ["wake", "system", "assistant"]   # before any end
     with open(t.path, "ab") as f:
         f.write(b'{"type": "tool_res')                # what kill -9 mid-write leaves
-    assert [l["type"] for l in lines_of(t.path)] == ["wake", "system", "assistant"]
+    assert [line["type"] for line in lines_of(t.path)] == ["wake", "system", "assistant"]
     everything = t.path.read_text() + tr.prompt_text(tmp_path, "abc123")
     assert SECRET not in everything and "[redacted]" in everything
     assert oct(t.path.stat().st_mode & 0o777) == "0o600"
@@ -44,7 +44,7 @@ def test_past_max_wake_bytes_lines_are_counted_and_the_end_line_still_lands(tmp_
         t.add("tool_result", step=step, text="x" * 200)
     t.end(status="done", reason="end_turn")
     lines = lines_of(t.path)
-    kinds = [l["type"] for l in lines]
+    kinds = [line["type"] for line in lines]
     assert kinds.count("truncated") == 1 and kinds[-1] == "end"
     assert lines[-1]["dropped_lines"] == 50 - kinds.count("tool_result")
     assert t.path.stat().st_size <= tr.END_RESERVE + 2000

@@ -149,9 +149,9 @@ def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = 
     containers an earlier, interrupted run left for this workspace."""
     path = broker_socket(environ)
     if path:
-        box = BrokerSandbox(path, agent.dir.name)
-        box.check()
-        return box
+        brokered = BrokerSandbox(path, agent.dir.name)
+        brokered.check()
+        return brokered
     client = connect()
     check_against_engine(agent.policy, client)  # before any container starts
     box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, run_id=run_id,

@@ -434,7 +434,7 @@ class Broker:
             names = [n for n, e in self._boxes.items()
                      if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())]
             idle = [self._retire(n) for n in names]
-        for entry in idle:
+        for entry in filter(None, idle):   # none is None: each was idle (busy == 0)
             self._close_box(entry.box)
             self.log(f"{entry.box.agent}: closed its idle sandbox and let go of its disk")
 
@@ -483,7 +483,7 @@ class Broker:
 def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
-    fixed = lambda p: (p.pool, p.network, p.allow_hosts)  # noqa: E731
+    fixed = lambda p: (p.pool, p.network, p.allow_hosts)
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
@@ -520,17 +520,19 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
 
 
 class _Handler(socketserver.BaseRequestHandler):
+    server: _Server | _TLSServer     # the one make_server made
+
     def handle(self):
         server = self.server
-        with server.connections_lock:  # type: ignore[attr-defined]
-            server.open_connections += 1  # type: ignore[attr-defined]
-            over = server.open_connections > MAX_CONNECTIONS  # type: ignore[attr-defined]
+        with server.connections_lock:
+            server.open_connections += 1
+            over = server.open_connections > MAX_CONNECTIONS
         try:
             if self._proven(server):
-                self._serve(server.broker, over)  # type: ignore[attr-defined]
+                self._serve(server.broker, over)
         finally:
-            with server.connections_lock:  # type: ignore[attr-defined]
-                server.open_connections -= 1  # type: ignore[attr-defined]
+            with server.connections_lock:
+                server.open_connections -= 1
 
     def _proven(self, server) -> bool:
         """Over TLS: the handshake, and the client proven the orchestrator (tls.py), or the
@@ -580,9 +582,9 @@ class _Serving(socketserver.ThreadingMixIn):
     request_queue_size = 128         # the listen backlog (socketserver's default is 5): a burst of
                                      # connections waits to be accepted instead of being refused
     open_connections = 0             # counted by _Handler, under connections_lock
-    connections_lock = threading.Lock()
+    connections_lock: threading.Lock     # make_server's, one per server
     tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
-    broker: "Broker"                    # set by make_server
+    broker: Broker                      # set by make_server
 
     def service_actions(self):
         # Between polls of the serve loop; a rare close (two container removals)
@@ -618,7 +620,7 @@ def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None
     else:
         server = _Server(str(address), _Handler)
     server.broker = broker
-    server.connections_lock = threading.Lock()  # type: ignore[misc]
+    server.connections_lock = threading.Lock()
     return server
 
 
@@ -645,7 +647,7 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
-    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
+    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, halt)
         signal.signal(signal.SIGINT, halt)

@@ -147,6 +147,7 @@ class Console:
                            refresh=LIVE_REFRESH_S if data["live"] else 0, **data)
 
     def escapes(self, request: Request):
+        assert self.runner is not None      # __post_init__ made one
         run = self.runner.last
         return self.render(request, "escapes.html", reports=escape_history.latest(), run=run,
                            runtimes=RUNTIMES, policies=SHIPPED_POLICIES,
@@ -216,6 +217,7 @@ class Console:
         form, refused = await self._checked(request)
         if refused:
             return refused
+        assert self.runner is not None      # __post_init__ made one
         why_not = self.runner.start(form.get("runtime", ""), form.get("policy", ""))
         if why_not:
             return self.render(request, "error.html", 409, message=why_not)

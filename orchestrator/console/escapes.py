@@ -78,6 +78,7 @@ class Runner:
             run.lines.append(f"could not start: {exc}")
             run.exit_code = 127
             return
+        assert proc.stderr is not None      # stderr=PIPE
         for line in proc.stderr:
             line = line.rstrip("\n")
             run.lines.append(line)

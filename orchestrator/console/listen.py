@@ -37,9 +37,9 @@ class Options:
     public_names: tuple[str, ...] = ()
 
 
-def attach(scheduler, options: Options) -> Callable[[], None]:
+def attach(scheduler, options: Options) -> Callable[[], object]:
     """Start what the options ask for; returns how to stop it. Errors are one line (ConfigError)."""
-    stops: list[Callable[[], None]] = []
+    stops: list[Callable[[], object]] = []     # what each returns is not used
     try:
         Hosts.of("127.0.0.1", 0, options.public_names)     # each --public-name checked before anything starts
     except ValueError as exc:
@@ -56,14 +56,14 @@ def attach(scheduler, options: Options) -> Callable[[], None]:
         scheduler.say(f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
                       "its own Host names only, no token)")
     if options.http:
-        stops.append(_console(scheduler, options))
+        stops.append(_console(scheduler, options, options.http))
     return lambda: [stop() for stop in stops]
 
 
-def _console(scheduler, options: Options) -> Callable[[], None]:
+def _console(scheduler, options: Options, http: str) -> Callable[[], None]:
     from orchestrator.console.app import Console, start
     try:
-        host, port = metrics.split_addr(options.http)
+        host, port = metrics.split_addr(http)
         token, where = load_token(scheduler.root)
     except (ValueError, TokenError, OSError) as exc:
         raise ConfigError(f"--http {options.http}: {exc}") from None
@@ -77,6 +77,7 @@ def _console(scheduler, options: Options) -> Callable[[], None]:
         acts = ("actions OFF: a non-loopback address without TLS in front (put a TLS proxy in front "
                 "and pass --behind-tls); reading needs the token")
     scraped = "open on loopback" if access.loopback else "needs the token"
+    assert console.hosts is not None        # start() set them
     scheduler.say(f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics ({scraped}); "
                   f"answers Host {console.hosts.shown()}")
     scheduler.say(f"console: sign in at {sign_in_url(listening.url, options, token)}")

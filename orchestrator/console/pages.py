@@ -107,7 +107,7 @@ class RowCache:
 
 
 def _fingerprint(path: Path) -> tuple:
-    out = []
+    out: list[tuple[int, int, int] | None] = []
     for rel in ROW_SOURCES:
         try:
             st = os.stat(path / rel, follow_symlinks=False)
@@ -138,7 +138,7 @@ class Pages:
         with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
             now, note = utcnow(), scheduler_note(self.root)
             rows = [self.rows.row(path, note is None,
-                                  lambda: fleet_row(path, now, note is not None, self.agents.load))
+                                  lambda path=path: fleet_row(path, now, note is not None, self.agents.load))
                     for path in agent_dirs(self.root) if not path.is_symlink()]
         halted, budget = stopswitch.read(self.root), fleet_budget(self.root)
         return {"rows": rows, "note": note, "root": str(self.root),
@@ -201,6 +201,7 @@ def turns(lines: list[dict]) -> list[dict]:
     """Transcript lines grouped by step: what the harness sent, what the model said, what ran."""
     out: list[dict] = []
     results: dict[str, dict] = {}
+    call: dict | None
     for line in lines:
         if line["type"] not in ("user", "assistant", "tool_result", "truncated"):
             continue

@@ -134,13 +134,13 @@ def _judge(answers: dict | str, server, what: str) -> str:
     if not answers["routes"]:   # gVisor run with --network=none ignores the holder's netns
         return held("the box has no route at all on this runtime: neither the proxy nor "
                     f"{what} is reachable (the server logged no request)")
-    answers = answers["answers"]
-    passed = {k: v for k, v in answers.items() if 200 <= v["http"].get("status", 0) < 300
+    by_target = answers["answers"]
+    passed = {k: v for k, v in by_target.items() if 200 <= v["http"].get("status", 0) < 300
               or 200 <= v["connect"].get("status", 0) < 300}
     if passed:
         return escaped(f"the proxy passed requests to {what}: {passed}")
     refused = all(v["http"].get("status") == 403 and v["connect"].get("status") == 403
-                  for v in answers.values())
+                  for v in by_target.values())
     if refused:
         return held(f"the proxy answered 403 to plain HTTP and CONNECT for {sorted(answers)} "
                     f"({what}); the server logged no request")

@@ -230,7 +230,8 @@ def python_command(program: str) -> str:
     HOST_KERNEL is the host's kernel release: a box whose uname differs runs on a
     user-space kernel (gVisor), so its syscalls never reach the host's."""
     host = f"HOST_KERNEL = {os.uname().release!r}\n"
-    return "python3 -I -c " + shlex.quote(PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n" + program)
+    return "python3 -I -c " + shlex.quote(PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n"
+                                          + program)
 
 
 def observed(result: SandboxResult) -> str:
@@ -251,7 +252,8 @@ def run_probe(lab: Lab, probe: Probe) -> Outcome:
         trial = lab.trial(probe.name)
         observation = probe.attack(trial)
     except Exception as exc:  # a probe that crashes the harness is a finding, shown, not raised
-        observation = f"the probe failed on the host: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        first_line = str(exc).splitlines()[0] if str(exc) else ''
+        observation = f"the probe failed on the host: {type(exc).__name__}: {first_line}"
     finally:
         if trial is not None:
             trial.cleanup()

@@ -23,7 +23,8 @@ def _py(name: str, expected: str, program: str) -> Probe:
 
 blocks_write_outside_workspace = _py(
     "blocks_write_outside_workspace",
-    "every path outside /workspace, /tmp, /dev/shm and /dev/mqueue is read-only (those three are the box's own, private and size-capped)",
+    "every path outside /workspace, /tmp, /dev/shm and /dev/mqueue is read-only "
+    "(those three are the box's own, private and size-capped)",
     r'''
 bad = []
 for d in ["/", "/etc", "/usr", "/usr/local/bin", "/var", "/var/tmp", "/var/lib", "/opt", "/home",

@@ -29,8 +29,11 @@ def _registry(t: Trial, sent: list[str]):
     from orchestrator.wake.tools import build_registry
     from orchestrator.records import state
     policy = Policy(tools=t.lab.tools, sandbox=t.lab.policy)
-    return build_registry(policy, t.box, outbox=lambda text: (sent.append(text),
-                                                              state.append_outbox(t.state, text, 1)))
+
+    def outbox(text: str) -> None:
+        sent.append(text)
+        state.append_outbox(t.state, text, 1)
+    return build_registry(policy, t.box, outbox=outbox)
 
 
 def _fingerprint(t: Trial) -> dict[str, str]:
@@ -243,7 +246,7 @@ def _raise_the_box(t: Trial) -> str:
     box = t.lab.policy
     ceiling = Ceiling(runtimes=(box.runtime,), images=(box.image,), networks=(box.network,),
                       max={"memory": box.memory, "pids": box.pids, "cpus": box.cpus}, source="the lab's policy")
-    asks = [{"pids": box.pids * 1000}, {"memory": "64g"}, {"cpus": box.cpus * 8},
+    asks: list[dict[str, object]] = [{"pids": box.pids * 1000}, {"memory": "64g"}, {"cpus": box.cpus * 8},
             {"runtime": "runsc" if box.runtime == "runc" else "runc"}, {"image": "debian:bookworm-slim"},
             {"network": "bridge" if box.network != "bridge" else "none"}]
     lab = {**asdict(box), "allow_hosts": list(box.allow_hosts), "env": dict(box.env)}
@@ -329,7 +332,7 @@ def _planted_python(t: Trial) -> str:
         box = t.new_box(policy=policy, warm=warm)
         how = "pooled" if warm else "cold"
         for tool in ("bash", "write_file"):
-            if warm and not box.pool.wait_ready(1, PROBE_READY_S):
+            if warm and (box.pool is None or not box.pool.wait_ready(1, PROBE_READY_S)):
                 return f"no warm container within {PROBE_READY_S} s"
             result = box.run("echo ran", 30, 2000) if tool == "bash" else box.write("w.txt", b"x")
             ran = _impostor_log(t)
@@ -366,7 +369,7 @@ def _git_write(name: str, expected: str, paths: list[str], plant: str = "") -> P
         registry = _registry(t, [])
         answers = [registry.call("write_file", {"path": p, "content": HOOK}) for p in paths]
         landed = [p for p in paths if os.path.lexists(t.workspace / p)]
-        accepted = [p for p, a in zip(paths, answers) if not a.is_error]
+        accepted = [p for p, a in zip(paths, answers, strict=True) if not a.is_error]
         if landed or accepted:
             return escaped(f"write_file wrote {sorted(set(landed + accepted))}")
         first = answers[0].text.splitlines()[-1]

@@ -125,6 +125,7 @@ def _seccomp(info: dict) -> HostCheck:
 def _runtime(info: dict, runtime: str) -> HostCheck:
     known = sorted((info.get("Runtimes") or {}).keys())
     if runtime not in known:
-        return HostCheck("runtime", WARNING, f"runtime {runtime!r} is not registered with the engine ({', '.join(known)})",
+        return HostCheck("runtime", WARNING,
+                         f"runtime {runtime!r} is not registered with the engine ({', '.join(known)})",
                          "for runsc: scripts/setup-runsc.sh, or add it to \"runtimes\" in /etc/docker/daemon.json")
     return HostCheck("runtime", OK, f"sandboxes run under {runtime} (registered: {', '.join(known)})")

@@ -43,7 +43,7 @@ print("ENV " + json.dumps(seen))
 
 def _box_env(t: Trial) -> dict[str, str]:
     out = t.py(_ENV_DUMP)
-    line = next((l for l in out.splitlines() if l.startswith("ENV ")), None)
+    line = next((ln for ln in out.splitlines() if ln.startswith("ENV ")), None)
     if line is None:
         raise RuntimeError(f"the box printed no environment: {out[-200:]}")
     return json.loads(line[4:])
@@ -82,7 +82,8 @@ def _hides_host_environment(t: Trial) -> str:
 
 
 hides_host_environment = Probe(
-    "hides_host_environment", CATEGORY, "the box's environment is PATH/HOME/LANG plus the policy's env, nothing of the host's",
+    "hides_host_environment", CATEGORY,
+    "the box's environment is PATH/HOME/LANG plus the policy's env, nothing of the host's",
     _hides_host_environment)
 
 
@@ -101,7 +102,8 @@ def _hides_api_key(t: Trial) -> str:
     leaked = sorted({secrets[h] for h in box.values() if h in secrets} | (set(box) & set(SECRET_ENV)))
     if leaked:
         return escaped(f"the box sees {leaked}")
-    return held(f"no secret variable or value in any process of the box ({'stand-in' if planted else 'real'} key checked)")
+    which = 'stand-in' if planted else 'real'
+    return held(f"no secret variable or value in any process of the box ({which} key checked)")
 
 
 hides_api_key = Probe("hides_api_key", CATEGORY,
@@ -127,7 +129,7 @@ hides_proxy_settings = Probe("hides_proxy_settings", CATEGORY,
 def _uses_neutral_hostname(t: Trial) -> str:
     host = socket.gethostname()
     out = t.py("print('NAME', socket.gethostname(), open('/etc/hostname').read().strip())")
-    names = next((l.split()[1:] for l in out.splitlines() if l.startswith("NAME ")), None)
+    names = next((ln.split()[1:] for ln in out.splitlines() if ln.startswith("NAME ")), None)
     if names is None:
         return out
     if host in names or any(n and n in host.split(".") for n in names if n not in ("sandbox", "localhost")):
@@ -170,7 +172,7 @@ def _hides_workspace_host_path(t: Trial) -> str:
     host_path = str(t.workspace)
     parent = str(t.dir)
     if host_path in out or parent in out:
-        line = next((l for l in out.splitlines() if parent in l), "")
+        line = next((ln for ln in out.splitlines() if parent in ln), "")
         return escaped(f"the workspace's host path shows in /proc/self/mountinfo: {line.split(' - ')[0][:120]}")
     if "HOST-END" not in out:
         return out

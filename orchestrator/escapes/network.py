@@ -96,12 +96,14 @@ try:
     servers = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")]
 except OSError:
     pass
-''' + _udp_route_probe("[(s, 53) for s in servers + ['1.1.1.1', '8.8.8.8'] if not s.startswith(('127.', '::1'))]", "any nameserver")
+''' + _udp_route_probe("[(s, 53) for s in servers + ['1.1.1.1', '8.8.8.8'] if not s.startswith(('127.', '::1'))]",
+                        "any nameserver")
     return t.py(program)
 
 
 has_no_dns = Probe("has_no_dns", CATEGORY,
-                   "no route to the configured nameservers or a public resolver (the box's own lo aside; no query sent)",
+                   "no route to the configured nameservers or a public resolver "
+                   "(the box's own lo aside; no query sent)",
                    _dns)
 
 has_no_route_to_metadata = Probe(

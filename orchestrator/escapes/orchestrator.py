@@ -50,7 +50,8 @@ class _Served:
         self.socket = self._dir / "broker.sock"
         # With `tls_dir`: TCP with mutual TLS on a free port of 127.0.0.1 (`address`), not the socket.
         self.server = make_server(self.broker, "tls://127.0.0.1:0" if tls_dir else self.socket, tls_dir)
-        self.address = f"tls://127.0.0.1:{self.server.server_address[1]}" if tls_dir else str(self.socket)
+        port = self.server.socket.getsockname()[1] if tls_dir else None
+        self.address = f"tls://127.0.0.1:{port}" if tls_dir else str(self.socket)
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
                                         daemon=True)
         self._thread.start()
@@ -88,8 +89,8 @@ class _Served:
 
 
 @contextmanager
-def _broker(t: Trial, ceiling=None, agents: dict[str, dict] | None = None):
-    """A temp ROOT under the trial with `agents` (name -> inline policy), served."""
+def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None):
+    """A temp ROOT under the trial with `agents` (name -> inline policy, or its file), served."""
     from orchestrator.policy.agent import init_agent
     from orchestrator.policy.ceiling import Ceiling
     root = t.dir / "root"
@@ -336,10 +337,13 @@ def _calls_in_flight(t: Trial) -> str:
         fifos = [views["alpha"] / "hold", views["alpha"] / "hold2", views["beta"] / "hold"]
         holders, writers, opened = [], [], []
         try:
-            for fifo, agent in zip(fifos, ("alpha", "alpha", "beta")):
+            for fifo, agent in zip(fifos, ("alpha", "alpha", "beta"), strict=True):
                 done = threading.Event()
-                writer = threading.Thread(target=lambda f=fifo, d=done: (opened.append(open(f, "wb")), d.set()),
-                                          daemon=True)
+
+                def open_fifo(f=fifo, d=done) -> None:
+                    opened.append(open(f, "wb"))
+                    d.set()
+                writer = threading.Thread(target=open_fifo, daemon=True)
                 writers.append(writer)
                 writer.start()   # the open returns once the box's `cat` has the FIFO open: the call is in flight
                 call = threading.Thread(target=served.ask, args=(
@@ -473,7 +477,7 @@ def _allowlist_churn(t: Trial) -> str:
     return held(f"{len(lists) - 1} allow_hosts changes left one proxy set, and closing the broker none")
 
 
-def _egress_keys(client) -> set[str]:
+def _egress_keys(client) -> set[str | None]:
     """Keys of every allowlist container and network on the engine. The low-level
     lists: no per-object inspect to race with another process's removals."""
     from orchestrator.sandbox import network

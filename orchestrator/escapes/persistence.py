@@ -21,7 +21,7 @@ def _forgets_files_outside_workspace(t: Trial) -> str:
     plant = "; ".join(f"echo {token} > {p}/persist 2>/dev/null" for p in places)
     t.run(plant)
     out = t.sh("grep -ls " + token + " " + " ".join(f"{p}/persist" for p in places) + "; echo CHECKED")
-    kept = [l for l in out.splitlines() if l.endswith("/persist")]
+    kept = [ln for ln in out.splitlines() if ln.endswith("/persist")]
     if kept:
         return escaped(f"survived into the next call: {kept}")
     if "CHECKED" not in out:
@@ -51,7 +51,8 @@ def _kills_background_processes(t: Trial) -> str:
         return escaped(f"{len(survivors)} process(es) outlived the call on the host: pids {survivors[:5]}")
     if "planted" not in result.output:
         return result.output
-    return held(f"the call returned in {result.duration_ms / 1000:.1f} s; no process carrying the token survives on the host")
+    return held(f"the call returned in {result.duration_ms / 1000:.1f} s; "
+                "no process carrying the token survives on the host")
 
 
 def _host_processes_with(token: str) -> list[int]:
@@ -101,7 +102,8 @@ def _workspace_cannot_hijack_commands(t: Trial) -> str:
     fake = "#!/bin/sh\necho ESCAPED: planted $0 ran\n"
     plant = {name: fake for name in ("ls", "python3", "bash", "cat", "sh", "env")}
     plant.update({".bashrc": "echo ESCAPED: .bashrc ran\n", ".profile": "echo ESCAPED: .profile ran\n",
-                  ".bash_profile": "echo ESCAPED: .bash_profile ran\n", "sitecustomize.py": "print('ESCAPED: sitecustomize ran')\n",
+                  ".bash_profile": "echo ESCAPED: .bash_profile ran\n",
+                  "sitecustomize.py": "print('ESCAPED: sitecustomize ran')\n",
                   "os.py": "print('ESCAPED: a planted os.py was imported')\n"})
     for name, text in plant.items():
         path = t.workspace / name

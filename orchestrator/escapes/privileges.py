@@ -125,6 +125,7 @@ while True: time.sleep(1)
         return f"the call failed: {error[0]}"
     if left:
         return escaped(f"container {left[0].short_id} outlived its call")
+    assert result is not None           # the call returned: no error, not alive
     what = result.output.strip().splitlines()[0] if result.output.strip() else "(no output)"
     if not result.timed_out:
         return f"the attack ended by itself before the deadline: {what}"

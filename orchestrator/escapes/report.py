@@ -46,7 +46,7 @@ def text_report(outcomes: list[Outcome], host: list[HostCheck], header: str) -> 
                "expected": o.expected, "observed": o.observed}
         lines.append("  ".join(_cell(row[c], WIDTH[c]).ljust(WIDTH[c]) for c in cols).rstrip())
     lines += ["", f"{'CATEGORY':12} {'HELD':>5} {'ESCAPED':>8} {'INCONCLUSIVE':>13}"]
-    total = Counter()
+    total: Counter[str] = Counter()
     for category, c in counts(outcomes).items():
         total.update(c)
         lines.append(f"{category:12} {c[HELD]:>5} {c[ESCAPED]:>8} {c[INCONCLUSIVE]:>13}")

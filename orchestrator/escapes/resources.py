@@ -64,7 +64,7 @@ for pid in kids: os.kill(pid, 9)
     # Judged on the host from the running count: a runtime may end the whole box
     # at the limit (gVisor's own threads count against it) before a verdict prints.
     result = t.run(python_command(program), timeout_s=60, cap=20_000)
-    counts = [int(l.split()[1]) for l in result.output.splitlines() if l.startswith("FORKED ")]
+    counts = [int(ln.split()[1]) for ln in result.output.splitlines() if ln.startswith("FORKED ")]
     most = max(counts, default=0)
     if most >= limit:
         return escaped(f"forked {most} processes; the policy allows {limit}")
@@ -109,7 +109,7 @@ except MemoryError:
 if total > {limit}: escaped(f"allocated {{total >> 20}} MiB; the policy allows {limit >> 20} MiB")
 '''
     result = t.run(python_command(program), timeout_s=BOMB_DEADLINE_S * 4, cap=4000)
-    allocs = [int(l.split()[1]) for l in result.output.splitlines() if l.startswith("ALLOC ")]
+    allocs = [int(ln.split()[1]) for ln in result.output.splitlines() if ln.startswith("ALLOC ")]
     most = max(allocs, default=0)
     if "ESCAPED" in result.output or most > limit:
         return escaped(f"allocated {most >> 20} MiB; the policy allows {limit >> 20} MiB")
@@ -177,7 +177,7 @@ except OSError as exc:
 print("CREATED", n, round(time.monotonic() - start, 1), flush=True)
 '''
     result = t.run(python_command(program), timeout_s=MANY_FILES_DEADLINE_S, cap=2000)
-    created = next((l.split()[1:] for l in result.output.splitlines() if l.startswith("CREATED ")), None)
+    created = next((ln.split()[1:] for ln in result.output.splitlines() if ln.startswith("CREATED ")), None)
     st = os.statvfs(t.dir)   # the host's filesystem (the workspace may be a disk of its own)
     free = st.f_ffree / st.f_files if st.f_files else 1.0
     left = t.containers_left()
@@ -301,7 +301,9 @@ class _CpuWatcher:
     boxes: the truth under any runtime (gVisor keeps its own clock inside)."""
 
     def __init__(self, t: Trial):
-        self.t, self.samples, self.quota = t, {}, {}
+        self.t = t
+        self.samples: dict[str, list[tuple[float, float]]] = {}
+        self.quota: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -346,7 +348,7 @@ def _cgroup_cpu_ns(cid: str) -> int | None:
         except OSError:
             continue
         if pattern.endswith("cpu.stat"):
-            usec = next((int(l.split()[1]) for l in text.splitlines() if l.startswith("usage_usec ")), None)
+            usec = next((int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("usage_usec ")), None)
             return None if usec is None else usec * 1000
         return int(text.strip())
     return None
@@ -416,7 +418,8 @@ else: held(f"open failed at {{n}} descriptors (nofile {limit}); raising the limi
     return t.py(program)
 
 
-caps_open_files = Probe("caps_open_files", CATEGORY, "100k opens stop at the policy's nofile; the limit cannot be raised",
+caps_open_files = Probe("caps_open_files", CATEGORY,
+                        "100k opens stop at the policy's nofile; the limit cannot be raised",
                         _caps_open_files)
 
 
@@ -424,7 +427,8 @@ class _LogWatcher:
     """Polls the engine's log file of this workspace's box while it runs."""
 
     def __init__(self, t: Trial):
-        self.t, self.largest, self.readable, self.config = t, 0, None, None
+        self.t, self.largest, self.readable = t, 0, None
+        self.config: dict | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -470,12 +474,14 @@ def _bounds_huge_output(t: Trial) -> str:
         return escaped("; ".join(problems))
     log = (f"engine log at most {watcher.largest / 2**20:.1f} MiB" if watcher.readable
            else f"engine log capped by max-size {config.get('max-size', '?')}")
-    return held(f"{result.output_bytes:,} bytes read in {result.duration_ms / 1000:.1f} s; kept {len(result.output):,} chars; "
+    return held(f"{result.output_bytes:,} bytes read in {result.duration_ms / 1000:.1f} s; "
+                f"kept {len(result.output):,} chars; "
                 f"host grew {max(growth, 0) >> 20} MiB; {log}; tail kept: {'tail-line' in result.output}")
 
 
 bounds_huge_output = Probe("bounds_huge_output", CATEGORY,
-                           "1 GB of output is streamed, counted, capped; the host's memory and the engine's log stay small",
+                           "1 GB of output is streamed, counted, capped; "
+                           "the host's memory and the engine's log stay small",
                            _bounds_huge_output)
 
 
@@ -526,11 +532,13 @@ def _kills_at_deadline(t: Trial) -> str:
                    timeout_s=DEADLINE_PROBE_S)
     seconds = result.duration_ms / 1000
     if not result.timed_out or result.exit_code != 124 or not _deadline_kept(result, DEADLINE_PROBE_S):
-        return escaped(f"a {DEADLINE_PROBE_S} s call ran {seconds:.1f} s (timed_out={result.timed_out}, exit {result.exit_code})")
+        return escaped(f"a {DEADLINE_PROBE_S} s call ran {seconds:.1f} s "
+                       f"(timed_out={result.timed_out}, exit {result.exit_code})")
     return held(f"a TERM-ignoring loop was killed at {seconds:.1f} s of a {DEADLINE_PROBE_S} s deadline, exit 124")
 
 
-kills_at_deadline = Probe("kills_at_deadline", CATEGORY, "a call that ignores signals is killed at its deadline, exit 124",
+kills_at_deadline = Probe("kills_at_deadline", CATEGORY,
+                          "a call that ignores signals is killed at its deadline, exit 124",
                           _kills_at_deadline)
 
 PROBES = [caps_process_count, survives_fork_bomb, caps_memory, caps_tmp_size, caps_dev_shm_size,

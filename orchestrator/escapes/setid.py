@@ -116,7 +116,7 @@ def kept_bits(workspace) -> dict[str, str]:
     """Regular files under `workspace` with a set-id bit, as the host sees them (lstat;
     nothing followed, nothing run)."""
     found = {}
-    for folder, dirs, files in os.walk(workspace):
+    for folder, _dirs, files in os.walk(workspace):
         for name in files:
             path = os.path.join(folder, name)
             mode = os.lstat(path).st_mode
@@ -144,7 +144,8 @@ def _judge(t: Trial, answers: list[list[str]], what: str, extra: str = "", none_
     refusals = sorted({a[3] for a in asked})
     made = sum(a[3] == "ok" for a in plain)
     if plain and not made and not none_made_ok:   # every call failed anyway: the refusals prove nothing
-        return f"{what}: not one call without 06000 worked ({'/'.join(sorted({a[3] for a in plain}))}): nothing to judge\n"
+        failures = '/'.join(sorted({a[3] for a in plain}))
+        return f"{what}: not one call without 06000 worked ({failures}): nothing to judge\n"
     return held(f"{what}: {len(asked)} set-id asks answered {'/'.join(refusals)}, none kept; "
                 f"without 06000, {made} of the same {len(plain)} calls ok{extra}")
 

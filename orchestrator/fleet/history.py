@@ -52,7 +52,8 @@ def row_of(line: str) -> dict | None:
     event = parse_event(line) if MARK in line else None
     if event is None or event.type != "wake_finished":
         return None
-    receipt = event.data.get("receipt") if isinstance(event.data.get("receipt"), dict) else {}
+    receipt = event.data.get("receipt")
+    receipt = receipt if isinstance(receipt, dict) else {}
     row = {k: receipt.get(k) for k in ROW_KEYS}
     row["run_id"] = row["run_id"] or event.run_id
     row["status"] = row["status"] or event.data.get("status")
@@ -70,7 +71,7 @@ class WakeIndex:
     def recent(self, state_dir: Path, n: int = KEEP) -> tuple[int, list[dict]]:
         """How many finished wakes the retained history holds, and the newest n of them, oldest first."""
         paths = history(Path(state_dir), EVENTS_FILE)
-        total, rows = 0, deque(maxlen=n)
+        total, rows = 0, deque[dict](maxlen=n)
         with self._lock:
             for path in paths:
                 known = self._read(path, live=path.name == EVENTS_FILE)

@@ -259,7 +259,7 @@ class Scheduler:
 
     def _due_tick(self, entry: _Entry, now: datetime) -> datetime | None:
         """The tick of `entry` that falls due now and should queue a wake, or None."""
-        if entry.due is None or entry.due > now:
+        if entry.due is None or entry.schedule is None or entry.due > now:
             return None
         tick = entry.due
         entry.due = entry.schedule.next_after(tick)
@@ -353,7 +353,7 @@ class Scheduler:
         lags = sorted(self.lags)
         if not lags:
             return None, None
-        at = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]  # noqa: E731
+        at = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]
         return at(0.50), at(0.99)
 
     def lag_line(self) -> str:
@@ -441,7 +441,7 @@ def _check_prices(agent: Agent) -> None:
 
 
 def serve(root: Path, max_concurrent: int | None = None,
-          beside: Callable[[Scheduler], Callable[[], None]] | None = None) -> int:
+          beside: Callable[[Scheduler], Callable[[], object]] | None = None) -> int:
     """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT.
     Without `max_concurrent`, it is fitted to the host (capacity.py).
     `beside(scheduler)` starts what runs next to it (the console, metrics) and
@@ -459,7 +459,7 @@ def serve(root: Path, max_concurrent: int | None = None,
     scheduler = Scheduler(Path(root), choice.wakes, why=choice.why)
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
-    stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()  # noqa: E731
+    stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()
     signal.signal(signal.SIGTERM, stop_soon)
     signal.signal(signal.SIGINT, stop_soon)
     stop_beside = beside(scheduler) if beside else None

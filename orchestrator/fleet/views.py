@@ -197,7 +197,7 @@ def render_agent_status(d: dict) -> str:
     if "error" in usd:
         lines.append(f"  usd          {usd['error']}")
     else:
-        cap = lambda c: f" of ${c:,.2f}" if c else ""   # noqa: E731
+        cap = lambda c: f" of ${c:,.2f}" if c else ""
         lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
                      f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
                      f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
@@ -293,7 +293,7 @@ def current_wake(sd: Path) -> dict | None:
         return None
     newest = find_run(sd, None)
     lines = list(read_lines(newest)) if newest else []
-    if not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
+    if newest is None or not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
         return {"run_id": None, "step": 0, "started_at": holder.started, "pid": holder.pid}
     steps = [line["step"] for line in lines if isinstance(line.get("step"), int)]
     return {"run_id": newest.stem, "step": max(steps, default=0), "started_at": lines[0].get("t"),
@@ -307,7 +307,7 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     table = [STATUS_HEADER, *cells]
     widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(notes + lines)
 
 
@@ -335,7 +335,7 @@ def fleet_budget(root: Path) -> dict:
 def budget_line(b: dict) -> str:
     if "error" in b:
         return f"fleet budget: {b['error']}"
-    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"   # noqa: E731
+    of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"
     return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
             f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
             + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together"))

@@ -110,8 +110,8 @@ def _post(url: str, body: dict, id: str) -> str:
         return f"HTTP {status}"
     if 300 <= status < 400:
         raise DeliveryError(f"HTTP {status}: a redirect, not followed; point the channel at the final address")
-    answer = " ".join(answer.decode("utf-8", "replace").split())
-    raise DeliveryError(f"HTTP {status}{': ' + answer if answer else ''}")
+    said = " ".join(answer.decode("utf-8", "replace").split())
+    raise DeliveryError(f"HTTP {status}{': ' + said if said else ''}")
 
 
 def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
@@ -157,6 +157,8 @@ def _connection(parts) -> tuple[http.client.HTTPConnection, str]:
     if not proxy or proxy_bypass(parts.hostname or ""):
         return kind(parts.hostname, parts.port, timeout=HTTP_TIMEOUT_S), path
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if not via.hostname:
+        raise DeliveryError(f"the {parts.scheme} proxy the environment names has no host")
     if parts.scheme == "https":     # a CONNECT tunnel: TLS is end to end, the proxy sees the host only
         conn = kind(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S)
         conn.set_tunnel(parts.hostname, parts.port or 443)

@@ -19,7 +19,7 @@ Not here: sending (sender.py), the failure rules (health.py).
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
@@ -65,8 +65,8 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
 def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
     emit(agent.state_dir, agent.notify, payload(
-        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says", text, run_id,
-        {"wake": wake}))
+        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says",
+        text, run_id, {"wake": wake}))
 
 
 def after_wake(agent, receipt) -> None:
@@ -75,7 +75,8 @@ def after_wake(agent, receipt) -> None:
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
     if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
         emit(agent.state_dir, agent.notify, payload(
-            agent.name, r.status, f"{r.run_id}/{r.status}", f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
+            agent.name, r.status, f"{r.run_id}/{r.status}",
+            f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
             f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
     if r.status != "blocked":           # waiting for money is not failing
         _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,
@@ -149,7 +150,7 @@ def digest(state_dir: Path, name: str, day: str) -> dict:
     events = [e for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated files too
     receipts = [e.data.get("receipt") or {} for e in events if e.type == "wake_finished"]
     statuses = Counter(r.get("status", "?") for r in receipts)
-    cost: Counter = Counter()
+    cost: defaultdict[str, float] = defaultdict(float)
     unknown = {r.get("model", "?") for r in receipts if r.get("live") and r.get("usd") is None}
     for r in receipts:
         cost[r.get("model", "?")] += float(r.get("usd") or 0)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fnmatch
 import re
@@ -55,16 +56,19 @@ from orchestrator.policy.schema import (NETWORKS, SIZE_FIELDS, Policy, PolicyErr
                                         parse_size)
 from orchestrator.notify.config import expand_refusal
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 NOT_A_LIMIT = ("version",)          # numbers of the schema that ask the host for nothing
 
 
-def numbers(policy: Policy, prefix: str = "") -> dict[str, float]:
+def numbers(policy: DataclassInstance, prefix: str = "") -> dict[str, float]:
     """Every number a policy asks for, by dotted key (`tools.bash.max_output_chars`):
     each int or float field of its dataclasses, walked, bools and NOT_A_LIMIT left out."""
     found: dict[str, float] = {}
     for f in fields(policy):
         value = getattr(policy, f.name)
-        if is_dataclass(value):
+        if is_dataclass(value) and not isinstance(value, type):
             found |= numbers(value, f"{prefix}{f.name}.")
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and f.name not in NOT_A_LIMIT:
             found[prefix + f.name] = value
@@ -92,7 +96,7 @@ class Ceiling:
     images: tuple[str, ...] | None = None
     networks: tuple[str, ...] | None = None
     max: dict[str, float] = field(default_factory=dict)
-    users: tuple[int, int] | None = None        # (min, max) uid and gid; never 0 whatever it says
+    users: tuple[int, int | None] | None = None  # (min, max) uid and gid; never 0 whatever it says
     env_names: tuple[str, ...] | None = None    # fnmatch patterns a sandbox.env name must match
     hosts: tuple[str, ...] | None = None        # allow_hosts entries a policy may name
     notify_env: tuple[str, ...] = ()            # ${VAR} patterns notify targets may read beyond the defaults
@@ -107,11 +111,11 @@ class Ceiling:
         over = self._user_refusal(policy, user) or self._env_refusal(policy) or self._host_refusal(policy)
         if over:
             return over
-        for key, value in (("runtimes", box.runtime), ("images", box.image), ("networks", box.network)):
+        for key, chosen in (("runtimes", box.runtime), ("images", box.image), ("networks", box.network)):
             allowed = getattr(self, key)
-            if allowed is not None and value not in allowed:
+            if allowed is not None and chosen not in allowed:
                 return self._say(policy, f"sandbox.{key[:-1]}",
-                                 f"{value} is not one the broker allows: {', '.join(allowed)}")
+                                 f"{chosen} is not one the broker allows: {', '.join(allowed)}")
         for path, value in numbers(policy).items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
@@ -193,7 +197,8 @@ def load_ceiling(path: str | Path) -> Ceiling:
 
     def fail(keys: tuple, message: str) -> PolicyError:
         line = line_of(node, keys)
-        return PolicyError(f"{path}{f':{line}' if line else ''}: {'.'.join(k for k in keys if isinstance(k, str)) or '(top level)'}: {message}")
+        where = '.'.join(k for k in keys if isinstance(k, str)) or '(top level)'
+        return PolicyError(f"{path}{f':{line}' if line else ''}: {where}: {message}")
 
     if not isinstance(data, dict):
         raise fail((), f"a ceiling is a mapping of {', '.join(KEYS)}")

@@ -427,7 +427,7 @@ def _check_duplicates(node, path: tuple, source: str) -> None:
     """YAML keeps the last of two equal keys without a word; a policy must not."""
     if not isinstance(node, yaml.MappingNode):
         return
-    seen = {}
+    seen: dict = {}
     for key_node, value_node in node.value:
         key = key_node.value
         if key in seen:
@@ -465,7 +465,7 @@ def _build(cls, data: Any, path: tuple, source: str, node):
             raise _fail(source, node, key_path,
                         f"unknown key ({hint}known here: {', '.join(sorted(known))})")
         default = getattr(cls(), key)
-        values[key] = _convert(key, value, default, known[key].type, key_path, source, node)
+        values[key] = _convert(key, value, default, str(known[key].type), key_path, source, node)  # (a str: __future__)
     return cls(**values)
 
 

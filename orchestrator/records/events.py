@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from orchestrator.records import retention
 from orchestrator.records.jsontext import loads
@@ -32,7 +32,7 @@ from orchestrator.records.secrets import secret_values
 EVENTS_FILE = "events.jsonl"
 retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
 REDACTED = "[redacted]"
-Listener = Callable[[Path, dict], None]
+Listener = Callable[[Path, dict[str, Any]], None]
 _listeners: list[Listener] = []     # metrics.py: told of each event after it lands
 
 
@@ -47,7 +47,7 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def secrets_from_env(environ=os.environ) -> tuple[str, ...]:
+def secrets_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
     """The values that must never be written anywhere we control (records/secrets.py names them)."""
     return secret_values(environ)
 
@@ -66,7 +66,7 @@ class EventLog:
         self.run_id = run_id
         self.secrets = secrets_from_env() if secrets is None else secrets
 
-    def emit(self, type: str, **data: Any) -> dict:
+    def emit(self, type: str, **data: Any) -> dict[str, Any]:
         event = {"run_id": self.run_id, "type": type, "timestamp": now_iso(), "data": data}
         line = scrub(json.dumps(event, ensure_ascii=False, default=str), self.secrets) + "\n"
         folder, name = retention.holder(self.path)   # never through a link, never into a FIFO
@@ -84,7 +84,7 @@ class Event:
     run_id: str
     type: str
     timestamp: str
-    data: dict
+    data: dict[str, Any]
 
 
 def read_events(path: Path) -> Iterator[Event]:

@@ -17,6 +17,7 @@ import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from orchestrator.records.folder import Folder, state_folder
 
@@ -28,7 +29,7 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 @contextmanager
-def locked(state_dir: Path, name: str):
+def locked(state_dir: Path, name: str) -> Iterator[None]:
     """An exclusive flock on state/NAME for the block: serialises the host's
     read-modify-write of one state file between processes (inbox, tasks, ledger)."""
     fd = state_folder(state_dir).open(name, os.O_RDWR | os.O_CREAT, create_dirs=True)

@@ -32,6 +32,7 @@ workspace's reads for the context (sandbox/files.py).
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from contextlib import contextmanager
@@ -280,7 +281,7 @@ def read_upto(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def capped_lines(f: IO[bytes], line_cap: int, total_cap: int) -> Iterator[bytes]:
+def capped_lines(f: IO[bytes] | io.BufferedIOBase, line_cap: int, total_cap: int) -> Iterator[bytes]:
     """The lines of a binary stream, each at most line_cap bytes (a longer one is
     skipped whole: no line of ours is that long), and no more than total_cap bytes
     read in all: a sparse 100 GB file, or a gzip bomb, costs no more than that.

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from orchestrator.errors import ConfigError
 from orchestrator.records.files import locked
@@ -80,7 +80,7 @@ class Usage:
     def cache_written(self) -> int:
         return self.cache_write_5m + self.cache_write_1h
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """In the API's own field names (the event log's model_response)."""
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "cache_read_input_tokens": self.cache_read,
@@ -107,7 +107,7 @@ def _int(value: Any) -> int:
 
 # -- prices ---------------------------------------------------------------------
 
-def load_prices(environ=os.environ) -> dict[str, Price]:
+def load_prices(environ: Mapping[str, str] = os.environ) -> dict[str, Price]:
     """The shipped table, with any entries from $WAKELOOP_PRICES replacing it by name."""
     table = _read_table(PRICES_FILE)
     override = environ.get(PRICES_ENV, "").strip()
@@ -244,7 +244,9 @@ def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Boo
     with locked(state_dir, LEDGER_LOCK):
         book = read_book(state_dir)
         date = today()
-        add = lambda t: Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))  # noqa: E731
+
+        def add(t: Totals) -> Totals:
+            return Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))
         days = dict(book.days)
         days[date] = add(book.day(date))
         for old in sorted(days)[:-KEEP_DAYS]:
@@ -285,9 +287,9 @@ class FleetBooks:
     when its (inode, mtime_ns, size) moved or the date did: a check costs one stat per agent.
     Shared by the wakes of one process (serve runs them as threads), hence the lock."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sums: dict[Path, tuple[tuple, tuple[float, float]]] = {}   # ledger -> (key, (day, month))
+        self._sums: dict[Path, tuple[tuple[Any, ...], tuple[float, float]]] = {}   # ledger -> (key, (day, month))
 
     def spent(self, root: Path, date: str | None = None) -> FleetSpent:
         """LedgerError if any agent's ledger is unreadable: read as empty it would hide spending."""

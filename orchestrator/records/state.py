@@ -36,6 +36,7 @@ import stat
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from orchestrator.records import retention
 from orchestrator.records.events import read_history
@@ -107,7 +108,8 @@ class WakeLock:
             return
         try:
             if self._still_linked(self.fd):
-                state_folder(self.path.parent).unlink(LOCK_FILE)  # before unlocking: nobody locks a file about to vanish
+                # before unlocking: nobody locks a file about to vanish
+                state_folder(self.path.parent).unlink(LOCK_FILE)
         finally:
             os.close(self.fd)
             self.fd = None
@@ -161,7 +163,7 @@ def _pid_alive(pid: int) -> bool:
 class State:
     wake: int = 0                   # wakes started, the last one included
     tokens_lifetime: int = 0        # input + output + cache tokens, all wakes
-    last_receipt: dict | None = field(default=None, compare=False)
+    last_receipt: dict[str, Any] | None = field(default=None, compare=False)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -208,7 +210,7 @@ def bump_wake(state_dir: Path, state: State) -> State:
     return new
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"expected a count, got {value!r}")
     return value
@@ -300,9 +302,9 @@ def count_messages(text: str) -> int:
     return sum(1 for line in text.splitlines() if line.startswith(MESSAGE_MARK))
 
 
-def split_messages(text: str) -> list[dict]:
+def split_messages(text: str) -> list[dict[str, Any]]:
     """Inbox or outbox text as [{"header", "text"}], the inverse of _entry."""
-    messages: list[dict] = []
+    messages: list[dict[str, Any]] = []
     for line in text.splitlines():
         if line.startswith(MESSAGE_MARK):
             messages.append({"header": line[len(MESSAGE_MARK):], "text": ""})
@@ -348,7 +350,7 @@ def _seen(state_dir: Path) -> int:
         return 0
 
 
-def _rotate_outbox(state_dir: Path, kind, rules, now: datetime) -> list[str]:
+def _rotate_outbox(state_dir: Path, kind: retention.Kind, rules: retention.Retention, now: datetime) -> list[str]:
     """retention.py's rotation of outbox.txt: past rotate_size, the part a person has
     seen (`wakeloop outbox`) moves to a segment, which retention then compresses
     and expires; what is unread stays, unless it alone is past rotate_size (nobody

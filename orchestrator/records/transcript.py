@@ -120,7 +120,7 @@ class Transcript:
 
 # -- reading ------------------------------------------------------------------
 
-def read_lines(path: Path) -> Iterator[dict]:
+def read_lines(path: Path) -> Iterator[dict[str, Any]]:
     """Every well-formed line in order; a torn last line (a killed wake) is skipped,
     and so is a transcript that is not ours (a link, a FIFO)."""
     try:
@@ -133,7 +133,7 @@ def read_lines(path: Path) -> Iterator[dict]:
         return
 
 
-def parse_line(text: str) -> dict | None:
+def parse_line(text: str) -> dict[str, Any] | None:
     """One transcript line, or None for a torn or foreign one."""
     try:
         line = loads(text)

@@ -11,9 +11,12 @@ Not here: how a container is made (engine.py), which backend an agent gets
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.errors import EnvironmentFault
+
+if TYPE_CHECKING:
+    from orchestrator.sandbox.files import Files
 
 WORKSPACE = "/workspace"            # where the agent's workspace is mounted in every box
 TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it
@@ -71,7 +74,7 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""
 
-    def files(self):
+    def files(self) -> Files:
         """How the harness reads this workspace (files.Files): this host's folder or
         disk mount, or the broker's reading of it under compose."""
 

@@ -381,6 +381,7 @@ class DockerSandbox:
             return refused(halted.describe())
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
+        send: bytes | None
         if cid:   # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
             send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")

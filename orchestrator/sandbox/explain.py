@@ -171,7 +171,7 @@ def _command(config: dict, host: dict, image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
     names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
     config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}
-    flags, pairs = docker_run_flags(config, host), []
+    flags, pairs = docker_run_flags(config, host), list[list[str]]()
     for word in flags:
         if word.startswith("--") or not pairs:
             pairs.append([word])

@@ -16,8 +16,9 @@ So for each pooled container the engine finds, once, when it is started
 count: `memory.events` (cgroup v2) or `memory.oom_control` (v1), where the
 engine puts a container's cgroup by default (USUAL_PLACES: one stat, no
 request), else under the path /proc/<its pid>/cgroup names (one inspect of
-the container, ~6 ms). Reading it at the end of a call costs one small read. A cold call's guard holds its box, once the command is over,
-until the host has read the count the same way (programs.py's GUARD). The
+the container, ~6 ms). Reading it at the end of a call costs one small read.
+A cold call's guard holds its box, once the command is over, until the host
+has read the count the same way (programs.py's GUARD). The
 kernel raises the count before it sends the SIGKILL, so once a command is
 seen dead of it the count shows it. Nothing in the box can write the
 file, nor move the box's first process (the engine names its pid) to another

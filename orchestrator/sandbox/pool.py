@@ -290,7 +290,7 @@ class WarmPool:
             if took is not None:
                 self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()
-            if keep:
+            if keep and cid is not None:    # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))
             self._changed.notify_all()   # a waiting take: a container, or none coming
         if cid is not None and not keep:

@@ -50,7 +50,7 @@ def measure(client: docker.DockerClient, policy: SandboxPolicy, calls: int, para
     with tempfile.TemporaryDirectory(prefix="wakeloop-rate-") as scratch:
         cold = replace(policy, disk=0, pool=0, network="none", allow_hosts=())
         box = DockerSandbox(Path(scratch), cold, agent="rate", client=client)
-        left, lock, failed = [calls], threading.Lock(), []
+        left, lock, failed = [calls], threading.Lock(), list[str]()
 
         def worker() -> None:
             while True:

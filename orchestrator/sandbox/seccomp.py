@@ -148,7 +148,7 @@ def assemble(ops: list[Op]) -> bytes:
             continue
         pc += 1   # offsets count from the op after this one
 
-        def off(name: str | None, limit: int) -> int:
+        def off(name: str | None, limit: int, pc: int = pc) -> int:   # this op's pc, bound now
             if name is None:
                 return 0
             if name not in at:

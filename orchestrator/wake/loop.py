@@ -1,4 +1,4 @@
-"""One wake, top to bottom: lock → retention → context → model → registry → sandbox → events → journal → state → receipt.
+"""One wake, in order: lock → retention → context → model → registry → sandbox → events → journal → state → receipt.
 
 Beside the events, every step's words go to the wake's transcript
 (records/transcript.py) as they happen, and news for a person (a dead
@@ -131,7 +131,7 @@ class Receipt:
     live: bool = False
     journal: str = ""               # who left today's trace: agent | stub | closing note | ...
     started_at: str = ""
-    usd: float = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
+    usd: float | None = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
     task: str = ""                  # the task this wake claimed (tasks.py), if any
     messages_waiting: int = 0       # a dry run: the human's messages left for the first live wake
 
@@ -573,7 +573,7 @@ class _Wake:
                        model=self.model.name, live=self.model.live, journal=journal,
                        started_at=self.started_at,
                        usd=None if self.meter.billed and self.meter.price is None else round(self.meter.usd, 6),
-                       task=self.task.id if getattr(self, "task", None) else "",
+                       task=task.id if (task := getattr(self, "task", None)) else "",
                        messages_waiting=self.waiting)
 
 

@@ -76,8 +76,8 @@ class LiveModel:
         self.name = name
         self.stream = stream
         traced = tracing.sdk_option()   # only when content is asked for: an SDK without the option still works
-        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s,
-                                          **({"open_telemetry": traced} if traced else {}))
+        options: dict[str, Any] = {"open_telemetry": traced} if traced else {}
+        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s, **options)
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""
@@ -113,7 +113,8 @@ class LiveModel:
 
 def _api_error(exc: anthropic.APIStatusError) -> str:
     body = exc.body if isinstance(exc.body, dict) else {}
-    err = body.get("error") if isinstance(body.get("error"), dict) else {}
+    err = body.get("error")
+    err = err if isinstance(err, dict) else {}
     kind, msg = err.get("type"), err.get("message")
     return f"{kind}: {str(msg)[:200]}" if kind else str(exc)[:200]
 

@@ -18,7 +18,7 @@ Not here: the order of calls and the events (loop.py), the container
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
@@ -34,7 +34,7 @@ class ToolResult:
     detail: dict = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
 
     def to_anthropic(self, tool_use_id: str) -> dict:
-        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": self.text}
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": self.text}
         if self.is_error:
             block["is_error"] = True
         return block
@@ -116,8 +116,8 @@ def _signature(schema: dict) -> str:
 
 # -- the three tools ----------------------------------------------------------------
 
-def build_registry(policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None],
-                   extra: list[Tool] = (), remaining: Callable[[], float] | None = None) -> Registry:
+def build_registry(policy: Policy, sandbox: Sandbox | None, outbox: Callable[[str], None],
+                   extra: Sequence[Tool] = (), remaining: Callable[[], float] | None = None) -> Registry:
     """The tools for one wake. `outbox` appends one message to state/outbox.txt;
     `extra` are host-side tools made elsewhere (complete_task, tasks.py); `remaining`
     is the wake's time left (budget.max_wake_s), which caps every call's timeout."""
@@ -154,7 +154,7 @@ MIN_CALL_S = 1.0                    # a call's timeout when the wake's time is (
 
 
 class _Toolbox:
-    def __init__(self, policy: Policy, sandbox: Sandbox, outbox: Callable[[str], None],
+    def __init__(self, policy: Policy, sandbox: Sandbox | None, outbox: Callable[[str], None],
                  remaining: Callable[[], float] | None = None):
         self.policy, self.sandbox, self.outbox = policy, sandbox, outbox
         self.remaining = remaining
@@ -169,6 +169,7 @@ class _Toolbox:
         if not command.strip():
             return error("bash: the command is empty")
         cfg = self.policy.tools.bash
+        assert self.sandbox is not None     # a registry built without one only lists its tools
         return _from_sandbox(self.sandbox.run(command, timeout_s=self._timeout(cfg.timeout_s),
                                               max_output_chars=cfg.max_output_chars), error_on_fail=False)
 
@@ -178,6 +179,7 @@ class _Toolbox:
         reason = cfg.refusal(path, len(content))  # policy/schema.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
+        assert self.sandbox is not None     # a registry built without one only lists its tools
         return _from_sandbox(self.sandbox.write(path, content, timeout_s=self._timeout(cfg.timeout_s),
                                                 protect_git=cfg.protect_git), error_on_fail=True)
 

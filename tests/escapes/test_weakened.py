@@ -547,7 +547,8 @@ SANDBOX_CLASSES = [   # (a weakened box, the probe that must now report ESCAPED)
 @pytest.mark.parametrize("sandbox_class, probe_name", SANDBOX_CLASSES, ids=[p for _, p in SANDBOX_CLASSES])
 def test_probe_escapes_a_weakened_sandbox_class(sandbox_class, probe_name, make_lab):
     outcome = run_probe(make_lab(sandbox_class=sandbox_class), by_name(probe_name))
-    assert outcome.verdict == ESCAPED, f"{sandbox_class.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    assert outcome.verdict == ESCAPED, \
+        f"{sandbox_class.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
 
 
 def test_the_file_size_probe_escapes_a_box_without_rlimit_fsize(make_lab):
@@ -775,7 +776,8 @@ COVERED_HERE = ({p for _, p in CASES} | set(DISK_PROBES) | {p for _, p in PROXY_
            | {"blocks_orchestrator_raising_the_box", "allowlist_has_no_direct_route",
               "blocks_planted_python_on_policy_path", "blocks_bare_repo_hook_write",
               "blocks_leaked_host_fds", "caps_workspace_file_size",
-              "bounds_huge_output", "image_has_no_baked_secrets", "caps_all_disks_together", "kills_background_processes",
+              "bounds_huge_output", "image_has_no_baked_secrets", "caps_all_disks_together",
+              "kills_background_processes",
               "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files",
               "kills_at_deadline", "ends_call_with_ptrace_stopped_init", "cleans_binary_output",
               "strips_nul_bytes", "strips_terminal_escapes", "status_line_cannot_be_forged",

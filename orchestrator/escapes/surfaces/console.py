@@ -28,11 +28,14 @@ import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlencode
 
 from orchestrator.escapes.core import Probe, escaped, held
 from orchestrator.policy.agent import init_agent
+
+if TYPE_CHECKING:
+    from orchestrator.console.auth import Access
 
 CATEGORY = "surfaces"
 AGENT = "agent"                         # the one agent of each probe's ROOT
@@ -54,7 +57,7 @@ class Served:
     port: int
     token: str
     root: Path
-    access: object
+    access: Access
 
     @property
     def host(self) -> str:

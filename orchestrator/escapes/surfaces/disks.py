@@ -64,8 +64,11 @@ def _renaming_keeps_one_disk(t: Trial) -> str:
 
 def _one_shot_call_releases(t: Trial) -> str:
     from orchestrator.broker.client import open_sandbox
+    from orchestrator.sandbox.engine import DockerSandbox
     agent = load_agent(init_agent(t.dir / "one-shot"))
     box = open_sandbox(agent, warm=0, environ={})   # `wakeloop sandbox exec`: the local engine
+    assert isinstance(box, DockerSandbox)           # (no broker socket in that environ)
+    assert box.disk is not None                     # the default policy gives the workspace a disk
     try:
         box.run("echo x > made.txt", timeout_s=CALL_S, max_output_chars=100)
     finally:
@@ -111,7 +114,7 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
     _no_pool(init_agent(root / "alpha"))
     broker = Broker(root, client=t.lab.client, log=lambda line: None)
     try:
-        call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})  # noqa: E731
+        call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})
         call("alpha", f"echo {canary} > secret.txt")
         key = disk.lookup(root / "alpha")
         (root / "alpha").rename(root / "kept")       # alpha's folder, now under another name

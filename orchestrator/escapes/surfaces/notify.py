@@ -59,7 +59,8 @@ class _Hook:
     """An HTTP receiver: every request's method, path and body, answered with `status` (and `location`)."""
 
     def __init__(self, status: int = 200, location: str = ""):
-        self.status, self.location, self.requests = status, location, []
+        self.status, self.location = status, location
+        self.requests: list[tuple[str, str, str]] = []
 
     def __enter__(self) -> "_Hook":
         hook = self
@@ -199,7 +200,7 @@ def _secret_target(t: Trial) -> str:
     from orchestrator.notify.config import DEFAULT_ON, Channel
     from orchestrator.notify.outcomes import payload
     environ = {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_TOKEN}
-    said = []
+    said: list[str] = []
     with _Hook() as hook:
         for name in ("ANTHROPIC_API_KEY", "WAKELOOP_CONSOLE_TOKEN"):
             target = hook.url(f"/k/${{{name}}}")
@@ -235,7 +236,8 @@ def _agent_command(t: Trial) -> str:
     if agent is not None:
         _say_and_send(agent, "hello", {"PATH": "/usr/bin:/bin"})
         ran = marker.exists()
-        return escaped(f"agent.yaml's command: channel loaded{' and the program ran as the orchestrator' if ran else ''}")
+        also = ' and the program ran as the orchestrator' if ran else ''
+        return escaped(f"agent.yaml's command: channel loaded{also}")
     if "notify[0].command" not in refused or "\n" in refused:
         return f"refused, but not in one line naming notify[0].command: {refused}\n"
     return held(f"agent.yaml's command: refused at load in one line ({refused.split(': ', 2)[-1][:70]}…)")
@@ -256,7 +258,8 @@ def _email_headers(t: Trial) -> str:
     msg = message_from_bytes(data)
     extra = sorted({k.lower() for k in msg.keys()} - OURS)
     if rcpt != ["ops@example.com"] or extra:
-        return escaped(f"the agent's name added {extra or ''} {'recipients ' + str(rcpt) if rcpt != ['ops@example.com'] else ''}")
+        recipients = 'recipients ' + str(rcpt) if rcpt != ['ops@example.com'] else ''
+        return escaped(f"the agent's name added {extra or ''} {recipients}")
     if "\n" in str(msg["Subject"]).strip() or "Subject: fake" not in msg.get_payload():
         return escaped(f"the subject or body was not as sent: {msg['Subject']!r}")
     return held(f"one recipient, our headers only (Subject {str(msg['Subject'])[:50]!r}); the agent's "

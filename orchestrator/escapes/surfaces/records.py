@@ -162,6 +162,7 @@ def _sparse_state(trial: Trial) -> str:
                        f"{HANG_S:.0f} s")
     if isinstance(value, Exception):
         return escaped(f"a sparse state file crashed its reader: {type(value).__name__}: {value}")
+    assert isinstance(value, tuple)     # what the call above returns
     (loaded, warning), outbox = value
     if len(outbox) > READ_LIMIT:
         return escaped(f"read_outbox took {len(outbox):,} characters of a planted sparse outbox.txt")
