@@ -123,7 +123,7 @@ def test_a_matching_call_waits_and_an_approval_by_cli_runs_it_at_the_next_wake(a
     code, out, _ = cli(capsys, "transcript", str(agent_dir), "--json")
     assert any(json.loads(line).get("type") == "approval" for line in out.splitlines())
     code, out, _ = cli(capsys, "transcript", str(agent_dir))
-    assert code == 0 and approval.id in out
+    assert code == 0 and f"approval {approval.id} ran by " in out and "push-output" in out
 
     api = fake_api([turn(text("nothing new"))])
     live_wake(agent_dir)

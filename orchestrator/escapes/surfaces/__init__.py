@@ -10,12 +10,12 @@ files planted in its trial's own folder, and each runs once, whatever the
 runtime. Only the disk probes make boxes (cold ones, on their trial's own
 agents): a disk is attached by a box.
 
-One module per surface: console.py, notify.py, records.py, disks.py.
+One module per surface: console.py, approvals.py, notify.py, records.py, disks.py.
 
 Not here: the model's attacks from inside the box (the other escapes modules).
 """
 
-from orchestrator.escapes.surfaces import console, disks, notify, records
+from orchestrator.escapes.surfaces import approvals, console, disks, notify, records
 
 CATEGORY = "surfaces"
-PROBES = console.PROBES + notify.PROBES + records.PROBES + disks.PROBES
+PROBES = console.PROBES + approvals.PROBES + notify.PROBES + records.PROBES + disks.PROBES
