@@ -141,6 +141,8 @@ def test_a_denial_and_an_expiry_reach_the_model_and_neither_runs(agent_dir, fake
     assert cli(capsys, "deny", str(agent_dir), denied.id, "--reason", "not on a Friday")[0] == 0
     code, _, err = cli(capsys, "approve", str(agent_dir), lapsed.id)
     assert code == 2 and f"approval {lapsed.id} is expired already" in err
+    assert wake(load_agent(agent_dir), live=False).status == "done"      # a dry run: no model to tell
+    assert not approvals.load(sd, denied.id).reported
 
     api = fake_api([turn(text("understood"))])
     live_wake(agent_dir)
@@ -183,18 +185,32 @@ def test_the_same_call_asked_twice_waits_under_one_id_and_other_calls_still_run(
 # -- the person is asked where they are --------------------------------------------------------------
 
 @pytest.mark.docker
-def test_the_notification_reaches_a_receiver_and_its_console_link_approves_and_the_call_runs(
+def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_and_the_next_wake_runs_it(
         tmp_path, fake_api, disk_view, monkeypatch):
-    from test_console import TOKEN, Client
+    """A real webhook receiver gets the `approval` notification; Debian's headless Chromium (as
+    tests/test_console_browser.py drives it) opens its link signed out, goes through the sign-in
+    form and back to the confirm page, and its button approves; the next wake runs the call."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from test_console import TOKEN
+    from test_console_browser import CHROMEDRIVER, CHROMIUM, arrived, by_css
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
     from orchestrator.notify.sender import send_due
     from receivers import Hook
     root = tmp_path / "agents"
     agent_dir = init_agent(root / "ops")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     with Hook() as hook:
         support.set_policy(agent_dir, APPROVE, notify=[{"webhook": hook.url("/h"), "on": ["approval"]}])
         listening = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0)
+        driver = None
         try:
             monkeypatch.setenv("WAKELOOP_CONSOLE_URL", listening.url)
             approval = ask_once(agent_dir, fake_api, words="Release 1.2 is tagged; pushing it.")
@@ -204,18 +220,54 @@ def test_the_notification_reaches_a_receiver_and_its_console_link_approves_and_t
             assert note["event"] == "approval" and note["agent"] == "ops" and note["data"]["input"] == {"command": PUSH}
             assert note["data"]["words"] == "Release 1.2 is tagged; pushing it." and PUSH in note["text"]
             assert note["data"]["approve_url"] in note["text"] and note["data"]["deny_url"] in note["text"]
-            path = note["data"]["approve_url"][len(listening.url) - 1:]
-            client = Client(listening.url)
-            status, headers, _ = client.get(path)
-            assert status == 303 and headers["location"].startswith("/login?next=/approvals/")   # sign in first
-            status, _, html = client.sign_in().get(path)
-            assert status == 200 and "Approve " + approval.id in html and "pushing it." in html
-            status, headers, _ = client.post(path, {"csrf": Access(TOKEN, True).csrf})
-            assert status == 303 and headers["location"] == "/?said=approved"
-            assert (agent_dir / "state" / "run-now").exists()                   # a wake asked for now
+            assert note["data"]["approve_url"].startswith(f"{listening.url}approvals/")
+            driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+            driver.set_page_load_timeout(60)
+            driver.get(note["data"]["approve_url"])                      # a person clicks, signed out
+            arrived(driver, "#token").send_keys(TOKEN)
+            by_css(driver, "#sign-in")[0].click()
+            assert arrived(driver, "#call").text == PUSH                # back on the link's page, signed in
+            assert "pushing it." in by_css(driver, "#words")[0].text
+            assert approvals.load(agent_dir / "state", approval.id).status == "pending"
+            by_css(driver, "#decide")[0].click()
+            assert arrived(driver, "#said").text.startswith("approved: the call runs")
+            assert driver.current_url.endswith("/?said=approved")
+            assert (agent_dir / "state" / "run-now").exists()                   # and a wake asked for now
+            errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+            assert not errors, errors
+            driver.get(note["data"]["approve_url"])                      # the same link, again
+            assert "a link decides once" in arrived(driver, "#error").text
         finally:
+            if driver is not None:
+                driver.quit()
             listening.stop()
+    assert approvals.load(agent_dir / "state", approval.id).decided_by == "console"
     api = fake_api([turn(text("thanks"))])
     live_wake(agent_dir)
     assert f"{approval.id} (bash: {PUSH}): APPROVED by console" in first_user(api.requests[0])
     assert (disk_view(agent_dir) / "pushed.txt").read_text() == "pushed\n"
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+def test_the_shipped_ceiling_bounds_how_long_a_call_may_wait():
+    from orchestrator.policy.ceiling import load_ceiling
+    ceiling = load_ceiling(support.REPO / "policies" / "ceiling.yaml")
+    assert ceiling.refusal(parse_policy("approve:\n  expires: 7d\n", "p.yaml"), "1000:1000") is None
+    over = ceiling.refusal(parse_policy("approve:\n  expires: 30d\n", "p.yaml"), "1000:1000")
+    assert over and "p.yaml:2" in over and "approve.expires" in over
+
+
+def test_told_approvals_are_pruned_after_keep_days_and_open_ones_are_capped(agent_dir):
+    sd = agent_dir / "state"
+    old = approvals.ask(sd, "bash", {"command": "git push"}, "r", "", "run0", 3600,
+                        now=approvals.now_utc() - timedelta(days=approvals.KEEP_DAYS + 1)).approval
+    approvals.take(sd, "run1", frozenset({"bash"}))                    # expired: told to this wake
+    approvals.finish(sd, approvals.load(sd, old.id), "run1")
+    assert approvals.load(sd, old.id).reported
+    approvals.take(sd, "run2", frozenset({"bash"}))
+    assert approvals.load(sd, old.id) is None                          # told, and past KEEP_DAYS
+    for n in range(approvals.MAX_OPEN):
+        assert approvals.ask(sd, "bash", {"command": f"git push {n}"}, "r", "", "run3", 3600).new
+    refused = approvals.ask(sd, "bash", {"command": "git push more"}, "r", "", "run3", 3600)
+    assert refused.approval is None and f"at most {approvals.MAX_OPEN}" in refused.refusal

@@ -13,7 +13,8 @@ An approval moves
     approved -> started -> ran | void         (the next wake runs it, or the policy no longer allows it)
     pending | approved -> void                (the policy no longer offers the tool at all)
 
-and is `reported` once the model has been told. state/ is mounted in no
+and is `reported` once the model has been told; its file is deleted
+KEEP_DAYS after it was asked (a wake's `take` prunes). state/ is mounted in no
 sandbox: the model can ask, never decide; a file it writes in /workspace is
 no approval. Every change is a read-modify-write under an flock
 (approvals.lock), each file written whole (records/folder.py: no link
@@ -45,6 +46,7 @@ MAX_OPEN = 32                       # approvals waiting or decided-not-yet-told 
 WORDS_CAP = 2000                    # chars of the model's words kept beside the call
 RESULT_CAP = 8000                   # chars of an approved call's result kept (the transcript has it whole)
 REASON_CAP = 500                    # chars of a person's reason for a denial
+KEEP_DAYS = 30                      # days a told approval's file is kept (from its creation), then deleted
 STATUSES = ("pending", "approved", "denied", "expired", "started", "ran", "void")
 DECIDED = ("approved", "denied", "expired", "void")    # the next wake takes these
 
@@ -245,6 +247,7 @@ def take(state_dir: Path, run_id: str, offered: frozenset[str], now: datetime | 
     with locked(state_dir, APPROVALS_LOCK):
         for a in load_all(state_dir):
             if a.reported:
+                _prune(state_dir, a, now)
                 continue
             if a.lapsed(now):
                 a = _expire(state_dir, a)
@@ -262,6 +265,12 @@ def take(state_dir: Path, run_id: str, offered: frozenset[str], now: datetime | 
             if a.status in (*DECIDED, "started", "ran"):
                 taken.append(a)
     return taken
+
+
+def _prune(state_dir: Path, approval: Approval, now: datetime) -> None:
+    """A told approval's file goes KEEP_DAYS after it was asked: state/ stays bounded (its events stay)."""
+    if parse_time(approval.created) < now - timedelta(days=KEEP_DAYS):
+        state_folder(state_dir).unlink(_rel(approval.id))
 
 
 def finish(state_dir: Path, approval: Approval, run_id: str, result: str = "", ran: bool = False) -> Approval:

@@ -333,7 +333,10 @@ class _Wake:
 
     def _approvals(self) -> None:
         """Approvals decided since the last wake: approved calls run now, every outcome told in the
-        first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs."""
+        first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs.
+        A dry run leaves them for the first live wake, as it leaves the inbox: no model would hear them."""
+        if not self.model.live:
+            return
         try:
             told = self.gate.outcomes(self.registry)
         except OSError as exc:
