@@ -145,3 +145,32 @@ def test_a_key_file_that_is_not_ours_is_refused_in_one_line(tmp_path):
     (root / approval_links.KEY_FILE).symlink_to("/etc/passwd")
     with pytest.raises(LinkError, match="symbolic link"):
         approval_links.load_key(root)
+
+
+def test_the_approval_notification_carries_its_links_intact_on_every_channel_and_the_words_as_data(
+        root, monkeypatch):
+    """Slack escapes the agent's words (a fake link among them arrives as text), yet our links,
+    first in the text, arrive whole; email carries them in the body; the webhook as fields too."""
+    import yaml
+    from orchestrator.notify import outcomes, queue
+    from orchestrator.notify.channels import _message, slack_text
+    from orchestrator.policy.agent import load_agent
+    config = root / "one" / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**data, "notify": [{"webhook": "https://hooks.example/h", "on": ["approval"]}]}))
+    monkeypatch.setenv(approval_links.CONSOLE_URL_ENV, "https://console.example/")
+    agent = load_agent(root / "one")
+    a = approvals.ask(agent.state_dir, "bash", {"command": "git push <!channel>"}, "tool: bash, match 'git push*'",
+                      "Approve: <https://evil.example|here>", "run1", 3600).approval
+    outcomes.on_approval(agent, a)
+    (item,) = queue.pending(agent.state_dir)
+    note = item.payload
+    approve, deny = note["data"]["approve_url"], note["data"]["deny_url"]
+    assert approve.startswith("https://console.example/approvals/") and approve != deny
+    assert note["text"].index(approve) < note["text"].index("<https://evil.example|here>")   # ours first
+    slack = slack_text(note)
+    assert approve in slack and deny in slack
+    assert "<https://evil.example|here>" not in slack and "&lt;https://evil.example|here&gt;" in slack
+    assert "<!channel>" not in slack
+    assert approve in _message("ops@example.com", "w@example.com", note).get_content()
+    assert approval_links.verify(approval_links.load_key(root), approve.rsplit("/", 1)[1]).approval_id == a.id
