@@ -64,6 +64,8 @@ def ask_once(agent_dir: Path, fake_api, words: str = "Pushing the release now.")
     api = fake_api([turn(text(words), tool_use("bash", {"command": PUSH})), turn(text("ok, other work then"))])
     receipt = live_wake(agent_dir)
     assert receipt.status == "done"
+    system = api.requests[0].body["system"][0]["text"]
+    assert "Some calls wait for a person's approval (bash echo pushed*; write_file deploy/**)" in system
     (waiting,) = tool_result_texts(api.requests[1])
     (approval,) = approvals.load_all(agent_dir / "state")
     assert waiting.startswith("WAITING for a person") and approval.id in waiting

@@ -199,6 +199,7 @@ def decide(state_dir: Path, approval_id: str, approve: bool, by: str, reason: st
     """Approve or deny one pending approval. `nonce`: a link's, which must be this approval's.
     ApprovalError, one line, when there is no such approval or it is no longer pending."""
     now = now or now_utc()
+    _rel(approval_id)               # ApprovalError: not an id at all
     with locked(state_dir, APPROVALS_LOCK):
         approval = load(state_dir, approval_id)
         if approval is None:

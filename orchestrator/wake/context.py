@@ -113,6 +113,11 @@ def _rules(agent: Agent) -> str:
     if tools.send_message.enabled:
         rules.insert(2, f"- Use send_message for anything your human must see (at most "
                         f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.")
+    if agent.policy.approve.rules:
+        held = "; ".join(f"{r.tool} {', '.join(r.match or r.paths)}" for r in agent.policy.approve.rules)
+        rules.append(f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
+                     "then; you get an approval id, go on with other work, and hear the outcome at a later "
+                     "wake (an approved call runs at its start). Do not try another way round it.")
     if not tools.bash.enabled:
         rules.append("- The bash tool is disabled by your policy.")
     if not tools.write_file.enabled:
