@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,7 +60,10 @@ def test_a_link_decides_once_and_a_replay_or_the_other_action_then_changes_nothi
     approve, deny = path_of(root, a, "approve"), path_of(root, a, "deny")
     status, _, html = console.get(approve)
     assert status == 200 and "git push origin main" in html and 'name="csrf"' in html
-    assert status_of(root, a) == "pending"                              # a GET decides nothing
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert Client(console.url)._open(urllib.request.Request(console.url + approve.lstrip("/"), method="HEAD",
+                                                            headers=bearer))[0] == 200
+    assert status_of(root, a) == "pending"                              # a GET or a HEAD decides nothing
     assert console.post(approve, {"csrf": CSRF})[0] == 303
     assert status_of(root, a) == "approved"
     status, _, html = console.post(approve, {"csrf": CSRF})            # replayed

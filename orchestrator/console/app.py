@@ -203,12 +203,13 @@ class Console:
     async def approval(self, request: Request):
         """A link from an `approval` notification: GET a confirm page, POST (CSRF, Origin) decides."""
         token = request.path_params["token"]
-        form, refused = ({}, None) if request.method == "GET" else await self._checked(request)
+        reading = request.method in ("GET", "HEAD")     # only a POST decides
+        form, refused = ({}, None) if reading else await self._checked(request)
         if refused:
             return refused
         try:
             opened = await run_in_threadpool(approvals_mod.open_link, self.root, self.pages, token)
-            if request.method == "GET":
+            if reading:
                 return self.render(request, "approval.html", a=opened.approval, action=opened.link.action,
                                    agent=opened.link.agent, token=token)
             done = await run_in_threadpool(approvals_mod.decide, opened, form.get("reason", ""), self.poke)
