@@ -359,6 +359,51 @@ def cmd_task_list(args) -> int:
     return EXIT_OK
 
 
+def cmd_approvals(args) -> int:
+    from pathlib import Path
+    from orchestrator.fleet import approvals as view
+    root = Path(args.root)
+    if not root.is_dir():
+        raise AgentError(f"{args.root}: no such folder; give ROOT (the folder of your agents) or an agent folder")
+    found = view.rows(root)
+    _print_json(found) if args.json else print(view.render(found, root))
+    return EXIT_OK
+
+
+def cmd_decide(args) -> int:
+    """`wakeloop approve|deny AGENT_DIR ID`: one line saying what was decided, or why nothing was."""
+    import getpass
+    from orchestrator.records import approvals
+    agent = load_agent(args.agent_dir)
+    approve = args.command == "approve"
+    approval = approvals.decide(agent.state_dir, args.id, approve, by=f"{getpass.getuser()} (wakeloop CLI)",
+                                reason=getattr(args, "reason", "") or "")
+    if approve and args.now:
+        from orchestrator.fleet.control import request_run
+        request_run(agent.state_dir)
+    when = ("the wake requested now" if approve and args.now else "its next wake")
+    print(f"{agent.name}: {approval.id} {approval.status} ({approval.summary()[:80]}); "
+          + (f"it runs at the start of {when}" if approve else f"the agent is told at {when}"))
+    return EXIT_OK
+
+
+def _approval_commands(sub) -> None:
+    p = _command(sub, "approvals", "the tool calls that wait for a person (the policy's approve: rules), "
+                                   "under ROOT or of one agent", "wakeloop approvals agents/ --json", cmd_approvals)
+    p.add_argument("root", nargs="?", default=".", metavar="ROOT|AGENT_DIR")
+    _json_flag(p, "every open approval whole (the exact call, the model's words) as a JSON list")
+    p = _command(sub, "approve", "approve a waiting call: it runs, exactly as asked, at the start of the "
+                                 "agent's next wake", "wakeloop approve agents/mine a-3f2a9c1b", cmd_decide)
+    p.add_argument("agent_dir")
+    p.add_argument("id")
+    p.add_argument("--now", action="store_true", help="and ask serve for that wake now (as run-now does)")
+    p = _command(sub, "deny", "deny a waiting call: the agent is told at its next wake, with the reason",
+                 "wakeloop deny agents/mine a-3f2a9c1b --reason 'not on a Friday'", cmd_decide)
+    p.add_argument("agent_dir")
+    p.add_argument("id")
+    p.add_argument("--reason", default="", help="told to the agent")
+
+
 def cmd_serve(args) -> int:
     from functools import partial
     from orchestrator import tracing
@@ -687,6 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _notify_commands(sub)
     _switch_commands(sub)
+    _approval_commands(sub)
 
     policy = _command(sub, "policy", "check or explain a policy",
                       "wakeloop policy check policies/default.yaml").add_subparsers(

@@ -35,6 +35,7 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from orchestrator import metrics
+from orchestrator.console import approvals as approvals_mod
 from orchestrator.console import pages as pages_mod
 from orchestrator.console.auth import COOKIE, Access
 from orchestrator.console.charts import bars
@@ -61,7 +62,9 @@ SAID = {"run-now": "one wake requested: it starts within seconds",
         "send": "message queued for the next live wake", "task": "task queued",
         "escapes": "the escape suite started", "login": "signed in",
         "stop": "stopped: nothing starts, running calls are killed, running wakes end `stopped`",
-        "start": "started: the fleet runs again from the next ticks"}
+        "start": "started: the fleet runs again from the next ticks",
+        "approved": "approved: the call runs at the start of the agent's next wake, requested now",
+        "denied": "denied: the agent is told at its next wake"}
 ABSOLUTE_FORM = "421: a request for an absolute URL is for a proxy, and this console is none\n"
 TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by no one\n"
 
@@ -106,6 +109,7 @@ class Console:
                   Route("/agents/{name}/wakes/{run_id}", self.wake),
                   Route("/agents/{name}/{action}", self.act, methods=["POST"]),
                   Route("/fleet/{action}", self.switch, methods=["POST"]),
+                  Route("/approvals/{token}", self.approval, methods=["GET", "POST"]),
                   Route("/escapes", self.escapes), Route("/escapes/run", self.run_escapes, methods=["POST"]),
                   Route("/login", self.login, methods=["GET", "POST"]),
                   Route("/logout", self.logout, methods=["POST"]),
@@ -128,7 +132,15 @@ class Console:
     # -- pages ----------------------------------------------------------------------------
 
     def fleet(self, request: Request):
-        return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet())
+        return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet(),
+                           approvals=self._waiting())
+
+    def _waiting(self) -> list[dict]:
+        """What waits for a person (console/approvals.py); a key that cannot be used says so instead."""
+        try:
+            return approvals_mod.waiting(self.root)
+        except ConfigError as exc:
+            return [{"error": str(exc)}]
 
     def agent(self, request: Request):
         try:
@@ -212,6 +224,23 @@ class Console:
             add_task(sd, form.get("title", "").strip())
         else:
             raise pages_mod.NotFound(f"no action {action!r}")
+
+    async def approval(self, request: Request):
+        """A link from an `approval` notification: GET a confirm page, POST (CSRF, Origin) decides."""
+        token = request.path_params["token"]
+        reading = request.method in ("GET", "HEAD")     # only a POST decides
+        form, refused = ({}, None) if reading else await self._checked(request)
+        if refused:
+            return refused
+        try:
+            opened = await run_in_threadpool(approvals_mod.open_link, self.root, self.pages, token)
+            if reading:
+                return self.render(request, "approval.html", a=opened.approval, action=opened.link.action,
+                                   agent=opened.link.agent, token=token)
+            done = await run_in_threadpool(approvals_mod.decide, opened, form.get("reason", ""), self.poke)
+        except approvals_mod.Refused as exc:
+            return self.render(request, "error.html", exc.status, message=str(exc))
+        return RedirectResponse(f"/?said={done.status}", status_code=303)
 
     async def run_escapes(self, request: Request):
         form, refused = await self._checked(request)

@@ -18,6 +18,7 @@ serve's `beside`), the routes (app.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
@@ -26,6 +27,7 @@ from orchestrator import metrics
 from orchestrator.console.auth import Access, TokenError, load_token
 from orchestrator.console.hosts import Hosts, bracketed, is_loopback
 from orchestrator.errors import ConfigError
+from orchestrator.records import approval_links
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,25 @@ def _console(scheduler, options: Options, http: str) -> Callable[[], None]:
     scheduler.say(f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics ({scraped}); "
                   f"answers Host {console.hosts.shown()}")
     scheduler.say(f"console: sign in at {sign_in_url(listening.url, options, token)}")
+    _approval_links_to(console_base(listening.url, options), scheduler.say)
     return listening.stop
+
+
+def console_base(url: str, options: Options) -> str:
+    """Where a person reaches this console: the first --public-name's address, else the listener's."""
+    if options.public_names:
+        return f"{'https' if options.behind_tls else 'http'}://{options.public_names[0]}/"
+    return url
+
+
+def _approval_links_to(base: str, say) -> None:
+    """Approval notifications (notify/outcomes.py) link here, unless WAKELOOP_CONSOLE_URL says elsewhere."""
+    if not approval_links.console_url():
+        os.environ[approval_links.CONSOLE_URL_ENV] = base
+    say(f"console: approval links point at {approval_links.console_url()}")
 
 
 def sign_in_url(url: str, options: Options, token: str) -> str:
     """The URL a person opens: the first --public-name's when there is one (compose names the
     host's published port so), else the listener's own."""
-    if options.public_names:
-        scheme = "https" if options.behind_tls else "http"
-        url = f"{scheme}://{options.public_names[0]}/"
-    return f"{url}login?token={quote(token, safe='')}"
+    return f"{console_base(url, options)}login?token={quote(token, safe='')}"

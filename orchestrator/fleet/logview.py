@@ -50,6 +50,11 @@ def render_line(line: dict) -> str:
         head = (f"exit {line['exit_code']}" if "exit_code" in line else "error" if line.get("is_error") else "ok")
         took = f", {line['duration_ms'] / 1000:.1f}s" if isinstance(line.get("duration_ms"), (int, float)) else ""
         return f"{t} {step}{line.get('tool')} <- {head}{took}\n{_indent(line.get('text', ''))}"
+    if kind == "approval":      # a call a person decided on, told at the start of this wake (approval_gate.py)
+        who = f" by {line.get('decided_by')} at {line.get('decided_at')}" if line.get("decided_by") else ""
+        args = clean(json.dumps(line.get("input"), ensure_ascii=False))[:INPUT_CAP]
+        said = line.get("result") or line.get("reason") or ""
+        return f"{t} approval {line.get('id')} {line.get('status')}{who}: {line.get('tool')} {args}\n{_indent(said)}"
     if kind == "truncated":
         return (f"{t} -- the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
                 "the rest is counted, not kept")

@@ -1,4 +1,5 @@
-"""What goes into the queue, and when: a wake's end, a send_message, a wake that could not start, a new day.
+"""What goes into the queue, and when: a wake's end, a send_message, an approval asked, a wake
+that could not start, a new day.
 
 Every function here only *queues* (queue.enqueue: a file written
 atomically) and returns at once: delivery is the sender's, later, so a
@@ -18,6 +19,7 @@ Not here: sending (sender.py), the failure rules (health.py).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
@@ -26,6 +28,7 @@ from typing import Iterable
 
 from orchestrator.notify import health, queue
 from orchestrator.notify.config import Channel
+from orchestrator.records import approval_links
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.folder import state_folder
 
@@ -33,6 +36,7 @@ WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")   # receipt statuses tha
 MARKER_CAP = 64                     # bytes of a day marker read (a date)
 DAILY_FILE = "daily.json"           # under state/notify/: the last UTC day a digest was queued for
 TEXT_CAP = 8000                     # chars of the agent's own text in one notification
+CALL_CAP = 3000                     # chars of an approval's call in its text (data.input has it whole)
 
 
 def payload(agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "",
@@ -67,6 +71,30 @@ def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     emit(agent.state_dir, agent.notify, payload(
         agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says",
         text, run_id, {"wake": wake}))
+
+
+def on_approval(agent, approval) -> None:
+    """A call that waits for a person: the agent, the exact call, the model's words, and links to
+    approve or deny on the console (records/approval_links.py) when WAKELOOP_CONSOLE_URL says where
+    it is; the CLI's commands always. Every channel escapes all of it as the agent's text (channels.py)."""
+    base = approval_links.console_url()
+    links = approval_links.links_for(agent.dir.parent, agent.dir.name, approval, base) if base else {}
+    call = (approval.input.get("command", "") if approval.tool == "bash"
+            else json.dumps(approval.input, ensure_ascii=False))
+    lines = [f"{who(agent.name, agent.dir)} asks to run {approval.tool} (rule {approval.rule}).", ""]
+    if links:   # first: the text is cut at TEXT_CAP, and the call may be long
+        lines += [f"Approve: {links['approve']}", f"Deny: {links['deny']}"]
+    lines += [f"Or: `wakeloop approve {agent.dir} {approval.id}` / `wakeloop deny {agent.dir} {approval.id} "
+              f"--reason TEXT`", f"Unanswered by {approval.expires}, it is denied.", "", "The call:",
+              call[:CALL_CAP] + (f" [... {len(call) - CALL_CAP:,} more characters]" if len(call) > CALL_CAP else "")]
+    if approval.words:
+        lines += ["", "Its words just before:", approval.words]
+    emit(agent.state_dir, agent.notify, payload(
+        agent.name, "approval", f"approval/{approval.id}", f"{who(agent.name, agent.dir)}: approval {approval.id} "
+        f"asked", "\n".join(lines), approval.run_id,
+        {"approval": approval.id, "tool": approval.tool, "input": approval.input, "words": approval.words,
+         "rule": approval.rule, "expires": approval.expires, "agent_dir": str(agent.dir),
+         "approve_url": links.get("approve", ""), "deny_url": links.get("deny", "")}))
 
 
 def after_wake(agent, receipt) -> None:

@@ -203,6 +203,48 @@ class TranscriptPolicy:
     retention_days: int = 30            # days a transcript is kept (by its last write)
 
 
+# A tool call that waits for a person (records/approvals.py keeps it; wake/approval_gate.py asks).
+APPROVE_TOOLS = ("bash", "write_file")
+MAX_APPROVE_RULES = 64              # rules in one approve: section; each is tried on every call
+MIN_EXPIRES_S = 60.0                # seconds: a shorter wait reaches nobody before it lapses
+
+
+@dataclass(frozen=True)
+class ApproveRule:
+    """One rule of `approve.rules`. bash: `match` globs (fnmatch, case-sensitive) over the whole
+    command, leading and trailing whitespace stripped. write_file: `paths` globs over the
+    normalised path, with write_file's own glob semantics (WriteFileTool). A tripwire for the
+    calls a person wants to see, not a boundary: bash can spell any command another way."""
+    tool: str
+    match: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+
+    def asks(self, tool: str, args: dict) -> str | None:
+        """Which glob of this rule the call matches (to name it to the model and the person), or None."""
+        if tool != self.tool:
+            return None
+        if tool == "bash":
+            command = str(args.get("command", "")).strip()
+            return next((g for g in self.match if fnmatch.fnmatchcase(command, g)), None)
+        rel = normalise(str(args.get("path", "")))
+        return None if rel is None else next((g for g in self.paths if glob_match(g, rel)), None)
+
+
+@dataclass(frozen=True)
+class Approve:
+    """`approve:`: which calls wait for a person, and how long they wait before they count as denied."""
+    rules: tuple[ApproveRule, ...] = ()
+    expires: float = 86400.0            # seconds an approval waits unanswered, then it is denied ("24h")
+
+    def asks(self, tool: str, args: dict) -> str | None:
+        """`tool: bash, match 'git push*'`: the rule and glob this call matches, or None."""
+        for rule in self.rules:
+            glob = rule.asks(tool, args)
+            if glob is not None:
+                return f"tool: {tool}, {'match' if tool == 'bash' else 'paths'} {glob!r}"
+        return None
+
+
 @dataclass(frozen=True)
 class Policy:
     version: int = 1
@@ -211,6 +253,7 @@ class Policy:
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
     state: Retention = field(default_factory=Retention)   # how much of state/ is kept (retention.py)
+    approve: Approve = field(default_factory=Approve)     # calls that wait for a person
     source: str = "<defaults>"          # where it was read from, for messages
     # (key path, line) of every key read, so a check made later against the
     # engine (image, runtime) can still name the line.
@@ -689,12 +732,70 @@ def _pool(value, path, source, node) -> int:
 
 MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slot
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> float:
+    """'24h', '90m', '7d', '30s' or plain seconds -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"expected a duration such as 24h, 90m, 7d or seconds, got {value!r}")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _expires(value, path, source, node) -> float:
+    seconds = parse_duration(value)
+    if seconds < MIN_EXPIRES_S:
+        raise ValueError(f"{value!r} is under a minute; a person cannot answer in time (use 1h or more)")
+    return seconds
+
+
+def _approve_rules(value, path, source, node) -> tuple[ApproveRule, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of rules such as - tool: bash, match: ['git push*'], got {_kind(value)}")
+    if len(value) > MAX_APPROVE_RULES:
+        raise _fail(source, node, path + (MAX_APPROVE_RULES,), f"{len(value)} rules; at most {MAX_APPROVE_RULES}")
+    return tuple(_approve_rule(rule, path + (i,), source, node) for i, rule in enumerate(value))
+
+
+def _approve_rule(rule, path, source, node) -> ApproveRule:
+    if not isinstance(rule, dict):
+        raise _fail(source, node, path,
+                    f"expected a mapping such as tool: bash, match: ['git push*'], got {_kind(rule)}")
+    if "network_host" in rule:
+        raise _fail(source, node, path + ("network_host",),
+                    "not built yet: a host outside sandbox.allow_hosts fails; add the host to allow_hosts "
+                    "or leave this rule out")
+    tool = rule.get("tool")
+    if tool not in APPROVE_TOOLS:
+        raise _fail(source, node, path + ("tool",) if "tool" in rule else path,
+                    f"expected tool: {' or tool: '.join(APPROVE_TOOLS)}, got {tool!r}")
+    key = "match" if tool == "bash" else "paths"
+    unknown = sorted(set(map(str, rule)) - {"tool", key})
+    if unknown:
+        raise _fail(source, node, path + (unknown[0],),
+                    f"unknown key for tool: {tool} (it takes `{key}`: a list of globs)")
+    globs = rule.get(key)
+    if not isinstance(globs, list) or not globs:
+        raise _fail(source, node, path + (key,) if key in rule else path,
+                    f"expected `{key}:` with a list of globs, e.g. {key}: "
+                    + ("['git push*']" if tool == "bash" else "['deploy/**']"))
+    if tool == "write_file":
+        return ApproveRule(tool, paths=_globs(globs, path + (key,), source, node))
+    for i, glob in enumerate(globs):
+        if not isinstance(glob, str) or not glob.strip() or "\0" in glob:
+            raise _fail(source, node, path + (key, i), f"expected a non-empty glob string, got {glob!r}")
+    return ApproveRule(tool, match=tuple(globs))
+
 _CHECKS = {
     **{name: _size for name in _SIZE_FIELDS},
     "pool": _pool, "disk": _disk, "files": _files, "rotate_size": _rotate_size,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
-    "retention_days": _days, "max_wake_s": _positive,
+    "retention_days": _days, "max_wake_s": _positive, "expires": _expires, "rules": _approve_rules,
 }
 
 

@@ -16,6 +16,10 @@ followed, capped, never a hang). mandate.md is the human's, but under a
 shared ROOT not only the operator writes an agent folder: it is read through
 records/folder.py (no link followed, never a FIFO or device, capped).
 
+Approvals decided since the last wake (approval_gate.py) are told after the
+first message: who approved, when and what the call returned, or why it was
+denied, expired or void.
+
 Not here: draining the inbox (state.py) or calling the model (model.py).
 """
 
@@ -33,6 +37,7 @@ from orchestrator.sandbox.output import clean
 JOURNAL_TAIL = 3                     # journal files in the context, newest last
 MANDATE_CAP = 64 * 1024              # bytes; a trusted file, still not unbounded
 INBOX_CAP = 64 * 1024                # bytes of queued messages shown
+APPROVAL_RESULT_CAP = 4000           # chars of an approved call's result told (the transcript has it whole)
 CACHE = {"type": "ephemeral"}        # the breakpoint marker (5-minute cache)
 
 NO_MANDATE = "No mandate.md found. Ask your human (send_message) what your goal is."
@@ -108,6 +113,11 @@ def _rules(agent: Agent) -> str:
     if tools.send_message.enabled:
         rules.insert(2, f"- Use send_message for anything your human must see (at most "
                         f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.")
+    if agent.policy.approve.rules:
+        held = "; ".join(f"{r.tool} {', '.join(r.match or r.paths)}" for r in agent.policy.approve.rules)
+        rules.append(f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
+                     "then; you get an approval id, go on with other work, and hear the outcome at a later "
+                     "wake (an approved call runs at its start). Do not try another way round it.")
     if not tools.bash.enabled:
         rules.append("- The bash tool is disabled by your policy.")
     if not tools.write_file.enabled:
@@ -135,3 +145,29 @@ def first_message(wake: int, now: datetime, inbox: str) -> str:
             f"Today's journal: memory/journal/{journal_day(now)}.md\n"
             f"New messages from your human since the last wake:\n{inbox or '(none)'}\n\n"
             "Proceed with your work.")
+
+
+def approvals_section(outcomes) -> str:
+    """What became of the calls that waited for a person (approval_gate.py's Outcomes), for the
+    first user message; "" when there is nothing to tell."""
+    if not outcomes:
+        return ""
+    lines = ["Approvals decided since your last wake (calls that waited for a person):"]
+    for o in outcomes:
+        a = o.approval
+        call = clean(a.summary())[:300]
+        if a.status == "ran":
+            result = clean(o.result)
+            if len(result) > APPROVAL_RESULT_CAP:
+                result = (result[:APPROVAL_RESULT_CAP]
+                          + f"\n[... cut by the harness at {APPROVAL_RESULT_CAP:,} characters ...]")
+            lines.append(f"- {a.id} ({call}): APPROVED by {clean(a.decided_by)} at {a.decided_at}. The harness "
+                         f"ran it at the start of this wake, exactly as you asked; it returned:\n{result}")
+        elif a.status == "denied":
+            lines.append(f"- {a.id} ({call}): DENIED by {clean(a.decided_by)} at {a.decided_at}; it was not run. "
+                         f"Reason: {clean(a.reason) or '(none given)'}")
+        elif a.status == "expired":
+            lines.append(f"- {a.id} ({call}): EXPIRED unanswered at {a.expires}; it counts as denied and was not run.")
+        else:
+            lines.append(f"- {a.id} ({call}): VOID, not run: {clean(a.reason)}")
+    return "\n".join(lines)

@@ -58,6 +58,10 @@ and the switch's who, when and why as its reason; the sandbox has killed
 any call in flight (engine.py) and starts no other, so no journal stub is
 written either (the receipt says so).
 
+A call that waits for a person is answered WAITING (approval_gate.py); at the
+start of the next wake, after the registry is built and before the first model
+request, approved calls run and every decided approval is told.
+
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
 reading the workspace (workspace.py), the lock and state files (state.py),
 the transcript's format (records/transcript.py), notifications (notify/).
@@ -84,7 +88,8 @@ from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
-from orchestrator.wake.context import CACHE, build_context, journal_day
+from orchestrator.wake.approval_gate import Gate
+from orchestrator.wake.context import CACHE, approvals_section, build_context, journal_day
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
@@ -316,8 +321,10 @@ class _Wake:
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
+            self.gate = Gate(agent.policy, sd, self.run_id, self._ask_person, self.events, self.transcript)
             self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer,
-                                           remaining=self._time_left)
+                                           remaining=self._time_left, asker=self.gate.ask)
+            self._approvals()
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
@@ -353,6 +360,30 @@ class _Wake:
                          took_over_lock_from=stale.pid if stale else None)
         self.transcript.add("wake", run_id=self.run_id, wake=self.wake_no, agent=self.agent.name,
                             model=self.model.name, live=self.model.live)
+
+    def _approvals(self) -> None:
+        """Approvals decided since the last wake: approved calls run now, every outcome told in the
+        first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs.
+        A dry run leaves them for the first live wake, as it leaves the inbox: no model would hear them."""
+        if not self.model.live:
+            return
+        try:
+            told = self.gate.outcomes(self.registry)
+        except OSError as exc:
+            why = scrub(f"approvals not read this wake: {exc}", self.secrets)
+            self.events.emit("approval_error", error=why)
+            self.say(why)
+            return
+        for o in told:
+            self.say(f"approval {o.approval.id}: {o.approval.status} ({_short(o.approval.summary())})")
+        self.tool_calls += sum(1 for o in told if o.approval.status == "ran")
+        if told:
+            self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + approvals_section(told))
+
+    def _ask_person(self, approval) -> None:
+        """A call that waits: the person is told where they are (notify/outcomes.py)."""
+        self.say(f"approval {approval.id} asked: {_short(approval.summary())}")
+        self._notify(outcomes.on_approval, self.agent, approval)
 
     def _claim_task(self) -> tasks.Task | None:
         task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
@@ -477,7 +508,7 @@ class _Wake:
             self.events.emit("tool_call", step=self.steps, id=call["id"], tool=name, input=_for_log(args))
             self.say(f"step {self.steps}: {name} {_short(json.dumps(args, ensure_ascii=False))}")
             with tracing.tool_span(name, call["id"], args) as span:
-                result = self.registry.call(name, args)
+                result = self.registry.call(name, args, words=_words_before(turn.content, call["id"]))
                 if span:
                     span.result(result.text, result.is_error, result.detail)
             if result.denied:
@@ -595,6 +626,17 @@ def _user_texts(messages: list[dict]) -> list[str]:
         blocks = [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
         out += [b["text"] for b in blocks if b.get("type") == "text"]
     return out
+
+
+def _words_before(content: list[dict], call_id: str) -> str:
+    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing."""
+    words = []
+    for block in content:
+        if block.get("type") == "tool_use" and block.get("id") == call_id:
+            break
+        if block.get("type") == "text":
+            words.append(block.get("text", ""))
+    return "\n".join(w.strip() for w in words if w.strip())
 
 
 def _for_log(args) -> object:

@@ -11,6 +11,9 @@ reads and handles. Nothing here raises into the wake. A bash command that
 exits non-zero is not a tool error: the model gets the exit code on the first
 line and decides.
 
+A call that matches the policy's `approve:` rules is not run: the asker
+(approval_gate.py) answers it with WAITING text and files it for a person.
+
 Not here: the order of calls and the events (loop.py), the container
 (sandbox/engine.py, or the broker's: broker/client.py).
 """
@@ -61,11 +64,17 @@ class Tool:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
 
+# (tool, args, the model's words before the call) -> a WAITING result, or None to run it now
+# (approval_gate.py's Gate.ask).
+Asker = Callable[[str, dict, str], "ToolResult | None"]
+
+
 class Registry:
     """The catalogue: offers enabled tools, validates and dispatches calls."""
 
-    def __init__(self, tools: list[Tool]):
+    def __init__(self, tools: list[Tool], asker: Asker | None = None):
         self._tools = {t.name: t for t in tools}
+        self.asker = asker              # calls that wait for a person (policy `approve:`)
 
     def add(self, tool: Tool) -> None:
         """One more tool (e.g. tasks.py's complete_task); offered after the built-in three."""
@@ -77,7 +86,9 @@ class Registry:
     def names(self) -> list[str]:
         return [t.name for t in self._tools.values() if t.enabled]
 
-    def call(self, name: str, args: Any) -> ToolResult:
+    def call(self, name: str, args: Any, words: str = "", gate: bool = True) -> ToolResult:
+        """Run one call. `words`: the model's text just before it (an approval shows it to the person);
+        `gate=False`: a call a person approved, run now without asking again."""
         tool = self._tools.get(name)
         if tool is None or (not tool.enabled and not tool.disabled_reason):
             return error(f"unknown tool {name!r}; the tools are: {', '.join(self.names()) or 'none'}")
@@ -87,7 +98,8 @@ class Registry:
         if problem:
             return error(f"{name}: {problem}; expected arguments: {_signature(tool.input_schema)}")
         try:
-            return tool.handler(args)
+            waiting = self.asker(name, args, words) if gate and self.asker else None
+            return waiting or tool.handler(args)
         except SandboxError as exc:
             return error(f"{name}: the sandbox could not run this call: {exc}")
         except Exception as exc:  # a bug here must not end the wake: the model is told
@@ -117,10 +129,12 @@ def _signature(schema: dict) -> str:
 # -- the three tools ----------------------------------------------------------------
 
 def build_registry(policy: Policy, sandbox: Sandbox | None, outbox: Callable[[str], None],
-                   extra: Sequence[Tool] = (), remaining: Callable[[], float] | None = None) -> Registry:
+                   extra: Sequence[Tool] = (), remaining: Callable[[], float] | None = None,
+                   asker: Asker | None = None) -> Registry:
     """The tools for one wake. `outbox` appends one message to state/outbox.txt;
     `extra` are host-side tools made elsewhere (complete_task, tasks.py); `remaining`
-    is the wake's time left (budget.max_wake_s), which caps every call's timeout."""
+    is the wake's time left (budget.max_wake_s), which caps every call's timeout;
+    `asker` stands before every handler: a call that must wait for a person is not run."""
     box = _Toolbox(policy, sandbox, outbox, remaining)
     t = policy.tools
     return Registry([
@@ -147,7 +161,7 @@ def build_registry(policy: Policy, sandbox: Sandbox | None, outbox: Callable[[st
             box.send_message, t.send_message.enabled,
             "the send_message tool is disabled by this agent's policy"),
         *extra,
-    ])
+    ], asker)
 
 
 MIN_CALL_S = 1.0                    # a call's timeout when the wake's time is (nearly) up: it still answers

@@ -1,0 +1,101 @@
+"""The wake's side of approvals: a matching call waits for a person; at the next wake, the outcome.
+
+`Gate.ask` stands in the registry (tools.py) before a call's handler: a call
+that matches the policy's `approve:` rules is filed (records/approvals.py),
+queued as an `approval` notification, and answered with WAITING text; the
+model goes on with other work and nothing hangs. A call the policy would
+refuse anyway (a disabled tool, write_file's deny globs) is refused as
+before, never asked about.
+
+`Gate.outcomes`, at the start of the next wake, takes every decided approval:
+an approved call runs exactly as asked, through the same registry, under the
+policy as it stands now (so a tool since disabled or a path since denied is
+void, and says so), and is not asked about again; denied, expired and void
+ones are told with their reason. Each is an event and a transcript line;
+context.py words them for the first user message.
+
+Not here: the files and their states (records/approvals.py), links
+(records/approval_links.py), the notification (notify/outcomes.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from orchestrator.policy.schema import Policy
+from orchestrator.records import approvals
+from orchestrator.wake.tools import ToolResult, error
+
+WAITING = ("WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "
+           "NOT run. Approval id {id}. Go on with other work meanwhile; do not retry this call or try "
+           "another way round it. A person approves or denies it out of band; you will learn the outcome "
+           "at a later wake (an approved call then runs at the start of that wake and you get its "
+           "result). Unanswered by {expires}, it counts as denied.")
+ALREADY = " (You asked for this same call earlier; it is still waiting under the same id.)"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    approval: approvals.Approval    # as reported (status ran | denied | expired | void)
+    result: str = ""                # what the approved call returned, as the model would have read it
+
+
+class Gate:
+    """One wake's approvals. `notify(approval)` queues the person's notification (loop.py's _notify)."""
+
+    def __init__(self, policy: Policy, state_dir, run_id: str, notify: Callable[[approvals.Approval], None],
+                 events, transcript):
+        self.policy, self.state_dir, self.run_id = policy, state_dir, run_id
+        self.notify, self.events, self.transcript = notify, events, transcript
+
+    def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
+        """WAITING (or a refusal) for a call that must wait; None for a call that runs now."""
+        rule = self.policy.approve.asks(tool, args)
+        if rule is None:
+            return None
+        if tool == "write_file" and self.policy.tools.write_file.refusal(
+                str(args.get("path", "")), len(str(args.get("content", "")).encode("utf-8"))):
+            return None     # the handler refuses it: nothing to ask a person about
+        try:
+            asked = approvals.ask(self.state_dir, tool, args, rule, words, self.run_id,
+                                  self.policy.approve.expires)
+        except OSError as exc:
+            return error(f"{tool}: this call needs a person's approval, and the harness could not file it "
+                         f"({exc}); it was not run")
+        if asked.approval is None:
+            return ToolResult(text=f"REFUSED: this call needs a person's approval and {asked.refusal}; "
+                                   "it was not run", is_error=True, denied=asked.refusal)
+        a = asked.approval
+        if asked.new:
+            self.notify(a)
+        text = WAITING.format(tool=tool, rule=rule, id=a.id, expires=a.expires) + ("" if asked.new else ALREADY)
+        return ToolResult(text=text, detail={"approval": a.id, "waiting": True})
+
+    def outcomes(self, registry) -> list[Outcome]:
+        """Every decided approval, handled and reported once (see the module docstring)."""
+        offered = frozenset(registry.names())
+        done = []
+        for a in approvals.take(self.state_dir, self.run_id, offered):
+            result = ""
+            if a.status == "started":
+                a, result = self._run(a, registry)
+            else:
+                a = approvals.finish(self.state_dir, a, self.run_id)
+            self.transcript.add("approval", id=a.id, tool=a.tool, input=a.input, status=a.status,
+                                decided_by=a.decided_by, decided_at=a.decided_at, reason=a.reason or None,
+                                result=result or a.result or None)
+            self.events.emit("approval_reported", id=a.id, tool=a.tool, status=a.status)
+            done.append(Outcome(a, result or a.result))
+        return done
+
+    def _run(self, a: approvals.Approval, registry) -> tuple[approvals.Approval, str]:
+        self.events.emit("tool_call", step=0, id=a.id, tool=a.tool, approval=a.id)
+        result = registry.call(a.tool, a.input, gate=False)
+        self.events.emit("tool_result", step=0, id=a.id, tool=a.tool, is_error=result.is_error,
+                         result_chars=len(result.text), approval=a.id, **result.detail)
+        if result.denied:           # the policy as it stands now refuses it: void, and said why
+            a = replace(a, status="void", reason=f"the policy as it stands now refuses it: {result.denied}")
+            self.events.emit("approval_void", id=a.id, tool=a.tool, reason=a.reason)
+            return approvals.finish(self.state_dir, a, self.run_id), ""
+        return approvals.finish(self.state_dir, a, self.run_id, result.text, ran=True), result.text
