@@ -24,9 +24,9 @@ written whole; read capped, through no link), so that the first view after
 serve restarts costs a stat per file instead of loading every agent (the
 first view of 100 agents is otherwise ~0.5 s of CPU). A kept row is used
 only for the folder it names, while every file it was read from stands,
-on the UTC day it was read and before the wake it announced, and for at
-most ROW_TTL_S after the restart; anything wrong with the file and it is
-ignored (the rows are read again).
+on the UTC day it was read and before the wake it announced, and for as
+long after the restart as a row read then would be; anything wrong with
+the file and it is ignored (the rows are read again).
 
 Not here: the rows' and the status's contents (fleet/views.py), the wake
 history (fleet/history.py), HTML (templates/).
@@ -123,7 +123,7 @@ class RowCache:
     # -- on disk ---------------------------------------------------------------------------
 
     def load(self, paths: list[Path]) -> int:
-        """The rows ROWS_FILE keeps for these agent folders, each due again within ROW_TTL_S; how many."""
+        """The rows ROWS_FILE keeps for these agent folders, as if read now; how many."""
         if self._root is None:
             return 0
         try:
@@ -141,7 +141,7 @@ class RowCache:
                 if row.get("state") == "running" or (due is not None and not (isinstance(due, (int, float))
                                                                                and due > now)):
                     continue
-                until = now + ROW_TTL_S * self._jitter.random()
+                until = now + ROW_TTL_S * (1 + self._jitter.random())   # as a row read now would be
                 found[path] = (_tuple(entry["key"]), min(until, due) if due else until, row)
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return 0
