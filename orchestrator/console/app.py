@@ -55,6 +55,8 @@ CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 's
 MAX_FORM_BYTES = 64 * 1024          # a message or a task title, with room
 LIVE_REFRESH_S = 2                  # a running wake's frame reloads this often
 FLEET_REFRESH_S = 10                # the fleet page reloads this often: states change without anyone asking
+FIRST_VIEW_WAIT_S = 2.0             # the warm-up reads the histories once the first fleet view is answered,
+                                    # or after this long (a browser left open across the restart asks at once)
 SAID = {"run-now": "one wake requested: it starts within seconds",
         "pause": "paused: serve runs none of its ticks until resumed",
         "resume": "resumed: failures forgotten, ticks run again",
@@ -83,6 +85,7 @@ class Console:
             metrics.install()
         metrics.watch_root(self.root)   # its agents, and only they, are `agent` label values
         self.warmed = threading.Event()
+        self._viewed = threading.Event()        # the first fleet view has been answered
         # The first view of a big fleet reads every agent (~4 ms each; a stat per file when the
         # rows kept on disk stand), and of an agent its history (~0.1 s for a year; a stat per
         # file when its index on disk stands); the templates compile in ~0.1 s: done now, off the
@@ -95,6 +98,9 @@ class Console:
             self._html("fleet.html", False, None, "/", refresh=FLEET_REFRESH_S, **fleet)  # its charts drawn
             anyio.run(anyio.sleep, 0)   # the request path's event-loop backend, imported now (~25 ms)
             rows = fleet["rows"]
+            # The rest is for later views: a person who opened the console as serve restarted
+            # is answered first, not made to share the CPU with it.
+            self._viewed.wait(FIRST_VIEW_WAIT_S)
             for template in self.env.list_templates(".html"):
                 self.env.get_template(template)     # compiled once, here, not on a person's first view
             for row in rows:
@@ -134,7 +140,10 @@ class Console:
     # -- pages ----------------------------------------------------------------------------
 
     def fleet(self, request: Request):
-        return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet())
+        try:
+            return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet())
+        finally:
+            self._viewed.set()
 
     def agent(self, request: Request):
         try:

@@ -170,10 +170,10 @@ def _tuple(value):
 
 
 def _fingerprint(path: Path) -> tuple:
-    out = []
+    out, folder = [], os.fspath(path)
     for rel in ROW_SOURCES:
-        try:
-            st = os.stat(path / rel, follow_symlinks=False)
+        try:    # os.path, not pathlib: a fleet view makes 11 of these per agent
+            st = os.stat(os.path.join(folder, rel), follow_symlinks=False)
             out.append((st.st_ino, st.st_mtime_ns, st.st_size))
         except OSError:
             out.append(None)
