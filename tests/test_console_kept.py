@@ -44,6 +44,13 @@ def root(tmp_path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def one_day(monkeypatch):
+    """The console's clock stands still: a test that straddles midnight UTC keeps its rows."""
+    now = pages_mod.utcnow()
+    monkeypatch.setattr(pages_mod, "utcnow", lambda: now)
+
+
 @pytest.fixture
 def loads(monkeypatch) -> list[str]:
     """The agents whose fleet row was read from their files (not taken from what was kept)."""
