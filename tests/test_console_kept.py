@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from orchestrator.console import pages as pages_mod
+from orchestrator.console.app import Console, start
+from orchestrator.console.auth import Access
 from orchestrator.console.pages import ROWS_FILE, Pages
 from orchestrator.fleet import history
 from orchestrator.fleet.history import INDEX_FILE, WakeIndex
@@ -22,13 +25,15 @@ from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
 
 NAMES = ("a", "b", "c")
+TOKEN = "unit-test-token-0a9b8c7d"
 LINES_PER_WAKE = 2                  # finish(): wake_finished and a tool_call
 
 
 def finish(sd: Path, n: int) -> None:
     run = f"{sd.parent.name}{n:04d}"
     EventLog(sd / EVENTS_FILE, run, secrets=()).emit(
-        "wake_finished", status="done", receipt={"run_id": run, "wake": n, "status": "done"})
+        "wake_finished", status="done", receipt={"run_id": run, "wake": n, "status": "done", "steps": 1,
+                                                    "duration_ms": 10})
     EventLog(sd / EVENTS_FILE, run, secrets=()).emit("tool_call", tool="bash")
 
 
@@ -166,3 +171,24 @@ def test_a_kept_row_is_shown_only_for_the_folder_it_is_kept_under(root, loads):
     loads.clear()
     rows = Pages(root).fleet()["rows"]
     assert loads == [] and [r["dir_name"] for r in rows] == list(NAMES)
+
+
+def test_a_kept_row_of_another_shape_is_forgotten_and_the_page_still_shows_every_agent(root, loads):
+    """A rows file from another version (same ROWS_VERSION, rows the template cannot show) costs
+    one fresh read, never a broken fleet page."""
+    first_console(root)
+    kept = json.loads((root / ROWS_FILE).read_text())
+    kept["rows"]["b"]["row"] = {"agent": "b"}                          # matching key, no state, no disk
+    (root / ROWS_FILE).write_text(json.dumps(kept))
+    loads.clear()
+    console = Console(root, Access(TOKEN, loopback=True))
+    listening = start(console, "127.0.0.1", 0)
+    try:
+        request = urllib.request.Request(listening.url, headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            status, html = r.status, r.read().decode()
+        assert console.warmed.wait(timeout=60)
+    finally:
+        listening.stop()
+    assert status == 200 and all(f'id="agent-{n}"' in html for n in NAMES)
+    assert set(loads) == set(NAMES), "the kept rows were forgotten and every row read afresh"

@@ -94,8 +94,7 @@ class Console:
 
     def _warm(self) -> None:
         try:
-            fleet = self.pages.fleet()
-            self._html("fleet.html", False, None, "/", refresh=FLEET_REFRESH_S, **fleet)  # its charts drawn
+            _, fleet = self._fleet_html(False, None, "/")     # compiled, its charts drawn
             anyio.run(anyio.sleep, 0)   # the request path's event-loop backend, imported now (~25 ms)
             rows = fleet["rows"]
             # The rest is for later views: a person who opened the console as serve restarted
@@ -141,9 +140,22 @@ class Console:
 
     def fleet(self, request: Request):
         try:
-            return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet())
+            signed_in = self.access.signed_in(request.cookies, request.headers)
+            html, _ = self._fleet_html(signed_in, SAID.get(request.query_params.get("said", "")), request.url.path)
+            return HTMLResponse(html)
         finally:
             self._viewed.set()
+
+    def _fleet_html(self, signed_in: bool, said: str | None, path: str) -> tuple[str, dict]:
+        """The fleet page and its data. A row kept on disk that the page cannot show (a file of
+        another version's shape) is forgotten and the rows read afresh: never a broken page."""
+        data = self.pages.fleet()
+        try:
+            return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
+        except Exception:
+            self.pages.rows.forget_kept()   # once: a page that fails on fresh rows too is a bug, raised
+        data = self.pages.fleet()
+        return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
 
     def agent(self, request: Request):
         try:

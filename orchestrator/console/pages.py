@@ -103,6 +103,7 @@ class RowCache:
         self._jitter = random.Random()
         self._root = root
         self._dirty, self._saved = False, 0.0
+        self._kept: set[Path] = set()       # rows taken from ROWS_FILE and not read afresh since
         self._lock = threading.Lock()
 
     def row(self, path: Path, scheduler_up: bool, compute) -> dict:
@@ -112,6 +113,7 @@ class RowCache:
         if hit and hit[0] == key and now < hit[1]:
             return hit[2]
         row = compute()
+        self._kept.discard(path)
         if row.get("state") != "running" and key[-1] is None:   # no wake.lock: nothing moves by itself
             until = now + ROW_TTL_S * (1 + self._jitter.random())  # spread: not every row at once
             if row.get("next_wake_at"):
@@ -146,7 +148,14 @@ class RowCache:
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return 0
         self._rows.update(found)
+        self._kept.update(found)
         return len(found)
+
+    def forget_kept(self) -> None:
+        """Drop every row still as ROWS_FILE had it (the page could not show one)."""
+        kept, self._kept = self._kept, set()
+        for path in kept:
+            self._rows.pop(path, None)
 
     def save(self) -> None:
         """ROWS_FILE written whole, at most every ROWS_SAVE_S and only when a row changed."""
