@@ -23,10 +23,11 @@ The rows are kept on disk too (ROWS_FILE in ROOT, the operator's folder,
 written whole; read capped, through no link), so that the first view after
 serve restarts costs a stat per file instead of loading every agent (the
 first view of 100 agents is otherwise ~0.5 s of CPU). A kept row is used
-only for the folder it names, while every file it was read from stands,
-on the UTC day it was read and before the wake it announced, and for as
-long after the restart as a row read then would be; anything wrong with
-the file and it is ignored (the rows are read again).
+only for the folder it is kept under (whatever it says), while every file
+it was read from stands, on the UTC day it was read and before the wake it
+announced, and for as long after the restart as a row read then would be;
+anything wrong with the file and it is ignored (the rows are read again),
+and a row the page cannot show is forgotten (console/app.py _fleet_html).
 
 Not here: the rows' and the status's contents (fleet/views.py), the wake
 history (fleet/history.py), HTML (templates/).
