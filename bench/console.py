@@ -1,6 +1,7 @@
 """What the console, the metrics and the traces cost, and how fast the console's pages are.
 
     .venv/bin/python bench/console.py [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
+                                      [--restarts 5] [--only steps|pages]
 
 1. Per step of a wake, each on and off (wall time, and CPU time of every
    thread of the process, which the machine's load does not inflate):
@@ -19,7 +20,12 @@
    in this process, as a browser would: the fleet page the moment the
    console starts (its caches cold), then, once its background reading of
    every row and history is done, the fleet page, an agent's page and a
-   wake's transcript.
+   wake's transcript. Then serve's restart: a fresh process starts a console
+   on the same root and fetches the fleet page at once, `--restarts` times
+   each way, interleaved: with the fleet rows and wake indexes the first
+   console left on disk (console/pages.py ROWS_FILE, fleet/history.py
+   INDEX_FILE), and without (they are neither read nor written: as before
+   they existed); and how long its background reading then takes.
 
 Prints one table. Needs no Docker engine.
 """
@@ -165,16 +171,14 @@ def build_root(root: Path, agents: int, wakes: int) -> None:
         sd = path / "state"
         (sd / "transcripts").mkdir(parents=True, exist_ok=True)
         shutil.copytree(prompts, sd / "transcripts" / "prompts", dirs_exist_ok=True)
-        one = sd / "transcripts" / "template.txt"
-        one.write_text(transcript)
         lines = []
         for w in range(wakes):
             run = f"{a:04x}{w:08x}"
             day = (now - timedelta(days=(wakes - w) * 40 // wakes)).strftime("%Y-%m-%d")
             text = "\n".join(events).replace(receipt.run_id, run).replace(day0, day)
             lines.append(text.replace(f'"wake": {receipt.wake}', f'"wake": {w + 1}'))
-            (sd / "transcripts" / f"{run}.jsonl").hardlink_to(one)
-        one.unlink()
+            # a copy each: a transcript with another name (a hard link) is refused (records/folder.py)
+            (sd / "transcripts" / f"{run}.jsonl").write_text(transcript.replace(receipt.run_id, run))
         cut = len(lines) * 6 // 10      # the older 60% rotated and gzipped, as retention leaves them
         stamp = now.strftime("%Y%m%dT%H%M%S000000Z")
         with gzip.open(sd / f"events-{stamp}.jsonl.gz", "wt") as f:
@@ -189,7 +193,8 @@ def build_root(root: Path, agents: int, wakes: int) -> None:
                                                for d in range(1, 20)))
 
 
-def page_times(tmp: Path, agents: int, wakes: int, views: int) -> tuple[dict[str, tuple[list, list]], float]:
+def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
+               ) -> tuple[dict[str, tuple[list, list]], dict[str, list[float]]]:
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
     root = tmp / "root"
@@ -218,7 +223,45 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int) -> tuple[dict[str
             out["wake transcript"].append(_get(f"{url}agents/{name}/wakes/{run}", cpu["wake transcript"]))
     finally:
         listening.stop()
-    return {k: (v, cpu[k]) for k, v in out.items()}, warm_s
+    warm = {"at the first start": [warm_s]}
+    for r in range(restarts):
+        for kept, name in ((False, "after a restart, nothing kept (as before)"),
+                           (True, "after a restart, rows and indexes kept on disk")):
+            say(f"restart {r + 1} of {restarts}: {name}")
+            child = subprocess.run([sys.executable, __file__, "--restart", str(root), "--kept", str(int(kept))],
+                                   capture_output=True, text=True, timeout=900, cwd=ROOT)
+            if child.returncode != 0:
+                raise SystemExit(f"the restart failed:\n{child.stderr[-2000:]}")
+            got = json.loads(child.stdout.strip().splitlines()[-1])
+            out.setdefault(f"fleet, the first view {name}", []).append(got["ms"])
+            cpu.setdefault(f"fleet, the first view {name}", []).append(got["cpu_ms"])
+            warm.setdefault(name, []).append(got["warm_s"])
+    return {k: (v, cpu[k]) for k, v in out.items()}, warm
+
+
+def one_restart(root: Path, kept: bool) -> dict:
+    """In this (child) process: a console started on a root another console has warmed, its
+    first fleet view timed. Without `kept` the rows and indexes on disk are neither read nor
+    written (the console as it was before it kept them)."""
+    from orchestrator.console import pages
+    from orchestrator.console.app import Console, start
+    from orchestrator.console.auth import Access
+    from orchestrator.fleet import history
+    if not kept:
+        pages.RowCache.load = lambda self, paths: 0
+        pages.RowCache.save = lambda self: None
+        history.load_index = lambda state_dir, paths: {}
+        history.save_index = lambda state_dir, text: None
+    console = Console(root, Access(BENCH_TOKEN, loopback=True))
+    started = time.perf_counter()
+    listening = start(console, "127.0.0.1", 0)
+    try:
+        cpu: list[float] = []
+        ms = _get(listening.url, cpu)
+        console.warmed.wait(timeout=600)
+        return {"ms": ms, "cpu_ms": cpu[0], "warm_s": time.perf_counter() - started}
+    finally:
+        listening.stop()
 
 
 def _get(url: str, cpu: list[float] | None = None) -> float:
@@ -239,7 +282,7 @@ def p50_p95(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), statistics.quantiles(samples, n=20)[-1]
 
 
-def table(steps: dict, pages: dict, warm_s: float, agents: int, wakes: int) -> str:
+def table(steps: dict, pages: dict, warm: dict, agents: int, wakes: int) -> str:
     rows = []
     if steps:
         rows.append(("per step of a wake (wall median / p90)", "", "CPU per step, all threads"))
@@ -257,7 +300,9 @@ def table(steps: dict, pages: dict, warm_s: float, agents: int, wakes: int) -> s
         rows.append((f"  {name}", f"{p50:.1f} / {p95:.1f} ms",
                      f"{statistics.median(cpu):.1f} ms CPU; {'ok' if p95 < PAGE_BUDGET_MS else 'OVER'}"))
     if pages:
-        rows.append(("  every fleet row and history read, in the background", f"{warm_s:.1f} s after start", ""))
+        rows.append(("every fleet row and history read, in the background (median)", "", ""))
+    for name, seconds in warm.items():
+        rows.append((f"  {name}", f"{statistics.median(seconds):.1f} s after start", ""))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:<{width}}  {b:<20} {c}".rstrip() for a, b, c in rows)
 
@@ -270,20 +315,26 @@ def main() -> int:
     parser.add_argument("--views", type=int, default=40, help="fetches of each page")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each per-step setting")
     parser.add_argument("--only", choices=("steps", "pages"), help="one of the two measurements")
+    parser.add_argument("--restarts", type=int, default=5, help="restarts timed each way")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)   # the child of per_step
+    parser.add_argument("--restart", type=Path, help=argparse.SUPPRESS)      # the child of page_times
+    parser.add_argument("--kept", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.restart:
+        print(json.dumps(one_restart(args.restart, bool(args.kept))))
+        return 0
     if args.one:
         print(json.dumps(one_setting(args.one, args.steps)))
         return 0
     steps = per_step(args.steps, args.rounds) if args.only != "pages" else {}
-    pages, warm_s = {}, 0.0
+    pages, warm = {}, {}
     if args.only != "steps":
         tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-console-"))
         try:
-            pages, warm_s = page_times(tmp, args.agents, args.wakes, args.views)
+            pages, warm = page_times(tmp, args.agents, args.wakes, args.views, args.restarts)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(table(steps, pages, warm_s, args.agents, args.wakes))
+    print(table(steps, pages, warm, args.agents, args.wakes))
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores when done)")
     return 0
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, quote
 
+import anyio
 import jinja2
 import uvicorn
 from starlette.applications import Starlette
@@ -56,6 +57,8 @@ CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 's
 MAX_FORM_BYTES = 64 * 1024          # a message or a task title, with room
 LIVE_REFRESH_S = 2                  # a running wake's frame reloads this often
 FLEET_REFRESH_S = 10                # the fleet page reloads this often: states change without anyone asking
+FIRST_VIEW_WAIT_S = 2.0             # the warm-up reads the histories once the first fleet view is answered,
+                                    # or after this long (a browser left open across the restart asks at once)
 SAID = {"run-now": "one wake requested: it starts within seconds",
         "pause": "paused: serve runs none of its ticks until resumed",
         "resume": "resumed: failures forgotten, ticks run again",
@@ -88,15 +91,24 @@ class Console:
             metrics.install()
         metrics.watch_root(self.root)   # its agents, and only they, are `agent` label values
         self.warmed = threading.Event()
-        # The first view of a big fleet reads every agent (~4 ms each), and of an agent its
-        # history (~50 ms for a year); each template compiles in ~30 ms: done now, off the request.
+        self._viewed = threading.Event()        # the first fleet view has been answered
+        # The first view of a big fleet reads every agent (~4 ms each; a stat per file when the
+        # rows kept on disk stand), and of an agent its history (~0.1 s for a year; a stat per
+        # file when its index on disk stands); the templates compile in ~0.1 s: done now, off the
+        # request, the fleet page's first (it is the one a person opens).
         threading.Thread(target=self._warm, name="wakeloop-console-warm", daemon=True).start()
 
     def _warm(self) -> None:
         try:
+            _, fleet = self._fleet_html(False, None, "/")     # compiled, its charts drawn
+            anyio.run(anyio.sleep, 0)   # the request path's event-loop backend, imported now (~25 ms)
+            rows = fleet["rows"]
+            # The rest is for later views: a person who opened the console as serve restarted
+            # is answered first, not made to share the CPU with it.
+            self._viewed.wait(FIRST_VIEW_WAIT_S)
             for template in self.env.list_templates(".html"):
                 self.env.get_template(template)     # compiled once, here, not on a person's first view
-            for row in self.pages.fleet()["rows"]:
+            for row in rows:
                 self.pages.wakes.recent(self.root / row["dir_name"] / "state")
         except Exception:
             pass    # the page itself will say what is wrong when asked
@@ -122,18 +134,37 @@ class Console:
 
     def render(self, request: Request, template: str, status: int = 200, **data) -> HTMLResponse:
         signed_in = self.access.signed_in(request.cookies, request.headers)
+        html = self._html(template, signed_in, SAID.get(request.query_params.get("said", "")), request.url.path,
+                          **data)
+        return HTMLResponse(html, status_code=status)
+
+    def _html(self, template: str, signed_in: bool, said: str | None, path: str, **data) -> str:
         data.setdefault("refresh", 0)
-        html = self.env.get_template(template).render(
+        return self.env.get_template(template).render(
             csrf=self.access.csrf if signed_in else "", signed_in=signed_in,
             can_act=self.access.actions_allowed and signed_in, actions_allowed=self.access.actions_allowed,
-            said=SAID.get(request.query_params.get("said", "")), path=request.url.path, **data)
-        return HTMLResponse(html, status_code=status)
+            said=said, path=path, **data)
 
     # -- pages ----------------------------------------------------------------------------
 
     def fleet(self, request: Request):
-        return self.render(request, "fleet.html", refresh=FLEET_REFRESH_S, **self.pages.fleet(),
-                           approvals=self._waiting())
+        try:
+            signed_in = self.access.signed_in(request.cookies, request.headers)
+            html, _ = self._fleet_html(signed_in, SAID.get(request.query_params.get("said", "")), request.url.path)
+            return HTMLResponse(html)
+        finally:
+            self._viewed.set()
+
+    def _fleet_html(self, signed_in: bool, said: str | None, path: str) -> tuple[str, dict]:
+        """The fleet page and its data. A row kept on disk that the page cannot show (a file of
+        another version's shape) is forgotten and the rows read afresh: never a broken page."""
+        data = {**self.pages.fleet(), "approvals": self._waiting()}
+        try:
+            return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
+        except Exception:
+            self.pages.rows.forget_kept()   # once: a page that fails on fresh rows too is a bug, raised
+        data = {**self.pages.fleet(), "approvals": self._waiting()}
+        return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
 
     def _waiting(self) -> list[dict]:
         """What waits for a person (console/approvals.py); a key that cannot be used says so instead."""
