@@ -79,13 +79,33 @@ the last holder closed found the disk held in 2 of 3 tries under forks in a
 loop, and left it mounted; a record lock belongs to the process and is never
 inherited by a child.
 
+Thin disks, and the guard that keeps the host safe: a disk's size is a
+promise, not space set aside (the sizes together may be at most `overcommit`
+times the filesystem that holds them, checked where a disk is made or
+grown). What bounds the host is one invariant, checked before every call
+(flight): a call starts only if the disks' filesystem has room, beyond
+RESERVE, for the worst case of every call in flight on this host, its own
+included, each disk's worst case being its size less the blocks its image
+holds. It is sound because a disk is written only during a call (nothing a
+call starts outlives it: programs.py kills the rest before the call ends)
+or its making (mkfs, which runs as one); as a call writes, the free space
+and its worst case shrink together; and when it ends the disk is synced
+(syncfs) before it stops counting, so what it wrote sits in the image, not
+only in the disk's page cache. In flight is known across processes (a
+CLI's `sandbox exec` and the broker share $WAKELOOP_DISKS): a per-process
+count per disk and a shared POSIX record lock on `KEY.call`, tested under
+ROOM_LOCK, which goes with its process however it ends. A call that cannot
+start waits (bounded) for calls in flight to end, then is refused: NoRoom,
+one line, which engine.py turns into a refused result (box.no_room).
+
 Needs root (losetup, mount) and loop devices. Without them a policy that
 sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
 plain folder with no disk limit, as before. Reading the list needs neither.
 
 Not here: when a box closes (engine.py, broker/server.py), the CLI's
 `disk list|release|rm` (cli.py; rendered by fleet/views.py), the
-workspace's files (files.py).
+workspace's files (files.py), what a wake does with a refused call
+(wake/loop.py, notify/outcomes.py).
 """
 
 from __future__ import annotations
@@ -439,7 +459,10 @@ def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed
 def let_go(client: docker.DockerClient, held: Disk) -> str | None:
     """This holder is done with the disk: release it if nobody else holds it. Never raises
     (it runs at the end of a command, whatever ended it): the reason it could not, or None."""
-    if held.hold is None or not held.hold.drop():
+    if held.hold is None:
+        return None
+    _settler.wait(held.key)
+    if not held.hold.drop():
         return None
     try:
         release(client, held.key)
@@ -461,6 +484,7 @@ def let_go_all(client: docker.DockerClient, kept: frozenset = frozenset()) -> li
         left = [hold for hold in _holds if hold not in kept]
     problems = []
     for hold in left:
+        _settler.wait(hold.key)
         if hold.drop():
             try:
                 release(client, hold.key)
@@ -576,17 +600,18 @@ def room(key: str) -> Room:
 def flight(key: str, view: Path | None = None, wait_s: float = ROOM_WAIT_S):
     """One call on `key`'s disk, from the check to its last write settled: it starts
     only if room(key) is enough, waiting up to `wait_s` for calls in flight to end,
-    else NoRoom (one line). `view`: where the disk is mounted here, synced at the end
-    (the box's writes sit in the disk's page cache until then, not yet on the host)."""
+    else NoRoom (one line). `view`: where the disk is mounted here; the call returns
+    at once, and its disk counts as in flight until the settler has synced it (the
+    box's writes sit in the disk's page cache until then, not yet on the host).
+    Without one (mkfs, which syncs what it wrote), it lands at once."""
     _take_off(key, wait_s)
     try:
         yield
     finally:
-        try:
-            if view is not None:
-                _sync(view)
-        finally:
+        if view is None:
             _land(key)
+        else:
+            _settler.add(key, view)
 
 
 def _take_off(key: str, wait_s: float) -> None:
@@ -656,6 +681,58 @@ def _in_flight(key: str) -> bool:
         finally:
             os.close(fd)
         return False
+
+
+class _Settler:
+    """Syncs a disk once its calls end, off their path (syncfs: 2.6 ms median on this
+    host with nothing to write, more after a write), then lands them. One thread per
+    process while there is work; calls that end during a sync are synced again."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._pending: dict[str, tuple[Path, int]] = {}   # key -> (its view, calls ended, not landed)
+        self._thread: threading.Thread | None = None
+
+    def add(self, key: str, view: Path) -> None:
+        with self._changed:
+            self._pending[key] = (view, self._pending.get(key, (view, 0))[1] + 1)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wakeloop-disk-settler", daemon=True)
+                self._thread.start()
+
+    def wait(self, key: str, timeout_s: float = TOOL_TIMEOUT_S) -> None:
+        """Until the calls of `key` that ended here have landed (before it is let go: a
+        sync in progress holds the mount, which release unmounts)."""
+        with self._changed:
+            self._changed.wait_for(lambda: key not in self._pending, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                if not self._pending:
+                    self._thread = None
+                    return
+                key, (view, ended) = next(iter(self._pending.items()))
+            try:
+                _sync(view)
+            except Exception:   # landed all the same: the kernel writes it back within ~30 s anyway
+                pass
+            finally:
+                with self._changed:
+                    view, now = self._pending.pop(key)
+                    if now > ended:   # ended during the sync: their writes may be after it
+                        self._pending[key] = (view, now - ended)
+                    for _ in range(ended):
+                        _land(key)
+                    self._changed.notify_all()
+
+
+_settler = _Settler()
+
+
+def settled(key: str) -> None:
+    """Wait until the calls of `key`'s disk that ended in this process no longer count as in flight."""
+    _settler.wait(key)
 
 
 def _sync(view: Path) -> None:

@@ -1,0 +1,118 @@
+"""A hundred agents on the default policy, on a host whose disks' filesystem has 70 GB free.
+
+The disks' filesystem is made for the run: a sparse file of FS_SIZE, ext4
+with nothing zeroed ahead (lazy inode tables and journal, noinit_itable), so
+statvfs says ~70 GB free while the host holds a few hundred MB of it. Then,
+for AGENTS agents made by `wakeloop init` (policy {}: a 2 GiB disk each),
+THREADS at a time as serve's wakes would: open the agent's DockerSandbox
+(makes the disk), run one call that writes 1 MiB and syncs it, close it.
+Counted: disks made, calls run, calls refused, what was refused and why,
+the filesystem's free space at the end, seconds.
+
+Run it against any checkout (--code DIR, e.g. one `git archive` of the
+commit before, to see the old guard refuse) with the same filesystem:
+
+    python bench/thin_disks.py [--agents 100] [--threads 4] [--code DIR]
+
+Needs root (losetup, mount) and the sandbox image. Leaves nothing behind.
+
+Not here: the guard itself (orchestrator/sandbox/disk.py), its tests
+(tests/test_disk.py, on a 300 MiB filesystem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FS_SIZE = "67G"             # ext4 on it leaves ~70 GB (10^9) free, as the issue's host
+AGENTS = 100
+THREADS = 4                 # serve's wakes at once on a 2-core machine
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=AGENTS)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--code", help="the checkout whose orchestrator/ to run (default: this one)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(args.code).resolve() if args.code else ROOT))
+    with tempfile.TemporaryDirectory(prefix="wakeloop-thin-") as tmp:
+        tmp = Path(tmp)
+        backing, place = tmp / "fs.img", tmp / "disks"
+        subprocess.run(["truncate", "-s", FS_SIZE, str(backing)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
+                        str(backing)], check=True)
+        place.mkdir()
+        subprocess.run(["mount", "-o", "loop,noinit_itable", str(backing), str(place)], check=True)
+        os.environ["WAKELOOP_DISKS"] = str(place)
+        try:
+            return measure(tmp, place, args.agents, args.threads)
+        finally:
+            subprocess.run(["umount", str(place)], check=True)   # its loop device goes with it
+
+
+def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
+    import orchestrator
+    from orchestrator.policy.agent import init_agent, load_agent
+    from orchestrator.sandbox import disk
+    from orchestrator.sandbox.engine import DockerSandbox, connect
+    client = connect()
+    st = os.statvfs(place)
+    print(f"code: {Path(orchestrator.__file__).parent.parent}")
+    print(f"disks' filesystem: {st.f_blocks * st.f_frsize / 1e9:.1f} GB, {st.f_bavail * st.f_frsize / 1e9:.1f} GB "
+          f"free; {agents} agents, policy {{}}, {threads} at a time")
+    todo = list(range(agents))
+    outcome: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def one(n: int) -> str:
+        agent = load_agent(init_agent(tmp / "agents" / f"a{n:03d}"))
+        try:
+            box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)
+        except Exception as exc:   # the old guard's refusal is a DiskError: recorded, not raised
+            return f"disk refused: {str(exc).split(':', 2)[1].strip()[:60]}"
+        try:
+            result = box.run("head -c 1m /dev/urandom > f && sync -f f && echo ok", timeout_s=60,
+                             max_output_chars=1000)
+        finally:
+            box.close()
+        if getattr(result, "no_room", ""):
+            return "call refused: no room"
+        return "ran" if result.ok and result.output.strip() == "ok" else f"call failed: {result.output[:60]}"
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                n = todo.pop(0)
+            outcome[n] = one(n)
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.monotonic() - started
+    st = os.statvfs(place)
+    made = len(list(place.glob("*.img")))
+    print(f"disks made: {made} of {agents}; outcomes: {dict(Counter(outcome.values()).most_common())}")
+    print(f"promised: {made * 2} GiB; the filesystem has {st.f_bavail * st.f_frsize / 1e9:.1f} GB free "
+          f"after; {seconds:.0f} s")
+    for key in disk.keys():
+        disk.release(client, key, delete=True, force=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
