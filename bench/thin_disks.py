@@ -14,6 +14,10 @@ commit before, to see the old guard refuse) with the same filesystem:
 
     python bench/thin_disks.py [--agents 100] [--threads 4] [--code DIR]
 
+What the guard costs a call: `--per-call N` times N calls (`true`, warm
+pool) of one agent with the guard and N with it replaced by nothing,
+interleaved call by call, and prints the medians and p90s side by side.
+
 Needs root (losetup, mount) and the sandbox image. Leaves nothing behind.
 
 Not here: the guard itself (orchestrator/sandbox/disk.py), its tests
@@ -43,8 +47,13 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=AGENTS)
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--code", help="the checkout whose orchestrator/ to run (default: this one)")
+    parser.add_argument("--per-call", type=int, default=0, metavar="N",
+                        help="instead: N calls with the guard and N without, interleaved")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.code).resolve() if args.code else ROOT))
+    if args.per_call:
+        with tempfile.TemporaryDirectory(prefix="wakeloop-thin-") as tmp:
+            return per_call(Path(tmp), args.per_call)
     with tempfile.TemporaryDirectory(prefix="wakeloop-thin-") as tmp:
         tmp = Path(tmp)
         backing, place = tmp / "fs.img", tmp / "disks"
@@ -111,6 +120,58 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
           f"after; {seconds:.0f} s")
     for key in disk.keys():
         disk.release(client, key, delete=True, force=True)
+    return 0
+
+
+def guard_alone(place: Path, times: int) -> list[float]:
+    """The guard's check and mark, then its landing, on a disks' folder of 100 images
+    (the lock files of each made by one flight first): what every call pays for it."""
+    from orchestrator.sandbox import disk
+    place.mkdir()
+    before = os.environ.get(disk.DISKS_ENV)
+    os.environ[disk.DISKS_ENV] = str(place)
+    try:
+        for n in range(100):
+            (place / f"d{n:03d}.img").write_bytes(b"")
+            with disk.flight(f"d{n:03d}"):
+                pass
+        xs = []
+        for _ in range(times):
+            started = time.perf_counter()
+            with disk.flight("d000"):
+                pass
+            xs.append((time.perf_counter() - started) * 1000)
+        return xs
+    finally:
+        os.environ[disk.DISKS_ENV] = before or ""
+
+
+def per_call(tmp: Path, calls: int) -> int:
+    import contextlib
+    import statistics
+    from orchestrator.policy.agent import init_agent, load_agent
+    from orchestrator.sandbox import disk
+    from orchestrator.sandbox.engine import DockerSandbox
+    agent = load_agent(init_agent(tmp / "agent"))
+    guarded = disk.flight
+    samples = {"guard": [], "none": []}
+    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name) as box:
+        for i in range(calls * 2):
+            kind = "guard" if i % 2 == 0 else "none"
+            disk.flight = guarded if kind == "guard" else (lambda *a, **k: contextlib.nullcontext())
+            box.pool.wait_ready(box.pool.want, 60)   # the warm path, as bench/disk.py
+            started = time.perf_counter()
+            result = box.run("true", timeout_s=30, max_output_chars=100)
+            samples[kind].append((time.perf_counter() - started) * 1000)
+            if not result.ok:
+                raise SystemExit(f"bench: a call failed: {result.for_model()}")
+    disk.flight = guarded
+    samples["guard alone, 100 disks"] = guard_alone(tmp / "many", calls * 5)
+    for kind, xs in samples.items():
+        p90 = statistics.quantiles(xs, n=10)[-1]
+        name = {"guard": "call, with the guard", "none": "call, no guard"}.get(kind, kind)
+        print(f"{name}: median {statistics.median(xs):.1f} ms, "
+              f"p90 {p90:.1f} ms ({len(xs)} calls)")
     return 0
 
 
