@@ -160,6 +160,7 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     try:
         assert run(first, "mkfifo hold").ok
+        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
         fifo = first.view / "hold"
         import threading
         held = {}
@@ -250,6 +251,7 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
     script.write_text(json.dumps([{"tool_calls": [call]}, {"tool_calls": [call]}, {"text": "done"}]))
     try:
         assert run(first, "mkfifo hold").ok
+        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
         caller = threading.Thread(target=lambda: run(first, "cat hold"))
         caller.start()
         try:
