@@ -235,7 +235,6 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
     import yaml
     from sync import release_fifo
     from support import wait_for
-    from orchestrator.fleet.views import agent_status, render_agent_status
     from orchestrator.notify import queue
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.wake.loop import wake
