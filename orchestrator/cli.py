@@ -232,7 +232,7 @@ def cmd_disk_list(args) -> int:
     if args.json:
         _print_json([disk_record(r) for r in records])
     else:
-        print(render_disks(records, disk.disks_dir()), end="")
+        print(render_disks(records, disk.disks_dir(), disk.filesystem() if records else None), end="")
     return EXIT_OK
 
 

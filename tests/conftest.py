@@ -229,7 +229,7 @@ def no_disk_left_behind(request):
         (where / name).unlink(missing_ok=True)
     for view in where.glob("*.view"):
         view.rmdir()   # a broker's mount point, unmounted by release: empty, or this fails loudly
-    for kind in ("lock", "use"):
+    for kind in ("lock", "use", "call"):
         for lock in where.glob(f"*.{kind}"):
             lock.unlink()   # room.lock, and those of disks refused before they were made
     where.rmdir()

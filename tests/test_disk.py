@@ -9,6 +9,7 @@ line a host without root or loop devices gets.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import replace
 
@@ -116,23 +117,190 @@ def small_disks_dir(tmp_path, monkeypatch, docker_client):
         subprocess.run(["umount", "--lazy", str(place)], check=True)   # a loop device may close later
 
 
-def test_disks_never_promise_more_than_their_filesystem_holds(small_disks_dir, tmp_path, docker_client):
+MIB = 2**20
+
+
+def small_box(root, name: str, size: int = 100 * MIB, **kwargs) -> DockerSandbox:
+    """A box for a new agent under `root` whose disk is `size` bytes."""
     from orchestrator.policy.agent import init_agent
-    first, second = (load_agent(init_agent(tmp_path / name)) for name in ("first", "second"))
-    policy = first.policy.sandbox
-    with pytest.raises(DiskError) as caught:   # 2 GiB on 300 MiB: refused before mkfs
-        DockerSandbox(first.workspace, policy, agent=first.name, warm=0)
-    assert str(caught.value).startswith(f"sandbox.disk: no room for {2 * GIB:,} more bytes of disk in ")
-    assert "\n" not in str(caught.value) and list(small_disks_dir.glob("*.img")) == []
-    with DockerSandbox(first.workspace, replace(policy, disk=200 * 2**20), agent=first.name, warm=0) as box:
-        assert box.run("true", timeout_s=30, max_output_chars=100).ok
-    # 200 MiB promised to the first: 100 more would let the two fill the filesystem.
-    with pytest.raises(DiskError, match="its 1 disk\\(s\\) may still take"):
-        DockerSandbox(second.workspace, replace(policy, disk=100 * 2**20), agent=second.name, warm=0)
-    with DockerSandbox(second.workspace, replace(policy, disk=32 * 2**20), agent=second.name, warm=0) as box:
-        filled = box.run("head -c 64m /dev/zero > f; df -P -B1M . | tail -1", timeout_s=60, max_output_chars=500)
-    assert "No space left on device" in filled.output, filled.output
-    assert os.statvfs(small_disks_dir).f_bavail > 0
+    agent = load_agent(root / name if (root / name).is_dir() else init_agent(root / name))
+    return DockerSandbox(agent.workspace, replace(agent.policy.sandbox, disk=size), agent=agent.name, warm=0,
+                         **kwargs)
+
+
+def run(box, command: str):
+    return box.run(command, timeout_s=60, max_output_chars=2000)
+
+
+def test_thin_disks_promise_more_than_their_filesystem_holds_within_the_overcommit(
+        small_disks_dir, tmp_path, docker_client):
+    """Three 100 MiB disks on a 300 MiB filesystem (the old guard refused the third: every
+    disk's whole size was set aside); the promise stops at `overcommit` times the filesystem."""
+    boxes = [small_box(tmp_path, f"a{n}", overcommit=1.5) for n in range(4)]   # 400 MiB ≤ 1.5 × 300
+    try:
+        assert all(run(box, "echo x > kept").ok for box in boxes)
+        with pytest.raises(DiskError) as caught:
+            small_box(tmp_path, "past", size=60 * MIB, overcommit=1.5)
+    finally:
+        for box in boxes:
+            box.close()
+    line = str(caught.value)
+    assert line.startswith(f"sandbox.disk: no promise of {60 * MIB:,} more bytes of disk in ") and "\n" not in line
+    assert "4 disk(s) have" in line and "max.disk_overcommit" in line
+    assert not [*small_disks_dir.glob("past-*.img"), *small_disks_dir.glob("past-*.partial")]
+
+
+def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight(
+        small_disks_dir, tmp_path, docker_client, monkeypatch):
+    """While a call of a 200 MiB disk runs (it may yet fill it), a call of another 200 MiB disk
+    would let the two fill the 300 MiB filesystem: it waits, then is refused with one line;
+    once the first ends, it runs. A disk that alone could fill it is refused at once."""
+    from sync import release_fifo
+    from support import wait_for
+    monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.5)
+    first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
+    try:
+        assert run(first, "mkfifo hold").ok
+        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
+        fifo = first.view / "hold"
+        import threading
+        held = {}
+        caller = threading.Thread(target=lambda: held.update(result=run(first, "cat hold")))
+        caller.start()
+        try:
+            wait_for(lambda: disk._in_flight(first.disk.key), "the first call in flight", 30)
+            refused = run(second, "echo y > y")
+        finally:
+            release_fifo(fifo, 30)
+            caller.join(60)
+        assert held["result"].ok and not held["result"].no_room
+        assert refused.exit_code == 2 and not refused.container_id and "\n" not in refused.no_room
+        assert refused.no_room.startswith("sandbox.disk: this call did not start: the disks' filesystem")
+        waited = re.search(r"the 1 other disk\(s\) with calls in flight [\d,]+ \(waited ([\d.]+) s for them\)",
+                           refused.no_room)
+        assert waited and float(waited[1]) >= 0.5, refused.no_room
+        assert refused.output == f"refused: {refused.no_room}"
+        disk.settled(first.disk.key)   # synced: what it wrote is counted in the free space now
+        assert not disk._in_flight(first.disk.key) and run(second, "echo y > y").ok
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(disk.NoRoom, match="this disk may still take"):   # made only with room for mkfs's worst case
+        small_box(tmp_path, "huge", 400 * MIB)
+
+
+def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(small_disks_dir, tmp_path, docker_client,
+                                                                     monkeypatch):
+    """Six agents, 600 MiB promised on 300 MiB, each writing 50 MiB at once and syncing it (300 MiB in all):
+    every call runs to the end or is refused with the line; none meets a full filesystem
+    under its own (ENOSPC or EIO from the image), and the reserve is never touched."""
+    import threading
+    monkeypatch.setattr(disk, "ROOM_WAIT_S", 2.0)
+    boxes = [small_box(tmp_path, f"w{n}") for n in range(6)]
+    results, lowest = {}, [os.statvfs(small_disks_dir).f_bavail]
+    done = threading.Event()
+
+    def watch():   # the filesystem's free space, as often as it can be read meanwhile
+        while not done.is_set():
+            lowest.append(os.statvfs(small_disks_dir).f_bavail)
+
+    def write(n, box):
+        results[n] = run(box, "head -c 50m /dev/zero > f && sync -f f && echo written")
+
+    threads = [threading.Thread(target=write, args=(n, box)) for n, box in enumerate(boxes)]
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        done.set()
+        watcher.join()
+        for box in boxes:
+            box.close()
+    ran = [r for r in results.values() if not r.no_room]
+    refused = [r for r in results.values() if r.no_room]
+    assert len(results) == 6 and ran and refused, results
+    assert all(r.ok and r.output.strip() == "written" for r in ran), [r.output for r in ran]
+    assert all(r.no_room.startswith("sandbox.disk: this call did not start") for r in refused)
+    st = os.statvfs(small_disks_dir)
+    assert min(lowest) * st.f_frsize >= st.f_blocks * st.f_frsize * disk.RESERVE * 0.9, min(lowest)
+
+
+def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small_disks_dir, tmp_path,
+                                                                          docker_client, monkeypatch):
+    """The model reads the line as the call's result; the wake records one event and queues
+    one notification however many calls it had refused; `status` shows the line."""
+    import json
+    import threading
+    import yaml
+    from sync import release_fifo
+    from support import wait_for
+    from orchestrator.notify import queue
+    from orchestrator.records.events import EVENTS_FILE, read_events
+    from orchestrator.wake.loop import wake
+    monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.2)
+    first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
+    second.close()   # its disk is made; its wake opens it again
+    config = tmp_path / "second" / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data.update(policy={"sandbox": {"disk": "200m", "pool": 0}}, notify=[{"webhook": "https://hooks.example.com/x"}])
+    config.write_text(yaml.safe_dump(data))
+    script = tmp_path / "script.json"
+    call = {"name": "bash", "input": {"command": "echo z > z"}}
+    script.write_text(json.dumps([{"tool_calls": [call]}, {"tool_calls": [call]}, {"text": "done"}]))
+    try:
+        assert run(first, "mkfifo hold").ok
+        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
+        caller = threading.Thread(target=lambda: run(first, "cat hold"))
+        caller.start()
+        try:
+            wait_for(lambda: disk._in_flight(first.disk.key), "the first call in flight", 30)
+            receipt = wake(load_agent(tmp_path / "second"), script=script)
+        finally:
+            release_fifo(first.view / "hold", 30)
+            caller.join(60)
+    finally:
+        first.close()
+    state = tmp_path / "second" / "state"
+    events = list(read_events(state / EVENTS_FILE))
+    results = [e.data for e in events if e.type == "tool_result"]
+    assert len(results) == 2 and all(r["is_error"] and r["no_room"].startswith("sandbox.disk: this call did not "
+                                                                              "start") for r in results)
+    assert results[-1]["no_room"] == receipt.no_room   # each line its own (how long it waited); the last kept
+    assert [e.type for e in events].count("disk_no_room") == 1
+    assert receipt.status == "done" and receipt.no_room.startswith("sandbox.disk: this call did not start")
+    assert [item.event for item in queue.pending(state)] == ["no_room"]
+    assert f"no room    a call of the last wake did not start: {receipt.no_room}" in render_agent_status(
+        agent_status(load_agent(tmp_path / "second")))
+
+
+def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_path, monkeypatch):
+    """The mark of a call in flight is a record lock: it dies with its process, whatever ends it."""
+    import sys
+    from support import REPO
+    monkeypatch.setenv(disk.DISKS_ENV, str(tmp_path))
+    (tmp_path / "a.img").write_bytes(b"")
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                              "from orchestrator.sandbox import disk\n"
+                              "with disk.flight('a'):\n"
+                              "    print('flying', flush=True); time.sleep(600)\n"],
+                             cwd=REPO, env={**os.environ, disk.DISKS_ENV: str(tmp_path)},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "flying\n"
+        assert disk._in_flight("a")
+    finally:
+        child.kill()
+        child.wait(30)
+    assert not disk._in_flight("a")
+    with disk.flight("a"):   # and this process's own mark is seen by itself, counted per call
+        with disk.flight("a"):
+            assert disk._in_flight("a")
+        assert disk._in_flight("a")
+    assert not disk._in_flight("a")
 
 
 # -- whose disk: one per agent folder, whatever its name ---------------------------------

@@ -210,6 +210,7 @@ class Broker:
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
+        self.disk_overcommit = capacity.get("disk_overcommit", disk.OVERCOMMIT)   # thin disks' bound
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._rate_lock = threading.Lock()
         self._rate_at: tuple[float, wire.EngineRate] | None = None     # (when, the rate op's answer)
@@ -350,7 +351,8 @@ class Broker:
             try:
                 made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client,
                                         identity=identity, folder=agent.dir, within=self.root,
-                                        host_folder=self.host_root / name)
+                                        host_folder=self.host_root / name,
+                                        overcommit=self.disk_overcommit)
             except Exception:
                 self._drop_egress(workspace, policy)   # a proxy set up halfway is not left behind
                 raise

@@ -17,6 +17,7 @@ from pathlib import Path
 
 
 from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.sandbox.box import SandboxError
 from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent
 
@@ -272,19 +273,21 @@ caps_workspace_files = Probe(
 
 
 def _caps_all_disks(t: Trial) -> str:
-    """Many agents, each within its own limit, could still fill the host together:
-    ask for one disk larger than what the disks' filesystem can still promise."""
-    from orchestrator.sandbox.disk import DiskError, disks_dir
+    """Many agents, each within its own limit, could still fill the host together. Disks
+    are thin (a size is a promise), so the guard is on writing: nothing writes a disk
+    (its mkfs, then its calls) unless the disks' filesystem has room for the worst case
+    of every call in flight. Ask for one disk larger than that filesystem's free space."""
+    from orchestrator.sandbox.disk import NoRoom, disks_dir
     st = os.statvfs(disks_dir())
     free = st.f_bavail * st.f_frsize
     asked = free + 2**30
     agent = init_agent(t.dir / "greedy")
     try:
         box = t.new_box(replace(t.lab.policy, disk=asked), workspace=agent / "workspace", warm=0)
-    except DiskError as exc:
-        if "no room" not in str(exc):
-            return f"refused for another reason: {exc}"
-        return held(f"a {asked >> 30} GiB disk with {free >> 30} GiB free was refused before it was made")
+    except NoRoom as exc:
+        return held(f"a {asked >> 30} GiB disk with {free >> 30} GiB free was not written (not even made): {exc}")
+    except SandboxError as exc:
+        return f"refused for another reason: {exc}"
     size = os.stat(box.disk.image).st_size if box.disk else 0
     return escaped(f"a {size >> 30} GiB disk was made with {free >> 30} GiB free: "
                    "agents together can fill the host")
@@ -292,7 +295,8 @@ def _caps_all_disks(t: Trial) -> str:
 
 caps_all_disks_together = Probe(
     "caps_all_disks_together", CATEGORY,
-    "no disk is made unless every disk, filled, still fits the host's free space (5% kept)",
+    "nothing writes a disk unless the disks' filesystem has room, beyond 5%, for the worst case of "
+    "every call in flight (a bigger disk than its free space is never even made)",
     _caps_all_disks)
 
 

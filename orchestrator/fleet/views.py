@@ -124,11 +124,13 @@ def disk_record(r: disk.DiskRecord) -> dict:
     """One disk of `wakeloop disk list`, as data (--json)."""
     return {"folder": r.folder, "folder_found": r.folder_found, "image": str(r.image), "key": r.key,
             "size_bytes": r.size, "host_bytes": r.host_bytes, "attached": bool(r.devices),
-            "devices": list(r.devices), "mounted_at": list(r.mounts), "held": r.held, "adopted": r.adopted}
+            "devices": list(r.devices), "mounted_at": list(r.mounts), "held": r.held, "adopted": r.adopted,
+            "in_flight": r.in_flight}
 
 
-def render_disks(records: list, where: Path) -> str:
-    """`wakeloop disk list`: one block per disk, for a person."""
+def render_disks(records: list, where: Path, fs: disk.Filesystem | None = None) -> str:
+    """`wakeloop disk list`: one block per disk, for a person; then what they promise
+    together, what they hold, and what their filesystem `fs` has free."""
     if not records:
         return f"no disks in {where}\n"
     lines = []
@@ -143,10 +145,20 @@ def render_disks(records: list, where: Path) -> str:
             attached = "not attached"
         else:
             mounted = f"mounted at {', '.join(r.mounts)}" if r.mounts else "not mounted here"
-            attached = f"attached as {', '.join(r.devices)}, {mounted}{', in use' if r.held else ''}"
+            attached = (f"attached as {', '.join(r.devices)}, {mounted}{', in use' if r.held else ''}"
+                        f"{', a call running' if r.in_flight else ''}")
         lines += [folder, f"  image {r.image}",
                   f"  {_mib(r.size)} promised, {_mib(r.host_bytes)} held on the host; {attached}"]
+    if fs:
+        promised, used = sum(r.size for r in records), sum(r.host_bytes for r in records)
+        lines.append(f"{len(records)} disk(s) in {where}: {_gib(promised)} promised ({promised / fs.size:.1f}x "
+                     f"the filesystem), {_gib(used)} used; the filesystem has {_gib(fs.free)} free of "
+                     f"{_gib(fs.size)} ({_gib(fs.reserve)} of it a reserve no call may take)")
     return "\n".join(lines) + "\n"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
 
 
 def _render_state(d: dict) -> str:
@@ -206,6 +218,8 @@ def render_agent_status(d: dict) -> str:
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
                  else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
     lines.append(f"  disk         {_render_disk(d['disk'])}")
+    if r and r.get("no_room"):   # the disk guard (sandbox/disk.py) did not start a call of the last wake
+        lines.append(f"    no room    a call of the last wake did not start: {r['no_room']}")
     lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")

@@ -56,8 +56,8 @@ from orchestrator.policy.schema import PolicyError, line_of, parse_yaml
 from orchestrator.records.folder import Folder
 from orchestrator.records.secrets import is_secret, pattern_reaches_secret
 
-EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "daily",
-          "approval")
+EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "no_room",
+          "daily", "approval")
 DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")   # a digest a day is asked for, not assumed
 KINDS = ("webhook", "slack", "email", "command")
 GIVE_UP_AFTER_S = 24 * 3600         # one notification is retried this long, then given up (and shown)

@@ -1,5 +1,5 @@
 """What goes into the queue, and when: a wake's end, a send_message, an approval asked, a wake
-that could not start, a new day.
+that could not start, a call the disk guard did not start, a new day.
 
 Every function here only *queues* (queue.enqueue: a file written
 atomically) and returns at once: delivery is the sender's, later, so a
@@ -110,6 +110,16 @@ def after_wake(agent, receipt) -> None:
         _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,
                 ok=r.status != "dead_letter", reason=r.reason, run_id=r.run_id, wake=r.wake)
     daily(agent.state_dir, agent.name, agent.notify)
+
+
+def no_room(agent, run_id: str, wake: int, reason: str) -> None:
+    """A call the disk guard did not start (sandbox/disk.py): the disks' filesystem lacked room
+    for the worst case of the calls in flight. Once a UTC day per agent, as `blocked`."""
+    if _first_today(agent.state_dir, "no_room"):
+        emit(agent.state_dir, agent.notify, payload(
+            agent.name, "no_room", f"{run_id}/no_room", f"{who(agent.name, agent.dir)}: no room on the disks",
+            f"Wake #{wake}: a call did not start: {reason}\n`wakeloop disk list` shows what the disks "
+            f"promise, hold and have free.", run_id, {"wake": wake, "reason": reason}))
 
 
 def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause_after: int, reason: str) -> None:

@@ -19,7 +19,8 @@ a bigger box, another runtime or image, or a network the user did not allow.
           rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
           max_output_chars: 1000000, max_chars: 100000, ...,  # tools.*, budget.*
           calls: 16, calls_per_agent: 4, agents: 32,   # the broker's own capacity
-          fleet_usd_per_day: 500, fleet_usd_per_month: 5000}   # ROOT/budget.yaml's caps
+          fleet_usd_per_day: 500, fleet_usd_per_month: 5000,   # ROOT/budget.yaml's caps
+          disk_overcommit: 10}                 # the disks' sizes: at most 10x their filesystem
     notify_env: [PAGER_TOKEN, "OPS_*"] # more ${VAR}s notify targets may read (never a secret)
     notify_commands: false             # may an agent.yaml name a `command:` channel
 
@@ -33,12 +34,13 @@ NUMBERS is found by walking the policy's dataclasses (every int and float
 field; schema.py), so a number added to the schema is a key here at once,
 and tests/test_ceiling.py fails until policies/ceiling.yaml bounds it.
 Every key is optional; one left out is not limited, except the broker's
-capacity (max.calls, max.calls_per_agent, max.agents), which has defaults
-(server.py). With max.disk set, `sandbox.disk: none` (no limit) is over
-it; with max.max_usd_per_wake, max_usd_per_day or max_usd_per_month set, 0
-(no cap) is over it. max.fleet_usd_per_day and fleet_usd_per_month bound
-ROOT/budget.yaml (all agents together; policy/fleetbudget.py reads it),
-and are the fleet's caps where there is no such file.
+capacity (max.calls, max.calls_per_agent, max.agents, max.disk_overcommit),
+which has defaults (server.py; sandbox/disk.py's OVERCOMMIT). With max.disk
+set, `sandbox.disk: none` (no limit) is over it; with max.max_usd_per_wake,
+max_usd_per_day or max_usd_per_month set, 0 (no cap) is over it.
+max.fleet_usd_per_day and fleet_usd_per_month bound ROOT/budget.yaml (all
+agents together; policy/fleetbudget.py reads it), and are the fleet's caps
+where there is no such file.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in   # the box's f
 SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
 ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")   # 0 there: "no limit"
 LISTS = ("runtimes", "images", "networks")
-CAPACITY = ("calls", "calls_per_agent", "agents")   # the broker's, not a policy's: server.py enforces them
+CAPACITY = ("calls", "calls_per_agent", "agents", "disk_overcommit")   # the broker's, not a policy's:
+                                                                       # server.py and disk.py enforce them
 FLEET = ("fleet_usd_per_day", "fleet_usd_per_month")   # ROOT/budget.yaml's, all agents together (fleetbudget.py)
 NOTIFY = ("notify_env", "notify_commands")   # notify/config.py's, not the broker's
 KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
@@ -248,7 +251,9 @@ def load_ceiling(path: str | Path) -> Ceiling:
             raise fail(("max", name), f"unknown key; max bounds {', '.join(bounded)}")
         try:
             limits[name] = parse_size(limit) if name in SIZES else _number(limit)
-            if name in CAPACITY and (not isinstance(limit, int) or limit < 1):
+            if name == "disk_overcommit" and limits[name] < 1:   # 1: no overcommit, thick disks
+                raise ValueError(f"expected a number of at least 1 (times the filesystem), got {limit!r}")
+            elif name in CAPACITY[:3] and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:
             raise fail(("max", name), str(exc)) from None

@@ -37,6 +37,7 @@ class SandboxResult:
     duration_ms: int
     container_id: str
     stopped: bool = False           # killed because the fleet was stopped (records/stopswitch.py)
+    no_room: str = ""               # the call did not start: the disks' filesystem lacked room (disk.py)
 
     @property
     def ok(self) -> bool:
@@ -83,3 +84,10 @@ def refused(reason: str) -> SandboxResult:
     """A call answered before any container exists: exit 2, the reason as its output."""
     return SandboxResult(exit_code=2, output=f"refused: {reason}", output_bytes=0, truncated=False,
                          timed_out=False, oom_killed=False, duration_ms=0, container_id="")
+
+
+def no_room(reason: str) -> SandboxResult:
+    """A call the disk guard did not start (disk.flight): refused, and marked so that the wake
+    records it and tells the operator (wake/loop.py)."""
+    return SandboxResult(exit_code=2, output=f"refused: {reason}", output_bytes=0, truncated=False,
+                         timed_out=False, oom_killed=False, duration_ms=0, container_id="", no_room=reason)

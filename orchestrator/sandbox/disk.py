@@ -79,13 +79,33 @@ the last holder closed found the disk held in 2 of 3 tries under forks in a
 loop, and left it mounted; a record lock belongs to the process and is never
 inherited by a child.
 
+Thin disks, and the guard that keeps the host safe: a disk's size is a
+promise, not space set aside (the sizes together may be at most `overcommit`
+times the filesystem that holds them, checked where a disk is made or
+grown). What bounds the host is one invariant, checked before every call
+(flight): a call starts only if the disks' filesystem has room, beyond
+RESERVE, for the worst case of every call in flight on this host, its own
+included, each disk's worst case being its size less the blocks its image
+holds. It is sound because a disk is written only during a call (nothing a
+call starts outlives it: programs.py kills the rest before the call ends)
+or its making (mkfs, which runs as one); as a call writes, the free space
+and its worst case shrink together; and when it ends the disk is synced
+(syncfs) before it stops counting, so what it wrote sits in the image, not
+only in the disk's page cache. In flight is known across processes (a
+CLI's `sandbox exec` and the broker share $WAKELOOP_DISKS): a per-process
+count per disk and a shared POSIX record lock on `KEY.call`, tested under
+ROOM_LOCK, which goes with its process however it ends. A call that cannot
+start waits (bounded) for calls in flight to end, then is refused: NoRoom,
+one line, which engine.py turns into a refused result (box.no_room).
+
 Needs root (losetup, mount) and loop devices. Without them a policy that
 sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
 plain folder with no disk limit, as before. Reading the list needs neither.
 
 Not here: when a box closes (engine.py, broker/server.py), the CLI's
 `disk list|release|rm` (cli.py; rendered by fleet/views.py), the
-workspace's files (files.py).
+workspace's files (files.py), what a wake does with a refused call
+(wake/loop.py, notify/outcomes.py).
 """
 
 from __future__ import annotations
@@ -121,8 +141,13 @@ VIEW_OPTIONS = "nosuid,nodev,noexec,discard"   # ours: nothing on it runs on the
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
 CAP_SYS_RESOURCE = 24                   # linux/capability.h: ext4's online resize asks for it
 TOOL_TIMEOUT_S = 120                    # mkfs -d of a large folder; the rest take milliseconds
-RESERVE = 0.05                          # of the disks' filesystem, never promised to any disk
+RESERVE = 0.05                          # of the disks' filesystem, never left to the calls' worst case
+OVERCOMMIT = 10                         # the disks' sizes together: at most this many times their
+                                        # filesystem's size (the broker's ceiling: max.disk_overcommit)
 ROOM_LOCK = "room.lock"                 # in the disks' directory: one process at a time claims room
+ROOM_WAIT_S = 30.0                      # a call waits this long for calls in flight to end (and their
+                                        # worst case with them) before it is refused
+ROOM_POLL_S = 0.05                      # how often it looks meanwhile
 INDEX = "index.json"                    # in the disks' directory: which folder each disk belongs to
 INDEX_LOCK = "index.lock"               # one process at a time reads-and-writes the index
 INDEX_MAX_BYTES = 16 * 2**20            # ~100k disks; a bigger index is not ours
@@ -208,7 +233,8 @@ def disks_dir(environ=os.environ) -> Path:
 
 
 def path_of(key: str, kind: str) -> Path:
-    """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `use`, `view` (a broker's mount point)."""
+    """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `use`, `call` (calls in flight),
+    `view` (a broker's mount point)."""
     return disks_dir() / f"{key}.{kind}"
 
 
@@ -402,10 +428,11 @@ def unavailable() -> str | None:
 
 
 def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed: Path,
-           view: Path) -> Disk:
+           view: Path, overcommit: float = OVERCOMMIT) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
     is), attached, offered to the engine as a volume and mounted at `view`; held
-    (its `use` lock, shared) until let_go."""
+    (its `use` lock, shared) until let_go. Made or grown only while the disks' sizes
+    together stay within `overcommit` times their filesystem."""
     reason = unavailable()
     if reason:
         raise DiskError(f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
@@ -418,9 +445,9 @@ def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed
         try:
             note = None
             if not image.exists():
-                note = _create(image, size, files, seed)
+                note = _create(image, size, files, seed, overcommit)
             device = _loop(image)
-            note = _grow(image, device, size) or note
+            note = _grow(image, device, size, overcommit) or note
             _volume(client, key, device, image)
             _mount_view(device, view)
         except BaseException:
@@ -432,7 +459,10 @@ def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed
 def let_go(client: docker.DockerClient, held: Disk) -> str | None:
     """This holder is done with the disk: release it if nobody else holds it. Never raises
     (it runs at the end of a command, whatever ended it): the reason it could not, or None."""
-    if held.hold is None or not held.hold.drop():
+    if held.hold is None:
+        return None
+    _settler.wait(held.key)
+    if not held.hold.drop():
         return None
     try:
         release(client, held.key)
@@ -454,6 +484,7 @@ def let_go_all(client: docker.DockerClient, kept: frozenset = frozenset()) -> li
         left = [hold for hold in _holds if hold not in kept]
     problems = []
     for hold in left:
+        _settler.wait(hold.key)
         if hold.drop():
             try:
                 release(client, hold.key)
@@ -482,7 +513,7 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
                 view.rmdir()
             forget(key)
     if delete:   # the lock files last: nobody waits on them now
-        for kind in ("use", "lock"):
+        for kind in ("use", "call", "lock"):
             path_of(key, kind).unlink(missing_ok=True)
     return True
 
@@ -534,6 +565,207 @@ def usage(key: str) -> tuple[int, int] | None:
     return st.st_blocks * 512, st.st_size
 
 
+# -- the guard: a call starts only with room for the worst case of every call in flight ------
+
+class NoRoom(DiskError):
+    """A call that did not start: the disks' filesystem lacks room for its worst case."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """The disks' filesystem as the guard sees it, at one moment under ROOM_LOCK."""
+    free: int            # bytes free to us beyond RESERVE
+    worst: int           # what the disks with calls in flight may still take, this call's own included
+    own: int             # this call's disk's part of `worst`
+    flying: int          # disks with a call in flight, this one included
+
+    @property
+    def enough(self) -> bool:
+        return self.worst <= self.free
+
+
+def room(key: str) -> Room:
+    """Each disk written only during a call can still take its size less the blocks its
+    image holds: the worst case of the disks with calls in flight, anywhere on this host,
+    and of `key`'s, against the filesystem's free space beyond its reserve. Paid by
+    every call: one listing, a lock test per disk that has had a call, a stat per disk in
+    flight (plain strings, no pathlib: 0.7 ms with 100 disks, median, on a loaded
+    2-core machine; bench/thin_disks.py --per-call)."""
+    where = str(disks_dir())
+    st = os.statvfs(where)
+    free = st.f_bavail * st.f_frsize - int(st.f_blocks * st.f_frsize * RESERVE)
+    called = {entry.name[:-5] for entry in os.scandir(where) if entry.name.endswith(".call")}
+    flying = {key} | {k for k in called if k != key and _in_flight(k, where)}
+    worst = {k: _worst(where, k) for k in flying}
+    return Room(free, sum(worst.values()), worst[key], len(flying))
+
+
+def _worst(where: str, key: str) -> int:
+    """What the disk can still take on the host: its size less what its image holds."""
+    for suffix in (".img", ".partial"):   # made, or being made
+        try:
+            st = os.stat(f"{where}/{key}{suffix}")
+        except FileNotFoundError:
+            continue
+        return max(st.st_size - st.st_blocks * 512, 0)
+    return 0
+
+
+@contextmanager
+def flight(key: str, view: Path | None = None, wait_s: float = ROOM_WAIT_S):
+    """One call on `key`'s disk, from the check to its last write settled: it starts
+    only if room(key) is enough, waiting up to `wait_s` for calls in flight to end,
+    else NoRoom (one line). `view`: where the disk is mounted here; the call returns
+    at once, and its disk counts as in flight until the settler has synced it (the
+    box's writes sit in the disk's page cache until then, not yet on the host).
+    Without one (mkfs, which syncs what it wrote), it lands at once."""
+    _take_off(key, wait_s)
+    try:
+        yield
+    finally:
+        if view is None:
+            _land(key)
+        else:
+            _settler.add(key, view)
+
+
+def _take_off(key: str, wait_s: float) -> None:
+    started = time.monotonic()
+    deadline = started + wait_s
+    while True:
+        with _locked(disks_dir() / ROOM_LOCK):   # the check and the mark, one process at a time
+            seen = room(key)
+            if seen.enough:
+                _fly(key)
+                return
+        # Alone it cannot fit: waiting for others to end will not make room.
+        if seen.own > seen.free or time.monotonic() >= deadline:
+            raise NoRoom(_no_room_line(seen, time.monotonic() - started))
+        time.sleep(ROOM_POLL_S)
+
+
+def _no_room_line(seen: Room, waited_s: float) -> str:
+    others = seen.flying - 1
+    return (f"sandbox.disk: this call did not start: the disks' filesystem ({disks_dir()}) has "
+            f"{max(seen.free, 0):,} bytes free beyond its {RESERVE:.0%} reserve, and this disk may still "
+            f"take {seen.own:,}" + (f", the {others} other disk(s) with calls in flight {seen.worst - seen.own:,}"
+                                    f" (waited {waited_s:.1f} s for them)" if others else "")
+            + "; try again later; the operator frees space there, deletes the disks of removed agents "
+              "(`wakeloop disk rm`) or lowers sandbox.disk")
+
+
+_flying: dict[str, tuple[int, int]] = {}   # key -> (the `call` fd, locked shared; calls in this process)
+_flying_lock = threading.Lock()
+
+
+def _fly(key: str) -> None:
+    """Mark a call in flight: a count here; for other processes, a shared POSIX record lock
+    on KEY.call, which goes with the process, however it ends (kill -9 included), and is
+    never inherited by a child (see _Hold)."""
+    with _flying_lock:
+        fd, count = _flying.get(key, (None, 0))
+        if fd is None:
+            fd = os.open(path_of(key, "call"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.lockf(fd, fcntl.LOCK_SH)   # under ROOM_LOCK: no one tests it meanwhile
+        _flying[key] = (fd, count + 1)
+
+
+def _land(key: str) -> None:
+    with _flying_lock:
+        fd, count = _flying.pop(key)
+        if count > 1:
+            _flying[key] = (fd, count - 1)
+        else:
+            os.close(fd)
+
+
+def _in_flight(key: str, where: str | None = None) -> bool:
+    """A call of `key`'s disk in flight in this process or any other, tested without
+    waiting (under ROOM_LOCK: no mark is made meanwhile). As _nobody_holds: only while
+    this process has no lock on the file, whose closing would drop it."""
+    with _flying_lock:
+        if key in _flying:
+            return True
+        try:
+            fd = os.open(f"{where or disks_dir()}/{key}.call", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # EAGAIN or EACCES: another process has a call in flight
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+
+class _Settler:
+    """Syncs a disk once its calls end, off their path (syncfs: 2.6 ms median on this
+    host with nothing to write, more after a write), then lands them. One thread per
+    process while there is work; calls that end during a sync are synced again."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._pending: dict[str, tuple[Path, int]] = {}   # key -> (its view, calls ended, not landed)
+        self._thread: threading.Thread | None = None
+
+    def add(self, key: str, view: Path) -> None:
+        with self._changed:
+            self._pending[key] = (view, self._pending.get(key, (view, 0))[1] + 1)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wakeloop-disk-settler", daemon=True)
+                self._thread.start()
+
+    def wait(self, key: str, timeout_s: float = TOOL_TIMEOUT_S) -> None:
+        """Until the calls of `key` that ended here have landed (before it is let go: a
+        sync in progress holds the mount, which release unmounts)."""
+        with self._changed:
+            self._changed.wait_for(lambda: key not in self._pending, timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                if not self._pending:
+                    self._thread = None
+                    return
+                key, (view, ended) = next(iter(self._pending.items()))
+            try:
+                _sync(view)
+            except Exception:   # landed all the same: the kernel writes it back within ~30 s anyway
+                pass
+            finally:
+                with self._changed:
+                    view, now = self._pending.pop(key)
+                    if now > ended:   # ended during the sync: their writes may be after it
+                        self._pending[key] = (view, now - ended)
+                    for _ in range(ended):
+                        _land(key)
+                    self._changed.notify_all()
+
+
+_settler = _Settler()
+
+
+def settled(key: str) -> None:
+    """Wait until the calls of `key`'s disk that ended in this process no longer count as in flight."""
+    _settler.wait(key)
+
+
+def _sync(view: Path) -> None:
+    """Write the disk's dirty pages to its image (syncfs on its mount), so that the host's
+    free space already counts what the call wrote when the call stops counting."""
+    global _libc_handle
+    _libc_handle = _libc_handle or ctypes.CDLL(None, use_errno=True)
+    try:
+        fd = os.open(view, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return   # not there (a test's planned disk); its writes reach the host within ~30 s anyway
+    try:
+        _libc_handle.syncfs(fd)
+    finally:
+        os.close(fd)
+
+
 # -- what is there: `wakeloop disk list` ---------------------------------------------------
 
 @dataclass(frozen=True)
@@ -549,6 +781,20 @@ class DiskRecord:
     devices: tuple[str, ...]   # loop devices backed by it: attached if any
     mounts: tuple[str, ...]    # where those are mounted (in this namespace)
     held: bool | None        # a wake or a box holds it now (None: cannot tell without root)
+    in_flight: bool | None = None   # a call of it runs now (None: cannot tell without root)
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """The filesystem that holds the disks, as `disk list` shows it."""
+    size: int
+    free: int                # f_bavail: what the disks may still take, the reserve included
+    reserve: int             # RESERVE of it, left out of every call's room
+
+
+def filesystem() -> Filesystem:
+    st = os.statvfs(disks_dir())
+    return Filesystem(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, int(st.f_blocks * st.f_frsize * RESERVE))
 
 
 def survey(root: Path | None = None) -> list[DiskRecord]:
@@ -564,12 +810,13 @@ def survey(root: Path | None = None) -> list[DiskRecord]:
         devices = tuple(sorted(dev for dev, backing in loops.items() if backing == str(image)))
         try:
             holding = held(key) if os.access(disks_dir(), os.W_OK) else None
+            flying = _in_flight(key) if os.access(disks_dir(), os.W_OK) else None
         except OSError:
-            holding = None
+            holding = flying = None
         records.append(DiskRecord(
             key, image, str(found[key]) if key in found else entry.get("folder"), key in found,
             bool(entry.get("adopted")), st.st_size, st.st_blocks * 512, devices,
-            tuple(t for dev in devices for t in _mounts_of(dev)), holding))
+            tuple(t for dev in devices for t in _mounts_of(dev)), holding, flying))
     return records
 
 
@@ -602,21 +849,26 @@ def _loops() -> dict[str, str]:
 
 # -- the steps ------------------------------------------------------------------------
 
-def _create(image: Path, size: int, files: int, seed: Path) -> str | None:
-    """A sparse image holding a copy of `seed`; -m 0: no blocks kept back for root."""
+def _create(image: Path, size: int, files: int, seed: Path, overcommit: float) -> str | None:
+    """A sparse image holding a copy of `seed`; -m 0: no blocks kept back for root.
+    mkfs writes it as a call would: only with room for its worst case (the guard)."""
     fd = os.open(seed, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # never a symlinked folder
+    partial = image.with_suffix(".partial")
     try:
         st = os.fstat(fd)
         entries = os.listdir(fd)
-        partial = image.with_suffix(".partial")
         with _locked(disks_dir() / ROOM_LOCK):   # the check and the claim, one process at a time
-            _check_room(size)
+            _check_promise(size, overcommit)
             with open(partial, "wb") as f:
                 f.truncate(size)
         options = f"nodiscard,lazy_itable_init=1,lazy_journal_init=1,root_owner={st.st_uid}:{st.st_gid}"
-        done = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(files), "-E", options,
-                               "-d", f"/proc/self/fd/{fd}", str(partial)],
-                              pass_fds=(fd,), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+        with flight(image.stem):   # mkfs fsyncs what it wrote before it exits: nothing left to settle
+            done = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(files), "-E", options,
+                                   "-d", f"/proc/self/fd/{fd}", str(partial)],
+                                  pass_fds=(fd,), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     finally:
         os.close(fd)
     if done.returncode != 0:
@@ -632,25 +884,32 @@ def _create(image: Path, size: int, files: int, seed: Path) -> str | None:
             "own copy is no longer used (beneath the disk's mount if it is mounted there)") if entries else None
 
 
-def _check_room(more: int) -> None:
-    """Sparse images take host blocks only as the box writes: refuse `more` bytes
-    of disk unless every disk here, filled to its size, would still fit in the
-    filesystem that holds them (less RESERVE), so agents together cannot fill it."""
+def _check_promise(more: int, overcommit: float) -> None:
+    """Thin disks: a disk's size is a promise, not space set aside (the guard keeps the
+    host safe, call by call). Refuse `more` bytes of promise only past `overcommit`
+    times the filesystem's size, the disks' sizes together."""
     st = os.statvfs(disks_dir())
-    room = st.f_bavail * st.f_frsize - int(st.f_blocks * st.f_frsize * RESERVE)
-    promised = 0
+    bound = int(st.f_blocks * st.f_frsize * overcommit)
+    promised = sum(size for size, _ in _images().values())
+    if more + promised > bound:
+        raise DiskError(f"sandbox.disk: no promise of {more:,} more bytes of disk in {disks_dir()}: its "
+                        f"{len(_images())} disk(s) have {promised:,} promised, and at most {overcommit:g}× "
+                        f"its filesystem's {st.f_blocks * st.f_frsize:,} bytes ({bound:,}) may be (the "
+                        "ceiling's max.disk_overcommit); lower sandbox.disk, delete the disks of agents you "
+                        "removed (`wakeloop disk list`, then `wakeloop disk rm`), or give WAKELOOP_DISKS a "
+                        "bigger filesystem")
+
+
+def _images() -> dict[str, tuple[int, int]]:
+    """key -> (size, bytes held on the host) of every image here, those being made included."""
+    out = {}
     for image in [*disks_dir().glob("*.img"), *disks_dir().glob("*.partial")]:
         try:
-            held = image.stat()
+            st = image.stat()
         except FileNotFoundError:
-            continue   # released meanwhile
-        promised += max(held.st_size - held.st_blocks * 512, 0)
-    if more + promised > room:
-        raise DiskError(f"sandbox.disk: no room for {more:,} more bytes of disk in {disks_dir()}: its "
-                        f"filesystem has {max(room, 0):,} free beyond its {RESERVE:.0%} reserve, and its "
-                        f"{len(keys())} disk(s) may still take {promised:,} of them as they fill; lower "
-                        "sandbox.disk, delete the disks of agents you removed (`wakeloop disk list`, then "
-                        "`wakeloop disk rm`), or give WAKELOOP_DISKS a bigger filesystem")
+            continue   # released or renamed meanwhile
+        out[image.stem] = (st.st_size, st.st_blocks * 512)
+    return out
 
 
 def _loop(image: Path) -> str:
@@ -658,7 +917,7 @@ def _loop(image: Path) -> str:
     return _tool("losetup", "--nooverlap", "--find", "--show", str(image)).strip()
 
 
-def _grow(image: Path, device: str, size: int) -> str | None:
+def _grow(image: Path, device: str, size: int, overcommit: float) -> str | None:
     """A policy that asks for more: grow the mounted filesystem in place (ext4's online
     resize, which needs CAP_SYS_RESOURCE). Less, or no such capability: say so."""
     have = image.stat().st_size
@@ -670,7 +929,7 @@ def _grow(image: Path, device: str, size: int) -> str | None:
                 f"needs CAP_SYS_RESOURCE, which this process lacks; {anew}")
     if size > have:
         with _locked(disks_dir() / ROOM_LOCK):
-            _check_room(size - have)
+            _check_promise(size - have, overcommit)
             os.truncate(image, size)
         _tool("losetup", "--set-capacity", device)
         _tool("resize2fs", device)

@@ -39,7 +39,7 @@ from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, 
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.files import HostFiles
-from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, refused
+from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
@@ -166,7 +166,8 @@ class DockerSandbox:
                  run_id: str | None = None, client: docker.DockerClient | None = None,
                  warm: int | None = None, host_path: Path | None = None, private_view: bool = False,
                  attach: bool = True, folder: Path | None = None, host_folder: Path | None = None,
-                 within: Path | None = None, identity: disk.Identity | None = None):
+                 within: Path | None = None, identity: disk.Identity | None = None,
+                 overcommit: float = disk.OVERCOMMIT):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
         workspace's parent), by its identity (disk.py); `host_folder` is where the host
@@ -176,7 +177,9 @@ class DockerSandbox:
         `private_view` (the broker, whose workspace folders the orchestrator can
         rename) at a path of its own. `attach=False` plans the disk without
         making or mounting it (`policy explain`). close() lets go of the disk: it is
-        released (unmounted, detached; the image kept) unless another holder has it."""
+        released (unmounted, detached; the image kept) unless another holder has it.
+        `overcommit`: the disks' sizes together stay within this many times their
+        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise)."""
         self._given_workspace = Path(workspace).absolute()
         self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
@@ -192,6 +195,7 @@ class DockerSandbox:
         self._host_folder = host_folder or self.folder
         self._within = within
         self.identity = identity
+        self._overcommit = overcommit
         self.pool = None
         self.release_problem: str | None = None     # why close() could not release the disk
         self.disk = self._attach_disk(policy, attach)
@@ -263,7 +267,7 @@ class DockerSandbox:
                          host_folder=self._host_folder, within=self._within, identity=self.identity)
         view = disk.path_of(key, "view") if self._private_view else self.workspace
         made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
-                           seed=self.workspace, view=view)
+                           seed=self.workspace, view=view, overcommit=self._overcommit)
         if made.note:
             self.warning = "; ".join(filter(None, (self.warning, made.note)))
         return made
@@ -379,6 +383,16 @@ class DockerSandbox:
         halted = stopswitch.read(self.root)
         if halted is not None:   # no call starts while the fleet is stopped
             return refused(halted.describe())
+        if not (self.disk and self.disk.hold):   # a folder (no disk limit), or a planned disk
+            return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
+        try:   # thin disks: a call starts only with room for the worst case of every call in flight
+            with disk.flight(self.disk.key, self.disk.view, min(disk.ROOM_WAIT_S, timeout_s)):
+                return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
+        except disk.NoRoom as exc:
+            return no_room(str(exc))
+
+    def _run_call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
+                  workdir: str, command_env: dict[str, str] | None) -> SandboxResult:
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
         send: bytes | None

@@ -139,6 +139,7 @@ class Receipt:
     usd: float | None = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
     task: str = ""                  # the task this wake claimed (tasks.py), if any
     messages_waiting: int = 0       # a dry run: the human's messages left for the first live wake
+    no_room: str = ""               # the last call the disk guard did not start this wake, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -251,6 +252,7 @@ class _Wake:
         self.transcribed = 0            # messages[:transcribed] are in the transcript already
         self.messages_sent = 0          # send_message calls: each notification's id names its number
         self.waiting = 0                # a dry run: the human's messages it left in the inbox
+        self.no_room = ""               # the last call the disk guard did not start (sandbox/disk.py)
 
     @property
     def tokens(self) -> int:
@@ -513,6 +515,8 @@ class _Wake:
                     span.result(result.text, result.is_error, result.detail)
             if result.denied:
                 self.events.emit("policy_denied", step=self.steps, tool=name, reason=result.denied)
+            if result.detail.get("no_room"):
+                self._no_room(result.detail["no_room"])
             self.events.emit("tool_result", step=self.steps, id=call["id"], tool=name,
                              is_error=result.is_error, result_chars=len(result.text),
                              **({"denied": True} if result.denied else {}), **result.detail)
@@ -546,6 +550,16 @@ class _Wake:
         self.events.emit("stopped", who=halted.who, at=halted.at, why=halted.why, steps=self.steps)
         self.say(f"stopped: {halted.describe()}")
         return "stopped", halted.describe()
+
+    def _no_room(self, reason: str) -> None:
+        """A call the disk guard did not start (sandbox/disk.py): the model has the line as its
+        result; the first of the wake is an event, and the operator is told (once a day)."""
+        first = not self.no_room
+        self.no_room = reason
+        if first:
+            self.events.emit("disk_no_room", step=self.steps, reason=reason)
+            self.say(f"disk: {reason}")
+            self._notify(outcomes.no_room, self.agent, self.run_id, self.wake_no, reason)
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
         self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
@@ -605,7 +619,7 @@ class _Wake:
                        started_at=self.started_at,
                        usd=None if self.meter.billed and self.meter.price is None else round(self.meter.usd, 6),
                        task=task.id if (task := getattr(self, "task", None)) else "",
-                       messages_waiting=self.waiting)
+                       messages_waiting=self.waiting, no_room=self.no_room)
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:

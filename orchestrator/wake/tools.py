@@ -230,4 +230,6 @@ def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
               "bytes": result.output_bytes, "truncated": result.truncated,
               "timed_out": result.timed_out, "oom_killed": result.oom_killed,
               "container_id": result.container_id, **({"stopped": True} if result.stopped else {})}
+    if result.no_room:   # the disk guard did not start it: the wake records it and tells the operator
+        return ToolResult(text=result.for_model(), is_error=True, detail=detail | {"no_room": result.no_room})
     return ToolResult(text=result.for_model(), is_error=error_on_fail and not result.ok, detail=detail)
