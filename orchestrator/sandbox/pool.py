@@ -16,7 +16,7 @@ second, and stops making any once the wake says no more calls are coming
 (wind_down: the model's turn ended without a tool call, or the step cap); a
 make queued before that and not yet begun is then dropped if the one call
 still to come (the journal's stub) has a container ready or coming. A call that found nothing ready (it waited for a refill, or
-went cold) grows the pool for the rest of its wake, one more ahead up to
+went cold; not the wake's first call, which waits for the first fill) grows the pool for the rest of its wake, one more ahead up to
 the policy's `pool`, so the next refill is hidden behind a model turn; but
 not when the engine is what is slow (a loaded engine, or one other wakes'
 pools share, is not made faster by asking it for more), which is when a
@@ -186,6 +186,7 @@ class WarmPool:
         self._waiting = 0               # takes waiting for a make
         self._last_s = 0.0              # the latest make's duration
         self.waits = 0                  # takes that found nothing ready (waited, or went cold)
+        self._refilled = False          # a take since the wake began: what is made now is a refill
         self.pace.joined(self)
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
                                          name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
@@ -219,7 +220,9 @@ class WarmPool:
         with self._changed:
             if not self._ready:
                 self.waits += 1
-                self._grow_or_shrink()
+                if self._refilled:   # a wake's first call waits for its first fill: that is no refill
+                    self._grow_or_shrink()
+            self._refilled = True
             self._waiting += 1
             try:
                 self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
@@ -248,6 +251,7 @@ class WarmPool:
         """A wake starts on a pool kept from the last (the broker's): one ahead again."""
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
+            self._refilled = False
         self._refill()
 
     def discard(self, cid: str) -> None:
