@@ -38,6 +38,8 @@ class Paced:
     mean_ms: float          # the whole wake less every wait, divided by the calls (start-up,
                             # the first cold calls and the journal stub's call included)
     cold: int               # calls that found the pool empty and made their container
+    waited: int | None      # calls that found nothing ready (waited for a refill, or cold);
+                            # None: the code measured does not count them (an older checkout)
     in_box: Stats           # of which inside DockerSandbox.run/write (its duration_ms)
 
 
@@ -55,6 +57,7 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
         with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name) as box:
             misses = count_misses(box)
             receipt = wake(agent, live=True, sandbox=box)
+            waited = getattr(box.pool, "waits", None)
         whole = time.perf_counter() - started
     check_receipt(receipt, name)
     if receipt.tool_calls != calls:
@@ -63,7 +66,7 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
     in_box = [e.data["duration_ms"] for e in read_events(agent.state_dir / EVENTS_FILE)
               if e.type == "tool_result" and "duration_ms" in e.data]
     return Paced(stats(script.gaps_ms()), (whole - sum(script.held)) * 1000 / calls, misses[0],
-                 stats(in_box))
+                 waited, stats(in_box))
 
 
 def fill(workspace: Path, files: int, per_folder: int = 100) -> None:

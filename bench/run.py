@@ -44,8 +44,9 @@ CALLS = 30                  # calls per measured method (medians and p90 need a 
 AGENTS = 20                 # agents due at once in the scale run
 WORKSPACE_FILES = 1000      # files in the paced wakes' workspaces: a working agent's, not an empty one
 
-# Targets from issue 7.
-MAX_X_EXEC = 1.3            # a pooled call at most this many times a docker exec
+# Targets from issue 7, and issue 26's per-call bar (p50 and p90 alike).
+MAX_X_EXEC = 1.3            # a pooled call at most this many times a docker exec (the disk rows)
+CALL_X_EXEC = {"runc": 0.6, "runsc": 1.0}   # a paced call / a warm docker exec, per runtime
 MIN_X_RUN = 3.0             # and at least this many times faster than docker run --rm
 MAX_OVERHEAD_MS = 5.0       # orchestrator overhead per step, median
 MIN_CACHE_SAVING = 0.70     # input-token cost saved by prompt caching
@@ -54,7 +55,7 @@ MAX_RSS_MB = 150            # the orchestrator's peak RSS serving AGENTS agents
 
 def measure(tmp: Path, runtime: str, calls: int, agents: int, files: int = WORKSPACE_FILES,
             only_calls: bool = False) -> dict:
-    out: dict = {"load": os.getloadavg()[0]}
+    out: dict = {"load": os.getloadavg()[0], "runtime": runtime}
     agent = make_agent(tmp / "ref", {"sandbox": {"runtime": runtime}})
     ref_box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench-ref", warm=0)
     ref = Reference(ref_box)
@@ -107,16 +108,18 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
                                        ("write_file 1 KiB", r["write"], r["exec_write"], r["run_write"])):
         x_exec = paced.per_call.median / exec_s.median
         x_exec90 = paced.per_call.p90 / exec_s.p90
+        bar = CALL_X_EXEC.get(r["runtime"], MAX_X_EXEC)
         x_run = run_s.median / paced.per_call.median
         rows += [
             (f"{tool}: wakeloop call at agent pace", "",
-             f"{paced.per_call.cell()}, {paced.cold}/{paced.per_call.n} cold"),
+             f"{paced.per_call.cell()}, {paced.cold}/{paced.per_call.n} cold, "
+             f"{'?' if paced.waited is None else paced.waited} waited"),
             ("  of which inside the sandbox call", "", paced.in_box.cell()),
             ("  whole wake less the waits, per call", "", f"{paced.mean_ms:.0f} ms mean"),
             (f"{tool}: docker exec into a warm container", "", exec_s.cell()),
             (f"{tool}: docker run --rm", "", run_s.cell()),
-            ("  call / exec", f"<= {MAX_X_EXEC}x", ratio(x_exec, x_exec <= MAX_X_EXEC)),
-            ("  call / exec, p90 / p90", "", f"{x_exec90:.2f}x"),
+            ("  call / exec", "<= 0.6x runc, 1.0x runsc", ratio(x_exec, x_exec <= bar)),
+            ("  call / exec, p90 / p90", "<= 0.6x runc, 1.0x runsc", ratio(x_exec90, x_exec90 <= bar)),
             ("  docker run / call", f">= {MIN_X_RUN:g}x", ratio(x_run, x_run >= MIN_X_RUN)),
         ]
     if "disk" not in r:   # --only-calls

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
 
+import support
 from orchestrator.sandbox.engine import LABEL
 
 DEADLINE = 30
@@ -193,3 +195,64 @@ def test_a_command_that_leaves_stdout_nonblocking_still_ends_cleanly(make_sandbo
     wait_until_ready(box, 1)
     result = run(box, "python3 -c 'import os; os.set_blocking(1, False)'; echo done; exit 6")
     assert (result.output, result.exit_code, result.timed_out) == ("done\n", 6, False)
+
+
+# -- the pool grows to hide its refills (issue 26) ------------------------------------
+
+class HeldMakes:
+    """Stands between the pool and the engine: counts the makes begun, and holds each
+    at the door until the test opens it, so that "a call comes before its refill is
+    made" is a promise here, not a race the engine may win."""
+
+    def __init__(self, pool):
+        self.make, self.begun, self.door = pool._make, 0, threading.Event()
+        pool._make = self
+
+    def __call__(self) -> str:
+        self.begun += 1
+        assert self.door.wait(DEADLINE), "the test never let the make through"
+        return self.make()
+
+
+def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits_less(
+        make_sandbox, monkeypatch):
+    from orchestrator.sandbox import engine, pool as pool_module
+    from orchestrator.sandbox.pool import MakePace
+    # This wake alone on the engine (other tests' pools and makes are not part of
+    # it), and a shared machine's makes may vary more than LOADED_X: what is under
+    # test is the growth, not the engine's load.
+    monkeypatch.setattr(engine, "_pace", lambda client, runtime: MakePace())
+    monkeypatch.setattr(pool_module, "LOADED_X", float("inf"))
+    box = make_sandbox(warm=2)
+    pool = box.pool
+    wait_until_ready(box, 1)
+    assert pool.want == 1
+    makes = HeldMakes(pool)
+    takes, take = [], pool.take
+    pool.take = lambda: takes.append(bool(cid := take())) or cid
+
+    # A turn of two tool calls: the second comes while the first's refill is still held.
+    assert run(box, "true").exit_code == 0
+    second = threading.Thread(target=lambda: run(box, "true"))
+    second.start()
+    support.wait_for(lambda: pool.waits == 1, "the second call waiting for a refill", DEADLINE)
+    assert pool.want == 2, "a call that waited for a refill grows the pool"
+    makes.door.set()
+    second.join(DEADLINE)
+    assert not second.is_alive()
+
+    # The model's next turn outlasts two refills: the same two calls now wait for none.
+    wait_until_ready(box, 2)
+    for _ in range(2):
+        assert run(box, "true").exit_code == 0
+    assert pool.waits == 1 and pool.want == 2
+
+    # The wake winds down: the journal's stub takes a container already made or being
+    # made, and what its end leaves unused is at most the one more the grown pool
+    # kept ahead (a make not yet begun at wind_down is dropped).
+    pool.wind_down()
+    assert run(box, "true").exit_code == 0
+    box.close()
+    calls, made = 5, 1 + makes.begun
+    assert pool.waits <= 2 and made - calls <= 1, f"{made} containers for {calls} calls"
+    assert takes == [True] * calls, "no call went cold"

@@ -35,7 +35,7 @@ from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
-                                           carried, command_argv, guarded, write_argv)
+                                           READY_LINE, carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.files import HostFiles
@@ -44,6 +44,8 @@ from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, Sand
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
 KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
+LAUNCHER_UP_S = 30                  # a warm container's launcher to say it listens
+                                    # (two interpreters under a loaded gVisor)
 # Connections the shared client keeps per URL. The SDK makes a pool per URL (so
 # per container: start, wait, inspect, delete) and keeps the 25 most recent, each
 # with its idle connections, closing the rest as they are evicted: serve's sockets
@@ -210,6 +212,7 @@ class DockerSandbox:
             self.close()   # the disk attached above is let go
             raise
         self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
+        self._attached: dict = {}   # warm container -> the socket attached to it since before its start
         size = policy.pool if warm is None else warm
         self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
                              alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
@@ -429,12 +432,17 @@ class DockerSandbox:
 
     def _make_warm(self) -> str:
         """A started container idling in the launcher; same settings as a cold call.
+        Attached before its start and kept attached until its call, which thus pays
+        for no attach, and made only once its launcher says it listens (programs.py).
         Its memory cgroup's OOM count is found now, off any call's path and before
         the box holds any command of the agent's (oom.py)."""
         cid = self._create(LAUNCH_ARGV, "pool", True, WORKSPACE)
         try:
+            sock = self.client.api.attach_socket(cid, params=ATTACH_PARAMS)
+            self._attached[cid] = sock
             self.client.api.start(cid)
-        except docker.errors.DockerException:
+            _await_line(self.client.api, cid, sock, READY_LINE)
+        except (docker.errors.DockerException, OSError, SandboxError):
             self._remove(cid)
             raise
         self._oom_files[cid] = self._oom_file(cid)
@@ -458,8 +466,8 @@ class DockerSandbox:
         `hold`: a cold call whose guard waits, its command over, until the host has
         read the box's OOM count and closed its stdin (programs.py's GUARD)."""
         api = self.client.api
-        params = {"stdin": int(stdin is not None or hold), "stdout": 1, "stderr": 1, "stream": 1}
-        sock = api.attach_socket(cid, params=params)
+        params = {**ATTACH_PARAMS, "stdin": int(stdin is not None or hold)}
+        sock = self._attached.pop(cid, None) or api.attach_socket(cid, params=params)
         raw = getattr(sock, "_sock", sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
         deadline = _Deadline(api, cid, raw, timeout_s, halted=lambda: stopswitch.is_stopped(self.root))
@@ -562,6 +570,11 @@ class DockerSandbox:
 
     def _remove(self, cid: str) -> None:
         self._oom_files.pop(cid, None)
+        sock = self._attached.pop(cid, None)
+        if sock is not None:    # an idle warm container's: both objects, as _attach_and_wait closes them
+            raw = getattr(sock, "_sock", sock)
+            sock.close()
+            raw.close()
         try:
             self.client.api.remove_container(cid, force=True)
             metrics.container_removed(cid)
@@ -581,6 +594,26 @@ class DockerSandbox:
         for cid in stale:
             self._remove(cid)
         return len(stale)
+
+
+ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+
+
+def _await_line(api, cid: str, sock, line: bytes) -> None:
+    """Read the attached stream up to `line`, the container's first output; a box that
+    says anything else, ends, or says nothing for LAUNCHER_UP_S is not made."""
+    deadline = _Deadline(api, cid, getattr(sock, "_sock", sock), LAUNCHER_UP_S)
+    deadline.start()
+    seen = b""
+    try:
+        for _stream, data in frames_iter(sock, tty=False):
+            seen += data
+            if not line.startswith(seen[:len(line)]) or seen == line:
+                break
+    finally:
+        deadline.cancel()
+    if seen != line:
+        raise SandboxError(f"the pool's launcher said {seen[:200]!r}, not that it listens")
 
 
 class _Deadline:

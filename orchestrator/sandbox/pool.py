@@ -10,13 +10,20 @@ in /tmp, no process and no state carries over.
 
 No container made in vain: a warm container nobody takes is removed unused,
 and on a busy host that is engine time another agent's call needed. So the
-pool keeps one ahead (a model turn, 0.3 s or more, outlasts a refill), grows
-toward the policy's `pool` only while calls come faster than a refill and
-the engine is not what is slow (a loaded engine, or one other wakes' pools
-are filling too, is not made faster by asking it for more), waits for a
-container already being made rather than starting a second, and stops
-making any once the wake says no more calls are coming (wind_down: the
-model's turn ended without a tool call, or the step cap).
+pool keeps one ahead (a model turn, 0.3 s or more, usually outlasts a
+refill), waits for a container already being made rather than starting a
+second, and stops making any once the wake says no more calls are coming
+(wind_down: the model's turn ended without a tool call, or the step cap); a
+make queued before that and not yet begun is then dropped if the one call
+still to come (the journal's stub) has a container ready or coming. A
+call that found nothing ready (it waited for a refill, or went cold; not
+the wake's first call, which waits for the first fill) grows the pool for
+the rest of its wake, one more ahead up to the policy's `pool`, so the next refill is hidden behind a model turn; but
+not when the engine is what is slow (a loaded engine, or one other wakes'
+pools share, is not made faster by asking it for more), which is when a
+surplus would cost another agent's call. A grown pool may end its wake with
+one more idle than the journal's stub takes: the price of hiding refills on
+an engine nobody else is waiting for.
 
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
@@ -29,6 +36,7 @@ import json
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -113,7 +121,16 @@ class MakePace:
     def __init__(self):
         self.fastest_s = float("inf")
         self.making = 0
+        self._pools: weakref.WeakSet = weakref.WeakSet()   # the open pools sharing this engine
         self._lock = threading.Lock()
+
+    def joined(self, pool: "WarmPool") -> None:
+        with self._lock:
+            self._pools.add(pool)
+
+    def left(self, pool: "WarmPool") -> None:
+        with self._lock:
+            self._pools.discard(pool)
 
     def started(self) -> None:
         with self._lock:
@@ -125,11 +142,15 @@ class MakePace:
             if seconds is not None:
                 self.fastest_s = min(self.fastest_s, seconds)
 
-    def loaded(self, seconds: float, mine: int) -> bool:
+    def loaded(self, seconds: float, mine: int, pool: "WarmPool | None" = None) -> bool:
         """Whether the engine, not this pool's size, is what makes its refills late:
-        the last make was LOADED_X times the fastest, or other pools are making too
-        (more ahead here would only compete with their calls for the engine)."""
-        return seconds > LOADED_X * self.fastest_s or self.making > mine
+        the last make was LOADED_X times the fastest, or other pools are making too,
+        or another wake's pool is open on it (a fleet: more ahead here would only
+        compete with their calls for the engine, and a surplus is a call of theirs)."""
+        with self._lock:
+            others = [p for p in self._pools if p is not pool]
+        return (seconds > LOADED_X * self.fastest_s or self.making > mine
+                or any(other.want > 0 for other in others))
 
 
 @dataclass(frozen=True)
@@ -161,9 +182,13 @@ class WarmPool:
         self._makes: queue.Queue = queue.Queue()
         self._trash: queue.Queue = queue.Queue()
         self._closed = False
-        self._making = 0
+        self._making = 0                # makes queued or begun
+        self._begun = 0                 # of which begun (a queued one may yet be dropped)
+        self._waiting = 0               # takes waiting for a make
         self._last_s = 0.0              # the latest make's duration
-        self._last_take = float("-inf")
+        self.waits = 0                  # takes that found nothing ready (waited, or went cold)
+        self._refilled = False          # a take since the wake began: what is made now is a refill
+        self.pace.joined(self)
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
                                          name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
         self._threads = [*self._makers,
@@ -194,21 +219,28 @@ class WarmPool:
 
     def _next(self) -> _Warm | None:
         with self._changed:
-            now = time.monotonic()
             if not self._ready:
-                self._grow_or_shrink(now - self._last_take)
-            self._last_take = now
-            self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
+                self.waits += 1
+                if self._refilled:   # a wake's first call waits for its first fill: that is no refill
+                    self._grow_or_shrink()
+            self._refilled = True
+            self._waiting += 1
+            try:
+                self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
+            finally:
+                self._waiting -= 1
             return self._ready.pop(0) if self._ready else None
 
-    def _grow_or_shrink(self, since_last_take: float) -> None:
-        """Lock held, at a take that found nothing ready. Calls coming faster than a
-        refill want one more ahead; but if refills are slow because the engine is
-        loaded, more ahead only queues more work there: one fewer."""
-        if self.pace.loaded(self._last_s, self._making):
+    def _grow_or_shrink(self) -> None:
+        """Lock held, at a take that found nothing ready: this call waits for a refill
+        (or goes cold), so one more ahead would have hidden it. But if refills are
+        slow because the engine is loaded, more ahead only queues more work there:
+        one fewer."""
+        if self.pace.loaded(self._last_s, self._making, self):
             self.want = max(min(AHEAD, self.size), self.want - 1) if self.want else 0
-        elif self.want and since_last_take < self._last_s:
+        elif self.want:
             self.want = min(self.size, self.want + 1)
+            self._queue_missing()   # the one more begins now, beside the one this call waits for
 
     def wind_down(self) -> None:
         """No more calls are expected but perhaps one (the journal's stub): make no more.
@@ -220,6 +252,7 @@ class WarmPool:
         """A wake starts on a pool kept from the last (the broker's): one ahead again."""
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
+            self._refilled = False
         self._refill()
 
     def discard(self, cid: str) -> None:
@@ -247,6 +280,7 @@ class WarmPool:
         self._trash.put(_STOP)  # after the removals queued above: they run first
         for thread in self._threads:
             thread.join()
+        self.pace.left(self)
 
     def idle(self) -> list[str]:
         with self._lock:
@@ -259,9 +293,13 @@ class WarmPool:
 
     def _refill(self) -> None:
         with self._lock:
-            missing = 0 if self._closed else self.want - len(self._ready) - self._making
-            self._making += max(missing, 0)
-        for _ in range(max(missing, 0)):
+            self._queue_missing()
+
+    def _queue_missing(self) -> None:
+        """Lock held: queue the makes that bring what is ready or coming up to `want`."""
+        missing = 0 if self._closed else self.want - len(self._ready) - self._making
+        for _ in range(missing):
+            self._making += 1
             self._makes.put(None)
 
     @staticmethod
@@ -276,7 +314,19 @@ class WarmPool:
         except Exception:
             pass  # the container is labelled: the next wake's cleanup_leftovers finds it
 
+    def _wanted(self) -> bool:
+        """Lock held, as a queued make is about to begin: whether a call would take it.
+        The wake may have wound down since it was queued; one call (its journal's
+        stub) may still come, and takes already waiting will."""
+        return not self._closed and len(self._ready) + self._begun < max(self.want, self._waiting, 1)
+
     def _make_one(self, _job=None) -> None:
+        with self._changed:
+            if not self._wanted():
+                self._making -= 1
+                self._changed.notify_all()   # a waiting take: none coming
+                return
+            self._begun += 1
         key, started = self._key(), time.monotonic()
         self.pace.started()
         try:
@@ -287,6 +337,7 @@ class WarmPool:
         self.pace.finished(took)
         with self._lock:
             self._making -= 1
+            self._begun -= 1
             if took is not None:
                 self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()

@@ -156,14 +156,22 @@ def carried(env: dict[str, str]) -> str:
 
 
 # Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
-# (boot() says why), which it pops before the command. It reads an 8-byte
+# (boot() says why), which it pops before the command. Once it listens for its
+# handoff it prints READY_LINE, which the host (attached since before the
+# start) reads while making the container: so a container the pool hands out
+# has its two interpreters (guard, launcher) already up, which under gVisor is
+# 0.1-0.3 s a call would otherwise wait for. It then reads an 8-byte
 # length and that many bytes of JSON {argv, cwd, stdin, env, end} from fd 0 with
 # os.read, which never reads past what it asks for: whatever follows on stdin
 # is left for the command (write_file's content). Without stdin the command
 # gets /dev/null, as a cold call's does; its stderr joins its stdout. As the
 # guard does, it runs argv[0] by absolute path only, under `env` and its own
 # name when the handoff has an env (the agent's command), else under its own
-# environment (the write script).
+# environment (the write script). The command is started with vfork (Popen with
+# close_fds, which takes _posixsubprocess's vfork path; posix_spawn's clone3 gets
+# EPERM, not ENOSYS, under gVisor's seccomp): a fork copies the launcher's address
+# space first, which gVisor's sentry does slowly (45 against 25 ms for `bash -c
+# true`, measured in a runsc box).
 #
 # The launcher stays as the command's parent and, when the command exits,
 # writes its status on stdout after the command's last byte: the caller then
@@ -177,7 +185,7 @@ def carried(env: dict[str, str]) -> str:
 # count is the container's own cgroup's (read-only in the box); "?" where the
 # runtime shows no such count (gVisor), and the host reads it instead (oom.py).
 LAUNCHER = r"""
-import ctypes, json, os
+import ctypes, json, os, subprocess
 if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
     os._exit(125)
 def read_exact(n):
@@ -198,23 +206,21 @@ def ooms():
         except (OSError, ValueError):
             pass
     return "?"
+os.write(1, b"\0wakeloop:ready\n")
 spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
 os.chdir(spec["cwd"])
-pid = os.fork()   # not posix_spawn: its clone3 gets EPERM, not ENOSYS, under gVisor's seccomp
-if pid == 0:
+argv, env = spec["argv"], spec["env"]
+if argv[0].startswith("/"):
     try:
-        os.dup2(1, 2)
-        if not spec["stdin"]:
-            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        if spec["argv"][0].startswith("/"):
-            if spec["env"] is None:
-                os.execv(spec["argv"][0], spec["argv"])
-            os.execve(spec["argv"][0], [os.path.basename(spec["argv"][0]), *spec["argv"][1:]], spec["env"])
-        os.write(2, b"wakeloop: not an absolute path: %s\n" % spec["argv"][0].encode())
-    finally:
-        os._exit(127)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-code = 128 - code if code < 0 else code
+        code = subprocess.Popen([argv[0] if env is None else os.path.basename(argv[0]), *argv[1:]],
+                                executable=argv[0], env=env, stdin=None if spec["stdin"] else subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT, close_fds=True, restore_signals=False).wait()
+    except OSError:
+        code = 127
+    code = 128 - code if code < 0 else code
+else:
+    os.write(1, b"wakeloop: not an absolute path: %s\n" % argv[0].encode())
+    code = 127
 try:
     os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
 except ProcessLookupError:
@@ -224,6 +230,7 @@ os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().enc
 """
 
 LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
+READY_LINE = b"\0wakeloop:ready\n"   # the launcher's first output: it is listening for its handoff
 LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 
 
