@@ -276,3 +276,44 @@ def test_told_approvals_are_pruned_after_keep_days_and_open_ones_are_capped(agen
         assert approvals.ask(sd, "bash", {"command": f"git push {n}"}, "r", "", "run3", 3600).new
     refused = approvals.ask(sd, "bash", {"command": "git push more"}, "r", "", "run3", 3600)
     assert refused.approval is None and f"at most {approvals.MAX_OPEN}" in refused.refusal
+
+
+def test_a_malformed_approval_file_is_not_an_approval_and_breaks_nothing(agent_dir, capsys):
+    """state/ is the folder owner's to write: a planted file with a bad time or a field of another
+    type is left out of every list, never a traceback in a wake, the CLI or the console."""
+    sd = agent_dir / "state"
+    good = approvals.ask(sd, "bash", {"command": "git push"}, "r", "", "run0", 3600).approval
+    for n, bad in enumerate(({"expires": "garbage"}, {"created": 7}, {"expires": "2026-01-01T00:00:00"},
+                             {"words": ["a list"]}, {"extra": "not a dict"})):
+        planted = {**json.loads((sd / "approvals" / f"{good.id}.json").read_text()), **bad,
+                   "id": f"a-0000000{n}"}
+        (sd / "approvals" / f"a-0000000{n}.json").write_text(json.dumps(planted))
+    assert [a.id for a in approvals.load_all(sd)] == [good.id]
+    assert [a.id for a in approvals.take(sd, "run1", frozenset({"bash"}))] == []    # pending: nothing to tell
+    code, out, _ = cli(capsys, "approvals", str(agent_dir.parent), "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == [good.id]
+
+
+def test_an_approved_call_is_kept_for_a_later_wake_while_the_fleet_is_stopped(agent_dir):
+    from orchestrator.wake.approval_gate import Gate
+    sd = agent_dir / "state"
+    asked = approvals.ask(sd, "bash", {"command": "git push"}, "r", "", "run0", 3600).approval
+    approvals.decide(sd, asked.id, approve=True, by="a person")
+
+    class Offered:   # the registry as outcomes() reads it; a call would fail the test
+        def names(self):
+            return ["bash"]
+
+        def call(self, *args, **kwargs):
+            raise AssertionError("an approved call ran while the fleet was stopped")
+
+    class Nowhere:
+        def emit(self, *args, **kwargs):
+            pass
+
+        def add(self, *args, **kwargs):
+            pass
+    gate = Gate(load_agent(agent_dir).policy, sd, "run1", lambda a: None, Nowhere(), Nowhere(), halted=lambda: True)
+    assert gate.outcomes(Offered()) == []                                       # nothing told: nothing ran
+    kept = approvals.load(sd, asked.id)
+    assert (kept.status, kept.reported, kept.ran_by) == ("approved", False, "")   # a later wake runs it

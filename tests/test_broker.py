@@ -7,6 +7,7 @@ on the engine. The client is BrokerSandbox, the same class the orchestrator uses
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import socket
@@ -527,17 +528,16 @@ def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(brok
 # -- past one host: the same wire over TCP with mutual TLS (broker/tls.py) ----------------------
 
 @contextmanager
-def served_tls(root: Path, certs: Path):
+def served_tls(root: Path, certs: Path, capsys):
+    """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line."""
     ready, stop = threading.Event(), threading.Event()
-    with socket.socket() as probe:      # a free port now; the broker binds it next
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    address = f"tls://127.0.0.1:{port}"
-    thread = threading.Thread(target=serve, args=(root, address, ready, stop), kwargs={"tls_dir": certs},
+    thread = threading.Thread(target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs},
                               daemon=True)
     thread.start()
     try:
         assert ready.wait(START_S), "the broker did not start"
+        said = capsys.readouterr().out
+        address = re.search(r"on (tls://127\.0\.0\.1:[1-9][0-9]*) \(mutual TLS", said).group(1)
         yield address
     finally:
         stop.set()
@@ -549,12 +549,12 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         root, tmp_path, monkeypatch, capsys):
     from orchestrator.broker import tls
     from orchestrator.broker.client import BrokerClient
-    from orchestrator.errors import ConfigError
+    from orchestrator.broker.wire import BrokerRefusal
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     tls.make_certs(ours)
     tls.make_certs(theirs)
-    with served_tls(root, ours) as address:
-        with pytest.raises(ConfigError, match="WAKELOOP_TLS_DIR"):   # no certificates named: one line
+    with served_tls(root, ours, capsys) as address:
+        with pytest.raises(BrokerRefusal, match="WAKELOOP_TLS_DIR"):   # no certificates named: one line
             BrokerSandbox(address, "alpha").check()
         monkeypatch.setenv(tls.TLS_DIR_ENV, str(ours))
         box = BrokerSandbox(address, "alpha")
@@ -563,9 +563,6 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         assert result.ok and result.output.strip() == "over-tls"
         assert box.files().read_text("note.txt") == "over-tls\n"
         assert BrokerClient(address).ping()["root"] == str(root.resolve())
-        tls.client_context.cache_clear()
         monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))   # a client of another stack: its CA does not know ours
         with pytest.raises(SandboxError, match="failed the TLS handshake"):
             BrokerSandbox(address, "alpha").check()
-        tls.client_context.cache_clear()
-    assert "mutual TLS" in capsys.readouterr().out

@@ -205,3 +205,15 @@ def test_a_cost_with_unpriced_calls_is_unknown_in_status_and_the_digest_never_ze
         "wake_finished", receipt={"status": "done", "model": "model-with-no-price", "live": True, "usd": None})
     day = read_events(agent.state_dir / EVENTS_FILE).__next__().timestamp[:10]
     assert "unknown (no price) model-with-no-price" in digest(agent.state_dir, agent.name, day)["text"]
+
+
+def test_an_unreadable_ledger_is_left_out_of_the_fleet_sum_not_a_stop_for_every_agent(tmp_path):
+    """Any agent folder's owner can write its own ledger: a corrupt one must not stop the fleet
+    (its own agent's day and month caps refuse on it, as test_ledger's unreadable test shows)."""
+    from orchestrator.records.ledger import LEDGER_FILE, FleetBooks, record
+    for name in ("a", "b"):
+        (tmp_path / name / "state").mkdir(parents=True)
+    record(tmp_path / "a" / "state", 1.5, 10, priced=True)
+    (tmp_path / "b" / "state" / LEDGER_FILE).write_text("{not json")
+    spent = FleetBooks().spent(tmp_path)
+    assert (spent.today, spent.agents, spent.unreadable) == (1.5, 1, 1)

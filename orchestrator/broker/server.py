@@ -112,6 +112,8 @@ DEFAULT_MAX_CALLS = 32              # sandbox calls in flight across all agents
 DEFAULT_MAX_CALLS_PER_AGENT = 8     # in flight for one agent (a wake makes one at a time)
 DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allowlist proxy) at once
 MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
+MAX_HANDSHAKES = 32                 # TLS handshakes at once (each up to REQUEST_READ_S); past it closed at once
+REFUSALS_LOG_S = 1.0                # a line about unproven peers at most this often
 REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
                                     # sends it at once; a silent or dripping one is cut off
 RATE_KEEP_S = 600.0                 # the engine's measured rate is reused this long (op rate)
@@ -526,27 +528,37 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def handle(self):
         server = self.server
+        if not self._proven(server):    # before it counts: a peer that cannot prove itself holds no slot
+            return
         with server.connections_lock:
             server.open_connections += 1
             over = server.open_connections > MAX_CONNECTIONS
         try:
-            if self._proven(server):
-                self._serve(server.broker, over)
+            self._serve(server.broker, over)
         finally:
             with server.connections_lock:
                 server.open_connections -= 1
 
     def _proven(self, server) -> bool:
         """Over TLS: the handshake, and the client proven the orchestrator (tls.py), or the
-        connection closed with nothing sent and a line in the log. A unix socket: as it is."""
+        connection closed with nothing sent. At most MAX_HANDSHAKES at once: past them a new
+        connection is closed at once. Refusals are logged at most once per REFUSALS_LOG_S, with
+        the count since. A unix socket: as it is."""
         if server.tls is None:
             return True
+        with server.connections_lock:
+            server.handshaking += 1
+            crowded = server.handshaking > MAX_HANDSHAKES
         try:
+            if crowded:
+                raise ssl.SSLError(f"over {MAX_HANDSHAKES} handshakes at once")
             self.request = tls.accept(self.request, server.tls, REQUEST_READ_S)
         except (ssl.SSLError, OSError) as exc:
-            server.broker.log(f"refused a connection from {self.client_address[0]}: "
-                              f"{getattr(exc, 'reason', None) or exc}")
+            _log_refusal(server, f"{self.client_address[0]}: {getattr(exc, 'reason', None) or exc}")
             return False
+        finally:
+            with server.connections_lock:
+                server.handshaking -= 1
         return True
 
     def finish(self):
@@ -576,6 +588,18 @@ class _Handler(socketserver.BaseRequestHandler):
             pass  # the client went away; the container is gone already
 
 
+def _log_refusal(server, what: str) -> None:
+    """One line per REFUSALS_LOG_S however many peers fail to prove themselves: the first, and a count."""
+    with server.connections_lock:
+        server.refused += 1
+        now = time.monotonic()
+        if now - server.refusal_logged < REFUSALS_LOG_S:
+            return
+        count, server.refused, server.refusal_logged = server.refused, 0, now
+    server.broker.log(f"refused a connection from {what}" + (f" ({count} refused since the last such line)"
+                                                            if count > 1 else ""))
+
+
 class _Serving(socketserver.ThreadingMixIn):
     # On shutdown server_close() joins the request threads: a call in flight
     # finishes (its own deadline bounds it) and removes its container first.
@@ -586,6 +610,9 @@ class _Serving(socketserver.ThreadingMixIn):
     open_connections = 0             # counted by _Handler, under connections_lock
     connections_lock: threading.Lock     # make_server's, one per server
     tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
+    handshaking = 0                     # TLS handshakes in progress, under connections_lock
+    refused = 0                         # connections refused since the last log line about them
+    refusal_logged = float("-inf")      # when that line was
     broker: Broker                      # set by make_server
 
     def service_actions(self):
@@ -645,7 +672,8 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
     server = make_server(broker, socket_path or address, tls_dir)
     if socket_path is not None:
         _hand_socket_to_root_owner(socket_path, root)
-    where = socket_path or f"{address} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
+    bound = f"tls://{tls.host_port(str(address))[0]}:{server.socket.getsockname()[1]}" if socket_path is None else ""
+    where = socket_path or f"{bound} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)

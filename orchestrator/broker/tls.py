@@ -79,8 +79,26 @@ def files(folder: Path, name: str) -> tuple[Path, Path, Path]:
     return paths
 
 
-@functools.lru_cache(maxsize=4)
 def server_context(folder: Path) -> ssl.SSLContext:
+    """The broker's, made once per set of files: renewed files (a new mtime) make a new one."""
+    return _cached(make_server_context, folder, _stamps(files(folder, BROKER_NAME)))
+
+
+def client_context(folder: Path) -> ssl.SSLContext:
+    """The orchestrator's, made once per set of files, as server_context."""
+    return _cached(make_client_context, folder, _stamps(files(folder, ORCHESTRATOR_NAME)))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(make, folder: Path, stamps: tuple) -> ssl.SSLContext:
+    return make(folder)
+
+
+def _stamps(paths) -> tuple:
+    return tuple((os.stat(path).st_ino, os.stat(path).st_mtime_ns) for path in paths)
+
+
+def make_server_context(folder: Path) -> ssl.SSLContext:
     """The broker's side: its certificate; a client certificate of the stack's CA required."""
     ca, cert, key = files(folder, BROKER_NAME)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -91,8 +109,7 @@ def server_context(folder: Path) -> ssl.SSLContext:
     return context
 
 
-@functools.lru_cache(maxsize=4)
-def client_context(folder: Path) -> ssl.SSLContext:
+def make_client_context(folder: Path) -> ssl.SSLContext:
     """The orchestrator's side: its certificate; the broker's checked against the CA and its name."""
     ca, cert, key = files(folder, ORCHESTRATOR_NAME)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)     # check_hostname and CERT_REQUIRED

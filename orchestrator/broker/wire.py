@@ -293,6 +293,8 @@ def _connect(address: str) -> socket.socket:
                 raise SandboxError(f"no sandbox broker at {address} ({exc.strerror}); start it "
                                    f"with `wakeloop broker ROOT {how} {address}`") from None
             time.sleep(0.2)
+        except tls.TLSConfigError as exc:   # our own certificates: one line, a refusal (exit 2), not a bug
+            raise BrokerRefusal(str(exc)) from None
         except ssl.SSLError as exc:   # a broker this stack's CA did not sign, or one that refused us
             raise SandboxError(f"the sandbox broker at {address} failed the TLS handshake: "
                                f"{exc.reason or exc}") from None

@@ -46,6 +46,7 @@ from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
 from orchestrator.escapes import history as escape_history
 from orchestrator.fleet.control import request_run
+from orchestrator.notify.channels import shown
 from orchestrator.notify.health import set_paused
 from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
@@ -85,7 +86,9 @@ class Console:
         self.runner = self.runner or Runner()
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
-        self.env.filters.update(money=_money, seconds=_seconds)
+        # `shown`: the model's own text with controls and bidi overrides written out (\u202e), so a
+        # person approves exactly what reads on the page
+        self.env.filters.update(money=_money, seconds=_seconds, shown=lambda text: shown(str(text), keep="\n\t"))
         self.env.globals.update(bars=bars, SAID=SAID)
         if not metrics.enabled():
             metrics.install()
@@ -170,7 +173,7 @@ class Console:
         """What waits for a person (console/approvals.py); a key that cannot be used says so instead."""
         try:
             return approvals_mod.waiting(self.root)
-        except ConfigError as exc:
+        except (ConfigError, OSError, ValueError) as exc:   # one agent's unreadable files: said, never a 500
             return [{"error": str(exc)}]
 
     def agent(self, request: Request):

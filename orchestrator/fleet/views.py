@@ -341,7 +341,7 @@ def fleet_budget(root: Path) -> dict:
         spent = FLEET_BOOKS.spent(root)
     except ConfigError as exc:      # a bad budget.yaml or ceiling, an unreadable ledger: said, not raised
         return {"error": str(exc)}
-    return {"usd_today": round(spent.today, 6), "usd_month": round(spent.month, 6),
+    return {"usd_today": round(spent.today, 6), "usd_month": round(spent.month, 6), "unreadable": spent.unreadable,
             "max_usd_per_day": caps.max_usd_per_day or None, "max_usd_per_month": caps.max_usd_per_month or None,
             "capped": bool(caps), "source": caps.source}
 
@@ -352,7 +352,8 @@ def budget_line(b: dict) -> str:
     of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"
     return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
             f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
-            + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together"))
+            + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together")
+            + (f"; {b['unreadable']} agent ledger(s) unreadable, left out of the sum" if b.get("unreadable") else ""))
 
 
 def status_table(root: Path) -> str:

@@ -122,7 +122,13 @@ def load(state_dir: Path, approval_id: str) -> Approval | None:
     return _from(raw, approval_id)
 
 
+_TEXT = ("id", "tool", "rule", "words", "run_id", "created", "expires", "status", "decided_by", "decided_at",
+         "reason", "nonce", "result", "ran_by")
+
+
 def _from(raw: object, approval_id: str) -> Approval | None:
+    """An approval file as ours wrote it, or None: the agent folder's owner can write state/, so a
+    field of another type or a time that does not parse (an aware one) is not an approval."""
     if not isinstance(raw, dict) or raw.get("id") != approval_id or raw.get("status") not in STATUSES:
         return None
     known = set(Approval.__dataclass_fields__)
@@ -130,9 +136,19 @@ def _from(raw: object, approval_id: str) -> Approval | None:
         approval = Approval(**{k: v for k, v in raw.items() if k in known})
     except TypeError:
         return None
-    if not isinstance(approval.input, dict) or not isinstance(approval.reported, bool):
+    if (not all(isinstance(getattr(approval, name), str) for name in _TEXT)
+            or not isinstance(approval.input, dict) or not isinstance(approval.extra, dict)
+            or not isinstance(approval.reported, bool) or not _aware(approval.created)
+            or approval.expires and not _aware(approval.expires)):
         return None
     return approval
+
+
+def _aware(stamp: str) -> bool:
+    try:
+        return parse_time(stamp).tzinfo is not None
+    except ValueError:
+        return False
 
 
 def load_all(state_dir: Path) -> list[Approval]:
@@ -272,6 +288,16 @@ def _prune(state_dir: Path, approval: Approval, now: datetime) -> None:
     """A told approval's file goes KEEP_DAYS after it was asked: state/ stays bounded (its events stay)."""
     if parse_time(approval.created) < now - timedelta(days=KEEP_DAYS):
         state_folder(state_dir).unlink(_rel(approval.id))
+
+
+def unstart(state_dir: Path, approval: Approval, run_id: str, why: str) -> Approval:
+    """A started call that could not run this wake (the fleet stopped, no room on the disks): approved
+    again, for the next wake to run, and not reported."""
+    with locked(state_dir, APPROVALS_LOCK):
+        again = replace(approval, status="approved", ran_by="")
+        _save(state_dir, again)
+    _event(state_dir, run_id, "approval_deferred", again, reason=why)
+    return again
 
 
 def finish(state_dir: Path, approval: Approval, run_id: str, result: str = "", ran: bool = False) -> Approval:

@@ -280,6 +280,7 @@ class FleetSpent:
     today: float
     month: float
     agents: int                     # ledgers read
+    unreadable: int = 0             # ledgers left out: each blocks only its own agent (Meter._agent_over)
 
 
 class FleetBooks:
@@ -292,14 +293,22 @@ class FleetBooks:
         self._sums: dict[Path, tuple[tuple[Any, ...], tuple[float, float]]] = {}   # ledger -> (key, (day, month))
 
     def spent(self, root: Path, date: str | None = None) -> FleetSpent:
-        """LedgerError if any agent's ledger is unreadable: read as empty it would hide spending."""
+        """The sums of every readable ledger. An unreadable one is left out and counted, not raised:
+        any agent folder's owner can write its own ledger, and one bad file must not stop every
+        agent (its own agent's day and month caps still refuse on it). The sums trust each ledger
+        as its folder holds it (README, Known gaps)."""
         date = date or today()
         day = month = 0.0
         ledgers = _ledgers(Path(root))
+        unreadable = 0
         for path in ledgers:
-            d, m = self._sum(path, date)
+            try:
+                d, m = self._sum(path, date)
+            except LedgerError:
+                unreadable += 1
+                continue
             day, month = day + d, month + m
-        return FleetSpent(day, month, len(ledgers))
+        return FleetSpent(day, month, len(ledgers) - unreadable, unreadable)
 
     def _sum(self, path: Path, date: str) -> tuple[float, float]:
         try:
@@ -394,11 +403,7 @@ class Meter:
         fleet = self.fleet
         if not fleet:
             return None
-        first = "fleet.max_usd_per_day" if fleet.max_usd_per_day else "fleet.max_usd_per_month"
-        try:
-            spent = FLEET_BOOKS.spent(fleet.root)
-        except LedgerError as exc:
-            return Over(first, f"{fleet.source}: the fleet's spending is unknown: {exc}")
+        spent = FLEET_BOOKS.spent(fleet.root)
         for cap, limit, total, when in (("max_usd_per_day", fleet.max_usd_per_day, spent.today, "today (UTC)"),
                                         ("max_usd_per_month", fleet.max_usd_per_month, spent.month,
                                          "this month (UTC)")):

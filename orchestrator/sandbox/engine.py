@@ -390,6 +390,9 @@ class DockerSandbox:
             return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
         try:   # thin disks: a call starts only with room for the worst case of every call in flight
             with disk.flight(self.disk.key, self.disk.view, min(disk.ROOM_WAIT_S, timeout_s)):
+                halted = stopswitch.read(self.root)   # again: the wait for room may have outlasted a stop
+                if halted is not None:
+                    return refused(halted.describe())
                 return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
         except disk.NoRoom as exc:
             return no_room(str(exc))

@@ -20,9 +20,11 @@ exact record of what it changed:
   replaced in the wake's undo folder. Every step is a rename on one
   filesystem, and a manifest written first (state `committing`) lists them;
   each step can be done again and finds its own work done, so a commit cut
-  short at any instant (kill -9, power) is finished by `recover()` at the
-  agent's next start: the workspace is as before the wake or as after it,
-  never half. What was refused stays in the upper layer until it is dropped.
+  short at any instant by the process's death (kill -9) is finished by
+  `recover()` at the agent's next start: the workspace is as before the wake
+  or as after it, never half. (A power cut also needs the folders synced
+  after each rename; only the manifest is fsynced today.) What was refused
+  stays in the upper layer until it is dropped.
 - `undo(...)` puts back what one wake changed, the same way (state
   `undoing`), and refuses when a later wake changed one of its paths.
 

@@ -45,9 +45,11 @@ class Gate:
     """One wake's approvals. `notify(approval)` queues the person's notification (loop.py's _notify)."""
 
     def __init__(self, policy: Policy, state_dir, run_id: str, notify: Callable[[approvals.Approval], None],
-                 events, transcript):
+                 events, transcript, halted: Callable[[], bool] = lambda: False,
+                 no_room: Callable[[str], None] = lambda reason: None):
         self.policy, self.state_dir, self.run_id = policy, state_dir, run_id
         self.notify, self.events, self.transcript = notify, events, transcript
+        self.halted, self.no_room = halted, no_room     # the fleet's switch; the disk guard's refusal
 
     def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
         """WAITING (or a refusal) for a call that must wait; None for a call that runs now."""
@@ -79,7 +81,10 @@ class Gate:
         for a in approvals.take(self.state_dir, self.run_id, offered):
             result = ""
             if a.status == "started":
-                a, result = self._run(a, registry)
+                ran = self._run(a, registry)
+                if ran is None:     # not run this wake: approved again, told when it runs
+                    continue
+                a, result = ran
             else:
                 a = approvals.finish(self.state_dir, a, self.run_id)
             self.transcript.add("approval", id=a.id, tool=a.tool, input=a.input, status=a.status,
@@ -89,11 +94,23 @@ class Gate:
             done.append(Outcome(a, result or a.result))
         return done
 
-    def _run(self, a: approvals.Approval, registry) -> tuple[approvals.Approval, str]:
+    def _run(self, a: approvals.Approval, registry) -> tuple[approvals.Approval, str] | None:
+        """The approved call run, or None when it could not start this wake (the fleet is stopped,
+        or the disks' filesystem had no room): it is approved again, for a later wake."""
+        if self.halted():
+            approvals.unstart(self.state_dir, a, self.run_id, "the fleet is stopped")
+            return None
         self.events.emit("tool_call", step=0, id=a.id, tool=a.tool, approval=a.id)
         result = registry.call(a.tool, a.input, gate=False)
         self.events.emit("tool_result", step=0, id=a.id, tool=a.tool, is_error=result.is_error,
                          result_chars=len(result.text), approval=a.id, **result.detail)
+        if result.detail.get("no_room"):
+            self.no_room(str(result.detail["no_room"]))
+            approvals.unstart(self.state_dir, a, self.run_id, "the disks' filesystem had no room")
+            return None
+        if result.is_error and self.halted():   # refused because the fleet stopped meanwhile
+            approvals.unstart(self.state_dir, a, self.run_id, "the fleet is stopped")
+            return None
         if result.denied:           # the policy as it stands now refuses it: void, and said why
             a = replace(a, status="void", reason=f"the policy as it stands now refuses it: {result.denied}")
             self.events.emit("approval_void", id=a.id, tool=a.tool, reason=a.reason)

@@ -323,7 +323,8 @@ class _Wake:
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
                     self.task, can_complete=bool(completer and completer[0].enabled)))
-            self.gate = Gate(agent.policy, sd, self.run_id, self._ask_person, self.events, self.transcript)
+            self.gate = Gate(agent.policy, sd, self.run_id, self._ask_person, self.events, self.transcript,
+                             halted=lambda: stopswitch.is_stopped(self.root), no_room=self._no_room)
             self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer,
                                            remaining=self._time_left, asker=self.gate.ask)
             self._approvals()
@@ -367,11 +368,11 @@ class _Wake:
         """Approvals decided since the last wake: approved calls run now, every outcome told in the
         first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs.
         A dry run leaves them for the first live wake, as it leaves the inbox: no model would hear them."""
-        if not self.model.live:
+        if not self.model.live or stopswitch.is_stopped(self.root):   # a stopped fleet: a later wake runs them
             return
         try:
             told = self.gate.outcomes(self.registry)
-        except OSError as exc:
+        except (OSError, ValueError, TypeError) as exc:
             why = scrub(f"approvals not read this wake: {exc}", self.secrets)
             self.events.emit("approval_error", error=why)
             self.say(why)
