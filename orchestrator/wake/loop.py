@@ -215,19 +215,21 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
 def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say) -> Receipt:
     reason = f"another wake is running ({holder.describe()})"
     say(f"{agent.name}: {reason}; this wake is skipped")
-    events.emit("wake_skipped", reason=reason, holder_pid=holder.pid)
-    current, _ = st.load_state(agent.state_dir)
-    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status="skipped_locked",
-                   reason=reason, model=agent.model, started_at=now_iso())
+    return _unstarted(agent, run_id, "skipped_locked", reason, events, holder_pid=holder.pid)
 
 
 def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say) -> Receipt:
     """The fleet is stopped: this wake does not start (no lock, no sandbox, no model call)."""
     reason = f"not started: {halted.describe()}"
     say(f"{agent.name}: {reason}")
-    events.emit("wake_skipped", reason=reason, stopped_by=halted.who)
+    return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
+
+
+def _unstarted(agent: Agent, run_id: str, status: str, reason: str, events: EventLog, **why: object) -> Receipt:
+    """The receipt of a wake that never began, and its `wake_skipped` event."""
+    events.emit("wake_skipped", reason=reason, **why)
     current, _ = st.load_state(agent.state_dir)
-    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status="stopped",
+    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status=status,
                    reason=reason, model=agent.model, started_at=now_iso())
 
 
