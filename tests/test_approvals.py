@@ -317,3 +317,28 @@ def test_an_approved_call_is_kept_for_a_later_wake_while_the_fleet_is_stopped(ag
     assert gate.outcomes(Offered()) == []                                       # nothing told: nothing ran
     kept = approvals.load(sd, asked.id)
     assert (kept.status, kept.reported, kept.ran_by) == ("approved", False, "")   # a later wake runs it
+
+
+def test_the_link_key_is_never_seen_half_made_by_readers_racing_its_maker(tmp_path):
+    """The console's warm-up and a wake's notification may both be first to need the key: each
+    must get the one whole key (it was once read as 0 bytes by the second, failing a probe)."""
+    import threading
+    from orchestrator.records import approval_links
+    for attempt in range(20):
+        root = tmp_path / f"root{attempt}"
+        root.mkdir()
+        start, keys, errors = threading.Barrier(6), [], []
+
+        def get():
+            start.wait()
+            try:
+                keys.append(approval_links.load_key(root))
+            except approval_links.LinkError as exc:
+                errors.append(str(exc))
+        threads = [threading.Thread(target=get) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors and len(set(keys)) == 1 and len(keys[0]) == approval_links.KEY_BYTES, errors
+        assert sorted(p.name for p in root.iterdir()) == [approval_links.KEY_FILE]   # no partial left

@@ -99,16 +99,23 @@ def load_key(root: Path, create: bool = True) -> bytes:
 
 
 def _make_key(path: Path) -> bytes:
+    """Written whole to a name of its own, then linked into place: a reader (the console's
+    warm-up, a wake's notification) never sees the file half made, and of two makers at
+    once the second finds the first's key (link(2) fails with EEXIST) and uses it."""
     key = secrets.token_bytes(KEY_BYTES)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:       # made meanwhile by another process: use that one
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(partial, path)
+    except FileExistsError:       # made meanwhile by another: use that one
         return load_key(path.parent, create=False)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
+    finally:
+        partial.unlink(missing_ok=True)
     return key
 
 
