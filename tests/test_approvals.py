@@ -324,18 +324,18 @@ def test_the_link_key_is_never_seen_half_made_by_readers_racing_its_maker(tmp_pa
     must get the one whole key (it was once read as 0 bytes by the second, failing a probe)."""
     import threading
     from orchestrator.records import approval_links
+    def get(root, start, keys, errors):
+        start.wait()
+        try:
+            keys.append(approval_links.load_key(root))
+        except approval_links.LinkError as exc:
+            errors.append(str(exc))
+
     for attempt in range(20):
         root = tmp_path / f"root{attempt}"
         root.mkdir()
         start, keys, errors = threading.Barrier(6), [], []
-
-        def get():
-            start.wait()
-            try:
-                keys.append(approval_links.load_key(root))
-            except approval_links.LinkError as exc:
-                errors.append(str(exc))
-        threads = [threading.Thread(target=get) for _ in range(6)]
+        threads = [threading.Thread(target=get, args=(root, start, keys, errors)) for _ in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:
