@@ -534,6 +534,12 @@ def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) ->
     return p
 
 
+def _group(sub, name: str, summary: str, example: str):
+    """A command of subcommands (`wakeloop disk list|release|rm`): the subparsers to add them to."""
+    return _command(sub, name, summary, example).add_subparsers(
+        dest=f"{name}_command", metavar="SUBCOMMAND", required=True)
+
+
 def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what}, for scripts")
 
@@ -549,9 +555,8 @@ start here:
 
 
 def _swarm_commands(sub) -> None:
-    swarm = _command(sub, "swarm", "past one host: the brokers reached over TCP with mutual TLS",
-                     "wakeloop swarm certs ./stack-certs").add_subparsers(
-        dest="swarm_command", metavar="SUBCOMMAND", required=True)
+    swarm = _group(sub, "swarm", "past one host: the brokers reached over TCP with mutual TLS",
+                   "wakeloop swarm certs ./stack-certs")
     p = _command(swarm, "certs", "make a CA for the stack and the broker's and the orchestrator's "
                                  "certificates in DIR (never over existing ones; needs openssl)",
                  "wakeloop swarm certs ./stack-certs", cmd_swarm_certs)
@@ -559,9 +564,8 @@ def _swarm_commands(sub) -> None:
 
 
 def _disk_commands(sub) -> None:
-    disks = _command(sub, "disk", "the agents' workspace disks: list, release, delete",
-                     "wakeloop disk list agents/").add_subparsers(
-        dest="disk_command", metavar="SUBCOMMAND", required=True)
+    disks = _group(sub, "disk", "the agents' workspace disks: list, release, delete",
+                   "wakeloop disk list agents/")
     p = _command(disks, "list", "every disk in $WAKELOOP_DISKS: its agent folder, size, bytes on the "
                                 "host, attached or not (reads only)", "wakeloop disk list agents/ --json",
                  cmd_disk_list)
@@ -578,9 +582,8 @@ def _disk_commands(sub) -> None:
 
 
 def _notify_commands(sub) -> None:
-    notify = _command(sub, "notify", "notifications: test every channel",
-                      "wakeloop notify test agents/mine").add_subparsers(
-        dest="notify_command", metavar="SUBCOMMAND", required=True)
+    notify = _group(sub, "notify", "notifications: test every channel",
+                    "wakeloop notify test agents/mine")
     p = _command(notify, "test", "send a test notification to every channel now; print what each answered",
                  "wakeloop notify test agents/mine", cmd_notify_test)
     p.add_argument("agent_dir")
@@ -619,9 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
                                     "name of a shipped policy (default, strict, networked)")
 
-    sandbox = _command(sub, "sandbox", "use the sandbox directly",
-                       "wakeloop sandbox exec agents/mine -- 'id; ls -la'").add_subparsers(
-        dest="sandbox_command", metavar="SUBCOMMAND", required=True)
+    sandbox = _group(sub, "sandbox", "use the sandbox directly",
+                     "wakeloop sandbox exec agents/mine -- 'id; ls -la'")
     p = _command(sandbox, "exec", "run CMD exactly as the bash tool would (through the broker under "
                                   "compose); exit with its status (124 on timeout)",
                  "wakeloop sandbox exec agents/mine -- 'df -h /workspace'", cmd_sandbox_exec)
@@ -661,9 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="AGENT_DIR|ROOT")
     _json_flag(p, "every field whole, as JSON")
 
-    task = _command(sub, "task", "the agent's task queue (one task claimed per wake)",
-                    "wakeloop task add agents/mine 'summarise the logs'").add_subparsers(
-        dest="task_command", metavar="SUBCOMMAND", required=True)
+    task = _group(sub, "task", "the agent's task queue (one task claimed per wake)",
+                  "wakeloop task add agents/mine 'summarise the logs'")
     p = _command(task, "add", "queue a task for the agent's next wakes",
                  "wakeloop task add agents/mine 'summarise the logs'", cmd_task_add)
     p.add_argument("agent_dir")
@@ -734,9 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     _switch_commands(sub)
     _approval_commands(sub)
 
-    policy = _command(sub, "policy", "check or explain a policy",
-                      "wakeloop policy check policies/default.yaml").add_subparsers(
-        dest="policy_command", metavar="SUBCOMMAND", required=True)
+    policy = _group(sub, "policy", "check or explain a policy",
+                    "wakeloop policy check policies/default.yaml")
     p = _command(policy, "check", "validate a policy file (or the broker's ceiling file); "
                                   "exit 0, or 2 with the reason", "wakeloop policy check my-policy.yaml",
                  cmd_policy_check)
@@ -746,8 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("agent_dir")
     _json_flag(p)
 
-    image = _command(sub, "image", "the sandbox image", "wakeloop image build").add_subparsers(
-        dest="image_command", metavar="SUBCOMMAND", required=True)
+    image = _group(sub, "image", "the sandbox image", "wakeloop image build")
     _command(image, "build", "build wakeloop-sandbox:latest from sandbox-image/", "wakeloop image build",
              cmd_image_build)
 
