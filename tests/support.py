@@ -50,3 +50,15 @@ def wait_for(condition, what: str, timeout_s: float):
         assert time.monotonic() < deadline, f"timed out after {timeout_s:g}s waiting for {what}"
         time.sleep(POLL_S)
     return value
+
+
+def must_escape(lab, probe) -> str:
+    """A weakened control's check: the probe (or the probe of that name) reports ESCAPED against the
+    weakened wakeloop, whose observation is returned for the test's own asserts."""
+    from orchestrator.escapes import ALL_PROBES, ESCAPED
+    from orchestrator.escapes.core import run_probe
+    if isinstance(probe, str):
+        [probe] = [p for p in ALL_PROBES if p.name == probe]
+    outcome = run_probe(lab, probe)
+    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
+    return outcome.observed

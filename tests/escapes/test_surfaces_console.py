@@ -10,12 +10,10 @@ import secrets
 
 import jinja2
 
+from support import must_escape
 from orchestrator import metrics
 from orchestrator.console import auth
 from orchestrator.console.hosts import Hosts
-from orchestrator.escapes import ESCAPED
-from orchestrator.escapes.core import run_probe
-from orchestrator.escapes.surfaces import console as probes
 
 COVERED: set[str] = {
     "console_refuses_foreign_host", "console_reading_needs_the_token_on_loopback",
@@ -25,11 +23,7 @@ COVERED: set[str] = {
 }
 
 
-def escapes(surface_lab, name: str) -> str:
-    [probe] = [p for p in probes.PROBES if p.name == name]
-    outcome = run_probe(surface_lab, probe)
-    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
-    return outcome.observed
+escapes = must_escape    # by the probe's name (tests/support.py)
 
 
 def test_console_answering_any_host_is_rebound(surface_lab, monkeypatch):

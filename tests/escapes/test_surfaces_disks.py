@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.escapes import ESCAPED
-from orchestrator.escapes.core import run_probe
+from support import must_escape
 from orchestrator.escapes.surfaces import disks as probes
 from orchestrator.sandbox import disk
 
@@ -26,10 +25,7 @@ def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, ident
     return disk.legacy_key(agent, host_workspace)
 
 
-def escapes(lab, probe) -> str:
-    outcome = run_probe(lab, probe)
-    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
-    return outcome.observed
+escapes = must_escape    # tests/support.py
 
 
 def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):

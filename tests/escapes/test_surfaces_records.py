@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-from orchestrator.escapes import ESCAPED
-from orchestrator.escapes.core import run_probe
+from support import must_escape
 from orchestrator.escapes.surfaces import records as probes
 
 COVERED: set[str] = {
@@ -19,10 +18,7 @@ COVERED: set[str] = {
 }
 
 
-def escapes(lab, probe) -> str:
-    outcome = run_probe(lab, probe)
-    assert outcome.verdict == ESCAPED, f"{outcome.verdict}: {outcome.observed}"
-    return outcome.observed
+escapes = must_escape    # tests/support.py
 
 
 @pytest.fixture

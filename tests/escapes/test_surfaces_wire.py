@@ -8,9 +8,8 @@ import ssl
 
 import pytest
 
+from support import must_escape
 from orchestrator.broker import tls
-from orchestrator.escapes import ESCAPED
-from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.surfaces import wire as probes
 
 pytestmark = pytest.mark.docker
@@ -33,8 +32,7 @@ def test_the_tls_probe_escapes_a_broker_that_asks_no_client_certificate(surface_
         return context
     monkeypatch.setattr(tls, "server_context", lax)
     monkeypatch.setattr(tls, "accept", any_client)
-    outcome = run_probe(surface_lab, probes.broker_tls_answers_only_the_orchestrator)
-    assert outcome.verdict == ESCAPED and "TLS with no certificate" in outcome.observed, outcome.observed
+    assert "TLS with no certificate" in must_escape(surface_lab, probes.broker_tls_answers_only_the_orchestrator)
 
 
 def test_the_tls_probe_escapes_when_any_certificate_of_the_ca_may_be_a_client(surface_lab, monkeypatch):
@@ -42,5 +40,4 @@ def test_the_tls_probe_escapes_when_any_certificate_of_the_ca_may_be_a_client(su
     the broker's own certificate, which every node holds, then serves as the orchestrator's."""
     monkeypatch.setattr(tls, "ROLES", {name: "serverAuth,clientAuth" for name in tls.ROLES})
     monkeypatch.setattr(tls, "accept", any_client)
-    outcome = run_probe(surface_lab, probes.broker_tls_answers_only_the_orchestrator)
-    assert outcome.verdict == ESCAPED and "the broker's own certificate" in outcome.observed, outcome.observed
+    assert "the broker's own certificate" in must_escape(surface_lab, probes.broker_tls_answers_only_the_orchestrator)
