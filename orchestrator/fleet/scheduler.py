@@ -13,7 +13,7 @@ The rules, each kept in one place below:
   by more than the agent's interval: then it is skipped aloud (said, and
   `tick_skipped` in its events) and the next regular tick runs.
 - A paused agent's ticks, and those inside its failure backoff, are skipped
-  aloud (notify/health.py); `wakeloop run-now` queues one wake at once
+  aloud (records/health.py); `wakeloop run-now` queues one wake at once
   (control.py); a wake that cannot start is recorded as that agent's failure.
 - At most K wakes at once across agents (`serve` fits K to the host unless
   told: capacity.py); due wakes queue in the order they fell due (ties by
@@ -64,11 +64,11 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
                                          parse_schedule, save_tick, stamp, utcnow)
-from orchestrator.fleet.views import describe_receipt
+from orchestrator.views.status import describe_receipt
 from orchestrator.fleet import capacity, control
-from orchestrator.notify import health, outcomes
+from orchestrator.notify import outcomes
 from orchestrator.notify.sender import SenderThread
-from orchestrator.records import stopswitch
+from orchestrator.records import health, stopswitch
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
@@ -276,7 +276,7 @@ class Scheduler:
         return tick
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
-        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
+        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (records/health.py)."""
         if self.halted is not None:     # said once when the switch went on
             return True
         h = health.load(entry.dir / "state")

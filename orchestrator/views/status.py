@@ -18,11 +18,11 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.fleet.control import scheduler_note
-from orchestrator.notify import health, queue
+from orchestrator.notify import queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
-from orchestrator.records import retention, stopswitch
+from orchestrator.records import health, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
