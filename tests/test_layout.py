@@ -1,6 +1,6 @@
 """The package's layout stays findable: no two modules of orchestrator/ share a file name.
 
-Two `files.py` (one writing state/, one reading the workspace) made a reader
+Two modules called `files` (one writing state/, one reading the workspace) made a reader
 open the wrong one and an import need an alias to say which it meant. A name
 here says the idea (records/atomic.py, sandbox/workspace_reads.py), once.
 `__init__.py` is the one name every package has.

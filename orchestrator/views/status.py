@@ -373,30 +373,6 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else textwrap.shorten(text, width, placeholder="...")
 
 
-def describe_receipt(name: str, receipt) -> str:
-    """One line a person can follow, then the receipt itself as compact JSON."""
-    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
-    status = data.get("status", "?")
-    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
-    if data.get("dry_run") is True or data.get("live") is False:
-        parts[0] += " (dry run)"
-    ms = data.get("duration_ms")
-    if isinstance(ms, (int, float)):
-        parts[0] += f" in {ms / 1000:.1f}s"
-    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
-               if isinstance(data.get(k), int)]
-    if isinstance(data.get("tokens"), int):
-        details.append(f"{data['tokens']:,} tokens")
-    if isinstance(data.get("usd"), (int, float)):
-        details.append(f"${data['usd']:.4f}")
-    if data.get("task"):
-        details.append(f"task {data['task']}")
-    line = parts[0] + (": " + ", ".join(details) if details else "")
-    if data.get("reason"):
-        line += f"; {data['reason']}"
-    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"
-
-
 def format_event(event: Event) -> str:
     """One readable line for `wakeloop log`; untrusted text is cleaned and cut."""
     fields = []
