@@ -6,7 +6,7 @@ request came), LiveEnv (the base URL and key a live wake reads), timed_ms and
 idle_cost (the docker CLI), and cleanup of every container the bench made.
 
 Not here: the measurements (per_call.py, wake_cost.py, scale.py), the table
-and the command line (run.py), the fake API itself (orchestrator/fakeapi.py).
+and the command line (run.py), the fake API itself (orchestrator/testing/fakeapi.py).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Script:
         self._lock = threading.Lock()
 
     def __call__(self, rec):
-        from orchestrator.fakeapi import text, tool_use, turn
+        from orchestrator.testing.fakeapi import text, tool_use, turn
         arrived = time.perf_counter()
         step = step_of(rec.body)
         if self.pace_s:
@@ -123,10 +123,10 @@ def write_1k(step: int):
 
 
 def fake_api(responder):
-    """orchestrator/fakeapi.py's server, streaming each block in one delta: it sends a
+    """orchestrator/testing/fakeapi.py's server, streaming each block in one delta: it sends a
     whole reply at once, as after a model's latency, where the tests' 7-char
     deltas would bill the harness for streaming a reply token by token."""
-    from orchestrator import fakeapi
+    from orchestrator.testing import fakeapi
     fakeapi.CHUNK = SSE_CHUNK
     return fakeapi.FakeAPI(then=responder)
 

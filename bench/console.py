@@ -23,7 +23,7 @@
    wake's transcript. Then serve's restart: a fresh process starts a console
    on the same root and fetches the fleet page at once, `--restarts` times
    each way, interleaved: with the fleet rows and wake indexes the first
-   console left on disk (console/pages.py ROWS_FILE, fleet/history.py
+   console left on disk (console/pages.py ROWS_FILE, fleet/wake_history.py
    INDEX_FILE), and without (they are neither read nor written: as before
    they existed); and how long its background reading then takes.
 
@@ -246,12 +246,12 @@ def one_restart(root: Path, kept: bool) -> dict:
     from orchestrator.console import pages
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
-    from orchestrator.fleet import history
+    from orchestrator.fleet import wake_history
     if not kept:
         pages.RowCache.load = lambda self, paths: 0
         pages.RowCache.save = lambda self: None
-        history.load_index = lambda state_dir, paths: {}
-        history.save_index = lambda state_dir, text: None
+        wake_history.load_index = lambda state_dir, paths: {}
+        wake_history.save_index = lambda state_dir, text: None
     console = Console(root, Access(BENCH_TOKEN, loopback=True))
     started = time.perf_counter()
     listening = start(console, "127.0.0.1", 0)

@@ -1,7 +1,7 @@
 """What one tool call costs in a live wake at an agent's pace, beside the docker CLI.
 
 1. bash `true` per call at an agent's pace: a real live wake (the real
-   `anthropic` SDK over HTTP to orchestrator/fakeapi.py) whose fake API waits
+   `anthropic` SDK over HTTP to orchestrator/testing/fakeapi.py) whose fake API waits
    PACE_S before every answer; one call's figure is the time between two
    requests less that wait (model latency), so it holds the tool call in
    a pooled container plus the harness's own work for the step. Beside it

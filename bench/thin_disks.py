@@ -119,7 +119,7 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     print(f"promised: {made * 2} GiB; the filesystem has {st.f_bavail * st.f_frsize / 1e9:.1f} GB free "
           f"after; {seconds:.0f} s")
     if hasattr(disk, "filesystem"):   # what `wakeloop disk list` says of them all, before they go
-        from orchestrator.fleet.views import render_disks
+        from orchestrator.views.status import render_disks
         print("disk list:", render_disks(disk.survey(), place, disk.filesystem()).splitlines()[-1])
     for key in disk.keys():
         disk.release(client, key, delete=True, force=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from common import (KEY, TOKEN_CAP, LiveEnv, Script, Stats, bash_true, check_receipt, fake_api, make_agent,
                     stats, write_1k)
 from orchestrator.sandbox.box import SandboxResult
-from orchestrator.sandbox.files import HostFiles
+from orchestrator.sandbox.workspace_reads import HostFiles
 
 OVERHEAD_STEPS = 60         # model steps in the orchestrator-overhead wake
 CACHE_STEPS = 10            # model steps in the caching wake (9 tool calls, then the end)
@@ -40,7 +40,7 @@ class StandInSandbox:
     def __init__(self, output: str = "", workspace: Path | None = None):
         self.output = output
         self.spent = 0.0
-        self.workspace = workspace    # read as a wake reads it on a host (files.HostFiles)
+        self.workspace = workspace    # read as a wake reads it on a host (workspace_reads.HostFiles)
 
     def _answer(self) -> SandboxResult:
         started = time.perf_counter()
@@ -150,7 +150,7 @@ def long_mandate() -> str:
 
 def without_cache(script: Script):
     """A responder billing every input token uncached, as if no breakpoint were sent."""
-    from orchestrator.fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
+    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
 
     def respond(rec):
         reply = script(rec)

@@ -9,7 +9,7 @@ Every command that reads takes --json; `wake` prints progress on stderr and
 only its receipt on stdout.
 
 Not here: what any command does (each calls into its package), how records
-are rendered (fleet/views.py).
+are rendered (views/status.py).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _fleet_root(path: str):
 
 
 def cmd_pause(args) -> int:
-    from orchestrator.notify.health import set_paused
+    from orchestrator.records.health import set_paused
     agent = load_agent(args.agent_dir)
     set_paused(agent.state_dir, args.command == "pause")
     print(f"{agent.name}: paused: serve runs none of its ticks until `wakeloop resume {args.agent_dir}`"
@@ -219,7 +219,7 @@ def _has_disk(agent) -> bool:
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
-    from orchestrator.fleet.views import disk_record, render_disks
+    from orchestrator.views.status import disk_record, render_disks
     from orchestrator.sandbox import disk
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
@@ -320,7 +320,7 @@ def cmd_outbox(args) -> int:
 def cmd_status(args) -> int:
     from pathlib import Path
     from orchestrator.fleet.schedule import agent_dirs
-    from orchestrator.fleet.views import agent_status, fleet_status, render_agent_status, render_fleet
+    from orchestrator.views.status import agent_status, fleet_status, render_agent_status, render_fleet
     root = Path(args.path)
     if not (root / "agent.yaml").is_file():  # a folder with agent.yaml is an agent; else a root
         if not agent_dirs(root):
@@ -361,7 +361,7 @@ def cmd_task_list(args) -> int:
 
 def cmd_approvals(args) -> int:
     from pathlib import Path
-    from orchestrator.fleet import approvals as view
+    from orchestrator.views import fleet_approvals as view
     root = Path(args.root)
     if not root.is_dir():
         raise AgentError(f"{args.root}: no such folder; give ROOT (the folder of your agents) or an agent folder")
@@ -445,8 +445,8 @@ def cmd_log(args) -> int:
     """The retained history, oldest first, across rotated segments; streamed."""
     from pathlib import Path
     from orchestrator.records.events import raw_history, read_history
-    from orchestrator.fleet.views import format_event
-    from orchestrator.fleet import logview
+    from orchestrator.views.status import format_event
+    from orchestrator.views import logview
     if not (Path(args.agent_dir) / "agent.yaml").exists():
         from orchestrator.fleet.schedule import agent_dirs
         if agent_dirs(Path(args.agent_dir)):   # ROOT: follow every agent's events
@@ -468,7 +468,7 @@ def cmd_transcript(args) -> int:
 
 
 def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
-    from orchestrator.fleet import logview
+    from orchestrator.views import logview
     from orchestrator.records.transcript import find_run, read_lines
     agent = load_agent(agent_dir)
     path = find_run(agent.state_dir, run)

@@ -100,9 +100,9 @@ def sandbox(make_sandbox) -> DockerSandbox:
 
 @pytest.fixture
 def fake_api(monkeypatch):
-    """start(replies=(), then=None): a local Messages API (orchestrator/fakeapi.py) that the
+    """start(replies=(), then=None): a local Messages API (orchestrator/testing/fakeapi.py) that the
     real SDK reaches through ANTHROPIC_BASE_URL, with a fake key set; stopped after."""
-    from orchestrator.fakeapi import FAKE_KEY, FakeAPI
+    from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI
     servers = []
 
     def start(replies=(), then=None) -> FakeAPI:

@@ -1,4 +1,4 @@
-"""Approvals out of band, end to end: the real anthropic SDK against orchestrator/fakeapi.py, real
+"""Approvals out of band, end to end: the real anthropic SDK against orchestrator/testing/fakeapi.py, real
 containers, the real CLI, the real console over HTTP, a real webhook receiver.
 
 A call that matches the policy's approve: rules is not run and the model is told it waits; a
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import support
-from orchestrator.fakeapi import FAKE_KEY, text, tool_use, turn
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.schema import PolicyError, parse_policy
 from orchestrator.records import approvals

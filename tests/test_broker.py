@@ -36,7 +36,7 @@ from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk
-from orchestrator.wake.workspace import append_in_sandbox
+from orchestrator.wake.journal_stub import append_in_sandbox
 import support
 from support import scrubbed_env, set_policy
 

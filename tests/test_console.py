@@ -30,8 +30,8 @@ from orchestrator.console import auth
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
 from orchestrator.console.escapes import Runner
-from orchestrator.fleet.history import WakeIndex
-from orchestrator.notify.health import load as load_health
+from orchestrator.fleet.wake_history import WakeIndex
+from orchestrator.records.health import load as load_health
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.state import append_outbox, peek_inbox

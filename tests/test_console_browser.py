@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from orchestrator.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
+from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
 from receivers import Hook
 from support import REPO, run_cli, scrubbed_env, wait_for
 

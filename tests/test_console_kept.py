@@ -1,5 +1,5 @@
 """What the console keeps on disk across serve's restarts: the fleet rows (console/pages.py
-ROWS_FILE, in ROOT) and each agent's wake index (fleet/history.py INDEX_FILE, in its state/).
+ROWS_FILE, in ROOT) and each agent's wake index (fleet/wake_history.py INDEX_FILE, in its state/).
 
 A restarted console's first fleet view and wake histories come from them without loading an
 agent or parsing an event line; a changed file is read again; a corrupt, hostile or linked
@@ -19,8 +19,8 @@ from orchestrator.console import pages as pages_mod
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
 from orchestrator.console.pages import ROWS_FILE, Pages
-from orchestrator.fleet import history
-from orchestrator.fleet.history import INDEX_FILE, WakeIndex
+from orchestrator.fleet import wake_history
+from orchestrator.fleet.wake_history import INDEX_FILE, WakeIndex
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
 
@@ -122,7 +122,7 @@ def test_a_changed_file_is_read_again_and_only_it(root, loads):
     b'{"version": 1, "files": [{"name": "events.jsonl", "key": [0, 0, 0], "offset": 0, "count": true, '
     b'"rows": []}]}',
     b"[" * 100_000 + b"]" * 100_000,
-    b'{"version": 1, "files": []}' + b" " * history.INDEX_CAP,
+    b'{"version": 1, "files": []}' + b" " * wake_history.INDEX_CAP,
 ], ids=["not JSON", "a list", "no files", "NULs", "offset past the end", "a row not ours", "a key not a list",
         "a count not a number", "nested too deep", "too big"])
 def test_a_corrupt_or_hostile_index_is_read_past_and_written_anew(root, planted):
@@ -131,7 +131,7 @@ def test_a_corrupt_or_hostile_index_is_read_past_and_written_anew(root, planted)
     (sd / INDEX_FILE).write_bytes(planted)
     after = WakeIndex()
     assert wakes(after, sd) == [1, 2, 3] and after.parsed_lines == 3 * LINES_PER_WAKE
-    assert history.load_index(sd, history.history(sd, EVENTS_FILE)), "a valid index was written in its place"
+    assert wake_history.load_index(sd, wake_history.history(sd, EVENTS_FILE)), "a valid index was written in its place"
 
 
 def test_an_index_that_matches_the_files_but_names_another_agents_rows_is_shown_only_on_its_own_page(root):

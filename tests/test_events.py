@@ -9,7 +9,7 @@ from pathlib import Path
 
 from orchestrator.records.events import REDACTED, EventLog, read_events, secrets_from_env
 
-from orchestrator.fleet.views import format_event
+from orchestrator.views.status import format_event
 
 APPENDS = 300                       # lines per writer in the concurrency test
 WRITERS = 3

@@ -44,7 +44,7 @@ def make_agent(root: Path, name: str, every: str, live: bool) -> Path:
 
 def paced(rec):
     """CALLS bash calls, one a turn, then end_turn; each answer after PACE_S, as a model's."""
-    from orchestrator.fakeapi import text, tool_use, turn
+    from orchestrator.testing.fakeapi import text, tool_use, turn
     step = sum(1 for m in rec.body.get("messages", []) if m.get("role") == "assistant")
     time.sleep(PACE_S)
     if step >= CALLS:

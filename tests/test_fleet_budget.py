@@ -2,7 +2,7 @@
 
 The arithmetic is pinned on ledgers written as the harness writes them; the
 wakes drive the real loop with the real `anthropic` SDK against
-orchestrator/fakeapi.py, with priced usage, and prove that a call whose worst
+orchestrator/testing/fakeapi.py, with priced usage, and prove that a call whose worst
 case would pass a fleet cap is never sent, and the receipt names the cap.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.fakeapi import text, tool_use, turn, usage
-from orchestrator.fleet.views import fleet_budget, fleet_notes
+from orchestrator.testing.fakeapi import text, tool_use, turn, usage
+from orchestrator.views.status import fleet_budget, fleet_notes
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.fleetbudget import BUDGET_FILE, load_fleet_budget
 from orchestrator.policy.schema import Budget, PolicyError

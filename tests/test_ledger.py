@@ -1,7 +1,7 @@
 """The dollar ledger: prices as data, cost from real usage, caps checked before a call.
 
 The unit tests pin the arithmetic; the wake tests drive the real loop with the
-real `anthropic` SDK against orchestrator/fakeapi.py and prove that a call whose
+real `anthropic` SDK against orchestrator/testing/fakeapi.py and prove that a call whose
 worst case would cross a USD cap is never sent.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.fakeapi import FAKE_KEY, text, tool_use, turn, usage
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
@@ -190,7 +190,7 @@ def test_a_usd_cap_on_an_unpriced_model_refuses_to_start_with_one_line(agent_dir
 
 
 def test_a_cost_with_unpriced_calls_is_unknown_in_status_and_the_digest_never_zero(agent_dir):
-    from orchestrator.fleet.views import agent_status, render_agent_status
+    from orchestrator.views.status import agent_status, render_agent_status
     from orchestrator.notify.outcomes import digest
     from orchestrator.records.events import EventLog
     from orchestrator.records.ledger import Meter, Usage, read_book

@@ -1,4 +1,4 @@
-"""The wake loop end to end: the real anthropic SDK against orchestrator/fakeapi.py, real tools in real containers.
+"""The wake loop end to end: the real anthropic SDK against testing/fakeapi.py, real tools in real containers.
 
 Each test scripts the model's replies at the wire and asserts on what the
 harness sent back (request bodies), what it did (workspace, state/, events)
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
+from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake

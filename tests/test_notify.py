@@ -21,11 +21,12 @@ import yaml
 
 import support
 from receivers import SMTP, Hook
-from orchestrator.fakeapi import text, tool_use, turn
-from orchestrator.notify import health, outcomes, queue
+from orchestrator.testing.fakeapi import text, tool_use, turn
+from orchestrator.notify import outcomes, queue
 from orchestrator.notify.config import NotifyError, parse_notify
 from orchestrator.notify.sender import CAP_S, retry_after, send_due
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.records import health
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import Receipt
 
@@ -278,7 +279,7 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
 @pytest.mark.docker
 def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path, fake_api, capsys):
     from orchestrator.cli import _send_notifications
-    from orchestrator.fakeapi import FAKE_KEY
+    from orchestrator.testing.fakeapi import FAKE_KEY
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
     fake_api([turn(tool_use("send_message", {"text": "Hello, human: the job is done."})), turn(text("bye"))])
@@ -299,7 +300,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
 
 def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
     from orchestrator.fleet.control import STALE_S, beat, scheduler_note
-    from orchestrator.fleet.views import status_table
+    from orchestrator.views.status import status_table
     make_agent(tmp_path, "a", [])
     assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)
     beat(tmp_path)

@@ -1,6 +1,6 @@
 """Tool restriction through a whole wake (issue 4): the shipped strict.yaml and the
 default write_file protections, driven by the real anthropic SDK against
-orchestrator/fakeapi.py with real tools in real containers.
+orchestrator/testing/fakeapi.py with real tools in real containers.
 
 test_loop.py covers a disabled bash, send_message's max_per_wake and a custom
 deny glob; this file covers the shipped policies and every refusal's reason
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.fakeapi import FAKE_KEY, text, tool_use, turn
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake

@@ -26,8 +26,8 @@ from sync import read_until, release_fifo
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake
-from orchestrator.fleet.scheduler import Scheduler
-from orchestrator.fleet.views import describe_receipt, status_table
+from orchestrator.fleet.scheduler import Scheduler, describe_receipt
+from orchestrator.views.status import status_table
 from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
 import support

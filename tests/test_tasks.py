@@ -1,7 +1,7 @@
 """Tasks (seed 001): todo -> claimed -> done | failed, in state/tasks.json.
 
 Unit tests pin the queue; the wake tests run the real loop with the real SDK
-against orchestrator/fakeapi.py: the task is claimed, named in the first user message,
+against orchestrator/testing/fakeapi.py: the task is claimed, named in the first user message,
 and closed by the agent's complete_task call.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.fakeapi import FAKE_KEY, text, tool_use, turn
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from support import run_cli
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events

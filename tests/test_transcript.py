@@ -1,4 +1,4 @@
-"""state/transcripts/: one wake's words, bounded, scrubbed, pruned, rendered (records/transcript.py, fleet/logview.py).
+"""state/transcripts/: one wake's words, bounded, scrubbed, pruned, rendered (records/transcript.py, views/logview.py).
 
 The file-level rules need no engine; a whole wake's transcript read back after
 kill -9 is in test_state.py's kill test (which already kills a wake mid-call).
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator.fleet.logview import render_line, render_transcript
+from orchestrator.views.logview import render_line, render_transcript
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import Policy, PolicyError, parse_policy
 from orchestrator.records import transcript as tr
@@ -100,7 +100,7 @@ def test_transcript_policy_keys_have_defaults_are_checked_and_bounded_by_the_cei
 
 
 def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path):
-    from orchestrator.fleet.logview import follow_transcript
+    from orchestrator.views.logview import follow_transcript
     t = tr.Transcript(tmp_path, "live", 1 << 20, ())
     t.add("wake", run_id="live", wake=1, agent="a", model="m", live=False)
     shown, first = [], threading.Event()
@@ -119,7 +119,7 @@ def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path)
 
 
 def test_log_root_follows_every_agent_a_line_per_event_prefixed_by_its_name(tmp_path):
-    from orchestrator.fleet.logview import follow_root
+    from orchestrator.views.logview import follow_root
     from orchestrator.policy.agent import init_agent
     from orchestrator.records.events import EVENTS_FILE, EventLog
     a, b = init_agent(tmp_path / "alpha"), init_agent(tmp_path / "beta")

@@ -58,7 +58,7 @@ to paths moves it) and mounted for reading at the broker's own path, never
 under ROOT. A kept box is used only while the folder under its name is the
 one it was made for: a folder swapped in under that name gets a box (and a
 disk) of its own. So the orchestrator reads a workspace through the broker:
-op `read`, the same no-follow, capped readers (sandbox/files.py) a wake uses
+op `read`, the same no-follow, capped readers (sandbox/workspace_reads.py) a wake uses
 on a host, on that mount. At start the broker asks the engine where its own
 ROOT comes from (its own container's mounts); outside a container ROOT is the
 host path. A disk is released (unmounted, volume removed, detached; the image
@@ -95,7 +95,7 @@ from orchestrator.broker import tls, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.sandbox.files import HostFiles
+from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.records import stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable

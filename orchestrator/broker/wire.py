@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, fields
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
-from orchestrator.sandbox.files import JOURNAL_DIR, READS
+from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 
 BROKER_ENV = "WAKELOOP_BROKER"      # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable

@@ -8,7 +8,7 @@ agent's page. Charts are SVG drawn here.
 app.py (routes, headers, the listener), hosts.py (which Host names are
 answered: DNS rebinding), auth.py (the token, sessions, CSRF, who may read
 and act), pages.py (what each page shows, gathered from the CLI's own
-readers: fleet/views.py, fleet/history.py, records/), charts.py (SVG),
+readers: views/status.py, fleet/wake_history.py, records/), charts.py (SVG),
 escapes.py (the escape suite run in the background), templates/ and static/.
 
 Everything an agent or a model wrote is untrusted: it is only ever put into
@@ -19,6 +19,6 @@ use comes from views.disk_status, as `status` has it).
 The top layer, beside cli.py: may import anything below it (escapes/ too,
 which is why it is not under fleet/).
 
-Not here: what a page shows is decided by fleet/views.py, the same code as
+Not here: what a page shows is decided by views/status.py, the same code as
 `wakeloop status`; the metrics are metrics.py's.
 """

@@ -36,7 +36,7 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from orchestrator import metrics
-from orchestrator.console import approvals as approvals_mod
+from orchestrator.console import approval_pages
 from orchestrator.console import pages as pages_mod
 from orchestrator.console.auth import COOKIE, Access
 from orchestrator.console.charts import bars
@@ -44,10 +44,10 @@ from orchestrator.console.escapes import RUNTIMES, Runner
 from orchestrator.console.hosts import Hosts, refused_line
 from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
-from orchestrator.escapes import history as escape_history
+from orchestrator.escapes import report_history
 from orchestrator.fleet.control import request_run
 from orchestrator.notify.channels import shown
-from orchestrator.notify.health import set_paused
+from orchestrator.records.health import set_paused
 from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
 from orchestrator.records.tasks import add_task
@@ -170,9 +170,9 @@ class Console:
         return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
 
     def _waiting(self) -> list[dict]:
-        """What waits for a person (console/approvals.py); a key that cannot be used says so instead."""
+        """What waits for a person (console/approval_pages.py); a key that cannot be used says so instead."""
         try:
-            return approvals_mod.waiting(self.root)
+            return approval_pages.waiting(self.root)
         except (ConfigError, OSError, ValueError) as exc:   # one agent's unreadable files: said, never a 500
             return [{"error": str(exc)}]
 
@@ -195,7 +195,7 @@ class Console:
     def escapes(self, request: Request):
         assert self.runner is not None      # __post_init__ made one
         run = self.runner.last
-        return self.render(request, "escapes.html", reports=escape_history.latest(), run=run,
+        return self.render(request, "escapes.html", reports=report_history.latest(), run=run,
                            runtimes=RUNTIMES, policies=SHIPPED_POLICIES,
                            refresh=LIVE_REFRESH_S if run and run.running else 0)
 
@@ -267,12 +267,12 @@ class Console:
         if refused:
             return refused
         try:
-            opened = await run_in_threadpool(approvals_mod.open_link, self.root, self.pages, token)
+            opened = await run_in_threadpool(approval_pages.open_link, self.root, self.pages, token)
             if reading:
                 return self.render(request, "approval.html", a=opened.approval, action=opened.link.action,
                                    agent=opened.link.agent, token=token)
-            done = await run_in_threadpool(approvals_mod.decide, opened, form.get("reason", ""), self.poke)
-        except approvals_mod.Refused as exc:
+            done = await run_in_threadpool(approval_pages.decide, opened, form.get("reason", ""), self.poke)
+        except approval_pages.Refused as exc:
             return self.render(request, "error.html", exc.status, message=str(exc))
         return RedirectResponse(f"/?said={done.status}", status_code=303)
 

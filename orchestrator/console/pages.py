@@ -1,7 +1,7 @@
 """What each page shows, as plain data, from the same readers as the CLI.
 
 Fleet: views.fleet_status (the rows of `status ROOT`). Agent: views.agent_status
-(`status AGENT`), the wake history (fleet/history.py), the ledger's cost per
+(`status AGENT`), the wake history (fleet/wake_history.py), the ledger's cost per
 day, the mandate and the policy as loaded, tasks, the outbox. A wake: its
 transcript (records/transcript.py), grouped into turns.
 
@@ -29,8 +29,8 @@ announced, and for as long after the restart as a row read then would be;
 anything wrong with the file and it is ignored (the rows are read again),
 and a row the page cannot show is forgotten (console/app.py _fleet_html).
 
-Not here: the rows' and the status's contents (fleet/views.py), the wake
-history (fleet/history.py), HTML (templates/).
+Not here: the rows' and the status's contents (views/status.py), the wake
+history (fleet/wake_history.py), HTML (templates/).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.fleet.control import scheduler_note
-from orchestrator.fleet.history import WakeIndex
+from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
-from orchestrator.fleet.views import (COST_DAYS, agent_status, budget_line, current_wake, fleet_budget, fleet_row,
+from orchestrator.views.status import (COST_DAYS, agent_status, budget_line, current_wake, fleet_budget, fleet_row,
                                       usd_by_day)
 from orchestrator.records import stopswitch
 from orchestrator.policy.agent import Agent, load_agent

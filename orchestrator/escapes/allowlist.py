@@ -16,7 +16,7 @@ which look up a route and send nothing. Refused means the proxy answered 403
 and the probe's server logged no request; reached means the server logged one.
 
 Not here: the proxy itself and its squid.conf (sandbox/network.py), the
-`network: none` probes (network.py).
+`network: none` probes (network_probes.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from orchestrator.sandbox.engine import check_image, connect
 from orchestrator.escapes.core import HELD, run_suite, temp_lab
 from orchestrator.escapes.host import check_host
 from orchestrator.escapes.registry import ALL_PROBES
-from orchestrator.escapes import history
+from orchestrator.escapes import report_history
 from orchestrator.escapes.report import failed, json_report, text_report
 from orchestrator.records.events import now_iso
 
@@ -69,7 +69,7 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
                                        "seconds": round(seconds, 1), "finished_at": now_iso(),
                                        "probes_run": "all" if not only else len(probes)})
     try:
-        kept = history.save(json.loads(doc))
+        kept = report_history.save(json.loads(doc))
     except OSError as exc:
         print(f"escapes: the report was not kept for the console: {exc}", file=sys.stderr)
     else:

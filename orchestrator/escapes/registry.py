@@ -6,18 +6,18 @@ from orchestrator.escapes import allowlist
 from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
-from orchestrator.escapes import network
+from orchestrator.escapes import network_probes
 from orchestrator.escapes import orchestrator
 from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
 from orchestrator.escapes import surfaces
-from orchestrator.escapes import workspace
+from orchestrator.escapes import workspace_probes
 
 CATEGORIES = ("filesystem", "workspace", "privileges", "network", "allowlist", "information",
               "persistence", "resources", "harness", "orchestrator", "surfaces")
 
-ALL_PROBES = (filesystem.PROBES + workspace.PROBES + privileges.PROBES + network.PROBES
+ALL_PROBES = (filesystem.PROBES + workspace_probes.PROBES + privileges.PROBES + network_probes.PROBES
               + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES
               + orchestrator.PROBES + surfaces.PROBES)
 

@@ -1,10 +1,11 @@
-"""Many agents: the scheduler that wakes them, and the views that show them.
+"""Many agents: the scheduler that wakes them, when, and what serve leaves on disk for others.
 
-scheduler.py (`wakeloop serve`: ticks, concurrency, hot reload, shutdown),
-views.py (status, the status table and the readable event log: the one
-place records are rendered for a person, for the CLI and --json alike),
-logview.py (a transcript rendered, a running wake or a whole root followed),
-control.py (serve's heartbeat, run-now requests).
+scheduler.py (`wakeloop serve`: ticks, concurrency, hot reload, shutdown,
+a failing agent's backoff and pause obeyed), schedule.py (when each agent is
+due), capacity.py (how many wakes fit at once), control.py (serve's
+heartbeat, run-now requests), wake_history.py (an agent's finished wakes,
+indexed for the console).
 
-The top layer beneath cli.py: may import anything below it.
+Sits above wake/: may import anything below it. Not here: showing any of it
+to a person (views/), the failure streak's file (records/health.py).
 """

@@ -7,11 +7,11 @@
 - run-now: `wakeloop run-now AGENT` leaves `state/run-now`; serve, running
   or next started, takes it (removes it) and queues one wake of that agent
   at once, paused or not: a person asked. pause and resume are the agent's
-  health (notify/health.py), which serve reads at every tick.
+  health (records/health.py), which serve reads at every tick.
 
 Files, not a socket: serve may be down, and the request must wait for it.
 
-Not here: the ticks (scheduler.py), the pause flag (notify/health.py).
+Not here: the ticks (scheduler.py), the pause flag (records/health.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.records.files import atomic_write
+from orchestrator.records.atomic import atomic_write
 from orchestrator.records.state import LockHolder
 from orchestrator.records.folder import state_folder
 

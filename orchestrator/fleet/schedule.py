@@ -7,7 +7,7 @@ restart runs a missed tick once, not once per missed tick, and only if it is
 late by less than the agent's interval: a tick missed by more is skipped
 aloud (scheduler.py says so and logs `tick_skipped`), not run hours late.
 
-Not here: running wakes (scheduler.py), showing them (views.py).
+Not here: running wakes (scheduler.py), showing them (views/status.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.files import atomic_write
+from orchestrator.records.atomic import atomic_write
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 

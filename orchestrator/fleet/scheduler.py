@@ -13,7 +13,7 @@ The rules, each kept in one place below:
   by more than the agent's interval: then it is skipped aloud (said, and
   `tick_skipped` in its events) and the next regular tick runs.
 - A paused agent's ticks, and those inside its failure backoff, are skipped
-  aloud (notify/health.py); `wakeloop run-now` queues one wake at once
+  aloud (records/health.py); `wakeloop run-now` queues one wake at once
   (control.py); a wake that cannot start is recorded as that agent's failure.
 - At most K wakes at once across agents (`serve` fits K to the host unless
   told: capacity.py); due wakes queue in the order they fell due (ties by
@@ -47,6 +47,7 @@ Not here: what a wake does (loop.py) or how it is billed (ledger.py).
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -64,11 +65,10 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
                                          parse_schedule, save_tick, stamp, utcnow)
-from orchestrator.fleet.views import describe_receipt
 from orchestrator.fleet import capacity, control
-from orchestrator.notify import health, outcomes
+from orchestrator.notify import outcomes
 from orchestrator.notify.sender import SenderThread
-from orchestrator.records import stopswitch
+from orchestrator.records import health, stopswitch
 
 RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
@@ -276,7 +276,7 @@ class Scheduler:
         return tick
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
-        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (notify/health.py)."""
+        """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (records/health.py)."""
         if self.halted is not None:     # said once when the switch went on
             return True
         h = health.load(entry.dir / "state")
@@ -469,3 +469,28 @@ def serve(root: Path, max_concurrent: int | None = None,
         if stop_beside:
             stop_beside()
         sys.stdout.flush()
+
+
+def describe_receipt(name: str, receipt) -> str:
+    """serve's line for a finished wake: one line a person can follow, then the receipt itself as
+    compact JSON. Here, not in views/: views/ sits above fleet/ and reads it."""
+    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
+    status = data.get("status", "?")
+    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
+    if data.get("dry_run") is True or data.get("live") is False:
+        parts[0] += " (dry run)"
+    ms = data.get("duration_ms")
+    if isinstance(ms, (int, float)):
+        parts[0] += f" in {ms / 1000:.1f}s"
+    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
+               if isinstance(data.get(k), int)]
+    if isinstance(data.get("tokens"), int):
+        details.append(f"{data['tokens']:,} tokens")
+    if isinstance(data.get("usd"), (int, float)):
+        details.append(f"${data['usd']:.4f}")
+    if data.get("task"):
+        details.append(f"task {data['task']}")
+    line = parts[0] + (": " + ", ".join(details) if details else "")
+    if data.get("reason"):
+        line += f"; {data['reason']}"
+    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"

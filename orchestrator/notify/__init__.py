@@ -6,8 +6,9 @@ state/notify/: a file per notification and channel, written before anyone
 tries to send it), channels.py (webhook, slack, email, command: one delivery
 each, one secret-free line on failure), sender.py (delivers what is due, in
 order per channel, with exponential backoff and a bounded give-up),
-health.py (consecutive failures: backoff, `failing` once, pause, `recovered`),
-outcomes.py (what a wake's end, a send_message and a new day put in the queue).
+outcomes.py (what a wake's end, a send_message and a new day put in the queue,
+and which of a failure streak's turns are news: `failing`, `paused`, `recovered`).
+The streak itself, its backoff and the pause live in records/health.py.
 
 Sits beside records/: imports records/ (secrets.py: the one list of secret
 names), errors and policy/schema's line finder and safe YAML reader only,

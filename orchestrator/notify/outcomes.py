@@ -14,7 +14,7 @@ A notification is one JSON object, the same on every channel:
 `id` is stable (agent, run, event, and the message's number or the day),
 so a receiver that sees it twice (at least once) can drop the second.
 
-Not here: sending (sender.py), the failure rules (health.py).
+Not here: sending (sender.py), the failure rules (records/health.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
-from orchestrator.notify import health, queue
+from orchestrator.notify import queue
 from orchestrator.notify.config import Channel
-from orchestrator.records import approval_links
+from orchestrator.records import approval_links, health
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.folder import state_folder
 

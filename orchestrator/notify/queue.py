@@ -3,7 +3,7 @@
     state/notify/queue/<ns>-<channel>-<rnd>.json  one notification for one channel, waiting
     state/notify/done.jsonl                  one line per item delivered or given up
 
-An item is a whole file written atomically (files.atomic_write), named by
+An item is a whole file written atomically (atomic.atomic_write), named by
 the nanosecond it was queued, so a directory listing sorted by name is the
 order to send in, and a crash or kill -9 at any moment leaves each item
 either fully queued or not yet queued, never half. An item leaves the queue

@@ -2,12 +2,13 @@
 
 folder.py (the one walk of an agent folder: every host-side read, write and
 delete there, no link followed, never a FIFO or device, capped), jsontext.py
-(JSON read back, a nesting bomb refused), files.py (atomic write, advisory
+(JSON read back, a nesting bomb refused), atomic.py (atomic write, advisory
 locks), state.py (state.json, the wake lock, inbox and outbox), events.py
 (the append-only event log), ledger.py (prices, usage, the USD ledger and the
-per-wake meter), tasks.py (the task queue), transcript.py (every wake's
+per-wake meter), tasks.py (the task queue), health.py (an agent's failure streak:
+backoff and pause, which the scheduler obeys), transcript.py (every wake's
 words, bounded and pruned).
 
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold
-data; rendering them for a person is fleet/views.py's job.
+data; rendering them for a person is views/status.py's job.
 """

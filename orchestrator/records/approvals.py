@@ -35,7 +35,7 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.records.events import EVENTS_FILE, EventLog
-from orchestrator.records.files import locked
+from orchestrator.records.atomic import locked
 from orchestrator.records.folder import TooBig, state_folder
 from orchestrator.records.jsontext import loads
 

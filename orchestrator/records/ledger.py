@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.files import locked
+from orchestrator.records.atomic import locked
 from orchestrator.records.folder import RECORD_CAP, state_folder
 from orchestrator.records.jsontext import loads
 

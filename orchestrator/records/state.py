@@ -24,7 +24,7 @@ Every file here is read, written and deleted through folder.py: `state` or
 any file in it planted as a link, a FIFO or a device is refused (a corrupt
 state.json, say, is then rebuilt), and every read is capped.
 
-Not here: the workspace (workspace.py) or the event log's format (events.py).
+Not here: the workspace (sandbox/workspace_reads.py) or the event log's format (events.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 from orchestrator.records import retention
 from orchestrator.records.events import read_history
-from orchestrator.records.files import locked
+from orchestrator.records.atomic import locked
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 

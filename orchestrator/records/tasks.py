@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.files import locked
+from orchestrator.records.atomic import locked
 from orchestrator.records.folder import RECORD_CAP, state_folder
 from orchestrator.records.jsontext import loads
 

@@ -29,7 +29,7 @@ tool_result, truncated, end. Every line has "type", "t" (UTC time) and the
 run_id in its file name.
 
 Not here: what a wake records (wake/loop.py), how a transcript is shown
-(fleet/logview.py), the policy keys (policy/schema.py TranscriptPolicy).
+(views/logview.py), the policy keys (policy/schema.py TranscriptPolicy).
 """
 
 from __future__ import annotations

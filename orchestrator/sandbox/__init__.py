@@ -5,7 +5,8 @@ SandboxError), engine.py (the Docker backend: container settings, one call
 start to removal, the host-side deadline), pool.py (containers started ahead),
 oom.py (a box's count of OOM kills, read on the host),
 programs.py (every program of ours that runs inside a box: the seccomp guard,
-the pool's launcher, the write script, the netns holder), seccomp.py (the
+the pool's launcher, the write script, the netns holder; the Python ones are
+files in in_box/), seccomp.py (the
 guard's filter: io_uring and set-id modes refused, per syscall ABI, and the
 small BPF assembler it is written with), network.py (the
 allowlist network and its proxy), output.py (cleaning and capping what a

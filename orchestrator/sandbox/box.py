@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrator.errors import EnvironmentFault
 
 if TYPE_CHECKING:
-    from orchestrator.sandbox.files import Files
+    from orchestrator.sandbox.workspace_reads import Files
 
 WORKSPACE = "/workspace"            # where the agent's workspace is mounted in every box
 TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it

@@ -15,7 +15,7 @@ as a volume of the engine's `local` driver (type ext4, device /dev/loopN):
   blocks back to the host.
 
 The same device is mounted (nosuid, nodev, noexec) where this process reads
-the workspace (workspace.py): over the agent's workspace/ when wakeloop runs
+the workspace (workspace_reads.py): over the agent's workspace/ when wakeloop runs
 the engine itself, so a person sees the files where they always were; at a
 path of its own in the broker, which the orchestrator cannot rename. Images
 live in $WAKELOOP_DISKS (default /var/lib/wakeloop/disks), outside every
@@ -103,8 +103,8 @@ sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
 plain folder with no disk limit, as before. Reading the list needs neither.
 
 Not here: when a box closes (engine.py, broker/server.py), the CLI's
-`disk list|release|rm` (cli.py; rendered by fleet/views.py), the
-workspace's files (files.py), what a wake does with a refused call
+`disk list|release|rm` (cli.py; rendered by views/status.py), the
+workspace's files (workspace_reads.py), what a wake does with a refused call
 (wake/loop.py, notify/outcomes.py).
 """
 

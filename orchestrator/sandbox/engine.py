@@ -38,7 +38,7 @@ from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, 
                                            READY_LINE, carried, command_argv, guarded, write_argv)
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
-from orchestrator.sandbox.files import HostFiles
+from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 
 SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's

@@ -1,7 +1,9 @@
 """Every program of ours that runs inside a box, and how each is started.
 
 The seccomp guard (first in every call), the pool's launcher, write_file's
-script and the allowlist network's netns holder. They are data here so that
+script and the allowlist network's netns holder. The Python ones are real
+files in in_box/ (shipped as package data, checked by ruff and mypy like the
+rest, for the image's python3: 3.11), read here once at import, so that
 `policy explain`, the escape probes and the engine all name the same text.
 
 ## The seccomp guard: one more filter before any agent code runs
@@ -50,6 +52,7 @@ host side (pool.py).
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 
 from orchestrator.sandbox.seccomp import FILTER
 
@@ -58,21 +61,24 @@ BASH = "/bin/bash"                  # the shell a bash call runs, by absolute pa
 COMMAND_ENV = "WAKELOOP_COMMAND_ENV"  # the command's whole environment, as JSON; popped by the guard
 HELD = "held"                       # in the guard's line when a cold call's command is over (GUARD below)
 
+
+def _program(name: str, marks: dict[str, str] | None = None) -> str:
+    """The program in_box/ holds under `name`, as the box gets it: each mark replaced by its value. A mark is
+    valid Python where it stands (a string literal, or text inside one), so ruff and mypy check
+    the file as it is; one that is missing fails at import, never in a box."""
+    text = (files("orchestrator.sandbox") / "in_box" / f"{name}.py").read_text(encoding="utf-8")
+    for mark, value in (marks or {}).items():
+        if mark not in text:
+            raise RuntimeError(f"in_box/{name}.py has no {mark} to fill in")
+        text = text.replace(mark, value)
+    return text
+
+
 # Python source, run as the first thing in the box (`python3 -I`): it sets
 # no_new_privs and installs seccomp.py's filter (io_uring and openat2 answer
 # ENOSYS; a set-uid or set-gid mode answers EPERM, on every ABI), as bytes
 # assembled on the host at import.
-INSTALL = r"""
-import ctypes, struct
-_prog = bytes.fromhex(%r)
-_buf = ctypes.create_string_buffer(_prog, len(_prog))
-_fprog = struct.pack("HxxxxxxP", len(_prog) // 8, ctypes.addressof(_buf))
-_libc = ctypes.CDLL(None, use_errno=True)
-if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog), 0, 0) != 0:
-    import os, sys
-    sys.stderr.write(f"wakeloop: cannot install the seccomp filter: {os.strerror(ctypes.get_errno())}\n")
-    os._exit(126)
-""" % FILTER.hex()
+INSTALL = _program("install_filter", {'"__FILTER_HEX__"': repr(FILTER.hex())})
 
 # Installs the filter, then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
@@ -96,37 +102,7 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
 # the engine's, the count the kernel's; a command that prints it early only
 # makes the host read the count early. Without a pipe on stdin (a `docker run`
 # of these settings) there is no line and no wait.
-GUARD = INSTALL + f"""
-import json, os, stat, sys
-os.dup2(1, 2)
-env = os.environ.pop({COMMAND_ENV!r}, None)
-if not sys.argv[1].startswith("/"):
-    sys.stderr.write(f"wakeloop: not an absolute path: {{sys.argv[1]}}\\n")
-    os._exit(127)
-if env is None:
-    os.execv(sys.argv[1], sys.argv[1:])
-held = stat.S_ISFIFO(os.fstat(0).st_mode)
-pid = os.fork()
-if pid == 0:
-    try:
-        if held:
-            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
-    finally:
-        os._exit(127)
-code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-code = 128 - code if code < 0 else code
-try:
-    os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
-except ProcessLookupError:
-    pass
-if held:
-    os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
-    os.write(1, b"\\0wakeloop:{HELD}:%03d:?\\n" % code)
-    while os.read(0, 4096):
-        pass
-os._exit(code)
-"""
+GUARD = INSTALL + _program("guard", {'"__COMMAND_ENV__"': repr(COMMAND_ENV), "__HELD__": HELD})
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
 
 
@@ -184,50 +160,7 @@ def carried(env: dict[str, str]) -> str:
 # through /proc. Output that merely looks like the line is output. The OOM
 # count is the container's own cgroup's (read-only in the box); "?" where the
 # runtime shows no such count (gVisor), and the host reads it instead (oom.py).
-LAUNCHER = r"""
-import ctypes, json, os, subprocess
-if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
-    os._exit(125)
-def read_exact(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            os._exit(125)
-        data += chunk
-    return data
-def ooms():
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return "1" if int(line.split()[1]) else "0"
-        except (OSError, ValueError):
-            pass
-    return "?"
-os.write(1, b"\0wakeloop:ready\n")
-spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
-os.chdir(spec["cwd"])
-argv, env = spec["argv"], spec["env"]
-if argv[0].startswith("/"):
-    try:
-        code = subprocess.Popen([argv[0] if env is None else os.path.basename(argv[0]), *argv[1:]],
-                                executable=argv[0], env=env, stdin=None if spec["stdin"] else subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, close_fds=True, restore_signals=False).wait()
-    except OSError:
-        code = 127
-    code = 128 - code if code < 0 else code
-else:
-    os.write(1, b"wakeloop: not an absolute path: %s\n" % argv[0].encode())
-    code = 127
-try:
-    os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
-except ProcessLookupError:
-    pass
-os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
-os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
-"""
+LAUNCHER = _program("launcher")
 
 LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
 READY_LINE = b"\0wakeloop:ready\n"   # the launcher's first output: it is listening for its handoff
@@ -251,55 +184,7 @@ LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 # marks, is refused when the directory would then hold all three marks and one
 # of them. Names are compared in any case, as a case-folding filesystem (the
 # user's, later) would. The listing is of the directory the walk holds open.
-WRITE_SCRIPT = r"""
-import os, stat, sys
-root, rel, append = "/workspace", sys.argv[1], sys.argv[2] == "append"
-git = sys.argv[3:4] == ["git"]
-MARKS, RUNS = {"head", "objects", "refs"}, {"config", "config.worktree", "commondir", "hooks"}
-def bare_repo(fd, name, where):
-    name = name.lower()
-    if not git or name not in MARKS | RUNS:
-        return
-    after = {n.lower() for n in os.listdir(fd)} | {name}
-    if MARKS <= after and RUNS & after:
-        print(f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
-              f"takes it for a repository and would run what its {name} says; protect_git keeps "
-              "write_file out of a repository's config and hooks. This is deliberate.")
-        sys.exit(3)
-target = os.path.realpath(os.path.join(root, rel))
-if os.path.commonpath([root, target]) != root or target == root:
-    print(f"refused: {rel} resolves to {target}, outside /workspace"); sys.exit(3)
-if target != os.path.normpath(os.path.join(root, rel)):
-    # The policy's globs were checked on the path as written; a symlink on the
-    # way would carry the write somewhere they never saw. Name the real path.
-    real = os.path.relpath(target, root)
-    print(f"refused: {rel} goes through a symlink; write to {real} instead"); sys.exit(3)
-parts = os.path.relpath(target, root).split(os.sep)
-try:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for i, part in enumerate(parts[:-1]):
-        bare_repo(fd, part, "/".join(parts[:i]))
-        try:
-            os.mkdir(part, 0o755, dir_fd=fd)
-        except FileExistsError:
-            pass
-        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-    bare_repo(fd, parts[-1], "/".join(parts[:-1]))
-    # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
-    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                  | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
-except OSError as exc:
-    print(f"refused: {rel}: {exc.strerror}"); sys.exit(3)
-if not stat.S_ISREG(os.fstat(out).st_mode):
-    print(f"refused: {rel} exists and is not a regular file"); sys.exit(3)
-os.set_blocking(out, True)
-if not append:
-    os.ftruncate(out, 0)
-n = 0
-while chunk := sys.stdin.buffer.read(1 << 16):
-    n += os.write(out, chunk)
-print(f"{'appended' if append else 'wrote'} {n} bytes to {os.path.relpath(target, root)}")
-"""
+WRITE_SCRIPT = _program("write_script")
 
 
 def write_argv(path: str, append: bool = False, protect_git: bool = True) -> list[str]:

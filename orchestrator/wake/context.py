@@ -11,7 +11,7 @@ wakes until memory changes). The one cache breakpoint on the system block
 covers tools + system; model.py adds a moving breakpoint on the last message
 so step N reads steps 1..N-1 from the cache too.
 
-Workspace files are read through workspace.py only (untrusted: no symlink
+Workspace files are read through workspace_reads.py only (untrusted: no symlink
 followed, capped, never a hang). mandate.md is the human's, but under a
 shared ROOT not only the operator writes an agent folder: it is read through
 records/folder.py (no link followed, never a FIFO or device, capped).
@@ -29,7 +29,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from orchestrator.sandbox import files as workspace
+from orchestrator.sandbox import workspace_reads
 from orchestrator.policy.agent import Agent
 from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
@@ -67,16 +67,16 @@ def journal_day(now: datetime) -> str:
 
 
 def build_context(agent: Agent, *, wake: int, now: datetime, inbox: str,
-                  files: workspace.Files | None = None) -> Context:
+                  files: workspace_reads.Files | None = None) -> Context:
     return Context(system=system_prompt(agent, files), first_user=first_message(wake, now, inbox))
 
 
-def system_prompt(agent: Agent, files: workspace.Files | None = None) -> str:
+def system_prompt(agent: Agent, files: workspace_reads.Files | None = None) -> str:
     """`files`: where the workspace is read (the broker's, under compose); default this host's folder."""
-    files = files or workspace.HostFiles(agent.workspace)
-    core = files.read_text_or_none(workspace.CORE_MEMORY)
+    files = files or workspace_reads.HostFiles(agent.workspace)
+    core = files.read_text_or_none(workspace_reads.CORE_MEMORY)
     journal = "\n\n".join(
-        f"--- {name} ---\n{files.read_text(f'{workspace.JOURNAL_DIR}/{name}')}"
+        f"--- {name} ---\n{files.read_text(f'{workspace_reads.JOURNAL_DIR}/{name}')}"
         for name in files.journal_names()[-JOURNAL_TAIL:])
     return f"""You are {agent.name}, an autonomous agent. Nobody watches this session live.
 You wake on a schedule, work, and stop; your continuity exists only in your files.

@@ -63,7 +63,7 @@ start of the next wake, after the registry is built and before the first model
 request, approved calls run and every decided approval is told.
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
-reading the workspace (workspace.py), the lock and state files (state.py),
+reading the workspace (sandbox/workspace_reads.py), the lock and state files (state.py),
 the transcript's format (records/transcript.py), notifications (notify/).
 """
 
@@ -98,8 +98,8 @@ from orchestrator.broker.client import open_sandbox
 from orchestrator.sandbox.box import Sandbox
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
-from orchestrator.sandbox.files import JOURNAL_DIR
-from orchestrator.wake.workspace import append_in_sandbox
+from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
+from orchestrator.wake.journal_stub import append_in_sandbox
 
 CLOSING_NOTE_CAP = 32 * 1024        # chars of the final budget reply kept in the journal
 EVENT_INPUT_CAP = 2000              # chars per tool argument kept in the event log

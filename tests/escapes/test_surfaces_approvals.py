@@ -1,4 +1,4 @@
-"""Every surface probe of escapes/surfaces/approvals.py can fail: each reports ESCAPED
+"""Every surface probe of escapes/surfaces/approval_probes.py can fail: each reports ESCAPED
 against wakeloop with one of its checks switched off (monkeypatch) or an
 older design put back. COVERED names the probes shown able to fail here."""
 
@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 from support import must_escape
-from orchestrator.console import approvals as console_approvals
+from orchestrator.console import approval_pages
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.folder import Folder
 
@@ -32,13 +32,13 @@ def test_unsigned_links_are_forged(surface_lab, monkeypatch):
     real_decide = approvals.decide
     monkeypatch.setattr(approvals, "decide", lambda sd, i, ok, by, reason="", nonce=None, now=None:
                         real_decide(sd, i, ok, by, reason, None, now))
-    real_open = console_approvals.open_link
+    real_open = approval_pages.open_link
 
     def trusting_open(root, pages, token):
         link = _unsigned_verify(None, token)
         a = approvals.load(pages.agent_dir(link.agent) / "state", link.approval_id)
         return real_open.__globals__["Opened"](link, pages.agent_dir(link.agent), a)
-    monkeypatch.setattr(console_approvals, "open_link", trusting_open)
+    monkeypatch.setattr(approval_pages, "open_link", trusting_open)
     assert "b is approved" in escapes(surface_lab, "approvals_refuse_a_forged_or_borrowed_link")
 
 
@@ -47,13 +47,13 @@ def test_stateless_links_are_replayed(surface_lab, monkeypatch):
     def stateless_open(root, pages, token):
         link = approval_links.verify(approval_links.load_key(root, create=False), token)
         agent_dir = pages.agent_dir(link.agent)
-        return console_approvals.Opened(link, agent_dir, approvals.load(agent_dir / "state", link.approval_id))
+        return approval_pages.Opened(link, agent_dir, approvals.load(agent_dir / "state", link.approval_id))
 
     def last_word_wins(sd, approval_id, approve, by, reason="", nonce=None, now=None):
         a = replace(approvals.load(sd, approval_id), status="approved" if approve else "denied", decided_by=by)
         approvals._save(sd, a)
         return a
-    monkeypatch.setattr(console_approvals, "open_link", stateless_open)
+    monkeypatch.setattr(approval_pages, "open_link", stateless_open)
     monkeypatch.setattr(approvals, "decide", last_word_wins)
     assert "now denied" in escapes(surface_lab, "approvals_link_decides_once")
 

@@ -1,4 +1,4 @@
-"""Every surface probe of escapes/surfaces/wire.py can fail: each reports ESCAPED
+"""Every surface probe of escapes/surfaces/wire_probes.py can fail: each reports ESCAPED
 against wakeloop with one of its checks switched off (monkeypatch). COVERED names
 the probes shown able to fail here."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from support import must_escape
 from orchestrator.broker import tls
-from orchestrator.escapes.surfaces import wire as probes
+from orchestrator.escapes.surfaces import wire_probes as probes
 
 pytestmark = pytest.mark.docker
 

@@ -28,7 +28,7 @@ from docker.types import Mount, Ulimit
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
-from orchestrator.escapes.network import LOCAL_ONLY
+from orchestrator.escapes.network_probes import LOCAL_ONLY
 from orchestrator.sandbox import seccomp
 from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
 
@@ -679,14 +679,14 @@ def test_the_path_tricks_probe_escapes_without_the_hosts_path_check(make_lab, mo
 
 
 def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monkeypatch):
-    from orchestrator.escapes import workspace
+    from orchestrator.escapes import workspace_probes
     from orchestrator.sandbox import engine, programs
     flags = "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK"
     assert flags in programs.WRITE_SCRIPT
     blocking = programs.WRITE_SCRIPT.replace(flags, "os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW")
     monkeypatch.setattr(engine, "write_argv", lambda path, append=False, protect_git=True:
                         [programs.PYTHON, "-I", "-c", blocking, path, "append" if append else "write", "-"])
-    monkeypatch.setattr(workspace, "WRITE_TIMEOUT_S", 3)
+    monkeypatch.setattr(workspace_probes, "WRITE_TIMEOUT_S", 3)
     outcome = run_probe(make_lab(), by_name("write_file_does_not_hang_on_fifo"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
@@ -723,9 +723,9 @@ def _trusting_read(workspace, rel, cap):
 
 
 def _trusting_journal(workspace):
-    from orchestrator.sandbox import files
+    from orchestrator.sandbox import workspace_reads
     try:
-        return sorted(n for n in os.listdir(workspace / files.JOURNAL_DIR) if n.endswith(".md"))
+        return sorted(n for n in os.listdir(workspace / workspace_reads.JOURNAL_DIR) if n.endswith(".md"))
     except OSError:
         return []
 
@@ -734,9 +734,9 @@ def _trusting_journal(workspace):
                                         "harness_caps_planted_sparse_file"])
 def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, make_lab, monkeypatch):
     from orchestrator.escapes import harness
-    from orchestrator.sandbox import files
-    monkeypatch.setattr(files, "_read_capped", _trusting_read)
-    monkeypatch.setattr(files, "journal_names", _trusting_journal)
+    from orchestrator.sandbox import workspace_reads
+    monkeypatch.setattr(workspace_reads, "_read_capped", _trusting_read)
+    monkeypatch.setattr(workspace_reads, "journal_names", _trusting_journal)
     monkeypatch.setattr(harness, "HARNESS_READ_DEADLINE_S", 3)
     build = harness._build_prompt
 

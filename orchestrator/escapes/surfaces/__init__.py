@@ -10,13 +10,13 @@ files planted in its trial's own folder, and each runs once, whatever the
 runtime. Only the disk probes make boxes (cold ones, on their trial's own
 agents): a disk is attached by a box.
 
-One module per surface: console.py, approvals.py, notify.py, records.py, disks.py, and
-wire.py (the broker's wire over TCP, attacked by a peer on the network).
+One module per surface: console.py, approval_probes.py, notify.py, records.py, disks.py, and
+wire_probes.py (the broker's wire over TCP, attacked by a peer on the network).
 
 Not here: the model's attacks from inside the box (the other escapes modules).
 """
 
-from orchestrator.escapes.surfaces import approvals, console, disks, notify, records, wire
+from orchestrator.escapes.surfaces import approval_probes, console, disks, notify, records, wire_probes
 
 CATEGORY = "surfaces"
-PROBES = console.PROBES + approvals.PROBES + notify.PROBES + records.PROBES + disks.PROBES + wire.PROBES
+PROBES = console.PROBES + approval_probes.PROBES + notify.PROBES + records.PROBES + disks.PROBES + wire_probes.PROBES

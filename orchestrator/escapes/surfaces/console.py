@@ -94,7 +94,7 @@ class Served:
         return {"Cookie": f"{COOKIE}={self.access.session}"}
 
     def paused(self) -> bool:
-        from orchestrator.notify.health import load
+        from orchestrator.records.health import load
         return load(self.root / AGENT / "state").paused
 
 

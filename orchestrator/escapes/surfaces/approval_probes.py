@@ -11,7 +11,7 @@ Not guarded against here, and said so in the README: an orchestrator taken
 over. It holds ROOT/approvals.key and serves the console, so it can approve.
 
 Not here: the approvals themselves (records/approvals.py, records/approval_links.py,
-console/approvals.py), each probe's weakened control (tests/escapes/test_surfaces_approvals.py).
+console/approval_pages.py), each probe's weakened control (tests/escapes/test_surfaces_approvals.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An agent's health: consecutive failed wakes, the backoff they earn, `failing` once, pause, `recovered`.
 
-`state/health.json`, read-modify-written under a lock (files.locked):
+`state/health.json`, read-modify-written under a lock (atomic.locked):
 
 - A failed wake (a dead letter, or a wake that could not start: a bad
   agent.yaml or policy, no engine, no broker, a missing price) adds one to
@@ -23,10 +23,9 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from orchestrator.records.files import atomic_write, locked
+from orchestrator.records.atomic import atomic_write, locked
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
-from orchestrator.notify.queue import ITEM_CAP
 
 HEALTH_FILE = "health.json"
 HEALTH_LOCK = "health.lock"
@@ -34,6 +33,7 @@ FAILING_AFTER = 2                   # failures in a row before `failing` (one de
 BACKOFF_BASE_S = 60.0               # wait after the first failure before the next tick runs
 BACKOFF_CAP_S = 3600.0              # longest wait between failing wakes
 BY_HAND = "paused by hand"
+HEALTH_CAP = 1 * 2**20              # bytes of health.json read (a reason may be long; the cap it always had)
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,12 @@ class Health:
 
 
 def backoff_s(failures: int) -> float:
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** max(0, failures - 1))
 
 
 def load(state_dir: Path) -> Health:
     try:
-        raw = loads(state_folder(state_dir).read_text(HEALTH_FILE, ITEM_CAP))   # no link, capped
+        raw = loads(state_folder(state_dir).read_text(HEALTH_FILE, HEALTH_CAP))   # no link, capped
         return Health(**{k: v for k, v in raw.items() if k in Health.__dataclass_fields__})
     except (OSError, ValueError, TypeError):
         return Health()     # none yet, or unreadable: a healthy agent is the safe reading
@@ -75,7 +75,8 @@ def record(state_dir: Path, ok: bool, reason: str, *, at: float, at_iso: str, pa
     return new, said
 
 
-def _next(h: Health, ok: bool, reason: str, at: float, at_iso: str, pause_after: int, fatal: bool):
+def _next(h: Health, ok: bool, reason: str, at: float, at_iso: str, pause_after: int,
+          fatal: bool) -> tuple[Health, list[str]]:
     if ok:
         said = ["recovered"] if h.failing_sent else []
         keep = h.paused and h.paused_reason == BY_HAND

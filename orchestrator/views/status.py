@@ -18,11 +18,11 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 from orchestrator.fleet.control import scheduler_note
-from orchestrator.notify import health, queue
+from orchestrator.notify import queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
-from orchestrator.records import retention, stopswitch
+from orchestrator.records import health, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
@@ -371,30 +371,6 @@ def _short_time(iso: str | None, now: datetime) -> str:
 def _cut(text: str, width: int) -> str:
     """At most `width` characters, cut at a word boundary (--json keeps the whole text)."""
     return text if len(text) <= width else textwrap.shorten(text, width, placeholder="...")
-
-
-def describe_receipt(name: str, receipt) -> str:
-    """One line a person can follow, then the receipt itself as compact JSON."""
-    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
-    status = data.get("status", "?")
-    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
-    if data.get("dry_run") is True or data.get("live") is False:
-        parts[0] += " (dry run)"
-    ms = data.get("duration_ms")
-    if isinstance(ms, (int, float)):
-        parts[0] += f" in {ms / 1000:.1f}s"
-    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
-               if isinstance(data.get(k), int)]
-    if isinstance(data.get("tokens"), int):
-        details.append(f"{data['tokens']:,} tokens")
-    if isinstance(data.get("usd"), (int, float)):
-        details.append(f"${data['usd']:.4f}")
-    if data.get("task"):
-        details.append(f"task {data['task']}")
-    line = parts[0] + (": " + ", ".join(details) if details else "")
-    if data.get("reason"):
-        line += f"; {data['reason']}"
-    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"
 
 
 def format_event(event: Event) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.console import pages as pages_mod
-from orchestrator.fleet import approvals as fleet_approvals
+from orchestrator.views import fleet_approvals
 from orchestrator.fleet.control import request_run
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.approval_links import LinkError

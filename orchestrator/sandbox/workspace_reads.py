@@ -19,7 +19,7 @@ folder, or the mount of its disk (disk.py); under compose the broker reads
 for the orchestrator with the same functions (broker/server.py, op `read`).
 
 Not here: what the files mean (wake/context.py), the harness's one write, an
-append from inside a box (wake/workspace.py), the agent's own writes (tools.py).
+append from inside a box (wake/journal_stub.py), the agent's own writes (tools.py).
 """
 
 from __future__ import annotations

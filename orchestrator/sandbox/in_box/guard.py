@@ -1,0 +1,35 @@
+# In the box, after install_filter.py in the same program (programs.GUARD): becomes, or waits for, the call's
+# program. Runs as /usr/bin/python3 -I of the sandbox image (3.11); the host fills in the two marked names.
+import json
+import os
+import stat
+import sys
+
+os.dup2(1, 2)
+env = os.environ.pop("__COMMAND_ENV__", None)
+if not sys.argv[1].startswith("/"):
+    sys.stderr.write(f"wakeloop: not an absolute path: {sys.argv[1]}\n")
+    os._exit(127)
+if env is None:
+    os.execv(sys.argv[1], sys.argv[1:])
+held = stat.S_ISFIFO(os.fstat(0).st_mode)
+pid = os.fork()
+if pid == 0:
+    try:
+        if held:
+            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+        os.execve(sys.argv[1], [os.path.basename(sys.argv[1]), *sys.argv[2:]], json.loads(env))
+    finally:
+        os._exit(127)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+code = 128 - code if code < 0 else code
+try:
+    os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
+except ProcessLookupError:
+    pass
+if held:
+    os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
+    os.write(1, b"\0wakeloop:__HELD__:%03d:?\n" % code)
+    while os.read(0, 4096):
+        pass
+os._exit(code)
