@@ -10,7 +10,7 @@ health.py (consecutive failures: backoff, `failing` once, pause, `recovered`),
 outcomes.py (what a wake's end, a send_message and a new day put in the queue).
 
 Sits beside records/: imports records/ (secrets.py: the one list of secret
-names), errors and policy/schema's line finder and safe YAML reader only,
+names), errors and records/yamlfile.py's line finder and safe YAML reader only,
 never wake/ or fleet/, so the loop, the scheduler, policy/agent.py (which
 reads `notify:`) and policy/ceiling.py (its notify_env check) can all call it.
 """

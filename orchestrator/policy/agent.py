@@ -5,7 +5,7 @@ under a shared ROOT whoever may write one agent folder is not the operator:
 every file of the folder is read through records/folder.py (no link followed,
 `state` itself included; never a FIFO or device; capped). A policy path in
 agent.yaml inside the folder is read the same way; one outside it (a shared
-policy of the operator's) with schema.read_config's checks.
+policy of the operator's) with records/yamlfile.py's read_config checks.
 workspace/ is the agent's and untrusted; state/ is the host's alone.
 """
 
@@ -24,8 +24,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
-from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
-                                        read_config)
+from orchestrator.policy.load import load_policy, policy_from_mapping
+from orchestrator.policy.schema import Policy, PolicyError
+from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"

@@ -54,8 +54,9 @@ import re
 
 import yaml
 
-from orchestrator.policy.schema import (NETWORKS, SIZE_FIELDS, Policy, PolicyError, line_of, parse_host,
-                                        parse_size)
+from orchestrator.policy.load import SIZE_FIELDS, parse_host, parse_size
+from orchestrator.policy.schema import NETWORKS, Policy, PolicyError
+from orchestrator.records.yamlfile import line_of
 from orchestrator.notify.config import expand_refusal
 
 if TYPE_CHECKING:
