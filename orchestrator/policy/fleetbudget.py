@@ -20,6 +20,7 @@ caps (schema.py Budget).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -35,7 +36,7 @@ KEYS = ("max_usd_per_day", "max_usd_per_month")
 CEILING_KEYS = {"max_usd_per_day": "fleet_usd_per_day", "max_usd_per_month": "fleet_usd_per_month"}
 
 
-def load_fleet_budget(root: Path, environ=os.environ) -> FleetCaps:
+def load_fleet_budget(root: Path, environ: Mapping[str, str] = os.environ) -> FleetCaps:
     """The fleet's caps for ROOT: budget.yaml's, within the ceiling's; PolicyError naming file:line: key."""
     root = Path(root)
     bounds, ceiling_source = _bounds(environ)
@@ -68,7 +69,7 @@ def load_fleet_budget(root: Path, environ=os.environ) -> FleetCaps:
     return FleetCaps(root, **{**bounds, **caps}, source=str(path))
 
 
-def _bounds(environ) -> tuple[dict[str, float], str]:
+def _bounds(environ: Mapping[str, str]) -> tuple[dict[str, float], str]:
     """The ceiling's fleet bounds, by budget.yaml's key; ({}, "") without a ceiling."""
     source = environ.get(CEILING_ENV, "").strip()
     if not source:

@@ -211,17 +211,17 @@ _USER = re.compile(r"^(\d+):(\d+)$")
 
 def _user(value: Any, path: KeyPath, source: str, node: Node) -> str:
     if value == "auto":
-        return value
+        return "auto"
     match = _USER.match(value) if isinstance(value, str) else None
     if not match:
         raise ValueError(f'expected "auto" or "UID:GID" such as "1000:1000", got {value!r}')
     if int(match.group(1)) == 0 or int(match.group(2)) == 0:
         raise ValueError(f"{value!r} is root; the sandbox never runs as uid or gid 0")
-    return value
+    return match.group(0)
 
 
 def _network(value: Any, path: KeyPath, source: str, node: Node) -> str:
-    if value not in NETWORKS:
+    if not isinstance(value, str) or value not in NETWORKS:
         raise ValueError(f"expected one of {', '.join(NETWORKS)}, got {value!r}")
     return value
 
