@@ -54,8 +54,8 @@ import re
 
 import yaml
 
-from orchestrator.policy.load import SIZE_FIELDS, parse_host, parse_size
-from orchestrator.policy.schema import NETWORKS, Policy, PolicyError
+from orchestrator.policy.load import parse_host, parse_size
+from orchestrator.policy.schema import NETWORKS, SIZE_FIELDS, Policy, PolicyError
 from orchestrator.records.yamlfile import KeyPath, line_of
 from orchestrator.notify.config import expand_refusal
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from orchestrator.policy.schema import (APPROVE_TOOLS, MAX_APPROVE_RULES, MIN_EXPIRES_S, NETWORKS, ApproveRule, Policy,
-                                        PolicyError)
+from orchestrator.policy.schema import (APPROVE_TOOLS, MAX_APPROVE_RULES, MIN_EXPIRES_S, NETWORKS, SIZE_FIELDS,
+                                        ApproveRule, Policy, PolicyError)
 from orchestrator.records.folder import Place
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE
 from orchestrator.records.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
@@ -40,9 +40,6 @@ Check = Callable[[Any, KeyPath, str, Node], Any]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_SIZE_FIELDS = {"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
-                "max_agent_bytes", "rotate_size", "keep_size"}
-SIZE_FIELDS = frozenset(_SIZE_FIELDS | {"disk"})   # every field read as a size (disk: or none)
 MIN_MEMORY = 6 * 2**20                  # bytes; the engine refuses a smaller memory limit
 MIN_DISK = 16 * 2**20                   # bytes; ext4's journal and metadata need a few MiB
 MIN_FILES = 64                          # inodes; the filesystem's own take eleven
@@ -393,7 +390,7 @@ def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveR
 
 
 _CHECKS: dict[str, Check] = {
-    **{name: _size for name in _SIZE_FIELDS},
+    **{name: _size for name in SIZE_FIELDS},     # disk's own check comes after, and wins
     "pool": _pool, "disk": _disk, "files": _files, "rotate_size": _rotate_size,
     "version": _version, "user": _user, "network": _network, "runtime": _runtime,
     "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,

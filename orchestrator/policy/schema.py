@@ -27,6 +27,9 @@ from orchestrator.records.yamlfile import ConfigFileError
 PolicyError = ConfigFileError
 
 NETWORKS = ("none", "allowlist", "bridge")   # sandbox.network's values
+# Every field read as a size ('64m', '1GiB' or bytes; load.py's parse_size); disk also takes `none`.
+SIZE_FIELDS = frozenset({"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
+                         "max_agent_bytes", "rotate_size", "keep_size", "disk"})
 
 
 @dataclass(frozen=True)
