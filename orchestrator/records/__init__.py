@@ -8,6 +8,9 @@ locks), state.py (state.json, the wake lock, inbox and outbox), events.py
 per-wake meter), tasks.py (the task queue), transcript.py (every wake's
 words, bounded and pruned).
 
+yamlfile.py (every config file read as untrusted YAML, with each key's line:
+policy/ and notify/ both stand on it).
+
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold
 data; rendering them for a person is fleet/views.py's job.
 """
