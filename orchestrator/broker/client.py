@@ -22,10 +22,10 @@ import docker.errors
 from orchestrator.broker import wire
 from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
+from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.files import HostFiles
-from orchestrator.sandbox.policy_check import check_against_engine
 
 RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
