@@ -218,6 +218,15 @@ def test_paths_are_normalised_first(raw, rel):
     assert normalise(raw) == rel
 
 
+@pytest.mark.parametrize("raw", ["a.txt", "./a//b/", "a/../b", "../x", "/etc/x", ".", "./", "a\0b", "a\x7fb", "",
+                                 "a/..", "..."])
+def test_the_policy_and_the_box_apply_one_path_rule(raw):
+    from orchestrator.policy import paths
+    from orchestrator.sandbox import engine
+    assert engine.check_write_path is paths.check_write_path     # the box's own copy is gone
+    assert (normalise(raw) is None) == (paths.check_write_path(raw) is not None), raw
+
+
 def test_git_hooks_and_config_are_denied_by_default_at_any_depth():
     w = DEFAULT.tools.write_file
     for path in (".git/hooks/pre-commit", "./.git//config", "sub/.git/hooks/post-checkout"):
