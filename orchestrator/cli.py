@@ -493,7 +493,7 @@ def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, sy
 
 def cmd_policy_check(args) -> int:
     from orchestrator.policy.ceiling import is_ceiling, load_ceiling
-    from orchestrator.policy.schema import load_policy
+    from orchestrator.policy.load import load_policy
     ceiling = is_ceiling(args.file)
     (load_ceiling if ceiling else load_policy)(args.file)  # a PolicyError is the one-line reason, exit 2
     print(f"ok: {args.file}{' (a broker ceiling)' if ceiling else ''}")
@@ -502,7 +502,7 @@ def cmd_policy_check(args) -> int:
 
 def cmd_policy_explain(args) -> int:
     from orchestrator.sandbox.explain import explain, explain_data
-    from orchestrator.policy.schema import check_against_engine
+    from orchestrator.sandbox.policy_check import check_against_engine
     from orchestrator.wake.tools import build_registry
     agent = load_agent(args.agent_dir)
     client = connect()

@@ -19,7 +19,8 @@ import pytest
 import support
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.policy.schema import PolicyError, parse_policy
+from orchestrator.policy.load import parse_policy
+from orchestrator.policy.schema import PolicyError
 from orchestrator.records import approvals
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake

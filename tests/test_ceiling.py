@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.policy.ceiling import Ceiling, load_ceiling
-from orchestrator.policy.schema import DEFAULT, PolicyError, load_policy
+from orchestrator.policy.load import load_policy
+from orchestrator.policy.schema import DEFAULT, PolicyError
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "policies" / "ceiling.yaml"

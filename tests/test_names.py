@@ -39,7 +39,7 @@ SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", "node_modu
 
 # Names that are not files of ours, each with why it is named.
 ALLOWED = {
-    "x.py": "an example of the agent's own script, in a comment (policy/schema.py)",
+    "x.py": "an example of the agent's own script, in a comment (policy/load.py)",
     "policies/NAME.yaml": "a placeholder for any shipped policy's name (assets.py)",
     "runtime/abstract.py": "SWE-ReX's typed requests, prior art (issue text, STYLE)",
     "remote_executors.py": "smolagents' executors, prior art",

@@ -32,7 +32,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.sandbox import network
-from orchestrator.policy.schema import policy_from_mapping
+from orchestrator.policy.load import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
 from squidconf import squid_without_address_rules
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.policy.agent import init_agent
-from orchestrator.policy.schema import (DEFAULT, PolicyError, WriteFileTool, check_against_engine,
-                                 glob_match, normalise, parse_policy, parse_size)
+from orchestrator.policy.load import parse_policy, parse_size
+from orchestrator.policy.paths import glob_match, normalise
+from orchestrator.policy.schema import DEFAULT, PolicyError, WriteFileTool
+from orchestrator.sandbox.policy_check import check_against_engine
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (REPO / "policies").glob("*.yaml") if p.name != "ceiling.yaml")  # not a policy
@@ -208,18 +210,28 @@ def test_glob_semantics(pattern, path, matches):
 
 
 @pytest.mark.parametrize("raw, rel", [
-    ("a.txt", "a.txt"), ("./a//b/", "a/b"), ("a/./b", "a/b"), ("a/../b", "b"),
+    ("a.txt", "a.txt"), ("./a//b/", "a/b"), ("a/./b", "a/b"),
+    ("a/../b", None),   # the box refuses any '..' (a/ may be a link), so the policy never calls it b
     ("../x", None), ("/etc/passwd", None), (".", None), ("a/../..", None), ("x\ny", None), ("", None),
 ])
 def test_paths_are_normalised_first(raw, rel):
     assert normalise(raw) == rel
 
 
+@pytest.mark.parametrize("raw", ["a.txt", "./a//b/", "a/../b", "../x", "/etc/x", ".", "./", "a\0b", "a\x7fb", "",
+                                 "a/..", "..."])
+def test_the_policy_and_the_box_apply_one_path_rule(raw):
+    from orchestrator.policy import paths
+    from orchestrator.sandbox import engine
+    assert engine.check_write_path is paths.check_write_path     # the box's own copy is gone
+    assert (normalise(raw) is None) == (paths.check_write_path(raw) is not None), raw
+
+
 def test_git_hooks_and_config_are_denied_by_default_at_any_depth():
     w = DEFAULT.tools.write_file
-    for path in (".git/hooks/pre-commit", "./.git//config", "sub/.git/hooks/post-checkout",
-                 "x/../.git/config"):
+    for path in (".git/hooks/pre-commit", "./.git//config", "sub/.git/hooks/post-checkout"):
         assert "(protect_git)" in w.refusal(path, 1), path
+    assert "without '..'" in w.refusal("x/../.git/config", 1)   # no '..' at all, before .git is looked at
     assert w.refusal(".gitignore", 1) is None
     assert w.refusal(".github/workflows/ci.yml", 1) is None
     assert w.refusal("src/git/config", 1) is None

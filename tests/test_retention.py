@@ -18,7 +18,8 @@ import pytest
 from orchestrator.views.status import agent_status
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.ceiling import Ceiling
-from orchestrator.policy.schema import PolicyError, parse_policy
+from orchestrator.policy.load import parse_policy
+from orchestrator.policy.schema import PolicyError
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_history
 from orchestrator.records.retention import Retention, enforce, segments

@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.views.logview import render_line, render_transcript
 from orchestrator.policy.ceiling import load_ceiling
-from orchestrator.policy.schema import Policy, PolicyError, parse_policy
+from orchestrator.policy.load import parse_policy
+from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records import transcript as tr
 
 SECRET = "sk-ant-test-0123456789abcdef"

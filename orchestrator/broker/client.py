@@ -13,15 +13,16 @@ Not here: the wire format (wire.py), serving (server.py).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable
+from typing import TypeVar
 
 import docker.errors
 
 from orchestrator.broker import wire
 from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
-from orchestrator.policy.schema import check_against_engine
+from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.workspace_reads import HostFiles
@@ -30,6 +31,8 @@ RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
 CHECK_TIMEOUT_S = 10.0
 
+T = TypeVar("T")
+
 
 class BrokerClient:
     """The broker at `socket_path`, one method per op."""
@@ -37,7 +40,7 @@ class BrokerClient:
     def __init__(self, socket_path: str | Path):
         self.socket_path = str(socket_path)
 
-    def ping(self) -> dict:
+    def ping(self) -> wire.JSONObject:
         return wire.request(self.socket_path, wire.Ping(), 10)
 
     def rate(self) -> EngineRate:
@@ -59,7 +62,8 @@ class BrokerClient:
         """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
         return wire.result_of(wire.request(self.socket_path, op, timeout_s + REPLY_MARGIN_S))
 
-    def read(self, agent: str, what: str, arg: str | None = None):
+    def read(self, agent: str, what: str, arg: str | None = None) -> object:
+        """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
         return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
 
 
@@ -72,7 +76,7 @@ class BrokerSandbox:
         self.broker = BrokerClient(socket_path)
         self.socket_path = self.broker.socket_path
         self.agent = agent_name
-        self.warning = None
+        self.warning: str | None = None
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
@@ -110,23 +114,33 @@ class BrokerFiles:
     def __init__(self, socket_path: str, agent: str):
         self.broker, self.agent = BrokerClient(socket_path), agent
 
-    def _read(self, what: str, arg: str | None = None):
+    def _read(self, what: str, arg: str | None = None) -> object:
         return self.broker.read(self.agent, what, arg)
 
     def read_text(self, rel: str) -> str:
-        return self._read("read_text", rel)
+        return _expect(str, self._read("read_text", rel))
 
     def read_text_or_none(self, rel: str) -> str | None:
-        return self._read("read_text_or_none", rel)
+        value = self._read("read_text_or_none", rel)
+        return None if value is None else _expect(str, value)
 
     def journal_names(self) -> list[str]:
-        return self._read("journal_names")
+        names = _expect(list, self._read("journal_names"))
+        return [_expect(str, name) for name in names]
 
     def journal_size(self, day: str) -> int | None:
-        return self._read("journal_size", day)
+        value = self._read("journal_size", day)
+        return None if value is None else _expect(int, value)
 
 
-def open_files(agent: Agent, environ=os.environ):
+def _expect(kind: type[T], value: object) -> T:
+    """`value` if the broker sent the type a read returns; SandboxError if not."""
+    if not isinstance(value, kind):
+        raise SandboxError("the sandbox broker sent a malformed read")
+    return value
+
+
+def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerFiles | HostFiles:
     """How `agent`'s workspace is read, for a command that makes no box (`wakeloop
     context`): the broker's reading under compose, else the folder (or its disk's
     mount over it, which the agent's last wake left)."""
@@ -134,14 +148,14 @@ def open_files(agent: Agent, environ=os.environ):
     return BrokerFiles(path, agent.dir.name) if path else HostFiles(agent.workspace)
 
 
-def broker_socket(environ=os.environ) -> str | None:
+def broker_socket(environ: Mapping[str, str] = os.environ) -> str | None:
     """The broker's socket when $WAKELOOP_BROKER names one; None: the local engine."""
     return environ.get(BROKER_ENV, "").strip() or None
 
 
 def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = None,
                  fresh: bool = False, say: Callable[[str], None] = lambda line: None,
-                 environ=os.environ) -> Sandbox:
+                 environ: Mapping[str, str] = os.environ) -> Sandbox:
     """The Sandbox for `agent`'s calls: the broker's under compose, else the local
     engine's. Either is checked before it is returned (the broker: would it serve
     this agent; the engine: image and runtime), so a refusal is one line now, not

@@ -32,7 +32,7 @@ another box holds it); all close at exit.
 Against an orchestrator taken over (which plants files in ROOT and holds the
 socket): an agent name must be a real folder directly under ROOT; agent.yaml
 and its policy file are read as untrusted (regular files only, capped, no YAML
-aliases: schema.read_config); a request line must arrive whole within
+aliases: records/yamlfile.py); a request line must arrive whole within
 REQUEST_READ_S; calls in flight, agents with a box, and open connections are
 capped, and a request past a cap is refused at once, never queued; a retired
 allowlist box takes its proxy and network with it; log lines are cut short.
@@ -82,15 +82,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import docker
 
 from orchestrator.sandbox import disk, network, rate
-from orchestrator.policy.agent import AgentError, load_agent
+from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
-from orchestrator.policy.schema import DEFAULT, PolicyError
+from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
 from orchestrator.broker import tls, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -122,6 +122,8 @@ RATE_PARALLEL_PER_CORE = 2
 LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
 REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
+# Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
+Place = tuple[Path, Path, str, "disk.Identity | None"]
 
 
 # -- where ROOT is on the host -------------------------------------------------------
@@ -163,7 +165,7 @@ class _HostPathSandbox(DockerSandbox):
     broker's own path. `identity`: the folder's, read once when the box is made, both
     to claim its disk and to key the kept box (None: no disk)."""
 
-    def __init__(self, workspace: Path, host_workspace: Path, policy, **kwargs):
+    def __init__(self, workspace: Path, host_workspace: Path, policy: SandboxPolicy, **kwargs: Any) -> None:
         self.host_workspace = host_workspace
         super().__init__(workspace, policy, host_path=host_workspace, private_view=True, **kwargs)
 
@@ -198,13 +200,14 @@ class _AgentBox:
 class Broker:
     """Turns one request into one sandbox call for one agent under ROOT."""
 
-    def __init__(self, root: Path, client: docker.DockerClient | None = None, log=print,
-                 ceiling: Ceiling | None = None):
+    def __init__(self, root: Path, client: docker.DockerClient | None = None, log: Callable[[str], None] = print,
+                 ceiling: Ceiling | None = None) -> None:
         self.root = Path(root).resolve()
         self.ceiling = ceiling or Ceiling()     # what no agent's policy may exceed
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
-        self.log = lambda line: log(_cut(line, LOG_LINE_CHARS))   # a planted reason cannot flood the log
+        # Cut to LOG_LINE_CHARS: a planted reason cannot flood the log.
+        self.log: Callable[[str], None] = lambda line: log(_cut(line, LOG_LINE_CHARS))
         self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
         self._lock = threading.Lock()            # the server runs each request on a thread
         self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
@@ -218,11 +221,11 @@ class Broker:
         self._rate_at: tuple[float, wire.EngineRate] | None = None     # (when, the rate op's answer)
         self._held_before = disk.holding()    # another's disks in this process (a test, a probe): not ours to let go
 
-    def handle(self, raw) -> dict:
+    def handle(self, raw: object) -> wire.JSONObject:
         """One request line's JSON value, its reply; BrokerError if refused."""
         return self.serve(wire.parse(raw))
 
-    def serve(self, req: wire.Request) -> dict:
+    def serve(self, req: wire.Request) -> wire.JSONObject:
         if isinstance(req, wire.Ping):
             return wire.ok({"root": str(self.root)})
         if isinstance(req, wire.Rate):    # serve fits its K to the engine it cannot see
@@ -285,7 +288,7 @@ class Broker:
             if entry is not None:
                 getattr(entry.box, how)()
 
-    def _agent(self, name: str):
+    def _agent(self, name: str) -> Agent:
         agent_dir = real_agent_dir(self.root, name)
         try:
             agent = load_agent(agent_dir)  # fresh every call: the policy on disk is the policy
@@ -318,7 +321,7 @@ class Broker:
 
     # -- one sandbox per agent, its pool kept warm across requests ----------------------
 
-    def _acquire(self, agent) -> _AgentBox:
+    def _acquire(self, agent: Agent) -> _AgentBox:
         """The agent's box, made on its first request, set to the policy just read.
         Hand it back with _release."""
         name, policy = agent.dir.name, agent.policy.sandbox
@@ -382,7 +385,7 @@ class Broker:
             self.log(f"{box.agent}: {box.release_problem}")
         self._drop_egress(box.workspace, box.policy)
 
-    def _drop_egress(self, workspace: Path, policy) -> None:
+    def _drop_egress(self, workspace: Path, policy: SandboxPolicy) -> None:
         if policy.network != "allowlist":
             return
         key = network.plan(workspace, policy.allow_hosts).key
@@ -453,7 +456,7 @@ class Broker:
         for problem in disk.let_go_all(self.client, kept=self._held_before):   # any a box could not: none, normally
             self.log(problem)
 
-    def _read(self, agent, req: wire.Read):
+    def _read(self, agent: Agent, req: wire.Read) -> object:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
         entry = self._acquire(agent)   # makes and mounts the disk on a first request
         try:
@@ -464,7 +467,8 @@ class Broker:
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _allowed(self, agent, req: wire.Run | wire.Write | wire.Append) -> Callable[[DockerSandbox], SandboxResult]:
+    def _allowed(self, agent: Agent,
+                 req: wire.Run | wire.Write | wire.Append) -> Callable[[DockerSandbox], SandboxResult]:
         """The call the agent's policy allows, or BrokerError. Append is allowed whatever
         the tools policy says (a bash-less agent still gets its stub): wire.parse held it
         to one path shape and a size cap."""
@@ -484,10 +488,11 @@ class Broker:
                                      protect_git=tool.protect_git)
 
 
-def _needs_new_box(box: _HostPathSandbox, place: tuple, policy) -> bool:
+def _needs_new_box(box: _HostPathSandbox, place: Place, policy: SandboxPolicy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
-    fixed = lambda p: (p.pool, p.network, p.allow_hosts)
+    def fixed(p: SandboxPolicy) -> tuple[int, str, tuple[str, ...]]:
+        return p.pool, p.network, p.allow_hosts
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
@@ -526,7 +531,7 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server | _TLSServer     # the one make_server made
 
-    def handle(self):
+    def handle(self) -> None:
         server = self.server
         if not self._proven(server):    # before it counts: a peer that cannot prove itself holds no slot
             return
@@ -539,7 +544,7 @@ class _Handler(socketserver.BaseRequestHandler):
             with server.connections_lock:
                 server.open_connections -= 1
 
-    def _proven(self, server) -> bool:
+    def _proven(self, server: _Serving) -> bool:
         """Over TLS: the handshake, and the client proven the orchestrator (tls.py), or the
         connection closed with nothing sent. At most MAX_HANDSHAKES at once: past them a new
         connection is closed at once. Refusals are logged at most once per REFUSALS_LOG_S, with
@@ -561,11 +566,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 server.handshaking -= 1
         return True
 
-    def finish(self):
+    def finish(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):   # the server closes the plain socket it accepted,
             self.request.close()                      # which the TLS one took over
 
-    def _serve(self, broker: "Broker", over: bool):
+    def _serve(self, broker: Broker, over: bool) -> None:
         try:
             if over:   # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
@@ -588,7 +593,7 @@ class _Handler(socketserver.BaseRequestHandler):
             pass  # the client went away; the container is gone already
 
 
-def _log_refusal(server, what: str) -> None:
+def _log_refusal(server: _Serving, what: str) -> None:
     """One line per REFUSALS_LOG_S however many peers fail to prove themselves: the first, and a count."""
     with server.connections_lock:
         server.refused += 1
@@ -600,7 +605,7 @@ def _log_refusal(server, what: str) -> None:
                                                             if count > 1 else ""))
 
 
-class _Serving(socketserver.ThreadingMixIn):
+class _Serving(socketserver.ThreadingMixIn, socketserver.BaseServer):
     # On shutdown server_close() joins the request threads: a call in flight
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
@@ -615,7 +620,7 @@ class _Serving(socketserver.ThreadingMixIn):
     refusal_logged = float("-inf")      # when that line was
     broker: Broker                      # set by make_server
 
-    def service_actions(self):
+    def service_actions(self) -> None:
         # Between polls of the serve loop; a rare close (two container removals)
         # only delays the next accept, and requests wait in the listen backlog.
         super().service_actions()
@@ -677,12 +682,18 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
     print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
           f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
           f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
-    halt = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
+    def halt(*_: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, halt)
         signal.signal(signal.SIGINT, halt)
     if stop is not None:
-        threading.Thread(target=lambda: (stop.wait(), halt()), daemon=True).start()
+        stopped = stop
+
+        def halt_when_stopped() -> None:
+            stopped.wait()
+            halt()
+        threading.Thread(target=halt_when_stopped, daemon=True).start()
     if ready is not None:
         ready.set()
     try:

@@ -41,6 +41,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -89,12 +90,16 @@ def client_context(folder: Path) -> ssl.SSLContext:
     return _cached(make_client_context, folder, _stamps(files(folder, ORCHESTRATOR_NAME)))
 
 
+# (inode, mtime) of each file a context was made from: a new file makes a new context.
+Stamps = tuple[tuple[int, int], ...]
+
+
 @functools.lru_cache(maxsize=8)
-def _cached(make, folder: Path, stamps: tuple) -> ssl.SSLContext:
+def _cached(make: Callable[[Path], ssl.SSLContext], folder: Path, stamps: Stamps) -> ssl.SSLContext:
     return make(folder)
 
 
-def _stamps(paths) -> tuple:
+def _stamps(paths: Iterable[Path]) -> Stamps:
     return tuple((os.stat(path).st_ino, os.stat(path).st_mtime_ns) for path in paths)
 
 
@@ -119,7 +124,7 @@ def make_client_context(folder: Path) -> ssl.SSLContext:
     return context
 
 
-def tls_dir(environ=os.environ) -> Path:
+def tls_dir(environ: Mapping[str, str] = os.environ) -> Path:
     value = environ.get(TLS_DIR_ENV, "").strip()
     if not value:
         raise TLSConfigError(f"a broker at tls://... needs {TLS_DIR_ENV}: the folder with {CA} and "
@@ -191,7 +196,7 @@ def _leaf(folder: Path, name: str, usage: str, days: int) -> None:
                  "-extfile", extensions, "-out", folder / f"{name}.pem")
 
 
-def _openssl(*argv) -> None:
+def _openssl(*argv: str | Path) -> None:
     try:
         done = subprocess.run(["openssl", *map(str, argv)], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:

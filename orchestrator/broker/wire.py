@@ -41,6 +41,7 @@ import socket
 import ssl
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
@@ -130,7 +131,8 @@ class Read:
 
 
 Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read
-OPS: dict[str, type] = {cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping)}
+JSONObject = dict[str, Any]          # one JSON object as json.loads gives it: a reply, a result
+OPS: dict[str, type[Request]] = {cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping)}
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class Refusal:
 
 # -- one parse, one encoder --------------------------------------------------------------
 
-def parse(obj) -> Request:
+def parse(obj: object) -> Request:
     """A request line's JSON value as its op, or BrokerError with the one line why."""
     if not isinstance(obj, dict):
         raise BrokerError("a request is one JSON object")
@@ -160,8 +162,10 @@ def parse(obj) -> Request:
     cls = OPS.get(op) if isinstance(op, str) else None
     if cls is None:
         raise BrokerError(f"unknown op {op!r:.80}; the broker offers only {', '.join(OPS)}")
-    if cls in (Ping, Rate):
-        return cls()
+    if cls is Ping:
+        return Ping()
+    if cls is Rate:
+        return Rate()
     agent = agent_name(obj.get("agent"))
     if cls is Run:
         return Run(agent, _command(obj.get("command")), _cap(obj.get("max_output_chars")))
@@ -174,7 +178,7 @@ def parse(obj) -> Request:
         return Write(agent, path, content)
     if cls is Read:
         return _read(agent, obj.get("what"), obj.get("arg"))
-    return cls(agent)
+    return Check(agent) if cls is Check else WindDown(agent)
 
 
 def encode(request: Request) -> bytes:
@@ -187,21 +191,21 @@ def encode(request: Request) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
-def ok(result: dict) -> dict:
+def ok(result: JSONObject) -> JSONObject:
     return {"ok": True, "result": result}
 
 
-def refusal(refused: Refusal) -> dict:
+def refusal(refused: Refusal) -> JSONObject:
     return {"ok": False, **asdict(refused)}
 
 
-def agent_name(name) -> str:
+def agent_name(name: object) -> str:
     if not isinstance(name, str) or not _AGENT_NAME.match(name):
         raise BrokerError(f"agent must be the name of a folder under the agents root, got {name!r:.80}")
     return name
 
 
-def _command(command) -> str:
+def _command(command: object) -> str:
     if not isinstance(command, str) or not command.strip():
         raise BrokerError("command must be a non-empty string")
     if len(command) > MAX_COMMAND_CHARS:
@@ -209,7 +213,7 @@ def _command(command) -> str:
     return command
 
 
-def _cap(value) -> int | None:
+def _cap(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -217,14 +221,16 @@ def _cap(value) -> int | None:
     return value
 
 
-def _content(value) -> bytes:
+def _content(value: object) -> bytes:
     try:
+        if not isinstance(value, str):
+            raise TypeError(value)
         return base64.b64decode(value, validate=True)
     except (ValueError, TypeError):
         raise BrokerError("content_b64 must be base64") from None
 
 
-def _journal_path(agent: str, path) -> str:
+def _journal_path(agent: str, path: object) -> str:
     """Append is allowed whatever the tools policy says, so it must not become a
     general write: one path shape (a symlinked journal is refused in the box)."""
     if not isinstance(path, str) or not _JOURNAL_PATH.fullmatch(path):
@@ -238,22 +244,24 @@ def _append_content(agent: str, content: bytes) -> bytes:
     return content
 
 
-def _read(agent: str, what, arg) -> Read:
-    if what not in READS:
+def _read(agent: str, what: object, arg: object) -> Read:
+    if not isinstance(what, str) or what not in READS:
         raise BrokerError(f"read is one of {', '.join(READS)}, not {what!r:.40}")
-    if what != "journal_names" and not isinstance(arg, str):
+    if what == "journal_names":
+        return Read(agent, what, None)
+    if not isinstance(arg, str):
         raise BrokerError(f"read {what} needs a string arg")
-    return Read(agent, what, arg if what != "journal_names" else None)
+    return Read(agent, what, arg)
 
 
-def result_of(reply: dict) -> SandboxResult:
+def result_of(reply: JSONObject) -> SandboxResult:
     try:
         return SandboxResult(**reply)
     except TypeError:
         raise SandboxError("the sandbox broker sent a malformed result") from None
 
 
-def request(socket_path: str, req: Request, timeout_s: float) -> dict:
+def request(socket_path: str, req: Request, timeout_s: float) -> JSONObject:
     """One request, one reply (its result); waits CONNECT_WAIT_S for a broker that is starting."""
     sock = _connect(socket_path)
     try:
@@ -276,9 +284,10 @@ def request(socket_path: str, req: Request, timeout_s: float) -> dict:
     if not reply.get("ok"):
         error = BrokerRefusal if reply.get("refused") else SandboxError
         raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
-    if not isinstance(reply.get("result"), dict):
+    result = reply.get("result")
+    if not isinstance(result, dict):
         raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
-    return reply["result"]
+    return result
 
 
 def _connect(address: str) -> socket.socket:

@@ -15,7 +15,8 @@ import time
 from dataclasses import replace
 
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.policy.schema import Policy, load_policy
+from orchestrator.policy.load import load_policy
+from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.engine import check_image, connect
 from orchestrator.escapes.core import HELD, run_suite, temp_lab

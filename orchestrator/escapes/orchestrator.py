@@ -11,7 +11,7 @@ policy probes use the `check` op, which goes through the same load and
 ceiling as `run` but makes no container; the in-flight probe runs three.
 
 Not here: the broker (broker/server.py), the ceiling (policy/ceiling.py),
-the files it reads (policy/schema.py read_config); the model's attacks
+the files it reads (records/yamlfile.py read_config); the model's attacks
 (the other escapes modules).
 """
 

@@ -30,7 +30,7 @@ Who may ask for what (whoever writes one agent folder is not the operator):
 - `command:` runs a program as the orchestrator: only ROOT/notify.yaml may
   name one, or agent.yaml when the ceiling says `notify_commands: true`.
 
-ROOT/notify.yaml is read like every config file (policy/schema.py's
+ROOT/notify.yaml is read like every config file (records/yamlfile.py's
 read_config: a regular file, capped, no aliases).
 
 Not here: sending (channels.py), the queue (queue.py), the ceiling's keys
@@ -52,9 +52,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.policy.schema import PolicyError, line_of, parse_yaml
 from orchestrator.records.folder import Folder
 from orchestrator.records.secrets import is_secret, pattern_reaches_secret
+from orchestrator.records.yamlfile import ConfigFileError, line_of, parse_yaml
 
 EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "no_room",
           "daily", "approval")
@@ -254,7 +254,7 @@ def load_root_notify(root: Path, ceiling_expand: tuple[str, ...] = (),
     try:
         # records/folder.py: no link followed, never a FIFO or device, capped; parse_yaml: no aliases
         data, node = parse_yaml(Folder(Path(root)).read_bytes(ROOT_FILE, NOTIFY_CAP).decode("utf-8"))
-    except PolicyError as exc:
+    except ConfigFileError as exc:
         raise NotifyError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise NotifyError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None

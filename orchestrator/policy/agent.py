@@ -5,7 +5,7 @@ under a shared ROOT whoever may write one agent folder is not the operator:
 every file of the folder is read through records/folder.py (no link followed,
 `state` itself included; never a FIFO or device; capped). A policy path in
 agent.yaml inside the folder is read the same way; one outside it (a shared
-policy of the operator's) with schema.read_config's checks.
+policy of the operator's) with records/yamlfile.py's read_config checks.
 workspace/ is the agent's and untrusted; state/ is the host's alone.
 """
 
@@ -16,16 +16,18 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from orchestrator.assets import shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place
-from orchestrator.notify.config import NotifyError, load_root_notify, parse_notify
+from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
-from orchestrator.policy.schema import (Policy, PolicyError, line_of, load_policy, parse_yaml, policy_from_mapping,
-                                        read_config)
+from orchestrator.policy.load import load_policy, policy_from_mapping
+from orchestrator.policy.schema import Policy, PolicyError
+from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
 DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"
@@ -48,7 +50,7 @@ class Agent:
     policy: Policy
     dry_run: bool
     timezone: str = "UTC"           # IANA zone of a cron schedule (fleet/schedule.py checks it)
-    notify: tuple = ()              # notify.config.Channel: agent.yaml's, then ROOT/notify.yaml's
+    notify: tuple[Channel, ...] = ()   # agent.yaml's, then ROOT/notify.yaml's
     pause_after_failures: int = PAUSE_AFTER_FAILURES   # failed wakes in a row before serve pauses it
 
     @property
@@ -115,7 +117,7 @@ def _check_folders(agent_dir: Path) -> None:
                              f"folder: remove it (`rm {agent_dir / name}`); {fix}")
 
 
-def _notify(value, config: Path, node) -> tuple:
+def _notify(value: Any, config: Path, node: yaml.Node | None) -> tuple[Channel, ...]:
     """agent.yaml's notify list, then ROOT/notify.yaml's (ROOT: the folder holding the agent).
     agent.yaml is not the operator's: what its entries may do comes from ROOT/notify.yaml and the ceiling."""
     try:
@@ -125,7 +127,7 @@ def _notify(value, config: Path, node) -> tuple:
         raise AgentError(str(exc)) from None
 
 
-def root_channels(root: Path) -> tuple:
+def root_channels(root: Path) -> tuple[Channel, ...]:
     """ROOT/notify.yaml's channels alone (for an agent whose agent.yaml does not load)."""
     return load_root_notify(root, *notify_ceiling())[0]
 
@@ -140,28 +142,29 @@ def notify_ceiling() -> tuple[tuple[str, ...], bool]:
     return ceiling.notify_env, ceiling.notify_commands
 
 
-def _count(value, where: str) -> int:
+def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise AgentError(f"{where}: expected a whole number of at least 1, got {value!r}")
     return value
 
 
-def _at(config: Path, node, key: str) -> str:
+def _at(config: Path, node: yaml.Node | None, key: str) -> str:
     """`file:line: key`, as every config error reads (schema.py's policies, the ceiling)."""
     line = line_of(node, (key,))
     return f"{config}{f':{line}' if line else ''}: {key}"
 
 
-def _value_node(node, key: str):
+def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
     """The YAML node under `key`, so an inline policy's errors name agent.yaml's lines."""
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             if key_node.value == key:
-                return value_node
+                found: yaml.Node = value_node
+                return found
     return None
 
 
-def _policy(value, config: Path, node) -> Policy:
+def _policy(value: Any, config: Path, node: yaml.Node | None) -> Policy:
     if value is None:
         return Policy(source=f"{config} (defaults)")
     if isinstance(value, dict):
@@ -179,7 +182,7 @@ def _policy(value, config: Path, node) -> Policy:
     raise PolicyError(f"{config}{line}: policy: expected a file path or a mapping")
 
 
-def _outside_policy(path: Path, config: Path, node) -> Policy:
+def _outside_policy(path: Path, config: Path, node: yaml.Node | None) -> Policy:
     """A policy file outside the agent folder: a shared one of the operator's. Whoever
     writes agent.yaml chooses the path, so a file that is not a policy is refused
     without quoting a word of it (its keys and values would otherwise reach the
@@ -193,7 +196,7 @@ def _outside_policy(path: Path, config: Path, node) -> Policy:
                          f"`wakeloop policy check {path}`") from None
 
 
-def _dry_run(value, where: str) -> bool:
+def _dry_run(value: Any, where: str) -> bool:
     env = os.environ.get("WAKELOOP_DRY_RUN")
     if env is not None and env.strip():
         if env.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):

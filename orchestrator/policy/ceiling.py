@@ -47,15 +47,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import fnmatch
 import re
 
 import yaml
 
-from orchestrator.policy.schema import (NETWORKS, SIZE_FIELDS, Policy, PolicyError, line_of, parse_host,
-                                        parse_size)
+from orchestrator.policy.load import parse_host, parse_size
+from orchestrator.policy.schema import NETWORKS, SIZE_FIELDS, Policy, PolicyError
+from orchestrator.records.yamlfile import KeyPath, line_of
 from orchestrator.notify.config import expand_refusal
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise PolicyError(f"{path}: not YAML text: {getattr(exc, 'problem', None) or exc}") from None
 
-    def fail(keys: tuple, message: str) -> PolicyError:
+    def fail(keys: KeyPath, message: str) -> PolicyError:
         line = line_of(node, keys)
         where = '.'.join(k for k in keys if isinstance(k, str)) or '(top level)'
         return PolicyError(f"{path}{f':{line}' if line else ''}: {where}: {message}")
@@ -271,7 +272,7 @@ def is_ceiling(path: str | Path) -> bool:
     return isinstance(data, dict) and bool(data) and set(data) <= set(KEYS)
 
 
-def _number(value) -> float:
+def _number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"expected a number of at least 0, got {value!r}")
     return value

@@ -11,7 +11,7 @@ file. The ceiling (WAKELOOP_CEILING: max.fleet_usd_per_day and
 max.fleet_usd_per_month) bounds both: a number over it, or 0 (no cap) under
 a bound, is refused with `file:line: key: reason`; with no budget.yaml, the
 ceiling's numbers are the fleet's caps. Read fresh at each wake's start, as
-untrusted as any config (schema.read_config): a regular file, capped.
+untrusted as any config (records/yamlfile.py's read_config): a regular file, capped.
 
 Not here: adding up what was spent (ledger.py FleetBooks), the agent's own
 caps (schema.py Budget).
@@ -20,21 +20,23 @@ caps (schema.py Budget).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
 from orchestrator.policy.agent import CEILING_ENV
 from orchestrator.policy.ceiling import load_ceiling
-from orchestrator.policy.schema import PolicyError, line_of, parse_yaml, read_config
+from orchestrator.policy.schema import PolicyError
 from orchestrator.records.ledger import FleetCaps
+from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
 BUDGET_FILE = "budget.yaml"         # in ROOT
 KEYS = ("max_usd_per_day", "max_usd_per_month")
 CEILING_KEYS = {"max_usd_per_day": "fleet_usd_per_day", "max_usd_per_month": "fleet_usd_per_month"}
 
 
-def load_fleet_budget(root: Path, environ=os.environ) -> FleetCaps:
+def load_fleet_budget(root: Path, environ: Mapping[str, str] = os.environ) -> FleetCaps:
     """The fleet's caps for ROOT: budget.yaml's, within the ceiling's; PolicyError naming file:line: key."""
     root = Path(root)
     bounds, ceiling_source = _bounds(environ)
@@ -67,7 +69,7 @@ def load_fleet_budget(root: Path, environ=os.environ) -> FleetCaps:
     return FleetCaps(root, **{**bounds, **caps}, source=str(path))
 
 
-def _bounds(environ) -> tuple[dict[str, float], str]:
+def _bounds(environ: Mapping[str, str]) -> tuple[dict[str, float], str]:
     """The ceiling's fleet bounds, by budget.yaml's key; ({}, "") without a ceiling."""
     source = environ.get(CEILING_ENV, "").strip()
     if not source:

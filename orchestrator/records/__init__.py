@@ -9,6 +9,9 @@ per-wake meter), tasks.py (the task queue), health.py (an agent's failure streak
 backoff and pause, which the scheduler obeys), transcript.py (every wake's
 words, bounded and pruned).
 
+yamlfile.py (every config file read as untrusted YAML, with each key's line:
+policy/ and notify/ both stand on it).
+
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold
 data; rendering them for a person is views/status.py's job.
 """

@@ -252,7 +252,7 @@ class Folder:
 @dataclass(frozen=True)
 class Place:
     """A file named by its agent folder and its path inside it, for a reader that takes a
-    path (policy/schema.py read_config): it then reads with the folder's walk. As a path
+    path (yamlfile.py's read_config): it then reads with the folder's walk. As a path
     (os.fspath, str) it is the full one, for messages and for code that opens paths."""
     folder: Path
     rel: str

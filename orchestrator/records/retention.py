@@ -40,7 +40,7 @@ compressed or read (no file of ours is that big; gzip of a planted sparse
 file would hold the wake for minutes).
 
 Not here: what any file holds (events.py, state.py), the policy keys'
-validation (policy/schema.py) and their ceiling (policy/ceiling.py), the
+validation (policy/load.py) and their ceiling (policy/ceiling.py), the
 walk itself (folder.py).
 """
 

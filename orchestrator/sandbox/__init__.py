@@ -11,7 +11,8 @@ guard's filter: io_uring and set-id modes refused, per syscall ABI, and the
 small BPF assembler it is written with), network.py (the
 allowlist network and its proxy), output.py (cleaning and capping what a
 command prints), images.py (building the sandbox image), explain.py (the
-settings of each call as `docker run` flags).
+settings of each call as `docker run` flags), policy_check.py (whether the
+engine has what a policy asks: image, runtime, cpus).
 
 Imports policy/ and records/ at most; never broker/, wake/ or fleet/.
 """

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -36,6 +36,7 @@ from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
                                            READY_LINE, carried, command_argv, guarded, write_argv)
+from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.workspace_reads import HostFiles
@@ -138,23 +139,6 @@ def resolve_user(setting: str, workspace: Path) -> str:
         return setting
     st = workspace.stat()
     return SANDBOX_UID if st.st_uid == 0 else f"{st.st_uid}:{st.st_gid}"
-
-
-def check_write_path(path: str) -> str | None:
-    """Why a write_file path is refused before any container starts, or None."""
-    if not path:
-        return "the path is empty"
-    if "\0" in path:
-        return "the path contains a NUL byte"
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
-        return "the path contains a control character"
-    if path.startswith("/"):
-        return f"the path must be relative to {WORKSPACE}, not absolute"
-    if ".." in PurePosixPath(path).parts:
-        return "the path may not contain '..'"
-    if PurePosixPath(path).parts in ((), (".",)):
-        return "the path names the workspace itself, not a file"
-    return None
 
 
 class DockerSandbox:

@@ -3,14 +3,15 @@
 The tools come from the real registry (tools.build_registry) and the container
 settings from the real `DockerSandbox.container_spec`, translated into
 `docker run` flags; nothing here restates a setting, so the explanation cannot
-drift from what runs. Not here: validation (policy/schema.py), running anything.
+drift from what runs. Not here: validation (policy/load.py), running anything.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from orchestrator.policy.schema import GIT_DENY, GIT_DENY_NOTE, Policy
+from orchestrator.policy.paths import GIT_DENY, GIT_DENY_NOTE
+from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is

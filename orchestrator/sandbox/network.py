@@ -26,7 +26,7 @@ For a policy with `network: allowlist`, each agent gets:
 
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
-it exits. Not here: whether a policy may use the network (policy/schema.py),
+it exits. Not here: whether a policy may use the network (policy/load.py),
 the sandbox's other settings (engine.py), the `bridge` preset (just Docker's
 default bridge, set in engine.py's container_spec).
 """
@@ -46,7 +46,7 @@ import docker.types
 from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
 
-from orchestrator.policy.schema import parse_host
+from orchestrator.policy.load import parse_host
 from orchestrator.sandbox.programs import HOLDER_SCRIPT
 
 LABEL = "wakeloop.egress"               # on every container and network created here
@@ -137,7 +137,7 @@ def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
 # -- squid.conf -------------------------------------------------------------------
 
 def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
-    """squid.conf allowing exactly `allow_hosts` (validated by schema.parse_host),
+    """squid.conf allowing exactly `allow_hosts` (validated by policy/load.py's parse_host),
     to public addresses only: never NON_PUBLIC, never `docker_subnets` (the
     proxy's own networks, whatever address pool the engine uses)."""
     lines = [

@@ -42,7 +42,7 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.policy.schema import glob_match, is_dotgit
+from orchestrator.policy.paths import glob_match, is_dotgit
 
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"   # an upper layer scan() can read whole
 MANIFEST = "manifest.json"

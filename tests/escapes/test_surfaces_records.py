@@ -45,8 +45,9 @@ def test_mandate_read_by_path_blocks_on_the_fifo(surface_lab, old_mandate_reader
 
 
 def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypatch):
-    from orchestrator.policy import agent, schema
-    read_by_path = schema.read_config   # the design before: agent.yaml opened by its path, links followed
+    from orchestrator.policy import agent
+    from orchestrator.records import yamlfile
+    read_by_path = yamlfile.read_config   # the design before: agent.yaml opened by its path, links followed
     monkeypatch.setattr(agent, "read_config", lambda path, what="policy": read_by_path(os.fspath(path), what))
     assert "was loaded" in escapes(surface_lab, probes.agent_yaml_link_is_refused)
 

@@ -437,11 +437,12 @@ BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAP
 def _switch_off(what, monkeypatch):
     import yaml
     from orchestrator.broker import server
-    from orchestrator.policy import agent, schema
+    from orchestrator.policy import agent, load
+    from orchestrator.records import yamlfile
     off = {
         "NoAliasLoader.compose_node": lambda: monkeypatch.setattr(
-            schema.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node),
-        "read_config": lambda: (monkeypatch.setattr(schema, "read_config", _naive_read),
+            yamlfile.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node),
+        "read_config": lambda: (monkeypatch.setattr(load, "read_config", _naive_read),
                                 monkeypatch.setattr(agent, "read_config", _naive_read)),
         "real_agent_dir": lambda: monkeypatch.setattr(server, "real_agent_dir", lambda root, name: root / name),
         "_cut": lambda: monkeypatch.setattr(server, "_cut", lambda text, limit: text),
