@@ -167,6 +167,14 @@ def test_citations_of_the_architecture_name_a_section_that_exists():
     assert not bad, f"docs/architecture.md has sections {sorted(sections, key=int)}; cited:\n  " + "\n  ".join(bad)
 
 
+def test_every_section_sign_cites_the_architecture():
+    # `DESIGN §3` (a file outside the repository) or a bare `§5` says nothing a reader can open.
+    bad = [f"{rel}:{line + text.count(chr(10), 0, m.start())}: {text[max(0, m.start() - 30):m.end()]!r}"
+           for rel, line, text in _texts() if rel != "docs/architecture.md"
+           for m in re.finditer(r"§\s*\d+", text) if not re.search(r"docs/architecture\.md\s+$", text[:m.start()])]
+    assert not bad, "cite a section as `docs/architecture.md §N`:\n  " + "\n  ".join(bad)
+
+
 def _defined(path: Path) -> set[str]:
     """Top-level functions, classes and constants of a module, and Class.method."""
     names = set()
