@@ -45,21 +45,22 @@ NOT_KEYS = ("source", "lines")      # Policy's fields that say where it was read
 # -- the policy ------------------------------------------------------------------
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """The comment on each field's line of a dataclass, continued by comment-only lines under it."""
-    source = inspect.getsource(cls)
+    """The comment on each field's line of a dataclass, continued by the comment-only lines
+    indented under it (`disk`'s second line). A comment-only line at the body's indent is about
+    what follows, not the field before it."""
     names = {f.name for f in fields(cls)}
     comments: dict[str, str] = {}
     current: str | None = None
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.NAME and tok.start[1] == 4 and tok.string in names:
-            current = tok.string            # a field's line starts at the class body's indent
-        elif tok.type == tokenize.COMMENT and current is not None:
-            text = tok.string.lstrip("#").strip()
-            comments[current] = f"{comments[current]} {text}" if current in comments else text
-        elif tok.type == tokenize.NEWLINE:
-            pass                            # a comment-only line after it still belongs to the field
-        elif tok.type not in (tokenize.NL, tokenize.COMMENT) and tok.start[1] <= 4 and tok.string not in names:
-            current = None                  # a method, a decorator: no field's comment any more
+    for tok in tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline):
+        at_body = tok.start[1] == 4                 # the class body's indent: a new statement
+        if tok.type == tokenize.COMMENT:
+            if at_body:
+                current = None
+            elif current is not None:
+                text = tok.string.lstrip("#").strip()
+                comments[current] = f"{comments[current]} {text}" if current in comments else text
+        elif at_body:
+            current = tok.string if tok.string in names else None   # a field; a `def` or `@` ends it
     return comments
 
 
@@ -111,6 +112,19 @@ def _item_class(cls: type, f: Field) -> type | None:
     return found if isinstance(found, type) and is_dataclass(found) else None
 
 
+def _markdown(doc: str) -> str:
+    """A docstring as Markdown: its indented lines (a table of globs, an example) fenced, as they are."""
+    out: list[str] = []
+    fenced = False
+    for line in doc.split("\n"):
+        if line.startswith(" ") != fenced:
+            fenced = not fenced
+            out += ["", "```"] if fenced else ["```", ""]
+        out.append(line)
+    out += ["```"] if fenced else []
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip("\n")
+
+
 def _section(cls: type, path: str, bounds: dict[str, float], lead: str | None = None) -> list[str]:
     """One table per dataclass: its keys that are plain values; a nested dataclass (or a list of
     them) is a section of its own, led by its class's docstring, else by the comment on its field."""
@@ -134,7 +148,7 @@ def _section(cls: type, path: str, bounds: dict[str, float], lead: str | None = 
     if rows:
         out += [f"### `{path.rstrip('.') or '(top level)'}`", ""]
         if doc:
-            out += [doc, ""]
+            out += [_markdown(doc), ""]
         out += ["| key | type | default | at most (shipped ceiling) | meaning |",
                 "| --- | --- | --- | --- | --- |", *rows, ""]
     for sub, sub_path, comment in nested:
