@@ -180,7 +180,7 @@ class SandboxPolicy:
     runtime: str = "runc"               # runc | runsc (gVisor: scripts/setup-runsc.sh)
     user: str = "auto"                  # "auto" = the workspace owner, never root
     memory: int = 512 * 2**20           # bytes; memory and memory+swap
-    cpus: float = 1.0                   # CPUs the box may use (a share, not a pinning)
+    cpus: float = 1.0                   # CPU time the box may use, in CPUs (a quota, not a pinning)
     pids: int = 256                     # processes and threads in the box
     tmp_size: int = 64 * 2**20          # bytes, tmpfs /tmp
     shm_size: int = 16 * 2**20          # bytes, private /dev/shm
