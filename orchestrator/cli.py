@@ -1,4 +1,4 @@
-"""`wakeloop`: the command line (the commands: README; the exit codes: docs/architecture.md §4).
+"""`wakeloop`: the command line (the commands: docs/cli.md; the exit codes: docs/architecture.md §4).
 
 Each command is a small function that takes parsed arguments and returns an
 exit code. Expected failures are one line on stderr, never a traceback, with

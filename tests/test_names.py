@@ -14,9 +14,13 @@ and bench/, the README and docs/*.md. A name is one of:
   `memory/core.md` and `ROOT/notify.yaml` name an agent's files, not ours.
 
 Not names of ours: an absolute path (`/etc/docker/daemon.json`), a URL, and
-the few entries of ALLOWED, each with its reason. Also checked: a citation
-`docs/architecture.md §N` names a section that exists, and every function,
-class and constant named in that page's §6 is defined in a file it names.
+the few entries of ALLOWED, each with its reason. Also checked: a dotted
+module (`orchestrator.escapes`, `python -m orchestrator.healthcheck`) is a
+package or module of ours; a citation `docs/architecture.md §N` names a
+section that exists; a citation of a page's section by its title
+(`docs/security.md, "Known gaps"`, `README: "Tests"`) names a heading of that
+page; and every function, class and constant named in docs/architecture.md §6
+is defined in a file it names.
 
 No engine needed. Not here: whether the prose is right, only that it names
 what is there.
@@ -50,6 +54,10 @@ ALLOWED = {
 # Not preceded by a character that makes it part of something longer: a word, a path, a URL.
 NAME = re.compile(r"(?<![\w./:~$@%-])((?:[\w.-]+/)*[\w-]+\.(?:py|sh|md|yaml|yml|toml)|(?:[\w.-]+/)+)(?![\w/-])")
 CITATION = re.compile(r"docs/architecture\.md\s+§\s*(\d+)")
+# `orchestrator.fleet.views` (a module), `orchestrator.escapes` (a package), `orchestrator.errors.ConfigError`.
+DOTTED = re.compile(r"(?<![\w./-])(orchestrator(?:\.(?!py\b)[A-Za-z_]\w*)+)")   # not orchestrator.py, a file
+# A page's section by its title: `README, "Threat model"`, `docs/security.md's "Known gaps"`, `README: "Tests"`.
+TITLED = re.compile(r"(?<![\w/])(README(?:\.md)?|docs/[\w-]+\.md)(?:'s)?[,:]?\s+\"([^\"\n]+)\"")
 
 
 def _repo_files() -> list[str]:
@@ -159,6 +167,14 @@ def test_citations_of_the_architecture_name_a_section_that_exists():
     assert not bad, f"docs/architecture.md has sections {sorted(sections, key=int)}; cited:\n  " + "\n  ".join(bad)
 
 
+def test_every_section_sign_cites_the_architecture():
+    # `DESIGN §3` (a file outside the repository) or a bare `§5` says nothing a reader can open.
+    bad = [f"{rel}:{line + text.count(chr(10), 0, m.start())}: {text[max(0, m.start() - 30):m.end()]!r}"
+           for rel, line, text in _texts() if rel != "docs/architecture.md"
+           for m in re.finditer(r"§\s*\d+", text) if not re.search(r"docs/architecture\.md\s+$", text[:m.start()])]
+    assert not bad, "cite a section as `docs/architecture.md §N`:\n  " + "\n  ".join(bad)
+
+
 def _defined(path: Path) -> set[str]:
     """Top-level functions, classes and constants of a module, and Class.method."""
     names = set()
@@ -187,3 +203,41 @@ def test_the_journey_of_a_tool_call_names_real_functions():
     assert len(named) >= 30   # the section names the path, not a summary of it
     unknown = [n for n in named if n not in defined]
     assert not unknown, f"docs/architecture.md §6 names what its files do not define: {unknown}"
+
+
+def missing_module(dotted: str) -> bool:
+    """Whether `orchestrator.a.b...` names no package or module of ours (what follows a module is its attribute)."""
+    where = "orchestrator"
+    for part in dotted.split(".")[1:]:
+        if f"{where}/{part}.py" in PATHS:
+            return False
+        if f"{where}/{part}" not in FOLDERS:
+            return True
+        where += f"/{part}"
+    return False
+
+
+def test_every_module_named_in_prose_exists():
+    bad = [f"{rel}:{line + text.count(chr(10), 0, m.start())}: {m.group(1)}" for rel, line, text in _texts()
+           for m in DOTTED.finditer(text) if missing_module(m.group(1))]
+    assert not bad, "these modules are named but not in orchestrator/:\n  " + "\n  ".join(bad)
+    assert missing_module("orchestrator.nowhere") and missing_module("orchestrator.fleet.nowhere")
+    assert not missing_module("orchestrator.escapes") and not missing_module("orchestrator.errors.ConfigError")
+
+
+def _headings(rel: str) -> list[str]:
+    return re.findall(r"^#+ (.+)$", (REPO / rel).read_text(encoding="utf-8"), re.MULTILINE)
+
+
+def test_sections_cited_by_title_exist():
+    # A title names the heading it starts ("Threat model" is "Threat model: who attacks, ...").
+    bad, seen = [], 0
+    for rel, line, text in _texts():
+        for m in TITLED.finditer(text):
+            page = "README.md" if m.group(1).startswith("README") else m.group(1)
+            seen += 1
+            if not (REPO / page).is_file() or not any(h.lower().startswith(m.group(2).lower())
+                                                      for h in _headings(page)):
+                bad.append(f"{rel}:{line + text.count(chr(10), 0, m.start())}: {page}, \"{m.group(2)}\"")
+    assert seen >= 5, "the pattern no longer finds the citations"
+    assert not bad, "these sections are cited by a title no heading of the page starts with:\n  " + "\n  ".join(bad)

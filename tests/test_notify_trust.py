@@ -1,6 +1,6 @@
 """What an agent folder's author and its model can make a notification do: nothing but say words.
 
-Actors (README, "Threat model"): the model (A) writes the text of its
+Actors (docs/security.md, "Threat model"): the model (A) writes the text of its
 messages and of the reasons it causes; whoever may write one agent folder
 (D) writes agent.yaml, its notify entries and the agent's name, but not
 ROOT/notify.yaml or the ceiling. Every test here sends through the real

@@ -1,5 +1,5 @@
 """The files wakeloop keeps in an agent folder, attacked by whoever may write that
-folder (README's actor D): links in every component, FIFOs, devices, hard links,
+folder (docs/security.md's actor D): links in every component, FIFOs, devices, hard links,
 huge sparse files. Every planted target is a canary under tmp_path.
 
 A reader that could block runs in a thread judged by whether it returns within

@@ -129,7 +129,7 @@ def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
     result = run(box, GROWING_BOMB + "; echo after=$?")
     assert result.oom_killed, result
     sandbox_killed = box.policy.runtime == "runsc" and result.exit_code == 137 and not result.output
-    if not sandbox_killed:   # under gVisor the kernel may pick gVisor's own process: the whole box ends (README)
+    if not sandbox_killed:   # under gVisor the kernel may pick gVisor's own process: the box ends (docs/security.md)
         assert "after=" in result.output, result
 
 

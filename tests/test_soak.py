@@ -6,7 +6,7 @@ descriptors or its memory grow by more than a quarter between the first and
 the last quarter of the run (after the warm-up), when descriptors ever pass
 MAX_FDS, when a wake fails, when the
 log did not rotate, or when anything is left behind. What a longer run shows
-is the bench's to print (README: "Months unattended").
+is the bench's to print (docs/benchmarks.md, "The soak").
 
 The descriptor count promise is also checked on one call, deterministically:
 a call may not leave a socket for the garbage collector to close.

@@ -370,7 +370,7 @@ class _Guard:
         request = Request(scope)
         access = self.console.access
         if path == "/metrics" and access.loopback:
-            return None             # Prometheus on this host scrapes without the token (README)
+            return None             # Prometheus on this host scrapes without the token (docs/operations.md)
         if access.may_read(request.cookies, request.headers):
             return None
         if path == "/metrics":

@@ -2,7 +2,7 @@
 
 Read once, validated into these dataclasses, passed down. Nothing deeper
 re-reads YAML or the environment. Defaults are the safe box: no network, modest
-limits (README, "What one tool call gets"). Each field's comment gives its unit
+limits (docs/security.md, "What one tool call gets"). Each field's comment gives its unit
 and why it is that size; the field names are the policy file's keys.
 
 Not here: reading a policy file into these (load.py: `load_policy`,
@@ -46,7 +46,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class BashTool:
-    enabled: bool = True
+    enabled: bool = True                # offer the model `bash` (a shell command in a fresh box)
     timeout_s: float = 120              # wall clock per call, enforced from the host
     max_output_chars: int = 20_000      # what the model sees; the rest is counted, not kept
 
@@ -67,12 +67,12 @@ class WriteFileTool:
     (deny wins), and is normalised first: `./a//b` is `a/b`.
     """
 
-    enabled: bool = True
+    enabled: bool = True                # offer the model `write_file` (a file written in a fresh box)
     max_bytes: int = 1_048_576          # per write
-    allow: tuple[str, ...] = ("**",)
-    deny: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ("**",)    # globs a path must match (semantics above)
+    deny: tuple[str, ...] = ()          # globs no path may match; deny wins over allow
     protect_git: bool = True            # also deny GIT_DENY (by is_dotgit) and embedded bare repos' config
-    timeout_s: float = 30
+    timeout_s: float = 30               # wall clock per call, enforced from the host
 
     @property
     def effective_deny(self) -> tuple[str, ...]:
@@ -108,8 +108,8 @@ class WriteFileTool:
 
 @dataclass(frozen=True)
 class SendMessageTool:
-    enabled: bool = True
-    max_per_wake: int = 5
+    enabled: bool = True                # offer the model `send_message` (to the outbox and notify channels)
+    max_per_wake: int = 5               # messages one wake may send; more are refused to the model
     max_chars: int = 4000               # characters of one message; a longer one is cut, and the model told
 
 
@@ -120,20 +120,20 @@ class CompleteTaskTool:
 
 @dataclass(frozen=True)
 class Tools:
-    bash: BashTool = field(default_factory=BashTool)
-    write_file: WriteFileTool = field(default_factory=WriteFileTool)
-    send_message: SendMessageTool = field(default_factory=SendMessageTool)
-    complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)
+    bash: BashTool = field(default_factory=BashTool)                            # `bash`: a command in the box
+    write_file: WriteFileTool = field(default_factory=WriteFileTool)            # `write_file`: a file in the box
+    send_message: SendMessageTool = field(default_factory=SendMessageTool)      # `send_message`: words to you
+    complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)   # `complete_task`: close a task
 
 
 @dataclass(frozen=True)
 class SandboxPolicy:
-    image: str = "wakeloop-sandbox:latest"
-    runtime: str = "runc"
+    image: str = "wakeloop-sandbox:latest"  # the image every call's container is made from
+    runtime: str = "runc"               # runc | runsc (gVisor: scripts/setup-runsc.sh)
     user: str = "auto"                  # "auto" = the workspace owner, never root
     memory: int = 512 * 2**20           # bytes; memory and memory+swap
-    cpus: float = 1.0
-    pids: int = 256
+    cpus: float = 1.0                   # CPU time the box may use, in CPUs (a quota, not a pinning)
+    pids: int = 256                     # processes and threads in the box
     tmp_size: int = 64 * 2**20          # bytes, tmpfs /tmp
     shm_size: int = 16 * 2**20          # bytes, private /dev/shm
     nofile: int = 1024                  # open files per process
@@ -143,8 +143,8 @@ class SandboxPolicy:
     files: int = 100_000                # files and folders (inodes) that filesystem holds
     pool: int = 2                       # containers started ahead of calls; 0 = every call cold
     network: str = "none"               # none | allowlist | bridge
-    allow_hosts: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    allow_hosts: tuple[str, ...] = ()   # with allowlist: the hosts (host or host:port, *.domain) the proxy passes
+    env: tuple[tuple[str, str], ...] = ()   # variables for the command (a mapping); loader variables refused
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,9 @@ class ApproveRule:
     command, leading and trailing whitespace stripped. write_file: `paths` globs over the
     normalised path, with write_file's own glob semantics (WriteFileTool). A tripwire for the
     calls a person wants to see, not a boundary: bash can spell any command another way."""
-    tool: str
-    match: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
+    tool: str                           # bash | write_file
+    match: tuple[str, ...] = ()         # bash: fnmatch globs over the whole command
+    paths: tuple[str, ...] = ()         # write_file: globs over the path
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """Which glob of this rule the call matches (to name it to the model and the person), or None."""
@@ -185,7 +185,7 @@ class ApproveRule:
 @dataclass(frozen=True)
 class Approve:
     """`approve:`: which calls wait for a person, and how long they wait before they count as denied."""
-    rules: tuple[ApproveRule, ...] = ()
+    rules: tuple[ApproveRule, ...] = ()  # a call matching any rule waits for a person
     expires: float = 86400.0            # seconds an approval waits unanswered, then it is denied ("24h")
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
@@ -199,10 +199,10 @@ class Approve:
 
 @dataclass(frozen=True)
 class Policy:
-    version: int = 1
-    budget: Budget = field(default_factory=Budget)
-    tools: Tools = field(default_factory=Tools)
-    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    version: int = 1                    # of this format; 1 is the only one
+    budget: Budget = field(default_factory=Budget)        # what one wake, a day and a month may spend
+    tools: Tools = field(default_factory=Tools)           # which tools the model is offered, and their limits
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)   # the box every call runs in
     transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
     state: Retention = field(default_factory=Retention)   # how much of state/ is kept (retention.py)
     approve: Approve = field(default_factory=Approve)     # calls that wait for a person

@@ -1,7 +1,7 @@
 """The one module where the host reads, writes and deletes in an agent folder.
 
 AN AGENT FOLDER IS NOT THE OPERATOR'S ALONE. Under a shared ROOT whoever may
-write one agent folder (actor D in README's threat model) can plant anything
+write one agent folder (actor D in docs/security.md's threat model) can plant anything
 in it and in its state/: a symlink (to /etc/shadow, to another agent's
 state, to a folder elsewhere for retention to empty), a FIFO that blocks a
 reader for ever while the wake holds its lock, /dev/zero, a 100 GB sparse

@@ -1,6 +1,6 @@
 """JSON read back from an agent folder: untrusted text, parsed as data or refused.
 
-Whoever may write an agent folder (README's actor D) can put anything in a
+Whoever may write an agent folder (docs/security.md's actor D) can put anything in a
 state/ file, and a JSON text nested a hundred thousand deep makes Python's
 parser raise RecursionError, which no reader expected: a wake, `status`,
 the console or the notification sender would crash on it. `loads` turns that

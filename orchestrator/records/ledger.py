@@ -296,7 +296,7 @@ class FleetBooks:
         """The sums of every readable ledger. An unreadable one is left out and counted, not raised:
         any agent folder's owner can write its own ledger, and one bad file must not stop every
         agent (its own agent's day and month caps still refuse on it). The sums trust each ledger
-        as its folder holds it (README, Known gaps)."""
+        as its folder holds it (docs/security.md, "Known gaps")."""
         date = date or today()
         day = month = 0.0
         ledgers = _ledgers(Path(root))

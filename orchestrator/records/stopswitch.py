@@ -34,7 +34,7 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder
 
-STOP_FILE = "STOP"                  # in ROOT (DESIGN §3)
+STOP_FILE = "STOP"                  # in ROOT (docs/architecture.md §4)
 POLL_S = 0.5                        # how often a call in flight looks at the switch: the kill's worst lag
 READ_CAP = 4096                     # bytes of STOP read: who, when, why
 

@@ -1,7 +1,7 @@
 """Attacks on the ring around the box: the console, notifications, metrics,
 the files wakeloop keeps in an agent folder, and the workspace disks.
 
-The attackers here are not the model's shell but those around it (README,
+The attackers here are not the model's shell but those around it (docs/security.md,
 "Threat model"): what the model writes that reaches a person or a file we
 keep (A), a web page in the operator's browser and any other local user (C),
 and whoever may write one agent folder under a shared ROOT (D). Every probe

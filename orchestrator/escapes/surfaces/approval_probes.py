@@ -7,7 +7,7 @@ probe runs against a real console on 127.0.0.1 (escapes/surfaces/console.py's
 `console`) or the agent folder of its trial, and judges by the approval's
 file, never by the HTTP answer alone.
 
-Not guarded against here, and said so in the README: an orchestrator taken
+Not guarded against here, and said so in docs/security.md: an orchestrator taken
 over. It holds ROOT/approvals.key and serves the console, so it can approve.
 
 Not here: the approvals themselves (records/approvals.py, records/approval_links.py,

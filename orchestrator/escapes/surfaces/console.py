@@ -1,7 +1,7 @@
 """Surface probes: the console of `serve --http`, attacked over real HTTP on 127.0.0.1.
 
 The attackers are a web page in the operator's browser and any other local
-user (actor C in the README's threat model), and the model whose words the
+user (actor C in docs/security.md's threat model), and the model whose words the
 console shows (A). Each probe starts a real Console (uvicorn, in a thread of
 this process) on 127.0.0.1 and an ephemeral port, for a throwaway ROOT inside
 its trial's folder (which the trial removes), sends real requests with

@@ -1,7 +1,7 @@
 """Attacks on the broker's wire over TCP with mutual TLS (broker/tls.py).
 
 The attacker is a peer on the network between the hosts (actor E in the
-README's threat model: another container on a swarm's overlay, which these
+docs/security.md's threat model: another container on a swarm's overlay, which these
 kernels cannot encrypt), who can reach the broker's port and may hold
 certificates of its own, or one of ours without its key. Each attempt
 connects to a real broker listening on 127.0.0.1 with the stack's
