@@ -61,7 +61,9 @@ from orchestrator.errors import WakeloopError
 from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent, root_channels
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
+from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.records.receipt import Receipt
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
                                          parse_schedule, save_tick, stamp, utcnow)
 from orchestrator.fleet.views import describe_receipt
@@ -97,7 +99,7 @@ class _Finished:
     line: str
 
 
-WakeFn = Callable[..., object]      # loop.wake(agent, *, stop=...) -> Receipt
+WakeFn = Callable[..., Receipt]     # loop.wake(agent, *, stop=...)
 
 
 @dataclass
@@ -209,8 +211,8 @@ class Scheduler:
             why = (f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
                    f"not run late; next {stamp(entry.due)}")
             self.say(f"{entry.name}: {why}")
-            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").emit("tick_skipped", tick=missed.isoformat(),
-                                                                          reason=why)
+            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").write(
+                ev.TickSkipped(tick=missed.isoformat(), reason=why))
 
     def _plan(self, e: _Entry) -> str:
         if e.schedule is None or e.due is None:
