@@ -4,8 +4,9 @@ folder.py (the one walk of an agent folder: every host-side read, write and
 delete there, no link followed, never a FIFO or device, capped), jsontext.py
 (JSON read back, a nesting bomb refused), files.py (atomic write, advisory
 locks), state.py (state.json, the wake lock, inbox and outbox), events.py
-(the append-only event log), ledger.py (prices, usage, the USD ledger and the
-per-wake meter), tasks.py (the task queue), transcript.py (every wake's
+(the append-only event log), event_types.py (one record per event type),
+receipt.py (a wake's Usage and Receipt, one name per token count),
+ledger.py (prices, the USD ledger and the per-wake meter), tasks.py (the task queue), transcript.py (every wake's
 words, bounded and pruned).
 
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold

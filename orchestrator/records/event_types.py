@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Mapping, Type, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, ClassVar, Mapping, Type, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from orchestrator.records.receipt import Receipt, Usage
 
@@ -50,32 +50,30 @@ class EventRecord:
     def to_data(self) -> dict[str, Any]:
         """The line's `data`: one key per field (nested records as their JSON)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
+        for f in _plan(type(self)):
             value = getattr(self, f.name)
-            if f.metadata.get("extra"):
+            if f.extra:
                 out.update(value)
-            elif not (f.metadata.get("omit") and value == f.default):
+            elif not (f.omit and value == f.default):
                 out[f.name] = _encode(value)
         return out
 
     @classmethod
     def from_data(cls: Type[R], data: Mapping[str, Any]) -> R | None:
         """The record a line's data describes; None when a field has the wrong type."""
-        hints = _hints(cls)
+        plan = _plan(cls)
         values: dict[str, Any] = {}
-        named = {f.name for f in fields(cls)}
-        for f in fields(cls):
-            if f.metadata.get("extra"):
+        for f in plan:
+            if f.extra:
+                named = {g.name for g in plan}
                 values[f.name] = {k: v for k, v in data.items() if k not in named}
-                continue
-            if f.name not in data:
-                if f.default is MISSING and f.default_factory is MISSING:
+            elif f.name in data:
+                fits, value = f.fit(data[f.name])
+                if not fits and not f.nullable:
                     return None
-                continue
-            fits, value = _fit(hints[f.name], data[f.name])
-            if not fits and not _fit(hints[f.name], None)[0]:
+                values[f.name] = value  # a field that may be unknown (None) is unknown when it does not fit
+            elif f.required:
                 return None
-            values[f.name] = value     # a field that may be unknown (None) is unknown when it does not fit
         return cls(**values)
 
 
@@ -451,50 +449,70 @@ def parse_record(type_name: str, data: Mapping[str, Any]) -> EventRecord:
     return record if record is not None else Other(type_name, dict(data))
 
 
-# -- the decoder's checks -------------------------------------------------------------
+# -- the decoder's checks, made once per record class ---------------------------------------
 
-_HINTS: dict[type[EventRecord], dict[str, Any]] = {}    # each record's field types, resolved once
-
-
-def _hints(cls: type[EventRecord]) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = get_type_hints(cls)
-    return _HINTS[cls]
+Fit = Callable[[Any], tuple[bool, Any]]    # a JSON value -> (whether it fits, the value as the field holds it)
 
 
-def _fit(hint: Any, value: Any) -> tuple[bool, Any]:
-    """Whether `value` (as JSON gave it) fits `hint`, and the value as the field holds it."""
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    fit: Fit
+    nullable: bool                  # `| None`: a value that does not fit reads as None
+    required: bool                  # no default: a line without it is an Other
+    omit: bool                      # OMIT: not written while at its default
+    extra: bool                     # EXTRA: the keys no other field names
+    default: Any
+
+
+_PLANS: dict[type[EventRecord], tuple[_Field, ...]] = {}
+
+
+def _plan(cls: type[EventRecord]) -> tuple[_Field, ...]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = get_type_hints(cls)
+        plan = _PLANS[cls] = tuple(
+            _Field(f.name, _fitter(hints[f.name]), _fitter(hints[f.name])(None)[0],
+                   f.default is MISSING and f.default_factory is MISSING, bool(f.metadata.get("omit")),
+                   bool(f.metadata.get("extra")), f.default) for f in fields(cls))
+    return plan
+
+
+def _fitter(hint: Any) -> Fit:
+    """The check of one field's type, for values as JSON gives them."""
     origin = get_origin(hint)
     if hint is Any:
-        return True, value
+        return lambda v: (True, v)
     if origin in (Union, types.UnionType):
-        for arm in get_args(hint):
-            fits, held = _fit(arm, value)
-            if fits:
-                return True, held
-        return False, None
+        arms = [_fitter(arm) for arm in get_args(hint)]
+
+        def either(v: Any) -> tuple[bool, Any]:
+            for arm in arms:
+                fits, held = arm(v)
+                if fits:
+                    return True, held
+            return False, None
+        return either
     if hint is type(None):
-        return value is None, None
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+        return lambda v: (v is None, None)
+    if hint in (bool, int, str):    # JSON gives these types exactly (and a bool is no int here)
+        return lambda v: (type(v) is hint, v)
     if hint is float:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return number, float(value) if number else None
-    if hint is str:
-        return isinstance(value, str), value
+        return lambda v: (True, float(v)) if type(v) in (int, float) else (False, None)
     if origin is tuple:             # tuple[str, ...]: a JSON list of strings
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        return ok, tuple(value) if ok else None
+        return lambda v: ((True, tuple(v)) if isinstance(v, list) and all(type(x) is str for x in v)
+                          else (False, None))
     if hint is Usage:
-        return isinstance(value, Mapping), Usage.from_json(value)
+        return lambda v: (isinstance(v, dict), Usage.from_json(v))
     if hint is Receipt:
-        receipt = Receipt.from_json(value)
-        return receipt is not None, receipt
+        def receipt(v: Any) -> tuple[bool, Any]:
+            r = Receipt.from_json(v)
+            return r is not None, r
+        return receipt
     if origin is not None and issubclass(origin, Mapping):
-        return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else None
-    return False, None
+        return lambda v: (True, dict(v)) if isinstance(v, dict) else (False, None)
+    raise TypeError(f"event_types: no reader for fields of type {hint!r}")
 
 
 def _encode(value: Any) -> Any:

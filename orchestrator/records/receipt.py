@@ -64,7 +64,7 @@ class Usage:
     def from_json(cls, raw: object) -> Usage:
         """From to_json's dict, or one written before (OLD_NAMES); anything else counts 0.
         A cache write read back is a 5-minute one: the split was priced when it was booked."""
-        if not isinstance(raw, Mapping):
+        if not isinstance(raw, dict):
             return cls()
         return cls(input_tokens=_count(raw.get("input_tokens")), output_tokens=_count(raw.get("output_tokens")),
                    cache_write_5m_tokens=_named(raw, "cache_write_tokens"),
@@ -142,7 +142,7 @@ class Receipt:
         """A receipt as to_dict wrote it, or as older versions did (OLD_NAMES); None when it is not
         one (not a mapping, or a status no wake ends with). A field of the wrong type reads as its
         default: state.json and the event log are files anyone with the folder can write."""
-        if not isinstance(raw, Mapping) or raw.get("status") not in STATUSES:
+        if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
             return None
         usd = raw.get("usd", 0.0)
         return cls(run_id=_text(raw, "run_id"), agent=_text(raw, "agent"), wake=_count(raw.get("wake")),
