@@ -14,8 +14,8 @@ it is written, whatever field it hides in.
 
 The harness writes records (`write`): each type's fields are declared once
 in event_types.py, and every line read back carries its record
-(`Event.record`). `emit` writes free keywords: only tests and the escape
-probes use it, to write lines of any shape a reader must survive.
+(`Event.record`, parsed when first read). `emit` writes free keywords:
+only tests use it, to write lines of any shape a reader must survive.
 
 Not here: the event types (event_types.py), what they mean for a wake
 (loop.py decides what to record) or how they are shown (fleet/views.py).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -77,11 +78,12 @@ class EventLog:
         return self._append(record.type, record.to_data(), record)
 
     def emit(self, type: str, **data: Any) -> Event:
-        """Append a line of any shape (tests, the escape probes); the harness writes records."""
+        """Append a line of any shape (tests); the harness writes records."""
         return self._append(type, data, parse_record(type, data))
 
     def _append(self, type: str, data: dict[str, Any], record: EventRecord) -> Event:
-        event = Event(self.run_id, type, now_iso(), data, record)
+        event = Event(self.run_id, type, now_iso(), data)
+        event.__dict__["record"] = record     # the record it was written from (cached_property's slot)
         line = scrub(json.dumps(event.to_json(), ensure_ascii=False, default=str), self.secrets) + "\n"
         folder, name = retention.holder(self.path)   # never through a link, never into a FIFO
         folder.append(name, line.encode("utf-8"))
@@ -100,7 +102,11 @@ class Event:
     type: str
     timestamp: str
     data: dict[str, Any]
-    record: EventRecord
+
+    @cached_property
+    def record(self) -> EventRecord:
+        """Read when first asked for: `wakeloop log` and a line that is only counted never pay for it."""
+        return parse_record(self.type, self.data)
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "type": self.type, "timestamp": self.timestamp, "data": self.data}
@@ -127,8 +133,7 @@ def parse_event(line: str) -> Event | None:
     try:
         raw = loads(line)
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-        return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]), data,
-                     parse_record(str(raw["type"]), data))
+        return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]), data)
     except (ValueError, KeyError, TypeError):
         return None
 
