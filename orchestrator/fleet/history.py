@@ -71,9 +71,11 @@ def row_of(line: str) -> dict | None:
     event = parse_event(line) if MARK in line else None
     if event is None or not isinstance(event.record, WakeFinished):
         return None
-    finished = event.record
-    receipt = finished.receipt.to_dict() if finished.receipt else dict.fromkeys(ROW_KEYS)
-    row = {k: receipt[k] for k in ROW_KEYS}
+    finished, r = event.record, event.record.receipt
+    row: dict = dict.fromkeys(ROW_KEYS) if r is None else {
+        "run_id": r.run_id, "wake": r.wake, "status": r.status, "reason": r.reason, "steps": r.steps,
+        "tokens": r.tokens, "tool_calls": r.tool_calls, "usd": r.usd, "duration_ms": r.duration_ms,
+        "started_at": r.started_at, "model": r.model, "live": r.live, "task": r.task}
     row["run_id"] = row["run_id"] or event.run_id
     row["status"] = row["status"] or finished.status or None
     row["finished_at"] = event.timestamp

@@ -144,18 +144,18 @@ class Receipt:
         default: state.json and the event log are files anyone with the folder can write."""
         if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
             return None
+        given: dict[str, Any] = {"usage": Usage.from_json(raw)}
+        for name, kind in _PLAIN:       # one loop, no call per field: a year of wakes is read at a console's start
+            value: Any = raw.get(name)
+            if type(value) is kind and (kind is not int or value > 0):
+                given[name] = value
         usd = raw.get("usd", 0.0)
-        return cls(run_id=_text(raw, "run_id"), agent=_text(raw, "agent"), wake=_count(raw.get("wake")),
-                   status=raw["status"], reason=_text(raw, "reason"), steps=_count(raw.get("steps")),
-                   usage=Usage.from_json(raw), tool_calls=_count(raw.get("tool_calls")),
-                   duration_ms=_count(raw.get("duration_ms")), model=_text(raw, "model"),
-                   live=raw.get("live") is True, journal=_text(raw, "journal"),
-                   started_at=_text(raw, "started_at"),
-                   usd=float(usd) if isinstance(usd, (int, float)) and not isinstance(usd, bool) else None,
-                   task=_text(raw, "task"), messages_waiting=_count(raw.get("messages_waiting")),
-                   no_room=_text(raw, "no_room"))
+        given["usd"] = float(usd) if type(usd) in (int, float) else None
+        return cls(**given)
 
 
-def _text(raw: Mapping[str, Any], key: str) -> str:
-    value = raw.get(key, "")
-    return value if isinstance(value, str) else ""
+# Receipt's plain fields and their JSON types (a positive int for counts): from_json's one loop.
+_PLAIN: tuple[tuple[str, type[Any]], ...] = (
+    ("run_id", str), ("agent", str), ("wake", int), ("status", str), ("reason", str), ("steps", int),
+    ("tool_calls", int), ("duration_ms", int), ("model", str), ("live", bool), ("journal", str),
+    ("started_at", str), ("task", str), ("messages_waiting", int), ("no_room", str))
