@@ -227,3 +227,10 @@ def test_usage_sums():
     parts = [Usage(1, 2, 3, 4, 5), Usage(10, 20, 30, 40, 50)]
     assert sum(parts) == parts[0] + parts[1] == Usage(11, 22, 33, 44, 55)
     assert sum(parts).tokens == 165 and sum(parts).cache_write_tokens == 77
+
+
+def test_a_receipt_reads_whatever_it_lacks_as_its_default_and_refuses_an_unknown_status():
+    assert Receipt.from_json({"status": "done"}) == Receipt(run_id="", agent="", wake=0, status="done", reason="")
+    assert Receipt.from_json({"status": "done", "usd": None, "wake": -3, "live": 1}) == Receipt(
+        run_id="", agent="", wake=0, status="done", reason="", usd=None, live=False)
+    assert Receipt.from_json({"status": "finished"}) is None and Receipt.from_json(["done"]) is None

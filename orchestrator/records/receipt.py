@@ -144,7 +144,7 @@ class Receipt:
         default: state.json and the event log are files anyone with the folder can write."""
         if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
             return None
-        given: dict[str, Any] = {"usage": Usage.from_json(raw)}
+        given: dict[str, Any] = {"run_id": "", "agent": "", "wake": 0, "reason": "", "usage": Usage.from_json(raw)}
         for name, kind in _PLAIN:       # one loop, no call per field: a year of wakes is read at a console's start
             value: Any = raw.get(name)
             if type(value) is kind and (kind is not int or value > 0):
