@@ -23,7 +23,7 @@ from orchestrator.records.state import load_state, rebuild_state
 
 REPO = Path(__file__).resolve().parent.parent
 DESIGN_TYPES = ("wake_started", "model_request", "model_response", "tool_call", "tool_result", "policy_denied",
-                "budget_stop", "journal_stub", "wake_finished", "dead_letter")   # docs/architecture.md, DESIGN §6
+                "budget_stop", "journal_stub", "wake_finished", "dead_letter")   # the design's (docs/architecture.md)
 
 # Lines as wakeloop wrote them before the quantities had one name each: the API's names in a
 # model_response's usage, `cache_creation_tokens` in a receipt.

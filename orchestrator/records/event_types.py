@@ -15,8 +15,8 @@ are `Usage` and receipts `Receipt` (receipt.py), read through their own
 `from_json`, which also reads the names older files used.
 
 The on-disk shape is what it always was, `{"run_id", "type", "timestamp",
-"data"}` with the same keys in `data` (docs/architecture.md; DESIGN §6's
-types all here); a field marked OMIT is left out of `data` while it is at
+"data"}` with the same keys in `data` (docs/architecture.md, which names
+the types a wake writes); a field marked OMIT is left out of `data` while it is at
 its default, as the writers always left it out.
 
 Not here: the file (events.py: appending, scrubbing, rotation, reading);
