@@ -73,9 +73,9 @@ def scale(tmp: Path, runtime: str, agents: int) -> Scale:
     if child.returncode != 0:
         raise SystemExit(f"bench: the scale child failed (exit {child.returncode}): {out[-500:]}")
     report = json.loads(out.strip().splitlines()[-1])
-    receipts = {d.name: load_state(d / "state")[0].last_receipt or {} for d in sorted(root.iterdir()) if d.is_dir()}
-    failed = tuple(f"{name}: {r.get('status', 'no receipt')}: {r.get('reason', '')}"
-                   for name, r in receipts.items() if r.get("status") != "done")
+    receipts = {d.name: load_state(d / "state")[0].last_receipt for d in sorted(root.iterdir()) if d.is_dir()}
+    failed = tuple(f"{name}: {r.status}: {r.reason}" if r else f"{name}: no receipt"
+                   for name, r in receipts.items() if r is None or r.status != "done")
     for line in failed:
         say(f"scale: {line}")
         name = line.split(":", 1)[0]

@@ -180,12 +180,13 @@ def caching(tmp: Path) -> CacheCost:
         raise SystemExit(f"bench: no price for {agent.model} in the ledger's table")
 
     def input_cost(r) -> float:  # input side only: output tokens are the same either way
-        return cost_usd(price, Usage(input_tokens=r.input_tokens, cache_write_5m=r.cache_creation_tokens,
-                                     cache_read=r.cache_read_tokens))
+        return cost_usd(price, Usage(input_tokens=r.usage.input_tokens,
+                                     cache_write_5m_tokens=r.usage.cache_write_tokens,
+                                     cache_read_tokens=r.usage.cache_read_tokens))
 
     def tokens(r) -> dict:
-        return {"input": r.input_tokens, "cache_read": r.cache_read_tokens,
-                "cache_write": r.cache_creation_tokens}
+        return {"input": r.usage.input_tokens, "cache_read": r.usage.cache_read_tokens,
+                "cache_write": r.usage.cache_write_tokens}
     cached, uncached = receipts["cached"], receipts["uncached"]
     return CacheCost(input_cost(cached), input_cost(uncached), tokens(cached), tokens(uncached), agent.model,
                      getattr(cached, "usd", float("nan")), getattr(uncached, "usd", float("nan")))

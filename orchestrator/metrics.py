@@ -34,15 +34,20 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.records import event_types as ev
+from orchestrator.records.events import Event
+from orchestrator.records.receipt import STATUSES, Usage
+
 NAMESPACE = "wakeloop"
 # Sandbox calls run from ~30 ms (a warm pool) to the bash tool's timeout.
 CALL_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 LAG_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
-TOKEN_KINDS = {"input_tokens": "input", "output_tokens": "output", "cache_read_input_tokens": "cache_read",
-               "cache_creation_input_tokens": "cache_write"}
+# The `kind` label: each Usage count (records/receipt.py) by its name without `_tokens`.
+TOKEN_KINDS = {"input": "input_tokens", "output": "output_tokens", "cache_read": "cache_read_tokens",
+               "cache_write": "cache_write_tokens"}
 
 TOOLS = ("bash", "write_file", "send_message", "complete_task")    # the registry's (wake/tools.py, tasks)
-WAKE_STATUSES = ("done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped")
+WAKE_STATUSES = STATUSES          # a receipt's (records/receipt.py)
 OTHER = "other"                     # every value outside its label's set
 MAX_AGENTS = 2000                   # agent label values: a fleet far larger than serve is fitted for
 MAX_MODELS = 16                     # model label values: the handful of models a fleet uses
@@ -217,60 +222,59 @@ def scheduler_lag(seconds: float) -> None:
 
 # -- from the event log -------------------------------------------------------------------
 
-def on_event(path: Path, event: dict) -> None:
-    """Called by EventLog.emit after each line lands (on the emitting thread)."""
-    kind, data, run = event["type"], event["data"], event["run_id"]
+def on_event(path: Path, event: Event) -> None:
+    """Called by EventLog after each line lands (on the writing thread), with the line's record."""
+    record, run = event.record, event.run_id
     fallback = (agent_label(path), OTHER)
-    if kind == "wake_started":
-        _agents[run] = (fallback[0], model_label(data.get("model")))
+    if isinstance(record, ev.WakeStarted):
+        _agents[run] = (fallback[0], model_label(record.model))
     agent, model = _agents.get(run, fallback)
-    handler = _HANDLERS.get(kind)
-    if handler and _m is not None:      # (always so: on_event is listened to once _m is made)
-        handler(_m, agent, model, data)
-    if kind == "wake_finished":
+    if _m is not None:                  # (always so: on_event is listened to once _m is made)
+        _count(_m, agent, model, record)
+    if isinstance(record, ev.WakeFinished):
         _agents.pop(run, None)
 
 
-def _model_response(m: _Metrics, agent: str, model: str, data: dict) -> None:
-    m.model_requests.labels(agent, model_label(data.get("model")) if data.get("model") else model).inc()
-    for key, value in (data.get("usage") or {}).items():
-        if key in TOKEN_KINDS and isinstance(value, int) and value > 0:
-            m.tokens.labels(agent, TOKEN_KINDS[key]).inc(value)
+def _count(m: _Metrics, agent: str, model: str, record: ev.EventRecord) -> None:
+    if isinstance(record, ev.ModelResponse):
+        m.model_requests.labels(agent, model_label(record.model) if record.model else model).inc()
+        _tokens(m, agent, record.usage)
+    elif isinstance(record, ev.ToolResult):
+        tool = tool_label(record.tool)
+        m.tool_calls.labels(tool, exit_class(record)).inc()
+        if record.container_id and record.duration_ms is not None:
+            m.call_seconds.labels(tool).observe(record.duration_ms / 1000)
+    elif isinstance(record, ev.WakeFinished):
+        _wake_finished(m, agent, model, record)
+    elif isinstance(record, ev.NotifyQueued):
+        m.notifications.labels("queued").inc(max(record.channels, 0))
+    elif isinstance(record, (ev.NotifySent, ev.NotifyFailed, ev.NotifyGaveUp)):
+        m.notifications.labels(_NOTIFY_OUTCOMES[type(record)]).inc()
 
 
-def _tool_result(m: _Metrics, agent: str, model: str, data: dict) -> None:
-    tool = tool_label(data.get("tool"))
-    m.tool_calls.labels(tool, exit_class(data)).inc()
-    if data.get("container_id") and isinstance(data.get("duration_ms"), (int, float)):
-        m.call_seconds.labels(tool).observe(data["duration_ms"] / 1000)
+_NOTIFY_OUTCOMES = {ev.NotifySent: "sent", ev.NotifyFailed: "failed", ev.NotifyGaveUp: "gave_up"}
 
 
-def exit_class(data: dict) -> str:
-    if data.get("denied"):
+def _tokens(m: _Metrics, agent: str, usage: Usage) -> None:
+    for kind, name in TOKEN_KINDS.items():
+        value = getattr(usage, name)
+        if value > 0:
+            m.tokens.labels(agent, kind).inc(value)
+
+
+def exit_class(result: ev.ToolResult) -> str:
+    if result.denied:
         return "denied"
-    if data.get("timed_out"):
+    if result.timed_out:
         return "timeout"
-    if data.get("is_error") or data.get("exit_code") not in (None, 0):
+    if result.is_error or result.exit_code not in (None, 0):
         return "error"
     return "ok"
 
 
-def _wake_finished(m: _Metrics, agent: str, model: str, data: dict) -> None:
-    receipt = data.get("receipt") or {}
-    status = data.get("status") or receipt.get("status")
+def _wake_finished(m: _Metrics, agent: str, model: str, finished: ev.WakeFinished) -> None:
+    receipt = finished.receipt
+    status = finished.status or (receipt.status if receipt else "")
     m.wakes.labels(agent, status if status in WAKE_STATUSES else OTHER).inc()
-    usd = receipt.get("usd")
-    if isinstance(usd, (int, float)) and usd > 0:
-        m.usd.labels(agent, model_label(receipt.get("model")) if receipt.get("model") else model).inc(usd)
-
-
-def _notify(outcome: str):
-    def count(m: _Metrics, agent: str, model: str, data: dict) -> None:
-        n = data.get("channels", 1) if outcome == "queued" else 1
-        m.notifications.labels(outcome).inc(n if isinstance(n, int) else 1)
-    return count
-
-
-_HANDLERS = {"model_response": _model_response, "tool_result": _tool_result, "wake_finished": _wake_finished,
-             "notify_queued": _notify("queued"), "notify_sent": _notify("sent"),
-             "notify_failed": _notify("failed"), "notify_gave_up": _notify("gave_up")}
+    if receipt and receipt.usd and receipt.usd > 0:
+        m.usd.labels(agent, model_label(receipt.model) if receipt.model else model).inc(receipt.usd)

@@ -21,7 +21,7 @@ from orchestrator.fleet.scheduler import Scheduler, fitted
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox.engine import LABEL
-from orchestrator.wake.loop import Receipt
+from orchestrator.records.receipt import Receipt
 
 WAIT_S = 120                        # six live wakes of five turns on a busy engine
 PACE_S = 0.3                        # the fake model's answer time: the pace the pool is built for

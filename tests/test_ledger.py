@@ -46,8 +46,8 @@ def test_a_dated_snapshot_uses_its_undated_price_and_an_unknown_model_has_none()
 
 def test_cost_counts_each_kind_of_token_at_its_own_rate():
     p = load_prices(environ={})["claude-sonnet-4-6"]   # 3 / 15 / 3.75 / 6 / 0.30 per MTok
-    u = Usage(input_tokens=1_000_000, output_tokens=100_000, cache_write_5m=200_000,
-              cache_write_1h=100_000, cache_read=1_000_000)
+    u = Usage(input_tokens=1_000_000, output_tokens=100_000, cache_write_5m_tokens=200_000,
+              cache_write_1h_tokens=100_000, cache_read_tokens=1_000_000)
     assert cost_usd(p, u) == pytest.approx(3.0 + 1.5 + 0.75 + 0.6 + 0.30)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.records.event_types import ModelResponse
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
@@ -295,12 +296,13 @@ def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, fake_api):
     for b in bodies:  # the moving breakpoint: the last block of the last message, and at most 4 in all
         assert b["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
         assert json.dumps(b).count('"cache_control"') == 2
-    responses = [e.data["usage"] for e in events_of(agent_dir) if e.type == "model_response"]
-    assert responses[0]["cache_read_input_tokens"] == 0 and responses[0]["cache_creation_input_tokens"] > 0
+    responses = [e.record.usage for e in events_of(agent_dir) if isinstance(e.record, ModelResponse)]
+    assert responses[0].cache_read_tokens == 0 and responses[0].cache_write_tokens > 0
     for n, u in enumerate(responses[1:], 2):  # each later step reads everything before it from cache
-        assert u["cache_read_input_tokens"] > responses[n - 2]["cache_read_input_tokens"], n
-    assert receipt.cache_read_tokens == sum(u["cache_read_input_tokens"] for u in responses) > 0
-    assert receipt.cache_creation_tokens == sum(u["cache_creation_input_tokens"] for u in responses)
+        assert u.cache_read_tokens > responses[n - 2].cache_read_tokens, n
+    assert receipt.usage.cache_read_tokens == sum(u.cache_read_tokens for u in responses) > 0
+    assert receipt.usage.cache_write_tokens == sum(u.cache_write_tokens for u in responses)
+    assert receipt.tokens == sum(responses).tokens
 
 
 # -- stop reasons ---------------------------------------------------------------------------------

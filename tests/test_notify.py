@@ -28,7 +28,7 @@ from orchestrator.notify.sender import CAP_S, retry_after, send_due
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records import health
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.wake.loop import Receipt
+from orchestrator.records.receipt import Receipt
 
 TOKEN = "T0KEN-9f8e7d6c5b4a"            # what must never be written anywhere under state/ or printed
 

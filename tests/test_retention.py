@@ -115,7 +115,7 @@ def test_state_rebuilt_from_a_rotated_log_counts_every_retained_wake(tmp_path):
     log_wakes(tmp_path, 31, 2)
     state, warning = load_state(tmp_path)   # no state.json: rebuilt from the history
     assert (state.wake, state.tokens_lifetime) == (32, 320) and "rebuilt from the event log" in warning
-    assert state.last_receipt == {"wake": 32, "status": "done"}
+    assert state.last_receipt is not None and (state.last_receipt.wake, state.last_receipt.status) == (32, "done")
 
 
 def test_wakeloop_log_reads_across_rotated_segments(agent_dir):

@@ -25,6 +25,7 @@ from leftovers import our_containers
 from sync import read_until, release_fifo
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.receipt import Receipt, Usage
 from orchestrator.wake.loop import wake
 from orchestrator.fleet.scheduler import Scheduler, describe_receipt
 from orchestrator.views.status import status_table
@@ -271,12 +272,12 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
 # -- what a person reads -------------------------------------------------------------------
 
 def test_a_receipt_becomes_one_readable_line_with_the_receipt_after_it():
-    receipt = {"run_id": "abc", "agent": "demo", "wake": 3, "status": "done", "reason": "end_turn",
-               "steps": 5, "tool_calls": 4, "tokens": 1234, "duration_ms": 4200, "live": False}
+    receipt = Receipt(run_id="abc", agent="demo", wake=3, status="done", reason="end_turn", steps=5, tool_calls=4,
+                      usage=Usage(input_tokens=1000, output_tokens=234), duration_ms=4200, live=False)
     line = describe_receipt("demo", receipt)
     assert line.startswith("demo: wake 3 done (dry run) in 4.2s: 5 steps, 4 tool calls, 1,234 tokens")
     assert "\n" not in line
-    assert json.loads(line.split(" | receipt ", 1)[1]) == receipt
+    assert Receipt.from_json(json.loads(line.split(" | receipt ", 1)[1])) == receipt
 
 
 def test_status_root_is_one_table_of_every_agent(tmp_path):

@@ -24,6 +24,7 @@ from orchestrator.views.status import agent_status, render_agent_status
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records import stopswitch
 from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.receipt import Receipt
 from orchestrator.records.state import load_state, lock_holder
 from orchestrator.wake.loop import wake
 import support
@@ -92,7 +93,7 @@ def test_stop_ends_twenty_wakes_mid_call_with_stopped_receipts(tmp_path, docker_
         results = [e for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tool_result"]
         assert len(results) == 1 and results[0].data.get("exit_code") == 137, results   # killed, not finished
         assert lock_holder(agent_dir / "state") is None
-        assert load_state(agent_dir / "state")[0].last_receipt["status"] == "stopped"
+        assert load_state(agent_dir / "state")[0].last_receipt.status == "stopped"
     assert our_containers(docker_client, tmp_path) == []
 
 
@@ -194,7 +195,8 @@ def test_serve_started_while_stopped_dispatches_nothing_until_start(tmp_path):
     stopswitch.stop(root, why="overnight", who="ops")
     woken: list[str] = []
     lines: list[str] = []
-    scheduler = Scheduler(root, 4, wake_fn=lambda agent, stop: woken.append(agent.name) or {"status": "done"},
+    scheduler = Scheduler(root, 4, wake_fn=lambda agent, stop: woken.append(agent.name) or Receipt(
+                              run_id="r", agent=agent.name, wake=1, status="done", reason="end_turn"),
                           out=lines.append)
 
     def one_pass():

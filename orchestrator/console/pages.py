@@ -55,6 +55,7 @@ from orchestrator.views.status import (COST_DAYS, agent_status, budget_line, cur
 from orchestrator.records import stopswitch
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.ledger import LedgerError, read_book
+from orchestrator.records.receipt import Usage
 from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
@@ -293,7 +294,7 @@ def turns(lines: list[dict]) -> list[dict]:
         if line["type"] == "user":
             turn["user"].append(str(line.get("text", "")))
         elif line["type"] == "assistant":
-            turn.update(stop_reason=line.get("stop_reason"), usage=line.get("usage") or {},
+            turn.update(stop_reason=line.get("stop_reason"), tokens=Usage.from_json(line.get("usage")).tokens,
                         usd_so_far=line.get("usd_so_far"), t=line.get("t"))
             for block in line.get("content") or []:
                 if block.get("type") == "text":

@@ -62,7 +62,9 @@ from orchestrator.errors import WakeloopError
 from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent, root_channels
 from orchestrator.broker.client import broker_socket
 from orchestrator.policy.schema import PolicyError
+from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.records.receipt import Receipt
 from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
                                          parse_schedule, save_tick, stamp, utcnow)
 from orchestrator.fleet import capacity, control
@@ -97,7 +99,7 @@ class _Finished:
     line: str
 
 
-WakeFn = Callable[..., object]      # loop.wake(agent, *, stop=...) -> Receipt
+WakeFn = Callable[..., Receipt]     # loop.wake(agent, *, stop=...)
 
 
 @dataclass
@@ -209,8 +211,8 @@ class Scheduler:
             why = (f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
                    f"not run late; next {stamp(entry.due)}")
             self.say(f"{entry.name}: {why}")
-            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").emit("tick_skipped", tick=missed.isoformat(),
-                                                                          reason=why)
+            EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").write(
+                ev.TickSkipped(tick=missed.isoformat(), reason=why))
 
     def _plan(self, e: _Entry) -> str:
         if e.schedule is None or e.due is None:
@@ -471,26 +473,16 @@ def serve(root: Path, max_concurrent: int | None = None,
         sys.stdout.flush()
 
 
-def describe_receipt(name: str, receipt) -> str:
+def describe_receipt(name: str, receipt: Receipt) -> str:
     """serve's line for a finished wake: one line a person can follow, then the receipt itself as
     compact JSON. Here, not in views/: views/ sits above fleet/ and reads it."""
-    data = json.loads(receipt.to_json()) if hasattr(receipt, "to_json") else dict(receipt)
-    status = data.get("status", "?")
-    parts = [f"{name}: wake {data.get('wake', '?')} {status}"]
-    if data.get("dry_run") is True or data.get("live") is False:
-        parts[0] += " (dry run)"
-    ms = data.get("duration_ms")
-    if isinstance(ms, (int, float)):
-        parts[0] += f" in {ms / 1000:.1f}s"
-    details = [f"{data[k]} {label}" for k, label in (("steps", "steps"), ("tool_calls", "tool calls"))
-               if isinstance(data.get(k), int)]
-    if isinstance(data.get("tokens"), int):
-        details.append(f"{data['tokens']:,} tokens")
-    if isinstance(data.get("usd"), (int, float)):
-        details.append(f"${data['usd']:.4f}")
-    if data.get("task"):
-        details.append(f"task {data['task']}")
-    line = parts[0] + (": " + ", ".join(details) if details else "")
-    if data.get("reason"):
-        line += f"; {data['reason']}"
-    return f"{line} | receipt {json.dumps(data, separators=(',', ':'), default=str)}"
+    line = (f"{name}: wake {receipt.wake} {receipt.status}{'' if receipt.live else ' (dry run)'} "
+            f"in {receipt.duration_ms / 1000:.1f}s: {receipt.steps} steps, {receipt.tool_calls} tool calls, "
+            f"{receipt.tokens:,} tokens")
+    if receipt.usd is not None:
+        line += f", ${receipt.usd:.4f}"
+    if receipt.task:
+        line += f", task {receipt.task}"
+    if receipt.reason:
+        line += f"; {receipt.reason}"
+    return f"{line} | receipt {json.dumps(receipt.to_dict(), separators=(',', ':'), default=str)}"

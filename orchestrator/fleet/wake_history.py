@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.records.event_types import WakeFinished
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.folder import state_folder
 from orchestrator.records.retention import LINE_CAP, history, holder, open_text
@@ -68,13 +69,15 @@ class _File:
 
 def row_of(line: str) -> dict | None:
     event = parse_event(line) if MARK in line else None
-    if event is None or event.type != "wake_finished":
+    if event is None or not isinstance(event.record, WakeFinished):
         return None
-    receipt = event.data.get("receipt")
-    receipt = receipt if isinstance(receipt, dict) else {}
-    row = {k: receipt.get(k) for k in ROW_KEYS}
+    finished, r = event.record, event.record.receipt
+    row: dict = dict.fromkeys(ROW_KEYS) if r is None else {
+        "run_id": r.run_id, "wake": r.wake, "status": r.status, "reason": r.reason, "steps": r.steps,
+        "tokens": r.tokens, "tool_calls": r.tool_calls, "usd": r.usd, "duration_ms": r.duration_ms,
+        "started_at": r.started_at, "model": r.model, "live": r.live, "task": r.task}
     row["run_id"] = row["run_id"] or event.run_id
-    row["status"] = row["status"] or event.data.get("status")
+    row["status"] = row["status"] or finished.status or None
     row["finished_at"] = event.timestamp
     return row
 

@@ -29,6 +29,7 @@ from typing import Iterable
 from orchestrator.notify import queue
 from orchestrator.notify.config import Channel
 from orchestrator.records import approval_links, health
+from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.folder import state_folder
 
@@ -61,8 +62,8 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
                                                 event=note["event"], payload=note, queued_at=time.time()))
             n += 1
     if n:
-        EventLog(Path(state_dir) / EVENTS_FILE, note["run_id"] or "notify").emit(
-            "notify_queued", id=note["id"], event=note["event"], channels=n)
+        EventLog(Path(state_dir) / EVENTS_FILE, note["run_id"] or "notify").write(
+            ev.NotifyQueued(id=note["id"], event=note["event"], channels=n))
     return n
 
 
@@ -126,7 +127,7 @@ def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause
     """A wake that could not start (bad config, no engine, no broker): in its events, its health, and out."""
     state_dir = Path(agent_dir) / "state"
     state_dir.mkdir(mode=0o700, exist_ok=True)
-    EventLog(state_dir / EVENTS_FILE, "not-started").emit("wake_not_started", reason=reason)
+    EventLog(state_dir / EVENTS_FILE, "not-started").write(ev.WakeNotStarted(reason=reason))
     _health(state_dir, name, str(agent_dir), channels, pause_after, ok=False, reason=reason,
             run_id="", wake=None)
 
@@ -136,8 +137,8 @@ def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id
     h, said = health.record(state_dir, ok, reason, at=time.time(), at_iso=now_iso(), pause_after=pause_after,
                             fatal=not ok and "HTTP 401" in reason)
     if said:
-        EventLog(Path(state_dir) / EVENTS_FILE, run_id or "health").emit(
-            "health", said=said, failures=h.failures, paused=h.paused, reason=reason)
+        EventLog(Path(state_dir) / EVENTS_FILE, run_id or "health").write(
+            ev.Health(said=tuple(said), failures=h.failures, paused=h.paused, reason=reason))
     series = h.failing_since or now_iso()       # one series of failures: its notes share ids
     texts = {
         "failing": (f"{shown} is failing", f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
@@ -185,14 +186,14 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
 
 def digest(state_dir: Path, name: str, day: str) -> dict:
     """One day's wakes, statuses, cost per model and messages, from the event log."""
-    events = [e for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated files too
-    receipts = [e.data.get("receipt") or {} for e in events if e.type == "wake_finished"]
-    statuses = Counter(r.get("status", "?") for r in receipts)
+    records = [e.record for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated too
+    receipts = [r.receipt for r in records if isinstance(r, ev.WakeFinished) and r.receipt]
+    statuses = Counter(r.status for r in receipts)
     cost: defaultdict[str, float] = defaultdict(float)
-    unknown = {r.get("model", "?") for r in receipts if r.get("live") and r.get("usd") is None}
+    unknown = {r.model or "?" for r in receipts if r.live and r.usd is None}
     for r in receipts:
-        cost[r.get("model", "?")] += float(r.get("usd") or 0)
-    messages = sum(1 for e in events if e.type == "tool_call" and e.data.get("tool") == "send_message")
+        cost[r.model or "?"] += r.usd or 0.0
+    messages = sum(1 for r in records if isinstance(r, ev.ToolCall) and r.tool == "send_message")
     lines = [f"{len(receipts)} wake(s): " + (", ".join(f"{n} {s}" for s, n in statuses.most_common()) or "none"),
              "cost: " + (", ".join(f"{'unknown (no price)' if model in unknown else f'${usd:.4f}'} {model}"
                                    for model, usd in cost.items()) or "$0"),

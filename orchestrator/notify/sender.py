@@ -37,6 +37,7 @@ from typing import Callable
 from orchestrator.notify import queue
 from orchestrator.notify.channels import DeliveryError, deliver
 from orchestrator.notify.config import Channel
+from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.retention import holder
 
@@ -98,24 +99,26 @@ def _attempt(state_dir, channel, item, now, environ, send, report, held) -> None
             return
         wait = retry_after(item.attempts)
         queue.update(state_dir, replace(item, next_at=now + wait, last_error=error))
-        _event(state_dir, item, "notify_failed", error=error, retry_in_s=wait)
+        _event(state_dir, item, ev.NotifyFailed(id=item.id, channel=item.label, event=item.event,
+                                                attempts=item.attempts, error=error, retry_in_s=wait))
         report.failed.append(f"{item.label}: {error} (retry in {wait:g}s)")
         held.add(item.channel)
         return
     queue.finish(state_dir, item, "sent", now, answer)
-    _event(state_dir, item, "notify_sent", answer=answer)
+    _event(state_dir, item, ev.NotifySent(id=item.id, channel=item.label, event=item.event, attempts=item.attempts,
+                                          answer=answer))
     report.sent.append(f"{item.label}: {answer}")
 
 
 def _give_up(state_dir, item, now, why, report) -> None:
     queue.finish(state_dir, item, "gave_up", now, why)
-    _event(state_dir, item, "notify_gave_up", error=why)
+    _event(state_dir, item, ev.NotifyGaveUp(id=item.id, channel=item.label, event=item.event, attempts=item.attempts,
+                                            error=why))
     report.gave_up.append(f"{item.label}: {why}")
 
 
-def _event(state_dir: Path, item: queue.Item, type: str, **data) -> None:
-    EventLog(Path(state_dir) / EVENTS_FILE, str(item.payload.get("run_id") or "notify")).emit(
-        type, id=item.id, channel=item.label, event=item.event, attempts=item.attempts, **data)
+def _event(state_dir: Path, item: queue.Item, record: ev.EventRecord) -> None:
+    EventLog(Path(state_dir) / EVENTS_FILE, str(item.payload.get("run_id") or "notify")).write(record)
 
 
 class _sender_lock:

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.atomic import locked
 from orchestrator.records.folder import TooBig, state_folder
@@ -171,9 +172,8 @@ def _save(state_dir: Path, approval: Approval) -> None:
     state_folder(state_dir).write_atomic(_rel(approval.id), data, create_dirs=True)
 
 
-def _event(state_dir: Path, run_id: str, kind: str, approval: Approval, **data: object) -> None:
-    EventLog(Path(state_dir) / EVENTS_FILE, run_id or "approvals").emit(
-        kind, id=approval.id, tool=approval.tool, **data)
+def _event(state_dir: Path, run_id: str, record: ev.EventRecord) -> None:
+    EventLog(Path(state_dir) / EVENTS_FILE, run_id or "approvals").write(record)
 
 
 # -- the wake asks ------------------------------------------------------------------
@@ -204,7 +204,7 @@ def ask(state_dir: Path, tool: str, args: dict[str, object], rule: str, words: s
         while load(state_dir, approval.id) is not None:      # 2^32 ids: a clash is rare, never reused
             approval = replace(approval, id=f"a-{secrets.token_hex(4)}")
         _save(state_dir, approval)
-    _event(state_dir, run_id, "approval_asked", approval, rule=rule, expires=approval.expires)
+    _event(state_dir, run_id, ev.ApprovalAsked(id=approval.id, tool=approval.tool, rule=rule, expires=approval.expires))
     return Asked(approval, new=True)
 
 
@@ -233,8 +233,8 @@ def decide(state_dir: Path, approval_id: str, approve: bool, by: str, reason: st
         approval = replace(approval, status="approved" if approve else "denied", decided_by=by,
                            decided_at=iso(now), reason=" ".join(reason.split())[:REASON_CAP])
         _save(state_dir, approval)
-    _event(state_dir, "", f"approval_{approval.status}", approval, by=by,
-           **({"reason": approval.reason} if approval.reason else {}))
+    decided = ev.ApprovalApproved if approval.status == "approved" else ev.ApprovalDenied
+    _event(state_dir, "", decided(id=approval.id, tool=approval.tool, by=by, reason=approval.reason))
     return approval
 
 
@@ -242,7 +242,7 @@ def _expire(state_dir: Path, approval: Approval) -> Approval:
     approval = replace(approval, status="expired", decided_by="nobody", decided_at=approval.expires,
                        reason=f"nobody answered by {approval.expires}")
     _save(state_dir, approval)
-    _event(state_dir, "", "approval_expired", approval, expires=approval.expires)
+    _event(state_dir, "", ev.ApprovalExpired(id=approval.id, tool=approval.tool, expires=approval.expires))
     return approval
 
 
@@ -272,7 +272,7 @@ def take(state_dir: Path, run_id: str, offered: frozenset[str], now: datetime | 
                 a = replace(a, status="void", reason=f"this agent's policy no longer offers the {a.tool} "
                                                      "tool, so the call was not run")
                 _save(state_dir, a)
-                _event(state_dir, run_id, "approval_void", a, reason=a.reason)
+                _event(state_dir, run_id, ev.ApprovalVoid(id=a.id, tool=a.tool, reason=a.reason))
             if a.status == "approved":
                 a = replace(a, status="started", ran_by=run_id)
                 _save(state_dir, a)
@@ -296,7 +296,7 @@ def unstart(state_dir: Path, approval: Approval, run_id: str, why: str) -> Appro
     with locked(state_dir, APPROVALS_LOCK):
         again = replace(approval, status="approved", ran_by="")
         _save(state_dir, again)
-    _event(state_dir, run_id, "approval_deferred", again, reason=why)
+    _event(state_dir, run_id, ev.ApprovalDeferred(id=again.id, tool=again.tool, reason=why))
     return again
 
 
@@ -307,5 +307,5 @@ def finish(state_dir: Path, approval: Approval, run_id: str, result: str = "", r
                        result=result[:RESULT_CAP] if ran else approval.result, reported=True)
         _save(state_dir, done)
     if ran:
-        _event(state_dir, run_id, "approval_ran", done, chars=len(result))
+        _event(state_dir, run_id, ev.ApprovalRan(id=done.id, tool=done.tool, chars=len(result)))
     return done

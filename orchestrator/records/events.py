@@ -12,8 +12,13 @@ Never a secret in it: the API key's value (and every name records/secrets.py
 lists) is scrubbed from every line before
 it is written, whatever field it hides in.
 
-Not here: what the events mean (loop.py decides what to record) or how they
-are shown (cli.py `log`).
+The harness writes records (`write`): each type's fields are declared once
+in event_types.py, and every line read back carries its record
+(`Event.record`, parsed when first read). `emit` writes free keywords:
+only tests use it, to write lines of any shape a reader must survive.
+
+Not here: the event types (event_types.py), what they mean for a wake
+(loop.py decides what to record) or how they are shown (views/status.py).
 """
 
 from __future__ import annotations
@@ -21,18 +26,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from orchestrator.records import retention
+from orchestrator.records.event_types import EventRecord, parse_record
 from orchestrator.records.jsontext import loads
 from orchestrator.records.secrets import secret_values
 
 EVENTS_FILE = "events.jsonl"
 retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
 REDACTED = "[redacted]"
-Listener = Callable[[Path, dict[str, Any]], None]
+Listener = Callable[[Path, "Event"], None]
 _listeners: list[Listener] = []     # metrics.py: told of each event after it lands
 
 
@@ -66,9 +73,18 @@ class EventLog:
         self.run_id = run_id
         self.secrets = secrets_from_env() if secrets is None else secrets
 
-    def emit(self, type: str, **data: Any) -> dict[str, Any]:
-        event = {"run_id": self.run_id, "type": type, "timestamp": now_iso(), "data": data}
-        line = scrub(json.dumps(event, ensure_ascii=False, default=str), self.secrets) + "\n"
+    def write(self, record: EventRecord) -> Event:
+        """Append one event, as its record says (event_types.py)."""
+        return self._append(record.type, record.to_data(), record)
+
+    def emit(self, type: str, **data: Any) -> Event:
+        """Append a line of any shape (tests); the harness writes records."""
+        return self._append(type, data, parse_record(type, data))
+
+    def _append(self, type: str, data: dict[str, Any], record: EventRecord) -> Event:
+        event = Event(self.run_id, type, now_iso(), data)
+        event.__dict__["record"] = record     # the record it was written from (cached_property's slot)
+        line = scrub(json.dumps(event.to_json(), ensure_ascii=False, default=str), self.secrets) + "\n"
         folder, name = retention.holder(self.path)   # never through a link, never into a FIFO
         folder.append(name, line.encode("utf-8"))
         for fn in _listeners:
@@ -81,10 +97,19 @@ class EventLog:
 
 @dataclass(frozen=True)
 class Event:
+    """One line: who wrote it, when, its raw `data` (as `wakeloop log` shows it) and its typed record."""
     run_id: str
     type: str
     timestamp: str
     data: dict[str, Any]
+
+    @cached_property
+    def record(self) -> EventRecord:
+        """Read when first asked for: `wakeloop log` and a line that is only counted never pay for it."""
+        return parse_record(self.type, self.data)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "type": self.type, "timestamp": self.timestamp, "data": self.data}
 
 
 def read_events(path: Path) -> Iterator[Event]:
@@ -107,8 +132,8 @@ def parse_event(line: str) -> Event | None:
     """One line of the log as an Event, or None for a torn or foreign line."""
     try:
         raw = loads(line)
-        return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]),
-                     raw.get("data") if isinstance(raw.get("data"), dict) else {})
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        return Event(str(raw["run_id"]), str(raw["type"]), str(raw["timestamp"]), data)
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -36,6 +36,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.records.atomic import locked
 from orchestrator.records.folder import RECORD_CAP, state_folder
 from orchestrator.records.jsontext import loads
+from orchestrator.records.receipt import Usage
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
@@ -60,45 +61,6 @@ class Price:
     cache_write_1h: float           # USD per million tokens written to the 1-hour cache
     cache_read: float               # USD per million tokens read from the cache
     source: str                     # where the numbers come from
-
-
-@dataclass(frozen=True)
-class Usage:
-    """One model call's tokens, as billed: cache writes split by their TTL's price."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_write_5m: int = 0
-    cache_write_1h: int = 0
-    cache_read: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return (self.input_tokens + self.output_tokens + self.cache_write_5m
-                + self.cache_write_1h + self.cache_read)
-
-    @property
-    def cache_written(self) -> int:
-        return self.cache_write_5m + self.cache_write_1h
-
-    def to_dict(self) -> dict[str, Any]:
-        """In the API's own field names (the event log's model_response)."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cache_read_input_tokens": self.cache_read,
-                "cache_creation_input_tokens": self.cache_written}
-
-    @classmethod
-    def from_api(cls, usage: Any) -> "Usage":
-        """From the SDK's `response.usage` (or its dict). Cache writes without the
-        5m/1h breakdown are taken as 5-minute writes, the API's default TTL."""
-        get = usage.get if isinstance(usage, dict) else (lambda k, d=None: getattr(usage, k, d))
-        written = _int(get("cache_creation_input_tokens", 0))
-        split = get("cache_creation", None)
-        split_get = (split.get if isinstance(split, dict)
-                     else (lambda k, d=None: getattr(split, k, d)))
-        w1h = _int(split_get("ephemeral_1h_input_tokens", 0)) if split is not None else 0
-        w5m = _int(split_get("ephemeral_5m_input_tokens", 0)) if split is not None else written
-        return cls(_int(get("input_tokens", 0)), _int(get("output_tokens", 0)),
-                   max(w5m, written - w1h), w1h, _int(get("cache_read_input_tokens", 0)))
 
 
 def _int(value: Any) -> int:
@@ -155,9 +117,9 @@ def price_for(model: str, prices: dict[str, Price]) -> Price | None:
 
 def cost_usd(price: Price, usage: Usage) -> float:
     return (usage.input_tokens * price.input + usage.output_tokens * price.output
-            + usage.cache_write_5m * price.cache_write_5m
-            + usage.cache_write_1h * price.cache_write_1h
-            + usage.cache_read * price.cache_read) / PER_MILLION
+            + usage.cache_write_5m_tokens * price.cache_write_5m
+            + usage.cache_write_1h_tokens * price.cache_write_1h
+            + usage.cache_read_tokens * price.cache_read) / PER_MILLION
 
 
 def estimate_tokens(*parts: Any) -> int:

@@ -33,14 +33,16 @@ import fcntl
 import json
 import os
 import stat
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from orchestrator.records import retention
+from orchestrator.records.event_types import WakeFinished, WakeStarted
 from orchestrator.records.events import read_history
 from orchestrator.records.atomic import locked
+from orchestrator.records.receipt import Receipt
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 
@@ -163,10 +165,12 @@ def _pid_alive(pid: int) -> bool:
 class State:
     wake: int = 0                   # wakes started, the last one included
     tokens_lifetime: int = 0        # input + output + cache tokens, all wakes
-    last_receipt: dict[str, Any] | None = field(default=None, compare=False)
+    last_receipt: Receipt | None = field(default=None, compare=False)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2) + "\n"
+        return json.dumps({"wake": self.wake, "tokens_lifetime": self.tokens_lifetime,
+                           "last_receipt": self.last_receipt.to_dict() if self.last_receipt else None},
+                          indent=2) + "\n"
 
 
 def load_state(state_dir: Path) -> tuple[State, str | None]:
@@ -175,8 +179,7 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
     try:
         raw = loads(state_folder(state_dir).read_text(STATE_FILE, STATE_CAP))
         return State(wake=_count(raw["wake"]), tokens_lifetime=_count(raw["tokens_lifetime"]),
-                     last_receipt=raw.get("last_receipt") if isinstance(raw.get("last_receipt"), dict)
-                     else None), None
+                     last_receipt=Receipt.from_json(raw.get("last_receipt"))), None
     except FileNotFoundError:
         why = "missing"
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -191,11 +194,12 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
 def rebuild_state(state_dir: Path) -> State:
     wake, tokens, last = 0, 0, None
     for event in read_history(Path(state_dir)):  # the retained segments too, oldest first
-        if event.type == "wake_started":
-            wake = max(wake, _count(event.data.get("wake", 0)))
-        elif event.type == "wake_finished":
-            tokens += _count(event.data.get("tokens", 0))
-            last = event.data.get("receipt") if isinstance(event.data.get("receipt"), dict) else last
+        record = event.record
+        if isinstance(record, WakeStarted):
+            wake = max(wake, _count(record.wake))
+        elif isinstance(record, WakeFinished):
+            tokens += _count(record.tokens)
+            last = record.receipt or last
     return State(wake=wake, tokens_lifetime=tokens, last_receipt=last)
 
 

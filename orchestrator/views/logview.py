@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from orchestrator.fleet.schedule import agent_dirs
 from orchestrator.views.status import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
+from orchestrator.records.receipt import Usage
 from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
 from orchestrator.records.retention import LINE_CAP, holder
@@ -74,8 +75,7 @@ def _assistant(t: str, step: str, line: dict) -> str:
         elif block.get("type") == "tool_use":
             args = json.dumps(block.get("input"), ensure_ascii=False)
             out.append(f"  -> {block.get('name')} {clean(args)[:INPUT_CAP]}")
-    usage = line.get("usage") or {}
-    tokens = sum(v for v in usage.values() if isinstance(v, int))
+    tokens = Usage.from_json(line.get("usage")).tokens     # any version's names (receipt.OLD_NAMES)
     head = (f"{t} {step}model > ({line.get('stop_reason')}, {tokens:,} tokens, "
             f"${line.get('usd_so_far', 0):.4f} so far)")
     return "\n".join([head, *out])

@@ -22,6 +22,7 @@ from orchestrator.notify import queue
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
+from orchestrator.records.receipt import Receipt
 from orchestrator.records import health, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
@@ -46,7 +47,7 @@ def agent_status(agent: Agent) -> dict:
     holder = lock_holder(sd)
     data = {"name": agent.name, "dir": str(agent.dir), "model": agent.model, "dry_run": agent.dry_run,
             "schedule": agent.schedule, "wakes": state.wake, "tokens_lifetime": state.tokens_lifetime,
-            "last_receipt": state.last_receipt or None,
+            "last_receipt": state.last_receipt.to_dict() if state.last_receipt else None,
             "lock": holder.describe() if holder else None,
             "inbox_waiting": count_messages(peek_inbox(sd)),
             "outbox_messages": count_messages(read_outbox(sd)),
@@ -196,13 +197,13 @@ def render_agent_status(d: dict) -> str:
              f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
              f"  wakes        {d['wakes']}",
              f"  tokens       {d['tokens_lifetime']:,} lifetime"]
-    r = d["last_receipt"]
+    r = Receipt.from_json(d["last_receipt"])
     if r:
-        lines.append(f"  last wake    #{r.get('wake')} {r.get('status')}: {r.get('reason')} "
-                     f"({r.get('steps')} steps, {r.get('tokens', 0):,} tokens, "
-                     f"{r.get('cache_read_tokens', 0):,} cache reads, {r.get('tool_calls')} tool calls, "
-                     f"{(r.get('duration_ms') or 0) / 1000:.1f}s) at {r.get('started_at')}")
-        lines.append(f"  receipt      {json.dumps(r, ensure_ascii=False)}")
+        lines.append(f"  last wake    #{r.wake} {r.status}: {r.reason} "
+                     f"({r.steps} steps, {r.tokens:,} tokens, "
+                     f"{r.usage.cache_read_tokens:,} cache reads, {r.tool_calls} tool calls, "
+                     f"{r.duration_ms / 1000:.1f}s) at {r.started_at}")
+        lines.append(f"  receipt      {json.dumps(d['last_receipt'], ensure_ascii=False)}")
     else:
         lines.append("  last wake    (none yet)")
     usd = d["usd"]
@@ -218,8 +219,8 @@ def render_agent_status(d: dict) -> str:
     lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
                  else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
     lines.append(f"  disk         {_render_disk(d['disk'])}")
-    if r and r.get("no_room"):   # the disk guard (sandbox/disk.py) did not start a call of the last wake
-        lines.append(f"    no room    a call of the last wake did not start: {r['no_room']}")
+    if r and r.no_room:   # the disk guard (sandbox/disk.py) did not start a call of the last wake
+        lines.append(f"    no room    a call of the last wake did not start: {r.no_room}")
     lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
@@ -260,19 +261,19 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
         return {"agent": path.name, "dir_name": path.name, "mode": "-", "last_wake": "config error",
                 "result": str(exc), "error": str(exc), "state": "config error"}
     state, _ = load_state(sd)
-    r = state.last_receipt or {}
+    r = state.last_receipt
     nxt = next_wake(path, agent.schedule, now, agent.timezone)
     h = health_status(sd)[0]
     row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
-           "last_wake": _short_time(r.get("started_at"), now) if r else "never",
-           "result": f"#{r.get('wake')} {r.get('status')}" if r else "-",
+           "last_wake": _short_time(r.started_at, now) if r else "never",
+           "result": f"#{r.wake} {r.status}" if r else "-",
            "next_wake": ("fleet stopped" if stopswitch.is_stopped(path.parent) else "paused" if h["paused"]
                          else "no scheduler" if no_scheduler
                          else stamp(nxt) if nxt else "bad schedule"),
            "next_wake_at": nxt.timestamp() if nxt else None,
            "health": _health_line(h),
            "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd)),
-           "dir_name": path.name, "receipt": r or None, "health_detail": h,
+           "dir_name": path.name, "receipt": r.to_dict() if r else None, "health_detail": h,
            "running": current_wake(sd), "disk": disk_status(agent)}
     row["state"] = ("running" if row["running"] else "paused" if h["paused"]
                     else "failing" if h["failures"] else "ok")

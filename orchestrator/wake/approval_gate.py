@@ -25,6 +25,7 @@ from typing import Callable
 
 from orchestrator.policy.schema import Policy
 from orchestrator.records import approvals
+from orchestrator.records import event_types as ev
 from orchestrator.wake.tools import ToolResult, error
 
 WAITING = ("WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "
@@ -90,7 +91,7 @@ class Gate:
             self.transcript.add("approval", id=a.id, tool=a.tool, input=a.input, status=a.status,
                                 decided_by=a.decided_by, decided_at=a.decided_at, reason=a.reason or None,
                                 result=result or a.result or None)
-            self.events.emit("approval_reported", id=a.id, tool=a.tool, status=a.status)
+            self.events.write(ev.ApprovalReported(id=a.id, tool=a.tool, status=a.status))
             done.append(Outcome(a, result or a.result))
         return done
 
@@ -100,10 +101,10 @@ class Gate:
         if self.halted():
             approvals.unstart(self.state_dir, a, self.run_id, "the fleet is stopped")
             return None
-        self.events.emit("tool_call", step=0, id=a.id, tool=a.tool, approval=a.id)
+        self.events.write(ev.ToolCall(step=0, id=a.id, tool=a.tool, approval=a.id))
         result = registry.call(a.tool, a.input, gate=False)
-        self.events.emit("tool_result", step=0, id=a.id, tool=a.tool, is_error=result.is_error,
-                         result_chars=len(result.text), approval=a.id, **result.detail)
+        self.events.write(ev.tool_result(step=0, id=a.id, tool=a.tool, is_error=result.is_error,
+                                         result_chars=len(result.text), approval=a.id, detail=result.detail))
         if result.detail.get("no_room"):
             self.no_room(str(result.detail["no_room"]))
             approvals.unstart(self.state_dir, a, self.run_id, "the disks' filesystem had no room")
@@ -113,6 +114,6 @@ class Gate:
             return None
         if result.denied:           # the policy as it stands now refuses it: void, and said why
             a = replace(a, status="void", reason=f"the policy as it stands now refuses it: {result.denied}")
-            self.events.emit("approval_void", id=a.id, tool=a.tool, reason=a.reason)
+            self.events.write(ev.ApprovalVoid(id=a.id, tool=a.tool, reason=a.reason))
             return approvals.finish(self.state_dir, a, self.run_id), ""
         return approvals.finish(self.state_dir, a, self.run_id, result.text, ran=True), result.text

@@ -74,7 +74,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -86,6 +86,8 @@ from orchestrator.records import stopswitch
 from orchestrator.records import tasks
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
+from orchestrator.records import event_types as ev
+from orchestrator.records.receipt import Receipt, Status, Usage
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.wake.approval_gate import Gate
@@ -115,37 +117,6 @@ BUDGET_NOTE = ("[harness] The token budget for this wake ({used:,} of {cap:,} to
                "memory/journal/{day}.md. Then stop.")
 CONTINUE_NOTE = ("[harness] Your last reply was cut at the output limit of {limit:,} tokens. "
                  "Continue where you stopped, in smaller steps.")
-
-
-@dataclass(frozen=True)
-class Receipt:
-    run_id: str
-    agent: str
-    wake: int
-    status: str                     # done | budget_stop | dead_letter | blocked | skipped_locked | stopped
-    reason: str
-    steps: int = 0                  # model requests
-    tokens: int = 0                 # input + output + cache read + cache creation
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_creation_tokens: int = 0
-    tool_calls: int = 0
-    duration_ms: int = 0
-    model: str = ""
-    live: bool = False
-    journal: str = ""               # who left today's trace: agent | stub | closing note | ...
-    started_at: str = ""
-    usd: float | None = 0.0                # this wake's cost from real usage (ledger.py); 0 in a dry run
-    task: str = ""                  # the task this wake claimed (tasks.py), if any
-    messages_waiting: int = 0       # a dry run: the human's messages left for the first live wake
-    no_room: str = ""               # the last call the disk guard did not start this wake, and why
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
 
 
 class DeadLetter(Exception):
@@ -194,7 +165,7 @@ def _retain(agent: Agent, events: EventLog, say) -> None:
     for line in done:
         say(f"state: {line}")
     if done:
-        events.emit("retention", done=done)
+        events.write(ev.Retention(done=tuple(done)))
 
 
 def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | None):
@@ -225,9 +196,10 @@ def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: Eve
     return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
 
 
-def _unstarted(agent: Agent, run_id: str, status: str, reason: str, events: EventLog, **why: object) -> Receipt:
+def _unstarted(agent: Agent, run_id: str, status: Status, reason: str, events: EventLog,
+               holder_pid: int | None = None, stopped_by: str | None = None) -> Receipt:
     """The receipt of a wake that never began, and its `wake_skipped` event."""
-    events.emit("wake_skipped", reason=reason, **why)
+    events.write(ev.WakeSkipped(reason=reason, holder_pid=holder_pid, stopped_by=stopped_by))
     current, _ = st.load_state(agent.state_dir)
     return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status=status,
                    reason=reason, model=agent.model, started_at=now_iso())
@@ -245,7 +217,7 @@ class _Wake:
         self.fleet = fleet              # what all agents under ROOT may spend together (budget.yaml)
         self.started, self.started_at = time.monotonic(), now_iso()
         self.steps = self.tool_calls = 0
-        self.input = self.output = self.cache_read = self.cache_creation = 0
+        self.usage = Usage()            # every model call's, summed
         self.inbox_committed = False
         self.closing_note: str | None = None
         self.secrets = secrets_from_env()
@@ -258,7 +230,7 @@ class _Wake:
 
     @property
     def tokens(self) -> int:
-        return self.input + self.output + self.cache_read + self.cache_creation
+        return self.usage.tokens
 
     # -- the life cycle -----------------------------------------------------------
 
@@ -266,7 +238,7 @@ class _Wake:
         state, warning = st.load_state(self.agent.state_dir)
         if warning:
             self.say(warning)
-            self.events.emit("state_rebuilt", warning=warning)
+            self.events.write(ev.StateRebuilt(warning=warning))
         self.meter = ledger.Meter(self.agent.state_dir, self.agent.model, self.budget, ledger.load_prices(),
                                   billed=bool(model and model.live), where=self.agent.policy.source,
                                   cache_ttl=CACHE.get("ttl", "5m"), fleet=self.fleet)
@@ -296,11 +268,11 @@ class _Wake:
         if over is None:
             return None
         reason = over.reason
-        self.events.emit("blocked", reason=reason, cap=over.cap)
+        self.events.write(ev.Blocked(reason=reason, cap=over.cap))
         self.say(f"blocked: {reason}")
         receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
                           reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
-        st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt.to_dict()))
+        st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt))
         self._notify(outcomes.after_wake, self.agent, receipt)
         return receipt
 
@@ -337,13 +309,13 @@ class _Wake:
         journal = self._journal_trace(journal_before, status, reason)
         receipt = self._receipt(status, reason, journal)
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens,
-                                  last_receipt=receipt.to_dict()))
+                                  last_receipt=receipt))
         self._close_transcript(receipt)
         self._notify(outcomes.after_wake, self.agent, receipt)
-        self.events.emit("wake_finished", status=status, reason=reason, tokens=self.tokens,
-                         steps=self.steps, receipt=receipt.to_dict())
+        self.events.write(ev.WakeFinished(status=status, reason=reason, tokens=self.tokens, steps=self.steps,
+                                          receipt=receipt))
         self.say(f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
-                 f"({self.cache_read:,} read from cache), {self.tool_calls} tool calls, "
+                 f"({self.usage.cache_read_tokens:,} read from cache), {self.tool_calls} tool calls, "
                  f"{receipt.duration_ms / 1000:.1f}s")
         return receipt
 
@@ -360,9 +332,9 @@ class _Wake:
         self.waiting = 0 if self.model.live else st.count_messages(st.peek_inbox(self.agent.state_dir))
         if self.waiting:
             self.say(f"{self.waiting} message(s) from your human wait for the first live wake")
-        self.events.emit("wake_started", wake=self.wake_no, agent=self.agent.name, model=self.model.name,
-                         live=self.model.live, policy=self.agent.policy.source, inbox_messages=messages,
-                         took_over_lock_from=stale.pid if stale else None)
+        self.events.write(ev.WakeStarted(wake=self.wake_no, agent=self.agent.name, model=self.model.name,
+                                         live=self.model.live, policy=self.agent.policy.source,
+                                         inbox_messages=messages, took_over_lock_from=stale.pid if stale else None))
         self.transcript.add("wake", run_id=self.run_id, wake=self.wake_no, agent=self.agent.name,
                             model=self.model.name, live=self.model.live)
 
@@ -376,7 +348,7 @@ class _Wake:
             told = self.gate.outcomes(self.registry)
         except (OSError, ValueError, TypeError) as exc:
             why = scrub(f"approvals not read this wake: {exc}", self.secrets)
-            self.events.emit("approval_error", error=why)
+            self.events.write(ev.ApprovalError(error=why))
             self.say(why)
             return
         for o in told:
@@ -394,26 +366,26 @@ class _Wake:
         task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
         if warning:
             self.say(warning)
-            self.events.emit("task_error", warning=warning)
+            self.events.write(ev.TaskError(warning=warning))
         if task:
             self.say(f"task {task.id}: {_short(task.title)}")
-            self.events.emit("task_claimed", task=task.id, title=task.title)
+            self.events.write(ev.TaskClaimed(task=task.id, title=task.title))
         return task
 
-    def _converse_or_dead_letter(self) -> tuple[str, str]:
+    def _converse_or_dead_letter(self) -> tuple[Status, str]:
         try:
             return self._converse()
         except (DeadLetter, ModelError) as exc:
             reason = scrub(str(exc), self.secrets)
         except Exception as exc:  # a bug must still leave a trace, a receipt and a free lock
             reason = scrub(f"internal error: {type(exc).__name__}: {exc}", self.secrets)
-        self.events.emit("dead_letter", reason=reason, step=self.steps)
+        self.events.write(ev.DeadLetter(reason=reason, step=self.steps))
         self.say(f"dead letter: {reason}")
         return "dead_letter", reason
 
     # -- the conversation -------------------------------------------------------------
 
-    def _converse(self) -> tuple[str, str]:
+    def _converse(self) -> tuple[Status, str]:
         messages: list[dict] = [{"role": "user", "content": self.ctx.first_user}]
         tools = self.registry.to_anthropic()
         final = False
@@ -461,10 +433,10 @@ class _Wake:
     def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
         step = self.steps + 1
         tool_choice = {"type": "none"} if final else None
-        self.events.emit("model_request", step=step, model=self.model.name,
-                         max_tokens=self.budget.max_output_tokens, messages=len(messages),
-                         system_prompt_hash=self.ctx.system_hash, tools=[t["name"] for t in tools],
-                         tool_choice=(tool_choice or {}).get("type", "auto"))
+        self.events.write(ev.ModelRequest(step=step, model=self.model.name, max_tokens=self.budget.max_output_tokens,
+                                          messages=len(messages), system_prompt_hash=self.ctx.system_hash,
+                                          tools=tuple(t["name"] for t in tools),
+                                          tool_choice=(tool_choice or {}).get("type", "auto")))
         for text in _user_texts(messages[self.transcribed:]):  # tool results went in as they ran
             self.transcript.add("user", step=step, text=text)
         self.transcribed = len(messages)
@@ -472,23 +444,20 @@ class _Wake:
         turn = self.model.call(system=self.ctx.system_blocks(), tools=tools, messages=messages,
                                max_tokens=self.budget.max_output_tokens, tool_choice=tool_choice)
         if not self.model.live:  # a live call's span is the SDK's own
-            tracing.scripted_chat(self.model.name, self.budget.max_output_tokens, turn.usage.to_dict(),
+            tracing.scripted_chat(self.model.name, self.budget.max_output_tokens, turn.usage.to_json(),
                                   turn.stop_reason, started_ns)
         if not self.inbox_committed:
             st.commit_inbox(self.agent.state_dir)
             self.inbox_committed = True
         self.steps = step
         u = turn.usage
-        self.input += u.input_tokens
-        self.output += u.output_tokens
-        self.cache_read += u.cache_read
-        self.cache_creation += u.cache_written
+        self.usage += u
         self.meter.record(u)  # reconcile: the real usage replaces the worst case
-        self.events.emit("model_response", step=step, stop_reason=turn.stop_reason, usage=u.to_dict(),
-                         tool_names=[b["name"] for b in turn.tool_uses], model=turn.model,
-                         tokens_this_wake=self.tokens)
+        self.events.write(ev.ModelResponse(step=step, stop_reason=turn.stop_reason, usage=u,
+                                           tool_names=tuple(b["name"] for b in turn.tool_uses), model=turn.model,
+                                           tokens_this_wake=self.tokens))
         self.transcript.add("assistant", step=step, content=turn.content, stop_reason=turn.stop_reason,
-                            usage=u.to_dict(), model=turn.model, usd_so_far=round(self.meter.usd, 6))
+                            usage=u.to_json(), model=turn.model, usd_so_far=round(self.meter.usd, 6))
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
@@ -510,19 +479,19 @@ class _Wake:
                 continue
             self.tool_calls += 1
             name, args = call.get("name", ""), call.get("input")
-            self.events.emit("tool_call", step=self.steps, id=call["id"], tool=name, input=_for_log(args))
+            self.events.write(ev.ToolCall(step=self.steps, id=call["id"], tool=name, input=_for_log(args)))
             self.say(f"step {self.steps}: {name} {_short(json.dumps(args, ensure_ascii=False))}")
             with tracing.tool_span(name, call["id"], args) as span:
                 result = self.registry.call(name, args, words=_words_before(turn.content, call["id"]))
                 if span:
                     span.result(result.text, result.is_error, result.detail)
             if result.denied:
-                self.events.emit("policy_denied", step=self.steps, tool=name, reason=result.denied)
+                self.events.write(ev.PolicyDenied(step=self.steps, tool=name, reason=result.denied))
             if result.detail.get("no_room"):
                 self._no_room(result.detail["no_room"])
-            self.events.emit("tool_result", step=self.steps, id=call["id"], tool=name,
-                             is_error=result.is_error, result_chars=len(result.text),
-                             **({"denied": True} if result.denied else {}), **result.detail)
+            self.events.write(ev.tool_result(step=self.steps, id=call["id"], tool=name, is_error=result.is_error,
+                                             result_chars=len(result.text), denied=bool(result.denied),
+                                             detail=result.detail))
             self.transcript.add("tool_result", step=self.steps, id=call["id"], tool=name, text=result.text,
                                 is_error=result.is_error, denied=result.denied or None, **result.detail)
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
@@ -546,11 +515,11 @@ class _Wake:
             queue_it(*args)
         except Exception as exc:
             why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
-            self.events.emit("notify_error", error=why)
+            self.events.write(ev.NotifyError(error=why))
             self.say(why)
 
-    def _stopped(self, halted: stopswitch.Stop) -> tuple[str, str]:
-        self.events.emit("stopped", who=halted.who, at=halted.at, why=halted.why, steps=self.steps)
+    def _stopped(self, halted: stopswitch.Stop) -> tuple[Status, str]:
+        self.events.write(ev.Stopped(who=halted.who, at=halted.at, why=halted.why, steps=self.steps))
         self.say(f"stopped: {halted.describe()}")
         return "stopped", halted.describe()
 
@@ -560,12 +529,12 @@ class _Wake:
         first = not self.no_room
         self.no_room = reason
         if first:
-            self.events.emit("disk_no_room", step=self.steps, reason=reason)
+            self.events.write(ev.DiskNoRoom(step=self.steps, reason=reason))
             self.say(f"disk: {reason}")
             self._notify(outcomes.no_room, self.agent, self.run_id, self.wake_no, reason)
 
-    def _budget_stop(self, cap: str, reason: str) -> tuple[str, str]:
-        self.events.emit("budget_stop", cap=cap, reason=reason, steps=self.steps, tokens=self.tokens)
+    def _budget_stop(self, cap: str, reason: str) -> tuple[Status, str]:
+        self.events.write(ev.BudgetStop(cap=cap, reason=reason, steps=self.steps, tokens=self.tokens))
         self.say(f"budget stop: {reason}")
         return "budget_stop", reason
 
@@ -588,7 +557,7 @@ class _Wake:
                     f"Tokens: {self.tokens:,}. Tool calls: {self.tool_calls}. "
                     f"Ended: {status}: {reason}.\n")
         written, detail = append_in_sandbox(self.box, rel, scrub(text, self.secrets))
-        self.events.emit("journal_stub", kind=kind, path=rel, written=written, detail=detail)
+        self.events.write(ev.JournalStub(kind=kind, path=rel, written=written, detail=detail))
         self.say(f"journal: {kind} {'appended to' if written else 'NOT written to'} {rel}"
                  + ("" if written else f" ({detail})"))
         return kind if written else f"{kind} not written: {detail}"
@@ -606,17 +575,15 @@ class _Wake:
             self.transcript.error = self.transcript.error or f"transcript retention failed: {exc}"
         else:
             if pruned.files:
-                self.events.emit("transcripts_pruned", files=pruned.files, bytes=pruned.bytes,
-                                 prompts=pruned.prompts)
+                self.events.write(ev.TranscriptsPruned(files=pruned.files, bytes=pruned.bytes,
+                                                       prompts=pruned.prompts))
         if self.transcript.error:  # never silent, never fatal: the wake itself went on
-            self.events.emit("transcript_error", error=self.transcript.error)
+            self.events.write(ev.TranscriptError(error=self.transcript.error))
             self.say(self.transcript.error)
 
-    def _receipt(self, status: str, reason: str, journal: str) -> Receipt:
+    def _receipt(self, status: Status, reason: str, journal: str) -> Receipt:
         return Receipt(run_id=self.run_id, agent=self.agent.name, wake=self.wake_no, status=status,
-                       reason=reason, steps=self.steps, tokens=self.tokens, input_tokens=self.input,
-                       output_tokens=self.output, cache_read_tokens=self.cache_read,
-                       cache_creation_tokens=self.cache_creation, tool_calls=self.tool_calls,
+                       reason=reason, steps=self.steps, usage=self.usage, tool_calls=self.tool_calls,
                        duration_ms=int((time.monotonic() - self.started) * 1000),
                        model=self.model.name, live=self.model.live, journal=journal,
                        started_at=self.started_at,

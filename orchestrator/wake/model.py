@@ -31,7 +31,7 @@ import anthropic
 from orchestrator import tracing
 from orchestrator.policy.agent import AgentError
 from orchestrator.wake.context import CACHE
-from orchestrator.records.ledger import Usage
+from orchestrator.records.receipt import Usage
 
 MAX_RETRIES = 4                     # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
 REQUEST_TIMEOUT_S = 600.0           # one request, the SDK's own default; a stream resets it per chunk

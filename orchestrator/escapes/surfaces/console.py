@@ -241,13 +241,14 @@ def console_shows_agent_text_inert(trial) -> str:
 def console_metrics_bounded_against_invented_tools(trial) -> str:
     """A model invents tool names: each lands in the event log as a tool_result, which /metrics
     counts. The series /metrics shows must not grow with them."""
+    from orchestrator.records.event_types import ToolResult
     from orchestrator.records.events import EVENTS_FILE, EventLog
     with console(trial) as served:
         log = EventLog(served.root / AGENT / "state" / EVENTS_FILE, secrets.token_hex(6), secrets=())
-        log.emit("tool_result", tool="invented_first", is_error=True)
+        log.write(ToolResult(tool="invented_first", is_error=True))
         before = _series(served)
         for n in range(INVENTED_TOOLS):
-            log.emit("tool_result", tool=f"invented_{n}_{secrets.token_hex(3)}", is_error=True)
+            log.write(ToolResult(tool=f"invented_{n}_{secrets.token_hex(3)}", is_error=True))
         after = _series(served)
         if not before:
             return "/metrics showed no series: nothing to judge"

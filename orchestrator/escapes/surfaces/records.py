@@ -125,12 +125,13 @@ def _agent_yaml_link(trial: Trial) -> str:
 
 
 def _events_link(trial: Trial) -> str:
+    from orchestrator.records.event_types import WakeStarted
     from orchestrator.records.events import EventLog, read_history
     canary = trial.lab.canary_path
     before = canary.read_bytes()
     (trial.state / "events.jsonl").symlink_to(canary)
     try:
-        EventLog(trial.state / "events.jsonl", "probe", secrets=()).emit("wake_started", wake=1)
+        EventLog(trial.state / "events.jsonl", "probe", secrets=()).write(WakeStarted(wake=1))
     except OSError:
         pass
     seen = [e for e in read_history(trial.state)]
