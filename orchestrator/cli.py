@@ -416,7 +416,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_broker(args) -> int:
-    from orchestrator.broker.server import serve
+    from orchestrator.broker.transport import serve
     from pathlib import Path
     from orchestrator.policy.agent import CEILING_ENV
     from orchestrator.policy.ceiling import load_ceiling

@@ -7,7 +7,7 @@ broker gets the wire's own `ping` line (wire.Ping, encoded by hand here so
 as not to import the sandbox package); the console its `/healthz` route,
 which needs no token and says only `ok`.
 
-Not here: the routes themselves (broker/server.py, console/app.py).
+Not here: the routes themselves (broker/server.py and transport.py, console/app.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from orchestrator.broker import server as broker_module
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent
 from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
-from orchestrator.broker.server import HOST_ROOT_ENV, Broker, serve
+from orchestrator.broker.server import HOST_ROOT_ENV, Broker
+from orchestrator.broker.transport import serve
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling

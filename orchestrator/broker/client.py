@@ -7,7 +7,7 @@ policy's timeouts and caps.
 open_sandbox() decides, for `wake`, `serve` and `sandbox exec` alike, whether
 an agent's calls go to the broker ($WAKELOOP_BROKER) or to the local engine.
 
-Not here: the wire format (wire.py), serving (server.py).
+Not here: the wire format (wire.py), serving (server.py, transport.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ wakeloop-broker.{pem,key} for the broker, wakeloop-orchestrator.{pem,key} for
 the orchestrator. Made with the host's openssl command (Python's ssl reads
 certificates but cannot make them); P-256 keys.
 
-Not here: the lines themselves (wire.py), serving (server.py).
+Not here: the lines themselves (wire.py), serving (transport.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ neither imports the other. Two transports carry the same lines: a unix
 socket on one host, and TCP with mutual TLS past it (tls.py), chosen by the
 address: a path, or tls://HOST:PORT.
 
-Not here: serving (server.py), the orchestrator's Sandbox (client.py).
+Not here: serving (server.py, transport.py), the orchestrator's Sandbox (client.py).
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class _Served:
     """A Broker served on a temp socket for ROOT; its log kept for the probe to judge."""
 
     def __init__(self, root: Path, client, ceiling, tls_dir: Path | None = None):
-        from orchestrator.broker.server import Broker, make_server
+        from orchestrator.broker.server import Broker
+        from orchestrator.broker.transport import make_server
         self.root = root
         self.lines: list[str] = []
         self.broker = Broker(root, client=client, log=self.lines.append, ceiling=ceiling)

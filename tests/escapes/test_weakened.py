@@ -423,7 +423,7 @@ BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAP
     ("read_config", "broker_refuses_fifo_policy", "did not answer within"),
     ("read_config", "broker_refuses_device_or_huge_policy", "the broker served check"),
     ("real_agent_dir", "broker_refuses_symlinked_agent_dir", "twin: the broker served check"),
-    ("_cut", "broker_bounds_its_log_lines", "broker log lines of"),
+    ("one_line", "broker_bounds_its_log_lines", "broker log lines of"),
     ("REQUEST_READ_S", "broker_bounds_silent_connections", "that sent nothing were still open"),
     ("_take_call_slot", "broker_bounds_calls_in_flight", "ran past max.calls_per_agent"),
     ("_user_refusal", "broker_refuses_user_over_ceiling", "the broker served check"),
@@ -436,7 +436,7 @@ BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAP
 
 def _switch_off(what, monkeypatch):
     import yaml
-    from orchestrator.broker import server
+    from orchestrator.broker import server, transport
     from orchestrator.policy import agent, load
     from orchestrator.records import yamlfile
     off = {
@@ -445,8 +445,8 @@ def _switch_off(what, monkeypatch):
         "read_config": lambda: (monkeypatch.setattr(load, "read_config", _naive_read),
                                 monkeypatch.setattr(agent, "read_config", _naive_read)),
         "real_agent_dir": lambda: monkeypatch.setattr(server, "real_agent_dir", lambda root, name: root / name),
-        "_cut": lambda: monkeypatch.setattr(server, "_cut", lambda text, limit: text),
-        "REQUEST_READ_S": lambda: monkeypatch.setattr(server, "REQUEST_READ_S", 3600.0),
+        "one_line": lambda: monkeypatch.setattr(server, "one_line", lambda text, limit: text),
+        "REQUEST_READ_S": lambda: monkeypatch.setattr(transport, "REQUEST_READ_S", 3600.0),
         "_take_call_slot": lambda: monkeypatch.setattr(server.Broker, "_take_call_slot", _count_only),
         "_user_refusal": lambda: monkeypatch.setattr(Ceiling, "_user_refusal", lambda self, p, u: None),
         "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
