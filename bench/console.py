@@ -1,6 +1,6 @@
 """What the console, the metrics and the traces cost, and how fast the console's pages are.
 
-    .venv/bin/python bench/console.py [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
+    .venv/bin/python -m bench.console [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
                                       [--restarts 5] [--only steps|pages]
 
 1. Per step of a wake, each on and off (wall time, and CPU time of every
@@ -49,8 +49,9 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from common import ROOT, say
-from wake_cost import StandInSandbox, orchestrator_overhead
+from bench.common import say
+from bench.wake_cost import StandInSandbox, orchestrator_overhead
+from tests.helpers import REPO
 
 BENCH_TOKEN = "bench-token-0123456789"    # the console token of the bench's own consoles
 SETTINGS = ("off", "metrics", "console", "traces")
@@ -134,8 +135,8 @@ def per_step(steps: int, rounds: int) -> dict[str, dict]:
     for r in range(rounds):
         for setting in SETTINGS:
             say(f"per step: {setting}, round {r + 1} of {rounds}")
-            child = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(steps)],
-                                   capture_output=True, text=True, timeout=600, cwd=ROOT)
+            child = subprocess.run([sys.executable, "-m", "bench.console", "--one", setting, "--steps", str(steps)],
+                                   capture_output=True, text=True, timeout=600, cwd=REPO)
             if child.returncode != 0:
                 raise SystemExit(f"the {setting} run failed:\n{child.stderr[-2000:]}")
             runs[setting].append(json.loads(child.stdout.strip().splitlines()[-1]))
@@ -147,9 +148,9 @@ def per_step(steps: int, rounds: int) -> dict[str, dict]:
 
 def template_wake(tmp: Path):
     """One real dry-run wake (scripted model, stand-in sandbox): its events and transcript."""
-    from common import make_agent
+    from bench.common import bench_agent
     from orchestrator.wake.loop import wake
-    agent = make_agent(tmp / "template", {})
+    agent = bench_agent(tmp / "template", {})
     receipt = wake(agent, live=False, sandbox=StandInSandbox(output="hello from the box\n",
                                                               workspace=agent.workspace))
     sd = agent.state_dir
@@ -228,8 +229,8 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
         for kept, name in ((False, "after a restart, nothing kept (as before)"),
                            (True, "after a restart, rows and indexes kept on disk")):
             say(f"restart {r + 1} of {restarts}: {name}")
-            child = subprocess.run([sys.executable, __file__, "--restart", str(root), "--kept", str(int(kept))],
-                                   capture_output=True, text=True, timeout=900, cwd=ROOT)
+            child = subprocess.run([sys.executable, "-m", "bench.console", "--restart", str(root),
+                                    "--kept", str(int(kept))], capture_output=True, text=True, timeout=900, cwd=REPO)
             if child.returncode != 0:
                 raise SystemExit(f"the restart failed:\n{child.stderr[-2000:]}")
             got = json.loads(child.stdout.strip().splitlines()[-1])

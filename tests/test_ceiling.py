@@ -6,14 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from orchestrator.policy.ceiling import Ceiling, load_ceiling
 from orchestrator.policy.schema import DEFAULT, PolicyError, load_policy
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SHIPPED = REPO / "policies" / "ceiling.yaml"
 CLI = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 60

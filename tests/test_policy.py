@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,8 @@ from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import (DEFAULT, PolicyError, WriteFileTool, check_against_engine,
                                  glob_match, normalise, parse_policy, parse_size)
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SHIPPED = sorted(p for p in (REPO / "policies").glob("*.yaml") if p.name != "ceiling.yaml")  # not a policy
 CLI = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 60          # one CLI run; explain talks to the engine

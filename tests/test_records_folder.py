@@ -24,6 +24,7 @@ from orchestrator.escapes.surfaces.records import fifo_releaser, returns_within
 from orchestrator.records.folder import Folder, Refused, TooBig, capped_lines, state_folder
 from orchestrator.records.retention import Retention, enforce
 from orchestrator.wake.context import NO_MANDATE, build_context
+from tests.helpers import REPO
 
 HANG_S = 3.0                        # a reader that has not returned by then is blocked (ours take ms)
 CANARY = "canary-e5b1c0ffee"
@@ -383,7 +384,7 @@ def test_a_policy_path_outside_the_folder_that_is_not_a_policy_is_refused_unquot
 
 
 def test_a_shared_policy_outside_the_folder_is_still_used(agent_dir):
-    shipped = Path(__file__).resolve().parent.parent / "policies" / "strict.yaml"
+    shipped = REPO / "policies" / "strict.yaml"
     text = (agent_dir / "agent.yaml").read_text()
     (agent_dir / "agent.yaml").write_text(text.replace("policy: {}", f"policy: {shipped}"))
     assert not load_agent(agent_dir).policy.tools.bash.enabled

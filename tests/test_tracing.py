@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from orchestrator.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
-from support import run_cli, wait_for
+from tests.helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.docker
 
