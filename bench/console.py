@@ -46,12 +46,12 @@ import threading
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.common import say
 from bench.wake_cost import StandInSandbox, orchestrator_overhead
 from tests.helpers import REPO
+from tests.helpers.receivers import Collector
 
 BENCH_TOKEN = "bench-token-0123456789"    # the console token of the bench's own consoles
 SETTINGS = ("off", "metrics", "console", "traces")
@@ -69,7 +69,7 @@ def one_setting(setting: str, steps: int) -> dict:
         if setting == "metrics":
             metrics.install()
         elif setting == "traces":
-            sink = _Sink()
+            sink = Collector()   # takes every export, keeps nothing
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
             assert tracing.setup(), "tracing did not start: is the otel extra installed?"
             stop = sink.close
@@ -103,29 +103,6 @@ def _watched_console(tmp: Path):
             _get(listening.url)
     threading.Thread(target=watch, daemon=True).start()
     return lambda: (done.set(), listening.stop())
-
-
-class _Sink:
-    """An OTLP/HTTP endpoint that takes every export and answers 200 (what a collector does)."""
-
-    def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def per_step(steps: int, rounds: int) -> dict[str, dict]:
