@@ -1,6 +1,6 @@
 """What approvals add: to every tool call, to a held call, and to every wake's start.
 
-    .venv/bin/python bench/approvals_cost.py [--n 200]
+    .venv/bin/python -m bench.approvals_cost [--n 200]
 
 Every call is matched against the policy's approve: rules before its handler
 (policy/schema.py Approve.asks): shown with no rules and with 64 (the most a
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Stats, stats   # also puts the checkout on sys.path
+from bench.common import Stats, stats
 from orchestrator.policy.schema import Approve, ApproveRule, MAX_APPROVE_RULES
 from orchestrator.records import approvals
 

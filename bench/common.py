@@ -1,12 +1,17 @@
 """What the bench's measurements share: constants, numbers, agents, the fake API, the docker CLI.
 
-Stats (a table cell's median and p90), make_agent (an agent on disk with the
-policy a measurement needs), Script (what the fake API answers, and when each
+Stats (a table cell's median and p90), bench_agent (a live agent on disk with
+the policy a measurement needs), Script (what the fake API answers, and when each
 request came), LiveEnv (the base URL and key a live wake reads), timed_ms and
 idle_cost (the docker CLI), and cleanup of every container the bench made.
 
 Not here: the measurements (per_call.py, wake_cost.py, scale.py), the table
-and the command line (run.py), the fake API itself (orchestrator/testing/fakeapi.py).
+and the command line (run.py), the fake API itself (orchestrator/testing/fakeapi.py),
+what the tests share too (tests/helpers/: make_agent, REPO, scrubbed_env).
+
+Run from the checkout as modules of this package (`python -m bench.run`), so
+`bench.*` and `tests.helpers` import as packages; orchestrator is the one
+installed (`pip install -e .`).
 """
 
 from __future__ import annotations
@@ -20,14 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import yaml
-
-from orchestrator.policy.agent import init_agent, load_agent
+from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import LABEL, connect
+from tests.helpers import make_agent
 
 PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
 WRITE_BYTES = 1024          # content of each write_file call
@@ -62,19 +63,11 @@ BENCH_DISK = "256m"      # each agent's workspace disk: its size costs nothing p
                         # hundreds of agents must fit the host's room for disks (disk._check_room)
 
 
-def make_agent(path: Path, policy: dict, mandate: str | None = None, schedule: str | None = None):
-    init_agent(path)
-    config = path / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    sandbox = policy.get("sandbox", {})
-    policy = {**policy, "sandbox": {"disk": BENCH_DISK, **sandbox}}
-    data.update(policy=policy, dry_run=False)
-    if schedule:
-        data["schedule"] = schedule
-    config.write_text(yaml.safe_dump(data))
-    if mandate is not None:
-        (path / "mandate.md").write_text(mandate)
-    return load_agent(path)
+def bench_agent(path: Path, policy: dict, **options) -> Agent:
+    """The live agent at PATH, loaded: `policy` on the bench's disk size unless it names one;
+    options as make_agent's (mandate, schedule)."""
+    policy = {**policy, "sandbox": {"disk": BENCH_DISK, **policy.get("sandbox", {})}}
+    return load_agent(make_agent(path.parent, path.name, policy=policy, live=True, **options))
 
 
 def step_of(body: dict) -> int:

@@ -1,6 +1,6 @@
 """What the console, the metrics and the traces cost, and how fast the console's pages are.
 
-    .venv/bin/python bench/console.py [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
+    .venv/bin/python -m bench.console [--agents 100] [--wakes 1000] [--steps 60] [--views 40] [--rounds 3]
                                       [--restarts 5] [--only steps|pages]
 
 1. Per step of a wake, each on and off (wall time, and CPU time of every
@@ -46,11 +46,12 @@ import threading
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from common import ROOT, say
-from wake_cost import StandInSandbox, orchestrator_overhead
+from bench.common import say
+from bench.wake_cost import StandInSandbox, orchestrator_overhead
+from tests.helpers import REPO
+from tests.helpers.receivers import Collector
 
 BENCH_TOKEN = "bench-token-0123456789"    # the console token of the bench's own consoles
 SETTINGS = ("off", "metrics", "console", "traces")
@@ -68,7 +69,7 @@ def one_setting(setting: str, steps: int) -> dict:
         if setting == "metrics":
             metrics.install()
         elif setting == "traces":
-            sink = _Sink()
+            sink = Collector()   # takes every export, keeps nothing
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
             assert tracing.setup(), "tracing did not start: is the otel extra installed?"
             stop = sink.close
@@ -104,29 +105,6 @@ def _watched_console(tmp: Path):
     return lambda: (done.set(), listening.stop())
 
 
-class _Sink:
-    """An OTLP/HTTP endpoint that takes every export and answers 200 (what a collector does)."""
-
-    def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def per_step(steps: int, rounds: int) -> dict[str, dict]:
     """Each setting `rounds` times, the settings interleaved (a shared machine's load drifts);
     the median of each round's median, and of its p90."""
@@ -134,8 +112,8 @@ def per_step(steps: int, rounds: int) -> dict[str, dict]:
     for r in range(rounds):
         for setting in SETTINGS:
             say(f"per step: {setting}, round {r + 1} of {rounds}")
-            child = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(steps)],
-                                   capture_output=True, text=True, timeout=600, cwd=ROOT)
+            child = subprocess.run([sys.executable, "-m", "bench.console", "--one", setting, "--steps", str(steps)],
+                                   capture_output=True, text=True, timeout=600, cwd=REPO)
             if child.returncode != 0:
                 raise SystemExit(f"the {setting} run failed:\n{child.stderr[-2000:]}")
             runs[setting].append(json.loads(child.stdout.strip().splitlines()[-1]))
@@ -147,9 +125,9 @@ def per_step(steps: int, rounds: int) -> dict[str, dict]:
 
 def template_wake(tmp: Path):
     """One real dry-run wake (scripted model, stand-in sandbox): its events and transcript."""
-    from common import make_agent
+    from bench.common import bench_agent
     from orchestrator.wake.loop import wake
-    agent = make_agent(tmp / "template", {})
+    agent = bench_agent(tmp / "template", {})
     receipt = wake(agent, live=False, sandbox=StandInSandbox(output="hello from the box\n",
                                                               workspace=agent.workspace))
     sd = agent.state_dir
@@ -228,8 +206,8 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
         for kept, name in ((False, "after a restart, nothing kept (as before)"),
                            (True, "after a restart, rows and indexes kept on disk")):
             say(f"restart {r + 1} of {restarts}: {name}")
-            child = subprocess.run([sys.executable, __file__, "--restart", str(root), "--kept", str(int(kept))],
-                                   capture_output=True, text=True, timeout=900, cwd=ROOT)
+            child = subprocess.run([sys.executable, "-m", "bench.console", "--restart", str(root),
+                                    "--kept", str(int(kept))], capture_output=True, text=True, timeout=900, cwd=REPO)
             if child.returncode != 0:
                 raise SystemExit(f"the restart failed:\n{child.stderr[-2000:]}")
             got = json.loads(child.stdout.strip().splitlines()[-1])

@@ -11,7 +11,7 @@ machine's drift falls on all alike:
 - a wake's start (making the DockerSandbox, no pool): the first, which
   makes the image (mkfs), then each later one, which finds it attached.
 
-    python bench/disk.py [--calls 40] [--runtimes runc,runsc]
+    python -m bench.disk [--calls 40] [--runtimes runc,runsc]
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import Stats, cleanup, make_agent, own_disks, say, stats, timed_ms
-from per_call import Reference
+from bench.common import Stats, cleanup, bench_agent, own_disks, say, stats, timed_ms
+from bench.per_call import Reference
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import DockerSandbox
 
@@ -51,8 +50,8 @@ def timed_start(agent, policy) -> float:
 
 
 def measure(tmp: Path, runtime: str, calls: int) -> dict[str, Stats]:
-    with_disk = make_agent(tmp / f"disk-{runtime}", {"sandbox": {"runtime": runtime}})
-    folder = make_agent(tmp / f"folder-{runtime}", {"sandbox": {"runtime": runtime, "disk": "none"}})
+    with_disk = bench_agent(tmp / f"disk-{runtime}", {"sandbox": {"runtime": runtime}})
+    folder = bench_agent(tmp / f"folder-{runtime}", {"sandbox": {"runtime": runtime, "disk": "none"}})
     first = timed_start(with_disk, with_disk.policy.sandbox)   # mkfs, losetup, volume, mount
     starts = {"disk": [], "folder": []}
     for _ in range(min(STARTS, calls)):   # a smoke run (--calls 2) stays short

@@ -1,6 +1,6 @@
 """A fleet due at once under `wakeloop serve`, in-process and via the broker: how cost grows with N.
 
-    .venv/bin/python bench/fleet.py [--agents 10,50,100,200] [--modes inproc,broker]
+    .venv/bin/python -m bench.fleet [--agents 10,50,100,200] [--modes inproc,broker]
                                     [--disk-rows inproc:50] [--code PATH --label before]
                                     [--max-concurrent K] [--pace 1.0] [--rate-calls 32]
 
@@ -50,12 +50,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import KEY, ROOT, Script, cleanup, fake_api, make_agent, own_disks, say
-from scale import SCALE_TOOL_STEPS, scale_tools
+from bench.common import KEY, Script, bench_agent, cleanup, fake_api, own_disks, say
+from bench.scale import SCALE_TOOL_STEPS, scale_tools
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox import rate
 from orchestrator.sandbox.engine import LABEL, connect
+from tests.helpers import REPO, scrubbed_env
 
 PACE_S = 1.0                # the fake model's answer time (issue 14)
 TURNS = SCALE_TOOL_STEPS + 1
@@ -158,10 +158,8 @@ def hwm_mb(pid: int) -> float:
 
 
 def child_env(code: Path, extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"}   # common.own_disks
-    env.update(PYTHONPATH=str(code), **extra)
-    return env
+    """No key or broker of the machine's; the bench's disks (common.own_disks); `code`'s orchestrator."""
+    return scrubbed_env({"PYTHONPATH": str(code), **extra})
 
 
 def start_broker(code: Path, root: Path, sock: Path) -> subprocess.Popen:
@@ -194,10 +192,10 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
     code, label, k = plan.code, plan.label, plan.k
     root = tmp / f"{label}-{mode}-{n}" / "agents"
     policy = {"sandbox": {} if disk else {"disk": "none"}}
-    agents = [make_agent(root / f"a{i:03d}", policy, schedule="1h").dir for i in range(n)]
+    agents = [bench_agent(root / f"a{i:03d}", policy, schedule="1h").dir for i in range(n)]
     client = connect()
     say(f"fleet {label} {mode} {n}: the engine's rate ({plan.rate_calls} cold calls)")
-    measured = rate.measure(client, make_agent(root.parent / "rate", policy).policy.sandbox,
+    measured = rate.measure(client, bench_agent(root.parent / "rate", policy).policy.sandbox,
                             plan.rate_calls, RATE_PARALLEL_PER_CORE * (os.cpu_count() or 1))
     shutil.rmtree(root.parent / "rate")
     load0 = os.getloadavg()[0]
@@ -280,7 +278,7 @@ def main() -> int:
     ap.add_argument("--agents", default="10,50,100,200")
     ap.add_argument("--modes", default="inproc,broker")
     ap.add_argument("--disk-rows", default="", help="mode:N rows with each agent's disk on, e.g. inproc:50")
-    ap.add_argument("--code", type=Path, default=ROOT, help="the checkout serve and the broker run from")
+    ap.add_argument("--code", type=Path, default=REPO, help="the checkout serve and the broker run from")
     ap.add_argument("--label", default="after")
     ap.add_argument("--max-concurrent", type=int, default=None, help="passed to serve (default: its own choice)")
     ap.add_argument("--pace", type=float, default=PACE_S, help="the fake model's answer time, seconds")

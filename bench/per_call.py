@@ -27,9 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import (PACE_S, TOKEN_CAP, WRITE_BYTES, LiveEnv, Script, Stats, check_receipt, fake_api,
-                    idle_cost, make_agent, stats, timed_ms)
+from bench.common import (PACE_S, TOKEN_CAP, WRITE_BYTES, LiveEnv, Script, Stats, check_receipt, fake_api,
+                    idle_cost, bench_agent, stats, timed_ms)
 from orchestrator.sandbox.engine import DockerSandbox
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
     """`files`: that many empty files in the workspace (on its own disk) before the wake,
     as a working agent's would hold: what a call costs may grow with them."""
     from orchestrator.wake.loop import wake
-    agent = make_agent(tmp / name, {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP},
+    agent = bench_agent(tmp / name, {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP},
                                     "sandbox": {"runtime": runtime}})
     fill(agent.workspace, files)
     script = Script(tools, calls, PACE_S)

@@ -1,6 +1,6 @@
 """What the transcript and the notification queue add to a wake, per step.
 
-    .venv/bin/python bench/records_cost.py [--steps 200]
+    .venv/bin/python -m bench.records_cost [--steps 200]
 
 A step of a wake writes two transcript lines (the model's reply with a
 tool_use, then the tool's result as the model saw it: here 2 KB of output,
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Stats, stats   # also puts the checkout on sys.path
+from bench.common import Stats, stats
 from orchestrator.notify import outcomes
 from orchestrator.notify.config import Channel
 from orchestrator.records.transcript import Transcript

@@ -1,6 +1,6 @@
 """Everything a user pays for, measured side by side in one run: one table.
 
-    .venv/bin/python bench/run.py [--calls 30] [--runtimes runc,runsc] [--agents 20]
+    .venv/bin/python -m bench.run [--calls 30] [--runtimes runc,runsc] [--agents 20]
                                   [--workspace-files 1000] [--only-calls]
 
 For each runtime (runc, then runsc), in this order: bash `true` and
@@ -31,14 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import PACE_S, bash_true, cleanup, make_agent, own_disks, say, stats, write_1k
-from disk import measure as disk_cost
+from bench.common import PACE_S, bash_true, cleanup, bench_agent, own_disks, say, stats, write_1k
+from bench.disk import measure as disk_cost
+from bench.per_call import Reference, References, back_to_back, paced_wake
+from bench.records_cost import queue_per_notification, transcript_per_step
+from bench.scale import SCALE_TOOL_STEPS, scale
+from bench.wake_cost import CACHE_STEPS, OVERHEAD_STEPS, PREFIX_CHARS, caching, orchestrator_overhead
 from orchestrator.sandbox.engine import DockerSandbox
-from per_call import Reference, References, back_to_back, paced_wake
-from records_cost import queue_per_notification, transcript_per_step
-from scale import SCALE_TOOL_STEPS, scale
-from wake_cost import CACHE_STEPS, OVERHEAD_STEPS, PREFIX_CHARS, caching, orchestrator_overhead
 
 CALLS = 30                  # calls per measured method (medians and p90 need a few dozen)
 AGENTS = 20                 # agents due at once in the scale run
@@ -56,7 +55,7 @@ MAX_RSS_MB = 150            # the orchestrator's peak RSS serving AGENTS agents
 def measure(tmp: Path, runtime: str, calls: int, agents: int, files: int = WORKSPACE_FILES,
             only_calls: bool = False) -> dict:
     out: dict = {"load": os.getloadavg()[0], "runtime": runtime}
-    agent = make_agent(tmp / "ref", {"sandbox": {"runtime": runtime}})
+    agent = bench_agent(tmp / "ref", {"sandbox": {"runtime": runtime}})
     ref_box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent="bench-ref", warm=0)
     ref = Reference(ref_box)
     refs = References([], [], [], [])

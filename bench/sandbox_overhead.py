@@ -1,6 +1,6 @@
 """Per-call latency of the sandbox against its two reference points.
 
-    .venv/bin/python bench/sandbox_overhead.py [--calls 30] [--runtime runsc]
+    .venv/bin/python -m bench.sandbox_overhead [--calls 30] [--runtime runsc]
 
 (1) a wakeloop sandbox call of `true` taking a container from the warm pool
 (created and started ahead, used once, removed off the call's path), paced
@@ -28,12 +28,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox.explain import docker_run_flags
 from orchestrator.sandbox.engine import DockerSandbox
-from common import PACE_S, idle_cost  # bench/common.py, beside this file
+from bench.common import PACE_S, idle_cost
 
 
 def timed(fn) -> float:

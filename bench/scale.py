@@ -4,7 +4,7 @@
    max concurrent) in a child process; wall time, the child's peak RSS
    (ru_maxrss) and the peak number of sandbox containers alive at once.
 
-The child is this file, run as `scale.py --scale-child ROOT AGENTS`: it
+The child is this module, run as `-m bench.scale --scale-child ROOT AGENTS`: it
 serves ROOT and prints one JSON line, so its RSS is the orchestrator's alone.
 
 Not here: one call's cost (per_call.py), the harness's cost per step
@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import KEY, PACE_S, ROOT, WRITE_BYTES, Script, fake_api, make_agent, say
+from bench.common import KEY, PACE_S, WRITE_BYTES, Script, bench_agent, fake_api, say
 from orchestrator.sandbox.engine import LABEL, connect
+from tests.helpers import REPO
 
 SCALE_TOOL_STEPS = 4        # tool calls in each scale wake (3 bash, 1 write_file), then the end
 SCALE_TIMEOUT_S = 300       # the scale run gives up after this
@@ -55,14 +55,14 @@ def scale(tmp: Path, runtime: str, agents: int) -> Scale:
     root = tmp / "agents"
     root.mkdir(parents=True)
     for i in range(agents):
-        make_agent(root / f"a{i:02d}", {"sandbox": {"runtime": runtime}}, schedule="1h")
+        bench_agent(root / f"a{i:02d}", {"sandbox": {"runtime": runtime}}, schedule="1h")
     api = fake_api(Script(scale_tools, SCALE_TOOL_STEPS, PACE_S))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"}   # common.own_disks
     with api:
         env.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=KEY)
-        child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--scale-child", str(root),
-                                  str(agents)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        child = subprocess.Popen([sys.executable, "-m", "bench.scale", "--scale-child", str(root),
+                                  str(agents)], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
         try:
             peak_containers, peak_rss = watch(child, root)
             out, _ = child.communicate()

@@ -1,7 +1,7 @@
 """A soak: N dry-run agents waking every second under one `wakeloop serve` for a while.
 
-    .venv/bin/python bench/soak.py [--agents 20] [--seconds 600] [--sample-s 5]
-    .venv/bin/python bench/soak.py --standin --agents 50 --until-wakes 10000
+    .venv/bin/python -m bench.soak [--agents 20] [--seconds 600] [--sample-s 5]
+    .venv/bin/python -m bench.soak --standin --agents 50 --until-wakes 10000
 
 What months unattended would show, compressed: `serve` runs as the CLI runs
 it (`python -m orchestrator serve ROOT`, a child of this process), every
@@ -49,10 +49,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import ROOT, cleanup, say
-
 import yaml
+
+from bench.common import cleanup, say
+from tests.helpers import REPO, scrubbed_env
 
 AGENTS = 20                 # agents under one serve, each due every second
 SECONDS = 600               # how long serve runs: about ten minutes here, with the set-up
@@ -125,9 +125,9 @@ def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: fl
     before = state_bytes(root)
     result = Soak(agents, seconds)
     log = (tmp / "serve.log").open("w+")
-    argv = ([sys.executable, str(Path(__file__).resolve()), "--standin-child", str(root)] if standin
+    argv = ([sys.executable, "-m", "bench.soak", "--standin-child", str(root)] if standin
             else [sys.executable, "-m", "orchestrator", "serve", str(root), "--max-concurrent", str(MAX_CONCURRENT)])
-    child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     try:
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < seconds and child.poll() is None:
@@ -163,9 +163,7 @@ def gzip_ratio(root: Path) -> float:
 
 def child_env(tmp: Path) -> dict[str, str]:
     """serve's environment: dry run, no key, the soak's own disks folder."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
-    env.update(WAKELOOP_DRY_RUN="true", WAKELOOP_DISKS=str(tmp / "disks"), PYTHONUNBUFFERED="1")
-    return env
+    return scrubbed_env({"WAKELOOP_DRY_RUN": "true", "WAKELOOP_DISKS": str(tmp / "disks"), "PYTHONUNBUFFERED": "1"})
 
 
 def make_soak_agent(path: Path, runtime: str, state: dict | None = None) -> None:
@@ -281,7 +279,7 @@ def standin_child(root: str) -> int:
     import threading
     from orchestrator.fleet.scheduler import Scheduler
     from orchestrator.wake.loop import wake
-    from wake_cost import StandInSandbox
+    from bench.wake_cost import StandInSandbox
     scheduler = Scheduler(Path(root), MAX_CONCURRENT,
                           wake_fn=lambda agent, stop: wake(agent, stop=stop,
                                                            sandbox=StandInSandbox(workspace=agent.workspace)))

@@ -12,7 +12,7 @@ the filesystem's free space at the end, seconds.
 Run it against any checkout (--code DIR, e.g. one `git archive` of the
 commit before, to see the old guard refuse) with the same filesystem:
 
-    python bench/thin_disks.py [--agents 100] [--threads 4] [--code DIR]
+    python -m bench.thin_disks [--agents 100] [--threads 4] [--code DIR]
 
 What the guard costs a call: `--per-call N` times N calls (`true`, warm
 pool) of one agent with the guard and N with it replaced by nothing,
@@ -36,7 +36,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 FS_SIZE = "67G"             # ext4 on it leaves ~70 GB (10^9) free, as the host
 AGENTS = 100
 THREADS = 4                 # serve's wakes at once on a 2-core machine
@@ -46,11 +45,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=AGENTS)
     parser.add_argument("--threads", type=int, default=THREADS)
-    parser.add_argument("--code", help="the checkout whose orchestrator/ to run (default: this one)")
+    parser.add_argument("--code", help="the checkout whose orchestrator/ to run (default: the one installed)")
     parser.add_argument("--per-call", type=int, default=0, metavar="N",
                         help="instead: N calls with the guard and N without, interleaved")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(args.code).resolve() if args.code else ROOT))
+    if args.code:   # before anything imports orchestrator: that checkout's, not the installed one
+        sys.path.insert(0, str(Path(args.code).resolve()))
     if args.per_call:
         with tempfile.TemporaryDirectory(prefix="wakeloop-thin-") as tmp:
             return per_call(Path(tmp), args.per_call)

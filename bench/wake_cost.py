@@ -21,8 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-# common first: importing it puts the checkout on sys.path for orchestrator.*
-from common import (KEY, TOKEN_CAP, LiveEnv, Script, Stats, bash_true, check_receipt, fake_api, make_agent,
+from bench.common import (KEY, TOKEN_CAP, LiveEnv, Script, Stats, bash_true, check_receipt, fake_api, bench_agent,
                     stats, write_1k)
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.workspace_reads import HostFiles
@@ -105,7 +104,7 @@ class Overhead:
 def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) -> Overhead:
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
-    agent = make_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
+    agent = bench_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
     box = StandInSandbox(workspace=agent.workspace)
     with LiveEnv(fake_api(Script(alternate, steps - 1, 0.0))):
         model = TimedModel(LiveModel(agent.model, KEY), box)  # the SDK reads the base URL now
@@ -166,7 +165,7 @@ def caching(tmp: Path) -> CacheCost:
     receipts = {}
     for label in ("cached", "uncached"):
         budget = {"max_steps": CACHE_STEPS + 2, "max_tokens_per_wake": TOKEN_CAP}
-        agent = make_agent(tmp / label, {"budget": budget}, mandate=long_mandate())
+        agent = bench_agent(tmp / label, {"budget": budget}, mandate=long_mandate())
         script = Script(bash_true, CACHE_STEPS - 1, 0.0)
         api = fake_api(script if label == "cached" else without_cache(script))
         with LiveEnv(api):

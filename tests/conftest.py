@@ -18,11 +18,10 @@ import docker
 import pytest
 
 from orchestrator.policy.agent import init_agent, load_agent
-from leftovers import our_containers
+from tests.helpers.leftovers import our_containers
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import DockerSandbox
 
-REPO = Path(__file__).resolve().parent.parent
 # Agents' disk images (disk.py) of this session go to a directory of its own,
 # in this process and in every CLI it runs (support.scrubbed_env keeps it).
 os.environ[disk.DISKS_ENV] = tempfile.mkdtemp(prefix="wakeloop-test-disks-")
@@ -54,6 +53,12 @@ def agent_dir(tmp_path) -> Path:
 @pytest.fixture
 def agent(agent_dir):
     return load_agent(agent_dir)
+
+
+@pytest.fixture
+def no_ceiling(monkeypatch):
+    """No operator ceiling (WAKELOOP_CEILING) from the machine: a test that wants one sets its own."""
+    monkeypatch.delenv("WAKELOOP_CEILING", raising=False)
 
 
 # Every sandbox test runs under each: runc (the default) and gVisor's runsc,

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import support
-from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
+from tests.helpers import live_wake, support
+from tests.helpers.recorded import first_user_text, tool_result_texts
+from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import PolicyError
 from orchestrator.records import approvals
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake
-from orchestrator.wake.model import LiveModel
 
 PUSH = "echo pushed > pushed.txt; echo push-output"         # stands in for `git push`: it leaves a trace
 APPROVE = {"approve": {"rules": [{"tool": "bash", "match": ["echo pushed*"]},
@@ -38,22 +38,6 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def live_wake(agent_dir: Path):
-    agent = load_agent(agent_dir)
-    return wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY))
-
-
-def tool_result_texts(request) -> list[str]:
-    content = request.body["messages"][-1]["content"]
-    return [b["content"] if isinstance(b["content"], str) else "".join(c.get("text", "") for c in b["content"])
-            for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-
-
-def first_user(request) -> str:
-    content = request.body["messages"][0]["content"]
-    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
 
 
 def kinds(agent_dir: Path) -> list[str]:
@@ -119,7 +103,7 @@ def test_a_matching_call_waits_and_an_approval_by_cli_runs_it_at_the_next_wake(a
 
     api = fake_api([turn(text("noted"))])
     live_wake(agent_dir)
-    told = first_user(api.requests[0])
+    told = first_user_text(api.requests[0])
     assert f"{approval.id} (bash: {PUSH}): APPROVED by" in told and "(wakeloop CLI)" in told
     assert "push-output" in told                                                 # what it returned
     assert (disk_view(agent_dir) / "pushed.txt").read_text() == "pushed\n"      # ran exactly as asked
@@ -133,7 +117,7 @@ def test_a_matching_call_waits_and_an_approval_by_cli_runs_it_at_the_next_wake(a
 
     api = fake_api([turn(text("nothing new"))])
     live_wake(agent_dir)
-    assert "Approvals decided" not in first_user(api.requests[0])               # told once, run once
+    assert "Approvals decided" not in first_user_text(api.requests[0])               # told once, run once
 
 
 @pytest.mark.docker
@@ -152,7 +136,7 @@ def test_a_denial_and_an_expiry_reach_the_model_and_neither_runs(agent_dir, fake
 
     api = fake_api([turn(text("understood"))])
     live_wake(agent_dir)
-    told = first_user(api.requests[0])
+    told = first_user_text(api.requests[0])
     assert f"{denied.id} (bash: {PUSH}): DENIED by" in told and "Reason: not on a Friday" in told
     assert f"{lapsed.id} (write_file deploy/x.yaml (5 chars)): EXPIRED unanswered" in told
     assert not (disk_view(agent_dir) / "pushed.txt").exists()
@@ -170,7 +154,7 @@ def test_a_policy_that_no_longer_offers_the_tool_voids_the_approval_and_says_so(
     api = fake_api([turn(text("fine"))])
     live_wake(agent_dir)
     assert f"{approval.id} (bash: {PUSH}): VOID, not run: this agent's policy no longer offers the bash tool" \
-        in first_user(api.requests[0])
+        in first_user_text(api.requests[0])
     assert not (disk_view(agent_dir) / "pushed.txt").exists()
     assert "approval_void" in kinds(agent_dir)
 
@@ -196,23 +180,14 @@ def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_a
     """A real webhook receiver gets the `approval` notification; Debian's headless Chromium (as
     tests/test_console_browser.py drives it) opens its link signed out, goes through the sign-in
     form and back to the confirm page, and its button approves; the next wake runs the call."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from test_console import TOKEN
-    from test_console_browser import CHROMEDRIVER, CHROMIUM, arrived, by_css
+    from tests.helpers.browser import arrived, by_css, chromium
+    from tests.helpers.console import TOKEN
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
     from orchestrator.notify.sender import send_due
-    from receivers import Hook
+    from tests.helpers.receivers import Hook
     root = tmp_path / "agents"
     agent_dir = init_agent(root / "ops")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     with Hook() as hook:
         support.set_policy(agent_dir, APPROVE, notify=[{"webhook": hook.url("/h"), "on": ["approval"]}])
         listening = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0)
@@ -227,8 +202,7 @@ def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_a
             assert note["data"]["words"] == "Release 1.2 is tagged; pushing it." and PUSH in note["text"]
             assert note["data"]["approve_url"] in note["text"] and note["data"]["deny_url"] in note["text"]
             assert note["data"]["approve_url"].startswith(f"{listening.url}approvals/")
-            driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-            driver.set_page_load_timeout(60)
+            driver = chromium(tmp_path / "chromium")
             driver.get(note["data"]["approve_url"])                      # a person clicks, signed out
             arrived(driver, "#token").send_keys(TOKEN)
             by_css(driver, "#sign-in")[0].click()
@@ -250,7 +224,7 @@ def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_a
     assert approvals.load(agent_dir / "state", approval.id).decided_by == "console"
     api = fake_api([turn(text("thanks"))])
     live_wake(agent_dir)
-    assert f"{approval.id} (bash: {PUSH}): APPROVED by console" in first_user(api.requests[0])
+    assert f"{approval.id} (bash: {PUSH}): APPROVED by console" in first_user_text(api.requests[0])
     assert (disk_view(agent_dir) / "pushed.txt").read_text() == "pushed\n"
 
 

@@ -1,17 +1,16 @@
-"""bench/run.py still runs: the smallest bench, end to end, on the real engine.
-What it measures is reported by the bench itself, never asserted here."""
+"""bench/run.py still runs (`python -m bench.run`, as the README says): the smallest bench,
+end to end, on the real engine. What it measures is reported by the bench itself, never asserted here."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 
 def test_the_bench_prints_its_whole_table_and_leaves_nothing_behind():
-    proc = subprocess.run([sys.executable, "bench/run.py", "--calls", "2", "--runtimes", "runc",
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--calls", "2", "--runtimes", "runc",
                            "--agents", "2"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for row in ("bash true: wakeloop call at agent pace", "write_file 1 KiB: docker exec",
@@ -23,7 +22,7 @@ def test_the_bench_prints_its_whole_table_and_leaves_nothing_behind():
 
 
 def test_the_fleet_bench_runs_in_process_and_via_the_broker_and_leaves_nothing_behind():
-    proc = subprocess.run([sys.executable, "bench/fleet.py", "--agents", "1", "--modes", "inproc,broker",
+    proc = subprocess.run([sys.executable, "-m", "bench.fleet", "--agents", "1", "--modes", "inproc,broker",
                            "--max-concurrent", "2", "--pace", "0.2", "--rate-calls", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

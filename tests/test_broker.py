@@ -16,13 +16,12 @@ import sys
 import tempfile
 import threading
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
 import pytest
 
-from leftovers import our_containers
+from tests.helpers.leftovers import our_containers
 from orchestrator.broker import server as broker_module
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent
@@ -38,10 +37,8 @@ from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk
 from orchestrator.wake.journal_stub import append_in_sandbox
-import support
-from support import scrubbed_env, set_policy
+from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 START_S = 30                         # the broker's start: engine ping, leftover sweep
 POOL_WAIT_S = 30                     # a pool refill: create and start two containers
 MEMORY_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
@@ -86,10 +83,6 @@ def view(root: Path, name: str = "alpha") -> Path:
     return disk.path_of(disk.lookup(root / name), "view")
 
 
-def wait_for(condition, what: str, timeout_s: float = POOL_WAIT_S):
-    return support.wait_for(condition, what, timeout_s)
-
-
 def pool_containers(client, workspace: Path) -> dict[str, int]:
     """Idle warm containers for this workspace: short id -> their memory limit."""
     found = client.api.containers(filters={"label": [
@@ -101,10 +94,6 @@ def pool_containers(client, workspace: Path) -> dict[str, int]:
         except docker.errors.NotFound:
             pass  # taken by a call and removed meanwhile
     return limits
-
-
-def today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def raw_request(sock: Path, request: dict) -> dict:
@@ -125,7 +114,7 @@ def test_a_command_runs_in_a_fresh_hardened_box_and_nothing_is_left(broker, root
     assert (view(root) / "note.txt").read_text() == "hello\n"
     # The call's own container is gone; the pool's idle ones go when the broker stops.
     gone = lambda: result.container_id not in our_containers(docker_client, tmp_path)
-    wait_for(gone, "the call's container to be removed")
+    wait_for(gone, "the call's container to be removed", POOL_WAIT_S)
 
 
 def test_the_timeout_is_the_policys_not_the_requests(broker, root):
@@ -269,11 +258,11 @@ def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_b
         first = box.run("true", timeout_s=30, max_output_chars=100)
         # The first call's own container may still be listed: it is removed after the call, off its path.
         warm = wait_for(lambda: set(pool_containers(docker_client, workspace)) - {first.container_id},
-                        "the agent's pool to be warm")
+                        "the agent's pool to be warm", POOL_WAIT_S)
         second = box.run("true", timeout_s=30, max_output_chars=100)
         assert first.ok and second.ok and second.container_id != first.container_id
         assert second.container_id in warm, "the second call should take a warm container"
-        wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 1, "the pool to refill")
+        wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 1, "the pool to refill", POOL_WAIT_S)
     assert our_containers(docker_client, root.resolve()) == []
 
 
@@ -281,13 +270,13 @@ def test_a_policy_change_reaches_the_next_call_and_the_pool(broker, root, docker
     workspace = root / "alpha/workspace"
     box = BrokerSandbox(broker, "alpha")
     assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(512 * 2**20)
-    wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 1, "the pool to be warm")
+    wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 1, "the pool to be warm", POOL_WAIT_S)
     set_policy(root / "alpha", {"sandbox": {"memory": "300m"}})
     result = box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100)
     assert result.ok and result.output.strip() == str(300 * 2**20)
     # The idle containers made under 512m are drained; the refill is made under 300m.
     wait_for(lambda: (p := pool_containers(docker_client, workspace)) and len(p) >= 1
-             and set(p.values()) == {300 * 2**20}, "a pool made under the new memory limit")
+             and set(p.values()) == {300 * 2**20}, "a pool made under the new memory limit", POOL_WAIT_S)
     assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(300 * 2**20)
 
 
@@ -345,7 +334,7 @@ def test_concurrent_calls_for_one_agent_share_one_pool(broker, root, docker_clie
     assert len({r.container_id for r in results}) == len(results)   # one container per call
     # One pool for the agent, not one per request: one ahead, or the policy's 2 if calls outran it.
     wait_for(lambda: 1 <= len(pool_containers(docker_client, root / "alpha/workspace")) <= 2,
-             "a pool of 1 or 2")
+             "a pool of 1 or 2", POOL_WAIT_S)
 
 
 @pytest.mark.parametrize("why", ["renamed", "idle"])
@@ -354,7 +343,7 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
     try:
         reply = broker.handle({"op": "run", "agent": "alpha", "command": "true"})
         assert reply["ok"]
-        wait_for(lambda: len(pool_containers(docker_client, root / "alpha/workspace")) >= 1, "a warm pool")
+        wait_for(lambda: len(pool_containers(docker_client, root / "alpha/workspace")) >= 1, "a warm pool", POOL_WAIT_S)
         if why == "renamed":
             (root / "alpha").rename(root / "beta")   # the workspace path of the pool is gone
         else:
@@ -372,13 +361,13 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
     workspace = root / "alpha/workspace"
     try:
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
-        wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one container ahead")
+        wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one container ahead", POOL_WAIT_S)
         assert broker.handle({"op": "wind_down", "agent": "alpha"}) == {"ok": True, "result": {}}
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]   # the stub, say
         pool = broker._boxes["alpha"].box.pool
         assert (pool.want, pool.idle(), pool._making) == (0, [], 0), "nothing made for a call that won't come"
         assert broker.handle({"op": "check", "agent": "alpha"})["ok"]                   # the next wake
-        wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one ahead again")
+        wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one ahead again", POOL_WAIT_S)
         with pytest.raises(BrokerError):    # a hint names an agent as strictly as a call does
             broker.handle({"op": "wind_down", "agent": "../alpha"})
     finally:
@@ -404,7 +393,7 @@ def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
         for name in ("alpha", "beta"):
             assert broker.handle({"op": "run", "agent": name, "command": "true"})["ok"]
             wait_for(lambda name=name: len(pool_containers(docker_client, root / name / "workspace")) >= 1,
-                     "a warm pool")
+                     "a warm pool", POOL_WAIT_S)
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []

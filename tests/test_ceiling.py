@@ -14,7 +14,8 @@ from orchestrator.policy.ceiling import Ceiling, load_ceiling
 from orchestrator.policy.load import load_policy
 from orchestrator.policy.schema import DEFAULT, PolicyError
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SHIPPED = REPO / "policies" / "ceiling.yaml"
 CLI = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 60
@@ -65,6 +66,15 @@ def test_an_empty_ceiling_limits_nothing(tmp_path):
     assert load_ceiling(path).refusal(with_box(pids=10**6, network="bridge", runtime="kata")) is None
 
 
+def load_error(tmp_path: Path, text: str) -> str:
+    """What load_ceiling says of a c.yaml holding `text` (it must refuse it)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_ceiling(path)
+    return str(caught.value)
+
+
 @pytest.mark.parametrize("text, message", [
     ("runtimes: [runc]\nmaximum: {pids: 5}\n", "c.yaml:2: maximum: unknown key"),
     ("networks: [none, wide]\n", "c.yaml:1: networks: wide is not one of none, allowlist, bridge"),
@@ -76,12 +86,9 @@ def test_an_empty_ceiling_limits_nothing(tmp_path):
     ("runtimes: [runc\n", "c.yaml: not YAML text"),
 ])
 def test_a_bad_ceiling_is_one_line_naming_the_file_line_and_key(tmp_path, text, message):
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(PolicyError) as caught:
-        load_ceiling(path)
-    assert str(caught.value).startswith(f"{tmp_path}/{message}")
-    assert "\n" not in str(caught.value)
+    error = load_error(tmp_path, text)
+    assert error.startswith(f"{tmp_path}/{message}")
+    assert "\n" not in error
 
 
 def test_policy_check_reads_the_ceiling_as_a_ceiling():
@@ -153,11 +160,7 @@ def test_the_shipped_ceiling_bounds_users_env_hosts_and_the_brokers_capacity():
     ("max:\n  agents: 2.5\n", "c.yaml:2: max.agents: expected a whole number of at least 1"),
 ])
 def test_a_bad_users_env_names_hosts_or_capacity_is_one_line(tmp_path, text, message):
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    with pytest.raises(PolicyError) as caught:
-        load_ceiling(path)
-    assert str(caught.value).startswith(f"{tmp_path}/{message}")
+    assert load_error(tmp_path, text).startswith(f"{tmp_path}/{message}")
 
 
 def test_the_ceiling_bounds_disk_and_files_and_refuses_no_disk_at_all():

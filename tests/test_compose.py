@@ -16,12 +16,10 @@ import urllib.error
 import urllib.request
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
-from support import scrubbed_env, wait_for
+from tests.helpers import REPO, scrubbed_env, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 DISKS = REPO / "disks"                 # compose's ./disks: the agents' workspace disks
 BUILD_S = 900                        # both images from scratch: apt and pip over the network
 FIRST_WAKE_S = 150                   # the demo wakes every 60s; a first wake is due at once or within 60s

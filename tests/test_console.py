@@ -9,7 +9,6 @@ the browser tests (test_console_browser.py) build theirs with real wakes.
 from __future__ import annotations
 
 import gzip
-import http.client
 import json
 import os
 import re
@@ -17,9 +16,6 @@ import subprocess
 import sys
 import shutil
 import socket
-import urllib.error
-import urllib.request
-from http.cookiejar import CookieJar
 from pathlib import Path
 
 import jinja2
@@ -36,9 +32,9 @@ from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.state import append_outbox, peek_inbox
 from orchestrator.records.tasks import load_tasks
-from support import REPO, run_cli, scrubbed_env, wait_for
+from tests.helpers import REPO, run_cli, scrubbed_env, wait_for
+from tests.helpers.console import TOKEN, Client
 
-TOKEN = "unit-test-token-0a9b8c7d"
 XSS = '<script>alert("x")</script>'
 
 
@@ -63,59 +59,6 @@ def serve_console(root):
     yield open_
     for listening in running:
         listening.stop()
-
-
-class Client:
-    """urllib with cookies; no redirect followed, so a 303 is seen as one."""
-
-    def __init__(self, url: str):
-        self.url = url
-        self.jar = CookieJar()
-
-        class NoRedirect(urllib.request.HTTPRedirectHandler):
-            def redirect_request(self, *args):
-                return None
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), NoRedirect)
-
-    def get(self, path: str, **headers):
-        return self._open(urllib.request.Request(self.url + path.lstrip("/"), headers=headers))
-
-    def post(self, path: str, form: dict, **headers):
-        body = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
-        return self._open(urllib.request.Request(self.url + path.lstrip("/"), data=body, method="POST",
-                                                 headers={"Content-Type": "application/x-www-form-urlencoded",
-                                                          **headers}))
-
-    def _open(self, request):
-        try:
-            with self.opener.open(request, timeout=30) as r:
-                return r.status, dict(r.headers), r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read().decode()
-
-    def sign_in(self):
-        status, headers, _ = self.post("/login", {"token": TOKEN, "next": "/"})
-        assert status == 303 and headers["location"] == "/"
-        return self
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rstrip("/").rsplit(":", 1)[1])
-
-    def raw(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None = None):
-        """One request with exactly these headers (Host included, or none): http.client, nothing added."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-            for key, value in headers:
-                conn.putheader(key, value)
-            if body is not None:
-                conn.putheader("Content-Length", str(len(body)))
-            conn.endheaders(body)
-            response = conn.getresponse()
-            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
-        finally:
-            conn.close()
 
 
 def test_agent_text_is_escaped_and_every_page_forbids_scripts(serve_console):

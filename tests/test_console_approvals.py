@@ -21,7 +21,7 @@ from orchestrator.console.auth import Access
 from orchestrator.policy.agent import init_agent
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.approval_links import Link, LinkError, sign, verify
-from test_console import TOKEN, Client
+from tests.helpers.console import TOKEN, Client
 
 CSRF = Access(TOKEN, True).csrf
 

@@ -30,30 +30,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
-from receivers import Hook
-from support import REPO, run_cli, scrubbed_env, wait_for
+from tests.helpers.receivers import Hook
+from tests.helpers import REPO, make_agent, run_cli, scrubbed_env, wait_for
+from tests.helpers.browser import CHROMEDRIVER, CHROMIUM, arrived, by_css, chromium
 
 pytestmark = pytest.mark.docker
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TOKEN = "console-test-token-5b1f9a"
 NEVER = "0 0 1 1 *"                 # a cron line that does not tick during the tests
 XSS = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> look"
 BOX_SAYS = "hello-from-the-box"
 WAIT_S = 90
 REBOUND = "rebind.example"          # a name the browser resolves to 127.0.0.1, as DNS rebinding would
-
-
-def _agent(root: Path, name: str, **keys) -> Path:
-    run_cli("init", str(root / name)).check_returncode()
-    config = root / name / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.update(schedule=NEVER, **keys)
-    config.write_text(yaml.safe_dump(data))
-    return root / name
 
 
 def _script(path: Path, turns: list) -> str:
@@ -76,10 +66,10 @@ def console(tmp_path_factory):
         return turn(text("Done."))
 
     with FakeAPI(then=held) as api, Hook() as hook:
-        _agent(root, "healthy")
-        _agent(root, "failing")
-        _agent(root, "paused")
-        _agent(root, "midwake", dry_run=False, notify=[{"webhook": hook.url(), "on": ["message"]}])
+        make_agent(root, "healthy", schedule=NEVER)
+        make_agent(root, "failing", schedule=NEVER)
+        make_agent(root, "paused", schedule=NEVER)
+        make_agent(root, "midwake", schedule=NEVER, live=True, notify=[{"webhook": hook.url(), "on": ["message"]}])
         hello = _script(tmp / "hello.json", [
             {"text": "Looking around.", "tool_calls": [{"name": "bash", "input": {"command": f"echo {BOX_SAYS}"}}]},
             {"text": "Telling my human.", "tool_calls": [{"name": "send_message", "input": {"text": XSS}}]},
@@ -118,20 +108,9 @@ def console(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, console):
     """Chromium, signed in with the URL serve printed."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), "scripts/test.sh installs chromium"
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
-                 f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
+    driver = chromium(tmp_path_factory.mktemp("chromium"), "--disable-quic", "--window-size=1400,1000",
+                      f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1")
     driver.get(console.sign_in)
     assert driver.current_url == console.url, "signed in, and the token left the address bar"
     yield driver
@@ -152,16 +131,6 @@ def visit(driver, url: str, shots: Path, name: str):
     errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
     assert not errors, f"{url}: the browser console says: {errors}"
     return driver
-
-
-def arrived(driver, selector: str):
-    """The element, once the page a click navigated to has it."""
-    return wait_for(lambda: (by_css(driver, selector) or [None])[0], f"{selector} on the next page", 30)
-
-
-def by_css(driver, selector: str):
-    from selenium.webdriver.common.by import By
-    return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
 def test_the_sign_in_url_is_printed_once_and_a_browser_without_it_sees_only_the_login_page(console, browser,

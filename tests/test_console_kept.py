@@ -23,9 +23,9 @@ from orchestrator.fleet import wake_history
 from orchestrator.fleet.wake_history import INDEX_FILE, WakeIndex
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
+from tests.helpers.console import TOKEN
 
 NAMES = ("a", "b", "c")
-TOKEN = "unit-test-token-0a9b8c7d"
 LINES_PER_WAKE = 2                  # finish(): wake_finished and a tool_call
 
 

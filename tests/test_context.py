@@ -13,7 +13,6 @@ import pytest
 import json
 import os
 import stat
-import subprocess
 import threading
 import time
 import tracemalloc
@@ -24,18 +23,13 @@ from orchestrator.policy.agent import load_agent
 from orchestrator.wake.context import build_context, system_prompt
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox.workspace_reads import READ_CAP, journal_size, read_text
-from support import run_cli
+from tests.helpers import run_cli
 
 CANARY = "CANARY-host-secret-5d41402abc4b2a76"
 FIFO_DEADLINE_S = 2.0               # the bound for a context build facing a FIFO
 SPARSE_SIZE = 100 * 2**30           # 100 GB, all holes
 SPARSE_DEADLINE_S = 2.0
 SPARSE_PEAK_BYTES = 8 * 2**20       # allocation bound while reading it: a few caps, not gigabytes
-CLI_TIMEOUT_S = 120
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return run_cli(*args, timeout=CLI_TIMEOUT_S)
 
 
 def host_canary(tmp_path: Path) -> Path:
@@ -65,7 +59,7 @@ def test_core_md_symlink_to_host_canary_never_appears_in_context(agent_dir, tmp_
     secret = host_canary(tmp_path)
     plant(agent_dir, "memory/core.md").symlink_to(secret)
     plant(agent_dir, f"memory/journal/{datetime.now(timezone.utc):%Y-%m-%d}.md").symlink_to(secret)
-    proc = cli("context", str(agent_dir))
+    proc = run_cli("context", str(agent_dir))
     assert proc.returncode == 0, proc.stderr
     assert CANARY not in proc.stdout
     assert "(unreadable: memory/core.md is a symlink" in proc.stdout
@@ -99,7 +93,7 @@ def test_core_md_fifo_returns_within_2s(agent_dir):
 
 def test_core_md_fifo_through_the_cli(agent_dir):
     os.mkfifo(plant(agent_dir, "memory/core.md"))
-    proc = cli("context", str(agent_dir))  # bounded by CLI_TIMEOUT_S: a hang fails the test
+    proc = run_cli("context", str(agent_dir))  # bounded by support.CLI_TIMEOUT_S: a hang fails the test
     assert proc.returncode == 0 and "is a FIFO" in proc.stdout
 
 
@@ -174,7 +168,7 @@ def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir,
     plant(agent_dir, f"memory/journal/{day}.md").symlink_to(secret)
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "I forgot to journal."}]))
-    proc = cli("wake", str(agent_dir), "--script", str(script))
+    proc = run_cli("wake", str(agent_dir), "--script", str(script))
     assert proc.returncode == 0, proc.stderr
     assert (secret.read_bytes(), secret.stat().st_mtime_ns) == before
     assert (agent_dir / f"workspace/memory/journal/{day}.md").is_symlink()

@@ -155,8 +155,8 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
     """While a call of a 200 MiB disk runs (it may yet fill it), a call of another 200 MiB disk
     would let the two fill the 300 MiB filesystem: it waits, then is refused with one line;
     once the first ends, it runs. A disk that alone could fill it is refused at once."""
-    from sync import release_fifo
-    from support import wait_for
+    from tests.helpers.sync import release_fifo
+    from tests.helpers import wait_for
     monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.5)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     try:
@@ -235,19 +235,16 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
     one notification however many calls it had refused; `status` shows the line."""
     import json
     import threading
-    import yaml
-    from sync import release_fifo
-    from support import wait_for
+    from tests.helpers.sync import release_fifo
+    from tests.helpers import set_policy, wait_for
     from orchestrator.notify import queue
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.wake.loop import wake
     monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.2)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     second.close()   # its disk is made; its wake opens it again
-    config = tmp_path / "second" / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.update(policy={"sandbox": {"disk": "200m", "pool": 0}}, notify=[{"webhook": "https://hooks.example.com/x"}])
-    config.write_text(yaml.safe_dump(data))
+    set_policy(tmp_path / "second", {"sandbox": {"disk": "200m", "pool": 0}},
+               notify=[{"webhook": "https://hooks.example.com/x"}])
     script = tmp_path / "script.json"
     call = {"name": "bash", "input": {"command": "echo z > z"}}
     script.write_text(json.dumps([{"tool_calls": [call]}, {"tool_calls": [call]}, {"text": "done"}]))
@@ -280,7 +277,7 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
 def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_path, monkeypatch):
     """The mark of a call in flight is a record lock: it dies with its process, whatever ends it."""
     import sys
-    from support import REPO
+    from tests.helpers import REPO
     monkeypatch.setenv(disk.DISKS_ENV, str(tmp_path))
     (tmp_path / "a.img").write_bytes(b"")
     child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
@@ -436,7 +433,7 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
 def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
     import signal
     import sys
-    from support import REPO, scrubbed_env, wait_for
+    from tests.helpers import REPO, scrubbed_env, wait_for
     agent = load_agent(agent_dir)
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--",
                              "sleep 60"], cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE,
@@ -500,7 +497,7 @@ def broker_call(broker, name: str, command: str = "true"):
 def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tmp_path, docker_client):
     from orchestrator.broker.server import IDLE_CLOSE_S, Broker
     from orchestrator.policy.agent import init_agent
-    from support import set_policy
+    from tests.helpers import set_policy
     root = tmp_path / "agents"
     for name in ("alpha", "beta"):
         set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
@@ -534,7 +531,7 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
 def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, docker_client):
     from orchestrator.broker.server import IDLE_CLOSE_S, Broker
     from orchestrator.policy.agent import init_agent
-    from support import set_policy
+    from tests.helpers import set_policy
     root = tmp_path / "agents"
     set_policy(init_agent(root / "alpha"), {"sandbox": {"pool": 0}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
@@ -555,7 +552,7 @@ def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, dock
 def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_own_disk(tmp_path, docker_client):
     from orchestrator.broker.server import Broker
     from orchestrator.policy.agent import init_agent
-    from support import set_policy
+    from tests.helpers import set_policy
     root = tmp_path / "agents"
     for name in ("alpha", "beta"):
         set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})

@@ -16,7 +16,7 @@ import re
 
 from orchestrator import docgen
 from orchestrator.escapes import ALL_PROBES, CATEGORIES
-from support import REPO
+from tests.helpers import REPO
 
 FIX = "run `python -m orchestrator.docgen --write` and commit the pages"
 

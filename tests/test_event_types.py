@@ -21,8 +21,8 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, parse_event, read_events
 from orchestrator.records.receipt import STATUSES, Receipt, Usage
 from orchestrator.records.state import load_state, rebuild_state
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DESIGN_TYPES = ("wake_started", "model_request", "model_response", "tool_call", "tool_result", "policy_denied",
                 "budget_stop", "journal_stub", "wake_finished", "dead_letter")   # the design's (docs/architecture.md)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from orchestrator.records.events import REDACTED, EventLog, read_events, secrets_from_env
 
 from orchestrator.views.status import format_event
+from tests.helpers import REPO
 
 APPENDS = 300                       # lines per writer in the concurrency test
 WRITERS = 3
@@ -56,7 +56,7 @@ def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
     code = ("import sys; from orchestrator.records.events import EventLog; "
             f"log = EventLog(sys.argv[1], sys.argv[2], secrets=()); "
             f"[log.emit('tick', n=n, pad='x' * 3000) for n in range({APPENDS})]")
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{i}"], cwd=root)
              for i in range(WRITERS)]
     assert all(p.wait(timeout=WRITER_TIMEOUT_S) == 0 for p in procs)

@@ -13,12 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import yaml
 
-import support
+from tests.helpers import make_agent, support
 from orchestrator.fleet import capacity
 from orchestrator.fleet.scheduler import Scheduler, fitted
-from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.records.receipt import Receipt
@@ -28,18 +26,6 @@ PACE_S = 0.3                        # the fake model's answer time: the pace the
 CALLS = 4                           # tool calls per wake; then end_turn, and the harness's journal stub
 MAX_CONTAINERS_PER_CALL = 1.05      # issue 14: containers created / calls served, across the fleet
 GiB, MiB = 2**30, 2**20
-
-
-def make_agent(root: Path, name: str, every: str, live: bool) -> Path:
-    """An agent that appears under ROOT at once, complete: a scan never sees it half-made."""
-    staging = init_agent(root.parent / ".staging" / name)
-    config = staging / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.pop("schedule", None)
-    data.update(every=every, dry_run=not live)
-    config.write_text(yaml.safe_dump(data))
-    root.mkdir(parents=True, exist_ok=True)
-    return staging.rename(root / name)
 
 
 def paced(rec):
@@ -106,7 +92,7 @@ def calls_served(agent_dir: Path) -> int:
 @pytest.mark.docker
 def test_a_fleet_makes_no_container_in_vain(tmp_path, fake_api, docker_client):
     root = tmp_path / "agents"
-    agents = [make_agent(root, f"agent{i}", "600s", live=True) for i in range(6)]
+    agents = [make_agent(root, f"agent{i}", schedule="600s", live=True) for i in range(6)]
     fake_api(then=paced)
     creates = Creates(docker_client, root.resolve())
     scheduler = run_fleet(root, k=3, count=len(agents))
@@ -135,7 +121,7 @@ def test_the_chosen_concurrency_is_the_tightest_limit_and_says_all_three():
 @pytest.mark.docker
 def test_serve_measures_the_engine_and_says_its_choice_in_its_first_line(tmp_path):
     root = tmp_path / "agents"
-    make_agent(root, "solo", "600s", live=False)
+    make_agent(root, "solo", schedule="600s", live=False)
     choice = fitted(root)
     assert choice.wakes >= 1 and "containers/s" in choice.why and "cold calls in" in choice.why
     lines: list[str] = []
@@ -152,8 +138,8 @@ def test_wakes_past_k_wait_in_the_order_they_fell_due_and_none_is_starved(tmp_pa
     # K=1; one agent ticks every second, six others are due once. Queued ticks
     # of the fast one coalesce behind the others: it can never jump the queue.
     root = tmp_path / "agents"
-    make_agent(root, "a-fast", "1s", live=False)
-    slow = [make_agent(root, f"slow{i}", "600s", live=False).name for i in range(6)]
+    make_agent(root, "a-fast", schedule="1s", live=False)
+    slow = [make_agent(root, f"slow{i}", schedule="600s", live=False).name for i in range(6)]
     starts: list[tuple[str, float]] = []
     running, peak = [0], [0]
     lock = threading.Lock()

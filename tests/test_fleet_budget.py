@@ -22,7 +22,7 @@ from orchestrator.policy.fleetbudget import BUDGET_FILE, load_fleet_budget
 from orchestrator.policy.schema import Budget, PolicyError
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import FleetCaps, Meter, load_prices, read_book, record
-from support import set_policy
+from tests.helpers import set_policy, today
 
 MODEL = "claude-sonnet-4-6"         # $3 / $15 per million input / output tokens
 LIGHT = {"sandbox": {"disk": "none", "pool": 0}}
@@ -34,10 +34,6 @@ def write_ledger(state_dir: Path, days: dict[str, float]) -> None:
     rows = {d: {"usd": usd, "tokens": 1, "calls": 1, "unpriced": 0} for d, usd in days.items()}
     (state_dir / "ledger.json").write_text(json.dumps({"version": 1, "days": rows, "lifetime": {
         "usd": sum(days.values()), "tokens": len(days), "calls": len(days), "unpriced": 0}}))
-
-
-def today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def last_month() -> str:

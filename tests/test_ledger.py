@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,10 +20,9 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import (PRICES_ENV, LedgerError, Meter, Usage, check_caps, cost_usd,
                                  load_prices, price_for, read_book, record, worst_case_usd)
 from orchestrator.policy.schema import Budget
-from support import set_policy
+from tests.helpers import REPO, set_policy
 
 KEY = FAKE_KEY
-REPO = Path(__file__).resolve().parent.parent
 
 
 # -- prices and arithmetic ----------------------------------------------------------

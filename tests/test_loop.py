@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from orchestrator.records.event_types import ModelResponse
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
-from orchestrator.policy.agent import load_agent
+from orchestrator.records.event_types import ModelResponse
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.wake.loop import wake
-from orchestrator.wake.model import MAX_RETRIES, LiveModel
+from orchestrator.wake.model import MAX_RETRIES
 from orchestrator.records.state import read_outbox, send_message_to_agent
-import support
-from support import set_policy
+from tests.helpers import live_wake, run_cli, set_policy, today
+from tests.helpers.recorded import result_text, tool_results
 
 KEY = FAKE_KEY
-CLI_TIMEOUT_S = 120                           # one CLI wake; a handful of sandbox calls
-
-
-def today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def events_of(agent_dir: Path) -> list:
@@ -40,28 +32,8 @@ def types_of(agent_dir: Path) -> list[str]:
     return [e.type for e in events_of(agent_dir)]
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S):
-    return support.run_cli(*args, env=env, timeout=timeout)
-
-
 def last_receipt(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
-
-
-def tool_results(request) -> list[dict]:
-    """The tool_result blocks of the last user message of a recorded request."""
-    content = request.body["messages"][-1]["content"]
-    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-
-
-def result_text(block: dict) -> str:
-    content = block["content"]
-    return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
-
-
-def live_wake(agent_dir: Path, stream: bool = True, **kwargs):
-    agent = load_agent(agent_dir)
-    return wake(agent, live=True, model=LiveModel(agent.model, KEY, stream=stream), **kwargs)
 
 
 # -- a normal wake ------------------------------------------------------------------

@@ -36,7 +36,8 @@ import re
 import tokenize
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 SELF = Path(__file__).resolve().relative_to(REPO).as_posix()
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "build", "dist", "node_modules", ".pytest_cache"}

@@ -9,7 +9,7 @@ each attempt did; each test below asserts one promise.
 These tests are about names, ports and routes. The servers live at private
 addresses (the only kind on this machine), which the real proxy refuses by
 address; so the proxy here is built from squid.conf less its address rules
-(tests/squidconf.py). The address rules are proven by the tests at the end,
+(tests/helpers/squidconf.py). The address rules are proven by the tests at the end,
 against squid itself with no network, and by the escape suite's `allowlist`
 probes against the real proxy.
 
@@ -34,7 +34,7 @@ import pytest
 from orchestrator.sandbox import network
 from orchestrator.policy.load import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
-from squidconf import squid_without_address_rules
+from tests.helpers.squidconf import squid_without_address_rules
 
 SERVER_PORT = 8080                  # both test servers listen here
 UNLISTED_PORT = 8081                # on the allowed host, but not on the list

@@ -1,6 +1,6 @@
 """Telling a person (orchestrator/notify/): real receivers on 127.0.0.1, time passed in, never slept through.
 
-The receivers are real servers (tests/receivers.py); the agents are real
+The receivers are real servers (tests/helpers/receivers.py); the agents are real
 agent folders loaded as `wakeloop` loads them. Backoff is driven by passing
 `now` to the sender, so hours of retries take milliseconds.
 """
@@ -19,27 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-import support
-from receivers import SMTP, Hook
 from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.notify import outcomes, queue
 from orchestrator.notify.config import NotifyError, parse_notify
 from orchestrator.notify.sender import CAP_S, retry_after, send_due
-from orchestrator.policy.agent import AgentError, init_agent, load_agent
-from orchestrator.records import health
+from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
+from tests.helpers import make_agent, support
+from tests.helpers.receivers import SMTP, Hook
+from orchestrator.records import health
 from orchestrator.records.receipt import Receipt
 
 TOKEN = "T0KEN-9f8e7d6c5b4a"            # what must never be written anywhere under state/ or printed
-
-
-def make_agent(root: Path, name: str, notify: list, **extra) -> Path:
-    agent_dir = init_agent(root / name)
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.update(notify=notify, **extra)
-    config.write_text(yaml.safe_dump(data))
-    return agent_dir
 
 
 def note(agent, n: int, event: str = "dead_letter") -> dict:
@@ -54,16 +45,16 @@ def everything_under(folder: Path) -> str:
 
 def test_notify_entries_are_checked_naming_file_line_and_key(tmp_path):
     with pytest.raises(AgentError, match=r"agent.yaml:\d+: notify\[0\]\.on: 'dead' is not an event"):
-        load_agent(make_agent(tmp_path, "a", [{"webhook": "https://h.example/x", "on": ["dead"]}]))
+        load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "https://h.example/x", "on": ["dead"]}]))
     with pytest.raises(AgentError, match=r"notify\[0\]: name exactly one channel"):
-        load_agent(make_agent(tmp_path, "b", [{"webhook": "https://h.example/x", "slack": "https://s.example"}]))
+        load_agent(make_agent(tmp_path, "b", notify=[{"webhook": "https://h.example/x", "slack": "https://s.example"}]))
     with pytest.raises(NotifyError, match=r"notify\[0\]\.command: expected the program"):
         parse_notify([{"command": "page-me"}], Path("f.yaml"), None, operator=True)
     (tmp_path / "notify.yaml").write_text("- email: ops@example.com\n  on: [daily]\n")
-    agent = load_agent(make_agent(tmp_path, "c", [{"slack": "${SLACK_URL}"}]))
+    agent = load_agent(make_agent(tmp_path, "c", notify=[{"slack": "${SLACK_URL}"}]))
     assert [c.kind for c in agent.notify] == ["slack", "email"]          # its own, then ROOT's
     assert agent.notify[0].label == "slack $SLACK_URL" and agent.notify[1].on == {"daily"}
-    url = load_agent(make_agent(tmp_path, "d", [{"webhook": f"https://hooks.example.com/{TOKEN}"}])).notify[0]
+    url = load_agent(make_agent(tmp_path, "d", notify=[{"webhook": f"https://hooks.example.com/{TOKEN}"}])).notify[0]
     assert url.label == "webhook hooks.example.com/…" and TOKEN not in url.label
 
 
@@ -71,7 +62,7 @@ def test_notify_entries_are_checked_naming_file_line_and_key(tmp_path):
 
 def test_a_webhook_down_then_up_gets_every_notification_once_in_order(tmp_path):
     with Hook(status=503) as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url(f"/hook/{TOKEN}")}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url(f"/hook/{TOKEN}")}]))
         for n in range(3):
             outcomes.emit(agent.state_dir, agent.notify, note(agent, n))
         t0 = time.time()
@@ -105,7 +96,7 @@ def cli(*args: str) -> int:
 def test_backoff_doubles_to_its_cap_and_an_always_failing_receiver_is_given_up_and_shown(tmp_path, capsys):
     assert [retry_after(n) for n in (1, 2, 3)] == [5, 10, 20] and retry_after(30) == CAP_S
     with Hook(status=500) as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url(), "give_up_after": "2h"}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url(), "give_up_after": "2h"}]))
         outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
         t0 = time.time()
         send_due(agent.state_dir, agent.notify, now=t0)
@@ -120,7 +111,7 @@ def test_backoff_doubles_to_its_cap_and_an_always_failing_receiver_is_given_up_a
 
 def test_email_carries_the_agents_message_over_real_smtp_and_the_password_stays_out(tmp_path):
     with SMTP() as smtp:
-        agent = load_agent(make_agent(tmp_path, "a", [{"email": "ops@example.com", "on": ["message"]}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"email": "ops@example.com", "on": ["message"]}]))
         outcomes.on_message(agent, "r1", 4, 1, "The report is ready: see out/report.md")
         outcomes.emit(agent.state_dir, agent.notify, note(agent, 2))          # dead_letter: not asked for
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", TOKEN)}
@@ -140,7 +131,7 @@ def test_a_command_hook_gets_the_json_on_stdin_and_its_failure_is_one_line(tmp_p
         {"command": page, "on": ["dead_letter"]},
         {"command": [sys.executable, "-c", "import sys; sys.exit('pager says no ' + sys.argv[1])",
                      "${PAGER_TOKEN}"]}]}))      # the operator's file: the only place a command comes from
-    agent = load_agent(make_agent(tmp_path, "a", []))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[]))
     outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
     report = send_due(agent.state_dir, agent.notify, now=time.time(), environ={"PAGER_TOKEN": TOKEN})
     assert json.loads(out.read_text())["id"] == "a/run1/dead_letter"
@@ -162,7 +153,7 @@ def test_kill_9_in_the_middle_of_a_delivery_loses_nothing(tmp_path):
                 release.wait(30)
             original(handler)
         hook.server.RequestHandlerClass.do_POST = holding
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url()}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url()}]))
         outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
         sender = subprocess.Popen([sys.executable, "-c", "import sys, time; from orchestrator.policy.agent import "
                                    "load_agent; from orchestrator.notify.sender import send_due; "
@@ -185,7 +176,7 @@ def receipt(status: str, n: int, reason: str = "boom") -> Receipt:
 
 
 def test_failing_is_sent_once_the_agent_pauses_at_its_count_and_recovered_follows(tmp_path):
-    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "http://127.0.0.1:9/x"}], pause_after_failures=3))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "http://127.0.0.1:9/x"}], pause_after_failures=3))
     for n in range(1, 5):
         outcomes.after_wake(agent, receipt("dead_letter", n))
     h = health.load(agent.state_dir)
@@ -203,7 +194,7 @@ def test_failing_is_sent_once_the_agent_pauses_at_its_count_and_recovered_follow
 
 
 def test_a_refused_api_key_pauses_at_once(tmp_path):
-    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "http://127.0.0.1:9/x"}]))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "http://127.0.0.1:9/x"}]))
     outcomes.after_wake(agent, receipt("dead_letter", 1, "the API answered HTTP 401 (authentication_error)"))
     h = health.load(agent.state_dir)
     assert h.paused and "refused the key" in h.paused_reason
@@ -213,7 +204,7 @@ def test_a_refused_api_key_pauses_at_once(tmp_path):
 
 
 def test_the_daily_digest_is_queued_once_per_day_with_wakes_statuses_and_cost(tmp_path):
-    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "http://127.0.0.1:9/x", "on": ["daily"]}]))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "http://127.0.0.1:9/x", "on": ["daily"]}]))
     from orchestrator.records.events import EventLog
     log = EventLog(agent.state_dir / EVENTS_FILE, "r1")
     for status, usd in (("done", 0.25), ("dead_letter", 0.5)):
@@ -247,7 +238,7 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with Hook() as hook:
         root = tmp_path / "root"
-        agent_dir = make_agent(root, "a", [{"webhook": hook.url(f"/h/{TOKEN}")}], dry_run=False, every="1s",
+        agent_dir = make_agent(root, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}")}], live=True, schedule="1s",
                                pause_after_failures=2)
         lines: list[str] = []
         scheduler = Scheduler(root, out=lines.append, rescan_s=0.2)
@@ -284,8 +275,8 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
     from orchestrator.wake.model import LiveModel
     fake_api([turn(tool_use("send_message", {"text": "Hello, human: the job is done."})), turn(text("bye"))])
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url(f"/h/{TOKEN}"), "on": ["message"]}],
-                                      dry_run=False))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}"), "on": ["message"]}],
+                                      live=True))
         receipt = wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY))
         assert receipt.status == "done" and hook.attempts == 0          # queued by the wake, not sent by it
         _send_notifications(agent)                                       # what `wakeloop wake` does after
@@ -301,7 +292,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
 def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
     from orchestrator.fleet.control import STALE_S, beat, scheduler_note
     from orchestrator.views.status import status_table
-    make_agent(tmp_path, "a", [])
+    make_agent(tmp_path, "a", notify=[])
     assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)
     beat(tmp_path)
     assert scheduler_note(tmp_path) is None and "no scheduler" not in status_table(tmp_path)
@@ -318,7 +309,7 @@ def test_a_hung_wake_ends_at_max_wake_s_with_a_receipt_and_a_free_lock(tmp_path)
     script = tmp_path / "hang.json"
     script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]},
                                   {"text": "never reached"}]))
-    agent_dir = make_agent(tmp_path, "a", [], policy={"budget": {"max_wake_s": 5}, "sandbox": {"pool": 0}})
+    agent_dir = make_agent(tmp_path, "a", notify=[], policy={"budget": {"max_wake_s": 5}, "sandbox": {"pool": 0}})
     started = time.monotonic()
     receipt = wake(load_agent(agent_dir), script=script)
     assert (receipt.status, receipt.reason) == ("budget_stop", "max_wake_s (5s) reached")

@@ -4,7 +4,7 @@ Actors (docs/security.md, "Threat model"): the model (A) writes the text of its
 messages and of the reasons it causes; whoever may write one agent folder
 (D) writes agent.yaml, its notify entries and the agent's name, but not
 ROOT/notify.yaml or the ceiling. Every test here sends through the real
-notify code to a real receiver on 127.0.0.1 (tests/receivers.py) and judges
+notify code to a real receiver on 127.0.0.1 (tests/helpers/receivers.py) and judges
 what arrived, or shows that nothing was sent.
 """
 
@@ -16,37 +16,26 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from receivers import SMTP, Hook
 from orchestrator.notify import outcomes
 from orchestrator.notify.channels import DeliveryError, deliver
 from orchestrator.notify.config import Channel, DEFAULT_ON
 from orchestrator.notify.sender import send_due
-from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.schema import PolicyError
 from orchestrator.policy.ceiling import load_ceiling
+from tests.helpers import make_agent
+from tests.helpers.receivers import SMTP, Hook
 
 FAKE_KEY = "sk-ant-api03-FAKE-notify-0123456789abcdef"   # planted in a copy of the environment, never the real one
 FAKE_CONSOLE = "console-FAKE-0123456789abcdef"
 BAIT = "<!channel> <https://evil.example/pay|Approve budget> & <@U012> <#C0>"
 
 
-@pytest.fixture(autouse=True)
-def no_ceiling(monkeypatch):
-    monkeypatch.delenv("WAKELOOP_CEILING", raising=False)
-
-
-def make_agent(root: Path, folder: str, notify: list, **extra) -> Path:
-    agent_dir = init_agent(root / folder)
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.update(notify=notify, **extra)
-    config.write_text(yaml.safe_dump(data))
-    return agent_dir
+pytestmark = pytest.mark.usefixtures("no_ceiling")   # conftest: none of the machine's
 
 
 def message(agent, text: str) -> None:
@@ -65,7 +54,7 @@ def test_a_secret_in_a_webhook_target_is_refused_at_load_and_never_sent(tmp_path
     """Before: agent.yaml's `webhook: http://…/x/${ANTHROPIC_API_KEY}` was expanded at send time
     and the key arrived in the receiver's request path."""
     with Hook() as hook:
-        folder = make_agent(tmp_path, "a", [{"webhook": hook.url(f"/x/${{{name}}}")}])
+        folder = make_agent(tmp_path, "a", notify=[{"webhook": hook.url(f"/x/${{{name}}}")}])
         with pytest.raises(AgentError, match=rf"agent.yaml:\d+: notify\[0\]\.webhook: \$\{{{name}\}} is a secret"):
             load_agent(folder)
         # The second lock: a channel that got past the load is refused at send, before any request.
@@ -78,11 +67,11 @@ def test_a_secret_in_a_webhook_target_is_refused_at_load_and_never_sent(tmp_path
 def test_a_variable_nobody_allowed_is_refused_and_an_allowed_one_expands(tmp_path):
     with pytest.raises(AgentError, match=r"notify\[0\]\.slack: \$\{HOME\} is not a variable notifications may "
                                          r"read \(SLACK_\*, WAKELOOP_NOTIFY_\*\)"):
-        load_agent(make_agent(tmp_path, "a", [{"slack": "https://hooks.example/${HOME}"}]))
+        load_agent(make_agent(tmp_path, "a", notify=[{"slack": "https://hooks.example/${HOME}"}]))
     with pytest.raises(AgentError, match=r"notify\[0\]\.email: \$\{PAGER_TO\} is not a variable"):
-        load_agent(make_agent(tmp_path, "b", [{"email": "${PAGER_TO}"}]))
+        load_agent(make_agent(tmp_path, "b", notify=[{"email": "${PAGER_TO}"}]))
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "c", [{"webhook": "${WAKELOOP_NOTIFY_HOOK}/t/p9"}]))
+        agent = load_agent(make_agent(tmp_path, "c", notify=[{"webhook": "${WAKELOOP_NOTIFY_HOOK}/t/p9"}]))
         message(agent, "hi")
         report = send(agent, {"WAKELOOP_NOTIFY_HOOK": hook.url(""), "ANTHROPIC_API_KEY": FAKE_KEY})
     assert len(report.sent) == 1 and hook.paths == ["/t/p9"]
@@ -95,12 +84,12 @@ def test_agent_yaml_cannot_send_an_allowed_variable_to_a_host_of_its_own(tmp_pat
         for target in (theirs.url("/${SLACK_WEBHOOK_URL}"), "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}",
                        "${SLACK_HOST}@their.example/x", "${SLACK_HOST}.their.example"):
             with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: in agent.yaml one \$\{VAR\} may start"):
-                load_agent(make_agent(tmp_path, f"a{len(target)}", [{"webhook": target}]))
+                load_agent(make_agent(tmp_path, f"a{len(target)}", notify=[{"webhook": target}]))
         for target in ("${SLACK_BOT_TOKEN}@their.example", "ops-${SLACK_BOT_TOKEN}@their.example"):
             with pytest.raises(AgentError, match=r"notify\[0\]\.email: in agent.yaml one \$\{VAR\} may start"):
-                load_agent(make_agent(tmp_path, f"e{len(target)}", [{"email": target}]))
+                load_agent(make_agent(tmp_path, f"e{len(target)}", notify=[{"email": target}]))
         (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"webhook": theirs.url("/${SLACK_TEAM}")}]}))
-        agent = load_agent(make_agent(tmp_path, "b", []))            # the operator's own file may
+        agent = load_agent(make_agent(tmp_path, "b", notify=[]))            # the operator's own file may
         message(agent, "hi")
         send(agent, {"SLACK_TEAM": "T0123"})
     assert theirs.paths == ["/T0123"]
@@ -108,8 +97,8 @@ def test_agent_yaml_cannot_send_an_allowed_variable_to_a_host_of_its_own(tmp_pat
 
 def test_the_operator_allows_more_in_notify_yaml_or_the_ceiling_but_never_a_secret(tmp_path, monkeypatch):
     (tmp_path / "notify.yaml").write_text('expand: [PAGER_TOKEN, "OPS_*"]\nnotify: []\n')
-    assert load_agent(make_agent(tmp_path, "o", [{"webhook": "${OPS_HOOK}"}])).notify[0].expand[-1] == "OPS_*"
-    agent = load_agent(make_agent(tmp_path, "a", [{"webhook": "${PAGER_TOKEN}/x"}]))
+    assert load_agent(make_agent(tmp_path, "o", notify=[{"webhook": "${OPS_HOOK}"}])).notify[0].expand[-1] == "OPS_*"
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "${PAGER_TOKEN}/x"}]))
     assert agent.notify[0].expand[-2:] == ("PAGER_TOKEN", "OPS_*")
     for bad, line in (('"ANTHROPIC_*"', 2), ('"*"', 2), ("WAKELOOP_CONSOLE_TOKEN", 2), ('"A*"', 2)):
         (tmp_path / "notify.yaml").write_text(f"notify: []\nexpand: [{bad}]\n")
@@ -135,7 +124,7 @@ def test_the_operator_allows_more_in_notify_yaml_or_the_ceiling_but_never_a_secr
 def test_a_command_channel_in_agent_yaml_is_refused_unless_the_ceiling_allows_it(tmp_path, monkeypatch):
     out = tmp_path / "ran"
     page = [sys.executable, "-c", f"open({str(out)!r}, 'w').write('ran')"]
-    folder = make_agent(tmp_path, "a", [{"command": page}])
+    folder = make_agent(tmp_path, "a", notify=[{"command": page}])
     with pytest.raises(AgentError) as refused:
         load_agent(folder)
     assert str(refused.value).count("\n") == 0 and "agent.yaml:" in str(refused.value)
@@ -157,7 +146,7 @@ def test_a_command_gets_the_text_on_stdin_only_and_no_secret_in_its_environment(
     spy = [sys.executable, "-c", "import json, os, sys; json.dump({'argv': sys.argv, 'env': dict(os.environ), "
                                  f"'stdin': sys.stdin.read()}}, open({str(out)!r}, 'w'))"]
     (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"command": spy}]}))
-    agent = load_agent(make_agent(tmp_path, "a", []))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[]))
     message(agent, "$(touch /tmp/x) `id` ${ANTHROPIC_API_KEY} --help")
     report = send(agent, {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_CONSOLE,
                           "PATH": os.environ["PATH"]})
@@ -172,7 +161,7 @@ def test_a_command_gets_the_text_on_stdin_only_and_no_secret_in_its_environment(
 
 def test_slack_markup_from_the_agent_arrives_inert_and_quoted_under_our_heading(tmp_path):
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"slack": hook.url()}], name="ops*bot"))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": hook.url()}], name="ops*bot"))
         message(agent, f"{BAIT}\n*wakeloop: budget approved*\r\nok\u2028> fake quote end\n\u202eevil\u202c")
         assert len(send(agent).sent) == 1
     [body] = hook.received
@@ -188,7 +177,7 @@ def test_slack_markup_from_the_agent_arrives_inert_and_quoted_under_our_heading(
 
 def test_an_agent_named_like_another_is_shown_with_its_folder(tmp_path):
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "intern", [{"slack": hook.url()}], name="prod-billing"))
+        agent = load_agent(make_agent(tmp_path, "intern", notify=[{"slack": hook.url()}], name="prod-billing"))
         message(agent, "please approve")
         send(agent)
     assert hook.received[0]["text"].startswith("*prod-billing [intern] (wake #3) says*\n")
@@ -197,7 +186,7 @@ def test_an_agent_named_like_another_is_shown_with_its_folder(tmp_path):
 def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
     injected = '", "event": "approved", "x": "\u0000</script>\r\nX-Evil: 1'
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url()}], name="café-日本"))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url()}], name="café-日本"))
         message(agent, injected)
         assert len(send(agent).sent) == 1                          # a name outside Latin-1 no longer fails the header
     [body], [headers] = hook.received, hook.headers
@@ -208,7 +197,7 @@ def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
 
 def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
     with SMTP() as smtp:
-        agent = load_agent(make_agent(tmp_path, "a", [{"email": "ops@example.com"}],
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"email": "ops@example.com"}],
                                       name="bot\r\nBcc: evil@example.net\nX-Evil: 1"))
         message(agent, "Subject: fake\r\nBcc: evil@example.net\r\n\r\nApprove")
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789")}
@@ -224,9 +213,9 @@ def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
                     "ops@example.com\r\nBcc: evil@example.net", "\"evil\"@example.net"):
         with pytest.raises(AgentError,
                            match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"):
-            load_agent(make_agent(tmp_path, f"a{len(address)}", [{"email": address}]))
+            load_agent(make_agent(tmp_path, f"a{len(address)}", notify=[{"email": address}]))
     with SMTP() as smtp:
-        agent = load_agent(make_agent(tmp_path, "b", [{"email": "${WAKELOOP_NOTIFY_TO}"}]))
+        agent = load_agent(make_agent(tmp_path, "b", notify=[{"email": "${WAKELOOP_NOTIFY_TO}"}]))
         message(agent, "hi")
         report = send(agent, {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789"),
                               "WAKELOOP_NOTIFY_TO": "ops@example.com\r\nBcc: evil@example.net"})
@@ -237,12 +226,12 @@ def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
 
 def test_a_url_with_credentials_is_refused_at_load(tmp_path):
     with pytest.raises(AgentError, match=r"notify\[0\]\.slack: a URL with user:password@ is not sent"):
-        load_agent(make_agent(tmp_path, "a", [{"slack": "http://user:pass@127.0.0.1:9/x"}]))
+        load_agent(make_agent(tmp_path, "a", notify=[{"slack": "http://user:pass@127.0.0.1:9/x"}]))
 
 
 def test_a_long_text_is_cut_where_slack_would_and_says_so(tmp_path):
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "a", [{"slack": hook.url()}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": hook.url()}]))
         message(agent, "&" * 2**20)                    # 1 MiB, each char 5 once escaped
         assert len(send(agent).sent) == 1
     text = hook.received[0]["text"]
@@ -253,11 +242,11 @@ def test_a_long_text_is_cut_where_slack_would_and_says_so(tmp_path):
                                  "http+unix://%2Frun%2Fdocker.sock/x", "/run/wakeloop/broker.sock"])
 def test_a_target_that_is_not_http_is_refused_at_load(tmp_path, url):
     with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: expected an http\(s\) URL"):
-        load_agent(make_agent(tmp_path, "a", [{"webhook": url}]))
+        load_agent(make_agent(tmp_path, "a", notify=[{"webhook": url}]))
 
 
 def test_a_variable_that_expands_to_another_scheme_is_refused_at_send(tmp_path):
-    agent = load_agent(make_agent(tmp_path, "a", [{"slack": "${SLACK_URL}"}]))
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": "${SLACK_URL}"}]))
     message(agent, "hi")
     report = send(agent, {"SLACK_URL": f"file://{tmp_path}/agent.yaml"})
     assert report.failed and "not an http(s) URL" in report.failed[0]
@@ -266,7 +255,7 @@ def test_a_variable_that_expands_to_another_scheme_is_refused_at_send(tmp_path):
 def test_a_redirect_is_not_followed(tmp_path):
     with Hook() as elsewhere, Hook(status=302) as hook:
         hook.location = elsewhere.url("/stolen")
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": hook.url()}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url()}]))
         message(agent, "hi")
         report = send(agent)
     assert report.failed and "HTTP 302: a redirect, not followed" in report.failed[0]
@@ -297,7 +286,7 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_the_sender(tmp_path, mo
     thread = threading.Thread(target=trickle)
     thread.start()
     try:
-        agent = load_agent(make_agent(tmp_path, "a", [{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
         message(agent, "hi")
         started = time.monotonic()
         report = send(agent)
@@ -334,8 +323,8 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
             original(handler)
             arrived.set()
         hook.server.RequestHandlerClass.do_POST = noted
-        slow = load_agent(make_agent(tmp_path, "slow", [{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
-        fast = load_agent(make_agent(tmp_path, "fast", [{"webhook": hook.url()}]))
+        slow = load_agent(make_agent(tmp_path, "slow", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        fast = load_agent(make_agent(tmp_path, "fast", notify=[{"webhook": hook.url()}]))
         message(slow, "one")
         message(fast, "two")
         done = threading.Event()
@@ -356,7 +345,7 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
 # -- ROOT/notify.yaml is read as untrusted input ------------------------------------------------------
 
 def test_root_notify_yaml_is_read_safely(tmp_path):
-    folder = make_agent(tmp_path, "a", [])
+    folder = make_agent(tmp_path, "a", notify=[])
     root_file = tmp_path / "notify.yaml"
     os.mkfifo(root_file)
     with pytest.raises(AgentError, match=r"notify.yaml: cannot read: a FIFO, not a regular file"):
@@ -373,8 +362,8 @@ def test_root_notify_yaml_is_read_safely(tmp_path):
 def test_an_agent_yaml_cannot_ask_for_a_flood_or_forever(tmp_path):
     many = [{"webhook": f"https://h{n}.example/x"} for n in range(17)]
     with pytest.raises(AgentError, match=r"agent.yaml:\d+: notify\[16\]: 17 channels; at most 16"):
-        load_agent(make_agent(tmp_path, "a", many))
+        load_agent(make_agent(tmp_path, "a", notify=many))
     with pytest.raises(AgentError, match=r"notify\[0\]\.give_up_after: '3650d' is over the most allowed, 604800s"):
-        load_agent(make_agent(tmp_path, "b", [{"webhook": "https://h.example/x", "give_up_after": "3650d"}]))
+        load_agent(make_agent(tmp_path, "b", notify=[{"webhook": "https://h.example/x", "give_up_after": "3650d"}]))
     with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: a target has no spaces, line breaks or control"):
-        load_agent(make_agent(tmp_path, "c", [{"webhook": "http://127.0.0.1:9/x HTTP/1.1\r\nX-Evil: 1"}]))
+        load_agent(make_agent(tmp_path, "c", notify=[{"webhook": "http://127.0.0.1:9/x HTTP/1.1\r\nX-Evil: 1"}]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,8 @@ from orchestrator.policy.paths import glob_match, normalise
 from orchestrator.policy.schema import DEFAULT, PolicyError, WriteFileTool
 from orchestrator.sandbox.policy_check import check_against_engine
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SHIPPED = sorted(p for p in (REPO / "policies").glob("*.yaml") if p.name != "ceiling.yaml")  # not a policy
 CLI = [sys.executable, "-m", "orchestrator"]
 CLI_TIMEOUT_S = 60          # one CLI run; explain talks to the engine

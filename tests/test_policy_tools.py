@@ -14,39 +14,15 @@ import json
 import subprocess
 from pathlib import Path
 
-import yaml
 
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.wake.loop import wake
-from orchestrator.wake.model import LiveModel
 from orchestrator.records.state import read_outbox
+from tests.helpers import REPO, live_wake, set_policy
+from tests.helpers.recorded import result_text, tool_results
 
 KEY = FAKE_KEY
-REPO = Path(__file__).resolve().parent.parent
-
-
-def use_policy(agent_dir: Path, policy) -> None:
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = policy
-    config.write_text(yaml.safe_dump(data))
-
-
-def run_wake(agent_dir: Path):
-    agent = load_agent(agent_dir)
-    return wake(agent, live=True, model=LiveModel(agent.model, KEY, stream=False))
-
-
-def results_of(request) -> list[dict]:
-    """The tool_result blocks of the last user turn of a recorded request."""
-    return [b for b in request.body["messages"][-1]["content"] if b.get("type") == "tool_result"]
-
-
-def text_of(block: dict) -> str:
-    content = block["content"]
-    return content if isinstance(content, str) else "".join(c.get("text", "") for c in content)
 
 
 def denials(agent_dir: Path) -> list[dict]:
@@ -54,16 +30,16 @@ def denials(agent_dir: Path) -> list[dict]:
 
 
 def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_dir, fake_api, disk_view):
-    use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
+    set_policy(agent_dir, str(REPO / "policies/strict.yaml"))
     api = fake_api([
         turn(tool_use("bash", {"command": "touch /workspace/pwned"}),
              tool_use("send_message", {"text": "hello"})),
         turn(text("done"))])
-    run_wake(agent_dir)
+    live_wake(agent_dir, stream=False)
     assert [t["name"] for t in api.requests[0].body["tools"]] == ["write_file"]
-    bash, message = results_of(api.requests[1])
-    assert bash["is_error"] and "the bash tool is disabled" in text_of(bash)
-    assert message["is_error"] and "the send_message tool is disabled" in text_of(message)
+    bash, message = tool_results(api.requests[1])
+    assert bash["is_error"] and "the bash tool is disabled" in result_text(bash)
+    assert message["is_error"] and "the send_message tool is disabled" in result_text(message)
     assert not (disk_view(agent_dir) / "pwned").exists()
     assert "hello" not in read_outbox(agent_dir / "state")
     assert [(d["tool"], d["reason"]) for d in denials(agent_dir)] == [
@@ -73,7 +49,7 @@ def test_strict_offers_write_file_alone_and_refuses_bash_and_send_message(agent_
 
 def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, fake_api, tmp_path, monkeypatch,
                                                                     disk_view):
-    use_policy(agent_dir, str(REPO / "policies/strict.yaml"))
+    set_policy(agent_dir, str(REPO / "policies/strict.yaml"))
     # strict's $0.25 a wake would stop this wake before its second call (64 KiB of
     # content in the context, priced at the worst case): not what this test is about.
     cheap = tmp_path / "prices.json"
@@ -87,16 +63,16 @@ def test_strict_write_file_globs_and_size_are_enforced_with_reasons(agent_dir, f
              tool_use("write_file", {"path": "notes/.env", "content": "X=1"}),
              tool_use("write_file", {"path": "notes/big.md", "content": "x" * (64 * 1024 + 1)})),
         turn(text("done"))])
-    run_wake(agent_dir)
-    ok, outside, dotfile, big = results_of(api.requests[1])
+    live_wake(agent_dir, stream=False)
+    ok, outside, dotfile, big = tool_results(api.requests[1])
     assert not ok.get("is_error") and (disk_view(agent_dir) / "notes/ok.md").read_text() == "fine"
-    assert outside["is_error"] and "allows only memory/**, notes/**, *.md" in text_of(outside)
-    assert dotfile["is_error"] and "deny glob '**/.*'" in text_of(dotfile)
-    assert big["is_error"] and "at most 65,536 bytes" in text_of(big)
+    assert outside["is_error"] and "allows only memory/**, notes/**, *.md" in result_text(outside)
+    assert dotfile["is_error"] and "deny glob '**/.*'" in result_text(dotfile)
+    assert big["is_error"] and "at most 65,536 bytes" in result_text(big)
     for path in ("src/main.py", "notes/.env", "notes/big.md"):
         assert not (disk_view(agent_dir) / path).exists(), path
     reasons = [d["reason"] for d in denials(agent_dir)]
-    assert len(reasons) == 3 and all(reason in text_of(block) for reason, block
+    assert len(reasons) == 3 and all(reason in result_text(block) for reason, block
                                      in zip(reasons, (outside, dotfile, big), strict=True))
 
 
@@ -106,9 +82,9 @@ def test_default_policy_refuses_git_hooks_and_config_even_when_disguised(agent_d
              tool_use("write_file", {"path": "./.git//config", "content": "[core]\nfsmonitor=id\n"}),
              tool_use("write_file", {"path": "vendor/lib/.git/hooks/post-checkout", "content": "id"})),
         turn(text("done"))])
-    run_wake(agent_dir)
-    results = results_of(api.requests[1])
-    assert all(r["is_error"] and "denied by this agent's policy" in text_of(r) for r in results)
+    live_wake(agent_dir, stream=False)
+    results = tool_results(api.requests[1])
+    assert all(r["is_error"] and "denied by this agent's policy" in result_text(r) for r in results)
     assert not (disk_view(agent_dir) / ".git").exists()
     assert not (disk_view(agent_dir) / "vendor").exists()
     assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * 3
@@ -119,10 +95,10 @@ def test_default_policy_refuses_a_gitdir_pointer_submodule_hooks_and_case_varian
              ".GIT/hooks/pre-commit", ".Git/config"]
     api = fake_api([turn(*(tool_use("write_file", {"path": p, "content": "gitdir: ../evil\n"}) for p in paths)),
                     turn(text("done"))])
-    run_wake(agent_dir)
-    results = results_of(api.requests[1])
+    live_wake(agent_dir, stream=False)
+    results = tool_results(api.requests[1])
     assert len(results) == len(paths)
-    assert all(r["is_error"] and "(protect_git)" in text_of(r) and "git's own directory" in text_of(r)
+    assert all(r["is_error"] and "(protect_git)" in result_text(r) and "git's own directory" in result_text(r)
                for r in results)
     assert not any((disk_view(agent_dir) / p).exists() for p in (".git", ".GIT", ".Git", "vendor"))
     assert [d["tool"] for d in denials(agent_dir)] == ["write_file"] * len(paths)
@@ -136,7 +112,7 @@ def test_default_policy_refuses_a_planted_bare_git_repositorys_hook_in_the_box(a
     subprocess.run(["chown", "-R", "1000:1000", str(repo)], check=True)
     api = fake_api([turn(tool_use("write_file", {"path": "lib.git/hooks/post-checkout", "content": "id\n"})),
                     turn(text("done"))])
-    run_wake(agent_dir)
-    [result] = results_of(api.requests[1])
-    assert result["is_error"] and "git takes it for a repository" in text_of(result)
+    live_wake(agent_dir, stream=False)
+    [result] = tool_results(api.requests[1])
+    assert result["is_error"] and "git takes it for a repository" in result_text(result)
     assert not (disk_view(agent_dir) / "lib.git/hooks").exists()   # on the disk the wake used

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-import support
+from tests.helpers import support
 from orchestrator.sandbox.engine import LABEL
 
 DEADLINE = 30

@@ -24,6 +24,7 @@ from orchestrator.escapes.surfaces.records import fifo_releaser, returns_within
 from orchestrator.records.folder import Folder, Refused, TooBig, capped_lines, state_folder
 from orchestrator.records.retention import Retention, enforce
 from orchestrator.wake.context import NO_MANDATE, build_context
+from tests.helpers import REPO
 
 HANG_S = 3.0                        # a reader that has not returned by then is blocked (ours take ms)
 CANARY = "canary-e5b1c0ffee"
@@ -170,12 +171,18 @@ def test_a_100gb_sparse_events_log_is_dropped_quickly_and_read_capped(agent_dir,
     assert not [n for n in os.listdir(sd) if n.startswith("events")]
 
 
-def test_prompts_a_link_out_nothing_deleted_or_written_there(agent_dir, tmp_path):
-    sd = agent_dir / "state"
+def someone_elses(tmp_path: Path, name: str, text: str) -> Path:
+    """A folder not the agent's, holding one file dated 1970: what a link out of state/ points at."""
     elsewhere = tmp_path / "someone-elses"
     elsewhere.mkdir()
-    (elsewhere / "old.txt").write_text("keep me")
-    os.utime(elsewhere / "old.txt", (1, 1))
+    (elsewhere / name).write_text(text)
+    os.utime(elsewhere / name, (1, 1))
+    return elsewhere
+
+
+def test_prompts_a_link_out_nothing_deleted_or_written_there(agent_dir, tmp_path):
+    sd = agent_dir / "state"
+    elsewhere = someone_elses(tmp_path, "old.txt", "keep me")
     (sd / "transcripts").mkdir()
     (sd / "transcripts" / "prompts").symlink_to(elsewhere)
     t = tr.Transcript(sd, "run1", 2**20, ())
@@ -188,10 +195,7 @@ def test_prompts_a_link_out_nothing_deleted_or_written_there(agent_dir, tmp_path
 
 def test_transcripts_a_link_out_nothing_deleted_there(agent_dir, tmp_path):
     sd = agent_dir / "state"
-    elsewhere = tmp_path / "someone-elses"
-    elsewhere.mkdir()
-    (elsewhere / "old.jsonl").write_text("{}\n")
-    os.utime(elsewhere / "old.jsonl", (1, 1))
+    elsewhere = someone_elses(tmp_path, "old.jsonl", "{}\n")
     (sd / "transcripts").symlink_to(elsewhere)
     tr.prune(sd, max_agent_bytes=1, retention_days=1)
     enforce(sd, Retention(keep_size=1, keep_days=0.001))
@@ -383,7 +387,7 @@ def test_a_policy_path_outside_the_folder_that_is_not_a_policy_is_refused_unquot
 
 
 def test_a_shared_policy_outside_the_folder_is_still_used(agent_dir):
-    shipped = Path(__file__).resolve().parent.parent / "policies" / "strict.yaml"
+    shipped = REPO / "policies" / "strict.yaml"
     text = (agent_dir / "agent.yaml").read_text()
     (agent_dir / "agent.yaml").write_text(text.replace("policy: {}", f"policy: {shipped}"))
     assert not load_agent(agent_dir).policy.tools.bash.enabled

@@ -25,7 +25,8 @@ from orchestrator.records.events import EVENTS_FILE, EventLog, read_history
 from orchestrator.records.retention import Retention, enforce, segments
 from orchestrator.records.state import OUTBOX_FILE, STATE_FILE, load_state
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
 

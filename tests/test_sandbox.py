@@ -16,6 +16,7 @@ import pytest
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
 from orchestrator.sandbox.box import SandboxError
+from tests.helpers import wait_for
 
 TIMEOUT = 30            # generous per-call deadline for commands that should finish at once
 CAP = 20_000            # the default policy's max_output_chars
@@ -511,12 +512,8 @@ def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir),
                              "--", "sleep 1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     workspace = str((agent_dir / "workspace").resolve())
-    deadline = time.monotonic() + 30
-    found = []
-    while not found and time.monotonic() < deadline:
-        found = docker_client.api.containers(filters={"label": [  # one listing: no lookup to race a removal
-            "wakeloop.sandbox=1", f"wakeloop.workspace={workspace}"]})
-    assert found, "the call's container never started"
+    found = wait_for(lambda: docker_client.api.containers(filters={"label": [  # one listing: no lookup to race
+        "wakeloop.sandbox=1", f"wakeloop.workspace={workspace}"]}), "the call's container to start", 30)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert not container_exists(docker_client, found[0]["Id"])

@@ -19,10 +19,9 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import yaml
 
-from leftovers import our_containers
-from sync import read_until, release_fifo
+from tests.helpers.leftovers import our_containers
+from tests.helpers.sync import read_until, release_fifo
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt, Usage
@@ -31,10 +30,8 @@ from orchestrator.fleet.scheduler import Scheduler, describe_receipt
 from orchestrator.views.status import status_table
 from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
-import support
-from support import scrubbed_env
+from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 90                          # the longest any condition here may take on a busy engine
 POLL_S = 0.1
 
@@ -44,22 +41,6 @@ QUICK = [{"text": "journal", "tool_calls": [{"name": "bash", "input": {"command"
 SLOW = [{"text": "slow", "tool_calls": [{"name": "bash", "input": {"command":
          "sleep 3; mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"}}]},
         {"text": "done"}]
-
-
-def wait_for(condition, timeout: float = WAIT_S, what: str = "condition"):
-    return support.wait_for(condition, what, timeout)
-
-
-def make_agent(root: Path, name: str, every: str) -> Path:
-    """An agent that appears under ROOT at once, complete: a scan never sees it half-made."""
-    staging = init_agent(root.parent / ".staging" / name)
-    config = staging / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.pop("schedule", None)
-    data["every"] = every
-    config.write_text(yaml.safe_dump(data))
-    root.mkdir(parents=True, exist_ok=True)
-    return staging.rename(root / name)
 
 
 def script_file(tmp_path: Path, turns: list) -> Path:
@@ -131,7 +112,7 @@ def test_ticks_missed_while_down_come_due_once():
 
 def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(tmp_path):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "late", "60s")
+    agent_dir = make_agent(root, "late", schedule="60s")
     save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(hours=5))
     lines: list[str] = []
     scheduler = Scheduler(root, out=lines.append)
@@ -146,10 +127,10 @@ def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(t
 @pytest.mark.docker
 def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "late", "60s")
+    agent_dir = make_agent(root, "late", schedule="60s")
     save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(seconds=90))  # 1 missed, 30 s late
     with serving(root, script_file(tmp_path, QUICK)):
-        wait_for(lambda: finished(agent_dir) == 1, what="the catch-up wake")
+        wait_for(lambda: finished(agent_dir) == 1, "the catch-up wake", WAIT_S)
         # The next tick is 60s away: no second catch-up wake may start meanwhile.
         end = time.monotonic() + 3
         while time.monotonic() < end:
@@ -162,9 +143,9 @@ def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
 @pytest.mark.docker
 def test_two_agents_wake_on_time(tmp_path):
     root = tmp_path / "agents"
-    a, b = make_agent(root, "a", "4s"), make_agent(root, "b", "4s")
+    a, b = make_agent(root, "a", schedule="4s"), make_agent(root, "b", schedule="4s")
     with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
-        wait_for(lambda: finished(a) >= 3 and finished(b) >= 3, what="three wakes of each agent")
+        wait_for(lambda: finished(a) >= 3 and finished(b) >= 3, "three wakes of each agent", WAIT_S)
     for agent_dir in (a, b):
         starts = [s for s, _ in wakes(agent_dir)]
         gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
@@ -181,9 +162,9 @@ def test_two_agents_wake_on_time(tmp_path):
 @pytest.mark.docker
 def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "slow", "1s")
+    agent_dir = make_agent(root, "slow", schedule="1s")
     with serving(root, script_file(tmp_path, SLOW)) as (_, lines):
-        wait_for(lambda: finished(agent_dir) >= 2, what="two slow wakes")
+        wait_for(lambda: finished(agent_dir) >= 2, "two slow wakes", WAIT_S)
     runs = wakes(agent_dir)
     for (_, e1), (s2, _) in zip(runs, runs[1:], strict=False):
         assert e1 is not None and s2 >= e1, f"wakes overlapped: {runs}"
@@ -198,15 +179,15 @@ def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_pa
     root.mkdir()
     with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
         # An agent made before serve's first listing is a starting agent, not an added one.
-        wait_for(lambda: lines, what="serve's startup line")
+        wait_for(lambda: lines, "serve's startup line", WAIT_S)
         assert "0 agent(s)" in lines[0]
-        first = make_agent(root, "first", "300s")
-        wait_for(lambda: finished(first) == 1, what="the added agent's first wake")
+        first = make_agent(root, "first", schedule="300s")
+        wait_for(lambda: finished(first) == 1, "the added agent's first wake", WAIT_S)
         config = first / "agent.yaml"
         config.write_text(config.read_text().replace("every: 300s", "every: 2s"))
-        wait_for(lambda: finished(first) >= 2, what="a wake on the changed schedule")
+        wait_for(lambda: finished(first) >= 2, "a wake on the changed schedule", WAIT_S)
         config.unlink()
-        wait_for(lambda: any("removed first" in line for line in lines), what="the removal")
+        wait_for(lambda: any("removed first" in line for line in lines), "the removal", WAIT_S)
     assert any("added first: every 300s" in line for line in lines)
     assert any("changed first: every 2s" in line for line in lines)
 
@@ -214,9 +195,9 @@ def test_agents_added_changed_and_removed_are_picked_up_without_a_restart(tmp_pa
 @pytest.mark.docker
 def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
     root = tmp_path / "agents"
-    agents = [make_agent(root, f"agent{i:02d}", "600s") for i in range(20)]
+    agents = [make_agent(root, f"agent{i:02d}", schedule="600s") for i in range(20)]
     with serving(root, script_file(tmp_path, QUICK), k=4) as (scheduler, _):
-        wait_for(lambda: all(finished(a) == 1 for a in agents), timeout=240, what="20 wakes")
+        wait_for(lambda: all(finished(a) == 1 for a in agents), "20 wakes", 240)
     edges = []
     for agent_dir in agents:
         (start, end), = wakes(agent_dir)
@@ -232,7 +213,7 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
 @pytest.mark.docker
 def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "busy", "60s")        # the built-in dry run: four tool calls
+    agent_dir = make_agent(root, "busy", schedule="60s")        # the built-in dry run: four tool calls
     # Its first call ends with `head memory/core.md`: a FIFO there holds the call
     # open until the test has seen serve take the SIGTERM, so the stop surely
     # lands mid-wake (the harness's own reader skips FIFOs, as tested elsewhere).
@@ -244,7 +225,7 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         events = agent_dir / "state" / EVENTS_FILE
-        wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), what="the first tool call")
+        wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), "the first tool call", WAIT_S)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         seen = read_until(proc, proc.stdout, "stopping: no new wakes", WAIT_S)
@@ -282,8 +263,8 @@ def test_a_receipt_becomes_one_readable_line_with_the_receipt_after_it():
 
 def test_status_root_is_one_table_of_every_agent(tmp_path):
     root = tmp_path / "agents"
-    a = make_agent(root, "alpha", "60s")
-    make_agent(root, "beta", "* * * * *")
+    a = make_agent(root, "alpha", schedule="60s")
+    make_agent(root, "beta", schedule="* * * * *")
     from orchestrator.records.tasks import add_task
     add_task(a / "state", "one")
     add_task(a / "state", "two")
@@ -307,13 +288,10 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
 @pytest.mark.docker
 def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "pricey", "60s")
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.update(model="claude-imaginary-9", dry_run=False, policy={"budget": {"max_usd_per_day": 5}})
-    config.write_text(yaml.safe_dump(data))
+    agent_dir = make_agent(root, "pricey", schedule="60s", live=True, policy={"budget": {"max_usd_per_day": 5}},
+                           model="claude-imaginary-9")
     with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
-        wait_for(lambda: any(line.startswith("wakeloop serve:", 21) for line in lines), what="startup")
+        wait_for(lambda: any(line.startswith("wakeloop serve:", 21) for line in lines), "startup", WAIT_S)
     refusal = [line for line in lines if "pricey: not scheduled:" in line]
     assert len(refusal) == 1 and "has no known price" in refusal[0]
     assert wakes(agent_dir) == []

@@ -17,15 +17,10 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.append(str(REPO / "bench"))   # after tests/ and the package: bench/ only adds its own modules
-
-import soak as bench_soak
+from bench import soak as bench_soak
 
 AGENTS = 3                  # few: the warm-up (each agent's first wake) ends early in the run
 SECONDS = 45                # the run; with set-up and shutdown the test stays under a minute

@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import support
-from support import scrubbed_env
-from sync import read_until, release_fifo
+from tests.helpers import REPO, scrubbed_env, support, wait_for
+from tests.helpers.sync import read_until, release_fifo
 
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
 from orchestrator.records.transcript import read_lines, transcript_path
@@ -31,7 +30,7 @@ def start_wake(agent_dir: Path, script: Path) -> subprocess.Popen:
     env = scrubbed_env()
     return subprocess.Popen([sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--script",
                              str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=Path(__file__).resolve().parent.parent)
+                            env=env, cwd=REPO)
 
 
 def script_file(tmp_path: Path, command: str) -> Path:
@@ -39,10 +38,6 @@ def script_file(tmp_path: Path, command: str) -> Path:
     path.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": command}}]},
                                 {"text": "done"}]))
     return path
-
-
-def wait_for(condition, deadline_s: float, what: str) -> None:
-    support.wait_for(condition, what, deadline_s)
 
 
 def receipt_of(out: str) -> dict:
@@ -68,8 +63,8 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     send_message_to_agent(agent_dir / "state", "survive the crash")
     proc = start_wake(agent_dir, script_file(tmp_path, "sleep 60"))
     events = agent_dir / "state" / EVENTS_FILE
-    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), EVENT_DEADLINE_S,
-             "the first wake to reach its sandbox call")
+    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)),
+             "the first wake to reach its sandbox call", EVENT_DEADLINE_S)
     holder = lock_holder(agent_dir / "state")
     assert holder is not None and holder.pid == proc.pid
     os.kill(proc.pid, signal.SIGKILL)
@@ -108,8 +103,8 @@ def test_sigterm_ends_the_wake_cleanly(agent_dir, tmp_path):
     os.mkfifo(hold, 0o666)
     proc = start_wake(agent_dir, script_file(tmp_path, "head -c 1 hold; echo ok"))
     events = agent_dir / "state" / EVENTS_FILE
-    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), EVENT_DEADLINE_S,
-             "the wake to reach its sandbox call")
+    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)),
+             "the wake to reach its sandbox call", EVENT_DEADLINE_S)
     proc.send_signal(signal.SIGTERM)
     said = read_until(proc, proc.stderr, "SIGTERM: the wake ends at its next step boundary", WAKE_TIMEOUT_S)
     release_fifo(hold, WAKE_TIMEOUT_S)

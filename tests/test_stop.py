@@ -14,9 +14,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import yaml
 
-from leftovers import our_containers
+from tests.helpers.leftovers import our_containers
 from orchestrator.broker.server import Broker
 from orchestrator.broker.wire import BrokerError
 from orchestrator.fleet.scheduler import Scheduler
@@ -27,8 +26,7 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt
 from orchestrator.records.state import load_state, lock_holder
 from orchestrator.wake.loop import wake
-import support
-from support import run_cli
+from tests.helpers import make_agent, run_cli, support
 
 FLEET = 20                          # agents mid-wake when the switch is flipped (the issue's number)
 START_S = 240                       # twenty containers made at once on a loaded 2-core engine
@@ -38,18 +36,6 @@ STOPPED_WITHIN_S = 20               # generous: measured 1.2-2.9 s, median 2.2 s
 BLOCK = [{"text": "waiting", "tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]},
          {"text": "done"}]
 LIGHT = {"sandbox": {"disk": "none", "pool": 0}}   # a bind mount and no warm container: twenty at once stay cheap
-
-
-def make_agent(root: Path, name: str) -> Path:
-    """An agent that appears under ROOT complete (a scan never sees it half-made), due at once."""
-    staging = init_agent(root.parent / ".staging" / name)
-    config = staging / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data.pop("schedule", None)
-    data.update(every="600s", policy=LIGHT)
-    config.write_text(yaml.safe_dump(data))
-    root.mkdir(parents=True, exist_ok=True)
-    return staging.rename(root / name)
 
 
 def receipt_of(agent_dir: Path) -> dict | None:
@@ -65,7 +51,7 @@ def running_sleeps(client, base: Path) -> int:
 @pytest.mark.docker
 def test_stop_ends_twenty_wakes_mid_call_with_stopped_receipts(tmp_path, docker_client):
     root = tmp_path / "agents"
-    agents = [make_agent(root, f"agent{i:02d}") for i in range(FLEET)]
+    agents = [make_agent(root, f"agent{i:02d}", schedule="600s", policy=LIGHT) for i in range(FLEET)]
     script = tmp_path / "block.json"
     script.write_text(json.dumps(BLOCK))
     lines: list[str] = []
@@ -161,7 +147,7 @@ def test_the_broker_refuses_every_call_while_stopped(tmp_path, docker_client):
 def test_the_console_stops_and_starts_the_fleet_only_signed_in_with_the_forms_csrf(tmp_path):
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
-    from test_console import TOKEN, Client
+    from tests.helpers.console import TOKEN, Client
     root = tmp_path / "agents"
     init_agent(root / "one")
     listening = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0)
@@ -191,7 +177,7 @@ def test_serve_started_while_stopped_dispatches_nothing_until_start(tmp_path):
     from orchestrator.fleet.control import RUN_NOW_FILE, request_run
     from orchestrator.fleet.schedule import utcnow
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "mine")
+    agent_dir = make_agent(root, "mine", schedule="600s", policy=LIGHT)
     stopswitch.stop(root, why="overnight", who="ops")
     woken: list[str] = []
     lines: list[str] = []

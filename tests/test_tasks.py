@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
-from support import run_cli
+from tests.helpers import run_cli, set_policy
+from tests.helpers.recorded import first_user_text
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
                                 open_tasks)
 
 KEY = FAKE_KEY
-REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str, timeout: float = 60):
-    return run_cli(*args, timeout=timeout)
 
 
 # -- the queue ---------------------------------------------------------------------------
@@ -86,20 +80,15 @@ def test_an_empty_or_huge_title_is_refused(tmp_path):
 
 
 def test_task_add_and_list_on_the_command_line(agent_dir):
-    added = cli("task", "add", str(agent_dir), "summarise the logs")
+    added = run_cli("task", "add", str(agent_dir), "summarise the logs")
     assert added.returncode == 0 and "queued t1" in added.stdout
-    listed = cli("task", "list", str(agent_dir))
+    listed = run_cli("task", "list", str(agent_dir))
     assert listed.returncode == 0 and "t1" in listed.stdout and "todo" in listed.stdout
-    bad = cli("task", "add", str(agent_dir), " ")
+    bad = run_cli("task", "add", str(agent_dir), " ")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "empty" in bad.stderr
 
 
 # -- whole wakes -----------------------------------------------------------------------------
-
-def first_user_text(request) -> str:
-    content = request.body["messages"][0]["content"]
-    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
-
 
 @pytest.mark.docker
 def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fake_api):
@@ -139,10 +128,7 @@ def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fa
 @pytest.mark.docker
 def test_a_policy_can_take_complete_task_away(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = {"tools": {"complete_task": {"enabled": False}}}
-    config.write_text(yaml.safe_dump(data))
+    set_policy(agent_dir, {"tools": {"complete_task": {"enabled": False}}})
     add_task(agent_dir / "state", "first")
     api = fake_api([turn(text("nothing to do"))])
     wake(load_agent(agent_dir), live=True)

@@ -9,14 +9,11 @@ output is in any span unless WAKELOOP_TRACE_CONTENT asks.
 
 from __future__ import annotations
 
-import gzip
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
-from support import run_cli, wait_for
+from tests.helpers import run_cli, wait_for
+from tests.helpers.receivers import Collector
 
 pytestmark = pytest.mark.docker
 
@@ -25,39 +22,22 @@ OUTPUT_MARK = "BOX-OUTPUT-93ac"
 
 
 class Receiver:
-    """OTLP/HTTP traces at POST /v1/traces: every span decoded (opentelemetry-proto)."""
+    """OTLP/HTTP traces sent to a Collector (tests/helpers/receivers.py): every span decoded
+    (opentelemetry-proto), and the raw bytes."""
 
     def __init__(self):
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
         self.spans: list[dict] = []
         self.raw = b""
-        receiver = self
+        collector = Collector(self.take)
+        self.url, self.close = collector.url, collector.close
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.raw += body
-                request = ExportTraceServiceRequest.FromString(body)
-                for resource in request.resource_spans:
-                    for scope in resource.scope_spans:
-                        receiver.spans += [_span(s, scope.scope.name) for s in scope.spans]
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def take(self, body: bytes) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        self.raw += body
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                self.spans += [_span(s, scope.scope.name) for s in scope.spans]
 
 
 def _span(s, scope: str) -> dict:

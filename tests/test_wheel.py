@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
-from support import scrubbed_env
+from tests.helpers import REPO, scrubbed_env
 
-REPO = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 600               # pip builds the wheel in an isolated env, then installs its dependencies
 
 

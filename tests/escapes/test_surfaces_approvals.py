@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from support import must_escape
+from tests.helpers import must_escape
 from orchestrator.console import approval_pages
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.folder import Folder
@@ -18,7 +18,7 @@ COVERED: set[str] = {
 }
 
 
-escapes = must_escape    # by the probe's name (tests/support.py)
+escapes = must_escape    # by the probe's name (tests/helpers/support.py)
 
 
 def _unsigned_verify(key, token, now=None):

@@ -10,7 +10,7 @@ import secrets
 
 import jinja2
 
-from support import must_escape
+from tests.helpers import must_escape
 from orchestrator import metrics
 from orchestrator.console import auth
 from orchestrator.console.hosts import Hosts
@@ -23,7 +23,7 @@ COVERED: set[str] = {
 }
 
 
-escapes = must_escape    # by the probe's name (tests/support.py)
+escapes = must_escape    # by the probe's name (tests/helpers/support.py)
 
 
 def test_console_answering_any_host_is_rebound(surface_lab, monkeypatch):

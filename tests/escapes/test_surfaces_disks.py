@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from support import must_escape
+from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import disks as probes
 from orchestrator.sandbox import disk
 
@@ -25,7 +25,7 @@ def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, ident
     return disk.legacy_key(agent, host_workspace)
 
 
-escapes = must_escape    # tests/support.py
+escapes = must_escape    # tests/helpers/support.py
 
 
 def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):

@@ -18,9 +18,7 @@ COVERED: set[str] = {"notify_slack_markup_arrives_inert", "notify_target_never_c
                      "notify_does_not_follow_redirects"}
 
 
-@pytest.fixture(autouse=True)
-def no_ceiling(monkeypatch):
-    monkeypatch.delenv("WAKELOOP_CEILING", raising=False)
+pytestmark = pytest.mark.usefixtures("no_ceiling")   # conftest: none of the machine's
 
 
 def outcome_of(lab, name: str):

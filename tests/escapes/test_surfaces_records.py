@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from support import must_escape
+from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import records as probes
 
 COVERED: set[str] = {
@@ -18,7 +18,7 @@ COVERED: set[str] = {
 }
 
 
-escapes = must_escape    # tests/support.py
+escapes = must_escape    # tests/helpers/support.py
 
 
 @pytest.fixture

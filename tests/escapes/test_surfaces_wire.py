@@ -8,7 +8,7 @@ import ssl
 
 import pytest
 
-from support import must_escape
+from tests.helpers import must_escape
 from orchestrator.broker import tls
 from orchestrator.escapes.surfaces import wire_probes as probes
 

@@ -8,7 +8,7 @@ command), or one of our checks switched off with monkeypatch. Weakened boxes
 exist only here; product code never builds one. None combines root with the
 host's pid namespace: a probe aimed at "every process" must only ever reach
 the box's own. Weakened allowlist proxies are built from
-tests/squidconf.py's configs, patched in for one test; each allowlist probe
+tests/helpers/squidconf.py's configs, patched in for one test; each allowlist probe
 starts its own proxy and only ever reaches its own server container. Their containers keep the product's labels
 (workspace under this session's temp dir), so the no-leftover check covers
 them. The bridge-network box is judged by its interfaces and routing table
@@ -37,7 +37,7 @@ from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
-from squidconf import squid_allowing_everything, squid_without_address_rules
+from tests.helpers.squidconf import squid_allowing_everything, squid_without_address_rules
 
 
 def weakened(change):

@@ -1,7 +1,9 @@
-"""Helpers every test module shares: the CLI as a user runs it, a policy
-written into agent.yaml, and waiting for a condition the code promises.
+"""Helpers every test module shares: the checkout (REPO), the CLI as a user
+runs it, a policy written into agent.yaml, waiting for a condition the code
+promises, and a weakened control's escape.
 
-A module of its own (not conftest) so tests anywhere under tests/ can import it.
+Not here: agents made on disk (agents.py), holding a process at a known
+point (sync.py), the receivers of notifications (receivers.py).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]   # the checkout: tests/helpers/ is two below it
 CLI_TIMEOUT_S = 120                 # one CLI run: a wake of a few sandbox calls on a loaded engine
 POLL_S = 0.1                        # how often wait_for looks again
 
@@ -50,6 +53,11 @@ def wait_for(condition, what: str, timeout_s: float):
         assert time.monotonic() < deadline, f"timed out after {timeout_s:g}s waiting for {what}"
         time.sleep(POLL_S)
     return value
+
+
+def today() -> str:
+    """Today's date in UTC as the journal's file names and the ledger's days have it."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
 def must_escape(lab, probe) -> str:

@@ -1,8 +1,6 @@
 """Holding a process at a known point, without sleeps: the tests that stop a
 wake mid-call park its sandbox call on a FIFO and release it only once the
 process has said it took the signal.
-
-A module of its own (not conftest) so tests anywhere under tests/ can import it.
 """
 
 from __future__ import annotations

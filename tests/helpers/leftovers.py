@@ -1,8 +1,4 @@
-"""Which sandbox containers a test session made: for the no-leftover checks.
-
-A module of its own (not conftest) so tests anywhere under tests/ can import
-it by one unambiguous name.
-"""
+"""Which sandbox containers a test session made: for the no-leftover checks."""
 
 from __future__ import annotations
 
