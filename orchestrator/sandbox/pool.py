@@ -18,12 +18,16 @@ make queued before that and not yet begun is then dropped if the one call
 still to come (the journal's stub) has a container ready or coming. A
 call that found nothing ready (it waited for a refill, or went cold; not
 the wake's first call, which waits for the first fill) grows the pool for
-the rest of its wake, one more ahead up to the policy's `pool`, so the next refill is hidden behind a model turn; but
-not when the engine is what is slow (a loaded engine, or one other wakes'
-pools share, is not made faster by asking it for more), which is when a
-surplus would cost another agent's call. A grown pool may end its wake with
-one more idle than the journal's stub takes: the price of hiding refills on
-an engine nobody else is waiting for.
+the rest of its wake, one more ahead up to the policy's `pool`, so the next
+refill is hidden behind a model turn. A make that takes longer than a model
+turn and a call (a runsc container on a small host: 0.5-0.9 s against 0.3 s)
+is hidden only by two in flight, however loaded the engine is; so the pool
+grows whatever a make took, but not while another wake's pool on the same
+engine wants containers (a fleet: there the one more ahead would be a
+container another agent's call needs, and containers per call must stay
+1.00). A grown pool may end its lone wake with one more idle than the
+journal's stub takes: the price of hiding refills on an engine nobody else
+is waiting for.
 
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
@@ -45,7 +49,6 @@ from orchestrator import metrics
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1              # containers kept ahead at first: one per model turn is the usual pace
-LOADED_X = 2.0         # a make this many times slower than the fastest seen: the engine is the bottleneck
 WAIT_S = 60.0          # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()        # ends a pool thread's job queue
@@ -113,14 +116,10 @@ class EndLine:
 
 
 class MakePace:
-    """How this process's pools are loading one engine and runtime: the fastest make
-    seen (the engine unloaded) and the makes in flight now, across pools. Shared by
-    the pools of a process (engine.py), so a pool that lives for one wake need not
-    learn it, and a wake can tell it is one of a fleet."""
+    """The pools of this process open on one engine and runtime (engine.py shares one
+    per engine and runtime), so a wake can tell it is one of a fleet."""
 
     def __init__(self):
-        self.fastest_s = float("inf")
-        self.making = 0
         self._pools: weakref.WeakSet = weakref.WeakSet()   # the open pools sharing this engine
         self._lock = threading.Lock()
 
@@ -132,25 +131,12 @@ class MakePace:
         with self._lock:
             self._pools.discard(pool)
 
-    def started(self) -> None:
-        with self._lock:
-            self.making += 1
-
-    def finished(self, seconds: float | None) -> None:
-        with self._lock:
-            self.making -= 1
-            if seconds is not None:
-                self.fastest_s = min(self.fastest_s, seconds)
-
-    def loaded(self, seconds: float, mine: int, pool: "WarmPool | None" = None) -> bool:
-        """Whether the engine, not this pool's size, is what makes its refills late:
-        the last make was LOADED_X times the fastest, or other pools are making too,
-        or another wake's pool is open on it (a fleet: more ahead here would only
-        compete with their calls for the engine, and a surplus is a call of theirs)."""
+    def shared(self, pool: "WarmPool") -> bool:
+        """Whether another wake's pool on this engine wants containers (a fleet): one
+        more ahead here would compete with their calls, and a surplus is a call of theirs."""
         with self._lock:
             others = [p for p in self._pools if p is not pool]
-        return (seconds > LOADED_X * self.fastest_s or self.making > mine
-                or any(other.want > 0 for other in others))
+        return any(other.want > 0 for other in others)
 
 
 @dataclass(frozen=True)
@@ -185,7 +171,6 @@ class WarmPool:
         self._making = 0                # makes queued or begun
         self._begun = 0                 # of which begun (a queued one may yet be dropped)
         self._waiting = 0               # takes waiting for a make
-        self._last_s = 0.0              # the latest make's duration
         self.waits = 0                  # takes that found nothing ready (waited, or went cold)
         self._refilled = False          # a take since the wake began: what is made now is a refill
         self.pace.joined(self)
@@ -222,7 +207,7 @@ class WarmPool:
             if not self._ready:
                 self.waits += 1
                 if self._refilled:   # a wake's first call waits for its first fill: that is no refill
-                    self._grow_or_shrink()
+                    self._grow()
             self._refilled = True
             self._waiting += 1
             try:
@@ -231,14 +216,10 @@ class WarmPool:
                 self._waiting -= 1
             return self._ready.pop(0) if self._ready else None
 
-    def _grow_or_shrink(self) -> None:
+    def _grow(self) -> None:
         """Lock held, at a take that found nothing ready: this call waits for a refill
-        (or goes cold), so one more ahead would have hidden it. But if refills are
-        slow because the engine is loaded, more ahead only queues more work there:
-        one fewer."""
-        if self.pace.loaded(self._last_s, self._making, self):
-            self.want = max(min(AHEAD, self.size), self.want - 1) if self.want else 0
-        elif self.want:
+        (or goes cold), so one more ahead would have hidden it; not in a fleet."""
+        if self.want and not self.pace.shared(self):
             self.want = min(self.size, self.want + 1)
             self._queue_missing()   # the one more begins now, beside the one this call waits for
 
@@ -327,19 +308,14 @@ class WarmPool:
                 self._changed.notify_all()   # a waiting take: none coming
                 return
             self._begun += 1
-        key, started = self._key(), time.monotonic()
-        self.pace.started()
+        key = self._key()
         try:
             cid = None if self._closed else self._make()
         except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
-        took = time.monotonic() - started if cid is not None else None
-        self.pace.finished(took)
         with self._lock:
             self._making -= 1
             self._begun -= 1
-            if took is not None:
-                self._last_s = took
             keep = cid is not None and not self._closed and key == self._key()
             if keep and cid is not None:    # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))
