@@ -74,6 +74,18 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
     os._exit(126)
 """ % FILTER.hex()
 
+def boot(name: str) -> str:
+    """A one-line program that runs the program in $name, taking it out of the
+    environment first. Our programs ride in the environment, not in argv, so that
+    `ps` in the box shows one short line for each, not a kilobyte of source
+    (tokens the model pays for), and the command never inherits them."""
+    return f'import os; exec(os.environ.pop("{name}"))'
+
+
+LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
+LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]   # the pool's launcher, run by the guard itself (GUARD)
+
+
 # Installs the filter, then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
 # name in the cwd: /workspace). Its stderr joins its stdout on one pipe, so the
@@ -84,7 +96,10 @@ if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog
 # exits, everything else in the box is killed, as the pool's launcher does,
 # and its status is the call's. Without it (the pool's launcher, the write
 # script) the program is one of ours: it keeps our environment and takes the
-# guard's place.
+# guard's place; the pool's launcher (LAUNCH_ARGV) runs in the guard's own
+# interpreter instead of a second one, which a warm container's make paid for
+# (a Python start: 20-60 ms under runc, 50-140 ms under gVisor on a loaded
+# 2-core host), as did the call that competed with it for the cores.
 #
 # A cold call's command gets no stdin (/dev/null), but the engine holds the
 # guard's stdin open (a pipe): once the command is over, the guard writes the
@@ -103,6 +118,9 @@ env = os.environ.pop({COMMAND_ENV!r}, None)
 if not sys.argv[1].startswith("/"):
     sys.stderr.write(f"wakeloop: not an absolute path: {{sys.argv[1]}}\\n")
     os._exit(127)
+if env is None and sys.argv[1:] == {LAUNCH_ARGV!r}:
+    exec(os.environ.pop({LAUNCHER_ENV!r}), {{"__name__": "__main__"}})   # the launcher: see LAUNCHER
+    os._exit(0)
 if env is None:
     os.execv(sys.argv[1], sys.argv[1:])
 held = stat.S_ISFIFO(os.fstat(0).st_mode)
@@ -128,14 +146,6 @@ if held:
 os._exit(code)
 """
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
-
-
-def boot(name: str) -> str:
-    """A one-line program that runs the program in $name, taking it out of the
-    environment first. Our programs ride in the environment, not in argv, so that
-    `ps` in the box shows one short line for each, not a kilobyte of source
-    (tokens the model pays for), and the command never inherits them."""
-    return f'import os; exec(os.environ.pop("{name}"))'
 
 
 def guarded(argv: list[str]) -> list[str]:
@@ -167,7 +177,12 @@ def carried(env: dict[str, str]) -> str:
 # gets /dev/null, as a cold call's does; its stderr joins its stdout. As the
 # guard does, it runs argv[0] by absolute path only, under `env` and its own
 # name when the handoff has an env (the agent's command), else under its own
-# environment (the write script). The command is started with vfork (Popen with
+# environment (the write script). Our own Python program (env None and
+# `python3 -I -c SOURCE`: write_file's script) runs in the launcher's
+# interpreter instead: under gVisor a Python start is 50-140 ms of the call.
+# Nothing of the agent's runs in the box before or during it, and it exits
+# as its subprocess did (sys.exit's code; 1 and the traceback on an error).
+# Any other command is started with vfork (Popen with
 # close_fds, which takes _posixsubprocess's vfork path; posix_spawn's clone3 gets
 # EPERM, not ENOSYS, under gVisor's seccomp): a fork copies the launcher's address
 # space first, which gVisor's sentry does slowly (45 against 25 ms for `bash -c
@@ -206,11 +221,31 @@ def ooms():
         except (OSError, ValueError):
             pass
     return "?"
+def ours(source, args):
+    # One of our Python programs (env None: write_file's script), run here: one
+    # interpreter start fewer on the call's path. Its exit is a subprocess's would be.
+    import sys, traceback
+    sys.argv = ["-c", *args]
+    try:
+        exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code & 0xFF
 os.write(1, b"\0wakeloop:ready\n")
 spec = json.loads(read_exact(int.from_bytes(read_exact(8), "big")))
 os.chdir(spec["cwd"])
 argv, env = spec["argv"], spec["env"]
-if argv[0].startswith("/"):
+if env is None and argv[:3] == ["/usr/bin/python3", "-I", "-c"] and len(argv) > 3:
+    code = ours(argv[3], argv[4:])
+elif argv[0].startswith("/"):
     try:
         code = subprocess.Popen([argv[0] if env is None else os.path.basename(argv[0]), *argv[1:]],
                                 executable=argv[0], env=env, stdin=None if spec["stdin"] else subprocess.DEVNULL,
@@ -229,9 +264,7 @@ os.set_blocking(1, True)   # the command may have left the shared pipe non-block
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))
 """
 
-LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
 READY_LINE = b"\0wakeloop:ready\n"   # the launcher's first output: it is listening for its handoff
-LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 
 
 # Runs inside the container as `/usr/bin/python3 -I` (no cwd or PYTHON* in sys.path, so a
