@@ -200,6 +200,37 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_and_never_a_fle
         if other:
             other.close()
 
+
+@pytest.mark.parametrize("make_s", [0.0, 0.6], ids=["fits-the-turn", "outlasts-it"])
+def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s):
+    # Plain functions stand in for the engine. A make well within the model's turn
+    # (the think time, here 0.3 s) is put off until the call ends, so that it does
+    # not compete with the call for the cores; a longer one begins beside the call.
+    from orchestrator.sandbox.pool import MakePace, WarmPool
+    made = []
+
+    def make() -> str:
+        if made:
+            time.sleep(make_s)   # the engine's work, not a wait for anything
+        made.append(f"c{len(made)}")
+        return made[-1]
+
+    pool = WarmPool(1, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True,
+                    pace=MakePace())
+    try:
+        assert pool.wait_ready(1, DEADLINE)
+        first = pool.take()                  # the wake's first call: nothing measured yet, refilled at once
+        assert pool.wait_ready(1, DEADLINE)
+        pool.done(first)
+        time.sleep(0.3)                      # the model's turn
+        cid = pool.take()
+        assert pool._making == (0 if make_s == 0 else 1)
+        pool.done(cid)
+        assert pool._making == 1 or pool.idle(), "the refill begins at the call's end at the latest"
+        assert pool.wait_ready(1, DEADLINE)
+    finally:
+        pool.close()
+
 # -- the launcher's end line (pool.py) ---------------------------------------------
 
 def test_a_pooled_status_is_the_commands_own(make_sandbox):

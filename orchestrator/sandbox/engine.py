@@ -417,7 +417,7 @@ class DockerSandbox:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
         if self.pool:
-            self.pool.discard(cid)  # removal off the call's path
+            self.pool.done(cid)  # removal off the call's path; a refill put off until now begins
         else:
             self._remove(cid)
         return result

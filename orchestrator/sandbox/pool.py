@@ -29,6 +29,12 @@ container another agent's call needs, and containers per call must stay
 journal's stub takes: the price of hiding refills on an engine nobody else
 is waiting for.
 
+A refill whose make took well under the model's last turn (THINK_X) begins
+when its call ends, not when it starts: still hidden behind the model's
+turn, and the engine's work (dockerd, runc, the box's boot) no longer
+competes with the call for the host's cores. A slower one begins beside the
+call, as it must to be ready in time.
+
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
 out one made under settings other than the current ones.
@@ -49,6 +55,7 @@ from orchestrator import metrics
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1              # containers kept ahead at first: one per model turn is the usual pace
+THINK_X = 0.8          # a refill that took under this share of the model's last turn waits for its call's end
 WAIT_S = 60.0          # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()        # ends a pool thread's job queue
@@ -173,6 +180,10 @@ class WarmPool:
         self._waiting = 0               # takes waiting for a make
         self.waits = 0                  # takes that found nothing ready (waited, or went cold)
         self._refilled = False          # a take since the wake began: what is made now is a refill
+        self._made_s: float | None = None    # how long the latest make took
+        self._think_s: float | None = None   # from the latest call's end to the next take (the model's turn)
+        self._ended: float | None = None     # when the latest call ended
+        self._owed = False              # a refill put off until its call ends
         self.pace.joined(self)
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
                                          name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
@@ -198,12 +209,17 @@ class WarmPool:
                                    and not self._alive(warm.cid)):
                 self.discard(warm.cid)
                 continue
-            self._refill()
+            self._refill_or_owe()
             metrics.pool_take(hit=True)
             return warm.cid
 
     def _next(self) -> _Warm | None:
         with self._changed:
+            if self._ended is not None:
+                self._think_s, self._ended = time.monotonic() - self._ended, None
+            if not self._ready and self._owed:   # a call came before the last one ended
+                self._owed = False
+                self._queue_missing()
             if not self._ready:
                 self.waits += 1
                 if self._refilled:   # a wake's first call waits for its first fill: that is no refill
@@ -215,6 +231,25 @@ class WarmPool:
             finally:
                 self._waiting -= 1
             return self._ready.pop(0) if self._ready else None
+
+    def _refill_or_owe(self) -> None:
+        """At a take: the refill begins now, beside the call; or, when the last make
+        fitted well within the model's last turn, at the call's end (done), so that
+        the engine's work does not compete with the call for the host's cores."""
+        with self._lock:
+            if self._made_s is not None and self._think_s is not None and self._made_s < THINK_X * self._think_s:
+                self._owed = True
+            else:
+                self._queue_missing()
+
+    def done(self, cid: str) -> None:
+        """A call is over: its container goes, and a refill put off until now begins."""
+        self.discard(cid)
+        with self._lock:
+            self._ended = time.monotonic()
+            if self._owed:
+                self._owed = False
+                self._queue_missing()
 
     def _grow(self) -> None:
         """Lock held, at a take that found nothing ready: this call waits for a refill
@@ -308,7 +343,7 @@ class WarmPool:
                 self._changed.notify_all()   # a waiting take: none coming
                 return
             self._begun += 1
-        key = self._key()
+        key, started = self._key(), time.monotonic()
         try:
             cid = None if self._closed else self._make()
         except Exception:
@@ -316,6 +351,8 @@ class WarmPool:
         with self._lock:
             self._making -= 1
             self._begun -= 1
+            if cid is not None:
+                self._made_s = time.monotonic() - started
             keep = cid is not None and not self._closed and key == self._key()
             if keep and cid is not None:    # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))
