@@ -269,6 +269,7 @@ class WarmPool:
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
             self._refilled = False
+            self._ended = None   # the time since the last wake's last call is no model turn
         self._refill()
 
     def discard(self, cid: str) -> None:
