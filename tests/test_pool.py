@@ -160,19 +160,22 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
 
 
 
-@pytest.mark.parametrize("fleet", [False, True], ids=["alone", "fleet"])
-def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_and_never_a_fleets(fleet):
-    # Plain functions stand in for the engine: what is under test is the rule. The
-    # second make is a hundred times slower than the first (an engine busy making
-    # runsc boxes on a small host): that alone never stops the growth, since only
-    # two in flight hide a make longer than a model turn; another wake wanting
-    # containers does. The third is held at the door: the third call waits for it.
+@pytest.mark.parametrize("case", ["alone", "fleet", "engine-too-slow"])
+def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_hides_it(case):
+    # Plain functions stand in for the engine: what is under test is the rule. Calls
+    # come 0.3 s apart (a model turn). The second make is three times slower than the
+    # turn (a runsc make on a small host): two in flight hide it, and the loaded
+    # engine's LOADED_X rule once refused that. Four turns (the engine
+    # saturated) is not hidden by two either, and two at once only slow each other:
+    # no growth. Nor when another wake wants containers. The third make is held at
+    # the door: the third call waits for it.
     from orchestrator.sandbox.pool import MakePace, WarmPool
-    door, made = threading.Event(), []
+    door, made, turn_s = threading.Event(), [], 0.3
+    slow_s = 4 * turn_s if case == "engine-too-slow" else 1.2 * turn_s
 
     def make() -> str:
         if len(made) == 1:
-            time.sleep(0.1)   # the engine's work, not a wait for anything
+            time.sleep(slow_s)   # the engine's work, not a wait for anything
         elif made:
             assert door.wait(DEADLINE), "the test never let the make through"
         made.append(f"c{len(made)}")
@@ -180,17 +183,19 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_and_never_a_fle
 
     pace = MakePace()
     other = WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True,
-                     pace=pace) if fleet else None
+                     pace=pace) if case == "fleet" else None
     pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
     try:
         assert pool.wait_ready(1, DEADLINE) and pool.want == 1
-        pool.discard(pool.take())            # the wake's first call; its refill is slow
+        first = pool.take()                  # the wake's first call; its refill is slow
         assert pool.wait_ready(1, DEADLINE)
-        pool.discard(pool.take())            # the second finds it ready; its refill is held
+        pool.done(first)
+        pool.done(pool.take())               # the second finds it ready; its refill is held
+        time.sleep(turn_s)                   # the model's turn
         third = threading.Thread(target=pool.take)
         third.start()
         support.wait_for(lambda: pool.waits == 1, "the third call waiting for its refill", DEADLINE)
-        assert pool.want == (1 if fleet else 2)
+        assert pool.want == (2 if case == "alone" else 1)
         door.set()
         third.join(DEADLINE)
         assert not third.is_alive()
@@ -297,6 +302,7 @@ def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits
     pool = box.pool
     wait_until_ready(box, 1)
     assert pool.want == 1
+    pool._made_s = None   # the first fill's time on a loaded test host is not under test: growth is
     makes = HeldMakes(pool)
     takes, take = [], pool.take
     pool.take = lambda: takes.append(bool(cid := take())) or cid

@@ -21,8 +21,10 @@ the wake's first call, which waits for the first fill) grows the pool for
 the rest of its wake, one more ahead up to the policy's `pool`, so the next
 refill is hidden behind a model turn. A make that takes longer than a model
 turn and a call (a runsc container on a small host: 0.5-0.9 s against 0.3 s)
-is hidden only by two in flight, however loaded the engine is; so the pool
-grows whatever a make took, but not while another wake's pool on the same
+is hidden only by two in flight; so the pool grows when the last make took
+less than one more ahead covers at the wake's pace (takes apart); a make
+slower still is the engine's load, which two at once only make slower, and
+the pool stays. Nor does it grow while another wake's pool on the same
 engine wants containers (a fleet: there the one more ahead would be a
 container another agent's call needs, and containers per call must stay
 1.00). A grown pool may end its lone wake with one more idle than the
@@ -183,6 +185,8 @@ class WarmPool:
         self._made_s: float | None = None    # how long the latest make took
         self._think_s: float | None = None   # from the latest call's end to the next take (the model's turn)
         self._ended: float | None = None     # when the latest call ended
+        self._took: float | None = None      # when the latest take came
+        self._cycle_s: float | None = None   # from one take to the next: the wake's pace
         self._owed = False              # a refill put off until its call ends
         self.pace.joined(self)
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
@@ -215,8 +219,12 @@ class WarmPool:
 
     def _next(self) -> _Warm | None:
         with self._changed:
+            now = time.monotonic()
             if self._ended is not None:
-                self._think_s, self._ended = time.monotonic() - self._ended, None
+                self._think_s, self._ended = now - self._ended, None
+            if self._took is not None:
+                self._cycle_s = now - self._took
+            self._took = now
             if not self._ready and self._owed:   # a call came before the last one ended
                 self._owed = False
                 self._queue_missing()
@@ -253,8 +261,11 @@ class WarmPool:
 
     def _grow(self) -> None:
         """Lock held, at a take that found nothing ready: this call waits for a refill
-        (or goes cold), so one more ahead would have hidden it; not in a fleet."""
-        if self.want and not self.pace.shared(self):
+        (or goes cold), so one more ahead would have hidden it; not in a fleet, and not
+        when even one more could not (the last make outlasted that many takes at this
+        pace: the engine is what is slow, and two makes at once only slow each other)."""
+        hides = self._made_s is None or self._cycle_s is None or self._made_s < (self.want + 1) * self._cycle_s
+        if self.want and hides and not self.pace.shared(self):
             self.want = min(self.size, self.want + 1)
             self._queue_missing()   # the one more begins now, beside the one this call waits for
 
@@ -269,7 +280,7 @@ class WarmPool:
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
             self._refilled = False
-            self._ended = None   # the time since the last wake's last call is no model turn
+            self._ended = self._took = None   # the time since the last wake's calls is no model turn
         self._refill()
 
     def discard(self, cid: str) -> None:
