@@ -73,7 +73,7 @@ def engine_url(environ=os.environ) -> str:
 
 _clients: dict[str, docker.DockerClient] = {}    # one per engine address, for the process's life
 _clients_lock = threading.Lock()
-_paces: dict[tuple[str, str], MakePace] = {}   # how fast this engine makes a warm container, per runtime
+_paces: dict[tuple[str, str], MakePace] = {}   # the pools open on this engine, per runtime
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
@@ -100,8 +100,8 @@ def _shared(where: str) -> docker.DockerClient:
 
 
 def _pace(client: docker.DockerClient, runtime: str) -> MakePace:
-    """Shared by every pool of this process on this engine and runtime: one pool's
-    wake is short, but the engine's unloaded pace is learnt over all of them."""
+    """Shared by every pool of this process on this engine and runtime, so that a wake's
+    pool can tell it is one of a fleet (pool.py: it then grows no more ahead)."""
     key = (str(client.api.base_url), runtime)
     with _clients_lock:
         return _paces.setdefault(key, MakePace())
@@ -401,7 +401,7 @@ class DockerSandbox:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
             raise
         if self.pool:
-            self.pool.discard(cid)  # removal off the call's path
+            self.pool.done(cid)  # removal off the call's path; a refill put off until now begins
         else:
             self._remove(cid)
         return result

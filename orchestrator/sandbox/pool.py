@@ -18,12 +18,24 @@ make queued before that and not yet begun is then dropped if the one call
 still to come (the journal's stub) has a container ready or coming. A
 call that found nothing ready (it waited for a refill, or went cold; not
 the wake's first call, which waits for the first fill) grows the pool for
-the rest of its wake, one more ahead up to the policy's `pool`, so the next refill is hidden behind a model turn; but
-not when the engine is what is slow (a loaded engine, or one other wakes'
-pools share, is not made faster by asking it for more), which is when a
-surplus would cost another agent's call. A grown pool may end its wake with
-one more idle than the journal's stub takes: the price of hiding refills on
-an engine nobody else is waiting for.
+the rest of its wake, one more ahead up to the policy's `pool`, so the next
+refill is hidden behind a model turn. A make that takes longer than a model
+turn and a call (a runsc container on a small host: 0.5-0.9 s against 0.3 s)
+is hidden only by two in flight; so the pool grows when the last make took
+less than one more ahead covers at the wake's pace (takes apart); a make
+slower still is the engine's load, which two at once only make slower, and
+the pool stays. Nor does it grow while another wake's pool on the same
+engine wants containers (a fleet: there the one more ahead would be a
+container another agent's call needs, and containers per call must stay
+1.00). A grown pool may end its lone wake with one more idle than the
+journal's stub takes: the price of hiding refills on an engine nobody else
+is waiting for.
+
+A refill whose make took well under the model's last turn (THINK_X) begins
+when its call ends, not when it starts: still hidden behind the model's
+turn, and the engine's work (dockerd, runc, the box's boot) no longer
+competes with the call for the host's cores. A slower one begins beside the
+call, as it must to be ready in time.
 
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
@@ -45,7 +57,7 @@ from orchestrator import metrics
 
 MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1              # containers kept ahead at first: one per model turn is the usual pace
-LOADED_X = 2.0         # a make this many times slower than the fastest seen: the engine is the bottleneck
+THINK_X = 0.8          # a refill that took under this share of the model's last turn waits for its call's end
 WAIT_S = 60.0          # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()        # ends a pool thread's job queue
@@ -113,14 +125,10 @@ class EndLine:
 
 
 class MakePace:
-    """How this process's pools are loading one engine and runtime: the fastest make
-    seen (the engine unloaded) and the makes in flight now, across pools. Shared by
-    the pools of a process (engine.py), so a pool that lives for one wake need not
-    learn it, and a wake can tell it is one of a fleet."""
+    """The pools of this process open on one engine and runtime (engine.py shares one
+    per engine and runtime), so a wake can tell it is one of a fleet."""
 
     def __init__(self):
-        self.fastest_s = float("inf")
-        self.making = 0
         self._pools: weakref.WeakSet = weakref.WeakSet()   # the open pools sharing this engine
         self._lock = threading.Lock()
 
@@ -132,25 +140,12 @@ class MakePace:
         with self._lock:
             self._pools.discard(pool)
 
-    def started(self) -> None:
-        with self._lock:
-            self.making += 1
-
-    def finished(self, seconds: float | None) -> None:
-        with self._lock:
-            self.making -= 1
-            if seconds is not None:
-                self.fastest_s = min(self.fastest_s, seconds)
-
-    def loaded(self, seconds: float, mine: int, pool: "WarmPool | None" = None) -> bool:
-        """Whether the engine, not this pool's size, is what makes its refills late:
-        the last make was LOADED_X times the fastest, or other pools are making too,
-        or another wake's pool is open on it (a fleet: more ahead here would only
-        compete with their calls for the engine, and a surplus is a call of theirs)."""
+    def shared(self, pool: "WarmPool") -> bool:
+        """Whether another wake's pool on this engine wants containers (a fleet): one
+        more ahead here would compete with their calls, and a surplus is a call of theirs."""
         with self._lock:
             others = [p for p in self._pools if p is not pool]
-        return (seconds > LOADED_X * self.fastest_s or self.making > mine
-                or any(other.want > 0 for other in others))
+        return any(other.want > 0 for other in others)
 
 
 @dataclass(frozen=True)
@@ -185,9 +180,14 @@ class WarmPool:
         self._making = 0                # makes queued or begun
         self._begun = 0                 # of which begun (a queued one may yet be dropped)
         self._waiting = 0               # takes waiting for a make
-        self._last_s = 0.0              # the latest make's duration
         self.waits = 0                  # takes that found nothing ready (waited, or went cold)
         self._refilled = False          # a take since the wake began: what is made now is a refill
+        self._made_s: float | None = None    # how long the latest make took
+        self._think_s: float | None = None   # from the latest call's end to the next take (the model's turn)
+        self._ended: float | None = None     # when the latest call ended
+        self._took: float | None = None      # when the latest take came
+        self._cycle_s: float | None = None   # from one take to the next: the wake's pace
+        self._owed = False              # a refill put off until its call ends
         self.pace.joined(self)
         self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
                                          name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
@@ -213,16 +213,25 @@ class WarmPool:
                                    and not self._alive(warm.cid)):
                 self.discard(warm.cid)
                 continue
-            self._refill()
+            self._refill_or_owe()
             metrics.pool_take(hit=True)
             return warm.cid
 
     def _next(self) -> _Warm | None:
         with self._changed:
+            now = time.monotonic()
+            if self._ended is not None:
+                self._think_s, self._ended = now - self._ended, None
+            if self._took is not None:
+                self._cycle_s = now - self._took
+            self._took = now
+            if not self._ready and self._owed:   # a call came before the last one ended
+                self._owed = False
+                self._queue_missing()
             if not self._ready:
                 self.waits += 1
                 if self._refilled:   # a wake's first call waits for its first fill: that is no refill
-                    self._grow_or_shrink()
+                    self._grow()
             self._refilled = True
             self._waiting += 1
             try:
@@ -231,14 +240,32 @@ class WarmPool:
                 self._waiting -= 1
             return self._ready.pop(0) if self._ready else None
 
-    def _grow_or_shrink(self) -> None:
+    def _refill_or_owe(self) -> None:
+        """At a take: the refill begins now, beside the call; or, when the last make
+        fitted well within the model's last turn, at the call's end (done), so that
+        the engine's work does not compete with the call for the host's cores."""
+        with self._lock:
+            if self._made_s is not None and self._think_s is not None and self._made_s < THINK_X * self._think_s:
+                self._owed = True
+            else:
+                self._queue_missing()
+
+    def done(self, cid: str) -> None:
+        """A call is over: its container goes, and a refill put off until now begins."""
+        self.discard(cid)
+        with self._lock:
+            self._ended = time.monotonic()
+            if self._owed:
+                self._owed = False
+                self._queue_missing()
+
+    def _grow(self) -> None:
         """Lock held, at a take that found nothing ready: this call waits for a refill
-        (or goes cold), so one more ahead would have hidden it. But if refills are
-        slow because the engine is loaded, more ahead only queues more work there:
-        one fewer."""
-        if self.pace.loaded(self._last_s, self._making, self):
-            self.want = max(min(AHEAD, self.size), self.want - 1) if self.want else 0
-        elif self.want:
+        (or goes cold), so one more ahead would have hidden it; not in a fleet, and not
+        when even one more could not (the last make outlasted that many takes at this
+        pace: the engine is what is slow, and two makes at once only slow each other)."""
+        hides = self._made_s is None or self._cycle_s is None or self._made_s < (self.want + 1) * self._cycle_s
+        if self.want and hides and not self.pace.shared(self):
             self.want = min(self.size, self.want + 1)
             self._queue_missing()   # the one more begins now, beside the one this call waits for
 
@@ -253,6 +280,7 @@ class WarmPool:
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
             self._refilled = False
+            self._ended = self._took = None   # the time since the last wake's calls is no model turn
         self._refill()
 
     def discard(self, cid: str) -> None:
@@ -328,18 +356,15 @@ class WarmPool:
                 return
             self._begun += 1
         key, started = self._key(), time.monotonic()
-        self.pace.started()
         try:
             cid = None if self._closed else self._make()
         except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
-        took = time.monotonic() - started if cid is not None else None
-        self.pace.finished(took)
         with self._lock:
             self._making -= 1
             self._begun -= 1
-            if took is not None:
-                self._last_s = took
+            if cid is not None:
+                self._made_s = time.monotonic() - started
             keep = cid is not None and not self._closed and key == self._key()
             if keep and cid is not None:    # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))

@@ -80,6 +80,18 @@ def _program(name: str, marks: dict[str, str] | None = None) -> str:
 # assembled on the host at import.
 INSTALL = _program("install_filter", {'"__FILTER_HEX__"': repr(FILTER.hex())})
 
+def boot(name: str) -> str:
+    """A one-line program that runs the program in $name, taking it out of the
+    environment first. Our programs ride in the environment, not in argv, so that
+    `ps` in the box shows one short line for each, not a kilobyte of source
+    (tokens the model pays for), and the command never inherits them."""
+    return f'import os; exec(os.environ.pop("{name}"))'
+
+
+LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
+LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]   # the pool's launcher, run by the guard itself (GUARD)
+
+
 # Installs the filter, then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
 # name in the cwd: /workspace). Its stderr joins its stdout on one pipe, so the
@@ -90,7 +102,10 @@ INSTALL = _program("install_filter", {'"__FILTER_HEX__"': repr(FILTER.hex())})
 # exits, everything else in the box is killed, as the pool's launcher does,
 # and its status is the call's. Without it (the pool's launcher, the write
 # script) the program is one of ours: it keeps our environment and takes the
-# guard's place.
+# guard's place; the pool's launcher (LAUNCH_ARGV) runs in the guard's own
+# interpreter instead of a second one, which a warm container's make paid for
+# (a Python start: 20-60 ms under runc, 50-140 ms under gVisor on a loaded
+# 2-core host), as did the call that competed with it for the cores.
 #
 # A cold call's command gets no stdin (/dev/null), but the engine holds the
 # guard's stdin open (a pipe): once the command is over, the guard writes the
@@ -102,16 +117,10 @@ INSTALL = _program("install_filter", {'"__FILTER_HEX__"': repr(FILTER.hex())})
 # the engine's, the count the kernel's; a command that prints it early only
 # makes the host read the count early. Without a pipe on stdin (a `docker run`
 # of these settings) there is no line and no wait.
-GUARD = INSTALL + _program("guard", {'"__COMMAND_ENV__"': repr(COMMAND_ENV), "__HELD__": HELD})
+GUARD = INSTALL + _program("guard", {'"__COMMAND_ENV__"': repr(COMMAND_ENV), "__HELD__": HELD,
+                                     '["__LAUNCH_ARGV__"]': repr(LAUNCH_ARGV),
+                                     '"__LAUNCHER_ENV__"': repr(LAUNCHER_ENV)})
 GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
-
-
-def boot(name: str) -> str:
-    """A one-line program that runs the program in $name, taking it out of the
-    environment first. Our programs ride in the environment, not in argv, so that
-    `ps` in the box shows one short line for each, not a kilobyte of source
-    (tokens the model pays for), and the command never inherits them."""
-    return f'import os; exec(os.environ.pop("{name}"))'
 
 
 def guarded(argv: list[str]) -> list[str]:
@@ -129,8 +138,6 @@ def carried(env: dict[str, str]) -> str:
     return json.dumps(env, sort_keys=True)
 
 
-
-
 # Runs in the pooled container as LAUNCH_ARGV, its source in $WAKELOOP_LAUNCHER
 # (boot() says why), which it pops before the command. Once it listens for its
 # handoff it prints READY_LINE, which the host (attached since before the
@@ -143,7 +150,12 @@ def carried(env: dict[str, str]) -> str:
 # gets /dev/null, as a cold call's does; its stderr joins its stdout. As the
 # guard does, it runs argv[0] by absolute path only, under `env` and its own
 # name when the handoff has an env (the agent's command), else under its own
-# environment (the write script). The command is started with vfork (Popen with
+# environment (the write script). Our own Python program (env None and
+# `python3 -I -c SOURCE`: write_file's script) runs in the launcher's
+# interpreter instead: under gVisor a Python start is 50-140 ms of the call.
+# Nothing of the agent's runs in the box before or during it, and it exits
+# as its subprocess did (sys.exit's code; 1 and the traceback on an error).
+# Any other command is started with vfork (Popen with
 # close_fds, which takes _posixsubprocess's vfork path; posix_spawn's clone3 gets
 # EPERM, not ENOSYS, under gVisor's seccomp): a fork copies the launcher's address
 # space first, which gVisor's sentry does slowly (45 against 25 ms for `bash -c
@@ -162,9 +174,7 @@ def carried(env: dict[str, str]) -> str:
 # runtime shows no such count (gVisor), and the host reads it instead (oom.py).
 LAUNCHER = _program("launcher")
 
-LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
 READY_LINE = b"\0wakeloop:ready\n"   # the launcher's first output: it is listening for its handoff
-LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]
 
 
 # Runs inside the container as `/usr/bin/python3 -I` (no cwd or PYTHON* in sys.path, so a

@@ -1,5 +1,5 @@
 # In the box, after install_filter.py in the same program (programs.GUARD): becomes, or waits for, the call's
-# program. Runs as /usr/bin/python3 -I of the sandbox image (3.11); the host fills in the two marked names.
+# program. Runs as /usr/bin/python3 -I of the sandbox image (3.11); the host fills in the marked names.
 import json
 import os
 import stat
@@ -10,6 +10,10 @@ env = os.environ.pop("__COMMAND_ENV__", None)
 if not sys.argv[1].startswith("/"):
     sys.stderr.write(f"wakeloop: not an absolute path: {sys.argv[1]}\n")
     os._exit(127)
+if env is None and sys.argv[1:] == ["__LAUNCH_ARGV__"]:
+    # The pool's launcher: run here, in this interpreter, not a second one (programs.GUARD says why).
+    exec(os.environ.pop("__LAUNCHER_ENV__"), {"__name__": "__main__"})
+    os._exit(0)
 if env is None:
     os.execv(sys.argv[1], sys.argv[1:])
 held = stat.S_ISFIFO(os.fstat(0).st_mode)
