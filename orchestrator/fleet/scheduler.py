@@ -456,7 +456,9 @@ def serve(root: Path, max_concurrent: int | None = None,
         choice = fitted(Path(root))
     else:
         choice = capacity.Choice(max_concurrent, f"at most {max_concurrent} wake(s) at once (--max-concurrent)")
-    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why)
+    # The wake loop (and the SDK under it: seconds of imports on a loaded host) is imported
+    # now, not by the first due wakes, which would each wait for it on the import lock.
+    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why, wake_fn=_loop_wake())
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
     stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()
