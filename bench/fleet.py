@@ -70,7 +70,8 @@ RATE_CALLS = 32             # cold calls measuring the engine's rate before each
 MAX_X_BOUND = 1.2           # issue 26: wall at most this many times the larger bound
 MODES = {"inproc": "inproc", "inprocess": "inproc", "broker": "broker"}
 ROW_TIMEOUT_S = 1800        # a row gives up after this
-POLL_S = 0.5                # how often the parent looks for finished wakes and RSS
+POLL_S = 1.0                # how often the parent looks for finished wakes and RSS (the wall is
+                            # taken from the events' own timestamps, not from this)
 START_S = 120               # serve's first line (it measures the engine first) / the broker's socket
 
 
@@ -191,7 +192,7 @@ def spawn(argv: list[str], **kw) -> subprocess.Popen:
 def end_children() -> None:
     """SIGTERM each child still running (serve first: it ends its wakes, then the broker
     lets go of the disks), then SIGKILL what has not exited in time."""
-    for proc in CHILDREN:
+    for proc in reversed(CHILDREN):     # serve was started after the broker
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -225,9 +226,29 @@ def drain(stream, logs: Path | None, name: str) -> None:
             out.write(f"{time.time():.3f} {line}")
 
 
-def finished(agents: list[Path]) -> int:
-    return sum(1 for a in agents if any(e.type == "wake_finished"
-                                        for e in read_events(a / "state" / EVENTS_FILE)))
+class Finished:
+    """How many agents have finished their wake, from the tail of each one's event log:
+    this process shares two cores with serve, so it never parses 200 whole logs a poll."""
+
+    TAIL = 4096             # bytes: wake_finished is among the last few events a wake writes
+
+    def __init__(self, agents: list[Path]):
+        self.waiting, self.done = list(agents), 0
+
+    def __call__(self) -> int:
+        still = []
+        for a in self.waiting:
+            try:
+                with (a / "state" / EVENTS_FILE).open("rb") as f:
+                    f.seek(max(0, f.seek(0, os.SEEK_END) - self.TAIL))
+                    ended = b'"type":"wake_finished"' in f.read().replace(b" ", b"")
+            except FileNotFoundError:
+                ended = False
+            if not ended:
+                still.append(a)
+        self.done += len(self.waiting) - len(still)
+        self.waiting = still
+        return self.done
 
 
 @dataclass(frozen=True)
@@ -277,7 +298,8 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
         serve_mb = broker_mb = 0.0
         deadline = time.monotonic() + ROW_TIMEOUT_S
         peaks = lambda: (max(serve_mb, hwm_mb(serve.pid)), max(broker_mb, hwm_mb(broker.pid) if broker else 0))
-        while finished(agents) < n and time.monotonic() < deadline and serve.poll() is None:
+        finished = Finished(agents)
+        while finished() < n and time.monotonic() < deadline and serve.poll() is None:
             serve_mb, broker_mb = peaks()
             time.sleep(POLL_S)
         serve_mb, broker_mb = peaks()
@@ -386,12 +408,15 @@ def main() -> int:
     run = Plan(args.code.resolve(), args.label, args.max_concurrent, args.pace, args.rate_calls, args.logs)
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-fleet-"))
     own_disks(tmp)
-    rows = []
+    rows, interrupted = [], False
     try:
         for mode, n, disk in plan:
             rows.append(run_row(tmp, run, mode, n, disk))
             say("fleet: " + " | ".join(rows[-1].cells()))
             cleanup(tmp)
+    except KeyboardInterrupt:
+        say("fleet: interrupted; removing what the bench made (serve, the broker, containers, disks)")
+        interrupted = True
     finally:
         end_children()      # Ctrl-C mid-row: serve and the broker end (and let go of the disks) first
         gone = cleanup(tmp)
@@ -401,7 +426,7 @@ def main() -> int:
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
-    return 1 if any(r.verdict != "ok" for r in rows) else 0
+    return 130 if interrupted else 1 if any(r.verdict != "ok" for r in rows) else 0
 
 
 if __name__ == "__main__":
