@@ -72,6 +72,9 @@ SAMPLE_S = 5.0              # how often the child's RSS, descriptors and threads
 MAX_CONCURRENT = 4          # serve's default K
 STOP_GRACE_S = 90           # after SIGTERM, how long serve gets to end its wakes cleanly
 MILESTONE = 1_000           # with --until-wakes: RSS and descriptors at every this many wakes
+TRACE_ENV = "WAKELOOP_SOAK_TRACE"   # --trace DIR: the stand-in child traces its allocations into DIR
+TRACE_EVERY = 500           # wakes between tracemalloc snapshots (--trace-every)
+TRACE_FRAMES = 8            # frames kept per allocation: enough to see whose call made it
 FLAT_WITHIN = 0.05          # the issue's bar: after the first MILESTONE wakes, RSS stays within 5 %
 SHAPES = ("dry", "one-call")
 # the one-call wake's command: appends to today's journal (the container's clock is UTC, as the
@@ -220,6 +223,8 @@ def child_env(tmp: Path) -> dict[str, str]:
     """serve's environment: dry run, no key, the soak's own disks folder."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_"))}
     env.update(WAKELOOP_DRY_RUN="true", WAKELOOP_DISKS=str(tmp / "disks"), PYTHONUNBUFFERED="1")
+    if TRACE_ENV in os.environ:
+        env[TRACE_ENV] = os.environ[TRACE_ENV]
     return env
 
 
@@ -335,9 +340,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standin", action="store_true",
                         help="the orchestrator alone: every call answered by a stand-in sandbox")
     parser.add_argument("--until-wakes", type=int, default=None, help="stop once this many wakes finished")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="with --standin: tracemalloc in serve, a snapshot every 500 wakes into this folder")
+    parser.add_argument("--trace-every", type=int, default=TRACE_EVERY, help="wakes between snapshots")
+    parser.add_argument("--trace-after", type=int, default=MILESTONE,
+                        help="--trace-diff compares the first snapshot at or after this wake with the last")
+    parser.add_argument("--trace-diff", type=Path, default=None,
+                        help="print the sites that grew most between the snapshots in this folder, and exit")
     parser.add_argument("--shape", choices=SHAPES, default="dry",
                         help="dry: the dry-run script (four calls); one-call: live on a fake API, one bash call")
     args = parser.parse_args(argv)
+    if args.trace_diff:
+        print(trace_diff(args.trace_diff, after=args.trace_after))
+        return 0
+    if args.trace:
+        os.environ[TRACE_ENV] = f"{args.trace.resolve()}:{args.trace_every}"   # child_env passes it on
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-soak-"))
     try:
         say(f"soak: {args.agents} agents every 1s for {args.seconds:g}s under serve ({args.shape})")
@@ -359,7 +376,51 @@ def standin_child(root: str) -> int:
     from orchestrator.wake import loop
     from wake_cost import StandInSandbox
     loop.open_sandbox = lambda agent, **_: StandInSandbox(workspace=agent.workspace)
+    if os.environ.get(TRACE_ENV):
+        folder, _, every = os.environ[TRACE_ENV].rpartition(":")
+        loop.wake = traced(loop.wake, Path(folder), int(every))
     return cli.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
+
+
+def traced(wake, folder: Path, every: int):
+    """`wake`, with tracemalloc on and a snapshot written every `every` wakes
+    (folder/snap-WAKES.pickle): what --trace-diff compares."""
+    import itertools
+    import threading
+    import tracemalloc
+    tracemalloc.start(TRACE_FRAMES)
+    folder.mkdir(parents=True, exist_ok=True)
+    count, lock = itertools.count(1), threading.Lock()
+
+    def run(*args, **kwargs):
+        try:
+            return wake(*args, **kwargs)
+        finally:
+            with lock:
+                n = next(count)
+                if n % every == 0:
+                    tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle"))
+    return run
+
+
+def trace_diff(folder: Path, top: int = 15, after: int = MILESTONE) -> str:
+    """The allocation sites that grew most from the first snapshot at or after wake
+    `after` to the last: where serve's memory goes as wakes go on."""
+    import tracemalloc
+    snaps = sorted(folder.glob("snap-*.pickle"))
+    first = next((p for p in snaps if int(p.stem.split("-")[1]) >= after), None)
+    if first is None or first == snaps[-1]:
+        return f"trace: not enough snapshots in {folder} (one at or after wake {after:,}, and a later one)"
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    old = tracemalloc.Snapshot.load(str(first)).filter_traces(ignore)
+    new = tracemalloc.Snapshot.load(str(snaps[-1])).filter_traces(ignore)
+    total = sum(st.size for st in new.statistics("filename")) - sum(st.size for st in old.statistics("filename"))
+    lines = [f"traced memory from {first.stem} to {snaps[-1].stem}: {total / 1024:+,.0f} KiB; "
+             f"the {top} sites that grew most:"]
+    for stat in new.compare_to(old, "traceback")[:top]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:4])
+        lines.append(f"  {stat.size_diff / 1024:+8,.0f} KiB {stat.count_diff:+7,d} blocks  {frames}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
