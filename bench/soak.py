@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.soak [--agents 20] [--seconds 600] [--sample-s 5]
     .venv/bin/python -m bench.soak --standin --agents 50 --until-wakes 10000
+    .venv/bin/python -m bench.soak --shape one-call --until-wakes 10000 --seconds 3000
 
 What months unattended would show, compressed: `serve` runs as the CLI runs
 it (`python -m orchestrator serve ROOT`, a child of this process), every
@@ -23,6 +24,16 @@ take minutes, not hours. It is how "RSS after 10,000 wakes within 10 % of
 RSS after 1,000" is measured; the engine's side of a wake is what the real
 soak covers.
 
+`--shape one-call` keeps serve (the CLI, a child) and the engine but
+makes each wake as small as a wake can be: live against the bench's fake
+Messages API (in this process, answered at once, zero tokens billed),
+one bash call that appends to today's journal (so no harness stub, which
+would be a second call), then end_turn. One container per wake instead of
+the dry run's four, so 10,000 wakes fit in well under an hour here, and
+every wake still goes through serve's scheduler, the SDK's HTTP, the
+sandbox and the records. With `--until-wakes` the table gives serve's
+RSS and descriptors at every 1,000th wake and the change from wake 1,000.
+
 Ticks that come while an agent's wake still runs are skipped by the
 scheduler (one wake per agent at a time), so wakes/s is what the host
 sustains, not agents x 1/s.
@@ -38,6 +49,7 @@ tests/test_soak.py, which calls soak() below.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
 import shutil
@@ -51,7 +63,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import cleanup, say
+from bench.common import KEY, cleanup, fake_api, say, step_of
 from tests.helpers import REPO, scrubbed_env
 
 AGENTS = 20                 # agents under one serve, each due every second
@@ -59,6 +71,16 @@ SECONDS = 600               # how long serve runs: about ten minutes here, with 
 SAMPLE_S = 5.0              # how often the child's RSS, descriptors and threads are read
 MAX_CONCURRENT = 4          # serve's default K
 STOP_GRACE_S = 90           # after SIGTERM, how long serve gets to end its wakes cleanly
+MILESTONE = 1_000           # with --until-wakes: RSS and descriptors at every this many wakes
+TRACE_ENV = "WAKELOOP_SOAK_TRACE"   # --trace DIR: the stand-in child traces its allocations into DIR
+TRACE_EVERY = 500           # wakes between tracemalloc snapshots (--trace-every)
+TRACE_FRAMES = 8            # frames kept per allocation: enough to see whose call made it
+FLAT_WITHIN = 0.05          # the issue's bar: after the first MILESTONE wakes, RSS stays within 5 %
+SHAPES = ("dry", "one-call")
+# the one-call wake's command: appends to today's journal (the container's clock is UTC, as the
+# harness's day is), so the wake leaves its own trace and the harness writes no stub
+ONE_CALL = ("mkdir -p memory/journal && "
+            "echo \"- soak wake at $(date -u +%T)\" >> memory/journal/$(date -u +%F).md")
 
 
 @dataclass(frozen=True)
@@ -115,24 +137,34 @@ class Soak:
 
 def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: float = SAMPLE_S,
          runtime: str = "runc", state: dict | None = None, standin: bool = False,
-         until_wakes: int | None = None) -> Soak:
+         until_wakes: int | None = None, shape: str = "dry") -> Soak:
     """Serve `agents` for `seconds` (or until `until_wakes` wakes have finished);
     `state` is the agents' policy `state:` section, if not the default."""
+    with contextlib.ExitStack() as stack:
+        env = child_env(tmp)
+        if shape == "one-call":
+            api = stack.enter_context(fake_api(one_call_reply))
+            env.update(WAKELOOP_DRY_RUN="false", ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=KEY)
+        return _soak(tmp, env, agents, seconds, sample_s, runtime, state, standin, until_wakes, shape)
+
+
+def _soak(tmp: Path, env: dict[str, str], agents: int, seconds: float, sample_s: float, runtime: str,
+          state: dict | None, standin: bool, until_wakes: int | None, shape: str) -> Soak:
     root = tmp / "agents"
-    env = child_env(tmp)
     for i in range(agents):
-        make_soak_agent(root / f"s{i:02d}", runtime, state)
+        make_soak_agent(root / f"s{i:02d}", runtime, state, live=shape == "one-call", disk=not standin)
     before = state_bytes(root)
     result = Soak(agents, seconds)
     log = (tmp / "serve.log").open("w+")
     argv = ([sys.executable, "-m", "bench.soak", "--standin-child", str(root)] if standin
             else [sys.executable, "-m", "orchestrator", "serve", str(root), "--max-concurrent", str(MAX_CONCURRENT)])
     child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    tail = WakeCount(tmp / "serve.log")
     try:
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < seconds and child.poll() is None:
             time.sleep(min(sample_s, max(0.0, seconds - elapsed)))
-            result.samples.append(sample(child.pid, time.monotonic() - started, tmp / "serve.log"))
+            result.samples.append(sample(child.pid, time.monotonic() - started, tail))
             if until_wakes and result.samples[-1].wakes >= until_wakes:
                 break
         if child.poll() is not None:
@@ -155,6 +187,32 @@ def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: fl
     return result
 
 
+def one_call_reply(rec):
+    """The fake API's answer for a one-call wake: the bash call, then end_turn; no tokens billed."""
+    from orchestrator.fakeapi import text, tool_use, turn, usage
+    if step_of(rec.body) == 0:
+        return turn(tool_use("bash", {"command": ONE_CALL}), usage=usage())
+    return turn(text("Journaled; done."), usage=usage())
+
+
+class WakeCount:
+    """Finished wakes in serve's log, read as it grows (the log of 10,000 wakes is
+    megabytes: reading it whole at every sample would cost the host more than serve)."""
+
+    def __init__(self, log: Path):
+        self.log, self.offset, self.count, self.partial = log, 0, 0, ""
+
+    def __call__(self) -> int:
+        with self.log.open(errors="replace") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        lines = (self.partial + chunk).split("\n")
+        self.partial = lines.pop()
+        self.count += sum(1 for line in lines if _is_wake_end(line))
+        return self.count
+
+
 def gzip_ratio(root: Path) -> float:
     plain = [p.read_bytes() for p in root.glob("*/state/events.jsonl")]
     total = sum(len(b) for b in plain)
@@ -163,27 +221,31 @@ def gzip_ratio(root: Path) -> float:
 
 def child_env(tmp: Path) -> dict[str, str]:
     """serve's environment: dry run, no key, the soak's own disks folder."""
-    return scrubbed_env({"WAKELOOP_DRY_RUN": "true", "WAKELOOP_DISKS": str(tmp / "disks"), "PYTHONUNBUFFERED": "1"})
+    env = scrubbed_env({"WAKELOOP_DRY_RUN": "true", "WAKELOOP_DISKS": str(tmp / "disks"), "PYTHONUNBUFFERED": "1"})
+    if TRACE_ENV in os.environ:
+        env[TRACE_ENV] = os.environ[TRACE_ENV]
+    return env
 
 
-def make_soak_agent(path: Path, runtime: str, state: dict | None = None) -> None:
+def make_soak_agent(path: Path, runtime: str, state: dict | None = None, live: bool = False,
+                    disk: bool = True) -> None:
     from orchestrator.policy.agent import init_agent
     init_agent(path)
     config = path / "agent.yaml"
     data = yaml.safe_load(config.read_text())
-    policy = {"sandbox": {"runtime": runtime}} | ({"state": state} if state else {})
-    data.update(schedule="1s", dry_run=True, policy=policy)
+    sandbox = {"runtime": runtime} | ({} if disk else {"disk": "none"})
+    policy = {"sandbox": sandbox} | ({"state": state} if state else {})
+    data.update(schedule="1s", dry_run=not live, policy=policy)
     config.write_text(yaml.safe_dump(data))
 
 
-def sample(pid: int, t: float, log: Path) -> Sample:
+def sample(pid: int, t: float, wakes: WakeCount) -> Sample:
     status = _proc_status(pid)
     try:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         fds = 0
-    wakes = sum(1 for line in log.read_text(errors="replace").splitlines() if _is_wake_end(line))
-    return Sample(t, status.get("VmRSS", 0), fds, status.get("Threads", 0), wakes)
+    return Sample(t, status.get("VmRSS", 0), fds, status.get("Threads", 0), wakes())
 
 
 def _proc_status(pid: int) -> dict[str, int]:
@@ -244,10 +306,28 @@ def table(s: Soak) -> str:
               f"state/ per wake: {s.bytes_per_wake:,.0f} bytes ({s.state_bytes:,} in all, "
               f"{s.rotated} rotated segments); the event log gzipped: {s.gzip_ratio:.3f} of it",
               f"failures: {len(s.failures)}"]
-    marks = [(n, s.at_wake(n)) for n in (1_000, 10_000) if s.at_wake(n)]
-    lines += [f"RSS at wake {n:,}: {m.rss_kb / 1024:.1f} MB (sample at {m.wakes:,})" for n, m in marks]
     lines += [f"  {line}" for line in s.failures[:5]]
-    return "\n".join(lines)
+    return "\n".join(lines + milestones(s))
+
+
+def milestones(s: Soak) -> list[str]:
+    """RSS and descriptors at every MILESTONE-th wake, each against wake MILESTONE's, and the verdict."""
+    base = s.at_wake(MILESTONE)
+    if base is None:
+        return []
+    marks = [(n, m) for n in range(MILESTONE, s.wakes + 1, MILESTONE) if (m := s.at_wake(n))]
+    rows = ["", "| wakes | sampled at | time | RSS MB | vs wake 1,000 | open fds | threads |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows += [f"| {n:,} | {m.wakes:,} | {m.t / 60:.1f} min | {m.rss_kb / 1024:.1f} | "
+             f"{(m.rss_kb / base.rss_kb - 1) * 100:+.1f} % | {m.fds} | {m.threads} |" for n, m in marks]
+    after = [m for m in s.samples if m.wakes >= MILESTONE]
+    worst = max(after, key=lambda m: abs(m.rss_kb / base.rss_kb - 1))
+    change = worst.rss_kb / base.rss_kb - 1
+    rows.append(f"after wake {MILESTONE:,}: RSS {min(m.rss_kb for m in after) / 1024:.1f}-"
+                f"{max(m.rss_kb for m in after) / 1024:.1f} MB over {len(after)} samples; the farthest from "
+                f"wake {MILESTONE:,}'s is {change * 100:+.1f} % (at wake {worst.wakes:,}): "
+                + ("flat (within 5 %)" if abs(change) <= FLAT_WITHIN else "NOT within 5 %"))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,12 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standin", action="store_true",
                         help="the orchestrator alone: every call answered by a stand-in sandbox")
     parser.add_argument("--until-wakes", type=int, default=None, help="stop once this many wakes finished")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="with --standin: tracemalloc in serve, a snapshot every 500 wakes into this folder")
+    parser.add_argument("--trace-every", type=int, default=TRACE_EVERY, help="wakes between snapshots")
+    parser.add_argument("--trace-after", type=int, default=MILESTONE,
+                        help="--trace-diff compares the first snapshot at or after this wake with the last")
+    parser.add_argument("--trace-diff", type=Path, default=None,
+                        help="print the sites that grew most between the snapshots in this folder, and exit")
+    parser.add_argument("--shape", choices=SHAPES, default="dry",
+                        help="dry: the dry-run script (four calls); one-call: live on a fake API, one bash call")
     args = parser.parse_args(argv)
+    if args.trace_diff:
+        print(trace_diff(args.trace_diff, after=args.trace_after))
+        return 0
+    if args.trace:
+        os.environ[TRACE_ENV] = f"{args.trace.resolve()}:{args.trace_every}"   # child_env passes it on
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-soak-"))
     try:
-        say(f"soak: {args.agents} agents every 1s for {args.seconds:g}s under serve")
+        say(f"soak: {args.agents} agents every 1s for {args.seconds:g}s under serve ({args.shape})")
         result = soak(tmp, args.agents, args.seconds, args.sample_s, args.runtime,
-                      standin=args.standin, until_wakes=args.until_wakes)
+                      standin=args.standin, until_wakes=args.until_wakes, shape=args.shape)
     finally:
         left = cleanup(tmp)
         release_disks(tmp)
@@ -275,16 +369,57 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def standin_child(root: str) -> int:
-    """serve's Scheduler, each wake's calls answered by the stand-in sandbox; until SIGTERM."""
-    import threading
-    from orchestrator.fleet.scheduler import Scheduler
-    from orchestrator.wake.loop import wake
+    """`wakeloop serve ROOT` (the CLI's own command, its scheduler, sender, console hooks and
+    all), each wake's box the stand-in sandbox: nothing of serve's is left out but the engine."""
+    from orchestrator import cli
+    from orchestrator.wake import loop
     from bench.wake_cost import StandInSandbox
-    scheduler = Scheduler(Path(root), MAX_CONCURRENT,
-                          wake_fn=lambda agent, stop: wake(agent, stop=stop,
-                                                           sandbox=StandInSandbox(workspace=agent.workspace)))
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=scheduler.request_stop).start())
-    return scheduler.run()
+    loop.open_sandbox = lambda agent, **_: StandInSandbox(workspace=agent.workspace)
+    if os.environ.get(TRACE_ENV):
+        folder, _, every = os.environ[TRACE_ENV].rpartition(":")
+        loop.wake = traced(loop.wake, Path(folder), int(every))
+    return cli.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
+
+
+def traced(wake, folder: Path, every: int):
+    """`wake`, with tracemalloc on and a snapshot written every `every` wakes
+    (folder/snap-WAKES.pickle): what --trace-diff compares."""
+    import itertools
+    import threading
+    import tracemalloc
+    tracemalloc.start(TRACE_FRAMES)
+    folder.mkdir(parents=True, exist_ok=True)
+    count, lock = itertools.count(1), threading.Lock()
+
+    def run(*args, **kwargs):
+        try:
+            return wake(*args, **kwargs)
+        finally:
+            with lock:
+                n = next(count)
+                if n % every == 0:
+                    tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle"))
+    return run
+
+
+def trace_diff(folder: Path, top: int = 15, after: int = MILESTONE) -> str:
+    """The allocation sites that grew most from the first snapshot at or after wake
+    `after` to the last: where serve's memory goes as wakes go on."""
+    import tracemalloc
+    snaps = sorted(folder.glob("snap-*.pickle"))
+    first = next((p for p in snaps if int(p.stem.split("-")[1]) >= after), None)
+    if first is None or first == snaps[-1]:
+        return f"trace: not enough snapshots in {folder} (one at or after wake {after:,}, and a later one)"
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    old = tracemalloc.Snapshot.load(str(first)).filter_traces(ignore)
+    new = tracemalloc.Snapshot.load(str(snaps[-1])).filter_traces(ignore)
+    total = sum(st.size for st in new.statistics("filename")) - sum(st.size for st in old.statistics("filename"))
+    lines = [f"traced memory from {first.stem} to {snaps[-1].stem}: {total / 1024:+,.0f} KiB; "
+             f"the {top} sites that grew most:"]
+    for stat in new.compare_to(old, "traceback")[:top]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:4])
+        lines.append(f"  {stat.size_diff / 1024:+8,.0f} KiB {stat.count_diff:+7,d} blocks  {frames}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

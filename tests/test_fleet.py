@@ -118,6 +118,16 @@ def test_the_chosen_concurrency_is_the_tightest_limit_and_says_all_three():
     assert capacity.choose(capacity.Host(1, 100 * MiB, 0.1), 512 * MiB).wakes == 1   # never 0
 
 
+def test_a_fleet_within_the_cores_and_memory_limits_runs_whole_past_the_engines_limit():
+    host = dict(cores=2, memory_available=24 * GiB, engine_rate=1.5, engine_latency_s=1.7)   # engine: 7
+    small = capacity.choose(capacity.Host(**host, agents=10), 512 * MiB)
+    assert small.wakes == 10 and "set by agents" in small.why and "engine 7 " in small.why
+    big = capacity.choose(capacity.Host(**host, agents=200), 512 * MiB)
+    assert big.wakes == 7 and "set by engine" in big.why
+    tight = capacity.choose(capacity.Host(**host | {"memory_available": 4 * GiB}, agents=10), 512 * MiB)
+    assert tight.wakes == 7 and "set by engine" in tight.why     # 10 agents would pass memory's 8
+
+
 @pytest.mark.docker
 def test_serve_measures_the_engine_and_says_its_choice_in_its_first_line(tmp_path):
     root = tmp_path / "agents"

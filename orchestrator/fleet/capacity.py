@@ -15,6 +15,13 @@ Three limits, the smallest wins, and `serve` says all three in one line:
 - cores: the harness's own steps, the calls' CPU and the engine's work
   share them; WAKES_PER_CORE is an estimate, not a measurement.
 
+A fleet that fits the cores and memory limits whole runs whole, past the
+engine's limit: that limit keeps a long queue of wakes from becoming a long
+queue of calls inside the engine, and a fleet that small has neither. Held
+to the engine's K, its last wakes would run alone after the others, the
+engine idle between their turns (the fleet bench's 10 agents at K = 7-8:
+1.2-1.5x the engine-bound time).
+
 Not here: measuring the engine (sandbox/rate.py), queueing (scheduler.py).
 """
 
@@ -40,6 +47,7 @@ class Host:
     engine_rate: float | None       # containers created, started and removed per second; None: unknown
     rate_note: str = ""             # why it is unknown, or how it was measured
     engine_latency_s: float = 0.0   # one call's create-start-remove, measured at that rate
+    agents: int = 0                 # agents under ROOT; 0: not counted
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ def choose(host: Host, box_memory: int) -> Choice:
                             f"{host.engine_rate:.1f} containers/s{host.rate_note} x ({ENGINE_TURN_S:g} s turn "
                             f"+ {host.engine_latency_s:.1f} s a call) x {ENGINE_HEADROOM:g}")
     bound = min(limits, key=lambda name: limits[name][0])
+    others = [n for name, (n, _) in limits.items() if name != "engine"]
+    if bound == "engine" and limits[bound][0] < host.agents <= min(others):
+        limits["agents"] = (host.agents, "all of them: within the cores' and memory's limits")
+        bound = "agents"
     wakes = max(MIN_WAKES, limits[bound][0])
     parts = [f"{name} {n} ({how})" for name, (n, how) in limits.items()]
     if not host.engine_rate:
@@ -83,7 +95,7 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
             continue
     box_memory = max((p.memory for p in policies), default=DEFAULT.sandbox.memory)
     rate, latency, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
-    return Host(cores(), memory_available(), rate, note, latency), box_memory
+    return Host(cores(), memory_available(), rate, note, latency, len(policies)), box_memory
 
 
 def _engine_rate(policy) -> tuple[float | None, float, str]:

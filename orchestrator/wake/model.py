@@ -10,6 +10,10 @@ backoff and `retry-after` handling. When the retries are spent, or the
 request is refused for good (401, 400, ...), it raises ModelError: the loop
 turns that into a dead letter. It adds the moving cache breakpoint: the last
 block of the last user message, so step N reads steps 1..N-1 from the cache.
+Every wake makes its own client (and closes it: no connection outlives the
+wake), but all of them verify TLS with one context per process (`_tls`):
+loading the CA store is ~0.4 s of CPU here, once per serve, not once per
+wake; a changed CA store is read at serve's next start.
 
 ScriptedModel makes no API call: it plays a list of turns (built in, or a
 JSON script file) whose tool calls the loop runs for real in the real
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import json
+import ssl
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +74,21 @@ class Model(Protocol):
 
 # -- live ----------------------------------------------------------------------------
 
+_tls_context: ssl.SSLContext | None = None
+_tls_lock = threading.Lock()
+
+
+def _tls() -> ssl.SSLContext:
+    """The process's one verifying TLS context (the stdlib's default: the system's CA store,
+    or SSL_CERT_FILE / SSL_CERT_DIR, as the SDK's own honours); an SSLContext is safe to
+    share between threads."""
+    global _tls_context
+    with _tls_lock:
+        if _tls_context is None:
+            _tls_context = ssl.create_default_context()
+        return _tls_context
+
+
 class LiveModel:
     live = True
 
@@ -77,7 +98,11 @@ class LiveModel:
         self.stream = stream
         traced = tracing.sdk_option()   # only when content is asked for: an SDK without the option still works
         options: dict[str, Any] = {"open_telemetry": traced} if traced else {}
-        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s, **options)
+        # The SDK's own client settings (limits, keep-alive, redirects, proxies from the
+        # environment), with the shared TLS context instead of a CA store loaded anew.
+        http = anthropic.DefaultHttpxClient(verify=_tls())
+        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s,
+                                          http_client=http, **options)
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""
