@@ -21,7 +21,7 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, parse_event, read_events
 from orchestrator.records.receipt import STATUSES, Receipt, Usage
 from orchestrator.records.state import load_state, rebuild_state
-from tests.helpers import REPO
+from tests.helpers import REPO, make_agent, run_cli
 
 DESIGN_TYPES = ("wake_started", "model_request", "model_response", "tool_call", "tool_result", "policy_denied",
                 "budget_stop", "journal_stub", "wake_finished", "dead_letter")   # the design's (docs/architecture.md)
@@ -235,3 +235,28 @@ def test_a_receipt_reads_whatever_it_lacks_as_its_default_and_refuses_an_unknown
     assert Receipt.from_json({"status": "done", "usd": None, "wake": -3, "live": 1}) == Receipt(
         run_id="", agent="", wake=0, status="done", reason="", usd=None, live=False)
     assert Receipt.from_json({"status": "finished"}) is None and Receipt.from_json(["done"]) is None
+
+
+def test_a_planted_number_too_big_for_a_float_is_read_as_unknown_not_raised(tmp_path):
+    # state.json and the event log are files anyone with the folder can write: a 400-digit
+    # integer overflows float(), and every reader (status, log, the state rebuilt, metrics) must
+    # still answer in its own words.
+    huge = int("9" * 400)
+    receipt = {"status": "done", "wake": 3, "usd": huge, "tokens": huge, "input_tokens": huge,
+               "duration_ms": huge, "steps": 2}
+    agent = make_agent(tmp_path / "agents", "big")
+    state_dir = agent / "state"
+    state_dir.mkdir(exist_ok=True)
+    lines = [{"run_id": "r", "type": "wake_finished", "timestamp": "2026-01-01T00:00:00.000Z",
+              "data": {"tokens": huge, "receipt": receipt}},
+             {"run_id": "r", "type": "notify_failed", "timestamp": "2026-01-01T00:00:01.000Z",
+              "data": {"channel": "c", "retry_in_s": huge}}]
+    (state_dir / EVENTS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    parsed = Receipt.from_json(receipt)
+    assert parsed is not None and parsed.usd is None and parsed.usage.input_tokens == parsed.duration_ms == 0
+    assert [type(e.record) for e in read_events(state_dir / EVENTS_FILE)] == [ev.Other, ev.Other]
+    rebuild_state(state_dir)
+    (state_dir / "state.json").write_text(json.dumps({"wake": 3, "last_receipt": receipt}))
+    for args in (("status", str(agent)), ("status", str(agent.parent)), ("log", str(agent))):
+        done = run_cli(*args)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr[-2000:])

@@ -198,7 +198,7 @@ class Broker:
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
         # Cut to LOG_LINE_CHARS: a planted reason cannot flood the log.
-        self.log: Callable[[str], None] = lambda line: log(one_line(line, LOG_LINE_CHARS))
+        self.log: Callable[[str], None] = lambda line: log(cut_to_line(line, LOG_LINE_CHARS))
         self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
         self._lock = threading.Lock()            # the server runs each request on a thread
         self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
@@ -487,7 +487,7 @@ def _needs_new_box(box: _HostPathSandbox, place: Place, policy: SandboxPolicy) -
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
-def one_line(text: str, limit: int) -> str:
+def cut_to_line(text: str, limit: int) -> str:
     """One line of at most `limit` characters (a planted YAML error can be many)."""
     text = " ".join(text.splitlines())
     return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -30,7 +30,7 @@ from pathlib import Path
 import docker
 
 from orchestrator.broker import tls, wire
-from orchestrator.broker.server import Broker, one_line
+from orchestrator.broker.server import Broker, cut_to_line
 from orchestrator.broker.wire import MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.policy.agent import AgentError
 from orchestrator.policy.ceiling import Ceiling
@@ -120,13 +120,13 @@ class _Handler(socketserver.BaseRequestHandler):
             reply = broker.handle(json.loads(line))
         except (BrokerError, SandboxError) as exc:
             # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
-            reply = wire.refusal(Refusal(one_line(str(exc), REPLY_ERROR_CHARS), isinstance(exc, BrokerError)))
+            reply = wire.refusal(Refusal(cut_to_line(str(exc), REPLY_ERROR_CHARS), isinstance(exc, BrokerError)))
             # What a person reading `docker compose logs broker` needs to see.
             broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
         except (ValueError, RecursionError):
             reply = wire.refusal(Refusal("a request is one JSON object on one line", True))
         except Exception as exc:  # one bad call must not stop the service
-            reply = wire.refusal(Refusal(one_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS),
+            reply = wire.refusal(Refusal(cut_to_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS),
                                          False))
         try:
             self.request.settimeout(REQUEST_READ_S)   # a client that never reads cannot hold the thread

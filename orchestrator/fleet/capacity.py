@@ -15,12 +15,13 @@ Three limits, the smallest wins, and `serve` says all three in one line:
 - cores: the harness's own steps, the calls' CPU and the engine's work
   share them; WAKES_PER_CORE is an estimate, not a measurement.
 
-A fleet that fits the cores and memory limits whole runs whole, past the
-engine's limit: that limit keeps a long queue of wakes from becoming a long
-queue of calls inside the engine, and a fleet that small has neither. Held
-to the engine's K, its last wakes would run alone after the others, the
-engine idle between their turns (the fleet bench's 10 agents at K = 7-8:
-1.2-1.5x the engine-bound time).
+In process, a fleet that fits the cores and memory limits whole runs
+whole, past the engine's limit: that limit keeps a long queue of wakes from
+becoming a long queue of calls inside the engine, and a fleet that small
+has neither. Held to the engine's K, its last wakes would run alone after
+the others, the engine idle between their turns (the fleet bench's 10
+agents at K = 7-8: 1.2-1.5x the engine-bound time). Not through a broker:
+its host and its caps (max.calls) are not this host's cores and memory.
 
 Not here: measuring the engine (sandbox/rate.py), queueing (scheduler.py).
 """
@@ -95,7 +96,9 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
             continue
     box_memory = max((p.memory for p in policies), default=DEFAULT.sandbox.memory)
     rate, latency, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
-    return Host(cores(), memory_available(), rate, note, latency, len(policies)), box_memory
+    # Through a broker the boxes run on its host, under its own caps (max.calls): this host's
+    # cores and memory say nothing of them, so the fleet is held to the engine's K there.
+    return Host(cores(), memory_available(), rate, note, latency, 0 if broker else len(policies)), box_memory
 
 
 def _engine_rate(policy) -> tuple[float | None, float, str]:

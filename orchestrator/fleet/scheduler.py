@@ -461,7 +461,11 @@ def serve(root: Path, max_concurrent: int | None = None,
         choice = capacity.Choice(max_concurrent, f"at most {max_concurrent} wake(s) at once (--max-concurrent)")
     # The wake loop (and the SDK under it: seconds of imports on a loaded host) is imported
     # now, not by the first due wakes, which would each wait for it on the import lock.
-    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why, wake_fn=_loop_wake())
+    try:
+        wake_fn = _loop_wake()
+    except ImportError as exc:     # a broken install: one line now, not a crash in every wake
+        raise AgentError(f"cannot load the wake loop ({exc}); reinstall wakeloop") from None
+    scheduler = Scheduler(Path(root), choice.wakes, why=choice.why, wake_fn=wake_fn)
     # What is loaded by now (the modules, the SDK) lives as long as serve: frozen, the collector
     # stops counting it, so a full collection comes once the wakes' own cyclic garbage asks for
     # one, not once it has grown to a quarter of all of that (+10-15 % of RSS: bench/soak.py).
@@ -476,6 +480,7 @@ def serve(root: Path, max_concurrent: int | None = None,
     try:
         return scheduler.run()
     finally:
+        gc.unfreeze()               # serve may be called in a process that goes on (tests, the soak)
         if stop_beside:
             stop_beside()
         sys.stdout.flush()

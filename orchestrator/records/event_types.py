@@ -15,8 +15,11 @@ are `Usage` and receipts `Receipt` (receipt.py), read through their own
 `from_json`, which also reads the names older files used.
 
 The on-disk shape is what it always was, `{"run_id", "type", "timestamp",
-"data"}` with the same keys in `data` (docs/architecture.md, which names
-the types a wake writes); a field marked OMIT is left out of `data` while it is at
+"data"}` (docs/architecture.md, which names the types a wake writes), with
+the same keys in `data` but one: token counts have one name each
+(`cache_read_tokens`, `cache_write_tokens`, where files before 2026-12-01
+had the API's `cache_*_input_tokens` and receipts `cache_creation_tokens`;
+receipt.OLD_NAMES reads them still). A field marked OMIT is left out of `data` while it is at
 its default, as the writers always left it out.
 
 Not here: the file (events.py: appending, scrubbing, rotation, reading);
@@ -30,7 +33,7 @@ import types
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Mapping, Type, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from orchestrator.records.receipt import Receipt, Usage
+from orchestrator.records.receipt import MAX_COUNT, Receipt, Usage, json_float
 
 OMIT = {"omit": True}               # field metadata: not written while at its default
 EXTRA = {"extra": True}             # field metadata: the keys no other field names, written flat
@@ -496,10 +499,12 @@ def _fitter(hint: Any) -> Fit:
         return either
     if hint is type(None):
         return lambda v: (v is None, None)
-    if hint in (bool, int, str):    # JSON gives these types exactly (and a bool is no int here)
+    if hint is int:                 # JSON gives an int exactly (a bool is no int here); not a planted 400 digits
+        return lambda v: (type(v) is int and -MAX_COUNT <= v <= MAX_COUNT, v)
+    if hint in (bool, str):
         return lambda v: (type(v) is hint, v)
     if hint is float:
-        return lambda v: (True, float(v)) if type(v) in (int, float) else (False, None)
+        return lambda v: (False, None) if (f := json_float(v)) is None else (True, f)
     if origin is tuple:             # tuple[str, ...]: a JSON list of strings
         return lambda v: ((True, tuple(v)) if isinstance(v, list) and all(type(x) is str for x in v)
                           else (False, None))

@@ -15,6 +15,7 @@ or how it is shown (views/status.py).
 
 from __future__ import annotations
 
+import math
 import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, get_args
@@ -85,9 +86,14 @@ class Usage:
                    max(w5m, written - w1h), w1h, _count(get("cache_read_input_tokens", 0)))
 
 
+# The largest integer a float holds exactly (and so Prometheus and a browser's JSON): a count read
+# back above it is a planted one, and arithmetic with floats (cost, seconds) would overflow on it.
+MAX_COUNT = 2**53
+
+
 def _count(value: Any) -> int:
-    """A token count as read from a file anyone may have written: a positive int, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A token count as read from a file anyone may have written: a positive int up to MAX_COUNT, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_COUNT else 0
 
 
 def _named(raw: Mapping[str, Any], name: str) -> int:
@@ -147,11 +153,22 @@ class Receipt:
         given: dict[str, Any] = {"run_id": "", "agent": "", "wake": 0, "reason": "", "usage": Usage.from_json(raw)}
         for name, kind in _PLAIN:       # one loop, no call per field: a year of wakes is read at a console's start
             value: Any = raw.get(name)
-            if type(value) is kind and (kind is not int or value > 0):
+            if type(value) is kind and (kind is not int or 0 < value <= MAX_COUNT):
                 given[name] = value
-        usd = raw.get("usd", 0.0)
-        given["usd"] = float(usd) if type(usd) in (int, float) else None
+        given["usd"] = json_float(raw.get("usd", 0.0))
         return cls(**given)
+
+
+def json_float(value: object) -> float | None:
+    """A JSON number as a finite float, or None: a planted 400-digit integer overflows float(),
+    and a reader of files anyone with the folder can write must not raise for it."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 # Receipt's plain fields and their JSON types (a positive int for counts): from_json's one loop.

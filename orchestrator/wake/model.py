@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anthropic
+import httpx2  # the SDK's HTTP library (a dependency of anthropic's): its TLS defaults, once
 
 from orchestrator import tracing
 from orchestrator.policy.agent import AgentError
@@ -79,13 +80,13 @@ _tls_lock = threading.Lock()
 
 
 def _tls() -> ssl.SSLContext:
-    """The process's one verifying TLS context (the stdlib's default: the system's CA store,
-    or SSL_CERT_FILE / SSL_CERT_DIR, as the SDK's own honours); an SSLContext is safe to
-    share between threads."""
+    """The process's one verifying TLS context, made by the SDK's HTTP library as its every client
+    would make its own (the same trust store: the OS's where it has one, SSL_CERT_FILE /
+    SSL_CERT_DIR honoured); an SSLContext is safe to share between threads."""
     global _tls_context
     with _tls_lock:
         if _tls_context is None:
-            _tls_context = ssl.create_default_context()
+            _tls_context = httpx2.create_ssl_context()
         return _tls_context
 
 
