@@ -39,9 +39,10 @@ def timed(fn, n: int) -> Stats:
 
 
 def match_cost(rules: int, n: int) -> Stats:
-    approve = Approve(tuple(ApproveRule("bash", match=(f"git push-{i}*", f"*terraform apply-{i}*"))
-                            for i in range(rules)))
-    return timed(lambda: [approve.asks("bash", CALL) for _ in range(100)], n)   # per 100 calls
+    approve = Approve(
+        tuple(ApproveRule("bash", match=(f"git push-{i}*", f"*terraform apply-{i}*")) for i in range(rules))
+    )
+    return timed(lambda: [approve.asks("bash", CALL) for _ in range(100)], n)  # per 100 calls
 
 
 def ask_cost(state_dir: Path, open_already: int, n: int) -> Stats:
@@ -50,9 +51,11 @@ def ask_cost(state_dir: Path, open_already: int, n: int) -> Stats:
     kept = set(approvals.state_folder(state_dir).files(approvals.APPROVALS_DIR))
 
     def one():
-        asked = approvals.ask(state_dir, "bash", {"command": f"git push {time.perf_counter_ns()}"}, "r", "words",
-                              "bench", 3600)
+        asked = approvals.ask(
+            state_dir, "bash", {"command": f"git push {time.perf_counter_ns()}"}, "r", "words", "bench", 3600
+        )
         approvals.state_folder(state_dir).unlink(f"{approvals.APPROVALS_DIR}/{asked.approval.id}.json")
+
     result = timed(one, n)
     assert set(approvals.state_folder(state_dir).files(approvals.APPROVALS_DIR)) == kept
     return result
@@ -80,8 +83,10 @@ def main() -> None:
             ("match, per 100 calls, no rules", match_cost(0, args.n)),
             (f"match, per 100 calls, {MAX_APPROVE_RULES} rules", match_cost(MAX_APPROVE_RULES, args.n)),
             ("a held call filed, none open", ask_cost(state(tmp, "a0"), 0, args.n)),
-            (f"a held call filed, {approvals.MAX_OPEN - 1} open", ask_cost(state(tmp, "a31"),
-                                                                         approvals.MAX_OPEN - 1, args.n)),
+            (
+                f"a held call filed, {approvals.MAX_OPEN - 1} open",
+                ask_cost(state(tmp, "a31"), approvals.MAX_OPEN - 1, args.n),
+            ),
             ("a wake's start, no approvals", take_cost(state(tmp, "t0"), 0, args.n)),
             ("a wake's start, 31 told ones kept", take_cost(state(tmp, "t31"), 31, args.n)),
         ]

@@ -30,14 +30,15 @@ from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import LABEL, connect
 from tests.helpers import make_agent
 
-PACE_S = 0.3                # the fake API's wait before each answer: a model takes at least this
-WRITE_BYTES = 1024          # content of each write_file call
-SSE_CHUNK = 1 << 20         # characters per SSE delta from the fake API: a block in one delta
-TOKEN_CAP = 50_000_000      # the bench's wakes must end on their script, never on the token budget
+PACE_S = 0.3  # the fake API's wait before each answer: a model takes at least this
+WRITE_BYTES = 1024  # content of each write_file call
+SSE_CHUNK = 1 << 20  # characters per SSE delta from the fake API: a block in one delta
+TOKEN_CAP = 50_000_000  # the bench's wakes must end on their script, never on the token budget
 KEY = "sk-ant-bench-not-a-real-key"
 
 
 # -- numbers -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -57,10 +58,11 @@ def stats(samples: list[float]) -> Stats:
 def say(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
+
 # -- agents and the fake API ---------------------------------------------------
 
-BENCH_DISK = "256m"      # each agent's workspace disk: its size costs nothing per call, and
-                        # hundreds of agents must fit the host's room for disks (disk._check_room)
+BENCH_DISK = "256m"  # each agent's workspace disk: its size costs nothing per call, and
+# hundreds of agents must fit the host's room for disks (disk._check_room)
 
 
 def bench_agent(path: Path, policy: dict, **options) -> Agent:
@@ -89,6 +91,7 @@ class Script:
 
     def __call__(self, rec):
         from orchestrator.testing.fakeapi import text, tool_use, turn
+
         arrived = time.perf_counter()
         step = step_of(rec.body)
         if self.pace_s:
@@ -103,8 +106,10 @@ class Script:
 
     def gaps_ms(self) -> list[float]:
         """Per tool call: request to next request, less the time the API held the first."""
-        return [(self.arrived[i + 1] - self.arrived[i] - self.held[i]) * 1000
-                for i in range(min(self.calls, len(self.arrived) - 1))]
+        return [
+            (self.arrived[i + 1] - self.arrived[i] - self.held[i]) * 1000
+            for i in range(min(self.calls, len(self.arrived) - 1))
+        ]
 
 
 def bash_true(step: int):
@@ -120,6 +125,7 @@ def fake_api(responder):
     whole reply at once, as after a model's latency, where the tests' 7-char
     deltas would bill the harness for streaming a reply token by token."""
     from orchestrator.testing import fakeapi
+
     fakeapi.CHUNK = SSE_CHUNK
     return fakeapi.FakeAPI(then=responder)
 
@@ -152,6 +158,7 @@ def check_receipt(receipt, what: str) -> None:
 
 # -- the docker CLI and the bench's containers ----------------------------------
 
+
 def timed_ms(cmd: list[str], data: bytes | None = None) -> float:
     started = time.perf_counter()
     proc = subprocess.run(cmd, input=data, capture_output=True)
@@ -165,8 +172,9 @@ def idle_cost(cids: list[str]) -> str:
     """Containers the idle pool holds and the memory each uses (docker stats)."""
     if not cids:
         return "empty"
-    proc = subprocess.run(["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *cids],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *cids], capture_output=True, text=True
+    )
     usage = [line.split("/")[0].strip() for line in proc.stdout.splitlines()]
     return f"{len(cids)} containers, {' + '.join(usage) or '? (docker stats said nothing)'}"
 

@@ -53,34 +53,36 @@ from bench.wake_cost import StandInSandbox, orchestrator_overhead
 from tests.helpers import REPO
 from tests.helpers.receivers import Collector
 
-BENCH_TOKEN = "bench-token-0123456789"    # the console token of the bench's own consoles
+BENCH_TOKEN = "bench-token-0123456789"  # the console token of the bench's own consoles
 SETTINGS = ("off", "metrics", "console", "traces")
 PAGE_BUDGET_MS = 300.0
 
 
 # -- 1. per step, each on and off ------------------------------------------------------------
 
+
 def one_setting(setting: str, steps: int) -> dict:
     """In this (child) process: turn `setting` on, run the overhead wake, return its numbers."""
     from orchestrator import metrics, tracing
+
     stop = lambda: None
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-observe-"))
     try:
         if setting == "metrics":
             metrics.install()
         elif setting == "traces":
-            sink = Collector()   # takes every export, keeps nothing
+            sink = Collector()  # takes every export, keeps nothing
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
             assert tracing.setup(), "tracing did not start: is the otel extra installed?"
             stop = sink.close
         elif setting == "console":
             stop = _watched_console(tmp)
-        orchestrator_overhead(tmp / "warm-up", 3)     # imports and first-use setup: not a step's cost
+        orchestrator_overhead(tmp / "warm-up", 3)  # imports and first-use setup: not a step's cost
         cpu = time.process_time()
         overhead = orchestrator_overhead(tmp / "agent-root", steps)
         if setting == "traces":
-            tracing.flush()     # the export's CPU is the wake's cost too
-        cpu_ms = (time.process_time() - cpu) * 1000 / steps   # every thread: the exporter's, the console's
+            tracing.flush()  # the export's CPU is the wake's cost too
+        cpu_ms = (time.process_time() - cpu) * 1000 / steps  # every thread: the exporter's, the console's
         return {"per_step": overhead.per_step.median, "p90": overhead.per_step.p90, "cpu": cpu_ms}
     finally:
         stop()
@@ -91,16 +93,18 @@ def _watched_console(tmp: Path):
     """The console on this process, and a person watching whatever wake runs under tmp."""
     from orchestrator.console.app import LIVE_REFRESH_S, Console, start
     from orchestrator.console.auth import Access
+
     console = Console(tmp, Access(BENCH_TOKEN, loopback=True))
     listening = start(console, "127.0.0.1", 0)
     console.warmed.wait(timeout=60)
     done = threading.Event()
 
-    def watch():                    # the agent (tmp/agent-root) appears once the wake is under way
+    def watch():  # the agent (tmp/agent-root) appears once the wake is under way
         while not done.wait(LIVE_REFRESH_S):
             for path in tmp.glob("*/state/transcripts/*.jsonl"):
                 _get(f"{listening.url}agents/{path.parents[2].name}/wakes/{path.stem}")
             _get(listening.url)
+
     threading.Thread(target=watch, daemon=True).start()
     return lambda: (done.set(), listening.stop())
 
@@ -112,33 +116,40 @@ def per_step(steps: int, rounds: int) -> dict[str, dict]:
     for r in range(rounds):
         for setting in SETTINGS:
             say(f"per step: {setting}, round {r + 1} of {rounds}")
-            child = subprocess.run([sys.executable, "-m", "bench.console", "--one", setting, "--steps", str(steps)],
-                                   capture_output=True, text=True, timeout=600, cwd=REPO)
+            child = subprocess.run(
+                [sys.executable, "-m", "bench.console", "--one", setting, "--steps", str(steps)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=REPO,
+            )
             if child.returncode != 0:
                 raise SystemExit(f"the {setting} run failed:\n{child.stderr[-2000:]}")
             runs[setting].append(json.loads(child.stdout.strip().splitlines()[-1]))
-    return {s: {k: statistics.median(r[k] for r in got) for k in ("per_step", "p90", "cpu")}
-            for s, got in runs.items()}
+    return {s: {k: statistics.median(r[k] for r in got) for k in ("per_step", "p90", "cpu")} for s, got in runs.items()}
 
 
 # -- 2. a big root ---------------------------------------------------------------------------
+
 
 def template_wake(tmp: Path):
     """One real dry-run wake (scripted model, stand-in sandbox): its events and transcript."""
     from bench.common import bench_agent
     from orchestrator.wake.loop import wake
+
     agent = bench_agent(tmp / "template", {})
-    receipt = wake(agent, live=False, sandbox=StandInSandbox(output="hello from the box\n",
-                                                              workspace=agent.workspace))
+    receipt = wake(agent, live=False, sandbox=StandInSandbox(output="hello from the box\n", workspace=agent.workspace))
     sd = agent.state_dir
-    events = [line for line in (sd / "events.jsonl").read_text().splitlines()
-              if json.loads(line)["run_id"] == receipt.run_id]
+    events = [
+        line for line in (sd / "events.jsonl").read_text().splitlines() if json.loads(line)["run_id"] == receipt.run_id
+    ]
     transcript = (sd / "transcripts" / f"{receipt.run_id}.jsonl").read_text()
     return receipt, events, transcript, sd / "transcripts" / "prompts"
 
 
 def build_root(root: Path, agents: int, wakes: int) -> None:
     from orchestrator.policy.agent import init_agent
+
     receipt, events, transcript, prompts = template_wake(root.parent)
     day0 = receipt.started_at[:10]
     now = datetime.now(timezone.utc)
@@ -157,24 +168,34 @@ def build_root(root: Path, agents: int, wakes: int) -> None:
             lines.append(text.replace(f'"wake": {receipt.wake}', f'"wake": {w + 1}'))
             # a copy each: a transcript with another name (a hard link) is refused (records/folder.py)
             (sd / "transcripts" / f"{run}.jsonl").write_text(transcript.replace(receipt.run_id, run))
-        cut = len(lines) * 6 // 10      # the older 60% rotated and gzipped, as retention leaves them
+        cut = len(lines) * 6 // 10  # the older 60% rotated and gzipped, as retention leaves them
         stamp = now.strftime("%Y%m%dT%H%M%S000000Z")
         with gzip.open(sd / f"events-{stamp}.jsonl.gz", "wt") as f:
             f.write("\n".join(lines[:cut]) + "\n")
         (sd / "events.jsonl").write_text("\n".join(lines[cut:]) + "\n")
         last = json.loads(receipt.to_json()) | {"wake": wakes}
         (sd / "state.json").write_text(json.dumps({"wake": wakes, "tokens_lifetime": 0, "last_receipt": last}))
-        days = {(now - timedelta(days=d)).strftime("%Y-%m-%d"): {"usd": round(rnd.random(), 4), "tokens": 1000,
-                                                                 "calls": 10, "unpriced": 0} for d in range(40)}
+        days = {
+            (now - timedelta(days=d)).strftime("%Y-%m-%d"): {
+                "usd": round(rnd.random(), 4),
+                "tokens": 1000,
+                "calls": 10,
+                "unpriced": 0,
+            }
+            for d in range(40)
+        }
         (sd / "ledger.json").write_text(json.dumps({"version": 1, "days": days, "lifetime": {"usd": 20.0}}))
-        (sd / "outbox.txt").write_text("".join(f"--- 2026-11-{d:02d} wake {d}\n  a note from the agent\n"
-                                               for d in range(1, 20)))
+        (sd / "outbox.txt").write_text(
+            "".join(f"--- 2026-11-{d:02d} wake {d}\n  a note from the agent\n" for d in range(1, 20))
+        )
 
 
-def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
-               ) -> tuple[dict[str, tuple[list, list]], dict[str, list[float]]]:
+def page_times(
+    tmp: Path, agents: int, wakes: int, views: int, restarts: int
+) -> tuple[dict[str, tuple[list, list]], dict[str, list[float]]]:
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
+
     root = tmp / "root"
     say(f"building a root of {agents} agents x {wakes} wakes")
     started = time.monotonic()
@@ -186,8 +207,12 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
     url = listening.url
     rnd = random.Random(11)
     names = sorted(p.name for p in root.iterdir())
-    out: dict[str, list[float]] = {"fleet, the first view at start": [], "fleet": [], "agent": [],
-                                   "wake transcript": []}
+    out: dict[str, list[float]] = {
+        "fleet, the first view at start": [],
+        "fleet": [],
+        "agent": [],
+        "wake transcript": [],
+    }
     cpu: dict[str, list[float]] = {k: [] for k in out}
     try:
         out["fleet, the first view at start"].append(_get(url, cpu["fleet, the first view at start"]))
@@ -203,11 +228,18 @@ def page_times(tmp: Path, agents: int, wakes: int, views: int, restarts: int
         listening.stop()
     warm = {"at the first start": [warm_s]}
     for r in range(restarts):
-        for kept, name in ((False, "after a restart, nothing kept (as before)"),
-                           (True, "after a restart, rows and indexes kept on disk")):
+        for kept, name in (
+            (False, "after a restart, nothing kept (as before)"),
+            (True, "after a restart, rows and indexes kept on disk"),
+        ):
             say(f"restart {r + 1} of {restarts}: {name}")
-            child = subprocess.run([sys.executable, "-m", "bench.console", "--restart", str(root),
-                                    "--kept", str(int(kept))], capture_output=True, text=True, timeout=900, cwd=REPO)
+            child = subprocess.run(
+                [sys.executable, "-m", "bench.console", "--restart", str(root), "--kept", str(int(kept))],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                cwd=REPO,
+            )
             if child.returncode != 0:
                 raise SystemExit(f"the restart failed:\n{child.stderr[-2000:]}")
             got = json.loads(child.stdout.strip().splitlines()[-1])
@@ -225,6 +257,7 @@ def one_restart(root: Path, kept: bool) -> dict:
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
     from orchestrator.fleet import wake_history
+
     if not kept:
         pages.RowCache.load = lambda self, paths: 0
         pages.RowCache.save = lambda self: None
@@ -267,16 +300,29 @@ def table(steps: dict, pages: dict, warm: dict, agents: int, wakes: int) -> str:
     base = steps.get("off")
     for setting in SETTINGS if steps else ():
         s = steps[setting]
-        extra = (f"{s['cpu']:.2f} ms" + ("" if setting == "off" else
-                 f" ({s['cpu'] - base['cpu']:+.2f} ms; wall {s['per_step'] - base['per_step']:+.2f} ms)"))
+        extra = f"{s['cpu']:.2f} ms" + (
+            ""
+            if setting == "off"
+            else f" ({s['cpu'] - base['cpu']:+.2f} ms; wall {s['per_step'] - base['per_step']:+.2f} ms)"
+        )
         rows.append((f"  {setting}", f"{s['per_step']:.2f} / {s['p90']:.2f} ms", extra))
     if pages:
-        rows.append((f"page time, {agents} agents x {wakes:,} wakes (p50 / p95)", "",
-                     f"CPU p50; wall p95 against {PAGE_BUDGET_MS:.0f} ms"))
+        rows.append(
+            (
+                f"page time, {agents} agents x {wakes:,} wakes (p50 / p95)",
+                "",
+                f"CPU p50; wall p95 against {PAGE_BUDGET_MS:.0f} ms",
+            )
+        )
     for name, (samples, cpu) in pages.items():
         p50, p95 = p50_p95(samples) if len(samples) > 1 else (samples[0], samples[0])
-        rows.append((f"  {name}", f"{p50:.1f} / {p95:.1f} ms",
-                     f"{statistics.median(cpu):.1f} ms CPU; {'ok' if p95 < PAGE_BUDGET_MS else 'OVER'}"))
+        rows.append(
+            (
+                f"  {name}",
+                f"{p50:.1f} / {p95:.1f} ms",
+                f"{statistics.median(cpu):.1f} ms CPU; {'ok' if p95 < PAGE_BUDGET_MS else 'OVER'}",
+            )
+        )
     if pages:
         rows.append(("every fleet row and history read, in the background (median)", "", ""))
     for name, seconds in warm.items():
@@ -294,8 +340,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each per-step setting")
     parser.add_argument("--only", choices=("steps", "pages"), help="one of the two measurements")
     parser.add_argument("--restarts", type=int, default=5, help="restarts timed each way")
-    parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)   # the child of per_step
-    parser.add_argument("--restart", type=Path, help=argparse.SUPPRESS)      # the child of page_times
+    parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)  # the child of per_step
+    parser.add_argument("--restart", type=Path, help=argparse.SUPPRESS)  # the child of page_times
     parser.add_argument("--kept", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.restart:

@@ -34,7 +34,7 @@ POOL_READY_S = 60
 
 
 def timed_call(box: DockerSandbox) -> float:
-    box.pool.wait_ready(box.pool.want, POOL_READY_S)   # the warm path: a pooled container waits
+    box.pool.wait_ready(box.pool.want, POOL_READY_S)  # the warm path: a pooled container waits
     started = time.perf_counter()
     result = box.run("true", timeout_s=30, max_output_chars=1000)
     elapsed = (time.perf_counter() - started) * 1000
@@ -52,14 +52,16 @@ def timed_start(agent, policy) -> float:
 def measure(tmp: Path, runtime: str, calls: int) -> dict[str, Stats]:
     with_disk = bench_agent(tmp / f"disk-{runtime}", {"sandbox": {"runtime": runtime}})
     folder = bench_agent(tmp / f"folder-{runtime}", {"sandbox": {"runtime": runtime, "disk": "none"}})
-    first = timed_start(with_disk, with_disk.policy.sandbox)   # mkfs, losetup, volume, mount
+    first = timed_start(with_disk, with_disk.policy.sandbox)  # mkfs, losetup, volume, mount
     starts = {"disk": [], "folder": []}
-    for _ in range(min(STARTS, calls)):   # a smoke run (--calls 2) stays short
+    for _ in range(min(STARTS, calls)):  # a smoke run (--calls 2) stays short
         starts["disk"].append(timed_start(with_disk, with_disk.policy.sandbox))
         starts["folder"].append(timed_start(folder, folder.policy.sandbox))
     samples = {"disk": [], "folder": [], "exec": []}
-    boxes = {name: DockerSandbox(a.workspace, a.policy.sandbox, agent=a.name)
-             for name, a in (("disk", with_disk), ("folder", folder))}
+    boxes = {
+        name: DockerSandbox(a.workspace, a.policy.sandbox, agent=a.name)
+        for name, a in (("disk", with_disk), ("folder", folder))
+    }
     reference = Reference(boxes["disk"])
     try:
         for i in range(calls):
@@ -72,9 +74,14 @@ def measure(tmp: Path, runtime: str, calls: int) -> dict[str, Stats]:
         reference.close()
         for box in boxes.values():
             box.close()
-    return {"call, disk": stats(samples["disk"]), "call, folder": stats(samples["folder"]),
-            "docker exec": stats(samples["exec"]), "first start, disk": stats([first]),
-            "start, disk": stats(starts["disk"]), "start, folder": stats(starts["folder"])}
+    return {
+        "call, disk": stats(samples["disk"]),
+        "call, folder": stats(samples["folder"]),
+        "docker exec": stats(samples["exec"]),
+        "first start, disk": stats([first]),
+        "start, disk": stats(starts["disk"]),
+        "start, folder": stats(starts["folder"]),
+    }
 
 
 def table(results: dict[str, dict[str, Stats]]) -> str:

@@ -64,15 +64,15 @@ from orchestrator.sandbox import rate
 from orchestrator.sandbox.engine import LABEL, connect
 from tests.helpers import REPO, scrubbed_env
 
-PACE_S = 1.0                # the fake model's answer time (issue 14)
+PACE_S = 1.0  # the fake model's answer time (issue 14)
 TURNS = SCALE_TOOL_STEPS + 1
-RATE_CALLS = 32             # cold calls measuring the engine's rate before each row (--rate-calls)
-MAX_X_BOUND = 1.2           # issue 26: wall at most this many times the larger bound
+RATE_CALLS = 32  # cold calls measuring the engine's rate before each row (--rate-calls)
+MAX_X_BOUND = 1.2  # issue 26: wall at most this many times the larger bound
 MODES = {"inproc": "inproc", "inprocess": "inproc", "broker": "broker"}
-ROW_TIMEOUT_S = 1800        # a row gives up after this
-POLL_S = 1.0                # how often the parent looks for finished wakes and RSS (the wall is
-                            # taken from the events' own timestamps, not from this)
-START_S = 120               # serve's first line (it measures the engine first) / the broker's socket
+ROW_TIMEOUT_S = 1800  # a row gives up after this
+POLL_S = 1.0  # how often the parent looks for finished wakes and RSS (the wall is
+# taken from the events' own timestamps, not from this)
+START_S = 120  # serve's first line (it measures the engine first) / the broker's socket
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Row:
     broker_mb: float
     failures: int
     load: str
-    model_per_wake_s: float = TURNS * PACE_S   # the fake API's hold, summed over a wake's turns
+    model_per_wake_s: float = TURNS * PACE_S  # the fake API's hold, summed over a wake's turns
 
     @property
     def engine_s(self) -> float:
@@ -113,18 +113,42 @@ class Row:
         return "ok" if ok else "MISS"
 
     def cells(self) -> list[str]:
-        return [self.label, self.mode + ("" if self.disk else " (folders)"), str(self.agents), str(self.k),
-                f"{self.wall_s:.1f} s", f"{self.engine_s:.1f} s ({self.engine_rate:.2f}/s)",
-                f"{self.model_s:.1f} s", f"{self.x_bound:.2f}x",
-                f"{self.created / self.calls:.2f} ({self.created}/{self.calls})",
-                f"{self.lag_p50:.1f} / {self.lag_p99:.1f} s",
-                f"{self.serve_mb:.0f}" + (f" / {self.broker_mb:.0f}" if self.mode == "broker" else ""),
-                str(self.peak_live), str(self.failures), self.load, self.verdict]
+        return [
+            self.label,
+            self.mode + ("" if self.disk else " (folders)"),
+            str(self.agents),
+            str(self.k),
+            f"{self.wall_s:.1f} s",
+            f"{self.engine_s:.1f} s ({self.engine_rate:.2f}/s)",
+            f"{self.model_s:.1f} s",
+            f"{self.x_bound:.2f}x",
+            f"{self.created / self.calls:.2f} ({self.created}/{self.calls})",
+            f"{self.lag_p50:.1f} / {self.lag_p99:.1f} s",
+            f"{self.serve_mb:.0f}" + (f" / {self.broker_mb:.0f}" if self.mode == "broker" else ""),
+            str(self.peak_live),
+            str(self.failures),
+            self.load,
+            self.verdict,
+        ]
 
 
-HEADER = ["code", "mode", "agents", "K", "wall", "engine bound (rate at K)", "model bound", "wall / bound",
-          "containers / call", "lag p50 / p99", "peak RSS MB serve / broker", "peak live", "failures",
-          "load 1-min", f"<= {MAX_X_BOUND}x"]
+HEADER = [
+    "code",
+    "mode",
+    "agents",
+    "K",
+    "wall",
+    "engine bound (rate at K)",
+    "model bound",
+    "wall / bound",
+    "containers / call",
+    "lag p50 / p99",
+    "peak RSS MB serve / broker",
+    "peak live",
+    "failures",
+    "load 1-min",
+    f"<= {MAX_X_BOUND}x",
+]
 
 
 class Engine:
@@ -137,8 +161,9 @@ class Engine:
         self.marker = str(root) + "/.marker"
         self.created = self.live = self.peak = 0
         self.done = threading.Event()
-        self._stream = self.client.events(decode=True, filters={
-            "type": "container", "event": ["create", "destroy"], "label": f"{LABEL}=1"})
+        self._stream = self.client.events(
+            decode=True, filters={"type": "container", "event": ["create", "destroy"], "label": f"{LABEL}=1"}
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -178,7 +203,7 @@ def child_env(code: Path, extra: dict) -> dict:
     return scrubbed_env({"PYTHONPATH": str(code), **extra})
 
 
-CHILDREN: list[subprocess.Popen] = []    # serve and the broker of the row running: ended on any exit
+CHILDREN: list[subprocess.Popen] = []  # serve and the broker of the row running: ended on any exit
 
 
 def spawn(argv: list[str], **kw) -> subprocess.Popen:
@@ -190,7 +215,7 @@ def spawn(argv: list[str], **kw) -> subprocess.Popen:
 def end_children() -> None:
     """SIGTERM each child still running (serve first: it ends its wakes, then the broker
     lets go of the disks), then SIGKILL what has not exited in time."""
-    for proc in reversed(CHILDREN):     # serve was started after the broker
+    for proc in reversed(CHILDREN):  # serve was started after the broker
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -202,9 +227,13 @@ def end_children() -> None:
 
 
 def start_broker(code: Path, root: Path, sock: Path) -> subprocess.Popen:
-    proc = spawn([sys.executable, "-m", "orchestrator", "broker", str(root), "--socket", str(sock)],
-                            cwd=code, env=child_env(code, {}), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [sys.executable, "-m", "orchestrator", "broker", str(root), "--socket", str(sock)],
+        cwd=code,
+        env=child_env(code, {}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + START_S
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -228,7 +257,7 @@ class Finished:
     """How many agents have finished their wake, from the tail of each one's event log:
     this process shares two cores with serve, so it never parses 200 whole logs a poll."""
 
-    TAIL = 4096             # bytes: wake_finished is among the last few events a wake writes
+    TAIL = 4096  # bytes: wake_finished is among the last few events a wake writes
 
     def __init__(self, agents: list[Path]):
         self.waiting, self.done = list(agents), 0
@@ -285,14 +314,17 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
     api = fake_api(script)
     with api:
         extra.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=KEY)
-        serve = spawn([sys.executable, "-m", "orchestrator", "serve", str(root),
-                                  *(["--max-concurrent", str(k)] if k else [])],
-                                 cwd=code, env=child_env(code, extra), stdout=subprocess.PIPE, text=True)
+        serve = spawn(
+            [sys.executable, "-m", "orchestrator", "serve", str(root), *(["--max-concurrent", str(k)] if k else [])],
+            cwd=code,
+            env=child_env(code, extra),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         first = serve.stdout.readline()
         due = time.time()
         say(f"fleet {label} {mode} {n}: {first.strip()[:300]}")
-        threading.Thread(target=drain, args=(serve.stdout, plan.logs, f"{label}-{mode}-{n}"),
-                         daemon=True).start()
+        threading.Thread(target=drain, args=(serve.stdout, plan.logs, f"{label}-{mode}-{n}"), daemon=True).start()
         serve_mb = broker_mb = 0.0
         deadline = time.monotonic() + ROW_TIMEOUT_S
         peaks = lambda: (max(serve_mb, hwm_mb(serve.pid)), max(broker_mb, hwm_mb(broker.pid) if broker else 0))
@@ -302,7 +334,7 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
             time.sleep(POLL_S)
         serve_mb, broker_mb = peaks()
         load1 = os.getloadavg()[0]
-        end_children()      # serve, then the broker
+        end_children()  # serve, then the broker
     if sock:
         shutil.rmtree(sock.parent, ignore_errors=True)
     engine.close()
@@ -312,15 +344,15 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
     scratch = fleet_agent(root.parent / "rate", disk)
     measured = rate.measure(connect(), load_agent(scratch).policy.sandbox, calls, k)
     shutil.rmtree(scratch)
-    row = summarize(label, mode, n, disk, agents, due, k, measured.per_s, engine,
-                    serve_mb, broker_mb, f"{load0:.1f} -> {load1:.1f}")
+    row = summarize(
+        label, mode, n, disk, agents, due, k, measured.per_s, engine, serve_mb, broker_mb, f"{load0:.1f} -> {load1:.1f}"
+    )
     row.model_per_wake_s = sum(script.held) / n
     say(f"fleet {label} {mode} {n}: a wake's time, medians: {phases(agents, due)}")
     return row
 
 
-def summarize(label, mode, n, disk, agents, due, k, engine_rate, engine, serve_mb, broker_mb,
-              load) -> Row:
+def summarize(label, mode, n, disk, agents, due, k, engine_rate, engine, serve_mb, broker_mb, load) -> Row:
     lags, ends, calls, failures = [], [], 0, 0
     for a in agents:
         events = list(read_events(a / "state" / EVENTS_FILE))
@@ -338,11 +370,24 @@ def summarize(label, mode, n, disk, agents, due, k, engine_rate, engine, serve_m
                 calls += 1
         failures += not any(e.type == "wake_finished" for e in events)
     lags.sort()
-    return Row(label, mode, n, disk, k, (max(ends) - due) if ends else float("nan"),
-               engine_rate, max(calls, 1), engine.created, engine.peak,
-               statistics.median(lags) if lags else float("nan"),
-               lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("nan"),
-               serve_mb, broker_mb, failures, load)
+    return Row(
+        label,
+        mode,
+        n,
+        disk,
+        k,
+        (max(ends) - due) if ends else float("nan"),
+        engine_rate,
+        max(calls, 1),
+        engine.created,
+        engine.peak,
+        statistics.median(lags) if lags else float("nan"),
+        lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("nan"),
+        serve_mb,
+        broker_mb,
+        failures,
+        load,
+    )
 
 
 def phases(agents: list[Path], due: float) -> str:
@@ -416,7 +461,7 @@ def main() -> int:
         say("fleet: interrupted; removing what the bench made (serve, the broker, containers, disks)")
         interrupted = True
     finally:
-        end_children()      # Ctrl-C mid-row: serve and the broker end (and let go of the disks) first
+        end_children()  # Ctrl-C mid-row: serve and the broker end (and let go of the disks) first
         gone = cleanup(tmp)
         if gone:
             say(f"fleet: removed {gone} container(s) left behind")

@@ -27,27 +27,43 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import (PACE_S, TOKEN_CAP, WRITE_BYTES, LiveEnv, Script, Stats, check_receipt, fake_api,
-                    idle_cost, bench_agent, stats, timed_ms)
+from bench.common import (
+    PACE_S,
+    TOKEN_CAP,
+    WRITE_BYTES,
+    LiveEnv,
+    Script,
+    Stats,
+    check_receipt,
+    fake_api,
+    idle_cost,
+    bench_agent,
+    stats,
+    timed_ms,
+)
 from orchestrator.sandbox.engine import DockerSandbox
+
 
 @dataclass(frozen=True)
 class Paced:
-    per_call: Stats         # request to next request, less the API's wait
-    mean_ms: float          # the whole wake less every wait, divided by the calls (start-up,
-                            # the first cold calls and the journal stub's call included)
-    cold: int               # calls that found the pool empty and made their container
-    waited: int | None      # calls that found nothing ready (waited for a refill, or cold);
-                            # None: the code measured does not count them (an older checkout)
-    in_box: Stats           # of which inside DockerSandbox.run/write (its duration_ms)
+    per_call: Stats  # request to next request, less the API's wait
+    mean_ms: float  # the whole wake less every wait, divided by the calls (start-up,
+    # the first cold calls and the journal stub's call included)
+    cold: int  # calls that found the pool empty and made their container
+    waited: int | None  # calls that found nothing ready (waited for a refill, or cold);
+    # None: the code measured does not count them (an older checkout)
+    in_box: Stats  # of which inside DockerSandbox.run/write (its duration_ms)
 
 
 def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int = 0) -> Paced:
     """`files`: that many empty files in the workspace (on its own disk) before the wake,
     as a working agent's would hold: what a call costs may grow with them."""
     from orchestrator.wake.loop import wake
-    agent = bench_agent(tmp / name, {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP},
-                                    "sandbox": {"runtime": runtime}})
+
+    agent = bench_agent(
+        tmp / name,
+        {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP}, "sandbox": {"runtime": runtime}},
+    )
     fill(agent.workspace, files)
     script = Script(tools, calls, PACE_S)
     with LiveEnv(fake_api(script)):
@@ -62,10 +78,13 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
     if receipt.tool_calls != calls:
         raise SystemExit(f"bench: {name}: {receipt.tool_calls} tool calls, expected {calls}")
     from orchestrator.records.events import EVENTS_FILE, read_events
-    in_box = [e.data["duration_ms"] for e in read_events(agent.state_dir / EVENTS_FILE)
-              if e.type == "tool_result" and "duration_ms" in e.data]
-    return Paced(stats(script.gaps_ms()), (whole - sum(script.held)) * 1000 / calls, misses[0],
-                 waited, stats(in_box))
+
+    in_box = [
+        e.data["duration_ms"]
+        for e in read_events(agent.state_dir / EVENTS_FILE)
+        if e.type == "tool_result" and "duration_ms" in e.data
+    ]
+    return Paced(stats(script.gaps_ms()), (whole - sum(script.held)) * 1000 / calls, misses[0], waited, stats(in_box))
 
 
 def fill(workspace: Path, files: int, per_folder: int = 100) -> None:
@@ -90,6 +109,7 @@ def count_misses(box: DockerSandbox) -> list[int]:
         cid = take()
         misses[0] += cid is None
         return cid
+
     box.pool.take = counted
     return misses
 
@@ -97,6 +117,7 @@ def count_misses(box: DockerSandbox) -> list[int]:
 @dataclass
 class References:
     """docker exec into a warm container and docker run --rm, same image and flags, via the CLI."""
+
     exec_true: list[float]
     run_true: list[float]
     exec_write: list[float]
@@ -109,6 +130,7 @@ class Reference:
     def __init__(self, box: DockerSandbox):
         from orchestrator.sandbox.explain import docker_run_flags
         from orchestrator.sandbox.programs import write_argv as box_write_argv
+
         true_cfg, true_host = box.container_spec(["bash", "-c", "true"], "bench-ref")
         write_argv = box_write_argv("bench/ref.txt")
         write_cfg, write_host = box.container_spec(write_argv, "bench-ref", stdin=True, workdir="/")
@@ -116,8 +138,9 @@ class Reference:
         self.run_true = ["docker", "run", *docker_run_flags(true_cfg, true_host), image, "bash", "-c", "true"]
         self.run_write = ["docker", "run", *docker_run_flags(write_cfg, write_host), image, *write_argv]
         keep = [f for f in docker_run_flags(true_cfg, true_host) if f != "--rm"]
-        started = subprocess.run(["docker", "run", "-d", *keep, image, "sleep", "infinity"],
-                                 capture_output=True, text=True)
+        started = subprocess.run(
+            ["docker", "run", "-d", *keep, image, "sleep", "infinity"], capture_output=True, text=True
+        )
         if started.returncode != 0:
             raise SystemExit(f"bench: cannot start the exec reference container: {started.stderr.strip()}")
         self.cid = started.stdout.strip()

@@ -28,7 +28,7 @@ from orchestrator.notify import outcomes
 from orchestrator.notify.config import Channel
 from orchestrator.records.transcript import Transcript
 
-OUTPUT_CHARS = 2000                 # a tool result's text, as the model saw it
+OUTPUT_CHARS = 2000  # a tool result's text, as the model saw it
 STEPS = 200
 
 
@@ -37,12 +37,32 @@ def transcript_per_step(tmp: Path, steps: int = STEPS) -> Stats:
     samples = []
     for step in range(1, steps + 1):
         started = time.perf_counter()
-        t.add("assistant", step=step, content=[{"type": "text", "text": "Looking at the tests next."},
-                                               {"type": "tool_use", "id": f"toolu_{step}", "name": "bash",
-                                                "input": {"command": "pytest -q tests/ 2>&1 | tail -40"}}],
-              stop_reason="tool_use", usage={"input_tokens": 1200, "output_tokens": 80}, usd_so_far=0.01)
-        t.add("tool_result", step=step, id=f"toolu_{step}", tool="bash", text="x" * OUTPUT_CHARS,
-              is_error=False, exit_code=0, duration_ms=420)
+        t.add(
+            "assistant",
+            step=step,
+            content=[
+                {"type": "text", "text": "Looking at the tests next."},
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{step}",
+                    "name": "bash",
+                    "input": {"command": "pytest -q tests/ 2>&1 | tail -40"},
+                },
+            ],
+            stop_reason="tool_use",
+            usage={"input_tokens": 1200, "output_tokens": 80},
+            usd_so_far=0.01,
+        )
+        t.add(
+            "tool_result",
+            step=step,
+            id=f"toolu_{step}",
+            tool="bash",
+            text="x" * OUTPUT_CHARS,
+            is_error=False,
+            exit_code=0,
+            duration_ms=420,
+        )
         samples.append((time.perf_counter() - started) * 1000)
     return stats(samples)
 

@@ -56,29 +56,37 @@ def main() -> int:
         policy = replace(agent.policy.sandbox, runtime=args.runtime)
         box = DockerSandbox(agent.workspace, policy, agent="bench")
         cold = DockerSandbox(agent.workspace, policy, agent="bench", warm=0)
-        config, host = box.container_spec(["/bin/bash", "-c", "true"], "bench",
-                                          command_env=box.command_env())
+        config, host = box.container_spec(["/bin/bash", "-c", "true"], "bench", command_env=box.command_env())
         image = [config["image"], *config["command"]]
         run_cmd = ["docker", "run", *docker_run_flags(config, host), *image]
         keep = [flag for flag in docker_run_flags(config, host) if flag != "--rm"]
-        warm = subprocess.run(["docker", "run", "-d", *keep, config["image"], "sleep", "infinity"],
-                              capture_output=True, text=True)
+        warm = subprocess.run(
+            ["docker", "run", "-d", *keep, config["image"], "sleep", "infinity"], capture_output=True, text=True
+        )
         check(warm)
         warm_id = warm.stdout.strip()
         exec_cmd = ["docker", "exec", warm_id, "bash", "-c", "true"]
-        samples = {"wakeloop call, warm pool": [], "wakeloop call, cold": [],
-                   "docker run --rm": [], "docker exec (warm)": []}
+        samples = {
+            "wakeloop call, warm pool": [],
+            "wakeloop call, cold": [],
+            "docker run --rm": [],
+            "docker exec (warm)": [],
+        }
         try:
             for i in range(args.calls):
                 time.sleep(PACE_S)
                 samples["wakeloop call, warm pool"].append(
-                    timed(lambda: box.run("true", timeout_s=30, max_output_chars=1000)))
+                    timed(lambda: box.run("true", timeout_s=30, max_output_chars=1000))
+                )
                 samples["wakeloop call, cold"].append(
-                    timed(lambda: cold.run("true", timeout_s=30, max_output_chars=1000)))
+                    timed(lambda: cold.run("true", timeout_s=30, max_output_chars=1000))
+                )
                 samples["docker run --rm"].append(
-                    timed(lambda: check(subprocess.run(run_cmd, capture_output=True, text=True))))
+                    timed(lambda: check(subprocess.run(run_cmd, capture_output=True, text=True)))
+                )
                 samples["docker exec (warm)"].append(
-                    timed(lambda: check(subprocess.run(exec_cmd, capture_output=True, text=True))))
+                    timed(lambda: check(subprocess.run(exec_cmd, capture_output=True, text=True)))
+                )
                 print(f"\r{i + 1}/{args.calls} rounds", end="", file=sys.stderr, flush=True)
             box.pool.wait_ready(box.pool.want, 60)
             idle = idle_cost(box.pool.idle())
@@ -89,7 +97,7 @@ def main() -> int:
         finally:
             subprocess.run(["docker", "rm", "-f", warm_id], capture_output=True)
             box.close()
-            cold.close()   # the last holder of the disk: released before the folder goes
+            cold.close()  # the last holder of the disk: released before the folder goes
         print(file=sys.stderr)
 
     floor = statistics.median(samples["docker exec (warm)"])

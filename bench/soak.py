@@ -66,30 +66,29 @@ import yaml
 from bench.common import KEY, cleanup, fake_api, say, step_of
 from tests.helpers import REPO, scrubbed_env
 
-AGENTS = 20                 # agents under one serve, each due every second
-SECONDS = 600               # how long serve runs: about ten minutes here, with the set-up
-SAMPLE_S = 5.0              # how often the child's RSS, descriptors and threads are read
-MAX_CONCURRENT = 4          # serve's default K
-STOP_GRACE_S = 90           # after SIGTERM, how long serve gets to end its wakes cleanly
-MILESTONE = 1_000           # with --until-wakes: RSS and descriptors at every this many wakes
-TRACE_ENV = "WAKELOOP_SOAK_TRACE"   # --trace DIR: the stand-in child traces its allocations into DIR
-TRACE_EVERY = 500           # wakes between tracemalloc snapshots (--trace-every)
-TRACE_FRAMES = 8            # frames kept per allocation: enough to see whose call made it
-FLAT_WITHIN = 0.05          # the issue's bar: after the first MILESTONE wakes, RSS stays within 5 %
+AGENTS = 20  # agents under one serve, each due every second
+SECONDS = 600  # how long serve runs: about ten minutes here, with the set-up
+SAMPLE_S = 5.0  # how often the child's RSS, descriptors and threads are read
+MAX_CONCURRENT = 4  # serve's default K
+STOP_GRACE_S = 90  # after SIGTERM, how long serve gets to end its wakes cleanly
+MILESTONE = 1_000  # with --until-wakes: RSS and descriptors at every this many wakes
+TRACE_ENV = "WAKELOOP_SOAK_TRACE"  # --trace DIR: the stand-in child traces its allocations into DIR
+TRACE_EVERY = 500  # wakes between tracemalloc snapshots (--trace-every)
+TRACE_FRAMES = 8  # frames kept per allocation: enough to see whose call made it
+FLAT_WITHIN = 0.05  # the issue's bar: after the first MILESTONE wakes, RSS stays within 5 %
 SHAPES = ("dry", "one-call")
 # the one-call wake's command: appends to today's journal (the container's clock is UTC, as the
 # harness's day is), so the wake leaves its own trace and the harness writes no stub
-ONE_CALL = ("mkdir -p memory/journal && "
-            "echo \"- soak wake at $(date -u +%T)\" >> memory/journal/$(date -u +%F).md")
+ONE_CALL = 'mkdir -p memory/journal && echo "- soak wake at $(date -u +%T)" >> memory/journal/$(date -u +%F).md'
 
 
 @dataclass(frozen=True)
 class Sample:
-    t: float                # seconds since serve started
+    t: float  # seconds since serve started
     rss_kb: int
     fds: int
     threads: int
-    wakes: int              # wakes finished so far, from serve's own lines
+    wakes: int  # wakes finished so far, from serve's own lines
 
 
 @dataclass
@@ -99,9 +98,9 @@ class Soak:
     samples: list[Sample] = field(default_factory=list)
     wakes: int = 0
     failures: list[str] = field(default_factory=list)
-    state_bytes: int = 0    # all agents' state/ at the end, less what init left
-    rotated: int = 0        # rotated segments under the agents' state/ at the end
-    gzip_ratio: float = 0.0     # the live event logs' size gzipped over plain: what rotation keeps
+    state_bytes: int = 0  # all agents' state/ at the end, less what init left
+    rotated: int = 0  # rotated segments under the agents' state/ at the end
+    gzip_ratio: float = 0.0  # the live event logs' size gzipped over plain: what rotation keeps
 
     @property
     def warm(self) -> list[Sample]:
@@ -135,9 +134,17 @@ class Soak:
         return self.state_bytes / self.wakes if self.wakes else 0.0
 
 
-def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: float = SAMPLE_S,
-         runtime: str = "runc", state: dict | None = None, standin: bool = False,
-         until_wakes: int | None = None, shape: str = "dry") -> Soak:
+def soak(
+    tmp: Path,
+    agents: int = AGENTS,
+    seconds: float = SECONDS,
+    sample_s: float = SAMPLE_S,
+    runtime: str = "runc",
+    state: dict | None = None,
+    standin: bool = False,
+    until_wakes: int | None = None,
+    shape: str = "dry",
+) -> Soak:
     """Serve `agents` for `seconds` (or until `until_wakes` wakes have finished);
     `state` is the agents' policy `state:` section, if not the default."""
     with contextlib.ExitStack() as stack:
@@ -148,16 +155,29 @@ def soak(tmp: Path, agents: int = AGENTS, seconds: float = SECONDS, sample_s: fl
         return _soak(tmp, env, agents, seconds, sample_s, runtime, state, standin, until_wakes, shape)
 
 
-def _soak(tmp: Path, env: dict[str, str], agents: int, seconds: float, sample_s: float, runtime: str,
-          state: dict | None, standin: bool, until_wakes: int | None, shape: str) -> Soak:
+def _soak(
+    tmp: Path,
+    env: dict[str, str],
+    agents: int,
+    seconds: float,
+    sample_s: float,
+    runtime: str,
+    state: dict | None,
+    standin: bool,
+    until_wakes: int | None,
+    shape: str,
+) -> Soak:
     root = tmp / "agents"
     for i in range(agents):
         make_soak_agent(root / f"s{i:02d}", runtime, state, live=shape == "one-call", disk=not standin)
     before = state_bytes(root)
     result = Soak(agents, seconds)
     log = (tmp / "serve.log").open("w+")
-    argv = ([sys.executable, "-m", "bench.soak", "--standin-child", str(root)] if standin
-            else [sys.executable, "-m", "orchestrator", "serve", str(root), "--max-concurrent", str(MAX_CONCURRENT)])
+    argv = (
+        [sys.executable, "-m", "bench.soak", "--standin-child", str(root)]
+        if standin
+        else [sys.executable, "-m", "orchestrator", "serve", str(root), "--max-concurrent", str(MAX_CONCURRENT)]
+    )
     child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     tail = WakeCount(tmp / "serve.log")
     try:
@@ -168,8 +188,7 @@ def _soak(tmp: Path, env: dict[str, str], agents: int, seconds: float, sample_s:
             if until_wakes and result.samples[-1].wakes >= until_wakes:
                 break
         if child.poll() is not None:
-            raise SystemExit(f"soak: serve exited early ({child.returncode}): "
-                             f"{(tmp / 'serve.log').read_text()[-800:]}")
+            raise SystemExit(f"soak: serve exited early ({child.returncode}): {(tmp / 'serve.log').read_text()[-800:]}")
         result.seconds = time.monotonic() - started
         child.send_signal(signal.SIGTERM)
         child.wait(STOP_GRACE_S)
@@ -190,6 +209,7 @@ def _soak(tmp: Path, env: dict[str, str], agents: int, seconds: float, sample_s:
 def one_call_reply(rec):
     """The fake API's answer for a one-call wake: the bash call, then end_turn; no tokens billed."""
     from orchestrator.fakeapi import text, tool_use, turn, usage
+
     if step_of(rec.body) == 0:
         return turn(tool_use("bash", {"command": ONE_CALL}), usage=usage())
     return turn(text("Journaled; done."), usage=usage())
@@ -227,9 +247,9 @@ def child_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def make_soak_agent(path: Path, runtime: str, state: dict | None = None, live: bool = False,
-                    disk: bool = True) -> None:
+def make_soak_agent(path: Path, runtime: str, state: dict | None = None, live: bool = False, disk: bool = True) -> None:
     from orchestrator.policy.agent import init_agent
+
     init_agent(path)
     config = path / "agent.yaml"
     data = yaml.safe_load(config.read_text())
@@ -277,10 +297,11 @@ def release_disks(tmp: Path) -> None:
     """Detach and delete every disk the soak made (its folder is the soak's own)."""
     from orchestrator.sandbox import disk
     from orchestrator.sandbox.engine import connect
+
     if not (tmp / "disks").is_dir():
         return
     saved = os.environ.get(disk.DISKS_ENV)
-    os.environ[disk.DISKS_ENV] = str(tmp / "disks")   # disk.py reads its folder from here
+    os.environ[disk.DISKS_ENV] = str(tmp / "disks")  # disk.py reads its folder from here
     try:
         client = connect()
         for key in disk.keys():
@@ -294,18 +315,26 @@ def release_disks(tmp: Path) -> None:
 
 def table(s: Soak) -> str:
     rows = [("", "first quarter", "last quarter", "peak", "last/first")]
-    for label, attr, scale in (("RSS (MB)", "rss_kb", 1 / 1024), ("open fds", "fds", 1),
-                               ("threads", "threads", 1)):
-        rows.append((label, f"{s.quarter('first', attr) * scale:.1f}", f"{s.quarter('last', attr) * scale:.1f}",
-                     f"{s.peak(attr) * scale:.1f}", f"{s.growth(attr):.2f}"))
+    for label, attr, scale in (("RSS (MB)", "rss_kb", 1 / 1024), ("open fds", "fds", 1), ("threads", "threads", 1)):
+        rows.append(
+            (
+                label,
+                f"{s.quarter('first', attr) * scale:.1f}",
+                f"{s.quarter('last', attr) * scale:.1f}",
+                f"{s.peak(attr) * scale:.1f}",
+                f"{s.growth(attr):.2f}",
+            )
+        )
     width = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(r)).rstrip() for r in rows]
-    lines += [f"soak: {s.agents} agents every 1s for {s.seconds:.0f}s, {len(s.samples)} samples "
-              f"({len(s.warm)} after the warm-up)",
-              f"wakes: {s.wakes} ({s.rate:.2f}/s)",
-              f"state/ per wake: {s.bytes_per_wake:,.0f} bytes ({s.state_bytes:,} in all, "
-              f"{s.rotated} rotated segments); the event log gzipped: {s.gzip_ratio:.3f} of it",
-              f"failures: {len(s.failures)}"]
+    lines += [
+        f"soak: {s.agents} agents every 1s for {s.seconds:.0f}s, {len(s.samples)} samples "
+        f"({len(s.warm)} after the warm-up)",
+        f"wakes: {s.wakes} ({s.rate:.2f}/s)",
+        f"state/ per wake: {s.bytes_per_wake:,.0f} bytes ({s.state_bytes:,} in all, "
+        f"{s.rotated} rotated segments); the event log gzipped: {s.gzip_ratio:.3f} of it",
+        f"failures: {len(s.failures)}",
+    ]
     lines += [f"  {line}" for line in s.failures[:5]]
     return "\n".join(lines + milestones(s))
 
@@ -316,17 +345,25 @@ def milestones(s: Soak) -> list[str]:
     if base is None:
         return []
     marks = [(n, m) for n in range(MILESTONE, s.wakes + 1, MILESTONE) if (m := s.at_wake(n))]
-    rows = ["", "| wakes | sampled at | time | RSS MB | vs wake 1,000 | open fds | threads |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    rows += [f"| {n:,} | {m.wakes:,} | {m.t / 60:.1f} min | {m.rss_kb / 1024:.1f} | "
-             f"{(m.rss_kb / base.rss_kb - 1) * 100:+.1f} % | {m.fds} | {m.threads} |" for n, m in marks]
+    rows = [
+        "",
+        "| wakes | sampled at | time | RSS MB | vs wake 1,000 | open fds | threads |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows += [
+        f"| {n:,} | {m.wakes:,} | {m.t / 60:.1f} min | {m.rss_kb / 1024:.1f} | "
+        f"{(m.rss_kb / base.rss_kb - 1) * 100:+.1f} % | {m.fds} | {m.threads} |"
+        for n, m in marks
+    ]
     after = [m for m in s.samples if m.wakes >= MILESTONE]
     worst = max(after, key=lambda m: abs(m.rss_kb / base.rss_kb - 1))
     change = worst.rss_kb / base.rss_kb - 1
-    rows.append(f"after wake {MILESTONE:,}: RSS {min(m.rss_kb for m in after) / 1024:.1f}-"
-                f"{max(m.rss_kb for m in after) / 1024:.1f} MB over {len(after)} samples; the farthest from "
-                f"wake {MILESTONE:,}'s is {change * 100:+.1f} % (at wake {worst.wakes:,}): "
-                + ("flat (within 5 %)" if abs(change) <= FLAT_WITHIN else "NOT within 5 %"))
+    rows.append(
+        f"after wake {MILESTONE:,}: RSS {min(m.rss_kb for m in after) / 1024:.1f}-"
+        f"{max(m.rss_kb for m in after) / 1024:.1f} MB over {len(after)} samples; the farthest from "
+        f"wake {MILESTONE:,}'s is {change * 100:+.1f} % (at wake {worst.wakes:,}): "
+        + ("flat (within 5 %)" if abs(change) <= FLAT_WITHIN else "NOT within 5 %")
+    )
     return rows
 
 
@@ -336,29 +373,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--sample-s", type=float, default=SAMPLE_S)
     parser.add_argument("--runtime", default="runc")
-    parser.add_argument("--standin", action="store_true",
-                        help="the orchestrator alone: every call answered by a stand-in sandbox")
+    parser.add_argument(
+        "--standin", action="store_true", help="the orchestrator alone: every call answered by a stand-in sandbox"
+    )
     parser.add_argument("--until-wakes", type=int, default=None, help="stop once this many wakes finished")
-    parser.add_argument("--trace", type=Path, default=None,
-                        help="with --standin: tracemalloc in serve, a snapshot every 500 wakes into this folder")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="with --standin: tracemalloc in serve, a snapshot every 500 wakes into this folder",
+    )
     parser.add_argument("--trace-every", type=int, default=TRACE_EVERY, help="wakes between snapshots")
-    parser.add_argument("--trace-after", type=int, default=MILESTONE,
-                        help="--trace-diff compares the first snapshot at or after this wake with the last")
-    parser.add_argument("--trace-diff", type=Path, default=None,
-                        help="print the sites that grew most between the snapshots in this folder, and exit")
-    parser.add_argument("--shape", choices=SHAPES, default="dry",
-                        help="dry: the dry-run script (four calls); one-call: live on a fake API, one bash call")
+    parser.add_argument(
+        "--trace-after",
+        type=int,
+        default=MILESTONE,
+        help="--trace-diff compares the first snapshot at or after this wake with the last",
+    )
+    parser.add_argument(
+        "--trace-diff",
+        type=Path,
+        default=None,
+        help="print the sites that grew most between the snapshots in this folder, and exit",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="dry",
+        help="dry: the dry-run script (four calls); one-call: live on a fake API, one bash call",
+    )
     args = parser.parse_args(argv)
     if args.trace_diff:
         print(trace_diff(args.trace_diff, after=args.trace_after))
         return 0
     if args.trace:
-        os.environ[TRACE_ENV] = f"{args.trace.resolve()}:{args.trace_every}"   # child_env passes it on
+        os.environ[TRACE_ENV] = f"{args.trace.resolve()}:{args.trace_every}"  # child_env passes it on
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-soak-"))
     try:
         say(f"soak: {args.agents} agents every 1s for {args.seconds:g}s under serve ({args.shape})")
-        result = soak(tmp, args.agents, args.seconds, args.sample_s, args.runtime,
-                      standin=args.standin, until_wakes=args.until_wakes, shape=args.shape)
+        result = soak(
+            tmp,
+            args.agents,
+            args.seconds,
+            args.sample_s,
+            args.runtime,
+            standin=args.standin,
+            until_wakes=args.until_wakes,
+            shape=args.shape,
+        )
     finally:
         left = cleanup(tmp)
         release_disks(tmp)
@@ -374,6 +436,7 @@ def standin_child(root: str) -> int:
     from orchestrator import cli
     from orchestrator.wake import loop
     from bench.wake_cost import StandInSandbox
+
     loop.open_sandbox = lambda agent, **_: StandInSandbox(workspace=agent.workspace)
     if os.environ.get(TRACE_ENV):
         folder, _, every = os.environ[TRACE_ENV].rpartition(":")
@@ -387,6 +450,7 @@ def traced(wake, folder: Path, every: int):
     import itertools
     import threading
     import tracemalloc
+
     tracemalloc.start(TRACE_FRAMES)
     folder.mkdir(parents=True, exist_ok=True)
     count, lock = itertools.count(1), threading.Lock()
@@ -399,6 +463,7 @@ def traced(wake, folder: Path, every: int):
                 n = next(count)
                 if n % every == 0:
                     tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle"))
+
     return run
 
 
@@ -406,6 +471,7 @@ def trace_diff(folder: Path, top: int = 15, after: int = MILESTONE) -> str:
     """The allocation sites that grew most from the first snapshot at or after wake
     `after` to the last: where serve's memory goes as wakes go on."""
     import tracemalloc
+
     snaps = sorted(folder.glob("snap-*.pickle"))
     first = next((p for p in snaps if int(p.stem.split("-")[1]) >= after), None)
     if first is None or first == snaps[-1]:
@@ -414,8 +480,10 @@ def trace_diff(folder: Path, top: int = 15, after: int = MILESTONE) -> str:
     old = tracemalloc.Snapshot.load(str(first)).filter_traces(ignore)
     new = tracemalloc.Snapshot.load(str(snaps[-1])).filter_traces(ignore)
     total = sum(st.size for st in new.statistics("filename")) - sum(st.size for st in old.statistics("filename"))
-    lines = [f"traced memory from {first.stem} to {snaps[-1].stem}: {total / 1024:+,.0f} KiB; "
-             f"the {top} sites that grew most:"]
+    lines = [
+        f"traced memory from {first.stem} to {snaps[-1].stem}: {total / 1024:+,.0f} KiB; "
+        f"the {top} sites that grew most:"
+    ]
     for stat in new.compare_to(old, "traceback")[:top]:
         frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in list(stat.traceback)[::-1][:4])
         lines.append(f"  {stat.size_diff / 1024:+8,.0f} KiB {stat.count_diff:+7,d} blocks  {frames}")

@@ -36,9 +36,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-FS_SIZE = "67G"             # ext4 on it leaves ~70 GB (10^9) free, as the issue's host
+FS_SIZE = "67G"  # ext4 on it leaves ~70 GB (10^9) free, as the issue's host
 AGENTS = 100
-THREADS = 4                 # serve's wakes at once on a 2-core machine
+THREADS = 4  # serve's wakes at once on a 2-core machine
 
 
 def main() -> int:
@@ -46,10 +46,15 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=AGENTS)
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--code", help="the checkout whose orchestrator/ to run (default: the one installed)")
-    parser.add_argument("--per-call", type=int, default=0, metavar="N",
-                        help="instead: N calls with the guard and N without, interleaved")
+    parser.add_argument(
+        "--per-call",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N calls with the guard and N without, interleaved",
+    )
     args = parser.parse_args()
-    if args.code:   # before anything imports orchestrator: that checkout's, not the installed one
+    if args.code:  # before anything imports orchestrator: that checkout's, not the installed one
         sys.path.insert(0, str(Path(args.code).resolve()))
     if args.per_call:
         with tempfile.TemporaryDirectory(prefix="wakeloop-thin-") as tmp:
@@ -58,15 +63,16 @@ def main() -> int:
         tmp = Path(tmp)
         backing, place = tmp / "fs.img", tmp / "disks"
         subprocess.run(["truncate", "-s", FS_SIZE, str(backing)], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
-                        str(backing)], check=True)
+        subprocess.run(
+            ["mkfs.ext4", "-q", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(backing)], check=True
+        )
         place.mkdir()
         subprocess.run(["mount", "-o", "loop,noinit_itable", str(backing), str(place)], check=True)
         os.environ["WAKELOOP_DISKS"] = str(place)
         try:
             return measure(tmp, place, args.agents, args.threads)
         finally:
-            subprocess.run(["umount", str(place)], check=True)   # its loop device goes with it
+            subprocess.run(["umount", str(place)], check=True)  # its loop device goes with it
 
 
 def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
@@ -74,11 +80,14 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     from orchestrator.policy.agent import init_agent, load_agent
     from orchestrator.sandbox import disk
     from orchestrator.sandbox.engine import DockerSandbox, connect
+
     client = connect()
     st = os.statvfs(place)
     print(f"code: {Path(orchestrator.__file__).parent.parent}")
-    print(f"disks' filesystem: {st.f_blocks * st.f_frsize / 1e9:.1f} GB, {st.f_bavail * st.f_frsize / 1e9:.1f} GB "
-          f"free; {agents} agents, policy {{}}, {threads} at a time")
+    print(
+        f"disks' filesystem: {st.f_blocks * st.f_frsize / 1e9:.1f} GB, {st.f_bavail * st.f_frsize / 1e9:.1f} GB "
+        f"free; {agents} agents, policy {{}}, {threads} at a time"
+    )
     todo = list(range(agents))
     outcome: dict[int, str] = {}
     lock = threading.Lock()
@@ -87,11 +96,10 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
         agent = load_agent(init_agent(tmp / "agents" / f"a{n:03d}"))
         try:
             box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)
-        except Exception as exc:   # the old guard's refusal is a DiskError: recorded, not raised
+        except Exception as exc:  # the old guard's refusal is a DiskError: recorded, not raised
             return f"disk refused: {str(exc).split(':', 2)[1].strip()[:60]}"
         try:
-            result = box.run("head -c 1m /dev/urandom > f && sync -f f && echo ok", timeout_s=60,
-                             max_output_chars=1000)
+            result = box.run("head -c 1m /dev/urandom > f && sync -f f && echo ok", timeout_s=60, max_output_chars=1000)
         finally:
             box.close()
         if getattr(result, "no_room", ""):
@@ -116,10 +124,13 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     st = os.statvfs(place)
     made = len(list(place.glob("*.img")))
     print(f"disks made: {made} of {agents}; outcomes: {dict(Counter(outcome.values()).most_common())}")
-    print(f"promised: {made * 2} GiB; the filesystem has {st.f_bavail * st.f_frsize / 1e9:.1f} GB free "
-          f"after; {seconds:.0f} s")
-    if hasattr(disk, "filesystem"):   # what `wakeloop disk list` says of them all, before they go
+    print(
+        f"promised: {made * 2} GiB; the filesystem has {st.f_bavail * st.f_frsize / 1e9:.1f} GB free "
+        f"after; {seconds:.0f} s"
+    )
+    if hasattr(disk, "filesystem"):  # what `wakeloop disk list` says of them all, before they go
         from orchestrator.views.status import render_disks
+
         print("disk list:", render_disks(disk.survey(), place, disk.filesystem()).splitlines()[-1])
     for key in disk.keys():
         disk.release(client, key, delete=True, force=True)
@@ -130,6 +141,7 @@ def guard_alone(place: Path, times: int) -> list[float]:
     """The guard's check and mark, then its landing, on a disks' folder of 100 images
     (the lock files of each made by one flight first): what every call pays for it."""
     from orchestrator.sandbox import disk
+
     place.mkdir()
     before = os.environ.get(disk.DISKS_ENV)
     os.environ[disk.DISKS_ENV] = str(place)
@@ -155,6 +167,7 @@ def per_call(tmp: Path, calls: int) -> int:
     from orchestrator.policy.agent import init_agent, load_agent
     from orchestrator.sandbox import disk
     from orchestrator.sandbox.engine import DockerSandbox
+
     agent = load_agent(init_agent(tmp / "agent"))
     guarded = disk.flight
     samples = {"guard": [], "none": []}
@@ -162,7 +175,7 @@ def per_call(tmp: Path, calls: int) -> int:
         for i in range(calls * 2):
             kind = "guard" if i % 2 == 0 else "none"
             disk.flight = guarded if kind == "guard" else (lambda *a, **k: contextlib.nullcontext())
-            box.pool.wait_ready(box.pool.want, 60)   # the warm path, as bench/disk.py
+            box.pool.wait_ready(box.pool.want, 60)  # the warm path, as bench/disk.py
             started = time.perf_counter()
             result = box.run("true", timeout_s=30, max_output_chars=100)
             samples[kind].append((time.perf_counter() - started) * 1000)
@@ -173,8 +186,7 @@ def per_call(tmp: Path, calls: int) -> int:
     for kind, xs in samples.items():
         p90 = statistics.quantiles(xs, n=10)[-1]
         name = {"guard": "call, with the guard", "none": "call, no guard"}.get(kind, kind)
-        print(f"{name}: median {statistics.median(xs):.1f} ms, "
-              f"p90 {p90:.1f} ms ({len(xs)} calls)")
+        print(f"{name}: median {statistics.median(xs):.1f} ms, p90 {p90:.1f} ms ({len(xs)} calls)")
     return 0
 
 

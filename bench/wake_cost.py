@@ -21,14 +21,25 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.common import (KEY, TOKEN_CAP, LiveEnv, Script, Stats, bash_true, check_receipt, fake_api, bench_agent,
-                    stats, write_1k)
+from bench.common import (
+    KEY,
+    TOKEN_CAP,
+    LiveEnv,
+    Script,
+    Stats,
+    bash_true,
+    check_receipt,
+    fake_api,
+    bench_agent,
+    stats,
+    write_1k,
+)
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.workspace_reads import HostFiles
 
-OVERHEAD_STEPS = 60         # model steps in the orchestrator-overhead wake
-CACHE_STEPS = 10            # model steps in the caching wake (9 tool calls, then the end)
-PREFIX_CHARS = 48_000       # the caching wake's mandate: ~12k tokens at fakeapi's 4 chars a token
+OVERHEAD_STEPS = 60  # model steps in the orchestrator-overhead wake
+CACHE_STEPS = 10  # model steps in the caching wake (9 tool calls, then the end)
+PREFIX_CHARS = 48_000  # the caching wake's mandate: ~12k tokens at fakeapi's 4 chars a token
 STANDIN_OUTPUT = "x" * 400  # what the stand-in sandbox answers in the caching wake (a typical ls)
 
 
@@ -39,7 +50,7 @@ class StandInSandbox:
     def __init__(self, output: str = "", workspace: Path | None = None):
         self.output = output
         self.spent = 0.0
-        self.workspace = workspace    # read as a wake reads it on a host (workspace_reads.HostFiles)
+        self.workspace = workspace  # read as a wake reads it on a host (workspace_reads.HostFiles)
 
     def _answer(self) -> SandboxResult:
         started = time.perf_counter()
@@ -70,8 +81,8 @@ class TimedModel:
 
     def __init__(self, inner, box: StandInSandbox):
         self.inner, self.name, self.box = inner, inner.name, box
-        self.spans: list[tuple[float, float, float]] = []   # (start, end, sandbox time so far)
-        self.cpu: list[float] = []      # this thread's CPU in each call: the SDK's own work, in ms
+        self.spans: list[tuple[float, float, float]] = []  # (start, end, sandbox time so far)
+        self.cpu: list[float] = []  # this thread's CPU in each call: the SDK's own work, in ms
 
     def call(self, **kwargs):
         started, cpu = time.perf_counter(), time.thread_time()
@@ -95,21 +106,23 @@ def alternate(step: int):
 
 @dataclass(frozen=True)
 class Overhead:
-    loop: Stats             # per step: end of one model call to the start of the next, less the sandbox
-    sdk_cpu: Stats          # per model call: this thread's CPU inside LiveModel.call (SDK, JSON, HTTP)
-    per_step: Stats         # per step: the two together, the harness's whole cost of a step
-    model_rtt: Stats        # per model call, wall: the above plus the fake server's time
+    loop: Stats  # per step: end of one model call to the start of the next, less the sandbox
+    sdk_cpu: Stats  # per model call: this thread's CPU inside LiveModel.call (SDK, JSON, HTTP)
+    per_step: Stats  # per step: the two together, the harness's whole cost of a step
+    model_rtt: Stats  # per model call, wall: the above plus the fake server's time
 
 
 def orchestrator_overhead(tmp: Path, steps: int, profile: Path | None = None) -> Overhead:
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
+
     agent = bench_agent(tmp, {"budget": {"max_steps": steps + 5, "max_tokens_per_wake": TOKEN_CAP}})
     box = StandInSandbox(workspace=agent.workspace)
     with LiveEnv(fake_api(Script(alternate, steps - 1, 0.0))):
         model = TimedModel(LiveModel(agent.model, KEY), box)  # the SDK reads the base URL now
         if profile:
             import cProfile
+
             profiler = cProfile.Profile()
             receipt = profiler.runcall(wake, agent, live=True, sandbox=box, model=model)
             profiler.dump_stats(profile)
@@ -128,7 +141,7 @@ class CacheCost:
     cached_tokens: dict
     uncached_tokens: dict
     model: str
-    cached_receipt_usd: float       # what the wake's receipt says it cost (the loop's Meter): input + output
+    cached_receipt_usd: float  # what the wake's receipt says it cost (the loop's Meter): input + output
     uncached_receipt_usd: float
 
     @property
@@ -141,9 +154,11 @@ def long_mandate() -> str:
     lines, n = ["# Mandate", ""], 0
     while sum(len(x) + 1 for x in lines) < PREFIX_CHARS:
         n += 1
-        lines.append(f"{n}. Keep the catalogue of section {n} current: read the new entries, check "
-                     f"each against the sources listed in notes/section-{n}.md, fix what is wrong, "
-                     "and record what you changed and why in the journal.")
+        lines.append(
+            f"{n}. Keep the catalogue of section {n} current: read the new entries, check "
+            f"each against the sources listed in notes/section-{n}.md, fix what is wrong, "
+            "and record what you changed and why in the journal."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -156,12 +171,14 @@ def without_cache(script: Script):
         _, _, total = cache_model(strip_cache_control(rec.body), set())
         out = max(1, len(json.dumps(reply.content)) // CHARS_PER_TOKEN)
         return replace(reply, usage=usage(input_tokens=total, output_tokens=out))
+
     return respond
 
 
 def caching(tmp: Path) -> CacheCost:
     from orchestrator.records.ledger import Usage, cost_usd, load_prices, price_for
     from orchestrator.wake.loop import wake
+
     receipts = {}
     for label in ("cached", "uncached"):
         budget = {"max_steps": CACHE_STEPS + 2, "max_tokens_per_wake": TOKEN_CAP}
@@ -179,13 +196,29 @@ def caching(tmp: Path) -> CacheCost:
         raise SystemExit(f"bench: no price for {agent.model} in the ledger's table")
 
     def input_cost(r) -> float:  # input side only: output tokens are the same either way
-        return cost_usd(price, Usage(input_tokens=r.usage.input_tokens,
-                                     cache_write_5m_tokens=r.usage.cache_write_tokens,
-                                     cache_read_tokens=r.usage.cache_read_tokens))
+        return cost_usd(
+            price,
+            Usage(
+                input_tokens=r.usage.input_tokens,
+                cache_write_5m_tokens=r.usage.cache_write_tokens,
+                cache_read_tokens=r.usage.cache_read_tokens,
+            ),
+        )
 
     def tokens(r) -> dict:
-        return {"input": r.usage.input_tokens, "cache_read": r.usage.cache_read_tokens,
-                "cache_write": r.usage.cache_write_tokens}
+        return {
+            "input": r.usage.input_tokens,
+            "cache_read": r.usage.cache_read_tokens,
+            "cache_write": r.usage.cache_write_tokens,
+        }
+
     cached, uncached = receipts["cached"], receipts["uncached"]
-    return CacheCost(input_cost(cached), input_cost(uncached), tokens(cached), tokens(uncached), agent.model,
-                     getattr(cached, "usd", float("nan")), getattr(uncached, "usd", float("nan")))
+    return CacheCost(
+        input_cost(cached),
+        input_cost(uncached),
+        tokens(cached),
+        tokens(uncached),
+        agent.model,
+        getattr(cached, "usd", float("nan")),
+        getattr(uncached, "usd", float("nan")),
+    )

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ASSETS_ENV = "WAKELOOP_ASSETS"
-SHIPPED_POLICIES = ("default", "strict", "networked")   # `policy: strict` in agent.yaml names one
+SHIPPED_POLICIES = ("default", "strict", "networked")  # `policy: strict` in agent.yaml names one
 
 
 def _roots() -> list[Path]:

@@ -43,6 +43,7 @@ def cmd_sandbox_exec(args) -> int:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
     from orchestrator.broker.client import open_sandbox
+
     say = lambda line: print(line, file=sys.stderr)
     box = open_sandbox(agent, warm=0, say=say)  # the broker under compose, as the bash tool; one call: no pool
     bash = agent.policy.tools.bash
@@ -56,6 +57,7 @@ def cmd_sandbox_exec(args) -> int:
 
 def cmd_image_build(args) -> int:
     from orchestrator.sandbox.images import build_sandbox_image
+
     client = connect()
     print("building the sandbox image from sandbox-image/ ...", flush=True)
     tag = build_sandbox_image(client, echo=lambda line: print(line, flush=True))
@@ -65,11 +67,13 @@ def cmd_image_build(args) -> int:
 
 def cmd_wake(args) -> int:
     from orchestrator import tracing
+
     tracing.setup()
     import signal
     import threading
     from pathlib import Path
     from orchestrator.wake.loop import wake
+
     agent = load_agent(args.agent_dir)
     live = True if args.live else False if args.dry_run else None
     stop = threading.Event()  # SIGTERM ends the wake at the next step boundary, cleanly
@@ -81,8 +85,13 @@ def cmd_wake(args) -> int:
     # From a thread: Event.set takes a lock the interrupted code may be holding.
     previous = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stopping).start())
     try:
-        receipt = wake(agent, live=live, stop=stop, script=Path(args.script) if args.script else None,
-                       echo=lambda line: print(line, file=sys.stderr, flush=True))
+        receipt = wake(
+            agent,
+            live=live,
+            stop=stop,
+            script=Path(args.script) if args.script else None,
+            echo=lambda line: print(line, file=sys.stderr, flush=True),
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
@@ -95,26 +104,37 @@ def _send_notifications(agent) -> None:
     What fails waits in state/notify/ for the next pass (the next wake, or serve)."""
     import time
     from orchestrator.notify.sender import send_due
+
     report = send_due(agent.state_dir, agent.notify, now=time.time())
     for line in report.sent:
         print(f"notified {line}", file=sys.stderr)
     for line in report.failed + report.gave_up:
         print(f"notification not delivered: {line}", file=sys.stderr)
     if report.waiting:
-        print(f"{report.waiting} notification(s) wait in {agent.state_dir}/notify/queue for the next "
-              "attempt (serve retries them)", file=sys.stderr)
+        print(
+            f"{report.waiting} notification(s) wait in {agent.state_dir}/notify/queue for the next "
+            "attempt (serve retries them)",
+            file=sys.stderr,
+        )
 
 
 def cmd_notify_test(args) -> int:
     import uuid
     from orchestrator.notify.channels import DeliveryError, deliver
     from orchestrator.notify.outcomes import payload
+
     agent = load_agent(args.agent_dir)
     if not agent.notify:
-        raise AgentError(f"{agent.name}: no notify channels in {agent.dir / 'agent.yaml'} or "
-                         f"{agent.dir.parent / 'notify.yaml'}")
-    note = payload(agent.name, "test", f"test/{uuid.uuid4().hex[:12]}", f"{agent.name}: test notification",
-                   f"A test from `wakeloop notify test {args.agent_dir}`: this channel works.")
+        raise AgentError(
+            f"{agent.name}: no notify channels in {agent.dir / 'agent.yaml'} or {agent.dir.parent / 'notify.yaml'}"
+        )
+    note = payload(
+        agent.name,
+        "test",
+        f"test/{uuid.uuid4().hex[:12]}",
+        f"{agent.name}: test notification",
+        f"A test from `wakeloop notify test {args.agent_dir}`: this channel works.",
+    )
     failed = 0
     for channel in agent.notify:
         try:
@@ -127,53 +147,70 @@ def cmd_notify_test(args) -> int:
 
 def cmd_run_now(args) -> int:
     from orchestrator.fleet.control import request_run, scheduler_note
+
     agent = load_agent(args.agent_dir)
     request_run(agent.state_dir)
     note = scheduler_note(agent.dir.parent)
-    print(f"{agent.name}: one wake requested; " + (f"it runs when serve starts ({note})" if note
-                                                    else "the running serve starts it within seconds"))
+    print(
+        f"{agent.name}: one wake requested; "
+        + (f"it runs when serve starts ({note})" if note else "the running serve starts it within seconds")
+    )
     return EXIT_OK
 
 
 def cmd_stop(args) -> int:
     from orchestrator.fleet.control import scheduler_note
     from orchestrator.records import stopswitch
+
     root = _fleet_root(args.root)
     halted = stopswitch.stop(root, why=args.reason or "")
     note = scheduler_note(root)
     print(f"STOPPED: {halted.describe()}")
-    print("nothing starts now: no wake, no sandbox call (the broker refuses too); calls in flight are killed "
-          f"within {stopswitch.POLL_S:g}s and running wakes end at their next step with a `stopped` receipt"
-          + (f" ({note})" if note else ""))
+    print(
+        "nothing starts now: no wake, no sandbox call (the broker refuses too); calls in flight are killed "
+        f"within {stopswitch.POLL_S:g}s and running wakes end at their next step with a `stopped` receipt"
+        + (f" ({note})" if note else "")
+    )
     return EXIT_OK
 
 
 def cmd_start(args) -> int:
     from orchestrator.records import stopswitch
+
     root = _fleet_root(args.root)
     was = stopswitch.start(root)
-    print(f"started: the fleet under {root} runs again (it was stopped since {was.at} by {was.who})" if was
-          else f"{root} was not stopped: nothing to do")
+    print(
+        f"started: the fleet under {root} runs again (it was stopped since {was.at} by {was.who})"
+        if was
+        else f"{root} was not stopped: nothing to do"
+    )
     return EXIT_OK
 
 
 def _fleet_root(path: str):
     from pathlib import Path
+
     root = Path(path)
     if not root.is_dir():
         raise AgentError(f"{path} is not a folder; give ROOT, the folder that holds your agents")
     if (root / "agent.yaml").is_file():
-        raise AgentError(f"{path} is an agent; the switch is for the whole fleet: give its ROOT "
-                         f"({root.resolve().parent}), or `wakeloop pause {path}` for this agent alone")
+        raise AgentError(
+            f"{path} is an agent; the switch is for the whole fleet: give its ROOT "
+            f"({root.resolve().parent}), or `wakeloop pause {path}` for this agent alone"
+        )
     return root
 
 
 def cmd_pause(args) -> int:
     from orchestrator.records.health import set_paused
+
     agent = load_agent(args.agent_dir)
     set_paused(agent.state_dir, args.command == "pause")
-    print(f"{agent.name}: paused: serve runs none of its ticks until `wakeloop resume {args.agent_dir}`"
-          if args.command == "pause" else f"{agent.name}: resumed: failures forgotten, ticks run again")
+    print(
+        f"{agent.name}: paused: serve runs none of its ticks until `wakeloop resume {args.agent_dir}`"
+        if args.command == "pause"
+        else f"{agent.name}: resumed: failures forgotten, ticks run again"
+    )
     return EXIT_OK
 
 
@@ -181,30 +218,36 @@ def cmd_context(args) -> int:
     from datetime import datetime, timezone
     from orchestrator.wake.context import build_context
     from orchestrator.records.state import load_state, peek_inbox
+
     agent = load_agent(args.agent_dir)
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
     from orchestrator.broker.client import broker_socket, open_files
     from orchestrator.sandbox.box import SandboxError
+
     box = None
     if agent.policy.sandbox.disk and not broker_socket() and _has_disk(agent):
         # The memory is on the agent's disk: attached for this reading, released after.
         try:
-            box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0,
-                                folder=agent.dir.resolve())
+            box = DockerSandbox(
+                agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0, folder=agent.dir.resolve()
+            )
         except SandboxError as exc:
-            print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})",
-                  file=sys.stderr)
+            print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})", file=sys.stderr)
     try:
-        ctx = build_context(agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
-                            inbox=peek_inbox(agent.state_dir), files=box.files() if box else open_files(agent))
+        ctx = build_context(
+            agent,
+            wake=state.wake + 1,
+            now=datetime.now(timezone.utc),
+            inbox=peek_inbox(agent.state_dir),
+            files=box.files() if box else open_files(agent),
+        )
     finally:
         if box:
             box.close()
     if args.json:
-        _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system,
-                     "first_user": ctx.first_user})
+        _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system, "first_user": ctx.first_user})
         return EXIT_OK
     print(ctx.render(), end="")
     return EXIT_OK
@@ -213,6 +256,7 @@ def cmd_context(args) -> int:
 def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
     from orchestrator.sandbox import disk
+
     key = disk.lookup(agent.dir.resolve())
     return bool(key and disk.path_of(key, "img").exists())
 
@@ -221,14 +265,16 @@ def cmd_disk_list(args) -> int:
     from pathlib import Path
     from orchestrator.views.status import disk_record, render_disks
     from orchestrator.sandbox import disk
+
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     try:
         records = disk.survey(root)
     except PermissionError:
-        raise disk.DiskError(f"cannot read {disk.disks_dir()} (the disks' folder is root's): "
-                             "run `sudo wakeloop disk list`") from None
+        raise disk.DiskError(
+            f"cannot read {disk.disks_dir()} (the disks' folder is root's): run `sudo wakeloop disk list`"
+        ) from None
     if args.json:
         _print_json([disk_record(r) for r in records])
     else:
@@ -240,23 +286,28 @@ def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
     from orchestrator.sandbox import disk
+
     folder = Path(agent_dir).resolve()
     if not folder.is_dir():
         raise AgentError(f"{agent_dir} is not a folder; give an agent's folder, e.g. agents/mine")
     key = disk.lookup(folder)
     if key is None or not disk.path_of(key, "img").exists():
-        raise disk.DiskError(f"{agent_dir} has no disk in {disk.disks_dir()} (`wakeloop disk list` shows "
-                             "every disk and its folder)")
+        raise disk.DiskError(
+            f"{agent_dir} has no disk in {disk.disks_dir()} (`wakeloop disk list` shows every disk and its folder)"
+        )
     return folder, key
 
 
 def cmd_disk_release(args) -> int:
     from orchestrator.sandbox import disk
+
     folder, key = _disk_of(args.agent_dir)
     _need_root(disk)
     if not disk.release(connect(), key):
-        raise disk.DiskError(f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
-                             "broker holds it); it is released when that ends")
+        raise disk.DiskError(
+            f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
+            "broker holds it); it is released when that ends"
+        )
     print(f"released the disk of {folder}: unmounted and detached; the image {disk.path_of(key, 'img')} is kept")
     return EXIT_OK
 
@@ -264,24 +315,30 @@ def cmd_disk_release(args) -> int:
 def cmd_disk_rm(args) -> int:
     from orchestrator.records.state import WakeLock
     from orchestrator.sandbox import disk
+
     folder, key = _disk_of(args.agent_dir)
     image = disk.path_of(key, "img")
     if not args.yes:
-        raise AgentError(f"this deletes {image}, the workspace's files of {folder}, for good; "
-                         f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`")
+        raise AgentError(
+            f"this deletes {image}, the workspace's files of {folder}, for good; "
+            f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`"
+        )
     _need_root(disk)
     lock = WakeLock(folder / "state")
     try:
-        holder = lock.acquire()   # held while we delete: no wake starts on a disk going away
-    except OSError as exc:   # state/ missing, or its wake.lock a link: not a wake we can rule out
-        raise disk.DiskError(f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); "
-                             "`wakeloop status` says why") from None
+        holder = lock.acquire()  # held while we delete: no wake starts on a disk going away
+    except OSError as exc:  # state/ missing, or its wake.lock a link: not a wake we can rule out
+        raise disk.DiskError(
+            f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); `wakeloop status` says why"
+        ) from None
     if holder is not None:
         raise disk.DiskError(f"{args.agent_dir} is waking ({holder.describe()}); try again when the wake ends")
     try:
         if not disk.release(connect(), key, delete=True):
-            raise disk.DiskError(f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
-                                 "holds it); try again when that ends")
+            raise disk.DiskError(
+                f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
+                "holds it); try again when that ends"
+            )
     finally:
         lock.release()
     print(f"deleted the disk of {folder} ({image}); its next wake makes a new one from workspace/")
@@ -295,6 +352,7 @@ def _need_root(disk) -> None:
 
 def cmd_send(args) -> int:
     from orchestrator.records.state import count_messages, peek_inbox, send_message_to_agent
+
     agent = load_agent(args.agent_dir)
     if not args.text.strip():
         raise AgentError("nothing to send: give the message text, e.g. `wakeloop send DIR 'hello'`")
@@ -307,6 +365,7 @@ def cmd_send(args) -> int:
 def cmd_outbox(args) -> int:
     from orchestrator.sandbox.output import clean
     from orchestrator.records.state import mark_outbox_read, read_outbox, split_messages
+
     agent = load_agent(args.agent_dir)
     text = read_outbox(agent.state_dir)
     if args.json:
@@ -321,11 +380,13 @@ def cmd_status(args) -> int:
     from pathlib import Path
     from orchestrator.fleet.schedule import agent_dirs
     from orchestrator.views.status import agent_status, fleet_status, render_agent_status, render_fleet
+
     root = Path(args.path)
     if not (root / "agent.yaml").is_file():  # a folder with agent.yaml is an agent; else a root
         if not agent_dirs(root):
-            raise AgentError(f"{args.path}: no agent.yaml here or in its subdirectories; "
-                             f"create one with `wakeloop init {args.path}`")
+            raise AgentError(
+                f"{args.path}: no agent.yaml here or in its subdirectories; create one with `wakeloop init {args.path}`"
+            )
         rows = fleet_status(root)
         _print_json(rows) if args.json else print(render_fleet(rows, root))
         return EXIT_OK
@@ -336,6 +397,7 @@ def cmd_status(args) -> int:
 
 def cmd_task_add(args) -> int:
     from orchestrator.records.tasks import add_task
+
     agent = load_agent(args.agent_dir)
     task = add_task(agent.state_dir, args.title)
     print(f"queued {task.id} for {agent.name}: {task.title}")
@@ -345,10 +407,12 @@ def cmd_task_add(args) -> int:
 def cmd_task_list(args) -> int:
     from orchestrator.sandbox.output import clean
     from orchestrator.records.tasks import load_tasks
+
     agent = load_agent(args.agent_dir)
     tasks = load_tasks(agent.state_dir)
     if args.json:
         from dataclasses import asdict
+
         _print_json([asdict(t) for t in tasks])
         return EXIT_OK
     for t in tasks:
@@ -362,6 +426,7 @@ def cmd_task_list(args) -> int:
 def cmd_approvals(args) -> int:
     from pathlib import Path
     from orchestrator.views import fleet_approvals as view
+
     root = Path(args.root)
     if not root.is_dir():
         raise AgentError(f"{args.root}: no such folder; give ROOT (the folder of your agents) or an agent folder")
@@ -374,31 +439,55 @@ def cmd_decide(args) -> int:
     """`wakeloop approve|deny AGENT_DIR ID`: one line saying what was decided, or why nothing was."""
     import getpass
     from orchestrator.records import approvals
+
     agent = load_agent(args.agent_dir)
     approve = args.command == "approve"
-    approval = approvals.decide(agent.state_dir, args.id, approve, by=f"{getpass.getuser()} (wakeloop CLI)",
-                                reason=getattr(args, "reason", "") or "")
+    approval = approvals.decide(
+        agent.state_dir,
+        args.id,
+        approve,
+        by=f"{getpass.getuser()} (wakeloop CLI)",
+        reason=getattr(args, "reason", "") or "",
+    )
     if approve and args.now:
         from orchestrator.fleet.control import request_run
+
         request_run(agent.state_dir)
-    when = ("the wake requested now" if approve and args.now else "its next wake")
-    print(f"{agent.name}: {approval.id} {approval.status} ({approval.summary()[:80]}); "
-          + (f"it runs at the start of {when}" if approve else f"the agent is told at {when}"))
+    when = "the wake requested now" if approve and args.now else "its next wake"
+    print(
+        f"{agent.name}: {approval.id} {approval.status} ({approval.summary()[:80]}); "
+        + (f"it runs at the start of {when}" if approve else f"the agent is told at {when}")
+    )
     return EXIT_OK
 
 
 def _approval_commands(sub) -> None:
-    p = _command(sub, "approvals", "the tool calls that wait for a person (the policy's approve: rules), "
-                                   "under ROOT or of one agent", "wakeloop approvals agents/ --json", cmd_approvals)
+    p = _command(
+        sub,
+        "approvals",
+        "the tool calls that wait for a person (the policy's approve: rules), under ROOT or of one agent",
+        "wakeloop approvals agents/ --json",
+        cmd_approvals,
+    )
     p.add_argument("root", nargs="?", default=".", metavar="ROOT|AGENT_DIR")
     _json_flag(p, "every open approval whole (the exact call, the model's words) as a JSON list")
-    p = _command(sub, "approve", "approve a waiting call: it runs, exactly as asked, at the start of the "
-                                 "agent's next wake", "wakeloop approve agents/mine a-3f2a9c1b", cmd_decide)
+    p = _command(
+        sub,
+        "approve",
+        "approve a waiting call: it runs, exactly as asked, at the start of the agent's next wake",
+        "wakeloop approve agents/mine a-3f2a9c1b",
+        cmd_decide,
+    )
     p.add_argument("agent_dir")
     p.add_argument("id")
     p.add_argument("--now", action="store_true", help="and ask serve for that wake now (as run-now does)")
-    p = _command(sub, "deny", "deny a waiting call: the agent is told at its next wake, with the reason",
-                 "wakeloop deny agents/mine a-3f2a9c1b --reason 'not on a Friday'", cmd_decide)
+    p = _command(
+        sub,
+        "deny",
+        "deny a waiting call: the agent is told at its next wake, with the reason",
+        "wakeloop deny agents/mine a-3f2a9c1b --reason 'not on a Friday'",
+        cmd_decide,
+    )
     p.add_argument("agent_dir")
     p.add_argument("id")
     p.add_argument("--reason", default="", help="told to the agent")
@@ -409,9 +498,9 @@ def cmd_serve(args) -> int:
     from orchestrator import tracing
     from orchestrator.console.listen import Options, attach
     from orchestrator.fleet.scheduler import serve
+
     tracing.setup()
-    options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback,
-                      tuple(args.public_name))
+    options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback, tuple(args.public_name))
     return serve(args.root, args.max_concurrent, beside=partial(attach, options=options))
 
 
@@ -420,24 +509,32 @@ def cmd_broker(args) -> int:
     from pathlib import Path
     from orchestrator.policy.agent import CEILING_ENV
     from orchestrator.policy.ceiling import load_ceiling
-    if args.ceiling:   # the broker loads agents too: under the same notify rules as serve's (agent.py)
+
+    if args.ceiling:  # the broker loads agents too: under the same notify rules as serve's (agent.py)
         os.environ.setdefault(CEILING_ENV, str(Path(args.ceiling).resolve()))
     if args.listen and not args.tls_dir:
         raise ConfigError("--listen tls://HOST:PORT needs --tls-dir DIR (make one with `wakeloop swarm certs DIR`)")
-    return serve(args.root, args.socket or args.listen, ceiling=load_ceiling(args.ceiling) if args.ceiling else None,
-                 tls_dir=Path(args.tls_dir) if args.tls_dir else None)
+    return serve(
+        args.root,
+        args.socket or args.listen,
+        ceiling=load_ceiling(args.ceiling) if args.ceiling else None,
+        tls_dir=Path(args.tls_dir) if args.tls_dir else None,
+    )
 
 
 def cmd_swarm_certs(args) -> int:
     from pathlib import Path
     from orchestrator.broker import tls
+
     made = tls.make_certs(Path(args.dir))
     print(f"made a CA for this stack and the broker's and the orchestrator's certificates in {args.dir}:")
     for path in made:
-        warning = '   (the CA key: keep it here, never give it to a service)' if path.name == tls.CA_KEY else ''
+        warning = "   (the CA key: keep it here, never give it to a service)" if path.name == tls.CA_KEY else ""
         print(f"  {path}{warning}")
-    print(f"the broker gets {tls.CA}, {tls.BROKER_NAME}.pem/.key; the orchestrator {tls.CA}, "
-          f"{tls.ORCHESTRATOR_NAME}.pem/.key, with WAKELOOP_BROKER=tls://HOST:PORT and {tls.TLS_DIR_ENV}=DIR")
+    print(
+        f"the broker gets {tls.CA}, {tls.BROKER_NAME}.pem/.key; the orchestrator {tls.CA}, "
+        f"{tls.ORCHESTRATOR_NAME}.pem/.key, with WAKELOOP_BROKER=tls://HOST:PORT and {tls.TLS_DIR_ENV}=DIR"
+    )
     return 0
 
 
@@ -447,9 +544,11 @@ def cmd_log(args) -> int:
     from orchestrator.records.events import raw_history, read_history
     from orchestrator.views.status import format_event
     from orchestrator.views import logview
+
     if not (Path(args.agent_dir) / "agent.yaml").exists():
         from orchestrator.fleet.schedule import agent_dirs
-        if agent_dirs(Path(args.agent_dir)):   # ROOT: follow every agent's events
+
+        if agent_dirs(Path(args.agent_dir)):  # ROOT: follow every agent's events
             logview.follow_root(Path(args.agent_dir), lambda line: print(line, flush=True))
             return EXIT_OK
     if args.run is not None or args.follow:
@@ -470,12 +569,18 @@ def cmd_transcript(args) -> int:
 def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
     from orchestrator.views import logview
     from orchestrator.records.transcript import find_run, read_lines
+
     agent = load_agent(agent_dir)
     path = find_run(agent.state_dir, run)
     if path is None:
-        raise AgentError(f"{agent.name}: no transcript " + (f"for run {run!r} (a unique prefix of a run id; "
-                         f"`wakeloop log {agent_dir}` lists runs)" if run else
-                         f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"))
+        raise AgentError(
+            f"{agent.name}: no transcript "
+            + (
+                f"for run {run!r} (a unique prefix of a run id; `wakeloop log {agent_dir}` lists runs)"
+                if run
+                else f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"
+            )
+        )
     if follow:
         logview.follow_transcript(path, lambda line: print(line, flush=True))
         return EXIT_OK
@@ -494,6 +599,7 @@ def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, sy
 def cmd_policy_check(args) -> int:
     from orchestrator.policy.ceiling import is_ceiling, load_ceiling
     from orchestrator.policy.load import load_policy
+
     ceiling = is_ceiling(args.file)
     (load_ceiling if ceiling else load_policy)(args.file)  # a PolicyError is the one-line reason, exit 2
     print(f"ok: {args.file}{' (a broker ceiling)' if ceiling else ''}")
@@ -504,11 +610,13 @@ def cmd_policy_explain(args) -> int:
     from orchestrator.sandbox.explain import explain, explain_data
     from orchestrator.sandbox.policy_check import check_against_engine
     from orchestrator.wake.tools import build_registry
+
     agent = load_agent(args.agent_dir)
     client = connect()
     check_against_engine(agent.policy, client)
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=client, warm=0,
-                        attach=False)   # explains the disk, does not make it
+    box = DockerSandbox(
+        agent.workspace, agent.policy.sandbox, agent=agent.name, client=client, warm=0, attach=False
+    )  # explains the disk, does not make it
     registry = build_registry(agent.policy, box, outbox=lambda text: None)
     if args.json:
         _print_json(explain_data(agent.policy, box, registry))
@@ -519,6 +627,7 @@ def cmd_policy_explain(args) -> int:
 
 def cmd_escapes(args) -> int:
     from orchestrator.escapes.command import list_probes, run
+
     if args.list:
         return list_probes(as_json=args.json)
     return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe)
@@ -526,9 +635,14 @@ def cmd_escapes(args) -> int:
 
 def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) -> argparse.ArgumentParser:
     """A subcommand whose --help has a description and an example."""
-    p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
-                       epilog=f"example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter,
-                       **kwargs)
+    p = sub.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
     if func:
         p.set_defaults(func=func)
     return p
@@ -537,7 +651,8 @@ def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) ->
 def _group(sub, name: str, summary: str, example: str):
     """A command of subcommands (`wakeloop disk list|release|rm`): the subparsers to add them to."""
     return _command(sub, name, summary, example).add_subparsers(
-        dest=f"{name}_command", metavar="SUBCOMMAND", required=True)
+        dest=f"{name}_command", metavar="SUBCOMMAND", required=True
+    )
 
 
 def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") -> None:
@@ -555,176 +670,316 @@ start here:
 
 
 def _swarm_commands(sub) -> None:
-    swarm = _group(sub, "swarm", "past one host: the brokers reached over TCP with mutual TLS",
-                   "wakeloop swarm certs ./stack-certs")
-    p = _command(swarm, "certs", "make a CA for the stack and the broker's and the orchestrator's "
-                                 "certificates in DIR (never over existing ones; needs openssl)",
-                 "wakeloop swarm certs ./stack-certs", cmd_swarm_certs)
+    swarm = _group(
+        sub,
+        "swarm",
+        "past one host: the brokers reached over TCP with mutual TLS",
+        "wakeloop swarm certs ./stack-certs",
+    )
+    p = _command(
+        swarm,
+        "certs",
+        "make a CA for the stack and the broker's and the orchestrator's "
+        "certificates in DIR (never over existing ones; needs openssl)",
+        "wakeloop swarm certs ./stack-certs",
+        cmd_swarm_certs,
+    )
     p.add_argument("dir", metavar="DIR")
 
 
 def _disk_commands(sub) -> None:
-    disks = _group(sub, "disk", "the agents' workspace disks: list, release, delete",
-                   "wakeloop disk list agents/")
-    p = _command(disks, "list", "every disk in $WAKELOOP_DISKS: its agent folder, size, bytes on the "
-                                "host, attached or not (reads only)", "wakeloop disk list agents/ --json",
-                 cmd_disk_list)
+    disks = _group(sub, "disk", "the agents' workspace disks: list, release, delete", "wakeloop disk list agents/")
+    p = _command(
+        disks,
+        "list",
+        "every disk in $WAKELOOP_DISKS: its agent folder, size, bytes on the host, attached or not (reads only)",
+        "wakeloop disk list agents/ --json",
+        cmd_disk_list,
+    )
     p.add_argument("root", nargs="?", metavar="ROOT", help="find each disk's folder among the agents here")
     _json_flag(p, "the disks as a JSON list")
-    p = _command(disks, "release", "unmount and detach an agent's disk now (the image is kept; the "
-                                   "next wake attaches it again)", "sudo wakeloop disk release agents/mine",
-                 cmd_disk_release)
+    p = _command(
+        disks,
+        "release",
+        "unmount and detach an agent's disk now (the image is kept; the next wake attaches it again)",
+        "sudo wakeloop disk release agents/mine",
+        cmd_disk_release,
+    )
     p.add_argument("agent_dir")
-    p = _command(disks, "rm", "delete an agent's disk, its workspace's files with it (refused while "
-                              "it wakes)", "sudo wakeloop disk rm agents/old --yes", cmd_disk_rm)
+    p = _command(
+        disks,
+        "rm",
+        "delete an agent's disk, its workspace's files with it (refused while it wakes)",
+        "sudo wakeloop disk rm agents/old --yes",
+        cmd_disk_rm,
+    )
     p.add_argument("agent_dir")
     p.add_argument("--yes", action="store_true", help="yes, delete the workspace's files for good")
 
 
 def _notify_commands(sub) -> None:
-    notify = _group(sub, "notify", "notifications: test every channel",
-                    "wakeloop notify test agents/mine")
-    p = _command(notify, "test", "send a test notification to every channel now; print what each answered",
-                 "wakeloop notify test agents/mine", cmd_notify_test)
+    notify = _group(sub, "notify", "notifications: test every channel", "wakeloop notify test agents/mine")
+    p = _command(
+        notify,
+        "test",
+        "send a test notification to every channel now; print what each answered",
+        "wakeloop notify test agents/mine",
+        cmd_notify_test,
+    )
     p.add_argument("agent_dir")
-    for name, summary in (("pause", "stop serve from waking this agent (a running serve sees it at the next tick)"),
-                          ("resume", "let serve wake this agent again; forgets its failures")):
+    for name, summary in (
+        ("pause", "stop serve from waking this agent (a running serve sees it at the next tick)"),
+        ("resume", "let serve wake this agent again; forgets its failures"),
+    ):
         p = _command(sub, name, summary, f"wakeloop {name} agents/mine", cmd_pause)
         p.add_argument("agent_dir")
-    p = _command(sub, "run-now", "ask serve (running, or the next one started) for one wake of this agent now",
-                 "wakeloop run-now agents/mine", cmd_run_now)
+    p = _command(
+        sub,
+        "run-now",
+        "ask serve (running, or the next one started) for one wake of this agent now",
+        "wakeloop run-now agents/mine",
+        cmd_run_now,
+    )
     p.add_argument("agent_dir")
 
 
 def _switch_commands(sub) -> None:
-    p = _command(sub, "stop", "the one switch: nothing under ROOT starts (no wake, no sandbox call; the "
-                              "broker refuses too), running calls are killed and running wakes end "
-                              "`stopped`; holds across restarts until `wakeloop start ROOT`",
-                 "wakeloop stop agents/ --reason 'an agent is misbehaving'", cmd_stop)
+    p = _command(
+        sub,
+        "stop",
+        "the one switch: nothing under ROOT starts (no wake, no sandbox call; the "
+        "broker refuses too), running calls are killed and running wakes end "
+        "`stopped`; holds across restarts until `wakeloop start ROOT`",
+        "wakeloop stop agents/ --reason 'an agent is misbehaving'",
+        cmd_stop,
+    )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--reason", metavar="TEXT", help="why, kept in ROOT/STOP and shown by status and the console")
-    p = _command(sub, "start", "undo `wakeloop stop ROOT`: remove ROOT/STOP; serve's next ticks run",
-                 "wakeloop start agents/", cmd_start)
+    p = _command(
+        sub,
+        "start",
+        "undo `wakeloop stop ROOT`: remove ROOT/STOP; serve's next ticks run",
+        "wakeloop start agents/",
+        cmd_start,
+    )
     p.add_argument("root", metavar="ROOT")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="wakeloop", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="wakeloop",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a Claude agent unattended on a schedule; every tool call runs "
-                    "in a fresh, hardened, disposable container.")
+        "in a fresh, hardened, disposable container.",
+    )
     parser.add_argument("--version", action="version", version=f"wakeloop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = _command(sub, "init", "create agent.yaml, mandate.md, workspace/ and state/",
-                 "wakeloop init agents/mine --policy ../../policies/strict.yaml", cmd_init)
+    p = _command(
+        sub,
+        "init",
+        "create agent.yaml, mandate.md, workspace/ and state/",
+        "wakeloop init agents/mine --policy ../../policies/strict.yaml",
+        cmd_init,
+    )
     p.add_argument("agent_dir")
-    p.add_argument("--policy", help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
-                                    "name of a shipped policy (default, strict, networked)")
+    p.add_argument(
+        "--policy",
+        help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
+        "name of a shipped policy (default, strict, networked)",
+    )
 
-    sandbox = _group(sub, "sandbox", "use the sandbox directly",
-                     "wakeloop sandbox exec agents/mine -- 'id; ls -la'")
-    p = _command(sandbox, "exec", "run CMD exactly as the bash tool would (through the broker under "
-                                  "compose); exit with its status (124 on timeout)",
-                 "wakeloop sandbox exec agents/mine -- 'df -h /workspace'", cmd_sandbox_exec)
+    sandbox = _group(sub, "sandbox", "use the sandbox directly", "wakeloop sandbox exec agents/mine -- 'id; ls -la'")
+    p = _command(
+        sandbox,
+        "exec",
+        "run CMD exactly as the bash tool would (through the broker under "
+        "compose); exit with its status (124 on timeout)",
+        "wakeloop sandbox exec agents/mine -- 'df -h /workspace'",
+        cmd_sandbox_exec,
+    )
     p.add_argument("agent_dir")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="a shell string")
 
-    p = _command(sub, "wake", "one wake; progress on stderr, its JSON receipt alone on stdout",
-                 "wakeloop wake agents/mine --live | jq .status", cmd_wake)
+    p = _command(
+        sub,
+        "wake",
+        "one wake; progress on stderr, its JSON receipt alone on stdout",
+        "wakeloop wake agents/mine --live | jq .status",
+        cmd_wake,
+    )
     p.add_argument("agent_dir")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--live", action="store_true", help="call the API (needs ANTHROPIC_API_KEY)")
-    mode.add_argument("--dry-run", action="store_true", help="no API call: a scripted model drives "
-                                                              "the real tools (the default)")
+    mode.add_argument(
+        "--dry-run", action="store_true", help="no API call: a scripted model drives the real tools (the default)"
+    )
     p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
 
     _disk_commands(sub)
     _swarm_commands(sub)
 
-    p = _command(sub, "context", "print the system prompt and first user message the next wake "
-                                 "would send; changes nothing", "wakeloop context agents/mine | less",
-                 cmd_context)
+    p = _command(
+        sub,
+        "context",
+        "print the system prompt and first user message the next wake would send; changes nothing",
+        "wakeloop context agents/mine | less",
+        cmd_context,
+    )
     p.add_argument("agent_dir")
     _json_flag(p)
 
-    p = _command(sub, "send", "queue a message from you for the agent's next wake",
-                 "wakeloop send agents/mine 'look at the new data first'", cmd_send)
+    p = _command(
+        sub,
+        "send",
+        "queue a message from you for the agent's next wake",
+        "wakeloop send agents/mine 'look at the new data first'",
+        cmd_send,
+    )
     p.add_argument("agent_dir")
     p.add_argument("text")
 
-    p = _command(sub, "outbox", "show the messages the agent sent you (and mark them read)",
-                 "wakeloop outbox agents/mine --json", cmd_outbox)
+    p = _command(
+        sub,
+        "outbox",
+        "show the messages the agent sent you (and mark them read)",
+        "wakeloop outbox agents/mine --json",
+        cmd_outbox,
+    )
     p.add_argument("agent_dir")
     _json_flag(p, "the messages as a JSON list")
 
-    p = _command(sub, "status", "wakes, tokens, cost, last receipt, lock holder; for ROOT, one table "
-                                "of every agent", "wakeloop status agents/   # or agents/mine", cmd_status)
+    p = _command(
+        sub,
+        "status",
+        "wakes, tokens, cost, last receipt, lock holder; for ROOT, one table of every agent",
+        "wakeloop status agents/   # or agents/mine",
+        cmd_status,
+    )
     p.add_argument("path", metavar="AGENT_DIR|ROOT")
     _json_flag(p, "every field whole, as JSON")
 
-    task = _group(sub, "task", "the agent's task queue (one task claimed per wake)",
-                  "wakeloop task add agents/mine 'summarise the logs'")
-    p = _command(task, "add", "queue a task for the agent's next wakes",
-                 "wakeloop task add agents/mine 'summarise the logs'", cmd_task_add)
+    task = _group(
+        sub,
+        "task",
+        "the agent's task queue (one task claimed per wake)",
+        "wakeloop task add agents/mine 'summarise the logs'",
+    )
+    p = _command(
+        task,
+        "add",
+        "queue a task for the agent's next wakes",
+        "wakeloop task add agents/mine 'summarise the logs'",
+        cmd_task_add,
+    )
     p.add_argument("agent_dir")
     p.add_argument("title")
-    p = _command(task, "list", "every task with its status", "wakeloop task list agents/mine --json",
-                 cmd_task_list)
+    p = _command(task, "list", "every task with its status", "wakeloop task list agents/mine --json", cmd_task_list)
     p.add_argument("agent_dir")
     _json_flag(p, "the tasks as a JSON list")
 
-    p = _command(sub, "serve", "wake every agent under ROOT on its schedule until SIGTERM; optionally "
-                               "a web console and Prometheus metrics",
-                 "wakeloop serve agents/ --http 127.0.0.1:8765   # then open http://127.0.0.1:8765/", cmd_serve)
+    p = _command(
+        sub,
+        "serve",
+        "wake every agent under ROOT on its schedule until SIGTERM; optionally a web console and Prometheus metrics",
+        "wakeloop serve agents/ --http 127.0.0.1:8765   # then open http://127.0.0.1:8765/",
+        cmd_serve,
+    )
     p.add_argument("root")
-    p.add_argument("--max-concurrent", type=int, default=None, metavar="K",
-                   help="wakes at once (default: fitted to the host's cores, memory and engine, said at start)")
-    p.add_argument("--http", metavar="HOST:PORT",
-                   help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Reading and acting "
-                        "need the token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token; "
-                        "serve prints a sign-in URL); /metrics is open on loopback; off loopback actions need "
-                        "TLS in front (--behind-tls)")
-    p.add_argument("--metrics", metavar="HOST:PORT",
-                   help="serve Prometheus metrics alone at http://HOST:PORT/metrics (no console)")
-    p.add_argument("--behind-tls", action="store_true",
-                   help="a TLS-terminating proxy is in front of --http: allow actions on a non-loopback address")
-    p.add_argument("--published-on-loopback", action="store_true",
-                   help="--http listens in a container whose port the host publishes on 127.0.0.1 only "
-                        "(compose.yaml): treat it as loopback")
-    p.add_argument("--public-name", action="append", default=[], metavar="NAME[:PORT]",
-                   help="a Host name the console answers besides its own address (a proxy's name; "
-                        "repeatable); any other Host gets 421. The first one is the sign-in URL's")
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        metavar="K",
+        help="wakes at once (default: fitted to the host's cores, memory and engine, said at start)",
+    )
+    p.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the web console (and /metrics) here, e.g. 127.0.0.1:8765. Reading and acting "
+        "need the token (WAKELOOP_CONSOLE_TOKEN, or one generated and kept in ROOT/console.token; "
+        "serve prints a sign-in URL); /metrics is open on loopback; off loopback actions need "
+        "TLS in front (--behind-tls)",
+    )
+    p.add_argument(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics alone at http://HOST:PORT/metrics (no console)"
+    )
+    p.add_argument(
+        "--behind-tls",
+        action="store_true",
+        help="a TLS-terminating proxy is in front of --http: allow actions on a non-loopback address",
+    )
+    p.add_argument(
+        "--published-on-loopback",
+        action="store_true",
+        help="--http listens in a container whose port the host publishes on 127.0.0.1 only "
+        "(compose.yaml): treat it as loopback",
+    )
+    p.add_argument(
+        "--public-name",
+        action="append",
+        default=[],
+        metavar="NAME[:PORT]",
+        help="a Host name the console answers besides its own address (a proxy's name; "
+        "repeatable); any other Host gets 421. The first one is the sign-in URL's",
+    )
 
-    p = _command(sub, "broker", "the sandbox broker: run/write for the agents under ROOT over a "
-                                "unix socket (the only process that needs Docker)",
-                 "wakeloop broker agents/ --socket /run/wakeloop/broker.sock --ceiling policies/ceiling.yaml",
-                 cmd_broker)
+    p = _command(
+        sub,
+        "broker",
+        "the sandbox broker: run/write for the agents under ROOT over a "
+        "unix socket (the only process that needs Docker)",
+        "wakeloop broker agents/ --socket /run/wakeloop/broker.sock --ceiling policies/ceiling.yaml",
+        cmd_broker,
+    )
     p.add_argument("root")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--socket", metavar="PATH", help="the unix socket to listen on (one host)")
-    where.add_argument("--listen", metavar="tls://HOST:PORT",
-                       help="listen on TCP with mutual TLS (more than one host): only a client with the "
-                            "stack's orchestrator certificate is answered; needs --tls-dir")
-    p.add_argument("--tls-dir", metavar="DIR", help="with --listen: the folder with wakeloop-ca.pem and "
-                                                    "wakeloop-broker.pem/.key (`wakeloop swarm certs`)")
-    p.add_argument("--ceiling", metavar="FILE",
-                   help="the most any agent's policy may ask for (runtimes, images, networks, max "
-                        "sizes); requests over it are refused. Keep it where the orchestrator cannot "
-                        "write (compose: policies/ceiling.yaml)")
+    where.add_argument(
+        "--listen",
+        metavar="tls://HOST:PORT",
+        help="listen on TCP with mutual TLS (more than one host): only a client with the "
+        "stack's orchestrator certificate is answered; needs --tls-dir",
+    )
+    p.add_argument(
+        "--tls-dir",
+        metavar="DIR",
+        help="with --listen: the folder with wakeloop-ca.pem and wakeloop-broker.pem/.key (`wakeloop swarm certs`)",
+    )
+    p.add_argument(
+        "--ceiling",
+        metavar="FILE",
+        help="the most any agent's policy may ask for (runtimes, images, networks, max "
+        "sizes); requests over it are refused. Keep it where the orchestrator cannot "
+        "write (compose: policies/ceiling.yaml)",
+    )
 
-    p = _command(sub, "log", "the event log, readable; --run ID: one wake's transcript; -f: follow the "
-                             "running wake; ROOT: follow every agent's events",
-                 "wakeloop log agents/mine --run last   # or: wakeloop log agents/ (follows all)", cmd_log)
+    p = _command(
+        sub,
+        "log",
+        "the event log, readable; --run ID: one wake's transcript; -f: follow the "
+        "running wake; ROOT: follow every agent's events",
+        "wakeloop log agents/mine --run last   # or: wakeloop log agents/ (follows all)",
+        cmd_log,
+    )
     p.add_argument("agent_dir", metavar="AGENT_DIR|ROOT")
-    p.add_argument("--run", metavar="ID", help="show this wake's transcript (a run id or a unique prefix; "
-                                              "`last` or empty: the newest)")
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        help="show this wake's transcript (a run id or a unique prefix; `last` or empty: the newest)",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
     p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
 
-    p = _command(sub, "transcript", "one wake's transcript: who spoke, what ran, exit codes, timings, cost",
-                 "wakeloop transcript agents/mine 3f2a   # the newest wake without an id", cmd_transcript)
+    p = _command(
+        sub,
+        "transcript",
+        "one wake's transcript: who spoke, what ran, exit codes, timings, cost",
+        "wakeloop transcript agents/mine 3f2a   # the newest wake without an id",
+        cmd_transcript,
+    )
     p.add_argument("agent_dir")
     p.add_argument("run", nargs="?", metavar="ID", help="a run id or a unique prefix (default: the newest)")
     p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
@@ -735,24 +990,37 @@ def build_parser() -> argparse.ArgumentParser:
     _switch_commands(sub)
     _approval_commands(sub)
 
-    policy = _group(sub, "policy", "check or explain a policy",
-                    "wakeloop policy check policies/default.yaml")
-    p = _command(policy, "check", "validate a policy file (or the broker's ceiling file); "
-                                  "exit 0, or 2 with the reason", "wakeloop policy check my-policy.yaml",
-                 cmd_policy_check)
+    policy = _group(sub, "policy", "check or explain a policy", "wakeloop policy check policies/default.yaml")
+    p = _command(
+        policy,
+        "check",
+        "validate a policy file (or the broker's ceiling file); exit 0, or 2 with the reason",
+        "wakeloop policy check my-policy.yaml",
+        cmd_policy_check,
+    )
     p.add_argument("file")
-    p = _command(policy, "explain", "the tools offered and each call's container, as docker run flags",
-                 "wakeloop policy explain agents/mine", cmd_policy_explain)
+    p = _command(
+        policy,
+        "explain",
+        "the tools offered and each call's container, as docker run flags",
+        "wakeloop policy explain agents/mine",
+        cmd_policy_explain,
+    )
     p.add_argument("agent_dir")
     _json_flag(p)
 
     image = _group(sub, "image", "the sandbox image", "wakeloop image build")
-    _command(image, "build", "build wakeloop-sandbox:latest from sandbox-image/", "wakeloop image build",
-             cmd_image_build)
+    _command(
+        image, "build", "build wakeloop-sandbox:latest from sandbox-image/", "wakeloop image build", cmd_image_build
+    )
 
-    p = _command(sub, "escapes", "run the escape suite against the live engine under a policy; "
-                                 "exit 1 if anything escaped",
-                 "wakeloop escapes --runtime runsc --policy policies/networked.yaml", cmd_escapes)
+    p = _command(
+        sub,
+        "escapes",
+        "run the escape suite against the live engine under a policy; exit 1 if anything escaped",
+        "wakeloop escapes --runtime runsc --policy policies/networked.yaml",
+        cmd_escapes,
+    )
     p.add_argument("agent_dir", nargs="?", help="use this agent's policy (probes run in a throwaway agent)")
     p.add_argument("--policy", help="use this policy file instead (default: the default policy)")
     p.add_argument("--runtime", help="override the policy's runtime, e.g. runsc")
@@ -769,7 +1037,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
     from orchestrator.sandbox import disk
-    held_before = disk.holding()   # an embedding process's own (tests): not this command's to let go
+
+    held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
     try:
         return args.func(args)
     except WakeloopError as exc:
@@ -790,6 +1059,7 @@ def _release_disks(held_before: frozenset) -> None:
     """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
     that attached), whatever ended it: released unless another process holds it."""
     from orchestrator.sandbox import disk
+
     if not disk.holding() - held_before:
         return
     try:
@@ -803,6 +1073,7 @@ def _release_disks(held_before: frozenset) -> None:
 def _stop_network() -> None:
     """Remove the allowlist proxies this process started (network.py); quiet if none."""
     from orchestrator.sandbox import network
+
     if network.started():
         try:
             network.shutdown(connect())

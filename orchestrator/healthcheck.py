@@ -17,8 +17,8 @@ import socket
 import sys
 import urllib.request
 
-TIMEOUT_S = 4.0                      # under compose's `timeout: 5s`
-PING = b'{"op": "ping"}\n'           # wire.encode(wire.Ping()); test_broker.py keeps them equal
+TIMEOUT_S = 4.0  # under compose's `timeout: 5s`
+PING = b'{"op": "ping"}\n'  # wire.encode(wire.Ping()); test_broker.py keeps them equal
 
 
 def broker(socket_path: str) -> str | None:

@@ -43,52 +43,71 @@ NAMESPACE = "wakeloop"
 CALL_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 LAG_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
 # The `kind` label: each Usage count (records/receipt.py) by its name without `_tokens`.
-TOKEN_KINDS = {"input": "input_tokens", "output": "output_tokens", "cache_read": "cache_read_tokens",
-               "cache_write": "cache_write_tokens"}
+TOKEN_KINDS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_read": "cache_read_tokens",
+    "cache_write": "cache_write_tokens",
+}
 
-TOOLS = ("bash", "write_file", "send_message", "complete_task")    # the registry's (wake/tools.py, tasks)
-WAKE_STATUSES = STATUSES          # a receipt's (records/receipt.py)
-OTHER = "other"                     # every value outside its label's set
-MAX_AGENTS = 2000                   # agent label values: a fleet far larger than serve is fitted for
-MAX_MODELS = 16                     # model label values: the handful of models a fleet uses
+TOOLS = ("bash", "write_file", "send_message", "complete_task")  # the registry's (wake/tools.py, tasks)
+WAKE_STATUSES = STATUSES  # a receipt's (records/receipt.py)
+OTHER = "other"  # every value outside its label's set
+MAX_AGENTS = 2000  # agent label values: a fleet far larger than serve is fitted for
+MAX_MODELS = 16  # model label values: the handful of models a fleet uses
 MODEL_NAME = re.compile(r"[A-Za-z0-9 ._:@/()+-]{1,80}")
-AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")     # a folder name (console/pages.py's rule)
+AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a folder name (console/pages.py's rule)
 
-_m = None                           # the metrics, once installed
+_m = None  # the metrics, once installed
 _install_lock = threading.Lock()
-_agents: dict[str, tuple[str, str]] = {}   # run_id -> (agent, model), from wake_started to wake_finished
-_live: set[str] = set()             # container ids made and not yet removed (a set: a removal may be retried)
-_roots: set[Path] = set()           # the ROOTs whose agents may be an `agent` label (watch_root)
+_agents: dict[str, tuple[str, str]] = {}  # run_id -> (agent, model), from wake_started to wake_finished
+_live: set[str] = set()  # container ids made and not yet removed (a set: a removal may be retried)
+_roots: set[Path] = set()  # the ROOTs whose agents may be an `agent` label (watch_root)
 _agent_labels: dict[str, str] = {}  # an event file's folder -> its agent label, decided once
-_models: set[str] = set()           # model label values given out so far
+_models: set[str] = set()  # model label values given out so far
 _labels_lock = threading.Lock()
 
 
 class _Metrics:
     def __init__(self, registry):
         from prometheus_client import Counter, Gauge, Histogram
+
         kw = {"namespace": NAMESPACE, "registry": registry}
-        self.wakes = Counter("wakes", "Wakes finished, by agent and receipt status",
-                             ["agent", "status"], **kw)
-        self.model_requests = Counter("model_requests", "Model requests made (one per step)",
-                                      ["agent", "model"], **kw)
-        self.tokens = Counter("tokens", "Tokens used, by kind: input, output, cache_read, cache_write",
-                              ["agent", "kind"], **kw)
-        self.usd = Counter("cost_usd", "Cost in US dollars at the ledger's prices, booked when a wake ends",
-                           ["agent", "model"], **kw)
-        self.tool_calls = Counter("tool_calls", "Tool calls, by tool and exit class: ok, error, timeout, denied",
-                                  ["tool", "exit_class"], **kw)
-        self.call_seconds = Histogram("sandbox_call_duration_seconds",
-                                      "Wall time of one sandbox call, container start to removal hand-off",
-                                      ["tool"], buckets=CALL_BUCKETS, **kw)
-        self.pool = Counter("sandbox_pool_takes", "Calls that found a warm container (hit) or not (miss)",
-                            ["result"], **kw)
+        self.wakes = Counter("wakes", "Wakes finished, by agent and receipt status", ["agent", "status"], **kw)
+        self.model_requests = Counter("model_requests", "Model requests made (one per step)", ["agent", "model"], **kw)
+        self.tokens = Counter(
+            "tokens", "Tokens used, by kind: input, output, cache_read, cache_write", ["agent", "kind"], **kw
+        )
+        self.usd = Counter(
+            "cost_usd", "Cost in US dollars at the ledger's prices, booked when a wake ends", ["agent", "model"], **kw
+        )
+        self.tool_calls = Counter(
+            "tool_calls", "Tool calls, by tool and exit class: ok, error, timeout, denied", ["tool", "exit_class"], **kw
+        )
+        self.call_seconds = Histogram(
+            "sandbox_call_duration_seconds",
+            "Wall time of one sandbox call, container start to removal hand-off",
+            ["tool"],
+            buckets=CALL_BUCKETS,
+            **kw,
+        )
+        self.pool = Counter(
+            "sandbox_pool_takes", "Calls that found a warm container (hit) or not (miss)", ["result"], **kw
+        )
         self.containers = Gauge("sandbox_containers", "Sandbox containers this process holds now", **kw)
         self.containers.set_function(lambda: len(_live))
-        self.notifications = Counter("notifications", "Notifications: queued (per channel), sent, "
-                                     "failed (an attempt; retried), gave_up", ["outcome"], **kw)
-        self.lag = Histogram("scheduler_lag_seconds", "From a tick's due time (or a run-now request) "
-                             "to its wake's start", buckets=LAG_BUCKETS, **kw)
+        self.notifications = Counter(
+            "notifications",
+            "Notifications: queued (per channel), sent, failed (an attempt; retried), gave_up",
+            ["outcome"],
+            **kw,
+        )
+        self.lag = Histogram(
+            "scheduler_lag_seconds",
+            "From a tick's due time (or a run-now request) to its wake's start",
+            buckets=LAG_BUCKETS,
+            **kw,
+        )
 
 
 def install(registry=None):
@@ -96,6 +115,7 @@ def install(registry=None):
     global _m
     from prometheus_client import REGISTRY
     from orchestrator.records.events import listen
+
     with _install_lock:
         if _m is None:
             _m = _Metrics(registry or REGISTRY)
@@ -120,8 +140,11 @@ def agent_label(events_path) -> str:
     folder = Path(state).parent
     try:
         resolved = folder.resolve()
-        ours = (resolved.parent in _roots and AGENT_NAME.fullmatch(folder.name) is not None
-                and (resolved / "agent.yaml").is_file())
+        ours = (
+            resolved.parent in _roots
+            and AGENT_NAME.fullmatch(folder.name) is not None
+            and (resolved / "agent.yaml").is_file()
+        )
     except OSError:
         ours = False
     with _labels_lock:
@@ -154,6 +177,7 @@ def enabled() -> bool:
 def exposition(registry=None) -> tuple[bytes, str]:
     """The text format Prometheus scrapes, and its content type."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
     return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
 
 
@@ -166,6 +190,7 @@ def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bo
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
     from prometheus_client import make_wsgi_app
+
     host, port = split_addr(addr)
     install()
     exposition_app = make_wsgi_app()
@@ -201,6 +226,7 @@ def split_addr(addr: str) -> tuple[str, int]:
 
 # -- hooks where no event says it ---------------------------------------------------------
 
+
 def pool_take(hit: bool) -> None:
     if _m:
         _m.pool.labels("hit" if hit else "miss").inc()
@@ -222,6 +248,7 @@ def scheduler_lag(seconds: float) -> None:
 
 # -- from the event log -------------------------------------------------------------------
 
+
 def on_event(path: Path, event: Event) -> None:
     """Called by EventLog after each line lands (on the writing thread), with the line's record."""
     record, run = event.record, event.run_id
@@ -229,7 +256,7 @@ def on_event(path: Path, event: Event) -> None:
     if isinstance(record, ev.WakeStarted):
         _agents[run] = (fallback[0], model_label(record.model))
     agent, model = _agents.get(run, fallback)
-    if _m is not None:                  # (always so: on_event is listened to once _m is made)
+    if _m is not None:  # (always so: on_event is listened to once _m is made)
         _count(_m, agent, model, record)
     if isinstance(record, ev.WakeFinished):
         _agents.pop(run, None)

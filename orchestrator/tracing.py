@@ -37,10 +37,10 @@ from typing import Iterator
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 CONTENT_ENV = "WAKELOOP_TRACE_CONTENT"
 SCOPE = "wakeloop"
-CONTENT_CAP = 4000                  # chars of tool input/output in a span, when content is asked for
-NAME_CAP = 128                      # chars of a name or id in an attribute (a model may invent a tool name)
+CONTENT_CAP = 4000  # chars of tool input/output in a span, when content is asked for
+NAME_CAP = 128  # chars of a name or id in an attribute (a model may invent a tool name)
 
-_tracer = None                      # set by setup() when tracing is on
+_tracer = None  # set by setup() when tracing is on
 _provider = None
 
 
@@ -57,18 +57,23 @@ def setup(environ=os.environ, exporter=None) -> bool:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
             exporter = OTLPSpanExporter()
     except ImportError as exc:
-        print(f"wakeloop: {ENDPOINT_ENV} is set but tracing needs the otel extra "
-              f"(pip install 'wakeloop[otel]'): {exc}; no traces are sent", file=sys.stderr)
+        print(
+            f"wakeloop: {ENDPOINT_ENV} is set but tracing needs the otel extra "
+            f"(pip install 'wakeloop[otel]'): {exc}; no traces are sent",
+            file=sys.stderr,
+        )
         return False
     from orchestrator import __version__
-    _provider = TracerProvider(resource=Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME",
-                                                                                        "wakeloop")}))
+
+    _provider = TracerProvider(resource=Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "wakeloop")}))
     _provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(_provider)     # the anthropic SDK's spans go to the same place
+    trace.set_tracer_provider(_provider)  # the anthropic SDK's spans go to the same place
     _tracer = trace.get_tracer(SCOPE, __version__)
     return True
 
@@ -97,10 +102,17 @@ def wake_span(agent: str, run_id: str, model: str, live: bool) -> Iterator[objec
     if _tracer is None:
         yield None
         return
-    with _tracer.start_as_current_span("invoke_agent", attributes={
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent[:NAME_CAP],
-            "gen_ai.conversation.id": run_id, "gen_ai.request.model": model,
-            "wakeloop.run_id": run_id, "wakeloop.live": live}) as span:
+    with _tracer.start_as_current_span(
+        "invoke_agent",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": agent[:NAME_CAP],
+            "gen_ai.conversation.id": run_id,
+            "gen_ai.request.model": model,
+            "wakeloop.run_id": run_id,
+            "wakeloop.live": live,
+        },
+    ) as span:
         yield span
 
 
@@ -108,6 +120,7 @@ def wake_result(span, status: str, steps: int, tokens: int, reason: str) -> None
     if span is None:
         return
     from opentelemetry.trace import Status, StatusCode
+
     span.set_attributes({"wakeloop.status": status, "wakeloop.steps": steps, "wakeloop.tokens": tokens})
     if status in ("dead_letter", "blocked"):
         span.set_status(Status(StatusCode.ERROR, reason[:200]))
@@ -117,12 +130,19 @@ def scripted_chat(model: str, max_tokens: int, usage: dict, stop_reason: str, st
     """A dry run's model turn: no SDK call, so our own span with the SDK's names."""
     if _tracer is None:
         return
-    span = _tracer.start_span("chat", start_time=started_ns, attributes={
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "wakeloop-scripted",
-        "gen_ai.request.model": model, "gen_ai.request.max_tokens": max_tokens,
-        "gen_ai.response.finish_reasons": [stop_reason or ""],
-        "gen_ai.usage.input_tokens": int(usage.get("input_tokens", 0)),
-        "gen_ai.usage.output_tokens": int(usage.get("output_tokens", 0))})
+    span = _tracer.start_span(
+        "chat",
+        start_time=started_ns,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "wakeloop-scripted",
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": max_tokens,
+            "gen_ai.response.finish_reasons": [stop_reason or ""],
+            "gen_ai.usage.input_tokens": int(usage.get("input_tokens", 0)),
+            "gen_ai.usage.output_tokens": int(usage.get("output_tokens", 0)),
+        },
+    )
     span.end()
 
 
@@ -131,8 +151,12 @@ def tool_span(tool: str, call_id: str, args) -> Iterator["ToolSpan | None"]:
     if _tracer is None:
         yield None
         return
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": str(tool)[:NAME_CAP],
-                  "gen_ai.tool.call.id": str(call_id)[:NAME_CAP], "gen_ai.tool.type": "function"}
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": str(tool)[:NAME_CAP],
+        "gen_ai.tool.call.id": str(call_id)[:NAME_CAP],
+        "gen_ai.tool.type": "function",
+    }
     if content():
         attributes["gen_ai.tool.call.arguments"] = str(args)[:CONTENT_CAP]
     with _tracer.start_as_current_span("execute_tool", attributes=attributes) as span:
@@ -146,6 +170,7 @@ class ToolSpan:
     def result(self, text: str, is_error: bool, detail: dict) -> None:
         """The call's outcome, and its container as a child span timed by the sandbox."""
         from opentelemetry.trace import Status, StatusCode
+
         attrs = {f"wakeloop.{k}": v for k, v in detail.items() if isinstance(v, (bool, int, float, str))}
         self.span.set_attributes(attrs)
         if content():
@@ -153,8 +178,9 @@ class ToolSpan:
         if is_error:
             self.span.set_status(Status(StatusCode.ERROR, text.splitlines()[0][:200] if text else "error"))
         cid, ms = detail.get("container_id"), detail.get("duration_ms")
-        if cid and isinstance(ms, (int, float)) and _tracer is not None:   # (a ToolSpan means it is)
+        if cid and isinstance(ms, (int, float)) and _tracer is not None:  # (a ToolSpan means it is)
             end = time.time_ns()
-            box = _tracer.start_span("sandbox", start_time=end - int(ms * 1e6),
-                                     attributes={"wakeloop.container.id": str(cid), **attrs})
+            box = _tracer.start_span(
+                "sandbox", start_time=end - int(ms * 1e6), attributes={"wakeloop.container.id": str(cid), **attrs}
+            )
             box.end(end_time=end)

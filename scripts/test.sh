@@ -6,7 +6,7 @@
 # for the console's browser tests (Debian's chromium, chromium-driver);
 # starts dockerd if none answers; makes
 # the base image locally when no registry can be reached; builds the sandbox
-# image; installs the package in .venv; runs ruff and mypy (a finding fails the
+# image; installs the package in .venv; runs ruff (lint, format) and mypy (a finding fails the
 # run), then pytest. Where Docker already runs
 # it is used as it is. Extra arguments go to pytest.
 set -euo pipefail
@@ -73,8 +73,9 @@ ensure_venv
 
 # Lint and types first: seconds, and a finding fails the run before any image is built.
 # (Their configuration is pyproject.toml's [tool.ruff] and [tool.mypy].)
-log "ruff check"
+log "ruff check, ruff format --check"
 .venv/bin/ruff check orchestrator tests bench
+.venv/bin/ruff format --check orchestrator tests bench
 log "mypy"
 .venv/bin/mypy
 

@@ -27,8 +27,20 @@ from orchestrator.sandbox.engine import DockerSandbox
 os.environ[disk.DISKS_ENV] = tempfile.mkdtemp(prefix="wakeloop-test-disks-")
 ENGINE_FIXTURES = {"docker_client", "runtime", "make_sandbox", "sandbox", "make_lab", "engine_runtimes"}
 # Modules every test of which drives real containers (directly or through the CLI).
-DOCKER_MODULES = {"test_sandbox", "test_pool", "test_broker", "test_network", "test_compose", "test_loop",
-                  "test_state", "test_bench", "test_policy_tools", "test_probes_hold", "test_weakened", "test_wheel"}
+DOCKER_MODULES = {
+    "test_sandbox",
+    "test_pool",
+    "test_broker",
+    "test_network",
+    "test_compose",
+    "test_loop",
+    "test_state",
+    "test_bench",
+    "test_policy_tools",
+    "test_probes_hold",
+    "test_weakened",
+    "test_wheel",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,8 +86,7 @@ def engine_runtimes(docker_client) -> set[str]:
 @pytest.fixture(params=RUNTIMES)
 def runtime(request, engine_runtimes) -> str:
     if request.param not in engine_runtimes:
-        pytest.skip(f"runtime {request.param} is not registered with this engine "
-                    "(run scripts/setup-runsc.sh)")
+        pytest.skip(f"runtime {request.param} is not registered with this engine (run scripts/setup-runsc.sh)")
     return request.param
 
 
@@ -87,8 +98,7 @@ def make_sandbox(agent, docker_client, runtime):
 
     def make(policy=None, **kwargs) -> DockerSandbox:
         policy = replace(policy or agent.policy.sandbox, runtime=runtime)
-        box = DockerSandbox(agent.workspace, policy, agent=agent.name,
-                            client=docker_client, **kwargs)
+        box = DockerSandbox(agent.workspace, policy, agent=agent.name, client=docker_client, **kwargs)
         made.append(box)
         return box
 
@@ -108,6 +118,7 @@ def fake_api(monkeypatch):
     """start(replies=(), then=None): a local Messages API (orchestrator/testing/fakeapi.py) that the
     real SDK reaches through ANTHROPIC_BASE_URL, with a fake key set; stopped after."""
     from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI
+
     servers = []
 
     def start(replies=(), then=None) -> FakeAPI:
@@ -149,8 +160,9 @@ def disk_view(docker_client):
         if not agent.policy.sandbox.disk:
             return agent.workspace
         if agent.dir not in boxes:
-            boxes[agent.dir] = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name,
-                                             client=docker_client, warm=0)
+            boxes[agent.dir] = DockerSandbox(
+                agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0
+            )
         return boxes[agent.dir].view
 
     yield view
@@ -175,7 +187,7 @@ def disks_released(request):
         disk.release(client, key, delete=True, force=True)
 
 
-_leaks: list[str] = []   # tests whose code left a disk attached (disks_released)
+_leaks: list[str] = []  # tests whose code left a disk attached (disks_released)
 
 
 def _attached(image: Path) -> bool:
@@ -196,8 +208,9 @@ def _attached(image: Path) -> bool:
 def _mount_points(device: Path) -> list[str]:
     """Where the loop device (its /sys/block folder) is mounted in this namespace."""
     numbers = (device / "dev").read_text().strip()
-    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if line.split()[2] == numbers]
+    return [
+        line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[2] == numbers
+    ]
 
 
 def disk_leftovers(client, where: Path) -> list[str]:
@@ -227,16 +240,16 @@ def no_disk_left_behind(request):
         return
     client = docker.from_env()
     left = [what for what in disk_leftovers(client, where) if not what.startswith("image ")]
-    for key in disk.keys():   # cleaned anyway, so the host is left as it was found
+    for key in disk.keys():  # cleaned anyway, so the host is left as it was found
         disk.release(client, key, delete=True, force=True)
-    left += disk_leftovers(client, where)   # what even a forced release could not remove
+    left += disk_leftovers(client, where)  # what even a forced release could not remove
     for name in (disk.INDEX, "index.partial-index"):
         (where / name).unlink(missing_ok=True)
     for view in where.glob("*.view"):
-        view.rmdir()   # a broker's mount point, unmounted by release: empty, or this fails loudly
+        view.rmdir()  # a broker's mount point, unmounted by release: empty, or this fails loudly
     for kind in ("lock", "use", "call"):
         for lock in where.glob(f"*.{kind}"):
-            lock.unlink()   # room.lock, and those of disks refused before they were made
+            lock.unlink()  # room.lock, and those of disks refused before they were made
     where.rmdir()
     problems = left + _leaks
     assert not problems, "disks left behind by this session:\n  " + "\n  ".join(problems)

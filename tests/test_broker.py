@@ -39,10 +39,11 @@ from orchestrator.sandbox import disk
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 
-START_S = 30                         # the broker's start: engine ping, leftover sweep
-POOL_WAIT_S = 30                     # a pool refill: create and start two containers
-MEMORY_PROBE = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
-                " || cat /sys/fs/cgroup/memory.max")   # cgroup v1, else v2
+START_S = 30  # the broker's start: engine ping, leftover sweep
+POOL_WAIT_S = 30  # a pool refill: create and start two containers
+MEMORY_PROBE = (
+    "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"  # cgroup v1, else v2
+)
 
 
 @pytest.fixture
@@ -85,8 +86,9 @@ def view(root: Path, name: str = "alpha") -> Path:
 
 def pool_containers(client, workspace: Path) -> dict[str, int]:
     """Idle warm containers for this workspace: short id -> their memory limit."""
-    found = client.api.containers(filters={"label": [
-        f"{LABEL}=1", f"wakeloop.workspace={workspace.resolve()}", "wakeloop.call_id=pool"]})
+    found = client.api.containers(
+        filters={"label": [f"{LABEL}=1", f"wakeloop.workspace={workspace.resolve()}", "wakeloop.call_id=pool"]}
+    )
     limits = {}
     for c in found:
         try:
@@ -106,8 +108,9 @@ def raw_request(sock: Path, request: dict) -> dict:
 
 def test_a_command_runs_in_a_fresh_hardened_box_and_nothing_is_left(broker, root, tmp_path, docker_client):
     box = BrokerSandbox(broker, "alpha")
-    result = box.run("echo hello > note.txt; cat note.txt; id -u; grep CapEff /proc/self/status",
-                     timeout_s=30, max_output_chars=2000)
+    result = box.run(
+        "echo hello > note.txt; cat note.txt; id -u; grep CapEff /proc/self/status", timeout_s=30, max_output_chars=2000
+    )
     assert result.exit_code == 0 and result.container_id
     lines = result.output.split()
     assert lines[0] == "hello" and lines[1] != "0" and lines[-1] == "0000000000000000"
@@ -145,22 +148,36 @@ def test_a_disabled_bash_is_refused_by_the_broker_itself(broker, root, capsys):
 
 def test_fields_a_request_should_not_have_change_nothing(broker):
     """Only op, agent and command count: image, user, binds and privileged are ignored."""
-    reply = raw_request(broker, {"op": "run", "agent": "alpha", "command": "id -u; ls /host 2>&1",
-                                 "image": "debian:bookworm-slim", "user": "0:0", "privileged": True,
-                                 "binds": ["/:/host"], "timeout_s": 999})
+    reply = raw_request(
+        broker,
+        {
+            "op": "run",
+            "agent": "alpha",
+            "command": "id -u; ls /host 2>&1",
+            "image": "debian:bookworm-slim",
+            "user": "0:0",
+            "privileged": True,
+            "binds": ["/:/host"],
+            "timeout_s": 999,
+        },
+    )
     assert reply["ok"]
     uid, rest = reply["result"]["output"].split("\n", 1)
     assert uid != "0" and "No such file" in rest
 
 
-@pytest.mark.parametrize("request_", [
-    {"op": "create_container", "agent": "alpha", "image": "alpine"},
-    {"op": "run", "agent": "../alpha", "command": "id"},
-    {"op": "run", "agent": "alpha/workspace", "command": "id"},
-    {"op": "run", "agent": "nobody", "command": "id"},
-    {"op": "run", "agent": "alpha", "command": ""},
-    {"op": "write", "agent": "alpha", "path": "../escape", "content_b64": "eA=="},
-], ids=["other-op", "dotdot", "slash", "unknown-agent", "empty-command", "write-outside"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"op": "create_container", "agent": "alpha", "image": "alpine"},
+        {"op": "run", "agent": "../alpha", "command": "id"},
+        {"op": "run", "agent": "alpha/workspace", "command": "id"},
+        {"op": "run", "agent": "nobody", "command": "id"},
+        {"op": "run", "agent": "alpha", "command": ""},
+        {"op": "write", "agent": "alpha", "path": "../escape", "content_b64": "eA=="},
+    ],
+    ids=["other-op", "dotdot", "slash", "unknown-agent", "empty-command", "write-outside"],
+)
 def test_anything_but_run_or_write_for_a_known_agent_is_refused(broker, request_):
     reply = raw_request(broker, request_)
     assert reply["ok"] is False and reply["error"] and "\n" not in reply["error"]
@@ -175,6 +192,7 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
 def test_the_compose_healthcheck_pings_the_broker_with_the_wires_own_line(broker, tmp_path):
     from orchestrator import healthcheck
     from orchestrator.broker import wire
+
     assert healthcheck.PING == wire.encode(wire.Ping())
     assert healthcheck.broker(str(broker)) is None and healthcheck.main(["broker", str(broker)]) == 0
     assert healthcheck.main(["broker", str(tmp_path / "no.sock")]) == 1
@@ -190,7 +208,8 @@ def test_a_smaller_output_cap_of_the_caller_is_kept_and_a_larger_one_is_not(brok
 
 @pytest.mark.parametrize("disk_setting", ["2g", "none"])
 def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_workspace(
-        root, monkeypatch, docker_client, disk_setting):
+    root, monkeypatch, docker_client, disk_setting
+):
     monkeypatch.setenv(HOST_ROOT_ENV, "/srv/host/agents")
     # pool 0: no container for a mount source that is not there
     set_policy(root / "alpha", {"sandbox": {"pool": 0, "disk": disk_setting}})
@@ -199,23 +218,31 @@ def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_wo
     broker._release(entry)
     _, host = entry.box.container_spec(["true"])
     key = disk.lookup(root / "alpha")
-    if disk_setting == "2g":   # the index records where the host sees the folder
+    if disk_setting == "2g":  # the index records where the host sees the folder
         assert disk.read_index()[key]["folder"] == "/srv/host/agents/alpha"
     assert [(m["Type"], m["Source"]) for m in host["mounts"]] == (
-        [("volume", disk.VOLUME_PREFIX + key)] if disk_setting == "2g"
-        else [("bind", "/srv/host/agents/alpha/workspace")])
+        [("volume", disk.VOLUME_PREFIX + key)]
+        if disk_setting == "2g"
+        else [("bind", "/srv/host/agents/alpha/workspace")]
+    )
     assert [m["Target"] for m in host["mounts"]] == ["/workspace"]
     broker.close()
     monkeypatch.delenv(HOST_ROOT_ENV)
-    assert Broker(root, client=docker_client).host_root == root.resolve()   # not in a container
+    assert Broker(root, client=docker_client).host_root == root.resolve()  # not in a container
 
 
 def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
     env = scrubbed_env()
     env["WAKELOOP_BROKER"] = str(broker)
-    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"     # the orchestrator has no engine
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"  # the orchestrator has no engine
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["status"] == "done" and receipt["tool_calls"] == 4 and receipt["journal"] == "agent"
@@ -227,11 +254,17 @@ def test_over_the_ceiling_a_wake_does_not_start_and_says_why_in_one_line(root, d
     env = scrubbed_env()
     with served(root, Ceiling(max={"pids": 256}, source="ceiling.yaml")) as sock:
         env["WAKELOOP_BROKER"] = str(sock)
-        done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
-                              capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "wake", str(root / "alpha")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=REPO,
+        )
     assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
     assert "sandbox.pids: 4,096 is over the broker's ceiling of 256 (ceiling ceiling.yaml)" in done.stderr
-    assert not list((root / "alpha/state").glob("events*"))       # refused before the wake began
+    assert not list((root / "alpha/state").glob("events*"))  # refused before the wake began
     assert our_containers(docker_client, root) == []
 
 
@@ -239,6 +272,7 @@ def test_the_shipped_ceiling_refuses_a_hundred_billion_output_chars_at_check(roo
     """Issue 20: through the broker, a policy with tools.bash.max_output_chars 100000000000
     passed `check` (max had no bound for it); the broker holds a call's output in memory."""
     from orchestrator.policy.ceiling import load_ceiling
+
     set_policy(root / "alpha", {"tools": {"bash": {"max_output_chars": 100_000_000_000}}})
     with served(root, load_ceiling(REPO / "policies" / "ceiling.yaml")) as sock:
         with pytest.raises(SandboxError, match="tools.bash.max_output_chars: 100,000,000,000 is over"):
@@ -250,15 +284,18 @@ def test_the_shipped_ceiling_refuses_a_hundred_billion_output_chars_at_check(roo
 
 # -- one warm pool per agent ----------------------------------------------------------------
 
-def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(
-        root, docker_client):
+
+def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(root, docker_client):
     workspace = root / "alpha/workspace"
     with served(root) as sock:
         box = BrokerSandbox(sock, "alpha")
         first = box.run("true", timeout_s=30, max_output_chars=100)
         # The first call's own container may still be listed: it is removed after the call, off its path.
-        warm = wait_for(lambda: set(pool_containers(docker_client, workspace)) - {first.container_id},
-                        "the agent's pool to be warm", POOL_WAIT_S)
+        warm = wait_for(
+            lambda: set(pool_containers(docker_client, workspace)) - {first.container_id},
+            "the agent's pool to be warm",
+            POOL_WAIT_S,
+        )
         second = box.run("true", timeout_s=30, max_output_chars=100)
         assert first.ok and second.ok and second.container_id != first.container_id
         assert second.container_id in warm, "the second call should take a warm container"
@@ -275,31 +312,37 @@ def test_a_policy_change_reaches_the_next_call_and_the_pool(broker, root, docker
     result = box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100)
     assert result.ok and result.output.strip() == str(300 * 2**20)
     # The idle containers made under 512m are drained; the refill is made under 300m.
-    wait_for(lambda: (p := pool_containers(docker_client, workspace)) and len(p) >= 1
-             and set(p.values()) == {300 * 2**20}, "a pool made under the new memory limit", POOL_WAIT_S)
+    wait_for(
+        lambda: (p := pool_containers(docker_client, workspace)) and len(p) >= 1 and set(p.values()) == {300 * 2**20},
+        "a pool made under the new memory limit",
+        POOL_WAIT_S,
+    )
     assert box.run(MEMORY_PROBE, timeout_s=30, max_output_chars=100).output.strip() == str(300 * 2**20)
 
 
 def test_an_agent_yaml_edited_past_the_ceiling_is_refused_before_any_container(root, docker_client):
     # What a taken-over orchestrator can do under compose: edit agent.yaml.
-    ceiling = Ceiling(runtimes=("runc", "runsc"), networks=("none",), max={"pids": 256, "memory": 256 * 2**20},
-                      source="ceiling.yaml")
+    ceiling = Ceiling(
+        runtimes=("runc", "runsc"), networks=("none",), max={"pids": 256, "memory": 256 * 2**20}, source="ceiling.yaml"
+    )
     with served(root, ceiling) as sock:
         box = BrokerSandbox(sock, "alpha")
-        for ask, refusal in [({"pids": 100_000}, "sandbox.pids: 100,000 is over the broker's ceiling of 256"),
-                             ({"network": "bridge"}, "sandbox.network: bridge is not one the broker allows"),
-                             ({"runtime": "kata"}, "sandbox.runtime: kata is not one the broker allows")]:
+        for ask, refusal in [
+            ({"pids": 100_000}, "sandbox.pids: 100,000 is over the broker's ceiling of 256"),
+            ({"network": "bridge"}, "sandbox.network: bridge is not one the broker allows"),
+            ({"runtime": "kata"}, "sandbox.runtime: kata is not one the broker allows"),
+        ]:
             set_policy(root / "alpha", {"sandbox": {"memory": "128m", **ask}})
             with pytest.raises(SandboxError, match=f"alpha: {root}/alpha/agent.yaml:[0-9]+: {refusal}"):
                 box.run("echo ran", timeout_s=30, max_output_chars=100)
             assert our_containers(docker_client, root) == []
-        set_policy(root / "alpha", {"sandbox": {"memory": "128m", "pids": 256}})   # at the ceiling: served
+        set_policy(root / "alpha", {"sandbox": {"memory": "128m", "pids": 256}})  # at the ceiling: served
         assert box.run("echo ran", timeout_s=30, max_output_chars=100).output == "ran\n"
 
 
 def test_an_allowlist_agents_dead_proxy_is_made_anew_by_its_next_call(root, docker_client, monkeypatch, capsys):
-    monkeypatch.setattr(broker_module, "EGRESS_CHECK_S", 0.0)   # check on every call
-    hosts = ["x.wakeloop.test"]   # never dialled: the test reads only the proxy's address
+    monkeypatch.setattr(broker_module, "EGRESS_CHECK_S", 0.0)  # check on every call
+    hosts = ["x.wakeloop.test"]  # never dialled: the test reads only the proxy's address
     set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 1}})
     egress = network.plan((root / "alpha/workspace").resolve(), tuple(hosts))
     try:
@@ -307,7 +350,7 @@ def test_an_allowlist_agents_dead_proxy_is_made_anew_by_its_next_call(root, dock
             box = BrokerSandbox(sock, "alpha")
             assert box.run("echo $HTTPS_PROXY", timeout_s=30, max_output_chars=100).output.strip() == egress.proxy_url
             dead = docker_client.api.inspect_container(egress.proxy)["Id"]
-            docker_client.api.kill(egress.proxy)                  # as an OOM kill would
+            docker_client.api.kill(egress.proxy)  # as an OOM kill would
             assert not network.alive(docker_client, egress)
             result = box.run("echo $HTTPS_PROXY", timeout_s=30, max_output_chars=100)
             assert result.exit_code == 0 and result.output.strip() == egress.proxy_url
@@ -331,10 +374,11 @@ def test_concurrent_calls_for_one_agent_share_one_pool(broker, root, docker_clie
     for t in threads:
         t.join(timeout=120)
     assert [r.output.strip() for r in results] == [str(i) for i in range(len(results))]
-    assert len({r.container_id for r in results}) == len(results)   # one container per call
+    assert len({r.container_id for r in results}) == len(results)  # one container per call
     # One pool for the agent, not one per request: one ahead, or the policy's 2 if calls outran it.
-    wait_for(lambda: 1 <= len(pool_containers(docker_client, root / "alpha/workspace")) <= 2,
-             "a pool of 1 or 2", POOL_WAIT_S)
+    wait_for(
+        lambda: 1 <= len(pool_containers(docker_client, root / "alpha/workspace")) <= 2, "a pool of 1 or 2", POOL_WAIT_S
+    )
 
 
 @pytest.mark.parametrize("why", ["renamed", "idle"])
@@ -345,13 +389,13 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
         assert reply["ok"]
         wait_for(lambda: len(pool_containers(docker_client, root / "alpha/workspace")) >= 1, "a warm pool", POOL_WAIT_S)
         if why == "renamed":
-            (root / "alpha").rename(root / "beta")   # the workspace path of the pool is gone
+            (root / "alpha").rename(root / "beta")  # the workspace path of the pool is gone
         else:
             monkeypatch.setattr(broker_module, "IDLE_CLOSE_S", 0)
-        broker._next_sweep = 0   # sweep now, not in SWEEP_EVERY_S
+        broker._next_sweep = 0  # sweep now, not in SWEEP_EVERY_S
         broker.sweep()
         assert broker._boxes == {}
-        assert our_containers(docker_client, root.resolve()) == []   # close() waits for the removals
+        assert our_containers(docker_client, root.resolve()) == []  # close() waits for the removals
     finally:
         broker.close()
 
@@ -363,12 +407,12 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
         wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one container ahead", POOL_WAIT_S)
         assert broker.handle({"op": "wind_down", "agent": "alpha"}) == {"ok": True, "result": {}}
-        assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]   # the stub, say
+        assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]  # the stub, say
         pool = broker._boxes["alpha"].box.pool
         assert (pool.want, pool.idle(), pool._making) == (0, [], 0), "nothing made for a call that won't come"
-        assert broker.handle({"op": "check", "agent": "alpha"})["ok"]                   # the next wake
+        assert broker.handle({"op": "check", "agent": "alpha"})["ok"]  # the next wake
         wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one ahead again", POOL_WAIT_S)
-        with pytest.raises(BrokerError):    # a hint names an agent as strictly as a call does
+        with pytest.raises(BrokerError):  # a hint names an agent as strictly as a call does
             broker.handle({"op": "wind_down", "agent": "../alpha"})
     finally:
         broker.close()
@@ -380,7 +424,7 @@ def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked(root, do
     try:
         first = broker.handle({"op": "rate"})["result"]
         assert first["per_s"] > 0 and first["calls"] >= 1 and first["latency_s"] > 0
-        assert broker.handle({"op": "rate"})["result"] == first     # kept, not measured again
+        assert broker.handle({"op": "rate"})["result"] == first  # kept, not measured again
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
@@ -392,8 +436,11 @@ def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
     try:
         for name in ("alpha", "beta"):
             assert broker.handle({"op": "run", "agent": name, "command": "true"})["ok"]
-            wait_for(lambda name=name: len(pool_containers(docker_client, root / name / "workspace")) >= 1,
-                     "a warm pool", POOL_WAIT_S)
+            wait_for(
+                lambda name=name: len(pool_containers(docker_client, root / name / "workspace")) >= 1,
+                "a warm pool",
+                POOL_WAIT_S,
+            )
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
@@ -401,16 +448,22 @@ def test_closing_the_broker_removes_every_agents_pool(root, docker_client):
 
 # -- the journal stub: append, for any agent, to today's journal only -------------------------
 
+
 def test_an_agent_without_bash_or_write_file_still_gets_its_journal_stub(broker, root, tmp_path):
     set_policy(root / "alpha", {"tools": {"bash": {"enabled": False}, "write_file": {"enabled": False}}})
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "I forgot to journal."}]))
     env = scrubbed_env()
     env["WAKELOOP_BROKER"] = str(broker)
-    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"     # the orchestrator has no engine
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "wake", str(root / "alpha"),
-                           "--script", str(script)],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"  # the orchestrator has no engine
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "wake", str(root / "alpha"), "--script", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     receipt = json.loads(done.stdout.strip().splitlines()[-1])
     assert receipt["journal"] == "stub", receipt
@@ -425,11 +478,21 @@ def test_append_adds_to_the_journal_and_never_truncates(broker, root):
     assert (view(root) / rel).read_text() == "one\ntwo\n"
 
 
-@pytest.mark.parametrize("path", [
-    "notes/x.md", "memory/journal/../../x.md", "memory/journal/2026-11-29.md.sh",
-    "memory/journal/2026-11-29.md\n", "./memory/journal/2026-11-29.md", "/workspace/memory/journal/2026-11-29.md",
-    "memory/journal/sub/2026-11-29.md", "memory/journal/٢٠٢٦-11-29.md", "memory/core.md", None,
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "notes/x.md",
+        "memory/journal/../../x.md",
+        "memory/journal/2026-11-29.md.sh",
+        "memory/journal/2026-11-29.md\n",
+        "./memory/journal/2026-11-29.md",
+        "/workspace/memory/journal/2026-11-29.md",
+        "memory/journal/sub/2026-11-29.md",
+        "memory/journal/٢٠٢٦-11-29.md",
+        "memory/core.md",
+        None,
+    ],
+)
 def test_append_is_refused_for_any_path_but_a_journal_day(broker, root, path):
     reply = raw_request(broker, {"op": "append", "agent": "alpha", "path": path, "content_b64": "eA=="})
     assert reply["ok"] is False and "append is only for memory/journal/YYYY-MM-DD.md" in reply["error"]
@@ -451,7 +514,7 @@ def test_append_through_a_symlinked_journal_is_refused_as_write_is(broker, root,
     journal = root / "alpha/workspace/memory/journal"
     (journal / "2026-01-01.md").symlink_to(outside)
     (journal / "2026-01-02.md").symlink_to("../core.md")
-    core = (root / "alpha/workspace/memory/core.md").read_bytes()   # copied onto the disk at its first call
+    core = (root / "alpha/workspace/memory/core.md").read_bytes()  # copied onto the disk at its first call
     box = BrokerSandbox(broker, "alpha")
     for day in ("2026-01-01", "2026-01-02"):
         ok, detail = append_in_sandbox(box, f"memory/journal/{day}.md", "pwned\n")
@@ -462,11 +525,12 @@ def test_append_through_a_symlinked_journal_is_refused_as_write_is(broker, root,
 
 # -- a taken-over orchestrator (the attacks themselves: the escape suite's "orchestrator") --
 
+
 def test_allow_hosts_changed_on_every_call_leaves_one_proxy_not_one_per_change(root, docker_client):
     # Each change makes a new box with a new proxy, holder and network; the retired
     # box's must go with it, or a request loop leaks one set per request.
     workspace = (root / "alpha/workspace").resolve()
-    lists = [[f"h{i}.wakeloop.test"] for i in range(3)]   # never dialled
+    lists = [[f"h{i}.wakeloop.test"] for i in range(3)]  # never dialled
     keys = {network.plan(workspace, tuple(hosts)).key for hosts in lists}
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
@@ -475,7 +539,7 @@ def test_allow_hosts_changed_on_every_call_leaves_one_proxy_not_one_per_change(r
             assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
         assert _egress_keys(docker_client) & keys == {network.plan(workspace, tuple(lists[-1])).key}
         broker.close()
-        assert not _egress_keys(docker_client) & keys    # close() removed the last
+        assert not _egress_keys(docker_client) & keys  # close() removed the last
     finally:
         broker.close()
         network.shutdown(docker_client, keys)
@@ -485,14 +549,15 @@ def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(
     init_agent(root / "beta")
     for name in ("alpha", "beta"):
         set_policy(root / name, {"sandbox": {"pool": 1}})
-    broker = Broker(root, client=docker_client, log=lambda line: None,
-                    ceiling=Ceiling(max={"agents": 1}, source="c.yaml"))
+    broker = Broker(
+        root, client=docker_client, log=lambda line: None, ceiling=Ceiling(max={"agents": 1}, source="c.yaml")
+    )
     try:
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
         assert broker.handle({"op": "run", "agent": "beta", "command": "true"})["ok"]
-        assert list(broker._boxes) == ["beta"]          # alpha's idle pool made room
+        assert list(broker._boxes) == ["beta"]  # alpha's idle pool made room
         assert pool_containers(docker_client, root / "alpha/workspace") == {}
-        broker._boxes["beta"].busy += 1                  # as if a call of beta's were in flight
+        broker._boxes["beta"].busy += 1  # as if a call of beta's were in flight
         with pytest.raises(BrokerError, match="alpha: busy: 1 agents hold a sandbox, the broker's max.agents is 1"):
             broker.handle({"op": "run", "agent": "alpha", "command": "true"})
         broker._boxes["beta"].busy -= 1
@@ -503,13 +568,14 @@ def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(
 
 def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(broker, root):
     box = BrokerSandbox(broker, "alpha")
-    assert box.run("echo remembered > memory/core.md; ln -s /etc/passwd memory/link.md",
-                   timeout_s=30, max_output_chars=100).ok
+    assert box.run(
+        "echo remembered > memory/core.md; ln -s /etc/passwd memory/link.md", timeout_s=30, max_output_chars=100
+    ).ok
     files = box.files()
     assert files.read_text_or_none("memory/core.md") == "remembered\n"
     assert "symlink, which the harness never follows" in files.read_text("memory/link.md")
     assert "not a plain relative path" in files.read_text("../../../etc/passwd")
-    assert files.journal_size("../../../../etc/passwd") is None        # a day, not a path
+    assert files.journal_size("../../../../etc/passwd") is None  # a day, not a path
     assert files.read_text_or_none("memory/none.md") is None
     reply = raw_request(broker, {"op": "read", "agent": "alpha", "what": "open", "arg": "/etc/passwd"})
     assert reply["ok"] is False and "read is one of" in reply["error"]
@@ -517,12 +583,14 @@ def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(brok
 
 # -- past one host: the same wire over TCP with mutual TLS (broker/tls.py) ----------------------
 
+
 @contextmanager
 def served_tls(root: Path, certs: Path, capsys):
     """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line."""
     ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs},
-                              daemon=True)
+    thread = threading.Thread(
+        target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs}, daemon=True
+    )
     thread.start()
     try:
         assert ready.wait(START_S), "the broker did not start"
@@ -536,15 +604,17 @@ def served_tls(root: Path, certs: Path, capsys):
 
 
 def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_broker_is_refused(
-        root, tmp_path, monkeypatch, capsys):
+    root, tmp_path, monkeypatch, capsys
+):
     from orchestrator.broker import tls
     from orchestrator.broker.client import BrokerClient
     from orchestrator.broker.wire import BrokerRefusal
+
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     tls.make_certs(ours)
     tls.make_certs(theirs)
     with served_tls(root, ours, capsys) as address:
-        with pytest.raises(BrokerRefusal, match="WAKELOOP_TLS_DIR"):   # no certificates named: one line
+        with pytest.raises(BrokerRefusal, match="WAKELOOP_TLS_DIR"):  # no certificates named: one line
             BrokerSandbox(address, "alpha").check()
         monkeypatch.setenv(tls.TLS_DIR_ENV, str(ours))
         box = BrokerSandbox(address, "alpha")
@@ -553,6 +623,6 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         assert result.ok and result.output.strip() == "over-tls"
         assert box.files().read_text("note.txt") == "over-tls\n"
         assert BrokerClient(address).ping()["root"] == str(root.resolve())
-        monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))   # a client of another stack: its CA does not know ours
+        monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))  # a client of another stack: its CA does not know ours
         with pytest.raises(SandboxError, match="failed the TLS handshake"):
             BrokerSandbox(address, "alpha").check()

@@ -31,25 +31,37 @@ def test_the_shipped_ceiling_admits_every_shipped_policy_and_the_default():
         if path != SHIPPED:
             assert ceiling.refusal(load_policy(path)) is None, path.name
     assert ceiling.refusal(DEFAULT) is None
-    assert ceiling.networks == ("none", "allowlist")     # no open egress unless the user adds it
+    assert ceiling.networks == ("none", "allowlist")  # no open egress unless the user adds it
 
 
 def test_each_kind_of_ask_over_the_ceiling_is_refused_naming_its_key():
-    ceiling = Ceiling(runtimes=("runsc",), images=("wakeloop-sandbox:latest",), networks=("none",),
-                      max={"memory": 2**30, "pids": 512, "cpus": 2, "timeout_s": 600}, source="c.yaml")
+    ceiling = Ceiling(
+        runtimes=("runsc",),
+        images=("wakeloop-sandbox:latest",),
+        networks=("none",),
+        max={"memory": 2**30, "pids": 512, "cpus": 2, "timeout_s": 600},
+        source="c.yaml",
+    )
     assert ceiling.refusal(with_box(runtime="runsc")) is None
     assert ceiling.refusal(with_box(runtime="runc")) == (
-        "<defaults>: sandbox.runtime: runc is not one the broker allows: runsc (ceiling c.yaml)")
+        "<defaults>: sandbox.runtime: runc is not one the broker allows: runsc (ceiling c.yaml)"
+    )
     assert "sandbox.image: debian:bookworm-slim is not" in ceiling.refusal(
-        with_box(runtime="runsc", image="debian:bookworm-slim"))
+        with_box(runtime="runsc", image="debian:bookworm-slim")
+    )
     assert "sandbox.network: bridge is not" in ceiling.refusal(with_box(runtime="runsc", network="bridge"))
     assert ceiling.refusal(with_box(runtime="runsc", pids=100_000)) == (
-        "<defaults>: sandbox.pids: 100,000 is over the broker's ceiling of 512 (ceiling c.yaml)")
+        "<defaults>: sandbox.pids: 100,000 is over the broker's ceiling of 512 (ceiling c.yaml)"
+    )
     assert "sandbox.memory: 4,294,967,296 bytes is over the broker's ceiling of 1,073,741,824 bytes" in (
-        ceiling.refusal(with_box(runtime="runsc", memory=4 * 2**30)))
+        ceiling.refusal(with_box(runtime="runsc", memory=4 * 2**30))
+    )
     assert "sandbox.cpus: 2.5 is over" in ceiling.refusal(with_box(runtime="runsc", cpus=2.5))
-    slow = replace(DEFAULT, sandbox=replace(DEFAULT.sandbox, runtime="runsc"),
-                   tools=replace(DEFAULT.tools, write_file=replace(DEFAULT.tools.write_file, timeout_s=3600)))
+    slow = replace(
+        DEFAULT,
+        sandbox=replace(DEFAULT.sandbox, runtime="runsc"),
+        tools=replace(DEFAULT.tools, write_file=replace(DEFAULT.tools.write_file, timeout_s=3600)),
+    )
     assert "tools.write_file.timeout_s: 3,600 is over" in ceiling.refusal(slow)
 
 
@@ -75,16 +87,19 @@ def load_error(tmp_path: Path, text: str) -> str:
     return str(caught.value)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("runtimes: [runc]\nmaximum: {pids: 5}\n", "c.yaml:2: maximum: unknown key"),
-    ("networks: [none, wide]\n", "c.yaml:1: networks: wide is not one of none, allowlist, bridge"),
-    ("images: wakeloop-sandbox:latest\n", "c.yaml:1: images: expected a non-empty list of names"),
-    ("max:\n  memory: 512x\n", "c.yaml:2: max.memory: expected a size like 64m"),
-    ("max:\n  pids: -1\n", "c.yaml:2: max.pids: expected a number of at least 0, got -1"),
-    ("max:\n  swap: 1g\n", "c.yaml:2: max.swap: unknown key; max bounds memory"),
-    ("- runc\n", "c.yaml: (top level): a ceiling is a mapping"),
-    ("runtimes: [runc\n", "c.yaml: not YAML text"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("runtimes: [runc]\nmaximum: {pids: 5}\n", "c.yaml:2: maximum: unknown key"),
+        ("networks: [none, wide]\n", "c.yaml:1: networks: wide is not one of none, allowlist, bridge"),
+        ("images: wakeloop-sandbox:latest\n", "c.yaml:1: images: expected a non-empty list of names"),
+        ("max:\n  memory: 512x\n", "c.yaml:2: max.memory: expected a size like 64m"),
+        ("max:\n  pids: -1\n", "c.yaml:2: max.pids: expected a number of at least 0, got -1"),
+        ("max:\n  swap: 1g\n", "c.yaml:2: max.swap: unknown key; max bounds memory"),
+        ("- runc\n", "c.yaml: (top level): a ceiling is a mapping"),
+        ("runtimes: [runc\n", "c.yaml: not YAML text"),
+    ],
+)
 def test_a_bad_ceiling_is_one_line_naming_the_file_line_and_key(tmp_path, text, message):
     error = load_error(tmp_path, text)
     assert error.startswith(f"{tmp_path}/{message}")
@@ -92,8 +107,9 @@ def test_a_bad_ceiling_is_one_line_naming_the_file_line_and_key(tmp_path, text, 
 
 
 def test_policy_check_reads_the_ceiling_as_a_ceiling():
-    done = subprocess.run(CLI + ["policy", "check", str(SHIPPED)], capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT_S)
+    done = subprocess.run(
+        CLI + ["policy", "check", str(SHIPPED)], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
     assert (done.returncode, done.stdout.strip()) == (0, f"ok: {SHIPPED} (a broker ceiling)"), done.stderr
 
 
@@ -101,29 +117,37 @@ def test_the_broker_will_not_start_on_a_bad_ceiling(tmp_path):
     bad = tmp_path / "c.yaml"
     bad.write_text("max:\n  pids: lots\n")
     (tmp_path / "agents").mkdir()
-    done = subprocess.run(CLI + ["broker", str(tmp_path / "agents"), "--socket", str(tmp_path / "s"),
-                                 "--ceiling", str(bad)], capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    done = subprocess.run(
+        CLI + ["broker", str(tmp_path / "agents"), "--socket", str(tmp_path / "s"), "--ceiling", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"wakeloop: {bad}:2: max.pids: expected a number of at least 0, got 'lots'\n"
     assert not (tmp_path / "s").exists()
 
 
 def test_users_env_names_and_hosts_are_bounded_naming_their_key():
-    ceiling = Ceiling(users=(1000, 60000), env_names=("LANG", "LC_*"),
-                      hosts=("pypi.org", "*.pythonhosted.org"), source="c.yaml")
+    ceiling = Ceiling(
+        users=(1000, 60000), env_names=("LANG", "LC_*"), hosts=("pypi.org", "*.pythonhosted.org"), source="c.yaml"
+    )
     assert ceiling.refusal(with_box(user="1000:1000")) is None
     assert ceiling.refusal(with_box(user="999:1000")) == (
         "<defaults>: sandbox.user: 999:1000 is outside the uids and gids the broker allows: "
-        "1000 to 60000 (ceiling c.yaml)")
+        "1000 to 60000 (ceiling c.yaml)"
+    )
     assert "sandbox.user: 1000:65534 is outside" in ceiling.refusal(with_box(user="1000:65534"))
     # "auto" is bounded as the broker resolved it for the workspace (its owner)
     assert ceiling.refusal(with_box(), user="1000:1000") is None
     assert "sandbox.user: auto (auto: the workspace owner is 70000:70000) is outside" in (
-        ceiling.refusal(with_box(), user="70000:70000"))
+        ceiling.refusal(with_box(), user="70000:70000")
+    )
     assert ceiling.refusal(with_box(env=(("LANG", "C"), ("LC_ALL", "C")))) is None
     assert ceiling.refusal(with_box(env=(("LANG", "C"), ("LD_PRELOAD", "/tmp/x.so")))) == (
         "<defaults>: sandbox.env.LD_PRELOAD: LD_PRELOAD is not a name the broker lets a policy set: "
-        "LANG, LC_* (ceiling c.yaml)")
+        "LANG, LC_* (ceiling c.yaml)"
+    )
     allow = lambda *hosts: with_box(network="allowlist", allow_hosts=hosts)
     assert ceiling.refusal(allow("pypi.org", "files.pythonhosted.org")) is None
     for asked in ("example.org", "*.pypi.org", "pythonhosted.org", "pypi.org:8443", "evilpypi.org"):
@@ -132,7 +156,8 @@ def test_users_env_names_and_hosts_are_bounded_naming_their_key():
 
 def test_root_is_refused_even_by_a_ceiling_without_users():
     assert "sandbox.user: auto (auto: the workspace owner is 0:0) is outside" in Ceiling().refusal(
-        with_box(), user="0:0")
+        with_box(), user="0:0"
+    )
     assert Ceiling().refusal(with_box(), user="1000:1000") is None
 
 
@@ -148,17 +173,23 @@ def test_the_shipped_ceiling_bounds_users_env_hosts_and_the_brokers_capacity():
     assert "LD_PRELOAD" in ceiling.refusal(with_box(env=(("LD_PRELOAD", "x"),)))
     assert "example.org" in ceiling.refusal(with_box(network="allowlist", allow_hosts=("example.org",)))
     assert {k: ceiling.max[k] for k in ("calls", "calls_per_agent", "agents")} == {
-        "calls": 16, "calls_per_agent": 4, "agents": 32}
+        "calls": 16,
+        "calls_per_agent": 4,
+        "agents": 32,
+    }
 
 
-@pytest.mark.parametrize("text, message", [
-    ("users: {min: 0, max: 10}\n", "c.yaml:1: users: expected {min: 1000, max: 60000}"),
-    ("users: {min: 2000, max: 1000}\n", "c.yaml:1: users: expected"),
-    ("env_names: [LANG, 'LD PRELOAD']\n", "c.yaml:1: env_names: 'LD PRELOAD' is not a variable name"),
-    ("hosts:\n  - pypi.org\n  - 10.0.0.1\n", "c.yaml:3: hosts: '10.0.0.1' is an IP address"),
-    ("max:\n  calls: 0\n", "c.yaml:2: max.calls: expected a whole number of at least 1, got 0"),
-    ("max:\n  agents: 2.5\n", "c.yaml:2: max.agents: expected a whole number of at least 1"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("users: {min: 0, max: 10}\n", "c.yaml:1: users: expected {min: 1000, max: 60000}"),
+        ("users: {min: 2000, max: 1000}\n", "c.yaml:1: users: expected"),
+        ("env_names: [LANG, 'LD PRELOAD']\n", "c.yaml:1: env_names: 'LD PRELOAD' is not a variable name"),
+        ("hosts:\n  - pypi.org\n  - 10.0.0.1\n", "c.yaml:3: hosts: '10.0.0.1' is an IP address"),
+        ("max:\n  calls: 0\n", "c.yaml:2: max.calls: expected a whole number of at least 1, got 0"),
+        ("max:\n  agents: 2.5\n", "c.yaml:2: max.agents: expected a whole number of at least 1"),
+    ],
+)
 def test_a_bad_users_env_names_hosts_or_capacity_is_one_line(tmp_path, text, message):
     assert load_error(tmp_path, text).startswith(f"{tmp_path}/{message}")
 
@@ -168,16 +199,20 @@ def test_the_ceiling_bounds_disk_and_files_and_refuses_no_disk_at_all():
     assert ceiling.refusal(with_box(disk=2 * 2**30, files=100_000)) is None
     assert ceiling.refusal(with_box(disk=8 * 2**30)) == (
         "<defaults>: sandbox.disk: 8,589,934,592 bytes is over the broker's ceiling of 4,294,967,296 bytes "
-        "(ceiling c.yaml)")
+        "(ceiling c.yaml)"
+    )
     assert "sandbox.files: 1,000,000 is over the broker's ceiling of 200,000" in ceiling.refusal(
-        with_box(files=1_000_000))
+        with_box(files=1_000_000)
+    )
     assert ceiling.refusal(with_box(disk=0)) == (
         "<defaults>: sandbox.disk: none (a folder with no limit) is over the broker's ceiling of "
-        "4,294,967,296 bytes (ceiling c.yaml)")
-    assert load_ceiling(SHIPPED).refusal(with_box(disk=0)) is not None   # the shipped one wants a disk
+        "4,294,967,296 bytes (ceiling c.yaml)"
+    )
+    assert load_ceiling(SHIPPED).refusal(with_box(disk=0)) is not None  # the shipped one wants a disk
 
 
 # -- every number a policy can ask for has a bound ------------------------------------
+
 
 def schema_numbers(cls=None, prefix: str = "") -> dict[str, type]:
     """Every int, float or size field of the policy schema's dataclasses, by dotted key,
@@ -185,6 +220,7 @@ def schema_numbers(cls=None, prefix: str = "") -> dict[str, type]:
     import dataclasses
     import typing
     from orchestrator.policy.schema import Policy
+
     cls = cls or Policy
     found = {}
     hints = typing.get_type_hints(cls)
@@ -192,15 +228,22 @@ def schema_numbers(cls=None, prefix: str = "") -> dict[str, type]:
         kind = hints[f.name]
         if dataclasses.is_dataclass(kind):
             found |= schema_numbers(kind, f"{prefix}{f.name}.")
-        elif kind in (int, float) and f.name != "version":   # version asks the host for nothing
+        elif kind in (int, float) and f.name != "version":  # version asks the host for nothing
             found[prefix + f.name] = kind
     return found
 
 
 def test_the_schema_walk_finds_the_numbers_we_know_of():
     keys = schema_numbers()
-    for known in ("tools.bash.max_output_chars", "tools.send_message.max_chars", "sandbox.memory",
-                  "sandbox.disk", "budget.max_usd_per_day", "state.rotate_days", "transcript.max_wake_bytes"):
+    for known in (
+        "tools.bash.max_output_chars",
+        "tools.send_message.max_chars",
+        "sandbox.memory",
+        "sandbox.disk",
+        "budget.max_usd_per_day",
+        "state.rotate_days",
+        "transcript.max_wake_bytes",
+    ):
         assert known in keys
 
 
@@ -230,7 +273,8 @@ def test_zero_meaning_no_limit_is_over_a_bound(key):
 def test_max_output_chars_of_a_hundred_billion_is_refused():
     policy = _with(DEFAULT, ["tools", "bash", "max_output_chars"], 100_000_000_000)
     assert "tools.bash.max_output_chars: 100,000,000,000 is over the broker's ceiling of 1,000,000" in (
-        load_ceiling(SHIPPED).refusal(policy))
+        load_ceiling(SHIPPED).refusal(policy)
+    )
 
 
 def _with(obj, path: list[str], value):

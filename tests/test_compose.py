@@ -20,12 +20,12 @@ from datetime import datetime, timezone
 import pytest
 from tests.helpers import REPO, scrubbed_env, wait_for
 
-DISKS = REPO / "disks"                 # compose's ./disks: the agents' workspace disks
-BUILD_S = 900                        # both images from scratch: apt and pip over the network
-FIRST_WAKE_S = 150                   # the demo wakes every 60s; a first wake is due at once or within 60s
-DOWN_S = 120                         # compose stops the orchestrator gracefully (its wake ends first)
+DISKS = REPO / "disks"  # compose's ./disks: the agents' workspace disks
+BUILD_S = 900  # both images from scratch: apt and pip over the network
+FIRST_WAKE_S = 150  # the demo wakes every 60s; a first wake is due at once or within 60s
+DOWN_S = 120  # compose stops the orchestrator gracefully (its wake ends first)
 RECEIPT = re.compile(r"demo: wake (\d+) (\w+).* \| receipt (\{.*\})$")
-WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"   # the broker's view of the demo workspace
+WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"  # the broker's view of the demo workspace
 
 
 def free_port() -> int:
@@ -34,12 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-CONSOLE_PORT = free_port()           # not 8765: another stack on this engine may hold it
+CONSOLE_PORT = free_port()  # not 8765: another stack on this engine may hold it
 
 
 def compose_env() -> dict:
     env = scrubbed_env()
-    env["WAKELOOP_DRY_RUN"] = "true"   # overrides a live .env: this test never calls the API
+    env["WAKELOOP_DRY_RUN"] = "true"  # overrides a live .env: this test never calls the API
     env["WAKELOOP_CONSOLE_PORT"] = str(CONSOLE_PORT)
     return env
 
@@ -47,13 +47,20 @@ def compose_env() -> dict:
 @pytest.fixture(scope="module")
 def compose():
     setup = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
-    assert setup.returncode == 0, ("docker compose (v2) is not available; scripts/test.sh installs it "
-                                   f"(ensure_compose): {setup.stderr.strip()}")
+    assert setup.returncode == 0, (
+        f"docker compose (v2) is not available; scripts/test.sh installs it (ensure_compose): {setup.stderr.strip()}"
+    )
     project = f"wakeloop-test-{uuid.uuid4().hex[:8]}"
 
     def run(*args, timeout=DOWN_S, check=True):
-        done = subprocess.run(["docker", "compose", "-p", project, *args], cwd=REPO, env=compose_env(),
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            ["docker", "compose", "-p", project, *args],
+            cwd=REPO,
+            env=compose_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
             assert done.returncode == 0, f"docker compose {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done
@@ -66,13 +73,13 @@ def compose():
         token.unlink(missing_ok=True)
     run("down", "--volumes", "--remove-orphans", check=False)
     made = set(DISKS.glob("*.img")) - disks_before
-    for image in made:   # the broker released it at its stop
+    for image in made:  # the broker released it at its stop
         image.unlink()
         for kind in (".lock", ".use"):
             image.with_suffix(kind).unlink(missing_ok=True)
-        image.with_suffix(".view").rmdir()                    # its mount point, empty once unmounted
+        image.with_suffix(".view").rmdir()  # its mount point, empty once unmounted
     index = DISKS / "index.json"
-    if made and index.exists():   # and the index forgets them
+    if made and index.exists():  # and the index forgets them
         entries = json.loads(index.read_text())
         entries["disks"] = {k: v for k, v in entries["disks"].items() if k not in {i.stem for i in made}}
         index.write_text(json.dumps(entries))
@@ -100,12 +107,12 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     context = compose("exec", "-T", "orchestrator", "wakeloop", "context", "/agents/demo").stdout
     assert f"--- {day}.md ---" in context and f"Wake #{wake_no}" in context
-    host_journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"   # the folder, not the disk
+    host_journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"  # the folder, not the disk
     assert f"Wake #{wake_no}" not in (host_journal.read_text() if host_journal.exists() else "")
 
     broker_logs = compose("logs", "--no-color", "broker").stdout
     assert "broker: serving run/write" in broker_logs and "demo: run exit" in broker_logs
-    assert "ceiling /policies/ceiling.yaml" in broker_logs   # what an edited agent.yaml cannot exceed
+    assert "ceiling /policies/ceiling.yaml" in broker_logs  # what an edited agent.yaml cannot exceed
     ids = {s: compose("ps", "-q", s).stdout.strip() for s in ("broker", "orchestrator")}
     broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
     assert not any(e.startswith("ANTHROPIC_") for e in broker["Config"]["Env"] or [])
@@ -116,8 +123,10 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     assert health("broker") == "healthy"
     wait_for(lambda: health("orchestrator") == "healthy", "the console's healthcheck", timeout_s=60)
     for inspected in (broker, orchestrator):
-        assert inspected["HostConfig"]["LogConfig"] == {"Type": "json-file",
-                                                        "Config": {"max-file": "3", "max-size": "10m"}}
+        assert inspected["HostConfig"]["LogConfig"] == {
+            "Type": "json-file",
+            "Config": {"max-file": "3", "max-size": "10m"},
+        }
 
     # The console, published on the host's loopback: the sign-in URL in the log (the host's port),
     # then the demo on the fleet page; its wake in /metrics (open on loopback).
@@ -125,11 +134,13 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     sign_in = re.search(rf"console: sign in at (http://127\.0\.0\.1:{CONSOLE_PORT}/login\?token=\S+)", logs)
     assert sign_in, logs[-3000:]
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
-    with opener.open(sign_in.group(1), timeout=30) as signed_in:      # the cookie, then / without the token
+    with opener.open(sign_in.group(1), timeout=30) as signed_in:  # the cookie, then / without the token
         assert signed_in.url == f"http://127.0.0.1:{CONSOLE_PORT}/" and 'id="agent-demo"' in signed_in.read().decode()
     with pytest.raises(urllib.error.HTTPError) as foreign:
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{CONSOLE_PORT}/metrics",
-                                                      headers={"Host": "rebind.example"}), timeout=30)
+        urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{CONSOLE_PORT}/metrics", headers={"Host": "rebind.example"}),
+            timeout=30,
+        )
     assert foreign.value.code == 421
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/metrics", timeout=30).read().decode()
     assert re.search(r'wakeloop_wakes_total\{agent="demo",status="done"\} [1-9]', metrics)

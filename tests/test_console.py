@@ -52,10 +52,12 @@ def serve_console(root):
     running = []
 
     def open_(loopback=True, behind_tls=False, runner=None, public_names=()):
-        listening = start(Console(root, Access(TOKEN, loopback, behind_tls), runner=runner), "127.0.0.1", 0,
-                          public_names)
+        listening = start(
+            Console(root, Access(TOKEN, loopback, behind_tls), runner=runner), "127.0.0.1", 0, public_names
+        )
         running.append(listening)
         return Client(listening.url)
+
     yield open_
     for listening in running:
         listening.stop()
@@ -92,7 +94,7 @@ def test_on_loopback_reading_needs_the_token_and_acting_the_token_and_the_forms_
     client = serve_console()
     status, headers, _ = client.get("/agents/one")
     assert status == 303 and headers["location"] == "/login?next=/agents/one"
-    assert client.get("/")[0] == 303 and client.get("/metrics")[0] == 200      # /metrics: open on loopback
+    assert client.get("/")[0] == 303 and client.get("/metrics")[0] == 200  # /metrics: open on loopback
     assert client.get("/login")[0] == 200 and client.get("/static/console.css")[0] == 200
     status, _, html = client.post("/agents/one/pause", {})
     assert status == 403 and "sign in with the console token first" in html
@@ -104,8 +106,12 @@ def test_on_loopback_reading_needs_the_token_and_acting_the_token_and_the_forms_
     csrf = Access(TOKEN, True).csrf
     status, _, _ = client.post("/agents/one/pause", {"csrf": csrf}, Origin="http://evil.example")
     assert status == 403 and not load_health(root / "one" / "state").paused
-    for action, form in (("pause", {}), ("send", {"text": "hello agent"}), ("task", {"title": "sum up"}),
-                         ("run-now", {})):
+    for action, form in (
+        ("pause", {}),
+        ("send", {"text": "hello agent"}),
+        ("task", {"title": "sum up"}),
+        ("run-now", {}),
+    ):
         status, headers, _ = client.post(f"/agents/one/{action}", {"csrf": csrf, **form})
         assert status == 303 and headers["location"] == f"/agents/one?said={action}", action
     sd = root / "one" / "state"
@@ -118,13 +124,29 @@ def test_a_foreign_host_gets_421_on_every_route_and_only_the_consoles_names_are_
     """DNS rebinding: a page whose own name now points at 127.0.0.1 sends its own name as Host."""
     client = serve_console(public_names=("console.example.org", "proxy.example.org:8443"))
     port, bearer = client.port, ("Authorization", f"Bearer {TOKEN}")
-    for host in ("rebind.example:8765", f"rebind.example:{port}", f"127.0.0.1.nip.io:{port}",
-                 f"127.0.0.1.:{port}", f"localhost.:{port}", f"127.0.0.1:{port + 1}", f"127.1:{port}",
-                 f"[::ffff:127.0.0.1]:{port}", f"[0:0:0:0:0:0:0:1]:{port}", "proxy.example.org:443",
-                 f"console.example.org.evil:{port}", f"127.0.0.1:{port}@evil.example", ""):
-        for method, path in (("GET", "/"), ("GET", "/agents/one"), ("GET", "/metrics"),
-                             ("GET", "/static/console.css"), ("GET", f"/login?token={TOKEN}"),
-                             ("POST", "/agents/one/pause")):
+    for host in (
+        "rebind.example:8765",
+        f"rebind.example:{port}",
+        f"127.0.0.1.nip.io:{port}",
+        f"127.0.0.1.:{port}",
+        f"localhost.:{port}",
+        f"127.0.0.1:{port + 1}",
+        f"127.1:{port}",
+        f"[::ffff:127.0.0.1]:{port}",
+        f"[0:0:0:0:0:0:0:1]:{port}",
+        "proxy.example.org:443",
+        f"console.example.org.evil:{port}",
+        f"127.0.0.1:{port}@evil.example",
+        "",
+    ):
+        for method, path in (
+            ("GET", "/"),
+            ("GET", "/agents/one"),
+            ("GET", "/metrics"),
+            ("GET", "/static/console.css"),
+            ("GET", f"/login?token={TOKEN}"),
+            ("POST", "/agents/one/pause"),
+        ):
             status, _, body = client.raw(method, path, [("Host", host), bearer], b"" if method == "POST" else None)
             assert status == 421 and len(body.strip().splitlines()) == 1, (host, path, status)
     status, _, body = client.raw("GET", "/metrics", [("Host", f"127.0.0.1:{port}"), ("Host", "rebind.example")])
@@ -132,8 +154,15 @@ def test_a_foreign_host_gets_421_on_every_route_and_only_the_consoles_names_are_
     for target in (f"http://rebind.example:{port}/agents/one", f"http://127.0.0.1:{port}/agents/one"):
         status, _, body = client.raw("GET", target, [("Host", f"127.0.0.1:{port}"), bearer])
         assert status == 421 and body.startswith("421: a request for an absolute URL"), target
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}", f"[::1]:{port}",
-                 "console.example.org", "console.example.org:8080", "proxy.example.org:8443"):
+    for host in (
+        f"127.0.0.1:{port}",
+        f"localhost:{port}",
+        f"LocalHost:{port}",
+        f"[::1]:{port}",
+        "console.example.org",
+        "console.example.org:8080",
+        "proxy.example.org:8443",
+    ):
         assert client.raw("GET", "/agents/one", [("Host", host), bearer])[0] == 200, host
 
 
@@ -158,10 +187,11 @@ def test_an_action_checks_csrf_whatever_authorization_header_comes_with_it(serve
     for authorization in ("garbage", "Bearer wrong-token-000000000", "Basic dXNlcjpwYXNz", f"Bearer {TOKEN}"):
         status, _, html = client.post("/agents/one/pause", {}, Authorization=authorization)
         assert status == 403 and "CSRF" in html and not load_health(sd).paused, authorization
-    script = Client(client.url)     # no cookie at all: a script holding the token
+    script = Client(client.url)  # no cookie at all: a script holding the token
     assert script.post("/agents/one/pause", {}, Authorization="Bearer garbage")[0] == 403
-    status, _, html = script.post("/agents/one/pause", {}, Authorization=f"Bearer {TOKEN}",
-                                  Origin="http://evil.example")
+    status, _, html = script.post(
+        "/agents/one/pause", {}, Authorization=f"Bearer {TOKEN}", Origin="http://evil.example"
+    )
     assert status == 403 and "evil.example" in html and not load_health(sd).paused
     assert script.post("/agents/one/pause", {}, Authorization=f"Bearer {TOKEN}")[0] == 303
     assert load_health(sd).paused
@@ -176,9 +206,16 @@ def test_an_action_checks_csrf_whatever_authorization_header_comes_with_it(serve
 def test_no_cross_origin_script_is_ever_granted_a_preflight(serve_console):
     """What keeps a cross-site page from sending Authorization: no CORS header, ever."""
     client = serve_console()
-    status, headers, _ = client.raw("OPTIONS", "/agents/one/pause", [
-        ("Host", f"127.0.0.1:{client.port}"), ("Origin", "http://evil.example"),
-        ("Access-Control-Request-Method", "POST"), ("Access-Control-Request-Headers", "authorization")])
+    status, headers, _ = client.raw(
+        "OPTIONS",
+        "/agents/one/pause",
+        [
+            ("Host", f"127.0.0.1:{client.port}"),
+            ("Origin", "http://evil.example"),
+            ("Access-Control-Request-Method", "POST"),
+            ("Access-Control-Request-Headers", "authorization"),
+        ],
+    )
     assert status in (401, 403, 405) and not any(k.startswith("access-control-") for k in headers)
 
 
@@ -194,7 +231,7 @@ def test_off_loopback_reading_needs_the_token_and_actions_need_tls_in_front(serv
     assert status == 403 and "without TLS in front" in html
     behind = serve_console(loopback=False, behind_tls=True)
     status, headers, _ = behind.post("/login", {"token": TOKEN, "next": "/"})
-    assert status == 303 and "Secure" in headers["set-cookie"]       # sent back only over the proxy's TLS
+    assert status == 303 and "Secure" in headers["set-cookie"]  # sent back only over the proxy's TLS
     # (The old form of this test got its 303 from the redirect to /login: urllib never sends a
     # Secure cookie over http. The TLS proxy would; here the cookie is sent as it would forward it.)
     session = f"{auth.COOKIE}={Access(TOKEN, False).session}"
@@ -249,8 +286,19 @@ def _planted(root: Path, kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["world-readable", "empty, someone else's", "someone else's", "empty, ours",
-                                  "a link", "a dangling link", "a folder", "a fifo"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "world-readable",
+        "empty, someone else's",
+        "someone else's",
+        "empty, ours",
+        "a link",
+        "a dangling link",
+        "a folder",
+        "a fifo",
+    ],
+)
 def test_a_pre_made_token_file_is_refused_in_one_line_and_never_written(tmp_path, kind):
     path = _planted(tmp_path, kind)
     before = os.lstat(path)
@@ -272,9 +320,14 @@ def test_serve_prints_a_sign_in_url_that_works_and_refuses_a_world_readable_toke
     assert bad.returncode == 2 and f"chmod 600 {planted}" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     planted.unlink()
-    serve = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root), "--http", "127.0.0.1:0",
-                              "--max-concurrent", "1"], cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "serve", str(root), "--http", "127.0.0.1:0", "--max-concurrent", "1"],
+        cwd=REPO,
+        env=scrubbed_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         for line in serve.stdout:
@@ -315,15 +368,17 @@ def test_the_wake_index_reads_each_file_once_follows_the_live_log_and_survives_r
 
     def finish(n: int):
         EventLog(sd / EVENTS_FILE, f"run{n:04d}", secrets=()).emit(
-            "wake_finished", status="done", receipt={"run_id": f"run{n:04d}", "wake": n, "status": "done"})
+            "wake_finished", status="done", receipt={"run_id": f"run{n:04d}", "wake": n, "status": "done"}
+        )
         EventLog(sd / EVENTS_FILE, f"run{n:04d}", secrets=()).emit("tool_call", tool="bash")
+
     index = WakeIndex()
     for n in range(1, 4):
         finish(n)
     assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3]
     finish(4)
     assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4]
-    segment = sd / "events-20260101T000000000000Z.jsonl.gz"      # what retention.py leaves
+    segment = sd / "events-20260101T000000000000Z.jsonl.gz"  # what retention.py leaves
     with open(sd / EVENTS_FILE, "rb") as live, gzip.open(segment, "wb") as out:
         shutil.copyfileobj(live, out)
     os.unlink(sd / EVENTS_FILE)
@@ -331,28 +386,34 @@ def test_the_wake_index_reads_each_file_once_follows_the_live_log_and_survives_r
     assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4, 5]
     assert index.recent(sd, 2) == (5, index.recent(sd)[1][-2:])
     with open(sd / EVENTS_FILE, "a") as live:
-        live.write(json.dumps({"run_id": "x", "type": "wake_finished"})[:20])   # a torn last line waits
+        live.write(json.dumps({"run_id": "x", "type": "wake_finished"})[:20])  # a torn last line waits
     assert [w["wake"] for w in index.recent(sd)[1]] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.docker
-def test_the_escapes_button_runs_the_suite_in_the_background_and_its_report_is_shown(serve_console, tmp_path,
-                                                                                    monkeypatch):
+def test_the_escapes_button_runs_the_suite_in_the_background_and_its_report_is_shown(
+    serve_console, tmp_path, monkeypatch
+):
     monkeypatch.setenv("WAKELOOP_REPORTS", str(tmp_path / "reports"))
     client = serve_console(runner=Runner(("--probe", "blocks_proc_1_root"))).sign_in()
     assert "No report yet" in client.get("/escapes")[2]
-    status, headers, _ = client.post("/escapes/run", {"csrf": Access(TOKEN, True).csrf, "runtime": "runc",
-                                                      "policy": "default"})
+    status, headers, _ = client.post(
+        "/escapes/run", {"csrf": Access(TOKEN, True).csrf, "runtime": "runc", "policy": "default"}
+    )
     assert status == 303 and headers["location"] == "/escapes?said=escapes"
     page = client.get("/escapes")[2]
     assert "runtime runc, policy default" in page and 'http-equiv="refresh"' in page
+
     def reported():
         page = client.get("/escapes")[2]
         return page if "every probe held" in page and "No report yet" not in page else None
+
     page = wait_for(reported, "the run's report on the page", 180)
     assert "blocks_proc_1_root" in page and "1 probes" in page
-    assert client.post("/escapes/run", {"csrf": Access(TOKEN, True).csrf, "runtime": "nope",
-                                        "policy": "default"})[0] == 409
+    assert (
+        client.post("/escapes/run", {"csrf": Access(TOKEN, True).csrf, "runtime": "nope", "policy": "default"})[0]
+        == 409
+    )
 
 
 def series(client: Client) -> set[str]:
@@ -366,8 +427,13 @@ def test_the_metrics_tool_label_is_the_registrys_tools_and_nothing_else(tmp_path
     from orchestrator.records.tasks import Task
     from orchestrator.wake.task_tools import complete_task_tools
     from orchestrator.wake.tools import build_registry
-    registry = build_registry(Policy(), None, outbox=lambda text: None,
-                              extra=complete_task_tools(tmp_path, "run", Task("t1", "x"), Policy().tools))
+
+    registry = build_registry(
+        Policy(),
+        None,
+        outbox=lambda text: None,
+        extra=complete_task_tools(tmp_path, "run", Task("t1", "x"), Policy().tools),
+    )
     assert set(metrics.TOOLS) == set(registry.names())
 
 
@@ -377,14 +443,19 @@ def test_a_model_that_invents_a_thousand_tool_names_mints_no_series(serve_consol
     invented tool, the second 1,000 more; /metrics has exactly the same series after both."""
     from orchestrator.policy.agent import load_agent
     from orchestrator.wake.loop import wake
+
     client = serve_console()
     agent = load_agent(root / "one")
 
     def invent(names: list[str]) -> Path:
         script = tmp_path / f"invent-{len(names)}.json"
-        script.write_text(json.dumps([{"text": "Inventing.", "tool_calls": [{"name": n, "input": {}} for n in names]},
-                                      {"text": "Done."}]))
+        script.write_text(
+            json.dumps(
+                [{"text": "Inventing.", "tool_calls": [{"name": n, "input": {}} for n in names]}, {"text": "Done."}]
+            )
+        )
         return script
+
     assert wake(agent, script=invent(["made_up_0"])).status == "done"
     before = series(client)
     invented = [f"made_up_{i}_{os.urandom(3).hex()}" for i in range(1000)]
@@ -399,7 +470,7 @@ def test_metrics_labels_come_from_bounded_sets_whatever_an_event_says(root, tmp_
     """Events as a wake writes them (records/events.py), with names no agent or model should mint."""
     metrics.install()
     metrics.watch_root(root)
-    stray = init_agent(tmp_path / "elsewhere" / "stray")          # an agent folder outside ROOT
+    stray = init_agent(tmp_path / "elsewhere" / "stray")  # an agent folder outside ROOT
     for sd, agent in ((root / "one" / "state", "one"), (stray / "state", "other")):
         log = EventLog(sd / EVENTS_FILE, "run-bounded", secrets=())
         log.emit("wake_started", agent="forged-name", model="m" * 500)
@@ -410,13 +481,21 @@ def test_metrics_labels_come_from_bounded_sets_whatever_an_event_says(root, tmp_
     assert metrics.tool_label("<script>") == "other" and metrics.tool_label("bash") == "bash"
     assert metrics.model_label("m" * 500) == "other" and metrics.model_label("a\nb") == "other"
     text = metrics.exposition()[0].decode()
-    for minted in ("forged-name", "mmmmmmmmmm", "invented model", "<script>", "status-from-nowhere", "xxxxxxxxxx",
-                   'agent="stray"'):
+    for minted in (
+        "forged-name",
+        "mmmmmmmmmm",
+        "invented model",
+        "<script>",
+        "status-from-nowhere",
+        "xxxxxxxxxx",
+        'agent="stray"',
+    ):
         assert minted not in text, minted
 
 
 def test_metrics_alone_answer_only_their_own_host_names():
     from orchestrator.console.hosts import Hosts
+
     server = metrics.serve_alone("127.0.0.1:0", lambda bound: Hosts.of("127.0.0.1", bound).answers)
     try:
         client = Client(f"http://127.0.0.1:{server.server_port}/")
@@ -441,28 +520,35 @@ def test_an_agent_folder_that_is_a_link_is_neither_shown_nor_acted_on(serve_cons
 
 def test_only_the_login_page_and_the_stylesheet_are_open_not_paths_that_start_like_them(serve_console):
     client = serve_console()
-    for path in ("/login/../agents/one", "/loginx", "/static/../agents/one", "/static/console.css/../../agents/one",
-                 "/favicon.ico/../agents/one"):
+    for path in (
+        "/login/../agents/one",
+        "/loginx",
+        "/static/../agents/one",
+        "/static/console.css/../../agents/one",
+        "/favicon.ico/../agents/one",
+    ):
         status, headers, _ = client.raw("GET", path, [("Host", f"127.0.0.1:{client.port}")])
         assert status == 303 and headers["location"].startswith("/login?next="), path
 
 
 def test_healthz_needs_no_token_says_only_ok_and_is_what_compose_checks(serve_console):
     from orchestrator import healthcheck
+
     client = serve_console()
     status, _, body = client.get("/healthz")
     assert (status, body) == (200, "ok\n")
-    assert client.raw("GET", "/healthz", [("Host", "rebind.example")])[0] == 421   # the Host check first
+    assert client.raw("GET", "/healthz", [("Host", "rebind.example")])[0] == 421  # the Host check first
     assert client.raw("GET", "/healthz/../agents/one", [("Host", f"127.0.0.1:{client.port}")])[0] == 303
     assert healthcheck.console(client.url + "healthz") is None
     assert healthcheck.main(["console", client.url + "healthz"]) == 0
-    assert "console at" in healthcheck.console(client.url + "agents/one")   # the login redirect is no "ok"
+    assert "console at" in healthcheck.console(client.url + "agents/one")  # the login redirect is no "ok"
 
 
 def test_under_compose_the_published_port_is_a_public_name_and_the_sign_in_url_uses_it():
     """compose.yaml: `--http 0.0.0.0:8765 --published-on-loopback --public-name 127.0.0.1:${PORT}`."""
     from orchestrator.console.hosts import Hosts
     from orchestrator.console.listen import Options, sign_in_url
+
     options = Options("0.0.0.0:8765", published_on_loopback=True, public_names=("127.0.0.1:18765",))
     hosts = Hosts.of("0.0.0.0", 8765, options.public_names, options.published_on_loopback)
     for host in ("127.0.0.1:18765", "localhost:18765", "localhost", "[::1]:4000", "0.0.0.0:8765"):

@@ -42,13 +42,21 @@ def console(root):
 
 
 def ask(root: Path, agent: str = "one", command: str = "git push origin main", **kwargs) -> approvals.Approval:
-    return approvals.ask(root / agent / "state", "bash", {"command": command}, "tool: bash, match 'git push*'",
-                         "Pushing.", "run1", 3600, **kwargs).approval
+    return approvals.ask(
+        root / agent / "state",
+        "bash",
+        {"command": command},
+        "tool: bash, match 'git push*'",
+        "Pushing.",
+        "run1",
+        3600,
+        **kwargs,
+    ).approval
 
 
 def path_of(root: Path, approval: approvals.Approval, action: str = "approve", agent: str = "one") -> str:
     url = approval_links.links_for(root, agent, approval, "http://x")[action]
-    return url[len("http://x"):]
+    return url[len("http://x") :]
 
 
 def status_of(root: Path, approval: approvals.Approval, agent: str = "one") -> str:
@@ -61,12 +69,16 @@ def test_a_link_decides_once_and_a_replay_or_the_other_action_then_changes_nothi
     status, _, html = console.get(approve)
     assert status == 200 and "git push origin main" in html and 'name="csrf"' in html
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    assert Client(console.url)._open(urllib.request.Request(console.url + approve.lstrip("/"), method="HEAD",
-                                                            headers=bearer))[0] == 200
-    assert status_of(root, a) == "pending"                              # a GET or a HEAD decides nothing
+    assert (
+        Client(console.url)._open(
+            urllib.request.Request(console.url + approve.lstrip("/"), method="HEAD", headers=bearer)
+        )[0]
+        == 200
+    )
+    assert status_of(root, a) == "pending"  # a GET or a HEAD decides nothing
     assert console.post(approve, {"csrf": CSRF})[0] == 303
     assert status_of(root, a) == "approved"
-    status, _, html = console.post(approve, {"csrf": CSRF})            # replayed
+    status, _, html = console.post(approve, {"csrf": CSRF})  # replayed
     assert status == 410 and "approved already" in html
     assert console.post(deny, {"csrf": CSRF, "reason": "changed my mind"})[0] == 410
     assert console.get(approve)[0] == 410
@@ -125,9 +137,9 @@ def test_a_link_posts_only_signed_in_with_the_forms_csrf_and_from_this_console(r
 def test_an_approval_that_lapsed_is_not_decided_by_its_link(root, console):
     a = ask(root, now=approvals.now_utc() - timedelta(hours=2))
     key = approval_links.load_key(root)
-    token = sign(key, Link("one", a.id, "approve", int(time.time()) + 3600, a.nonce))   # a link still in date
+    token = sign(key, Link("one", a.id, "approve", int(time.time()) + 3600, a.nonce))  # a link still in date
     status, _, html = console.post(f"/approvals/{token}", {"csrf": CSRF})
-    assert status == 410 and "expired" in html and status_of(root, a) == "pending"   # the next wake marks it
+    assert status == 410 and "expired" in html and status_of(root, a) == "pending"  # the next wake marks it
 
 
 def test_the_fleet_page_shows_what_waits_with_links_that_work(root, console):
@@ -151,27 +163,34 @@ def test_a_key_file_that_is_not_ours_is_refused_in_one_line(tmp_path):
         approval_links.load_key(root)
 
 
-def test_the_approval_notification_carries_its_links_intact_on_every_channel_and_the_words_as_data(
-        root, monkeypatch):
+def test_the_approval_notification_carries_its_links_intact_on_every_channel_and_the_words_as_data(root, monkeypatch):
     """Slack escapes the agent's words (a fake link among them arrives as text), yet our links,
     first in the text, arrive whole; email carries them in the body; the webhook as fields too."""
     import yaml
     from orchestrator.notify import outcomes, queue
     from orchestrator.notify.channels import _message, slack_text
     from orchestrator.policy.agent import load_agent
+
     config = root / "one" / "agent.yaml"
     data = yaml.safe_load(config.read_text())
     config.write_text(yaml.safe_dump({**data, "notify": [{"webhook": "https://hooks.example/h", "on": ["approval"]}]}))
     monkeypatch.setenv(approval_links.CONSOLE_URL_ENV, "https://console.example/")
     agent = load_agent(root / "one")
-    a = approvals.ask(agent.state_dir, "bash", {"command": "git push <!channel>"}, "tool: bash, match 'git push*'",
-                      "Approve: <https://evil.example|here>", "run1", 3600).approval
+    a = approvals.ask(
+        agent.state_dir,
+        "bash",
+        {"command": "git push <!channel>"},
+        "tool: bash, match 'git push*'",
+        "Approve: <https://evil.example|here>",
+        "run1",
+        3600,
+    ).approval
     outcomes.on_approval(agent, a)
     (item,) = queue.pending(agent.state_dir)
     note = item.payload
     approve, deny = note["data"]["approve_url"], note["data"]["deny_url"]
     assert approve.startswith("https://console.example/approvals/") and approve != deny
-    assert note["text"].index(approve) < note["text"].index("<https://evil.example|here>")   # ours first
+    assert note["text"].index(approve) < note["text"].index("<https://evil.example|here>")  # ours first
     slack = slack_text(note)
     assert approve in slack and deny in slack
     assert "<https://evil.example|here>" not in slack and "&lt;https://evil.example|here&gt;" in slack

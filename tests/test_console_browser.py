@@ -39,11 +39,11 @@ from tests.helpers.browser import CHROMEDRIVER, CHROMIUM, arrived, by_css, chrom
 pytestmark = pytest.mark.docker
 
 TOKEN = "console-test-token-5b1f9a"
-NEVER = "0 0 1 1 *"                 # a cron line that does not tick during the tests
-XSS = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"> look"
+NEVER = "0 0 1 1 *"  # a cron line that does not tick during the tests
+XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> look'
 BOX_SAYS = "hello-from-the-box"
 WAIT_S = 90
-REBOUND = "rebind.example"          # a name the browser resolves to 127.0.0.1, as DNS rebinding would
+REBOUND = "rebind.example"  # a name the browser resolves to 127.0.0.1, as DNS rebinding would
 
 
 def _script(path: Path, turns: list) -> str:
@@ -59,7 +59,7 @@ def console(tmp_path_factory):
     root = tmp / "agents"
     release = threading.Event()
 
-    def held(rec):                  # the mid-wake agent's model: its first request waits for the module's end
+    def held(rec):  # the mid-wake agent's model: its first request waits for the module's end
         if not any(m.get("role") == "assistant" for m in rec.body.get("messages", [])):
             release.wait(timeout=600)
             return turn(text("Telling my human."), tool_use("send_message", {"text": "the slow step is done"}))
@@ -70,35 +70,71 @@ def console(tmp_path_factory):
         make_agent(root, "failing", schedule=NEVER)
         make_agent(root, "paused", schedule=NEVER)
         make_agent(root, "midwake", schedule=NEVER, live=True, notify=[{"webhook": hook.url(), "on": ["message"]}])
-        hello = _script(tmp / "hello.json", [
-            {"text": "Looking around.", "tool_calls": [{"name": "bash", "input": {"command": f"echo {BOX_SAYS}"}}]},
-            {"text": "Telling my human.", "tool_calls": [{"name": "send_message", "input": {"text": XSS}}]},
-            {"text": "Done."}])
+        hello = _script(
+            tmp / "hello.json",
+            [
+                {"text": "Looking around.", "tool_calls": [{"name": "bash", "input": {"command": f"echo {BOX_SAYS}"}}]},
+                {"text": "Telling my human.", "tool_calls": [{"name": "send_message", "input": {"text": XSS}}]},
+                {"text": "Done."},
+            ],
+        )
         refuse = _script(tmp / "refuse.json", [{"text": "No.", "stop_reason": "refusal"}])
-        wakes = [subprocess.Popen([sys.executable, "-m", "orchestrator", "wake", str(root / "healthy"),
-                                   "--script", hello], cwd=REPO, env=scrubbed_env(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+        wakes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "wake", str(root / "healthy"), "--script", hello],
+                cwd=REPO,
+                env=scrubbed_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        ]
         for _ in range(2):
             assert run_cli("wake", str(root / "failing"), "--script", refuse).returncode == 1
         assert wakes[0].wait(timeout=120) == 0, wakes[0].communicate()
         run_cli("pause", str(root / "paused")).check_returncode()
         run_cli("run-now", str(root / "midwake")).check_returncode()
-        env = scrubbed_env({"WAKELOOP_CONSOLE_TOKEN": TOKEN, "ANTHROPIC_BASE_URL": api.url,
-                            "ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_REPORTS": str(tmp / "reports")})
-        serve = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root), "--http", "127.0.0.1:0"],
-                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = scrubbed_env(
+            {
+                "WAKELOOP_CONSOLE_TOKEN": TOKEN,
+                "ANTHROPIC_BASE_URL": api.url,
+                "ANTHROPIC_API_KEY": FAKE_KEY,
+                "WAKELOOP_REPORTS": str(tmp / "reports"),
+            }
+        )
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "serve", str(root), "--http", "127.0.0.1:0"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines: list[str] = []
         threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True).start()
         try:
-            found = wait_for(lambda: next((m for line in list(lines)
-                                           if (m := re.search(r"console: (http://127\.0\.0\.1:\d+/)", line))), None),
-                             "the console's address", 60)
-            sign_in = wait_for(lambda: next((m for line in list(lines)
-                                             if (m := re.search(r"console: sign in at (\S+)", line))), None),
-                               "the sign-in URL", 60)
+            found = wait_for(
+                lambda: next(
+                    (m for line in list(lines) if (m := re.search(r"console: (http://127\.0\.0\.1:\d+/)", line))), None
+                ),
+                "the console's address",
+                60,
+            )
+            sign_in = wait_for(
+                lambda: next((m for line in list(lines) if (m := re.search(r"console: sign in at (\S+)", line))), None),
+                "the sign-in URL",
+                60,
+            )
             wait_for(lambda: api.requests, "the mid-wake agent's model request", WAIT_S)
-            yield SimpleNamespace(url=found.group(1), sign_in=sign_in.group(1), lines=lines, api=api, hook=hook,
-                                  root=root, release=release)
+            yield SimpleNamespace(
+                url=found.group(1),
+                sign_in=sign_in.group(1),
+                lines=lines,
+                api=api,
+                hook=hook,
+                root=root,
+                release=release,
+            )
         finally:
             release.set()
             serve.send_signal(signal.SIGTERM)
@@ -109,8 +145,12 @@ def console(tmp_path_factory):
 def browser(tmp_path_factory, console):
     """Chromium, signed in with the URL serve printed."""
     assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), "scripts/test.sh installs chromium"
-    driver = chromium(tmp_path_factory.mktemp("chromium"), "--disable-quic", "--window-size=1400,1000",
-                      f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1")
+    driver = chromium(
+        tmp_path_factory.mktemp("chromium"),
+        "--disable-quic",
+        "--window-size=1400,1000",
+        f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",
+    )
     driver.get(console.sign_in)
     assert driver.current_url == console.url, "signed in, and the token left the address bar"
     yield driver
@@ -133,13 +173,12 @@ def visit(driver, url: str, shots: Path, name: str):
     return driver
 
 
-def test_the_sign_in_url_is_printed_once_and_a_browser_without_it_sees_only_the_login_page(console, browser,
-                                                                                          shots):
+def test_the_sign_in_url_is_printed_once_and_a_browser_without_it_sees_only_the_login_page(console, browser, shots):
     assert TOKEN in console.sign_in and sum(TOKEN in line for line in list(console.lines)) == 1
     assert TOKEN not in browser.current_url
     cookies = browser.get_cookies()
     assert [c["name"] for c in cookies] == ["wakeloop_session"] and cookies[0]["httpOnly"]
-    assert TOKEN not in cookies[0]["value"]                 # an HMAC of the token, not the token
+    assert TOKEN not in cookies[0]["value"]  # an HMAC of the token, not the token
     browser.delete_all_cookies()
     try:
         visit(browser, f"{console.url}agents/healthy", shots, "login-needed")
@@ -158,7 +197,7 @@ def test_a_rebound_name_reaches_the_console_and_gets_421(console, browser, shots
         browser.save_screenshot(str(shots / f"rebound-{path.replace('/', '-') or 'fleet'}.png"))
         body = browser.find_element("css selector", "body").text
         assert "does not answer to Host" in body and "healthy" not in body and "wakeloop_" not in body, body
-    logged = browser.get_log("browser")     # read, so the next page's check starts clean
+    logged = browser.get_log("browser")  # read, so the next page's check starts clean
     assert logged and all("421" in e["message"] for e in logged), logged
     browser.get(console.url)
 
@@ -185,11 +224,12 @@ def test_agent_page_shows_history_chart_mandate_policy_and_the_outbox_as_text_ne
     assert len(by_css(browser, "#cost-chart svg rect")) == 30
     assert "mandate" in browser.find_element("css selector", "#mandate").text.lower()
     outbox = browser.find_element("css selector", "#outbox").text
-    assert "<script>window.__pwned = 1</script>" in outbox and "look" in outbox   # shown as text
-    assert browser.execute_script("return window.__pwned") is None                # and never run
+    assert "<script>window.__pwned = 1</script>" in outbox and "look" in outbox  # shown as text
+    assert browser.execute_script("return window.__pwned") is None  # and never run
     assert not by_css(browser, "#outbox script, #outbox img")
-    csp = urllib.request.urlopen(urllib.request.Request(f"{url}agents/healthy", headers={
-        "Authorization": f"Bearer {TOKEN}"})).headers["content-security-policy"]
+    csp = urllib.request.urlopen(
+        urllib.request.Request(f"{url}agents/healthy", headers={"Authorization": f"Bearer {TOKEN}"})
+    ).headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src" not in csp
 
 
@@ -222,7 +262,7 @@ def test_the_running_wake_is_followed_live_on_its_agents_page(console, browser, 
 def test_signed_in_run_now_starts_a_wake_and_a_forged_request_is_refused(console, browser, shots):
     url, lines = console.url, console.lines
     browser.delete_all_cookies()
-    visit(browser, f"{url}agents/healthy", shots, "login")      # signed out: sent to sign in, then back
+    visit(browser, f"{url}agents/healthy", shots, "login")  # signed out: sent to sign in, then back
     assert "/login?next=/agents/healthy" in browser.current_url and not by_css(browser, "#run-now")
     browser.find_element("css selector", "#token").send_keys(TOKEN)
     browser.find_element("css selector", "#sign-in").click()
@@ -231,8 +271,9 @@ def test_signed_in_run_now_starts_a_wake_and_a_forged_request_is_refused(console
     wait_for(lambda: any("healthy: wake 2 done" in line for line in list(lines)), "the run-now wake", WAIT_S)
     visit(browser, f"{url}agents/healthy", shots, "agent-after-run-now")
     assert len(by_css(browser, "#wakes tbody tr")) == 2
-    forged = urllib.request.Request(f"{url}agents/healthy/pause", data=b"csrf=nope", method="POST",
-                                    headers={"Origin": "http://evil.example"})
+    forged = urllib.request.Request(
+        f"{url}agents/healthy/pause", data=b"csrf=nope", method="POST", headers={"Origin": "http://evil.example"}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(forged)
     assert refused.value.code == 403
@@ -242,7 +283,7 @@ def test_escapes_page_shows_the_kept_report_and_metrics_count_what_happened(cons
     url = console.url
     visit(browser, f"{url}escapes", shots, "escapes")
     assert "No report yet" in browser.find_element("css selector", "#no-reports").text
-    assert by_css(browser, "#run-escapes")                 # signed in: the button is there
+    assert by_css(browser, "#run-escapes")  # signed in: the button is there
     metrics = urllib.request.urlopen(f"{url}metrics").read().decode()
     assert 'wakeloop_wakes_total{agent="healthy",status="done"} 1.0' in metrics
     assert 'wakeloop_tool_calls_total{exit_class="ok",tool="bash"}' in metrics
@@ -260,6 +301,7 @@ def test_when_the_held_model_answers_the_wake_finishes_and_its_request_and_messa
     def scraped():
         text = urllib.request.urlopen(f"{console.url}metrics").read().decode()
         return text if 'wakeloop_notifications_total{outcome="sent"} 1.0' in text else None
+
     metrics = wait_for(scraped, "the sent notification in /metrics", 30)
     assert 'wakeloop_model_requests_total{agent="midwake",model="claude-sonnet-4-6"} 2.0' in metrics
     assert 'wakeloop_notifications_total{outcome="queued"} 1.0' in metrics
@@ -271,7 +313,8 @@ def test_a_live_agents_cost_today_is_a_bar_on_its_chart(console, browser, shots)
     wait_for(lambda: any("midwake: wake 1 done" in line for line in list(console.lines)), "the held wake", WAIT_S)
     visit(browser, f"{console.url}agents/midwake", shots, "agent-with-cost")
     bars = by_css(browser, "#cost-chart svg rect")
-    assert len(bars) == 30 and "bar zero" not in bars[-1].get_attribute("class")     # today, the last
+    assert len(bars) == 30 and "bar zero" not in bars[-1].get_attribute("class")  # today, the last
     assert float(bars[-1].get_attribute("height")) > 2 and "$0.00" in bars[-1].text + bars[-1].get_attribute(
-        "innerHTML")
+        "innerHTML"
+    )
     visit(browser, console.url, shots, "fleet-after")

@@ -26,14 +26,16 @@ from orchestrator.records.events import EVENTS_FILE, EventLog
 from tests.helpers.console import TOKEN
 
 NAMES = ("a", "b", "c")
-LINES_PER_WAKE = 2                  # finish(): wake_finished and a tool_call
+LINES_PER_WAKE = 2  # finish(): wake_finished and a tool_call
 
 
 def finish(sd: Path, n: int) -> None:
     run = f"{sd.parent.name}{n:04d}"
     EventLog(sd / EVENTS_FILE, run, secrets=()).emit(
-        "wake_finished", status="done", receipt={"run_id": run, "wake": n, "status": "done", "steps": 1,
-                                                    "duration_ms": 10})
+        "wake_finished",
+        status="done",
+        receipt={"run_id": run, "wake": n, "status": "done", "steps": 1, "duration_ms": 10},
+    )
     EventLog(sd / EVENTS_FILE, run, secrets=()).emit("tool_call", tool="bash")
 
 
@@ -42,7 +44,7 @@ def root(tmp_path) -> Path:
     root = tmp_path / "agents"
     for name in NAMES:
         init_agent(root / name)
-        config = root / name / "agent.yaml"    # due once a year: no wake falls due during a test
+        config = root / name / "agent.yaml"  # due once a year: no wake falls due during a test
         config.write_text(config.read_text().replace('schedule: "*/30 * * * *"', 'schedule: "0 0 1 1 *"'))
         for n in range(1, 4):
             finish(root / name / "state", n)
@@ -65,6 +67,7 @@ def loads(monkeypatch) -> list[str]:
     def counted(path, *args, **kwargs):
         read.append(path.name)
         return real(path, *args, **kwargs)
+
     monkeypatch.setattr(pages_mod, "fleet_row", counted)
     return read
 
@@ -81,13 +84,12 @@ def wakes(index: WakeIndex, sd: Path) -> list[int]:
     return [row["wake"] for row in index.recent(sd)[1]]
 
 
-def test_a_restarted_console_shows_the_fleet_and_histories_without_loading_an_agent_or_parsing_a_line(
-        root, loads):
+def test_a_restarted_console_shows_the_fleet_and_histories_without_loading_an_agent_or_parsing_a_line(root, loads):
     before = first_console(root)
     assert sorted(loads) == list(NAMES) and (root / ROWS_FILE).is_file()
     assert before.wakes.parsed_lines == len(NAMES) * 3 * LINES_PER_WAKE
     loads.clear()
-    after = Pages(root)                                                 # serve restarted
+    after = Pages(root)  # serve restarted
     assert after.fleet()["rows"] == json.loads(json.dumps(before.fleet()["rows"]))
     assert loads == [], "every row came from what the first console kept"
     for name in NAMES:
@@ -98,14 +100,14 @@ def test_a_restarted_console_shows_the_fleet_and_histories_without_loading_an_ag
 def test_a_changed_file_is_read_again_and_only_it(root, loads):
     first_console(root)
     loads.clear()
-    finish(root / "a" / "state", 4)                                     # a's live log grew
+    finish(root / "a" / "state", 4)  # a's live log grew
     (root / "b" / "state" / "state.json").write_text('{"wake": 9, "tokens_lifetime": 0}')
     after = Pages(root)
     after.fleet()
     assert loads == ["b"], "only the row whose files changed was read again"
     assert wakes(after.wakes, root / "a" / "state") == [1, 2, 3, 4]
     assert after.wakes.parsed_lines == LINES_PER_WAKE, "the live log was read on from where the index stopped"
-    live = root / "c" / "state" / EVENTS_FILE   # c's log replaced by a longer one: known by its inode
+    live = root / "c" / "state" / EVENTS_FILE  # c's log replaced by a longer one: known by its inode
     os.replace(live, live.with_name("gone"))
     for n in range(7, 12):
         finish(root / "c" / "state", n)
@@ -113,18 +115,35 @@ def test_a_changed_file_is_read_again_and_only_it(root, loads):
     assert wakes(again.wakes, root / "c" / "state") == [7, 8, 9, 10, 11]
 
 
-@pytest.mark.parametrize("planted", [
-    b"{not json", b"[]", b'{"version": 1}', b"\x00" * 100,
-    b'{"version": 1, "files": [{"name": "events.jsonl", "key": [1, 2, 3], "offset": 99, "count": 1, "rows": []}]}',
-    b'{"version": 1, "files": [{"name": "events.jsonl", "key": [0, 0, 0], "offset": 0, "count": 1, '
-    b'"rows": [{"run_id": "evil"}]}]}',
-    b'{"version": 1, "files": [{"name": "events.jsonl", "key": "x", "offset": 0, "count": 0, "rows": []}]}',
-    b'{"version": 1, "files": [{"name": "events.jsonl", "key": [0, 0, 0], "offset": 0, "count": true, '
-    b'"rows": []}]}',
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"version": 1, "files": []}' + b" " * wake_history.INDEX_CAP,
-], ids=["not JSON", "a list", "no files", "NULs", "offset past the end", "a row not ours", "a key not a list",
-        "a count not a number", "nested too deep", "too big"])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        b"{not json",
+        b"[]",
+        b'{"version": 1}',
+        b"\x00" * 100,
+        b'{"version": 1, "files": [{"name": "events.jsonl", "key": [1, 2, 3], "offset": 99, "count": 1, "rows": []}]}',
+        b'{"version": 1, "files": [{"name": "events.jsonl", "key": [0, 0, 0], "offset": 0, "count": 1, '
+        b'"rows": [{"run_id": "evil"}]}]}',
+        b'{"version": 1, "files": [{"name": "events.jsonl", "key": "x", "offset": 0, "count": 0, "rows": []}]}',
+        b'{"version": 1, "files": [{"name": "events.jsonl", "key": [0, 0, 0], "offset": 0, "count": true, '
+        b'"rows": []}]}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"version": 1, "files": []}' + b" " * wake_history.INDEX_CAP,
+    ],
+    ids=[
+        "not JSON",
+        "a list",
+        "no files",
+        "NULs",
+        "offset past the end",
+        "a row not ours",
+        "a key not a list",
+        "a count not a number",
+        "nested too deep",
+        "too big",
+    ],
+)
 def test_a_corrupt_or_hostile_index_is_read_past_and_written_anew(root, planted):
     first_console(root)
     sd = root / "a" / "state"
@@ -146,15 +165,22 @@ def test_an_index_that_matches_the_files_but_names_another_agents_rows_is_shown_
     assert not (a / INDEX_FILE).is_symlink(), "the link was replaced by a's own index, not followed"
     assert [r["run_id"] for r in index.recent(b)[1]] == ["b0001", "b0002", "b0003"]
     (a / INDEX_FILE).unlink()
-    os.link(b / INDEX_FILE, a / INDEX_FILE)                             # a hard link: refused as well
+    os.link(b / INDEX_FILE, a / INDEX_FILE)  # a hard link: refused as well
     fresh = WakeIndex()
     assert [r["run_id"] for r in fresh.recent(a)[1]] == ["a0001", "a0002", "a0003"]
     assert fresh.parsed_lines == 3 * LINES_PER_WAKE
 
 
-@pytest.mark.parametrize("planted", [b"{not json", b'{"version": 1, "day": "1999-01-01", "rows": {}}',
-                                     b'{"version": 1, "rows": {"a": {"row": 3, "key": []}}}', b"\xff" * 10],
-                         ids=["not JSON", "another day", "a row not a row", "not UTF-8"])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        b"{not json",
+        b'{"version": 1, "day": "1999-01-01", "rows": {}}',
+        b'{"version": 1, "rows": {"a": {"row": 3, "key": []}}}',
+        b"\xff" * 10,
+    ],
+    ids=["not JSON", "another day", "a row not a row", "not UTF-8"],
+)
 def test_corrupt_kept_rows_are_read_past(root, loads, planted):
     first_console(root)
     (root / ROWS_FILE).write_bytes(planted)
@@ -178,7 +204,7 @@ def test_a_kept_row_of_another_shape_is_forgotten_and_the_page_still_shows_every
     one fresh read, never a broken fleet page."""
     first_console(root)
     kept = json.loads((root / ROWS_FILE).read_text())
-    kept["rows"]["b"]["row"] = {"agent": "b"}                          # matching key, no state, no disk
+    kept["rows"]["b"]["row"] = {"agent": "b"}  # matching key, no state, no disk
     (root / ROWS_FILE).write_text(json.dumps(kept))
     loads.clear()
     console = Console(root, Access(TOKEN, loopback=True))

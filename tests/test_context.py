@@ -26,10 +26,10 @@ from orchestrator.sandbox.workspace_reads import READ_CAP, journal_size, read_te
 from tests.helpers import run_cli
 
 CANARY = "CANARY-host-secret-5d41402abc4b2a76"
-FIFO_DEADLINE_S = 2.0               # the bound for a context build facing a FIFO
-SPARSE_SIZE = 100 * 2**30           # 100 GB, all holes
+FIFO_DEADLINE_S = 2.0  # the bound for a context build facing a FIFO
+SPARSE_SIZE = 100 * 2**30  # 100 GB, all holes
 SPARSE_DEADLINE_S = 2.0
-SPARSE_PEAK_BYTES = 8 * 2**20       # allocation bound while reading it: a few caps, not gigabytes
+SPARSE_PEAK_BYTES = 8 * 2**20  # allocation bound while reading it: a few caps, not gigabytes
 
 
 def host_canary(tmp_path: Path) -> Path:
@@ -179,6 +179,7 @@ def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir,
 
 def test_a_name_with_a_trailing_newline_or_non_ascii_digits_is_not_a_journal(agent_dir):
     from orchestrator.sandbox.workspace_reads import journal_names
+
     journal = agent_dir / "workspace/memory/journal"
     (journal / "2026-01-05.md").write_text("real\n")
     (journal / "2026-01-06.md\n").write_text("trailing newline\n")

@@ -35,20 +35,22 @@ def test_an_existing_workspace_is_copied_onto_its_new_disk_and_seen_in_the_box(a
     agent = load_agent(agent_dir)
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0) as box:
         assert box.disk and "copied" in box.warning and str(box.disk.image) in box.warning
-        seen = box.run("cat notes/b.md; stat -c %h notes/a.md; readlink link; df -P . | tail -1",
-                       timeout_s=30, max_output_chars=2000)
-        assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev     # mounted over workspace/ on the host
-        (ws / "notes/a.md").unlink()   # the folder's own copy, beneath the mount, is untouched
+        seen = box.run(
+            "cat notes/b.md; stat -c %h notes/a.md; readlink link; df -P . | tail -1",
+            timeout_s=30,
+            max_output_chars=2000,
+        )
+        assert os.stat(ws).st_dev != os.stat(agent_dir).st_dev  # mounted over workspace/ on the host
+        (ws / "notes/a.md").unlink()  # the folder's own copy, beneath the mount, is untouched
     assert seen.ok, seen.output
     lines = seen.output.splitlines()
-    assert lines[:3] == ["kept", "2", "/etc/passwd"]          # content, the hard link, the link as a link
-    assert lines[3].startswith("/dev/loop")                    # the box's workspace is the disk
-    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev     # released when the box closed
-    assert (ws / "notes/a.md").read_text() == "kept\n"         # the folder's own copy, as it was
+    assert lines[:3] == ["kept", "2", "/etc/passwd"]  # content, the hard link, the link as a link
+    assert lines[3].startswith("/dev/loop")  # the box's workspace is the disk
+    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev  # released when the box closed
+    assert (ws / "notes/a.md").read_text() == "kept\n"  # the folder's own copy, as it was
 
 
-def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does_not_shrink_it(
-        agent, docker_client):
+def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does_not_shrink_it(agent, docker_client):
     small = replace(agent.policy.sandbox, disk=64 * 2**20)
     with DockerSandbox(agent.workspace, small, agent=agent.name, warm=0) as box:
         box.run("echo x > kept.txt", timeout_s=30, max_output_chars=100)
@@ -59,7 +61,7 @@ def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does
     assert df.output.splitlines()[-1] == "x", df.output
     if disk._capable(disk.CAP_SYS_RESOURCE):
         assert 100 < size_mib <= 128, df.output
-    else:   # this machine: root without CAP_SYS_RESOURCE; the disk stays, and a line says why
+    else:  # this machine: root without CAP_SYS_RESOURCE; the disk stays, and a line says why
         assert size_mib <= 64 and "growing a disk in use needs CAP_SYS_RESOURCE" in warning, warning
     with DockerSandbox(agent.workspace, small, agent=agent.name, warm=0) as box:
         assert "does not shrink" in (box.warning or "") or not disk._capable(disk.CAP_SYS_RESOURCE)
@@ -68,11 +70,11 @@ def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does
 def test_status_shows_the_disk_used_against_its_limit(agent, docker_client):
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0) as box:
         box.run("head -c 3m /dev/zero > big", timeout_s=30, max_output_chars=100)
-        d = agent_status(agent)["disk"]   # mounted over workspace/: the filesystem's own count
+        d = agent_status(agent)["disk"]  # mounted over workspace/: the filesystem's own count
         assert d["limit_bytes"] == 2 * GIB and d["limit_files"] == 100_000
         assert 3 * 2**20 <= d["used_bytes"] < 64 * 2**20 and d["used_files"] > 2
         assert "MiB used" in render_agent_status(agent_status(agent))
-    d = agent_status(agent)["disk"]       # released: the image's blocks on the host
+    d = agent_status(agent)["disk"]  # released: the image's blocks on the host
     assert 3 * 2**20 <= d["host_bytes"] < 64 * 2**20 and d["size_bytes"] == 2 * GIB
     assert "held on the host" in render_agent_status(agent_status(agent))
 
@@ -105,6 +107,7 @@ def test_no_disk_is_a_plain_folder_by_its_path(agent, docker_client):
 def small_disks_dir(tmp_path, monkeypatch, docker_client):
     """WAKELOOP_DISKS on a 300 MiB filesystem of its own; its disks released after."""
     import subprocess
+
     place = tmp_path / "disks"
     place.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300m", "tmpfs", str(place)], check=True)
@@ -114,7 +117,7 @@ def small_disks_dir(tmp_path, monkeypatch, docker_client):
     finally:
         for key in disk.keys():
             disk.release(docker_client, key, delete=True, force=True)
-        subprocess.run(["umount", "--lazy", str(place)], check=True)   # a loop device may close later
+        subprocess.run(["umount", "--lazy", str(place)], check=True)  # a loop device may close later
 
 
 MIB = 2**20
@@ -123,9 +126,9 @@ MIB = 2**20
 def small_box(root, name: str, size: int = 100 * MIB, **kwargs) -> DockerSandbox:
     """A box for a new agent under `root` whose disk is `size` bytes."""
     from orchestrator.policy.agent import init_agent
+
     agent = load_agent(root / name if (root / name).is_dir() else init_agent(root / name))
-    return DockerSandbox(agent.workspace, replace(agent.policy.sandbox, disk=size), agent=agent.name, warm=0,
-                         **kwargs)
+    return DockerSandbox(agent.workspace, replace(agent.policy.sandbox, disk=size), agent=agent.name, warm=0, **kwargs)
 
 
 def run(box, command: str):
@@ -133,10 +136,11 @@ def run(box, command: str):
 
 
 def test_thin_disks_promise_more_than_their_filesystem_holds_within_the_overcommit(
-        small_disks_dir, tmp_path, docker_client):
+    small_disks_dir, tmp_path, docker_client
+):
     """Three 100 MiB disks on a 300 MiB filesystem (the old guard refused the third: every
     disk's whole size was set aside); the promise stops at `overcommit` times the filesystem."""
-    boxes = [small_box(tmp_path, f"a{n}", overcommit=1.5) for n in range(4)]   # 400 MiB ≤ 1.5 × 300
+    boxes = [small_box(tmp_path, f"a{n}", overcommit=1.5) for n in range(4)]  # 400 MiB ≤ 1.5 × 300
     try:
         assert all(run(box, "echo x > kept").ok for box in boxes)
         with pytest.raises(DiskError) as caught:
@@ -151,19 +155,22 @@ def test_thin_disks_promise_more_than_their_filesystem_holds_within_the_overcomm
 
 
 def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight(
-        small_disks_dir, tmp_path, docker_client, monkeypatch):
+    small_disks_dir, tmp_path, docker_client, monkeypatch
+):
     """While a call of a 200 MiB disk runs (it may yet fill it), a call of another 200 MiB disk
     would let the two fill the 300 MiB filesystem: it waits, then is refused with one line;
     once the first ends, it runs. A disk that alone could fill it is refused at once."""
     from tests.helpers.sync import release_fifo
     from tests.helpers import wait_for
+
     monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.5)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     try:
         assert run(first, "mkfifo hold").ok
-        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
+        disk.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
         fifo = first.view / "hold"
         import threading
+
         held = {}
         caller = threading.Thread(target=lambda: held.update(result=run(first, "cat hold")))
         caller.start()
@@ -176,31 +183,34 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
         assert held["result"].ok and not held["result"].no_room
         assert refused.exit_code == 2 and not refused.container_id and "\n" not in refused.no_room
         assert refused.no_room.startswith("sandbox.disk: this call did not start: the disks' filesystem")
-        waited = re.search(r"the 1 other disk\(s\) with calls in flight [\d,]+ \(waited ([\d.]+) s for them\)",
-                           refused.no_room)
+        waited = re.search(
+            r"the 1 other disk\(s\) with calls in flight [\d,]+ \(waited ([\d.]+) s for them\)", refused.no_room
+        )
         assert waited and float(waited[1]) >= 0.5, refused.no_room
         assert refused.output == f"refused: {refused.no_room}"
-        disk.settled(first.disk.key)   # synced: what it wrote is counted in the free space now
+        disk.settled(first.disk.key)  # synced: what it wrote is counted in the free space now
         assert not disk._in_flight(first.disk.key) and run(second, "echo y > y").ok
     finally:
         first.close()
         second.close()
-    with pytest.raises(disk.NoRoom, match="this disk may still take"):   # made only with room for mkfs's worst case
+    with pytest.raises(disk.NoRoom, match="this disk may still take"):  # made only with room for mkfs's worst case
         small_box(tmp_path, "huge", 400 * MIB)
 
 
-def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(small_disks_dir, tmp_path, docker_client,
-                                                                     monkeypatch):
+def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(
+    small_disks_dir, tmp_path, docker_client, monkeypatch
+):
     """Six agents, 600 MiB promised on 300 MiB, each writing 50 MiB at once and syncing it (300 MiB in all):
     every call runs to the end or is refused with the line; none meets a full filesystem
     under its own (ENOSPC or EIO from the image), and the reserve is never touched."""
     import threading
+
     monkeypatch.setattr(disk, "ROOM_WAIT_S", 2.0)
     boxes = [small_box(tmp_path, f"w{n}") for n in range(6)]
     results, lowest = {}, [os.statvfs(small_disks_dir).f_bavail]
     done = threading.Event()
 
-    def watch():   # the filesystem's free space, as often as it can be read meanwhile
+    def watch():  # the filesystem's free space, as often as it can be read meanwhile
         while not done.is_set():
             lowest.append(os.statvfs(small_disks_dir).f_bavail)
 
@@ -229,8 +239,9 @@ def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(small_disks
     assert min(lowest) * st.f_frsize >= st.f_blocks * st.f_frsize * disk.RESERVE * 0.9, min(lowest)
 
 
-def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small_disks_dir, tmp_path,
-                                                                          docker_client, monkeypatch):
+def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
+    small_disks_dir, tmp_path, docker_client, monkeypatch
+):
     """The model reads the line as the call's result; the wake records one event and queues
     one notification however many calls it had refused; `status` shows the line."""
     import json
@@ -240,17 +251,21 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
     from orchestrator.notify import queue
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.wake.loop import wake
+
     monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.2)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
-    second.close()   # its disk is made; its wake opens it again
-    set_policy(tmp_path / "second", {"sandbox": {"disk": "200m", "pool": 0}},
-               notify=[{"webhook": "https://hooks.example.com/x"}])
+    second.close()  # its disk is made; its wake opens it again
+    set_policy(
+        tmp_path / "second",
+        {"sandbox": {"disk": "200m", "pool": 0}},
+        notify=[{"webhook": "https://hooks.example.com/x"}],
+    )
     script = tmp_path / "script.json"
     call = {"name": "bash", "input": {"command": "echo z > z"}}
     script.write_text(json.dumps([{"tool_calls": [call]}, {"tool_calls": [call]}, {"text": "done"}]))
     try:
         assert run(first, "mkfifo hold").ok
-        disk.settled(first.disk.key)   # landed: in flight below means the call held on the FIFO
+        disk.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
         caller = threading.Thread(target=lambda: run(first, "cat hold"))
         caller.start()
         try:
@@ -264,28 +279,39 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(small
     state = tmp_path / "second" / "state"
     events = list(read_events(state / EVENTS_FILE))
     results = [e.data for e in events if e.type == "tool_result"]
-    assert len(results) == 2 and all(r["is_error"] and r["no_room"].startswith("sandbox.disk: this call did not "
-                                                                              "start") for r in results)
-    assert results[-1]["no_room"] == receipt.no_room   # each line its own (how long it waited); the last kept
+    assert len(results) == 2 and all(
+        r["is_error"] and r["no_room"].startswith("sandbox.disk: this call did not start") for r in results
+    )
+    assert results[-1]["no_room"] == receipt.no_room  # each line its own (how long it waited); the last kept
     assert [e.type for e in events].count("disk_no_room") == 1
     assert receipt.status == "done" and receipt.no_room.startswith("sandbox.disk: this call did not start")
     assert [item.event for item in queue.pending(state)] == ["no_room"]
     assert f"no room    a call of the last wake did not start: {receipt.no_room}" in render_agent_status(
-        agent_status(load_agent(tmp_path / "second")))
+        agent_status(load_agent(tmp_path / "second"))
+    )
 
 
 def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_path, monkeypatch):
     """The mark of a call in flight is a record lock: it dies with its process, whatever ends it."""
     import sys
     from tests.helpers import REPO
+
     monkeypatch.setenv(disk.DISKS_ENV, str(tmp_path))
     (tmp_path / "a.img").write_bytes(b"")
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                              "from orchestrator.sandbox import disk\n"
-                              "with disk.flight('a'):\n"
-                              "    print('flying', flush=True); time.sleep(600)\n"],
-                             cwd=REPO, env={**os.environ, disk.DISKS_ENV: str(tmp_path)},
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from orchestrator.sandbox import disk\n"
+            "with disk.flight('a'):\n"
+            "    print('flying', flush=True); time.sleep(600)\n",
+        ],
+        cwd=REPO,
+        env={**os.environ, disk.DISKS_ENV: str(tmp_path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline() == "flying\n"
         assert disk._in_flight("a")
@@ -293,7 +319,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
         child.kill()
         child.wait(30)
     assert not disk._in_flight("a")
-    with disk.flight("a"):   # and this process's own mark is seen by itself, counted per call
+    with disk.flight("a"):  # and this process's own mark is seen by itself, counted per call
         with disk.flight("a"):
             assert disk._in_flight("a")
         assert disk._in_flight("a")
@@ -301,6 +327,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
 
 
 # -- whose disk: one per agent folder, whatever its name ---------------------------------
+
 
 def attached_devices(image) -> list[str]:
     """Loop devices backed by `image` now (sysfs: what the kernel has, not what we think)."""
@@ -325,22 +352,23 @@ def test_renaming_an_agent_folder_keeps_its_one_disk(agent_dir, docker_client):
             seen = box.run("cat kept.txt", timeout_s=30, max_output_chars=100)
             assert seen.output == "mine\n" and len(attached_devices(first.image)) == 1
     assert disk.keys() == images_before and attached_devices(first.image) == []
-    assert disk.read_index()[first.key]["folder"] == str(place)   # where it was last seen
+    assert disk.read_index()[first.key]["folder"] == str(place)  # where it was last seen
 
 
 def test_a_folder_made_anew_where_a_deleted_one_was_gets_a_disk_of_its_own(agent_dir, docker_client):
     from orchestrator.policy.agent import init_agent
+
     with open_box(agent_dir) as box:
         box.run("echo secret > old.txt", timeout_s=30, max_output_chars=100)
         old = box.disk.key
     before = disk.identity_of(agent_dir)
     subprocess.run(["rm", "-rf", str(agent_dir)], check=True)
-    again = init_agent(agent_dir)   # same path, same name; maybe the same inode number
+    again = init_agent(agent_dir)  # same path, same name; maybe the same inode number
     assert disk.identity_of(again) != before
     with open_box(again) as box:
         assert box.disk.key != old
         assert box.run("cat old.txt", timeout_s=30, max_output_chars=100).exit_code != 0
-    assert disk.path_of(old, "img").exists()   # the old one is kept until `disk rm`
+    assert disk.path_of(old, "img").exists()  # the old one is kept until `disk rm`
 
 
 def test_a_disk_named_the_old_way_is_adopted_by_its_folder(agent_dir, docker_client):
@@ -349,39 +377,41 @@ def test_a_disk_named_the_old_way_is_adopted_by_its_folder(agent_dir, docker_cli
         box.run("echo before > upgraded.txt", timeout_s=30, max_output_chars=100)
         made = box.disk.key
     old_style = disk.legacy_key(agent.name, agent.workspace.resolve())
-    for kind in ("img", "lock", "use"):   # as an earlier wakeloop left it: no index entry
+    for kind in ("img", "lock", "use"):  # as an earlier wakeloop left it: no index entry
         disk.path_of(made, kind).rename(disk.path_of(old_style, kind))
     disk.forget(made)
     with open_box(agent_dir) as box:
         assert box.disk.key == old_style and disk.read_index()[old_style]["adopted"] is True
         assert box.run("cat upgraded.txt", timeout_s=30, max_output_chars=100).output == "before\n"
-    agent_dir.rename(agent_dir.with_name("moved"))   # adopted once: the folder keeps it when renamed
+    agent_dir.rename(agent_dir.with_name("moved"))  # adopted once: the folder keeps it when renamed
     with open_box(agent_dir.with_name("moved")) as box:
         assert box.disk.key == old_style
 
 
 def test_a_disk_is_released_when_its_last_holder_closes_and_its_image_is_kept(agent_dir, docker_client):
     first = open_box(agent_dir)
-    second = open_box(agent_dir)   # a wake and a `sandbox exec` at once
+    second = open_box(agent_dir)  # a wake and a `sandbox exec` at once
     image = first.disk.image
     assert first.disk.key == second.disk.key and len(attached_devices(image)) == 1
     first.close()
-    assert len(attached_devices(image)) == 1 and disk.held(first.disk.key)   # the other still has it
+    assert len(attached_devices(image)) == 1 and disk.held(first.disk.key)  # the other still has it
     assert second.run("true", timeout_s=30, max_output_chars=100).ok
     second.close()
     assert attached_devices(image) == [] and not disk.held(first.disk.key) and image.exists()
     ws = agent_dir / "workspace"
-    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev   # unmounted: `rm -rf` of the folder works
+    assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev  # unmounted: `rm -rf` of the folder works
     volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
     assert first.disk.volume not in {v["Name"] for v in volumes}
 
 
 def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_client, monkeypatch):
     from orchestrator.sandbox import network
+
     policy = replace(load_agent(agent_dir).policy.sandbox, network="allowlist", allow_hosts=("example.com",))
 
-    def no_proxy(*args, **kwargs):   # the allowlist's proxy fails to start, after the disk attached
+    def no_proxy(*args, **kwargs):  # the allowlist's proxy fails to start, after the disk attached
         raise network.NetworkError("no proxy today")
+
     monkeypatch.setattr(network, "ensure", no_proxy)
     with pytest.raises(SandboxError, match="no proxy today"):
         DockerSandbox(agent_dir / "workspace", policy, agent="agent", warm=0)
@@ -391,16 +421,18 @@ def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_cli
 
 # -- a one-shot command leaves nothing attached; `wakeloop disk` ---------------------------
 
+
 def test_one_shot_commands_release_the_disk_they_attached(agent_dir, docker_client, capsys):
     from orchestrator.cli import main
+
     assert main(["sandbox", "exec", str(agent_dir), "--", "echo x > made.txt"]) == 0
     key = disk.lookup(agent_dir)
     assert key and attached_devices(disk.path_of(key, "img")) == []
-    assert main(["wake", str(agent_dir)]) == 0   # a dry run: the scripted model drives the real tools
-    assert main(["context", str(agent_dir)]) == 0   # reads the memory on the disk, then lets it go
-    assert main(["sandbox", "exec", str(agent_dir), "--", "exit 3"]) == 3   # a failing command too
+    assert main(["wake", str(agent_dir)]) == 0  # a dry run: the scripted model drives the real tools
+    assert main(["context", str(agent_dir)]) == 0  # reads the memory on the disk, then lets it go
+    assert main(["sandbox", "exec", str(agent_dir), "--", "exit 3"]) == 3  # a failing command too
     assert attached_devices(disk.path_of(key, "img")) == [] and not disk.holding()
-    subprocess.run(["rm", "-rf", str(agent_dir)], check=True)   # "Device or resource busy" before
+    subprocess.run(["rm", "-rf", str(agent_dir)], check=True)  # "Device or resource busy" before
 
 
 def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docker_client):
@@ -408,6 +440,7 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
     file until it execs: with flock, the release right after the last holder closed found
     the disk held in most tries and left it mounted. A record lock is never inherited."""
     import threading
+
     stop = threading.Event()
 
     def fork_in_a_loop():
@@ -434,13 +467,20 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
     import signal
     import sys
     from tests.helpers import REPO, scrubbed_env, wait_for
+
     agent = load_agent(agent_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--",
-                             "sleep 60"], cwd=REPO, env=scrubbed_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", "sleep 60"],
+        cwd=REPO,
+        env=scrubbed_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        running = lambda: docker_client.api.containers(filters={
-            "label": f"wakeloop.workspace={agent.workspace.resolve()}", "status": "running"})
+        running = lambda: docker_client.api.containers(
+            filters={"label": f"wakeloop.workspace={agent.workspace.resolve()}", "status": "running"}
+        )
         wait_for(running, "the call's container to run", 60)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -455,6 +495,7 @@ def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch)
     import json
     from orchestrator.cli import main
     from orchestrator.records.state import WakeLock
+
     box = open_box(agent_dir)
     image = box.disk.image
     assert main(["disk", "list", str(agent_dir.parent), "--json"]) == 0
@@ -462,20 +503,20 @@ def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch)
     assert listed["folder"] == str(agent_dir.resolve()) and listed["folder_found"] and listed["attached"]
     assert listed["size_bytes"] == 2 * GIB and 0 < listed["host_bytes"] < 64 * 2**20
     assert listed["mounted_at"] == [str(agent_dir / "workspace")] and listed["held"] is True
-    assert main(["disk", "release", str(agent_dir)]) == 3   # held by the box: one line, exit 3
+    assert main(["disk", "release", str(agent_dir)]) == 3  # held by the box: one line, exit 3
     assert "is in use" in capsys.readouterr().err
     box.close()
     assert main(["disk", "list"]) == 0
     out = capsys.readouterr().out
     assert f"image {image}" in out and "not attached" in out
-    with monkeypatch.context() as m:   # without root, list still reads
+    with monkeypatch.context() as m:  # without root, list still reads
         m.setattr(os, "geteuid", lambda: 1000)
         assert main(["disk", "list", "--json"]) == 0 and str(image) in capsys.readouterr().out
         assert main(["disk", "release", str(agent_dir)]) == 3
         assert "needs root" in capsys.readouterr().err
     assert main(["disk", "rm", str(agent_dir)]) == 2 and "--yes" in capsys.readouterr().err
     lock = WakeLock(agent_dir / "state")
-    assert lock.acquire() is None   # a wake runs
+    assert lock.acquire() is None  # a wake runs
     try:
         assert main(["disk", "rm", str(agent_dir), "--yes"]) == 3
         assert "is waking" in capsys.readouterr().err and image.exists()
@@ -490,6 +531,7 @@ def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch)
 
 # -- the broker: one disk per folder through renames, released when idle --------------------
 
+
 def broker_call(broker, name: str, command: str = "true"):
     return broker.handle({"op": "run", "agent": name, "command": command})["result"]
 
@@ -498,6 +540,7 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
     from orchestrator.broker.server import IDLE_CLOSE_S, Broker
     from orchestrator.policy.agent import init_agent
     from tests.helpers import set_policy
+
     root = tmp_path / "agents"
     for name in ("alpha", "beta"):
         set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
@@ -508,11 +551,11 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
         broker_call(broker, "beta")
         key = disk.lookup(root / "alpha")
         name = "alpha"
-        for n in range(4):   # the attack of issue 20: each rename, then a call
+        for n in range(4):  # the attack of issue 20: each rename, then a call
             (root / name).rename(root / f"alpha-{n}")
             name = f"alpha-{n}"
             assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"
-        assert disk.keys() - before == {key, disk.lookup(root / "beta")}   # two agents, two disks
+        assert disk.keys() - before == {key, disk.lookup(root / "beta")}  # two agents, two disks
         assert disk.lookup(root / name) == key
         assert len(attached_devices(disk.path_of(key, "img"))) == 1
         # Idle past IDLE_CLOSE_S (and the renamed-away boxes, whose folders are gone): released.
@@ -522,7 +565,7 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
         broker.sweep()
         assert attached_devices(disk.path_of(key, "img")) == [] and broker._boxes == {}
         assert disk.path_of(key, "img").exists()
-        assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"   # attached again
+        assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"  # attached again
     finally:
         broker.close()
     assert attached_devices(disk.path_of(key, "img")) == []
@@ -532,11 +575,12 @@ def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, dock
     from orchestrator.broker.server import IDLE_CLOSE_S, Broker
     from orchestrator.policy.agent import init_agent
     from tests.helpers import set_policy
+
     root = tmp_path / "agents"
     set_policy(init_agent(root / "alpha"), {"sandbox": {"pool": 0}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
-        entry = broker._acquire(broker._agent("alpha"))   # a call in flight holds the box
+        entry = broker._acquire(broker._agent("alpha"))  # a call in flight holds the box
         entry.used -= IDLE_CLOSE_S + 1
         broker._next_sweep = 0
         broker.sweep()
@@ -553,6 +597,7 @@ def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_ow
     from orchestrator.broker.server import Broker
     from orchestrator.policy.agent import init_agent
     from tests.helpers import set_policy
+
     root = tmp_path / "agents"
     for name in ("alpha", "beta"):
         set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
@@ -561,11 +606,11 @@ def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_ow
         for name in ("alpha", "beta"):
             broker_call(broker, name, f"echo {name} > mine.txt")
         for name, other in (("alpha", "swap"), ("beta", "alpha"), ("swap", "beta")):
-            (root / name).rename(root / other)   # alpha's folder is now "beta", and beta's "alpha"
+            (root / name).rename(root / other)  # alpha's folder is now "beta", and beta's "alpha"
         assert broker_call(broker, "alpha", "cat mine.txt")["output"] == "beta\n"
         assert broker_call(broker, "beta", "cat mine.txt")["output"] == "alpha\n"
         symlinked = root / "gamma"
-        symlinked.symlink_to(root / "alpha")   # a link claiming a folder's identity: refused
+        symlinked.symlink_to(root / "alpha")  # a link claiming a folder's identity: refused
         with pytest.raises(Exception, match="not a folder directly under"):
             broker_call(broker, "gamma")
     finally:
@@ -574,15 +619,16 @@ def test_through_the_broker_two_folders_swapped_between_calls_each_keep_their_ow
 
 def test_a_workspace_that_is_a_link_to_another_agents_gets_no_disk_mounted_over_it(tmp_path, docker_client):
     from orchestrator.policy.agent import init_agent
+
     victim, evil = init_agent(tmp_path / "victim"), init_agent(tmp_path / "evil")
     subprocess.run(["rm", "-rf", str(evil / "workspace")], check=True)
-    (evil / "workspace").symlink_to(victim / "workspace")   # whoever may write the evil folder (actor D)
-    with pytest.raises(AgentError, match="is a symlink"):   # load_agent refuses it first
+    (evil / "workspace").symlink_to(victim / "workspace")  # whoever may write the evil folder (actor D)
+    with pytest.raises(AgentError, match="is a symlink"):  # load_agent refuses it first
         open_box(evil)
-    policy = load_agent(victim).policy.sandbox               # and the box itself, without load_agent
+    policy = load_agent(victim).policy.sandbox  # and the box itself, without load_agent
     with pytest.raises(DiskError, match="is a link"):
         DockerSandbox(evil / "workspace", policy, agent="evil", warm=0)
-    assert os.stat(victim / "workspace").st_dev == os.stat(victim).st_dev   # nothing mounted there
+    assert os.stat(victim / "workspace").st_dev == os.stat(victim).st_dev  # nothing mounted there
 
 
 def test_a_workspace_swapped_for_a_link_just_before_the_mount_is_not_mounted_through(tmp_path):
@@ -592,17 +638,18 @@ def test_a_workspace_swapped_for_a_link_just_before_the_mount_is_not_mounted_thr
     image, target, view = tmp_path / "x.img", tmp_path / "target", tmp_path / "workspace"
     subprocess.run(["truncate", "-s", "32M", str(image)], check=True)
     subprocess.run(["mkfs.ext4", "-q", str(image)], check=True)
-    device = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    device = subprocess.run(
+        ["losetup", "-f", "--show", str(image)], check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         target.mkdir()
-        view.symlink_to(target)   # the swap, already made when the mount comes
+        view.symlink_to(target)  # the swap, already made when the mount comes
         with pytest.raises(DiskError, match="never through a link"):
             disk._mount_view(device, view)
-        assert os.stat(target).st_dev == os.stat(tmp_path).st_dev   # nothing mounted where it points
+        assert os.stat(target).st_dev == os.stat(tmp_path).st_dev  # nothing mounted where it points
         view.unlink()
         view.mkdir()
-        disk._mount_view(device, view)   # a real folder: mounted, on that folder
+        disk._mount_view(device, view)  # a real folder: mounted, on that folder
         assert os.stat(view).st_dev == os.stat(device).st_rdev
     finally:
         subprocess.run(["umount", str(view)], check=False, capture_output=True)

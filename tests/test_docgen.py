@@ -41,8 +41,9 @@ def test_every_policy_key_has_a_row_that_says_what_it_means():
     assert len(keys) >= 50 and "tools.bash.timeout_s" in keys and "approve.rules[].tool" in keys
     for key in keys:
         section, _, name = key.rpartition(".")
-        rows = re.findall(rf"^\| `{re.escape(name)}` \|.*\| ([^|]*) \|$", sections[section or "(top level)"],
-                          re.MULTILINE)
+        rows = re.findall(
+            rf"^\| `{re.escape(name)}` \|.*\| ([^|]*) \|$", sections[section or "(top level)"], re.MULTILINE
+        )
         assert rows and rows[0].strip(), f"{key}: no row, or no meaning (a comment on its line in the schema)"
 
 
@@ -56,13 +57,14 @@ def test_a_stale_block_is_caught_and_rewritten():
 def test_the_threat_table_names_every_probe():
     # Each probe by name, or its category by name (`surfaces` is a ring of different promises: by name only).
     text = _page("docs/security.md")
-    table = text[text.index("## Threat model"):text.index("## Known gaps")]
+    table = text[text.index("## Threat model") : text.index("## Known gaps")]
     named = set(re.findall(r"`([a-z0-9_]+)`", table))
     probes = {p.name for p in ALL_PROBES}
     unknown = sorted(n for n in named if "_" in n and n not in probes and n not in CATEGORIES)
     assert not unknown, f"the threat table names probes that do not exist: {unknown}"
-    unproven = [p.name for p in ALL_PROBES
-                if p.name not in named and (p.category == "surfaces" or p.category not in named)]
+    unproven = [
+        p.name for p in ALL_PROBES if p.name not in named and (p.category == "surfaces" or p.category not in named)
+    ]
     assert not unproven, f"probes the threat table of docs/security.md does not name: {unproven}"
 
 

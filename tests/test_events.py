@@ -11,7 +11,7 @@ from orchestrator.records.events import REDACTED, EventLog, read_events, secrets
 from orchestrator.views.status import format_event
 from tests.helpers import REPO
 
-APPENDS = 300                       # lines per writer in the concurrency test
+APPENDS = 300  # lines per writer in the concurrency test
 WRITERS = 3
 WRITER_TIMEOUT_S = 60
 
@@ -53,12 +53,13 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 
 def test_concurrent_writers_never_interleave_within_a_line(tmp_path):
     path = tmp_path / "events.jsonl"
-    code = ("import sys; from orchestrator.records.events import EventLog; "
-            f"log = EventLog(sys.argv[1], sys.argv[2], secrets=()); "
-            f"[log.emit('tick', n=n, pad='x' * 3000) for n in range({APPENDS})]")
+    code = (
+        "import sys; from orchestrator.records.events import EventLog; "
+        f"log = EventLog(sys.argv[1], sys.argv[2], secrets=()); "
+        f"[log.emit('tick', n=n, pad='x' * 3000) for n in range({APPENDS})]"
+    )
     root = REPO
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{i}"], cwd=root)
-             for i in range(WRITERS)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"w{i}"], cwd=root) for i in range(WRITERS)]
     assert all(p.wait(timeout=WRITER_TIMEOUT_S) == 0 for p in procs)
     lines = path.read_text().splitlines()
     assert len(lines) == WRITERS * APPENDS

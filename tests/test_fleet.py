@@ -21,16 +21,17 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.records.receipt import Receipt
 
-WAIT_S = 120                        # six live wakes of five turns on a busy engine
-PACE_S = 0.3                        # the fake model's answer time: the pace the pool is built for
-CALLS = 4                           # tool calls per wake; then end_turn, and the harness's journal stub
-MAX_CONTAINERS_PER_CALL = 1.05      # issue 14: containers created / calls served, across the fleet
+WAIT_S = 120  # six live wakes of five turns on a busy engine
+PACE_S = 0.3  # the fake model's answer time: the pace the pool is built for
+CALLS = 4  # tool calls per wake; then end_turn, and the harness's journal stub
+MAX_CONTAINERS_PER_CALL = 1.05  # issue 14: containers created / calls served, across the fleet
 GiB, MiB = 2**30, 2**20
 
 
 def paced(rec):
     """CALLS bash calls, one a turn, then end_turn; each answer after PACE_S, as a model's."""
     from orchestrator.testing.fakeapi import text, tool_use, turn
+
     step = sum(1 for m in rec.body.get("messages", []) if m.get("role") == "assistant")
     time.sleep(PACE_S)
     if step >= CALLS:
@@ -58,8 +59,9 @@ class Creates:
     def __init__(self, docker_client, root: Path):
         self.client, self.root, self.count, self.marker_seen = docker_client, str(root), 0, False
         self.marker = f"{root}/.marker"
-        self._stream = docker_client.events(decode=True, filters={
-            "type": "container", "event": "create", "label": f"{LABEL}=1"})
+        self._stream = docker_client.events(
+            decode=True, filters={"type": "container", "event": "create", "label": f"{LABEL}=1"}
+        )
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -85,8 +87,9 @@ class Creates:
 def calls_served(agent_dir: Path) -> int:
     """Tool calls that reached a box, and journal stubs appended (a call each)."""
     events = list(read_events(agent_dir / "state" / EVENTS_FILE))
-    return (sum(1 for e in events if e.type == "tool_result" and e.data.get("container_id"))
-            + sum(1 for e in events if e.type == "journal_stub" and e.data.get("written")))
+    return sum(1 for e in events if e.type == "tool_result" and e.data.get("container_id")) + sum(
+        1 for e in events if e.type == "journal_stub" and e.data.get("written")
+    )
 
 
 @pytest.mark.docker
@@ -105,27 +108,30 @@ def test_a_fleet_makes_no_container_in_vain(tmp_path, fake_api, docker_client):
 
 def test_the_chosen_concurrency_is_the_tightest_limit_and_says_all_three():
     engine = capacity.choose(capacity.Host(2, 24 * GiB, 6.0, ", 8 cold calls in 1.3 s,", 0.6), 512 * MiB)
-    assert engine.wakes == 15 and "set by engine" in engine.why     # 6/s x (1 s + 0.6 s) x 1.5 = 14.4
-    for what in ("cores 16 (2 cores x 8)", "memory 48 (24.0 GiB available / 512 MiB per call)",
-                 "engine 15 (6.0 containers/s, 8 cold calls in 1.3 s, x (1 s turn + 0.6 s a call) x 1.5)",
-                 "--max-concurrent"):
+    assert engine.wakes == 15 and "set by engine" in engine.why  # 6/s x (1 s + 0.6 s) x 1.5 = 14.4
+    for what in (
+        "cores 16 (2 cores x 8)",
+        "memory 48 (24.0 GiB available / 512 MiB per call)",
+        "engine 15 (6.0 containers/s, 8 cold calls in 1.3 s, x (1 s turn + 0.6 s a call) x 1.5)",
+        "--max-concurrent",
+    ):
         assert what in engine.why
     assert "\n" not in engine.why
     memory = capacity.choose(capacity.Host(2, 3 * GiB, 6.0, "", 0.6), 1 * GiB)
     assert memory.wakes == 3 and "set by memory" in memory.why
     brokered = capacity.choose(capacity.Host(2, 24 * GiB, None, ": the broker holds it"), 512 * MiB)
     assert brokered.wakes == 16 and "engine not measured: the broker holds it" in brokered.why
-    assert capacity.choose(capacity.Host(1, 100 * MiB, 0.1), 512 * MiB).wakes == 1   # never 0
+    assert capacity.choose(capacity.Host(1, 100 * MiB, 0.1), 512 * MiB).wakes == 1  # never 0
 
 
 def test_a_fleet_within_the_cores_and_memory_limits_runs_whole_past_the_engines_limit():
-    host = dict(cores=2, memory_available=24 * GiB, engine_rate=1.5, engine_latency_s=1.7)   # engine: 7
+    host = dict(cores=2, memory_available=24 * GiB, engine_rate=1.5, engine_latency_s=1.7)  # engine: 7
     small = capacity.choose(capacity.Host(**host, agents=10), 512 * MiB)
     assert small.wakes == 10 and "set by agents" in small.why and "engine 7 " in small.why
     big = capacity.choose(capacity.Host(**host, agents=200), 512 * MiB)
     assert big.wakes == 7 and "set by engine" in big.why
     tight = capacity.choose(capacity.Host(**host | {"memory_available": 4 * GiB}, agents=10), 512 * MiB)
-    assert tight.wakes == 7 and "set by engine" in tight.why     # 10 agents would pass memory's 8
+    assert tight.wakes == 7 and "set by engine" in tight.why  # 10 agents would pass memory's 8
 
 
 @pytest.mark.docker
@@ -159,25 +165,32 @@ def test_wakes_past_k_wait_in_the_order_they_fell_due_and_none_is_starved(tmp_pa
             starts.append((agent.name, time.monotonic()))
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        stop.wait(0.2)      # the wake's own work, not a synchronisation
+        stop.wait(0.2)  # the wake's own work, not a synchronisation
         with lock:
             running[0] -= 1
-        return Receipt(run_id="standin", agent=agent.name, wake=1, status="done", reason="end_turn",
-                       started_at=datetime.now(timezone.utc).isoformat())
+        return Receipt(
+            run_id="standin",
+            agent=agent.name,
+            wake=1,
+            status="done",
+            reason="end_turn",
+            started_at=datetime.now(timezone.utc).isoformat(),
+        )
 
     lines: list[str] = []
     scheduler = Scheduler(root, 1, wake_fn=stand_in, out=lines.append, rescan_s=60)
     thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
     try:
-        support.wait_for(lambda: sum(1 for name, _ in starts if name == "a-fast") >= 2,
-                         "the fast agent's second wake", WAIT_S)
+        support.wait_for(
+            lambda: sum(1 for name, _ in starts if name == "a-fast") >= 2, "the fast agent's second wake", WAIT_S
+        )
     finally:
         scheduler.request_stop()
         thread.join(timeout=WAIT_S)
     names = [name for name, _ in starts]
-    assert names[:7] == ["a-fast", *slow], names          # due at once: in name order
-    assert names[7] == "a-fast"                           # its next tick waited its turn
+    assert names[:7] == ["a-fast", *slow], names  # due at once: in name order
+    assert names[7] == "a-fast"  # its next tick waited its turn
     assert peak[0] == 1
     p50, p99 = scheduler.lag_percentiles()
     assert p50 is not None and 0 <= p50 <= p99 and len(scheduler.lags) >= 8

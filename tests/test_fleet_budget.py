@@ -24,7 +24,7 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import FleetCaps, Meter, load_prices, read_book, record
 from tests.helpers import set_policy, today
 
-MODEL = "claude-sonnet-4-6"         # $3 / $15 per million input / output tokens
+MODEL = "claude-sonnet-4-6"  # $3 / $15 per million input / output tokens
 LIGHT = {"sandbox": {"disk": "none", "pool": 0}}
 
 
@@ -32,8 +32,15 @@ def write_ledger(state_dir: Path, days: dict[str, float]) -> None:
     """A ledger.json as record() writes it, with spending on the given UTC days."""
     state_dir.mkdir(parents=True, exist_ok=True)
     rows = {d: {"usd": usd, "tokens": 1, "calls": 1, "unpriced": 0} for d, usd in days.items()}
-    (state_dir / "ledger.json").write_text(json.dumps({"version": 1, "days": rows, "lifetime": {
-        "usd": sum(days.values()), "tokens": len(days), "calls": len(days), "unpriced": 0}}))
+    (state_dir / "ledger.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "days": rows,
+                "lifetime": {"usd": sum(days.values()), "tokens": len(days), "calls": len(days), "unpriced": 0},
+            }
+        )
+    )
 
 
 def last_month() -> str:
@@ -42,6 +49,7 @@ def last_month() -> str:
 
 
 # -- the month, one agent ------------------------------------------------------------
+
 
 def test_the_month_cap_counts_this_months_days_and_not_last_months(tmp_path):
     write_ledger(tmp_path, {last_month(): 500.0, today(): 0.98})
@@ -54,40 +62,47 @@ def test_the_month_cap_counts_this_months_days_and_not_last_months(tmp_path):
 
 # -- ROOT/budget.yaml ----------------------------------------------------------------
 
+
 def test_the_fleet_caps_add_up_every_agents_ledger_and_see_new_spending(tmp_path):
     root = tmp_path / "agents"
     for name, usd in (("a", 0.40), ("b", 0.50), ("c", 0.0)):
         write_ledger(root / name / "state", {today(): usd, last_month(): 100.0})
     caps = FleetCaps(root, max_usd_per_day=1.0, max_usd_per_month=50.0, source=str(root / BUDGET_FILE))
     meter = Meter(root / "c" / "state", MODEL, Budget(), load_prices(environ={}), fleet=caps)
-    assert meter.check(1000, 1000) is None                          # $0.90 + ~$0.02 < $1
-    record(root / "a" / "state", 0.09, 10)                          # another agent spends: seen at once
+    assert meter.check(1000, 1000) is None  # $0.90 + ~$0.02 < $1
+    record(root / "a" / "state", 0.09, 10)  # another agent spends: seen at once
     over = meter.check(1000, 1000)
     assert over and over.cap == "fleet.max_usd_per_day"
     assert "$0.9900 spent today (UTC) by the 3 agent(s)" in over.reason and "budget.yaml" in over.reason
-    month = Meter(root / "c" / "state", MODEL, Budget(), load_prices(environ={}),
-                  fleet=FleetCaps(root, max_usd_per_month=0.95, source="x")).check(1000, 1000)
-    assert month and month.cap == "fleet.max_usd_per_month"      # last month's $300 is not this month's
+    month = Meter(
+        root / "c" / "state",
+        MODEL,
+        Budget(),
+        load_prices(environ={}),
+        fleet=FleetCaps(root, max_usd_per_month=0.95, source="x"),
+    ).check(1000, 1000)
+    assert month and month.cap == "fleet.max_usd_per_month"  # last month's $300 is not this month's
 
 
 def test_a_budget_file_is_checked_and_bounded_by_the_ceiling_with_file_line_key(tmp_path):
     root = tmp_path / "agents"
     root.mkdir()
-    assert not load_fleet_budget(root, environ={})                  # no file, no ceiling: no fleet cap
+    assert not load_fleet_budget(root, environ={})  # no file, no ceiling: no fleet cap
     ceiling = tmp_path / "ceiling.yaml"
     ceiling.write_text("max:\n  fleet_usd_per_day: 100\n  fleet_usd_per_month: 1000\n")
     env = {"WAKELOOP_CEILING": str(ceiling)}
-    caps = load_fleet_budget(root, environ=env)                     # no file: the ceiling's are the caps
+    caps = load_fleet_budget(root, environ=env)  # no file: the ceiling's are the caps
     assert (caps.max_usd_per_day, caps.max_usd_per_month) == (100, 1000) and str(ceiling) in caps.source
     budget = root / BUDGET_FILE
     budget.write_text("max_usd_per_day: 20\nmax_usd_per_month: 300\n")
     caps = load_fleet_budget(root, environ=env)
     assert (caps.max_usd_per_day, caps.max_usd_per_month, caps.source) == (20, 300, str(budget))
-    for body, line, why in (("max_usd_per_day: 20\nmax_usd_per_mnth: 300\n", 2, "unknown key"),
-                            ("max_usd_per_day: 20\nmax_usd_per_month: 3000\n", 2, "is over the ceiling's "
-                                                                                   "max.fleet_usd_per_month"),
-                            ("max_usd_per_day: 0\n", 1, "0 (no cap) is over the ceiling"),
-                            ("max_usd_per_day: lots\n", 1, "expected USD as a number")):
+    for body, line, why in (
+        ("max_usd_per_day: 20\nmax_usd_per_mnth: 300\n", 2, "unknown key"),
+        ("max_usd_per_day: 20\nmax_usd_per_month: 3000\n", 2, "is over the ceiling's max.fleet_usd_per_month"),
+        ("max_usd_per_day: 0\n", 1, "0 (no cap) is over the ceiling"),
+        ("max_usd_per_day: lots\n", 1, "expected USD as a number"),
+    ):
         budget.write_text(body)
         with pytest.raises(PolicyError, match=rf"^{re.escape(str(budget))}:{line}: \w+: (\$[\d,.]+ )?{re.escape(why)}"):
             load_fleet_budget(root, environ=env)
@@ -96,16 +111,18 @@ def test_a_budget_file_is_checked_and_bounded_by_the_ceiling_with_file_line_key(
 @pytest.mark.docker
 def test_a_wake_stopped_by_the_fleets_day_cap_ends_budget_stop_naming_it(tmp_path, fake_api):
     from orchestrator.wake.loop import wake
+
     root = tmp_path / "agents"
     other, mine = init_agent(root / "other"), init_agent(root / "mine")
     set_policy(mine, {**LIGHT, "budget": {"max_output_tokens": 1000}}, model=MODEL)
-    record(other / "state", 0.009, 100)                             # the rest of the fleet, today
+    record(other / "state", 0.009, 100)  # the rest of the fleet, today
     (root / BUDGET_FILE).write_text("max_usd_per_day: 0.04   # all agents, USD\n")
     # The first call's worst case (~$0.01 of input + 1000 output tokens at $15/MTok) fits under
     # $0.04 with $0.009 spent; it reports $0.033, so the second call's would pass the cap.
-    api = fake_api([turn(tool_use("bash", {"command": "echo one"}), usage=usage(input_tokens=1000,
-                                                                               output_tokens=2000))],
-                   then=turn(text("never reached")))
+    api = fake_api(
+        [turn(tool_use("bash", {"command": "echo one"}), usage=usage(input_tokens=1000, output_tokens=2000))],
+        then=turn(text("never reached")),
+    )
     receipt = wake(load_agent(mine), live=True)
 
     assert len(api.requests) == 1, "the fake API saw a call the fleet's cap should have stopped"
@@ -118,6 +135,7 @@ def test_a_wake_stopped_by_the_fleets_day_cap_ends_budget_stop_naming_it(tmp_pat
 
 def test_a_wake_the_fleets_month_cannot_afford_is_blocked_and_status_says_so(tmp_path, fake_api):
     from orchestrator.wake.loop import wake
+
     root = tmp_path / "agents"
     other, mine = init_agent(root / "other"), init_agent(root / "mine")
     set_policy(mine, LIGHT, model=MODEL)
@@ -127,5 +145,5 @@ def test_a_wake_the_fleets_month_cannot_afford_is_blocked_and_status_says_so(tmp
     receipt = wake(load_agent(mine), live=True)
     assert receipt.status == "blocked" and receipt.reason.startswith("fleet.max_usd_per_month:")
     assert api.requests == []
-    line, = fleet_notes(root)
+    (line,) = fleet_notes(root)
     assert line.startswith("fleet spend: $9.9900 today (no cap), $9.9900 this month of $10.00 (")

@@ -31,8 +31,9 @@ EXPORTED = set(tests.helpers.__all__)
 
 
 def modules() -> list[Path]:
-    return sorted(p for folder in ("tests", "bench") for p in (REPO / folder).rglob("*.py")
-                  if "__pycache__" not in p.parts)
+    return sorted(
+        p for folder in ("tests", "bench") for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts
+    )
 
 
 def defined(tree: ast.Module) -> dict[str, ast.stmt]:
@@ -67,12 +68,20 @@ def parsed() -> dict[Path, ast.Module]:
 
 def defined_again(trees: dict[Path, ast.Module]) -> list[str]:
     """Names the helpers define that another module defines too."""
-    helpers = {name: where(path, node) for path, tree in trees.items() if path.parent == HELPERS
-               for name, node in defined(tree).items()
-               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or name in EXPORTED}
-    return [f"{where(path, node)}: {name} (defined in {helpers[name]}; import it from tests.helpers)"
-            for path, tree in trees.items() if path.parent != HELPERS
-            for name, node in defined(tree).items() if name in helpers]
+    helpers = {
+        name: where(path, node)
+        for path, tree in trees.items()
+        if path.parent == HELPERS
+        for name, node in defined(tree).items()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or name in EXPORTED
+    }
+    return [
+        f"{where(path, node)}: {name} (defined in {helpers[name]}; import it from tests.helpers)"
+        for path, tree in trees.items()
+        if path.parent != HELPERS
+        for name, node in defined(tree).items()
+        if name in helpers
+    ]
 
 
 def functions_twice(trees: dict[Path, ast.Module]) -> list[str]:

@@ -27,12 +27,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 
 ORDER = ("records", "policy", "sandbox", "broker", "wake", "fleet", "views", "console", "cli.py", "docgen.py")
-BESIDE = {"escapes": "console", "__main__.py": "cli.py"}    # same rank as the one named
+BESIDE = {"escapes": "console", "__main__.py": "cli.py"}  # same rank as the one named
 LEAVES = ("notify", "metrics.py", "tracing.py")
 LEAF_MAY_IMPORT = ("records", "errors.py")
-UNDER_ALL = ("errors.py", "assets.py", "__init__.py")       # import nothing of ours
-ALONE = ("healthcheck.py",)                                 # imports nothing of ours
-TEST_ONLY = ("testing", "fakeapi.py")                       # may import anything; nothing imports them
+UNDER_ALL = ("errors.py", "assets.py", "__init__.py")  # import nothing of ours
+ALONE = ("healthcheck.py",)  # imports nothing of ours
+TEST_ONLY = ("testing", "fakeapi.py")  # may import anything; nothing imports them
 
 
 def unit(rel: Path) -> str:
@@ -40,7 +40,7 @@ def unit(rel: Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.name
 
 
-@functools.cache     # the package is parsed once for both tests
+@functools.cache  # the package is parsed once for both tests
 def imports(root: Path) -> frozenset[tuple[str, str, str]]:
     """(importing file, its unit, imported unit) for every import of orchestrator.* under `root`."""
     found = set()
@@ -89,8 +89,11 @@ def why_not(source: str, target: str) -> str | None:
 
 
 def wrong_way(root: Path) -> list[str]:
-    return sorted(f"{path} imports {target}: {reason}" for path, source, target in imports(root)
-                  if (reason := why_not(source, target)))
+    return sorted(
+        f"{path} imports {target}: {reason}"
+        for path, source, target in imports(root)
+        if (reason := why_not(source, target))
+    )
 
 
 def test_no_package_imports_one_above_it():
@@ -116,4 +119,4 @@ def test_the_check_sees_an_import_going_up(tmp_path):
         "notify/config.py imports policy: a leaf imports only records and errors.py",
         f"records/up.py imports policy: policy is above records ({' < '.join(ORDER)})",
     ]
-    assert len(imports(PACKAGE)) > 100     # the real check reads the real package
+    assert len(imports(PACKAGE)) > 100  # the real check reads the real package

@@ -28,7 +28,8 @@ def shared_names(root: Path) -> dict[str, list[str]]:
 def test_no_two_modules_share_a_name():
     shared = shared_names(PACKAGE)
     assert not shared, "name each module for its idea, once:\n  " + "\n  ".join(
-        f"{name}: {', '.join(paths)}" for name, paths in sorted(shared.items()))
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(shared.items())
+    )
 
 
 def test_the_check_sees_a_shared_name(tmp_path):
@@ -36,4 +37,4 @@ def test_the_check_sees_a_shared_name(tmp_path):
         (tmp_path / rel).parent.mkdir(exist_ok=True)
         (tmp_path / rel).write_text("")
     assert shared_names(tmp_path) == {"files.py": ["a/files.py", "b/files.py"]}
-    assert len(list(PACKAGE.rglob("*.py"))) > 100      # the real check reads the real package
+    assert len(list(PACKAGE.rglob("*.py"))) > 100  # the real check reads the real package

@@ -38,15 +38,18 @@ def last_receipt(stdout: str) -> dict:
 
 # -- a normal wake ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
 def test_normal_wake_uses_all_three_tools(agent_dir, fake_api, stream, disk_view):
     day = today()
-    api = fake_api([
-        turn(text("Looking around."), tool_use("bash", {"command": "echo hello > notes.txt; cat notes.txt"})),
-        turn(tool_use("write_file", {"path": f"memory/journal/{day}.md", "content": "## Wake\nWrote notes.\n"})),
-        turn(tool_use("send_message", {"text": "Hello, human: notes.txt is ready."})),
-        turn(text("All done for this wake.")),
-    ])
+    api = fake_api(
+        [
+            turn(text("Looking around."), tool_use("bash", {"command": "echo hello > notes.txt; cat notes.txt"})),
+            turn(tool_use("write_file", {"path": f"memory/journal/{day}.md", "content": "## Wake\nWrote notes.\n"})),
+            turn(tool_use("send_message", {"text": "Hello, human: notes.txt is ready."})),
+            turn(text("All done for this wake.")),
+        ]
+    )
     send_message_to_agent(agent_dir / "state", "please write notes")
     receipt = live_wake(agent_dir, stream=stream)
 
@@ -86,13 +89,19 @@ def test_model_that_never_stops_ends_at_max_steps_with_a_stub(agent_dir, fake_ap
 
 def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"budget": {"max_tokens_per_wake": 1000}})
-    api = fake_api([
-        turn(tool_use("bash", {"command": "echo one"}), usage=usage(400, 100)),
-        turn(tool_use("bash", {"command": "echo two"}), usage=usage(300, 50, cache_read=200)),  # 1050
-        # The final reply even tries a tool: with no tools offered it must not run.
-        turn(text("Journal: ran echo one and two; next, read the docs."),
-             tool_use("bash", {"command": "echo SHOULD-NOT-RUN > x"}), usage=usage(100, 20)),
-    ], then=turn(text("no request should get here")))
+    api = fake_api(
+        [
+            turn(tool_use("bash", {"command": "echo one"}), usage=usage(400, 100)),
+            turn(tool_use("bash", {"command": "echo two"}), usage=usage(300, 50, cache_read=200)),  # 1050
+            # The final reply even tries a tool: with no tools offered it must not run.
+            turn(
+                text("Journal: ran echo one and two; next, read the docs."),
+                tool_use("bash", {"command": "echo SHOULD-NOT-RUN > x"}),
+                usage=usage(100, 20),
+            ),
+        ],
+        then=turn(text("no request should get here")),
+    )
     receipt = live_wake(agent_dir)
 
     assert len(api.requests) == 3
@@ -112,6 +121,7 @@ def test_token_budget_trip_gets_exactly_one_final_request_without_tools(agent_di
 
 # -- the API failing -------------------------------------------------------------------
 
+
 def test_529_then_success_is_retried(agent_dir, fake_api):
     api = fake_api([api_error(529), turn(text("fine now"))])
     receipt = live_wake(agent_dir)
@@ -123,8 +133,7 @@ def test_529_then_success_is_retried(agent_dir, fake_api):
 def test_529_forever_is_a_dead_letter_exit_1_lock_free_inbox_kept(agent_dir, disk_view):
     send_message_to_agent(agent_dir / "state", "a message that must not be lost")
     with FakeAPI(then=api_error(529)) as api:
-        proc = run_cli("wake", str(agent_dir), "--live",
-                       env={"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": KEY})
+        proc = run_cli("wake", str(agent_dir), "--live", env={"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": KEY})
     assert proc.returncode == 1, proc.stderr
     receipt = last_receipt(proc.stdout)
     assert receipt["status"] == "dead_letter" and "529" in receipt["reason"]
@@ -147,14 +156,19 @@ def test_no_api_key_in_live_mode_is_one_line_exit_2_nothing_touched(agent_dir):
 
 # -- bad tool calls -----------------------------------------------------------------------
 
+
 def test_malformed_tool_input_is_an_error_result_not_a_crash(agent_dir, fake_api):
-    api = fake_api([
-        turn(tool_use("bash", {"cmd": "ls"}),                      # wrong argument name
-             tool_use("write_file", {"path": 5, "content": "x"}),  # wrong type
-             tool_use("bash", "ls -la"),                            # not an object at all
-             tool_use("write_file", {"path": "a.txt"})),           # missing argument
-        turn(text("ok, giving up")),
-    ])
+    api = fake_api(
+        [
+            turn(
+                tool_use("bash", {"cmd": "ls"}),  # wrong argument name
+                tool_use("write_file", {"path": 5, "content": "x"}),  # wrong type
+                tool_use("bash", "ls -la"),  # not an object at all
+                tool_use("write_file", {"path": "a.txt"}),
+            ),  # missing argument
+            turn(text("ok, giving up")),
+        ]
+    )
     receipt = live_wake(agent_dir, stream=False)
     results = tool_results(api.requests[1])
     assert len(results) == 4 and all(r.get("is_error") for r in results)
@@ -186,11 +200,16 @@ def test_three_tool_use_blocks_in_one_turn_all_run_and_answer_in_order(agent_dir
 
 def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api, disk_view):
     set_policy(agent_dir, {"tools": {"bash": {"enabled": False}, "send_message": {"max_per_wake": 1}}})
-    api = fake_api([
-        turn(tool_use("bash", {"command": "touch pwned"}),
-             tool_use("send_message", {"text": "first"}), tool_use("send_message", {"text": "second"})),
-        turn(text("ok")),
-    ])
+    api = fake_api(
+        [
+            turn(
+                tool_use("bash", {"command": "touch pwned"}),
+                tool_use("send_message", {"text": "first"}),
+                tool_use("send_message", {"text": "second"}),
+            ),
+            turn(text("ok")),
+        ]
+    )
     live_wake(agent_dir)
     assert [t["name"] for t in api.requests[0].body["tools"]] == ["write_file", "send_message"]
     bash, first, second = tool_results(api.requests[1])
@@ -215,7 +234,7 @@ def test_a_long_send_message_is_cut_to_max_chars_and_the_model_is_told(agent_dir
     assert "A" * 999 + "B" in outbox and "C" not in outbox
     assert (agent_dir / "state" / "outbox.txt").stat().st_size < 1200
     sent = [e.data for e in events_of(agent_dir) if e.type == "tool_call" and e.data.get("tool") == "send_message"]
-    assert sent and all(len(json.dumps(d)) < 4000 for d in sent)   # the event log keeps an abbreviation
+    assert sent and all(len(json.dumps(d)) < 4000 for d in sent)  # the event log keeps an abbreviation
 
 
 def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api, disk_view):
@@ -230,24 +249,34 @@ def test_write_file_deny_glob_is_refused_and_logged(agent_dir, fake_api, disk_vi
 
 # -- the key never leaks --------------------------------------------------------------------
 
+
 def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_api, disk_view):
-    api = fake_api([
-        turn(tool_use("bash", {"command": "env; cat /proc/1/environ | tr '\\0' '\\n'; "
-                                          "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; "
-                                          "echo probed"})),
-        turn(tool_use("send_message", {"text": "done probing"})),
-        turn(text("bye")),
-    ])
+    api = fake_api(
+        [
+            turn(
+                tool_use(
+                    "bash",
+                    {
+                        "command": "env; cat /proc/1/environ | tr '\\0' '\\n'; "
+                        "grep -rs sk-ant /workspace /tmp /etc /root 2>/dev/null | head -3; "
+                        "echo probed"
+                    },
+                )
+            ),
+            turn(tool_use("send_message", {"text": "done probing"})),
+            turn(text("bye")),
+        ]
+    )
     receipt = live_wake(agent_dir)
     assert receipt.status == "done"
     sent = api.requests[0].headers
     assert KEY in (sent.get("x-api-key", "") + sent.get("authorization", ""))  # the canary is the key in use...
     probe = result_text(tool_results(api.requests[1])[0])
-    assert "probed" in probe and "PATH=" in probe           # ...the probe really ran...
-    for rec in api.requests:                                # ...and the key is nowhere else
+    assert "probed" in probe and "PATH=" in probe  # ...the probe really ran...
+    for rec in api.requests:  # ...and the key is nowhere else
         assert KEY.encode() not in rec.raw
     assert KEY not in (agent_dir / "state" / EVENTS_FILE).read_text()
-    for path in [*disk_view(agent_dir).rglob("*"), *(agent_dir / "state").rglob("*")]:   # transcripts too
+    for path in [*disk_view(agent_dir).rglob("*"), *(agent_dir / "state").rglob("*")]:  # transcripts too
         if path.is_file():
             assert KEY not in path.read_text(errors="replace")
     assert KEY not in receipt.to_json()
@@ -255,9 +284,9 @@ def test_api_key_never_reaches_sandbox_events_or_request_bodies(agent_dir, fake_
 
 # -- prompt caching ----------------------------------------------------------------------------
 
+
 def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, fake_api):
-    api = fake_api([turn(tool_use("bash", {"command": f"echo step {n}"})) for n in range(1, 4)]
-                   + [turn(text("done"))])
+    api = fake_api([turn(tool_use("bash", {"command": f"echo step {n}"})) for n in range(1, 4)] + [turn(text("done"))])
     receipt = live_wake(agent_dir)
     bodies = [r.body for r in api.requests]
     assert len(bodies) == 4
@@ -278,6 +307,7 @@ def test_steps_2_to_n_read_the_stable_prefix_from_cache(agent_dir, fake_api):
 
 
 # -- stop reasons ---------------------------------------------------------------------------------
+
 
 def test_pause_turn_sends_the_assistant_turn_back_and_continues(agent_dir, fake_api):
     paused = [text("Thinking about a long search...")]
@@ -317,8 +347,7 @@ def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api, disk_vie
         stop.set()  # as a scheduler's SIGTERM handler would, mid-wake
         return turn(tool_use("bash", {"command": "echo a"}), tool_use("bash", {"command": "echo b > b.txt"}))
 
-    api = fake_api([turn(tool_use("bash", {"command": "true"})), second],
-                   then=turn(text("no request should get here")))
+    api = fake_api([turn(tool_use("bash", {"command": "true"})), second], then=turn(text("no request should get here")))
     receipt = live_wake(agent_dir, stop=stop)
     assert (receipt.status, receipt.reason) == ("done", "stopped")
     assert len(api.requests) == 2 and receipt.tool_calls == 1
@@ -328,6 +357,7 @@ def test_stop_event_ends_at_the_next_step_boundary(agent_dir, fake_api, disk_vie
 
 
 # -- dry run and the CLI ---------------------------------------------------------------------------
+
 
 def test_dry_run_cli_drives_real_tools_without_any_api(agent_dir, disk_view):
     proc = run_cli("wake", str(agent_dir), env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"})
@@ -339,14 +369,15 @@ def test_dry_run_cli_drives_real_tools_without_any_api(agent_dir, disk_view):
     assert "(empty: this is the first wake)" in (disk_view(agent_dir) / "memory/core.md").read_text()
     assert "Wake #1 (dry run)" in (disk_view(agent_dir) / f"memory/journal/{today()}.md").read_text()
     assert (disk_view(agent_dir) / "memory/dry-run.md").is_file()
-    assert "step 1" in proc.stderr                     # progress on stderr: stdout is the receipt alone
+    assert "step 1" in proc.stderr  # progress on stderr: stdout is the receipt alone
     assert len(proc.stdout.strip().splitlines()) == 1
 
 
 def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(agent_dir, tmp_path, disk_view):
     script = tmp_path / "script.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "echo hi > hi.txt"}}]},
-                                  {"text": "bye"}]))
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "echo hi > hi.txt"}}]}, {"text": "bye"}])
+    )
     proc = run_cli("wake", str(agent_dir), "--dry-run", "--script", str(script))
     assert proc.returncode == 0, proc.stderr
     receipt = last_receipt(proc.stdout)
@@ -357,7 +388,7 @@ def test_script_file_replaces_the_built_in_script_and_no_journal_means_a_stub(ag
 
 def test_bad_script_file_is_a_config_error(agent_dir, tmp_path):
     script = tmp_path / "bad.json"
-    script.write_text("[{\"tool_calls\": 3}]")
+    script.write_text('[{"tool_calls": 3}]')
     proc = run_cli("wake", str(agent_dir), "--script", str(script))
     assert proc.returncode == 2 and "turn 1" in proc.stderr
     assert not (agent_dir / "state" / EVENTS_FILE).exists()
@@ -368,7 +399,7 @@ def test_send_context_outbox_status_log(agent_dir):
     ctx = run_cli("context", str(agent_dir))
     assert ctx.returncode == 0 and "hello agent" in ctx.stdout and "Wake #1." in ctx.stdout
     assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # context drained nothing
-    assert not (agent_dir / "state/state.json").exists()                 # and counted nothing
+    assert not (agent_dir / "state/state.json").exists()  # and counted nothing
     woke = run_cli("wake", str(agent_dir))
     assert woke.returncode == 0 and last_receipt(woke.stdout)["messages_waiting"] == 1
     assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # a dry run leaves it for a live wake

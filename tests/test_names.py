@@ -56,7 +56,7 @@ ALLOWED = {
 NAME = re.compile(r"(?<![\w./:~$@%-])((?:[\w.-]+/)*[\w-]+\.(?:py|sh|md|yaml|yml|toml)|(?:[\w.-]+/)+)(?![\w/-])")
 CITATION = re.compile(r"docs/architecture\.md\s+§\s*(\d+)")
 # `orchestrator.views.status` (a module), `orchestrator.escapes` (a package), `orchestrator.errors.ConfigError`.
-DOTTED = re.compile(r"(?<![\w./-])(orchestrator(?:\.(?!py\b)[A-Za-z_]\w*)+)")   # not orchestrator.py, a file
+DOTTED = re.compile(r"(?<![\w./-])(orchestrator(?:\.(?!py\b)[A-Za-z_]\w*)+)")  # not orchestrator.py, a file
 # A page's section by its title: `README, "Threat model"`, `docs/security.md's "Known gaps"`, `README: "Tests"`.
 TITLED = re.compile(r"(?<![\w/])(README(?:\.md)?|docs/[\w-]+\.md)(?:'s)?[,:]?\s+\"([^\"\n]+)\"")
 
@@ -87,7 +87,7 @@ def _texts() -> list[tuple[str, int, str]]:
 def _read_texts():
     for rel in FILES:
         if rel == SELF:
-            continue    # this docstring names examples of what is checked
+            continue  # this docstring names examples of what is checked
         path = REPO / rel
         if rel.endswith(".py") and rel.split("/", 1)[0] in ("orchestrator", "tests", "bench"):
             source = path.read_text(encoding="utf-8")
@@ -137,8 +137,10 @@ def stale_names() -> list[str]:
 
 def test_every_file_named_in_prose_exists():
     stale = stale_names()
-    assert not stale, ("these files or folders are named but not in the repository (fix the text, or add "
-                       "the name to ALLOWED with a reason if it is not ours):\n  " + "\n  ".join(stale))
+    assert not stale, (
+        "these files or folders are named but not in the repository (fix the text, or add "
+        "the name to ALLOWED with a reason if it is not ours):\n  " + "\n  ".join(stale)
+    )
 
 
 def test_the_check_sees_a_stale_name():
@@ -163,16 +165,19 @@ def _sections(text: str) -> set[str]:
 
 def test_citations_of_the_architecture_name_a_section_that_exists():
     sections = _sections(ARCHITECTURE.read_text(encoding="utf-8"))
-    bad = [f"{rel}:{line}: §{n}" for rel, line, text in _texts()
-           for n in CITATION.findall(text) if n not in sections]
+    bad = [f"{rel}:{line}: §{n}" for rel, line, text in _texts() for n in CITATION.findall(text) if n not in sections]
     assert not bad, f"docs/architecture.md has sections {sorted(sections, key=int)}; cited:\n  " + "\n  ".join(bad)
 
 
 def test_every_section_sign_cites_the_architecture():
     # `DESIGN §3` (a file outside the repository) or a bare `§5` says nothing a reader can open.
-    bad = [f"{rel}:{line + text.count(chr(10), 0, m.start())}: {text[max(0, m.start() - 30):m.end()]!r}"
-           for rel, line, text in _texts() if rel != "docs/architecture.md"
-           for m in re.finditer(r"§\s*\d+", text) if not re.search(r"docs/architecture\.md\s+$", text[:m.start()])]
+    bad = [
+        f"{rel}:{line + text.count(chr(10), 0, m.start())}: {text[max(0, m.start() - 30) : m.end()]!r}"
+        for rel, line, text in _texts()
+        if rel != "docs/architecture.md"
+        for m in re.finditer(r"§\s*\d+", text)
+        if not re.search(r"docs/architecture\.md\s+$", text[: m.start()])
+    ]
     assert not bad, "cite a section as `docs/architecture.md §N`:\n  " + "\n  ".join(bad)
 
 
@@ -183,8 +188,9 @@ def _defined(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         if isinstance(node, ast.ClassDef):
-            names |= {f"{node.name}.{m.name}" for m in node.body
-                      if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            names |= {
+                f"{node.name}.{m.name}" for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
@@ -193,15 +199,14 @@ def _defined(path: Path) -> set[str]:
 
 def test_the_journey_of_a_tool_call_names_real_functions():
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    journey = text[text.index("## 6."):]
+    journey = text[text.index("## 6.") :]
     spans = re.findall(r"`([^`]+)`", journey)
     files = [s for s in spans if s.endswith(".py")]
     assert all(_exists(f"orchestrator/{f}", PATHS) or f.startswith("tests/") for f in files), files
     defined = set().union(*(_defined(REPO / "orchestrator" / f) for f in files if not f.startswith("tests/")))
     # Checked: `name()` (a function or method) and CamelCase or CAPITAL names (a class, a constant).
-    named = [s.removesuffix("()") for s in spans
-             if s.endswith("()") or re.fullmatch(r"_?[A-Z]\w*(\.\w+)?", s)]
-    assert len(named) >= 30   # the section names the path, not a summary of it
+    named = [s.removesuffix("()") for s in spans if s.endswith("()") or re.fullmatch(r"_?[A-Z]\w*(\.\w+)?", s)]
+    assert len(named) >= 30  # the section names the path, not a summary of it
     unknown = [n for n in named if n not in defined]
     assert not unknown, f"docs/architecture.md §6 names what its files do not define: {unknown}"
 
@@ -219,8 +224,12 @@ def missing_module(dotted: str) -> bool:
 
 
 def test_every_module_named_in_prose_exists():
-    bad = [f"{rel}:{line + text.count(chr(10), 0, m.start())}: {m.group(1)}" for rel, line, text in _texts()
-           for m in DOTTED.finditer(text) if missing_module(m.group(1))]
+    bad = [
+        f"{rel}:{line + text.count(chr(10), 0, m.start())}: {m.group(1)}"
+        for rel, line, text in _texts()
+        for m in DOTTED.finditer(text)
+        if missing_module(m.group(1))
+    ]
     assert not bad, "these modules are named but not in orchestrator/:\n  " + "\n  ".join(bad)
     assert missing_module("orchestrator.nowhere") and missing_module("orchestrator.fleet.nowhere")
     assert not missing_module("orchestrator.escapes") and not missing_module("orchestrator.errors.ConfigError")
@@ -237,8 +246,9 @@ def test_sections_cited_by_title_exist():
         for m in TITLED.finditer(text):
             page = "README.md" if m.group(1).startswith("README") else m.group(1)
             seen += 1
-            if not (REPO / page).is_file() or not any(h.lower().startswith(m.group(2).lower())
-                                                      for h in _headings(page)):
-                bad.append(f"{rel}:{line + text.count(chr(10), 0, m.start())}: {page}, \"{m.group(2)}\"")
+            if not (REPO / page).is_file() or not any(
+                h.lower().startswith(m.group(2).lower()) for h in _headings(page)
+            ):
+                bad.append(f'{rel}:{line + text.count(chr(10), 0, m.start())}: {page}, "{m.group(2)}"')
     assert seen >= 5, "the pattern no longer finds the citations"
     assert not bad, "these sections are cited by a title no heading of the page starts with:\n  " + "\n  ".join(bad)

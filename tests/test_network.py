@@ -36,12 +36,12 @@ from orchestrator.policy.load import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers.squidconf import squid_without_address_rules
 
-SERVER_PORT = 8080                  # both test servers listen here
-UNLISTED_PORT = 8081                # on the allowed host, but not on the list
-SERVER_READY_S = 20                 # python3 -m http.server starts in well under a second
-PROBE_TIMEOUT_S = 120               # the whole probe program, all attempts
+SERVER_PORT = 8080  # both test servers listen here
+UNLISTED_PORT = 8081  # on the allowed host, but not on the list
+SERVER_READY_S = 20  # python3 -m http.server starts in well under a second
+PROBE_TIMEOUT_S = 120  # the whole probe program, all attempts
 ALLOWED, DENIED = "allowed.wakeloop.test", "denied.wakeloop.test"
-TEST_LABEL = "wakeloop.nettest"     # on our servers, so only they are ever removed
+TEST_LABEL = "wakeloop.nettest"  # on our servers, so only they are ever removed
 
 # Runs in the sandbox as `python3 -I -c PROBE TARGETS_JSON`; prints one JSON object.
 PROBE = r"""
@@ -109,7 +109,7 @@ out = {
                                        *t["host_ips"])},
 }
 print(json.dumps(out))
-""".replace("MATRIX_TIMEOUT_S", "10")   # squid answers either way in milliseconds
+""".replace("MATRIX_TIMEOUT_S", "10")  # squid answers either way in milliseconds
 
 
 def _wait_for_log(container, text: str, deadline_s: float) -> None:
@@ -126,17 +126,19 @@ def allowlist_box(docker_client, tmp_path_factory):
     """A sandbox under `network: allowlist` with [allowed.wakeloop.test:8080]; the
     proxy and holder are removed afterwards, as `wakeloop` does on shutdown."""
     from orchestrator.policy.agent import init_agent
+
     agent_dir = init_agent(tmp_path_factory.mktemp("net") / "agent")
-    policy = policy_from_mapping({"sandbox": {"network": "allowlist",
-                                              "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test")
+    policy = policy_from_mapping(
+        {"sandbox": {"network": "allowlist", "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test"
+    )
     started = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch:   # the proxy is made here, from this config
+    with pytest.MonkeyPatch.context() as patch:  # the proxy is made here, from this config
         patch.setattr(network, "squid_config", squid_without_address_rules)
         box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
     box.setup_s = time.monotonic() - started
     box.egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     yield box
-    box.close()   # its disk released
+    box.close()  # its disk released
     network.shutdown(docker_client, {box.egress.key})
 
 
@@ -149,9 +151,17 @@ def servers(docker_client, allowlist_box):
         for alias in (ALLOWED, DENIED):
             c = docker_client.containers.create(
                 "wakeloop-sandbox:latest",
-                ["bash", "-c", f"mkdir -p /tmp/www && echo hello from {alias} > /tmp/www/hello.txt && "
-                               f"exec python3 -u -m http.server {SERVER_PORT} -d /tmp/www"],
-                labels={TEST_LABEL: "1"}, user="1000:1000", detach=True, network=egress.name)
+                [
+                    "bash",
+                    "-c",
+                    f"mkdir -p /tmp/www && echo hello from {alias} > /tmp/www/hello.txt && "
+                    f"exec python3 -u -m http.server {SERVER_PORT} -d /tmp/www",
+                ],
+                labels={TEST_LABEL: "1"},
+                user="1000:1000",
+                detach=True,
+                network=egress.name,
+            )
             made[alias] = c
             egress.disconnect(c)
             egress.connect(c, aliases=[alias])
@@ -159,8 +169,7 @@ def servers(docker_client, allowlist_box):
         for c in made.values():
             _wait_for_log(c, "Serving HTTP", SERVER_READY_S)
             c.reload()
-        yield {alias: c.attrs["NetworkSettings"]["Networks"][egress.name]["IPAddress"]
-               for alias, c in made.items()}
+        yield {alias: c.attrs["NetworkSettings"]["Networks"][egress.name]["IPAddress"] for alias, c in made.items()}
     finally:
         for c in made.values():
             c.remove(force=True)
@@ -195,10 +204,17 @@ def probe(box: DockerSandbox, targets: dict) -> dict:
 
 
 def _targets(servers, docker_client, host_listener, internal_gateway=None) -> dict:
-    return {"internal_gateway": internal_gateway, "allowed": ALLOWED, "denied": DENIED, "port": SERVER_PORT,
-            "unlisted_port": UNLISTED_PORT,
-            "allowed_ip": servers[ALLOWED], "denied_ip": servers[DENIED],
-            "host_ips": host_bridge_ips(docker_client), "host_port": host_listener[0]}
+    return {
+        "internal_gateway": internal_gateway,
+        "allowed": ALLOWED,
+        "denied": DENIED,
+        "port": SERVER_PORT,
+        "unlisted_port": UNLISTED_PORT,
+        "allowed_ip": servers[ALLOWED],
+        "denied_ip": servers[DENIED],
+        "host_ips": host_bridge_ips(docker_client),
+        "host_port": host_listener[0],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +231,11 @@ def allowlist(allowlist_box, servers, docker_client, host_listener):
 def closed(servers, docker_client, host_listener, tmp_path_factory):
     """The same probe under `network: none`."""
     from orchestrator.policy.agent import init_agent
+
     agent_dir = init_agent(tmp_path_factory.mktemp("none") / "agent")
-    with DockerSandbox(agent_dir / "workspace", policy_from_mapping({}, "test").sandbox,
-                       client=docker_client, warm=0) as box:
+    with DockerSandbox(
+        agent_dir / "workspace", policy_from_mapping({}, "test").sandbox, client=docker_client, warm=0
+    ) as box:
         return probe(box, _targets(servers, docker_client, host_listener))
 
 
@@ -231,6 +249,7 @@ def no_connection_reached(host_listener) -> bool:
 
 
 # -- network: allowlist ----------------------------------------------------------------
+
 
 def test_allowed_host_is_reachable_through_the_proxy(allowlist):
     assert allowlist["http_allowed"] == {"status": 200, "body": f"hello from {ALLOWED}\n"}
@@ -268,7 +287,7 @@ def test_routing_table_has_only_the_internal_subnet_and_no_default_route(allowli
     routes = [line.split() for line in allowlist["routes"]]
     assert len(routes) == 1, routes
     iface, destination, _gateway, _flags, *_rest, mask = routes[0][:8]
-    assert destination != "00000000" and mask != "00000000"   # not a default route
+    assert destination != "00000000" and mask != "00000000"  # not a default route
     assert allowlist["ipv6"] == []
 
 
@@ -299,9 +318,9 @@ def test_the_proxy_is_reused_and_removed_on_shutdown(docker_client, allowlist_bo
 
 def test_shutdown_removes_the_proxy_holder_and_network(docker_client, tmp_path):
     from orchestrator.policy.agent import init_agent
+
     agent_dir = init_agent(tmp_path / "agent")
-    policy = policy_from_mapping({"sandbox": {"network": "allowlist", "allow_hosts": ["x.wakeloop.test"]}},
-                                 "test")
+    policy = policy_from_mapping({"sandbox": {"network": "allowlist", "allow_hosts": ["x.wakeloop.test"]}}, "test")
     DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0).close()
     egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
     assert network.shutdown(docker_client, {egress.key}) >= 3
@@ -316,6 +335,7 @@ def test_setup_and_probe_times_are_reasonable(allowlist_box, allowlist):
 
 
 # -- network: none: every one of those fails ---------------------------------------------
+
 
 def test_none_has_no_route_at_all(closed):
     assert closed["routes"] == [] and closed["ipv6"] == []
@@ -341,16 +361,17 @@ def test_none_resolves_no_name_and_reaches_no_host_address(closed, host_listener
 
 # -- the spec ---------------------------------------------------------------------------------
 
-def test_bridge_is_the_engines_default_bridge_and_allowlist_joins_the_holder(
-        agent, docker_client, allowlist_box):
-    with DockerSandbox(agent.workspace, replace(agent.policy.sandbox, network="bridge"),
-                       client=docker_client, warm=0) as bridge:
+
+def test_bridge_is_the_engines_default_bridge_and_allowlist_joins_the_holder(agent, docker_client, allowlist_box):
+    with DockerSandbox(
+        agent.workspace, replace(agent.policy.sandbox, network="bridge"), client=docker_client, warm=0
+    ) as bridge:
         assert bridge.container_spec(["true"])[1]["network_mode"] == "bridge"
     config, host = allowlist_box.container_spec(["true"])
     egress = allowlist_box.egress
     assert host["network_mode"] == f"container:{egress.holder}"
     assert config["environment"]["HTTPS_PROXY"] == config["environment"]["http_proxy"] == egress.proxy_url
-    assert "hostname" not in config   # the engine refuses one with container: networking
+    assert "hostname" not in config  # the engine refuses one with container: networking
     assert host["cap_drop"] == ["ALL"] and host["read_only"] is True
 
 
@@ -369,15 +390,29 @@ def test_squid_config_allows_exactly_the_list():
 # Names the matrix below gives squid in its hosts file. Squid runs with no
 # network (only lo), so an allowed address ends in a connect that fails locally
 # (no route: nothing is sent); a refused one never gets that far.
-REFUSED = {"loopback": "127.0.0.1", "loopback-other": "127.9.9.9", "this-net": "0.1.2.3",
-           "rfc1918-10": "10.1.2.3", "rfc1918-172": "172.16.5.4", "rfc1918-192": "192.168.1.1",
-           "cgnat": "100.64.0.1", "metadata": "169.254.169.254", "link-local": "169.254.1.1",
-           "multicast": "224.0.0.251", "reserved": "240.0.0.1", "broadcast": "255.255.255.255",
-           "benchmark": "198.18.0.1", "docker-subnet": "203.0.114.9",
-           "v6-loopback": "::1", "v6-link-local": "fe80::1", "v6-ula": "fd00::1",
-           "v6-multicast": "ff02::1", "v6-doc": "2001:db8::1"}
+REFUSED = {
+    "loopback": "127.0.0.1",
+    "loopback-other": "127.9.9.9",
+    "this-net": "0.1.2.3",
+    "rfc1918-10": "10.1.2.3",
+    "rfc1918-172": "172.16.5.4",
+    "rfc1918-192": "192.168.1.1",
+    "cgnat": "100.64.0.1",
+    "metadata": "169.254.169.254",
+    "link-local": "169.254.1.1",
+    "multicast": "224.0.0.251",
+    "reserved": "240.0.0.1",
+    "broadcast": "255.255.255.255",
+    "benchmark": "198.18.0.1",
+    "docker-subnet": "203.0.114.9",
+    "v6-loopback": "::1",
+    "v6-link-local": "fe80::1",
+    "v6-ula": "fd00::1",
+    "v6-multicast": "ff02::1",
+    "v6-doc": "2001:db8::1",
+}
 PASSED = {"public": "1.1.1.1", "public-2": "8.8.8.8", "v6-public": "2606:4700:4700::1111"}
-MATRIX_SUBNETS = ("203.0.114.0/24",)   # stands for a Docker network the engine put in public space
+MATRIX_SUBNETS = ("203.0.114.0/24",)  # stands for a Docker network the engine put in public space
 
 MATRIX_CLIENT = r"""
 import json, socket, sys
@@ -402,7 +437,7 @@ for name in json.loads(sys.argv[1]):
                  if l.lower().startswith("x-squid-error:")]
         out[f"{name} {target}"] = error[0] if error else head.decode(errors="replace")[:80]
 print(json.dumps(out))
-""".replace("MATRIX_TIMEOUT_S", "10")   # squid answers either way in milliseconds
+""".replace("MATRIX_TIMEOUT_S", "10")  # squid answers either way in milliseconds
 
 
 @pytest.fixture(scope="module")
@@ -411,21 +446,38 @@ def address_matrix(docker_client):
     PASSED, from the product's config (`*.wakeloop.test` allowed) in a squid
     with no network, asked by a client in its namespace."""
     from orchestrator.sandbox.network import PROXY_IMAGE, _ensure_image
+
     _ensure_image(docker_client)
     conf = network.squid_config(("*.wakeloop.test",), MATRIX_SUBNETS) + "hosts_file /tmp/hosts\n"
     hosts = "".join(f"{ip} {name}.wakeloop.test\n" for name, ip in {**REFUSED, **PASSED}.items())
     squid = docker_client.containers.run(
-        PROXY_IMAGE, ["sh", "-c", 'printf "%s" "$CONF" > /tmp/squid.conf && printf "%s" "$HOSTS" > /tmp/hosts '
-                                  '&& exec squid -N -f /tmp/squid.conf'],
-        environment={"CONF": conf, "HOSTS": hosts}, user="proxy", network_mode="none",
+        PROXY_IMAGE,
+        [
+            "sh",
+            "-c",
+            'printf "%s" "$CONF" > /tmp/squid.conf && printf "%s" "$HOSTS" > /tmp/hosts '
+            "&& exec squid -N -f /tmp/squid.conf",
+        ],
+        environment={"CONF": conf, "HOSTS": hosts},
+        user="proxy",
+        network_mode="none",
         # IPv6 on lo, or squid finds no working IPv6 and ignores the v6 addresses.
         sysctls={"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.lo.disable_ipv6": "0"},
-        read_only=True, tmpfs={"/tmp": "rw,size=16m"}, labels={TEST_LABEL: "1"}, detach=True)
+        read_only=True,
+        tmpfs={"/tmp": "rw,size=16m"},
+        labels={TEST_LABEL: "1"},
+        detach=True,
+    )
     try:
         _wait_for_log(squid, "Accepting HTTP Socket connections", SERVER_READY_S)
         out = docker_client.containers.run(
-            "wakeloop-sandbox:latest", ["python3", "-I", "-c", MATRIX_CLIENT, json.dumps([*REFUSED, *PASSED])],
-            network_mode=f"container:{squid.id}", user="1000:1000", labels={TEST_LABEL: "1"}, remove=True)
+            "wakeloop-sandbox:latest",
+            ["python3", "-I", "-c", MATRIX_CLIENT, json.dumps([*REFUSED, *PASSED])],
+            network_mode=f"container:{squid.id}",
+            user="1000:1000",
+            labels={TEST_LABEL: "1"},
+            remove=True,
+        )
         return json.loads(out.decode().strip().splitlines()[-1])
     finally:
         squid.remove(force=True)
@@ -448,15 +500,22 @@ def test_squid_config_denies_addresses_after_names_and_before_allowing():
     conf = network.squid_config(("pypi.org",), ("172.18.0.0/16", "fd00:1::/64"))
     assert "acl to_docker dst 172.18.0.0/16 fd00:1::/64" in conf
     rules = [line for line in conf.splitlines() if line.startswith("http_access")]
-    assert rules == ["http_access deny !allowed", "http_access deny to_nonpublic", "http_access deny to_docker",
-                     "http_access deny to_localhost", "http_access allow allowed", "http_access deny all"]
+    assert rules == [
+        "http_access deny !allowed",
+        "http_access deny to_nonpublic",
+        "http_access deny to_docker",
+        "http_access deny to_localhost",
+        "http_access allow allowed",
+        "http_access deny all",
+    ]
 
 
 def test_non_public_ranges_do_not_overlap_and_hold_no_global_address():
     import ipaddress
+
     nets = [ipaddress.ip_network(n) for n in network.NON_PUBLIC]
-    for i, a in enumerate(nets):      # squid drops (and warns about) overlapping entries
-        assert not any(a.version == b.version and a.overlaps(b) for b in nets[i + 1:]), a
+    for i, a in enumerate(nets):  # squid drops (and warns about) overlapping entries
+        assert not any(a.version == b.version and a.overlaps(b) for b in nets[i + 1 :]), a
     for net in nets:
         assert not net.network_address.is_global or net.is_multicast or net.is_site_local, net
 
@@ -482,23 +541,30 @@ def test_the_proxy_denies_the_subnets_of_its_own_networks(docker_client, allowli
 def test_a_network_name_two_processes_raced_for_resolves_to_the_oldest_and_the_loser_removes_its_own():
     """The engine lets two creates of one name both succeed; a container on an
     ambiguous name cannot start. No engine here: a stand-in with the race built in."""
+
     class Net:
         def __init__(self, id, created):
             self.id, self.name, self.attrs, self.removed = id, network.EGRESS_NETWORK, {"Created": created}, False
+
         def remove(self):
             self.removed = True
             nets.remove(self)
+
     theirs = Net("b" * 12, "2026-01-01T00:00:00.1Z")
     nets = []
+
     class Networks:
         def list(self, names):
             return list(nets)
+
         def get(self, id):
             return next(n for n in nets if n.id == id)
+
         def create(self, name, **kwargs):
             mine = Net("a" * 12, "2026-01-01T00:00:00.2Z")
-            nets.extend([theirs, mine])    # theirs landed between our look and our create
+            nets.extend([theirs, mine])  # theirs landed between our look and our create
             return mine
+
     client = type("Client", (), {"networks": Networks()})()
     got = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
     assert got is theirs and nets == [theirs]

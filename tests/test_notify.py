@@ -30,7 +30,7 @@ from tests.helpers.receivers import SMTP, Hook
 from orchestrator.records import health
 from orchestrator.records.receipt import Receipt
 
-TOKEN = "T0KEN-9f8e7d6c5b4a"            # what must never be written anywhere under state/ or printed
+TOKEN = "T0KEN-9f8e7d6c5b4a"  # what must never be written anywhere under state/ or printed
 
 
 def note(agent, n: int, event: str = "dead_letter") -> dict:
@@ -43,6 +43,7 @@ def everything_under(folder: Path) -> str:
 
 # -- configuration ------------------------------------------------------------------------
 
+
 def test_notify_entries_are_checked_naming_file_line_and_key(tmp_path):
     with pytest.raises(AgentError, match=r"agent.yaml:\d+: notify\[0\]\.on: 'dead' is not an event"):
         load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "https://h.example/x", "on": ["dead"]}]))
@@ -52,13 +53,14 @@ def test_notify_entries_are_checked_naming_file_line_and_key(tmp_path):
         parse_notify([{"command": "page-me"}], Path("f.yaml"), None, operator=True)
     (tmp_path / "notify.yaml").write_text("- email: ops@example.com\n  on: [daily]\n")
     agent = load_agent(make_agent(tmp_path, "c", notify=[{"slack": "${SLACK_URL}"}]))
-    assert [c.kind for c in agent.notify] == ["slack", "email"]          # its own, then ROOT's
+    assert [c.kind for c in agent.notify] == ["slack", "email"]  # its own, then ROOT's
     assert agent.notify[0].label == "slack $SLACK_URL" and agent.notify[1].on == {"daily"}
     url = load_agent(make_agent(tmp_path, "d", notify=[{"webhook": f"https://hooks.example.com/{TOKEN}"}])).notify[0]
     assert url.label == "webhook hooks.example.com/…" and TOKEN not in url.label
 
 
 # -- the queue and the sender ----------------------------------------------------------------
+
 
 def test_a_webhook_down_then_up_gets_every_notification_once_in_order(tmp_path):
     with Hook(status=503) as hook:
@@ -67,22 +69,22 @@ def test_a_webhook_down_then_up_gets_every_notification_once_in_order(tmp_path):
             outcomes.emit(agent.state_dir, agent.notify, note(agent, n))
         t0 = time.time()
         report = send_due(agent.state_dir, agent.notify, now=t0)
-        assert (hook.attempts, len(report.failed), report.waiting) == (1, 1, 3)   # the rest wait behind it
+        assert (hook.attempts, len(report.failed), report.waiting) == (1, 1, 3)  # the rest wait behind it
         # Down for an hour: each retry comes when its backoff says, never before.
         now, attempts = t0, 1
         while now < t0 + 3600:
             now = queue.pending(agent.state_dir)[0].next_at
-            assert send_due(agent.state_dir, agent.notify, now=now - 0.001).failed == []   # not yet due
+            assert send_due(agent.state_dir, agent.notify, now=now - 0.001).failed == []  # not yet due
             send_due(agent.state_dir, agent.notify, now=now)
             attempts += 1
             assert hook.attempts == attempts
-        assert attempts < 20                                                 # capped backoff, not a busy loop
+        assert attempts < 20  # capped backoff, not a busy loop
         hook.status = 200
         report = send_due(agent.state_dir, agent.notify, now=now + CAP_S)
         assert len(report.sent) == 3 and report.waiting == 0
         assert [b["id"] for b in hook.received] == [f"a/run{n}/dead_letter" for n in range(3)]
         assert hook.headers[0]["Idempotency-Key"] == "a/run0/dead_letter"
-        assert send_due(agent.state_dir, agent.notify, now=now + 2 * CAP_S).sent == []   # once each
+        assert send_due(agent.state_dir, agent.notify, now=now + 2 * CAP_S).sent == []  # once each
     assert [d["outcome"] for d in queue.done(agent.state_dir)] == ["sent"] * 3
     assert TOKEN not in everything_under(agent.state_dir)
 
@@ -90,6 +92,7 @@ def test_a_webhook_down_then_up_gets_every_notification_once_in_order(tmp_path):
 def cli(*args: str) -> int:
     """`wakeloop ARGS` in this process: the same main() as the command line, without a Python start."""
     from orchestrator.cli import main
+
     return main(list(args))
 
 
@@ -113,7 +116,7 @@ def test_email_carries_the_agents_message_over_real_smtp_and_the_password_stays_
     with SMTP() as smtp:
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"email": "ops@example.com", "on": ["message"]}]))
         outcomes.on_message(agent, "r1", 4, 1, "The report is ready: see out/report.md")
-        outcomes.emit(agent.state_dir, agent.notify, note(agent, 2))          # dead_letter: not asked for
+        outcomes.emit(agent.state_dir, agent.notify, note(agent, 2))  # dead_letter: not asked for
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", TOKEN)}
         report = send_due(agent.state_dir, agent.notify, now=time.time(), environ=env)
     assert report.sent == ["email ops@example.com: 250 accepted"]
@@ -127,10 +130,24 @@ def test_email_carries_the_agents_message_over_real_smtp_and_the_password_stays_
 def test_a_command_hook_gets_the_json_on_stdin_and_its_failure_is_one_line(tmp_path):
     out = tmp_path / "paged.json"
     page = [sys.executable, "-c", f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"]
-    (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"expand": ["PAGER_TOKEN"], "notify": [
-        {"command": page, "on": ["dead_letter"]},
-        {"command": [sys.executable, "-c", "import sys; sys.exit('pager says no ' + sys.argv[1])",
-                     "${PAGER_TOKEN}"]}]}))      # the operator's file: the only place a command comes from
+    (tmp_path / "notify.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "expand": ["PAGER_TOKEN"],
+                "notify": [
+                    {"command": page, "on": ["dead_letter"]},
+                    {
+                        "command": [
+                            sys.executable,
+                            "-c",
+                            "import sys; sys.exit('pager says no ' + sys.argv[1])",
+                            "${PAGER_TOKEN}",
+                        ]
+                    },
+                ],
+            }
+        )
+    )  # the operator's file: the only place a command comes from
     agent = load_agent(make_agent(tmp_path, "a", notify=[]))
     outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
     report = send_due(agent.state_dir, agent.notify, now=time.time(), environ={"PAGER_TOKEN": TOKEN})
@@ -152,13 +169,22 @@ def test_kill_9_in_the_middle_of_a_delivery_loses_nothing(tmp_path):
                 held.set()
                 release.wait(30)
             original(handler)
+
         hook.server.RequestHandlerClass.do_POST = holding
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url()}]))
         outcomes.emit(agent.state_dir, agent.notify, note(agent, 1))
-        sender = subprocess.Popen([sys.executable, "-c", "import sys, time; from orchestrator.policy.agent import "
-                                   "load_agent; from orchestrator.notify.sender import send_due; "
-                                   "a = load_agent(sys.argv[1]); send_due(a.state_dir, a.notify, now=time.time())",
-                                   str(agent.dir)], cwd=support.REPO, env=support.scrubbed_env())
+        sender = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time; from orchestrator.policy.agent import "
+                "load_agent; from orchestrator.notify.sender import send_due; "
+                "a = load_agent(sys.argv[1]); send_due(a.state_dir, a.notify, now=time.time())",
+                str(agent.dir),
+            ],
+            cwd=support.REPO,
+            env=support.scrubbed_env(),
+        )
         assert held.wait(30), "the sender never reached the receiver"
         os.kill(sender.pid, signal.SIGKILL)
         sender.wait(10)
@@ -171,6 +197,7 @@ def test_kill_9_in_the_middle_of_a_delivery_loses_nothing(tmp_path):
 
 # -- failing, paused, recovered ------------------------------------------------------------------
 
+
 def receipt(status: str, n: int, reason: str = "boom") -> Receipt:
     return Receipt(run_id=f"run{n}", agent="a", wake=n, status=status, reason=reason)
 
@@ -182,12 +209,20 @@ def test_failing_is_sent_once_the_agent_pauses_at_its_count_and_recovered_follow
     h = health.load(agent.state_dir)
     assert (h.failures, h.paused) == (4, True) and "3 failed wakes in a row" in h.paused_reason
     assert h.backoff_until() == h.last_failure_at + health.backoff_s(4) and health.backoff_s(99) == health.BACKOFF_CAP_S
-    outcomes.after_wake(agent, receipt("blocked", 5))                        # the USD cap: not a failure
-    outcomes.after_wake(agent, receipt("blocked", 6))                        # and said once a day
+    outcomes.after_wake(agent, receipt("blocked", 5))  # the USD cap: not a failure
+    outcomes.after_wake(agent, receipt("blocked", 6))  # and said once a day
     outcomes.after_wake(agent, receipt("done", 7))
     events = [i.event for i in queue.pending(agent.state_dir)]
-    assert events == ["dead_letter", "dead_letter", "failing", "dead_letter", "paused", "dead_letter",
-                      "blocked", "recovered"]
+    assert events == [
+        "dead_letter",
+        "dead_letter",
+        "failing",
+        "dead_letter",
+        "paused",
+        "dead_letter",
+        "blocked",
+        "recovered",
+    ]
     paused = next(i for i in queue.pending(agent.state_dir) if i.event == "paused")
     assert f"wakeloop resume {agent.dir}" in paused.payload["text"]
     assert health.load(agent.state_dir) == health.Health()
@@ -206,12 +241,13 @@ def test_a_refused_api_key_pauses_at_once(tmp_path):
 def test_the_daily_digest_is_queued_once_per_day_with_wakes_statuses_and_cost(tmp_path):
     agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": "http://127.0.0.1:9/x", "on": ["daily"]}]))
     from orchestrator.records.events import EventLog
+
     log = EventLog(agent.state_dir / EVENTS_FILE, "r1")
     for status, usd in (("done", 0.25), ("dead_letter", 0.5)):
         log.emit("wake_finished", receipt={"status": status, "usd": usd, "model": "claude-sonnet-4-6"})
     log.emit("tool_call", tool="send_message", input={"text": "hi"})
     day = read_events(agent.state_dir / EVENTS_FILE).__next__().timestamp[:10]
-    outcomes.daily(agent.state_dir, agent.name, agent.notify, today=day)       # the first: only marks the day
+    outcomes.daily(agent.state_dir, agent.name, agent.notify, today=day)  # the first: only marks the day
     outcomes.daily(agent.state_dir, agent.name, agent.notify, today=day)
     outcomes.daily(agent.state_dir, agent.name, agent.notify, today="2999-01-01")
     [item] = queue.pending(agent.state_dir)
@@ -222,6 +258,7 @@ def test_the_daily_digest_is_queued_once_per_day_with_wakes_statuses_and_cost(tm
 
 
 # -- serve ---------------------------------------------------------------------------------------
+
 
 def not_started(agent_dir: Path) -> int:
     return [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)].count("wake_not_started")
@@ -234,12 +271,14 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
     `status` sees. The hook's token is in no file under state/ and not in serve's output."""
     from orchestrator.fleet.control import scheduler_note
     from orchestrator.fleet.scheduler import Scheduler
-    monkeypatch.setattr(health, "BACKOFF_BASE_S", 0.0)      # the backoff rule itself is tested above
+
+    monkeypatch.setattr(health, "BACKOFF_BASE_S", 0.0)  # the backoff rule itself is tested above
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with Hook() as hook:
         root = tmp_path / "root"
-        agent_dir = make_agent(root, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}")}], live=True, schedule="1s",
-                               pause_after_failures=2)
+        agent_dir = make_agent(
+            root, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}")}], live=True, schedule="1s", pause_after_failures=2
+        )
         lines: list[str] = []
         scheduler = Scheduler(root, out=lines.append, rescan_s=0.2)
         thread = threading.Thread(target=scheduler.run, daemon=True)
@@ -250,9 +289,9 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
             assert [b["event"] for b in hook.received] == ["failing", "paused"]
             assert "ANTHROPIC_API_KEY is not set" in hook.received[0]["text"]
             support.wait_for(lambda: any("paused (" in line for line in lines), "serve to say paused", 10)
-            assert scheduler_note(root) is None                                # its heartbeat is fresh
+            assert scheduler_note(root) is None  # its heartbeat is fresh
             before = not_started(agent_dir)
-            assert cli("run-now", str(agent_dir)) == 0                         # paused, but a person asked
+            assert cli("run-now", str(agent_dir)) == 0  # paused, but a person asked
             support.wait_for(lambda: not_started(agent_dir) == before + 1, "the run-now wake", 30)
             assert any("run-now requested" in line for line in lines)
             assert cli("resume", str(agent_dir)) == 0
@@ -267,19 +306,22 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
 
 # -- one real wake ---------------------------------------------------------------------------------
 
+
 @pytest.mark.docker
 def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path, fake_api, capsys):
     from orchestrator.cli import _send_notifications
     from orchestrator.testing.fakeapi import FAKE_KEY
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
+
     fake_api([turn(tool_use("send_message", {"text": "Hello, human: the job is done."})), turn(text("bye"))])
     with Hook() as hook:
-        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}"), "on": ["message"]}],
-                                      live=True))
+        agent = load_agent(
+            make_agent(tmp_path, "a", notify=[{"webhook": hook.url(f"/h/{TOKEN}"), "on": ["message"]}], live=True)
+        )
         receipt = wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY))
-        assert receipt.status == "done" and hook.attempts == 0          # queued by the wake, not sent by it
-        _send_notifications(agent)                                       # what `wakeloop wake` does after
+        assert receipt.status == "done" and hook.attempts == 0  # queued by the wake, not sent by it
+        _send_notifications(agent)  # what `wakeloop wake` does after
         assert [b["text"] for b in hook.received] == ["Hello, human: the job is done."]
         assert hook.received[0]["id"] == f"a/{receipt.run_id}/message/1"
     assert cli("transcript", str(agent.dir)) == 0
@@ -292,6 +334,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
 def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
     from orchestrator.fleet.control import STALE_S, beat, scheduler_note
     from orchestrator.views.status import status_table
+
     make_agent(tmp_path, "a", notify=[])
     assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)
     beat(tmp_path)
@@ -306,15 +349,17 @@ def test_a_hung_wake_ends_at_max_wake_s_with_a_receipt_and_a_free_lock(tmp_path)
     stops at its next step boundary, receipt budget_stop, lock released, the failure rules untouched."""
     from orchestrator.records.state import lock_holder
     from orchestrator.wake.loop import wake
+
     script = tmp_path / "hang.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]},
-                                  {"text": "never reached"}]))
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": "sleep 600"}}]}, {"text": "never reached"}])
+    )
     agent_dir = make_agent(tmp_path, "a", notify=[], policy={"budget": {"max_wake_s": 5}, "sandbox": {"pool": 0}})
     started = time.monotonic()
     receipt = wake(load_agent(agent_dir), script=script)
     assert (receipt.status, receipt.reason) == ("budget_stop", "max_wake_s (5s) reached")
-    assert time.monotonic() - started < 120                                   # not the call's 600 s
+    assert time.monotonic() - started < 120  # not the call's 600 s
     assert lock_holder(agent_dir / "state") is None
     results = [e.data for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tool_result"]
-    assert all(r.get("timed_out") for r in results)                          # if it ran, it was cut
+    assert all(r.get("timed_out") for r in results)  # if it ran, it was cut
     assert health.load(agent_dir / "state").failures == 0

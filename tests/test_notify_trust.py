@@ -30,12 +30,12 @@ from orchestrator.policy.ceiling import load_ceiling
 from tests.helpers import make_agent
 from tests.helpers.receivers import SMTP, Hook
 
-FAKE_KEY = "sk-ant-api03-FAKE-notify-0123456789abcdef"   # planted in a copy of the environment, never the real one
+FAKE_KEY = "sk-ant-api03-FAKE-notify-0123456789abcdef"  # planted in a copy of the environment, never the real one
 FAKE_CONSOLE = "console-FAKE-0123456789abcdef"
 BAIT = "<!channel> <https://evil.example/pay|Approve budget> & <@U012> <#C0>"
 
 
-pytestmark = pytest.mark.usefixtures("no_ceiling")   # conftest: none of the machine's
+pytestmark = pytest.mark.usefixtures("no_ceiling")  # conftest: none of the machine's
 
 
 def message(agent, text: str) -> None:
@@ -48,8 +48,11 @@ def send(agent, environ: dict | None = None):
 
 # -- ${VAR}: only what the operator allowed, never a secret ---------------------------------------
 
-@pytest.mark.parametrize("name", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
-                                  "WAKELOOP_CONSOLE_TOKEN", "WAKELOOP_SMTP_URL"])
+
+@pytest.mark.parametrize(
+    "name",
+    ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "WAKELOOP_CONSOLE_TOKEN", "WAKELOOP_SMTP_URL"],
+)
 def test_a_secret_in_a_webhook_target_is_refused_at_load_and_never_sent(tmp_path, name):
     """Before: agent.yaml's `webhook: http://…/x/${ANTHROPIC_API_KEY}` was expanded at send time
     and the key arrived in the receiver's request path."""
@@ -65,8 +68,11 @@ def test_a_secret_in_a_webhook_target_is_refused_at_load_and_never_sent(tmp_path
 
 
 def test_a_variable_nobody_allowed_is_refused_and_an_allowed_one_expands(tmp_path):
-    with pytest.raises(AgentError, match=r"notify\[0\]\.slack: \$\{HOME\} is not a variable notifications may "
-                                         r"read \(SLACK_\*, WAKELOOP_NOTIFY_\*\)"):
+    with pytest.raises(
+        AgentError,
+        match=r"notify\[0\]\.slack: \$\{HOME\} is not a variable notifications may "
+        r"read \(SLACK_\*, WAKELOOP_NOTIFY_\*\)",
+    ):
         load_agent(make_agent(tmp_path, "a", notify=[{"slack": "https://hooks.example/${HOME}"}]))
     with pytest.raises(AgentError, match=r"notify\[0\]\.email: \$\{PAGER_TO\} is not a variable"):
         load_agent(make_agent(tmp_path, "b", notify=[{"email": "${PAGER_TO}"}]))
@@ -81,15 +87,19 @@ def test_agent_yaml_cannot_send_an_allowed_variable_to_a_host_of_its_own(tmp_pat
     """SLACK_* may be read, but from agent.yaml only as the start of the target: the operator's
     Slack URL goes to Slack, never into the path of the author's own receiver."""
     with Hook() as theirs:
-        for target in (theirs.url("/${SLACK_WEBHOOK_URL}"), "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}",
-                       "${SLACK_HOST}@their.example/x", "${SLACK_HOST}.their.example"):
+        for target in (
+            theirs.url("/${SLACK_WEBHOOK_URL}"),
+            "${SLACK_HOST}/x/${SLACK_WEBHOOK_URL}",
+            "${SLACK_HOST}@their.example/x",
+            "${SLACK_HOST}.their.example",
+        ):
             with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: in agent.yaml one \$\{VAR\} may start"):
                 load_agent(make_agent(tmp_path, f"a{len(target)}", notify=[{"webhook": target}]))
         for target in ("${SLACK_BOT_TOKEN}@their.example", "ops-${SLACK_BOT_TOKEN}@their.example"):
             with pytest.raises(AgentError, match=r"notify\[0\]\.email: in agent.yaml one \$\{VAR\} may start"):
                 load_agent(make_agent(tmp_path, f"e{len(target)}", notify=[{"email": target}]))
         (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"webhook": theirs.url("/${SLACK_TEAM}")}]}))
-        agent = load_agent(make_agent(tmp_path, "b", notify=[]))            # the operator's own file may
+        agent = load_agent(make_agent(tmp_path, "b", notify=[]))  # the operator's own file may
         message(agent, "hi")
         send(agent, {"SLACK_TEAM": "T0123"})
     assert theirs.paths == ["/T0123"]
@@ -109,7 +119,7 @@ def test_the_operator_allows_more_in_notify_yaml_or_the_ceiling_but_never_a_secr
     ceiling.write_text("runtimes: [runc]\nnotify_env: [OPS_*]\n")
     monkeypatch.setenv("WAKELOOP_CEILING", str(ceiling))
     with pytest.raises(AgentError, match=r"\$\{PAGER_TOKEN\} is not a variable"):
-        load_agent(agent.dir)                                   # the ceiling allows OPS_* only
+        load_agent(agent.dir)  # the ceiling allows OPS_* only
     ceiling.write_text("runtimes: [runc]\nnotify_env: [OPS_*, PAGER_TOKEN]\n")
     assert load_agent(agent.dir).notify[0].expand[-2:] == ("OPS_*", "PAGER_TOKEN")
     ceiling.write_text("runtimes: [runc]\nnotify_env:\n  - OPS_*\n  - ANTHROPIC_API_KEY\n")
@@ -121,6 +131,7 @@ def test_the_operator_allows_more_in_notify_yaml_or_the_ceiling_but_never_a_secr
 
 # -- command: the operator's alone -----------------------------------------------------------------
 
+
 def test_a_command_channel_in_agent_yaml_is_refused_unless_the_ceiling_allows_it(tmp_path, monkeypatch):
     out = tmp_path / "ran"
     page = [sys.executable, "-c", f"open({str(out)!r}, 'w').write('ran')"]
@@ -128,8 +139,9 @@ def test_a_command_channel_in_agent_yaml_is_refused_unless_the_ceiling_allows_it
     with pytest.raises(AgentError) as refused:
         load_agent(folder)
     assert str(refused.value).count("\n") == 0 and "agent.yaml:" in str(refused.value)
-    assert ("notify[0].command: a command runs a program as the orchestrator: only ROOT/notify.yaml"
-            in str(refused.value))
+    assert "notify[0].command: a command runs a program as the orchestrator: only ROOT/notify.yaml" in str(
+        refused.value
+    )
     ceiling = tmp_path / "ceiling.yaml"
     ceiling.write_text("notify_commands: true\n")
     monkeypatch.setenv("WAKELOOP_CEILING", str(ceiling))
@@ -143,13 +155,18 @@ def test_a_command_channel_in_agent_yaml_is_refused_unless_the_ceiling_allows_it
 
 def test_a_command_gets_the_text_on_stdin_only_and_no_secret_in_its_environment(tmp_path):
     out = tmp_path / "seen.json"
-    spy = [sys.executable, "-c", "import json, os, sys; json.dump({'argv': sys.argv, 'env': dict(os.environ), "
-                                 f"'stdin': sys.stdin.read()}}, open({str(out)!r}, 'w'))"]
+    spy = [
+        sys.executable,
+        "-c",
+        "import json, os, sys; json.dump({'argv': sys.argv, 'env': dict(os.environ), "
+        f"'stdin': sys.stdin.read()}}, open({str(out)!r}, 'w'))",
+    ]
     (tmp_path / "notify.yaml").write_text(yaml.safe_dump({"notify": [{"command": spy}]}))
     agent = load_agent(make_agent(tmp_path, "a", notify=[]))
     message(agent, "$(touch /tmp/x) `id` ${ANTHROPIC_API_KEY} --help")
-    report = send(agent, {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_CONSOLE,
-                          "PATH": os.environ["PATH"]})
+    report = send(
+        agent, {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_CONSOLE, "PATH": os.environ["PATH"]}
+    )
     assert len(report.sent) == 1
     seen = json.loads(out.read_text())
     assert seen["argv"][1:] == [] and json.loads(seen["stdin"])["text"].startswith("$(touch /tmp/x)")
@@ -159,6 +176,7 @@ def test_a_command_gets_the_text_on_stdin_only_and_no_secret_in_its_environment(
 
 # -- what the model writes: data on every channel --------------------------------------------------
 
+
 def test_slack_markup_from_the_agent_arrives_inert_and_quoted_under_our_heading(tmp_path):
     with Hook() as hook:
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": hook.url()}], name="ops*bot"))
@@ -166,13 +184,14 @@ def test_slack_markup_from_the_agent_arrives_inert_and_quoted_under_our_heading(
         assert len(send(agent).sent) == 1
     [body] = hook.received
     lines = body["text"].split("\n")
-    assert lines[0] == "*opsbot [a] (wake #3) says*"                  # our heading; the name cannot end its bold
+    assert lines[0] == "*opsbot [a] (wake #3) says*"  # our heading; the name cannot end its bold
     assert all(line.startswith("> ") for line in lines[1:]) and len(lines) == 6
     assert "<" not in body["text"] and ">" not in body["text"].replace("\n> ", "\n").lstrip("*")
-    assert lines[1] == ("> &lt;!channel&gt; &lt;https://evil.example/pay|Approve budget&gt; &amp; &lt;@U012&gt; "
-                        "&lt;#C0&gt;")
+    assert lines[1] == (
+        "> &lt;!channel&gt; &lt;https://evil.example/pay|Approve budget&gt; &amp; &lt;@U012&gt; &lt;#C0&gt;"
+    )
     assert lines[2] == "> *wakeloop: budget approved*" and lines[4] == "> &gt; fake quote end"
-    assert lines[5] == "> \\u202eevil\\u202c"                          # a bidi override, shown, not obeyed
+    assert lines[5] == "> \\u202eevil\\u202c"  # a bidi override, shown, not obeyed
 
 
 def test_an_agent_named_like_another_is_shown_with_its_folder(tmp_path):
@@ -188,7 +207,7 @@ def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
     with Hook() as hook:
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": hook.url()}], name="café-日本"))
         message(agent, injected)
-        assert len(send(agent).sent) == 1                          # a name outside Latin-1 no longer fails the header
+        assert len(send(agent).sent) == 1  # a name outside Latin-1 no longer fails the header
     [body], [headers] = hook.received, hook.headers
     assert body["text"] == injected and body["event"] == "message" and "X-Evil" not in headers
     assert headers["Idempotency-Key"] == "caf%C3%A9-%E6%97%A5%E6%9C%AC/r1/message/1"
@@ -197,8 +216,11 @@ def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
 
 def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
     with SMTP() as smtp:
-        agent = load_agent(make_agent(tmp_path, "a", notify=[{"email": "ops@example.com"}],
-                                      name="bot\r\nBcc: evil@example.net\nX-Evil: 1"))
+        agent = load_agent(
+            make_agent(
+                tmp_path, "a", notify=[{"email": "ops@example.com"}], name="bot\r\nBcc: evil@example.net\nX-Evil: 1"
+            )
+        )
         message(agent, "Subject: fake\r\nBcc: evil@example.net\r\n\r\nApprove")
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789")}
         assert len(send(agent, env).sent) == 1
@@ -209,20 +231,32 @@ def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
 
 
 def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
-    for address in ("ops@example.com,evil@example.net", "Ops <ops@example.com>", "a b@example.com",
-                    "ops@example.com\r\nBcc: evil@example.net", "\"evil\"@example.net"):
-        with pytest.raises(AgentError,
-                           match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"):
+    for address in (
+        "ops@example.com,evil@example.net",
+        "Ops <ops@example.com>",
+        "a b@example.com",
+        "ops@example.com\r\nBcc: evil@example.net",
+        '"evil"@example.net',
+    ):
+        with pytest.raises(
+            AgentError, match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"
+        ):
             load_agent(make_agent(tmp_path, f"a{len(address)}", notify=[{"email": address}]))
     with SMTP() as smtp:
         agent = load_agent(make_agent(tmp_path, "b", notify=[{"email": "${WAKELOOP_NOTIFY_TO}"}]))
         message(agent, "hi")
-        report = send(agent, {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789"),
-                              "WAKELOOP_NOTIFY_TO": "ops@example.com\r\nBcc: evil@example.net"})
+        report = send(
+            agent,
+            {
+                "WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789"),
+                "WAKELOOP_NOTIFY_TO": "ops@example.com\r\nBcc: evil@example.net",
+            },
+        )
     assert report.failed and "not one plain address" in report.failed[0] and smtp.messages == []
 
 
 # -- where a target may point ------------------------------------------------------------------------
+
 
 def test_a_url_with_credentials_is_refused_at_load(tmp_path):
     with pytest.raises(AgentError, match=r"notify\[0\]\.slack: a URL with user:password@ is not sent"):
@@ -232,14 +266,22 @@ def test_a_url_with_credentials_is_refused_at_load(tmp_path):
 def test_a_long_text_is_cut_where_slack_would_and_says_so(tmp_path):
     with Hook() as hook:
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": hook.url()}]))
-        message(agent, "&" * 2**20)                    # 1 MiB, each char 5 once escaped
+        message(agent, "&" * 2**20)  # 1 MiB, each char 5 once escaped
         assert len(send(agent).sent) == 1
     text = hook.received[0]["text"]
     assert len(text) < 40_000 and "(cut: " in text.splitlines()[-1]
 
 
-@pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://127.0.0.1:70/_x", "ftp://127.0.0.1/x",
-                                 "http+unix://%2Frun%2Fdocker.sock/x", "/run/wakeloop/broker.sock"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file:///etc/passwd",
+        "gopher://127.0.0.1:70/_x",
+        "ftp://127.0.0.1/x",
+        "http+unix://%2Frun%2Fdocker.sock/x",
+        "/run/wakeloop/broker.sock",
+    ],
+)
 def test_a_target_that_is_not_http_is_refused_at_load(tmp_path, url):
     with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: expected an http\(s\) URL"):
         load_agent(make_agent(tmp_path, "a", notify=[{"webhook": url}]))
@@ -267,6 +309,7 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_the_sender(tmp_path, mo
     sender thread (every agent's notifications) as long as the receiver liked. Now one POST has a
     deadline in all (here 0.5 s instead of 20 s)."""
     from orchestrator.notify import channels
+
     monkeypatch.setattr(channels, "HTTP_DEADLINE_S", 0.5)
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
@@ -281,12 +324,15 @@ def test_a_receiver_that_trickles_its_answer_cannot_hold_the_sender(tmp_path, mo
                 conn.send(bytes([byte]))
             except OSError:
                 break
-            stop.wait(0.05)          # the attacker's pace: well inside the 10 s per-read timeout
+            stop.wait(0.05)  # the attacker's pace: well inside the 10 s per-read timeout
         conn.close()
+
     thread = threading.Thread(target=trickle)
     thread.start()
     try:
-        agent = load_agent(make_agent(tmp_path, "a", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        agent = load_agent(
+            make_agent(tmp_path, "a", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}])
+        )
         message(agent, "hi")
         started = time.monotonic()
         report = send(agent)
@@ -304,6 +350,7 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
     agent's notification from going out (before: one thread, agent after agent)."""
     from orchestrator.notify import channels
     from orchestrator.notify.sender import SenderThread
+
     monkeypatch.setattr(channels, "HTTP_DEADLINE_S", 30.0)
     server = socket.create_server(("127.0.0.1", 0))
     stalled, stop = threading.Event(), threading.Event()
@@ -312,8 +359,9 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
         conn, _ = server.accept()
         conn.recv(65536)
         stalled.set()
-        stop.wait(30)               # answers nothing until the test is done
+        stop.wait(30)  # answers nothing until the test is done
         conn.close()
+
     threading.Thread(target=stall, daemon=True).start()
     arrived = threading.Event()
     with Hook() as hook:
@@ -322,14 +370,18 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
         def noted(handler):
             original(handler)
             arrived.set()
+
         hook.server.RequestHandlerClass.do_POST = noted
-        slow = load_agent(make_agent(tmp_path, "slow", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}]))
+        slow = load_agent(
+            make_agent(tmp_path, "slow", notify=[{"webhook": f"http://127.0.0.1:{server.getsockname()[1]}/x"}])
+        )
         fast = load_agent(make_agent(tmp_path, "fast", notify=[{"webhook": hook.url()}]))
         message(slow, "one")
         message(fast, "two")
         done = threading.Event()
-        sender = SenderThread(lambda: [(slow.state_dir, slow.notify), (fast.state_dir, fast.notify)],
-                              lambda line: None, done, poll_s=0.05)
+        sender = SenderThread(
+            lambda: [(slow.state_dir, slow.notify), (fast.state_dir, fast.notify)], lambda line: None, done, poll_s=0.05
+        )
         sender.start()
         try:
             assert stalled.wait(10), "the slow agent's receiver never got its POST"
@@ -344,12 +396,13 @@ def test_a_stalled_receiver_holds_its_own_agent_only(tmp_path, monkeypatch):
 
 # -- ROOT/notify.yaml is read as untrusted input ------------------------------------------------------
 
+
 def test_root_notify_yaml_is_read_safely(tmp_path):
     folder = make_agent(tmp_path, "a", notify=[])
     root_file = tmp_path / "notify.yaml"
     os.mkfifo(root_file)
     with pytest.raises(AgentError, match=r"notify.yaml: cannot read: a FIFO, not a regular file"):
-        load_agent(folder)                           # would block forever on a FIFO before
+        load_agent(folder)  # would block forever on a FIFO before
     root_file.unlink()
     root_file.write_text("a: &a [x, x]\nb: &b [*a, *a]\nnotify: *b\n")
     with pytest.raises(AgentError, match=r"aliases"):

@@ -99,16 +99,16 @@ def test_ps_shows_wakeloops_programs_as_short_lines_and_the_command_inherits_non
         wait_until_ready(box, box.pool.want)
     listing, env = run(box, "ps -eo args=; echo ---; env").output.split("---\n")
     assert max(map(len, listing.splitlines())) < 200, listing
-    assert ('WAKELOOP_LAUNCHER' in listing) == bool(warm)
+    assert ("WAKELOOP_LAUNCHER" in listing) == bool(warm)
     assert "WAKELOOP" not in env
 
 
 @pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
-def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_sandbox, agent, warm,
-                                                                          monkeypatch):
+def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_sandbox, agent, warm, monkeypatch):
     from orchestrator.sandbox import engine
     from orchestrator.sandbox.programs import COMMAND_ENV, write_argv
-    handed, real_handoff = [], engine.handoff   # what each pooled call hands its launcher
+
+    handed, real_handoff = [], engine.handoff  # what each pooled call hands its launcher
     monkeypatch.setattr(engine, "handoff", lambda *a: handed.append(a) or real_handoff(*a))
     env = (("FOO", "bar"), ("PATH", f"/workspace/bin:{engine.PATH}"))
     box = make_sandbox(replace(agent.policy.sandbox, env=env), warm=warm)
@@ -124,7 +124,7 @@ def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_
     if warm:
         wait_until_ready(box, box.pool.want)
         assert box.write("w.txt", b"x").exit_code == 0
-        assert [h[4] is None for h in handed] == [False, True]   # bash: the policy's env; write: ours
+        assert [h[4] is None for h in handed] == [False, True]  # bash: the policy's env; write: ours
         assert handed[0][4]["FOO"] == "bar"
 
 
@@ -146,6 +146,7 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
             raise RuntimeError("remove failed")
 
     from orchestrator.sandbox.pool import WarmPool
+
     pool = WarmPool(1, key=lambda: "k", make=make, remove=remove, alive=lambda cid: True)
     # The first make fails; calls go cold meanwhile, and each asks for a refill.
     for _ in range(100):
@@ -153,11 +154,10 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
             break
     assert pool.idle() == ["c0"]
     first = pool.take()
-    pool.discard(first)                     # its removal raises
+    pool.discard(first)  # its removal raises
     assert pool.wait_ready(1, DEADLINE)
     pool.close()
     assert first in removed and set(made) <= set(removed)
-
 
 
 @pytest.mark.parametrize("case", ["alone", "fleet", "engine-too-slow"])
@@ -171,28 +171,32 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_h
     # The margins are wide for a loaded host: growth needs the make 0.4 s within its bound,
     # no growth needs a turn stretched from 0.5 s past 1.5 s.
     from orchestrator.sandbox.pool import MakePace, WarmPool
+
     door, made, turn_s = threading.Event(), [], 0.5
     slow_s = 6 * turn_s if case == "engine-too-slow" else 1.2 * turn_s
 
     def make() -> str:
         if len(made) == 1:
-            time.sleep(slow_s)   # the engine's work, not a wait for anything
+            time.sleep(slow_s)  # the engine's work, not a wait for anything
         elif made:
             assert door.wait(DEADLINE), "the test never let the make through"
         made.append(f"c{len(made)}")
         return made[-1]
 
     pace = MakePace()
-    other = WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True,
-                     pace=pace) if case == "fleet" else None
+    other = (
+        WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True, pace=pace)
+        if case == "fleet"
+        else None
+    )
     pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
     try:
         assert pool.wait_ready(1, DEADLINE) and pool.want == 1
-        first = pool.take()                  # the wake's first call; its refill is slow
+        first = pool.take()  # the wake's first call; its refill is slow
         assert pool.wait_ready(1, DEADLINE)
         pool.done(first)
-        pool.done(pool.take())               # the second finds it ready; its refill is held
-        time.sleep(turn_s)                   # the model's turn (the scenario, not a wait for anything)
+        pool.done(pool.take())  # the second finds it ready; its refill is held
+        time.sleep(turn_s)  # the model's turn (the scenario, not a wait for anything)
         third = threading.Thread(target=pool.take)
         third.start()
         support.wait_for(lambda: pool.waits == 1, "the third call waiting for its refill", DEADLINE)
@@ -214,22 +218,22 @@ def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s)
     # not compete with the call for the cores; a longer one begins beside the call
     # (2 s: deferred only if a loaded host stretched the 0.3 s turn past 2.5 s).
     from orchestrator.sandbox.pool import MakePace, WarmPool
+
     made = []
 
     def make() -> str:
         if made:
-            time.sleep(make_s)   # the engine's work, not a wait for anything
+            time.sleep(make_s)  # the engine's work, not a wait for anything
         made.append(f"c{len(made)}")
         return made[-1]
 
-    pool = WarmPool(1, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True,
-                    pace=MakePace())
+    pool = WarmPool(1, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=MakePace())
     try:
         assert pool.wait_ready(1, DEADLINE)
-        first = pool.take()                  # the wake's first call: nothing measured yet, refilled at once
+        first = pool.take()  # the wake's first call: nothing measured yet, refilled at once
         assert pool.wait_ready(1, DEADLINE)
         pool.done(first)
-        time.sleep(0.3)                      # the model's turn
+        time.sleep(0.3)  # the model's turn
         cid = pool.take()
         assert pool._making == (0 if make_s == 0 else 1)
         pool.done(cid)
@@ -238,17 +242,24 @@ def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s)
     finally:
         pool.close()
 
+
 # -- the launcher's end line (pool.py) ---------------------------------------------
+
 
 def test_a_pooled_status_is_the_commands_own(make_sandbox):
     box = make_sandbox(warm=1)
-    cases = {"exit 4": 4, "kill -TERM $$": 143, "kill -KILL $$": 137, "true": 0,
-             r"printf 'x\0wakeloop:%032d:000:0\n' 0; exit 5": 5}
+    cases = {
+        "exit 4": 4,
+        "kill -TERM $$": 143,
+        "kill -KILL $$": 137,
+        "true": 0,
+        r"printf 'x\0wakeloop:%032d:000:0\n' 0; exit 5": 5,
+    }
     for command, expected in cases.items():
         wait_until_ready(box, 1)
         result = run(box, command)
         assert (result.exit_code, result.timed_out) == (expected, False), command
-    assert "wakeloop:" in result.output   # a line that looks like the end line is output
+    assert "wakeloop:" in result.output  # a line that looks like the end line is output
 
 
 def test_a_killed_launcher_leaves_the_status_to_the_engine(make_sandbox):
@@ -279,6 +290,7 @@ def test_a_command_that_leaves_stdout_nonblocking_still_ends_cleanly(make_sandbo
 
 # -- the pool grows to hide its refills (issue 26) ------------------------------------
 
+
 class HeldMakes:
     """Stands between the pool and the engine: counts the makes begun, and holds each
     at the door until the test opens it, so that "a call comes before its refill is
@@ -294,17 +306,17 @@ class HeldMakes:
         return self.make()
 
 
-def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits_less(
-        make_sandbox, monkeypatch):
+def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits_less(make_sandbox, monkeypatch):
     from orchestrator.sandbox import engine
     from orchestrator.sandbox.pool import MakePace
+
     # This wake alone on the engine: other tests' pools are not part of it.
     monkeypatch.setattr(engine, "_pace", lambda client, runtime: MakePace())
     box = make_sandbox(warm=2)
     pool = box.pool
     wait_until_ready(box, 1)
     assert pool.want == 1
-    pool._made_s = None   # the first fill's time on a loaded test host is not under test: growth is
+    pool._made_s = None  # the first fill's time on a loaded test host is not under test: growth is
     makes = HeldMakes(pool)
     takes, take = [], pool.take
     pool.take = lambda: takes.append(bool(cid := take())) or cid

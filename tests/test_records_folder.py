@@ -26,11 +26,11 @@ from orchestrator.records.retention import Retention, enforce
 from orchestrator.wake.context import NO_MANDATE, build_context
 from tests.helpers import REPO
 
-HANG_S = 3.0                        # a reader that has not returned by then is blocked (ours take ms)
+HANG_S = 3.0  # a reader that has not returned by then is blocked (ours take ms)
 CANARY = "canary-e5b1c0ffee"
-SPARSE = 100 * 2**30                # bytes: a 100 GB sparse file costs no disk
+SPARSE = 100 * 2**30  # bytes: a 100 GB sparse file costs no disk
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
-LINK_HOLD_S = 0.0005                # the race below: with links followed, 100 rounds reach outside every time
+LINK_HOLD_S = 0.0005  # the race below: with links followed, 100 rounds reach outside every time
 
 
 @pytest.fixture
@@ -48,6 +48,7 @@ def canary(tmp_path) -> Path:
 
 
 # -- the module itself ------------------------------------------------------------
+
 
 def test_folder_refuses_a_link_in_any_component(tmp_path, canary):
     root = tmp_path / "a"
@@ -88,12 +89,14 @@ def test_a_hard_link_to_a_file_elsewhere_is_neither_read_nor_written(tmp_path, c
 
 def test_capped_lines_skip_a_giant_line_and_stop_at_the_total(tmp_path):
     import io
+
     data = b"a\n" + b"x" * 100 + b"\nb\n" + b"c" * 50
-    assert list(capped_lines(io.BytesIO(data), 10, 10_000)) == [b"a\n", b"b\n"]   # the 50-byte tail is over 10
+    assert list(capped_lines(io.BytesIO(data), 10, 10_000)) == [b"a\n", b"b\n"]  # the 50-byte tail is over 10
     assert list(capped_lines(io.BytesIO(b"a\nb\nc\n"), 10, 3)) == [b"a\n"]
 
 
 # -- mandate.md, agent.yaml, policies --------------------------------------------
+
 
 def test_mandate_md_a_link_to_a_canary_is_never_read(agent_dir, canary):
     (agent_dir / "mandate.md").unlink()
@@ -107,8 +110,9 @@ def test_mandate_md_a_fifo_does_not_hang_the_wake(agent_dir):
     mandate.unlink()
     os.mkfifo(mandate)
     agent = load_agent(agent_dir)
-    done, ctx = returns_within(lambda: build_context(agent, wake=1, now=NOW, inbox=""),
-                               release=fifo_releaser(mandate), bound=HANG_S)
+    done, ctx = returns_within(
+        lambda: build_context(agent, wake=1, now=NOW, inbox=""), release=fifo_releaser(mandate), bound=HANG_S
+    )
     assert done, "building the context blocked on a FIFO mandate.md"
     assert NO_MANDATE in ctx.system
 
@@ -140,6 +144,7 @@ def test_a_policy_file_in_the_folder_that_is_a_link_is_refused(agent_dir, tmp_pa
 
 # -- state/ --------------------------------------------------------------------------
 
+
 def test_a_100gb_sparse_state_json_is_capped_and_rebuilt(agent_dir):
     with open(agent_dir / "state" / "state.json", "wb") as f:
         f.truncate(SPARSE)
@@ -153,8 +158,11 @@ def test_a_fifo_state_json_and_inbox_do_not_hang(agent_dir):
     sd = agent_dir / "state"
     for name in ("state.json", "inbox.txt", "outbox.txt"):
         os.mkfifo(sd / name)
-    done, value = returns_within(lambda: (st.load_state(sd), st.read_outbox(sd), st.peek_inbox(sd)),
-                                 release=fifo_releaser(sd / "state.json"), bound=HANG_S)
+    done, value = returns_within(
+        lambda: (st.load_state(sd), st.read_outbox(sd), st.peek_inbox(sd)),
+        release=fifo_releaser(sd / "state.json"),
+        bound=HANG_S,
+    )
     assert done and not isinstance(value, BaseException), value
 
 
@@ -162,7 +170,7 @@ def test_a_100gb_sparse_events_log_is_dropped_quickly_and_read_capped(agent_dir,
     sd = agent_dir / "state"
     with open(sd / "events.jsonl", "wb") as f:
         f.truncate(SPARSE)
-    monkeypatch.setattr(retention, "FILE_CAP", 4 * 2**20)   # the read cap, scaled down for the test's time
+    monkeypatch.setattr(retention, "FILE_CAP", 4 * 2**20)  # the read cap, scaled down for the test's time
     started = time.monotonic()
     assert list(read_history(sd)) == []
     done = enforce(sd, Retention())
@@ -209,7 +217,7 @@ def test_retention_deletes_only_its_own_segments_never_a_link(agent_dir, canary)
     os.utime(sd / "mine.txt", (1, 1))
     enforce(sd, Retention(keep_size=1, keep_days=0.001))
     assert canary.exists() and (sd / "mine.txt").exists()
-    assert (sd / "events-20200101T000000000000Z.jsonl").is_symlink()   # left alone, not followed
+    assert (sd / "events-20200101T000000000000Z.jsonl").is_symlink()  # left alone, not followed
 
 
 def test_the_unread_outbox_is_under_retention_too(agent_dir):
@@ -228,6 +236,7 @@ def test_the_unread_outbox_is_under_retention_too(agent_dir):
 
 def test_notify_done_jsonl_is_rotated_and_expired_by_the_one_rule(agent_dir):
     from orchestrator.notify import queue
+
     sd = agent_dir / "state"
     (sd / "notify").mkdir()
     (sd / "notify" / "done.jsonl").write_text('{"id": "x", "at": 1}\n' * 400)
@@ -242,7 +251,7 @@ def test_notify_done_jsonl_is_rotated_and_expired_by_the_one_rule(agent_dir):
 def test_a_device_in_state_is_never_opened(agent_dir):
     sd = agent_dir / "state"
     try:
-        os.mknod(sd / "state.json", 0o600 | 0o020000, os.makedev(1, 5))   # /dev/zero's numbers
+        os.mknod(sd / "state.json", 0o600 | 0o020000, os.makedev(1, 5))  # /dev/zero's numbers
     except PermissionError:
         pytest.skip("mknod needs CAP_MKNOD")
     done, value = returns_within(lambda: st.load_state(sd), bound=HANG_S)
@@ -260,12 +269,13 @@ def test_read_bytes_past_the_cap_is_too_big(tmp_path):
 
 # -- JSON nested a hundred thousand deep --------------------------------------------
 
-NEST_BOMB = "[" * 200_000            # json.loads raises RecursionError on it, which no reader expected
+NEST_BOMB = "[" * 200_000  # json.loads raises RecursionError on it, which no reader expected
 
 
 def test_a_json_nesting_bomb_in_any_state_file_is_a_corrupt_file_not_a_crash(agent_dir):
     from orchestrator.notify import queue
     from orchestrator.records import ledger, tasks
+
     sd = agent_dir / "state"
     for name in ("state.json", "tasks.json", "ledger.json"):
         (sd / name).write_text(NEST_BOMB)
@@ -282,21 +292,24 @@ def test_a_json_nesting_bomb_in_any_state_file_is_a_corrupt_file_not_a_crash(age
         ledger.read_book(sd)
     assert list(read_history(sd)) == [] and queue.pending(sd) == [] and queue.done(sd) == []
     assert list(tr.read_lines(sd / "transcripts" / "r.jsonl")) == []
-    enforce(sd, Retention(rotate_days=0.0001))   # reads the live logs' first lines
+    enforce(sd, Retention(rotate_days=0.0001))  # reads the live logs' first lines
 
 
 def test_the_console_mandate_reader_never_opens_a_fifo(agent_dir):
     from orchestrator.console import pages
+
     (agent_dir / "mandate.md").unlink()
     os.mkfifo(agent_dir / "mandate.md")
     agent = load_agent(agent_dir)
-    done, value = returns_within(lambda: pages._mandate(agent), release=fifo_releaser(agent_dir / "mandate.md"),
-                                 bound=HANG_S)
+    done, value = returns_within(
+        lambda: pages._mandate(agent), release=fifo_releaser(agent_dir / "mandate.md"), bound=HANG_S
+    )
     assert done and "unreadable" in value
 
 
 def test_notify_sender_lock_and_markers_never_go_through_a_link(agent_dir, tmp_path):
     from orchestrator.notify import outcomes, sender
+
     elsewhere = tmp_path / "elsewhere-notify"
     elsewhere.mkdir()
     (agent_dir / "state" / "notify").symlink_to(elsewhere)
@@ -325,7 +338,7 @@ def test_prompts_swapped_for_a_link_in_a_race_never_lets_a_wake_reach_outside(ag
             try:
                 os.rename(prompts, aside)
                 os.symlink(outside, prompts)
-                time.sleep(LINK_HOLD_S)   # the attacker keeps its link up a moment (not a synchronisation)
+                time.sleep(LINK_HOLD_S)  # the attacker keeps its link up a moment (not a synchronisation)
                 os.unlink(prompts)
                 os.rename(aside, prompts)
             except OSError:
@@ -334,6 +347,7 @@ def test_prompts_swapped_for_a_link_in_a_race_never_lets_a_wake_reach_outside(ag
                         os.rename(aside, prompts)
                     except OSError:
                         pass
+
     flipper = threading.Thread(target=flip, daemon=True)
     flipper.start()
     try:
@@ -353,6 +367,7 @@ def test_workspace_a_link_out_is_refused_before_anything_reads_or_mounts_it(agen
     (elsewhere / "memory").mkdir(parents=True)
     (elsewhere / "memory" / "core.md").write_text(CANARY)
     import shutil
+
     shutil.rmtree(agent_dir / "workspace")
     (agent_dir / "workspace").symlink_to(elsewhere)
     with pytest.raises(AgentError, match="workspace is a symlink"):
@@ -362,7 +377,7 @@ def test_workspace_a_link_out_is_refused_before_anything_reads_or_mounts_it(agen
 def test_an_outbox_over_the_read_cap_shows_its_newest_messages_and_no_forged_mark(agent_dir, monkeypatch):
     sd = agent_dir / "state"
     monkeypatch.setattr(st, "BOX_CAP", 1000)
-    st.append_outbox(sd, "old " + "x" * 2000 + "\n--- forged entry", 1)   # a body line: indented, never a mark
+    st.append_outbox(sd, "old " + "x" * 2000 + "\n--- forged entry", 1)  # a body line: indented, never a mark
     st.mark_outbox_read(sd)
     for n in range(3):
         st.append_outbox(sd, f"new {n}", 2)
@@ -379,8 +394,9 @@ def test_a_policy_path_outside_the_folder_that_is_not_a_policy_is_refused_unquot
     leak.write_text(f"{CANARY}: 1\nbudget: {{max_steps: {CANARY}}}\n")
     for target in (leak, canary):
         text = (agent_dir / "agent.yaml").read_text()
-        (agent_dir / "agent.yaml").write_text(text.replace("policy: {}", f"policy: {target}").replace(
-            f"policy: {leak}", f"policy: {target}"))
+        (agent_dir / "agent.yaml").write_text(
+            text.replace("policy: {}", f"policy: {target}").replace(f"policy: {leak}", f"policy: {target}")
+        )
         with pytest.raises(AgentError) as caught:
             load_agent(agent_dir)
         assert CANARY not in str(caught.value) and "policy check" in str(caught.value)

@@ -49,7 +49,7 @@ def test_the_event_log_rotates_past_its_size_and_is_read_across_segments(tmp_pat
         assert any("rotated events.jsonl" in line and "size" in line for line in done), done
     found = segments(tmp_path, retention.KINDS[EVENTS_FILE])
     assert len(found) == 3 and all(p.name.endswith(".jsonl.gz") for p in found)
-    assert not (tmp_path / EVENTS_FILE).exists()      # the next wake's first line makes it anew
+    assert not (tmp_path / EVENTS_FILE).exists()  # the next wake's first line makes it anew
     log_wakes(tmp_path, 61, 1)
     assert wakes_read(tmp_path) == list(range(1, 62))
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in found)
@@ -92,7 +92,7 @@ def test_the_oldest_rotated_files_go_first_past_keep_size(tmp_path):
         enforce(tmp_path, rules, NOW + timedelta(seconds=wake))
     kept = segments(tmp_path, retention.KINDS[EVENTS_FILE])
     assert sum(p.stat().st_size for p in kept) <= 2000
-    assert wakes_read(tmp_path) == list(range(11 - len(kept), 11))   # the newest survive, in order
+    assert wakes_read(tmp_path) == list(range(11 - len(kept), 11))  # the newest survive, in order
 
 
 def test_a_registered_folder_is_compressed_and_expired_by_the_same_rules(tmp_path, monkeypatch):
@@ -101,11 +101,11 @@ def test_a_registered_folder_is_compressed_and_expired_by_the_same_rules(tmp_pat
     folder.mkdir()
     for i in range(5):
         (folder / f"wake-{i}.jsonl").write_text(json.dumps({"i": i, "pad": "y" * 500}) + "\n")
-        os.utime(folder / f"wake-{i}.jsonl", (1_000_000 + i, 1_000_000 + i))   # oldest first
-    enforce(tmp_path, Retention(keep_days=36500, keep_size=150), NOW)   # each gzipped: 43 bytes
+        os.utime(folder / f"wake-{i}.jsonl", (1_000_000 + i, 1_000_000 + i))  # oldest first
+    enforce(tmp_path, Retention(keep_days=36500, keep_size=150), NOW)  # each gzipped: 43 bytes
     left = sorted(p.name for p in folder.iterdir())
     assert left and all(name.endswith(".jsonl.gz") for name in left) and len(left) < 5
-    assert "wake-4.jsonl.gz" in left   # the newest is kept
+    assert "wake-4.jsonl.gz" in left  # the newest is kept
     with gzip.open(folder / "wake-4.jsonl.gz", "rt") as f:
         assert json.loads(f.read())["i"] == 4
 
@@ -114,7 +114,7 @@ def test_state_rebuilt_from_a_rotated_log_counts_every_retained_wake(tmp_path):
     log_wakes(tmp_path, 1, 30, pad=200)
     enforce(tmp_path, Retention(rotate_size=1024), NOW)
     log_wakes(tmp_path, 31, 2)
-    state, warning = load_state(tmp_path)   # no state.json: rebuilt from the history
+    state, warning = load_state(tmp_path)  # no state.json: rebuilt from the history
     assert (state.wake, state.tokens_lifetime) == (32, 320) and "rebuilt from the event log" in warning
     assert state.last_receipt is not None and (state.last_receipt.wake, state.last_receipt.status) == (32, "done")
 
@@ -124,11 +124,19 @@ def test_wakeloop_log_reads_across_rotated_segments(agent_dir):
     log_wakes(state_dir, 1, 5, pad=100)
     enforce(state_dir, Retention(rotate_size=1), NOW)
     log_wakes(state_dir, 6, 1)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "log", str(agent_dir), "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "log", str(agent_dir), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
-    started = [json.loads(line)["data"]["wake"] for line in proc.stdout.splitlines()
-               if json.loads(line)["type"] == "wake_started"]
+    started = [
+        json.loads(line)["data"]["wake"]
+        for line in proc.stdout.splitlines()
+        if json.loads(line)["type"] == "wake_started"
+    ]
     assert started == [1, 2, 3, 4, 5, 6]
 
 
@@ -137,17 +145,20 @@ def test_status_of_an_agent_with_a_year_of_history_is_fast(agent_dir):
     hourly message in the outbox. status reads state.json, never the event history,
     and sums state/ by listing it."""
     state_dir = agent_dir / "state"
-    day = gzip.compress(b'{"run_id": "r", "type": "tool_call", "timestamp": "2026-01-01T00:00:00Z", "data": {}}\n'
-                        * 2000)
+    day = gzip.compress(
+        b'{"run_id": "r", "type": "tool_call", "timestamp": "2026-01-01T00:00:00Z", "data": {}}\n' * 2000
+    )
     for n in range(365):
         (state_dir / f"events-{(NOW - timedelta(days=365 - n)).strftime(retention.STAMP)}.jsonl.gz").write_bytes(day)
-    log_wakes(state_dir, 525_000, 2000, pad=1000)   # ~3 MiB live
-    (state_dir / OUTBOX_FILE).write_text("".join(f"--- 2026-01-01T00:00:00Z #{n}\n  an hourly report, "
-                                                 f"one line of it\n" for n in range(365 * 24)))
-    (state_dir / STATE_FILE).write_text(json.dumps({"wake": 525_600, "tokens_lifetime": 5_256_000,
-                                                    "last_receipt": {"wake": 525_600, "status": "done"}}))
+    log_wakes(state_dir, 525_000, 2000, pad=1000)  # ~3 MiB live
+    (state_dir / OUTBOX_FILE).write_text(
+        "".join(f"--- 2026-01-01T00:00:00Z #{n}\n  an hourly report, one line of it\n" for n in range(365 * 24))
+    )
+    (state_dir / STATE_FILE).write_text(
+        json.dumps({"wake": 525_600, "tokens_lifetime": 5_256_000, "last_receipt": {"wake": 525_600, "status": "done"}})
+    )
     agent = load_agent(agent_dir)
-    with files_opened() as opened:     # what it reads, not how long it takes: the bench times it
+    with files_opened() as opened:  # what it reads, not how long it takes: the bench times it
         status = agent_status(agent)
     assert status["wakes"] == 525_600 and status["state"]["bytes"] > 2 * 2**20
     assert status["outbox_messages"] == 365 * 24
@@ -155,7 +166,7 @@ def test_status_of_an_agent_with_a_year_of_history_is_fast(agent_dir):
     assert not history, f"status read the event history: {history[:3]}"
 
 
-_opened: list[str] | None = None      # while files_opened() is on: every path this process opens
+_opened: list[str] | None = None  # while files_opened() is on: every path this process opens
 
 
 def _audit(event: str, args) -> None:
@@ -170,7 +181,7 @@ def files_opened():
     global _opened
     if not getattr(files_opened, "installed", False):
         sys.addaudithook(_audit)
-        files_opened.installed = True   # type: ignore[attr-defined]  # a function's own flag
+        files_opened.installed = True  # type: ignore[attr-defined]  # a function's own flag
     _opened = []
     try:
         yield _opened
@@ -183,24 +194,28 @@ def test_state_keys_are_checked_and_bounded_by_the_ceiling():
     assert policy.state.rotate_size == 100 * 2**20 and policy.state.keep_days == 7
     over = Ceiling(max={"rotate_size": 64 * 2**20}, source="ceiling.yaml").refusal(policy)
     assert over is not None and "state.rotate_size" in over and "p.yaml:1" in over
-    assert Ceiling(max={"rotate_size": 64 * 2**20, "keep_days": 3650}).refusal(
-        parse_policy("state: {rotate_size: 4m}\n", "p.yaml")) is None
+    assert (
+        Ceiling(max={"rotate_size": 64 * 2**20, "keep_days": 3650}).refusal(
+            parse_policy("state: {rotate_size: 4m}\n", "p.yaml")
+        )
+        is None
+    )
     with pytest.raises(PolicyError, match=r"p.yaml:1: state.keep_days: must be greater than zero"):
         parse_policy("state: {keep_days: 0}\n", "p.yaml")
     with pytest.raises(PolicyError, match=r"state.rotate_size: expected a size"):
         parse_policy("state: {rotate_size: lots}\n", "p.yaml")
     with pytest.raises(PolicyError, match=r"state.rotate_size: '1g' is over 128m: retention reads no log past"):
-        parse_policy("state: {rotate_size: 1g}\n", "p.yaml")   # over it, a file is taken for a planted one
+        parse_policy("state: {rotate_size: 1g}\n", "p.yaml")  # over it, a file is taken for a planted one
 
 
 def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp_path):
-    from orchestrator.records.state import (append_outbox, mark_outbox_read, read_outbox,
-                                            split_messages, unread_outbox)
+    from orchestrator.records.state import append_outbox, mark_outbox_read, read_outbox, split_messages, unread_outbox
+
     sd = tmp_path / "state"
     sd.mkdir()
     for wake in range(1, 41):
         append_outbox(sd, f"report {wake}: " + "x" * 200, wake)
-    mark_outbox_read(sd)                            # a person has seen all 40
+    mark_outbox_read(sd)  # a person has seen all 40
     append_outbox(sd, "not yet read", 41)
     rules = Retention(rotate_size=4096, compress=True)
     done = enforce(sd, rules)
@@ -211,7 +226,7 @@ def test_the_outbox_keeps_what_is_unread_and_what_was_read_becomes_a_segment(tmp
     assert len(kept) == 1 and kept[0].name.endswith(".txt.gz")
     with retention.open_text(kept[0]) as f:
         assert "".join(f).count("report ") == 40
-    assert enforce(sd, rules) == []                 # nothing read since, below the size: nothing to do
+    assert enforce(sd, rules) == []  # nothing read since, below the size: nothing to do
     assert enforce(sd, Retention(keep_size=0)) and not segments(sd, retention.KINDS[OUTBOX_FILE])
 
 
@@ -219,10 +234,11 @@ def test_a_transcript_is_never_read_through_a_linked_state_folder(tmp_path):
     """The console's wake page reads a transcript without load_agent (which refuses a linked
     state/): the walk itself must not follow `state` to another agent's transcripts."""
     from orchestrator.records.transcript import read_lines, transcript_path
+
     other = tmp_path / "other" / "state" / "transcripts"
     other.mkdir(parents=True)
     (other / "abcdef123456.jsonl").write_text(json.dumps({"type": "wake", "secret": "other's"}) + "\n")
     (tmp_path / "evil").mkdir()
     (tmp_path / "evil" / "state").symlink_to(tmp_path / "other" / "state")
-    assert list(read_lines(transcript_path(tmp_path / "other" / "state", "abcdef123456")))   # its own: read
+    assert list(read_lines(transcript_path(tmp_path / "other" / "state", "abcdef123456")))  # its own: read
     assert list(read_lines(transcript_path(tmp_path / "evil" / "state", "abcdef123456"))) == []

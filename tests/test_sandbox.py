@@ -18,8 +18,8 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for
 
-TIMEOUT = 30            # generous per-call deadline for commands that should finish at once
-CAP = 20_000            # the default policy's max_output_chars
+TIMEOUT = 30  # generous per-call deadline for commands that should finish at once
+CAP = 20_000  # the default policy's max_output_chars
 
 
 def run(box, command, timeout=TIMEOUT, cap=CAP):
@@ -45,6 +45,7 @@ def processes_alive(client, cid) -> bool:
 
 # -- exit codes, output, stdin ----------------------------------------------------
 
+
 def test_exit_code_comes_from_the_engine(sandbox):
     assert run(sandbox, "exit 7").exit_code == 7
     assert run(sandbox, "true").exit_code == 0
@@ -66,9 +67,10 @@ def test_output_that_fakes_a_status_line_cannot_come_first(sandbox):
     assert text.splitlines()[0] == "[exit 3]"
 
 
-POOL_READY_S = 60                   # a fresh pool's first container, on a loaded engine
+POOL_READY_S = 60  # a fresh pool's first container, on a loaded engine
 
 # -- deadline, OOM, pids --------------------------------------------------------
+
 
 def test_timeout_kills_the_command_and_its_children_at_the_deadline(sandbox, docker_client):
     # Timed from a warm container, as a wake's calls are: the deadline's promise, not a cold start's.
@@ -88,17 +90,20 @@ def test_a_ptrace_stopped_init_still_ends_at_the_deadline(sandbox, docker_client
     assert not processes_alive(docker_client, result.container_id)
 
 
-SMALL_MEMORY = 128 * 2**20          # bytes: a bomb reaches it in well under a second; under gVisor the
-                                    # command (its stub process), not the ~50 MB sentry, is then the
-                                    # biggest in the box, so the kernel kills it and the box goes on
-MEMORY_BOMB = "python3 -c 'x = bytearray(1 << 30)'"   # 1 GiB, every page touched (zeroed)
+SMALL_MEMORY = 128 * 2**20  # bytes: a bomb reaches it in well under a second; under gVisor the
+# command (its stub process), not the ~50 MB sentry, is then the
+# biggest in the box, so the kernel kills it and the box goes on
+MEMORY_BOMB = "python3 -c 'x = bytearray(1 << 30)'"  # 1 GiB, every page touched (zeroed)
 # 8 MiB at a time: the command's own address space is then what the kernel kills
 # at the limit (under gVisor, the stub process that holds it, not the sentry).
-GROWING_BOMB = ("python3 -c 'x = []\nwhile True: x.append(bytearray(8 << 20)); "
-                "x[-1][::4096] = bytes(len(x[-1]) // 4096)'")
+GROWING_BOMB = (
+    "python3 -c 'x = []\nwhile True: x.append(bytearray(8 << 20)); x[-1][::4096] = bytes(len(x[-1]) // 4096)'"
+)
 # A command that says it was killed out of memory, in every way output and status can.
-FORGED_OOM = ("echo 'killed: out of memory'; echo '[exit 137, killed: out of memory]' >&2; "
-              "echo 'Memory cgroup out of memory: Killed process 1'; kill -9 $$")
+FORGED_OOM = (
+    "echo 'killed: out of memory'; echo '[exit 137, killed: out of memory]' >&2; "
+    "echo 'Memory cgroup out of memory: Killed process 1'; kill -9 $$"
+)
 
 
 def memory_box(make_sandbox, agent, how: str):
@@ -118,7 +123,7 @@ def test_memory_bomb_is_reported_as_oom(agent, make_sandbox, how):
     result = run(box, GROWING_BOMB)
     assert (result.container_id in {c[:12] for c in warm}) == (how == "pooled")
     assert result.oom_killed, result
-    assert result.exit_code != 0     # 137 under runc; 1 under gVisor, which kills by no signal
+    assert result.exit_code != 0  # 137 under runc; 1 under gVisor, which kills by no signal
     assert result.for_model().startswith(f"[exit {result.exit_code}, killed: out of memory]")
 
 
@@ -130,7 +135,7 @@ def test_oom_in_a_call_that_goes_on_is_reported(agent, make_sandbox, how):
     result = run(box, GROWING_BOMB + "; echo after=$?")
     assert result.oom_killed, result
     sandbox_killed = box.policy.runtime == "runsc" and result.exit_code == 137 and not result.output
-    if not sandbox_killed:   # under gVisor the kernel may pick gVisor's own process: the box ends (docs/security.md)
+    if not sandbox_killed:  # under gVisor the kernel may pick gVisor's own process: the box ends (docs/security.md)
         assert "after=" in result.output, result
 
 
@@ -147,6 +152,7 @@ def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
     # So the tests above decide pooled gVisor calls by the kernel's count, not the
     # engine's fallback; found before the box was handed any command.
     from orchestrator.sandbox import oom
+
     box = memory_box(make_sandbox, agent, "pooled")
     counted = box._oom_files[box.pool.idle()[0]]
     assert counted is not None and oom.read_kills(counted) == 0
@@ -156,6 +162,7 @@ def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, mon
     # The broker in its own container sees no host cgroup: a pooled gVisor call then
     # waits for the engine's word, which is OOMKilled too.
     from orchestrator.sandbox import oom
+
     monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
     box = memory_box(make_sandbox, agent, "pooled")
     result = run(box, GROWING_BOMB)
@@ -167,6 +174,7 @@ def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, mon
 def test_a_forged_oom_is_not_reported(agent, make_sandbox, monkeypatch, how, view):
     if view == "engine":
         from orchestrator.sandbox import oom
+
         monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
     box = memory_box(make_sandbox, agent, how)
     result = run(box, FORGED_OOM)
@@ -190,12 +198,14 @@ def test_pids_limit_is_enforced_from_inside(agent, make_sandbox, runtime):
     # gVisor's own threads count against the limit, so it needs more room to start.
     limit = 20 if runtime == "runc" else 128
     box = make_sandbox(replace(agent.policy.sandbox, pids=limit))
-    forker = ("import os, time\n"
-              f"for n in range({limit + 30}):\n"
-              "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
-              "    if pid == 0:\n        time.sleep(5); os._exit(0)\n"
-              "print('forked', n)")
-    result = run(box, f"python3 -c \"{forker}\"", timeout=15)
+    forker = (
+        "import os, time\n"
+        f"for n in range({limit + 30}):\n"
+        "    try:\n        pid = os.fork()\n    except OSError:\n        break\n"
+        "    if pid == 0:\n        time.sleep(5); os._exit(0)\n"
+        "print('forked', n)"
+    )
+    result = run(box, f'python3 -c "{forker}"', timeout=15)
     if runtime == "runsc" and not result.output:
         # gVisor's sentry needs threads under the same limit: at the limit the
         # whole box stops (exit 2, no output). Held, if less informative.
@@ -206,6 +216,7 @@ def test_pids_limit_is_enforced_from_inside(agent, make_sandbox, runtime):
 
 
 # -- filesystem, network, identity -----------------------------------------------
+
 
 @pytest.mark.parametrize("path", ["/x", "/usr/x", "/etc/passwd", "/proc/sys/kernel/hostname"])
 def test_writes_outside_workspace_and_tmp_fail(sandbox, path):
@@ -256,12 +267,14 @@ def test_host_environment_and_api_key_are_absent(sandbox, monkeypatch):
 
 
 def test_environment_is_exactly_the_minimal_set(sandbox):
-    names = {line.split("=", 1)[0] for line in run(sandbox, "env -0 | tr '\\0' '\\n'").output.splitlines()
-             if "=" in line}
+    names = {
+        line.split("=", 1)[0] for line in run(sandbox, "env -0 | tr '\\0' '\\n'").output.splitlines() if "=" in line
+    }
     assert names <= {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_"}
 
 
 # -- persistence between calls ---------------------------------------------------
+
 
 def test_workspace_persists_but_tmp_and_home_do_not(sandbox, agent):
     run(sandbox, "echo kept > /workspace/kept.txt; echo gone > /tmp/gone.txt; echo gone > $HOME/h.txt")
@@ -272,8 +285,10 @@ def test_workspace_persists_but_tmp_and_home_do_not(sandbox, agent):
 
 
 def test_a_background_process_does_not_outlive_its_call(sandbox, agent):
-    first = run(sandbox, "nohup sh -c 'while :; do date >> /workspace/beat; sleep 0.2; done' "
-                         ">/dev/null 2>&1 & sleep 0.5; echo started")
+    first = run(
+        sandbox,
+        "nohup sh -c 'while :; do date >> /workspace/beat; sleep 0.2; done' >/dev/null 2>&1 & sleep 0.5; echo started",
+    )
     assert "started" in first.output
     size = (agent.workspace / "beat").stat().st_size
     second = run(sandbox, "sleep 1; ps -e -o comm --no-headers")
@@ -283,6 +298,7 @@ def test_a_background_process_does_not_outlive_its_call(sandbox, agent):
 
 # -- write_file ------------------------------------------------------------------
 
+
 def test_write_creates_parents_and_keeps_bytes_exactly(sandbox, agent):
     content = b"line1\n\x00binary\xff\xfe\n" * 1000
     result = sandbox.write("deep/er/file.bin", content)
@@ -290,17 +306,25 @@ def test_write_creates_parents_and_keeps_bytes_exactly(sandbox, agent):
     assert (agent.workspace / "deep/er/file.bin").read_bytes() == content
 
 
-@pytest.mark.parametrize("path,reason", [
-    ("../x", "'..'"), ("/etc/x", "absolute"), ("a/../../x", "'..'"),
-    ("a\0b", "NUL"), ("a\nb", "control"), ("", "empty"), (".", "workspace itself")])
+@pytest.mark.parametrize(
+    "path,reason",
+    [
+        ("../x", "'..'"),
+        ("/etc/x", "absolute"),
+        ("a/../../x", "'..'"),
+        ("a\0b", "NUL"),
+        ("a\nb", "control"),
+        ("", "empty"),
+        (".", "workspace itself"),
+    ],
+)
 def test_write_refuses_bad_paths_before_any_container(sandbox, path, reason):
     result = sandbox.write(path, b"x")
     assert result.exit_code != 0 and reason in result.output
     assert result.container_id == ""
 
 
-def test_write_through_a_symlink_pointing_outside_fails_and_leaves_the_host_untouched(
-        sandbox, agent, tmp_path):
+def test_write_through_a_symlink_pointing_outside_fails_and_leaves_the_host_untouched(sandbox, agent, tmp_path):
     outside = tmp_path / "host-file"
     outside.write_text("host original\n")
     (agent.workspace / "escape").symlink_to(outside)
@@ -334,8 +358,7 @@ def test_write_refuses_a_fifo_without_hanging(sandbox, agent):
     assert result.exit_code == 3 and result.output.startswith("refused: pipe")
 
 
-def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_does(
-        sandbox, agent, tmp_path):
+def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_does(sandbox, agent, tmp_path):
     assert sandbox.write("memory/journal/d.md", b"one\n", append=True).exit_code == 0
     result = sandbox.write("memory/journal/d.md", b"two\n", append=True)
     assert result.exit_code == 0 and result.output.startswith("appended 4 bytes")
@@ -352,22 +375,27 @@ def test_write_in_append_mode_adds_to_the_end_and_refuses_a_symlink_as_write_doe
     assert (agent.workspace / "memory/journal/d.md").read_bytes() == b"one\ntwo\n"
 
 
-@pytest.mark.parametrize("repo, planted, path", [
-    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/config"),           # a bare repo's config
-    ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/hooks/post-checkout"),
-    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/config.worktree"),
-    ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/commondir"),
-    ("", ["HEAD", "objects/", "refs/"], "config"),                          # the workspace itself
-    ("r", ["HEAD", "objects/", "refs/"], "r/Config"),                       # case-folded later
-    ("r", ["head", "Objects/", "REFS/"], "r/hooks/pre-commit"),
-    ("r", ["hooks/", "objects/", "refs/"], "r/HEAD"),                       # the last mark, hooks first
-    ("r", ["config", "HEAD", "refs/"], "r/objects/pack/x"),
-])
+@pytest.mark.parametrize(
+    "repo, planted, path",
+    [
+        ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/config"),  # a bare repo's config
+        ("lib.git", ["HEAD", "objects/", "refs/"], "lib.git/hooks/post-checkout"),
+        ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/config.worktree"),
+        ("vendor/x", ["HEAD", "objects/", "refs/"], "vendor/x/commondir"),
+        ("", ["HEAD", "objects/", "refs/"], "config"),  # the workspace itself
+        ("r", ["HEAD", "objects/", "refs/"], "r/Config"),  # case-folded later
+        ("r", ["head", "Objects/", "REFS/"], "r/hooks/pre-commit"),
+        ("r", ["hooks/", "objects/", "refs/"], "r/HEAD"),  # the last mark, hooks first
+        ("r", ["config", "HEAD", "refs/"], "r/objects/pack/x"),
+    ],
+)
 def test_write_refuses_an_embedded_bare_git_repositorys_config_and_hooks(sandbox, agent, repo, planted, path):
     where = agent.workspace / repo
     for name in planted:
-        (where / name).mkdir(parents=True) if name.endswith("/") else \
-            (where.mkdir(parents=True, exist_ok=True), (where / name).write_text("ref: refs/heads/main\n"))
+        (where / name).mkdir(parents=True) if name.endswith("/") else (
+            where.mkdir(parents=True, exist_ok=True),
+            (where / name).write_text("ref: refs/heads/main\n"),
+        )
     subprocess.run(["chown", "-R", "1000:1000", str(agent.workspace)], check=True)
     result = sandbox.write(path, b"[core]\n\tfsmonitor = id\n", timeout_s=TIMEOUT)
     assert result.exit_code == 3 and "git takes it for a repository" in result.output, result.output
@@ -389,9 +417,11 @@ def test_write_leaves_ordinary_directories_named_like_git_parts_alone(sandbox, a
 
 # -- set-id bits -------------------------------------------------------------------
 
-SETID_PLANT = ("cp /bin/true su && chmod 755 su && (chmod 4755 su; mkdir -p d && cp /bin/true d/sg && "
-               "chmod 2755 d/sg; cp su d/sg2; chmod 6755 d/sg2; ln -s su link; chmod u+s link; "
-               "stat -c '%a %n' su d/sg d/sg2); echo last >&2; exit 7")
+SETID_PLANT = (
+    "cp /bin/true su && chmod 755 su && (chmod 4755 su; mkdir -p d && cp /bin/true d/sg && "
+    "chmod 2755 d/sg; cp su d/sg2; chmod 6755 d/sg2; ln -s su link; chmod u+s link; "
+    "stat -c '%a %n' su d/sg d/sg2); echo last >&2; exit 7"
+)
 
 
 @pytest.mark.parametrize("warm", [None, 0], ids=["pooled", "cold"])
@@ -410,23 +440,30 @@ def test_set_id_bits_are_refused_in_the_box_and_never_reach_the_host(make_sandbo
 # What may answer the same call without 06000 in place of "ok", per runtime: the
 # engine's default profile predates fchmodat2 (ENOSYS), gVisor lacks it (EPERM),
 # keeps O_TMPFILE from its gofer mounts (EOPNOTSUPP), and refuses every i386 call.
-PLAIN_MAY_FAIL = {"runc": {("x86_64", "fchmodat2"): "ENOSYS", ("i386", "fchmodat2"): "ENOSYS"},
-                  "runsc": {("x86_64", "fchmodat2"): "EPERM", ("x86_64", "tmpfile"): "ENOTSUP"}}
+PLAIN_MAY_FAIL = {
+    "runc": {("x86_64", "fchmodat2"): "ENOSYS", ("i386", "fchmodat2"): "ENOSYS"},
+    "runsc": {("x86_64", "fchmodat2"): "EPERM", ("x86_64", "tmpfile"): "ENOTSUP"},
+}
 
 
 def test_every_way_to_a_set_id_mode_is_refused_on_every_abi(make_sandbox, agent, runtime):
     from orchestrator.escapes.core import python_command
     from orchestrator.escapes.setid import ATTEMPTS, kept_bits
+
     modes = (0o4755, 0o2755, 0o6755, 0o755)
     program = ATTEMPTS + f"attempt_all(abis(), CHMODS + CREATES, {modes!r})\n"
     result = run(make_sandbox(warm=0), python_command(program))
-    answers = {(abi, call, int(mode, 8)): said for abi, call, mode, said in
-               (line.split()[1:] for line in result.output.splitlines() if line.startswith("ATTEMPT "))}
-    assert len(answers) == 2 * 11 * len(modes), result.output     # x86_64 and i386, each call, each mode
+    answers = {
+        (abi, call, int(mode, 8)): said
+        for abi, call, mode, said in (
+            line.split()[1:] for line in result.output.splitlines() if line.startswith("ATTEMPT ")
+        )
+    }
+    assert len(answers) == 2 * 11 * len(modes), result.output  # x86_64 and i386, each call, each mode
     for (abi, call, mode), said in answers.items():
-        if runtime == "runsc" and abi == "i386":   # gVisor refuses the whole ABI
+        if runtime == "runsc" and abi == "i386":  # gVisor refuses the whole ABI
             want = "EPERM"
-        elif call == "openat2":   # glibc falls back to openat, which is checked
+        elif call == "openat2":  # glibc falls back to openat, which is checked
             want = "ENOSYS"
         elif mode & 0o6000:
             want = "EPERM"
@@ -439,16 +476,20 @@ def test_every_way_to_a_set_id_mode_is_refused_on_every_abi(make_sandbox, agent,
 
 
 def test_ordinary_modes_files_and_fifos_still_work(sandbox, agent):
-    result = run(sandbox, "umask 022; touch a && chmod 700 a && mkfifo p && install -m 750 /bin/true t && "
-                          "python3 -c \"import os; os.close(os.open('b', os.O_CREAT | os.O_WRONLY, 0o1755))\" && "
-                          "mkdir -m 1777 sticky && stat -c '%a %n' a t b sticky")
+    result = run(
+        sandbox,
+        "umask 022; touch a && chmod 700 a && mkfifo p && install -m 750 /bin/true t && "
+        "python3 -c \"import os; os.close(os.open('b', os.O_CREAT | os.O_WRONLY, 0o1755))\" && "
+        "mkdir -m 1777 sticky && stat -c '%a %n' a t b sticky",
+    )
     assert result.ok, result.output
     assert result.output.split() == ["700", "a", "750", "t", "1755", "b", "1777", "sticky"]
 
 
 # -- output size and memory ------------------------------------------------------
 
-@pytest.mark.parametrize("runtime", ["runc"])   # gVisor's streaming is the 1 GB probe's (bounds_huge_output)
+
+@pytest.mark.parametrize("runtime", ["runc"])  # gVisor's streaming is the 1 GB probe's (bounds_huge_output)
 def test_100mb_of_output_comes_back_truncated_fast_with_flat_host_memory(sandbox):
     tracemalloc.start()
     started = time.monotonic()
@@ -471,6 +512,7 @@ def test_escape_sequences_and_nul_bytes_are_stripped(sandbox):
 
 # -- clear errors, not tracebacks ---------------------------------------------------
 
+
 def test_unreachable_engine_is_one_line_that_says_how_to_start_it(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(SandboxError) as err:
@@ -491,9 +533,11 @@ def test_missing_workspace_is_a_clear_error(tmp_path, agent, docker_client):
 
 # -- the CLI ---------------------------------------------------------------------
 
+
 def wakeloop(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args],
-                          capture_output=True, text=True, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def test_sandbox_exec_prints_what_the_model_sees_and_exits_with_the_status(agent_dir):
@@ -509,11 +553,24 @@ def test_sandbox_exec_with_a_bad_agent_dir_is_one_line(tmp_path):
 
 
 def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir),
-                             "--", "sleep 1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", "sleep 1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     workspace = str((agent_dir / "workspace").resolve())
-    found = wait_for(lambda: docker_client.api.containers(filters={"label": [  # one listing: no lookup to race
-        "wakeloop.sandbox=1", f"wakeloop.workspace={workspace}"]}), "the call's container to start", 30)
+    found = wait_for(
+        lambda: docker_client.api.containers(
+            filters={
+                "label": [  # one listing: no lookup to race
+                    "wakeloop.sandbox=1",
+                    f"wakeloop.workspace={workspace}",
+                ]
+            }
+        ),
+        "the call's container to start",
+        30,
+    )
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert not container_exists(docker_client, found[0]["Id"])
@@ -522,8 +579,7 @@ def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
 def test_leftovers_from_a_crash_are_removed_at_start(sandbox, docker_client):
     config, host = sandbox.container_spec(["sleep", "1000"], "crashed")
     config["labels"]["wakeloop.run_id"] = "an-earlier-run"
-    cid = docker_client.api.create_container(
-        **config, host_config=docker_client.api.create_host_config(**host))["Id"]
+    cid = docker_client.api.create_container(**config, host_config=docker_client.api.create_host_config(**host))["Id"]
     assert sandbox.cleanup_leftovers() == 1
     assert not container_exists(docker_client, cid)
     assert sandbox.run("echo still works", 30, 100).output == "still works\n"  # its own pool is kept

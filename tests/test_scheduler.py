@@ -32,15 +32,35 @@ from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, Sc
 from orchestrator.records.state import WakeLock, lock_holder
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 
-WAIT_S = 90                          # the longest any condition here may take on a busy engine
+WAIT_S = 90  # the longest any condition here may take on a busy engine
 POLL_S = 0.1
 
-QUICK = [{"text": "journal", "tool_calls": [{"name": "bash", "input": {"command":
-          "mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"}}]},
-         {"text": "done"}]
-SLOW = [{"text": "slow", "tool_calls": [{"name": "bash", "input": {"command":
-         "sleep 3; mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"}}]},
-        {"text": "done"}]
+QUICK = [
+    {
+        "text": "journal",
+        "tool_calls": [
+            {
+                "name": "bash",
+                "input": {"command": "mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"},
+            }
+        ],
+    },
+    {"text": "done"},
+]
+SLOW = [
+    {
+        "text": "slow",
+        "tool_calls": [
+            {
+                "name": "bash",
+                "input": {
+                    "command": "sleep 3; mkdir -p memory/journal && echo 'wake {wake}' >> memory/journal/{today}.md"
+                },
+            }
+        ],
+    },
+    {"text": "done"},
+]
 
 
 def script_file(tmp_path: Path, turns: list) -> Path:
@@ -81,14 +101,16 @@ def serving(root: Path, script: Path, k: int = 4):
 
 # -- schedules -------------------------------------------------------------------------
 
+
 def test_schedules_are_cron_lines_or_intervals():
     assert parse_schedule("30s").interval_s == 30
     assert parse_schedule("5m").interval_s == 300
     assert parse_schedule("1d").interval_s == 86400
-    berlin = parse_schedule("0 9 * * *", "Europe/Berlin")         # 09:00 in Berlin is 08:00Z in winter
+    berlin = parse_schedule("0 9 * * *", "Europe/Berlin")  # 09:00 in Berlin is 08:00Z in winter
     assert berlin.next_after(datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)) == datetime(
-        2026, 12, 1, 8, 0, tzinfo=timezone.utc)
-    assert berlin.next_after(datetime(2026, 7, 1, 0, 0, tzinfo=timezone.utc)).hour == 7   # and 07:00Z in summer
+        2026, 12, 1, 8, 0, tzinfo=timezone.utc
+    )
+    assert berlin.next_after(datetime(2026, 7, 1, 0, 0, tzinfo=timezone.utc)).hour == 7  # and 07:00Z in summer
     with pytest.raises(ScheduleError, match="not an IANA name"):
         parse_schedule("0 9 * * *", "Mars/Olympus")
     assert parse_schedule("*/30 * * * *").interval_s is None
@@ -102,12 +124,12 @@ def test_ticks_missed_while_down_come_due_once():
     now = datetime(2026, 11, 29, 12, 0, 30, tzinfo=timezone.utc)
     cron = parse_schedule("* * * * *")
     due = first_due(cron, now - timedelta(seconds=60), now)
-    assert due <= now                                   # a tick missed by 30 s: due at once...
-    assert cron.next_after(now) > now                   # ...and after it, the next real tick
+    assert due <= now  # a tick missed by 30 s: due at once...
+    assert cron.next_after(now) > now  # ...and after it, the next real tick
     # Ten ticks missed: the first is 9.5 minutes late, more than the interval: not run late.
     assert first_due(cron, now - timedelta(minutes=10), now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
     assert first_due(cron, None, now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
-    assert first_due(parse_schedule("60s"), None, now) == now   # a new interval agent starts now
+    assert first_due(parse_schedule("60s"), None, now) == now  # a new interval agent starts now
 
 
 def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(tmp_path):
@@ -116,9 +138,9 @@ def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(t
     save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(hours=5))
     lines: list[str] = []
     scheduler = Scheduler(root, out=lines.append)
-    scheduler._scan(startup=True)                       # what serve does first: no wake is run here
+    scheduler._scan(startup=True)  # what serve does first: no wake is run here
     [entry] = scheduler._entries.values()
-    assert entry.due > datetime.now(timezone.utc)       # the next regular tick, not now
+    assert entry.due > datetime.now(timezone.utc)  # the next regular tick, not now
     assert any("late: tick" in line and "more than its interval: skipped" in line for line in lines), lines
     skipped = [e for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tick_skipped"]
     assert len(skipped) == 1 and "4h 59m" in skipped[0].data["reason"]
@@ -139,6 +161,7 @@ def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
 
 
 # -- serving ---------------------------------------------------------------------------------
+
 
 @pytest.mark.docker
 def test_two_agents_wake_on_time(tmp_path):
@@ -170,7 +193,7 @@ def test_a_wake_that_outlasts_its_interval_is_never_doubled(tmp_path):
         assert e1 is not None and s2 >= e1, f"wakes overlapped: {runs}"
     assert any("slow: tick" in line and "skipped" in line for line in lines)
     types = [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]
-    assert "wake_skipped" not in types       # the scheduler skipped the tick, not the lock
+    assert "wake_skipped" not in types  # the scheduler skipped the tick, not the lock
 
 
 @pytest.mark.docker
@@ -200,10 +223,10 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
         wait_for(lambda: all(finished(a) == 1 for a in agents), "20 wakes", 240)
     edges = []
     for agent_dir in agents:
-        (start, end), = wakes(agent_dir)
+        ((start, end),) = wakes(agent_dir)
         edges += [(start, 1), (end, -1)]
     running = peak = 0
-    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):   # an end before a start at a tie
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):  # an end before a start at a tie
         running += step
         peak = max(peak, running)
     assert 2 <= peak <= 4, f"peak concurrency {peak}"
@@ -213,7 +236,7 @@ def test_twenty_agents_due_at_once_all_complete_at_most_k_at_a_time(tmp_path):
 @pytest.mark.docker
 def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "busy", schedule="60s")        # the built-in dry run: four tool calls
+    agent_dir = make_agent(root, "busy", schedule="60s")  # the built-in dry run: four tool calls
     # Its first call ends with `head memory/core.md`: a FIFO there holds the call
     # open until the test has seen serve take the SIGTERM, so the stop surely
     # lands mid-wake (the harness's own reader skips FIFOs, as tested elsewhere).
@@ -221,8 +244,14 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     core.unlink()
     os.mkfifo(core, 0o666)
     env = scrubbed_env()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "serve", str(root)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "serve", str(root)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         events = agent_dir / "state" / EVENTS_FILE
         wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)), "the first tool call", WAIT_S)
@@ -243,7 +272,7 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     assert len(finish) == 1 and finish[0].data["reason"] == "stopped"
     assert lock_holder(agent_dir / "state") is None
     lock = WakeLock(agent_dir / "state")
-    assert lock.acquire() is None                       # free: we can take it
+    assert lock.acquire() is None  # free: we can take it
     lock.release()
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{day}.md").read_text()
@@ -252,9 +281,20 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
 
 # -- what a person reads -------------------------------------------------------------------
 
+
 def test_a_receipt_becomes_one_readable_line_with_the_receipt_after_it():
-    receipt = Receipt(run_id="abc", agent="demo", wake=3, status="done", reason="end_turn", steps=5, tool_calls=4,
-                      usage=Usage(input_tokens=1000, output_tokens=234), duration_ms=4200, live=False)
+    receipt = Receipt(
+        run_id="abc",
+        agent="demo",
+        wake=3,
+        status="done",
+        reason="end_turn",
+        steps=5,
+        tool_calls=4,
+        usage=Usage(input_tokens=1000, output_tokens=234),
+        duration_ms=4200,
+        live=False,
+    )
     line = describe_receipt("demo", receipt)
     assert line.startswith("demo: wake 3 done (dry run) in 4.2s: 5 steps, 4 tool calls, 1,234 tokens")
     assert "\n" not in line
@@ -266,19 +306,40 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
     a = make_agent(root, "alpha", schedule="60s")
     make_agent(root, "beta", schedule="* * * * *")
     from orchestrator.records.tasks import add_task
+
     add_task(a / "state", "one")
     add_task(a / "state", "two")
     (a / "state" / "outbox.txt").write_text("--- 2026-11-29T00:00:00Z wake 1\nhello\n")
     from orchestrator.records.ledger import record
+
     record(a / "state", 0.12, 3000)
     note, *table = status_table(root).splitlines()
-    assert note.startswith("scheduler not running")                      # no serve under this root
-    assert table[0].split() == ["AGENT", "MODE", "LAST", "WAKE", "RESULT", "NEXT", "WAKE", "HEALTH", "TOKENS", "TODAY",
-                                "TOKENS", "TOTAL", "USD", "TODAY", "USD", "TOTAL", "OPEN", "TASKS", "UNREAD",
-                                "OUTBOX"]
+    assert note.startswith("scheduler not running")  # no serve under this root
+    assert table[0].split() == [
+        "AGENT",
+        "MODE",
+        "LAST",
+        "WAKE",
+        "RESULT",
+        "NEXT",
+        "WAKE",
+        "HEALTH",
+        "TOKENS",
+        "TODAY",
+        "TOKENS",
+        "TOTAL",
+        "USD",
+        "TODAY",
+        "USD",
+        "TOTAL",
+        "OPEN",
+        "TASKS",
+        "UNREAD",
+        "OUTBOX",
+    ]
     alpha = next(line for line in table if line.startswith("alpha"))
     assert alpha.split()[-2:] == ["2", "1"] and "never" in alpha
-    assert alpha.split()[-6:-2] == ["3,000", "0", "$0.1200", "$0.1200"]   # tokens today/total, usd
+    assert alpha.split()[-6:-2] == ["3,000", "0", "$0.1200", "$0.1200"]  # tokens today/total, usd
     assert any(line.startswith("beta") for line in table)
     (a / "state" / "ledger.json").write_text("{broken")
     alpha = next(line for line in status_table(root).splitlines() if line.startswith("alpha"))
@@ -288,8 +349,9 @@ def test_status_root_is_one_table_of_every_agent(tmp_path):
 @pytest.mark.docker
 def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path):
     root = tmp_path / "agents"
-    agent_dir = make_agent(root, "pricey", schedule="60s", live=True, policy={"budget": {"max_usd_per_day": 5}},
-                           model="claude-imaginary-9")
+    agent_dir = make_agent(
+        root, "pricey", schedule="60s", live=True, policy={"budget": {"max_usd_per_day": 5}}, model="claude-imaginary-9"
+    )
     with serving(root, script_file(tmp_path, QUICK)) as (_, lines):
         wait_for(lambda: any(line.startswith("wakeloop serve:", 21) for line in lines), "startup", WAIT_S)
     refusal = [line for line in lines if "pricey: not scheduled:" in line]
@@ -299,10 +361,11 @@ def test_an_agent_with_a_usd_cap_on_an_unpriced_model_is_not_scheduled(tmp_path)
 
 def test_a_linked_agent_folder_or_agent_yaml_is_no_agent(tmp_path):
     from orchestrator.fleet.schedule import agent_dirs
+
     root = tmp_path / "agents"
     real = init_agent(root / "real")
     elsewhere = init_agent(tmp_path / "elsewhere")
-    (root / "linked").symlink_to(elsewhere)                    # a folder that is a link
+    (root / "linked").symlink_to(elsewhere)  # a folder that is a link
     odd = init_agent(root / "odd")
     (odd / "agent.yaml").unlink()
     (odd / "agent.yaml").symlink_to(elsewhere / "agent.yaml")  # an agent.yaml that is a link

@@ -11,8 +11,22 @@ import struct
 import pytest
 
 from orchestrator.sandbox import seccomp
-from orchestrator.sandbox.seccomp import (ABIS, ALLOW, ENOSYS, EPERM, ERRNO, X32_BIT, assemble, goto, jeq,
-                                          jset, label, ld, program, ret)
+from orchestrator.sandbox.seccomp import (
+    ABIS,
+    ALLOW,
+    ENOSYS,
+    EPERM,
+    ERRNO,
+    X32_BIT,
+    assemble,
+    goto,
+    jeq,
+    jset,
+    label,
+    ld,
+    program,
+    ret,
+)
 
 DENIED_EPERM, DENIED_ENOSYS = ERRNO | EPERM, ERRNO | ENOSYS
 
@@ -20,9 +34,9 @@ DENIED_EPERM, DENIED_ENOSYS = ERRNO | EPERM, ERRNO | ENOSYS
 def run_bpf(prog: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
     """What the kernel's seccomp would return for this call: the classic BPF subset we emit."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
-    ops = [struct.unpack("<HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    ops = [struct.unpack("<HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
     pc, a = 0, 0
-    for _ in range(len(ops) + 1):   # forward jumps only: at most one pass
+    for _ in range(len(ops) + 1):  # forward jumps only: at most one pass
         code, jt, jf, k = ops[pc]
         pc += 1
         if code == seccomp.LD_ABS:
@@ -43,21 +57,61 @@ def run_bpf(prog: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
 
 
 # Written out again, from the kernel's tables, not read from seccomp.py.
-CHMODS = {"x86_64": {"chmod": (90, 1), "fchmod": (91, 1), "fchmodat": (268, 2), "fchmodat2": (452, 2),
-                     "mknod": (133, 1), "mknodat": (259, 2), "creat": (85, 1)},
-          "i386": {"chmod": (15, 1), "fchmod": (94, 1), "fchmodat": (306, 2), "fchmodat2": (452, 2),
-                   "mknod": (14, 1), "mknodat": (297, 2), "creat": (8, 1)},
-          "aarch64": {"fchmod": (52, 1), "fchmodat": (53, 2), "fchmodat2": (452, 2), "mknodat": (33, 2)},
-          "arm": {"chmod": (15, 1), "fchmod": (94, 1), "fchmodat": (333, 2), "fchmodat2": (452, 2),
-                  "mknod": (14, 1), "mknodat": (324, 2), "creat": (8, 1)}}
-OPENS = {"x86_64": {"open": (2, 1), "openat": (257, 2)}, "i386": {"open": (5, 1), "openat": (295, 2)},
-         "aarch64": {"openat": (56, 2)}, "arm": {"open": (5, 1), "openat": (322, 2)}}
+CHMODS = {
+    "x86_64": {
+        "chmod": (90, 1),
+        "fchmod": (91, 1),
+        "fchmodat": (268, 2),
+        "fchmodat2": (452, 2),
+        "mknod": (133, 1),
+        "mknodat": (259, 2),
+        "creat": (85, 1),
+    },
+    "i386": {
+        "chmod": (15, 1),
+        "fchmod": (94, 1),
+        "fchmodat": (306, 2),
+        "fchmodat2": (452, 2),
+        "mknod": (14, 1),
+        "mknodat": (297, 2),
+        "creat": (8, 1),
+    },
+    "aarch64": {"fchmod": (52, 1), "fchmodat": (53, 2), "fchmodat2": (452, 2), "mknodat": (33, 2)},
+    "arm": {
+        "chmod": (15, 1),
+        "fchmod": (94, 1),
+        "fchmodat": (333, 2),
+        "fchmodat2": (452, 2),
+        "mknod": (14, 1),
+        "mknodat": (324, 2),
+        "creat": (8, 1),
+    },
+}
+OPENS = {
+    "x86_64": {"open": (2, 1), "openat": (257, 2)},
+    "i386": {"open": (5, 1), "openat": (295, 2)},
+    "aarch64": {"openat": (56, 2)},
+    "arm": {"open": (5, 1), "openat": (322, 2)},
+}
 ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7, "arm": 0x40000028}
-MODES = [0o755, 0o644, 0o4755, 0o2755, 0o6755, 0o4000, 0o2000, 0o7777, 0o1777, 0o100755, 0o104755,
-         0xFFFF0000 | 0o755, 0xFFFFFFFF]
+MODES = [
+    0o755,
+    0o644,
+    0o4755,
+    0o2755,
+    0o6755,
+    0o4000,
+    0o2000,
+    0o7777,
+    0o1777,
+    0o100755,
+    0o104755,
+    0xFFFF0000 | 0o755,
+    0xFFFFFFFF,
+]
 FLAGS = [0, 0o1, 0o2, 0o100, 0o101, 0o20200000, 0o20200002, 0o200000, 0o1000 | 0o2, 0o100 | 0o1000 | 0o2]
 CREATES = 0o100 | 0o20000000
-ARG_HIGH = [0, 0xFFFFFFFF00000000]   # junk in an arg's high half changes nothing
+ARG_HIGH = [0, 0xFFFFFFFF00000000]  # junk in an arg's high half changes nothing
 
 
 def test_the_tables_name_every_abi_and_call():
@@ -113,7 +167,7 @@ def test_x32_calls_are_x86_64_numbers_with_bit_30():
 
 
 def test_an_unknown_abi_keeps_the_io_uring_rule_alone():
-    for arch in (0, 0x80000016, 0xC0000028):   # none, s390x, a made-up one
+    for arch in (0, 0x80000016, 0xC0000028):  # none, s390x, a made-up one
         assert run_bpf(seccomp.FILTER, 425, arch) == DENIED_ENOSYS
         assert run_bpf(seccomp.FILTER, 90, arch, (0, 0o4755)) == ALLOW
 
@@ -133,5 +187,5 @@ def test_the_assembler_resolves_labels_and_refuses_what_cannot_jump():
 
 
 def test_the_filter_fits_the_kernel():
-    assert len(seccomp.FILTER) % 8 == 0 and len(seccomp.FILTER) // 8 <= 4096   # BPF_MAXINSNS
+    assert len(seccomp.FILTER) % 8 == 0 and len(seccomp.FILTER) // 8 <= 4096  # BPF_MAXINSNS
     assert program() and seccomp.FILTER == assemble(program())

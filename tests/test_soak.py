@@ -22,16 +22,16 @@ import pytest
 
 from bench import soak as bench_soak
 
-AGENTS = 3                  # few: the warm-up (each agent's first wake) ends early in the run
-SECONDS = 45                # the run; with set-up and shutdown the test stays under a minute
-SAMPLE_S = 1.0              # ~45 samples, ~35 after the warm-up: a quarter averages eight or more
-MAX_GROWTH = 1.25           # last quarter over first: more is a leak (the issue's bar)
+AGENTS = 3  # few: the warm-up (each agent's first wake) ends early in the run
+SECONDS = 45  # the run; with set-up and shutdown the test stays under a minute
+SAMPLE_S = 1.0  # ~45 samples, ~35 after the warm-up: a quarter averages eight or more
+MAX_GROWTH = 1.25  # last quarter over first: more is a leak (the issue's bar)
 # serve's open descriptors, at any sample: stdio, the log, the engine client's 25
 # per-URL pools and the calls in flight measure 33-45 here. With a client per wake
 # (before) this run peaked at 193 and grew in a saw-tooth the collector set.
 MAX_FDS = 100
-TINY_LOG = {"rotate_size": "4k"}    # every wake or two rotates: the soak exercises retention too
-CALLS = 6                   # calls counted in the one-sandbox check
+TINY_LOG = {"rotate_size": "4k"}  # every wake or two rotates: the soak exercises retention too
+CALLS = 6  # calls counted in the one-sandbox check
 # Calls before counting. The SDK keeps a connection pool per URL (a container's
 # start, wait, inspect, delete: ~5 new URLs a call) in an LRU of 25 pools, each
 # keeping its idle connection until evicted: a bounded set, full after ~5 calls.
@@ -49,7 +49,7 @@ def test_serve_holds_descriptors_and_memory_flat_under_a_short_soak(tmp_path):
         bench_soak.release_disks(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
     table = bench_soak.table(result)
-    print(table)   # with -s: the numbers behind a pass
+    print(table)  # with -s: the numbers behind a pass
     assert result.failures == [], table
     assert result.wakes >= AGENTS, table
     assert result.growth("fds") <= MAX_GROWTH, table
@@ -66,7 +66,7 @@ def test_a_sandbox_call_leaves_no_socket_for_the_collector(make_sandbox):
     sandbox's own opens a connection meanwhile, so the count is exact. Before the
     fix each call left about three."""
     box = make_sandbox(warm=0)
-    for _ in range(WARM_CALLS):     # fills the engine client's pools; from here a new pool evicts one
+    for _ in range(WARM_CALLS):  # fills the engine client's pools; from here a new pool evicts one
         assert box.run("true", 30, 1000).exit_code == 0
     gc.disable()
     try:

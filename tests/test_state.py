@@ -18,25 +18,40 @@ from tests.helpers.sync import read_until, release_fifo
 
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
 from orchestrator.records.transcript import read_lines, transcript_path
-from orchestrator.records.state import (LOCK_FILE, STATE_FILE, State, WakeLock, commit_inbox, drain_inbox,
-                                load_state, lock_holder, peek_inbox, restore_inbox, save_state,
-                                send_message_to_agent)
+from orchestrator.records.state import (
+    LOCK_FILE,
+    STATE_FILE,
+    State,
+    WakeLock,
+    commit_inbox,
+    drain_inbox,
+    load_state,
+    lock_holder,
+    peek_inbox,
+    restore_inbox,
+    save_state,
+    send_message_to_agent,
+)
 
-WAKE_TIMEOUT_S = 120                # one CLI wake with a few sandbox calls on a busy engine
-EVENT_DEADLINE_S = 60               # until a started wake reaches its sandbox call
+WAKE_TIMEOUT_S = 120  # one CLI wake with a few sandbox calls on a busy engine
+EVENT_DEADLINE_S = 60  # until a started wake reaches its sandbox call
 
 
 def start_wake(agent_dir: Path, script: Path) -> subprocess.Popen:
     env = scrubbed_env()
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--script",
-                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "wake", str(agent_dir), "--script", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def script_file(tmp_path: Path, command: str) -> Path:
     path = tmp_path / f"script-{abs(hash(command))}.json"
-    path.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": command}}]},
-                                {"text": "done"}]))
+    path.write_text(json.dumps([{"tool_calls": [{"name": "bash", "input": {"command": command}}]}, {"text": "done"}]))
     return path
 
 
@@ -45,6 +60,7 @@ def receipt_of(out: str) -> dict:
 
 
 # -- the lock ------------------------------------------------------------------------
+
 
 def test_two_wakes_started_together_exactly_one_runs(agent_dir, tmp_path):
     script = script_file(tmp_path, "sleep 3; echo slept")
@@ -63,8 +79,11 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     send_message_to_agent(agent_dir / "state", "survive the crash")
     proc = start_wake(agent_dir, script_file(tmp_path, "sleep 60"))
     events = agent_dir / "state" / EVENTS_FILE
-    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)),
-             "the first wake to reach its sandbox call", EVENT_DEADLINE_S)
+    wait_for(
+        lambda: any(e.type == "tool_call" for e in read_events(events)),
+        "the first wake to reach its sandbox call",
+        EVENT_DEADLINE_S,
+    )
     holder = lock_holder(agent_dir / "state")
     assert holder is not None and holder.pid == proc.pid
     os.kill(proc.pid, signal.SIGKILL)
@@ -76,7 +95,7 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     assert [line["type"] for line in lines] == ["wake", "system", "user", "assistant"]
     assert lines[-1]["content"][0]["input"] == {"command": "sleep 60"}
     shown = support.run_cli("log", str(agent_dir), "--run", killed[:6])
-    assert shown.returncode == 0 and "-> bash {\"command\": \"sleep 60\"}" in shown.stdout
+    assert shown.returncode == 0 and '-> bash {"command": "sleep 60"}' in shown.stdout
     assert "no end line" in shown.stdout
 
     second = start_wake(agent_dir, script_file(tmp_path, "echo second"))
@@ -84,7 +103,7 @@ def test_kill_9_mid_run_next_wake_takes_over_and_state_parses(agent_dir, tmp_pat
     assert second.returncode == 0, err
     receipt = receipt_of(out)
     assert receipt["status"] == "done" and receipt["wake"] == 2
-    assert f"took over the lock of pid {proc.pid}" in err       # progress is on stderr
+    assert f"took over the lock of pid {proc.pid}" in err  # progress is on stderr
     # progress, on stderr: the killed wake's `sleep 60` box, removed
     assert "left by an earlier, interrupted wake" in err
     workspace = str((agent_dir / "workspace").resolve())
@@ -103,8 +122,11 @@ def test_sigterm_ends_the_wake_cleanly(agent_dir, tmp_path):
     os.mkfifo(hold, 0o666)
     proc = start_wake(agent_dir, script_file(tmp_path, "head -c 1 hold; echo ok"))
     events = agent_dir / "state" / EVENTS_FILE
-    wait_for(lambda: any(e.type == "tool_call" for e in read_events(events)),
-             "the wake to reach its sandbox call", EVENT_DEADLINE_S)
+    wait_for(
+        lambda: any(e.type == "tool_call" for e in read_events(events)),
+        "the wake to reach its sandbox call",
+        EVENT_DEADLINE_S,
+    )
     proc.send_signal(signal.SIGTERM)
     said = read_until(proc, proc.stderr, "SIGTERM: the wake ends at its next step boundary", WAKE_TIMEOUT_S)
     release_fifo(hold, WAKE_TIMEOUT_S)
@@ -139,6 +161,7 @@ def test_lock_of_a_dead_pid_is_taken_over_at_once(tmp_path):
 
 # -- state.json -----------------------------------------------------------------------
 
+
 def test_state_round_trip_is_atomic(tmp_path):
     save_state(tmp_path, State(wake=3, tokens_lifetime=1200))
     assert load_state(tmp_path) == (State(wake=3, tokens_lifetime=1200), None)
@@ -171,11 +194,12 @@ def test_corrupt_state_does_not_stop_a_wake(agent_dir, tmp_path):
 
 # -- the inbox -------------------------------------------------------------------------
 
+
 def test_inbox_drain_commit_and_restore(tmp_path):
     send_message_to_agent(tmp_path, "one")
     assert "one" in drain_inbox(tmp_path)
-    send_message_to_agent(tmp_path, "two")        # arrives while the wake runs
-    restore_inbox(tmp_path)                        # the wake died before its first model call
+    send_message_to_agent(tmp_path, "two")  # arrives while the wake runs
+    restore_inbox(tmp_path)  # the wake died before its first model call
     text = peek_inbox(tmp_path)
     assert text.index("one") < text.index("two")  # put back at the head of the queue
     assert "one" in drain_inbox(tmp_path) and "two" in peek_inbox(tmp_path)
@@ -185,7 +209,7 @@ def test_inbox_drain_commit_and_restore(tmp_path):
 
 def test_inbox_taken_by_a_killed_wake_is_drained_next_time(tmp_path):
     send_message_to_agent(tmp_path, "old")
-    drain_inbox(tmp_path)                          # ...and then the wake was killed -9
+    drain_inbox(tmp_path)  # ...and then the wake was killed -9
     send_message_to_agent(tmp_path, "new")
     text = drain_inbox(tmp_path)
     assert text.index("old") < text.index("new")

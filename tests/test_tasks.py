@@ -17,13 +17,13 @@ from tests.helpers import run_cli, set_policy
 from tests.helpers.recorded import first_user_text
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.records.tasks import (TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks,
-                                open_tasks)
+from orchestrator.records.tasks import TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks, open_tasks
 
 KEY = FAKE_KEY
 
 
 # -- the queue ---------------------------------------------------------------------------
+
 
 def test_tasks_move_todo_claimed_done_in_order(tmp_path):
     t1, t2 = add_task(tmp_path, "write the README"), add_task(tmp_path, "  fix   the  tests ")
@@ -42,7 +42,7 @@ def test_tasks_move_todo_claimed_done_in_order(tmp_path):
 def test_a_task_left_claimed_by_an_ended_wake_is_carried_on_first(tmp_path):
     add_task(tmp_path, "a")
     add_task(tmp_path, "b")
-    claim_next(tmp_path, "run-killed")          # that wake never closed it
+    claim_next(tmp_path, "run-killed")  # that wake never closed it
     again = claim_next(tmp_path, "run-next")
     assert (again.id, again.claimed_by) == ("t1", "run-next")
 
@@ -90,16 +90,20 @@ def test_task_add_and_list_on_the_command_line(agent_dir):
 
 # -- whole wakes -----------------------------------------------------------------------------
 
+
 @pytest.mark.docker
 def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
+
     add_task(agent_dir / "state", "count the files in the workspace")
     add_task(agent_dir / "state", "the next one, for a later wake")
-    api = fake_api([
-        turn(tool_use("bash", {"command": "find . -type f | wc -l"})),
-        turn(tool_use("complete_task", {"task_id": "t1", "status": "done", "note": "2 files"})),
-        turn(text("Task done.")),
-    ])
+    api = fake_api(
+        [
+            turn(tool_use("bash", {"command": "find . -type f | wc -l"})),
+            turn(tool_use("complete_task", {"task_id": "t1", "status": "done", "note": "2 files"})),
+            turn(text("Task done.")),
+        ]
+    )
     receipt = wake(load_agent(agent_dir), live=True)
 
     assert receipt.status == "done"
@@ -107,7 +111,7 @@ def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fa
     assert "complete_task" in [t["name"] for t in api.requests[0].body["tools"]]
     tasks = load_tasks(agent_dir / "state")
     assert (tasks[0].status, tasks[0].note, tasks[0].claimed_by) == ("done", "2 files", receipt.run_id)
-    assert tasks[1].status == "todo"                 # one task per wake
+    assert tasks[1].status == "todo"  # one task per wake
     types = [e.type for e in read_events(agent_dir / "state" / EVENTS_FILE)]
     assert "task_claimed" in types
 
@@ -115,10 +119,12 @@ def test_a_wake_claims_the_task_names_it_and_the_tool_completes_it(agent_dir, fa
 @pytest.mark.docker
 def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
+
     add_task(agent_dir / "state", "first")
     add_task(agent_dir / "state", "second")
-    api = fake_api([turn(tool_use("complete_task", {"task_id": "t2", "status": "done", "note": "x"})),
-                    turn(text("ok"))])
+    api = fake_api(
+        [turn(tool_use("complete_task", {"task_id": "t2", "status": "done", "note": "x"})), turn(text("ok"))]
+    )
     wake(load_agent(agent_dir), live=True)
     answer = api.requests[1].body["messages"][-1]["content"][0]
     assert answer.get("is_error") and "t2 is todo" in str(answer["content"])
@@ -128,6 +134,7 @@ def test_complete_task_cannot_close_a_task_this_wake_did_not_claim(agent_dir, fa
 @pytest.mark.docker
 def test_a_policy_can_take_complete_task_away(agent_dir, fake_api):
     from orchestrator.wake.loop import wake
+
     set_policy(agent_dir, {"tools": {"complete_task": {"enabled": False}}})
     add_task(agent_dir / "state", "first")
     api = fake_api([turn(text("nothing to do"))])

@@ -33,6 +33,7 @@ class Receiver:
 
     def take(self, body: bytes) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
         self.raw += body
         request = ExportTraceServiceRequest.FromString(body)
         for resource in request.resource_spans:
@@ -44,9 +45,16 @@ def _span(s, scope: str) -> dict:
     def value(v):
         kind = v.WhichOneof("value")
         return list(value(x) for x in v.array_value.values) if kind == "array_value" else getattr(v, kind)
-    return {"name": s.name, "id": s.span_id.hex(), "parent": s.parent_span_id.hex() or None,
-            "trace": s.trace_id.hex(), "scope": scope, "attrs": {a.key: value(a.value) for a in s.attributes},
-            "error": s.status.code == 2}
+
+    return {
+        "name": s.name,
+        "id": s.span_id.hex(),
+        "parent": s.parent_span_id.hex() or None,
+        "trace": s.trace_id.hex(),
+        "scope": scope,
+        "attrs": {a.key: value(a.value) for a in s.attributes},
+        "error": s.status.code == 2,
+    }
 
 
 def test_a_live_wake_is_one_trace_wake_model_requests_tool_calls_and_containers(agent_dir):
@@ -55,9 +63,17 @@ def test_a_live_wake_is_one_trace_wake_model_requests_tool_calls_and_containers(
     replies = [turn(text("Checking."), tool_use("bash", {"command": f"echo {OUTPUT_MARK}"})), turn(text("Done."))]
     try:
         with FakeAPI(replies) as api:
-            done = run_cli("wake", str(agent_dir), "--live",
-                           env={"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": FAKE_KEY,
-                                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"})
+            done = run_cli(
+                "wake",
+                str(agent_dir),
+                "--live",
+                env={
+                    "ANTHROPIC_BASE_URL": api.url,
+                    "ANTHROPIC_API_KEY": FAKE_KEY,
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                    "OTEL_BSP_SCHEDULE_DELAY": "200",
+                },
+            )
         assert done.returncode == 0, done.stderr
         spans = wait_for(lambda: receiver.spans if len(receiver.spans) >= 5 else None, "the wake's spans", 30)
     finally:
@@ -71,7 +87,7 @@ def test_a_live_wake_is_one_trace_wake_model_requests_tool_calls_and_containers(
     [wake] = by_name["invoke_agent"]
     assert wake["parent"] is None and wake["attrs"]["gen_ai.agent.name"] == "agent"
     assert wake["attrs"]["gen_ai.operation.name"] == "invoke_agent" and wake["attrs"]["wakeloop.status"] == "done"
-    chats = [s for s in spans if s["scope"] == "com.anthropic.sdk.python"]   # the SDK's own spans, not ours
+    chats = [s for s in spans if s["scope"] == "com.anthropic.sdk.python"]  # the SDK's own spans, not ours
     assert len(chats) == 2 and all(c["parent"] == wake["id"] for c in chats)
     assert all(c["attrs"]["gen_ai.operation.name"] == "chat" for c in chats)
     assert all(c["attrs"]["gen_ai.request.model"] == "claude-sonnet-4-6" for c in chats)

@@ -55,23 +55,38 @@ def wake(tmp_path):
     lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
     for folder in (lower, upper, work, merged):
         folder.mkdir()
-    sh(lower, """
+    sh(
+        lower,
+        """
         echo keep > keep.txt; echo old > edit.txt; echo bye > gone.txt; echo same > touched.txt
         mkdir -p dir/sub deploy .github/workflows tree; echo a > dir/a.txt; echo b > dir/sub/b.txt
         echo prod > deploy/prod.yaml; echo ci > .github/workflows/ci.yml; echo x > tree/x
         echo run > mode.sh; chmod 644 mode.sh; echo file > swap; mkdir moved; echo m > moved/m.txt
-    """)
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                    f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}", str(merged)],
-                   check=True)
+    """,
+    )
+    subprocess.run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}",
+            str(merged),
+        ],
+        check=True,
+    )
     try:
-        sh(merged, """
+        sh(
+            merged,
+            """
             echo new > new.txt; echo changed > edit.txt; rm gone.txt; touch touched.txt; rm -r dir
             mkdir -p newdir/sub; echo n > newdir/sub/n.txt; ln -s /etc/passwd link; ln keep.txt hard.txt
             chmod 755 mode.sh; echo hacked > deploy/prod.yaml; echo evil > .github/workflows/evil.yml
             rm swap; mkdir swap; echo s > swap/s.txt; rm -r tree; echo now-a-file > tree
             mv moved renamed; echo sid > sid; chmod 4755 sid; mkdir -p .git/hooks; echo x > .git/hooks/pre-commit
-        """)
+        """,
+        )
     finally:
         subprocess.run(["umount", str(merged)], check=True)
     return lower, upper
@@ -81,19 +96,38 @@ def test_the_upper_layer_is_read_as_what_the_wake_changed_and_nothing_else(wake)
     lower, upper = wake
     changes = {(c.path, c.kind, c.type) for c in scan(upper, lower)}
     assert changes == {
-        ("new.txt", "added", "file"), ("edit.txt", "modified", "file"), ("gone.txt", "deleted", "file"),
-        ("dir/a.txt", "deleted", "file"), ("dir/sub/b.txt", "deleted", "file"), ("dir/sub", "deleted", "dir"),
-        ("dir", "deleted", "dir"), ("newdir", "added", "dir"), ("newdir/sub", "added", "dir"),
-        ("newdir/sub/n.txt", "added", "file"), ("link", "added", "link"), ("hard.txt", "added", "file"),
-        ("mode.sh", "modified", "file"), ("deploy/prod.yaml", "modified", "file"),
-        (".github/workflows/evil.yml", "added", "file"), ("swap", "deleted", "file"), ("swap", "added", "dir"),
-        ("swap/s.txt", "added", "file"), ("tree/x", "deleted", "file"), ("tree", "deleted", "dir"),
-        ("tree", "added", "file"), ("moved/m.txt", "deleted", "file"), ("moved", "deleted", "dir"),
-        ("renamed", "added", "dir"), ("renamed/m.txt", "added", "file"), ("sid", "added", "file"),
-        (".git", "added", "dir"), (".git/hooks", "added", "dir"), (".git/hooks/pre-commit", "added", "file"),
-    }   # touched.txt and keep.txt were copied up (touch, a hard link) but did not change
+        ("new.txt", "added", "file"),
+        ("edit.txt", "modified", "file"),
+        ("gone.txt", "deleted", "file"),
+        ("dir/a.txt", "deleted", "file"),
+        ("dir/sub/b.txt", "deleted", "file"),
+        ("dir/sub", "deleted", "dir"),
+        ("dir", "deleted", "dir"),
+        ("newdir", "added", "dir"),
+        ("newdir/sub", "added", "dir"),
+        ("newdir/sub/n.txt", "added", "file"),
+        ("link", "added", "link"),
+        ("hard.txt", "added", "file"),
+        ("mode.sh", "modified", "file"),
+        ("deploy/prod.yaml", "modified", "file"),
+        (".github/workflows/evil.yml", "added", "file"),
+        ("swap", "deleted", "file"),
+        ("swap", "added", "dir"),
+        ("swap/s.txt", "added", "file"),
+        ("tree/x", "deleted", "file"),
+        ("tree", "deleted", "dir"),
+        ("tree", "added", "file"),
+        ("moved/m.txt", "deleted", "file"),
+        ("moved", "deleted", "dir"),
+        ("renamed", "added", "dir"),
+        ("renamed/m.txt", "added", "file"),
+        ("sid", "added", "file"),
+        (".git", "added", "dir"),
+        (".git/hooks", "added", "dir"),
+        (".git/hooks/pre-commit", "added", "file"),
+    }  # touched.txt and keep.txt were copied up (touch, a hard link) but did not change
     link = next(c for c in scan(upper, lower) if c.path == "link")
-    assert link.target == "/etc/passwd" and link.size == 0        # a link as a link, never followed
+    assert link.target == "/etc/passwd" and link.size == 0  # a link as a link, never followed
 
 
 def test_the_policy_refuses_protected_paths_git_and_set_id_by_any_tool_and_lands_the_rest(wake):
@@ -101,18 +135,22 @@ def test_the_policy_refuses_protected_paths_git_and_set_id_by_any_tool_and_lands
     before = tree(lower)
     allowed, refused = check(scan(upper, lower), PROTECT, protect_git=True)
     assert {(r.change.path, r.rule) for r in refused} == {
-        ("deploy/prod.yaml", "deploy/**"), (".github/workflows/evil.yml", "**/.github/**"),
-        ("sid", "set-id bit"), (".git", "protect_git"), (".git/hooks", "protect_git"),
-        (".git/hooks/pre-commit", "protect_git")}
+        ("deploy/prod.yaml", "deploy/**"),
+        (".github/workflows/evil.yml", "**/.github/**"),
+        ("sid", "set-id bit"),
+        (".git", "protect_git"),
+        (".git/hooks", "protect_git"),
+        (".git/hooks/pre-commit", "protect_git"),
+    }
     commit(upper, lower, lower.parent / "undo-1", "run-1", allowed)
     after = tree(lower)
     assert after["new.txt"][2] == b"new\n" and after["edit.txt"][2] == b"changed\n"
     assert "gone.txt" not in after and "dir" not in after and after["link"] == ("link", "/etc/passwd")
     assert after["mode.sh"][1] == 0o755 and after["swap"][0] == "dir" and after["tree"][2] == b"now-a-file\n"
     assert after["renamed/m.txt"][2] == b"m\n" and "moved" not in after
-    assert after["hard.txt"][2] == b"keep\n"                     # a hard link to a kept file: its own copy
+    assert after["hard.txt"][2] == b"keep\n"  # a hard link to a kept file: its own copy
     for kept in ("deploy/prod.yaml", ".github/workflows/ci.yml"):
-        assert after[kept] == before[kept]                       # refused: as before the wake
+        assert after[kept] == before[kept]  # refused: as before the wake
     assert ".github/workflows/evil.yml" not in after and "sid" not in after and ".git" not in after
     assert transaction.read_manifest(lower.parent / "undo-1")["state"] == "committed"
 
@@ -122,7 +160,7 @@ def test_undo_puts_back_exactly_what_was_there_and_refuses_when_a_later_wake_cha
     before = tree(lower)
     allowed, _ = check(scan(upper, lower), PROTECT)
     commit(upper, lower, tmp_path / "undo-1", "run-1", allowed)
-    later = tmp_path / "undo-2"      # a second wake that edits new.txt again
+    later = tmp_path / "undo-2"  # a second wake that edits new.txt again
     second = tmp_path / "upper-2"
     second.mkdir()
     (second / "new.txt").write_text("newer\n")
@@ -130,7 +168,7 @@ def test_undo_puts_back_exactly_what_was_there_and_refuses_when_a_later_wake_cha
     with pytest.raises(transaction.TransactionError, match="run-2.*new.txt"):
         undo_run(lower, tmp_path / "undo-1", [later])
     undo_run(lower, later, [])
-    undo_run(lower, tmp_path / "undo-1", [later])               # the later wake is undone: allowed now
+    undo_run(lower, tmp_path / "undo-1", [later])  # the later wake is undone: allowed now
     assert tree(lower) == before
 
 
@@ -138,7 +176,7 @@ def kill_at(step: int, action) -> bool:
     """Run `action` in a forked child that SIGKILLs itself at its `step`-th rename; True if it
     finished before that step. An exception in the child fails the test (exit 1), never passes."""
     pid = os.fork()
-    if pid == 0:    # the child: never returns to pytest
+    if pid == 0:  # the child: never returns to pytest
         code = 1
         try:
             calls = [0]
@@ -149,6 +187,7 @@ def kill_at(step: int, action) -> bool:
                     os.kill(os.getpid(), signal.SIGKILL)
                 calls[0] += 1
                 real(src, dst)
+
             os.rename = rename
             action()
             code = 0
@@ -179,20 +218,20 @@ def test_a_commit_or_an_undo_killed_at_any_step_is_finished_at_the_next_start(wa
     allowed, _ = check(scan(upper, lower), PROTECT)
     template = tmp_path / "template"
     template.mkdir()
-    subprocess.run(["cp", "-a", str(lower), str(upper), str(template)], check=True)   # whiteouts, xattrs kept
+    subprocess.run(["cp", "-a", str(lower), str(upper), str(template)], check=True)  # whiteouts, xattrs kept
     whole = tmp_path / "whole"
     subprocess.run(["cp", "-a", str(template), str(whole)], check=True)
     commit(whole / "upper", whole / "lower", whole / "undo", "run-1", allowed)
-    reference = tree(whole / "lower")        # what an uninterrupted commit leaves
+    reference = tree(whole / "lower")  # what an uninterrupted commit leaves
     steps = 0
-    while True:   # every step of the commit, then every step of the undo that follows it
+    while True:  # every step of the commit, then every step of the undo that follows it
         trial = tmp_path / f"trial-{steps}"
         subprocess.run(["cp", "-a", str(template), str(trial)], check=True)
         t_lower, t_upper, undo = trial / "lower", trial / "upper", trial / "undo"
         finished = kill_at(steps, partial(commit, t_upper, t_lower, undo, "run-1", allowed))
         recover(t_lower, undo)
         committed = tree(t_lower)
-        begun = (undo / transaction.MANIFEST).exists()     # killed before its manifest: nothing to undo
+        begun = (undo / transaction.MANIFEST).exists()  # killed before its manifest: nothing to undo
         undone = kill_at(steps, partial(undo_run, t_lower, undo, [])) if begun else True
         recover(t_lower, undo)
         assert tree(t_lower) == before, f"killed at step {steps}: the undo did not put it all back"
@@ -201,4 +240,4 @@ def test_a_commit_or_an_undo_killed_at_any_step_is_finished_at_the_next_start(wa
         if finished and undone:
             break
         steps += 1
-    assert steps > 20          # a commit of this wake is that many renames: each was a place to die
+    assert steps > 20  # a commit of this wake is that many renames: each was a place to die

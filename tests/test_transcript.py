@@ -30,9 +30,9 @@ def test_lines_are_written_as_they_happen_scrubbed_and_a_torn_line_is_skipped(tm
     t.add("wake", wake=1, agent="a")
     t.system(f"you are a. key {SECRET}", "abc123")
     t.add("assistant", step=1, content=[{"type": "text", "text": f"the key is {SECRET}"}])
-    assert [line["type"] for line in lines_of(t.path)] == ["wake", "system", "assistant"]   # before any end
+    assert [line["type"] for line in lines_of(t.path)] == ["wake", "system", "assistant"]  # before any end
     with open(t.path, "ab") as f:
-        f.write(b'{"type": "tool_res')                # what kill -9 mid-write leaves
+        f.write(b'{"type": "tool_res')  # what kill -9 mid-write leaves
     assert [line["type"] for line in lines_of(t.path)] == ["wake", "system", "assistant"]
     everything = t.path.read_text() + tr.prompt_text(tmp_path, "abc123")
     assert SECRET not in everything and "[redacted]" in everything
@@ -61,10 +61,11 @@ def test_prune_drops_old_then_oldest_over_the_cap_never_the_current_run_and_orph
     current = tr.Transcript(tmp_path, "current", 1 << 20, ())
     current.system("prompt", "hash0")
     current.add("user", text="z" * 5000)
-    os.utime(current.path, (now - 100 * 86400,) * 2)   # even an old-looking current run stays
+    os.utime(current.path, (now - 100 * 86400,) * 2)  # even an old-looking current run stays
     size = (tmp_path / "transcripts/run3.jsonl").stat().st_size
-    pruned = tr.prune(tmp_path, max_agent_bytes=current.path.stat().st_size + size + 10,
-                      retention_days=30, keep="current", now=now)
+    pruned = tr.prune(
+        tmp_path, max_agent_bytes=current.path.stat().st_size + size + 10, retention_days=30, keep="current", now=now
+    )
     left = sorted(p.stem for p in tr.runs(tmp_path))
     assert left == ["current", "run3"] and pruned.files == 3
     assert sorted(p.stem for p in (tmp_path / "transcripts/prompts").iterdir()) == ["hash0", "hash3"]
@@ -74,14 +75,28 @@ def test_prune_drops_old_then_oldest_over_the_cap_never_the_current_run_and_orph
 def test_render_names_who_spoke_what_ran_exit_codes_and_cost(tmp_path):
     t = tr.Transcript(tmp_path, "r", 1 << 20, ())
     t.add("wake", run_id="r", wake=3, agent="demo", model="m", live=True)
-    t.add("assistant", step=1, content=[{"type": "text", "text": "Looking.\x1b[31m"},
-                                         {"type": "tool_use", "name": "bash", "input": {"command": "ls"}}],
-          stop_reason="tool_use", usage={"input_tokens": 10, "output_tokens": 5}, usd_so_far=0.0012)
+    t.add(
+        "assistant",
+        step=1,
+        content=[
+            {"type": "text", "text": "Looking.\x1b[31m"},
+            {"type": "tool_use", "name": "bash", "input": {"command": "ls"}},
+        ],
+        stop_reason="tool_use",
+        usage={"input_tokens": 10, "output_tokens": 5},
+        usd_so_far=0.0012,
+    )
     t.add("tool_result", step=1, tool="bash", text="[exit 2]\nnope", exit_code=2, duration_ms=1500)
     t.end(status="done", reason="end_turn", steps=1, tokens=15, tool_calls=1, usd=0.0012, duration_ms=2000)
     text = "\n".join(render_transcript(lines_of(t.path), tmp_path))
-    for expected in ("wake #3 of demo", "model > (tool_use, 15 tokens, $0.0012", "-> bash {\"command\": \"ls\"}",
-                     "bash <- exit 2, 1.5s", "== done: end_turn", "$0.0012"):
+    for expected in (
+        "wake #3 of demo",
+        "model > (tool_use, 15 tokens, $0.0012",
+        '-> bash {"command": "ls"}',
+        "bash <- exit 2, 1.5s",
+        "== done: end_turn",
+        "$0.0012",
+    ):
         assert expected in text, text
     assert "\x1b" not in text
     assert render_line({"type": "odd", "x": 1}).startswith(" odd")
@@ -102,6 +117,7 @@ def test_transcript_policy_keys_have_defaults_are_checked_and_bounded_by_the_cei
 
 def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path):
     from orchestrator.views.logview import follow_transcript
+
     t = tr.Transcript(tmp_path, "live", 1 << 20, ())
     t.add("wake", run_id="live", wake=1, agent="a", model="m", live=False)
     shown, first = [], threading.Event()
@@ -109,6 +125,7 @@ def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path)
     def out(line):
         shown.append(line)
         first.set()
+
     follower = threading.Thread(target=follow_transcript, args=(t.path, out), daemon=True)
     follower.start()
     assert first.wait(10), "the follower never printed the first line"
@@ -123,16 +140,20 @@ def test_log_root_follows_every_agent_a_line_per_event_prefixed_by_its_name(tmp_
     from orchestrator.views.logview import follow_root
     from orchestrator.policy.agent import init_agent
     from orchestrator.records.events import EVENTS_FILE, EventLog
+
     a, b = init_agent(tmp_path / "alpha"), init_agent(tmp_path / "beta")
-    EventLog(a / "state" / EVENTS_FILE, "old").emit("wake_started", wake=1)   # before following: not shown
+    EventLog(a / "state" / EVENTS_FILE, "old").emit("wake_started", wake=1)  # before following: not shown
     shown, started = [], threading.Event()
-    follower = threading.Thread(target=follow_root, kwargs=dict(
-        root=tmp_path, out=shown.append, stop=lambda: started.set() or len(shown) >= 3), daemon=True)
+    follower = threading.Thread(
+        target=follow_root,
+        kwargs=dict(root=tmp_path, out=shown.append, stop=lambda: started.set() or len(shown) >= 3),
+        daemon=True,
+    )
     follower.start()
     assert started.wait(10)
     EventLog(a / "state" / EVENTS_FILE, "r1").emit("wake_started", wake=2)
     EventLog(b / "state" / EVENTS_FILE, "r2").emit("dead_letter", reason="boom")
-    gamma = init_agent(tmp_path / "gamma")                                    # added while following
+    gamma = init_agent(tmp_path / "gamma")  # added while following
     EventLog(gamma / "state" / EVENTS_FILE, "r3").emit("wake_finished", status="done")
     follower.join(20)
     assert not follower.is_alive()

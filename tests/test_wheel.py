@@ -11,7 +11,7 @@ import subprocess
 import sys
 from tests.helpers import REPO, scrubbed_env
 
-BUILD_TIMEOUT_S = 600               # pip builds the wheel in an isolated env, then installs its dependencies
+BUILD_TIMEOUT_S = 600  # pip builds the wheel in an isolated env, then installs its dependencies
 
 
 def run(argv, cwd, timeout=BUILD_TIMEOUT_S, env=None) -> subprocess.CompletedProcess:
@@ -31,14 +31,19 @@ def test_the_wheel_installs_and_runs_the_quick_start_from_anywhere(tmp_path):
     env = scrubbed_env()
 
     from orchestrator import __version__
+
     assert run([wakeloop, "--version"], home, env=env).stdout.strip() == f"wakeloop {__version__}"
-    console = ("import orchestrator.console.app as a; assert (a.HERE / 'templates' / 'fleet.html').is_file() "
-               "and (a.HERE / 'static' / 'console.css').is_file()")   # serve --http's pages travel too
+    console = (
+        "import orchestrator.console.app as a; assert (a.HERE / 'templates' / 'fleet.html').is_file() "
+        "and (a.HERE / 'static' / 'console.css').is_file()"
+    )  # serve --http's pages travel too
     run([str(venv / "bin/python"), "-c", console], home, env=env)
-    in_box = ("from orchestrator.sandbox import programs as p; assert 'def bare_repo' in p.WRITE_SCRIPT "
-              "and 'wakeloop:ready' in p.LAUNCHER and 'os.fork()' in p.GUARD and '__' not in p.GUARD")
-    run([str(venv / "bin/python"), "-c", in_box], home, env=env)    # the in-box programs travel as files
-    run([str(venv / "bin/python"), "-c", "import orchestrator.testing.fakeapi"], home, env=env)   # and the stand-ins
+    in_box = (
+        "from orchestrator.sandbox import programs as p; assert 'def bare_repo' in p.WRITE_SCRIPT "
+        "and 'wakeloop:ready' in p.LAUNCHER and 'os.fork()' in p.GUARD and '__' not in p.GUARD"
+    )
+    run([str(venv / "bin/python"), "-c", in_box], home, env=env)  # the in-box programs travel as files
+    run([str(venv / "bin/python"), "-c", "import orchestrator.testing.fakeapi"], home, env=env)  # and the stand-ins
     assert "built wakeloop-sandbox" in run([wakeloop, "image", "build"], home, env=env).stdout
     run([wakeloop, "init", "agents/mine", "--policy", "strict"], home, env=env)
     assert "policies/strict.yaml" in run([wakeloop, "policy", "explain", "agents/mine"], home, env=env).stdout

@@ -15,11 +15,18 @@ import pytest
 from orchestrator.broker import wire
 from orchestrator.broker.wire import BrokerError
 
-EVERY_OP = [wire.Ping(), wire.Rate(), wire.Check("alpha"), wire.WindDown("alpha"),
-            wire.Run("alpha", "ls -la"), wire.Run("alpha", "ls", max_output_chars=100),
-            wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
-            wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
-            wire.Read("alpha", "read_text", "memory/core.md"), wire.Read("alpha", "journal_names", None)]
+EVERY_OP = [
+    wire.Ping(),
+    wire.Rate(),
+    wire.Check("alpha"),
+    wire.WindDown("alpha"),
+    wire.Run("alpha", "ls -la"),
+    wire.Run("alpha", "ls", max_output_chars=100),
+    wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
+    wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
+    wire.Read("alpha", "read_text", "memory/core.md"),
+    wire.Read("alpha", "journal_names", None),
+]
 
 
 @pytest.mark.parametrize("request_", EVERY_OP, ids=lambda r: type(r).__name__)
@@ -33,24 +40,34 @@ def test_every_op_has_its_type_and_each_type_one_op():
     assert set(wire.OPS) == {type(r).op for r in EVERY_OP}
 
 
-@pytest.mark.parametrize("raw, says", [
-    ([], "one JSON object"),
-    ({"op": "create_container", "image": "alpine"}, "unknown op"),
-    ({"op": ["run"]}, "unknown op"),
-    ({"op": "run", "agent": "../alpha", "command": "id"}, "agent must be the name of a folder"),
-    ({"op": "check", "agent": 7}, "agent must be the name of a folder"),
-    ({"op": "run", "agent": "alpha", "command": " "}, "non-empty string"),
-    ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
-    ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
-    ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
-    ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
-    ({"op": "write", "agent": "alpha", "path": "a", "content_b64": "not base64!"}, "base64"),
-    ({"op": "append", "agent": "alpha", "path": "memory/core.md", "content_b64": ""}, "append is only for"),
-    ({"op": "append", "agent": "alpha", "path": "memory/journal/2026-12-01.md",
-      "content_b64": base64.b64encode(b"x" * (wire.APPEND_MAX_BYTES + 1)).decode()}, "at most"),
-    ({"op": "read", "agent": "alpha", "what": "__class__", "arg": "x"}, "read is one of"),
-    ({"op": "read", "agent": "alpha", "what": "read_text"}, "needs a string arg"),
-])
+@pytest.mark.parametrize(
+    "raw, says",
+    [
+        ([], "one JSON object"),
+        ({"op": "create_container", "image": "alpine"}, "unknown op"),
+        ({"op": ["run"]}, "unknown op"),
+        ({"op": "run", "agent": "../alpha", "command": "id"}, "agent must be the name of a folder"),
+        ({"op": "check", "agent": 7}, "agent must be the name of a folder"),
+        ({"op": "run", "agent": "alpha", "command": " "}, "non-empty string"),
+        ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
+        ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
+        ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
+        ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
+        ({"op": "write", "agent": "alpha", "path": "a", "content_b64": "not base64!"}, "base64"),
+        ({"op": "append", "agent": "alpha", "path": "memory/core.md", "content_b64": ""}, "append is only for"),
+        (
+            {
+                "op": "append",
+                "agent": "alpha",
+                "path": "memory/journal/2026-12-01.md",
+                "content_b64": base64.b64encode(b"x" * (wire.APPEND_MAX_BYTES + 1)).decode(),
+            },
+            "at most",
+        ),
+        ({"op": "read", "agent": "alpha", "what": "__class__", "arg": "x"}, "read is one of"),
+        ({"op": "read", "agent": "alpha", "what": "read_text"}, "needs a string arg"),
+    ],
+)
 def test_a_malformed_request_is_refused_in_one_line_before_any_agent_is_looked_up(raw, says):
     with pytest.raises(BrokerError, match=says) as refused:
         wire.parse(raw)
@@ -58,8 +75,17 @@ def test_a_malformed_request_is_refused_in_one_line_before_any_agent_is_looked_u
 
 
 def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
-    parsed = wire.parse({"op": "run", "agent": "alpha", "command": "id", "image": "alpine",
-                         "privileged": True, "timeout_s": 999, "user": "0:0"})
+    parsed = wire.parse(
+        {
+            "op": "run",
+            "agent": "alpha",
+            "command": "id",
+            "image": "alpine",
+            "privileged": True,
+            "timeout_s": 999,
+            "user": "0:0",
+        }
+    )
     assert parsed == wire.Run("alpha", "id")
 
 
@@ -71,14 +97,21 @@ def test_a_refusal_has_one_shape():
 def test_swarm_certs_makes_the_stacks_files_once_and_listen_without_them_is_one_line(tmp_path, capsys):
     from orchestrator.broker import tls
     from orchestrator.cli import main
+
     assert main(["swarm", "certs", str(tmp_path / "certs")]) == 0
     made = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "certs").iterdir()}
-    assert made == {tls.CA: 0o644, tls.CA_KEY: 0o600, "wakeloop-broker.pem": 0o644, "wakeloop-broker.key": 0o600,
-                    "wakeloop-orchestrator.pem": 0o644, "wakeloop-orchestrator.key": 0o600}
-    assert tls.server_context(tmp_path / "certs") and tls.client_context(tmp_path / "certs")   # they load
-    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 2          # never over a stack's CA
+    assert made == {
+        tls.CA: 0o644,
+        tls.CA_KEY: 0o600,
+        "wakeloop-broker.pem": 0o644,
+        "wakeloop-broker.key": 0o600,
+        "wakeloop-orchestrator.pem": 0o644,
+        "wakeloop-orchestrator.key": 0o600,
+    }
+    assert tls.server_context(tmp_path / "certs") and tls.client_context(tmp_path / "certs")  # they load
+    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 2  # never over a stack's CA
     assert main(["broker", str(tmp_path), "--listen", "tls://127.0.0.1:7443"]) == 2
-    with pytest.raises(SystemExit) as both:                                   # argparse: one or the other
+    with pytest.raises(SystemExit) as both:  # argparse: one or the other
         main(["broker", str(tmp_path), "--socket", "/tmp/x.sock", "--listen", "tls://127.0.0.1:1"])
     assert both.value.code == 2
     err = capsys.readouterr().err

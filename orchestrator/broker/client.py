@@ -27,8 +27,8 @@ from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.workspace_reads import HostFiles
 
-RATE_TIMEOUT_S = 120.0              # a few dozen cold calls on a loaded engine
-WIND_DOWN_TIMEOUT_S = 10.0          # the hint's answer is immediate; a broker this slow is busy anyway
+RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
+WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
 CHECK_TIMEOUT_S = 10.0
 
 T = TypeVar("T")
@@ -47,8 +47,9 @@ class BrokerClient:
         """The broker's engine's create-start-remove rate (sandbox/rate.py)."""
         result = wire.request(self.socket_path, wire.Rate(), RATE_TIMEOUT_S)
         try:
-            return EngineRate(float(result["per_s"]), int(result["calls"]), float(result["seconds"]),
-                              float(result["latency_s"]))
+            return EngineRate(
+                float(result["per_s"]), int(result["calls"]), float(result["seconds"]), float(result["latency_s"])
+            )
         except (KeyError, TypeError, ValueError):
             raise SandboxError("the sandbox broker sent a malformed rate") from None
 
@@ -81,8 +82,9 @@ class BrokerSandbox:
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
-              protect_git: bool = True) -> SandboxResult:
+    def write(
+        self, path: str, content: bytes, timeout_s: float = 30, append: bool = False, protect_git: bool = True
+    ) -> SandboxResult:
         # protect_git is not sent: the broker applies its own copy of the agent's policy.
         op = wire.Append if append else wire.Write
         return self.broker.call(op(self.agent, path, content), timeout_s)
@@ -153,9 +155,15 @@ def broker_socket(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get(BROKER_ENV, "").strip() or None
 
 
-def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = None,
-                 fresh: bool = False, say: Callable[[str], None] = lambda line: None,
-                 environ: Mapping[str, str] = os.environ) -> Sandbox:
+def open_sandbox(
+    agent: Agent,
+    *,
+    run_id: str | None = None,
+    warm: int | None = None,
+    fresh: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+    environ: Mapping[str, str] = os.environ,
+) -> Sandbox:
     """The Sandbox for `agent`'s calls: the broker's under compose, else the local
     engine's. Either is checked before it is returned (the broker: would it serve
     this agent; the engine: image and runtime), so a refusal is one line now, not
@@ -168,8 +176,9 @@ def open_sandbox(agent: Agent, *, run_id: str | None = None, warm: int | None = 
         return brokered
     client = connect()
     check_against_engine(agent.policy, client)  # before any container starts
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, run_id=run_id,
-                        client=client, warm=warm)
+    box = DockerSandbox(
+        agent.workspace, agent.policy.sandbox, agent=agent.name, run_id=run_id, client=client, warm=warm
+    )
     if box.warning:
         say(box.warning)
     if fresh:

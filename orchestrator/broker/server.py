@@ -101,23 +101,24 @@ HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not dis
 # of a wake come seconds apart and wakes minutes to hours apart: 10 min keeps a wake's box warm
 # through its model's slowest turns and lets an agent that sleeps for an hour hold nothing.
 IDLE_CLOSE_S = 600.0
-SWEEP_EVERY_S = 30.0                # how often the serve loop looks for such pools
-EGRESS_CHECK_S = 30.0               # how often an allowlist agent's proxy and netns holder are checked
+SWEEP_EVERY_S = 30.0  # how often the serve loop looks for such pools
+EGRESS_CHECK_S = 30.0  # how often an allowlist agent's proxy and netns holder are checked
 # The broker's capacity when the ceiling does not say (max.calls, max.calls_per_agent, max.agents):
 # a request past them is refused at once, never queued, so a flood cannot pile up threads.
-DEFAULT_MAX_CALLS = 32              # sandbox calls in flight across all agents
-DEFAULT_MAX_CALLS_PER_AGENT = 8     # in flight for one agent (a wake makes one at a time)
-DEFAULT_MAX_AGENTS = 64             # agents holding a sandbox (a pool, an allowlist proxy) at once
-RATE_KEEP_S = 600.0                 # the engine's measured rate is reused this long (op rate)
-RATE_CALLS_PER_CORE = 4             # as serve's own measurement (fleet/capacity.py)
+DEFAULT_MAX_CALLS = 32  # sandbox calls in flight across all agents
+DEFAULT_MAX_CALLS_PER_AGENT = 8  # in flight for one agent (a wake makes one at a time)
+DEFAULT_MAX_AGENTS = 64  # agents holding a sandbox (a pool, an allowlist proxy) at once
+RATE_KEEP_S = 600.0  # the engine's measured rate is reused this long (op rate)
+RATE_CALLS_PER_CORE = 4  # as serve's own measurement (fleet/capacity.py)
 RATE_PARALLEL_PER_CORE = 2
-LOG_LINE_CHARS = 300                # a log line (and a refusal's reason in it) is cut to this
+LOG_LINE_CHARS = 300  # a log line (and a refusal's reason in it) is cut to this
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 # Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
 Place = tuple[Path, Path, str, "disk.Identity | None"]
 
 
 # -- where ROOT is on the host -------------------------------------------------------
+
 
 def own_container_id() -> str | None:
     """The id of the container this process runs in, or None on a plain host.
@@ -144,8 +145,10 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
         if (root == dest or dest in root.parents) and (best is None or len(str(dest)) > len(str(best[0]))):
             best = (dest, Path(m["Source"]))
     if best is None:
-        raise SandboxError(f"the broker runs in container {cid[:12]} but {root} is not mounted from "
-                           f"the host; mount the agents folder there, or set {HOST_ROOT_ENV}")
+        raise SandboxError(
+            f"the broker runs in container {cid[:12]} but {root} is not mounted from "
+            f"the host; mount the agents folder there, or set {HOST_ROOT_ENV}"
+        )
     dest, source = best
     return source / root.relative_to(dest)
 
@@ -163,6 +166,7 @@ class _HostPathSandbox(DockerSandbox):
 
 # -- the service ------------------------------------------------------------------------
 
+
 def real_agent_dir(root: Path, name: str) -> Path:
     """ROOT/name if it is a real folder, checked without following links: a symlink
     would make agent X mean another folder (another agent's, or one outside ROOT),
@@ -173,44 +177,52 @@ def real_agent_dir(root: Path, name: str) -> Path:
     except OSError:
         raise BrokerError(f"{name}: no such agent folder under {root}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise BrokerError(f"{name}: not a folder directly under {root} (a symlink or a file); "
-                          "the broker serves only real agent folders")
+        raise BrokerError(
+            f"{name}: not a folder directly under {root} (a symlink or a file); "
+            "the broker serves only real agent folders"
+        )
     return agent_dir
 
 
 @dataclass
 class _AgentBox:
     """One agent's sandbox, kept across requests so its warm pool serves them."""
+
     box: _HostPathSandbox
-    busy: int = 0                   # requests using it now: it is closed only when none is
+    busy: int = 0  # requests using it now: it is closed only when none is
     used: float = field(default_factory=time.monotonic)  # when the last request ended
-    retired: bool = False           # out of the dict: its last request closes it
+    retired: bool = False  # out of the dict: its last request closes it
     egress_checked: float = field(default_factory=time.monotonic)  # allowlist: proxy last seen alive
 
 
 class Broker:
     """Turns one request into one sandbox call for one agent under ROOT."""
 
-    def __init__(self, root: Path, client: docker.DockerClient | None = None, log: Callable[[str], None] = print,
-                 ceiling: Ceiling | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        client: docker.DockerClient | None = None,
+        log: Callable[[str], None] = print,
+        ceiling: Ceiling | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
-        self.ceiling = ceiling or Ceiling()     # what no agent's policy may exceed
+        self.ceiling = ceiling or Ceiling()  # what no agent's policy may exceed
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
         # Cut to LOG_LINE_CHARS: a planted reason cannot flood the log.
         self.log: Callable[[str], None] = lambda line: log(cut_to_line(line, LOG_LINE_CHARS))
-        self._boxes: dict[str, _AgentBox] = {}   # by agent folder name
-        self._lock = threading.Lock()            # the server runs each request on a thread
-        self._calls: dict[str, int] = {}         # sandbox calls in flight, by agent
+        self._boxes: dict[str, _AgentBox] = {}  # by agent folder name
+        self._lock = threading.Lock()  # the server runs each request on a thread
+        self._calls: dict[str, int] = {}  # sandbox calls in flight, by agent
         capacity = self.ceiling.max
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
-        self.disk_overcommit = capacity.get("disk_overcommit", disk.OVERCOMMIT)   # thin disks' bound
+        self.disk_overcommit = capacity.get("disk_overcommit", disk.OVERCOMMIT)  # thin disks' bound
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._rate_lock = threading.Lock()
-        self._rate_at: tuple[float, wire.EngineRate] | None = None     # (when, the rate op's answer)
-        self._held_before = disk.holding()    # another's disks in this process (a test, a probe): not ours to let go
+        self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
+        self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
 
     def handle(self, raw: object) -> wire.JSONObject:
         """One request line's JSON value, its reply; BrokerError if refused."""
@@ -219,29 +231,29 @@ class Broker:
     def serve(self, req: wire.Request) -> wire.JSONObject:
         if isinstance(req, wire.Ping):
             return wire.ok({"root": str(self.root)})
-        if isinstance(req, wire.Rate):    # serve fits its K to the engine it cannot see
+        if isinstance(req, wire.Rate):  # serve fits its K to the engine it cannot see
             return wire.ok(asdict(self._rate()))
-        if isinstance(req, wire.WindDown):   # a hint that costs nothing to obey: no policy read, no box made
+        if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
             self._pace(req.agent, "wind_down")
             return wire.ok({})
-        if not isinstance(req, wire.Read):   # nothing starts while the fleet is stopped
+        if not isinstance(req, wire.Read):  # nothing starts while the fleet is stopped
             halted = stopswitch.read(self.root)
             if halted is not None:
                 raise BrokerError(f"{req.agent}: refused: {halted.describe()}")
         agent = self._agent(req.agent)
-        if isinstance(req, wire.Check):   # loaded, inside ROOT, within the ceiling: calls will not be refused for that
-            self._pace(agent.dir.name, "rearm")   # a wake starts: its kept pool makes one ahead again
+        if isinstance(req, wire.Check):  # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+            self._pace(agent.dir.name, "rearm")  # a wake starts: its kept pool makes one ahead again
             return wire.ok({"agent": agent.dir.name})
         if isinstance(req, wire.Read):
             return wire.ok({"value": self._read(agent, req)})
-        call = self._allowed(agent, req)   # a refusal comes before any box or container is made
+        call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
-        self._take_call_slot(name)     # refused at once past max.calls / max.calls_per_agent
+        self._take_call_slot(name)  # refused at once past max.calls / max.calls_per_agent
         try:
             self._check_egress(name)
             entry = self._acquire(agent)
             try:
-                over = self.ceiling.refusal(agent.policy, user=entry.box.user)   # "auto" as the disk resolves it
+                over = self.ceiling.refusal(agent.policy, user=entry.box.user)  # "auto" as the disk resolves it
                 if over:
                     raise BrokerError(f"{name}: {over}")
                 result = call(entry.box)
@@ -252,9 +264,11 @@ class Broker:
                 self._calls[name] -= 1
                 if not self._calls[name]:
                     del self._calls[name]
-        self.log(f"{agent.dir.name}: {req.op} exit {result.exit_code}"
-                 f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
-                 f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}")
+        self.log(
+            f"{agent.dir.name}: {req.op} exit {result.exit_code}"
+            f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
+            f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}"
+        )
         return wire.ok(asdict(result))
 
     def _rate(self) -> wire.EngineRate:
@@ -264,12 +278,17 @@ class Broker:
         with self._rate_lock:
             if self._rate_at is None or time.monotonic() - self._rate_at[0] > RATE_KEEP_S:
                 cores = len(os.sched_getaffinity(0))
-                measured = rate.measure(self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores,
-                                        RATE_PARALLEL_PER_CORE * cores)
-                self._rate_at = (time.monotonic(), wire.EngineRate(measured.per_s, measured.calls,
-                                                                   measured.seconds, measured.latency_s))
-                self.log(f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
-                         f"in {measured.seconds:.1f} s)")
+                measured = rate.measure(
+                    self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores, RATE_PARALLEL_PER_CORE * cores
+                )
+                self._rate_at = (
+                    time.monotonic(),
+                    wire.EngineRate(measured.per_s, measured.calls, measured.seconds, measured.latency_s),
+                )
+                self.log(
+                    f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
+                    f"in {measured.seconds:.1f} s)"
+                )
             return self._rate_at[1]
 
     def _pace(self, name: str, how: str) -> None:
@@ -303,11 +322,15 @@ class Broker:
         with self._lock:
             total, mine = sum(self._calls.values()), self._calls.get(name, 0)
             if mine >= self.max_calls_per_agent:
-                raise BrokerError(f"{name}: busy: {mine} calls in flight for this agent, the broker's "
-                                  f"max.calls_per_agent is {self.max_calls_per_agent}; try again when one ends")
+                raise BrokerError(
+                    f"{name}: busy: {mine} calls in flight for this agent, the broker's "
+                    f"max.calls_per_agent is {self.max_calls_per_agent}; try again when one ends"
+                )
             if total >= self.max_calls:
-                raise BrokerError(f"{name}: busy: {total} calls in flight, the broker's max.calls is "
-                                  f"{self.max_calls}; try again when one ends")
+                raise BrokerError(
+                    f"{name}: busy: {total} calls in flight, the broker's max.calls is "
+                    f"{self.max_calls}; try again when one ends"
+                )
             self._calls[name] = mine + 1
 
     # -- one sandbox per agent, its pool kept warm across requests ----------------------
@@ -323,7 +346,7 @@ class Broker:
         place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name, identity)
         made = None
         while True:
-            stale = []   # retired boxes no request uses, closed outside the lock
+            stale = []  # retired boxes no request uses, closed outside the lock
             with self._lock:
                 entry = self._boxes.get(name)
                 if entry and _needs_new_box(entry.box, place, policy):
@@ -345,12 +368,20 @@ class Broker:
             # Made outside the lock: an allowlist agent's first box starts its proxy,
             # and other agents' requests need not wait for that.
             try:
-                made = _HostPathSandbox(place[0], place[1], policy, agent=agent.name, client=self.client,
-                                        identity=identity, folder=agent.dir, within=self.root,
-                                        host_folder=self.host_root / name,
-                                        overcommit=self.disk_overcommit)
+                made = _HostPathSandbox(
+                    place[0],
+                    place[1],
+                    policy,
+                    agent=agent.name,
+                    client=self.client,
+                    identity=identity,
+                    folder=agent.dir,
+                    within=self.root,
+                    host_folder=self.host_root / name,
+                    overcommit=self.disk_overcommit,
+                )
             except Exception:
-                self._drop_egress(workspace, policy)   # a proxy set up halfway is not left behind
+                self._drop_egress(workspace, policy)  # a proxy set up halfway is not left behind
                 raise
         if made is not None:
             made.close()  # a concurrent request for this agent made its box first (same egress: kept)
@@ -363,8 +394,10 @@ class Broker:
             return None
         idle = [(e.used, n) for n, e in self._boxes.items() if e.busy == 0]
         if not idle:
-            raise BrokerError(f"{name}: busy: {len(self._boxes)} agents hold a sandbox, the broker's "
-                              f"max.agents is {self.max_agents}; try again when one's call ends")
+            raise BrokerError(
+                f"{name}: busy: {len(self._boxes)} agents hold a sandbox, the broker's "
+                f"max.agents is {self.max_agents}; try again when one's call ends"
+            )
         return self._retire(min(idle)[1])
 
     def _close_box(self, box: _HostPathSandbox) -> None:
@@ -381,9 +414,11 @@ class Broker:
             return
         key = network.plan(workspace, policy.allow_hosts).key
         with self._lock:
-            shared = any(e.box.policy.network == "allowlist"
-                         and network.plan(e.box.workspace, e.box.policy.allow_hosts).key == key
-                         for e in self._boxes.values())
+            shared = any(
+                e.box.policy.network == "allowlist"
+                and network.plan(e.box.workspace, e.box.policy.allow_hosts).key == key
+                for e in self._boxes.values()
+            )
         if not shared:
             network.shutdown(self.client, {key}, shared=False)  # the wakeloop-egress network stays
 
@@ -393,8 +428,11 @@ class Broker:
         has died since (OOM, a manual `docker rm`), retire the box: the next is made
         with both anew, instead of every call failing until the box goes idle."""
         entry = self._boxes.get(name)
-        if (entry is None or entry.box.policy.network != "allowlist"
-                or time.monotonic() - entry.egress_checked < EGRESS_CHECK_S):
+        if (
+            entry is None
+            or entry.box.policy.network != "allowlist"
+            or time.monotonic() - entry.egress_checked < EGRESS_CHECK_S
+        ):
             return
         entry.egress_checked = time.monotonic()
         if network.alive(self.client, network.plan(entry.box.workspace, entry.box.policy.allow_hosts)):
@@ -429,10 +467,13 @@ class Broker:
             return
         self._next_sweep = now + SWEEP_EVERY_S
         with self._lock:
-            names = [n for n, e in self._boxes.items()
-                     if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())]
+            names = [
+                n
+                for n, e in self._boxes.items()
+                if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())
+            ]
             idle = [self._retire(n) for n in names]
-        for entry in filter(None, idle):   # none is None: each was idle (busy == 0)
+        for entry in filter(None, idle):  # none is None: each was idle (busy == 0)
             self._close_box(entry.box)
             self.log(f"{entry.box.agent}: closed its idle sandbox and let go of its disk")
 
@@ -444,12 +485,12 @@ class Broker:
         for entry in idle:
             if entry:
                 self._close_box(entry.box)
-        for problem in disk.let_go_all(self.client, kept=self._held_before):   # any a box could not: none, normally
+        for problem in disk.let_go_all(self.client, kept=self._held_before):  # any a box could not: none, normally
             self.log(problem)
 
     def _read(self, agent: Agent, req: wire.Read) -> object:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
-        entry = self._acquire(agent)   # makes and mounts the disk on a first request
+        entry = self._acquire(agent)  # makes and mounts the disk on a first request
         try:
             files = HostFiles(entry.box.view)
             return files.journal_names() if req.what == "journal_names" else getattr(files, req.what)(req.arg)
@@ -458,8 +499,9 @@ class Broker:
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _allowed(self, agent: Agent,
-                 req: wire.Run | wire.Write | wire.Append) -> Callable[[DockerSandbox], SandboxResult]:
+    def _allowed(
+        self, agent: Agent, req: wire.Run | wire.Write | wire.Append
+    ) -> Callable[[DockerSandbox], SandboxResult]:
         """The call the agent's policy allows, or BrokerError. Append is allowed whatever
         the tools policy says (a bash-less agent still gets its stub): wire.parse held it
         to one path shape and a size cap."""
@@ -475,19 +517,20 @@ class Broker:
         reason = tool.refusal(req.path, len(req.content))
         if reason:
             raise BrokerError(f"{agent.dir.name}: {reason}")
-        return lambda box: box.write(req.path, req.content, timeout_s=tool.timeout_s,
-                                     protect_git=tool.protect_git)
+        return lambda box: box.write(req.path, req.content, timeout_s=tool.timeout_s, protect_git=tool.protect_git)
 
 
 def _needs_new_box(box: _HostPathSandbox, place: Place, policy: SandboxPolicy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
+
     def fixed(p: SandboxPolicy) -> tuple[int, str, tuple[str, ...]]:
         return p.pool, p.network, p.allow_hosts
+
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 
 
 def cut_to_line(text: str, limit: int) -> str:
     """One line of at most `limit` characters (a planted YAML error can be many)."""
     text = " ".join(text.splitlines())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -46,13 +46,13 @@ from pathlib import Path
 
 from orchestrator.errors import ConfigError
 
-SCHEME = "tls://"                   # WAKELOOP_BROKER=tls://HOST:PORT: this transport; else a unix socket
+SCHEME = "tls://"  # WAKELOOP_BROKER=tls://HOST:PORT: this transport; else a unix socket
 TLS_DIR_ENV = "WAKELOOP_TLS_DIR"
 BROKER_NAME = "wakeloop-broker"
 ORCHESTRATOR_NAME = "wakeloop-orchestrator"
 CA = "wakeloop-ca.pem"
-CA_KEY = "ca.key"                   # stays with whoever made the files; never a secret of the stack
-DAYS = 825                          # the longest a TLS client (Apple's) accepts for a leaf
+CA_KEY = "ca.key"  # stays with whoever made the files; never a secret of the stack
+DAYS = 825  # the longest a TLS client (Apple's) accepts for a leaf
 CONNECT_TIMEOUT_S = 10.0
 ROLES = {BROKER_NAME: "serverAuth", ORCHESTRATOR_NAME: "clientAuth"}
 
@@ -63,9 +63,9 @@ class TLSConfigError(ConfigError):
 
 def host_port(address: str) -> tuple[str, int]:
     """`tls://HOST:PORT` (HOST may be [v6]) as (host, port), or TLSConfigError."""
-    rest = address[len(SCHEME):] if address.startswith(SCHEME) else ""
+    rest = address[len(SCHEME) :] if address.startswith(SCHEME) else ""
     host, _, port = rest.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:     # 0: any free port (a listener)
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port (a listener)
         raise TLSConfigError(f"a broker address over TLS is tls://HOST:PORT, not {address!r:.80}")
     return host.strip("[]"), int(port)
 
@@ -75,8 +75,10 @@ def files(folder: Path, name: str) -> tuple[Path, Path, Path]:
     paths = (folder / CA, folder / f"{name}.pem", folder / f"{name}.key")
     for path in paths:
         if not os.access(path, os.R_OK):
-            raise TLSConfigError(f"{path}: missing or unreadable; make the stack's certificates with "
-                                 f"`wakeloop swarm certs DIR` and give {name} its files")
+            raise TLSConfigError(
+                f"{path}: missing or unreadable; make the stack's certificates with "
+                f"`wakeloop swarm certs DIR` and give {name} its files"
+            )
     return paths
 
 
@@ -117,7 +119,7 @@ def make_server_context(folder: Path) -> ssl.SSLContext:
 def make_client_context(folder: Path) -> ssl.SSLContext:
     """The orchestrator's side: its certificate; the broker's checked against the CA and its name."""
     ca, cert, key = files(folder, ORCHESTRATOR_NAME)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)     # check_hostname and CERT_REQUIRED
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.load_cert_chain(cert, key)
     context.load_verify_locations(ca)
@@ -127,8 +129,10 @@ def make_client_context(folder: Path) -> ssl.SSLContext:
 def tls_dir(environ: Mapping[str, str] = os.environ) -> Path:
     value = environ.get(TLS_DIR_ENV, "").strip()
     if not value:
-        raise TLSConfigError(f"a broker at tls://... needs {TLS_DIR_ENV}: the folder with {CA} and "
-                             f"{ORCHESTRATOR_NAME}.pem/.key (/run/secrets under a swarm)")
+        raise TLSConfigError(
+            f"a broker at tls://... needs {TLS_DIR_ENV}: the folder with {CA} and "
+            f"{ORCHESTRATOR_NAME}.pem/.key (/run/secrets under a swarm)"
+        )
     return Path(value)
 
 
@@ -151,7 +155,7 @@ def accept(sock: socket.socket, context: ssl.SSLContext, timeout_s: float) -> ss
     tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
     try:
         tls.do_handshake()
-        alt_names = (tls.getpeercert() or {}).get("subjectAltName", ())   # ((kind, value), ...)
+        alt_names = (tls.getpeercert() or {}).get("subjectAltName", ())  # ((kind, value), ...)
         names = [pair[1] for pair in alt_names if isinstance(pair, tuple) and pair[0] == "DNS"]
         if names != [ORCHESTRATOR_NAME]:
             raise ssl.SSLError(f"the client's certificate names {names or 'nothing'}, not {ORCHESTRATOR_NAME}")
@@ -167,14 +171,34 @@ def make_certs(folder: Path, days: int = DAYS) -> list[Path]:
     made = [folder / CA, folder / CA_KEY] + [folder / f"{n}.{ext}" for n in ROLES for ext in ("pem", "key")]
     there = [path.name for path in made if path.exists()]
     if there:
-        raise TLSConfigError(f"{folder} has {', '.join(there)} already; certificates are never made over "
-                             "others (move them away to start a new CA)")
+        raise TLSConfigError(
+            f"{folder} has {', '.join(there)} already; certificates are never made over "
+            "others (move them away to start a new CA)"
+        )
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     old = os.umask(0o077)
     try:
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                 "-keyout", folder / CA_KEY, "-out", folder / CA, "-days", str(days), "-subj", "/CN=wakeloop stack CA",
-                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            folder / CA_KEY,
+            "-out",
+            folder / CA,
+            "-days",
+            str(days),
+            "-subj",
+            "/CN=wakeloop stack CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
         for name, usage in ROLES.items():
             _leaf(folder, name, usage, days)
     finally:
@@ -187,13 +211,43 @@ def make_certs(folder: Path, days: int = DAYS) -> list[Path]:
 def _leaf(folder: Path, name: str, usage: str, days: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         request, extensions = Path(scratch) / "req.csr", Path(scratch) / "ext.cnf"
-        extensions.write_text(f"subjectAltName=DNS:{name}\nextendedKeyUsage={usage}\n"
-                              "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n")
-        _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                 "-keyout", folder / f"{name}.key", "-out", request, "-subj", f"/CN={name}")
-        _openssl("x509", "-req", "-in", request, "-CA", folder / CA, "-CAkey", folder / CA_KEY,
-                 "-set_serial", str(int.from_bytes(os.urandom(16), "big")), "-days", str(days),
-                 "-extfile", extensions, "-out", folder / f"{name}.pem")
+        extensions.write_text(
+            f"subjectAltName=DNS:{name}\nextendedKeyUsage={usage}\n"
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        )
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            folder / f"{name}.key",
+            "-out",
+            request,
+            "-subj",
+            f"/CN={name}",
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            request,
+            "-CA",
+            folder / CA,
+            "-CAkey",
+            folder / CA_KEY,
+            "-set_serial",
+            str(int.from_bytes(os.urandom(16), "big")),
+            "-days",
+            str(days),
+            "-extfile",
+            extensions,
+            "-out",
+            folder / f"{name}.pem",
+        )
 
 
 def _openssl(*argv: str | Path) -> None:

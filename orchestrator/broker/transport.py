@@ -36,12 +36,12 @@ from orchestrator.policy.agent import AgentError
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.box import SandboxError
 
-MAX_CONNECTIONS = 128               # open connections; past it a new one is answered "busy" and closed
-MAX_HANDSHAKES = 32                 # TLS handshakes at once (each up to REQUEST_READ_S); past it closed at once
-REFUSALS_LOG_S = 1.0                # a line about unproven peers at most this often
-REQUEST_READ_S = 2.0                # the whole request line must arrive within this: a local client
-                                    # sends it at once; a silent or dripping one is cut off
-REPLY_ERROR_CHARS = 2000            # a refusal sent back: one line, enough for a path and a reason
+MAX_CONNECTIONS = 128  # open connections; past it a new one is answered "busy" and closed
+MAX_HANDSHAKES = 32  # TLS handshakes at once (each up to REQUEST_READ_S); past it closed at once
+REFUSALS_LOG_S = 1.0  # a line about unproven peers at most this often
+REQUEST_READ_S = 2.0  # the whole request line must arrive within this: a local client
+# sends it at once; a silent or dripping one is cut off
+REPLY_ERROR_CHARS = 2000  # a refusal sent back: one line, enough for a path and a reason
 
 
 def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
@@ -60,7 +60,7 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
             raise BrokerError(f"no complete request line within {deadline_s:g}s") from None
         newline = chunk.find(b"\n")
         if newline >= 0:
-            chunks.append(chunk[:newline + 1])
+            chunks.append(chunk[: newline + 1])
             return b"".join(chunks)
         if not chunk:
             return b"".join(chunks)
@@ -71,11 +71,11 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: _Server | _TLSServer     # the one make_server made
+    server: _Server | _TLSServer  # the one make_server made
 
     def handle(self) -> None:
         server = self.server
-        if not self._proven(server):    # before it counts: a peer that cannot prove itself holds no slot
+        if not self._proven(server):  # before it counts: a peer that cannot prove itself holds no slot
             return
         with server.connections_lock:
             server.open_connections += 1
@@ -109,12 +109,12 @@ class _Handler(socketserver.BaseRequestHandler):
         return True
 
     def finish(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):   # the server closes the plain socket it accepted,
-            self.request.close()                      # which the TLS one took over
+        if isinstance(self.request, ssl.SSLSocket):  # the server closes the plain socket it accepted,
+            self.request.close()  # which the TLS one took over
 
     def _serve(self, broker: Broker, over: bool) -> None:
         try:
-            if over:   # each connection is a thread: a flood of them is answered, not served
+            if over:  # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
             line = _read_line(self.request, MAX_REQUEST_BYTES, REQUEST_READ_S)
             reply = broker.handle(json.loads(line))
@@ -126,10 +126,11 @@ class _Handler(socketserver.BaseRequestHandler):
         except (ValueError, RecursionError):
             reply = wire.refusal(Refusal("a request is one JSON object on one line", True))
         except Exception as exc:  # one bad call must not stop the service
-            reply = wire.refusal(Refusal(cut_to_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS),
-                                         False))
+            reply = wire.refusal(
+                Refusal(cut_to_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS), False)
+            )
         try:
-            self.request.settimeout(REQUEST_READ_S)   # a client that never reads cannot hold the thread
+            self.request.settimeout(REQUEST_READ_S)  # a client that never reads cannot hold the thread
             self.request.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
             pass  # the client went away; the container is gone already
@@ -143,8 +144,9 @@ def _log_refusal(server: _Serving, what: str) -> None:
         if now - server.refusal_logged < REFUSALS_LOG_S:
             return
         count, server.refused, server.refusal_logged = server.refused, 0, now
-    server.broker.log(f"refused a connection from {what}" + (f" ({count} refused since the last such line)"
-                                                            if count > 1 else ""))
+    server.broker.log(
+        f"refused a connection from {what}" + (f" ({count} refused since the last such line)" if count > 1 else "")
+    )
 
 
 class _Serving(socketserver.ThreadingMixIn, socketserver.BaseServer):
@@ -152,15 +154,15 @@ class _Serving(socketserver.ThreadingMixIn, socketserver.BaseServer):
     # finishes (its own deadline bounds it) and removes its container first.
     daemon_threads = False
     block_on_close = True
-    request_queue_size = 128         # the listen backlog (socketserver's default is 5): a burst of
-                                     # connections waits to be accepted instead of being refused
-    open_connections = 0             # counted by _Handler, under connections_lock
-    connections_lock: threading.Lock     # make_server's, one per server
-    tls: ssl.SSLContext | None = None   # set: every connection proves itself first (tls.py)
-    handshaking = 0                     # TLS handshakes in progress, under connections_lock
-    refused = 0                         # connections refused since the last log line about them
-    refusal_logged = float("-inf")      # when that line was
-    broker: Broker                      # set by make_server
+    request_queue_size = 128  # the listen backlog (socketserver's default is 5): a burst of
+    # connections waits to be accepted instead of being refused
+    open_connections = 0  # counted by _Handler, under connections_lock
+    connections_lock: threading.Lock  # make_server's, one per server
+    tls: ssl.SSLContext | None = None  # set: every connection proves itself first (tls.py)
+    handshaking = 0  # TLS handshakes in progress, under connections_lock
+    refused = 0  # connections refused since the last log line about them
+    refusal_logged = float("-inf")  # when that line was
+    broker: Broker  # set by make_server
 
     def service_actions(self) -> None:
         # Between polls of the serve loop; a rare close (two container removals)
@@ -174,7 +176,7 @@ class _Server(_Serving, socketserver.UnixStreamServer):
 
 
 class _TLSServer(_Serving, socketserver.TCPServer):
-    allow_reuse_address = True       # a restarted broker binds its port again at once
+    allow_reuse_address = True  # a restarted broker binds its port again at once
 
 
 class _TLSServer6(_TLSServer):
@@ -187,8 +189,9 @@ def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None
     then shutdown and server_close (which joins the request threads)."""
     if str(address).startswith(tls.SCHEME):
         if tls_dir is None:
-            raise tls.TLSConfigError(f"listening on {address} needs --tls-dir: the folder with "
-                                     f"{tls.CA} and {tls.BROKER_NAME}.pem/.key")
+            raise tls.TLSConfigError(
+                f"listening on {address} needs --tls-dir: the folder with {tls.CA} and {tls.BROKER_NAME}.pem/.key"
+            )
         context = tls.server_context(Path(tls_dir).resolve())
         host, port = tls.host_port(str(address))
         server: _Server | _TLSServer = (_TLSServer6 if ":" in host else _TLSServer)((host, port), _Handler)
@@ -200,12 +203,18 @@ def make_server(broker: Broker, address: Path | str, tls_dir: Path | None = None
     return server
 
 
-def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
-          stop: threading.Event | None = None, ceiling: Ceiling | None = None,
-          tls_dir: Path | None = None) -> int:
+def serve(
+    root: Path,
+    address: Path | str,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+    ceiling: Ceiling | None = None,
+    tls_dir: Path | None = None,
+) -> int:
     """`wakeloop broker ROOT --socket PATH | --listen tls://HOST:PORT --tls-dir DIR [--ceiling FILE]`:
     serve until SIGTERM/SIGINT (or `stop`)."""
     import signal
+
     root = Path(root).resolve()
     if not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
@@ -221,11 +230,16 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
         _hand_socket_to_root_owner(socket_path, root)
     bound = f"tls://{tls.host_port(str(address))[0]}:{server.socket.getsockname()[1]}" if socket_path is None else ""
     where = socket_path or f"{bound} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
-    print(f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
-          f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
-          f"{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
+    print(
+        f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
+        f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
+        f"{f'; removed {left} leftover container(s)' if left else ''}",
+        flush=True,
+    )
+
     def halt(*_: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
+
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, halt)
         signal.signal(signal.SIGINT, halt)
@@ -235,6 +249,7 @@ def serve(root: Path, address: Path | str, ready: threading.Event | None = None,
         def halt_when_stopped() -> None:
             stopped.wait()
             halt()
+
         threading.Thread(target=halt_when_stopped, daemon=True).start()
     if ready is not None:
         ready.set()
@@ -254,8 +269,7 @@ def _cleanup(broker: Broker, root: Path) -> int:
     """Containers a crashed broker left for workspaces under ROOT."""
     # The low-level list: no per-container inspect to race with removals elsewhere.
     stale = broker.client.api.containers(all=True, filters={"label": "wakeloop.sandbox=1"})
-    mine = [c["Id"] for c in stale
-            if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(root) + "/")]
+    mine = [c["Id"] for c in stale if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(root) + "/")]
     for cid in mine:
         try:
             broker.client.api.remove_container(cid, force=True)

@@ -48,16 +48,16 @@ from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 
-BROKER_ENV = "WAKELOOP_BROKER"      # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
+BROKER_ENV = "WAKELOOP_BROKER"  # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
-MAX_REQUEST_BYTES = 32 * 2**20      # one request line; write content is capped by policy below
-MAX_COMMAND_CHARS = 256 * 1024      # a shell string; the kernel's ARG_MAX is ~2 MB
-CONNECT_WAIT_S = 30.0               # the client waits this long for a broker still starting
-REPLY_MARGIN_S = 60.0               # on top of the call's own timeout: create, remove, a slow engine
-APPEND_TIMEOUT_S = 30.0             # one journal append; as workspace.STUB_TIMEOUT_S
-READ_TIMEOUT_S = 60.0               # one read: a first one attaches the agent's disk (mkfs, mount)
-APPEND_MAX_BYTES = 160 * 1024       # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
-                                    # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
+MAX_REQUEST_BYTES = 32 * 2**20  # one request line; write content is capped by policy below
+MAX_COMMAND_CHARS = 256 * 1024  # a shell string; the kernel's ARG_MAX is ~2 MB
+CONNECT_WAIT_S = 30.0  # the client waits this long for a broker still starting
+REPLY_MARGIN_S = 60.0  # on top of the call's own timeout: create, remove, a slow engine
+APPEND_TIMEOUT_S = 30.0  # one journal append; as workspace.STUB_TIMEOUT_S
+READ_TIMEOUT_S = 60.0  # one read: a first one attaches the agent's disk (mkfs, mount)
+APPEND_MAX_BYTES = 160 * 1024  # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
+# (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # The only path append may name (fullmatch; [0-9], not \d, which takes any Unicode digit).
 _JOURNAL_PATH = re.compile(re.escape(JOURNAL_DIR) + r"/[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")
@@ -75,6 +75,7 @@ class BrokerRefusal(SandboxError):
 
 
 # -- the ops ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Ping:
@@ -102,7 +103,7 @@ class WindDown:
 class Run:
     agent: str
     command: str
-    max_output_chars: int | None = None     # None: the policy's cap; else the smaller of the two
+    max_output_chars: int | None = None  # None: the policy's cap; else the smaller of the two
     op = "run"
 
 
@@ -117,27 +118,28 @@ class Write:
 @dataclass(frozen=True)
 class Append:
     agent: str
-    path: str          # memory/journal/YYYY-MM-DD.md, nothing else
-    content: bytes     # at most APPEND_MAX_BYTES
+    path: str  # memory/journal/YYYY-MM-DD.md, nothing else
+    content: bytes  # at most APPEND_MAX_BYTES
     op = "append"
 
 
 @dataclass(frozen=True)
 class Read:
     agent: str
-    what: str          # one of files.READS
-    arg: str | None    # None only for journal_names
+    what: str  # one of files.READS
+    arg: str | None  # None only for journal_names
     op = "read"
 
 
 Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read
-JSONObject = dict[str, Any]          # one JSON object as json.loads gives it: a reply, a result
+JSONObject = dict[str, Any]  # one JSON object as json.loads gives it: a reply, a result
 OPS: dict[str, type[Request]] = {cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping)}
 
 
 @dataclass(frozen=True)
 class EngineRate:
     """The `rate` op's result: sandbox/rate.py's measurement of the broker's engine."""
+
     per_s: float
     calls: int
     seconds: float
@@ -148,11 +150,13 @@ class EngineRate:
 class Refusal:
     """The one error reply. `refused`: the request or the agent's policy (the CLI exits 2);
     else the box failed (3)."""
+
     error: str
     refused: bool
 
 
 # -- one parse, one encoder --------------------------------------------------------------
+
 
 def parse(obj: object) -> Request:
     """A request line's JSON value as its op, or BrokerError with the one line why."""
@@ -299,14 +303,17 @@ def _connect(address: str) -> socket.socket:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             if time.monotonic() >= deadline:
                 how = "--listen" if address.startswith(tls.SCHEME) else "--socket"
-                raise SandboxError(f"no sandbox broker at {address} ({exc.strerror}); start it "
-                                   f"with `wakeloop broker ROOT {how} {address}`") from None
+                raise SandboxError(
+                    f"no sandbox broker at {address} ({exc.strerror}); start it "
+                    f"with `wakeloop broker ROOT {how} {address}`"
+                ) from None
             time.sleep(0.2)
-        except tls.TLSConfigError as exc:   # our own certificates: one line, a refusal (exit 2), not a bug
+        except tls.TLSConfigError as exc:  # our own certificates: one line, a refusal (exit 2), not a bug
             raise BrokerRefusal(str(exc)) from None
-        except ssl.SSLError as exc:   # a broker this stack's CA did not sign, or one that refused us
-            raise SandboxError(f"the sandbox broker at {address} failed the TLS handshake: "
-                               f"{exc.reason or exc}") from None
+        except ssl.SSLError as exc:  # a broker this stack's CA did not sign, or one that refused us
+            raise SandboxError(
+                f"the sandbox broker at {address} failed the TLS handshake: {exc.reason or exc}"
+            ) from None
         except OSError as exc:
             raise SandboxError(f"cannot reach the sandbox broker at {address}: {exc.strerror or exc}") from None
 

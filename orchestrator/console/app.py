@@ -53,22 +53,28 @@ from orchestrator.records.state import send_message_to_agent
 from orchestrator.records.tasks import add_task
 
 HERE = Path(__file__).parent
-CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 'self'; "
-       "frame-ancestors 'self'; form-action 'self'; base-uri 'none'")
-MAX_FORM_BYTES = 64 * 1024          # a message or a task title, with room
-LIVE_REFRESH_S = 2                  # a running wake's frame reloads this often
-FLEET_REFRESH_S = 10                # the fleet page reloads this often: states change without anyone asking
-FIRST_VIEW_WAIT_S = 2.0             # the warm-up reads the histories once the first fleet view is answered,
-                                    # or after this long (a browser left open across the restart asks at once)
-SAID = {"run-now": "one wake requested: it starts within seconds",
-        "pause": "paused: serve runs none of its ticks until resumed",
-        "resume": "resumed: failures forgotten, ticks run again",
-        "send": "message queued for the next live wake", "task": "task queued",
-        "escapes": "the escape suite started", "login": "signed in",
-        "stop": "stopped: nothing starts, running calls are killed, running wakes end `stopped`",
-        "start": "started: the fleet runs again from the next ticks",
-        "approved": "approved: the call runs at the start of the agent's next wake, requested now",
-        "denied": "denied: the agent is told at its next wake"}
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; frame-src 'self'; "
+    "frame-ancestors 'self'; form-action 'self'; base-uri 'none'"
+)
+MAX_FORM_BYTES = 64 * 1024  # a message or a task title, with room
+LIVE_REFRESH_S = 2  # a running wake's frame reloads this often
+FLEET_REFRESH_S = 10  # the fleet page reloads this often: states change without anyone asking
+FIRST_VIEW_WAIT_S = 2.0  # the warm-up reads the histories once the first fleet view is answered,
+# or after this long (a browser left open across the restart asks at once)
+SAID = {
+    "run-now": "one wake requested: it starts within seconds",
+    "pause": "paused: serve runs none of its ticks until resumed",
+    "resume": "resumed: failures forgotten, ticks run again",
+    "send": "message queued for the next live wake",
+    "task": "task queued",
+    "escapes": "the escape suite started",
+    "login": "signed in",
+    "stop": "stopped: nothing starts, running calls are killed, running wakes end `stopped`",
+    "start": "started: the fleet runs again from the next ticks",
+    "approved": "approved: the call runs at the start of the agent's next wake, requested now",
+    "denied": "denied: the agent is told at its next wake",
+}
 ABSOLUTE_FORM = "421: a request for an absolute URL is for a proxy, and this console is none\n"
 TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by no one\n"
 
@@ -77,24 +83,25 @@ TOO_MANY_HOSTS = "421: a request with more than one Host header is answered by n
 class Console:
     root: Path
     access: Access
-    poke: Callable[[], None] = lambda: None     # the scheduler looks again now
+    poke: Callable[[], None] = lambda: None  # the scheduler looks again now
     runner: Runner | None = None
-    hosts: Hosts | None = None                  # set by start() once the port is bound; None answers no one
+    hosts: Hosts | None = None  # set by start() once the port is bound; None answers no one
 
     def __post_init__(self):
         self.pages = pages_mod.Pages(self.root)
         self.runner = self.runner or Runner()
-        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                                      undefined=jinja2.StrictUndefined)
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+        )
         # `shown`: the model's own text with controls and bidi overrides written out (\u202e), so a
         # person approves exactly what reads on the page
         self.env.filters.update(money=_money, seconds=_seconds, shown=lambda text: shown(str(text), keep="\n\t"))
         self.env.globals.update(bars=bars, SAID=SAID)
         if not metrics.enabled():
             metrics.install()
-        metrics.watch_root(self.root)   # its agents, and only they, are `agent` label values
+        metrics.watch_root(self.root)  # its agents, and only they, are `agent` label values
         self.warmed = threading.Event()
-        self._viewed = threading.Event()        # the first fleet view has been answered
+        self._viewed = threading.Event()  # the first fleet view has been answered
         # The first view of a big fleet reads every agent (~4 ms each; a stat per file when the
         # rows kept on disk stand), and of an agent its history (~0.1 s for a year; a stat per
         # file when its index on disk stands); the templates compile in ~0.1 s: done now, off the
@@ -103,50 +110,59 @@ class Console:
 
     def _warm(self) -> None:
         try:
-            _, fleet = self._fleet_html(False, None, "/")     # compiled, its charts drawn
-            anyio.run(anyio.sleep, 0)   # the request path's event-loop backend, imported now (~25 ms)
+            _, fleet = self._fleet_html(False, None, "/")  # compiled, its charts drawn
+            anyio.run(anyio.sleep, 0)  # the request path's event-loop backend, imported now (~25 ms)
             rows = fleet["rows"]
             # The rest is for later views: a person who opened the console as serve restarted
             # is answered first, not made to share the CPU with it.
             self._viewed.wait(FIRST_VIEW_WAIT_S)
             for template in self.env.list_templates(".html"):
-                self.env.get_template(template)     # compiled once, here, not on a person's first view
+                self.env.get_template(template)  # compiled once, here, not on a person's first view
             for row in rows:
                 self.pages.wakes.recent(self.root / row["dir_name"] / "state")
         except Exception:
-            pass    # the page itself will say what is wrong when asked
+            pass  # the page itself will say what is wrong when asked
         self.warmed.set()
 
     # -- plumbing -------------------------------------------------------------------------
 
     def app(self) -> Starlette:
-        routes = [Route("/", self.fleet), Route("/agents/{name}", self.agent),
-                  Route("/agents/{name}/wakes/{run_id}", self.wake),
-                  Route("/agents/{name}/{action}", self.act, methods=["POST"]),
-                  Route("/fleet/{action}", self.switch, methods=["POST"]),
-                  Route("/approvals/{token}", self.approval, methods=["GET", "POST"]),
-                  Route("/escapes", self.escapes), Route("/escapes/run", self.run_escapes, methods=["POST"]),
-                  Route("/login", self.login, methods=["GET", "POST"]),
-                  Route("/logout", self.logout, methods=["POST"]),
-                  Route("/metrics", self.metrics), Route("/static/console.css", self.css),
-                  Route("/favicon.ico", lambda request: Response(status_code=204)),
-                  Route("/healthz", lambda request: Response("ok\n", media_type="text/plain"))]
+        routes = [
+            Route("/", self.fleet),
+            Route("/agents/{name}", self.agent),
+            Route("/agents/{name}/wakes/{run_id}", self.wake),
+            Route("/agents/{name}/{action}", self.act, methods=["POST"]),
+            Route("/fleet/{action}", self.switch, methods=["POST"]),
+            Route("/approvals/{token}", self.approval, methods=["GET", "POST"]),
+            Route("/escapes", self.escapes),
+            Route("/escapes/run", self.run_escapes, methods=["POST"]),
+            Route("/login", self.login, methods=["GET", "POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/metrics", self.metrics),
+            Route("/static/console.css", self.css),
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
+            Route("/healthz", lambda request: Response("ok\n", media_type="text/plain")),
+        ]
         app = Starlette(routes=routes)
         app.add_middleware(_Guard, console=self)
         return app
 
     def render(self, request: Request, template: str, status: int = 200, **data) -> HTMLResponse:
         signed_in = self.access.signed_in(request.cookies, request.headers)
-        html = self._html(template, signed_in, SAID.get(request.query_params.get("said", "")), request.url.path,
-                          **data)
+        html = self._html(template, signed_in, SAID.get(request.query_params.get("said", "")), request.url.path, **data)
         return HTMLResponse(html, status_code=status)
 
     def _html(self, template: str, signed_in: bool, said: str | None, path: str, **data) -> str:
         data.setdefault("refresh", 0)
         return self.env.get_template(template).render(
-            csrf=self.access.csrf if signed_in else "", signed_in=signed_in,
-            can_act=self.access.actions_allowed and signed_in, actions_allowed=self.access.actions_allowed,
-            said=said, path=path, **data)
+            csrf=self.access.csrf if signed_in else "",
+            signed_in=signed_in,
+            can_act=self.access.actions_allowed and signed_in,
+            actions_allowed=self.access.actions_allowed,
+            said=said,
+            path=path,
+            **data,
+        )
 
     # -- pages ----------------------------------------------------------------------------
 
@@ -165,7 +181,7 @@ class Console:
         try:
             return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
         except Exception:
-            self.pages.rows.forget_kept()   # once: a page that fails on fresh rows too is a bug, raised
+            self.pages.rows.forget_kept()  # once: a page that fails on fresh rows too is a bug, raised
         data = {**self.pages.fleet(), "approvals": self._waiting()}
         return self._html("fleet.html", signed_in, said, path, refresh=FLEET_REFRESH_S, **data), data
 
@@ -173,7 +189,7 @@ class Console:
         """What waits for a person (console/approval_pages.py); a key that cannot be used says so instead."""
         try:
             return approval_pages.waiting(self.root)
-        except (ConfigError, OSError, ValueError) as exc:   # one agent's unreadable files: said, never a 500
+        except (ConfigError, OSError, ValueError) as exc:  # one agent's unreadable files: said, never a 500
             return [{"error": str(exc)}]
 
     def agent(self, request: Request):
@@ -189,15 +205,20 @@ class Console:
         except pages_mod.NotFound as exc:
             return self.render(request, "error.html", 404, message=str(exc))
         framed = request.query_params.get("frame") == "1"
-        return self.render(request, "wake.html", framed=framed,
-                           refresh=LIVE_REFRESH_S if data["live"] else 0, **data)
+        return self.render(request, "wake.html", framed=framed, refresh=LIVE_REFRESH_S if data["live"] else 0, **data)
 
     def escapes(self, request: Request):
-        assert self.runner is not None      # __post_init__ made one
+        assert self.runner is not None  # __post_init__ made one
         run = self.runner.last
-        return self.render(request, "escapes.html", reports=report_history.latest(), run=run,
-                           runtimes=RUNTIMES, policies=SHIPPED_POLICIES,
-                           refresh=LIVE_REFRESH_S if run and run.running else 0)
+        return self.render(
+            request,
+            "escapes.html",
+            reports=report_history.latest(),
+            run=run,
+            runtimes=RUNTIMES,
+            policies=SHIPPED_POLICIES,
+            refresh=LIVE_REFRESH_S if run and run.running else 0,
+        )
 
     def metrics(self, request: Request):
         body, kind = metrics.exposition()
@@ -262,15 +283,21 @@ class Console:
     async def approval(self, request: Request):
         """A link from an `approval` notification: GET a confirm page, POST (CSRF, Origin) decides."""
         token = request.path_params["token"]
-        reading = request.method in ("GET", "HEAD")     # only a POST decides
+        reading = request.method in ("GET", "HEAD")  # only a POST decides
         form, refused = ({}, None) if reading else await self._checked(request)
         if refused:
             return refused
         try:
             opened = await run_in_threadpool(approval_pages.open_link, self.root, self.pages, token)
             if reading:
-                return self.render(request, "approval.html", a=opened.approval, action=opened.link.action,
-                                   agent=opened.link.agent, token=token)
+                return self.render(
+                    request,
+                    "approval.html",
+                    a=opened.approval,
+                    action=opened.link.action,
+                    agent=opened.link.agent,
+                    token=token,
+                )
             done = await run_in_threadpool(approval_pages.decide, opened, form.get("reason", ""), self.poke)
         except approval_pages.Refused as exc:
             return self.render(request, "error.html", exc.status, message=str(exc))
@@ -280,7 +307,7 @@ class Console:
         form, refused = await self._checked(request)
         if refused:
             return refused
-        assert self.runner is not None      # __post_init__ made one
+        assert self.runner is not None  # __post_init__ made one
         why_not = self.runner.start(form.get("runtime", ""), form.get("policy", ""))
         if why_not:
             return self.render(request, "error.html", 409, message=why_not)
@@ -312,12 +339,14 @@ class Console:
             except ValueError:
                 form = {}
         if not self.access.token_ok(form.get("token", "").strip()):
-            return self.render(request, "login.html", 403, next=_local(form.get("next", "/")),
-                               message="that is not the console token")
+            return self.render(
+                request, "login.html", 403, next=_local(form.get("next", "/")), message="that is not the console token"
+            )
         target = _local(form.get("next", "/"))
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, self.access.session, httponly=True, samesite="strict",
-                            secure=self.access.behind_tls, path="/")
+        response.set_cookie(
+            COOKIE, self.access.session, httponly=True, samesite="strict", secure=self.access.behind_tls, path="/"
+        )
         return response
 
     async def logout(self, request: Request):
@@ -331,13 +360,13 @@ class Console:
 class _Guard:
     """First the Host (421 unless it is ours), then the token; our headers on every response."""
 
-    OPEN = ("/login", "/static/console.css", "/favicon.ico", "/healthz")    # exact paths: no token needed
+    OPEN = ("/login", "/static/console.css", "/favicon.ico", "/healthz")  # exact paths: no token needed
 
     def __init__(self, app, console: Console):
         self.app, self.console = app, console
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "websocket":        # no route takes one; refused before the app sees it
+        if scope["type"] == "websocket":  # no route takes one; refused before the app sees it
             return await send({"type": "websocket.close", "code": 1008})
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -351,6 +380,7 @@ class _Guard:
                 headers += [(k.encode(), v.encode()) for k, v in _HEADERS.items()]
                 message = {**message, "headers": headers}
             await send(message)
+
         return await self.app(scope, receive, send_with_headers)
 
     def _refused(self, scope) -> Response | None:
@@ -370,7 +400,7 @@ class _Guard:
         request = Request(scope)
         access = self.console.access
         if path == "/metrics" and access.loopback:
-            return None             # Prometheus on this host scrapes without the token (docs/operations.md)
+            return None  # Prometheus on this host scrapes without the token (docs/operations.md)
         if access.may_read(request.cookies, request.headers):
             return None
         if path == "/metrics":
@@ -380,8 +410,12 @@ class _Guard:
         return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
 
 
-_HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff",
-            "referrer-policy": "same-origin", "cache-control": "no-store"}
+_HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
 
 
 def _with_headers(response: Response) -> Response:
@@ -414,6 +448,7 @@ def _seconds(ms) -> str:
 
 # -- the listener ---------------------------------------------------------------------------
 
+
 @dataclass
 class Listening:
     url: str
@@ -425,8 +460,7 @@ class Listening:
         self.thread.join(timeout=10)
 
 
-def start(console: Console, host: str, port: int, public_names=(), published_on_loopback: bool = False
-          ) -> Listening:
+def start(console: Console, host: str, port: int, public_names=(), published_on_loopback: bool = False) -> Listening:
     """Bind HOST:PORT now (an error is the caller's one line), then serve in a thread, answering
     only the Host names hosts.py allows for this address, its bound port and PUBLIC_NAMES."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -446,11 +480,17 @@ def start(console: Console, host: str, port: int, public_names=(), published_on_
         raise ConfigError(str(exc)) from None
     # X-Forwarded-* only from a proxy the operator says is there: otherwise any local client could
     # make uvicorn believe the request came over https from anywhere.
-    server = uvicorn.Server(uvicorn.Config(console.app(), log_level="warning", access_log=False,
-                                           lifespan="off", server_header=False,
-                                           proxy_headers=console.access.behind_tls))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="wakeloop-console",
-                              daemon=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            console.app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            proxy_headers=console.access.behind_tls,
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="wakeloop-console", daemon=True)
     thread.start()
     shown = f"[{host}]" if ":" in host else host
     return Listening(f"http://{shown}:{bound}/", server, thread)

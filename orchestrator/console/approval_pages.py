@@ -25,7 +25,7 @@ from orchestrator.fleet.control import request_run
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.approval_links import LinkError
 
-GONE = 410                          # a link whose approval is decided, lapsed or unknown
+GONE = 410  # a link whose approval is decided, lapsed or unknown
 
 
 class Refused(Exception):
@@ -59,9 +59,12 @@ def open_link(root: Path, pages: pages_mod.Pages, token: str) -> Opened:
     if approval.lapsed(approvals.now_utc()):
         raise Refused(GONE, f"approval {approval.id} expired at {approval.expires}; the agent is told at its next wake")
     if approval.status != "pending":
-        raise Refused(GONE, f"approval {approval.id} is {approval.status} already"
-                      + (f" (by {approval.decided_by} at {approval.decided_at})" if approval.decided_by else "")
-                      + "; a link decides once")
+        raise Refused(
+            GONE,
+            f"approval {approval.id} is {approval.status} already"
+            + (f" (by {approval.decided_by} at {approval.decided_at})" if approval.decided_by else "")
+            + "; a link decides once",
+        )
     return Opened(link, agent_dir, approval)
 
 
@@ -69,8 +72,14 @@ def decide(opened: Opened, reason: str, poke) -> approvals.Approval:
     """What the POST does: the decision (nonce checked again under the approvals lock), and for an
     approval a wake now."""
     try:
-        done = approvals.decide(opened.agent_dir / "state", opened.approval.id, opened.link.action == "approve",
-                                by="console", reason=reason, nonce=opened.link.nonce)
+        done = approvals.decide(
+            opened.agent_dir / "state",
+            opened.approval.id,
+            opened.link.action == "approve",
+            by="console",
+            reason=reason,
+            nonce=opened.link.nonce,
+        )
     except approvals.ApprovalError as exc:
         raise Refused(GONE, str(exc)) from None
     if done.status == "approved":
@@ -92,5 +101,6 @@ def waiting(root: Path) -> list[dict]:
         expires = int(approvals.parse_time(a.expires).timestamp())
         for action in approval_links.ACTIONS:
             r[f"{action}_path"] = "/approvals/" + approval_links.sign(
-                key, approval_links.Link(r["agent"], a.id, action, expires, a.nonce))
+                key, approval_links.Link(r["agent"], a.id, action, expires, a.nonce)
+            )
     return [r for r in found if "approve_path" in r]

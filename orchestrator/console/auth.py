@@ -48,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOKEN_ENV = "WAKELOOP_CONSOLE_TOKEN"
-TOKEN_FILE = "console.token"        # in ROOT, when the variable is unset
+TOKEN_FILE = "console.token"  # in ROOT, when the variable is unset
 COOKIE = "wakeloop_session"
-MIN_TOKEN_CHARS = 16                # shorter is guessable; a generated one is 32 (24 random bytes)
-TOKEN_FILE_CAP = 4096               # bytes read of console.token: a token is a line
-FETCH_SITES_OK = ("same-origin", "none")   # Sec-Fetch-Site values that may act
+MIN_TOKEN_CHARS = 16  # shorter is guessable; a generated one is 32 (24 random bytes)
+TOKEN_FILE_CAP = 4096  # bytes read of console.token: a token is a line
+FETCH_SITES_OK = ("same-origin", "none")  # Sec-Fetch-Site values that may act
 
 
 class TokenError(ValueError):
@@ -64,8 +64,10 @@ def load_token(root: Path, environ=os.environ) -> tuple[str, str]:
     given = environ.get(TOKEN_ENV, "").strip()
     if given:
         if len(given) < MIN_TOKEN_CHARS:
-            raise TokenError(f"{TOKEN_ENV} is too short ({len(given)} characters): use at least "
-                             f"{MIN_TOKEN_CHARS}, e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(24))'`")
+            raise TokenError(
+                f"{TOKEN_ENV} is too short ({len(given)} characters): use at least "
+                f"{MIN_TOKEN_CHARS}, e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(24))'`"
+            )
         return given, f"token from {TOKEN_ENV}"
     path = Path(root) / TOKEN_FILE
     kept = _read_own_token(path)
@@ -76,10 +78,11 @@ def load_token(root: Path, environ=os.environ) -> tuple[str, str]:
         # O_EXCL: never a file someone made before us, even an empty one; O_NOFOLLOW: never through a link.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        raise TokenError(f"{path} appeared while serve was making it: remove it (`rm {path}`) "
-                         "and start serve again") from None
+        raise TokenError(
+            f"{path} appeared while serve was making it: remove it (`rm {path}`) and start serve again"
+        ) from None
     with os.fdopen(fd, "w") as f:
-        os.fchmod(fd, 0o600)       # whatever the umask
+        os.fchmod(fd, 0o600)  # whatever the umask
         f.write(token + "\n")
     return token, f"token generated, kept in {path}"
 
@@ -93,8 +96,9 @@ def _read_own_token(path: Path) -> str | None:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise TokenError(f"{path} is a symbolic link: remove it (`rm {path}`); serve makes a new "
-                             "token file") from None
+            raise TokenError(
+                f"{path} is a symbolic link: remove it (`rm {path}`); serve makes a new token file"
+            ) from None
         raise TokenError(f"{path}: cannot read it ({exc.strerror})") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -102,23 +106,28 @@ def _read_own_token(path: Path) -> str | None:
         raise TokenError(f"{path} is not a regular file: remove it (`rm -r {path}`); serve makes a new one")
     with os.fdopen(fd, "rb") as f:
         if st.st_uid != os.geteuid():
-            raise TokenError(f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): someone "
-                             f"else made it; remove it (`rm {path}`) and serve makes a new one")
+            raise TokenError(
+                f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): someone "
+                f"else made it; remove it (`rm {path}`) and serve makes a new one"
+            )
         if st.st_mode & 0o077:
-            raise TokenError(f"{path} is readable or writable by others (mode {st.st_mode & 0o777:o}): "
-                             f"`chmod 600 {path}`, and change the token if others may have read it")
+            raise TokenError(
+                f"{path} is readable or writable by others (mode {st.st_mode & 0o777:o}): "
+                f"`chmod 600 {path}`, and change the token if others may have read it"
+            )
         kept = f.read(TOKEN_FILE_CAP).decode("utf-8", "replace").strip()
     if len(kept) < MIN_TOKEN_CHARS:
-        raise TokenError(f"{path} holds no usable token ({len(kept)} characters): remove it (`rm {path}`) "
-                         "and serve makes a new one")
+        raise TokenError(
+            f"{path} holds no usable token ({len(kept)} characters): remove it (`rm {path}`) and serve makes a new one"
+        )
     return kept
 
 
 @dataclass(frozen=True)
 class Access:
     token: str
-    loopback: bool                  # the listen address is loopback (or published only on the host's)
-    behind_tls: bool = False        # the operator says a TLS proxy is in front
+    loopback: bool  # the listen address is loopback (or published only on the host's)
+    behind_tls: bool = False  # the operator says a TLS proxy is in front
 
     @property
     def session(self) -> str:
@@ -137,7 +146,7 @@ class Access:
 
     def bearer_ok(self, headers) -> bool:
         bearer = headers.get("authorization", "")
-        return bearer.startswith("Bearer ") and self.token_ok(bearer[len("Bearer "):].strip())
+        return bearer.startswith("Bearer ") and self.token_ok(bearer[len("Bearer ") :].strip())
 
     def signed_in(self, cookies: dict, headers) -> bool:
         if hmac.compare_digest(cookies.get(COOKIE, "").encode(), self.session.encode()):
@@ -150,8 +159,10 @@ class Access:
     def why_not_act(self, cookies: dict, headers, form: dict, own_origin: str) -> str | None:
         """None when this request may act; else the one line that says why not (see the docstring)."""
         if not self.actions_allowed:
-            return ("actions are off: this console listens on a non-loopback address without TLS in front "
-                    "(restart serve with --behind-tls once a TLS proxy is in front)")
+            return (
+                "actions are off: this console listens on a non-loopback address without TLS in front "
+                "(restart serve with --behind-tls once a TLS proxy is in front)"
+            )
         site = headers.get("sec-fetch-site")
         if site is not None and site not in FETCH_SITES_OK:
             return f"refused: a {site} request (Sec-Fetch-Site), not one from this console's own pages"

@@ -47,12 +47,13 @@ class Run:
     @property
     def outcome(self) -> str:
         return {None: "running", 0: "every probe held", 1: "something did not hold"}.get(
-            self.exit_code, f"failed to run (exit {self.exit_code})")
+            self.exit_code, f"failed to run (exit {self.exit_code})"
+        )
 
 
 class Runner:
     def __init__(self, extra_args: tuple[str, ...] = ()):
-        self.extra_args = extra_args    # tests: `--probe NAME` keeps a run short
+        self.extra_args = extra_args  # tests: `--probe NAME` keeps a run short
         self.last: Run | None = None
         self._lock = threading.Lock()
 
@@ -64,21 +65,37 @@ class Runner:
             if self.last and self.last.running:
                 return "the escape suite is already running"
             run = self.last = Run(runtime, policy)
-        argv = [sys.executable, "-m", "orchestrator", "escapes", "--json", "--runtime", runtime,
-                "--policy", str(shipped_policy(policy)), *self.extra_args]
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "escapes",
+            "--json",
+            "--runtime",
+            runtime,
+            "--policy",
+            str(shipped_policy(policy)),
+            *self.extra_args,
+        ]
         threading.Thread(target=self._follow, args=(run, argv), name="wakeloop-escapes", daemon=True).start()
         return None
 
     @staticmethod
     def _follow(run: Run, argv: list[str]) -> None:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True, errors="replace")
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+            )
         except OSError as exc:
             run.lines.append(f"could not start: {exc}")
             run.exit_code = 127
             return
-        assert proc.stderr is not None      # stderr=PIPE
+        assert proc.stderr is not None  # stderr=PIPE
         for line in proc.stderr:
             line = line.rstrip("\n")
             run.lines.append(line)

@@ -48,8 +48,8 @@ def bracketed(host: str) -> str:
 
 @dataclass(frozen=True)
 class Hosts:
-    exact: frozenset[str]           # NAME:PORT accepted as is
-    any_port: frozenset[str]        # NAME accepted with any port, or none
+    exact: frozenset[str]  # NAME:PORT accepted as is
+    any_port: frozenset[str]  # NAME accepted with any port, or none
 
     @classmethod
     def of(cls, listen_host: str, port: int, public_names=(), published_on_loopback: bool = False) -> "Hosts":
@@ -84,5 +84,7 @@ class Hosts:
 
 
 def refused_line(host: str | None) -> str:
-    return (f"421: this console does not answer to Host {(host or '')[:80]!r}: open it by its own address, "
-            "or start serve with --public-name NAME for a name of yours\n")
+    return (
+        f"421: this console does not answer to Host {(host or '')[:80]!r}: open it by its own address, "
+        "or start serve with --public-name NAME for a name of yours\n"
+    )

@@ -41,22 +41,26 @@ class Options:
 
 def attach(scheduler, options: Options) -> Callable[[], object]:
     """Start what the options ask for; returns how to stop it. Errors are one line (ConfigError)."""
-    stops: list[Callable[[], object]] = []     # what each returns is not used
+    stops: list[Callable[[], object]] = []  # what each returns is not used
     try:
-        Hosts.of("127.0.0.1", 0, options.public_names)     # each --public-name checked before anything starts
+        Hosts.of("127.0.0.1", 0, options.public_names)  # each --public-name checked before anything starts
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    metrics.watch_root(scheduler.root)      # agent labels: only the agents under this ROOT
+    metrics.watch_root(scheduler.root)  # agent labels: only the agents under this ROOT
     if options.metrics:
         try:
             host, _ = metrics.split_addr(options.metrics)
-            server = metrics.serve_alone(options.metrics, lambda bound: Hosts.of(
-                host, bound, options.public_names, options.published_on_loopback).answers)
+            server = metrics.serve_alone(
+                options.metrics,
+                lambda bound: Hosts.of(host, bound, options.public_names, options.published_on_loopback).answers,
+            )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"--metrics {options.metrics}: {getattr(exc, 'strerror', None) or exc}") from None
         stops.append(lambda: (server.shutdown(), server.server_close()))
-        scheduler.say(f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
-                      "its own Host names only, no token)")
+        scheduler.say(
+            f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
+            "its own Host names only, no token)"
+        )
     if options.http:
         stops.append(_console(scheduler, options, options.http))
     return lambda: [stop() for stop in stops]
@@ -64,24 +68,28 @@ def attach(scheduler, options: Options) -> Callable[[], object]:
 
 def _console(scheduler, options: Options, http: str) -> Callable[[], None]:
     from orchestrator.console.app import Console, start
+
     try:
         host, port = metrics.split_addr(http)
         token, where = load_token(scheduler.root)
     except (ValueError, TokenError, OSError) as exc:
         raise ConfigError(f"--http {options.http}: {exc}") from None
-    access = Access(token, loopback=is_loopback(host) or options.published_on_loopback,
-                    behind_tls=options.behind_tls)
+    access = Access(token, loopback=is_loopback(host) or options.published_on_loopback, behind_tls=options.behind_tls)
     console = Console(scheduler.root, access, poke=scheduler.poke)
     listening = start(console, host, port, options.public_names, options.published_on_loopback)
     if access.actions_allowed:
         acts = "actions on (sign in with the token)"
     else:
-        acts = ("actions OFF: a non-loopback address without TLS in front (put a TLS proxy in front "
-                "and pass --behind-tls); reading needs the token")
+        acts = (
+            "actions OFF: a non-loopback address without TLS in front (put a TLS proxy in front "
+            "and pass --behind-tls); reading needs the token"
+        )
     scraped = "open on loopback" if access.loopback else "needs the token"
-    assert console.hosts is not None        # start() set them
-    scheduler.say(f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics ({scraped}); "
-                  f"answers Host {console.hosts.shown()}")
+    assert console.hosts is not None  # start() set them
+    scheduler.say(
+        f"console: {listening.url} ({where}); {acts}; metrics at {listening.url}metrics ({scraped}); "
+        f"answers Host {console.hosts.shown()}"
+    )
     scheduler.say(f"console: sign in at {sign_in_url(listening.url, options, token)}")
     _approval_links_to(console_base(listening.url, options), scheduler.say)
     return listening.stop

@@ -50,8 +50,15 @@ from orchestrator.errors import ConfigError
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
-from orchestrator.views.status import (COST_DAYS, agent_status, budget_line, current_wake, fleet_budget, fleet_row,
-                                      usd_by_day)
+from orchestrator.views.status import (
+    COST_DAYS,
+    agent_status,
+    budget_line,
+    current_wake,
+    fleet_budget,
+    fleet_row,
+    usd_by_day,
+)
 from orchestrator.records import stopswitch
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.ledger import LedgerError, read_book
@@ -61,20 +68,30 @@ from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
 from orchestrator.records.folder import Folder
 
-RELOAD_S = 5.0                      # a cached agent is loaded again at least this often
-ROW_TTL_S = 120.0                   # a cached fleet row is read again at least this often (plus jitter)
-ROWS_FILE = ".console-rows.json"    # in ROOT: the fleet rows as the console last saw them
-ROWS_VERSION = 1                    # bumped whenever a row's shape changes
-ROWS_CAP = 32 * 2**20               # bytes of ROWS_FILE read (100 agents' rows are ~0.3 MB)
-ROWS_SAVE_S = 10.0                  # the rows are written at most this often
-LOCK = "state/wake.lock"            # there while a wake runs
-ROW_SOURCES = ("agent.yaml", "state/state.json", "state/ledger.json", "state/health.json", "state/tasks.json",
-               "state/outbox.txt", "state/outbox.read", "state/schedule.json", "state/notify/queue",
-               "state/notify/done.jsonl", LOCK)
-WAKES_SHOWN = 100                   # rows of wake history on an agent's page
+RELOAD_S = 5.0  # a cached agent is loaded again at least this often
+ROW_TTL_S = 120.0  # a cached fleet row is read again at least this often (plus jitter)
+ROWS_FILE = ".console-rows.json"  # in ROOT: the fleet rows as the console last saw them
+ROWS_VERSION = 1  # bumped whenever a row's shape changes
+ROWS_CAP = 32 * 2**20  # bytes of ROWS_FILE read (100 agents' rows are ~0.3 MB)
+ROWS_SAVE_S = 10.0  # the rows are written at most this often
+LOCK = "state/wake.lock"  # there while a wake runs
+ROW_SOURCES = (
+    "agent.yaml",
+    "state/state.json",
+    "state/ledger.json",
+    "state/health.json",
+    "state/tasks.json",
+    "state/outbox.txt",
+    "state/outbox.read",
+    "state/schedule.json",
+    "state/notify/queue",
+    "state/notify/done.jsonl",
+    LOCK,
+)
+WAKES_SHOWN = 100  # rows of wake history on an agent's page
 RUN_ID = re.compile(r"[0-9a-f]{6,32}")
-AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")   # a folder name: no path, never . or ..
-MANDATE_CAP = 64 * 1024             # chars of mandate.md shown
+AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a folder name: no path, never . or ..
+MANDATE_CAP = 64 * 1024  # chars of mandate.md shown
 
 
 class NotFound(LookupError):
@@ -93,7 +110,7 @@ class AgentCache:
             hit = self._agents.get(path)
         if hit and hit[0] == key and time.monotonic() - hit[1] < RELOAD_S:
             return hit[2]
-        agent = load_agent(path)        # an error is raised, never cached
+        agent = load_agent(path)  # an error is raised, never cached
         with self._lock:
             self._agents[path] = (key, time.monotonic(), agent)
         return agent
@@ -107,7 +124,7 @@ class RowCache:
         self._jitter = random.Random()
         self._root = root
         self._dirty, self._saved = False, 0.0
-        self._kept: set[Path] = set()       # rows taken from ROWS_FILE and not read afresh since
+        self._kept: set[Path] = set()  # rows taken from ROWS_FILE and not read afresh since
         self._lock = threading.Lock()
 
     def row(self, path: Path, scheduler_up: bool, compute) -> dict:
@@ -118,7 +135,7 @@ class RowCache:
             return hit[2]
         row = compute()
         self._kept.discard(path)
-        if row.get("state") != "running" and key[-1] is None:   # no wake.lock: nothing moves by itself
+        if row.get("state") != "running" and key[-1] is None:  # no wake.lock: nothing moves by itself
             until = now + ROW_TTL_S * (1 + self._jitter.random())  # spread: not every row at once
             if row.get("next_wake_at"):
                 until = min(until, row["next_wake_at"])
@@ -142,12 +159,13 @@ class RowCache:
                 entry = kept.get(path.name)
                 if not isinstance(entry, dict) or not isinstance(entry["row"], dict):
                     continue
-                row = entry["row"] | {"dir_name": path.name}     # its own folder's row, whatever it says
+                row = entry["row"] | {"dir_name": path.name}  # its own folder's row, whatever it says
                 due = row.get("next_wake_at")
-                if row.get("state") == "running" or (due is not None and not (isinstance(due, (int, float))
-                                                                               and due > now)):
+                if row.get("state") == "running" or (
+                    due is not None and not (isinstance(due, (int, float)) and due > now)
+                ):
                     continue
-                until = now + ROW_TTL_S * (1 + self._jitter.random())   # as a row read now would be
+                until = now + ROW_TTL_S * (1 + self._jitter.random())  # as a row read now would be
                 found[path] = (_tuple(entry["key"]), min(until, due) if due else until, row)
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return 0
@@ -170,11 +188,14 @@ class RowCache:
             self._dirty, self._saved = False, now
             rows = {p.name: {"key": key, "row": row} for p, (key, _, row) in list(self._rows.items())}
             try:
-                text = json.dumps({"version": ROWS_VERSION, "day": utcnow().strftime("%Y-%m-%d"), "rows": rows},
-                                  separators=(",", ":"), default=str)
+                text = json.dumps(
+                    {"version": ROWS_VERSION, "day": utcnow().strftime("%Y-%m-%d"), "rows": rows},
+                    separators=(",", ":"),
+                    default=str,
+                )
                 Folder(self._root).write_atomic(ROWS_FILE, text)
             except (OSError, ValueError, TypeError):
-                pass    # not kept: the next start reads the rows again
+                pass  # not kept: the next start reads the rows again
 
 
 def _tuple(value):
@@ -186,7 +207,7 @@ def _fingerprint(path: Path) -> tuple:
     out: list[tuple[int, int, int] | None] = []
     folder = os.fspath(path)
     for rel in ROW_SOURCES:
-        try:    # os.path, not pathlib: a fleet view makes 11 of these per agent
+        try:  # os.path, not pathlib: a fleet view makes 11 of these per agent
             st = os.stat(os.path.join(folder, rel), follow_symlinks=False)
             out.append((st.st_ino, st.st_mtime_ns, st.st_size))
         except OSError:
@@ -201,7 +222,7 @@ class Pages:
         self.rows = RowCache(self.root)
         self._fleet_lock = threading.Lock()
         self._rows_loaded = False
-        self._policies: dict[int, tuple[Agent, str]] = {}   # id(agent) -> its policy as YAML (15 ms to dump)
+        self._policies: dict[int, tuple[Agent, str]] = {}  # id(agent) -> its policy as YAML (15 ms to dump)
         self.wakes = WakeIndex()
 
     def agent_dir(self, name: str) -> Path:
@@ -213,21 +234,30 @@ class Pages:
         return path
 
     def fleet(self) -> dict:
-        with self._fleet_lock:      # one pass at a time: a view during the warm-up waits for its rows
+        with self._fleet_lock:  # one pass at a time: a view during the warm-up waits for its rows
             now, note = utcnow(), scheduler_note(self.root)
             paths = [path for path in agent_dirs(self.root) if not path.is_symlink()]
             if not self._rows_loaded:
                 self._rows_loaded = True
                 self.rows.load(paths)
-            rows = [self.rows.row(path, note is None,
-                                  lambda path=path: fleet_row(path, now, note is not None, self.agents.load))
-                    for path in paths]
+            rows = [
+                self.rows.row(
+                    path, note is None, lambda path=path: fleet_row(path, now, note is not None, self.agents.load)
+                )
+                for path in paths
+            ]
         self.rows.save()
         halted, budget = stopswitch.read(self.root), fleet_budget(self.root)
-        return {"rows": rows, "note": note, "root": str(self.root),
-                "stopped": halted.describe() if halted else None, "budget": budget, "budget_line": budget_line(budget),
-                "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
-                "running": sum(1 for r in rows if r.get("state") == "running")}
+        return {
+            "rows": rows,
+            "note": note,
+            "root": str(self.root),
+            "stopped": halted.describe() if halted else None,
+            "budget": budget,
+            "budget_line": budget_line(budget),
+            "failing": sum(1 for r in rows if r.get("state") in ("failing", "config error")),
+            "running": sum(1 for r in rows if r.get("state") == "running"),
+        }
 
     def agent(self, name: str) -> dict:
         path = self.agent_dir(name)
@@ -249,11 +279,20 @@ class Pages:
             tasks_error = None
         except TaskError as exc:
             tasks, tasks_error = [], str(exc)
-        return {"name": name, "agent": status, "next_wake": stamp(nxt) if nxt else None,
-                "running": current_wake(sd), "wakes": list(reversed(wakes)), "wakes_total": total, "usd_by_day": days,
-                "mandate": _mandate(agent), "policy": self._policy(agent),
-                "tasks": tasks, "tasks_error": tasks_error,
-                "outbox": list(reversed(split_messages(read_outbox(sd))))}
+        return {
+            "name": name,
+            "agent": status,
+            "next_wake": stamp(nxt) if nxt else None,
+            "running": current_wake(sd),
+            "wakes": list(reversed(wakes)),
+            "wakes_total": total,
+            "usd_by_day": days,
+            "mandate": _mandate(agent),
+            "policy": self._policy(agent),
+            "tasks": tasks,
+            "tasks_error": tasks_error,
+            "outbox": list(reversed(split_messages(read_outbox(sd)))),
+        }
 
     def _policy(self, agent: Agent) -> str:
         hit = self._policies.get(id(agent))
@@ -273,11 +312,15 @@ class Pages:
             raise NotFound(f"no transcript of run {run_id} for {name} (pruned, or never written)")
         running = current_wake(sd)
         system = next((line for line in lines if line["type"] == "system"), None)
-        return {"name": name, "run_id": run_id, "turns": turns(lines),
-                "head": lines[0] if lines[0]["type"] == "wake" else {},
-                "end": lines[-1] if lines[-1]["type"] == "end" else None,
-                "live": bool(running and running.get("run_id") == run_id),
-                "system": prompt_text(sd, str(system.get("hash"))) if system else None}
+        return {
+            "name": name,
+            "run_id": run_id,
+            "turns": turns(lines),
+            "head": lines[0] if lines[0]["type"] == "wake" else {},
+            "end": lines[-1] if lines[-1]["type"] == "end" else None,
+            "live": bool(running and running.get("run_id") == run_id),
+            "system": prompt_text(sd, str(system.get("hash"))) if system else None,
+        }
 
 
 def turns(lines: list[dict]) -> list[dict]:
@@ -294,15 +337,22 @@ def turns(lines: list[dict]) -> list[dict]:
         if line["type"] == "user":
             turn["user"].append(str(line.get("text", "")))
         elif line["type"] == "assistant":
-            turn.update(stop_reason=line.get("stop_reason"), tokens=Usage.from_json(line.get("usage")).tokens,
-                        usd_so_far=line.get("usd_so_far"), t=line.get("t"))
+            turn.update(
+                stop_reason=line.get("stop_reason"),
+                tokens=Usage.from_json(line.get("usage")).tokens,
+                usd_so_far=line.get("usd_so_far"),
+                t=line.get("t"),
+            )
             for block in line.get("content") or []:
                 if block.get("type") == "text":
                     turn["text"].append(str(block.get("text", "")))
                 elif block.get("type") == "tool_use":
-                    call = {"id": block.get("id"), "name": block.get("name"),
-                            "input": json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
-                            "result": None}
+                    call = {
+                        "id": block.get("id"),
+                        "name": block.get("name"),
+                        "input": json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
+                        "result": None,
+                    }
                     results[str(block.get("id"))] = call
                     turn["calls"].append(call)
         elif line["type"] == "tool_result":
@@ -312,13 +362,15 @@ def turns(lines: list[dict]) -> list[dict]:
                 turn["calls"].append(call)
             call["result"] = line
         else:
-            turn["notes"].append(f"the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
-                                 "the rest is counted, not kept")
+            turn["notes"].append(
+                f"the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
+                "the rest is counted, not kept"
+            )
     return out
 
 
 def _mandate(agent: Agent) -> str:
-    try:   # records/folder.py: no link followed, never a FIFO or device (a request would hang)
+    try:  # records/folder.py: no link followed, never a FIFO or device (a request would hang)
         return Folder(agent.dir).head("mandate.md", MANDATE_CAP)[:MANDATE_CAP].decode("utf-8", "replace")
     except OSError as exc:
         return f"(mandate.md unreadable: {exc.strerror})"

@@ -17,5 +17,16 @@ Not here: fixing anything. A probe that escapes is reported, never softened.
 from orchestrator.escapes.core import ESCAPED, HELD, INCONCLUSIVE, Lab, Outcome, Probe, run_suite, verdict
 from orchestrator.escapes.registry import ALL_PROBES, CATEGORIES, by_name
 
-__all__ = ["ALL_PROBES", "CATEGORIES", "ESCAPED", "HELD", "INCONCLUSIVE", "Lab", "Outcome",
-           "Probe", "by_name", "run_suite", "verdict"]
+__all__ = [
+    "ALL_PROBES",
+    "CATEGORIES",
+    "ESCAPED",
+    "HELD",
+    "INCONCLUSIVE",
+    "Lab",
+    "Outcome",
+    "Probe",
+    "by_name",
+    "run_suite",
+    "verdict",
+]

@@ -32,16 +32,16 @@ from orchestrator.escapes.core import Probe, Trial, escaped, held, python_comman
 from orchestrator.sandbox import network
 
 CATEGORY = "allowlist"
-SERVER_PORT = 8080                  # the probe's own HTTP server
-SERVER_READY_S = 20                 # python3 -m http.server starts in well under a second
-POLL_S = 0.1                        # while waiting for the server's "Serving HTTP" line
-REQUEST_TIMEOUT_S = 10              # squid answers a refusal in milliseconds
-LABEL = "wakeloop.escapes.allowlist"   # on every container and network made here
+SERVER_PORT = 8080  # the probe's own HTTP server
+SERVER_READY_S = 20  # python3 -m http.server starts in well under a second
+POLL_S = 0.1  # while waiting for the server's "Serving HTTP" line
+REQUEST_TIMEOUT_S = 10  # squid answers a refusal in milliseconds
+LABEL = "wakeloop.escapes.allowlist"  # on every container and network made here
 SERVING = "Serving HTTP"
 
 # In the box: one request through the proxy (plain HTTP) and one CONNECT
 # tunnel per target; prints one JSON line {target: {"http": ..., "connect": ...}}.
-REQUESTS = r'''
+REQUESTS = r"""
 import http.client, json, os, urllib.error, urllib.request
 def plain(host, port):
     try:
@@ -64,7 +64,7 @@ def tunnel(host, port):
 routes = [l.split()[0] for l in open("/proc/net/route").readlines()[1:] if l.split()]
 out = {f"{h}:{p}": {"http": plain(h, p), "connect": tunnel(h, p)} for h, p in TARGETS}
 print("RESULT", json.dumps({"routes": routes, "answers": out}))
-''' % {"timeout": REQUEST_TIMEOUT_S}
+""" % {"timeout": REQUEST_TIMEOUT_S}
 
 
 @contextmanager
@@ -83,10 +83,19 @@ def _allowlist_box(t: Trial, allow_hosts: tuple[str, ...]):
 def _server(t: Trial, net, alias: str):
     """The probe's HTTP server on `net`, known there as `alias`; yields the container."""
     container = t.lab.client.containers.create(
-        t.lab.policy.image, ["python3", "-u", "-m", "http.server", str(SERVER_PORT), "-d", "/tmp"],
-        user="1000:1000", read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=1m"},
-        cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit=64 * 2**20, pids_limit=16,
-        labels={LABEL: t.lab.run_id}, network=net.name, detach=True)
+        t.lab.policy.image,
+        ["python3", "-u", "-m", "http.server", str(SERVER_PORT), "-d", "/tmp"],
+        user="1000:1000",
+        read_only=True,
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=1m"},
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        mem_limit=64 * 2**20,
+        pids_limit=16,
+        labels={LABEL: t.lab.run_id},
+        network=net.name,
+        detach=True,
+    )
     try:
         net.disconnect(container)
         net.connect(container, aliases=[alias])
@@ -108,18 +117,18 @@ def _address(container, net) -> str:
 
 def _requests_seen(server) -> list[str]:
     """The request lines the server logged (http.server writes one per request)."""
-    return [line for line in server.logs().decode(errors="replace").splitlines()
-            if line.strip() and SERVING not in line]
+    return [
+        line for line in server.logs().decode(errors="replace").splitlines() if line.strip() and SERVING not in line
+    ]
 
 
 def _ask(box, targets: list[tuple[str, int]]) -> dict | str:
     """Run REQUESTS in the box: {"routes": the box's IPv4 route interfaces,
     "answers": per target}, or what the box said instead."""
-    result = box.run(python_command(f"TARGETS = {targets!r}\n" + REQUESTS), timeout_s=60,
-                     max_output_chars=20_000)
+    result = box.run(python_command(f"TARGETS = {targets!r}\n" + REQUESTS), timeout_s=60, max_output_chars=20_000)
     for line in result.output.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     return f"the request program said: {result.output[-300:]!r} (exit {result.exit_code})"
 
 
@@ -131,45 +140,58 @@ def _judge(answers: dict | str, server, what: str) -> str:
         return escaped(f"the proxy reached {what}; it logged {seen[0].strip()[:120]!r}")
     if isinstance(answers, str):
         return answers
-    if not answers["routes"]:   # gVisor run with --network=none ignores the holder's netns
-        return held("the box has no route at all on this runtime: neither the proxy nor "
-                    f"{what} is reachable (the server logged no request)")
+    if not answers["routes"]:  # gVisor run with --network=none ignores the holder's netns
+        return held(
+            "the box has no route at all on this runtime: neither the proxy nor "
+            f"{what} is reachable (the server logged no request)"
+        )
     by_target = answers["answers"]
-    passed = {k: v for k, v in by_target.items() if 200 <= v["http"].get("status", 0) < 300
-              or 200 <= v["connect"].get("status", 0) < 300}
+    passed = {
+        k: v
+        for k, v in by_target.items()
+        if 200 <= v["http"].get("status", 0) < 300 or 200 <= v["connect"].get("status", 0) < 300
+    }
     if passed:
         return escaped(f"the proxy passed requests to {what}: {passed}")
-    refused = all(v["http"].get("status") == 403 and v["connect"].get("status") == 403
-                  for v in by_target.values())
+    refused = all(v["http"].get("status") == 403 and v["connect"].get("status") == 403 for v in by_target.values())
     if refused:
-        return held(f"the proxy answered 403 to plain HTTP and CONNECT for {sorted(answers)} "
-                    f"({what}); the server logged no request")
+        return held(
+            f"the proxy answered 403 to plain HTTP and CONNECT for {sorted(answers)} "
+            f"({what}); the server logged no request"
+        )
     return f"neither refused nor passed: {answers}"
 
 
 @contextmanager
 def _private_network(t: Trial):
     """A machine-local network of the probe's own (internal: no way off the host)."""
-    net = t.lab.client.networks.create(f"wakeloop-probe-{secrets.token_hex(4)}", driver="bridge",
-                                       internal=True, labels={LABEL: t.lab.run_id})
+    net = t.lab.client.networks.create(
+        f"wakeloop-probe-{secrets.token_hex(4)}", driver="bridge", internal=True, labels={LABEL: t.lab.run_id}
+    )
     try:
         yield net
     finally:
-        net.remove()   # its server and the proxy are gone by now (inner contexts close first)
+        net.remove()  # its server and the proxy are gone by now (inner contexts close first)
 
 
 def _private_destination(t: Trial) -> str:
     name = "private.wakeloop-probe.test"
-    with _private_network(t) as net, _server(t, net, name) as server, \
-            _allowlist_box(t, (f"{name}:{SERVER_PORT}",)) as (box, egress):
+    with (
+        _private_network(t) as net,
+        _server(t, net, name) as server,
+        _allowlist_box(t, (f"{name}:{SERVER_PORT}",)) as (box, egress),
+    ):
         address = _address(server, net)
         if not ipaddress.ip_address(address).is_private:
             return f"the probe's network got a public address {address}: cannot judge"
         # The proxy joins the probe's network after its config was written, so
         # only the rule on private addresses, not its own subnets, stands between.
         net.connect(t.lab.client.containers.get(egress.proxy))
-        return _judge(_ask(box, [(name, SERVER_PORT)]), server,
-                      f"allowlisted {name}, which resolves to the private address {address}")
+        return _judge(
+            _ask(box, [(name, SERVER_PORT)]),
+            server,
+            f"allowlisted {name}, which resolves to the private address {address}",
+        )
 
 
 def _neighbours(t: Trial) -> str:
@@ -178,8 +200,11 @@ def _neighbours(t: Trial) -> str:
         outside = network.find_network(t.lab.client, network.EGRESS_NETWORK)
         with _server(t, outside, name) as server:
             address = _address(server, outside)
-            verdict = _judge(_ask(box, [(name, SERVER_PORT)]), server,
-                             f"allowlisted {name}, a container beside the proxy at {address}")
+            verdict = _judge(
+                _ask(box, [(name, SERVER_PORT)]),
+                server,
+                f"allowlisted {name}, a container beside the proxy at {address}",
+            )
         if not verdict.startswith(("HELD", "ESCAPED")):
             return verdict
         # The gateway (the Docker host's address on the egress bridge) has no
@@ -192,7 +217,7 @@ def _neighbours(t: Trial) -> str:
             return verdict + escaped(f"the proxy's config denies no range holding the egress gateway {uncovered}")
         if verdict.startswith("ESCAPED"):
             return verdict
-        return held(verdict[len("HELD:"):].strip() + f"; its config denies the egress gateway {gateways}")
+        return held(verdict[len("HELD:") :].strip() + f"; its config denies the egress gateway {gateways}")
 
 
 def _running_config(t: Trial, egress) -> str:
@@ -207,8 +232,11 @@ def _denied_by(conf: str, address: str) -> bool:
     for line in conf.splitlines():
         parts = line.split()
         if parts[:1] == ["acl"] and len(parts) > 3 and parts[1] in denied and parts[2] == "dst":
-            if any(ip.version == ipaddress.ip_network(n, strict=False).version
-                   and ip in ipaddress.ip_network(n, strict=False) for n in parts[3:]):
+            if any(
+                ip.version == ipaddress.ip_network(n, strict=False).version
+                and ip in ipaddress.ip_network(n, strict=False)
+                for n in parts[3:]
+            ):
                 return True
     return False
 
@@ -221,11 +249,14 @@ def _unlisted_host(t: Trial) -> str:
         # would reach it, on this machine; the real one refuses before any lookup.
         with _server(t, outside, unlisted) as server:
             address = _address(server, outside)
-            return _judge(_ask(box, [(unlisted, SERVER_PORT), (address, SERVER_PORT)]), server,
-                          f"{unlisted} and its address {address}, neither on the list")
+            return _judge(
+                _ask(box, [(unlisted, SERVER_PORT), (address, SERVER_PORT)]),
+                server,
+                f"{unlisted} and its address {address}, neither on the list",
+            )
 
 
-NO_DIRECT_ROUTE = r'''
+NO_DIRECT_ROUTE = r"""
 import json
 routes = [l.split() for l in open("/proc/net/route").readlines()[1:] if l.split()]
 default = [r for r in routes if r[1] == "00000000" or r[2] != "00000000"]
@@ -249,7 +280,7 @@ elif not routes:
 else:
     held(f"one on-link route ({[r[0] for r in routes]}), no gateway, no IPv6; no route to the metadata "
          "address, private or public addresses: only the proxy is reachable")
-'''
+"""
 
 
 def _no_direct_route(t: Trial) -> str:
@@ -259,24 +290,36 @@ def _no_direct_route(t: Trial) -> str:
 
 
 allowlist_refuses_private_destination = Probe(
-    "allowlist_refuses_private_destination", CATEGORY,
+    "allowlist_refuses_private_destination",
+    CATEGORY,
     "an allowlisted name resolving to a private address is refused (403); the server there sees nothing",
-    _private_destination)
+    _private_destination,
+)
 
 allowlist_refuses_proxy_gateway_and_neighbours = Probe(
-    "allowlist_refuses_proxy_gateway_and_neighbours", CATEGORY,
+    "allowlist_refuses_proxy_gateway_and_neighbours",
+    CATEGORY,
     "an allowlisted name of a container on the proxy's egress network is refused; its gateway is denied",
-    _neighbours)
+    _neighbours,
+)
 
 allowlist_refuses_unlisted_host = Probe(
-    "allowlist_refuses_unlisted_host", CATEGORY,
+    "allowlist_refuses_unlisted_host",
+    CATEGORY,
     "a host or IP address not on the list is refused by the proxy (403), before any lookup",
-    _unlisted_host)
+    _unlisted_host,
+)
 
 allowlist_has_no_direct_route = Probe(
-    "allowlist_has_no_direct_route", CATEGORY,
+    "allowlist_has_no_direct_route",
+    CATEGORY,
     "the allowlist box has no default route, no IPv6, no route to any outside address",
-    _no_direct_route)
+    _no_direct_route,
+)
 
-PROBES = [allowlist_refuses_private_destination, allowlist_refuses_proxy_gateway_and_neighbours,
-          allowlist_refuses_unlisted_host, allowlist_has_no_direct_route]
+PROBES = [
+    allowlist_refuses_private_destination,
+    allowlist_refuses_proxy_gateway_and_neighbours,
+    allowlist_refuses_unlisted_host,
+    allowlist_has_no_direct_route,
+]

@@ -39,15 +39,18 @@ def choose_policy(agent_dir: str | None, policy_file: str | None) -> Policy:
     return Policy(source="the default policy")
 
 
-def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_json: bool,
-        only: list[str] | None = None) -> int:
+def run(
+    agent_dir: str | None, policy_file: str | None, runtime: str | None, as_json: bool, only: list[str] | None = None
+) -> int:
     policy = choose_policy(agent_dir, policy_file)
     sandbox = replace(policy.sandbox, runtime=runtime) if runtime else policy.sandbox
     client = connect()
     known = sorted((client.info().get("Runtimes") or {}).keys())
     if sandbox.runtime not in known:
-        raise SandboxError(f"runtime {sandbox.runtime!r} is not registered with the engine (it knows "
-                           f"{', '.join(known)}); for runsc run scripts/setup-runsc.sh")
+        raise SandboxError(
+            f"runtime {sandbox.runtime!r} is not registered with the engine (it knows "
+            f"{', '.join(known)}); for runsc run scripts/setup-runsc.sh"
+        )
     warning = check_image(client, sandbox.image)
     if warning:
         print(warning, file=sys.stderr)
@@ -57,8 +60,11 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
     probes = [p for p in ALL_PROBES if not only or p.name in only]
     lab = temp_lab(client, sandbox, tools=policy.tools)
     base = lab.base
-    print(f"escapes: {len(probes)} probes under {policy.source}, runtime {sandbox.runtime}; "
-          "this takes a few minutes", file=sys.stderr, flush=True)
+    print(
+        f"escapes: {len(probes)} probes under {policy.source}, runtime {sandbox.runtime}; this takes a few minutes",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.monotonic()
     try:
         outcomes = run_suite(lab, probes, progress=_progress)
@@ -66,9 +72,17 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
         subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
     seconds = time.monotonic() - started
     host = check_host(client, sandbox.runtime, {o.probe: o.verdict for o in outcomes})
-    doc = json_report(outcomes, host, {"policy": policy.source, "runtime": sandbox.runtime,
-                                       "seconds": round(seconds, 1), "finished_at": now_iso(),
-                                       "probes_run": "all" if not only else len(probes)})
+    doc = json_report(
+        outcomes,
+        host,
+        {
+            "policy": policy.source,
+            "runtime": sandbox.runtime,
+            "seconds": round(seconds, 1),
+            "finished_at": now_iso(),
+            "probes_run": "all" if not only else len(probes),
+        },
+    )
     try:
         kept = report_history.save(json.loads(doc))
     except OSError as exc:
@@ -78,16 +92,19 @@ def run(agent_dir: str | None, policy_file: str | None, runtime: str | None, as_
     if as_json:
         print(doc)
     else:
-        header = (f"wakeloop escapes: {len(outcomes)} probes, policy {policy.source}, "
-                  f"runtime {sandbox.runtime}, {seconds:.0f} s")
+        header = (
+            f"wakeloop escapes: {len(outcomes)} probes, policy {policy.source}, "
+            f"runtime {sandbox.runtime}, {seconds:.0f} s"
+        )
         print(text_report(outcomes, host, header))
     return EXIT_ESCAPED if failed(outcomes) else EXIT_HELD
 
 
 def list_probes(as_json: bool = False) -> int:
     if as_json:
-        print(json.dumps([{"name": p.name, "category": p.category, "expected": p.expected}
-                          for p in ALL_PROBES], indent=2))
+        print(
+            json.dumps([{"name": p.name, "category": p.category, "expected": p.expected} for p in ALL_PROBES], indent=2)
+        )
         return EXIT_HELD
     for p in ALL_PROBES:
         print(f"{p.category:12} {p.name:40} {p.expected}")
@@ -96,5 +113,8 @@ def list_probes(as_json: bool = False) -> int:
 
 def _progress(index: int, total: int, outcome) -> None:
     mark = "" if outcome.verdict == HELD else f"  <- {outcome.observed[:100]}"
-    print(f"[{index:>2}/{total}] {outcome.verdict:<12} {outcome.probe} ({outcome.seconds:.1f} s){mark}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{index:>2}/{total}] {outcome.verdict:<12} {outcome.probe} ({outcome.seconds:.1f} s){mark}",
+        file=sys.stderr,
+        flush=True,
+    )

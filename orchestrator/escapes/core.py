@@ -32,17 +32,17 @@ from orchestrator.sandbox.box import SandboxResult
 
 HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
 
-PROBE_TIMEOUT_S = 30        # a probe is a few syscalls (~1 s); 30 s leaves room on a loaded 2-core CI box
-OBSERVE_CHARS = 20_000      # output kept per probe call; findings are printed last, so they survive in the tail
-OBSERVED_SHOWN = 160        # chars of the deciding line shown in the table
+PROBE_TIMEOUT_S = 30  # a probe is a few syscalls (~1 s); 30 s leaves room on a loaded 2-core CI box
+OBSERVE_CHARS = 20_000  # output kept per probe call; findings are printed last, so they survive in the tail
+OBSERVED_SHOWN = 160  # chars of the deciding line shown in the table
 
 
 @dataclass(frozen=True)
 class Probe:
-    name: str                           # named for the attack it blocks
+    name: str  # named for the attack it blocks
     category: str
-    expected: str                       # the safe outcome, in words
-    attack: Callable[["Trial"], str]    # runs the attack, returns what it observed
+    expected: str  # the safe outcome, in words
+    attack: Callable[["Trial"], str]  # runs the attack, returns what it observed
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Lab:
     policy: SandboxPolicy
     base: Path
     sandbox_class: type = DockerSandbox
-    tools: Tools = field(default_factory=Tools)   # the policy's tools, for the harness probes
+    tools: Tools = field(default_factory=Tools)  # the policy's tools, for the harness probes
     run_id: str = field(default_factory=lambda: "escapes-" + secrets.token_hex(4))
     host_canary: str = field(default_factory=lambda: "wakeloop-canary-" + secrets.token_hex(8))
     other_canary: str = field(default_factory=lambda: "wakeloop-other-agent-" + secrets.token_hex(8))
@@ -170,22 +170,26 @@ class Trial:
             try:
                 self._box = self.new_box()
             except Exception:
-                self.cleanup()   # a box that failed halfway (its proxy, say) may have made a disk
+                self.cleanup()  # a box that failed halfway (its proxy, say) may have made a disk
                 raise
         return self._box
 
-    def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None,
-                **kwargs) -> DockerSandbox:
+    def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None, **kwargs) -> DockerSandbox:
         """A box on this trial's workspace (or `workspace`) under the lab's policy (its
         warm pool included, as users run it), or under `policy`, for a probe whose
         attack is a policy author's; `warm=0` for one whose every call is cold."""
-        box = self.lab.sandbox_class(workspace or self.workspace, policy or self.lab.policy, agent="escapes",
-                                     run_id=self.lab.run_id, client=self.lab.client, **kwargs)
+        box = self.lab.sandbox_class(
+            workspace or self.workspace,
+            policy or self.lab.policy,
+            agent="escapes",
+            run_id=self.lab.run_id,
+            client=self.lab.client,
+            **kwargs,
+        )
         self._boxes.append(box)
         return box
 
-    def run(self, command: str, timeout_s: float = PROBE_TIMEOUT_S,
-            cap: int = OBSERVE_CHARS) -> SandboxResult:
+    def run(self, command: str, timeout_s: float = PROBE_TIMEOUT_S, cap: int = OBSERVE_CHARS) -> SandboxResult:
         return self.box.run(command, timeout_s=timeout_s, max_output_chars=cap)
 
     def sh(self, command: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
@@ -203,7 +207,8 @@ class Trial:
         """This trial's sandbox containers now. Sparse: one listing, no per-container
         lookup that a container removed meanwhile would turn into NotFound."""
         return self.lab.client.containers.list(
-            all=True, sparse=True, filters={"label": f"wakeloop.workspace={self.box.workspace}"})
+            all=True, sparse=True, filters={"label": f"wakeloop.workspace={self.box.workspace}"}
+        )
 
     def containers_left(self) -> list:
         """Those still there once every box is closed (idle warm ones are theirs until then)."""
@@ -215,12 +220,13 @@ class Trial:
         # Each trial is an agent of its own, so under an allowlist policy it has a
         # proxy set of its own: retired with it, or a run exhausts the engine's
         # address pools (~30 networks) before its last probe.
-        egress = {network.plan(b.workspace, b.policy.allow_hosts).key for b in self._boxes
-                  if b.policy.network == "allowlist"}
+        egress = {
+            network.plan(b.workspace, b.policy.allow_hosts).key for b in self._boxes if b.policy.network == "allowlist"
+        }
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
-        for key in disk.keys() - self._disks_before:   # this trial's agents' disks, a broker's too
-            disk.release(self.lab.client, key, delete=True, force=True)   # ours, whoever holds it
+        for key in disk.keys() - self._disks_before:  # this trial's agents' disks, a broker's too
+            disk.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
         # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
 
@@ -230,8 +236,9 @@ def python_command(program: str) -> str:
     HOST_KERNEL is the host's kernel release: a box whose uname differs runs on a
     user-space kernel (gVisor), so its syscalls never reach the host's."""
     host = f"HOST_KERNEL = {os.uname().release!r}\n"
-    return "python3 -I -c " + shlex.quote(PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n"
-                                          + program)
+    return "python3 -I -c " + shlex.quote(
+        PRELUDE + host + "ON_HOST_KERNEL = os.uname().release == HOST_KERNEL\n" + program
+    )
 
 
 def observed(result: SandboxResult) -> str:
@@ -252,18 +259,16 @@ def run_probe(lab: Lab, probe: Probe) -> Outcome:
         trial = lab.trial(probe.name)
         observation = probe.attack(trial)
     except Exception as exc:  # a probe that crashes the harness is a finding, shown, not raised
-        first_line = str(exc).splitlines()[0] if str(exc) else ''
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
         observation = f"the probe failed on the host: {type(exc).__name__}: {first_line}"
     finally:
         if trial is not None:
             trial.cleanup()
     decided, line = verdict(observation)
-    return Outcome(probe.name, probe.category, probe.expected, line, decided,
-                   round(time.monotonic() - started, 2))
+    return Outcome(probe.name, probe.category, probe.expected, line, decided, round(time.monotonic() - started, 2))
 
 
-def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | None = None
-              ) -> list[Outcome]:
+def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | None = None) -> list[Outcome]:
     outcomes = []
     for index, probe in enumerate(probes, 1):
         outcome = run_probe(lab, probe)
@@ -273,8 +278,7 @@ def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | 
     return outcomes
 
 
-def temp_lab(client: docker.DockerClient, policy: SandboxPolicy, base: Path | None = None,
-             **kwargs) -> Lab:
+def temp_lab(client: docker.DockerClient, policy: SandboxPolicy, base: Path | None = None, **kwargs) -> Lab:
     """A lab in `base`, or in a new temp dir the caller removes (lab.base)."""
     base = Path(base) if base else Path(tempfile.mkdtemp(prefix="wakeloop-escapes-"))
     return Lab(client=client, policy=policy, base=base, **kwargs)

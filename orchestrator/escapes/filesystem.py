@@ -14,7 +14,7 @@ from orchestrator.sandbox.programs import PYTHON
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "filesystem"
-CVE_2024_21626_FDS = range(3, 10)   # runc leaked its cgroup dir fd as 7 or 8; 3..9 covers the variants
+CVE_2024_21626_FDS = range(3, 10)  # runc leaked its cgroup dir fd as 7 or 8; 3..9 covers the variants
 
 
 def _py(name: str, expected: str, program: str) -> Probe:
@@ -25,7 +25,7 @@ blocks_write_outside_workspace = _py(
     "blocks_write_outside_workspace",
     "every path outside /workspace, /tmp, /dev/shm and /dev/mqueue is read-only "
     "(those three are the box's own, private and size-capped)",
-    r'''
+    r"""
 bad = []
 for d in ["/", "/etc", "/usr", "/usr/local/bin", "/var", "/var/tmp", "/var/lib", "/opt", "/home",
           "/root", "/srv", "/mnt", "/run", "/run/lock", "/dev", "/dev/pts", "/bin", "/sbin", "/lib",
@@ -38,13 +38,14 @@ for d in ["/", "/etc", "/usr", "/usr/local/bin", "/var", "/var/tmp", "/var/lib",
     os.close(fd); os.unlink(path); bad.append(d)
 if bad: escaped("created a file in " + ", ".join(bad))
 else: held("no file could be created outside /workspace, /tmp, /dev/shm, /dev/mqueue")
-''')
+""",
+)
 
 
 def _reads_host_files(t: Trial) -> str:
     lab = t.lab
     paths = [str(lab.canary_path), str(t.dir / "mandate.md"), str(t.state / "state.json")]
-    program = rf'''
+    program = rf"""
 import glob
 token, paths = {lab.host_canary!r}, {paths!r}
 found = []
@@ -70,18 +71,21 @@ for dirpath, dirs, files in os.walk("/"):
             pass
 if found: escaped("read host files: " + ", ".join(sorted(set(found))[:5]))
 else: held("host files beside the workspace (secret, mandate.md, state.json) were not readable by any path")
-'''
+"""
     return t.py(program, timeout_s=90)
 
 
 blocks_reading_host_files = Probe(
-    "blocks_reading_host_files", CATEGORY,
+    "blocks_reading_host_files",
+    CATEGORY,
     "no host file outside the workspace is readable, by its path or by a scan of the box",
-    _reads_host_files)
+    _reads_host_files,
+)
 
 blocks_proc_1_root = _py(
-    "blocks_proc_1_root", "/proc/1/root is the box's own root, not the host's",
-    r'''
+    "blocks_proc_1_root",
+    "/proc/1/root is the box's own root, not the host's",
+    r"""
 root = "/proc/1/root"
 try:
     mine = os.stat("/"); theirs = os.stat(root)
@@ -92,11 +96,13 @@ if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino) or outside:
     escaped(f"{root} is another root: {outside or 'device/inode differ'}")
 else:
     held(f"{root} is the box's own read-only root")
-''')
+""",
+)
 
 blocks_overwriting_proc_self_exe = _py(
-    "blocks_overwriting_proc_self_exe", "no runtime or init binary can be opened for writing (CVE-2019-5736)",
-    r'''
+    "blocks_overwriting_proc_self_exe",
+    "no runtime or init binary can be opened for writing (CVE-2019-5736)",
+    r"""
 opened = []
 for pid in ["self", "1", str(os.getppid())]:
     for name in ["exe", "root/usr/bin/python3", "root/bin/bash", "root/sbin/docker-init"]:
@@ -108,11 +114,13 @@ for pid in ["self", "1", str(os.getppid())]:
         os.close(fd); opened.append(path)
 if opened: escaped("opened for writing: " + ", ".join(opened))
 else: held("every /proc/*/exe and binary refused a write open (ETXTBSY/EACCES/EROFS)")
-''')
+""",
+)
 
 blocks_leaked_host_fds = _py(
-    "blocks_leaked_host_fds", "no inherited descriptor points outside the box (CVE-2024-21626)",
-    r'''
+    "blocks_leaked_host_fds",
+    "no inherited descriptor points outside the box (CVE-2024-21626)",
+    r"""
 leaks = []
 for pid in ["self", "1"]:
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -131,17 +139,17 @@ for pid in ["self", "1"]:
             pass
 if leaks: escaped("; ".join(leaks))
 else: held("every open descriptor is a pipe, /dev/null or the box's own path")
-''')
+""",
+)
 
 
 def _cve_2024_21626_workdir(t: Trial) -> str:
     """The runc bug itself: a container started with its working directory at a
     leaked fd runs with its cwd in the host's cgroup filesystem. A fixed runc
     refuses to start it; a vulnerable one starts it and getcwd() fails."""
-    program = ("import os\ntry:\n    print('CWD', os.getcwd())\n"
-               "except OSError as exc:\n    print('CWD-OUTSIDE', exc)\n")
+    program = "import os\ntry:\n    print('CWD', os.getcwd())\nexcept OSError as exc:\n    print('CWD-OUTSIDE', exc)\n"
     notes = []
-    box = t.new_box(warm=0)   # runc must set the working dir itself: no pooled launcher
+    box = t.new_box(warm=0)  # runc must set the working dir itself: no pooled launcher
     for fd in CVE_2024_21626_FDS:
         workdir = f"/proc/self/fd/{fd}"
         try:
@@ -157,13 +165,16 @@ def _cve_2024_21626_workdir(t: Trial) -> str:
 
 
 blocks_workdir_at_leaked_fd = Probe(
-    "blocks_workdir_at_leaked_fd", CATEGORY,
+    "blocks_workdir_at_leaked_fd",
+    CATEGORY,
     "a box whose working dir is /proc/self/fd/N never starts outside its root (runc CVE-2024-21626)",
-    _cve_2024_21626_workdir)
+    _cve_2024_21626_workdir,
+)
 
 blocks_mount = _py(
-    "blocks_mount", "mount(2) of tmpfs, proc, a bind or a new API mount fails",
-    r'''
+    "blocks_mount",
+    "mount(2) of tmpfs, proc, a bind or a new API mount fails",
+    r"""
 ok = []
 for src, tgt, fstype, flags in [(b"none", b"/tmp", b"tmpfs", 0), (b"proc", b"/tmp", b"proc", 0),
                                 (b"/", b"/tmp", None, 4096), (b"/workspace", b"/workspace", None, 4096 | 32)]:
@@ -173,28 +184,34 @@ r, err = call("fsopen", b"tmpfs", 0)
 if r >= 0: ok.append("fsopen(tmpfs)")
 if ok: escaped("mounted " + ", ".join(ok))
 else: held(f"every mount refused (fsopen: {err})")
-''')
+""",
+)
 
 blocks_pivot_root = _py(
-    "blocks_pivot_root", "pivot_root(2) fails",
-    r'''
+    "blocks_pivot_root",
+    "pivot_root(2) fails",
+    r"""
 r, err = call("pivot_root", b"/tmp", b"/tmp")
 if r == 0: escaped("pivot_root succeeded")
 else: held(f"pivot_root refused: {err}")
-''')
+""",
+)
 
 blocks_chroot = _py(
-    "blocks_chroot", "chroot(2) fails",
-    r'''
+    "blocks_chroot",
+    "chroot(2) fails",
+    r"""
 try:
     os.chroot("/tmp"); escaped("chroot(/tmp) succeeded")
 except OSError as exc:
     held(f"chroot refused: {errno.errorcode[exc.errno]}")
-''')
+""",
+)
 
 blocks_device_nodes = _py(
-    "blocks_device_nodes", "no block or memory device is visible; no device node can be made and read",
-    r'''
+    "blocks_device_nodes",
+    "no block or memory device is visible; no device node can be made and read",
+    r"""
 import stat
 bad = []
 for name in os.listdir("/dev"):
@@ -221,11 +238,13 @@ for d in ["/tmp", "/workspace", "/dev/shm"]:
         os.unlink(path)
 if bad: escaped(", ".join(bad))
 else: held("no block/memory device in /dev; mknod in /tmp, /workspace, /dev/shm refused or inert (opens nothing)")
-''')
+""",
+)
 
 blocks_writes_to_sys = _py(
-    "blocks_writes_to_sys", "no file under /sys opens for writing",
-    r'''
+    "blocks_writes_to_sys",
+    "no file under /sys opens for writing",
+    r"""
 opened = open_for_writing([
     "/sys/kernel/uevent_helper", "/sys/kernel/mm/transparent_hugepage/enabled",
     "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
@@ -233,22 +252,26 @@ opened = open_for_writing([
     "/sys/class/net/lo/mtu", "/sys/power/state"])
 if opened: escaped("writable: " + ", ".join(opened))
 else: held("/sys is read-only to the box")
-''')
+""",
+)
 
 blocks_writes_to_proc_sys = _py(
-    "blocks_writes_to_proc_sys", "no /proc/sys knob or /proc/sysrq-trigger opens for writing",
-    r'''
+    "blocks_writes_to_proc_sys",
+    "no /proc/sys knob or /proc/sysrq-trigger opens for writing",
+    r"""
 opened = open_for_writing([
     "/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sys/vm/drop_caches",
     "/proc/sys/kernel/hostname", "/proc/sysrq-trigger", "/proc/sys/fs/binfmt_misc/register",
     "/proc/sys/net/ipv4/ip_forward", "/proc/sys/kernel/yama/ptrace_scope"])
 if opened: escaped("writable: " + ", ".join(opened))
 else: held("/proc/sys and /proc/sysrq-trigger are read-only to the box")
-''')
+""",
+)
 
 blocks_setuid_binaries = _py(
-    "blocks_setuid_binaries", "no setuid/setgid file on the box's filesystems, and setuid(0) fails",
-    r'''
+    "blocks_setuid_binaries",
+    "no setuid/setgid file on the box's filesystems, and setuid(0) fails",
+    r"""
 import stat
 found = []
 for top in ["/usr", "/bin", "/sbin", "/lib", "/opt", "/etc", "/var", "/workspace", "/tmp"]:
@@ -267,9 +290,21 @@ except OSError:
     pass
 if found: escaped(", ".join(found[:5]))
 else: held("no setuid/setgid binary; setuid(0) refused")
-''')
+""",
+)
 
-PROBES = [blocks_write_outside_workspace, blocks_reading_host_files, blocks_proc_1_root,
-          blocks_overwriting_proc_self_exe, blocks_leaked_host_fds, blocks_workdir_at_leaked_fd,
-          blocks_mount, blocks_pivot_root, blocks_chroot, blocks_device_nodes, blocks_writes_to_sys,
-          blocks_writes_to_proc_sys, blocks_setuid_binaries]
+PROBES = [
+    blocks_write_outside_workspace,
+    blocks_reading_host_files,
+    blocks_proc_1_root,
+    blocks_overwriting_proc_self_exe,
+    blocks_leaked_host_fds,
+    blocks_workdir_at_leaked_fd,
+    blocks_mount,
+    blocks_pivot_root,
+    blocks_chroot,
+    blocks_device_nodes,
+    blocks_writes_to_sys,
+    blocks_writes_to_proc_sys,
+    blocks_setuid_binaries,
+]

@@ -17,13 +17,19 @@ import socket
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "information"
-BOX_ENV = {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_", "OLDPWD"}   # set by the box or bash itself
-SECRET_ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN",
-              "DOCKER_AUTH_CONFIG", "OPENAI_API_KEY")
+BOX_ENV = {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_", "OLDPWD"}  # set by the box or bash itself
+SECRET_ENV = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "GITHUB_TOKEN",
+    "DOCKER_AUTH_CONFIG",
+    "OPENAI_API_KEY",
+)
 SECRET_PATTERN = re.compile(r"(sk-ant-|api[_-]?key|secret|token|passw(or)?d|BEGIN [A-Z ]*PRIVATE KEY)", re.I)
 
 # Every process environment in the box, as NAME and sha256(value): no value leaves the box.
-_ENV_DUMP = r'''
+_ENV_DUMP = r"""
 import hashlib, json
 seen = {}
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
@@ -38,7 +44,7 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
 for k, v in os.environ.items():
     seen[k] = hashlib.sha256(v.encode()).hexdigest()
 print("ENV " + json.dumps(seen))
-'''
+"""
 
 
 def _box_env(t: Trial) -> dict[str, str]:
@@ -53,12 +59,14 @@ def _ours(t: Trial) -> dict[str, str]:
     """wakeloop's own programs, which pid 1 keeps in its environment (programs.boot),
     and a cold call's command environment (programs.COMMAND_ENV): name -> sha256
     of the exact value, so nothing else may hide under the name."""
-    from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, LAUNCHER, LAUNCHER_ENV,
-                                               carried)
-    return {GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
-            LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest(),
-            COMMAND_ENV: hashlib.sha256(carried(t.box.command_env()).encode()).hexdigest(),
-            **_egress_env(t)}
+    from orchestrator.sandbox.programs import COMMAND_ENV, GUARD, GUARD_ENV, LAUNCHER, LAUNCHER_ENV, carried
+
+    return {
+        GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),
+        LAUNCHER_ENV: hashlib.sha256(LAUNCHER.encode()).hexdigest(),
+        COMMAND_ENV: hashlib.sha256(carried(t.box.command_env()).encode()).hexdigest(),
+        **_egress_env(t),
+    }
 
 
 def _egress_env(t: Trial) -> dict[str, str]:
@@ -82,9 +90,11 @@ def _hides_host_environment(t: Trial) -> str:
 
 
 hides_host_environment = Probe(
-    "hides_host_environment", CATEGORY,
+    "hides_host_environment",
+    CATEGORY,
     "the box's environment is PATH/HOME/LANG plus the policy's env, nothing of the host's",
-    _hides_host_environment)
+    _hides_host_environment,
+)
 
 
 def _hides_api_key(t: Trial) -> str:
@@ -102,28 +112,37 @@ def _hides_api_key(t: Trial) -> str:
     leaked = sorted({secrets[h] for h in box.values() if h in secrets} | (set(box) & set(SECRET_ENV)))
     if leaked:
         return escaped(f"the box sees {leaked}")
-    which = 'stand-in' if planted else 'real'
+    which = "stand-in" if planted else "real"
     return held(f"no secret variable or value in any process of the box ({which} key checked)")
 
 
-hides_api_key = Probe("hides_api_key", CATEGORY,
-                      "no process in the box has the API key (or any other secret variable) by name or value",
-                      _hides_api_key)
+hides_api_key = Probe(
+    "hides_api_key",
+    CATEGORY,
+    "no process in the box has the API key (or any other secret variable) by name or value",
+    _hides_api_key,
+)
 
 
 def _hides_proxy_settings(t: Trial) -> str:
     box = _box_env(t)
     ours = _egress_env(t)
-    proxies = sorted(k for k, v in box.items() if "proxy" in k.lower() and ours.get(k) != v
-                     and k not in {n for n, _ in t.lab.policy.env})
+    proxies = sorted(
+        k
+        for k, v in box.items()
+        if "proxy" in k.lower() and ours.get(k) != v and k not in {n for n, _ in t.lab.policy.env}
+    )
     if proxies:
         return escaped(f"proxy settings copied in: {proxies}")
     return held("no *_proxy variable in the box (the client's proxy config is not copied in)")
 
 
-hides_proxy_settings = Probe("hides_proxy_settings", CATEGORY,
-                             "no HTTP(S)_PROXY/NO_PROXY from the client's config or environment",
-                             _hides_proxy_settings)
+hides_proxy_settings = Probe(
+    "hides_proxy_settings",
+    CATEGORY,
+    "no HTTP(S)_PROXY/NO_PROXY from the client's config or environment",
+    _hides_proxy_settings,
+)
 
 
 def _uses_neutral_hostname(t: Trial) -> str:
@@ -137,15 +156,16 @@ def _uses_neutral_hostname(t: Trial) -> str:
     return held(f"the box is named {names[0]!r}; the host's name stays out")
 
 
-uses_neutral_hostname = Probe("uses_neutral_hostname", CATEGORY, "the box's hostname is neutral, not the host's",
-                              _uses_neutral_hostname)
+uses_neutral_hostname = Probe(
+    "uses_neutral_hostname", CATEGORY, "the box's hostname is neutral, not the host's", _uses_neutral_hostname
+)
 
 
 def _hides_host_process_list(t: Trial) -> str:
     host_init = _read("/proc/1/comm").strip()
     if host_init in ("bash", "sh", "python3", "docker-init", "tini", "init", ""):
-        host_init = "dockerd"   # the host's init looks like the box's own: it tells nothing
-    program = rf'''
+        host_init = "dockerd"  # the host's init looks like the box's own: it tells nothing
+    program = rf"""
 comms = {{}}
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
     try:
@@ -157,14 +177,17 @@ host = [f"{{p}}:{{c}}" for p, c in comms.items()
         or c.startswith("containerd-shim")]
 if host or len(comms) > 20: escaped(f"host processes visible ({{len(comms)}} in all): {{host[:5]}}")
 else: held(f"{{len(comms)}} processes, all the box's own: {{sorted(set(comms.values()))}}")
-'''
+"""
     out = t.py(program)
     return out
 
 
-hides_host_process_list = Probe("hides_host_process_list", CATEGORY,
-                                "the box sees only its own few processes, none of the host's",
-                                _hides_host_process_list)
+hides_host_process_list = Probe(
+    "hides_host_process_list",
+    CATEGORY,
+    "the box sees only its own few processes, none of the host's",
+    _hides_host_process_list,
+)
 
 
 def _hides_workspace_host_path(t: Trial) -> str:
@@ -179,14 +202,17 @@ def _hides_workspace_host_path(t: Trial) -> str:
     return held("mountinfo names /workspace without the host path behind it")
 
 
-hides_workspace_host_path = Probe("hides_workspace_host_path", CATEGORY,
-                                  "/proc/self/mountinfo does not reveal where the workspace lives on the host",
-                                  _hides_workspace_host_path)
+hides_workspace_host_path = Probe(
+    "hides_workspace_host_path",
+    CATEGORY,
+    "/proc/self/mountinfo does not reveal where the workspace lives on the host",
+    _hides_workspace_host_path,
+)
 
 
 def _hides_other_agents(t: Trial) -> str:
     other = str(t.lab.other_workspace)
-    program = rf'''
+    program = rf"""
 token, other = {t.lab.other_canary!r}, {other!r}
 found = []
 for p in [other + "/memory/core.md", "/workspace/../other-agent/workspace/memory/core.md",
@@ -207,17 +233,23 @@ for dirpath, dirs, files in os.walk("/"):
             pass
 if found: escaped("another agent's memory read at " + ", ".join(found[:3]))
 else: held("another agent's workspace is neither reachable by path nor anywhere in the box")
-'''
+"""
     return t.py(program, timeout_s=90)
 
 
-hides_other_agents_workspaces = Probe("hides_other_agents_workspaces", CATEGORY,
-                                      "another agent's workspace on the same host is invisible",
-                                      _hides_other_agents)
+hides_other_agents_workspaces = Probe(
+    "hides_other_agents_workspaces",
+    CATEGORY,
+    "another agent's workspace on the same host is invisible",
+    _hides_other_agents,
+)
 
 hides_docker_socket = Probe(
-    "hides_docker_socket", CATEGORY, "no Docker or containerd socket exists in the box",
-    lambda t: t.py(r'''
+    "hides_docker_socket",
+    CATEGORY,
+    "no Docker or containerd socket exists in the box",
+    lambda t: t.py(
+        r"""
 import stat
 found = []
 for dirpath, dirs, files in os.walk("/"):
@@ -233,7 +265,10 @@ for p in ["/var/run/docker.sock", "/run/docker.sock", "/run/containerd/container
     if os.path.exists(p): found.append(p)
 if found: escaped("sockets in the box: " + ", ".join(sorted(set(found))[:5]))
 else: held("no socket file anywhere in the box's filesystems")
-''', timeout_s=90))
+""",
+        timeout_s=90,
+    ),
+)
 
 
 def _image_has_no_baked_secrets(t: Trial) -> str:
@@ -255,9 +290,12 @@ def _image_has_no_baked_secrets(t: Trial) -> str:
     return held(f"{len(image.history())} layers of `docker history` and the image env name no secret")
 
 
-image_has_no_baked_secrets = Probe("image_has_no_baked_secrets", CATEGORY,
-                                   "`docker history` and the image's env carry no key, token or password",
-                                   _image_has_no_baked_secrets)
+image_has_no_baked_secrets = Probe(
+    "image_has_no_baked_secrets",
+    CATEGORY,
+    "`docker history` and the image's env carry no key, token or password",
+    _image_has_no_baked_secrets,
+)
 
 
 def _read(path: str) -> str:
@@ -268,6 +306,14 @@ def _read(path: str) -> str:
         return ""
 
 
-PROBES = [hides_host_environment, hides_api_key, hides_proxy_settings, uses_neutral_hostname,
-          hides_host_process_list, hides_workspace_host_path, hides_other_agents_workspaces,
-          hides_docker_socket, image_has_no_baked_secrets]
+PROBES = [
+    hides_host_environment,
+    hides_api_key,
+    hides_proxy_settings,
+    uses_neutral_hostname,
+    hides_host_process_list,
+    hides_workspace_host_path,
+    hides_other_agents_workspaces,
+    hides_docker_socket,
+    image_has_no_baked_secrets,
+]

@@ -17,9 +17,9 @@ import docker.errors
 from orchestrator.escapes.core import Probe, Trial
 
 CATEGORY = "network"
-DOCKER_API_PORTS = (2375, 2376)     # the engine's plain and TLS TCP ports
+DOCKER_API_PORTS = (2375, 2376)  # the engine's plain and TLS TCP ports
 METADATA_ADDRESS = "169.254.169.254"
-CONNECT_TIMEOUT_S = 2               # a connect to the host's own address answers in ms; 2 s bounds a drop
+CONNECT_TIMEOUT_S = 2  # a connect to the host's own address answers in ms; 2 s bounds a drop
 
 
 def _py(name: str, expected: str, program: str) -> Probe:
@@ -30,24 +30,27 @@ def _interfaces(t: Trial) -> str:
     # network: allowlist puts the box in a namespace with one interface, on the
     # agent's internal network where only its proxy answers (the allowlist probes).
     allowed = 1 if t.lab.policy.network == "allowlist" else 0
-    return t.py(rf'''
+    return t.py(rf"""
 names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
 if not names:
     names = [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]]
 others = [n for n in names if n != "lo"]
 if len(others) > {allowed}: escaped(f"interfaces besides lo: {{others}}")
 else: held(f"interfaces: {{names}}" + (" (one to the allowlist's proxy network)" if others else ""))
-''')
+""")
 
 
 has_no_interface_but_lo = Probe(
-    "has_no_interface_but_lo", CATEGORY,
+    "has_no_interface_but_lo",
+    CATEGORY,
     "the only network interface is lo (under an allowlist, one more: to its proxy's internal network)",
-    _interfaces)
+    _interfaces,
+)
 
 has_no_default_route = _py(
-    "has_no_default_route", "the routing tables (IPv4 and IPv6) hold no default route and no gateway",
-    r'''
+    "has_no_default_route",
+    "the routing tables (IPv4 and IPv6) hold no default route and no gateway",
+    r"""
 routes, local = [], []
 try:
     for line in open("/proc/net/route").readlines()[1:]:
@@ -67,13 +70,14 @@ except OSError:
     pass
 if routes: escaped("routes off the box: " + "; ".join(routes[:4]))
 else: held("no default route and no gateway" + (f"; link routes only: {local[:2]}" if local else ""))
-''')
+""",
+)
 
 
 def _udp_route_probe(targets: str, what: str) -> str:
     """A UDP connect() only looks up a route: no packet is sent, in any box.
     `targets` is Python source for a list of (address, port)."""
-    return rf'''
+    return rf"""
 routed = []
 for host, port in {targets}:
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -86,29 +90,35 @@ for host, port in {targets}:
         s.close()
 if routed: escaped("a route exists to " + ", ".join(routed))
 else: held("no route to {what} (connect fails locally: network unreachable)")
-'''
+"""
 
 
 def _dns(t: Trial) -> str:
-    program = r'''
+    program = r"""
 servers = []
 try:
     servers = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")]
 except OSError:
     pass
-''' + _udp_route_probe("[(s, 53) for s in servers + ['1.1.1.1', '8.8.8.8'] if not s.startswith(('127.', '::1'))]",
-                        "any nameserver")
+""" + _udp_route_probe(
+        "[(s, 53) for s in servers + ['1.1.1.1', '8.8.8.8'] if not s.startswith(('127.', '::1'))]", "any nameserver"
+    )
     return t.py(program)
 
 
-has_no_dns = Probe("has_no_dns", CATEGORY,
-                   "no route to the configured nameservers or a public resolver "
-                   "(the box's own lo aside; no query sent)",
-                   _dns)
+has_no_dns = Probe(
+    "has_no_dns",
+    CATEGORY,
+    "no route to the configured nameservers or a public resolver (the box's own lo aside; no query sent)",
+    _dns,
+)
 
 has_no_route_to_metadata = Probe(
-    "has_no_route_to_metadata", CATEGORY, f"no route to the cloud metadata address {METADATA_ADDRESS}",
-    lambda t: t.py(_udp_route_probe(repr([(METADATA_ADDRESS, 80), ("fd00:ec2::254", 80)]), "the metadata service")))
+    "has_no_route_to_metadata",
+    CATEGORY,
+    f"no route to the cloud metadata address {METADATA_ADDRESS}",
+    lambda t: t.py(_udp_route_probe(repr([(METADATA_ADDRESS, 80), ("fd00:ec2::254", 80)]), "the metadata service")),
+)
 
 
 def host_addresses(client) -> list[str]:
@@ -127,7 +137,7 @@ def host_addresses(client) -> list[str]:
     except OSError:
         pass
     found.update(_interface_addresses())
-    found.add("127.0.0.1")   # inside the box this is its own lo, never the host
+    found.add("127.0.0.1")  # inside the box this is its own lo, never the host
     return sorted(a for a in found if ipaddress.ip_address(a).version == 4)
 
 
@@ -135,6 +145,7 @@ def _interface_addresses() -> set[str]:
     """IPv4 addresses of the host's interfaces (SIOCGIFADDR), without a subprocess."""
     import fcntl
     import struct
+
     found = set()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
@@ -142,14 +153,14 @@ def _interface_addresses() -> set[str]:
                 packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
                 found.add(socket.inet_ntoa(packed[20:24]))
             except OSError:
-                pass   # an interface without an IPv4 address
+                pass  # an interface without an IPv4 address
     return found
 
 
 def _tcp_to_host(ports: tuple[int, ...], what: str):
     def attack(t: Trial) -> str:
         targets = [(a, p) for a in host_addresses(t.lab.client) if a != "127.0.0.1" for p in ports]
-        program = rf'''
+        program = rf"""
 reached = []
 for host, port in {targets!r}:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -164,22 +175,30 @@ for host, port in {targets!r}:
         s.close()
 if reached: escaped("; ".join(reached))
 else: held("the host's addresses {sorted({a for a, _ in targets})} are unreachable on {what}")
-'''
+"""
         return t.py(program)
+
     return attack
 
 
 cannot_reach_bridge_gateway = Probe(
-    "cannot_reach_bridge_gateway", CATEGORY, "TCP to the Docker gateways (the host's own address) fails locally",
-    _tcp_to_host((22, 80, 443, 8080), "ports 22/80/443/8080"))
+    "cannot_reach_bridge_gateway",
+    CATEGORY,
+    "TCP to the Docker gateways (the host's own address) fails locally",
+    _tcp_to_host((22, 80, 443, 8080), "ports 22/80/443/8080"),
+)
 
 cannot_reach_docker_api_tcp = Probe(
-    "cannot_reach_docker_api_tcp", CATEGORY, "the Docker API on TCP 2375/2376 of every host address is unreachable",
-    _tcp_to_host(DOCKER_API_PORTS, "the Docker API ports"))
+    "cannot_reach_docker_api_tcp",
+    CATEGORY,
+    "the Docker API on TCP 2375/2376 of every host address is unreachable",
+    _tcp_to_host(DOCKER_API_PORTS, "the Docker API ports"),
+)
 
 blocks_raw_and_packet_sockets = _py(
-    "blocks_raw_and_packet_sockets", "raw and packet sockets cannot be opened (no CAP_NET_RAW)",
-    r'''
+    "blocks_raw_and_packet_sockets",
+    "raw and packet sockets cannot be opened (no CAP_NET_RAW)",
+    r"""
 made = []
 for fam, typ, proto, name in [(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP, "raw ICMP"),
                               (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW, "raw IP"),
@@ -197,13 +216,27 @@ except OSError:
     pass
 if made: escaped("opened " + ", ".join(made) + " sockets")
 else: held(f"raw and packet sockets refused; {note}")
-''')
+""",
+)
 
-PROBES = [has_no_interface_but_lo, has_no_default_route, has_no_dns, has_no_route_to_metadata,
-          cannot_reach_bridge_gateway, cannot_reach_docker_api_tcp, blocks_raw_and_packet_sockets]
+PROBES = [
+    has_no_interface_but_lo,
+    has_no_default_route,
+    has_no_dns,
+    has_no_route_to_metadata,
+    cannot_reach_bridge_gateway,
+    cannot_reach_docker_api_tcp,
+    blocks_raw_and_packet_sockets,
+]
 
 # Safe to run in a box that does have a network (the weakened controls do):
 # they read tables, look up routes with UDP connect()s that send nothing, or
 # dial only this host's own addresses.
-LOCAL_ONLY = {"has_no_interface_but_lo", "has_no_default_route", "has_no_dns", "has_no_route_to_metadata",
-              "cannot_reach_bridge_gateway", "cannot_reach_docker_api_tcp"}
+LOCAL_ONLY = {
+    "has_no_interface_but_lo",
+    "has_no_default_route",
+    "has_no_dns",
+    "has_no_route_to_metadata",
+    "cannot_reach_bridge_gateway",
+    "cannot_reach_docker_api_tcp",
+}

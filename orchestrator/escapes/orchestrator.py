@@ -31,10 +31,10 @@ import yaml
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "orchestrator"
-BOUND_S = 2.0                # a refusal or a bound takes ms; 2 s leaves room on a loaded 2-core box
+BOUND_S = 2.0  # a refusal or a bound takes ms; 2 s leaves room on a loaded 2-core box
 READ_BOUND_S = 2.0 + BOUND_S  # the broker's REQUEST_READ_S for a silent connection, plus that margin
-START_S = 60.0               # a held call's container: create and start on a loaded engine
-SILENT_CONNECTIONS = 20      # enough to show they are cut off, few enough to be cheap
+START_S = 60.0  # a held call's container: create and start on a loaded engine
+SILENT_CONNECTIONS = 20  # enough to show they are cut off, few enough to be cheap
 OVERSIZED_BYTES = 33 * 2**20  # one request line past wire.MAX_REQUEST_BYTES (32 MiB)
 
 
@@ -44,6 +44,7 @@ class _Served:
     def __init__(self, root: Path, client, ceiling, tls_dir: Path | None = None):
         from orchestrator.broker.server import Broker
         from orchestrator.broker.transport import make_server
+
         self.root = root
         self.lines: list[str] = []
         self.broker = Broker(root, client=client, log=self.lines.append, ceiling=ceiling)
@@ -53,18 +54,18 @@ class _Served:
         self.server = make_server(self.broker, "tls://127.0.0.1:0" if tls_dir else self.socket, tls_dir)
         port = self.server.socket.getsockname()[1] if tls_dir else None
         self.address = f"tls://127.0.0.1:{port}" if tls_dir else str(self.socket)
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
         self._closed = False
 
     def ask(self, request: dict, timeout_s: float = BOUND_S) -> tuple[dict | None, float]:
         """(reply, seconds) of one request; reply None if it was not answered in time."""
         import json
+
         started = time.monotonic()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             try:
-                s.connect(str(self.socket))   # blocking, as wire.request's: a full backlog waits
+                s.connect(str(self.socket))  # blocking, as wire.request's: a full backlog waits
                 s.settimeout(timeout_s)
                 s.sendall(json.dumps(request).encode() + b"\n")
                 line = s.makefile("rb").readline()
@@ -83,7 +84,7 @@ class _Served:
             return
         self._closed = True
         self.server.shutdown()
-        self.server.server_close()     # joins the request threads
+        self.server.server_close()  # joins the request threads
         self.broker.close()
         self._thread.join(BOUND_S)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -94,6 +95,7 @@ def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None)
     """A temp ROOT under the trial with `agents` (name -> inline policy, or its file), served."""
     from orchestrator.policy.agent import init_agent
     from orchestrator.policy.ceiling import Ceiling
+
     root = t.dir / "root"
     for name, policy in (agents or {"alpha": {}}).items():
         _set_policy(init_agent(root / name), policy)
@@ -137,8 +139,13 @@ def _other_agent_served(served: _Served) -> str | None:
 
 # -- planted policy files ------------------------------------------------------------
 
-_ALIAS_BOMB = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
-                        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]) + "\n"
+_ALIAS_BOMB = (
+    "\n".join(
+        ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]
+    )
+    + "\n"
+)
 # six levels of ten: a million leaves from 400 bytes. Small enough that a broker
 # without the guard walks it in seconds and recovers (the weakened control), large
 # enough that the walk is seen; a real bomb has nine levels and never finishes.
@@ -153,14 +160,18 @@ def _alias_bomb(t: Trial) -> str:
         found = found or _other_agent_served(served)
         if found:
             return found
-        return held("a policy file and an agent.yaml that are YAML alias bombs were refused in "
-                    f"under {BOUND_S:g}s (aliases are refused); another agent was served")
+        return held(
+            "a policy file and an agent.yaml that are YAML alias bombs were refused in "
+            f"under {BOUND_S:g}s (aliases are refused); another agent was served"
+        )
 
 
 broker_refuses_yaml_alias_bomb = Probe(
-    "broker_refuses_yaml_alias_bomb", CATEGORY,
+    "broker_refuses_yaml_alias_bomb",
+    CATEGORY,
     "a planted agent.yaml or policy file that is a YAML alias bomb is refused at once, unexpanded",
-    _alias_bomb)
+    _alias_bomb,
+)
 
 
 def _fifo_policy(t: Trial) -> str:
@@ -175,11 +186,13 @@ def _fifo_policy(t: Trial) -> str:
             found = found or _other_agent_served(served)
         finally:
             for fifo in fifos:
-                _release(fifo)   # a broker that opened one is let go, so it can stop
+                _release(fifo)  # a broker that opened one is let go, so it can stop
         if found:
             return found
-    return held(f"a FIFO as agent.yaml and as its policy file were refused in under {BOUND_S:g}s, unopened; "
-                "another agent was served")
+    return held(
+        f"a FIFO as agent.yaml and as its policy file were refused in under {BOUND_S:g}s, unopened; "
+        "another agent was served"
+    )
 
 
 def _release(fifo: Path) -> None:
@@ -191,9 +204,11 @@ def _release(fifo: Path) -> None:
 
 
 broker_refuses_fifo_policy = Probe(
-    "broker_refuses_fifo_policy", CATEGORY,
+    "broker_refuses_fifo_policy",
+    CATEGORY,
     "a FIFO planted as agent.yaml or as the policy file it names is refused without blocking the broker",
-    _fifo_policy)
+    _fifo_policy,
+)
 
 
 def _device_or_huge_policy(t: Trial) -> str:
@@ -201,9 +216,10 @@ def _device_or_huge_policy(t: Trial) -> str:
         (served.root / "device/agent.yaml").unlink()
         (served.root / "device/agent.yaml").symlink_to("/dev/null")  # a device: reads as an empty policy
         with open(served.root / "huge/huge.yaml", "wb") as f:
-            f.truncate(64 * 2**20)   # sparse: no disk used
-        found = (_refusals(served, ["device"], "not a regular file")
-                 or _refusals(served, ["huge"], "bytes; a policy is at most"))
+            f.truncate(64 * 2**20)  # sparse: no disk used
+        found = _refusals(served, ["device"], "not a regular file") or _refusals(
+            served, ["huge"], "bytes; a policy is at most"
+        )
         found = found or _other_agent_served(served)
         if found:
             return found
@@ -211,13 +227,16 @@ def _device_or_huge_policy(t: Trial) -> str:
 
 
 broker_refuses_device_or_huge_policy = Probe(
-    "broker_refuses_device_or_huge_policy", CATEGORY,
+    "broker_refuses_device_or_huge_policy",
+    CATEGORY,
     "a device node as agent.yaml, or a policy file of many MiB, is refused before it is read",
-    _device_or_huge_policy)
+    _device_or_huge_policy,
+)
 
 
 def _symlinked_agent(t: Trial) -> str:
     from orchestrator.policy.agent import init_agent
+
     with _broker(t, agents={"alpha": {}}) as served:
         (served.root / "twin").symlink_to(served.root / "alpha", target_is_directory=True)
         outside = init_agent(t.dir / "outside")
@@ -230,9 +249,11 @@ def _symlinked_agent(t: Trial) -> str:
 
 
 broker_refuses_symlinked_agent_dir = Probe(
-    "broker_refuses_symlinked_agent_dir", CATEGORY,
+    "broker_refuses_symlinked_agent_dir",
+    CATEGORY,
     "an agent folder that is a symlink (to another agent, or out of ROOT) is refused: one name, one real folder",
-    _symlinked_agent)
+    _symlinked_agent,
+)
 
 
 def _long_reason(t: Trial) -> str:
@@ -246,17 +267,21 @@ def _long_reason(t: Trial) -> str:
             return f"the planted key was not refused: {reply}"
         if len(reply["error"]) > 4000:
             return escaped(f"the refusal sent back is {len(reply['error']):,} chars")
-    return held(f"a 200,000-char planted key was refused in a log line of at most 300 chars "
-                f"({len(served.lines)} lines)")
+    return held(
+        f"a 200,000-char planted key was refused in a log line of at most 300 chars ({len(served.lines)} lines)"
+    )
 
 
 broker_bounds_its_log_lines = Probe(
-    "broker_bounds_its_log_lines", CATEGORY,
+    "broker_bounds_its_log_lines",
+    CATEGORY,
     "a refusal whose reason quotes a huge planted key is cut: the broker's log lines stay short",
-    _long_reason)
+    _long_reason,
+)
 
 
 # -- connections ----------------------------------------------------------------------
+
 
 def _silent_connections(t: Trial) -> str:
     with _broker(t) as served:
@@ -268,8 +293,9 @@ def _silent_connections(t: Trial) -> str:
                 silent.append(s)
             reply, seconds = served.ask({"op": "ping"})
             if not (reply and reply.get("ok")):
-                return escaped(f"with {len(silent)} silent connections open, a ping was not answered "
-                               f"within {BOUND_S:g}s")
+                return escaped(
+                    f"with {len(silent)} silent connections open, a ping was not answered within {BOUND_S:g}s"
+                )
             big = _oversized(served)
             if big:
                 return big
@@ -277,21 +303,25 @@ def _silent_connections(t: Trial) -> str:
             for s in silent:
                 s.settimeout(max(0.01, READ_BOUND_S - (time.monotonic() - started)))
                 try:
-                    s.recv(4096)   # the broker's "no complete request line", then EOF
+                    s.recv(4096)  # the broker's "no complete request line", then EOF
                     cut += 1
                 except socket.timeout:
                     break
             if cut < len(silent):
-                return escaped(f"{len(silent) - cut} of {len(silent)} connections that sent nothing were "
-                               f"still open after {READ_BOUND_S:g}s: each holds a broker thread")
+                return escaped(
+                    f"{len(silent) - cut} of {len(silent)} connections that sent nothing were "
+                    f"still open after {READ_BOUND_S:g}s: each holds a broker thread"
+                )
         finally:
             for s in silent:
                 s.close()
     left = [th for th in threading.enumerate() if "process_request" in th.name and th.is_alive()]
     if left:
         return escaped(f"{len(left)} connection thread(s) outlived the broker")
-    return held(f"{SILENT_CONNECTIONS} silent connections were cut off within {READ_BOUND_S:g}s, a "
-                f"{OVERSIZED_BYTES // 2**20} MiB line without a newline was refused, a ping answered meanwhile")
+    return held(
+        f"{SILENT_CONNECTIONS} silent connections were cut off within {READ_BOUND_S:g}s, a "
+        f"{OVERSIZED_BYTES // 2**20} MiB line without a newline was refused, a ping answered meanwhile"
+    )
 
 
 def _oversized(served: _Served) -> str | None:
@@ -306,31 +336,36 @@ def _oversized(served: _Served) -> str | None:
                 s.sendall(chunk)
                 sent += len(chunk)
         except OSError:
-            pass   # the broker stopped reading and closed: what it should do
+            pass  # the broker stopped reading and closed: what it should do
         try:
             answer = s.makefile("rb").readline()
         except (socket.timeout, OSError):
             answer = b""
     seconds = time.monotonic() - started
     if b"request over" not in answer:
-        return escaped(f"a {sent // 2**20} MiB line with no newline was not refused within "
-                       f"{READ_BOUND_S:g}s ({seconds:.1f}s; answer {answer[:80]!r})")
+        return escaped(
+            f"a {sent // 2**20} MiB line with no newline was not refused within "
+            f"{READ_BOUND_S:g}s ({seconds:.1f}s; answer {answer[:80]!r})"
+        )
     return None
 
 
 broker_bounds_silent_connections = Probe(
-    "broker_bounds_silent_connections", CATEGORY,
+    "broker_bounds_silent_connections",
+    CATEGORY,
     "connections that send nothing, or 33 MiB without a newline, are cut off within seconds; others are served",
-    _silent_connections)
+    _silent_connections,
+)
 
 
 def _calls_in_flight(t: Trial) -> str:
     from orchestrator.policy.ceiling import Ceiling
+
     ceiling = Ceiling(max={"calls_per_agent": 2, "calls": 3}, source="the probe's ceiling")
-    cold = {"sandbox": {"pool": 0}}   # a container per call and none waiting: three in all
+    cold = {"sandbox": {"pool": 0}}  # a container per call and none waiting: three in all
     with _broker(t, ceiling, agents={"alpha": cold, "beta": cold}) as served:
         views = {}
-        for name in ("alpha", "beta"):   # made in the box: the workspace is a disk only the broker mounts
+        for name in ("alpha", "beta"):  # made in the box: the workspace is a disk only the broker mounts
             reply, _ = served.ask({"op": "run", "agent": name, "command": "mkfifo -m 666 hold hold2"}, START_S)
             if not (reply and reply.get("ok") and reply["result"]["exit_code"] == 0):
                 return f"{name}: could not make its FIFOs: {reply}"
@@ -344,12 +379,18 @@ def _calls_in_flight(t: Trial) -> str:
                 def open_fifo(f=fifo, d=done) -> None:
                     opened.append(open(f, "wb"))
                     d.set()
+
                 writer = threading.Thread(target=open_fifo, daemon=True)
                 writers.append(writer)
-                writer.start()   # the open returns once the box's `cat` has the FIFO open: the call is in flight
-                call = threading.Thread(target=served.ask, args=(
-                    {"op": "run", "agent": agent, "command": f"cat /workspace/{fifo.name} >/dev/null; echo done"},
-                    START_S), daemon=True)
+                writer.start()  # the open returns once the box's `cat` has the FIFO open: the call is in flight
+                call = threading.Thread(
+                    target=served.ask,
+                    args=(
+                        {"op": "run", "agent": agent, "command": f"cat /workspace/{fifo.name} >/dev/null; echo done"},
+                        START_S,
+                    ),
+                    daemon=True,
+                )
                 call.start()
                 holders.append(call)
                 if not done.wait(START_S):
@@ -367,7 +408,7 @@ def _calls_in_flight(t: Trial) -> str:
             if not (reply and reply.get("ok")):
                 return escaped("the broker stopped answering while its calls were full")
         finally:
-            for fifo in fifos:   # a writer still waiting for its reader is let go
+            for fifo in fifos:  # a writer still waiting for its reader is let go
                 try:
                     os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
                 except OSError:
@@ -375,23 +416,27 @@ def _calls_in_flight(t: Trial) -> str:
             for writer in writers:
                 writer.join(BOUND_S)
             for f in opened:
-                f.close()   # the held calls read EOF and end
+                f.close()  # the held calls read EOF and end
             for call in holders:
                 call.join(START_S)
     return held("past 2 calls for one agent and 3 in all, calls were refused at once; pings answered meanwhile")
 
 
 broker_bounds_calls_in_flight = Probe(
-    "broker_bounds_calls_in_flight", CATEGORY,
+    "broker_bounds_calls_in_flight",
+    CATEGORY,
     "calls past the ceiling's max.calls_per_agent or max.calls are refused at once, not queued",
-    _calls_in_flight)
+    _calls_in_flight,
+)
 
 
 # -- policies over the ceiling ---------------------------------------------------------
 
+
 def _over_ceiling(key: str, ceiling_of, asks: list[dict], must_say: str, alpha_of=lambda t: {}):
     def attack(t: Trial) -> str:
         from orchestrator.policy.ceiling import Ceiling
+
         agents = {f"ask{i}": {"sandbox": ask} for i, ask in enumerate(asks)}
         ceiling = Ceiling(source="the probe's ceiling", **ceiling_of(t))
         with _broker(t, ceiling, agents={"alpha": alpha_of(t), **agents}) as served:
@@ -402,18 +447,29 @@ def _over_ceiling(key: str, ceiling_of, asks: list[dict], must_say: str, alpha_o
             found = _other_agent_served(served)
             if found:
                 return found
-            made = [c for name in agents for c in t.lab.client.containers.list(all=True, sparse=True, filters={
-                "label": f"wakeloop.workspace={served.root.resolve() / name / 'workspace'}"})]
+            made = [
+                c
+                for name in agents
+                for c in t.lab.client.containers.list(
+                    all=True,
+                    sparse=True,
+                    filters={"label": f"wakeloop.workspace={served.root.resolve() / name / 'workspace'}"},
+                )
+            ]
             if made:
                 return escaped(f"refused asks still made {len(made)} container(s)")
-        return held(f"{len(asks)} policies over the ceiling's {key} were refused naming {must_say.strip(': ')}, "
-                    "before any container")
+        return held(
+            f"{len(asks)} policies over the ceiling's {key} were refused naming {must_say.strip(': ')}, "
+            "before any container"
+        )
+
     return attack
 
 
 def _owner(t: Trial) -> int:
     """The uid "auto" resolves to for a fresh workspace: its owner, or the image's user for root's."""
     from orchestrator.sandbox.engine import SANDBOX_UID
+
     return t.workspace.stat().st_uid or int(SANDBOX_UID.split(":")[0])
 
 
@@ -423,35 +479,56 @@ def _owner_range(t: Trial) -> dict:
 
 
 broker_refuses_user_over_ceiling = Probe(
-    "broker_refuses_user_over_ceiling", CATEGORY,
+    "broker_refuses_user_over_ceiling",
+    CATEGORY,
     "sandbox.user outside the ceiling's uid range, given or as `auto` resolves it, is refused",
-    _over_ceiling("users", _owner_range, [{"user": "auto"}, {"user": "65000:65000"}], "sandbox.user: ",
-                  alpha_of=lambda t: {"sandbox": {"user": f"{_owner(t) + 1}:{_owner(t) + 1}"}}))
+    _over_ceiling(
+        "users",
+        _owner_range,
+        [{"user": "auto"}, {"user": "65000:65000"}],
+        "sandbox.user: ",
+        alpha_of=lambda t: {"sandbox": {"user": f"{_owner(t) + 1}:{_owner(t) + 1}"}},
+    ),
+)
 
 broker_refuses_env_name_over_ceiling = Probe(
-    "broker_refuses_env_name_over_ceiling", CATEGORY,
+    "broker_refuses_env_name_over_ceiling",
+    CATEGORY,
     "a sandbox.env name the ceiling's env_names does not list is refused (names the policy itself "
     "accepts: the loader's, such as LD_PRELOAD, never get this far)",
-    _over_ceiling("env_names", lambda t: {"env_names": ("LANG", "LC_*")},
-                  [{"env": {"GIT_SSH_COMMAND": "/workspace/x"}}, {"env": {"LANG": "C", "EDITOR": "/workspace/x"}}],
-                  "sandbox.env."))
+    _over_ceiling(
+        "env_names",
+        lambda t: {"env_names": ("LANG", "LC_*")},
+        [{"env": {"GIT_SSH_COMMAND": "/workspace/x"}}, {"env": {"LANG": "C", "EDITOR": "/workspace/x"}}],
+        "sandbox.env.",
+    ),
+)
 
 broker_refuses_host_over_ceiling = Probe(
-    "broker_refuses_host_over_ceiling", CATEGORY,
+    "broker_refuses_host_over_ceiling",
+    CATEGORY,
     "an allow_hosts entry the ceiling's hosts do not cover (another host, a wider wildcard) is refused",
-    _over_ceiling("hosts", lambda t: {"hosts": ("pypi.org", "*.pythonhosted.org")},
-                  [{"network": "allowlist", "allow_hosts": ["example.org"]},
-                   {"network": "allowlist", "allow_hosts": ["pypi.org", "*.pypi.org"]}],
-                  "sandbox.allow_hosts: "))
+    _over_ceiling(
+        "hosts",
+        lambda t: {"hosts": ("pypi.org", "*.pythonhosted.org")},
+        [
+            {"network": "allowlist", "allow_hosts": ["example.org"]},
+            {"network": "allowlist", "allow_hosts": ["pypi.org", "*.pypi.org"]},
+        ],
+        "sandbox.allow_hosts: ",
+    ),
+)
 
 
 # -- egress ---------------------------------------------------------------------------
+
 
 def _allowlist_churn(t: Trial) -> str:
     """Each allow_hosts change makes the agent a new box with a new proxy, netns
     holder and network (the old ones cannot be changed in place). Two changes are
     enough to see whether the retired ones go; no host is ever dialled."""
     from orchestrator.sandbox import network
+
     lists = [[f"h{i}.wakeloop.test"] for i in range(3)]
     keys: list[str] = []
     try:
@@ -459,20 +536,23 @@ def _allowlist_churn(t: Trial) -> str:
             workspace = (served.root / "alpha/workspace").resolve()
             keys += [network.plan(workspace, tuple(hosts)).key for hosts in lists]
             for hosts in lists:
-                _set_policy(served.root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts,
-                                                                "pool": 0}})
+                _set_policy(
+                    served.root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}}
+                )
                 reply, seconds = served.ask({"op": "run", "agent": "alpha", "command": "true"}, START_S)
                 if not (reply and reply.get("ok")):
                     return f"an allowlist call was not served: {reply}"
             stale = [k for k in keys[:-1] if k in _egress_keys(t.lab.client)]
             if stale:
-                return escaped(f"{len(stale)} retired allowlist proxy set(s) of {len(lists) - 1} changes are "
-                               "still there: a request loop leaks one per change")
+                return escaped(
+                    f"{len(stale)} retired allowlist proxy set(s) of {len(lists) - 1} changes are "
+                    "still there: a request loop leaks one per change"
+                )
         if _egress_keys(t.lab.client) & set(keys):
             return escaped("closing the broker left its allowlist proxy set behind")
     finally:
         try:
-            network.shutdown(t.lab.client, set(keys))   # whatever a leaking broker left: not for the next probe
+            network.shutdown(t.lab.client, set(keys))  # whatever a leaking broker left: not for the next probe
         except Exception:
             pass  # docker's high-level list can race another process's removals
     return held(f"{len(lists) - 1} allow_hosts changes left one proxy set, and closing the broker none")
@@ -482,20 +562,23 @@ def _egress_keys(client) -> set[str | None]:
     """Keys of every allowlist container and network on the engine. The low-level
     lists: no per-object inspect to race with another process's removals."""
     from orchestrator.sandbox import network
+
     label, key = f"{network.LABEL}=1", f"{network.LABEL}.key"
     found = client.api.containers(all=True, filters={"label": label}) + client.api.networks(filters={"label": label})
     return {(item.get("Labels") or {}).get(key) for item in found}
 
 
 broker_retires_egress_on_allowlist_churn = Probe(
-    "broker_retires_egress_on_allowlist_churn", CATEGORY,
+    "broker_retires_egress_on_allowlist_churn",
+    CATEGORY,
     "allow_hosts changed on every request leaves one proxy, holder and network, not one per change",
-    _allowlist_churn)
+    _allowlist_churn,
+)
 
 
 # -- the workspace's path, raced ---------------------------------------------------------
 
-SWAP_S = 4.0                 # how long the workspace is swapped for a symlink while calls run
+SWAP_S = 4.0  # how long the workspace is swapped for a symlink while calls run
 
 
 def _swap_workspace(workspace: Path, target: Path, stop: threading.Event, counts: dict) -> None:
@@ -505,7 +588,7 @@ def _swap_workspace(workspace: Path, target: Path, stop: threading.Event, counts
     while not stop.is_set():
         os.rename(workspace, aside)
         workspace.symlink_to(target, target_is_directory=True)
-        time.sleep(0.003)    # the attack's rhythm (not a wait for anything): swapped half the time
+        time.sleep(0.003)  # the attack's rhythm (not a wait for anything): swapped half the time
         workspace.unlink()
         os.rename(aside, workspace)
         counts["swaps"] += 1
@@ -516,16 +599,16 @@ def _pinned_workspace(t: Trial) -> str:
     canary_dir = t.dir / "elsewhere"
     canary_dir.mkdir()
     (canary_dir / "canary.txt").write_text(t.lab.host_canary + "\n")
-    policy = {"sandbox": {"runtime": t.lab.policy.runtime, "disk": t.lab.policy.disk or "none",
-                          "pool": 2}}
+    policy = {"sandbox": {"runtime": t.lab.policy.runtime, "disk": t.lab.policy.disk or "none", "pool": 2}}
     with _broker(t, agents={"alpha": policy}) as served:
         look = {"op": "run", "agent": "alpha", "command": "cat /workspace/canary.txt 2>&1; echo looked"}
-        first, _ = served.ask(look, START_S)   # the agent's box (and disk) made before the race
+        first, _ = served.ask(look, START_S)  # the agent's box (and disk) made before the race
         if not (first and first.get("ok")):
             return f"the first call failed: {first}"
         stop, counts = threading.Event(), {"swaps": 0}
-        swapper = threading.Thread(target=_swap_workspace,
-                                   args=(served.root / "alpha" / "workspace", canary_dir, stop, counts))
+        swapper = threading.Thread(
+            target=_swap_workspace, args=(served.root / "alpha" / "workspace", canary_dir, stop, counts)
+        )
         swapper.start()
         ran, seen, deadline = 0, 0, time.monotonic() + SWAP_S
         try:
@@ -538,22 +621,37 @@ def _pinned_workspace(t: Trial) -> str:
             stop.set()
             swapper.join()
     if seen:
-        return escaped(f"{seen} of {ran} calls saw the canary of the directory the workspace "
-                       f"was swapped for ({counts['swaps']} swaps)")
+        return escaped(
+            f"{seen} of {ran} calls saw the canary of the directory the workspace "
+            f"was swapped for ({counts['swaps']} swaps)"
+        )
     if ran < 3 or counts["swaps"] < 10:
         return f"too little raced to judge: {ran} calls, {counts['swaps']} swaps"
-    return held(f"{ran} calls during {counts['swaps']} swaps of the workspace for a symlink: "
-                "none saw the canary (the box names its workspace by device)")
+    return held(
+        f"{ran} calls during {counts['swaps']} swaps of the workspace for a symlink: "
+        "none saw the canary (the box names its workspace by device)"
+    )
 
 
 pins_workspace_against_symlink_swap = Probe(
-    "pins_workspace_against_symlink_swap", CATEGORY,
+    "pins_workspace_against_symlink_swap",
+    CATEGORY,
     "swapping an agent's workspace for a symlink while calls and pool refills run never mounts the target",
-    _pinned_workspace)
+    _pinned_workspace,
+)
 
 
-PROBES = [broker_refuses_yaml_alias_bomb, broker_refuses_fifo_policy, broker_refuses_device_or_huge_policy,
-          broker_refuses_symlinked_agent_dir, broker_bounds_its_log_lines, broker_bounds_silent_connections,
-          broker_bounds_calls_in_flight, broker_refuses_user_over_ceiling,
-          broker_refuses_env_name_over_ceiling, broker_refuses_host_over_ceiling,
-          broker_retires_egress_on_allowlist_churn, pins_workspace_against_symlink_swap]
+PROBES = [
+    broker_refuses_yaml_alias_bomb,
+    broker_refuses_fifo_policy,
+    broker_refuses_device_or_huge_policy,
+    broker_refuses_symlinked_agent_dir,
+    broker_bounds_its_log_lines,
+    broker_bounds_silent_connections,
+    broker_bounds_calls_in_flight,
+    broker_refuses_user_over_ceiling,
+    broker_refuses_env_name_over_ceiling,
+    broker_refuses_host_over_ceiling,
+    broker_retires_egress_on_allowlist_churn,
+    pins_workspace_against_symlink_swap,
+]

@@ -12,7 +12,7 @@ import time
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "persistence"
-TEARDOWN_S = 5      # seconds the engine gets to tear down a finished box before a survivor counts
+TEARDOWN_S = 5  # seconds the engine gets to tear down a finished box before a survivor counts
 
 
 def _forgets_files_outside_workspace(t: Trial) -> str:
@@ -30,17 +30,22 @@ def _forgets_files_outside_workspace(t: Trial) -> str:
 
 
 forgets_files_outside_workspace = Probe(
-    "forgets_files_outside_workspace", CATEGORY, "nothing written outside /workspace reaches the next call",
-    _forgets_files_outside_workspace)
+    "forgets_files_outside_workspace",
+    CATEGORY,
+    "nothing written outside /workspace reaches the next call",
+    _forgets_files_outside_workspace,
+)
 
 
 def _kills_background_processes(t: Trial) -> str:
     """Leave processes behind three ways; afterwards no host process may carry the token."""
     token = "wakeloop-bg-" + secrets.token_hex(6)
-    attack = (f"(exec -a {token} sleep 600) & disown; "
-              f"setsid bash -c 'exec -a {token} sleep 600' </dev/null >/dev/null 2>&1 & "
-              f"nohup bash -c '(exec -a {token} sleep 600) & exec -a {token} sleep 600' >/dev/null 2>&1 & "
-              "sleep 0.5; echo planted")
+    attack = (
+        f"(exec -a {token} sleep 600) & disown; "
+        f"setsid bash -c 'exec -a {token} sleep 600' </dev/null >/dev/null 2>&1 & "
+        f"nohup bash -c '(exec -a {token} sleep 600) & exec -a {token} sleep 600' >/dev/null 2>&1 & "
+        "sleep 0.5; echo planted"
+    )
     result = t.run(attack, timeout_s=20)
     # The box's init exits with the call and the kernel reaps its pid namespace;
     # allow that teardown a bounded moment, nothing more.
@@ -51,8 +56,9 @@ def _kills_background_processes(t: Trial) -> str:
         return escaped(f"{len(survivors)} process(es) outlived the call on the host: pids {survivors[:5]}")
     if "planted" not in result.output:
         return result.output
-    return held(f"the call returned in {result.duration_ms / 1000:.1f} s; "
-                "no process carrying the token survives on the host")
+    return held(
+        f"the call returned in {result.duration_ms / 1000:.1f} s; no process carrying the token survives on the host"
+    )
 
 
 def _host_processes_with(token: str) -> list[int]:
@@ -70,9 +76,11 @@ def _host_processes_with(token: str) -> list[int]:
 
 
 kills_background_processes = Probe(
-    "kills_background_processes", CATEGORY,
+    "kills_background_processes",
+    CATEGORY,
     "background, disowned, setsid and nohup processes die with the call (none left on the host)",
-    _kills_background_processes)
+    _kills_background_processes,
+)
 
 
 def _leaves_no_container_behind(t: Trial) -> str:
@@ -90,8 +98,11 @@ def _leaves_no_container_behind(t: Trial) -> str:
 
 
 leaves_no_container_behind = Probe(
-    "leaves_no_container_behind", CATEGORY, "every call's container is removed, however the call ended",
-    _leaves_no_container_behind)
+    "leaves_no_container_behind",
+    CATEGORY,
+    "every call's container is removed, however the call ended",
+    _leaves_no_container_behind,
+)
 
 
 def _workspace_cannot_hijack_commands(t: Trial) -> str:
@@ -101,10 +112,15 @@ def _workspace_cannot_hijack_commands(t: Trial) -> str:
     the agent attacking itself, not the harness: not checked.)"""
     fake = "#!/bin/sh\necho ESCAPED: planted $0 ran\n"
     plant = {name: fake for name in ("ls", "python3", "bash", "cat", "sh", "env")}
-    plant.update({".bashrc": "echo ESCAPED: .bashrc ran\n", ".profile": "echo ESCAPED: .profile ran\n",
-                  ".bash_profile": "echo ESCAPED: .bash_profile ran\n",
-                  "sitecustomize.py": "print('ESCAPED: sitecustomize ran')\n",
-                  "os.py": "print('ESCAPED: a planted os.py was imported')\n"})
+    plant.update(
+        {
+            ".bashrc": "echo ESCAPED: .bashrc ran\n",
+            ".profile": "echo ESCAPED: .profile ran\n",
+            ".bash_profile": "echo ESCAPED: .bash_profile ran\n",
+            "sitecustomize.py": "print('ESCAPED: sitecustomize ran')\n",
+            "os.py": "print('ESCAPED: a planted os.py was imported')\n",
+        }
+    )
     for name, text in plant.items():
         path = t.workspace / name
         path.write_text(text)
@@ -125,9 +141,15 @@ def _owner(path) -> tuple[int, int]:
 
 
 workspace_cannot_hijack_commands = Probe(
-    "workspace_cannot_hijack_commands", CATEGORY,
+    "workspace_cannot_hijack_commands",
+    CATEGORY,
     "binaries, .bashrc or Python modules planted in /workspace do not run in later calls",
-    _workspace_cannot_hijack_commands)
+    _workspace_cannot_hijack_commands,
+)
 
-PROBES = [forgets_files_outside_workspace, kills_background_processes, leaves_no_container_behind,
-          workspace_cannot_hijack_commands]
+PROBES = [
+    forgets_files_outside_workspace,
+    kills_background_processes,
+    leaves_no_container_behind,
+    workspace_cannot_hijack_commands,
+]

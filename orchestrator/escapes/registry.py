@@ -14,12 +14,33 @@ from orchestrator.escapes import resources
 from orchestrator.escapes import surfaces
 from orchestrator.escapes import workspace_probes
 
-CATEGORIES = ("filesystem", "workspace", "privileges", "network", "allowlist", "information",
-              "persistence", "resources", "harness", "orchestrator", "surfaces")
+CATEGORIES = (
+    "filesystem",
+    "workspace",
+    "privileges",
+    "network",
+    "allowlist",
+    "information",
+    "persistence",
+    "resources",
+    "harness",
+    "orchestrator",
+    "surfaces",
+)
 
-ALL_PROBES = (filesystem.PROBES + workspace_probes.PROBES + privileges.PROBES + network_probes.PROBES
-              + allowlist.PROBES + information.PROBES + persistence.PROBES + resources.PROBES + harness.PROBES
-              + orchestrator.PROBES + surfaces.PROBES)
+ALL_PROBES = (
+    filesystem.PROBES
+    + workspace_probes.PROBES
+    + privileges.PROBES
+    + network_probes.PROBES
+    + allowlist.PROBES
+    + information.PROBES
+    + persistence.PROBES
+    + resources.PROBES
+    + harness.PROBES
+    + orchestrator.PROBES
+    + surfaces.PROBES
+)
 
 
 def by_name(name: str):

@@ -15,7 +15,7 @@ from orchestrator.escapes.core import ESCAPED, HELD, INCONCLUSIVE, Outcome
 from orchestrator.escapes.host import WARNING, HostCheck
 from orchestrator.escapes.registry import CATEGORIES
 
-WIDTH = {"probe": 38, "category": 11, "verdict": 12, "expected": 48, "observed": 70}   # columns, in characters
+WIDTH = {"probe": 38, "category": 11, "verdict": 12, "expected": 48, "observed": 70}  # columns, in characters
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
@@ -42,8 +42,13 @@ def text_report(outcomes: list[Outcome], host: list[HostCheck], header: str) -> 
     cols = list(WIDTH)
     lines.append("  ".join(c.upper().ljust(WIDTH[c]) for c in cols).rstrip())
     for o in outcomes:
-        row = {"probe": o.probe, "category": o.category, "verdict": o.verdict,
-               "expected": o.expected, "observed": o.observed}
+        row = {
+            "probe": o.probe,
+            "category": o.category,
+            "verdict": o.verdict,
+            "expected": o.expected,
+            "observed": o.observed,
+        }
         lines.append("  ".join(_cell(row[c], WIDTH[c]).ljust(WIDTH[c]) for c in cols).rstrip())
     lines += ["", f"{'CATEGORY':12} {'HELD':>5} {'ESCAPED':>8} {'INCONCLUSIVE':>13}"]
     total: Counter[str] = Counter()
@@ -59,8 +64,10 @@ def text_report(outcomes: list[Outcome], host: list[HostCheck], header: str) -> 
     bad = [o for o in outcomes if o.verdict != HELD]
     lines.append("")
     if bad:
-        lines.append(f"{sum(o.verdict == ESCAPED for o in bad)} escaped, "
-                     f"{sum(o.verdict == INCONCLUSIVE for o in bad)} inconclusive, of {len(outcomes)} probes:")
+        lines.append(
+            f"{sum(o.verdict == ESCAPED for o in bad)} escaped, "
+            f"{sum(o.verdict == INCONCLUSIVE for o in bad)} inconclusive, of {len(outcomes)} probes:"
+        )
         for o in bad:
             lines.append(f"  {o.verdict}: {o.probe}: {clean(o.observed)}")
     else:
@@ -69,5 +76,13 @@ def text_report(outcomes: list[Outcome], host: list[HostCheck], header: str) -> 
 
 
 def json_report(outcomes: list[Outcome], host: list[HostCheck], meta: dict) -> str:
-    return json.dumps({**meta, "escaped": failed(outcomes), "counts": counts(outcomes),
-                       "probes": [asdict(o) for o in outcomes], "host": [asdict(h) for h in host]}, indent=2)
+    return json.dumps(
+        {
+            **meta,
+            "escaped": failed(outcomes),
+            "counts": counts(outcomes),
+            "probes": [asdict(o) for o in outcomes],
+            "host": [asdict(h) for h in host],
+        },
+        indent=2,
+    )

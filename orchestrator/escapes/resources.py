@@ -22,23 +22,23 @@ from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, pyt
 from orchestrator.policy.agent import init_agent
 
 CATEGORY = "resources"
-BOMB_DEADLINE_S = 8             # fork/memory bombs: long enough to hit the limit, short for the suite
-DEADLINE_PROBE_S = 3            # kills_at_deadline: the deadline itself is what is tested
-DEADLINE_LOOP_S = 60            # how long its TERM-ignoring loop runs if nothing kills it
-HOST_SLACK_S = 15               # past deadline + kill grace, the host has lost control of the call
-OVERSHOOT = 64 * 2**20          # bytes: bombs try this far past a size limit, then stop
-OUTPUT_BYTES = 10**9            # 1 GB of output; streams in ~10 s here
-OUTPUT_DEADLINE_S = 90          # for the 1 GB: ample on a slow CI runner
-HOST_RSS_GROWTH_MAX = 200 * 2**20   # bytes: reading 1 GB must not grow the host process more than this
-LOG_FILE_MAX = 8 * 2**20        # bytes: the engine's json log per box stays near its 1 MiB max-size
-MANY_FILES = 1_000_000          # a million small files; ~40 s on this 2-core host
-MANY_FILES_DEADLINE_S = 60      # the call's deadline: runc makes all 1M in ~45 s; gVisor's gofer is
-                                # slower and is cut here, which is the point (the deadline is kept)
-CPU_BURN_S = 5                  # seconds of burning: long enough for several host-side samples
-CPU_SAMPLE_S = 0.25             # how often the host samples the engine's CPU count
-CPU_SETTLE_S = 3                # idle seconds after the burn, for the host's final samples
-CPU_TOLERANCE = 1.25            # CFS quota periods and sampling edges; an unlimited box shows ~N CPUs
-MIN_FREE_INODES = 0.05          # fraction: the host filesystem must keep at least this much free
+BOMB_DEADLINE_S = 8  # fork/memory bombs: long enough to hit the limit, short for the suite
+DEADLINE_PROBE_S = 3  # kills_at_deadline: the deadline itself is what is tested
+DEADLINE_LOOP_S = 60  # how long its TERM-ignoring loop runs if nothing kills it
+HOST_SLACK_S = 15  # past deadline + kill grace, the host has lost control of the call
+OVERSHOOT = 64 * 2**20  # bytes: bombs try this far past a size limit, then stop
+OUTPUT_BYTES = 10**9  # 1 GB of output; streams in ~10 s here
+OUTPUT_DEADLINE_S = 90  # for the 1 GB: ample on a slow CI runner
+HOST_RSS_GROWTH_MAX = 200 * 2**20  # bytes: reading 1 GB must not grow the host process more than this
+LOG_FILE_MAX = 8 * 2**20  # bytes: the engine's json log per box stays near its 1 MiB max-size
+MANY_FILES = 1_000_000  # a million small files; ~40 s on this 2-core host
+MANY_FILES_DEADLINE_S = 60  # the call's deadline: runc makes all 1M in ~45 s; gVisor's gofer is
+# slower and is cut here, which is the point (the deadline is kept)
+CPU_BURN_S = 5  # seconds of burning: long enough for several host-side samples
+CPU_SAMPLE_S = 0.25  # how often the host samples the engine's CPU count
+CPU_SETTLE_S = 3  # idle seconds after the burn, for the host's final samples
+CPU_TOLERANCE = 1.25  # CFS quota periods and sampling edges; an unlimited box shows ~N CPUs
+MIN_FREE_INODES = 0.05  # fraction: the host filesystem must keep at least this much free
 
 
 def _deadline_kept(result, timeout_s: float) -> bool:
@@ -47,7 +47,7 @@ def _deadline_kept(result, timeout_s: float) -> bool:
 
 def _caps_process_count(t: Trial) -> str:
     limit = t.lab.policy.pids
-    program = rf'''
+    program = rf"""
 import time
 kids = []
 for i in range({limit} + 64):
@@ -61,7 +61,7 @@ for i in range({limit} + 64):
     kids.append(pid)
     print("FORKED", len(kids), flush=True)
 for pid in kids: os.kill(pid, 9)
-'''
+"""
     # Judged on the host from the running count: a runtime may end the whole box
     # at the limit (gVisor's own threads count against it) before a verdict prints.
     result = t.run(python_command(program), timeout_s=60, cap=20_000)
@@ -75,8 +75,7 @@ for pid in kids: os.kill(pid, 9)
     return held(f"{how} after {most} children (pids limit {limit})")
 
 
-caps_process_count = Probe("caps_process_count", CATEGORY, "fork fails at the policy's pids limit",
-                           _caps_process_count)
+caps_process_count = Probe("caps_process_count", CATEGORY, "fork fails at the policy's pids limit", _caps_process_count)
 
 
 def _survives_fork_bomb(t: Trial) -> str:
@@ -85,19 +84,24 @@ def _survives_fork_bomb(t: Trial) -> str:
     left = t.containers_left()
     if not _deadline_kept(result, BOMB_DEADLINE_S) or left:
         return escaped(f"the bomb's call took {time.monotonic() - started:.0f} s; containers left: {len(left)}")
-    return held(f"the bomb hit the pids limit; the call ended in {result.duration_ms / 1000:.1f} s "
-                f"({'killed at the deadline' if result.timed_out else 'by itself'}), container removed")
+    return held(
+        f"the bomb hit the pids limit; the call ended in {result.duration_ms / 1000:.1f} s "
+        f"({'killed at the deadline' if result.timed_out else 'by itself'}), container removed"
+    )
 
 
-survives_fork_bomb = Probe("survives_fork_bomb", CATEGORY,
-                           "a bash fork bomb is contained by the pids limit and killed at its deadline",
-                           _survives_fork_bomb)
+survives_fork_bomb = Probe(
+    "survives_fork_bomb",
+    CATEGORY,
+    "a bash fork bomb is contained by the pids limit and killed at its deadline",
+    _survives_fork_bomb,
+)
 
 
 def _caps_memory(t: Trial) -> str:
     limit = t.lab.policy.memory
     chunk = 32 * 2**20
-    program = rf'''
+    program = rf"""
 held_ = []
 total = 0
 try:
@@ -108,25 +112,30 @@ try:
 except MemoryError:
     print("MemoryError at", total)
 if total > {limit}: escaped(f"allocated {{total >> 20}} MiB; the policy allows {limit >> 20} MiB")
-'''
+"""
     result = t.run(python_command(program), timeout_s=BOMB_DEADLINE_S * 4, cap=4000)
     allocs = [int(ln.split()[1]) for ln in result.output.splitlines() if ln.startswith("ALLOC ")]
     most = max(allocs, default=0)
     if "ESCAPED" in result.output or most > limit:
         return escaped(f"allocated {most >> 20} MiB; the policy allows {limit >> 20} MiB")
     if result.oom_killed:
-        return held(f"stopped at {most >> 20} MiB of {limit >> 20} MiB, and the model was told: "
-                    f"{result.for_model().splitlines()[0]}")
+        return held(
+            f"stopped at {most >> 20} MiB of {limit >> 20} MiB, and the model was told: "
+            f"{result.for_model().splitlines()[0]}"
+        )
     if "MemoryError" in result.output:
         return held(f"stopped at {most >> 20} MiB of {limit >> 20} MiB: MemoryError in the box")
     # The limit held, but the model was told something else (under gVisor a command
     # killed at the limit exits 1, by no signal): not a pass either.
-    return (f"stopped at {most >> 20} MiB of {limit >> 20} MiB, but the model was told "
-            f"{result.for_model().splitlines()[0]!r}: {result.output[-200:]}")
+    return (
+        f"stopped at {most >> 20} MiB of {limit >> 20} MiB, but the model was told "
+        f"{result.for_model().splitlines()[0]!r}: {result.output[-200:]}"
+    )
 
 
-caps_memory = Probe("caps_memory", CATEGORY, "allocation stops at the policy's memory (OOM kill reported, no swap)",
-                    _caps_memory)
+caps_memory = Probe(
+    "caps_memory", CATEGORY, "allocation stops at the policy's memory (OOM kill reported, no swap)", _caps_memory
+)
 
 
 def _fill(where: str, limit: int, name: str):
@@ -144,6 +153,7 @@ if size > {limit}: escaped(f"wrote {{size >> 20}} MiB to {where}; the limit is {
 else: held(f"{where} stopped at {{size >> 20}} MiB ({limit >> 20} MiB limit)")
 '''
         return t.py(program, timeout_s=60)
+
     return attack
 
 
@@ -161,12 +171,16 @@ def _caps_workspace_file(t: Trial) -> str:
 
 caps_tmp_size = Probe("caps_tmp_size", CATEGORY, "/tmp fills up at the policy's tmp_size", _caps_tmp)
 caps_dev_shm_size = Probe("caps_dev_shm_size", CATEGORY, "/dev/shm fills up at the policy's shm_size", _caps_shm)
-caps_workspace_file_size = Probe("caps_workspace_file_size", CATEGORY,
-                                 "one file in /workspace stops at max_file_size (RLIMIT_FSIZE)", _caps_workspace_file)
+caps_workspace_file_size = Probe(
+    "caps_workspace_file_size",
+    CATEGORY,
+    "one file in /workspace stops at max_file_size (RLIMIT_FSIZE)",
+    _caps_workspace_file,
+)
 
 
 def _many_small_files(t: Trial) -> str:
-    program = rf'''
+    program = rf"""
 import time
 os.mkdir("/workspace/many")
 start, n = time.monotonic(), 0
@@ -176,30 +190,33 @@ try:
 except OSError as exc:
     print("stopped:", exc.strerror)
 print("CREATED", n, round(time.monotonic() - start, 1), flush=True)
-'''
+"""
     result = t.run(python_command(program), timeout_s=MANY_FILES_DEADLINE_S, cap=2000)
     created = next((ln.split()[1:] for ln in result.output.splitlines() if ln.startswith("CREATED ")), None)
-    st = os.statvfs(t.dir)   # the host's filesystem (the workspace may be a disk of its own)
+    st = os.statvfs(t.dir)  # the host's filesystem (the workspace may be a disk of its own)
     free = st.f_ffree / st.f_files if st.f_files else 1.0
     left = t.containers_left()
     if not _deadline_kept(result, MANY_FILES_DEADLINE_S) or left or free < MIN_FREE_INODES:
-        return escaped(f"took {result.duration_ms / 1000:.0f} s, containers left {len(left)}, "
-                       f"host inodes free {free:.1%}")
+        return escaped(
+            f"took {result.duration_ms / 1000:.0f} s, containers left {len(left)}, host inodes free {free:.1%}"
+        )
     what = f"created {created[0]} files in {created[1]} s" if created else "killed at its deadline"
     return held(f"{what}; the call ended in {result.duration_ms / 1000:.0f} s; host inodes {free:.0%} free")
 
 
 survives_million_small_files = Probe(
-    "survives_million_small_files", CATEGORY,
+    "survives_million_small_files",
+    CATEGORY,
     f"{MANY_FILES:,} files in /workspace: the call keeps its deadline, the host keeps free inodes",
-    _many_small_files)
+    _many_small_files,
+)
 
 
 # -- the workspace's own disk (sandbox.disk, sandbox.files; disk.py) ---------------------
 
-SMALL_DISK = 64 * 2**20         # bytes: the disk these probes fill; the mechanism is the same at 2g
-SMALL_FILES = 2000              # inodes of that disk
-DISK_SLACK = 8 * 2**20          # bytes: ext4's own metadata on top of what the box wrote
+SMALL_DISK = 64 * 2**20  # bytes: the disk these probes fill; the mechanism is the same at 2g
+SMALL_FILES = 2000  # inodes of that disk
+DISK_SLACK = 8 * 2**20  # bytes: ext4's own metadata on top of what the box wrote
 
 
 def _small_disk(t: Trial):
@@ -224,6 +241,7 @@ def _host_bytes(box, agent: Path) -> int:
 def _disk_attack(command: str, observed: str):
     """Run `command` in a small-disk box; the host's bytes for the workspace must stay
     within the disk, and the box must have been told no (ENOSPC or EDQUOT)."""
+
     def attack(t: Trial) -> str:
         box, agent = _small_disk(t)
         result = box.run(command, timeout_s=60, max_output_chars=4000)
@@ -233,25 +251,34 @@ def _disk_attack(command: str, observed: str):
             return escaped(f"{observed}: the host holds {used >> 20} MiB for a {SMALL_DISK >> 20} MiB disk")
         if not told:
             return escaped(f"{observed}: never refused; output: {result.output[-200:]!r}")
-        return held(f"{observed}: refused in the box; the host holds {used >> 20} MiB "
-                    f"({SMALL_DISK >> 20} MiB disk)")
+        return held(f"{observed}: refused in the box; the host holds {used >> 20} MiB ({SMALL_DISK >> 20} MiB disk)")
+
     return attack
 
 
 caps_workspace_disk = Probe(
-    "caps_workspace_disk", CATEGORY, "writing past sandbox.disk fails with ENOSPC; the host holds no more",
-    _disk_attack("for i in 1 2 3; do head -c 40m /dev/zero > /workspace/fill$i || break; done 2>&1",
-                 "120 MiB of files"))
+    "caps_workspace_disk",
+    CATEGORY,
+    "writing past sandbox.disk fails with ENOSPC; the host holds no more",
+    _disk_attack(
+        "for i in 1 2 3; do head -c 40m /dev/zero > /workspace/fill$i || break; done 2>&1", "120 MiB of files"
+    ),
+)
 caps_workspace_fallocate = Probe(
-    "caps_workspace_fallocate", CATEGORY,
+    "caps_workspace_fallocate",
+    CATEGORY,
     "fallocate --keep-size past sandbox.disk fails (ENOSPC, or unsupported under gVisor); the host holds no more",
-    _disk_attack(": > /workspace/pre; fallocate --keep-size -l 1G /workspace/pre 2>&1; "
-                 "fallocate -l 1G /workspace/pre2 2>&1; ls -ls /workspace", "fallocate of 1 GiB"))
+    _disk_attack(
+        ": > /workspace/pre; fallocate --keep-size -l 1G /workspace/pre 2>&1; "
+        "fallocate -l 1G /workspace/pre2 2>&1; ls -ls /workspace",
+        "fallocate of 1 GiB",
+    ),
+)
 
 
 def _caps_workspace_files(t: Trial) -> str:
     box, agent = _small_disk(t)
-    program = rf'''
+    program = rf"""
 n, why = 0, "none"
 try:
     for i in range({SMALL_FILES * 3}):
@@ -263,13 +290,16 @@ except OSError as exc:
     why = exc.strerror
 if n > {SMALL_FILES}: escaped(f"made {{n}} files, folders and links; sandbox.files is {SMALL_FILES}")
 else: held(f"stopped at {{n}} files, folders and links: {{why}} (sandbox.files {SMALL_FILES})")
-'''
+"""
     return observed(box.run(python_command(program), timeout_s=60, max_output_chars=4000))
 
 
 caps_workspace_files = Probe(
-    "caps_workspace_files", CATEGORY, "files, folders and symlinks stop at sandbox.files (ENOSPC)",
-    _caps_workspace_files)
+    "caps_workspace_files",
+    CATEGORY,
+    "files, folders and symlinks stop at sandbox.files (ENOSPC)",
+    _caps_workspace_files,
+)
 
 
 def _caps_all_disks(t: Trial) -> str:
@@ -278,6 +308,7 @@ def _caps_all_disks(t: Trial) -> str:
     (its mkfs, then its calls) unless the disks' filesystem has room for the worst case
     of every call in flight. Ask for one disk larger than that filesystem's free space."""
     from orchestrator.sandbox.disk import NoRoom, disks_dir
+
     st = os.statvfs(disks_dir())
     free = st.f_bavail * st.f_frsize
     asked = free + 2**30
@@ -289,15 +320,16 @@ def _caps_all_disks(t: Trial) -> str:
     except SandboxError as exc:
         return f"refused for another reason: {exc}"
     size = os.stat(box.disk.image).st_size if box.disk else 0
-    return escaped(f"a {size >> 30} GiB disk was made with {free >> 30} GiB free: "
-                   "agents together can fill the host")
+    return escaped(f"a {size >> 30} GiB disk was made with {free >> 30} GiB free: agents together can fill the host")
 
 
 caps_all_disks_together = Probe(
-    "caps_all_disks_together", CATEGORY,
+    "caps_all_disks_together",
+    CATEGORY,
     "nothing writes a disk unless the disks' filesystem has room, beyond 5%, for the worst case of "
     "every call in flight (a bigger disk than its free space is never even made)",
-    _caps_all_disks)
+    _caps_all_disks,
+)
 
 
 class _CpuWatcher:
@@ -327,8 +359,9 @@ class _CpuWatcher:
                         limits = api.inspect_container(c.id)["HostConfig"]
                     except Exception:  # gone meanwhile: its quota is asked again if it is seen again
                         continue
-                    self.quota[c.id] = (limits.get("NanoCpus") or 0) / 1e9 or \
-                        max(limits.get("CpuQuota") or 0, 0) / max(limits.get("CpuPeriod") or 100_000, 1)
+                    self.quota[c.id] = (limits.get("NanoCpus") or 0) / 1e9 or max(limits.get("CpuQuota") or 0, 0) / max(
+                        limits.get("CpuPeriod") or 100_000, 1
+                    )
 
     def cpu_seconds(self) -> float:
         """The most CPU time any one box of this workspace was charged (idle warm boxes: ~0)."""
@@ -337,11 +370,13 @@ class _CpuWatcher:
 
 # Where the host keeps a container's CPU count, by cgroup version and driver;
 # read directly because the engine's stats call takes ~1 s on a busy host.
-_CGROUP_CPU = ("/sys/fs/cgroup/cpu,cpuacct/docker/{id}/cpuacct.usage",
-               "/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage",
-               "/sys/fs/cgroup/cpu,cpuacct/system.slice/docker-{id}.scope/cpuacct.usage",
-               "/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat",
-               "/sys/fs/cgroup/docker/{id}/cpu.stat")
+_CGROUP_CPU = (
+    "/sys/fs/cgroup/cpu,cpuacct/docker/{id}/cpuacct.usage",
+    "/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage",
+    "/sys/fs/cgroup/cpu,cpuacct/system.slice/docker-{id}.scope/cpuacct.usage",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat",
+    "/sys/fs/cgroup/docker/{id}/cpu.stat",
+)
 
 
 def _cgroup_cpu_ns(cid: str) -> int | None:
@@ -361,7 +396,7 @@ def _cgroup_cpu_ns(cid: str) -> int | None:
 def _caps_cpu(t: Trial) -> str:
     cpus = t.lab.policy.cpus
     workers = max(2, int(cpus) + 1)
-    program = rf'''
+    program = rf"""
 import time
 end = time.monotonic() + {CPU_BURN_S}
 for _ in range({workers} - 1):
@@ -374,7 +409,7 @@ while True:
     except ChildProcessError: break
 print("BURNED", flush=True)
 time.sleep({CPU_SETTLE_S})   # idle, so the host's last samples see the whole burn
-'''
+"""
     watcher = _CpuWatcher(t)
     watcher.thread.start()
     try:
@@ -391,10 +426,14 @@ time.sleep({CPU_SETTLE_S})   # idle, so the host's last samples see the whole bu
     # the box's CPU limit counts too: no limit is a breach however little it got.
     unlimited = [cid[:12] for cid, q in watcher.quota.items() if not q]
     if ratio > cpus * CPU_TOLERANCE + 0.1 or unlimited:
-        return escaped(f"{workers} burners used {ratio:.2f} CPUs (engine stats); the policy allows {cpus}"
-                       + (f"; the engine enforces no CPU limit on {unlimited}" if unlimited else ""))
-    return held(f"{workers} burners used {ratio:.2f} CPUs by the engine's count; {cpus} allowed, "
-                f"enforced as {sorted(set(watcher.quota.values()))} CPUs")
+        return escaped(
+            f"{workers} burners used {ratio:.2f} CPUs (engine stats); the policy allows {cpus}"
+            + (f"; the engine enforces no CPU limit on {unlimited}" if unlimited else "")
+        )
+    return held(
+        f"{workers} burners used {ratio:.2f} CPUs by the engine's count; {cpus} allowed, "
+        f"enforced as {sorted(set(watcher.quota.values()))} CPUs"
+    )
 
 
 caps_cpu = Probe("caps_cpu", CATEGORY, "busy processes together get no more than the policy's cpus", _caps_cpu)
@@ -402,7 +441,7 @@ caps_cpu = Probe("caps_cpu", CATEGORY, "busy processes together get no more than
 
 def _caps_open_files(t: Trial) -> str:
     limit = t.lab.policy.nofile
-    program = rf'''
+    program = rf"""
 import resource
 fds = []
 try:
@@ -418,13 +457,13 @@ except OSError as exc:
 n = len(fds) + 3
 if n > {limit}: escaped(f"opened {{n}} files; the policy allows {limit}")
 else: held(f"open failed at {{n}} descriptors (nofile {limit}); raising the limit refused")
-'''
+"""
     return t.py(program)
 
 
-caps_open_files = Probe("caps_open_files", CATEGORY,
-                        "100k opens stop at the policy's nofile; the limit cannot be raised",
-                        _caps_open_files)
+caps_open_files = Probe(
+    "caps_open_files", CATEGORY, "100k opens stop at the policy's nofile; the limit cannot be raised", _caps_open_files
+)
 
 
 class _LogWatcher:
@@ -445,7 +484,7 @@ class _LogWatcher:
                     size = os.stat(attrs["LogPath"]).st_size
                     self.readable, self.largest = True, max(self.largest, size)
                 except OSError:
-                    self.readable = self.readable or False   # not root: the engine's config is the evidence
+                    self.readable = self.readable or False  # not root: the engine's config is the evidence
                 except Exception:  # the box ended between list and inspect
                     pass
 
@@ -456,8 +495,11 @@ def _bounds_huge_output(t: Trial) -> str:
     watcher.thread.start()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     try:
-        result = t.run(f"head -c {OUTPUT_BYTES} /dev/zero | tr '\\0' 'a'; echo; echo tail-line",
-                       timeout_s=OUTPUT_DEADLINE_S, cap=cap)
+        result = t.run(
+            f"head -c {OUTPUT_BYTES} /dev/zero | tr '\\0' 'a'; echo; echo tail-line",
+            timeout_s=OUTPUT_DEADLINE_S,
+            cap=cap,
+        )
     finally:
         watcher.stop.set()
         watcher.thread.join()
@@ -476,21 +518,29 @@ def _bounds_huge_output(t: Trial) -> str:
         return f"the box printed only {result.output_bytes:,} bytes in {result.duration_ms / 1000:.0f} s"
     if problems:
         return escaped("; ".join(problems))
-    log = (f"engine log at most {watcher.largest / 2**20:.1f} MiB" if watcher.readable
-           else f"engine log capped by max-size {config.get('max-size', '?')}")
-    return held(f"{result.output_bytes:,} bytes read in {result.duration_ms / 1000:.1f} s; "
-                f"kept {len(result.output):,} chars; "
-                f"host grew {max(growth, 0) >> 20} MiB; {log}; tail kept: {'tail-line' in result.output}")
+    log = (
+        f"engine log at most {watcher.largest / 2**20:.1f} MiB"
+        if watcher.readable
+        else f"engine log capped by max-size {config.get('max-size', '?')}"
+    )
+    return held(
+        f"{result.output_bytes:,} bytes read in {result.duration_ms / 1000:.1f} s; "
+        f"kept {len(result.output):,} chars; "
+        f"host grew {max(growth, 0) >> 20} MiB; {log}; tail kept: {'tail-line' in result.output}"
+    )
 
 
-bounds_huge_output = Probe("bounds_huge_output", CATEGORY,
-                           "1 GB of output is streamed, counted, capped; "
-                           "the host's memory and the engine's log stay small",
-                           _bounds_huge_output)
+bounds_huge_output = Probe(
+    "bounds_huge_output",
+    CATEGORY,
+    "1 GB of output is streamed, counted, capped; the host's memory and the engine's log stay small",
+    _bounds_huge_output,
+)
 
 
 def _clean(name: str, expected: str, command: str, bad: tuple[str, ...], proof: str) -> Probe:
     """Output the model, the log and a person's terminal will see: no byte of `bad` may survive."""
+
     def attack(t: Trial) -> str:
         result = t.run(command + f"; echo; echo {proof}")
         shown = result.for_model()
@@ -500,22 +550,33 @@ def _clean(name: str, expected: str, command: str, bad: tuple[str, ...], proof: 
         if proof not in shown:
             return f"the output lost its end: {shown[-200:]!r}"
         return held(f"{result.output_bytes:,} bytes in, none of {len(bad)} dangerous characters out")
+
     return Probe(name, CATEGORY, expected, attack)
 
 
 cleans_binary_output = _clean(
-    "cleans_binary_output", "random binary and invalid UTF-8 arrive as clean text",
+    "cleans_binary_output",
+    "random binary and invalid UTF-8 arrive as clean text",
     "head -c 200000 /dev/urandom; printf '\\xff\\xfe\\xc3\\x28\\xa0\\xa1\\xed\\xa0\\x80'",
-    tuple(chr(c) for c in range(32) if c not in (9, 10)) + ("\x7f",) + tuple(chr(c) for c in range(0x80, 0xa0)),
-    "binary-done")
+    tuple(chr(c) for c in range(32) if c not in (9, 10)) + ("\x7f",) + tuple(chr(c) for c in range(0x80, 0xA0)),
+    "binary-done",
+)
 
-strips_nul_bytes = _clean("strips_nul_bytes", "NUL bytes never reach the model, a log or a terminal",
-                          "printf 'a\\0b\\0\\0c'; head -c 5000 /dev/zero", ("\x00",), "nul-done")
+strips_nul_bytes = _clean(
+    "strips_nul_bytes",
+    "NUL bytes never reach the model, a log or a terminal",
+    "printf 'a\\0b\\0\\0c'; head -c 5000 /dev/zero",
+    ("\x00",),
+    "nul-done",
+)
 
 strips_terminal_escapes = _clean(
-    "strips_terminal_escapes", "ESC/CSI/OSC/BEL/C1 sequences are stripped before any terminal or log",
+    "strips_terminal_escapes",
+    "ESC/CSI/OSC/BEL/C1 sequences are stripped before any terminal or log",
     "printf '\\033]0;owned\\007\\033[2J\\033[31mred\\033[0m\\033P1$r\\033\\\\\\302\\233\\061m\\r\\033[1A\\b'",
-    ("\x1b", "\x07", "\x9b", "\x9d", "\r", "\x08"), "escapes-done")
+    ("\x1b", "\x07", "\x9b", "\x9d", "\r", "\x08"),
+    "escapes-done",
+)
 
 
 def _status_line_cannot_be_forged(t: Trial) -> str:
@@ -526,27 +587,48 @@ def _status_line_cannot_be_forged(t: Trial) -> str:
     return held(f"the result opens with the engine's status {first!r}; the forged lines follow it")
 
 
-status_line_cannot_be_forged = Probe("status_line_cannot_be_forged", CATEGORY,
-                                     "output that prints '[exit 0]' cannot change the status the model reads first",
-                                     _status_line_cannot_be_forged)
+status_line_cannot_be_forged = Probe(
+    "status_line_cannot_be_forged",
+    CATEGORY,
+    "output that prints '[exit 0]' cannot change the status the model reads first",
+    _status_line_cannot_be_forged,
+)
 
 
 def _kills_at_deadline(t: Trial) -> str:
-    result = t.run(f"trap '' TERM INT HUP; for i in $(seq {DEADLINE_LOOP_S * 10}); do sleep 0.1; done",
-                   timeout_s=DEADLINE_PROBE_S)
+    result = t.run(
+        f"trap '' TERM INT HUP; for i in $(seq {DEADLINE_LOOP_S * 10}); do sleep 0.1; done", timeout_s=DEADLINE_PROBE_S
+    )
     seconds = result.duration_ms / 1000
     if not result.timed_out or result.exit_code != 124 or not _deadline_kept(result, DEADLINE_PROBE_S):
-        return escaped(f"a {DEADLINE_PROBE_S} s call ran {seconds:.1f} s "
-                       f"(timed_out={result.timed_out}, exit {result.exit_code})")
+        return escaped(
+            f"a {DEADLINE_PROBE_S} s call ran {seconds:.1f} s (timed_out={result.timed_out}, exit {result.exit_code})"
+        )
     return held(f"a TERM-ignoring loop was killed at {seconds:.1f} s of a {DEADLINE_PROBE_S} s deadline, exit 124")
 
 
-kills_at_deadline = Probe("kills_at_deadline", CATEGORY,
-                          "a call that ignores signals is killed at its deadline, exit 124",
-                          _kills_at_deadline)
+kills_at_deadline = Probe(
+    "kills_at_deadline", CATEGORY, "a call that ignores signals is killed at its deadline, exit 124", _kills_at_deadline
+)
 
-PROBES = [caps_process_count, survives_fork_bomb, caps_memory, caps_tmp_size, caps_dev_shm_size,
-          caps_workspace_file_size, caps_workspace_disk, caps_workspace_fallocate, caps_workspace_files,
-          caps_all_disks_together, survives_million_small_files, caps_cpu, caps_open_files,
-          bounds_huge_output, cleans_binary_output, strips_nul_bytes, strips_terminal_escapes,
-          status_line_cannot_be_forged, kills_at_deadline]
+PROBES = [
+    caps_process_count,
+    survives_fork_bomb,
+    caps_memory,
+    caps_tmp_size,
+    caps_dev_shm_size,
+    caps_workspace_file_size,
+    caps_workspace_disk,
+    caps_workspace_fallocate,
+    caps_workspace_files,
+    caps_all_disks_together,
+    survives_million_small_files,
+    caps_cpu,
+    caps_open_files,
+    bounds_huge_output,
+    cleans_binary_output,
+    strips_nul_bytes,
+    strips_terminal_escapes,
+    status_line_cannot_be_forged,
+    kills_at_deadline,
+]

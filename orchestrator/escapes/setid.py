@@ -29,7 +29,7 @@ from orchestrator.escapes.core import Probe, Trial, escaped, held, python_comman
 
 CATEGORY = "privileges"
 SET_ID_MODES = (0o4755, 0o2755, 0o6755)
-PLAIN_MODE = 0o755              # the control: the same call without 06000 must work
+PLAIN_MODE = 0o755  # the control: the same call without 06000 must work
 
 # Python run in the box (after core.PRELUDE): attempt(abi, call, mode) makes
 # /workspace/setid/<abi>-<call>-<mode> through one raw syscall and prints
@@ -108,8 +108,10 @@ def attempt_all(abi_names, calls, modes):
                 attempt(abi, call, mode)
 '''
 
-SHELL_PLANT = ("cp /bin/sh probe-suid; chmod 4755 probe-suid; cp /bin/sh probe-sgid; chmod 2755 probe-sgid; "
-               "cp /bin/sh probe-both; chmod 6755 probe-both; stat -c '%a %n' probe-suid probe-sgid probe-both")
+SHELL_PLANT = (
+    "cp /bin/sh probe-suid; chmod 4755 probe-suid; cp /bin/sh probe-sgid; chmod 2755 probe-sgid; "
+    "cp /bin/sh probe-both; chmod 6755 probe-both; stat -c '%a %n' probe-suid probe-sgid probe-both"
+)
 
 
 def kept_bits(workspace) -> dict[str, str]:
@@ -143,11 +145,13 @@ def _judge(t: Trial, answers: list[list[str]], what: str, extra: str = "", none_
     plain = [a for a in answers if not int(a[2], 8) & 0o6000]
     refusals = sorted({a[3] for a in asked})
     made = sum(a[3] == "ok" for a in plain)
-    if plain and not made and not none_made_ok:   # every call failed anyway: the refusals prove nothing
-        failures = '/'.join(sorted({a[3] for a in plain}))
+    if plain and not made and not none_made_ok:  # every call failed anyway: the refusals prove nothing
+        failures = "/".join(sorted({a[3] for a in plain}))
         return f"{what}: not one call without 06000 worked ({failures}): nothing to judge\n"
-    return held(f"{what}: {len(asked)} set-id asks answered {'/'.join(refusals)}, none kept; "
-                f"without 06000, {made} of the same {len(plain)} calls ok{extra}")
+    return held(
+        f"{what}: {len(asked)} set-id asks answered {'/'.join(refusals)}, none kept; "
+        f"without 06000, {made} of the same {len(plain)} calls ok{extra}"
+    )
 
 
 def _chmods(t: Trial) -> str:
@@ -165,37 +169,57 @@ def _chmods(t: Trial) -> str:
 
 
 def _creations(t: Trial) -> str:
-    return _judge(t, _ask(t.box, ("open", "openat", "creat", "mknod", "mknodat", "tmpfile", "openat2"),
-                          "abis()[:1]"),
-                  "open, openat, creat, mknod, mknodat, O_TMPFILE+linkat, openat2")
+    return _judge(
+        t,
+        _ask(t.box, ("open", "openat", "creat", "mknod", "mknodat", "tmpfile", "openat2"), "abis()[:1]"),
+        "open, openat, creat, mknod, mknodat, O_TMPFILE+linkat, openat2",
+    )
 
 
 def _i386(t: Trial) -> str:
     if os.uname().machine != "x86_64":
         return held(f"no i386 ABI to try: this machine is {os.uname().machine}")
-    calls = ("chmod", "fchmod", "fchmodat", "fchmodat2", "open", "openat", "creat", "mknod", "mknodat",
-             "tmpfile", "openat2")
+    calls = (
+        "chmod",
+        "fchmod",
+        "fchmodat",
+        "fchmodat2",
+        "open",
+        "openat",
+        "creat",
+        "mknod",
+        "mknodat",
+        "tmpfile",
+        "openat2",
+    )
     answers = _ask(t.box, calls, "['i386']")
-    gvisor = " (this runtime refuses i386 syscalls outright)" if answers and all(
-        a[3] == "EPERM" for a in answers) else ""
+    gvisor = (
+        " (this runtime refuses i386 syscalls outright)" if answers and all(a[3] == "EPERM" for a in answers) else ""
+    )
     return _judge(t, answers, "every mode-taking call through int 0x80 (i386)", gvisor, none_made_ok=bool(gvisor))
 
 
 blocks_setuid_bit_reaching_host = Probe(
-    "blocks_setuid_bit_reaching_host", CATEGORY,
+    "blocks_setuid_bit_reaching_host",
+    CATEGORY,
     "no file in the workspace keeps a set-uid or set-gid bit after a call (pooled or cold): "
     "chmod, fchmod, fchmodat and fchmodat2 are refused the mode",
-    _chmods)
+    _chmods,
+)
 
 blocks_setuid_bit_at_creation = Probe(
-    "blocks_setuid_bit_at_creation", CATEGORY,
+    "blocks_setuid_bit_at_creation",
+    CATEGORY,
     "no file is created with a set-id mode: open, openat, creat, mknod, mknodat and an O_TMPFILE "
     "linked in are refused it; openat2 answers ENOSYS",
-    _creations)
+    _creations,
+)
 
 blocks_setuid_bit_through_i386_abi = Probe(
-    "blocks_setuid_bit_through_i386_abi", CATEGORY,
+    "blocks_setuid_bit_through_i386_abi",
+    CATEGORY,
     "the same calls through i386's `int 0x80`, with i386's numbers, are refused the mode too",
-    _i386)
+    _i386,
+)
 
 PROBES = [blocks_setuid_bit_reaching_host, blocks_setuid_bit_at_creation, blocks_setuid_bit_through_i386_abi]

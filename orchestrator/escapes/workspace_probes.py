@@ -19,10 +19,10 @@ from orchestrator.sandbox.engine import KILL_GRACE_S
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "workspace"
-WRITE_TIMEOUT_S = 10        # one write_file call; a FIFO must not stretch it
-SWAP_SECONDS = 6            # how long the box keeps swapping a symlink in and out during writes
-SWAP_WRITES = 15            # write_file calls made meanwhile
-SPARSE_SIZE = 100 * 2**30   # a 100 GiB sparse file: size, not disk
+WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it
+SWAP_SECONDS = 6  # how long the box keeps swapping a symlink in and out during writes
+SWAP_WRITES = 15  # write_file calls made meanwhile
+SPARSE_SIZE = 100 * 2**30  # a 100 GiB sparse file: size, not disk
 
 
 def _canary_changed(t: Trial, before: bytes) -> bool:
@@ -32,10 +32,14 @@ def _canary_changed(t: Trial, before: bytes) -> bool:
 def _write_file_refuses_symlink_to_host(t: Trial) -> str:
     before = t.lab.canary_path.read_bytes()
     target = str(t.lab.canary_path)
-    t.run(f"ln -sf {target} memory/core.md; mkdir -p memory/journal; ln -sf {target} memory/journal/today.md; "
-          f"ln -sfn {t.lab.canary_path.parent} memory/outside")
-    results = [t.box.write(path, b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S)
-               for path in ("memory/core.md", "memory/journal/today.md", "memory/outside/host-secret.txt")]
+    t.run(
+        f"ln -sf {target} memory/core.md; mkdir -p memory/journal; ln -sf {target} memory/journal/today.md; "
+        f"ln -sfn {t.lab.canary_path.parent} memory/outside"
+    )
+    results = [
+        t.box.write(path, b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S)
+        for path in ("memory/core.md", "memory/journal/today.md", "memory/outside/host-secret.txt")
+    ]
     if _canary_changed(t, before):
         return escaped(f"write_file wrote through a symlink into {target}")
     wrote = [r.output for r in results if r.exit_code == 0]
@@ -45,9 +49,11 @@ def _write_file_refuses_symlink_to_host(t: Trial) -> str:
 
 
 write_file_refuses_symlinks = Probe(
-    "write_file_refuses_symlinks", CATEGORY,
+    "write_file_refuses_symlinks",
+    CATEGORY,
     "write_file never writes through a symlink (file or directory) planted toward a host path",
-    _write_file_refuses_symlink_to_host)
+    _write_file_refuses_symlink_to_host,
+)
 
 
 def _symlink_swapped_during_write(t: Trial) -> str:
@@ -55,12 +61,15 @@ def _symlink_swapped_during_write(t: Trial) -> str:
     canary as fast as it can while the host issues write_file calls on it."""
     before = t.lab.canary_path.read_bytes()
     target = str(t.lab.canary_path)
-    swapper = (f"end=$((SECONDS+{SWAP_SECONDS})); mkdir -p memory; while [ $SECONDS -lt $end ]; do "
-               f"ln -sfn {target} memory/race.tmp && mv -fT memory/race.tmp memory/race.md; "
-               "echo x > memory/race.tmp2 && mv -fT memory/race.tmp2 memory/race.md; done; echo swapped")
+    swapper = (
+        f"end=$((SECONDS+{SWAP_SECONDS})); mkdir -p memory; while [ $SECONDS -lt $end ]; do "
+        f"ln -sfn {target} memory/race.tmp && mv -fT memory/race.tmp memory/race.md; "
+        "echo x > memory/race.tmp2 && mv -fT memory/race.tmp2 memory/race.md; done; echo swapped"
+    )
     results, swap_out = [], []
-    worker = threading.Thread(target=lambda: swap_out.append(t.new_box().run(swapper, SWAP_SECONDS + 20, 2000)),
-                              daemon=True)
+    worker = threading.Thread(
+        target=lambda: swap_out.append(t.new_box().run(swapper, SWAP_SECONDS + 20, 2000)), daemon=True
+    )
     worker.start()
     _wait_for(lambda: os.path.lexists(t.workspace / "memory/race.md"), SWAP_SECONDS)
     for _ in range(SWAP_WRITES):
@@ -76,15 +85,20 @@ def _symlink_swapped_during_write(t: Trial) -> str:
 
 
 write_file_survives_symlink_swap = Probe(
-    "write_file_survives_symlink_swap", CATEGORY,
+    "write_file_survives_symlink_swap",
+    CATEGORY,
     "a symlink swapped in during write_file is refused, never followed",
-    _symlink_swapped_during_write)
+    _symlink_swapped_during_write,
+)
 
 
 def _write_file_does_not_hang_on_fifo(t: Trial) -> str:
     planted = t.run("rm -f memory/core.md; mkfifo memory/core.md memory/pipe.md 2>&1")
-    if not all(stat.S_ISFIFO(os.lstat(t.workspace / p).st_mode) for p in ("memory/core.md", "memory/pipe.md")
-               if os.path.lexists(t.workspace / p)) or not os.path.lexists(t.workspace / "memory/pipe.md"):
+    if not all(
+        stat.S_ISFIFO(os.lstat(t.workspace / p).st_mode)
+        for p in ("memory/core.md", "memory/pipe.md")
+        if os.path.lexists(t.workspace / p)
+    ) or not os.path.lexists(t.workspace / "memory/pipe.md"):
         why = planted.output.strip()[:100] or "mkfifo made nothing the host sees as a FIFO"
         return held(f"the box cannot plant a FIFO in the workspace here: {why}")
     started = time.monotonic()
@@ -98,14 +112,18 @@ def _write_file_does_not_hang_on_fifo(t: Trial) -> str:
 
 
 write_file_does_not_hang_on_fifo = Probe(
-    "write_file_does_not_hang_on_fifo", CATEGORY, "write_file on a planted FIFO is refused at once, never blocks",
-    _write_file_does_not_hang_on_fifo)
+    "write_file_does_not_hang_on_fifo",
+    CATEGORY,
+    "write_file on a planted FIFO is refused at once, never blocks",
+    _write_file_does_not_hang_on_fifo,
+)
 
 
 blocks_hardlink_outside_workspace = Probe(
-    "blocks_hardlink_outside_workspace", CATEGORY,
+    "blocks_hardlink_outside_workspace",
+    CATEGORY,
     "no hardlink in /workspace can point at a file outside it",
-    lambda t: t.py(r'''
+    lambda t: t.py(r"""
 made = []
 for src in ["/etc/passwd", "/usr/bin/python3", "/etc/hostname", "/etc/resolv.conf", "/tmp/x"]:
     if src == "/tmp/x": open(src, "w").write("x")
@@ -115,13 +133,15 @@ for src in ["/etc/passwd", "/usr/bin/python3", "/etc/hostname", "/etc/resolv.con
         pass
 if made: escaped("hardlinked into /workspace: " + ", ".join(made))
 else: held("every cross-boundary hardlink refused (EXDEV/EPERM)")
-'''))
+"""),
+)
 
 
 caps_sparse_file_size = Probe(
-    "caps_sparse_file_size", CATEGORY,
+    "caps_sparse_file_size",
+    CATEGORY,
     "a 100 GiB sparse file cannot be planted in /workspace (RLIMIT_FSIZE)",
-    lambda t: t.py(rf'''
+    lambda t: t.py(rf"""
 path = "/workspace/memory/huge.md"
 fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
 try:
@@ -135,14 +155,27 @@ except OSError as exc:
 size = os.fstat(fd).st_size
 if size > os.sysconf("SC_PAGE_SIZE") and size >= 2**31: escaped(f"planted a {{size >> 30}} GiB sparse file ({{how}})")
 else: held(f"sparse file stays at {{size}} bytes ({{how}})")
-'''))
+"""),
+)
 
 
 def _write_file_refuses_path_tricks(t: Trial) -> str:
     before = _tree(t.dir)
-    tricks = ["../state/state.json", "../mandate.md", "memory/../../agent.yaml", "/etc/passwd", "/workspace/x",
-              "memory/x\0y.md", "memory/x\ny.md", "memory/\x1b[2Jx.md", ".", "", "a/" * 2100 + "x",
-              "m" * 300 + ".md", "memory/" + "d/" * 600 + "deep.md"]
+    tricks = [
+        "../state/state.json",
+        "../mandate.md",
+        "memory/../../agent.yaml",
+        "/etc/passwd",
+        "/workspace/x",
+        "memory/x\0y.md",
+        "memory/x\ny.md",
+        "memory/\x1b[2Jx.md",
+        ".",
+        "",
+        "a/" * 2100 + "x",
+        "m" * 300 + ".md",
+        "memory/" + "d/" * 600 + "deep.md",
+    ]
     outcomes = []
     for path in tricks:
         try:
@@ -162,9 +195,12 @@ def _write_file_refuses_path_tricks(t: Trial) -> str:
 
 
 write_file_refuses_path_tricks = Probe(
-    "write_file_refuses_path_tricks", CATEGORY,
+    "write_file_refuses_path_tricks",
+    CATEGORY,
     "names with '..', a leading '/', NUL, newline or escapes are refused; very long ones fail cleanly",
-    _write_file_refuses_path_tricks)
+    _write_file_refuses_path_tricks,
+)
+
 
 def _tree(top) -> set[str]:
     """Every path under `top` (find(1): the probe's trees are deeper than Python recursion)."""
@@ -182,5 +218,11 @@ def _wait_for(condition, seconds: float) -> bool:
     return False
 
 
-PROBES = [write_file_refuses_symlinks, write_file_survives_symlink_swap, write_file_does_not_hang_on_fifo,
-          blocks_hardlink_outside_workspace, caps_sparse_file_size, write_file_refuses_path_tricks]
+PROBES = [
+    write_file_refuses_symlinks,
+    write_file_survives_symlink_swap,
+    write_file_does_not_hang_on_fifo,
+    blocks_hardlink_outside_workspace,
+    caps_sparse_file_size,
+    write_file_refuses_path_tricks,
+]

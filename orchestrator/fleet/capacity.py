@@ -33,41 +33,45 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-ENGINE_TURN_S = 1.0         # the shortest model turn (the fleet bench's fake API answers in this)
-ENGINE_HEADROOM = 1.5       # x the wakes that just keep the engine busy: the next call is already waiting
-WAKES_PER_CORE = 8          # estimated: a wake at 1-s turns is busy on this host a tenth of its time
+ENGINE_TURN_S = 1.0  # the shortest model turn (the fleet bench's fake API answers in this)
+ENGINE_HEADROOM = 1.5  # x the wakes that just keep the engine busy: the next call is already waiting
+WAKES_PER_CORE = 8  # estimated: a wake at 1-s turns is busy on this host a tenth of its time
 MIN_WAKES = 1
-RATE_CALLS_PER_CORE = 4     # cold calls of `true` the start-up measurement makes, per core
+RATE_CALLS_PER_CORE = 4  # cold calls of `true` the start-up measurement makes, per core
 RATE_PARALLEL_PER_CORE = 2  # at once, per core: enough to keep the engine's own threads busy
 
 
 @dataclass(frozen=True)
 class Host:
     cores: int
-    memory_available: int           # bytes, /proc/meminfo's MemAvailable
-    engine_rate: float | None       # containers created, started and removed per second; None: unknown
-    rate_note: str = ""             # why it is unknown, or how it was measured
-    engine_latency_s: float = 0.0   # one call's create-start-remove, measured at that rate
-    agents: int = 0                 # agents under ROOT; 0: not counted
+    memory_available: int  # bytes, /proc/meminfo's MemAvailable
+    engine_rate: float | None  # containers created, started and removed per second; None: unknown
+    rate_note: str = ""  # why it is unknown, or how it was measured
+    engine_latency_s: float = 0.0  # one call's create-start-remove, measured at that rate
+    agents: int = 0  # agents under ROOT; 0: not counted
 
 
 @dataclass(frozen=True)
 class Choice:
     wakes: int
-    why: str                        # one line: every limit, its numbers, and which one bound
+    why: str  # one line: every limit, its numbers, and which one bound
 
 
 def choose(host: Host, box_memory: int) -> Choice:
     """Wakes at once for this host, and why, in one line."""
     limits = {"cores": (host.cores * WAKES_PER_CORE, f"{host.cores} cores x {WAKES_PER_CORE}")}
     if host.memory_available:
-        limits["memory"] = (host.memory_available // max(box_memory, 1),
-                            f"{_gib(host.memory_available)} available / {_mib(box_memory)} per call")
+        limits["memory"] = (
+            host.memory_available // max(box_memory, 1),
+            f"{_gib(host.memory_available)} available / {_mib(box_memory)} per call",
+        )
     if host.engine_rate:
         cycle = ENGINE_TURN_S + host.engine_latency_s
-        limits["engine"] = (math.ceil(host.engine_rate * cycle * ENGINE_HEADROOM),
-                            f"{host.engine_rate:.1f} containers/s{host.rate_note} x ({ENGINE_TURN_S:g} s turn "
-                            f"+ {host.engine_latency_s:.1f} s a call) x {ENGINE_HEADROOM:g}")
+        limits["engine"] = (
+            math.ceil(host.engine_rate * cycle * ENGINE_HEADROOM),
+            f"{host.engine_rate:.1f} containers/s{host.rate_note} x ({ENGINE_TURN_S:g} s turn "
+            f"+ {host.engine_latency_s:.1f} s a call) x {ENGINE_HEADROOM:g}",
+        )
     bound = min(limits, key=lambda name: limits[name][0])
     others = [n for name, (n, _) in limits.items() if name != "engine"]
     if bound == "engine" and limits[bound][0] < host.agents <= min(others):
@@ -77,8 +81,10 @@ def choose(host: Host, box_memory: int) -> Choice:
     parts = [f"{name} {n} ({how})" for name, (n, how) in limits.items()]
     if not host.engine_rate:
         parts.append(f"engine not measured{host.rate_note}")
-    return Choice(wakes, f"at most {wakes} wake(s) at once, set by {bound}: " + ", ".join(parts)
-                  + "; --max-concurrent K to choose")
+    return Choice(
+        wakes,
+        f"at most {wakes} wake(s) at once, set by {bound}: " + ", ".join(parts) + "; --max-concurrent K to choose",
+    )
 
 
 def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
@@ -88,11 +94,12 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
     from orchestrator.fleet.schedule import agent_dirs
     from orchestrator.policy.agent import load_agent
     from orchestrator.policy.schema import DEFAULT
+
     policies = []
     for path in agent_dirs(root):
         try:
             policies.append(load_agent(path).policy.sandbox)
-        except Exception:   # any failure: serve says why when it schedules it
+        except Exception:  # any failure: serve says why when it schedules it
             continue
     box_memory = max((p.memory for p in policies), default=DEFAULT.sandbox.memory)
     rate, latency, note = _broker_rate(broker) if broker else _engine_rate((policies or [DEFAULT.sandbox])[0])
@@ -105,6 +112,7 @@ def _engine_rate(policy) -> tuple[float | None, float, str]:
     from orchestrator.errors import WakeloopError
     from orchestrator.sandbox import rate
     from orchestrator.sandbox.engine import connect
+
     n = cores()
     try:
         measured = rate.measure(connect(), policy, RATE_CALLS_PER_CORE * n, RATE_PARALLEL_PER_CORE * n)
@@ -116,10 +124,14 @@ def _engine_rate(policy) -> tuple[float | None, float, str]:
 def _broker_rate(socket_path: str) -> tuple[float | None, float, str]:
     from orchestrator.broker.client import BrokerClient
     from orchestrator.errors import WakeloopError
+
     try:
         measured = BrokerClient(socket_path).rate()
-        return (measured.per_s, measured.latency_s,
-                f", the broker's: {measured.calls} cold calls in {measured.seconds:.1f} s,")
+        return (
+            measured.per_s,
+            measured.latency_s,
+            f", the broker's: {measured.calls} cold calls in {measured.seconds:.1f} s,",
+        )
     except WakeloopError as exc:
         return None, 0.0, f": the broker did not say ({exc})"
 

@@ -26,26 +26,27 @@ from orchestrator.records.atomic import atomic_write
 from orchestrator.records.state import LockHolder
 from orchestrator.records.folder import state_folder
 
-HEARTBEAT_FILE = "serve.json"       # in ROOT
-HEARTBEAT_S = 10.0                  # how often serve rewrites it
-STALE_S = 3 * HEARTBEAT_S           # older than this: serve is not running
-RUN_NOW_FILE = "run-now"            # in an agent's state/
+HEARTBEAT_FILE = "serve.json"  # in ROOT
+HEARTBEAT_S = 10.0  # how often serve rewrites it
+STALE_S = 3 * HEARTBEAT_S  # older than this: serve is not running
+RUN_NOW_FILE = "run-now"  # in an agent's state/
 
 
 @dataclass(frozen=True)
 class Heartbeat:
     pid: int
-    at: float                       # epoch seconds
+    at: float  # epoch seconds
 
     def alive(self, now: float) -> bool:
-        return now - self.at <= STALE_S and LockHolder(self.pid, "").alive   # state.py's liveness rule
+        return now - self.at <= STALE_S and LockHolder(self.pid, "").alive  # state.py's liveness rule
 
 
 def beat(root: Path, now: float | None = None, extra: dict | None = None) -> None:
     """`extra`: the scheduler's load (running, queued, lag percentiles), for a person or a bench."""
-    atomic_write(Path(root) / HEARTBEAT_FILE, json.dumps({"pid": os.getpid(),
-                                                          "at": time.time() if now is None else now,
-                                                          **(extra or {})}))
+    atomic_write(
+        Path(root) / HEARTBEAT_FILE,
+        json.dumps({"pid": os.getpid(), "at": time.time() if now is None else now, **(extra or {})}),
+    )
 
 
 def read_heartbeat(root: Path) -> Heartbeat | None:
@@ -75,4 +76,4 @@ def request_run(state_dir: Path) -> None:
 
 def take_run_request(state_dir: Path) -> bool:
     """True once per request: the file is removed by whoever takes it."""
-    return state_folder(state_dir).unlink(RUN_NOW_FILE)   # a regular file, never through a link
+    return state_folder(state_dir).unlink(RUN_NOW_FILE)  # a regular file, never through a link

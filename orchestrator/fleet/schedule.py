@@ -28,11 +28,11 @@ from orchestrator.records.atomic import atomic_write
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 
-SCHEDULE_FILE = "schedule.json"     # in state/: the last tick handled, so a restart runs a missed one once
+SCHEDULE_FILE = "schedule.json"  # in state/: the last tick handled, so a restart runs a missed one once
 _EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
 _UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-DEFAULT_TZ = "UTC"                  # cron lines are read in this zone unless agent.yaml says `timezone:`
-MIN_INTERVAL_S = 1.0                # `every: 0.1s` would be a busy loop, not a schedule
+DEFAULT_TZ = "UTC"  # cron lines are read in this zone unless agent.yaml says `timezone:`
+MIN_INTERVAL_S = 1.0  # `every: 0.1s` would be a busy loop, not a schedule
 
 
 class ScheduleError(ConfigError):
@@ -51,7 +51,7 @@ def stamp(t: datetime | None) -> str:
 class Schedule:
     text: str
     interval_s: float | None = None  # set for `every: 30s`; None for cron
-    tz: str = DEFAULT_TZ            # IANA zone a cron line is read in (DST included); times out are UTC
+    tz: str = DEFAULT_TZ  # IANA zone a cron line is read in (DST included); times out are UTC
 
     def next_after(self, t: datetime) -> datetime:
         if self.interval_s is not None:
@@ -65,7 +65,7 @@ class Schedule:
         return f"cron '{self.text}'" + (f" ({self.tz})" if self.tz != DEFAULT_TZ else "")
 
 
-@functools.lru_cache(maxsize=1024)     # a page of 100 agents parses each line once, not per view
+@functools.lru_cache(maxsize=1024)  # a page of 100 agents parses each line once, not per view
 def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
     try:
         ZoneInfo(tz)
@@ -79,13 +79,14 @@ def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
         return Schedule(text, seconds, tz)
     if croniter.is_valid(text):
         return Schedule(text, tz=tz)
-    raise ScheduleError(f"schedule {text!r} is neither a cron line (like '*/30 * * * *') "
-                        "nor an interval (like `every: 30s`)")
+    raise ScheduleError(
+        f"schedule {text!r} is neither a cron line (like '*/30 * * * *') nor an interval (like `every: 30s`)"
+    )
 
 
 def last_tick(state_dir: Path) -> datetime | None:
     try:
-        raw = loads(state_folder(state_dir).read_text(SCHEDULE_FILE, 4096))   # no link, never a FIFO
+        raw = loads(state_folder(state_dir).read_text(SCHEDULE_FILE, 4096))  # no link, never a FIFO
         return datetime.fromisoformat(raw["last_tick"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -111,8 +112,9 @@ def misfired(schedule: Schedule, tick: datetime, now: datetime) -> bool:
     return now - tick > schedule.next_after(tick) - tick
 
 
-def next_wake(agent_dir: Path, schedule_text: str, now: datetime | None = None,
-              tz: str = DEFAULT_TZ) -> datetime | None:
+def next_wake(
+    agent_dir: Path, schedule_text: str, now: datetime | None = None, tz: str = DEFAULT_TZ
+) -> datetime | None:
     """For `status`: when serve would next wake this agent (None: bad schedule)."""
     try:
         schedule = parse_schedule(schedule_text, tz)
@@ -137,5 +139,3 @@ def _holds_agent_yaml(folder: Path) -> bool:
         return stat.S_ISREG((folder / "agent.yaml").lstat().st_mode)
     except OSError:
         return False
-
-

@@ -66,32 +66,44 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.receipt import Receipt
-from orchestrator.fleet.schedule import (Schedule, ScheduleError, agent_dirs, first_due, last_tick, misfired,
-                                         parse_schedule, save_tick, stamp, utcnow)
+from orchestrator.fleet.schedule import (
+    Schedule,
+    ScheduleError,
+    agent_dirs,
+    first_due,
+    last_tick,
+    misfired,
+    parse_schedule,
+    save_tick,
+    stamp,
+    utcnow,
+)
 from orchestrator.fleet import capacity, control
 from orchestrator.notify import outcomes
 from orchestrator.notify.sender import SenderThread
 from orchestrator.records import health, stopswitch
 
-RESCAN_S = 2.0                      # how often ROOT is listed for added, changed or removed agents
-SHUTDOWN_GRACE_S = 60.0             # after SIGTERM, how long running wakes get to reach a step boundary
-LAG_SAMPLES = 10_000                # due-to-started lags kept for the percentiles (a deque: bounded memory)
-BACKLOG_SAID = 2                    # a queue at least this long is said when it drains, with its lag
-MAX_CONCURRENT = 4                  # K when a Scheduler is made without one; `serve` fits K to the host
+RESCAN_S = 2.0  # how often ROOT is listed for added, changed or removed agents
+SHUTDOWN_GRACE_S = 60.0  # after SIGTERM, how long running wakes get to reach a step boundary
+LAG_SAMPLES = 10_000  # due-to-started lags kept for the percentiles (a deque: bounded memory)
+BACKLOG_SAID = 2  # a queue at least this long is said when it drains, with its lag
+MAX_CONCURRENT = 4  # K when a Scheduler is made without one; `serve` fits K to the host
 # -- the scheduler -------------------------------------------------------------
+
 
 @dataclass
 class _Entry:
     """What the scheduler knows about one agent (mutable; main thread only)."""
+
     dir: Path
-    key: tuple                      # agent.yaml's (mtime_ns, size): a change means reload
+    key: tuple  # agent.yaml's (mtime_ns, size): a change means reload
     name: str = ""
     schedule: Schedule | None = None
-    due: datetime | None = None     # None: not schedulable (the error was logged)
+    due: datetime | None = None  # None: not schedulable (the error was logged)
     queued: bool = False
     queued_due: datetime | None = None  # when the queued wake fell due (its tick, or the run-now)
     running: datetime | None = None  # when the running wake started
-    said_paused: bool = False       # "paused" is said once, not per tick
+    said_paused: bool = False  # "paused" is said once, not per tick
 
 
 @dataclass
@@ -100,32 +112,32 @@ class _Finished:
     line: str
 
 
-WakeFn = Callable[..., Receipt]     # loop.wake(agent, *, stop=...)
+WakeFn = Callable[..., Receipt]  # loop.wake(agent, *, stop=...)
 
 
 @dataclass
 class Scheduler:
     root: Path
     max_concurrent: int = MAX_CONCURRENT
-    wake_fn: WakeFn | None = None   # default: loop.wake, imported late
+    wake_fn: WakeFn | None = None  # default: loop.wake, imported late
     out: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     rescan_s: float = RESCAN_S
     grace_s: float = SHUTDOWN_GRACE_S
-    why: str = ""                   # how max_concurrent was chosen (capacity.py), said at start
+    why: str = ""  # how max_concurrent was chosen (capacity.py), said at start
 
     def __post_init__(self):
         self.root = Path(self.root).resolve()
-        self.stop = threading.Event()           # set on SIGTERM: every running wake sees it
-        self._wakeup = threading.Event()        # a wake finished, or stop: look again now
+        self.stop = threading.Event()  # set on SIGTERM: every running wake sees it
+        self._wakeup = threading.Event()  # a wake finished, or stop: look again now
         self._entries: dict[Path, _Entry] = {}
         self._queue: deque[Path] = deque()
         self._threads: dict[Path, threading.Thread] = {}
         self._finished: deque[_Finished] = deque()
         self._print_lock = threading.Lock()
         self.completed = 0
-        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)   # seconds from due to started
-        self._backlog = 0                   # the longest the queue got since it was last empty
-        self.halted: stopswitch.Stop | None = None   # the fleet's switch, as last looked at
+        self.lags: deque[float] = deque(maxlen=LAG_SAMPLES)  # seconds from due to started
+        self._backlog = 0  # the longest the queue got since it was last empty
+        self.halted: stopswitch.Stop | None = None  # the fleet's switch, as last looked at
 
     # -- public --------------------------------------------------------------
 
@@ -141,16 +153,20 @@ class Scheduler:
     def run(self) -> int:
         self._scan(startup=True)
         broker = broker_socket()
-        self.say(f"wakeloop serve: {len(self._entries)} agent(s) under {self.root}, "
-                 f"{self.why or f'at most {self.max_concurrent} wake(s) at once'}, sandboxes via "
-                 f"{'the broker at ' + broker if broker else 'the local Docker engine'}; "
-                 + ("; ".join(self._plan(e) for e in self._entries.values()) or "add one with "
-                    f"`wakeloop init {self.root}/NAME`"))
+        self.say(
+            f"wakeloop serve: {len(self._entries)} agent(s) under {self.root}, "
+            f"{self.why or f'at most {self.max_concurrent} wake(s) at once'}, sandboxes via "
+            f"{'the broker at ' + broker if broker else 'the local Docker engine'}; "
+            + (
+                "; ".join(self._plan(e) for e in self._entries.values())
+                or f"add one with `wakeloop init {self.root}/NAME`"
+            )
+        )
         next_scan = time.monotonic() + self.rescan_s
-        SenderThread(self._queues, self.say, self.stop).start()   # notifications: off the wakes' path
+        SenderThread(self._queues, self.say, self.stop).start()  # notifications: off the wakes' path
         next_beat = 0.0
         while not self.stop.is_set():
-            if time.monotonic() >= next_beat:   # `status` tells a running serve from a dead one by this
+            if time.monotonic() >= next_beat:  # `status` tells a running serve from a dead one by this
                 control.beat(self.root, extra=self.load())
                 next_beat = time.monotonic() + control.HEARTBEAT_S
             self._reap()
@@ -192,8 +208,10 @@ class Scheduler:
             entry = self._entries.pop(path)
             if path in self._queue:
                 self._queue.remove(path)
-            self.say(f"removed {entry.name or path.name}: no agent.yaml any more"
-                     + ("; its running wake finishes" if entry.running else ""))
+            self.say(
+                f"removed {entry.name or path.name}: no agent.yaml any more"
+                + ("; its running wake finishes" if entry.running else "")
+            )
 
     def _load(self, entry: _Entry) -> None:
         try:
@@ -208,12 +226,15 @@ class Scheduler:
         now, last = utcnow(), last_tick(entry.dir / "state")
         entry.due = first_due(entry.schedule, last, now)
         missed = entry.schedule.next_after(last) if last else None
-        if missed and misfired(entry.schedule, missed, now):   # said, and in its events: not silent
-            why = (f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
-                   f"not run late; next {stamp(entry.due)}")
+        if missed and misfired(entry.schedule, missed, now):  # said, and in its events: not silent
+            why = (
+                f"tick {stamp(missed)} missed by {_ago(now - missed)}, more than its interval: skipped, "
+                f"not run late; next {stamp(entry.due)}"
+            )
             self.say(f"{entry.name}: {why}")
             EventLog(entry.dir / "state" / EVENTS_FILE, "schedule").write(
-                ev.TickSkipped(tick=missed.isoformat(), reason=why))
+                ev.TickSkipped(tick=missed.isoformat(), reason=why)
+            )
 
     def _plan(self, e: _Entry) -> str:
         if e.schedule is None or e.due is None:
@@ -238,24 +259,28 @@ class Scheduler:
                 self._entries[path].queued = False
         self._queue.clear()
         running = sum(1 for e in self._entries.values() if e.running)
-        self.say(f"STOPPED: {halted.describe()}. No wake starts"
-                 + (f", {dropped} queued dropped" if dropped else "")
-                 + (f"; {running} running end at their next step, their calls killed" if running else ""))
+        self.say(
+            f"STOPPED: {halted.describe()}. No wake starts"
+            + (f", {dropped} queued dropped" if dropped else "")
+            + (f"; {running} running end at their next step, their calls killed" if running else "")
+        )
 
     def _tick(self, now: datetime) -> None:
         due: list[tuple[datetime, str, _Entry]] = []
         for entry in self._entries.values():
             # `wakeloop run-now`: a person asked; while the fleet is stopped, the request waits
             if self.halted is None and control.take_run_request(entry.dir / "state"):
-                self.say(f"{entry.name}: run-now requested" + (": already running or queued"
-                                                               if entry.running or entry.queued else ""))
+                self.say(
+                    f"{entry.name}: run-now requested"
+                    + (": already running or queued" if entry.running or entry.queued else "")
+                )
                 if not (entry.running or entry.queued):
                     due.append((now, entry.name, entry))
             tick = self._due_tick(entry, now)
             if tick is not None:
                 due.append((tick, entry.name, entry))
         for tick, _name, entry in sorted(due, key=lambda d: (d[0], d[1])):
-            if not entry.queued:    # a run-now and a tick at once: one wake
+            if not entry.queued:  # a run-now and a tick at once: one wake
                 entry.queued, entry.queued_due = True, tick
                 self._queue.append(entry.dir)
         self._backlog = max(self._backlog, len(self._queue))
@@ -266,21 +291,24 @@ class Scheduler:
             return None
         tick = entry.due
         entry.due = entry.schedule.next_after(tick)
-        if entry.due <= now:            # behind (a slow queue, a suspended host): coalesce
+        if entry.due <= now:  # behind (a slow queue, a suspended host): coalesce
             entry.due = entry.schedule.next_after(now)
         save_tick(entry.dir / "state", tick)
         if self._held(entry, tick):
             return None
         if entry.running or entry.queued:
-            why = (f"its wake started {stamp(entry.running)} is still running" if entry.running
-                   else "its previous tick is still queued")
+            why = (
+                f"its wake started {stamp(entry.running)} is still running"
+                if entry.running
+                else "its previous tick is still queued"
+            )
             self.say(f"{entry.name}: tick {stamp(tick)} skipped: {why}")
             return None
         return tick
 
     def _held(self, entry: _Entry, tick: datetime) -> bool:
         """A paused agent's ticks, and those inside its failure backoff, are skipped aloud (records/health.py)."""
-        if self.halted is not None:     # said once when the switch went on
+        if self.halted is not None:  # said once when the switch went on
             return True
         h = health.load(entry.dir / "state")
         if h.paused:
@@ -291,8 +319,10 @@ class Scheduler:
         entry.said_paused = False
         until = h.backoff_until()
         if until > time.time():
-            self.say(f"{entry.name}: tick {stamp(tick)} skipped: backing off after {h.failures} failed wake(s), "
-                     f"until {stamp(datetime.fromtimestamp(until, timezone.utc))}")
+            self.say(
+                f"{entry.name}: tick {stamp(tick)} skipped: backing off after {h.failures} failed wake(s), "
+                f"until {stamp(datetime.fromtimestamp(until, timezone.utc))}"
+            )
             return True
         return False
 
@@ -316,7 +346,7 @@ class Scheduler:
         except (WakeloopError, ValueError):
             try:
                 channels = root_channels(self.root)
-            except (WakeloopError, ValueError):     # notify.yaml's own error, or the ceiling's
+            except (WakeloopError, ValueError):  # notify.yaml's own error, or the ceiling's
                 channels = ()
             pause_after = PAUSE_AFTER_FAILURES
         try:
@@ -325,8 +355,9 @@ class Scheduler:
             self.say(f"{name}: could not record the failure in its state/: {exc}")
 
     def _dispatch(self) -> None:
-        while (self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set()
-               and self.halted is None):
+        while (
+            self._queue and len(self._threads) < self.max_concurrent and not self.stop.is_set() and self.halted is None
+        ):
             path = self._queue.popleft()
             entry = self._entries.get(path)
             if entry is None:
@@ -336,21 +367,30 @@ class Scheduler:
                 lag = max(0.0, (entry.running - entry.queued_due).total_seconds())
                 self.lags.append(lag)
                 metrics.scheduler_lag(lag)
-            thread = threading.Thread(target=self._wake, args=(entry.dir, entry.name),
-                                      name=f"wake-{entry.name}", daemon=True)
+            thread = threading.Thread(
+                target=self._wake, args=(entry.dir, entry.name), name=f"wake-{entry.name}", daemon=True
+            )
             self._threads[path] = thread
             thread.start()
         if not self._queue and self._backlog >= BACKLOG_SAID:
-            self.say(f"queue drained: the longest it got was {self._backlog} wake(s), "
-                     f"{self.max_concurrent} at once; {self.lag_line()}")
+            self.say(
+                f"queue drained: the longest it got was {self._backlog} wake(s), "
+                f"{self.max_concurrent} at once; {self.lag_line()}"
+            )
             self._backlog = 0
 
     def load(self) -> dict:
         """Running, queued, K and the lag percentiles, for serve.json and the bench."""
         p50, p99 = self.lag_percentiles()
-        return {"running": len(self._threads), "queued": len(self._queue), "stopped": self.halted is not None,
-                "max_concurrent": self.max_concurrent, "lag_p50_s": p50, "lag_p99_s": p99,
-                "started": len(self.lags)}
+        return {
+            "running": len(self._threads),
+            "queued": len(self._queue),
+            "stopped": self.halted is not None,
+            "max_concurrent": self.max_concurrent,
+            "lag_p50_s": p50,
+            "lag_p99_s": p99,
+            "started": len(self.lags),
+        }
 
     def lag_percentiles(self) -> tuple[float | None, float | None]:
         lags = sorted(self.lags)
@@ -368,7 +408,7 @@ class Scheduler:
     def _wake(self, agent_dir: Path, name: str) -> None:
         started = time.monotonic()
         try:
-            agent = load_agent(agent_dir)   # fresh: policy edits apply from the next wake
+            agent = load_agent(agent_dir)  # fresh: policy edits apply from the next wake
             wake = self.wake_fn or _loop_wake()
             receipt = wake(agent, stop=self.stop)
             line = describe_receipt(agent.name, receipt)
@@ -376,8 +416,7 @@ class Scheduler:
             line = f"{name}: wake not started: {exc}"
             self._not_started(agent_dir, name, str(exc))
         except Exception as exc:  # a bug in one wake must not stop the others
-            line = (f"{name}: wake crashed after {time.monotonic() - started:.1f}s: "
-                    f"{type(exc).__name__}: {exc}")
+            line = f"{name}: wake crashed after {time.monotonic() - started:.1f}s: {type(exc).__name__}: {exc}"
             self._not_started(agent_dir, name, f"the wake crashed: {type(exc).__name__}: {exc}")
         self._finished.append(_Finished(agent_dir, line))
         self._wakeup.set()
@@ -403,17 +442,21 @@ class Scheduler:
         dropped = len(self._queue)
         self._queue.clear()
         running = [e.name for e in self._entries.values() if e.running]
-        self.say(f"stopping: no new wakes{f', {dropped} queued dropped' if dropped else ''}; "
-                 + (f"waiting up to {self.grace_s:g}s for {', '.join(running)} to reach a step boundary"
-                    if running else "nothing running"))
+        self.say(
+            f"stopping: no new wakes{f', {dropped} queued dropped' if dropped else ''}; "
+            + (
+                f"waiting up to {self.grace_s:g}s for {', '.join(running)} to reach a step boundary"
+                if running
+                else "nothing running"
+            )
+        )
         deadline = time.monotonic() + self.grace_s
         for thread in list(self._threads.values()):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._reap()
         left = [t.name for t in self._threads.values() if t.is_alive()]
         if left:
-            self.say(f"stopped with {len(left)} wake(s) still running after {self.grace_s:g}s: "
-                     f"{', '.join(left)}")
+            self.say(f"stopped with {len(left)} wake(s) still running after {self.grace_s:g}s: {', '.join(left)}")
         else:
             self.say("stopped: every wake ended cleanly")
         return 0
@@ -432,6 +475,7 @@ def _ago(delta) -> str:
 
 def _loop_wake() -> WakeFn:
     from orchestrator.wake.loop import wake
+
     return wake
 
 
@@ -440,19 +484,23 @@ def _check_prices(agent: Agent) -> None:
     if agent.dry_run:
         return
     from orchestrator.records.ledger import check_caps, load_prices
+
     check_caps(agent.model, agent.policy.budget, load_prices(), agent.policy.source)
 
 
-def serve(root: Path, max_concurrent: int | None = None,
-          beside: Callable[[Scheduler], Callable[[], object]] | None = None) -> int:
+def serve(
+    root: Path, max_concurrent: int | None = None, beside: Callable[[Scheduler], Callable[[], object]] | None = None
+) -> int:
     """The CLI's entry: install signal handlers and run until SIGTERM/SIGINT.
     Without `max_concurrent`, it is fitted to the host (capacity.py).
     `beside(scheduler)` starts what runs next to it (the console, metrics) and
     returns how to stop that."""
     import signal
+
     if not Path(root).is_dir():
-        raise AgentError(f"{root} is not a folder; give the folder that holds your agents "
-                         "(each a folder with agent.yaml)")
+        raise AgentError(
+            f"{root} is not a folder; give the folder that holds your agents (each a folder with agent.yaml)"
+        )
     if max_concurrent is not None and max_concurrent < 1:
         raise AgentError(f"--max-concurrent must be at least 1, not {max_concurrent}")
     if max_concurrent is None:
@@ -463,7 +511,7 @@ def serve(root: Path, max_concurrent: int | None = None,
     # now, not by the first due wakes, which would each wait for it on the import lock.
     try:
         wake_fn = _loop_wake()
-    except ImportError as exc:     # a broken install: one line now, not a crash in every wake
+    except ImportError as exc:  # a broken install: one line now, not a crash in every wake
         raise AgentError(f"cannot load the wake loop ({exc}); reinstall wakeloop") from None
     scheduler = Scheduler(Path(root), choice.wakes, why=choice.why, wake_fn=wake_fn)
     # What is loaded by now (the modules, the SDK) lives as long as serve: frozen, the collector
@@ -480,7 +528,7 @@ def serve(root: Path, max_concurrent: int | None = None,
     try:
         return scheduler.run()
     finally:
-        gc.unfreeze()               # serve may be called in a process that goes on (tests, the soak)
+        gc.unfreeze()  # serve may be called in a process that goes on (tests, the soak)
         if stop_beside:
             stop_beside()
         sys.stdout.flush()
@@ -489,9 +537,11 @@ def serve(root: Path, max_concurrent: int | None = None,
 def describe_receipt(name: str, receipt: Receipt) -> str:
     """serve's line for a finished wake: one line a person can follow, then the receipt itself as
     compact JSON. Here, not in views/: views/ sits above fleet/ and reads it."""
-    line = (f"{name}: wake {receipt.wake} {receipt.status}{'' if receipt.live else ' (dry run)'} "
-            f"in {receipt.duration_ms / 1000:.1f}s: {receipt.steps} steps, {receipt.tool_calls} tool calls, "
-            f"{receipt.tokens:,} tokens")
+    line = (
+        f"{name}: wake {receipt.wake} {receipt.status}{'' if receipt.live else ' (dry run)'} "
+        f"in {receipt.duration_ms / 1000:.1f}s: {receipt.steps} steps, {receipt.tool_calls} tool calls, "
+        f"{receipt.tokens:,} tokens"
+    )
     if receipt.usd is not None:
         line += f", ${receipt.usd:.4f}"
     if receipt.task:

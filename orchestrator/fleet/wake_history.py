@@ -43,20 +43,33 @@ from orchestrator.records.folder import state_folder
 from orchestrator.records.retention import LINE_CAP, history, holder, open_text
 
 MARK = '"wake_finished"'
-KEEP = 100                          # rows held per file: the newest
-ROW_KEYS = ("run_id", "wake", "status", "reason", "steps", "tokens", "tool_calls", "usd", "duration_ms",
-            "started_at", "model", "live", "task")
-INDEX_FILE = "wakes.index.json"     # in state/: the index as the console last left it
+KEEP = 100  # rows held per file: the newest
+ROW_KEYS = (
+    "run_id",
+    "wake",
+    "status",
+    "reason",
+    "steps",
+    "tokens",
+    "tool_calls",
+    "usd",
+    "duration_ms",
+    "started_at",
+    "model",
+    "live",
+    "task",
+)
+INDEX_FILE = "wakes.index.json"  # in state/: the index as the console last left it
 INDEX_VERSION = 1
-INDEX_CAP = 8 * 2**20               # bytes of INDEX_FILE read; a bigger one is not ours: rebuilt
-INDEX_FILES = 10_000                # file entries in one index (retention keeps far fewer segments)
-VALUE_CAP = 64 * 2**10             # chars of one string value in an indexed row
+INDEX_CAP = 8 * 2**20  # bytes of INDEX_FILE read; a bigger one is not ours: rebuilt
+INDEX_FILES = 10_000  # file entries in one index (retention keeps far fewer segments)
+VALUE_CAP = 64 * 2**10  # chars of one string value in an indexed row
 
 
 @dataclass
 class _File:
-    key: tuple                      # (size, mtime_ns, inode) when read to its end
-    offset: int = 0                 # the live file: bytes read so far (complete lines only)
+    key: tuple  # (size, mtime_ns, inode) when read to its end
+    offset: int = 0  # the live file: bytes read so far (complete lines only)
     rows: deque = field(default_factory=lambda: deque(maxlen=KEEP))
     count: int = 0
 
@@ -72,10 +85,25 @@ def row_of(line: str) -> dict | None:
     if event is None or not isinstance(event.record, WakeFinished):
         return None
     finished, r = event.record, event.record.receipt
-    row: dict = dict.fromkeys(ROW_KEYS) if r is None else {
-        "run_id": r.run_id, "wake": r.wake, "status": r.status, "reason": r.reason, "steps": r.steps,
-        "tokens": r.tokens, "tool_calls": r.tool_calls, "usd": r.usd, "duration_ms": r.duration_ms,
-        "started_at": r.started_at, "model": r.model, "live": r.live, "task": r.task}
+    row: dict = (
+        dict.fromkeys(ROW_KEYS)
+        if r is None
+        else {
+            "run_id": r.run_id,
+            "wake": r.wake,
+            "status": r.status,
+            "reason": r.reason,
+            "steps": r.steps,
+            "tokens": r.tokens,
+            "tool_calls": r.tool_calls,
+            "usd": r.usd,
+            "duration_ms": r.duration_ms,
+            "started_at": r.started_at,
+            "model": r.model,
+            "live": r.live,
+            "task": r.task,
+        }
+    )
     row["run_id"] = row["run_id"] or event.run_id
     row["status"] = row["status"] or finished.status or None
     row["finished_at"] = event.timestamp
@@ -87,9 +115,9 @@ class WakeIndex:
 
     def __init__(self):
         self._files: dict[Path, _File] = {}
-        self._loaded: set[Path] = set()     # state dirs whose INDEX_FILE this process has read
+        self._loaded: set[Path] = set()  # state dirs whose INDEX_FILE this process has read
         self._lock = threading.Lock()
-        self.parsed_lines = 0               # event lines read from the logs (the tests count them)
+        self.parsed_lines = 0  # event lines read from the logs (the tests count them)
 
     def recent(self, state_dir: Path, n: int = KEEP) -> tuple[int, list[dict]]:
         """How many finished wakes the retained history holds, and the newest n of them, oldest first."""
@@ -107,7 +135,7 @@ class WakeIndex:
                     total += known.count
                     rows.extend(known.rows)
             gone = [p for p in self._files if p.parent == state_dir and p not in paths]
-            for p in gone:              # expired segments, or a live file rotated away
+            for p in gone:  # expired segments, or a live file rotated away
                 del self._files[p]
             now = {p: f for p, f in self._files.items() if p.parent == state_dir}
             changed = {p: f.key for p, f in now.items()} != before
@@ -145,25 +173,28 @@ class WakeIndex:
 
     def _read_on(self, path: Path, known: _File) -> None:
         try:
-            folder, name = holder(path)   # records/folder.py: no link followed, never a FIFO
+            folder, name = holder(path)  # records/folder.py: no link followed, never a FIFO
             fd = folder.open(name)
         except OSError:
             return
         with os.fdopen(fd, "rb") as f:
             f.seek(known.offset)
-            data = f.read(LINE_CAP)     # a look reads at most this: a planted 100 GB file costs no more
-        end = data.rfind(b"\n") + 1     # a half-written last line waits for the next look
+            data = f.read(LINE_CAP)  # a look reads at most this: a planted 100 GB file costs no more
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next look
         if end == 0 and len(data) == LINE_CAP:
-            end = len(data)             # no line of ours is that long: skipped
+            end = len(data)  # no line of ours is that long: skipped
         known.offset += end
         known.add(map(self._row_of, data[:end].decode("utf-8", errors="replace").splitlines()))
 
 
 # -- the index on disk ----------------------------------------------------------------------
 
+
 def dump_index(files: dict[Path, _File]) -> str:
-    entries = [{"name": p.name, "key": list(f.key), "offset": f.offset, "count": f.count, "rows": list(f.rows)}
-               for p, f in files.items()]
+    entries = [
+        {"name": p.name, "key": list(f.key), "offset": f.offset, "count": f.count, "rows": list(f.rows)}
+        for p, f in files.items()
+    ]
     return json.dumps({"version": INDEX_VERSION, "files": entries}, separators=(",", ":"), default=str)
 
 
@@ -192,13 +223,21 @@ def _entries(data: dict, paths: dict[str, Path]) -> dict[Path, _File]:
     for entry in data["files"]:
         path = paths.get(entry["name"]) if isinstance(entry["name"], str) else None
         key, offset, count, rows = entry["key"], entry["offset"], entry["count"], entry["rows"]
-        if not (isinstance(key, list) and len(key) == 3 and all(_count(k) for k in key) and _count(offset)
-                and offset <= key[0] and _count(count) and isinstance(rows, list) and len(rows) <= min(KEEP, count)):
+        if not (
+            isinstance(key, list)
+            and len(key) == 3
+            and all(_count(k) for k in key)
+            and _count(offset)
+            and offset <= key[0]
+            and _count(count)
+            and isinstance(rows, list)
+            and len(rows) <= min(KEEP, count)
+        ):
             raise ValueError(f"a bad entry for {entry['name']!r}")
         known = _File(tuple(key), offset)
         known.rows.extend(_row(r) for r in rows)
         known.count = count
-        if path is not None:        # a file since expired or never ours: its entry is dropped
+        if path is not None:  # a file since expired or never ours: its entry is dropped
             out[path] = known
     return out
 
@@ -214,5 +253,4 @@ def _count(value) -> bool:
 
 
 def _plain(value) -> bool:
-    return (value is None or type(value) in (bool, int, float)
-            or (type(value) is str and len(value) <= VALUE_CAP))
+    return value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= VALUE_CAP)

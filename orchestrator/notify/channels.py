@@ -52,15 +52,15 @@ from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.records.events import scrub, secrets_from_env
 from orchestrator.records.secrets import is_secret
 
-HTTP_TIMEOUT_S = 10.0               # one POST's connect, and each wait for bytes; a slow receiver is retried
-HTTP_DEADLINE_S = 20.0              # one POST in all, however its bytes trickle in
+HTTP_TIMEOUT_S = 10.0  # one POST's connect, and each wait for bytes; a slow receiver is retried
+HTTP_DEADLINE_S = 20.0  # one POST in all, however its bytes trickle in
 SMTP_TIMEOUT_S = 15.0
 SMTP_ENV = "WAKELOOP_SMTP_URL"
-ERROR_CAP = 300                     # chars of a receiver's answer kept in an error line
-ZWJ = "\u200d"                        # joins emoji (a family, a flag): the one format character kept
-SLACK_CAP = 39_000                  # chars of one Slack text (Slack's own limit is 40,000)
-HEADER_CAP = 200                    # chars of a Subject: a title is one short line
-_NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")   # what some reader breaks a line at
+ERROR_CAP = 300  # chars of a receiver's answer kept in an error line
+ZWJ = "\u200d"  # joins emoji (a family, a flag): the one format character kept
+SLACK_CAP = 39_000  # chars of one Slack text (Slack's own limit is 40,000)
+HEADER_CAP = 200  # chars of a Subject: a title is one short line
+_NEWLINES = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")  # what some reader breaks a line at
 
 
 class DeliveryError(Exception):
@@ -84,9 +84,9 @@ def deliver(channel: Channel, payload: dict, environ) -> str:
         return _post(url, body, payload["id"])
     except DeliveryError as exc:
         raise DeliveryError(scrub(str(exc), secrets)) from None
-    except LookupError as exc:      # a ${VAR} not set
+    except LookupError as exc:  # a ${VAR} not set
         raise DeliveryError(str(exc)) from None
-    except Exception as exc:        # a receiver's oddity must cost one attempt, never the sender
+    except Exception as exc:  # a receiver's oddity must cost one attempt, never the sender
         raise DeliveryError(scrub(f"{type(exc).__name__}: {exc}", secrets)[:ERROR_CAP]) from None
 
 
@@ -103,9 +103,16 @@ def _post(url: str, body: dict, id: str) -> str:
     if urlsplit(url).scheme not in ("http", "https"):
         raise DeliveryError("the target is not an http(s) URL")
     header_id = header_safe_id(id)
-    status, answer = _request(url, json.dumps(body, ensure_ascii=False).encode("utf-8"), {
-        "Content-Type": "application/json", "Idempotency-Key": header_id, "X-Wakeloop-Id": header_id,
-        "User-Agent": "wakeloop"})
+    status, answer = _request(
+        url,
+        json.dumps(body, ensure_ascii=False).encode("utf-8"),
+        {
+            "Content-Type": "application/json",
+            "Idempotency-Key": header_id,
+            "X-Wakeloop-Id": header_id,
+            "User-Agent": "wakeloop",
+        },
+    )
     if 200 <= status < 300:
         return f"HTTP {status}"
     if 300 <= status < 400:
@@ -130,6 +137,7 @@ def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
     timer = threading.Timer(HTTP_DEADLINE_S, cut)
     timer.daemon = True
     timer.start()
@@ -159,7 +167,7 @@ def _connection(parts) -> tuple[http.client.HTTPConnection, str]:
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if not via.hostname:
         raise DeliveryError(f"the {parts.scheme} proxy the environment names has no host")
-    if parts.scheme == "https":     # a CONNECT tunnel: TLS is end to end, the proxy sees the host only
+    if parts.scheme == "https":  # a CONNECT tunnel: TLS is end to end, the proxy sees the host only
         conn = kind(via.hostname, via.port or 8080, timeout=HTTP_TIMEOUT_S)
         conn.set_tunnel(parts.hostname, parts.port or 443)
         return conn, path
@@ -174,10 +182,10 @@ def header_safe_id(id: str) -> str:
 def slack_text(payload: dict) -> str:
     """Our bold title, then the text quoted line by line, both escaped: nothing in either can
     ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
-    title = slack_escape(one_line(payload["title"]).replace("*", ""))   # an agent's name cannot end our bold
+    title = slack_escape(one_line(payload["title"]).replace("*", ""))  # an agent's name cannot end our bold
     lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\t\n\r\v\f\x85\u2028\u2029")).split("\n")
     text = f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
-    if len(text) > SLACK_CAP:           # Slack cuts past 40,000 chars without a word; we say so
+    if len(text) > SLACK_CAP:  # Slack cuts past 40,000 chars without a word; we say so
         text = text[:SLACK_CAP] + f"\n(cut: {len(text) - SLACK_CAP:,} more characters)"
     return text
 
@@ -190,8 +198,10 @@ def slack_escape(text: str) -> str:
 def shown(text: str, keep: str = "") -> str:
     """Text with every control and format character (bidi overrides, zero-width joiners, NUL,
     ESC) written out as \\uXXXX: seen, never acted on. `keep`: characters left for the caller."""
-    return "".join(c if c in keep or c == ZWJ or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
-                   else f"\\u{ord(c):04x}" for c in text)
+    return "".join(
+        c if c in keep or c == ZWJ or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp") else f"\\u{ord(c):04x}"
+        for c in text
+    )
 
 
 def one_line(text: str, cap: int = HEADER_CAP) -> str:
@@ -206,7 +216,7 @@ def _email(to: str, url: str, payload: dict) -> str:
     if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
         raise DeliveryError(f"{SMTP_ENV} must be smtp://… or smtps://… with a host")
     sender = (parse_qs(parts.query).get("from") or [f"wakeloop@{parts.hostname}"])[0]
-    for role, address in (("to", to), ("from", sender)):    # ${VAR} and ?from= are read only now
+    for role, address in (("to", to), ("from", sender)):  # ${VAR} and ?from= are read only now
         if not EMAIL.match(address):
             raise DeliveryError(f"the {role} address is not one plain address (no name, comma or line break)")
     msg = _message(to, sender, payload)
@@ -220,7 +230,7 @@ def _email(to: str, url: str, payload: dict) -> str:
                 smtp.ehlo()
             if parts.username:
                 smtp.login(unquote(parts.username), unquote(parts.password or ""))
-            refused = smtp.send_message(msg, from_addr=sender, to_addrs=[to])   # never a header's list
+            refused = smtp.send_message(msg, from_addr=sender, to_addrs=[to])  # never a header's list
     except smtplib.SMTPException as exc:
         raise DeliveryError(f"SMTP: {exc}") from None
     except OSError as exc:
@@ -241,10 +251,16 @@ def _message(to: str, sender: str, payload: dict) -> EmailMessage:
 
 
 def _command(argv: list[str], payload: dict, timeout_s: float, environ) -> str:
-    env = {k: v for k, v in environ.items() if not is_secret(k)}   # the operator's program, not the key's holder
+    env = {k: v for k, v in environ.items() if not is_secret(k)}  # the operator's program, not the key's holder
     try:
-        done = subprocess.run(argv, input=json.dumps(payload, ensure_ascii=False), capture_output=True,
-                              text=True, timeout=timeout_s, env=env)
+        done = subprocess.run(
+            argv,
+            input=json.dumps(payload, ensure_ascii=False),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
     except FileNotFoundError:
         raise DeliveryError(f"{argv[0]}: no such program") from None
     except PermissionError:

@@ -56,24 +56,34 @@ from orchestrator.records.folder import Folder
 from orchestrator.records.secrets import is_secret, pattern_reaches_secret
 from orchestrator.records.yamlfile import ConfigFileError, line_of, parse_yaml
 
-EVENTS = ("dead_letter", "blocked", "budget_stop", "message", "failing", "recovered", "paused", "no_room",
-          "daily", "approval")
-DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")   # a digest a day is asked for, not assumed
+EVENTS = (
+    "dead_letter",
+    "blocked",
+    "budget_stop",
+    "message",
+    "failing",
+    "recovered",
+    "paused",
+    "no_room",
+    "daily",
+    "approval",
+)
+DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")  # a digest a day is asked for, not assumed
 KINDS = ("webhook", "slack", "email", "command")
-GIVE_UP_AFTER_S = 24 * 3600         # one notification is retried this long, then given up (and shown)
-COMMAND_TIMEOUT_S = 30.0            # a command hook's wall clock
-MAX_GIVE_UP_AFTER_S = 7 * 86400     # past a week a notification is history, and its queue file would stay
-MAX_TIMEOUT_S = 600.0               # a command hook that needs longer is not a notification
-MAX_CHANNELS = 16                   # entries in one notify list: each message goes to every one
+GIVE_UP_AFTER_S = 24 * 3600  # one notification is retried this long, then given up (and shown)
+COMMAND_TIMEOUT_S = 30.0  # a command hook's wall clock
+MAX_GIVE_UP_AFTER_S = 7 * 86400  # past a week a notification is history, and its queue file would stay
+MAX_TIMEOUT_S = 600.0  # a command hook that needs longer is not a notification
+MAX_CHANNELS = 16  # entries in one notify list: each message goes to every one
 ROOT_FILE = "notify.yaml"
-NOTIFY_CAP = 1 * 2**20              # bytes of ROOT/notify.yaml read; real ones are a few KiB
+NOTIFY_CAP = 1 * 2**20  # bytes of ROOT/notify.yaml read; real ones are a few KiB
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # An address as people write them, and nothing a header parser reads as more
 # (no commas, quotes, brackets, spaces or controls: one recipient, no display name).
 EMAIL = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
-DEFAULT_EXPAND = ("SLACK_*", "WAKELOOP_NOTIFY_*")   # the ${VAR}s any target may read without asking
+DEFAULT_EXPAND = ("SLACK_*", "WAKELOOP_NOTIFY_*")  # the ${VAR}s any target may read without asking
 _NAME_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 
 
@@ -85,30 +95,34 @@ class NotifyError(ConfigError):
 class Allowed:
     """What the operator lets notify entries do: the ${VAR}s they may read (fnmatch
     patterns), and whether an agent's own agent.yaml may name a command."""
+
     expand: tuple[str, ...] = DEFAULT_EXPAND
     agent_commands: bool = False
 
     def refusal(self, name: str) -> str | None:
         """Why ${name} may not be read, or None."""
         if is_secret(name):
-            return (f"${{{name}}} is a secret wakeloop keeps (records/secrets.py); a notification "
-                    "target never carries it")
+            return (
+                f"${{{name}}} is a secret wakeloop keeps (records/secrets.py); a notification target never carries it"
+            )
         if not any(fnmatch.fnmatchcase(name, p) for p in self.expand):
-            return (f"${{{name}}} is not a variable notifications may read ({', '.join(self.expand)}); "
-                    f"the operator allows more in ROOT/notify.yaml (expand: [{name}]) or the ceiling "
-                    "(notify_env)")
+            return (
+                f"${{{name}}} is not a variable notifications may read ({', '.join(self.expand)}); "
+                f"the operator allows more in ROOT/notify.yaml (expand: [{name}]) or the ceiling "
+                "(notify_env)"
+            )
         return None
 
 
 @dataclass(frozen=True)
 class Channel:
-    kind: str                       # webhook | slack | email | command
-    target: str | tuple[str, ...]   # as written: ${VAR} not yet read; a command's argv
+    kind: str  # webhook | slack | email | command
+    target: str | tuple[str, ...]  # as written: ${VAR} not yet read; a command's argv
     on: frozenset[str]
     give_up_after_s: float = GIVE_UP_AFTER_S
     timeout_s: float = COMMAND_TIMEOUT_S
-    source: str = ""                # file:line, for messages
-    expand: tuple[str, ...] = DEFAULT_EXPAND   # Allowed.expand at load: channels.py checks again at send
+    source: str = ""  # file:line, for messages
+    expand: tuple[str, ...] = DEFAULT_EXPAND  # Allowed.expand at load: channels.py checks again at send
 
     @property
     def key(self) -> str:
@@ -128,10 +142,18 @@ class Channel:
         return f"{self.kind} {host}/…" if host else f"{self.kind} {named or '(a URL)'}"
 
 
-def parse_notify(value: Any, source: Path, node: yaml.Node | None, path: tuple = ("notify",), *,
-                 allowed: Allowed = Allowed(), operator: bool = False) -> tuple[Channel, ...]:
+def parse_notify(
+    value: Any,
+    source: Path,
+    node: yaml.Node | None,
+    path: tuple = ("notify",),
+    *,
+    allowed: Allowed = Allowed(),
+    operator: bool = False,
+) -> tuple[Channel, ...]:
     """The notify list at `path` in a parsed file; NotifyError names the file, line and key.
     `operator`: the file is ROOT/notify.yaml (may name a command), not an agent's agent.yaml."""
+
     def fail(keys: tuple, message: str) -> NotifyError:
         line = line_of(node, path + keys)
         dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
@@ -144,21 +166,26 @@ def parse_notify(value: Any, source: Path, node: yaml.Node | None, path: tuple =
         raise fail((), "expected a list of channels, e.g. - webhook: https://…")
     if len(value) > MAX_CHANNELS:
         raise fail((MAX_CHANNELS,), f"{len(value)} channels; at most {MAX_CHANNELS} (each message goes to every one)")
-    return tuple(_channel(i, entry, fail, f"{source}:{line_of(node, path + (i,)) or '?'}", allowed, operator)
-                 for i, entry in enumerate(value))
+    return tuple(
+        _channel(i, entry, fail, f"{source}:{line_of(node, path + (i,)) or '?'}", allowed, operator)
+        for i, entry in enumerate(value)
+    )
 
 
 def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: bool) -> Channel:
     if not isinstance(entry, dict):
         raise fail((i,), f"expected a mapping with one of {', '.join(KINDS)}")
-    entry = {("on" if k is True else k): v for k, v in entry.items()}   # YAML 1.1 reads a bare `on:` as true
+    entry = {("on" if k is True else k): v for k, v in entry.items()}  # YAML 1.1 reads a bare `on:` as true
     kinds = [k for k in KINDS if k in entry]
     if len(kinds) != 1:
         raise fail((i,), f"name exactly one channel ({', '.join(KINDS)}), got {', '.join(kinds) or 'none'}")
     kind = kinds[0]
     if kind == "command" and not command_allowed(operator, allowed):
-        raise fail((i, kind), "a command runs a program as the orchestrator: only ROOT/notify.yaml (the "
-                              "operator's) may name one, or the ceiling with notify_commands: true")
+        raise fail(
+            (i, kind),
+            "a command runs a program as the orchestrator: only ROOT/notify.yaml (the "
+            "operator's) may name one, or the ceiling with notify_commands: true",
+        )
     unknown = sorted(set(map(str, entry)) - {kind, "on", "give_up_after", "timeout_s"})
     if unknown:
         raise fail((i, unknown[0]), "unknown key (known: on, give_up_after, timeout_s)")
@@ -196,12 +223,15 @@ def _placement_refusal(kind: str, target: str | tuple[str, ...]) -> str | None:
     if not names:
         return None
     if len(names) == 1 and isinstance(target, str) and target.startswith(f"${{{names[0]}}}"):
-        rest = target[len(names[0]) + 3:]
+        rest = target[len(names[0]) + 3 :]
         if not rest or (kind != "email" and rest[0] in "/?"):
             return None
-    return (f"in agent.yaml one ${{VAR}} may start the {kind} target (${{SLACK_WEBHOOK_URL}}"
-            + ("" if kind == "email" else ", ${SLACK_HOST}/path") + ") and nothing after it may name "
-            "another host; ROOT/notify.yaml may")
+    return (
+        f"in agent.yaml one ${{VAR}} may start the {kind} target (${{SLACK_WEBHOOK_URL}}"
+        + ("" if kind == "email" else ", ${SLACK_HOST}/path")
+        + ") and nothing after it may name "
+        "another host; ROOT/notify.yaml may"
+    )
 
 
 def command_allowed(operator: bool, allowed: Allowed) -> bool:
@@ -225,8 +255,10 @@ def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
     if kind in ("webhook", "slack") and not (_VAR.search(value) or value.startswith(("http://", "https://"))):
         raise fail("expected an http(s) URL or ${VAR} naming one")
     if kind in ("webhook", "slack") and "://" in value and urlsplit(value).username is not None:
-        raise fail("a URL with user:password@ is not sent (its host would be read as the name); put the "
-                   "token in the path through ${VAR}")
+        raise fail(
+            "a URL with user:password@ is not sent (its host would be read as the name); put the "
+            "token in the path through ${VAR}"
+        )
     return value
 
 
@@ -243,8 +275,9 @@ def _seconds(value: Any, most: float) -> float:
     return seconds
 
 
-def load_root_notify(root: Path, ceiling_expand: tuple[str, ...] = (),
-                     agent_commands: bool = False) -> tuple[tuple[Channel, ...], Allowed]:
+def load_root_notify(
+    root: Path, ceiling_expand: tuple[str, ...] = (), agent_commands: bool = False
+) -> tuple[tuple[Channel, ...], Allowed]:
     """ROOT/notify.yaml's channels (none if the file is absent), and what agent.yaml's may do:
     the default ${VAR}s, the ceiling's `notify_env` (checked where it is read), and the file's `expand:`."""
     path = Path(root) / ROOT_FILE
@@ -266,8 +299,10 @@ def load_root_notify(root: Path, ceiling_expand: tuple[str, ...] = (),
         return parse_notify(data, path, node, path=(), allowed=allowed, operator=True), allowed
     unknown = sorted(set(map(str, data)) - {"notify", "expand"})
     if unknown:
-        raise NotifyError(f"{_where(path, node, (unknown[0],))}: {unknown[0]}: unknown key (a notify.yaml "
-                          "holds `notify:` and its list, and `expand:`)")
+        raise NotifyError(
+            f"{_where(path, node, (unknown[0],))}: {unknown[0]}: unknown key (a notify.yaml "
+            "holds `notify:` and its list, and `expand:`)"
+        )
     allowed = Allowed(allowed.expand + _expand_list(data.get("expand"), path, node), agent_commands)
     return parse_notify(data.get("notify"), path, node, allowed=allowed, operator=True), allowed
 
@@ -277,8 +312,10 @@ def _expand_list(value: Any, path: Path, node) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise NotifyError(f"{_where(path, node, ('expand',))}: expand: expected a list of variable names "
-                          "or patterns, e.g. [PAGER_TOKEN, \"OPS_*\"]")
+        raise NotifyError(
+            f"{_where(path, node, ('expand',))}: expand: expected a list of variable names "
+            'or patterns, e.g. [PAGER_TOKEN, "OPS_*"]'
+        )
     for i, pattern in enumerate(value):
         if why := expand_refusal(pattern):
             raise NotifyError(f"{_where(path, node, ('expand', i))}: expand[{i}]: {why}")
@@ -290,8 +327,10 @@ def expand_refusal(pattern: str) -> str | None:
     if not _NAME_PATTERN.match(pattern):
         return f"{pattern!r} is not a variable name or a pattern such as OPS_*"
     if pattern_reaches_secret(pattern):
-        return (f"{pattern!r} admits a secret wakeloop keeps (ANTHROPIC_*, WAKELOOP_CONSOLE_TOKEN, "
-                "WAKELOOP_SMTP_URL: records/secrets.py); name the variables the targets need")
+        return (
+            f"{pattern!r} admits a secret wakeloop keeps (ANTHROPIC_*, WAKELOOP_CONSOLE_TOKEN, "
+            "WAKELOOP_SMTP_URL: records/secrets.py); name the variables the targets need"
+        )
     return None
 
 
@@ -303,6 +342,7 @@ def _where(path: Path, node, keys: tuple) -> str:
 def expand(text: str, environ, allowed: tuple[str, ...] = DEFAULT_EXPAND) -> str:
     """${VAR} from the environment at send time; a missing or no longer allowed variable is a
     delivery error (the load already refused it: this is the second lock on the same door)."""
+
     def one(match: re.Match) -> str:
         name = match.group(1)
         if why := Allowed(allowed).refusal(name):
@@ -310,6 +350,7 @@ def expand(text: str, environ, allowed: tuple[str, ...] = DEFAULT_EXPAND) -> str
         if not environ.get(name):
             raise LookupError(f"${{{name}}} is not set in the sender's environment")
         return environ[name]
+
     return _VAR.sub(one, text)
 
 

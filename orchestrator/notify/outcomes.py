@@ -33,17 +33,26 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.folder import state_folder
 
-WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")   # receipt statuses that are news by themselves
-MARKER_CAP = 64                     # bytes of a day marker read (a date)
-DAILY_FILE = "daily.json"           # under state/notify/: the last UTC day a digest was queued for
-TEXT_CAP = 8000                     # chars of the agent's own text in one notification
-CALL_CAP = 3000                     # chars of an approval's call in its text (data.input has it whole)
+WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")  # receipt statuses that are news by themselves
+MARKER_CAP = 64  # bytes of a day marker read (a date)
+DAILY_FILE = "daily.json"  # under state/notify/: the last UTC day a digest was queued for
+TEXT_CAP = 8000  # chars of the agent's own text in one notification
+CALL_CAP = 3000  # chars of an approval's call in its text (data.input has it whole)
 
 
-def payload(agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "",
-            data: dict | None = None) -> dict:
-    return {"id": f"{agent}/{id_tail}", "agent": agent, "event": event, "title": title, "text": text[:TEXT_CAP],
-            "run_id": run_id, "time": now_iso(), "data": data or {}}
+def payload(
+    agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "", data: dict | None = None
+) -> dict:
+    return {
+        "id": f"{agent}/{id_tail}",
+        "agent": agent,
+        "event": event,
+        "title": title,
+        "text": text[:TEXT_CAP],
+        "run_id": run_id,
+        "time": now_iso(),
+        "data": data or {},
+    }
 
 
 def who(name: str, agent_dir) -> str:
@@ -58,20 +67,40 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
     n = 0
     for channel in channels:
         if note["event"] in channel.on:
-            queue.enqueue(state_dir, queue.Item(id=note["id"], channel=channel.key, label=channel.label,
-                                                event=note["event"], payload=note, queued_at=time.time()))
+            queue.enqueue(
+                state_dir,
+                queue.Item(
+                    id=note["id"],
+                    channel=channel.key,
+                    label=channel.label,
+                    event=note["event"],
+                    payload=note,
+                    queued_at=time.time(),
+                ),
+            )
             n += 1
     if n:
         EventLog(Path(state_dir) / EVENTS_FILE, note["run_id"] or "notify").write(
-            ev.NotifyQueued(id=note["id"], event=note["event"], channels=n))
+            ev.NotifyQueued(id=note["id"], event=note["event"], channels=n)
+        )
     return n
 
 
 def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
-    emit(agent.state_dir, agent.notify, payload(
-        agent.name, "message", f"{run_id}/message/{number}", f"{who(agent.name, agent.dir)} (wake #{wake}) says",
-        text, run_id, {"wake": wake}))
+    emit(
+        agent.state_dir,
+        agent.notify,
+        payload(
+            agent.name,
+            "message",
+            f"{run_id}/message/{number}",
+            f"{who(agent.name, agent.dir)} (wake #{wake}) says",
+            text,
+            run_id,
+            {"wake": wake},
+        ),
+    )
 
 
 def on_approval(agent, approval) -> None:
@@ -80,22 +109,44 @@ def on_approval(agent, approval) -> None:
     it is; the CLI's commands always. Every channel escapes all of it as the agent's text (channels.py)."""
     base = approval_links.console_url()
     links = approval_links.links_for(agent.dir.parent, agent.dir.name, approval, base) if base else {}
-    call = (approval.input.get("command", "") if approval.tool == "bash"
-            else json.dumps(approval.input, ensure_ascii=False))
+    call = (
+        approval.input.get("command", "") if approval.tool == "bash" else json.dumps(approval.input, ensure_ascii=False)
+    )
     lines = [f"{who(agent.name, agent.dir)} asks to run {approval.tool} (rule {approval.rule}).", ""]
-    if links:   # first: the text is cut at TEXT_CAP, and the call may be long
+    if links:  # first: the text is cut at TEXT_CAP, and the call may be long
         lines += [f"Approve: {links['approve']}", f"Deny: {links['deny']}"]
-    lines += [f"Or: `wakeloop approve {agent.dir} {approval.id}` / `wakeloop deny {agent.dir} {approval.id} "
-              f"--reason TEXT`", f"Unanswered by {approval.expires}, it is denied.", "", "The call:",
-              call[:CALL_CAP] + (f" [... {len(call) - CALL_CAP:,} more characters]" if len(call) > CALL_CAP else "")]
+    lines += [
+        f"Or: `wakeloop approve {agent.dir} {approval.id}` / `wakeloop deny {agent.dir} {approval.id} --reason TEXT`",
+        f"Unanswered by {approval.expires}, it is denied.",
+        "",
+        "The call:",
+        call[:CALL_CAP] + (f" [... {len(call) - CALL_CAP:,} more characters]" if len(call) > CALL_CAP else ""),
+    ]
     if approval.words:
         lines += ["", "Its words just before:", approval.words]
-    emit(agent.state_dir, agent.notify, payload(
-        agent.name, "approval", f"approval/{approval.id}", f"{who(agent.name, agent.dir)}: approval {approval.id} "
-        f"asked", "\n".join(lines), approval.run_id,
-        {"approval": approval.id, "tool": approval.tool, "input": approval.input, "words": approval.words,
-         "rule": approval.rule, "expires": approval.expires, "agent_dir": str(agent.dir),
-         "approve_url": links.get("approve", ""), "deny_url": links.get("deny", "")}))
+    emit(
+        agent.state_dir,
+        agent.notify,
+        payload(
+            agent.name,
+            "approval",
+            f"approval/{approval.id}",
+            f"{who(agent.name, agent.dir)}: approval {approval.id} asked",
+            "\n".join(lines),
+            approval.run_id,
+            {
+                "approval": approval.id,
+                "tool": approval.tool,
+                "input": approval.input,
+                "words": approval.words,
+                "rule": approval.rule,
+                "expires": approval.expires,
+                "agent_dir": str(agent.dir),
+                "approve_url": links.get("approve", ""),
+                "deny_url": links.get("deny", ""),
+            },
+        ),
+    )
 
 
 def after_wake(agent, receipt) -> None:
@@ -103,13 +154,31 @@ def after_wake(agent, receipt) -> None:
     r = receipt
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
     if r.status in WAKE_EVENTS and (r.status != "blocked" or _first_today(agent.state_dir, "blocked")):
-        emit(agent.state_dir, agent.notify, payload(
-            agent.name, r.status, f"{r.run_id}/{r.status}",
-            f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
-            f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}", r.run_id, r.to_dict()))
-    if r.status != "blocked":           # waiting for money is not failing
-        _health(agent.state_dir, agent.name, str(agent.dir), agent.notify, agent.pause_after_failures,
-                ok=r.status != "dead_letter", reason=r.reason, run_id=r.run_id, wake=r.wake)
+        emit(
+            agent.state_dir,
+            agent.notify,
+            payload(
+                agent.name,
+                r.status,
+                f"{r.run_id}/{r.status}",
+                f"{who(agent.name, agent.dir)}: {r.status.replace('_', ' ')}",
+                f"Wake #{r.wake} ended {r.status}: {r.reason}\n{see}",
+                r.run_id,
+                r.to_dict(),
+            ),
+        )
+    if r.status != "blocked":  # waiting for money is not failing
+        _health(
+            agent.state_dir,
+            agent.name,
+            str(agent.dir),
+            agent.notify,
+            agent.pause_after_failures,
+            ok=r.status != "dead_letter",
+            reason=r.reason,
+            run_id=r.run_id,
+            wake=r.wake,
+        )
     daily(agent.state_dir, agent.name, agent.notify)
 
 
@@ -117,10 +186,20 @@ def no_room(agent, run_id: str, wake: int, reason: str) -> None:
     """A call the disk guard did not start (sandbox/disk.py): the disks' filesystem lacked room
     for the worst case of the calls in flight. Once a UTC day per agent, as `blocked`."""
     if _first_today(agent.state_dir, "no_room"):
-        emit(agent.state_dir, agent.notify, payload(
-            agent.name, "no_room", f"{run_id}/no_room", f"{who(agent.name, agent.dir)}: no room on the disks",
-            f"Wake #{wake}: a call did not start: {reason}\n`wakeloop disk list` shows what the disks "
-            f"promise, hold and have free.", run_id, {"wake": wake, "reason": reason}))
+        emit(
+            agent.state_dir,
+            agent.notify,
+            payload(
+                agent.name,
+                "no_room",
+                f"{run_id}/no_room",
+                f"{who(agent.name, agent.dir)}: no room on the disks",
+                f"Wake #{wake}: a call did not start: {reason}\n`wakeloop disk list` shows what the disks "
+                f"promise, hold and have free.",
+                run_id,
+                {"wake": wake, "reason": reason},
+            ),
+        )
 
 
 def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause_after: int, reason: str) -> None:
@@ -128,29 +207,52 @@ def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause
     state_dir = Path(agent_dir) / "state"
     state_dir.mkdir(mode=0o700, exist_ok=True)
     EventLog(state_dir / EVENTS_FILE, "not-started").write(ev.WakeNotStarted(reason=reason))
-    _health(state_dir, name, str(agent_dir), channels, pause_after, ok=False, reason=reason,
-            run_id="", wake=None)
+    _health(state_dir, name, str(agent_dir), channels, pause_after, ok=False, reason=reason, run_id="", wake=None)
 
 
 def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id, wake) -> None:
     shown = who(name, where)
-    h, said = health.record(state_dir, ok, reason, at=time.time(), at_iso=now_iso(), pause_after=pause_after,
-                            fatal=not ok and "HTTP 401" in reason)
+    h, said = health.record(
+        state_dir,
+        ok,
+        reason,
+        at=time.time(),
+        at_iso=now_iso(),
+        pause_after=pause_after,
+        fatal=not ok and "HTTP 401" in reason,
+    )
     if said:
         EventLog(Path(state_dir) / EVENTS_FILE, run_id or "health").write(
-            ev.Health(said=tuple(said), failures=h.failures, paused=h.paused, reason=reason))
-    series = h.failing_since or now_iso()       # one series of failures: its notes share ids
+            ev.Health(said=tuple(said), failures=h.failures, paused=h.paused, reason=reason)
+        )
+    series = h.failing_since or now_iso()  # one series of failures: its notes share ids
     texts = {
-        "failing": (f"{shown} is failing", f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
-                    f"{reason}\nBacking off between wakes; paused after {pause_after}."),
-        "paused": (f"{shown} is paused", f"{h.paused_reason}\nNo wake runs until you fix it and resume: "
-                   f"`wakeloop resume {where}`."),
+        "failing": (
+            f"{shown} is failing",
+            f"{h.failures} failed wake(s) in a row since {h.failing_since}; last: "
+            f"{reason}\nBacking off between wakes; paused after {pause_after}.",
+        ),
+        "paused": (
+            f"{shown} is paused",
+            f"{h.paused_reason}\nNo wake runs until you fix it and resume: `wakeloop resume {where}`.",
+        ),
         "recovered": (f"{shown} recovered", f"Wake #{wake} finished normally; the failures are over."),
     }
     for event in said:
         title, text = texts[event]
-        emit(state_dir, channels, payload(name, event, f"{event}/{series if event != 'recovered' else run_id}",
-                                          title, text, run_id, {"failures": h.failures, "reason": reason}))
+        emit(
+            state_dir,
+            channels,
+            payload(
+                name,
+                event,
+                f"{event}/{series if event != 'recovered' else run_id}",
+                title,
+                text,
+                run_id,
+                {"failures": h.failures, "reason": reason},
+            ),
+        )
 
 
 def _first_today(state_dir: Path, what: str) -> bool:
@@ -158,7 +260,7 @@ def _first_today(state_dir: Path, what: str) -> bool:
     midnight, and one notification says so."""
     today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{what}.day"
-    try:   # records/folder.py: no link followed, capped
+    try:  # records/folder.py: no link followed, capped
         if state_folder(state_dir).read_text(marker, MARKER_CAP).strip() == today:
             return False
     except OSError:
@@ -173,7 +275,7 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
         return
     today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{DAILY_FILE}"
-    try:   # records/folder.py: no link followed, capped
+    try:  # records/folder.py: no link followed, capped
         last = state_folder(state_dir).read_text(marker, MARKER_CAP).strip()
     except OSError:
         last = ""
@@ -186,7 +288,7 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
 
 def digest(state_dir: Path, name: str, day: str) -> dict:
     """One day's wakes, statuses, cost per model and messages, from the event log."""
-    records = [e.record for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]   # rotated too
+    records = [e.record for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]  # rotated too
     receipts = [r.receipt for r in records if isinstance(r, ev.WakeFinished) and r.receipt]
     statuses = Counter(r.status for r in receipts)
     cost: defaultdict[str, float] = defaultdict(float)
@@ -194,11 +296,29 @@ def digest(state_dir: Path, name: str, day: str) -> dict:
     for r in receipts:
         cost[r.model or "?"] += r.usd or 0.0
     messages = sum(1 for r in records if isinstance(r, ev.ToolCall) and r.tool == "send_message")
-    lines = [f"{len(receipts)} wake(s): " + (", ".join(f"{n} {s}" for s, n in statuses.most_common()) or "none"),
-             "cost: " + (", ".join(f"{'unknown (no price)' if model in unknown else f'${usd:.4f}'} {model}"
-                                   for model, usd in cost.items()) or "$0"),
-             f"messages from the agent: {messages}"]
-    return payload(name, "daily", f"daily/{day}", f"{who(name, Path(state_dir).parent)}: {day}", "\n".join(lines), "",
-                   {"day": day, "wakes": len(receipts), "statuses": dict(statuses),
-                    "usd_by_model": {m: None if m in unknown else usd for m, usd in cost.items()},
-                    "messages": messages})
+    lines = [
+        f"{len(receipts)} wake(s): " + (", ".join(f"{n} {s}" for s, n in statuses.most_common()) or "none"),
+        "cost: "
+        + (
+            ", ".join(
+                f"{'unknown (no price)' if model in unknown else f'${usd:.4f}'} {model}" for model, usd in cost.items()
+            )
+            or "$0"
+        ),
+        f"messages from the agent: {messages}",
+    ]
+    return payload(
+        name,
+        "daily",
+        f"daily/{day}",
+        f"{who(name, Path(state_dir).parent)}: {day}",
+        "\n".join(lines),
+        "",
+        {
+            "day": day,
+            "wakes": len(receipts),
+            "statuses": dict(statuses),
+            "usd_by_model": {m: None if m in unknown else usd for m, usd in cost.items()},
+            "messages": messages,
+        },
+    )

@@ -33,27 +33,27 @@ from orchestrator.records import retention
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 
-NOTIFY_DIR = "notify"               # under state/
+NOTIFY_DIR = "notify"  # under state/
 QUEUE_DIR = "queue"
 DONE_FILE = "done.jsonl"
-SENDER_LOCK = "sender.lock"         # one sender per agent at a time (serve's, or a standalone wake's)
-ITEM_CAP = 1 * 2**20                # bytes of a queued item read; ours are a few KiB
+SENDER_LOCK = "sender.lock"  # one sender per agent at a time (serve's, or a standalone wake's)
+ITEM_CAP = 1 * 2**20  # bytes of a queued item read; ours are a few KiB
 # done.jsonl is a log under the one retention rule (rotated, compressed, expired by retention.py).
 retention.register_log(f"{NOTIFY_DIR}/{DONE_FILE}")
 
 
 @dataclass(frozen=True)
 class Item:
-    id: str                         # the notification's stable id: the same on every channel and retry
-    channel: str                    # Channel.key
-    label: str                      # Channel.label: safe to show
+    id: str  # the notification's stable id: the same on every channel and retry
+    channel: str  # Channel.key
+    label: str  # Channel.label: safe to show
     event: str
-    payload: dict                   # what the receiver gets (see outcomes.payload)
-    queued_at: float                # epoch seconds
+    payload: dict  # what the receiver gets (see outcomes.payload)
+    queued_at: float  # epoch seconds
     attempts: int = 0
-    next_at: float = 0.0            # not before this (epoch seconds)
+    next_at: float = 0.0  # not before this (epoch seconds)
     last_error: str = ""
-    name: str = field(default="", compare=False)   # the file's name in queue/
+    name: str = field(default="", compare=False)  # the file's name in queue/
 
 
 def notify_dir(state_dir: Path) -> Path:
@@ -61,7 +61,7 @@ def notify_dir(state_dir: Path) -> Path:
 
 
 def enqueue(state_dir: Path, item: Item) -> Item:
-    name = f"{time.time_ns():020d}-{item.channel}-{os.urandom(3).hex()}.json"   # sorts in queued order
+    name = f"{time.time_ns():020d}-{item.channel}-{os.urandom(3).hex()}.json"  # sorts in queued order
     item = replace(item, name=name)
     state_folder(state_dir).write_atomic(f"{NOTIFY_DIR}/{QUEUE_DIR}/{name}", _dump(item), create_dirs=True)
     return item
@@ -70,7 +70,7 @@ def enqueue(state_dir: Path, item: Item) -> Item:
 def pending(state_dir: Path) -> list[Item]:
     """Every waiting item, in the order queued; a file that does not parse is skipped (and kept)."""
     folder, queue = state_folder(state_dir), f"{NOTIFY_DIR}/{QUEUE_DIR}"
-    names = sorted(n for n in folder.files(queue) if n.endswith(".json"))   # regular files, no link
+    names = sorted(n for n in folder.files(queue) if n.endswith(".json"))  # regular files, no link
     items = []
     for name in names:
         try:
@@ -87,9 +87,23 @@ def update(state_dir: Path, item: Item) -> None:
 
 def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "") -> None:
     """Record what became of an item (sent | gave_up), then take it off the queue."""
-    line = json.dumps({"id": item.id, "channel": item.channel, "label": item.label, "event": item.event,
-                       "outcome": outcome, "attempts": item.attempts, "at": at, "detail": detail,
-                       "queued_at": item.queued_at}, ensure_ascii=False) + "\n"
+    line = (
+        json.dumps(
+            {
+                "id": item.id,
+                "channel": item.channel,
+                "label": item.label,
+                "event": item.event,
+                "outcome": outcome,
+                "attempts": item.attempts,
+                "at": at,
+                "detail": detail,
+                "queued_at": item.queued_at,
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
     folder = state_folder(state_dir)
     folder.append(f"{NOTIFY_DIR}/{DONE_FILE}", line.encode("utf-8"), fsync=True, create_dirs=True)
     folder.unlink(f"{NOTIFY_DIR}/{QUEUE_DIR}/{item.name}")
@@ -98,7 +112,7 @@ def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "
 def done(state_dir: Path) -> list[dict]:
     """What became of every finished item, oldest first; a torn last line is skipped."""
     out = []
-    for line in retention.iter_lines([notify_dir(state_dir) / DONE_FILE]):   # capped, no link, no FIFO
+    for line in retention.iter_lines([notify_dir(state_dir) / DONE_FILE]):  # capped, no link, no FIFO
         try:
             out.append(loads(line))
         except ValueError:

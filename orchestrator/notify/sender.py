@@ -41,10 +41,10 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.retention import holder
 
-BASE_S = 5.0                        # first retry after a failed attempt
-CAP_S = 600.0                       # longest wait between attempts: a receiver back is heard within this
-SERVE_POLL_S = 2.0                  # how often serve's sender looks at every agent's queue
-SENDER_WORKERS = 8                  # agents delivering at once: a slow receiver holds one worker, not all
+BASE_S = 5.0  # first retry after a failed attempt
+CAP_S = 600.0  # longest wait between attempts: a receiver back is heard within this
+SERVE_POLL_S = 2.0  # how often serve's sender looks at every agent's queue
+SENDER_WORKERS = 8  # agents delivering at once: a slow receiver holds one worker, not all
 
 
 def retry_after(attempts: int) -> float:
@@ -53,15 +53,21 @@ def retry_after(attempts: int) -> float:
 
 @dataclass
 class Report:
-    sent: list[str] = field(default_factory=list)       # "label: answer"
-    failed: list[str] = field(default_factory=list)     # "label: error (retry in Ns)"
+    sent: list[str] = field(default_factory=list)  # "label: answer"
+    failed: list[str] = field(default_factory=list)  # "label: error (retry in Ns)"
     gave_up: list[str] = field(default_factory=list)
-    waiting: int = 0                                     # items still queued after this pass
-    busy: bool = False                                   # another sender holds the lock
+    waiting: int = 0  # items still queued after this pass
+    busy: bool = False  # another sender holds the lock
 
 
-def send_due(state_dir: Path, channels: tuple[Channel, ...], *, now: float, environ=os.environ,
-             send: Callable[[Channel, dict, object], str] = deliver) -> Report:
+def send_due(
+    state_dir: Path,
+    channels: tuple[Channel, ...],
+    *,
+    now: float,
+    environ=os.environ,
+    send: Callable[[Channel, dict, object], str] = deliver,
+) -> Report:
     """One pass over the agent's queue: every item that is due, tried once."""
     report = Report()
     folder = queue.notify_dir(state_dir)
@@ -72,7 +78,7 @@ def send_due(state_dir: Path, channels: tuple[Channel, ...], *, now: float, envi
             report.busy = True
             return report
         by_key = {c.key: c for c in channels}
-        held: set[str] = set()      # channels whose older item is still waiting: the rest of theirs wait
+        held: set[str] = set()  # channels whose older item is still waiting: the rest of theirs wait
         for item in queue.pending(state_dir):
             if item.channel in held:
                 continue
@@ -94,26 +100,36 @@ def _attempt(state_dir, channel, item, now, environ, send, report, held) -> None
     except DeliveryError as exc:
         error = str(exc)
         if now - item.queued_at >= channel.give_up_after_s:
-            _give_up(state_dir, item, now, f"still failing after {channel.give_up_after_s / 3600:g}h: {error}",
-                     report)
+            _give_up(state_dir, item, now, f"still failing after {channel.give_up_after_s / 3600:g}h: {error}", report)
             return
         wait = retry_after(item.attempts)
         queue.update(state_dir, replace(item, next_at=now + wait, last_error=error))
-        _event(state_dir, item, ev.NotifyFailed(id=item.id, channel=item.label, event=item.event,
-                                                attempts=item.attempts, error=error, retry_in_s=wait))
+        _event(
+            state_dir,
+            item,
+            ev.NotifyFailed(
+                id=item.id, channel=item.label, event=item.event, attempts=item.attempts, error=error, retry_in_s=wait
+            ),
+        )
         report.failed.append(f"{item.label}: {error} (retry in {wait:g}s)")
         held.add(item.channel)
         return
     queue.finish(state_dir, item, "sent", now, answer)
-    _event(state_dir, item, ev.NotifySent(id=item.id, channel=item.label, event=item.event, attempts=item.attempts,
-                                          answer=answer))
+    _event(
+        state_dir,
+        item,
+        ev.NotifySent(id=item.id, channel=item.label, event=item.event, attempts=item.attempts, answer=answer),
+    )
     report.sent.append(f"{item.label}: {answer}")
 
 
 def _give_up(state_dir, item, now, why, report) -> None:
     queue.finish(state_dir, item, "gave_up", now, why)
-    _event(state_dir, item, ev.NotifyGaveUp(id=item.id, channel=item.label, event=item.event, attempts=item.attempts,
-                                            error=why))
+    _event(
+        state_dir,
+        item,
+        ev.NotifyGaveUp(id=item.id, channel=item.label, event=item.event, attempts=item.attempts, error=why),
+    )
     report.gave_up.append(f"{item.label}: {why}")
 
 
@@ -128,7 +144,7 @@ class _sender_lock:
         self.path = folder / queue.SENDER_LOCK
 
     def __enter__(self) -> bool:
-        folder, name = holder(self.path)   # records/folder.py: state/notify/ walked, no link followed
+        folder, name = holder(self.path)  # records/folder.py: state/notify/ walked, no link followed
         self.fd = folder.open(name, os.O_RDWR | os.O_CREAT, create_dirs=True)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -142,6 +158,7 @@ class _sender_lock:
 
 # -- serve's sender ------------------------------------------------------------------
 
+
 class SenderThread(threading.Thread):
     """Under `serve`: every SERVE_POLL_S, one pass over every agent's queue under ROOT.
     `agents()` lists (state_dir, channels) fresh each pass, so agent.yaml edits apply.
@@ -150,8 +167,13 @@ class SenderThread(threading.Thread):
     for one agent): a receiver that is slow, or one an agent folder's author made slow on
     purpose, holds that agent's notifications only, never every other agent's."""
 
-    def __init__(self, agents: Callable[[], list[tuple[Path, tuple[Channel, ...]]]],
-                 say: Callable[[str], None], stop: threading.Event, poll_s: float = SERVE_POLL_S):
+    def __init__(
+        self,
+        agents: Callable[[], list[tuple[Path, tuple[Channel, ...]]]],
+        say: Callable[[str], None],
+        stop: threading.Event,
+        poll_s: float = SERVE_POLL_S,
+    ):
         super().__init__(name="notify-sender", daemon=True)
         self.agents, self.say, self.stop, self.poll_s = agents, say, stop, poll_s
         self._busy: set[Path] = set()

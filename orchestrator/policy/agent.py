@@ -29,12 +29,12 @@ from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
-DEFAULT_MODEL = "claude-sonnet-4-6"   # a current model; the seed's 4-5 retires 2026-11-30
+DEFAULT_MODEL = "claude-sonnet-4-6"  # a current model; the seed's 4-5 retires 2026-11-30
 DEFAULT_SCHEDULE = "*/30 * * * *"
-SANDBOX_UID = 1000                    # the sandbox image's unprivileged user
-PAUSE_AFTER_FAILURES = 5              # consecutive failed wakes before serve pauses an agent
-CEILING_ENV = "WAKELOOP_CEILING"      # the broker's ceiling file, for the processes that load agents
-                                      # (compose sets it: /policies/ceiling.yaml, read-only to them)
+SANDBOX_UID = 1000  # the sandbox image's unprivileged user
+PAUSE_AFTER_FAILURES = 5  # consecutive failed wakes before serve pauses an agent
+CEILING_ENV = "WAKELOOP_CEILING"  # the broker's ceiling file, for the processes that load agents
+# (compose sets it: /policies/ceiling.yaml, read-only to them)
 
 
 class AgentError(ConfigError):
@@ -49,9 +49,9 @@ class Agent:
     schedule: str
     policy: Policy
     dry_run: bool
-    timezone: str = "UTC"           # IANA zone of a cron schedule (fleet/schedule.py checks it)
-    notify: tuple[Channel, ...] = ()   # agent.yaml's, then ROOT/notify.yaml's
-    pause_after_failures: int = PAUSE_AFTER_FAILURES   # failed wakes in a row before serve pauses it
+    timezone: str = "UTC"  # IANA zone of a cron schedule (fleet/schedule.py checks it)
+    notify: tuple[Channel, ...] = ()  # agent.yaml's, then ROOT/notify.yaml's
+    pause_after_failures: int = PAUSE_AFTER_FAILURES  # failed wakes in a row before serve pauses it
 
     @property
     def workspace(self) -> Path:
@@ -76,7 +76,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
         raise AgentError(f"{config} not found; create an agent with `wakeloop init {agent_dir}`")
     _check_folders(agent_dir)
     try:
-        text = read_config(Place(agent_dir, "agent.yaml"), "agent.yaml")   # no link, capped; never a FIFO
+        text = read_config(Place(agent_dir, "agent.yaml"), "agent.yaml")  # no link, capped; never a FIFO
         data, node = parse_yaml(text)
         data = data or {}
     except PolicyError as exc:
@@ -99,8 +99,9 @@ def load_agent(agent_dir: str | Path) -> Agent:
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
         timezone=str(data.get("timezone") or "UTC"),
         notify=_notify(data.get("notify"), config, node),
-        pause_after_failures=_count(data.get("pause_after_failures", PAUSE_AFTER_FAILURES),
-                                    _at(config, node, "pause_after_failures")),
+        pause_after_failures=_count(
+            data.get("pause_after_failures", PAUSE_AFTER_FAILURES), _at(config, node, "pause_after_failures")
+        ),
     )
 
 
@@ -108,13 +109,17 @@ def _check_folders(agent_dir: Path) -> None:
     """state/ and workspace/ are folders of this agent's own: one planted as a link (to
     another agent's, to a folder elsewhere) or as anything but a folder is refused
     before anything reads, writes or mounts it."""
-    for name, fix in (("state", "the next wake makes a new one"),
-                      ("workspace", "make it a folder again (`mkdir`), or run `wakeloop init` on a new folder")):
+    for name, fix in (
+        ("state", "the next wake makes a new one"),
+        ("workspace", "make it a folder again (`mkdir`), or run `wakeloop init` on a new folder"),
+    ):
         st = Folder(agent_dir).lstat(name)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
-            raise AgentError(f"{agent_dir / name} is {what}; wakeloop never follows a link out of an agent "
-                             f"folder: remove it (`rm {agent_dir / name}`); {fix}")
+            raise AgentError(
+                f"{agent_dir / name} is {what}; wakeloop never follows a link out of an agent "
+                f"folder: remove it (`rm {agent_dir / name}`); {fix}"
+            )
 
 
 def _notify(value: Any, config: Path, node: yaml.Node | None) -> tuple[Channel, ...]:
@@ -123,7 +128,7 @@ def _notify(value: Any, config: Path, node: yaml.Node | None) -> tuple[Channel, 
     try:
         operators, allowed = load_root_notify(config.parent.parent, *notify_ceiling())
         return parse_notify(value, config, node, allowed=allowed) + operators
-    except (NotifyError, PolicyError) as exc:      # PolicyError: the ceiling's own
+    except (NotifyError, PolicyError) as exc:  # PolicyError: the ceiling's own
         raise AgentError(str(exc)) from None
 
 
@@ -191,9 +196,11 @@ def _outside_policy(path: Path, config: Path, node: yaml.Node | None) -> Policy:
         return load_policy(path)
     except PolicyError:
         line = f":{node.start_mark.line + 1}" if node is not None else ""
-        raise AgentError(f"{config}{line}: policy: {path} is outside the agent folder and not a policy "
-                         f"wakeloop can use (nothing of it is quoted here); see why with "
-                         f"`wakeloop policy check {path}`") from None
+        raise AgentError(
+            f"{config}{line}: policy: {path} is outside the agent folder and not a policy "
+            f"wakeloop can use (nothing of it is quoted here); see why with "
+            f"`wakeloop policy check {path}`"
+        ) from None
 
 
 def _dry_run(value: Any, where: str) -> bool:
@@ -236,9 +243,14 @@ def init_agent(agent_dir: str | Path, policy: str | None = None) -> Path:
     name = _NAME.sub("-", agent_dir.name).strip("-") or "agent"
     for sub in ("workspace/memory/journal", "state"):
         (agent_dir / sub).mkdir(parents=True, exist_ok=True)
-    (agent_dir / "agent.yaml").write_text(AGENT_YAML.format(
-        name=name, model=DEFAULT_MODEL, schedule=DEFAULT_SCHEDULE,
-        policy=policy or "{}            # inline; a shipped one (default, strict, networked); or a path"))
+    (agent_dir / "agent.yaml").write_text(
+        AGENT_YAML.format(
+            name=name,
+            model=DEFAULT_MODEL,
+            schedule=DEFAULT_SCHEDULE,
+            policy=policy or "{}            # inline; a shipped one (default, strict, networked); or a path",
+        )
+    )
     (agent_dir / "mandate.md").write_text(MANDATE.format(name=name))
     core = agent_dir / "workspace/memory/core.md"
     if not core.exists():

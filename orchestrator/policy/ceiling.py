@@ -62,7 +62,7 @@ from orchestrator.notify.config import expand_refusal
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-NOT_A_LIMIT = ("version",)          # numbers of the schema that ask the host for nothing
+NOT_A_LIMIT = ("version",)  # numbers of the schema that ask the host for nothing
 
 
 def numbers(policy: DataclassInstance, prefix: str = "") -> dict[str, float]:
@@ -80,15 +80,21 @@ def numbers(policy: DataclassInstance, prefix: str = "") -> dict[str, float]:
 
 # The keys of `max`: a policy number's last name (timeout_s bounds both tools'), and the
 # broker's own capacity. Sizes are read as sizes (64m); the rest as plain numbers.
-NUMBERS = tuple(dict.fromkeys(path.rsplit(".", 1)[1] for path in   # the box's first, as people look for them
-                              sorted(numbers(Policy()), key=lambda p: not p.startswith("sandbox."))))
+NUMBERS = tuple(
+    dict.fromkeys(
+        path.rsplit(".", 1)[1]
+        for path in sorted(  # the box's first, as people look for them
+            numbers(Policy()), key=lambda p: not p.startswith("sandbox.")
+        )
+    )
+)
 SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
-ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")   # 0 there: "no limit"
+ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")  # 0 there: "no limit"
 LISTS = ("runtimes", "images", "networks")
-CAPACITY = ("calls", "calls_per_agent", "agents", "disk_overcommit")   # the broker's, not a policy's:
-                                                                       # server.py and disk.py enforce them
-FLEET = ("fleet_usd_per_day", "fleet_usd_per_month")   # ROOT/budget.yaml's, all agents together (fleetbudget.py)
-NOTIFY = ("notify_env", "notify_commands")   # notify/config.py's, not the broker's
+CAPACITY = ("calls", "calls_per_agent", "agents", "disk_overcommit")  # the broker's, not a policy's:
+# server.py and disk.py enforce them
+FLEET = ("fleet_usd_per_day", "fleet_usd_per_month")  # ROOT/budget.yaml's, all agents together (fleetbudget.py)
+NOTIFY = ("notify_env", "notify_commands")  # notify/config.py's, not the broker's
 KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 _UID_GID = re.compile(r"^(\d+):(\d+)$")
@@ -96,15 +102,15 @@ _UID_GID = re.compile(r"^(\d+):(\d+)$")
 
 @dataclass(frozen=True)
 class Ceiling:
-    runtimes: tuple[str, ...] | None = None     # None: any
+    runtimes: tuple[str, ...] | None = None  # None: any
     images: tuple[str, ...] | None = None
     networks: tuple[str, ...] | None = None
     max: dict[str, float] = field(default_factory=dict)
     users: tuple[int, int | None] | None = None  # (min, max) uid and gid; never 0 whatever it says
-    env_names: tuple[str, ...] | None = None    # fnmatch patterns a sandbox.env name must match
-    hosts: tuple[str, ...] | None = None        # allow_hosts entries a policy may name
-    notify_env: tuple[str, ...] = ()            # ${VAR} patterns notify targets may read beyond the defaults
-    notify_commands: bool = False               # an agent.yaml may name a `command:` channel
+    env_names: tuple[str, ...] | None = None  # fnmatch patterns a sandbox.env name must match
+    hosts: tuple[str, ...] | None = None  # allow_hosts entries a policy may name
+    notify_env: tuple[str, ...] = ()  # ${VAR} patterns notify targets may read beyond the defaults
+    notify_commands: bool = False  # an agent.yaml may name a `command:` channel
     source: str = "<none>"
 
     def refusal(self, policy: Policy, user: str | None = None) -> str | None:
@@ -118,8 +124,9 @@ class Ceiling:
         for key, chosen in (("runtimes", box.runtime), ("images", box.image), ("networks", box.network)):
             allowed = getattr(self, key)
             if allowed is not None and chosen not in allowed:
-                return self._say(policy, f"sandbox.{key[:-1]}",
-                                 f"{chosen} is not one the broker allows: {', '.join(allowed)}")
+                return self._say(
+                    policy, f"sandbox.{key[:-1]}", f"{chosen} is not one the broker allows: {', '.join(allowed)}"
+                )
         for path, value in numbers(policy).items():
             name = path.rsplit(".", 1)[1]
             limit = self.max.get(name)
@@ -138,15 +145,22 @@ class Ceiling:
         resolved = str(user if user is not None else setting)
         match = _UID_GID.match(resolved) or (re.match(r"^(\d+)()$", resolved))
         if match is None:
-            return None if resolved == "auto" else self._say(
-                policy, "sandbox.user", f"{resolved!r} is not UID:GID, so the ceiling cannot bound it")
+            return (
+                None
+                if resolved == "auto"
+                else self._say(policy, "sandbox.user", f"{resolved!r} is not UID:GID, so the ceiling cannot bound it")
+            )
         ids = [int(v) for v in match.groups() if v]
         low, high = self.users or (1, None)
         for n in ids:
             if n == 0 or n < low or (high is not None and n > high):
                 auto = f" (auto: the workspace owner is {resolved})" if setting == "auto" else ""
-                return self._say(policy, "sandbox.user", f"{setting}{auto} is outside the uids and gids "
-                                 f"the broker allows: {low} to {high if high is not None else 'any'}")
+                return self._say(
+                    policy,
+                    "sandbox.user",
+                    f"{setting}{auto} is outside the uids and gids "
+                    f"the broker allows: {low} to {high if high is not None else 'any'}",
+                )
         return None
 
     def _env_refusal(self, policy: Policy) -> str | None:
@@ -154,8 +168,11 @@ class Ceiling:
             return None
         for name, _ in policy.sandbox.env:
             if not any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_names):
-                return self._say(policy, f"sandbox.env.{name}", f"{name} is not a name the broker lets a "
-                                 f"policy set: {', '.join(self.env_names)}")
+                return self._say(
+                    policy,
+                    f"sandbox.env.{name}",
+                    f"{name} is not a name the broker lets a policy set: {', '.join(self.env_names)}",
+                )
         return None
 
     def _host_refusal(self, policy: Policy) -> str | None:
@@ -163,8 +180,11 @@ class Ceiling:
             return None
         for entry in policy.sandbox.allow_hosts:
             if not any(host_covers(allowed, entry) for allowed in self.hosts):
-                return self._say(policy, "sandbox.allow_hosts", f"{entry} is not a host the broker "
-                                 f"allows: {', '.join(self.hosts) or 'none'}")
+                return self._say(
+                    policy,
+                    "sandbox.allow_hosts",
+                    f"{entry} is not a host the broker allows: {', '.join(self.hosts) or 'none'}",
+                )
         return None
 
     def _say(self, policy: Policy, path: str, what: str) -> str:
@@ -201,7 +221,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
 
     def fail(keys: KeyPath, message: str) -> PolicyError:
         line = line_of(node, keys)
-        where = '.'.join(k for k in keys if isinstance(k, str)) or '(top level)'
+        where = ".".join(k for k in keys if isinstance(k, str)) or "(top level)"
         return PolicyError(f"{path}{f':{line}' if line else ''}: {where}: {message}")
 
     if not isinstance(data, dict):
@@ -209,11 +229,13 @@ def load_ceiling(path: str | Path) -> Ceiling:
     for key, value in data.items():
         if key not in KEYS:
             raise fail((key,), f"unknown key; a ceiling has {', '.join(KEYS)}")
-        if key in LISTS and (not isinstance(value, list) or not value
-                             or not all(isinstance(v, str) and v for v in value)):
+        if key in LISTS and (
+            not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value)
+        ):
             raise fail((key,), f"expected a non-empty list of names, got {value!r}")
-        if key in ("env_names", "hosts") and (not isinstance(value, list)
-                                              or not all(isinstance(v, str) for v in value)):
+        if key in ("env_names", "hosts") and (
+            not isinstance(value, list) or not all(isinstance(v, str) for v in value)
+        ):
             raise fail((key,), f"expected a list (empty: none allowed), got {value!r}")
     for i, pattern in enumerate(data.get("env_names") or ()):
         if not _ENV_PATTERN.match(pattern):
@@ -233,11 +255,17 @@ def load_ceiling(path: str | Path) -> Ceiling:
             raise fail(("hosts", i), str(exc)) from None
     users = data.get("users")
     if users is not None:
-        if (not isinstance(users, dict) or set(users) - {"min", "max"}
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in users.values())
-                or users.get("min", 1) > users.get("max", users.get("min", 1))):
-            raise fail(("users",), f"expected {{min: 1000, max: 60000}}, whole numbers from 1 (root is "
-                                   f"never allowed), min at most max; got {users!r}")
+        if (
+            not isinstance(users, dict)
+            or set(users) - {"min", "max"}
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in users.values())
+            or users.get("min", 1) > users.get("max", users.get("min", 1))
+        ):
+            raise fail(
+                ("users",),
+                f"expected {{min: 1000, max: 60000}}, whole numbers from 1 (root is "
+                f"never allowed), min at most max; got {users!r}",
+            )
         users = (users.get("min", 1), users.get("max"))
     bad = set(data.get("networks", ())) - set(NETWORKS)
     if bad:
@@ -252,15 +280,20 @@ def load_ceiling(path: str | Path) -> Ceiling:
             raise fail(("max", name), f"unknown key; max bounds {', '.join(bounded)}")
         try:
             limits[name] = parse_size(limit) if name in SIZES else _number(limit)
-            if name == "disk_overcommit" and limits[name] < 1:   # 1: no overcommit, thick disks
+            if name == "disk_overcommit" and limits[name] < 1:  # 1: no overcommit, thick disks
                 raise ValueError(f"expected a number of at least 1 (times the filesystem), got {limit!r}")
             elif name in CAPACITY[:3] and (not isinstance(limit, int) or limit < 1):
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:
             raise fail(("max", name), str(exc)) from None
-    return Ceiling(**{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
-                   users=users, max=limits, notify_env=tuple(notify_env),
-                   notify_commands=data.get("notify_commands", False), source=str(path))
+    return Ceiling(
+        **{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
+        users=users,
+        max=limits,
+        notify_env=tuple(notify_env),
+        notify_commands=data.get("notify_commands", False),
+        source=str(path),
+    )
 
 
 def is_ceiling(path: str | Path) -> bool:
@@ -268,7 +301,7 @@ def is_ceiling(path: str | Path) -> bool:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False   # the policy loader says why
+        return False  # the policy loader says why
     return isinstance(data, dict) and bool(data) and set(data) <= set(KEYS)
 
 

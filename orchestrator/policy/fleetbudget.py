@@ -31,7 +31,7 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records.ledger import FleetCaps
 from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
-BUDGET_FILE = "budget.yaml"         # in ROOT
+BUDGET_FILE = "budget.yaml"  # in ROOT
 KEYS = ("max_usd_per_day", "max_usd_per_month")
 CEILING_KEYS = {"max_usd_per_day": "fleet_usd_per_day", "max_usd_per_month": "fleet_usd_per_month"}
 
@@ -63,8 +63,10 @@ def load_fleet_budget(root: Path, environ: Mapping[str, str] = os.environ) -> Fl
         limit = bounds.get(key)
         if limit is not None and (value == 0 or value > limit):
             what = "0 (no cap)" if value == 0 else f"${value:,.2f}"
-            raise PolicyError(f"{at}: {what} is over the ceiling's max.{CEILING_KEYS[key]} of ${limit:,.2f} "
-                              f"({ceiling_source}); lower it, or raise the ceiling")
+            raise PolicyError(
+                f"{at}: {what} is over the ceiling's max.{CEILING_KEYS[key]} of ${limit:,.2f} "
+                f"({ceiling_source}); lower it, or raise the ceiling"
+            )
         caps[key] = float(value)
     return FleetCaps(root, **{**bounds, **caps}, source=str(path))
 

@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from orchestrator.policy.schema import (APPROVE_TOOLS, MAX_APPROVE_RULES, MIN_EXPIRES_S, NETWORKS, SIZE_FIELDS,
-                                        ApproveRule, Policy, PolicyError)
+from orchestrator.policy.schema import (
+    APPROVE_TOOLS,
+    MAX_APPROVE_RULES,
+    MIN_EXPIRES_S,
+    NETWORKS,
+    SIZE_FIELDS,
+    ApproveRule,
+    Policy,
+    PolicyError,
+)
 from orchestrator.records.folder import Place
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE
 from orchestrator.records.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
@@ -31,7 +39,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
-Node = yaml.Node | None     # the parsed file's node tree, for the line of a key; None inline or unknown
+Node = yaml.Node | None  # the parsed file's node tree, for the line of a key; None inline or unknown
 # One key's check: (value, key path, source, node) -> the field's value; ValueError for a plain
 # reason at that key, or a PolicyError already naming a deeper key (a list item, an env name).
 Check = Callable[[Any, KeyPath, str, Node], Any]
@@ -40,9 +48,9 @@ Check = Callable[[Any, KeyPath, str, Node], Any]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {None: 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-MIN_MEMORY = 6 * 2**20                  # bytes; the engine refuses a smaller memory limit
-MIN_DISK = 16 * 2**20                   # bytes; ext4's journal and metadata need a few MiB
-MIN_FILES = 64                          # inodes; the filesystem's own take eleven
+MIN_MEMORY = 6 * 2**20  # bytes; the engine refuses a smaller memory limit
+MIN_DISK = 16 * 2**20  # bytes; ext4's journal and metadata need a few MiB
+MIN_FILES = 64  # inodes; the filesystem's own take eleven
 
 
 def parse_size(value: Any) -> int:
@@ -96,6 +104,7 @@ def _fail(source: str, node: Node, path: KeyPath, message: str) -> PolicyError:
 
 # -- building the dataclasses ----------------------------------------------------
 
+
 def _build(cls: type[T], data: Any, path: KeyPath, source: str, node: Node) -> T:
     if not isinstance(data, dict):
         raise _fail(source, node, path, f"expected a mapping of keys, got {_kind(data)}")
@@ -106,20 +115,20 @@ def _build(cls: type[T], data: Any, path: KeyPath, source: str, node: Node) -> T
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _fail(source, node, key_path,
-                        f"unknown key ({hint}known here: {', '.join(sorted(known))})")
+            raise _fail(source, node, key_path, f"unknown key ({hint}known here: {', '.join(sorted(known))})")
         default = getattr(cls(), key)
         values[key] = _convert(key, value, default, str(known[key].type), key_path, source, node)  # (a str: __future__)
     return cls(**values)
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false",
-            type(None): "nothing"}.get(type(value), type(value).__name__)
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "true/false", type(None): "nothing"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _convert(key: str, value: Any, default: Any, type_name: str, path: KeyPath, source: str, node: Node) -> Any:
-    if is_dataclass(default) and not isinstance(default, type):   # a section: its own dataclass
+    if is_dataclass(default) and not isinstance(default, type):  # a section: its own dataclass
         return _build(type(default), value, path, source, node)
     try:
         check = _CHECKS.get(key)
@@ -165,8 +174,10 @@ def _size(value: Any, path: KeyPath, source: str, node: Node) -> int:
 def _rotate_size(value: Any, path: KeyPath, source: str, node: Node) -> int:
     size = _size(value, path, source, node)
     if size > MAX_ROTATE_SIZE:
-        raise ValueError(f"{value!r} is over {MAX_ROTATE_SIZE // 2**20}m: retention reads no log past "
-                         f"{FILE_CAP // 2**20}m (a bigger file in state/ is taken for a planted one)")
+        raise ValueError(
+            f"{value!r} is over {MAX_ROTATE_SIZE // 2**20}m: retention reads no log past "
+            f"{FILE_CAP // 2**20}m (a bigger file in state/ is taken for a planted one)"
+        )
     return size
 
 
@@ -244,8 +255,10 @@ def parse_host(entry: str) -> tuple[bool, str, int | None]:
         raise ValueError(f"expected host, host:port or *.domain, got {entry!r}")
     wildcard, host, port = match.groups()
     if _IPV4.match(host):
-        raise ValueError(f"{entry!r} is an IP address; name the host (addresses are never allowed "
-                         "by the proxy, so neither is 169.254.169.254)")
+        raise ValueError(
+            f"{entry!r} is an IP address; name the host (addresses are never allowed "
+            "by the proxy, so neither is 169.254.169.254)"
+        )
     if wildcard and "." not in host:
         raise ValueError(f"{entry!r} would allow a whole top-level domain")
     if port is not None and not 1 <= int(port) <= 65535:
@@ -296,7 +309,8 @@ _ENV_RESERVED = re.compile(r"^(HTTPS?_PROXY|NO_PROXY|ALL_PROXY|ANTHROPIC_.*|WAKE
 _ENV_LOADER = re.compile(
     r"^(LD_.*|GCONV_PATH|GLIBC_TUNABLES|LOCPATH|NLSPATH|HOSTALIASES|LOCALDOMAIN|RES_OPTIONS"
     r"|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|IFS|PS4|PROMPT_COMMAND"
-    r"|PYTHON.+|PERL5LIB|PERLLIB|PERL5OPT|PERL5DB|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS)$")
+    r"|PYTHON.+|PERL5LIB|PERLLIB|PERL5OPT|PERL5DB|RUBYOPT|RUBYLIB|NODE_OPTIONS|JAVA_TOOL_OPTIONS)$"
+)
 
 
 def _env(value: Any, path: KeyPath, source: str, node: Node) -> tuple[tuple[str, str], ...]:
@@ -308,11 +322,21 @@ def _env(value: Any, path: KeyPath, source: str, node: Node) -> tuple[tuple[str,
         if not isinstance(name, str) or not _ENV_NAME.match(name):
             raise _fail(source, node, where, "not a valid environment variable name")
         if _ENV_RESERVED.match(name):
-            raise _fail(source, node, where, "reserved: wakeloop sets the proxy variables itself, "
-                                             "and ANTHROPIC_*/WAKELOOP_* never enter the sandbox")
+            raise _fail(
+                source,
+                node,
+                where,
+                "reserved: wakeloop sets the proxy variables itself, "
+                "and ANTHROPIC_*/WAKELOOP_* never enter the sandbox",
+            )
         if _ENV_LOADER.match(name):
-            raise _fail(source, node, where, "refused: it changes how programs load or start (loader, "
-                                             "shell or interpreter startup); set it in the command instead")
+            raise _fail(
+                source,
+                node,
+                where,
+                "refused: it changes how programs load or start (loader, "
+                "shell or interpreter startup); set it in the command instead",
+            )
         if isinstance(val, (dict, list)) or val is None:
             raise _fail(source, node, where, f"expected a plain value, got {_kind(val)}")
         text = str(val).lower() if isinstance(val, bool) else str(val)
@@ -328,7 +352,7 @@ def _pool(value: Any, path: KeyPath, source: str, node: Node) -> int:
     return value
 
 
-MAX_POOL = 8    # idle containers per agent; each holds a few MiB and a pids slot
+MAX_POOL = 8  # idle containers per agent; each holds a few MiB and a pids slot
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -361,26 +385,40 @@ def _approve_rules(value: Any, path: KeyPath, source: str, node: Node) -> tuple[
 
 def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveRule:
     if not isinstance(rule, dict):
-        raise _fail(source, node, path,
-                    f"expected a mapping such as tool: bash, match: ['git push*'], got {_kind(rule)}")
+        raise _fail(
+            source, node, path, f"expected a mapping such as tool: bash, match: ['git push*'], got {_kind(rule)}"
+        )
     if "network_host" in rule:
-        raise _fail(source, node, path + ("network_host",),
-                    "not built yet: a host outside sandbox.allow_hosts fails; add the host to allow_hosts "
-                    "or leave this rule out")
+        raise _fail(
+            source,
+            node,
+            path + ("network_host",),
+            "not built yet: a host outside sandbox.allow_hosts fails; add the host to allow_hosts "
+            "or leave this rule out",
+        )
     tool = rule.get("tool")
     if tool not in APPROVE_TOOLS:
-        raise _fail(source, node, path + ("tool",) if "tool" in rule else path,
-                    f"expected tool: {' or tool: '.join(APPROVE_TOOLS)}, got {tool!r}")
+        raise _fail(
+            source,
+            node,
+            path + ("tool",) if "tool" in rule else path,
+            f"expected tool: {' or tool: '.join(APPROVE_TOOLS)}, got {tool!r}",
+        )
     key = "match" if tool == "bash" else "paths"
     unknown = sorted(set(map(str, rule)) - {"tool", key})
     if unknown:
-        raise _fail(source, node, path + (unknown[0],),
-                    f"unknown key for tool: {tool} (it takes `{key}`: a list of globs)")
+        raise _fail(
+            source, node, path + (unknown[0],), f"unknown key for tool: {tool} (it takes `{key}`: a list of globs)"
+        )
     globs = rule.get(key)
     if not isinstance(globs, list) or not globs:
-        raise _fail(source, node, path + (key,) if key in rule else path,
-                    f"expected `{key}:` with a list of globs, e.g. {key}: "
-                    + ("['git push*']" if tool == "bash" else "['deploy/**']"))
+        raise _fail(
+            source,
+            node,
+            path + (key,) if key in rule else path,
+            f"expected `{key}:` with a list of globs, e.g. {key}: "
+            + ("['git push*']" if tool == "bash" else "['deploy/**']"),
+        )
     if tool == "write_file":
         return ApproveRule(tool, paths=_globs(globs, path + (key,), source, node))
     for i, glob in enumerate(globs):
@@ -390,19 +428,36 @@ def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveR
 
 
 _CHECKS: dict[str, Check] = {
-    **{name: _size for name in SIZE_FIELDS},     # disk's own check comes after, and wins
-    "pool": _pool, "disk": _disk, "files": _files, "rotate_size": _rotate_size,
-    "version": _version, "user": _user, "network": _network, "runtime": _runtime,
-    "allow_hosts": _allow_hosts, "allow": _globs, "deny": _globs, "env": _env,
-    "retention_days": _days, "max_wake_s": _positive, "expires": _expires, "rules": _approve_rules,
+    **{name: _size for name in SIZE_FIELDS},  # disk's own check comes after, and wins
+    "pool": _pool,
+    "disk": _disk,
+    "files": _files,
+    "rotate_size": _rotate_size,
+    "version": _version,
+    "user": _user,
+    "network": _network,
+    "runtime": _runtime,
+    "allow_hosts": _allow_hosts,
+    "allow": _globs,
+    "deny": _globs,
+    "env": _env,
+    "retention_days": _days,
+    "max_wake_s": _positive,
+    "expires": _expires,
+    "rules": _approve_rules,
 }
 
 
 def _check_combinations(policy: Policy, source: str, node: Node) -> None:
     box = policy.sandbox
     if box.network == "allowlist" and not box.allow_hosts:
-        raise _fail(source, node, ("sandbox", "network"),
-                    "allowlist needs at least one entry in sandbox.allow_hosts (or use network: none)")
+        raise _fail(
+            source,
+            node,
+            ("sandbox", "network"),
+            "allowlist needs at least one entry in sandbox.allow_hosts (or use network: none)",
+        )
     if box.network != "allowlist" and box.allow_hosts:
-        raise _fail(source, node, ("sandbox", "allow_hosts"),
-                    f"only used with network: allowlist (network is {box.network})")
+        raise _fail(
+            source, node, ("sandbox", "allow_hosts"), f"only used with network: allowlist (network is {box.network})"
+        )

@@ -29,12 +29,13 @@ from pathlib import PurePosixPath
 # directory) has no .git segment to see: the write script refuses its config,
 # config.worktree, commondir and hooks/ in the box (programs.WRITE_SCRIPT).
 GIT_DENY = ("**/.git", "**/.git/**")
-GIT_DENY_NOTE = ("the .git globs match any case, .git. and git~1 too; the box also refuses "
-                 "an embedded bare repository's config, config.worktree, commondir and hooks/")
+GIT_DENY_NOTE = (
+    "the .git globs match any case, .git. and git~1 too; the box also refuses "
+    "an embedded bare repository's config, config.worktree, commondir and hooks/"
+)
 
 # Code points HFS+ ignores in names (git's is_hfs_dotgit), so ".g\u200cit" is .git on macOS.
-_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F),
-                              *range(0x206A, 0x2070), 0xFEFF])
+_HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
 
 
 def is_dotgit(segment: str) -> bool:

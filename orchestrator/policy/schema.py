@@ -26,29 +26,41 @@ from orchestrator.records.yamlfile import ConfigFileError
 # so a caller catches both as one: file, key path and, where known, the line.
 PolicyError = ConfigFileError
 
-NETWORKS = ("none", "allowlist", "bridge")   # sandbox.network's values
+NETWORKS = ("none", "allowlist", "bridge")  # sandbox.network's values
 # Every field read as a size ('64m', '1GiB' or bytes; load.py's parse_size); disk also takes `none`.
-SIZE_FIELDS = frozenset({"memory", "tmp_size", "shm_size", "max_file_size", "max_bytes", "max_wake_bytes",
-                         "max_agent_bytes", "rotate_size", "keep_size", "disk"})
+SIZE_FIELDS = frozenset(
+    {
+        "memory",
+        "tmp_size",
+        "shm_size",
+        "max_file_size",
+        "max_bytes",
+        "max_wake_bytes",
+        "max_agent_bytes",
+        "rotate_size",
+        "keep_size",
+        "disk",
+    }
+)
 
 
 @dataclass(frozen=True)
 class Budget:
-    max_steps: int = 40                 # model round-trips per wake, hard stop
+    max_steps: int = 40  # model round-trips per wake, hard stop
     max_tokens_per_wake: int = 200_000  # input + output + cache tokens per wake
-    max_output_tokens: int = 4096       # per model call
-    max_usd_per_wake: float = 1.00      # USD, worst case checked before each call; 0 = no cap
-    max_usd_per_day: float = 10.00      # USD per UTC day, all wakes; 0 = no cap (ledger.py)
-    max_usd_per_month: float = 300.00   # USD per UTC month, all wakes (a month of the day cap); 0 = no cap
-    allow_unpriced: bool = False        # a live wake on a model with no known price: refused unless true
-    max_wake_s: float = 1800.0          # wall clock of one wake: checked at each step, caps each tool call
+    max_output_tokens: int = 4096  # per model call
+    max_usd_per_wake: float = 1.00  # USD, worst case checked before each call; 0 = no cap
+    max_usd_per_day: float = 10.00  # USD per UTC day, all wakes; 0 = no cap (ledger.py)
+    max_usd_per_month: float = 300.00  # USD per UTC month, all wakes (a month of the day cap); 0 = no cap
+    allow_unpriced: bool = False  # a live wake on a model with no known price: refused unless true
+    max_wake_s: float = 1800.0  # wall clock of one wake: checked at each step, caps each tool call
 
 
 @dataclass(frozen=True)
 class BashTool:
-    enabled: bool = True                # offer the model `bash` (a shell command in a fresh box)
-    timeout_s: float = 120              # wall clock per call, enforced from the host
-    max_output_chars: int = 20_000      # what the model sees; the rest is counted, not kept
+    enabled: bool = True  # offer the model `bash` (a shell command in a fresh box)
+    timeout_s: float = 120  # wall clock per call, enforced from the host
+    max_output_chars: int = 20_000  # what the model sees; the rest is counted, not kept
 
 
 @dataclass(frozen=True)
@@ -67,12 +79,12 @@ class WriteFileTool:
     (deny wins), and is normalised first: `./a//b` is `a/b`.
     """
 
-    enabled: bool = True                # offer the model `write_file` (a file written in a fresh box)
-    max_bytes: int = 1_048_576          # per write
-    allow: tuple[str, ...] = ("**",)    # globs a path must match (semantics above)
-    deny: tuple[str, ...] = ()          # globs no path may match; deny wins over allow
-    protect_git: bool = True            # also deny GIT_DENY (by is_dotgit) and embedded bare repos' config
-    timeout_s: float = 30               # wall clock per call, enforced from the host
+    enabled: bool = True  # offer the model `write_file` (a file written in a fresh box)
+    max_bytes: int = 1_048_576  # per write
+    allow: tuple[str, ...] = ("**",)  # globs a path must match (semantics above)
+    deny: tuple[str, ...] = ()  # globs no path may match; deny wins over allow
+    protect_git: bool = True  # also deny GIT_DENY (by is_dotgit) and embedded bare repos' config
+    timeout_s: float = 30  # wall clock per call, enforced from the host
 
     @property
     def effective_deny(self) -> tuple[str, ...]:
@@ -85,80 +97,87 @@ class WriteFileTool:
             return "the write_file tool is disabled by this agent's policy"
         rel = normalise(path)
         if rel is None:
-            return (f"{path!r} is not a path inside /workspace: give it relative to "
-                    "/workspace, without '..'")
+            return f"{path!r} is not a path inside /workspace: give it relative to /workspace, without '..'"
         if size > self.max_bytes:
-            return (f"the content is {size:,} bytes; this policy allows at most "
-                    f"{self.max_bytes:,} bytes per write_file call")
+            return (
+                f"the content is {size:,} bytes; this policy allows at most "
+                f"{self.max_bytes:,} bytes per write_file call"
+            )
         dotgit = next((s for s in rel.split("/") if is_dotgit(s)), None) if self.protect_git else None
         if dotgit is not None:
-            return (f"writing {rel} is denied by this agent's policy (protect_git): {dotgit!r} "
-                    "is git's own directory, or a `gitdir:` pointer to one, whose hooks and "
-                    "config make git run code for whoever uses the repository later; "
-                    "this is deliberate, do not try another way round it")
+            return (
+                f"writing {rel} is denied by this agent's policy (protect_git): {dotgit!r} "
+                "is git's own directory, or a `gitdir:` pointer to one, whose hooks and "
+                "config make git run code for whoever uses the repository later; "
+                "this is deliberate, do not try another way round it"
+            )
         denied = next((g for g in self.deny if glob_match(g, rel)), None)
         if denied:
-            return (f"writing {rel} is denied by this agent's policy (deny glob {denied!r}); "
-                    "this is deliberate, do not try another way round it")
+            return (
+                f"writing {rel} is denied by this agent's policy (deny glob {denied!r}); "
+                "this is deliberate, do not try another way round it"
+            )
         if not any(glob_match(g, rel) for g in self.allow):
-            return (f"writing {rel} is not allowed by this agent's policy; it allows only "
-                    f"{', '.join(self.allow) or 'nothing'}")
+            return (
+                f"writing {rel} is not allowed by this agent's policy; it allows only "
+                f"{', '.join(self.allow) or 'nothing'}"
+            )
         return None
 
 
 @dataclass(frozen=True)
 class SendMessageTool:
-    enabled: bool = True                # offer the model `send_message` (to the outbox and notify channels)
-    max_per_wake: int = 5               # messages one wake may send; more are refused to the model
-    max_chars: int = 4000               # characters of one message; a longer one is cut, and the model told
+    enabled: bool = True  # offer the model `send_message` (to the outbox and notify channels)
+    max_per_wake: int = 5  # messages one wake may send; more are refused to the model
+    max_chars: int = 4000  # characters of one message; a longer one is cut, and the model told
 
 
 @dataclass(frozen=True)
 class CompleteTaskTool:
-    enabled: bool = True                # host-side: closes this wake's task in state/tasks.json
+    enabled: bool = True  # host-side: closes this wake's task in state/tasks.json
 
 
 @dataclass(frozen=True)
 class Tools:
-    bash: BashTool = field(default_factory=BashTool)                            # `bash`: a command in the box
-    write_file: WriteFileTool = field(default_factory=WriteFileTool)            # `write_file`: a file in the box
-    send_message: SendMessageTool = field(default_factory=SendMessageTool)      # `send_message`: words to you
-    complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)   # `complete_task`: close a task
+    bash: BashTool = field(default_factory=BashTool)  # `bash`: a command in the box
+    write_file: WriteFileTool = field(default_factory=WriteFileTool)  # `write_file`: a file in the box
+    send_message: SendMessageTool = field(default_factory=SendMessageTool)  # `send_message`: words to you
+    complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)  # `complete_task`: close a task
 
 
 @dataclass(frozen=True)
 class SandboxPolicy:
     image: str = "wakeloop-sandbox:latest"  # the image every call's container is made from
-    runtime: str = "runc"               # runc | runsc (gVisor: scripts/setup-runsc.sh)
-    user: str = "auto"                  # "auto" = the workspace owner, never root
-    memory: int = 512 * 2**20           # bytes; memory and memory+swap
-    cpus: float = 1.0                   # CPU time the box may use, in CPUs (a quota, not a pinning)
-    pids: int = 256                     # processes and threads in the box
-    tmp_size: int = 64 * 2**20          # bytes, tmpfs /tmp
-    shm_size: int = 16 * 2**20          # bytes, private /dev/shm
-    nofile: int = 1024                  # open files per process
-    max_file_size: int = 1 * 2**30      # bytes, RLIMIT_FSIZE: one file, in /workspace too
-    disk: int = 2 * 2**30               # bytes: the workspace is a filesystem of this size (disk.py);
-                                        # 0 ("none"): a plain host folder, with no limit
-    files: int = 100_000                # files and folders (inodes) that filesystem holds
-    pool: int = 2                       # containers started ahead of calls; 0 = every call cold
-    network: str = "none"               # none | allowlist | bridge
-    allow_hosts: tuple[str, ...] = ()   # with allowlist: the hosts (host or host:port, *.domain) the proxy passes
-    env: tuple[tuple[str, str], ...] = ()   # variables for the command (a mapping); loader variables refused
+    runtime: str = "runc"  # runc | runsc (gVisor: scripts/setup-runsc.sh)
+    user: str = "auto"  # "auto" = the workspace owner, never root
+    memory: int = 512 * 2**20  # bytes; memory and memory+swap
+    cpus: float = 1.0  # CPU time the box may use, in CPUs (a quota, not a pinning)
+    pids: int = 256  # processes and threads in the box
+    tmp_size: int = 64 * 2**20  # bytes, tmpfs /tmp
+    shm_size: int = 16 * 2**20  # bytes, private /dev/shm
+    nofile: int = 1024  # open files per process
+    max_file_size: int = 1 * 2**30  # bytes, RLIMIT_FSIZE: one file, in /workspace too
+    disk: int = 2 * 2**30  # bytes: the workspace, a filesystem of this size (disk.py); 0 ("none"): a plain folder
+    files: int = 100_000  # files and folders (inodes) that filesystem holds
+    pool: int = 2  # containers started ahead of calls; 0 = every call cold
+    network: str = "none"  # none | allowlist | bridge
+    allow_hosts: tuple[str, ...] = ()  # with allowlist: the hosts (host or host:port, *.domain) the proxy passes
+    env: tuple[tuple[str, str], ...] = ()  # variables for the command (a mapping); loader variables refused
 
 
 @dataclass(frozen=True)
 class TranscriptPolicy:
     """state/transcripts/ (records/transcript.py): what one wake and one agent may keep."""
-    max_wake_bytes: int = 8 * 2**20     # bytes of one wake's transcript; past it lines are counted, not kept
+
+    max_wake_bytes: int = 8 * 2**20  # bytes of one wake's transcript; past it lines are counted, not kept
     max_agent_bytes: int = 256 * 2**20  # bytes of all of an agent's transcripts; the oldest go first
-    retention_days: int = 30            # days a transcript is kept (by its last write)
+    retention_days: int = 30  # days a transcript is kept (by its last write)
 
 
 # A tool call that waits for a person (records/approvals.py keeps it; wake/approval_gate.py asks).
 APPROVE_TOOLS = ("bash", "write_file")
-MAX_APPROVE_RULES = 64              # rules in one approve: section; each is tried on every call
-MIN_EXPIRES_S = 60.0                # seconds: a shorter wait reaches nobody before it lapses
+MAX_APPROVE_RULES = 64  # rules in one approve: section; each is tried on every call
+MIN_EXPIRES_S = 60.0  # seconds: a shorter wait reaches nobody before it lapses
 
 
 @dataclass(frozen=True)
@@ -167,9 +186,10 @@ class ApproveRule:
     command, leading and trailing whitespace stripped. write_file: `paths` globs over the
     normalised path, with write_file's own glob semantics (WriteFileTool). A tripwire for the
     calls a person wants to see, not a boundary: bash can spell any command another way."""
-    tool: str                           # bash | write_file
-    match: tuple[str, ...] = ()         # bash: fnmatch globs over the whole command
-    paths: tuple[str, ...] = ()         # write_file: globs over the path
+
+    tool: str  # bash | write_file
+    match: tuple[str, ...] = ()  # bash: fnmatch globs over the whole command
+    paths: tuple[str, ...] = ()  # write_file: globs over the path
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """Which glob of this rule the call matches (to name it to the model and the person), or None."""
@@ -185,8 +205,9 @@ class ApproveRule:
 @dataclass(frozen=True)
 class Approve:
     """`approve:`: which calls wait for a person, and how long they wait before they count as denied."""
+
     rules: tuple[ApproveRule, ...] = ()  # a call matching any rule waits for a person
-    expires: float = 86400.0            # seconds an approval waits unanswered, then it is denied ("24h")
+    expires: float = 86400.0  # seconds an approval waits unanswered, then it is denied ("24h")
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """`tool: bash, match 'git push*'`: the rule and glob this call matches, or None."""
@@ -199,14 +220,14 @@ class Approve:
 
 @dataclass(frozen=True)
 class Policy:
-    version: int = 1                    # of this format; 1 is the only one
-    budget: Budget = field(default_factory=Budget)        # what one wake, a day and a month may spend
-    tools: Tools = field(default_factory=Tools)           # which tools the model is offered, and their limits
-    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)   # the box every call runs in
+    version: int = 1  # of this format; 1 is the only one
+    budget: Budget = field(default_factory=Budget)  # what one wake, a day and a month may spend
+    tools: Tools = field(default_factory=Tools)  # which tools the model is offered, and their limits
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)  # the box every call runs in
     transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
-    state: Retention = field(default_factory=Retention)   # how much of state/ is kept (retention.py)
-    approve: Approve = field(default_factory=Approve)     # calls that wait for a person
-    source: str = "<defaults>"          # where it was read from, for messages
+    state: Retention = field(default_factory=Retention)  # how much of state/ is kept (retention.py)
+    approve: Approve = field(default_factory=Approve)  # calls that wait for a person
+    source: str = "<defaults>"  # where it was read from, for messages
     # (key path, line) of every key read, so a check made later against the
     # engine (image, runtime) can still name the line.
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False, repr=False)

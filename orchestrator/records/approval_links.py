@@ -48,9 +48,9 @@ from orchestrator.errors import ConfigError
 if TYPE_CHECKING:
     from orchestrator.records.approvals import Approval
 
-KEY_FILE = "approvals.key"          # in ROOT
+KEY_FILE = "approvals.key"  # in ROOT
 KEY_BYTES = 32
-TOKEN_CAP = 1024                    # chars of a link token read: ours are ~250
+TOKEN_CAP = 1024  # chars of a link token read: ours are ~250
 CONSOLE_URL_ENV = "WAKELOOP_CONSOLE_URL"
 ACTIONS = ("approve", "deny")
 _PURPOSE = b"wakeloop-approval-link\0"
@@ -62,10 +62,10 @@ class LinkError(ConfigError):
 
 @dataclass(frozen=True)
 class Link:
-    agent: str                      # the agent's folder name under ROOT
+    agent: str  # the agent's folder name under ROOT
     approval_id: str
-    action: str                     # approve | deny
-    expires: int                    # unix seconds
+    action: str  # approve | deny
+    expires: int  # unix seconds
     nonce: str
 
 
@@ -80,8 +80,10 @@ def load_key(root: Path, create: bool = True) -> bytes:
         return _make_key(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise LinkError(f"{path} is a symbolic link: remove it (`rm {path}`); a new key is made "
-                            "(links already sent stop working)") from None
+            raise LinkError(
+                f"{path} is a symbolic link: remove it (`rm {path}`); a new key is made "
+                "(links already sent stop working)"
+            ) from None
         raise LinkError(f"{path}: cannot read it ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -90,8 +92,10 @@ def load_key(root: Path, create: bool = True) -> bytes:
         if st.st_uid != os.geteuid():
             raise LinkError(f"{path} belongs to uid {st.st_uid}, not this user: someone else made it; remove it")
         if st.st_mode & 0o077:
-            raise LinkError(f"{path} is readable or writable by others (mode {st.st_mode & 0o777:o}): "
-                            f"remove it (`rm {path}`) so a new key is made")
+            raise LinkError(
+                f"{path} is readable or writable by others (mode {st.st_mode & 0o777:o}): "
+                f"remove it (`rm {path}`) so a new key is made"
+            )
         key = f.read(KEY_BYTES + 1)
     if len(key) != KEY_BYTES:
         raise LinkError(f"{path} holds no usable key ({len(key)} bytes): remove it and a new one is made")
@@ -112,7 +116,7 @@ def _make_key(path: Path) -> bytes:
             f.flush()
             os.fsync(f.fileno())
         os.link(partial, path)
-    except FileExistsError:       # made meanwhile by another: use that one
+    except FileExistsError:  # made meanwhile by another: use that one
         return load_key(path.parent, create=False)
     finally:
         partial.unlink(missing_ok=True)
@@ -132,8 +136,12 @@ def _mac(key: bytes, body: str) -> str:
 
 
 def sign(key: bytes, link: Link) -> str:
-    body = _b64(json.dumps({"a": link.agent, "i": link.approval_id, "d": link.action, "e": link.expires,
-                            "n": link.nonce}, separators=(",", ":")).encode("utf-8"))
+    body = _b64(
+        json.dumps(
+            {"a": link.agent, "i": link.approval_id, "d": link.action, "e": link.expires, "n": link.nonce},
+            separators=(",", ":"),
+        ).encode("utf-8")
+    )
     return f"{body}.{_mac(key, body)}"
 
 
@@ -158,18 +166,21 @@ def verify(key: bytes, token: str, now: datetime | None = None) -> Link:
         raise LinkError("this approval link names no action")
     now = now or datetime.now(timezone.utc)
     if now.timestamp() >= link.expires:
-        raise LinkError(f"this approval link expired at "
-                        f"{datetime.fromtimestamp(link.expires, timezone.utc):%Y-%m-%d %H:%M} UTC")
+        raise LinkError(
+            f"this approval link expired at {datetime.fromtimestamp(link.expires, timezone.utc):%Y-%m-%d %H:%M} UTC"
+        )
     return link
 
 
 def links_for(root: Path, agent_folder: str, approval: "Approval", base_url: str) -> dict[str, str]:
     """{approve: URL, deny: URL} for one approval (records/approvals.py's Approval)."""
     key = load_key(root)
-    expires = int(datetime.fromisoformat(approval.expires.replace("Z", "+00:00")).timestamp())   # approvals.parse_time
+    expires = int(datetime.fromisoformat(approval.expires.replace("Z", "+00:00")).timestamp())  # approvals.parse_time
     base = base_url.rstrip("/")
-    return {action: f"{base}/approvals/{sign(key, Link(agent_folder, approval.id, action, expires, approval.nonce))}"
-            for action in ACTIONS}
+    return {
+        action: f"{base}/approvals/{sign(key, Link(agent_folder, approval.id, action, expires, approval.nonce))}"
+        for action in ACTIONS
+    }
 
 
 def console_url(environ: Mapping[str, str] = os.environ) -> str:

@@ -42,14 +42,14 @@ from orchestrator.records.jsontext import loads
 
 APPROVALS_DIR = "approvals"
 APPROVALS_LOCK = "approvals.lock"
-APPROVAL_CAP = 4 * 2**20            # bytes of one approval file: the call whole (write_file's content too)
-MAX_OPEN = 32                       # approvals waiting or decided-not-yet-told per agent: a model cannot flood state/
-WORDS_CAP = 2000                    # chars of the model's words kept beside the call
-RESULT_CAP = 8000                   # chars of an approved call's result kept (the transcript has it whole)
-REASON_CAP = 500                    # chars of a person's reason for a denial
-KEEP_DAYS = 30                      # days a told approval's file is kept (from its creation), then deleted
+APPROVAL_CAP = 4 * 2**20  # bytes of one approval file: the call whole (write_file's content too)
+MAX_OPEN = 32  # approvals waiting or decided-not-yet-told per agent: a model cannot flood state/
+WORDS_CAP = 2000  # chars of the model's words kept beside the call
+RESULT_CAP = 8000  # chars of an approved call's result kept (the transcript has it whole)
+REASON_CAP = 500  # chars of a person's reason for a denial
+KEEP_DAYS = 30  # days a told approval's file is kept (from its creation), then deleted
 STATUSES = ("pending", "approved", "denied", "expired", "started", "ran", "void")
-DECIDED = ("approved", "denied", "expired", "void")    # the next wake takes these
+DECIDED = ("approved", "denied", "expired", "void")  # the next wake takes these
 
 
 class ApprovalError(ConfigError):
@@ -58,22 +58,22 @@ class ApprovalError(ConfigError):
 
 @dataclass(frozen=True)
 class Approval:
-    id: str                         # a-<8 hex>: short enough to type
+    id: str  # a-<8 hex>: short enough to type
     tool: str
-    input: dict[str, object]        # the exact call, as the model asked
-    rule: str                       # the rule it matched ("tool: bash, match 'git push*'")
-    words: str = ""                 # the model's text just before the call
-    run_id: str = ""                # the wake that asked
+    input: dict[str, object]  # the exact call, as the model asked
+    rule: str  # the rule it matched ("tool: bash, match 'git push*'")
+    words: str = ""  # the model's text just before the call
+    run_id: str = ""  # the wake that asked
     created: str = ""
-    expires: str = ""               # ISO UTC: unanswered by then, it counts as denied
+    expires: str = ""  # ISO UTC: unanswered by then, it counts as denied
     status: str = "pending"
     decided_by: str = ""
     decided_at: str = ""
-    reason: str = ""                # a denial's, an expiry's or a void's
-    nonce: str = ""                 # the links' secret part: a link names it, so it is for this approval only
-    result: str = ""                # what the approved call returned
-    ran_by: str = ""                # run id of the wake that ran it
-    reported: bool = False          # the model has been told the outcome
+    reason: str = ""  # a denial's, an expiry's or a void's
+    nonce: str = ""  # the links' secret part: a link names it, so it is for this approval only
+    result: str = ""  # what the approved call returned
+    ran_by: str = ""  # run id of the wake that ran it
+    reported: bool = False  # the model has been told the outcome
     extra: dict[str, object] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -102,17 +102,23 @@ def parse_time(stamp: str) -> datetime:
 
 def _rel(approval_id: str) -> str:
     if not _valid_id(approval_id):
-        raise ApprovalError(f"{approval_id!r} is not an approval id (they look like a-3f2a9c1b; "
-                            "`wakeloop approvals ROOT` lists them)")
+        raise ApprovalError(
+            f"{approval_id!r} is not an approval id (they look like a-3f2a9c1b; `wakeloop approvals ROOT` lists them)"
+        )
     return f"{APPROVALS_DIR}/{approval_id}.json"
 
 
 def _valid_id(approval_id: str) -> bool:
-    return (isinstance(approval_id, str) and len(approval_id) == 10 and approval_id.startswith("a-")
-            and all(c in "0123456789abcdef" for c in approval_id[2:]))
+    return (
+        isinstance(approval_id, str)
+        and len(approval_id) == 10
+        and approval_id.startswith("a-")
+        and all(c in "0123456789abcdef" for c in approval_id[2:])
+    )
 
 
 # -- reading ------------------------------------------------------------------------
+
 
 def load(state_dir: Path, approval_id: str) -> Approval | None:
     """One approval, or None when there is none by that id (or its file is not one of ours)."""
@@ -123,8 +129,22 @@ def load(state_dir: Path, approval_id: str) -> Approval | None:
     return _from(raw, approval_id)
 
 
-_TEXT = ("id", "tool", "rule", "words", "run_id", "created", "expires", "status", "decided_by", "decided_at",
-         "reason", "nonce", "result", "ran_by")
+_TEXT = (
+    "id",
+    "tool",
+    "rule",
+    "words",
+    "run_id",
+    "created",
+    "expires",
+    "status",
+    "decided_by",
+    "decided_at",
+    "reason",
+    "nonce",
+    "result",
+    "ran_by",
+)
 
 
 def _from(raw: object, approval_id: str) -> Approval | None:
@@ -137,10 +157,15 @@ def _from(raw: object, approval_id: str) -> Approval | None:
         approval = Approval(**{k: v for k, v in raw.items() if k in known})
     except TypeError:
         return None
-    if (not all(isinstance(getattr(approval, name), str) for name in _TEXT)
-            or not isinstance(approval.input, dict) or not isinstance(approval.extra, dict)
-            or not isinstance(approval.reported, bool) or not _aware(approval.created)
-            or approval.expires and not _aware(approval.expires)):
+    if (
+        not all(isinstance(getattr(approval, name), str) for name in _TEXT)
+        or not isinstance(approval.input, dict)
+        or not isinstance(approval.extra, dict)
+        or not isinstance(approval.reported, bool)
+        or not _aware(approval.created)
+        or approval.expires
+        and not _aware(approval.expires)
+    ):
         return None
     return approval
 
@@ -178,30 +203,52 @@ def _event(state_dir: Path, run_id: str, record: ev.EventRecord) -> None:
 
 # -- the wake asks ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Asked:
-    approval: Approval | None       # None: refused (too many open)
-    new: bool = False               # False: the same call already waited (same id given again)
+    approval: Approval | None  # None: refused (too many open)
+    new: bool = False  # False: the same call already waited (same id given again)
     refusal: str = ""
 
 
-def ask(state_dir: Path, tool: str, args: dict[str, object], rule: str, words: str, run_id: str,
-        expires_s: float, now: datetime | None = None) -> Asked:
+def ask(
+    state_dir: Path,
+    tool: str,
+    args: dict[str, object],
+    rule: str,
+    words: str,
+    run_id: str,
+    expires_s: float,
+    now: datetime | None = None,
+) -> Asked:
     """File a call for a person. The same call asked again while it waits gets the same id."""
     now = now or now_utc()
     with locked(state_dir, APPROVALS_LOCK):
         current = [a for a in load_all(state_dir) if not a.reported]
-        same = next((a for a in current if a.status == "pending" and not a.lapsed(now)
-                     and a.tool == tool and a.input == args), None)
+        same = next(
+            (a for a in current if a.status == "pending" and not a.lapsed(now) and a.tool == tool and a.input == args),
+            None,
+        )
         if same is not None:
             return Asked(same)
         if len(current) >= MAX_OPEN:
-            return Asked(None, refusal=f"{len(current)} approvals of this agent are open already (at most "
-                                       f"{MAX_OPEN}); wait for a person to answer them")
-        approval = Approval(id=f"a-{secrets.token_hex(4)}", tool=tool, input=args, rule=rule,
-                            words=words[-WORDS_CAP:], run_id=run_id, created=iso(now),
-                            expires=iso(now + timedelta(seconds=expires_s)), nonce=secrets.token_urlsafe(16))
-        while load(state_dir, approval.id) is not None:      # 2^32 ids: a clash is rare, never reused
+            return Asked(
+                None,
+                refusal=f"{len(current)} approvals of this agent are open already (at most "
+                f"{MAX_OPEN}); wait for a person to answer them",
+            )
+        approval = Approval(
+            id=f"a-{secrets.token_hex(4)}",
+            tool=tool,
+            input=args,
+            rule=rule,
+            words=words[-WORDS_CAP:],
+            run_id=run_id,
+            created=iso(now),
+            expires=iso(now + timedelta(seconds=expires_s)),
+            nonce=secrets.token_urlsafe(16),
+        )
+        while load(state_dir, approval.id) is not None:  # 2^32 ids: a clash is rare, never reused
             approval = replace(approval, id=f"a-{secrets.token_hex(4)}")
         _save(state_dir, approval)
     _event(state_dir, run_id, ev.ApprovalAsked(id=approval.id, tool=approval.tool, rule=rule, expires=approval.expires))
@@ -210,28 +257,45 @@ def ask(state_dir: Path, tool: str, args: dict[str, object], rule: str, words: s
 
 # -- a person decides ---------------------------------------------------------------------
 
-def decide(state_dir: Path, approval_id: str, approve: bool, by: str, reason: str = "",
-           nonce: str | None = None, now: datetime | None = None) -> Approval:
+
+def decide(
+    state_dir: Path,
+    approval_id: str,
+    approve: bool,
+    by: str,
+    reason: str = "",
+    nonce: str | None = None,
+    now: datetime | None = None,
+) -> Approval:
     """Approve or deny one pending approval. `nonce`: a link's, which must be this approval's.
     ApprovalError, one line, when there is no such approval or it is no longer pending."""
     now = now or now_utc()
-    _rel(approval_id)               # ApprovalError: not an id at all
+    _rel(approval_id)  # ApprovalError: not an id at all
     with locked(state_dir, APPROVALS_LOCK):
         approval = load(state_dir, approval_id)
         if approval is None:
-            raise ApprovalError(f"no approval {approval_id} in {state_dir}/{APPROVALS_DIR}/ "
-                                "(`wakeloop approvals ROOT` lists what waits)")
+            raise ApprovalError(
+                f"no approval {approval_id} in {state_dir}/{APPROVALS_DIR}/ "
+                "(`wakeloop approvals ROOT` lists what waits)"
+            )
         if nonce is not None and not secrets.compare_digest(nonce, approval.nonce):
             raise ApprovalError(f"this link is not for approval {approval_id}")
         if approval.lapsed(now):
             approval = _expire(state_dir, approval)
         if approval.status != "pending":
             when = f" at {approval.decided_at}" if approval.decided_at else ""
-            raise ApprovalError(f"approval {approval_id} is {approval.status} already{when}"
-                                + (f" by {approval.decided_by}" if approval.decided_by else "")
-                                + "; nothing changed")
-        approval = replace(approval, status="approved" if approve else "denied", decided_by=by,
-                           decided_at=iso(now), reason=" ".join(reason.split())[:REASON_CAP])
+            raise ApprovalError(
+                f"approval {approval_id} is {approval.status} already{when}"
+                + (f" by {approval.decided_by}" if approval.decided_by else "")
+                + "; nothing changed"
+            )
+        approval = replace(
+            approval,
+            status="approved" if approve else "denied",
+            decided_by=by,
+            decided_at=iso(now),
+            reason=" ".join(reason.split())[:REASON_CAP],
+        )
         _save(state_dir, approval)
     decided = ev.ApprovalApproved if approval.status == "approved" else ev.ApprovalDenied
     _event(state_dir, "", decided(id=approval.id, tool=approval.tool, by=by, reason=approval.reason))
@@ -239,8 +303,13 @@ def decide(state_dir: Path, approval_id: str, approve: bool, by: str, reason: st
 
 
 def _expire(state_dir: Path, approval: Approval) -> Approval:
-    approval = replace(approval, status="expired", decided_by="nobody", decided_at=approval.expires,
-                       reason=f"nobody answered by {approval.expires}")
+    approval = replace(
+        approval,
+        status="expired",
+        decided_by="nobody",
+        decided_at=approval.expires,
+        reason=f"nobody answered by {approval.expires}",
+    )
     _save(state_dir, approval)
     _event(state_dir, "", ev.ApprovalExpired(id=approval.id, tool=approval.tool, expires=approval.expires))
     return approval
@@ -254,6 +323,7 @@ def settle(state_dir: Path, now: datetime | None = None) -> list[Approval]:
 
 
 # -- the next wake hears ---------------------------------------------------------------------
+
 
 def take(state_dir: Path, run_id: str, offered: frozenset[str], now: datetime | None = None) -> list[Approval]:
     """The decided approvals a wake must report, oldest first. Approved ones become `started` (this
@@ -269,16 +339,22 @@ def take(state_dir: Path, run_id: str, offered: frozenset[str], now: datetime | 
             if a.lapsed(now):
                 a = _expire(state_dir, a)
             if a.status in ("pending", "approved") and a.tool not in offered:
-                a = replace(a, status="void", reason=f"this agent's policy no longer offers the {a.tool} "
-                                                     "tool, so the call was not run")
+                a = replace(
+                    a,
+                    status="void",
+                    reason=f"this agent's policy no longer offers the {a.tool} tool, so the call was not run",
+                )
                 _save(state_dir, a)
                 _event(state_dir, run_id, ev.ApprovalVoid(id=a.id, tool=a.tool, reason=a.reason))
             if a.status == "approved":
                 a = replace(a, status="started", ran_by=run_id)
                 _save(state_dir, a)
-            elif a.status == "started":   # a wake took it and died before it said how it went
-                a = replace(a, result="(the wake that ran it ended before it recorded the result; "
-                                      "it was not run again)", status="ran")
+            elif a.status == "started":  # a wake took it and died before it said how it went
+                a = replace(
+                    a,
+                    result="(the wake that ran it ended before it recorded the result; it was not run again)",
+                    status="ran",
+                )
             if a.status in (*DECIDED, "started", "ran"):
                 taken.append(a)
     return taken
@@ -303,8 +379,12 @@ def unstart(state_dir: Path, approval: Approval, run_id: str, why: str) -> Appro
 def finish(state_dir: Path, approval: Approval, run_id: str, result: str = "", ran: bool = False) -> Approval:
     """The outcome told to the model: `reported`, and an approved call's result kept."""
     with locked(state_dir, APPROVALS_LOCK):
-        done = replace(approval, status="ran" if ran or approval.status in ("started", "ran") else approval.status,
-                       result=result[:RESULT_CAP] if ran else approval.result, reported=True)
+        done = replace(
+            approval,
+            status="ran" if ran or approval.status in ("started", "ran") else approval.status,
+            result=result[:RESULT_CAP] if ran else approval.result,
+            reported=True,
+        )
         _save(state_dir, done)
     if ran:
         _event(state_dir, run_id, ev.ApprovalRan(id=done.id, tool=done.tool, chars=len(result)))

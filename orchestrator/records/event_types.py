@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar, Mapping, Type, TypeVar, Union, get_a
 
 from orchestrator.records.receipt import MAX_COUNT, Receipt, Usage, json_float
 
-OMIT = {"omit": True}               # field metadata: not written while at its default
-EXTRA = {"extra": True}             # field metadata: the keys no other field names, written flat
+OMIT = {"omit": True}  # field metadata: not written while at its default
+EXTRA = {"extra": True}  # field metadata: the keys no other field names, written flat
 
 R = TypeVar("R", bound="EventRecord")
 
@@ -44,6 +44,7 @@ R = TypeVar("R", bound="EventRecord")
 @dataclass(frozen=True)
 class EventRecord:
     """The base of every record: its type name, and the generic encoder and decoder."""
+
     TYPE: ClassVar[str] = ""
 
     @property
@@ -83,6 +84,7 @@ class EventRecord:
 @dataclass(frozen=True)
 class Other(EventRecord):
     """A line of a type not declared here, or one that does not fit its type: kept as it came."""
+
     name: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)
 
@@ -96,19 +98,21 @@ class Other(EventRecord):
 
 # -- a wake, in the order it happens (wake/loop.py) ------------------------------------
 
+
 @dataclass(frozen=True)
 class WakeSkipped(EventRecord):
     """A wake that never began: another holds the lock, or the fleet is stopped."""
+
     TYPE = "wake_skipped"
     reason: str = ""
-    holder_pid: int | None = field(default=None, metadata=OMIT)   # the lock's holder
-    stopped_by: str | None = field(default=None, metadata=OMIT)   # who wrote ROOT/STOP
+    holder_pid: int | None = field(default=None, metadata=OMIT)  # the lock's holder
+    stopped_by: str | None = field(default=None, metadata=OMIT)  # who wrote ROOT/STOP
 
 
 @dataclass(frozen=True)
 class Retention(EventRecord):
     TYPE = "retention"
-    done: tuple[str, ...] = ()      # what retention.enforce rotated, compressed or dropped
+    done: tuple[str, ...] = ()  # what retention.enforce rotated, compressed or dropped
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class StateRebuilt(EventRecord):
 @dataclass(frozen=True)
 class Blocked(EventRecord):
     """The USD caps cannot afford the first model request: the wake does not start."""
+
     TYPE = "blocked"
     reason: str = ""
     cap: str = ""
@@ -132,7 +137,7 @@ class WakeStarted(EventRecord):
     agent: str = ""
     model: str = ""
     live: bool = False
-    policy: str = ""                # where the policy was read from
+    policy: str = ""  # where the policy was read from
     inbox_messages: int = 0
     took_over_lock_from: int | None = None
 
@@ -162,7 +167,7 @@ class ModelRequest(EventRecord):
     step: int = 0
     model: str = ""
     max_tokens: int = 0
-    messages: int = 0               # messages in the request
+    messages: int = 0  # messages in the request
     system_prompt_hash: str = ""
     tools: tuple[str, ...] = ()
     tool_choice: str = "auto"
@@ -182,30 +187,31 @@ class ModelResponse(EventRecord):
 @dataclass(frozen=True)
 class ToolCall(EventRecord):
     TYPE = "tool_call"
-    step: int = 0                   # 0: an approved call run at the start of a wake
+    step: int = 0  # 0: an approved call run at the start of a wake
     id: str = ""
     tool: str = ""
-    input: Any = field(default=None, metadata=OMIT)   # the arguments, long strings cut (loop.py)
-    approval: str = field(default="", metadata=OMIT)   # the approval it ran under
+    input: Any = field(default=None, metadata=OMIT)  # the arguments, long strings cut (loop.py)
+    approval: str = field(default="", metadata=OMIT)  # the approval it ran under
 
 
 @dataclass(frozen=True)
 class ToolResult(EventRecord):
     """A tool's answer. What the sandbox said of the call is typed; what else a tool says of
     itself (tools.py's ToolResult.detail: bytes, chars, task, ...) is `detail`, written flat."""
+
     TYPE = "tool_result"
     step: int = 0
     id: str = ""
     tool: str = ""
     is_error: bool = False
     result_chars: int = 0
-    denied: bool = field(default=False, metadata=OMIT)             # the policy refused it
+    denied: bool = field(default=False, metadata=OMIT)  # the policy refused it
     approval: str = field(default="", metadata=OMIT)
-    exit_code: int | None = field(default=None, metadata=OMIT)     # a sandbox call's
+    exit_code: int | None = field(default=None, metadata=OMIT)  # a sandbox call's
     duration_ms: int | None = field(default=None, metadata=OMIT)
     timed_out: bool | None = field(default=None, metadata=OMIT)
     container_id: str | None = field(default=None, metadata=OMIT)
-    no_room: str | None = field(default=None, metadata=OMIT)       # the disk guard did not start it
+    no_room: str | None = field(default=None, metadata=OMIT)  # the disk guard did not start it
     detail: Mapping[str, Any] = field(default_factory=dict, metadata=EXTRA)
 
 
@@ -233,6 +239,7 @@ class NotifyError(EventRecord):
 @dataclass(frozen=True)
 class Stopped(EventRecord):
     """The fleet's switch (ROOT/STOP) was found during the wake."""
+
     TYPE = "stopped"
     who: str = ""
     at: str = ""
@@ -259,7 +266,7 @@ class DeadLetter(EventRecord):
 @dataclass(frozen=True)
 class JournalStub(EventRecord):
     TYPE = "journal_stub"
-    kind: str = ""                  # stub | closing note
+    kind: str = ""  # stub | closing note
     path: str = ""
     written: bool = False
     detail: str = ""
@@ -291,6 +298,7 @@ class WakeFinished(EventRecord):
 
 # -- approvals (records/approvals.py, wake/approval_gate.py) ----------------------------
 
+
 @dataclass(frozen=True)
 class ApprovalAsked(EventRecord):
     TYPE = "approval_asked"
@@ -304,7 +312,7 @@ class ApprovalAsked(EventRecord):
 class _Decision(EventRecord):
     id: str = ""
     tool: str = ""
-    by: str = ""                    # who decided (console user, CLI)
+    by: str = ""  # who decided (console user, CLI)
     reason: str = field(default="", metadata=OMIT)
 
 
@@ -336,12 +344,14 @@ class _Closed(EventRecord):
 @dataclass(frozen=True)
 class ApprovalVoid(_Closed):
     """It will never run: the policy as it stands refuses it, or it was given up."""
+
     TYPE = "approval_void"
 
 
 @dataclass(frozen=True)
 class ApprovalDeferred(_Closed):
     """Approved, not run this wake (the fleet stopped, no room): approved again, for a later one."""
+
     TYPE = "approval_deferred"
 
 
@@ -362,6 +372,7 @@ class ApprovalReported(EventRecord):
 
 
 # -- notifications, health, the scheduler (notify/, fleet/scheduler.py) -----------------
+
 
 @dataclass(frozen=True)
 class NotifyQueued(EventRecord):
@@ -384,6 +395,7 @@ class NotifySent(EventRecord):
 @dataclass(frozen=True)
 class NotifyFailed(EventRecord):
     """One attempt failed; the sender tries again in retry_in_s."""
+
     TYPE = "notify_failed"
     id: str = ""
     channel: str = ""
@@ -406,7 +418,7 @@ class NotifyGaveUp(EventRecord):
 @dataclass(frozen=True)
 class Health(EventRecord):
     TYPE = "health"
-    said: tuple[str, ...] = ()      # the transitions: failing, paused, recovered
+    said: tuple[str, ...] = ()  # the transitions: failing, paused, recovered
     failures: int = 0
     paused: bool = False
     reason: str = ""
@@ -415,6 +427,7 @@ class Health(EventRecord):
 @dataclass(frozen=True)
 class WakeNotStarted(EventRecord):
     """serve could not start a wake (bad config, no engine, no broker)."""
+
     TYPE = "wake_not_started"
     reason: str = ""
 
@@ -422,27 +435,80 @@ class WakeNotStarted(EventRecord):
 @dataclass(frozen=True)
 class TickSkipped(EventRecord):
     TYPE = "tick_skipped"
-    tick: str = ""                  # the missed tick, ISO 8601
+    tick: str = ""  # the missed tick, ISO 8601
     reason: str = ""
 
 
-def tool_result(*, step: int, id: str, tool: str, is_error: bool, result_chars: int, denied: bool = False,
-                approval: str = "", detail: Mapping[str, Any]) -> ToolResult:
+def tool_result(
+    *,
+    step: int,
+    id: str,
+    tool: str,
+    is_error: bool,
+    result_chars: int,
+    denied: bool = False,
+    approval: str = "",
+    detail: Mapping[str, Any],
+) -> ToolResult:
     """A tool's answer, with what the tool said of itself (tools.py's ToolResult.detail) read into
     the fields that name it: the record holds it as a reader of the line would."""
-    data = {"step": step, "id": id, "tool": tool, "is_error": is_error, "result_chars": result_chars,
-            "denied": denied, "approval": approval, **detail}
-    return ToolResult.from_data(data) or ToolResult(step, id, tool, is_error, result_chars, denied, approval,
-                                                    detail=dict(detail))
+    data = {
+        "step": step,
+        "id": id,
+        "tool": tool,
+        "is_error": is_error,
+        "result_chars": result_chars,
+        "denied": denied,
+        "approval": approval,
+        **detail,
+    }
+    return ToolResult.from_data(data) or ToolResult(
+        step, id, tool, is_error, result_chars, denied, approval, detail=dict(detail)
+    )
 
 
-RECORDS: dict[str, type[EventRecord]] = {cls.TYPE: cls for cls in (
-    WakeSkipped, Retention, StateRebuilt, Blocked, WakeStarted, TaskError, TaskClaimed, ApprovalError,
-    ModelRequest, ModelResponse, ToolCall, ToolResult, PolicyDenied, DiskNoRoom, NotifyError, Stopped,
-    BudgetStop, DeadLetter, JournalStub, TranscriptsPruned, TranscriptError, WakeFinished,
-    ApprovalAsked, ApprovalApproved, ApprovalDenied, ApprovalExpired, ApprovalVoid, ApprovalDeferred,
-    ApprovalRan, ApprovalReported,
-    NotifyQueued, NotifySent, NotifyFailed, NotifyGaveUp, Health, WakeNotStarted, TickSkipped)}
+RECORDS: dict[str, type[EventRecord]] = {
+    cls.TYPE: cls
+    for cls in (
+        WakeSkipped,
+        Retention,
+        StateRebuilt,
+        Blocked,
+        WakeStarted,
+        TaskError,
+        TaskClaimed,
+        ApprovalError,
+        ModelRequest,
+        ModelResponse,
+        ToolCall,
+        ToolResult,
+        PolicyDenied,
+        DiskNoRoom,
+        NotifyError,
+        Stopped,
+        BudgetStop,
+        DeadLetter,
+        JournalStub,
+        TranscriptsPruned,
+        TranscriptError,
+        WakeFinished,
+        ApprovalAsked,
+        ApprovalApproved,
+        ApprovalDenied,
+        ApprovalExpired,
+        ApprovalVoid,
+        ApprovalDeferred,
+        ApprovalRan,
+        ApprovalReported,
+        NotifyQueued,
+        NotifySent,
+        NotifyFailed,
+        NotifyGaveUp,
+        Health,
+        WakeNotStarted,
+        TickSkipped,
+    )
+}
 
 
 def parse_record(type_name: str, data: Mapping[str, Any]) -> EventRecord:
@@ -454,17 +520,17 @@ def parse_record(type_name: str, data: Mapping[str, Any]) -> EventRecord:
 
 # -- the decoder's checks, made once per record class ---------------------------------------
 
-Fit = Callable[[Any], tuple[bool, Any]]    # a JSON value -> (whether it fits, the value as the field holds it)
+Fit = Callable[[Any], tuple[bool, Any]]  # a JSON value -> (whether it fits, the value as the field holds it)
 
 
 @dataclass(frozen=True)
 class _Field:
     name: str
     fit: Fit
-    nullable: bool                  # `| None`: a value that does not fit reads as None
-    required: bool                  # no default: a line without it is an Other
-    omit: bool                      # OMIT: not written while at its default
-    extra: bool                     # EXTRA: the keys no other field names
+    nullable: bool  # `| None`: a value that does not fit reads as None
+    required: bool  # no default: a line without it is an Other
+    omit: bool  # OMIT: not written while at its default
+    extra: bool  # EXTRA: the keys no other field names
     default: Any
 
 
@@ -476,9 +542,17 @@ def _plan(cls: type[EventRecord]) -> tuple[_Field, ...]:
     if plan is None:
         hints = get_type_hints(cls)
         plan = _PLANS[cls] = tuple(
-            _Field(f.name, _fitter(hints[f.name]), _fitter(hints[f.name])(None)[0],
-                   f.default is MISSING and f.default_factory is MISSING, bool(f.metadata.get("omit")),
-                   bool(f.metadata.get("extra")), f.default) for f in fields(cls))
+            _Field(
+                f.name,
+                _fitter(hints[f.name]),
+                _fitter(hints[f.name])(None)[0],
+                f.default is MISSING and f.default_factory is MISSING,
+                bool(f.metadata.get("omit")),
+                bool(f.metadata.get("extra")),
+                f.default,
+            )
+            for f in fields(cls)
+        )
     return plan
 
 
@@ -496,24 +570,26 @@ def _fitter(hint: Any) -> Fit:
                 if fits:
                     return True, held
             return False, None
+
         return either
     if hint is type(None):
         return lambda v: (v is None, None)
-    if hint is int:                 # JSON gives an int exactly (a bool is no int here); not a planted 400 digits
+    if hint is int:  # JSON gives an int exactly (a bool is no int here); not a planted 400 digits
         return lambda v: (type(v) is int and -MAX_COUNT <= v <= MAX_COUNT, v)
     if hint in (bool, str):
         return lambda v: (type(v) is hint, v)
     if hint is float:
         return lambda v: (False, None) if (f := json_float(v)) is None else (True, f)
-    if origin is tuple:             # tuple[str, ...]: a JSON list of strings
-        return lambda v: ((True, tuple(v)) if isinstance(v, list) and all(type(x) is str for x in v)
-                          else (False, None))
+    if origin is tuple:  # tuple[str, ...]: a JSON list of strings
+        return lambda v: (True, tuple(v)) if isinstance(v, list) and all(type(x) is str for x in v) else (False, None)
     if hint is Usage:
         return lambda v: (isinstance(v, dict), Usage.from_json(v))
     if hint is Receipt:
+
         def receipt(v: Any) -> tuple[bool, Any]:
             r = Receipt.from_json(v)
             return r is not None, r
+
         return receipt
     if origin is not None and issubclass(origin, Mapping):
         return lambda v: (True, dict(v)) if isinstance(v, dict) else (False, None)

@@ -37,10 +37,10 @@ from orchestrator.records.jsontext import loads
 from orchestrator.records.secrets import secret_values
 
 EVENTS_FILE = "events.jsonl"
-retention.register_log(EVENTS_FILE)   # rotated, compressed and expired by retention.py
+retention.register_log(EVENTS_FILE)  # rotated, compressed and expired by retention.py
 REDACTED = "[redacted]"
 Listener = Callable[[Path, "Event"], None]
-_listeners: list[Listener] = []     # metrics.py: told of each event after it lands
+_listeners: list[Listener] = []  # metrics.py: told of each event after it lands
 
 
 def listen(fn: Listener) -> None:
@@ -83,9 +83,9 @@ class EventLog:
 
     def _append(self, type: str, data: dict[str, Any], record: EventRecord) -> Event:
         event = Event(self.run_id, type, now_iso(), data)
-        event.__dict__["record"] = record     # the record it was written from (cached_property's slot)
+        event.__dict__["record"] = record  # the record it was written from (cached_property's slot)
         line = scrub(json.dumps(event.to_json(), ensure_ascii=False, default=str), self.secrets) + "\n"
-        folder, name = retention.holder(self.path)   # never through a link, never into a FIFO
+        folder, name = retention.holder(self.path)  # never through a link, never into a FIFO
         folder.append(name, line.encode("utf-8"))
         for fn in _listeners:
             try:
@@ -98,6 +98,7 @@ class EventLog:
 @dataclass(frozen=True)
 class Event:
     """One line: who wrote it, when, its raw `data` (as `wakeloop log` shows it) and its typed record."""
+
     run_id: str
     type: str
     timestamp: str

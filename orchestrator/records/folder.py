@@ -42,10 +42,10 @@ from typing import IO, Iterator
 
 from orchestrator.errors import ConfigError
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC   # a step of the walk: a real folder
-FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC    # never a link; a FIFO cannot hang it
-CHUNK = 1 << 16                     # bytes per read(2)
-RECORD_CAP = 16 * 2**20             # bytes of a JSON record read whole (tasks.json, ledger.json): years of use
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a step of the walk: a real folder
+FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # never a link; a FIFO cannot hang it
+CHUNK = 1 << 16  # bytes per read(2)
+RECORD_CAP = 16 * 2**20  # bytes of a JSON record read whole (tasks.json, ledger.json): years of use
 
 
 class Refused(OSError, ConfigError):
@@ -54,9 +54,11 @@ class Refused(OSError, ConfigError):
     ConfigError (one line, exit 2) to the CLI when it reaches it."""
 
     def __str__(self) -> str:
-        return (f"{self.filename}: {self.strerror}; wakeloop never follows a link in an agent folder, "
-                "nor opens anything there but a regular file of its own: remove it (`rm` it; what "
-                "wakeloop needs there it makes again)")
+        return (
+            f"{self.filename}: {self.strerror}; wakeloop never follows a link in an agent folder, "
+            "nor opens anything there but a regular file of its own: remove it (`rm` it; what "
+            "wakeloop needs there it makes again)"
+        )
 
 
 class TooBig(Refused):
@@ -72,6 +74,7 @@ class Folder:
     """A folder whose contents are untrusted. `root` is opened as given (the
     operator's path); `base` (e.g. ("state",)) and every path below are walked
     without following a link."""
+
     root: Path
     base: tuple[str, ...] = ()
 
@@ -128,7 +131,7 @@ class Folder:
         try:
             st = os.fstat(fd)
             _require_regular(st.st_mode, self._show(rel))  # it may have been swapped meanwhile
-            if st.st_nlink > 1:   # ours never have two names: a hard link to a file elsewhere
+            if st.st_nlink > 1:  # ours never have two names: a hard link to a file elsewhere
                 raise Refused(errno.EMLINK, "a hard link (a file with another name elsewhere)", self._show(rel))
         except BaseException:
             os.close(fd)
@@ -153,7 +156,7 @@ class Folder:
             data = read_upto(fd, cap + 1) if size <= cap else b""
         finally:
             os.close(fd)
-        if size > cap or len(data) > cap:   # or grown since the fstat
+        if size > cap or len(data) > cap:  # or grown since the fstat
             raise TooBig(max(size, len(data)), cap, self._show(rel))
         return data
 
@@ -236,7 +239,7 @@ class Folder:
                 # Swapped for a link meanwhile, unlink removes the link: nothing outside is touched.
                 os.unlink(name, dir_fd=dir_fd)
                 return True
-        except (FileNotFoundError, Refused):   # gone, or its folder is a link: nothing of ours
+        except (FileNotFoundError, Refused):  # gone, or its folder is a link: nothing of ours
             return False
 
     def rename(self, src: str, dst: str) -> None:
@@ -254,6 +257,7 @@ class Place:
     """A file named by its agent folder and its path inside it, for a reader that takes a
     path (yamlfile.py's read_config): it then reads with the folder's walk. As a path
     (os.fspath, str) it is the full one, for messages and for code that opens paths."""
+
     folder: Path
     rel: str
 
@@ -295,7 +299,7 @@ def capped_lines(f: IO[bytes] | io.BufferedIOBase, line_cap: int, total_cap: int
         read += len(chunk)
         start = 0
         while (cut := chunk.find(b"\n", start)) >= 0:
-            piece = chunk[start:cut + 1]
+            piece = chunk[start : cut + 1]
             if not skipping and size + len(piece) <= line_cap:
                 yield b"".join(parts) + piece
             parts, size, skipping, start = [], 0, False, cut + 1
@@ -328,7 +332,7 @@ def _open_dir_in(dir_fd: int, name: str, create: bool) -> int:
     try:
         os.mkdir(name, 0o700, dir_fd=dir_fd)
     except FileExistsError:
-        pass   # made meanwhile by another writer: open it (still no link followed)
+        pass  # made meanwhile by another writer: open it (still no link followed)
     try:
         return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -353,8 +357,14 @@ def _require_regular(mode: int, shown: str) -> None:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+    for test, name in (
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+    ):
         if test(mode):
             return name
     return "special file"

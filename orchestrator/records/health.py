@@ -29,20 +29,20 @@ from orchestrator.records.jsontext import loads
 
 HEALTH_FILE = "health.json"
 HEALTH_LOCK = "health.lock"
-FAILING_AFTER = 2                   # failures in a row before `failing` (one dead letter says so itself)
-BACKOFF_BASE_S = 60.0               # wait after the first failure before the next tick runs
-BACKOFF_CAP_S = 3600.0              # longest wait between failing wakes
+FAILING_AFTER = 2  # failures in a row before `failing` (one dead letter says so itself)
+BACKOFF_BASE_S = 60.0  # wait after the first failure before the next tick runs
+BACKOFF_CAP_S = 3600.0  # longest wait between failing wakes
 BY_HAND = "paused by hand"
-HEALTH_CAP = 1 * 2**20              # bytes of health.json read (a reason may be long; the cap it always had)
+HEALTH_CAP = 1 * 2**20  # bytes of health.json read (a reason may be long; the cap it always had)
 
 
 @dataclass(frozen=True)
 class Health:
-    failures: int = 0               # consecutive failed wakes
-    failing_since: str = ""         # ISO time of the first of them
-    last_failure_at: float = 0.0    # epoch seconds
+    failures: int = 0  # consecutive failed wakes
+    failing_since: str = ""  # ISO time of the first of them
+    last_failure_at: float = 0.0  # epoch seconds
     last_reason: str = ""
-    failing_sent: bool = False      # `failing` queued for this run of failures
+    failing_sent: bool = False  # `failing` queued for this run of failures
     paused: bool = False
     paused_reason: str = ""
 
@@ -57,14 +57,15 @@ def backoff_s(failures: int) -> float:
 
 def load(state_dir: Path) -> Health:
     try:
-        raw = loads(state_folder(state_dir).read_text(HEALTH_FILE, HEALTH_CAP))   # no link, capped
+        raw = loads(state_folder(state_dir).read_text(HEALTH_FILE, HEALTH_CAP))  # no link, capped
         return Health(**{k: v for k, v in raw.items() if k in Health.__dataclass_fields__})
     except (OSError, ValueError, TypeError):
-        return Health()     # none yet, or unreadable: a healthy agent is the safe reading
+        return Health()  # none yet, or unreadable: a healthy agent is the safe reading
 
 
-def record(state_dir: Path, ok: bool, reason: str, *, at: float, at_iso: str, pause_after: int,
-           fatal: bool = False) -> tuple[Health, list[str]]:
+def record(
+    state_dir: Path, ok: bool, reason: str, *, at: float, at_iso: str, pause_after: int, fatal: bool = False
+) -> tuple[Health, list[str]]:
     """Fold one wake's outcome in; returns the new health and the transitions to notify
     (failing, paused, recovered)."""
     with locked(state_dir, HEALTH_LOCK):
@@ -75,20 +76,25 @@ def record(state_dir: Path, ok: bool, reason: str, *, at: float, at_iso: str, pa
     return new, said
 
 
-def _next(h: Health, ok: bool, reason: str, at: float, at_iso: str, pause_after: int,
-          fatal: bool) -> tuple[Health, list[str]]:
+def _next(
+    h: Health, ok: bool, reason: str, at: float, at_iso: str, pause_after: int, fatal: bool
+) -> tuple[Health, list[str]]:
     if ok:
         said = ["recovered"] if h.failing_sent else []
         keep = h.paused and h.paused_reason == BY_HAND
         return Health(paused=keep, paused_reason=h.paused_reason if keep else ""), said
-    h = replace(h, failures=h.failures + 1, failing_since=h.failing_since or at_iso, last_failure_at=at,
-                last_reason=reason)
+    h = replace(
+        h, failures=h.failures + 1, failing_since=h.failing_since or at_iso, last_failure_at=at, last_reason=reason
+    )
     said = []
     if (h.failures >= FAILING_AFTER or fatal) and not h.failing_sent:
         h, said = replace(h, failing_sent=True), said + ["failing"]
     if (h.failures >= pause_after or fatal) and not h.paused:
-        why = (f"the API refused the key: {reason}" if fatal
-               else f"{h.failures} failed wakes in a row since {h.failing_since}; last: {reason}")
+        why = (
+            f"the API refused the key: {reason}"
+            if fatal
+            else f"{h.failures} failed wakes in a row since {h.failing_since}; last: {reason}"
+        )
         h, said = replace(h, paused=True, paused_reason=why), said + ["paused"]
     return h, said
 

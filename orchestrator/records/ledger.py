@@ -39,12 +39,12 @@ from orchestrator.records.jsontext import loads
 from orchestrator.records.receipt import Usage
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
-PRICES_ENV = "WAKELOOP_PRICES"      # a JSON file shaped like prices.json, merged over it
+PRICES_ENV = "WAKELOOP_PRICES"  # a JSON file shaped like prices.json, merged over it
 LEDGER_FILE = "ledger.json"
 LEDGER_LOCK = "ledger.lock"
-CHARS_PER_TOKEN = 3.0               # English runs ~4 chars a token, JSON and code ~3: err high
+CHARS_PER_TOKEN = 3.0  # English runs ~4 chars a token, JSON and code ~3: err high
 PER_MILLION = 1_000_000
-KEEP_DAYS = 400                     # per-day rows kept for `status`; older ones live on in lifetime
+KEEP_DAYS = 400  # per-day rows kept for `status`; older ones live on in lifetime
 _DATED = re.compile(r"^(.*)-\d{8}$")  # claude-sonnet-4-5-20250929 -> claude-sonnet-4-5
 _PRICE_KEYS = ("input", "output", "cache_write_5m", "cache_write_1h", "cache_read")
 
@@ -55,12 +55,12 @@ class LedgerError(ConfigError):
 
 @dataclass(frozen=True)
 class Price:
-    input: float                    # USD per million uncached input tokens
-    output: float                   # USD per million output tokens
-    cache_write_5m: float           # USD per million tokens written to the 5-minute cache
-    cache_write_1h: float           # USD per million tokens written to the 1-hour cache
-    cache_read: float               # USD per million tokens read from the cache
-    source: str                     # where the numbers come from
+    input: float  # USD per million uncached input tokens
+    output: float  # USD per million output tokens
+    cache_write_5m: float  # USD per million tokens written to the 5-minute cache
+    cache_write_1h: float  # USD per million tokens written to the 1-hour cache
+    cache_read: float  # USD per million tokens read from the cache
+    source: str  # where the numbers come from
 
 
 def _int(value: Any) -> int:
@@ -68,6 +68,7 @@ def _int(value: Any) -> int:
 
 
 # -- prices ---------------------------------------------------------------------
+
 
 def load_prices(environ: Mapping[str, str] = os.environ) -> dict[str, Price]:
     """The shipped table, with any entries from $WAKELOOP_PRICES replacing it by name."""
@@ -98,8 +99,7 @@ def _price(path: Path, name: str, entry: Any) -> Price:
     for key in _PRICE_KEYS:
         value = entry.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise LedgerError(f"{path}: models.{name}.{key}: expected a price in USD per "
-                              f"million tokens, got {value!r}")
+            raise LedgerError(f"{path}: models.{name}.{key}: expected a price in USD per million tokens, got {value!r}")
         values[key] = float(value)
     source = entry.get("source")
     if not isinstance(source, str) or not source.strip():
@@ -116,10 +116,13 @@ def price_for(model: str, prices: dict[str, Price]) -> Price | None:
 
 
 def cost_usd(price: Price, usage: Usage) -> float:
-    return (usage.input_tokens * price.input + usage.output_tokens * price.output
-            + usage.cache_write_5m_tokens * price.cache_write_5m
-            + usage.cache_write_1h_tokens * price.cache_write_1h
-            + usage.cache_read_tokens * price.cache_read) / PER_MILLION
+    return (
+        usage.input_tokens * price.input
+        + usage.output_tokens * price.output
+        + usage.cache_write_5m_tokens * price.cache_write_5m
+        + usage.cache_write_1h_tokens * price.cache_write_1h
+        + usage.cache_read_tokens * price.cache_read
+    ) / PER_MILLION
 
 
 def estimate_tokens(*parts: Any) -> int:
@@ -144,11 +147,13 @@ def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) ->
         raise LedgerError(
             f"{where}: budget.{caps[0]} is set but model {model!r} has no known price; "
             f"add it to a prices file named by {PRICES_ENV} (shape: {PRICES_FILE.name}), "
-            "or set budget.allow_unpriced: true (no USD cap then applies to it)")
+            "or set budget.allow_unpriced: true (no USD cap then applies to it)"
+        )
     return price
 
 
 # -- the ledger file ------------------------------------------------------------
+
 
 def today() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
@@ -159,7 +164,7 @@ class Totals:
     usd: float = 0.0
     tokens: int = 0
     calls: int = 0
-    unpriced: int = 0       # billed calls on a model with no known price: their cost is unknown, not $0
+    unpriced: int = 0  # billed calls on a model with no known price: their cost is unknown, not $0
 
 
 @dataclass(frozen=True)
@@ -188,16 +193,22 @@ def read_book(state_dir: Path) -> Book:
     except FileNotFoundError:
         return Book()
     except (OSError, ValueError, AttributeError, TypeError) as exc:
-        raise LedgerError(f"{path} is unreadable ({type(exc).__name__}: {str(exc)[:80]}); "
-                          "repair it or remove it (the day's spending then starts from 0)") from None
+        raise LedgerError(
+            f"{path} is unreadable ({type(exc).__name__}: {str(exc)[:80]}); "
+            "repair it or remove it (the day's spending then starts from 0)"
+        ) from None
 
 
 def _totals(raw: Any) -> Totals:
     if not isinstance(raw, dict):
         return Totals()
     usd = raw.get("usd", 0)
-    return Totals(float(usd) if isinstance(usd, (int, float)) and usd >= 0 else 0.0,
-                  _int(raw.get("tokens", 0)), _int(raw.get("calls", 0)), _int(raw.get("unpriced", 0)))
+    return Totals(
+        float(usd) if isinstance(usd, (int, float)) and usd >= 0 else 0.0,
+        _int(raw.get("tokens", 0)),
+        _int(raw.get("calls", 0)),
+        _int(raw.get("unpriced", 0)),
+    )
 
 
 def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Book:
@@ -209,15 +220,20 @@ def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Boo
 
         def add(t: Totals) -> Totals:
             return Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))
+
         days = dict(book.days)
         days[date] = add(book.day(date))
         for old in sorted(days)[:-KEEP_DAYS]:
             del days[old]
         book = Book(days, add(book.lifetime))
-        state_folder(state_dir).write_atomic(LEDGER_FILE, json.dumps({
-            "version": 1,
-            "days": {d: vars(t) for d, t in sorted(days.items())},
-            "lifetime": vars(book.lifetime)}, indent=2) + "\n")
+        state_folder(state_dir).write_atomic(
+            LEDGER_FILE,
+            json.dumps(
+                {"version": 1, "days": {d: vars(t) for d, t in sorted(days.items())}, "lifetime": vars(book.lifetime)},
+                indent=2,
+            )
+            + "\n",
+        )
         return book
 
 
@@ -225,13 +241,15 @@ def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Boo
 
 # -- the fleet: every agent under ROOT ------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FleetCaps:
     """What all agents under `root` may spend together (ROOT/budget.yaml, bounded by the ceiling)."""
+
     root: Path
-    max_usd_per_day: float = 0.0    # USD per UTC day, every agent's ledger summed; 0 = no cap
+    max_usd_per_day: float = 0.0  # USD per UTC day, every agent's ledger summed; 0 = no cap
     max_usd_per_month: float = 0.0  # USD per UTC month, likewise; 0 = no cap
-    source: str = ""                # where the numbers come from, named in a stop's reason
+    source: str = ""  # where the numbers come from, named in a stop's reason
 
     def __bool__(self) -> bool:
         return bool(self.max_usd_per_day or self.max_usd_per_month)
@@ -241,8 +259,8 @@ class FleetCaps:
 class FleetSpent:
     today: float
     month: float
-    agents: int                     # ledgers read
-    unreadable: int = 0             # ledgers left out: each blocks only its own agent (Meter._agent_over)
+    agents: int  # ledgers read
+    unreadable: int = 0  # ledgers left out: each blocks only its own agent (Meter._agent_over)
 
 
 class FleetBooks:
@@ -252,7 +270,7 @@ class FleetBooks:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sums: dict[Path, tuple[tuple[Any, ...], tuple[float, float]]] = {}   # ledger -> (key, (day, month))
+        self._sums: dict[Path, tuple[tuple[Any, ...], tuple[float, float]]] = {}  # ledger -> (key, (day, month))
 
     def spent(self, root: Path, date: str | None = None) -> FleetSpent:
         """The sums of every readable ledger. An unreadable one is left out and counted, not raised:
@@ -297,17 +315,21 @@ def _ledgers(root: Path) -> list[Path]:
         entries = list(os.scandir(root))
     except OSError:
         return []
-    return [Path(e.path) / "state" / LEDGER_FILE for e in entries
-            if e.is_dir(follow_symlinks=False) and os.path.lexists(Path(e.path) / "state" / LEDGER_FILE)]
+    return [
+        Path(e.path) / "state" / LEDGER_FILE
+        for e in entries
+        if e.is_dir(follow_symlinks=False) and os.path.lexists(Path(e.path) / "state" / LEDGER_FILE)
+    ]
 
 
-FLEET_BOOKS = FleetBooks()          # one per process: the wakes of a serve share its reads
+FLEET_BOOKS = FleetBooks()  # one per process: the wakes of a serve share its reads
 
 
 @dataclass(frozen=True)
 class Over:
     """Why the next model call may not start: which cap, and the sentence for the receipt."""
-    cap: str                        # max_usd_per_wake | max_usd_per_day | max_usd_per_month | fleet.max_usd_per_*
+
+    cap: str  # max_usd_per_wake | max_usd_per_day | max_usd_per_month | fleet.max_usd_per_*
     detail: str
 
     @property
@@ -320,16 +342,25 @@ class Meter:
 
     `billed=False` (a dry run) counts tokens but costs nothing and never stops."""
 
-    def __init__(self, state_dir: Path, model: str, budget: Any, prices: dict[str, Price] | None,
-                 *, billed: bool = True, where: str = "policy", cache_ttl: str = "5m",
-                 fleet: FleetCaps | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        model: str,
+        budget: Any,
+        prices: dict[str, Price] | None,
+        *,
+        billed: bool = True,
+        where: str = "policy",
+        cache_ttl: str = "5m",
+        fleet: FleetCaps | None = None,
+    ):
         self.state_dir = Path(state_dir)
-        self.fleet = fleet              # ROOT/budget.yaml's caps, or None
-        self.cache_ttl = cache_ttl      # the loop's cache breakpoints: what a cache write costs
+        self.fleet = fleet  # ROOT/budget.yaml's caps, or None
+        self.cache_ttl = cache_ttl  # the loop's cache breakpoints: what a cache write costs
         self.budget = budget
         self.billed = billed
         self.price = check_caps(model, budget, prices or {}, where) if billed else None
-        self.usd = 0.0              # this wake, reconciled from real usage
+        self.usd = 0.0  # this wake, reconciled from real usage
         self.tokens = 0
 
     def check(self, input_tokens: int, max_tokens: int) -> Over | None:
@@ -339,9 +370,12 @@ class Meter:
         worst = worst_case_usd(self.price, input_tokens, max_tokens, self.cache_ttl)
         per_wake = getattr(self.budget, "max_usd_per_wake", None)
         if per_wake and self.usd + worst > per_wake:
-            return Over("max_usd_per_wake", f"the next model call could cost up to ${worst:.4f} "
-                        f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
-                        f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}")
+            return Over(
+                "max_usd_per_wake",
+                f"the next model call could cost up to ${worst:.4f} "
+                f"(~{input_tokens:,} input tokens, {max_tokens:,} max output); with "
+                f"${self.usd:.4f} spent this wake that passes the cap of ${per_wake:.4f}",
+            )
         return self._agent_over(worst) or self._fleet_over(worst)
 
     def _agent_over(self, worst: float) -> Over | None:
@@ -352,13 +386,21 @@ class Meter:
         try:
             book = read_book(self.state_dir)
         except LedgerError as exc:
-            return (Over("max_usd_per_day", f"today's spending is unknown: {exc}") if per_day
-                    else Over("max_usd_per_month", f"this month's spending is unknown: {exc}"))
-        for cap, limit, spent, when in (("max_usd_per_day", per_day, book.day().usd, "today (UTC)"),
-                                        ("max_usd_per_month", per_month, book.month(), "this month (UTC)")):
+            return (
+                Over("max_usd_per_day", f"today's spending is unknown: {exc}")
+                if per_day
+                else Over("max_usd_per_month", f"this month's spending is unknown: {exc}")
+            )
+        for cap, limit, spent, when in (
+            ("max_usd_per_day", per_day, book.day().usd, "today (UTC)"),
+            ("max_usd_per_month", per_month, book.month(), "this month (UTC)"),
+        ):
             if limit and spent + worst > limit:
-                return Over(cap, f"the next model call could cost up to ${worst:.4f}; with "
-                            f"${spent:.4f} spent {when} that passes the cap of ${limit:.4f}")
+                return Over(
+                    cap,
+                    f"the next model call could cost up to ${worst:.4f}; with "
+                    f"${spent:.4f} spent {when} that passes the cap of ${limit:.4f}",
+                )
         return None
 
     def _fleet_over(self, worst: float) -> Over | None:
@@ -366,13 +408,17 @@ class Meter:
         if not fleet:
             return None
         spent = FLEET_BOOKS.spent(fleet.root)
-        for cap, limit, total, when in (("max_usd_per_day", fleet.max_usd_per_day, spent.today, "today (UTC)"),
-                                        ("max_usd_per_month", fleet.max_usd_per_month, spent.month,
-                                         "this month (UTC)")):
+        for cap, limit, total, when in (
+            ("max_usd_per_day", fleet.max_usd_per_day, spent.today, "today (UTC)"),
+            ("max_usd_per_month", fleet.max_usd_per_month, spent.month, "this month (UTC)"),
+        ):
             if limit and total + worst > limit:
-                return Over(f"fleet.{cap}", f"{fleet.source}: the next model call could cost up to ${worst:.4f}; "
-                            f"with ${total:.4f} spent {when} by the {spent.agents} agent(s) under {fleet.root} "
-                            f"that passes the fleet's cap of ${limit:.4f}")
+                return Over(
+                    f"fleet.{cap}",
+                    f"{fleet.source}: the next model call could cost up to ${worst:.4f}; "
+                    f"with ${total:.4f} spent {when} by the {spent.agents} agent(s) under {fleet.root} "
+                    f"that passes the fleet's cap of ${limit:.4f}",
+                )
         return None
 
     def record(self, usage: Usage) -> float:

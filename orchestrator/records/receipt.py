@@ -25,15 +25,18 @@ STATUSES: tuple[Status, ...] = get_args(Status)
 
 # Names a quantity had in files written before it had one (`cache_creation_tokens`: receipts;
 # the rest: model_response events and transcripts, which kept the API's names).
-OLD_NAMES = {"cache_read_tokens": ("cache_read_input_tokens",),
-             "cache_write_tokens": ("cache_creation_tokens", "cache_creation_input_tokens")}
+OLD_NAMES = {
+    "cache_read_tokens": ("cache_read_input_tokens",),
+    "cache_write_tokens": ("cache_creation_tokens", "cache_creation_input_tokens"),
+}
 
 
 @dataclass(frozen=True)
 class Usage:
     """Tokens of one model call, or of many summed (`a + b`, `sum(usages)`); cache writes kept
     by their TTL because each TTL has its own price (ledger.Price)."""
-    input_tokens: int = 0           # uncached input
+
+    input_tokens: int = 0  # uncached input
     output_tokens: int = 0
     cache_write_5m_tokens: int = 0  # written to the 5-minute cache (the API's default TTL)
     cache_write_1h_tokens: int = 0  # written to the 1-hour cache
@@ -52,14 +55,18 @@ class Usage:
         return Usage(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     def __radd__(self, other: object) -> Usage:
-        if other == 0:              # sum() starts from 0
+        if other == 0:  # sum() starts from 0
             return self
         return NotImplemented
 
     def to_json(self) -> dict[str, int]:
         """The four counts, under their names (events, transcripts): their values sum to `tokens`."""
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cache_read_tokens": self.cache_read_tokens, "cache_write_tokens": self.cache_write_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+        }
 
     @classmethod
     def from_json(cls, raw: object) -> Usage:
@@ -67,9 +74,12 @@ class Usage:
         A cache write read back is a 5-minute one: the split was priced when it was booked."""
         if not isinstance(raw, dict):
             return cls()
-        return cls(input_tokens=_count(raw.get("input_tokens")), output_tokens=_count(raw.get("output_tokens")),
-                   cache_write_5m_tokens=_named(raw, "cache_write_tokens"),
-                   cache_read_tokens=_named(raw, "cache_read_tokens"))
+        return cls(
+            input_tokens=_count(raw.get("input_tokens")),
+            output_tokens=_count(raw.get("output_tokens")),
+            cache_write_5m_tokens=_named(raw, "cache_write_tokens"),
+            cache_read_tokens=_named(raw, "cache_read_tokens"),
+        )
 
     @classmethod
     def from_api(cls, usage: Any) -> Usage:
@@ -78,12 +88,16 @@ class Usage:
         get = usage.get if isinstance(usage, dict) else (lambda k, d=None: getattr(usage, k, d))
         written = _count(get("cache_creation_input_tokens", 0))
         split = get("cache_creation", None)
-        split_get = (split.get if isinstance(split, dict)
-                     else (lambda k, d=None: getattr(split, k, d)))
+        split_get = split.get if isinstance(split, dict) else (lambda k, d=None: getattr(split, k, d))
         w1h = _count(split_get("ephemeral_1h_input_tokens", 0)) if split is not None else 0
         w5m = _count(split_get("ephemeral_5m_input_tokens", 0)) if split is not None else written
-        return cls(_count(get("input_tokens", 0)), _count(get("output_tokens", 0)),
-                   max(w5m, written - w1h), w1h, _count(get("cache_read_input_tokens", 0)))
+        return cls(
+            _count(get("input_tokens", 0)),
+            _count(get("output_tokens", 0)),
+            max(w5m, written - w1h),
+            w1h,
+            _count(get("cache_read_input_tokens", 0)),
+        )
 
 
 # The largest integer a float holds exactly (and so Prometheus and a browser's JSON): a count read
@@ -107,24 +121,25 @@ def _named(raw: Mapping[str, Any], name: str) -> int:
 class Receipt:
     """How one wake ended. Its JSON is flat (scripts parse `wakeloop wake`'s last line): the
     usage's four counts and `tokens` sit beside the rest, in the order they always had."""
+
     run_id: str
     agent: str
     wake: int
     status: Status
     reason: str
-    steps: int = 0                  # model requests
-    usage: Usage = Usage()          # every model call of the wake, summed
+    steps: int = 0  # model requests
+    usage: Usage = Usage()  # every model call of the wake, summed
     tool_calls: int = 0
     duration_ms: int = 0
     model: str = ""
     live: bool = False
-    journal: str = ""               # who left today's trace: agent | stub | closing note | ...
+    journal: str = ""  # who left today's trace: agent | stub | closing note | ...
     started_at: str = ""
-    usd: float | None = 0.0         # this wake's cost from real usage (ledger.py); 0 in a dry run;
+    usd: float | None = 0.0  # this wake's cost from real usage (ledger.py); 0 in a dry run;
     #                                 None: billed on a model with no known price, so not known
-    task: str = ""                  # the task this wake claimed (tasks.py), if any
-    messages_waiting: int = 0       # a dry run: the human's messages left for the first live wake
-    no_room: str = ""               # the last call the disk guard did not start this wake, and why
+    task: str = ""  # the task this wake claimed (tasks.py), if any
+    messages_waiting: int = 0  # a dry run: the human's messages left for the first live wake
+    no_room: str = ""  # the last call the disk guard did not start this wake, and why
 
     @property
     def tokens(self) -> int:
@@ -151,7 +166,7 @@ class Receipt:
         if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
             return None
         given: dict[str, Any] = {"run_id": "", "agent": "", "wake": 0, "reason": "", "usage": Usage.from_json(raw)}
-        for name, kind in _PLAIN:       # one loop, no call per field: a year of wakes is read at a console's start
+        for name, kind in _PLAIN:  # one loop, no call per field: a year of wakes is read at a console's start
             value: Any = raw.get(name)
             if type(value) is kind and (kind is not int or 0 < value <= MAX_COUNT):
                 given[name] = value
@@ -173,6 +188,19 @@ def json_float(value: object) -> float | None:
 
 # Receipt's plain fields and their JSON types (a positive int for counts): from_json's one loop.
 _PLAIN: tuple[tuple[str, type[Any]], ...] = (
-    ("run_id", str), ("agent", str), ("wake", int), ("status", str), ("reason", str), ("steps", int),
-    ("tool_calls", int), ("duration_ms", int), ("model", str), ("live", bool), ("journal", str),
-    ("started_at", str), ("task", str), ("messages_waiting", int), ("no_room", str))
+    ("run_id", str),
+    ("agent", str),
+    ("wake", int),
+    ("status", str),
+    ("reason", str),
+    ("steps", int),
+    ("tool_calls", int),
+    ("duration_ms", int),
+    ("model", str),
+    ("live", bool),
+    ("journal", str),
+    ("started_at", str),
+    ("task", str),
+    ("messages_waiting", int),
+    ("no_room", str),
+)

@@ -60,29 +60,31 @@ from orchestrator.records.folder import Folder, capped_lines, state_folder
 from orchestrator.records.jsontext import loads
 
 DAY_S = 86_400
-STAMP = "%Y%m%dT%H%M%S%fZ"          # in a segment's name: when it was rotated, sortable as text
+STAMP = "%Y%m%dT%H%M%S%fZ"  # in a segment's name: when it was rotated, sortable as text
 GZ = ".gz"
-FIRST_LINE_CAP = 64 * 2**10         # bytes read to learn a live log's age; a longer line is not ours
-LINE_CAP = 8 * 2**20                # bytes: no line we write is longer (events, done.jsonl, transcripts)
-FILE_CAP = 256 * 2**20              # bytes read of one retained file (after gunzip); a live log rotates
-                                    # at rotate_size, which the schema holds to MAX_ROTATE_SIZE below it
-MAX_ROTATE_SIZE = FILE_CAP // 2     # the most state.rotate_size may be: room for a wake's lines past it
+FIRST_LINE_CAP = 64 * 2**10  # bytes read to learn a live log's age; a longer line is not ours
+LINE_CAP = 8 * 2**20  # bytes: no line we write is longer (events, done.jsonl, transcripts)
+FILE_CAP = 256 * 2**20  # bytes read of one retained file (after gunzip); a live log rotates
+# at rotate_size, which the schema holds to MAX_ROTATE_SIZE below it
+MAX_ROTATE_SIZE = FILE_CAP // 2  # the most state.rotate_size may be: room for a wake's lines past it
 
 
 @dataclass(frozen=True)
 class Retention:
     """The policy's `state:` section: how much of state/ an agent keeps."""
-    rotate_size: int = 4 * 2**20    # bytes: a live log past this is rotated at the next wake
-    rotate_days: float = 1.0        # days: ... or once its first line is this old
-    keep_days: float = 90.0         # days: rotated segments older than this are deleted
-    keep_size: int = 64 * 2**20     # bytes: then the oldest, until a kind's segments fit in this
-    compress: bool = True           # gzip segments (JSON lines shrink about tenfold)
+
+    rotate_size: int = 4 * 2**20  # bytes: a live log past this is rotated at the next wake
+    rotate_days: float = 1.0  # days: ... or once its first line is this old
+    keep_days: float = 90.0  # days: rotated segments older than this are deleted
+    keep_size: int = 64 * 2**20  # bytes: then the oldest, until a kind's segments fit in this
+    compress: bool = True  # gzip segments (JSON lines shrink about tenfold)
 
 
 @dataclass(frozen=True)
 class Kind:
     """A growing file (or folder of files) under state/ that retention keeps bounded."""
-    name: str                       # "events.jsonl" (a log), "notify/done.jsonl", or "transcripts" (a folder)
+
+    name: str  # "events.jsonl" (a log), "notify/done.jsonl", or "transcripts" (a folder)
     folder: bool = False
     # A log whose live file cannot simply be renamed away (the outbox: only what a
     # person has read may leave it) brings its own rotation; None: _rotate's.
@@ -124,14 +126,19 @@ def register_folder(name: str) -> Kind:
 
 # -- reading across segments --------------------------------------------------------
 
+
 def segments(state_dir: Path, kind: Kind) -> list[Path]:
     """A kind's rotated segments (a folder's files), oldest first: regular files only,
     never through a link."""
     found = state_folder(state_dir).files(kind.where)
     folder = Path(state_dir) / kind.where
     if kind.folder:
-        return [folder / n for n, _ in sorted(((n, st) for n, st in found.items() if kind.is_segment(n)),
-                                               key=lambda e: (e[1].st_mtime_ns, e[0]))]
+        return [
+            folder / n
+            for n, _ in sorted(
+                ((n, st) for n, st in found.items() if kind.is_segment(n)), key=lambda e: (e[1].st_mtime_ns, e[0])
+            )
+        ]
     return sorted(folder / n for n in found if kind.is_segment(n))
 
 
@@ -146,7 +153,7 @@ def holder(path: Path) -> tuple[Folder, str]:
     page, must not read another agent's transcripts through a linked state/)."""
     path = Path(path)
     for up in path.parents:
-        if up.name == "state":   # the nearest: AGENT/state/transcripts/x.jsonl -> AGENT, (state, transcripts)
+        if up.name == "state":  # the nearest: AGENT/state/transcripts/x.jsonl -> AGENT, (state, transcripts)
             return Folder(up.parent, ("state", *path.parent.relative_to(up).parts)), path.name
     return Folder(path.parent.parent, (path.parent.name,)), path.name
 
@@ -172,6 +179,7 @@ def _text(lines: Iterator[bytes]) -> Iterator[str]:
 
 # -- keeping it bounded -----------------------------------------------------------
 
+
 def enforce(state_dir: Path, rules: Retention, now: datetime | None = None) -> list[str]:
     """Rotate, compress and expire every registered kind in `state_dir`; what was done,
     one line each. The caller holds the agent's wake lock."""
@@ -191,7 +199,7 @@ def _rotate(state_dir: Path, kind: Kind, rules: Retention, now: datetime) -> lis
     live = state_dir / kind.name
     st = state_folder(state_dir).lstat(kind.name)
     if st is None or not stat.S_ISREG(st.st_mode):
-        return []   # absent, or not ours (a link, a FIFO): its writers refuse it too
+        return []  # absent, or not ours (a link, a FIFO): its writers refuse it too
     size = st.st_size
     too_big = size >= rules.rotate_size
     too_old = size > 0 and _age_days(live, now) >= rules.rotate_days
@@ -213,8 +221,11 @@ def _drop_oversized(state_dir: Path, kind: Kind) -> list[str]:
     """Segments over FILE_CAP are not ours (a live file rotates long before): deleted
     unread, uncompressed (gzip of a planted 100 GB sparse file would hold the wake)."""
     big = {p: size for p in segments(state_dir, kind) if (size := _size(p)) > FILE_CAP}
-    return [f"dropped {p.name} ({size:,} bytes, over {FILE_CAP:,}: not one of ours)"
-            for p, size in big.items() if _unlink(p)]
+    return [
+        f"dropped {p.name} ({size:,} bytes, over {FILE_CAP:,}: not one of ours)"
+        for p, size in big.items()
+        if _unlink(p)
+    ]
 
 
 def _size(path: Path) -> int:
@@ -239,7 +250,7 @@ def _compress(path: Path) -> str:
     """PATH -> PATH.gz, written aside and renamed, so a crash leaves one or the other whole."""
     folder, name = holder(path)
     partial = f".{name}{GZ}.partial"
-    folder.unlink(partial)   # a crash's leftover
+    folder.unlink(partial)  # a crash's leftover
     out = folder.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with folder.reader(name) as src, os.fdopen(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -253,8 +264,9 @@ def _expire(state_dir: Path, kind: Kind, rules: Retention, now: datetime) -> lis
     return [f"dropped {len(gone)} {kind.name} segment(s) past the retention"] if gone else []
 
 
-def expire(oldest_first: list[Path], keep_days: float, keep_bytes: int, now: datetime,
-           spare: frozenset[Path] = frozenset()) -> dict[Path, int]:
+def expire(
+    oldest_first: list[Path], keep_days: float, keep_bytes: int, now: datetime, spare: frozenset[Path] = frozenset()
+) -> dict[Path, int]:
     """The one expiry rule of state/, for every kind (the event log's segments here,
     the transcripts with their own limits): files last written over `keep_days`
     ago go, then the oldest until the rest fit in `keep_bytes`. `spare` never go
@@ -271,7 +283,7 @@ def expire(oldest_first: list[Path], keep_days: float, keep_bytes: int, now: dat
             break
         total -= sizes[p]
         gone.append(p)
-    gone = [p for p in gone if _unlink(p)]   # a regular file, never through a link
+    gone = [p for p in gone if _unlink(p)]  # a regular file, never through a link
     return {p: sizes[p] for p in gone}
 
 
@@ -298,5 +310,5 @@ def iter_lines(paths: list[Path]) -> Iterator[str]:
         try:
             with open_text(path) as lines:
                 yield from lines
-        except OSError:   # vanished (expired meanwhile), or not ours (a link, a FIFO): skipped
+        except OSError:  # vanished (expired meanwhile), or not ours (a link, a FIFO): skipped
             continue

@@ -16,13 +16,13 @@ import fnmatch
 from typing import Mapping
 
 SECRET_NAMES = (
-    "ANTHROPIC_API_KEY",        # the model's key
+    "ANTHROPIC_API_KEY",  # the model's key
     "ANTHROPIC_AUTH_TOKEN",
-    "WAKELOOP_CONSOLE_TOKEN",   # console/auth.py's TOKEN_ENV: who may act on the console
-    "WAKELOOP_SMTP_URL",        # holds the SMTP password (notify/channels.py)
+    "WAKELOOP_CONSOLE_TOKEN",  # console/auth.py's TOKEN_ENV: who may act on the console
+    "WAKELOOP_SMTP_URL",  # holds the SMTP password (notify/channels.py)
 )
-SECRET_PREFIXES = ("ANTHROPIC_",)   # whatever the SDK reads next is the provider's, hence secret
-MIN_SECRET_LEN = 8                  # shorter values would scrub ordinary words
+SECRET_PREFIXES = ("ANTHROPIC_",)  # whatever the SDK reads next is the provider's, hence secret
+MIN_SECRET_LEN = 8  # shorter values would scrub ordinary words
 
 
 def is_secret(name: str) -> bool:
@@ -40,5 +40,4 @@ def pattern_reaches_secret(pattern: str) -> bool:
 
 def secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The values that must never be written anywhere we control."""
-    return tuple(v for k, raw in list(environ.items()) if is_secret(k)
-                 and len(v := str(raw).strip()) >= MIN_SECRET_LEN)
+    return tuple(v for k, raw in list(environ.items()) if is_secret(k) and len(v := str(raw).strip()) >= MIN_SECRET_LEN)

@@ -49,17 +49,18 @@ from orchestrator.records.jsontext import loads
 LOCK_FILE = "wake.lock"
 STATE_FILE = "state.json"
 INBOX_FILE = "inbox.txt"
-INBOX_TAKEN = "inbox.taken"          # drained by a wake that has not yet called the model
-INBOX_LOCK = "inbox.lock"            # serialises send / drain / put back
+INBOX_TAKEN = "inbox.taken"  # drained by a wake that has not yet called the model
+INBOX_LOCK = "inbox.lock"  # serialises send / drain / put back
 OUTBOX_FILE = "outbox.txt"
-LOCK_ATTEMPTS = 5                    # retries when a releasing wake unlinks the file under us
-MESSAGE_MARK = "--- "                # starts each inbox/outbox entry
-STATE_CAP = 1 * 2**20                # bytes of state.json read; ours are under 4 KiB
-BOX_CAP = 16 * 2**20                 # bytes of inbox or outbox read (the outbox's newest): 4,000 messages
-                                     # of send_message's default max_chars
+LOCK_ATTEMPTS = 5  # retries when a releasing wake unlinks the file under us
+MESSAGE_MARK = "--- "  # starts each inbox/outbox entry
+STATE_CAP = 1 * 2**20  # bytes of state.json read; ours are under 4 KiB
+BOX_CAP = 16 * 2**20  # bytes of inbox or outbox read (the outbox's newest): 4,000 messages
+# of send_message's default max_chars
 
 
 # -- the wake lock --------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LockHolder:
@@ -161,16 +162,25 @@ def _pid_alive(pid: int) -> bool:
 
 # -- state.json -------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class State:
-    wake: int = 0                   # wakes started, the last one included
-    tokens_lifetime: int = 0        # input + output + cache tokens, all wakes
+    wake: int = 0  # wakes started, the last one included
+    tokens_lifetime: int = 0  # input + output + cache tokens, all wakes
     last_receipt: Receipt | None = field(default=None, compare=False)
 
     def to_json(self) -> str:
-        return json.dumps({"wake": self.wake, "tokens_lifetime": self.tokens_lifetime,
-                           "last_receipt": self.last_receipt.to_dict() if self.last_receipt else None},
-                          indent=2) + "\n"
+        return (
+            json.dumps(
+                {
+                    "wake": self.wake,
+                    "tokens_lifetime": self.tokens_lifetime,
+                    "last_receipt": self.last_receipt.to_dict() if self.last_receipt else None,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 def load_state(state_dir: Path) -> tuple[State, str | None]:
@@ -178,8 +188,11 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
     path = Path(state_dir) / STATE_FILE
     try:
         raw = loads(state_folder(state_dir).read_text(STATE_FILE, STATE_CAP))
-        return State(wake=_count(raw["wake"]), tokens_lifetime=_count(raw["tokens_lifetime"]),
-                     last_receipt=Receipt.from_json(raw.get("last_receipt"))), None
+        return State(
+            wake=_count(raw["wake"]),
+            tokens_lifetime=_count(raw["tokens_lifetime"]),
+            last_receipt=Receipt.from_json(raw.get("last_receipt")),
+        ), None
     except FileNotFoundError:
         why = "missing"
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -187,8 +200,9 @@ def load_state(state_dir: Path) -> tuple[State, str | None]:
     state = rebuild_state(state_dir)
     if state.wake == 0 and why == "missing":
         return state, None  # a new agent: nothing to warn about
-    return state, (f"warning: {path} was {why}; rebuilt from the event log "
-                   f"(wake {state.wake}, {state.tokens_lifetime:,} tokens)")
+    return state, (
+        f"warning: {path} was {why}; rebuilt from the event log (wake {state.wake}, {state.tokens_lifetime:,} tokens)"
+    )
 
 
 def rebuild_state(state_dir: Path) -> State:
@@ -222,6 +236,7 @@ def _count(value: object) -> int:
 
 # -- inbox and outbox ---------------------------------------------------------------
 
+
 def _stamp() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -236,7 +251,7 @@ def _read(path: Path, newest: bool = False, since: int = 0) -> str:
     what a person looks for), from a line's start; "" when absent or refused."""
     try:
         fd = state_folder(path.parent).open(path.name)
-    except OSError:   # absent, or not ours (a link, a FIFO): nothing to show, nothing taken from it
+    except OSError:  # absent, or not ours (a link, a FIFO): nothing to show, nothing taken from it
         return ""
     try:
         size = os.fstat(fd).st_size
@@ -244,8 +259,8 @@ def _read(path: Path, newest: bool = False, since: int = 0) -> str:
         data = os.pread(fd, min(BOX_CAP, max(0, size - start)), start)
     finally:
         os.close(fd)
-    if start > since:   # cut: from the next line's start, so no body line reads as an entry's mark
-        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    if start > since:  # cut: from the next line's start, so no body line reads as an entry's mark
+        data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
     return data.decode("utf-8", "replace")
 
 
@@ -311,7 +326,7 @@ def split_messages(text: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for line in text.splitlines():
         if line.startswith(MESSAGE_MARK):
-            messages.append({"header": line[len(MESSAGE_MARK):], "text": ""})
+            messages.append({"header": line[len(MESSAGE_MARK) :], "text": ""})
         elif messages:
             body = line[2:] if line.startswith("  ") else line
             messages[-1]["text"] += ("\n" if messages[-1]["text"] else "") + body
@@ -328,7 +343,7 @@ def read_outbox(state_dir: Path) -> str:
     return _read(Path(state_dir) / OUTBOX_FILE, newest=True)
 
 
-OUTBOX_READ = "outbox.read"         # in state/: bytes of outbox.txt a person has already seen
+OUTBOX_READ = "outbox.read"  # in state/: bytes of outbox.txt a person has already seen
 
 
 def unread_outbox(state_dir: Path) -> int:
@@ -371,8 +386,9 @@ def _rotate_outbox(state_dir: Path, kind: retention.Kind, rules: retention.Reten
     folder.rename(OUTBOX_FILE, target)
     folder.write_atomic(OUTBOX_READ, "0\n")
     if size - seen >= rules.rotate_size:
-        return [f"rotated outbox.txt ({size:,} bytes, {size - seen:,} of them unread, over "
-                f"state.rotate_size) to {target}"]
+        return [
+            f"rotated outbox.txt ({size:,} bytes, {size - seen:,} of them unread, over state.rotate_size) to {target}"
+        ]
     fd = folder.open(target, os.O_RDWR)
     try:
         folder.write_atomic(OUTBOX_FILE, os.pread(fd, size - seen, seen))

@@ -34,9 +34,9 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder
 
-STOP_FILE = "STOP"                  # in ROOT (docs/architecture.md §4)
-POLL_S = 0.5                        # how often a call in flight looks at the switch: the kill's worst lag
-READ_CAP = 4096                     # bytes of STOP read: who, when, why
+STOP_FILE = "STOP"  # in ROOT (docs/architecture.md §4)
+POLL_S = 0.5  # how often a call in flight looks at the switch: the kill's worst lag
+READ_CAP = 4096  # bytes of STOP read: who, when, why
 
 
 class StopSwitchError(ConfigError):
@@ -46,23 +46,25 @@ class StopSwitchError(ConfigError):
 @dataclass(frozen=True)
 class Stop:
     """Who stopped the fleet under `root`, when and why (as the file says)."""
+
     root: Path
     who: str
-    at: str                         # ISO 8601, UTC
+    at: str  # ISO 8601, UTC
     why: str
 
     def describe(self) -> str:
         why = f": {self.why}" if self.why else ""
-        return (f"the fleet under {self.root} is stopped (since {self.at}, by {self.who}{why}); "
-                f"`wakeloop start {self.root}` lets it run again")
+        return (
+            f"the fleet under {self.root} is stopped (since {self.at}, by {self.who}{why}); "
+            f"`wakeloop start {self.root}` lets it run again"
+        )
 
 
 def stop(root: Path, why: str = "", who: str | None = None) -> Stop:
     """Write ROOT/STOP (replacing one already there): from now on nothing starts."""
     root = Path(root)
     record = Stop(root, who or _who(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), why.strip())
-    Folder(root).write_atomic(STOP_FILE, json.dumps({"who": record.who, "at": record.at, "why": record.why})
-                              + "\n")
+    Folder(root).write_atomic(STOP_FILE, json.dumps({"who": record.who, "at": record.at, "why": record.why}) + "\n")
     return record
 
 
@@ -70,8 +72,10 @@ def start(root: Path) -> Stop | None:
     """Remove ROOT/STOP; what it said, or None if the fleet was not stopped."""
     was = read(root)
     if was is not None and not Folder(Path(root)).unlink(STOP_FILE) and is_stopped(root):
-        raise StopSwitchError(f"{Path(root) / STOP_FILE} is not a regular file (a link or a folder), so "
-                              "`start` leaves it alone and the fleet stays stopped: look at it, then remove it")
+        raise StopSwitchError(
+            f"{Path(root) / STOP_FILE} is not a regular file (a link or a folder), so "
+            "`start` leaves it alone and the fleet stays stopped: look at it, then remove it"
+        )
     return was
 
 

@@ -27,8 +27,8 @@ from orchestrator.records.jsontext import loads
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
-MAX_TITLE_CHARS = 2000              # a task is a line of intent, not a document
-MAX_NOTE_CHARS = 2000               # what the agent may say when closing one
+MAX_TITLE_CHARS = 2000  # a task is a line of intent, not a document
+MAX_NOTE_CHARS = 2000  # what the agent may say when closing one
 STATUSES = ("todo", "claimed", "done", "failed")
 OPEN = ("todo", "claimed")
 
@@ -39,14 +39,14 @@ class TaskError(ConfigError):
 
 @dataclass(frozen=True)
 class Task:
-    id: str                         # t1, t2, ...: short enough for a person to type
+    id: str  # t1, t2, ...: short enough for a person to type
     title: str
     status: str = "todo"
     created: str = ""
-    claimed_by: str = ""            # run id of the wake that claimed it
+    claimed_by: str = ""  # run id of the wake that claimed it
     claimed_at: str = ""
     finished_at: str = ""
-    note: str = ""                  # the agent's closing words
+    note: str = ""  # the agent's closing words
 
     def describe(self) -> str:
         return f"{self.id} [{self.status}] {self.title}"
@@ -76,8 +76,9 @@ def load_tasks(state_dir: Path) -> list[Task]:
 
 
 def _save(state_dir: Path, tasks: list[Task]) -> None:
-    state_folder(state_dir).write_atomic(TASKS_FILE,
-                 json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n")
+    state_folder(state_dir).write_atomic(
+        TASKS_FILE, json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n"
+    )
 
 
 def add_task(state_dir: Path, title: str) -> Task:
@@ -86,8 +87,10 @@ def add_task(state_dir: Path, title: str) -> Task:
     if not title:
         raise TaskError("the task title is empty; say what the agent should do")
     if len(title) > MAX_TITLE_CHARS:
-        raise TaskError(f"the task title is {len(title):,} characters; keep it under {MAX_TITLE_CHARS:,} "
-                        "and put details in mandate.md or a message (`wakeloop send`)")
+        raise TaskError(
+            f"the task title is {len(title):,} characters; keep it under {MAX_TITLE_CHARS:,} "
+            "and put details in mandate.md or a message (`wakeloop send`)"
+        )
     with locked(state_dir, TASKS_LOCK):
         tasks = load_tasks(state_dir)
         number = 1 + max((int(t.id[1:]) for t in tasks if t.id[1:].isdigit()), default=0)
@@ -105,8 +108,9 @@ def claim_next(state_dir: Path, run_id: str) -> Task | None:
     (only one wake runs at a time, so it was abandoned), else the oldest todo."""
     with locked(state_dir, TASKS_LOCK):
         tasks = load_tasks(state_dir)
-        pick = next((t for t in tasks if t.status == "claimed"), None) \
-            or next((t for t in tasks if t.status == "todo"), None)
+        pick = next((t for t in tasks if t.status == "claimed"), None) or next(
+            (t for t in tasks if t.status == "todo"), None
+        )
         if pick is None:
             return None
         claimed = replace(pick, status="claimed", claimed_by=run_id, claimed_at=_now())
@@ -125,8 +129,10 @@ def finish(state_dir: Path, task_id: str, status: str, note: str = "", run_id: s
         if task is None:
             raise TaskError(f"there is no task {task_id!r}")
         if task.status != "claimed" or (run_id and task.claimed_by != run_id):
-            raise TaskError(f"task {task_id} is {task.status}, not claimed by this wake; "
-                            "only the task named at the start of this wake can be completed")
+            raise TaskError(
+                f"task {task_id} is {task.status}, not claimed by this wake; "
+                "only the task named at the start of this wake can be completed"
+            )
         closed = replace(task, status=status, finished_at=_now(), note=note.strip()[:MAX_NOTE_CHARS])
         _save(state_dir, [closed if t.id == task_id else t for t in tasks])
     return closed
@@ -145,5 +151,7 @@ def first_message_line(task: Task, can_complete: bool = True) -> str:
     line = f"Your task for this wake is {task.id}: {task.title}"
     if not can_complete:
         return line + "\nWork on it; your human will close it (complete_task is not available)."
-    return (line + f"\nWhen it is finished (or cannot be finished), call complete_task with task_id "
-            f"\"{task.id}\", status \"done\" or \"failed\", and a one-line note.")
+    return (
+        line + f"\nWhen it is finished (or cannot be finished), call complete_task with task_id "
+        f'"{task.id}", status "done" or "failed", and a one-line note.'
+    )

@@ -46,11 +46,11 @@ from orchestrator.records import retention
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 
-TRANSCRIPTS_DIR = "transcripts"     # under state/
-PROMPTS_DIR = "prompts"             # under state/transcripts/: one text per system prompt hash
+TRANSCRIPTS_DIR = "transcripts"  # under state/
+PROMPTS_DIR = "prompts"  # under state/transcripts/: one text per system prompt hash
 SUFFIX = ".jsonl"
-END_RESERVE = 4096                  # bytes kept back from max_wake_bytes so the `end` line always fits
-PROMPT_CAP = 4 * 2**20              # bytes of a stored system prompt read back (ours are under 300 KiB)
+END_RESERVE = 4096  # bytes kept back from max_wake_bytes so the `end` line always fits
+PROMPT_CAP = 4 * 2**20  # bytes of a stored system prompt read back (ours are under 300 KiB)
 
 
 def transcripts_dir(state_dir: Path) -> Path:
@@ -73,7 +73,7 @@ class Transcript:
         self.secrets = secrets
         self.written = 0
         self.dropped_lines = self.dropped_bytes = 0
-        self.error: str | None = None   # the first write that failed, for the wake to report once
+        self.error: str | None = None  # the first write that failed, for the wake to report once
 
     def system(self, text: str, sha: str) -> None:
         """The system prompt by hash; its text once per hash, in prompts/."""
@@ -86,8 +86,10 @@ class Transcript:
         self.add("system", hash=sha, chars=len(text))
 
     def add(self, type: str, **data: Any) -> None:
-        line = scrub(json.dumps({"type": type, "t": now_iso(), **data}, ensure_ascii=False, default=str),
-                     self.secrets) + "\n"
+        line = (
+            scrub(json.dumps({"type": type, "t": now_iso(), **data}, ensure_ascii=False, default=str), self.secrets)
+            + "\n"
+        )
         raw = line.encode("utf-8")
         if type != "end" and self.written + len(raw) > self.max_bytes - END_RESERVE:
             self._drop(len(raw))
@@ -101,8 +103,12 @@ class Transcript:
 
     def _drop(self, size: int) -> None:
         if not self.dropped_lines:  # said once, where the gap begins
-            self._write(json.dumps({"type": "truncated", "t": now_iso(), "max_wake_bytes": self.max_bytes},
-                                   ensure_ascii=False).encode() + b"\n")
+            self._write(
+                json.dumps(
+                    {"type": "truncated", "t": now_iso(), "max_wake_bytes": self.max_bytes}, ensure_ascii=False
+                ).encode()
+                + b"\n"
+            )
         self.dropped_lines += 1
         self.dropped_bytes += size
 
@@ -119,6 +125,7 @@ class Transcript:
 
 
 # -- reading ------------------------------------------------------------------
+
 
 def read_lines(path: Path) -> Iterator[dict[str, Any]]:
     """Every well-formed line in order; a torn last line (a killed wake) is skipped,
@@ -144,10 +151,14 @@ def parse_line(text: str) -> dict[str, Any] | None:
 
 def runs(state_dir: Path) -> list[Path]:
     """The agent's transcripts, oldest first (by their last write)."""
-    found = state_folder(state_dir).files(TRANSCRIPTS_DIR)   # regular files, never through a link
+    found = state_folder(state_dir).files(TRANSCRIPTS_DIR)  # regular files, never through a link
     folder = transcripts_dir(state_dir)
-    return [folder / n for n, _ in sorted(((n, st) for n, st in found.items() if n.endswith(SUFFIX)),
-                                           key=lambda e: (e[1].st_mtime_ns, e[0]))]
+    return [
+        folder / n
+        for n, _ in sorted(
+            ((n, st) for n, st in found.items() if n.endswith(SUFFIX)), key=lambda e: (e[1].st_mtime_ns, e[0])
+        )
+    ]
 
 
 def find_run(state_dir: Path, run_id: str | None) -> Path | None:
@@ -168,6 +179,7 @@ def prompt_text(state_dir: Path, sha: str) -> str | None:
 
 # -- retention ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Pruned:
     files: int = 0
@@ -175,8 +187,9 @@ class Pruned:
     prompts: int = 0
 
 
-def prune(state_dir: Path, *, max_agent_bytes: int, retention_days: int, keep: str = "",
-          now: float | None = None) -> Pruned:
+def prune(
+    state_dir: Path, *, max_agent_bytes: int, retention_days: int, keep: str = "", now: float | None = None
+) -> Pruned:
     """Transcript retention, for one agent; called at the end of every wake: the
     one expiry rule of state/ (retention.expire) with the transcript's limits,
     then the prompt texts no remaining transcript names. The transcript of run
@@ -185,8 +198,11 @@ def prune(state_dir: Path, *, max_agent_bytes: int, retention_days: int, keep: s
     every = runs(state_dir)
     spare = frozenset(p for p in every if p.stem == keep)
     gone = retention.expire(every, retention_days, max_agent_bytes, when, spare)
-    return Pruned(files=len(gone), bytes=sum(gone.values()),
-                  prompts=_prune_prompts(state_dir, [p for p in every if p not in gone]))
+    return Pruned(
+        files=len(gone),
+        bytes=sum(gone.values()),
+        prompts=_prune_prompts(state_dir, [p for p in every if p not in gone]),
+    )
 
 
 def _prompt_hash(path: Path) -> str | None:
@@ -200,5 +216,6 @@ def _prompt_hash(path: Path) -> str | None:
 def _prune_prompts(state_dir: Path, kept: list[Path]) -> int:
     named = {_prompt_hash(p) for p in kept}
     folder, rel = state_folder(state_dir), f"{TRANSCRIPTS_DIR}/{PROMPTS_DIR}"
-    return sum(folder.unlink(f"{rel}/{name}") for name in folder.files(rel)
-               if name.endswith(".txt") and name[:-4] not in named)
+    return sum(
+        folder.unlink(f"{rel}/{name}") for name in folder.files(rel) if name.endswith(".txt") and name[:-4] not in named
+    )

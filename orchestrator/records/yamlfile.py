@@ -28,7 +28,7 @@ import yaml
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place, Refused, TooBig
 
-MAX_CONFIG_BYTES = 1 * 2**20   # agent.yaml or a policy file; real ones are a few KiB
+MAX_CONFIG_BYTES = 1 * 2**20  # agent.yaml or a policy file; real ones are a few KiB
 
 # A key path into the YAML: mapping keys and list indexes, from the top.
 KeyPath = tuple[str | int, ...]
@@ -76,7 +76,7 @@ def read_config(path: str | Path | Place, what: str = "policy") -> str:
     finally:
         os.close(probe)
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)   # a file that grew since the fstat is cut here
+        data = f.read(MAX_CONFIG_BYTES + 1)  # a file that grew since the fstat is cut here
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigFileError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes; a {what} is at most that")
     try:
@@ -91,8 +91,9 @@ def _read_inside(path: Place, what: str) -> str:
     except TooBig as exc:
         raise ConfigFileError(f"{path}: {exc.size:,} bytes; a {what} is at most {MAX_CONFIG_BYTES:,}") from None
     except Refused as exc:
-        raise ConfigFileError(f"{path}: {exc.strerror}; a {what} is a regular YAML file in the agent folder, "
-                              "read without following links") from None
+        raise ConfigFileError(
+            f"{path}: {exc.strerror}; a {what} is a regular YAML file in the agent folder, read without following links"
+        ) from None
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read {what}: {exc.strerror}") from None
     try:
@@ -110,6 +111,7 @@ def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
 
 
 # -- the node tree: lines and duplicate keys --------------------------------------
+
 
 def line_of(node: yaml.Node | None, path: KeyPath) -> int | None:
     """The 1-based line of the key (or list item) at `path`, if known."""
@@ -147,8 +149,10 @@ def check_duplicates(node: yaml.Node | None, path: KeyPath, source: str) -> None
     for key_node, value_node in node.value:
         key = key_node.value
         if key in seen:
-            raise ConfigFileError(f"{source}:{key_node.start_mark.line + 1}: {dotted(path + (key,))}: "
-                                  f"duplicate key (first on line {seen[key]})")
+            raise ConfigFileError(
+                f"{source}:{key_node.start_mark.line + 1}: {dotted(path + (key,))}: "
+                f"duplicate key (first on line {seen[key]})"
+            )
         seen[key] = key_node.start_mark.line + 1
         check_duplicates(value_node, path + (key,), source)
 

@@ -18,8 +18,8 @@ from orchestrator.errors import EnvironmentFault
 if TYPE_CHECKING:
     from orchestrator.sandbox.workspace_reads import Files
 
-WORKSPACE = "/workspace"            # where the agent's workspace is mounted in every box
-TIMEOUT_EXIT = 124                  # what `timeout(1)` returns; the model and scripts know it
+WORKSPACE = "/workspace"  # where the agent's workspace is mounted in every box
+TIMEOUT_EXIT = 124  # what `timeout(1)` returns; the model and scripts know it
 
 
 class SandboxError(EnvironmentFault):
@@ -29,15 +29,15 @@ class SandboxError(EnvironmentFault):
 @dataclass(frozen=True)
 class SandboxResult:
     exit_code: int
-    output: str                     # stdout and stderr interleaved, cleaned, capped
-    output_bytes: int               # everything the command printed, counted
+    output: str  # stdout and stderr interleaved, cleaned, capped
+    output_bytes: int  # everything the command printed, counted
     truncated: bool
     timed_out: bool
     oom_killed: bool
     duration_ms: int
     container_id: str
-    stopped: bool = False           # killed because the fleet was stopped (records/stopswitch.py)
-    no_room: str = ""               # the call did not start: the disks' filesystem lacked room (disk.py)
+    stopped: bool = False  # killed because the fleet was stopped (records/stopswitch.py)
+    no_room: str = ""  # the call did not start: the disks' filesystem lacked room (disk.py)
 
     @property
     def ok(self) -> bool:
@@ -63,8 +63,9 @@ class Sandbox(Protocol):
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
 
-    def write(self, path: str, content: bytes, timeout_s: float, append: bool = False,
-              protect_git: bool = True) -> SandboxResult:
+    def write(
+        self, path: str, content: bytes, timeout_s: float, append: bool = False, protect_git: bool = True
+    ) -> SandboxResult:
         """protect_git: refuse, in the box, an embedded bare repository's config and hooks
         (programs.WRITE_SCRIPT). A broker applies its own copy of the policy's instead."""
 
@@ -82,12 +83,29 @@ class Sandbox(Protocol):
 
 def refused(reason: str) -> SandboxResult:
     """A call answered before any container exists: exit 2, the reason as its output."""
-    return SandboxResult(exit_code=2, output=f"refused: {reason}", output_bytes=0, truncated=False,
-                         timed_out=False, oom_killed=False, duration_ms=0, container_id="")
+    return SandboxResult(
+        exit_code=2,
+        output=f"refused: {reason}",
+        output_bytes=0,
+        truncated=False,
+        timed_out=False,
+        oom_killed=False,
+        duration_ms=0,
+        container_id="",
+    )
 
 
 def no_room(reason: str) -> SandboxResult:
     """A call the disk guard did not start (disk.flight): refused, and marked so that the wake
     records it and tells the operator (wake/loop.py)."""
-    return SandboxResult(exit_code=2, output=f"refused: {reason}", output_bytes=0, truncated=False,
-                         timed_out=False, oom_killed=False, duration_ms=0, container_id="", no_room=reason)
+    return SandboxResult(
+        exit_code=2,
+        output=f"refused: {reason}",
+        output_bytes=0,
+        truncated=False,
+        timed_out=False,
+        oom_killed=False,
+        duration_ms=0,
+        container_id="",
+        no_room=reason,
+    )

@@ -135,25 +135,25 @@ from orchestrator.sandbox.box import WORKSPACE, SandboxError
 DISKS_ENV = "WAKELOOP_DISKS"
 DEFAULT_DISKS = Path("/var/lib/wakeloop/disks")
 VOLUME_PREFIX = "wakeloop-disk-"
-LABEL = "wakeloop.disk"                 # on each volume: the image it mounts
-BOX_OPTIONS = "nosuid,nodev,discard"    # the box's mount (the engine's local driver)
-VIEW_OPTIONS = "nosuid,nodev,noexec,discard"   # ours: nothing on it runs on the host
+LABEL = "wakeloop.disk"  # on each volume: the image it mounts
+BOX_OPTIONS = "nosuid,nodev,discard"  # the box's mount (the engine's local driver)
+VIEW_OPTIONS = "nosuid,nodev,noexec,discard"  # ours: nothing on it runs on the host
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
-CAP_SYS_RESOURCE = 24                   # linux/capability.h: ext4's online resize asks for it
-TOOL_TIMEOUT_S = 120                    # mkfs -d of a large folder; the rest take milliseconds
-RESERVE = 0.05                          # of the disks' filesystem, never left to the calls' worst case
-OVERCOMMIT = 10                         # the disks' sizes together: at most this many times their
-                                        # filesystem's size (the broker's ceiling: max.disk_overcommit)
-ROOM_LOCK = "room.lock"                 # in the disks' directory: one process at a time claims room
-ROOM_WAIT_S = 30.0                      # a call waits this long for calls in flight to end (and their
-                                        # worst case with them) before it is refused
-ROOM_POLL_S = 0.05                      # how often it looks meanwhile
-INDEX = "index.json"                    # in the disks' directory: which folder each disk belongs to
-INDEX_LOCK = "index.lock"               # one process at a time reads-and-writes the index
-INDEX_MAX_BYTES = 16 * 2**20            # ~100k disks; a bigger index is not ours
-DETACH_WAIT_S = 10                      # a detached loop device goes when its last opener closes it
-                                        # (udev's probe, the engine's unmount): ~0.1-1 s, bounded here
-DETACH_POLL_S = 0.02                    # how often sysfs is read meanwhile
+CAP_SYS_RESOURCE = 24  # linux/capability.h: ext4's online resize asks for it
+TOOL_TIMEOUT_S = 120  # mkfs -d of a large folder; the rest take milliseconds
+RESERVE = 0.05  # of the disks' filesystem, never left to the calls' worst case
+OVERCOMMIT = 10  # the disks' sizes together: at most this many times their
+# filesystem's size (the broker's ceiling: max.disk_overcommit)
+ROOM_LOCK = "room.lock"  # in the disks' directory: one process at a time claims room
+ROOM_WAIT_S = 30.0  # a call waits this long for calls in flight to end (and their
+# worst case with them) before it is refused
+ROOM_POLL_S = 0.05  # how often it looks meanwhile
+INDEX = "index.json"  # in the disks' directory: which folder each disk belongs to
+INDEX_LOCK = "index.lock"  # one process at a time reads-and-writes the index
+INDEX_MAX_BYTES = 16 * 2**20  # ~100k disks; a bigger index is not ours
+DETACH_WAIT_S = 10  # a detached loop device goes when its last opener closes it
+# (udev's probe, the engine's unmount): ~0.1-1 s, bounded here
+DETACH_POLL_S = 0.02  # how often sysfs is read meanwhile
 
 
 class DiskError(SandboxError):
@@ -167,9 +167,9 @@ class _Hold:
         self.key, self.open = key, True
         with _holds_lock:
             fd, count = _held_here.get(key, (None, 0))
-            if fd is None:   # the process's first holder takes the lock other processes see
+            if fd is None:  # the process's first holder takes the lock other processes see
                 fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fcntl.lockf(fd, fcntl.LOCK_SH)   # made under the disk's lock: no release has it
+                fcntl.lockf(fd, fcntl.LOCK_SH)  # made under the disk's lock: no release has it
             _held_here[key] = (fd, count + 1)
             _holds.add(self)
 
@@ -184,12 +184,12 @@ class _Hold:
             if count > 1:
                 _held_here[self.key] = (fd, count - 1)
             else:
-                os.close(fd)   # the process's last holder: its record lock goes with it
+                os.close(fd)  # the process's last holder: its record lock goes with it
         return True
 
 
-_holds: set[_Hold] = set()          # this process's holders, for let_go_all at a command's end
-_held_here: dict[str, tuple[int, int]] = {}   # key -> (the locked `use` fd, holders in this process)
+_holds: set[_Hold] = set()  # this process's holders, for let_go_all at a command's end
+_held_here: dict[str, tuple[int, int]] = {}  # key -> (the locked `use` fd, holders in this process)
 _holds_lock = threading.Lock()
 
 
@@ -203,7 +203,7 @@ def _nobody_holds(key: str) -> bool:
         fd = os.open(path_of(key, "use"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:   # EAGAIN or EACCES: another process holds it
+        except OSError:  # EAGAIN or EACCES: another process holds it
             return False
         finally:
             os.close(fd)
@@ -214,10 +214,10 @@ def _nobody_holds(key: str) -> bool:
 class Disk:
     key: str
     image: Path
-    device: str          # /dev/loopN
-    view: Path           # where this process has it mounted, to read
-    note: str | None = None   # a migration or a size it could not take, for the person
-    hold: _Hold | None = field(default=None, compare=False, repr=False)   # None: planned, not attached
+    device: str  # /dev/loopN
+    view: Path  # where this process has it mounted, to read
+    note: str | None = None  # a migration or a size it could not take, for the person
+    hold: _Hold | None = field(default=None, compare=False, repr=False)  # None: planned, not attached
 
     @property
     def volume(self) -> str:
@@ -251,13 +251,15 @@ def _new_key(agent: str) -> str:
 
 # -- whose disk: the folder's identity, the index ---------------------------------------
 
+
 @dataclass(frozen=True)
 class Identity:
     """An agent folder as the kernel knows it: no path, no name (see the module's docstring)."""
+
     ino: int
-    kind: str        # "btime" or "generation": which mark this filesystem gives
-    mark: int        # the birth time in ns, or the inode's generation
-    dev: int         # st_dev, kept for the record (and the broker's same-filesystem check)
+    kind: str  # "btime" or "generation": which mark this filesystem gives
+    mark: int  # the birth time in ns, or the inode's generation
+    dev: int  # st_dev, kept for the record (and the broker's same-filesystem check)
 
     def matches(self, entry: dict) -> bool:
         return (entry.get("ino"), entry.get("kind"), entry.get("mark")) == (self.ino, self.kind, self.mark)
@@ -269,8 +271,8 @@ class Identity:
 _AT_EMPTY_PATH = 0x1000
 _STATX_INO = 0x100
 _STATX_BTIME = 0x800
-_STATX_BUFFER = 256       # sizeof(struct statx)
-_FS_IOC_GETVERSION = 0x80087601   # _IOR('v', 1, long): the inode's generation
+_STATX_BUFFER = 256  # sizeof(struct statx)
+_FS_IOC_GETVERSION = 0x80087601  # _IOR('v', 1, long): the inode's generation
 _libc_handle = None
 
 
@@ -283,7 +285,7 @@ def _statx(fd: int) -> tuple[int, int, int]:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     (mask,), (ino,) = struct.unpack_from("I", buf, 0), struct.unpack_from("Q", buf, 32)
-    sec, nsec = struct.unpack_from("qI", buf, 80)     # stx_btime: tv_sec, tv_nsec
+    sec, nsec = struct.unpack_from("qI", buf, 80)  # stx_btime: tv_sec, tv_nsec
     return mask, ino, (sec * 10**9 + nsec) if mask & _STATX_BTIME else 0
 
 
@@ -304,8 +306,10 @@ def identity_of(folder: Path, *, within: Path | None = None) -> Identity:
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise DiskError(f"sandbox.disk: the agent folder {folder} is not a real folder "
-                        f"({exc.strerror}); a disk belongs to a folder, never to a link") from None
+        raise DiskError(
+            f"sandbox.disk: the agent folder {folder} is not a real folder "
+            f"({exc.strerror}); a disk belongs to a folder, never to a link"
+        ) from None
     try:
         _, ino, born = _statx(fd)
         generation = 0 if born else _generation(fd)
@@ -313,12 +317,16 @@ def identity_of(folder: Path, *, within: Path | None = None) -> Identity:
     finally:
         os.close(fd)
     if within is not None and os.stat(within).st_dev != dev:
-        raise DiskError(f"sandbox.disk: the agent folder {folder} is a mount point, not a folder "
-                        f"of {within}'s own filesystem; the broker gives disks only to folders of ROOT")
+        raise DiskError(
+            f"sandbox.disk: the agent folder {folder} is a mount point, not a folder "
+            f"of {within}'s own filesystem; the broker gives disks only to folders of ROOT"
+        )
     if not born and not generation:
-        raise DiskError(f"sandbox.disk: the filesystem of {folder} gives a folder neither a birth time "
-                        "nor a generation, by which wakeloop tells one agent's disk from another's; "
-                        "keep the agents on ext4, xfs or btrfs, or set `sandbox.disk: none`")
+        raise DiskError(
+            f"sandbox.disk: the filesystem of {folder} gives a folder neither a birth time "
+            "nor a generation, by which wakeloop tells one agent's disk from another's; "
+            "keep the agents on ext4, xfs or btrfs, or set `sandbox.disk: none`"
+        )
     return Identity(ino, "btime", born, dev) if born else Identity(ino, "generation", generation, dev)
 
 
@@ -345,8 +353,10 @@ def read_index() -> dict[str, dict]:
             raise ValueError(f"over {INDEX_MAX_BYTES:,} bytes")
         data = json.loads(raw or b"{}")
     except ValueError as exc:
-        raise DiskError(f"sandbox.disk: {path} is not the index wakeloop writes ({exc}); move it "
-                        "aside, and `wakeloop disk list` shows the images it named") from None
+        raise DiskError(
+            f"sandbox.disk: {path} is not the index wakeloop writes ({exc}); move it "
+            "aside, and `wakeloop disk list` shows the images it named"
+        ) from None
     disks = data.get("disks") if isinstance(data, dict) else None
     return {k: v for k, v in disks.items() if isinstance(v, dict)} if isinstance(disks, dict) else {}
 
@@ -371,8 +381,15 @@ def lookup(folder: Path) -> str | None:
         return None
 
 
-def claim(folder: Path, *, agent: str, host_workspace: Path, host_folder: Path,
-          within: Path | None = None, identity: Identity | None = None) -> str:
+def claim(
+    folder: Path,
+    *,
+    agent: str,
+    host_workspace: Path,
+    host_folder: Path,
+    within: Path | None = None,
+    identity: Identity | None = None,
+) -> str:
     """The key of `folder`'s disk: the one the index has for its identity, else an old-style
     image it adopts, else a new key; recorded (with where the folder was last seen).
     `identity`: the folder's as the caller already took it (the broker, which keys its
@@ -401,7 +418,7 @@ def _adoptable(agent: str, host_workspace: Path, ident: Identity, entries: dict)
     try:
         image_born = _born_ns(path_of(key, "img"))
     except OSError:
-        return False   # no such image
+        return False  # no such image
     return ident.kind != "btime" or not image_born or ident.mark <= image_born
 
 
@@ -415,6 +432,7 @@ def forget(key: str) -> None:
 
 # -- attach, let go, release ---------------------------------------------------------------
 
+
 def unavailable() -> str | None:
     """Why this process cannot attach a disk on this host, or None."""
     if os.geteuid() != 0:
@@ -427,21 +445,31 @@ def unavailable() -> str | None:
     return None
 
 
-def attach(client: docker.DockerClient, *, key: str, size: int, files: int, seed: Path,
-           view: Path, overcommit: float = OVERCOMMIT) -> Disk:
+def attach(
+    client: docker.DockerClient,
+    *,
+    key: str,
+    size: int,
+    files: int,
+    seed: Path,
+    view: Path,
+    overcommit: float = OVERCOMMIT,
+) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
     is), attached, offered to the engine as a volume and mounted at `view`; held
     (its `use` lock, shared) until let_go. Made or grown only while the disks' sizes
     together stay within `overcommit` times their filesystem."""
     reason = unavailable()
     if reason:
-        raise DiskError(f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
-                        "(`docker compose up`), or set `sandbox.disk: none` in the policy for a "
-                        "workspace with no disk limit")
+        raise DiskError(
+            f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
+            "(`docker compose up`), or set `sandbox.disk: none` in the policy for a "
+            "workspace with no disk limit"
+        )
     disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     image = path_of(key, "img")
     with _locked(path_of(key, "lock")):
-        hold = _Hold(key)   # first: a release waiting for this lock then finds the disk held
+        hold = _Hold(key)  # first: a release waiting for this lock then finds the disk held
         try:
             note = None
             if not image.exists():
@@ -508,11 +536,11 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
         _detach(client, key, image)
         if delete:
             image.unlink(missing_ok=True)
-            view = path_of(key, "view")   # a broker's mount point, empty once unmounted
+            view = path_of(key, "view")  # a broker's mount point, empty once unmounted
             if view.is_dir():
                 view.rmdir()
             forget(key)
-    if delete:   # the lock files last: nobody waits on them now
+    if delete:  # the lock files last: nobody waits on them now
         for kind in ("use", "call", "lock"):
             path_of(key, kind).unlink(missing_ok=True)
     return True
@@ -531,8 +559,9 @@ def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
         for target in _mounts_of(device):
             # umount takes a path and removes the mount on top there: never another disk's.
             if os.stat(target).st_dev != rdev:
-                raise DiskError(f"sandbox.disk: {image} is mounted at {target} beneath another mount; "
-                                "release that one first")
+                raise DiskError(
+                    f"sandbox.disk: {image} is mounted at {target} beneath another mount; release that one first"
+                )
             _tool("umount", target)
     try:
         client.api.remove_volume(VOLUME_PREFIX + key, force=True)
@@ -545,9 +574,11 @@ def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
         _tool("losetup", "-d", device, check=False)
     deadline = time.monotonic() + DETACH_WAIT_S
     while any(_loops().get(device) == str(image) for device in devices):
-        if time.monotonic() > deadline:   # released means gone: its last writes are in the image
-            raise DiskError(f"sandbox.disk: {', '.join(devices)} still open {DETACH_WAIT_S:g} s after "
-                            f"detaching (by another process?); it goes when that closes it")
+        if time.monotonic() > deadline:  # released means gone: its last writes are in the image
+            raise DiskError(
+                f"sandbox.disk: {', '.join(devices)} still open {DETACH_WAIT_S:g} s after "
+                f"detaching (by another process?); it goes when that closes it"
+            )
         time.sleep(DETACH_POLL_S)
 
 
@@ -567,6 +598,7 @@ def usage(key: str) -> tuple[int, int] | None:
 
 # -- the guard: a call starts only with room for the worst case of every call in flight ------
 
+
 class NoRoom(DiskError):
     """A call that did not start: the disks' filesystem lacks room for its worst case."""
 
@@ -574,10 +606,11 @@ class NoRoom(DiskError):
 @dataclass(frozen=True)
 class Room:
     """The disks' filesystem as the guard sees it, at one moment under ROOM_LOCK."""
-    free: int            # bytes free to us beyond RESERVE
-    worst: int           # what the disks with calls in flight may still take, this call's own included
-    own: int             # this call's disk's part of `worst`
-    flying: int          # disks with a call in flight, this one included
+
+    free: int  # bytes free to us beyond RESERVE
+    worst: int  # what the disks with calls in flight may still take, this call's own included
+    own: int  # this call's disk's part of `worst`
+    flying: int  # disks with a call in flight, this one included
 
     @property
     def enough(self) -> bool:
@@ -602,7 +635,7 @@ def room(key: str) -> Room:
 
 def _worst(where: str, key: str) -> int:
     """What the disk can still take on the host: its size less what its image holds."""
-    for suffix in (".img", ".partial"):   # made, or being made
+    for suffix in (".img", ".partial"):  # made, or being made
         try:
             st = os.stat(f"{where}/{key}{suffix}")
         except FileNotFoundError:
@@ -633,7 +666,7 @@ def _take_off(key: str, wait_s: float) -> None:
     started = time.monotonic()
     deadline = started + wait_s
     while True:
-        with _locked(disks_dir() / ROOM_LOCK):   # the check and the mark, one process at a time
+        with _locked(disks_dir() / ROOM_LOCK):  # the check and the mark, one process at a time
             seen = room(key)
             if seen.enough:
                 _fly(key)
@@ -646,15 +679,22 @@ def _take_off(key: str, wait_s: float) -> None:
 
 def _no_room_line(seen: Room, waited_s: float) -> str:
     others = seen.flying - 1
-    return (f"sandbox.disk: this call did not start: the disks' filesystem ({disks_dir()}) has "
-            f"{max(seen.free, 0):,} bytes free beyond its {RESERVE:.0%} reserve, and this disk may still "
-            f"take {seen.own:,}" + (f", the {others} other disk(s) with calls in flight {seen.worst - seen.own:,}"
-                                    f" (waited {waited_s:.1f} s for them)" if others else "")
-            + "; try again later; the operator frees space there, deletes the disks of removed agents "
-              "(`wakeloop disk rm`) or lowers sandbox.disk")
+    return (
+        f"sandbox.disk: this call did not start: the disks' filesystem ({disks_dir()}) has "
+        f"{max(seen.free, 0):,} bytes free beyond its {RESERVE:.0%} reserve, and this disk may still "
+        f"take {seen.own:,}"
+        + (
+            f", the {others} other disk(s) with calls in flight {seen.worst - seen.own:,}"
+            f" (waited {waited_s:.1f} s for them)"
+            if others
+            else ""
+        )
+        + "; try again later; the operator frees space there, deletes the disks of removed agents "
+        "(`wakeloop disk rm`) or lowers sandbox.disk"
+    )
 
 
-_flying: dict[str, tuple[int, int]] = {}   # key -> (the `call` fd, locked shared; calls in this process)
+_flying: dict[str, tuple[int, int]] = {}  # key -> (the `call` fd, locked shared; calls in this process)
 _flying_lock = threading.Lock()
 
 
@@ -666,7 +706,7 @@ def _fly(key: str) -> None:
         fd, count = _flying.get(key, (None, 0))
         if fd is None:
             fd = os.open(path_of(key, "call"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.lockf(fd, fcntl.LOCK_SH)   # under ROOM_LOCK: no one tests it meanwhile
+            fcntl.lockf(fd, fcntl.LOCK_SH)  # under ROOM_LOCK: no one tests it meanwhile
         _flying[key] = (fd, count + 1)
 
 
@@ -692,7 +732,7 @@ def _in_flight(key: str, where: str | None = None) -> bool:
             return False
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:   # EAGAIN or EACCES: another process has a call in flight
+        except OSError:  # EAGAIN or EACCES: another process has a call in flight
             return True
         finally:
             os.close(fd)
@@ -706,7 +746,7 @@ class _Settler:
 
     def __init__(self):
         self._changed = threading.Condition()
-        self._pending: dict[str, tuple[Path, int]] = {}   # key -> (its view, calls ended, not landed)
+        self._pending: dict[str, tuple[Path, int]] = {}  # key -> (its view, calls ended, not landed)
         self._thread: threading.Thread | None = None
 
     def add(self, key: str, view: Path) -> None:
@@ -731,12 +771,12 @@ class _Settler:
                 key, (view, ended) = next(iter(self._pending.items()))
             try:
                 _sync(view)
-            except Exception:   # landed all the same: the kernel writes it back within ~30 s anyway
+            except Exception:  # landed all the same: the kernel writes it back within ~30 s anyway
                 pass
             finally:
                 with self._changed:
                     view, now = self._pending.pop(key)
-                    if now > ended:   # ended during the sync: their writes may be after it
+                    if now > ended:  # ended during the sync: their writes may be after it
                         self._pending[key] = (view, now - ended)
                     for _ in range(ended):
                         _land(key)
@@ -759,7 +799,7 @@ def _sync(view: Path) -> None:
     try:
         fd = os.open(view, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return   # not there (a test's planned disk); its writes reach the host within ~30 s anyway
+        return  # not there (a test's planned disk); its writes reach the host within ~30 s anyway
     try:
         _libc_handle.syncfs(fd)
     finally:
@@ -768,28 +808,31 @@ def _sync(view: Path) -> None:
 
 # -- what is there: `wakeloop disk list` ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DiskRecord:
     """One image in $WAKELOOP_DISKS, as `disk list` shows it."""
+
     key: str
     image: Path
-    folder: str | None       # the agent folder it belongs to (found under ROOT, or last seen)
-    folder_found: bool       # the folder was found (under ROOT) by its identity just now
-    adopted: bool            # named the old way and adopted by its folder
-    size: int                # bytes promised: the disk's size
-    host_bytes: int          # bytes the sparse image holds on the host
-    devices: tuple[str, ...]   # loop devices backed by it: attached if any
-    mounts: tuple[str, ...]    # where those are mounted (in this namespace)
-    held: bool | None        # a wake or a box holds it now (None: cannot tell without root)
-    in_flight: bool | None = None   # a call of it runs now (None: cannot tell without root)
+    folder: str | None  # the agent folder it belongs to (found under ROOT, or last seen)
+    folder_found: bool  # the folder was found (under ROOT) by its identity just now
+    adopted: bool  # named the old way and adopted by its folder
+    size: int  # bytes promised: the disk's size
+    host_bytes: int  # bytes the sparse image holds on the host
+    devices: tuple[str, ...]  # loop devices backed by it: attached if any
+    mounts: tuple[str, ...]  # where those are mounted (in this namespace)
+    held: bool | None  # a wake or a box holds it now (None: cannot tell without root)
+    in_flight: bool | None = None  # a call of it runs now (None: cannot tell without root)
 
 
 @dataclass(frozen=True)
 class Filesystem:
     """The filesystem that holds the disks, as `disk list` shows it."""
+
     size: int
-    free: int                # f_bavail: what the disks may still take, the reserve included
-    reserve: int             # RESERVE of it, left out of every call's room
+    free: int  # f_bavail: what the disks may still take, the reserve included
+    reserve: int  # RESERVE of it, left out of every call's room
 
 
 def filesystem() -> Filesystem:
@@ -813,10 +856,21 @@ def survey(root: Path | None = None) -> list[DiskRecord]:
             flying = _in_flight(key) if os.access(disks_dir(), os.W_OK) else None
         except OSError:
             holding = flying = None
-        records.append(DiskRecord(
-            key, image, str(found[key]) if key in found else entry.get("folder"), key in found,
-            bool(entry.get("adopted")), st.st_size, st.st_blocks * 512, devices,
-            tuple(t for dev in devices for t in _mounts_of(dev)), holding, flying))
+        records.append(
+            DiskRecord(
+                key,
+                image,
+                str(found[key]) if key in found else entry.get("folder"),
+                key in found,
+                bool(entry.get("adopted")),
+                st.st_size,
+                st.st_blocks * 512,
+                devices,
+                tuple(t for dev in devices for t in _mounts_of(dev)),
+                holding,
+                flying,
+            )
+        )
     return records
 
 
@@ -849,6 +903,7 @@ def _loops() -> dict[str, str]:
 
 # -- the steps ------------------------------------------------------------------------
 
+
 def _create(image: Path, size: int, files: int, seed: Path, overcommit: float) -> str | None:
     """A sparse image holding a copy of `seed`; -m 0: no blocks kept back for root.
     mkfs writes it as a call would: only with room for its worst case (the guard)."""
@@ -857,15 +912,32 @@ def _create(image: Path, size: int, files: int, seed: Path, overcommit: float) -
     try:
         st = os.fstat(fd)
         entries = os.listdir(fd)
-        with _locked(disks_dir() / ROOM_LOCK):   # the check and the claim, one process at a time
+        with _locked(disks_dir() / ROOM_LOCK):  # the check and the claim, one process at a time
             _check_promise(size, overcommit)
             with open(partial, "wb") as f:
                 f.truncate(size)
         options = f"nodiscard,lazy_itable_init=1,lazy_journal_init=1,root_owner={st.st_uid}:{st.st_gid}"
-        with flight(image.stem):   # mkfs fsyncs what it wrote before it exits: nothing left to settle
-            done = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(files), "-E", options,
-                                   "-d", f"/proc/self/fd/{fd}", str(partial)],
-                                  pass_fds=(fd,), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+        with flight(image.stem):  # mkfs fsyncs what it wrote before it exits: nothing left to settle
+            done = subprocess.run(
+                [
+                    "mkfs.ext4",
+                    "-q",
+                    "-F",
+                    "-m",
+                    "0",
+                    "-N",
+                    str(files),
+                    "-E",
+                    options,
+                    "-d",
+                    f"/proc/self/fd/{fd}",
+                    str(partial),
+                ],
+                pass_fds=(fd,),
+                capture_output=True,
+                text=True,
+                timeout=TOOL_TIMEOUT_S,
+            )
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -874,14 +946,21 @@ def _create(image: Path, size: int, files: int, seed: Path, overcommit: float) -
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         why = (done.stderr.strip().splitlines() or ["mkfs.ext4 failed"])[-1]
-        raise DiskError(f"sandbox.disk: cannot make the workspace's disk from {seed} "
-                        f"({size:,} bytes, {files:,} files): {why}")
+        raise DiskError(
+            f"sandbox.disk: cannot make the workspace's disk from {seed} ({size:,} bytes, {files:,} files): {why}"
+        )
     partial.chmod(0o600)
     partial.rename(image)
     # The folder's own copy stays where it is (beneath the disk's mount, when that is
     # over it): never deleted by us, and no longer used.
-    return (f"copied {len(entries)} entries of {seed} into the agent's new disk {image}; the folder's "
-            "own copy is no longer used (beneath the disk's mount if it is mounted there)") if entries else None
+    return (
+        (
+            f"copied {len(entries)} entries of {seed} into the agent's new disk {image}; the folder's "
+            "own copy is no longer used (beneath the disk's mount if it is mounted there)"
+        )
+        if entries
+        else None
+    )
 
 
 def _check_promise(more: int, overcommit: float) -> None:
@@ -892,12 +971,14 @@ def _check_promise(more: int, overcommit: float) -> None:
     bound = int(st.f_blocks * st.f_frsize * overcommit)
     promised = sum(size for size, _ in _images().values())
     if more + promised > bound:
-        raise DiskError(f"sandbox.disk: no promise of {more:,} more bytes of disk in {disks_dir()}: its "
-                        f"{len(_images())} disk(s) have {promised:,} promised, and at most {overcommit:g}× "
-                        f"its filesystem's {st.f_blocks * st.f_frsize:,} bytes ({bound:,}) may be (the "
-                        "ceiling's max.disk_overcommit); lower sandbox.disk, delete the disks of agents you "
-                        "removed (`wakeloop disk list`, then `wakeloop disk rm`), or give WAKELOOP_DISKS a "
-                        "bigger filesystem")
+        raise DiskError(
+            f"sandbox.disk: no promise of {more:,} more bytes of disk in {disks_dir()}: its "
+            f"{len(_images())} disk(s) have {promised:,} promised, and at most {overcommit:g}× "
+            f"its filesystem's {st.f_blocks * st.f_frsize:,} bytes ({bound:,}) may be (the "
+            "ceiling's max.disk_overcommit); lower sandbox.disk, delete the disks of agents you "
+            "removed (`wakeloop disk list`, then `wakeloop disk rm`), or give WAKELOOP_DISKS a "
+            "bigger filesystem"
+        )
 
 
 def _images() -> dict[str, tuple[int, int]]:
@@ -907,7 +988,7 @@ def _images() -> dict[str, tuple[int, int]]:
         try:
             st = image.stat()
         except FileNotFoundError:
-            continue   # released or renamed meanwhile
+            continue  # released or renamed meanwhile
         out[image.stem] = (st.st_size, st.st_blocks * 512)
     return out
 
@@ -925,8 +1006,10 @@ def _grow(image: Path, device: str, size: int, overcommit: float) -> str | None:
     if size < have:
         return f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}; a disk does not shrink: {anew}"
     if size > have and not _capable(CAP_SYS_RESOURCE):
-        return (f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}: growing a disk in use "
-                f"needs CAP_SYS_RESOURCE, which this process lacks; {anew}")
+        return (
+            f"sandbox.disk asks for {size:,} bytes but the disk has {have:,}: growing a disk in use "
+            f"needs CAP_SYS_RESOURCE, which this process lacks; {anew}"
+        )
     if size > have:
         with _locked(disks_dir() / ROOM_LOCK):
             _check_promise(size - have, overcommit)
@@ -953,9 +1036,10 @@ def _volume(client: docker.DockerClient, key: str, device: str, image: Path) -> 
         client.api.remove_volume(name, force=True)
     except docker.errors.NotFound:
         pass
-    except docker.errors.APIError as exc:   # in use by a container of the old device
-        raise DiskError(f"sandbox.disk: the engine's volume {name} names another device and is in "
-                        f"use: {exc.explanation or exc}") from None
+    except docker.errors.APIError as exc:  # in use by a container of the old device
+        raise DiskError(
+            f"sandbox.disk: the engine's volume {name} names another device and is in use: {exc.explanation or exc}"
+        ) from None
     client.api.create_volume(name, driver="local", driver_opts=options, labels={LABEL: str(image)})
 
 
@@ -969,13 +1053,24 @@ def _mount_view(device: str, view: Path) -> None:
     try:
         fd = os.open(view, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise DiskError(f"sandbox.disk: {view} is not a folder wakeloop can mount on ({exc.strerror}); "
-                        "a disk is mounted only over a real folder, never through a link") from None
+        raise DiskError(
+            f"sandbox.disk: {view} is not a folder wakeloop can mount on ({exc.strerror}); "
+            "a disk is mounted only over a real folder, never through a link"
+        ) from None
     try:
         if os.fstat(fd).st_dev == os.stat(device).st_rdev:
-            return   # mounted there already
-        _tool("mount", "--no-canonicalize", "-t", "ext4", "-o", VIEW_OPTIONS, device, f"/proc/self/fd/{fd}",
-              pass_fds=(fd,))
+            return  # mounted there already
+        _tool(
+            "mount",
+            "--no-canonicalize",
+            "-t",
+            "ext4",
+            "-o",
+            VIEW_OPTIONS,
+            device,
+            f"/proc/self/fd/{fd}",
+            pass_fds=(fd,),
+        )
     finally:
         os.close(fd)
 

@@ -34,19 +34,31 @@ from orchestrator.sandbox import disk, images, oom
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
-from orchestrator.sandbox.programs import (COMMAND_ENV, GUARD, GUARD_ENV, HELD, LAUNCH_ARGV, LAUNCHER, LAUNCHER_ENV,
-                                           READY_LINE, carried, command_argv, guarded, write_argv)
+from orchestrator.sandbox.programs import (
+    COMMAND_ENV,
+    GUARD,
+    GUARD_ENV,
+    HELD,
+    LAUNCH_ARGV,
+    LAUNCHER,
+    LAUNCHER_ENV,
+    READY_LINE,
+    carried,
+    command_argv,
+    guarded,
+    write_argv,
+)
 from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 
-SANDBOX_UID = "1000:1000"           # the image's unprivileged user, used when the workspace is root's
-KILL_GRACE_S = 5                    # after a kill, how long the engine gets to close the stream
-ENGINE_TIMEOUT_S = 30               # one Docker API request (create, inspect, remove)
-LAUNCHER_UP_S = 30                  # a warm container's launcher to say it listens
-                                    # (two interpreters under a loaded gVisor)
+SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
+KILL_GRACE_S = 5  # after a kill, how long the engine gets to close the stream
+ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)
+LAUNCHER_UP_S = 30  # a warm container's launcher to say it listens
+# (two interpreters under a loaded gVisor)
 # Connections the shared client keeps per URL. The SDK makes a pool per URL (so
 # per container: start, wait, inspect, delete) and keeps the 25 most recent, each
 # with its idle connections, closing the rest as they are evicted: serve's sockets
@@ -54,9 +66,9 @@ LAUNCHER_UP_S = 30                  # a warm container's launcher to say it list
 # share a URL only on create and ping; past this size urllib3 would open extra
 # connections and warn, so it covers serve's 4 wakes and a broker's 16 calls.
 ENGINE_POOL = 32
-LABEL = "wakeloop.sandbox"          # on every container we create; the cleanup filter
+LABEL = "wakeloop.sandbox"  # on every container we create; the cleanup filter
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}   # ours, and the command's before the policy's env
+BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}  # ours, and the command's before the policy's env
 
 
 def engine_url(environ=os.environ) -> str:
@@ -65,15 +77,16 @@ def engine_url(environ=os.environ) -> str:
         return environ["DOCKER_HOST"]
     try:
         from docker.context import ContextAPI
+
         host = ContextAPI.get_current_context().Host
     except Exception:  # no config, a broken one: the default socket, as the docker CLI falls back
         host = None
     return host or "unix:///var/run/docker.sock"
 
 
-_clients: dict[str, docker.DockerClient] = {}    # one per engine address, for the process's life
+_clients: dict[str, docker.DockerClient] = {}  # one per engine address, for the process's life
 _clients_lock = threading.Lock()
-_paces: dict[tuple[str, str], MakePace] = {}   # the pools open on this engine, per runtime
+_paces: dict[tuple[str, str], MakePace] = {}  # the pools open on this engine, per runtime
 
 
 def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
@@ -94,8 +107,7 @@ def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
 def _shared(where: str) -> docker.DockerClient:
     with _clients_lock:
         if where not in _clients:
-            _clients[where] = docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S,
-                                                  max_pool_size=ENGINE_POOL)
+            _clients[where] = docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S, max_pool_size=ENGINE_POOL)
         return _clients[where]
 
 
@@ -109,14 +121,18 @@ def _pace(client: docker.DockerClient, runtime: str) -> MakePace:
 
 def _engine_problem(where: str, exc: Exception) -> str:
     """The reason in words, with the one step that fixes it."""
-    path = where[len("unix://"):] if where.startswith("unix://") else None
+    path = where[len("unix://") :] if where.startswith("unix://") else None
     text = str(exc)
     if path and not os.path.exists(path):
-        return (f"the socket {path} does not exist: the engine is not running: start it "
-                "(`sudo systemctl start docker`, or `sudo dockerd &`), or set DOCKER_HOST")
+        return (
+            f"the socket {path} does not exist: the engine is not running: start it "
+            "(`sudo systemctl start docker`, or `sudo dockerd &`), or set DOCKER_HOST"
+        )
     if "Permission denied" in text or "PermissionError" in text:
-        return (f"permission denied on {path or where}: join the group that owns it "
-                "(`sudo usermod -aG docker $USER`, then log in again) or run as root")
+        return (
+            f"permission denied on {path or where}: join the group that owns it "
+            "(`sudo usermod -aG docker $USER`, then log in again) or run as root"
+        )
     if "Connection refused" in text or "ConnectionRefused" in text:
         return "nothing answers there: start it (`sudo systemctl start docker`, or `sudo dockerd &`)"
     return f"{_first_line(exc)}; start it (`sudo systemctl start docker`, or `sudo dockerd &`) or set DOCKER_HOST"
@@ -148,12 +164,24 @@ class DockerSandbox:
     started ahead of time from the same settings (pool.py); close() removes them.
     """
 
-    def __init__(self, workspace: Path, policy: SandboxPolicy, *, agent: str = "agent",
-                 run_id: str | None = None, client: docker.DockerClient | None = None,
-                 warm: int | None = None, host_path: Path | None = None, private_view: bool = False,
-                 attach: bool = True, folder: Path | None = None, host_folder: Path | None = None,
-                 within: Path | None = None, identity: disk.Identity | None = None,
-                 overcommit: float = disk.OVERCOMMIT):
+    def __init__(
+        self,
+        workspace: Path,
+        policy: SandboxPolicy,
+        *,
+        agent: str = "agent",
+        run_id: str | None = None,
+        client: docker.DockerClient | None = None,
+        warm: int | None = None,
+        host_path: Path | None = None,
+        private_view: bool = False,
+        attach: bool = True,
+        folder: Path | None = None,
+        host_folder: Path | None = None,
+        within: Path | None = None,
+        identity: disk.Identity | None = None,
+        overcommit: float = disk.OVERCOMMIT,
+    ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
         workspace's parent), by its identity (disk.py); `host_folder` is where the host
@@ -183,7 +211,7 @@ class DockerSandbox:
         self.identity = identity
         self._overcommit = overcommit
         self.pool = None
-        self.release_problem: str | None = None     # why close() could not release the disk
+        self.release_problem: str | None = None  # why close() could not release the disk
         self.disk = self._attach_disk(policy, attach)
         try:
             self.user = resolve_user(policy.user, self.view)
@@ -193,13 +221,23 @@ class DockerSandbox:
                 except network.NetworkError as exc:
                     raise SandboxError(str(exc)) from None
         except BaseException:
-            self.close()   # the disk attached above is let go
+            self.close()  # the disk attached above is let go
             raise
         self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
-        self._attached: dict = {}   # warm container -> the socket attached to it since before its start
+        self._attached: dict = {}  # warm container -> the socket attached to it since before its start
         size = policy.pool if warm is None else warm
-        self.pool = WarmPool(size, key=self._settings_key, make=self._make_warm, remove=self._remove,
-                             alive=self._running, pace=_pace(self.client, policy.runtime)) if size > 0 else None
+        self.pool = (
+            WarmPool(
+                size,
+                key=self._settings_key,
+                make=self._make_warm,
+                remove=self._remove,
+                alive=self._running,
+                pace=_pace(self.client, policy.runtime),
+            )
+            if size > 0
+            else None
+        )
         if self.pool or (self.disk and self.disk.hold):
             atexit.register(self.close)  # a safety net; callers close() when done
 
@@ -240,7 +278,7 @@ class DockerSandbox:
     def _attach_disk(self, policy: SandboxPolicy, attach: bool = True) -> disk.Disk | None:
         if not policy.disk:
             return None
-        if not attach:   # planned: the folder's disk if it has one, else what a new one would be
+        if not attach:  # planned: the folder's disk if it has one, else what a new one would be
             key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
             view = disk.path_of(key, "view") if self._private_view else self.workspace
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
@@ -248,13 +286,28 @@ class DockerSandbox:
         if not self._private_view and self._given_workspace.is_symlink():
             # Mounted over a real workspace folder only: never over one a link names
             # (another agent's workspace, where its own disk is mounted).
-            raise disk.DiskError(f"sandbox.disk: {self._given_workspace} is a link (to {self.workspace}); "
-                                 "a disk is mounted only over a real workspace folder: make it one")
-        key = disk.claim(self.folder, agent=self.agent, host_workspace=self._host_path,
-                         host_folder=self._host_folder, within=self._within, identity=self.identity)
+            raise disk.DiskError(
+                f"sandbox.disk: {self._given_workspace} is a link (to {self.workspace}); "
+                "a disk is mounted only over a real workspace folder: make it one"
+            )
+        key = disk.claim(
+            self.folder,
+            agent=self.agent,
+            host_workspace=self._host_path,
+            host_folder=self._host_folder,
+            within=self._within,
+            identity=self.identity,
+        )
         view = disk.path_of(key, "view") if self._private_view else self.workspace
-        made = disk.attach(self.client, key=key, size=policy.disk, files=policy.files,
-                           seed=self.workspace, view=view, overcommit=self._overcommit)
+        made = disk.attach(
+            self.client,
+            key=key,
+            size=policy.disk,
+            files=policy.files,
+            seed=self.workspace,
+            view=view,
+            overcommit=self._overcommit,
+        )
         if made.note:
             self.warning = "; ".join(filter(None, (self.warning, made.note)))
         return made
@@ -263,13 +316,13 @@ class DockerSandbox:
         """New settings for the calls to come; idle containers made under the old ones go."""
         if (policy.disk, policy.files) != (self.policy.disk, self.policy.files):
             old = self.disk
-            self.disk = self._attach_disk(policy)   # grown, or made
+            self.disk = self._attach_disk(policy)  # grown, or made
             if old and old.hold:
                 if self.disk and self.disk.key == old.key:
-                    old.hold.drop()   # the same disk, held anew
+                    old.hold.drop()  # the same disk, held anew
                 else:
                     if self.pool:
-                        self.pool.drain()   # its idle containers mount the old disk's volume
+                        self.pool.drain()  # its idle containers mount the old disk's volume
                     self.release_problem = disk.let_go(self.client, old) or self.release_problem
         self.policy = policy
         self.user = resolve_user(policy.user, self.view)
@@ -279,11 +332,11 @@ class DockerSandbox:
     # -- the two calls -------------------------------------------------------
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        return self._call(command_argv(command), None, timeout_s, max_output_chars,
-                          command_env=self.command_env())
+        return self._call(command_argv(command), None, timeout_s, max_output_chars, command_env=self.command_env())
 
-    def write(self, path: str, content: bytes, timeout_s: float = 30, append: bool = False,
-              protect_git: bool = True) -> SandboxResult:
+    def write(
+        self, path: str, content: bytes, timeout_s: float = 30, append: bool = False, protect_git: bool = True
+    ) -> SandboxResult:
         reason = check_write_path(path)
         if reason:
             return refused(reason)
@@ -304,9 +357,14 @@ class DockerSandbox:
         egress = self._egress()
         return {**BASE_ENV, **dict(self.policy.env), **(egress.env() if egress else {})}
 
-    def container_spec(self, argv: list[str], call_id: str = "-", stdin: bool = False,
-                       workdir: str = WORKSPACE, command_env: dict[str, str] | None = None
-                       ) -> tuple[dict, dict]:
+    def container_spec(
+        self,
+        argv: list[str],
+        call_id: str = "-",
+        stdin: bool = False,
+        workdir: str = WORKSPACE,
+        command_env: dict[str, str] | None = None,
+    ) -> tuple[dict, dict]:
         """(container config, host config) for one call, in docker SDK terms.
         Every call is created from exactly these; `policy explain` prints them.
         `command_env` is the environment argv gets when argv is the agent's
@@ -315,20 +373,28 @@ class DockerSandbox:
         egress = self._egress()
         # Our own programs, popped from the environment before the command runs,
         # and the command's environment, which the guard applies at its exec.
-        programs = {GUARD_ENV: GUARD, **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {}),
-                    **({COMMAND_ENV: carried(command_env)} if command_env is not None else {})}
+        programs = {
+            GUARD_ENV: GUARD,
+            **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {}),
+            **({COMMAND_ENV: carried(command_env)} if command_env is not None else {}),
+        }
         config = dict(
             image=p.image,
-            command=guarded(argv),      # io_uring and set-id modes refused (seccomp.py)
+            command=guarded(argv),  # io_uring and set-id modes refused (seccomp.py)
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",
             environment={**BASE_ENV, **(egress.env() if egress else {}), **programs},
-            labels={LABEL: "1", "wakeloop.agent": self.agent, "wakeloop.workspace": str(self.workspace),
-                    "wakeloop.run_id": self.run_id, "wakeloop.call_id": call_id},
-            stdin_open=stdin,           # with detach=False this also sets StdinOnce
+            labels={
+                LABEL: "1",
+                "wakeloop.agent": self.agent,
+                "wakeloop.workspace": str(self.workspace),
+                "wakeloop.run_id": self.run_id,
+                "wakeloop.call_id": call_id,
+            },
+            stdin_open=stdin,  # with detach=False this also sets StdinOnce
             detach=False,
-            use_config_proxy=False,     # else the SDK copies the client's proxy settings in
+            use_config_proxy=False,  # else the SDK copies the client's proxy settings in
         )
         host = dict(
             mounts=[self.disk.mount() if self.disk else self._bind_mount()],
@@ -341,9 +407,11 @@ class DockerSandbox:
             mem_limit=p.memory,
             memswap_limit=p.memory,
             nano_cpus=int(p.cpus * 1e9),
-            ulimits=[Ulimit(name="nofile", soft=p.nofile, hard=p.nofile),
-                     Ulimit(name="fsize", soft=p.max_file_size, hard=p.max_file_size),
-                     Ulimit(name="core", soft=0, hard=0)],
+            ulimits=[
+                Ulimit(name="nofile", soft=p.nofile, hard=p.nofile),
+                Ulimit(name="fsize", soft=p.max_file_size, hard=p.max_file_size),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
             ipc_mode="private",
             shm_size=p.shm_size,
             init=True,
@@ -365,28 +433,42 @@ class DockerSandbox:
         """The ROOT whose switch (ROOT/STOP) this agent's calls obey: its folder's parent."""
         return self.folder.parent
 
-    def _call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
-              workdir: str = WORKSPACE, command_env: dict[str, str] | None = None) -> SandboxResult:
+    def _call(
+        self,
+        argv,
+        stdin: bytes | None,
+        timeout_s: float,
+        max_output_chars: int,
+        workdir: str = WORKSPACE,
+        command_env: dict[str, str] | None = None,
+    ) -> SandboxResult:
         halted = stopswitch.read(self.root)
-        if halted is not None:   # no call starts while the fleet is stopped
+        if halted is not None:  # no call starts while the fleet is stopped
             return refused(halted.describe())
-        if not (self.disk and self.disk.hold):   # a folder (no disk limit), or a planned disk
+        if not (self.disk and self.disk.hold):  # a folder (no disk limit), or a planned disk
             return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
-        try:   # thin disks: a call starts only with room for the worst case of every call in flight
+        try:  # thin disks: a call starts only with room for the worst case of every call in flight
             with disk.flight(self.disk.key, self.disk.view, min(disk.ROOM_WAIT_S, timeout_s)):
-                halted = stopswitch.read(self.root)   # again: the wait for room may have outlasted a stop
+                halted = stopswitch.read(self.root)  # again: the wait for room may have outlasted a stop
                 if halted is not None:
                     return refused(halted.describe())
                 return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
         except disk.NoRoom as exc:
             return no_room(str(exc))
 
-    def _run_call(self, argv, stdin: bytes | None, timeout_s: float, max_output_chars: int,
-                  workdir: str, command_env: dict[str, str] | None) -> SandboxResult:
+    def _run_call(
+        self,
+        argv,
+        stdin: bytes | None,
+        timeout_s: float,
+        max_output_chars: int,
+        workdir: str,
+        command_env: dict[str, str] | None,
+    ) -> SandboxResult:
         started = time.monotonic()
         cid = self.pool.take() if self.pool else None
         send: bytes | None
-        if cid:   # already running its launcher: hand it the command, then stdin
+        if cid:  # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
             send = handoff(argv, workdir, stdin is not None, nonce, command_env) + (stdin or b"")
             end, hold = EndLine(nonce), False
@@ -406,12 +488,12 @@ class DockerSandbox:
             self._remove(cid)
         return result
 
-    def _create(self, argv, call_id: str, stdin: bool, workdir: str,
-                command_env: dict[str, str] | None = None) -> str:
+    def _create(self, argv, call_id: str, stdin: bool, workdir: str, command_env: dict[str, str] | None = None) -> str:
         try:
             config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
-            cid = self.client.api.create_container(
-                **config, host_config=self.client.api.create_host_config(**host))["Id"]
+            cid = self.client.api.create_container(**config, host_config=self.client.api.create_host_config(**host))[
+                "Id"
+            ]
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot create a sandbox container: {_first_line(exc)}") from None
         metrics.container_made(cid)
@@ -446,8 +528,9 @@ class DockerSandbox:
         except docker.errors.DockerException:
             return False
 
-    def _attach_and_wait(self, cid, stdin, end: EndLine | None, timeout_s, cap,
-                         started, hold: bool = False) -> SandboxResult:
+    def _attach_and_wait(
+        self, cid, stdin, end: EndLine | None, timeout_s, cap, started, hold: bool = False
+    ) -> SandboxResult:
         """Stream the output until the container exits, or (pooled) until its
         launcher's end line; a cold container is started here, after attaching.
         `hold`: a cold call whose guard waits, its command over, until the host has
@@ -471,10 +554,10 @@ class DockerSandbox:
                 for _stream, data in frames_iter(sock, tty=False):
                     if held and not held.found:
                         data = held.feed(data)
-                        if held.found:   # the box stands until stdin closes: count, then release it
+                        if held.found:  # the box stands until stdin closes: count, then release it
                             kills = self._count_ooms(cid)
                             _send_stdin(raw, b"")
-                            data += held.rest   # the command's, if it printed the line itself
+                            data += held.rest  # the command's, if it printed the line itself
                     capture.add(end.feed(data) if end else data)
                     if end and end.found:
                         break
@@ -486,7 +569,7 @@ class DockerSandbox:
             if held and not held.found:
                 capture.add(held.flush())
             state = self._final_state(cid, end)
-            if kills:   # the kernel's count: the engine's flag may have lost the race with the exit
+            if kills:  # the kernel's count: the engine's flag may have lost the race with the exit
                 state["OOMKilled"] = True
         finally:
             deadline.cancel()
@@ -517,7 +600,7 @@ class DockerSandbox:
                 return {"ExitCode": end.exit_code, "OOMKilled": killed}
         self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
         state = self.client.api.inspect_container(cid)["State"]
-        if end and end.found:   # the engine's exit code is the launcher's, not the command's
+        if end and end.found:  # the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
         return state
 
@@ -558,7 +641,7 @@ class DockerSandbox:
     def _remove(self, cid: str) -> None:
         self._oom_files.pop(cid, None)
         sock = self._attached.pop(cid, None)
-        if sock is not None:    # an idle warm container's: both objects, as _attach_and_wait closes them
+        if sock is not None:  # an idle warm container's: both objects, as _attach_and_wait closes them
             raw = getattr(sock, "_sock", sock)
             sock.close()
             raw.close()
@@ -575,8 +658,9 @@ class DockerSandbox:
         """Remove containers an earlier, crashed run left for this workspace."""
         # One listing, no per-container lookup: a pool's container may come and go
         # between the two (the SDK's containers.list would then raise NotFound).
-        found = self.client.api.containers(all=True, filters={
-            "label": [f"{LABEL}=1", f"wakeloop.workspace={self.workspace}"]})
+        found = self.client.api.containers(
+            all=True, filters={"label": [f"{LABEL}=1", f"wakeloop.workspace={self.workspace}"]}
+        )
         stale = [c["Id"] for c in found if (c.get("Labels") or {}).get("wakeloop.run_id") != self.run_id]
         for cid in stale:
             self._remove(cid)
@@ -595,7 +679,7 @@ def _await_line(api, cid: str, sock, line: bytes) -> None:
     try:
         for _stream, data in frames_iter(sock, tty=False):
             seen += data
-            if not line.startswith(seen[:len(line)]) or seen == line:
+            if not line.startswith(seen[: len(line)]) or seen == line:
                 break
     finally:
         deadline.cancel()
@@ -610,17 +694,17 @@ class _Deadline:
 
     def __init__(self, api, cid: str, raw_socket, timeout_s: float, halted=lambda: False):
         self.api, self.cid, self.raw = api, cid, raw_socket
-        self.fired = False              # killed at the deadline
-        self.stopped = False            # killed because the fleet was stopped
+        self.fired = False  # killed at the deadline
+        self.stopped = False  # killed because the fleet was stopped
         self._halted = halted
-        self._halt = False              # why _expire runs: the switch (True) or the deadline
+        self._halt = False  # why _expire runs: the switch (True) or the deadline
         self._timeout_s = timeout_s
         self._end = 0.0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="wakeloop-deadline", daemon=True)
 
     def start(self) -> None:
-        self._end = time.monotonic() + self._timeout_s   # counted from the container's start, as before
+        self._end = time.monotonic() + self._timeout_s  # counted from the container's start, as before
         self._thread.start()
 
     def cancel(self) -> None:

@@ -17,15 +17,20 @@ from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, wri
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
 _SIMPLE = {
-    "user": "--user", "working_dir": "--workdir", "hostname": "--hostname",
-    "network_mode": "--network", "pids_limit": "--pids-limit", "mem_limit": "--memory",
-    "memswap_limit": "--memory-swap", "ipc_mode": "--ipc", "shm_size": "--shm-size",
+    "user": "--user",
+    "working_dir": "--workdir",
+    "hostname": "--hostname",
+    "network_mode": "--network",
+    "pids_limit": "--pids-limit",
+    "mem_limit": "--memory",
+    "memswap_limit": "--memory-swap",
+    "ipc_mode": "--ipc",
+    "shm_size": "--shm-size",
     "runtime": "--runtime",
 }
 _FLAGS = {"read_only": "--read-only", "init": "--init", "stdin_open": "--interactive"}
-_LISTS = {"cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--security-opt",
-          "dns": "--dns"}
-_SKIP = {"image", "command", "detach"}   # the image and argv close the command line
+_LISTS = {"cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--security-opt", "dns": "--dns"}
+_SKIP = {"image", "command", "detach"}  # the image and argv close the command line
 
 
 def docker_run_flags(config: dict, host: dict) -> list[str]:
@@ -79,8 +84,7 @@ def explain(policy: Policy, box, registry) -> str:
         if name not in offered:
             lines.append(f"  {name}: NOT OFFERED (disabled); a call to it anyway is refused")
     if "bash" in offered:
-        lines.append(f"  bash: timeout {t.bash.timeout_s:g}s, output to the model "
-                     f"{t.bash.max_output_chars:,} chars")
+        lines.append(f"  bash: timeout {t.bash.timeout_s:g}s, output to the model {t.bash.max_output_chars:,} chars")
     if "write_file" in offered:
         w = t.write_file
         lines.append(f"  write_file: at most {w.max_bytes:,} bytes per write, timeout {w.timeout_s:g}s")
@@ -89,61 +93,80 @@ def explain(policy: Policy, box, registry) -> str:
         if w.protect_git:
             lines.append(f"    protect_git: {GIT_DENY_NOTE}")
         else:
-            lines.append(f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} and embedded bare "
-                         "repositories' config and hooks are writable")
+            lines.append(
+                f"    WARNING: protect_git is false: {', '.join(GIT_DENY)} and embedded bare "
+                "repositories' config and hooks are writable"
+            )
         if "bash" in offered:
             lines.append("    note: the globs bind write_file only; bash can write anywhere in /workspace")
     if "send_message" in offered:
         lines.append(f"  send_message: at most {t.send_message.max_per_wake} per wake")
     s = policy.sandbox
-    lines += ["", f"network: {s.network}"
-              + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else "")]
+    lines += [
+        "",
+        f"network: {s.network}" + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else ""),
+    ]
     if s.network == "allowlist":
         from orchestrator.sandbox import network
+
         egress = network.plan(box.workspace, s.allow_hosts)
-        lines += [f"  the box joins the network namespace of {egress.holder} (internal network "
-                  f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
-                  f"  squid proxy {egress.proxy} at {egress.proxy_url}, which also sits on "
-                  f"{network.EGRESS_NETWORK}",
-                  "  and refuses any listed name that resolves to an address that is not public "
-                  "internet (private, loopback, link-local, its own Docker networks)"]
+        lines += [
+            f"  the box joins the network namespace of {egress.holder} (internal network "
+            f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
+            f"  squid proxy {egress.proxy} at {egress.proxy_url}, which also sits on {network.EGRESS_NETWORK}",
+            "  and refuses any listed name that resolves to an address that is not public "
+            "internet (private, loopback, link-local, its own Docker networks)",
+        ]
     elif s.network == "bridge":
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
     lines += ["", _workspace_line(box)]
     if s.pool:
-        lines += ["", f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
-                  "  idling in programs.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
-                  "  until handed one call's command on stdin; used once, then removed"]
+        lines += [
+            "",
+            f"warm pool: {s.pool} container(s) made ahead with exactly the flags below, each",
+            "  idling in programs.LAUNCHER (in place of the command; its source in WAKELOOP_LAUNCHER)",
+            "  until handed one call's command on stdin; used once, then removed",
+        ]
     image = policy.sandbox.image
     if "bash" in offered:
         config, host = _specs(box)["bash"]
-        lines += ["", "each bash call runs in a new container, as (SECCOMP_GUARD is programs.GUARD, popped",
-                  "from the environment by the one-line boot: it stacks a seccomp filter that answers",
-                  "io_uring_* and openat2 with ENOSYS and a set-uid/set-gid mode (chmod, open, creat,",
-                  "mknod and kin, on every syscall ABI) with EPERM, joins stderr to stdout, then runs",
-                  "the rest by absolute path with exactly the environment in WAKELOOP_COMMAND_ENV: the",
-                  "policy's env reaches the command alone, never the harness's programs; when it exits,",
-                  "the guard kills what it left, as the pool's launcher does; the command's stdin is",
-                  "/dev/null, the guard's is held open until the host has read the box's count of OOM kills):",
-                  _command(config, host, image)]
+        lines += [
+            "",
+            "each bash call runs in a new container, as (SECCOMP_GUARD is programs.GUARD, popped",
+            "from the environment by the one-line boot: it stacks a seccomp filter that answers",
+            "io_uring_* and openat2 with ENOSYS and a set-uid/set-gid mode (chmod, open, creat,",
+            "mknod and kin, on every syscall ABI) with EPERM, joins stderr to stdout, then runs",
+            "the rest by absolute path with exactly the environment in WAKELOOP_COMMAND_ENV: the",
+            "policy's env reaches the command alone, never the harness's programs; when it exits,",
+            "the guard kills what it left, as the pool's launcher does; the command's stdin is",
+            "/dev/null, the guard's is held open until the host has read the box's count of OOM kills):",
+            _command(config, host, image),
+        ]
     if "write_file" in offered:
         config, host = _specs(box)["write_file"]
-        lines += ["", "each write_file call runs in a new container, as (content on stdin;",
-                  f"WRITE_SCRIPT is programs.WRITE_SCRIPT, {len(WRITE_SCRIPT.splitlines())} lines "
-                  "of Python that refuses symlinks and",
-                  "non-regular files; it runs under the harness's environment, never the policy's env):",
-                  _command(config, host, image)]
+        lines += [
+            "",
+            "each write_file call runs in a new container, as (content on stdin;",
+            f"WRITE_SCRIPT is programs.WRITE_SCRIPT, {len(WRITE_SCRIPT.splitlines())} lines "
+            "of Python that refuses symlinks and",
+            "non-regular files; it runs under the harness's environment, never the policy's env):",
+            _command(config, host, image),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _workspace_line(box) -> str:
     s, d = box.policy, box.disk
     if d is None:
-        return (f"workspace: the folder {box.workspace}, bind-mounted by its path (sandbox.disk: none): "
-                "no limit on its bytes or files")
-    return (f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
-            f"{d.image} on a loop device,\n  the engine's volume {d.volume} (type ext4, nosuid, nodev): "
-            "full is ENOSPC in the box; the box names it by device, never by a host path")
+        return (
+            f"workspace: the folder {box.workspace}, bind-mounted by its path (sandbox.disk: none): "
+            "no limit on its bytes or files"
+        )
+    return (
+        f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
+        f"{d.image} on a loop device,\n  the engine's volume {d.volume} (type ext4, nosuid, nodev): "
+        "full is ENOSPC in the box; the box names it by device, never by a host path"
+    )
 
 
 def explain_data(policy: Policy, box, registry) -> dict:
@@ -151,21 +174,43 @@ def explain_data(policy: Policy, box, registry) -> dict:
     call's container as `docker run` arguments (image and argv last)."""
     calls = {name: spec for name, spec in _specs(box).items() if name in registry.names()}
     names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}
-    return {"policy": policy.source, "tools": registry.to_anthropic(),
-            "warm_pool": policy.sandbox.pool, "network": policy.sandbox.network,
-            "allow_hosts": list(policy.sandbox.allow_hosts),
-            "disk": ({"bytes": policy.sandbox.disk, "files": policy.sandbox.files, "image": str(box.disk.image),
-                      "volume": box.disk.volume} if box.disk else None),
-            "calls": {name: ["docker", "run", *docker_run_flags(
-                {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}},
-                host), policy.sandbox.image, *[names.get(w, w) for w in config["command"]]]
-                for name, (config, host) in calls.items()}}
+    return {
+        "policy": policy.source,
+        "tools": registry.to_anthropic(),
+        "warm_pool": policy.sandbox.pool,
+        "network": policy.sandbox.network,
+        "allow_hosts": list(policy.sandbox.allow_hosts),
+        "disk": (
+            {
+                "bytes": policy.sandbox.disk,
+                "files": policy.sandbox.files,
+                "image": str(box.disk.image),
+                "volume": box.disk.volume,
+            }
+            if box.disk
+            else None
+        ),
+        "calls": {
+            name: [
+                "docker",
+                "run",
+                *docker_run_flags(
+                    {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}, host
+                ),
+                policy.sandbox.image,
+                *[names.get(w, w) for w in config["command"]],
+            ]
+            for name, (config, host) in calls.items()
+        },
+    }
 
 
 def _specs(box) -> dict[str, tuple[dict, dict]]:
     """Each call's (config, host config), made as the box makes them."""
-    return {"bash": box.container_spec(command_argv("COMMAND"), stdin=True, command_env=box.command_env()),
-            "write_file": box.container_spec(write_argv("PATH"), stdin=True, workdir="/")}
+    return {
+        "bash": box.container_spec(command_argv("COMMAND"), stdin=True, command_env=box.command_env()),
+        "write_file": box.container_spec(write_argv("PATH"), stdin=True, workdir="/"),
+    }
 
 
 def _command(config: dict, host: dict, image: str) -> str:

@@ -55,8 +55,9 @@ def build_sandbox_image(client: docker.DockerClient, echo=print) -> str:
         raise FileNotFoundError("sandbox-image/Dockerfile not found; set WAKELOOP_SANDBOX_IMAGE_DIR")
     digest = inputs_hash(directory)
     tag = f"{SANDBOX_REPO}:inputs-{digest}"
-    stream = client.api.build(path=str(directory), tag=tag, rm=True, forcerm=True,
-                              labels={INPUTS_LABEL: digest}, decode=True)
+    stream = client.api.build(
+        path=str(directory), tag=tag, rm=True, forcerm=True, labels={INPUTS_LABEL: digest}, decode=True
+    )
     for chunk in stream:
         if "error" in chunk:
             raise RuntimeError(chunk["error"].strip())

@@ -49,43 +49,44 @@ from orchestrator.errors import EnvironmentFault
 from orchestrator.policy.load import parse_host
 from orchestrator.sandbox.programs import HOLDER_SCRIPT
 
-LABEL = "wakeloop.egress"               # on every container and network created here
+LABEL = "wakeloop.egress"  # on every container and network created here
 PROXY_IMAGE = "wakeloop-proxy:latest"
-PROXY_ALIAS = "wakeloop-proxy"          # the proxy's name on each internal network
-PROXY_PORT = 3128                       # squid's usual port
-EGRESS_NETWORK = "wakeloop-egress"      # the one bridge with a way out, proxies only
-DEFAULT_PORTS = (80, 443)               # a bare `host` entry: plain HTTP and HTTPS
-READY_TIMEOUT_S = 30                    # squid starts in about a second; a build is not counted
-POLL_S = 0.2                            # readiness polling interval
-PROXY_MEMORY = 256 * 2**20              # bytes; squid without a disk cache stays far below
-PROXY_PIDS = 128                        # squid and its helpers
-PROXY_CPUS = 0.5                        # of one core: a proxy for one agent's downloads
+PROXY_ALIAS = "wakeloop-proxy"  # the proxy's name on each internal network
+PROXY_PORT = 3128  # squid's usual port
+EGRESS_NETWORK = "wakeloop-egress"  # the one bridge with a way out, proxies only
+DEFAULT_PORTS = (80, 443)  # a bare `host` entry: plain HTTP and HTTPS
+READY_TIMEOUT_S = 30  # squid starts in about a second; a build is not counted
+POLL_S = 0.2  # readiness polling interval
+PROXY_MEMORY = 256 * 2**20  # bytes; squid without a disk cache stays far below
+PROXY_PIDS = 128  # squid and its helpers
+PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
 PROXY_LOG = {"max-size": "1m", "max-file": "1"}  # squid logs each request to stdout: keep 1 MB
 # Destinations that are not the public internet, by the address a name resolves
 # to (squid's `dst`); no two overlap, as squid wants within one acl. The proxy's
 # own Docker networks are added when its config is written (docker_subnets).
 NON_PUBLIC = (
-    "0.0.0.0/8",            # "this network"
-    "10.0.0.0/8",           # RFC 1918
-    "100.64.0.0/10",        # carrier-grade NAT
-    "127.0.0.0/8",          # loopback
-    "169.254.0.0/16",       # link-local, the cloud metadata address
-    "172.16.0.0/12",        # RFC 1918 (Docker's default pools)
-    "192.0.0.0/24",         # IETF protocol assignments
-    "192.0.2.0/24",         # documentation
-    "192.168.0.0/16",       # RFC 1918
-    "198.18.0.0/15",        # benchmarking
-    "198.51.100.0/24",      # documentation
-    "203.0.113.0/24",       # documentation
-    "224.0.0.0/4",          # multicast
-    "240.0.0.0/4",          # reserved, broadcast
-    "::/128", "::1/128",    # unspecified, loopback
-    "100::/64",             # discard
-    "2001:db8::/32",        # documentation
-    "fc00::/7",             # unique-local
-    "fe80::/10",            # link-local
-    "fec0::/10",            # site-local (deprecated)
-    "ff00::/8",             # multicast
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8",  # RFC 1918
+    "100.64.0.0/10",  # carrier-grade NAT
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local, the cloud metadata address
+    "172.16.0.0/12",  # RFC 1918 (Docker's default pools)
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24",  # documentation
+    "192.168.0.0/16",  # RFC 1918
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation
+    "203.0.113.0/24",  # documentation
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, broadcast
+    "::/128",
+    "::1/128",  # unspecified, loopback
+    "100::/64",  # discard
+    "2001:db8::/32",  # documentation
+    "fc00::/7",  # unique-local
+    "fe80::/10",  # link-local
+    "fec0::/10",  # site-local (deprecated)
+    "ff00::/8",  # multicast
 )
 
 
@@ -123,8 +124,14 @@ class Egress:
     def env(self) -> dict[str, str]:
         """What the sandbox gets; both cases, since tools disagree on which they read."""
         url = self.proxy_url
-        return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-                "NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1"}
+        return {
+            "HTTP_PROXY": url,
+            "HTTPS_PROXY": url,
+            "http_proxy": url,
+            "https_proxy": url,
+            "NO_PROXY": "localhost,127.0.0.1",
+            "no_proxy": "localhost,127.0.0.1",
+        }
 
 
 def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
@@ -135,6 +142,7 @@ def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
 
 
 # -- squid.conf -------------------------------------------------------------------
+
 
 def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
     """squid.conf allowing exactly `allow_hosts` (validated by policy/load.py's parse_host),
@@ -189,8 +197,8 @@ def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] =
 
 # -- creating and finding ------------------------------------------------------------
 
-ENSURE_ATTEMPTS = 3                     # a network removed under us by another process: look again
-_started: set[str] = set()              # egress keys this process created, for shutdown
+ENSURE_ATTEMPTS = 3  # a network removed under us by another process: look again
+_started: set[str] = set()  # egress keys this process created, for shutdown
 
 
 def ensure(client: docker.DockerClient, egress: Egress) -> None:
@@ -216,8 +224,7 @@ def ensure(client: docker.DockerClient, egress: Egress) -> None:
 def alive(client: docker.DockerClient, egress: Egress) -> bool:
     """Whether the agent's netns holder and proxy both still run (two inspects)."""
     try:
-        return all(client.api.inspect_container(name)["State"]["Running"]
-                   for name in (egress.holder, egress.proxy))
+        return all(client.api.inspect_container(name)["State"]["Running"] for name in (egress.holder, egress.proxy))
     except docker.errors.DockerException:
         return False
 
@@ -230,8 +237,7 @@ def _ensure_image(client) -> None:
     try:
         client.images.get(PROXY_IMAGE)
     except docker.errors.ImageNotFound:
-        client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True,
-                            labels={LABEL: "1"})
+        client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True, labels={LABEL: "1"})
 
 
 def _ensure_network(client, name: str, internal: bool, key: str):
@@ -243,8 +249,9 @@ def _ensure_network(client, name: str, internal: bool, key: str):
         return find_network(client, name)
     options = {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {}
     try:
-        mine = client.networks.create(name, driver="bridge", internal=internal,
-                                      options=options, labels=_labels(key), check_duplicate=True)
+        mine = client.networks.create(
+            name, driver="bridge", internal=internal, options=options, labels=_labels(key), check_duplicate=True
+        )
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
@@ -285,16 +292,28 @@ def _ensure_holder(client, egress: Egress, internal) -> None:
         return
     _started.add(egress.key)
     container = client.containers.create(
-        PROXY_IMAGE, ["sh", "-c", HOLDER_SCRIPT], name=egress.holder, hostname="sandbox",
-        user="0:0", network=internal.name, labels={**_labels(egress.key), f"{LABEL}.role": "netns"},
-        cap_drop=["ALL"], cap_add=["NET_ADMIN", "SETUID", "SETGID"],
-        security_opt=["no-new-privileges"], read_only=True,
+        PROXY_IMAGE,
+        ["sh", "-c", HOLDER_SCRIPT],
+        name=egress.holder,
+        hostname="sandbox",
+        user="0:0",
+        network=internal.name,
+        labels={**_labels(egress.key), f"{LABEL}.role": "netns"},
+        cap_drop=["ALL"],
+        cap_add=["NET_ADMIN", "SETUID", "SETGID"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
         # The engine's resolver in this namespace forwards outside names to these
         # servers; 127.0.0.1 has none, so a lookup fails here, at once, and the
         # sandbox (which shares this resolv.conf) is not kept waiting.
-        dns=["127.0.0.1"], dns_opt=["timeout:1", "attempts:1"],
+        dns=["127.0.0.1"],
+        dns_opt=["timeout:1", "attempts:1"],
         sysctls={"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
-        mem_limit=16 * 2**20, pids_limit=8, init=True, detach=True)
+        mem_limit=16 * 2**20,
+        pids_limit=8,
+        init=True,
+        detach=True,
+    )
     container.start()
     _wait_for_log(container, "ready", "network holder")
 
@@ -305,16 +324,25 @@ def _ensure_proxy(client, egress: Egress, internal, outside) -> None:
     _started.add(egress.key)
     subnets = docker_subnets(internal, outside)
     container = client.containers.create(
-        PROXY_IMAGE, name=egress.proxy, user="proxy", hostname=PROXY_ALIAS,
+        PROXY_IMAGE,
+        name=egress.proxy,
+        user="proxy",
+        hostname=PROXY_ALIAS,
         environment={"WAKELOOP_SQUID_CONF": squid_config(egress.allow_hosts, subnets)},
-        labels={**_labels(egress.key), f"{LABEL}.role": "proxy",
-                f"{LABEL}.allow_hosts": ",".join(egress.allow_hosts)},
-        network=internal.name, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-        read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=16m"},
-        mem_limit=PROXY_MEMORY, memswap_limit=PROXY_MEMORY, pids_limit=PROXY_PIDS,
+        labels={**_labels(egress.key), f"{LABEL}.role": "proxy", f"{LABEL}.allow_hosts": ",".join(egress.allow_hosts)},
+        network=internal.name,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=16m"},
+        mem_limit=PROXY_MEMORY,
+        memswap_limit=PROXY_MEMORY,
+        pids_limit=PROXY_PIDS,
         nano_cpus=int(PROXY_CPUS * 1e9),
         log_config=docker.types.LogConfig(type="json-file", config=PROXY_LOG),
-        init=True, detach=True)
+        init=True,
+        detach=True,
+    )
     # The alias on the internal network is how the sandbox finds the proxy.
     internal.disconnect(container)
     internal.connect(container, aliases=[PROXY_ALIAS])
@@ -350,6 +378,7 @@ def _wait_for_log(container, text: str, what: str) -> None:
 
 
 # -- finding and removing ------------------------------------------------------------
+
 
 def started() -> bool:
     """Whether this process created allowlist plumbing that `shutdown` should remove."""

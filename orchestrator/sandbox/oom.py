@@ -38,12 +38,15 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC = Path("/proc")
-COUNTER_FILES = ("memory.events", "memory.oom_control")   # v2, v1: each has an "oom_kill N" line
+COUNTER_FILES = ("memory.events", "memory.oom_control")  # v2, v1: each has an "oom_kill N" line
 # Where Docker puts container {cid}'s memory cgroup by default, under CGROUP_ROOT:
 # the cgroupfs driver on v1 and v2, then the systemd driver on v1 and v2.
-USUAL_PLACES = ("memory/docker/{cid}/memory.oom_control", "docker/{cid}/memory.events",
-                "memory/system.slice/docker-{cid}.scope/memory.oom_control",
-                "system.slice/docker-{cid}.scope/memory.events")
+USUAL_PLACES = (
+    "memory/docker/{cid}/memory.oom_control",
+    "docker/{cid}/memory.events",
+    "memory/system.slice/docker-{cid}.scope/memory.oom_control",
+    "system.slice/docker-{cid}.scope/memory.events",
+)
 
 
 def usual_counter_file(cid: str, root: Path = CGROUP_ROOT) -> Path | None:
@@ -73,7 +76,7 @@ def counter_file(pid: int, cid: str, proc: Path = PROC, root: Path = CGROUP_ROOT
         if len(fields) != 3 or not cid or cid not in fields[2]:
             continue
         _, controllers, path = fields
-        if controllers == "":                   # v2: one unified hierarchy
+        if controllers == "":  # v2: one unified hierarchy
             where = root / path.lstrip("/")
         elif "memory" in controllers.split(","):
             where = root / "memory" / path.lstrip("/")

@@ -58,10 +58,12 @@ class Capture:
         return self.total > len(self.head) + min(len(self.tail), self.half)
 
     def text(self) -> str:
-        tail = bytes(self.tail[-self.half:]) if self.tail else b""
+        tail = bytes(self.tail[-self.half :]) if self.tail else b""
         if not self.truncated:
             return decode(bytes(self.head) + tail)
         cut = self.total - len(self.head) - len(tail)
-        note = (f"\n[... output truncated: {cut:,} of {self.total:,} bytes cut; "
-                f"the first {len(self.head):,} and last {len(tail):,} are shown ...]\n")
+        note = (
+            f"\n[... output truncated: {cut:,} of {self.total:,} bytes cut; "
+            f"the first {len(self.head):,} and last {len(tail):,} are shown ...]\n"
+        )
         return decode(bytes(self.head)) + note + decode(tail)

@@ -35,23 +35,32 @@ def check_against_engine(policy: Policy, client: docker.DockerClient) -> None:
             raise PolicyError(f"{policy.source}: cannot ask the Docker engine: {exc}") from None
         has_image = False
     if not has_image:
-        raise PolicyError(f"{policy.where('sandbox.image')}: sandbox.image: {box.image} is not on this "
-                          "engine; build it with `wakeloop image build` or name an image it has")
+        raise PolicyError(
+            f"{policy.where('sandbox.image')}: sandbox.image: {box.image} is not on this "
+            "engine; build it with `wakeloop image build` or name an image it has"
+        )
     runtimes = info.get("Runtimes") or {}
     if box.runtime not in runtimes:
         hint = " (run scripts/setup-runsc.sh to install gVisor)" if box.runtime == "runsc" else ""
-        raise PolicyError(f"{policy.where('sandbox.runtime')}: sandbox.runtime: the engine has no runtime "
-                          f"{box.runtime!r} (it has: {', '.join(sorted(runtimes))}){hint}")
+        raise PolicyError(
+            f"{policy.where('sandbox.runtime')}: sandbox.runtime: the engine has no runtime "
+            f"{box.runtime!r} (it has: {', '.join(sorted(runtimes))}){hint}"
+        )
     args = (runtimes[box.runtime] or {}).get("runtimeArgs") or []
     if box.network != "none" and "--network=none" in args:
-        raise PolicyError(f"{policy.where('sandbox.network')}: sandbox.network: runtime {box.runtime} is "
-                          f"registered with --network=none, so network: {box.network} cannot work under "
-                          "it; use runtime runc, or network: none")
+        raise PolicyError(
+            f"{policy.where('sandbox.network')}: sandbox.network: runtime {box.runtime} is "
+            f"registered with --network=none, so network: {box.network} cannot work under "
+            "it; use runtime runc, or network: none"
+        )
     if "runsc" in str((runtimes[box.runtime] or {}).get("path", "")) and box.pids < RUNSC_MIN_PIDS:
-        raise PolicyError(f"{policy.where('sandbox.pids')}: sandbox.pids: {box.pids} is too few under "
-                          f"gVisor, whose own threads count against the limit; use at least "
-                          f"{RUNSC_MIN_PIDS}")
+        raise PolicyError(
+            f"{policy.where('sandbox.pids')}: sandbox.pids: {box.pids} is too few under "
+            f"gVisor, whose own threads count against the limit; use at least "
+            f"{RUNSC_MIN_PIDS}"
+        )
     ncpu = info.get("NCPU") or 0
     if ncpu and box.cpus > ncpu:
-        raise PolicyError(f"{policy.where('sandbox.cpus')}: sandbox.cpus: {box.cpus} is more than the "
-                          f"{ncpu} CPUs this engine has")
+        raise PolicyError(
+            f"{policy.where('sandbox.cpus')}: sandbox.cpus: {box.cpus} is more than the {ncpu} CPUs this engine has"
+        )

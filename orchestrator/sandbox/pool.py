@@ -55,12 +55,12 @@ from typing import Callable
 from orchestrator import metrics
 
 
-MAKERS = 2             # containers made at once: a runsc create and start takes 0.5-0.9 s
-AHEAD = 1              # containers kept ahead at first: one per model turn is the usual pace
-THINK_X = 0.8          # a refill that took under this share of the model's last turn waits for its call's end
-WAIT_S = 60.0          # longest a call waits for a container being made (create + start, each capped at 30 s)
-IDLE_CHECK_S = 30       # a container idle longer than this is checked before use (engine restarts)
-_STOP = object()        # ends a pool thread's job queue
+MAKERS = 2  # containers made at once: a runsc create and start takes 0.5-0.9 s
+AHEAD = 1  # containers kept ahead at first: one per model turn is the usual pace
+THINK_X = 0.8  # a refill that took under this share of the model's last turn waits for its call's end
+WAIT_S = 60.0  # longest a call waits for a container being made (create + start, each capped at 30 s)
+IDLE_CHECK_S = 30  # a container idle longer than this is checked before use (engine restarts)
+_STOP = object()  # ends a pool thread's job queue
 
 
 def handoff(argv: list[str], cwd: str, stdin: bool, end: str, env: dict[str, str] | None = None) -> bytes:
@@ -87,8 +87,8 @@ class EndLine:
     def __init__(self, nonce: str):
         self.needle = b"\0wakeloop:" + nonce.encode() + b":"
         self.exit_code: int | None = None
-        self.oom: str | None = None          # "1", "0", or "?" (unknown)
-        self.rest = b""                      # what came after the line in the same read
+        self.oom: str | None = None  # "1", "0", or "?" (unknown)
+        self.rest = b""  # what came after the line in the same read
         self._held = b""
 
     @property
@@ -101,22 +101,22 @@ class EndLine:
             at = buf.find(self.needle)
             if at < 0:
                 keep = min(len(buf), len(self.needle) + self._TAIL)
-                self._held = buf[len(buf) - keep:]
-                return out + buf[:len(buf) - keep]
-            line = buf[at + len(self.needle):]
+                self._held = buf[len(buf) - keep :]
+                return out + buf[: len(buf) - keep]
+            line = buf[at + len(self.needle) :]
             nl = line.find(b"\n", 0, self._TAIL)
-            if nl < 0 and len(line) < self._TAIL:   # the line may yet arrive whole
+            if nl < 0 and len(line) < self._TAIL:  # the line may yet arrive whole
                 self._held = buf[at:]
                 return out + buf[:at]
             fields = line[:nl].split(b":") if nl >= 0 else []
             if len(fields) == 2 and fields[0].isdigit():
                 self.exit_code, self.oom = int(fields[0]), fields[1].decode("ascii", "replace")
-                self.rest = line[nl + 1:]
+                self.rest = line[nl + 1 :]
                 return out + buf[:at]
             # Not a status line (too long, or malformed): output, and look on past it.
             # Never held back whole: a reader with no secret in its needle would
             # otherwise keep all a command prints after the needle in memory.
-            out += buf[:at + len(self.needle)]
+            out += buf[: at + len(self.needle)]
             buf = line
 
     def flush(self) -> bytes:
@@ -129,7 +129,7 @@ class MakePace:
     per engine and runtime), so a wake can tell it is one of a fleet."""
 
     def __init__(self):
-        self._pools: weakref.WeakSet = weakref.WeakSet()   # the open pools sharing this engine
+        self._pools: weakref.WeakSet = weakref.WeakSet()  # the open pools sharing this engine
         self._lock = threading.Lock()
 
     def joined(self, pool: "WarmPool") -> None:
@@ -151,8 +151,8 @@ class MakePace:
 @dataclass(frozen=True)
 class _Warm:
     cid: str
-    key: str            # the settings it was made under
-    made: float         # time.monotonic() when it was started
+    key: str  # the settings it was made under
+    made: float  # time.monotonic() when it was started
 
 
 class WarmPool:
@@ -166,8 +166,15 @@ class WarmPool:
     own removals.
     """
 
-    def __init__(self, size: int, key: Callable[[], str], make: Callable[[], str],
-                 remove: Callable[[str], None], alive: Callable[[str], bool], pace: MakePace | None = None):
+    def __init__(
+        self,
+        size: int,
+        key: Callable[[], str],
+        make: Callable[[], str],
+        remove: Callable[[str], None],
+        alive: Callable[[str], bool],
+        pace: MakePace | None = None,
+    ):
         self.pace = pace or MakePace()
         self.size, self._key, self._make, self._remove, self._alive = size, key, make, remove, alive
         self.want = min(AHEAD, size)
@@ -177,23 +184,30 @@ class WarmPool:
         self._makes: queue.Queue = queue.Queue()
         self._trash: queue.Queue = queue.Queue()
         self._closed = False
-        self._making = 0                # makes queued or begun
-        self._begun = 0                 # of which begun (a queued one may yet be dropped)
-        self._waiting = 0               # takes waiting for a make
-        self.waits = 0                  # takes that found nothing ready (waited, or went cold)
-        self._refilled = False          # a take since the wake began: what is made now is a refill
-        self._made_s: float | None = None    # how long the latest make took
-        self._think_s: float | None = None   # from the latest call's end to the next take (the model's turn)
-        self._ended: float | None = None     # when the latest call ended
-        self._took: float | None = None      # when the latest take came
-        self._cycle_s: float | None = None   # from one take to the next: the wake's pace
-        self._owed = False              # a refill put off until its call ends
+        self._making = 0  # makes queued or begun
+        self._begun = 0  # of which begun (a queued one may yet be dropped)
+        self._waiting = 0  # takes waiting for a make
+        self.waits = 0  # takes that found nothing ready (waited, or went cold)
+        self._refilled = False  # a take since the wake began: what is made now is a refill
+        self._made_s: float | None = None  # how long the latest make took
+        self._think_s: float | None = None  # from the latest call's end to the next take (the model's turn)
+        self._ended: float | None = None  # when the latest call ended
+        self._took: float | None = None  # when the latest take came
+        self._cycle_s: float | None = None  # from one take to the next: the wake's pace
+        self._owed = False  # a refill put off until its call ends
         self.pace.joined(self)
-        self._makers = [threading.Thread(target=self._serve, args=(self._makes, self._make_one),
-                                         name="wakeloop-pool-make", daemon=True) for _ in range(MAKERS)]
-        self._threads = [*self._makers,
-                         threading.Thread(target=self._serve, args=(self._trash, self._remove_quietly),
-                                          name="wakeloop-pool-remove", daemon=True)]
+        self._makers = [
+            threading.Thread(
+                target=self._serve, args=(self._makes, self._make_one), name="wakeloop-pool-make", daemon=True
+            )
+            for _ in range(MAKERS)
+        ]
+        self._threads = [
+            *self._makers,
+            threading.Thread(
+                target=self._serve, args=(self._trash, self._remove_quietly), name="wakeloop-pool-remove", daemon=True
+            ),
+        ]
         for thread in self._threads:
             thread.start()
         self._refill()
@@ -209,8 +223,7 @@ class WarmPool:
                 self._refill()
                 metrics.pool_take(hit=False)
                 return None
-            if warm.key != key or (time.monotonic() - warm.made > IDLE_CHECK_S
-                                   and not self._alive(warm.cid)):
+            if warm.key != key or (time.monotonic() - warm.made > IDLE_CHECK_S and not self._alive(warm.cid)):
                 self.discard(warm.cid)
                 continue
             self._refill_or_owe()
@@ -225,12 +238,12 @@ class WarmPool:
             if self._took is not None:
                 self._cycle_s = now - self._took
             self._took = now
-            if not self._ready and self._owed:   # a call came before the last one ended
+            if not self._ready and self._owed:  # a call came before the last one ended
                 self._owed = False
                 self._queue_missing()
             if not self._ready:
                 self.waits += 1
-                if self._refilled:   # a wake's first call waits for its first fill: that is no refill
+                if self._refilled:  # a wake's first call waits for its first fill: that is no refill
                     self._grow()
             self._refilled = True
             self._waiting += 1
@@ -267,7 +280,7 @@ class WarmPool:
         hides = self._made_s is None or self._cycle_s is None or self._made_s < (self.want + 1) * self._cycle_s
         if self.want and hides and not self.pace.shared(self):
             self.want = min(self.size, self.want + 1)
-            self._queue_missing()   # the one more begins now, beside the one this call waits for
+            self._queue_missing()  # the one more begins now, beside the one this call waits for
 
     def wind_down(self) -> None:
         """No more calls are expected but perhaps one (the journal's stub): make no more.
@@ -280,7 +293,7 @@ class WarmPool:
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
             self._refilled = False
-            self._ended = self._took = None   # the time since the last wake's calls is no model turn
+            self._ended = self._took = None  # the time since the last wake's calls is no model turn
         self._refill()
 
     def discard(self, cid: str) -> None:
@@ -352,7 +365,7 @@ class WarmPool:
         with self._changed:
             if not self._wanted():
                 self._making -= 1
-                self._changed.notify_all()   # a waiting take: none coming
+                self._changed.notify_all()  # a waiting take: none coming
                 return
             self._begun += 1
         key, started = self._key(), time.monotonic()
@@ -366,8 +379,8 @@ class WarmPool:
             if cid is not None:
                 self._made_s = time.monotonic() - started
             keep = cid is not None and not self._closed and key == self._key()
-            if keep and cid is not None:    # (keep says cid is not None; mypy cannot see it)
+            if keep and cid is not None:  # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))
-            self._changed.notify_all()   # a waiting take: a container, or none coming
+            self._changed.notify_all()  # a waiting take: a container, or none coming
         if cid is not None and not keep:
             self._remove_quietly(cid)

@@ -56,10 +56,10 @@ from importlib.resources import files
 
 from orchestrator.sandbox.seccomp import FILTER
 
-PYTHON = "/usr/bin/python3"         # the image's interpreter, by absolute path: never looked up on a PATH
-BASH = "/bin/bash"                  # the shell a bash call runs, by absolute path likewise
+PYTHON = "/usr/bin/python3"  # the image's interpreter, by absolute path: never looked up on a PATH
+BASH = "/bin/bash"  # the shell a bash call runs, by absolute path likewise
 COMMAND_ENV = "WAKELOOP_COMMAND_ENV"  # the command's whole environment, as JSON; popped by the guard
-HELD = "held"                       # in the guard's line when a cold call's command is over (GUARD below)
+HELD = "held"  # in the guard's line when a cold call's command is over (GUARD below)
 
 
 def _program(name: str, marks: dict[str, str] | None = None) -> str:
@@ -80,6 +80,7 @@ def _program(name: str, marks: dict[str, str] | None = None) -> str:
 # assembled on the host at import.
 INSTALL = _program("install_filter", {'"__FILTER_HEX__"': repr(FILTER.hex())})
 
+
 def boot(name: str) -> str:
     """A one-line program that runs the program in $name, taking it out of the
     environment first. Our programs ride in the environment, not in argv, so that
@@ -89,7 +90,7 @@ def boot(name: str) -> str:
 
 
 LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
-LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]   # the pool's launcher, run by the guard itself (GUARD)
+LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]  # the pool's launcher, run by the guard itself (GUARD)
 
 
 # Installs the filter, then becomes the program given as its arguments, which
@@ -117,10 +118,16 @@ LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]   # the pool's launcher, 
 # the engine's, the count the kernel's; a command that prints it early only
 # makes the host read the count early. Without a pipe on stdin (a `docker run`
 # of these settings) there is no line and no wait.
-GUARD = INSTALL + _program("guard", {'"__COMMAND_ENV__"': repr(COMMAND_ENV), "__HELD__": HELD,
-                                     '["__LAUNCH_ARGV__"]': repr(LAUNCH_ARGV),
-                                     '"__LAUNCHER_ENV__"': repr(LAUNCHER_ENV)})
-GUARD_ENV = "WAKELOOP_GUARD"        # the container's environment carries GUARD under this name
+GUARD = INSTALL + _program(
+    "guard",
+    {
+        '"__COMMAND_ENV__"': repr(COMMAND_ENV),
+        "__HELD__": HELD,
+        '["__LAUNCH_ARGV__"]': repr(LAUNCH_ARGV),
+        '"__LAUNCHER_ENV__"': repr(LAUNCHER_ENV),
+    },
+)
+GUARD_ENV = "WAKELOOP_GUARD"  # the container's environment carries GUARD under this name
 
 
 def guarded(argv: list[str]) -> list[str]:
@@ -174,7 +181,7 @@ def carried(env: dict[str, str]) -> str:
 # runtime shows no such count (gVisor), and the host reads it instead (oom.py).
 LAUNCHER = _program("launcher")
 
-READY_LINE = b"\0wakeloop:ready\n"   # the launcher's first output: it is listening for its handoff
+READY_LINE = b"\0wakeloop:ready\n"  # the launcher's first output: it is listening for its handoff
 
 
 # Runs inside the container as `/usr/bin/python3 -I` (no cwd or PYTHON* in sys.path, so a
@@ -199,11 +206,10 @@ WRITE_SCRIPT = _program("write_script")
 
 def write_argv(path: str, append: bool = False, protect_git: bool = True) -> list[str]:
     """What a write_file call runs in the box (from /, content on stdin)."""
-    return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write",
-            "git" if protect_git else "-"]
+    return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write", "git" if protect_git else "-"]
 
 
-NOBODY = "65534"                        # the holder sleeps as this uid after dropping everything
+NOBODY = "65534"  # the holder sleeps as this uid after dropping everything
 
 # Runs as root with only NET_ADMIN, SETUID and SETGID, then drops all of it.
 HOLDER_SCRIPT = (

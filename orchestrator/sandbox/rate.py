@@ -26,7 +26,7 @@ from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.engine import DockerSandbox
 
-CALL_TIMEOUT_S = 60                 # one `true`; only an engine far past its limit takes this long
+CALL_TIMEOUT_S = 60  # one `true`; only an engine far past its limit takes this long
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,12 @@ ALLOW = 0x7FFF0000
 ERRNO = 0x00050000
 EPERM, ENOSYS = 1, 38
 
-SET_ID = 0o6000                         # S_ISUID | S_ISGID
-CREATES = 0o100 | 0o20000000            # O_CREAT | __O_TMPFILE: the flags under which open* reads its mode
-X32_BIT = 0x40000000                    # __X32_SYSCALL_BIT: x32 calls are x86_64's numbers with it set
-IO_URING = (425, 426, 427)              # io_uring_setup, _enter, _register: one number on every ABI
-OPENAT2 = 437                           # likewise
-FCHMODAT2 = 452                         # likewise
+SET_ID = 0o6000  # S_ISUID | S_ISGID
+CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE: the flags under which open* reads its mode
+X32_BIT = 0x40000000  # __X32_SYSCALL_BIT: x32 calls are x86_64's numbers with it set
+IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every ABI
+OPENAT2 = 437  # likewise
+FCHMODAT2 = 452  # likewise
 
 # -- the rules, per ABI ----------------------------------------------------------
 
@@ -63,45 +63,86 @@ FCHMODAT2 = 452                         # likewise
 @dataclass(frozen=True)
 class Abi:
     name: str
-    arch: int                           # AUDIT_ARCH_*, as seccomp_data.arch carries it
-    nr_mask: int                        # what of seccomp_data.nr is the syscall's number
-    mode_at: dict[int, int]             # syscall nr -> index of its mode argument
-    open_at: dict[int, int]             # syscall nr -> index of its flags argument (the mode follows)
+    arch: int  # AUDIT_ARCH_*, as seccomp_data.arch carries it
+    nr_mask: int  # what of seccomp_data.nr is the syscall's number
+    mode_at: dict[int, int]  # syscall nr -> index of its mode argument
+    open_at: dict[int, int]  # syscall nr -> index of its flags argument (the mode follows)
     enosys: tuple[int, ...] = field(default=IO_URING + (OPENAT2,))
 
 
-X86_64 = Abi("x86_64", 0xC000003E, ~X32_BIT & 0xFFFFFFFF,
-             mode_at={90: 1, 91: 1, 268: 2, FCHMODAT2: 2,   # chmod, fchmod, fchmodat, fchmodat2
-                      133: 1, 259: 2, 85: 1},                # mknod, mknodat, creat
-             open_at={2: 1, 257: 2})                         # open, openat
-I386 = Abi("i386", 0x40000003, 0xFFFFFFFF,
-           mode_at={15: 1, 94: 1, 306: 2, FCHMODAT2: 2,     # chmod, fchmod, fchmodat, fchmodat2
-                    14: 1, 297: 2, 8: 1},                    # mknod, mknodat, creat
-           open_at={5: 1, 295: 2})                           # open, openat
-AARCH64 = Abi("aarch64", 0xC00000B7, 0xFFFFFFFF,             # the generic table: only the *at calls
-              mode_at={52: 1, 53: 2, FCHMODAT2: 2,           # fchmod, fchmodat, fchmodat2
-                       33: 2},                               # mknodat
-              open_at={56: 2})                               # openat
-ARM = Abi("arm", 0x40000028, 0xFFFFFFFF,                     # aarch64's 32-bit compat ABI (EABI)
-          mode_at={15: 1, 94: 1, 333: 2, FCHMODAT2: 2,      # chmod, fchmod, fchmodat, fchmodat2
-                   14: 1, 324: 2, 8: 1},                     # mknod, mknodat, creat
-          open_at={5: 1, 322: 2})                            # open, openat
+X86_64 = Abi(
+    "x86_64",
+    0xC000003E,
+    ~X32_BIT & 0xFFFFFFFF,
+    mode_at={
+        90: 1,
+        91: 1,
+        268: 2,
+        FCHMODAT2: 2,  # chmod, fchmod, fchmodat, fchmodat2
+        133: 1,
+        259: 2,
+        85: 1,
+    },  # mknod, mknodat, creat
+    open_at={2: 1, 257: 2},
+)  # open, openat
+I386 = Abi(
+    "i386",
+    0x40000003,
+    0xFFFFFFFF,
+    mode_at={
+        15: 1,
+        94: 1,
+        306: 2,
+        FCHMODAT2: 2,  # chmod, fchmod, fchmodat, fchmodat2
+        14: 1,
+        297: 2,
+        8: 1,
+    },  # mknod, mknodat, creat
+    open_at={5: 1, 295: 2},
+)  # open, openat
+AARCH64 = Abi(
+    "aarch64",
+    0xC00000B7,
+    0xFFFFFFFF,  # the generic table: only the *at calls
+    mode_at={
+        52: 1,
+        53: 2,
+        FCHMODAT2: 2,  # fchmod, fchmodat, fchmodat2
+        33: 2,
+    },  # mknodat
+    open_at={56: 2},
+)  # openat
+ARM = Abi(
+    "arm",
+    0x40000028,
+    0xFFFFFFFF,  # aarch64's 32-bit compat ABI (EABI)
+    mode_at={
+        15: 1,
+        94: 1,
+        333: 2,
+        FCHMODAT2: 2,  # chmod, fchmod, fchmodat, fchmodat2
+        14: 1,
+        324: 2,
+        8: 1,
+    },  # mknod, mknodat, creat
+    open_at={5: 1, 322: 2},
+)  # open, openat
 ABIS = (X86_64, I386, AARCH64, ARM)
 
 
 # -- a small BPF assembler ---------------------------------------------------------
 
 LD_ABS, AND_K, JEQ_K, JSET_K, JA, RET_K = 0x20, 0x54, 0x15, 0x45, 0x05, 0x06
-JUMP_MAX = 255                          # a conditional jump's offset is one byte
+JUMP_MAX = 255  # a conditional jump's offset is one byte
 
 
 @dataclass(frozen=True)
 class Op:
     code: int
     k: int = 0
-    jt: str | None = None               # label to go to if the test holds; None: the next op
-    jf: str | None = None               # label if not
-    label: str | None = None            # set only on a Label pseudo-op, which emits nothing
+    jt: str | None = None  # label to go to if the test holds; None: the next op
+    jf: str | None = None  # label if not
+    label: str | None = None  # set only on a Label pseudo-op, which emits nothing
 
 
 def label(name: str) -> Op:
@@ -146,9 +187,9 @@ def assemble(ops: list[Op]) -> bytes:
     for op in ops:
         if op.label is not None:
             continue
-        pc += 1   # offsets count from the op after this one
+        pc += 1  # offsets count from the op after this one
 
-        def off(name: str | None, limit: int, pc: int = pc) -> int:   # this op's pc, bound now
+        def off(name: str | None, limit: int, pc: int = pc) -> int:  # this op's pc, bound now
             if name is None:
                 return 0
             if name not in at:
@@ -156,12 +197,12 @@ def assemble(ops: list[Op]) -> bytes:
             if not 0 <= at[name] - pc <= limit:
                 raise ValueError(f"jump to {name} out of reach ({at[name] - pc})")
             return at[name] - pc
+
         if op.code == JA:
             out.append((JA, 0, 0, off(op.jt, 0xFFFFFFFF)))
         else:
             out.append((op.code, off(op.jt, JUMP_MAX), off(op.jf, JUMP_MAX), op.k))
-    return b"".join(code.to_bytes(2, "little") + bytes([jt, jf]) + k.to_bytes(4, "little")
-                    for code, jt, jf, k in out)
+    return b"".join(code.to_bytes(2, "little") + bytes([jt, jf]) + k.to_bytes(4, "little") for code, jt, jf, k in out)
 
 
 # -- the filter ----------------------------------------------------------------------
@@ -186,13 +227,12 @@ def program(abis: tuple[Abi, ...] = ABIS) -> list[Op]:
     # Shared by every ABI: the args sit at the same offsets whatever the ABI.
     for i in sorted({i for abi in abis for i in abi.open_at.values()}):
         ops += [label(f"flags{i}"), ld(arg_low(i)), jset(CREATES, f"mode{i + 1}", "allow")]
-    for i in sorted({i for abi in abis for i in abi.mode_at.values()} |
-                    {i + 1 for abi in abis for i in abi.open_at.values()}):
+    for i in sorted(
+        {i for abi in abis for i in abi.mode_at.values()} | {i + 1 for abi in abis for i in abi.open_at.values()}
+    ):
         ops += [label(f"mode{i}"), ld(arg_low(i)), jset(SET_ID, "eperm", "allow")]
-    ops += [label("eperm"), ret(ERRNO | EPERM),
-            label("enosys"), ret(ERRNO | ENOSYS),
-            label("allow"), ret(ALLOW)]
+    ops += [label("eperm"), ret(ERRNO | EPERM), label("enosys"), ret(ERRNO | ENOSYS), label("allow"), ret(ALLOW)]
     return ops
 
 
-FILTER = assemble(program())            # what the guard installs (programs.py's INSTALL)
+FILTER = assemble(program())  # what the guard installs (programs.py's INSTALL)

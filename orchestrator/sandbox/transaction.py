@@ -44,9 +44,9 @@ from pathlib import Path
 
 from orchestrator.policy.paths import glob_match, is_dotgit
 
-OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"   # an upper layer scan() can read whole
+OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # an upper layer scan() can read whole
 MANIFEST = "manifest.json"
-OLD, NEW = "old", "new"             # in an undo folder: what a commit replaced; what an undo took away
+OLD, NEW = "old", "new"  # in an undo folder: what a commit replaced; what an undo took away
 SETID = stat.S_ISUID | stat.S_ISGID
 OPAQUE = "trusted.overlay.opaque"
 
@@ -57,22 +57,23 @@ class TransactionError(OSError):
 
 @dataclass(frozen=True)
 class Change:
-    path: str                       # workspace-relative, posix
-    kind: str                       # added | modified | deleted
-    type: str                       # file | dir | link | other (after; before, for a deletion)
-    size: int = 0                   # bytes after (a file), 0 otherwise
-    mode: int = 0                   # permission bits after (0 for a deletion)
-    target: str | None = None       # a link's target, as written: never followed
-    sha256: str | None = None       # a file's content after
+    path: str  # workspace-relative, posix
+    kind: str  # added | modified | deleted
+    type: str  # file | dir | link | other (after; before, for a deletion)
+    size: int = 0  # bytes after (a file), 0 otherwise
+    mode: int = 0  # permission bits after (0 for a deletion)
+    target: str | None = None  # a link's target, as written: never followed
+    sha256: str | None = None  # a file's content after
 
 
 @dataclass(frozen=True)
 class Refused:
     change: Change
-    rule: str                       # the glob, `protect_git`, or `set-id bit`
+    rule: str  # the glob, `protect_git`, or `set-id bit`
 
 
 # -- reading the upper layer ---------------------------------------------------------------
+
 
 def scan(upper: Path, lower: Path) -> list[Change]:
     """What the wake changed, parents before children, deletions of a folder's contents before it."""
@@ -91,12 +92,12 @@ def _walk(upper: Path, lower: Path, rel: str, out: list[Change]) -> None:
     for name in names:
         path = _join(rel, name)
         st, before = os.lstat(upper / path), _lstat(lower / path)
-        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:          # a whiteout
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout
             if before is not None:
                 out += _deleted(lower, path)
             continue
         if before is not None and _type(before.st_mode) != _type(st.st_mode):
-            out += _deleted(lower, path)                           # a file became a folder, or the reverse
+            out += _deleted(lower, path)  # a file became a folder, or the reverse
             before = None
         if stat.S_ISDIR(st.st_mode):
             if before is None or stat.S_IMODE(before.st_mode) != stat.S_IMODE(st.st_mode):
@@ -121,9 +122,15 @@ def _deleted(lower: Path, path: str) -> list[Change]:
 
 def _change(upper: Path, path: str, st: os.stat_result, kind: str) -> Change:
     kind_of = _type(st.st_mode)
-    return Change(path, kind, kind_of, st.st_size if kind_of == "file" else 0, stat.S_IMODE(st.st_mode),
-                  os.readlink(upper / path) if kind_of == "link" else None,
-                  _sha256(upper / path) if kind_of == "file" else None)
+    return Change(
+        path,
+        kind,
+        kind_of,
+        st.st_size if kind_of == "file" else 0,
+        stat.S_IMODE(st.st_mode),
+        os.readlink(upper / path) if kind_of == "link" else None,
+        _sha256(upper / path) if kind_of == "file" else None,
+    )
 
 
 def _same(new: Path, st: os.stat_result, old: Path, before: os.stat_result) -> bool:
@@ -146,8 +153,10 @@ def _opaque(folder: Path) -> bool:
 
 # -- the policy -----------------------------------------------------------------------------
 
-def check(changes: list[Change], protect: tuple[str, ...] = (), protect_git: bool = True
-          ) -> tuple[list[Change], list[Refused]]:
+
+def check(
+    changes: list[Change], protect: tuple[str, ...] = (), protect_git: bool = True
+) -> tuple[list[Change], list[Refused]]:
     """(what may land, what may not and why). A folder is deleted only with everything in it."""
     allowed: list[Change] = []
     refused: list[Refused] = []
@@ -156,7 +165,7 @@ def check(changes: list[Change], protect: tuple[str, ...] = (), protect_git: boo
         if rule is None and change.kind == "deleted" and change.type == "dir":
             under = next((r for r in refused if r.change.path.startswith(change.path + "/")), None)
             rule = f"{under.rule} (beneath it: {under.change.path})" if under else None
-        if rule is None and change.kind == "added":   # in the place of what could not be deleted
+        if rule is None and change.kind == "added":  # in the place of what could not be deleted
             kept = next((r for r in refused if r.change.path == change.path), None)
             rule = kept.rule if kept else None
         if rule:
@@ -179,14 +188,26 @@ def _rule(change: Change, protect: tuple[str, ...], protect_git: bool) -> str | 
 
 # -- landing it, and taking it back ------------------------------------------------------------
 
+
 def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Change]) -> None:
     """Apply `allowed` to `lower`, keeping what it replaces under `undo` (a folder of this
     wake's, on the same filesystem). Finished by recover() if cut short."""
     undo.mkdir(parents=True, exist_ok=True)
-    modes = {str(i): stat.S_IMODE(os.lstat(Path(lower) / c.path).st_mode) for i, c in enumerate(allowed)
-             if c.type == "dir" and c.kind == "modified"}
-    _write_manifest(undo, {"run_id": run_id, "state": "committing", "upper": str(upper),
-                           "changes": [asdict(c) for c in allowed], "dir_modes": modes})
+    modes = {
+        str(i): stat.S_IMODE(os.lstat(Path(lower) / c.path).st_mode)
+        for i, c in enumerate(allowed)
+        if c.type == "dir" and c.kind == "modified"
+    }
+    _write_manifest(
+        undo,
+        {
+            "run_id": run_id,
+            "state": "committing",
+            "upper": str(upper),
+            "changes": [asdict(c) for c in allowed],
+            "dir_modes": modes,
+        },
+    )
     _apply(Path(upper), Path(lower), undo, allowed)
     _set_state(undo, "committed")
 
@@ -204,9 +225,12 @@ def undo_run(lower: Path, undo: Path, later: list[Path], force: bool = False) ->
             theirs = read_manifest(folder)
             again = sorted(mine & {c["path"] for c in theirs["changes"]})
             if again and theirs["state"] != "undone":
-                raise TransactionError(errno.EBUSY, f"a later wake ({theirs['run_id']}) changed "
-                                       f"{', '.join(again[:3])}{' ...' if len(again) > 3 else ''} too; "
-                                       "undo it first, or use --force")
+                raise TransactionError(
+                    errno.EBUSY,
+                    f"a later wake ({theirs['run_id']}) changed "
+                    f"{', '.join(again[:3])}{' ...' if len(again) > 3 else ''} too; "
+                    "undo it first, or use --force",
+                )
     _set_state(undo, "undoing")
     _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
     _set_state(undo, "undone")
@@ -237,16 +261,17 @@ def recover(lower: Path, undo: Path) -> str | None:
 # file (or the reverse) and a folder deleted with its contents never meet. A step is done
 # when its own name says so; run again, it does nothing.
 
+
 def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
     for i, change in enumerate(changes):
         here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
         if change.kind == "deleted":
             if not _lexists(old):
-                _move(here, old)                    # contents first (scan's order), then the folder
+                _move(here, old)  # contents first (scan's order), then the folder
         elif change.type == "dir":
             here.mkdir(exist_ok=True)
             os.chmod(here, change.mode)
-        elif _lexists(new):                         # not yet landed: the old kept, then the new landed
+        elif _lexists(new):  # not yet landed: the old kept, then the new landed
             if change.kind == "modified" and not _lexists(old):
                 _move(here, old)
             _move(new, here)
@@ -260,7 +285,7 @@ def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> 
             if not _lexists(gone) and here.is_dir() and not here.is_symlink() and not os.listdir(here):
                 _move(here, gone)
         elif change.type == "dir" and change.kind == "modified":
-            os.chmod(here, dir_modes[str(i)])   # keys are strings: the manifest is JSON
+            os.chmod(here, dir_modes[str(i)])  # keys are strings: the manifest is JSON
         elif change.kind == "deleted":
             _move(old, here)
         else:
@@ -296,14 +321,13 @@ def _set_state(undo: Path, state: str) -> None:
 
 
 def _type(mode: int) -> str:
-    return ("dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode)
-            else "file" if stat.S_ISREG(mode) else "other")
+    return "dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode) else "file" if stat.S_ISREG(mode) else "other"
 
 
 def _lstat(path: Path) -> os.stat_result | None:
     try:
         return os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):   # a parent that is a file: nothing beneath it
+    except (FileNotFoundError, NotADirectoryError):  # a parent that is a file: nothing beneath it
         return None
 
 

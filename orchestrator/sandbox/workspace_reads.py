@@ -34,10 +34,10 @@ from typing import Protocol
 
 from orchestrator.sandbox.output import decode
 
-READ_CAP = 64 * 1024                 # bytes per file in the context; more is cut with a note
+READ_CAP = 64 * 1024  # bytes per file in the context; more is cut with a note
 JOURNAL_DIR = "memory/journal"
 CORE_MEMORY = "memory/core.md"
-_JOURNAL_NAME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")   # fullmatch: ASCII digits, no trailing newline
+_JOURNAL_NAME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")  # fullmatch: ASCII digits, no trailing newline
 
 
 class Files(Protocol):
@@ -50,12 +50,13 @@ class Files(Protocol):
     def journal_size(self, day: str) -> int | None: ...
 
 
-READS = ("read_text", "read_text_or_none", "journal_names", "journal_size")   # Files' methods, by name
+READS = ("read_text", "read_text_or_none", "journal_names", "journal_size")  # Files' methods, by name
 
 
 @dataclass(frozen=True)
 class HostFiles:
     """The workspace at `root` on this host: the folder, or its disk's mount."""
+
     root: Path
 
     def read_text(self, rel: str) -> str:
@@ -117,7 +118,7 @@ def journal_size(workspace: Path, day: str) -> int | None:
     """Size of memory/journal/DAY.md if it is a regular file; 0 if missing;
     None if it is anything else (a symlink is not followed, and does not count)."""
     rel = f"{JOURNAL_DIR}/{day}.md"
-    if not _JOURNAL_NAME.fullmatch(f"{day}.md"):   # a day, not a path (the broker's read op passes it on)
+    if not _JOURNAL_NAME.fullmatch(f"{day}.md"):  # a day, not a path (the broker's read op passes it on)
         return None
     try:
         parent = _open_dir(workspace, str(PurePosixPath(rel).parent))
@@ -137,6 +138,7 @@ def journal_size(workspace: Path, day: str) -> int | None:
 
 
 # -- the walk ----------------------------------------------------------------------
+
 
 def _read_capped(workspace: Path, rel: str, cap: int) -> str:
     parts = PurePosixPath(rel).parts
@@ -159,8 +161,7 @@ def _read_capped(workspace: Path, rel: str, cap: int) -> str:
         os.close(fd)
     text = decode(data[:cap])
     if len(data) > cap:
-        text += (f"\n[... cut by the harness: only the first {cap:,} of {st.st_size:,} bytes "
-                 f"of {rel} are shown ...]")
+        text += f"\n[... cut by the harness: only the first {cap:,} of {st.st_size:,} bytes of {rel} are shown ...]"
     return text
 
 
@@ -219,9 +220,14 @@ def _read_upto(fd: int, limit: int) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"),
-                       (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink")):
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symlink"),
+    ):
         if test(mode):
             return name
     return "special file"

@@ -28,17 +28,17 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Sequence, Union
 
-CHARS_PER_TOKEN = 4                 # the cache model's token estimate
-CHUNK = 7                           # characters per SSE delta: small, to exercise accumulation
+CHARS_PER_TOKEN = 4  # the cache model's token estimate
+CHUNK = 7  # characters per SSE delta: small, to exercise accumulation
 MODEL_ECHO = "claude-fake-1"
-FAKE_KEY = "sk-ant-test-CANARY-7f3a9c1e5b2d"   # the tests' key: if it shows up anywhere, it leaked
+FAKE_KEY = "sk-ant-test-CANARY-7f3a9c1e5b2d"  # the tests' key: if it shows up anywhere, it leaked
 
 
 @dataclass
 class Reply:
     content: list[dict] = field(default_factory=list)
     stop_reason: str | None = None
-    usage: dict | None = None       # None: computed by the cache model
+    usage: dict | None = None  # None: computed by the cache model
     status: int = 200
     error_type: str = ""
     message: str = ""
@@ -51,7 +51,7 @@ Responder = Union[Reply, Callable[["Recorded"], Reply]]
 @dataclass
 class Recorded:
     path: str
-    headers: dict                   # lower-cased names
+    headers: dict  # lower-cased names
     body: dict
     raw: bytes
 
@@ -73,12 +73,17 @@ def turn(*blocks: dict, stop_reason: str | None = None, usage: dict | None = Non
 
 
 def usage(input_tokens=0, output_tokens=0, cache_read=0, cache_creation=0) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_creation}
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cache_read,
+        "cache_creation_input_tokens": cache_creation,
+    }
 
 
-def api_error(status: int = 529, type: str = "overloaded_error", message: str = "Overloaded",
-              retry_after_ms: int | None = 10) -> Reply:
+def api_error(
+    status: int = 529, type: str = "overloaded_error", message: str = "Overloaded", retry_after_ms: int | None = 10
+) -> Reply:
     headers = {"retry-after-ms": str(retry_after_ms)} if retry_after_ms is not None else {}
     return Reply(status=status, error_type=type, message=message, headers=headers)
 
@@ -86,7 +91,7 @@ def api_error(status: int = 529, type: str = "overloaded_error", message: str = 
 class FakeAPI:
     def __init__(self, replies: Sequence[Responder] = (), then: Responder | None = None):
         self.queue: list[Responder] = list(replies)
-        self.then = then                # used when the queue is empty; None: a plain end_turn
+        self.then = then  # used when the queue is empty; None: a plain end_turn
         self.requests: list[Recorded] = []
         self.cache: set[str] = set()
         self._lock = threading.Lock()
@@ -125,8 +130,7 @@ class FakeAPI:
         with self._lock:
             read, create, total = cache_model(body, self.cache)
         out = max(1, len(json.dumps(reply.content)) // CHARS_PER_TOKEN)
-        return usage(input_tokens=total - read - create, output_tokens=out, cache_read=read,
-                     cache_creation=create)
+        return usage(input_tokens=total - read - create, output_tokens=out, cache_read=read, cache_creation=create)
 
     def _handler(self):
         api = self
@@ -146,8 +150,7 @@ class FakeAPI:
                     return self._json(404, _error_body("not_found_error", f"no route {self.path}"))
                 reply = api._next(rec)
                 if reply.status != 200:
-                    return self._json(reply.status, _error_body(reply.error_type, reply.message),
-                                      reply.headers)
+                    return self._json(reply.status, _error_body(reply.error_type, reply.message), reply.headers)
                 message = _message(body, reply, api._usage(body, reply))
                 if body.get("stream"):
                     return self._sse(message)
@@ -181,44 +184,62 @@ def _error_body(kind: str, message: str) -> dict:
 
 
 def _message(body: dict, reply: Reply, use: dict) -> dict:
-    return {"id": f"msg_fake_{next(_ids):04d}", "type": "message", "role": "assistant",
-            "model": body.get("model", MODEL_ECHO), "content": reply.content,
-            "stop_reason": reply.stop_reason or "end_turn", "stop_sequence": None, "usage": use}
+    return {
+        "id": f"msg_fake_{next(_ids):04d}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", MODEL_ECHO),
+        "content": reply.content,
+        "stop_reason": reply.stop_reason or "end_turn",
+        "stop_sequence": None,
+        "usage": use,
+    }
 
 
 def sse_events(message: dict) -> list[dict]:
     """The event sequence the API streams for `message`."""
     use = message["usage"]
-    start = {**message, "content": [], "stop_reason": None,
-             "usage": {**use, "output_tokens": 1}}
+    start = {**message, "content": [], "stop_reason": None, "usage": {**use, "output_tokens": 1}}
     events: list[dict] = [{"type": "message_start", "message": start}, {"type": "ping"}]
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
-            events.append({"type": "content_block_start", "index": i,
-                           "content_block": {"type": "text", "text": ""}})
-            events += [{"type": "content_block_delta", "index": i,
-                        "delta": {"type": "text_delta", "text": part}} for part in _chunks(block["text"])]
+            events.append({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})
+            events += [
+                {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": part}}
+                for part in _chunks(block["text"])
+            ]
         elif block["type"] == "tool_use":
-            events.append({"type": "content_block_start", "index": i, "content_block":
-                           {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
-            events += [{"type": "content_block_delta", "index": i,
-                        "delta": {"type": "input_json_delta", "partial_json": part}}
-                       for part in _chunks(json.dumps(block["input"]))]
+            events.append(
+                {
+                    "type": "content_block_start",
+                    "index": i,
+                    "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}},
+                }
+            )
+            events += [
+                {"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": part}}
+                for part in _chunks(json.dumps(block["input"]))
+            ]
         else:
             events.append({"type": "content_block_start", "index": i, "content_block": block})
         events.append({"type": "content_block_stop", "index": i})
-    events.append({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"],
-                                                      "stop_sequence": None},
-                   "usage": {"output_tokens": use["output_tokens"]}})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": use["output_tokens"]},
+        }
+    )
     events.append({"type": "message_stop"})
     return events
 
 
 def _chunks(s: str) -> list[str]:
-    return [s[i:i + CHUNK] for i in range(0, len(s), CHUNK)] or [""]
+    return [s[i : i + CHUNK] for i in range(0, len(s), CHUNK)] or [""]
 
 
 # -- the prompt-cache model ---------------------------------------------------------
+
 
 def strip_cache_control(value):
     if isinstance(value, dict):
@@ -245,12 +266,13 @@ def _segments(body: dict) -> list[tuple[str, bool]]:
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         for block in content:
-            segs.append((msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True),
-                         "cache_control" in block))
+            segs.append(
+                (msg["role"] + json.dumps(strip_cache_control(block), sort_keys=True), "cache_control" in block)
+            )
     return segs
 
 
-LOOKBACK = 20                       # blocks before a breakpoint the API also checks for a hit
+LOOKBACK = 20  # blocks before a breakpoint the API also checks for a hit
 
 
 def cache_model(body: dict, cache: set[str]) -> tuple[int, int, int]:
@@ -265,8 +287,10 @@ def cache_model(body: dict, cache: set[str]) -> tuple[int, int, int]:
         prefixes.append((digest.hexdigest(), tokens))
         if breakpoint:
             marks.append(len(prefixes) - 1)
-    read = max((prefixes[j][1] for i in marks for j in range(max(0, i - LOOKBACK), i + 1)
-                if prefixes[j][0] in cache), default=0)
+    read = max(
+        (prefixes[j][1] for i in marks for j in range(max(0, i - LOOKBACK), i + 1) if prefixes[j][0] in cache),
+        default=0,
+    )
     last = prefixes[marks[-1]][1] if marks else 0
     cache.update(prefixes[i][0] for i in marks)
     return read, max(0, last - read), tokens

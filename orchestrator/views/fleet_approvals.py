@@ -17,7 +17,7 @@ from orchestrator.fleet.schedule import agent_dirs
 from orchestrator.records import approvals
 from orchestrator.sandbox.output import clean
 
-CALL_SHOWN = 80                     # chars of a call on a table row
+CALL_SHOWN = 80  # chars of a call on a table row
 
 
 def rows(path: Path) -> list[dict]:
@@ -31,10 +31,24 @@ def rows(path: Path) -> list[dict]:
             if a.reported:
                 continue
             status = "expired" if a.lapsed(now) else a.status
-            found.append({"agent_dir": str(folder), "agent": folder.name, "id": a.id, "status": status,
-                          "tool": a.tool, "call": clean(a.summary()), "input": a.input, "words": a.words,
-                          "rule": a.rule, "created": a.created, "expires": a.expires,
-                          "decided_by": a.decided_by, "decided_at": a.decided_at, "reason": a.reason})
+            found.append(
+                {
+                    "agent_dir": str(folder),
+                    "agent": folder.name,
+                    "id": a.id,
+                    "status": status,
+                    "tool": a.tool,
+                    "call": clean(a.summary()),
+                    "input": a.input,
+                    "words": a.words,
+                    "rule": a.rule,
+                    "created": a.created,
+                    "expires": a.expires,
+                    "decided_by": a.decided_by,
+                    "decided_at": a.decided_at,
+                    "reason": a.reason,
+                }
+            )
     return sorted(found, key=lambda r: (r["status"] != "pending", r["created"], r["agent"]))
 
 

@@ -30,8 +30,8 @@ from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
 from orchestrator.records.retention import LINE_CAP, holder
 
-POLL_S = 0.2                        # how often a followed file is looked at again
-INPUT_CAP = 4000                    # chars of one tool input shown (the JSON lines keep it whole)
+POLL_S = 0.2  # how often a followed file is looked at again
+INPUT_CAP = 4000  # chars of one tool input shown (the JSON lines keep it whole)
 
 
 def render_line(line: dict) -> str:
@@ -39,8 +39,10 @@ def render_line(line: dict) -> str:
     kind, t = line["type"], str(line.get("t", ""))[11:23]
     step = f"step {line['step']} " if "step" in line else ""
     if kind == "wake":
-        return (f"{t} == wake #{line.get('wake')} of {line.get('agent')}, run {line.get('run_id')}, "
-                f"model {line.get('model')}, {'live' if line.get('live') else 'dry run'}")
+        return (
+            f"{t} == wake #{line.get('wake')} of {line.get('agent')}, run {line.get('run_id')}, "
+            f"model {line.get('model')}, {'live' if line.get('live') else 'dry run'}"
+        )
     if kind == "system":
         return f"{t} -- system prompt {line.get('hash')} ({line.get('chars', 0):,} chars; --system shows it)"
     if kind == "user":
@@ -48,22 +50,26 @@ def render_line(line: dict) -> str:
     if kind == "assistant":
         return _assistant(t, step, line)
     if kind == "tool_result":
-        head = (f"exit {line['exit_code']}" if "exit_code" in line else "error" if line.get("is_error") else "ok")
+        head = f"exit {line['exit_code']}" if "exit_code" in line else "error" if line.get("is_error") else "ok"
         took = f", {line['duration_ms'] / 1000:.1f}s" if isinstance(line.get("duration_ms"), (int, float)) else ""
         return f"{t} {step}{line.get('tool')} <- {head}{took}\n{_indent(line.get('text', ''))}"
-    if kind == "approval":      # a call a person decided on, told at the start of this wake (approval_gate.py)
+    if kind == "approval":  # a call a person decided on, told at the start of this wake (approval_gate.py)
         who = f" by {line.get('decided_by')} at {line.get('decided_at')}" if line.get("decided_by") else ""
         args = clean(json.dumps(line.get("input"), ensure_ascii=False))[:INPUT_CAP]
         said = line.get("result") or line.get("reason") or ""
         return f"{t} approval {line.get('id')} {line.get('status')}{who}: {line.get('tool')} {args}\n{_indent(said)}"
     if kind == "truncated":
-        return (f"{t} -- the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
-                "the rest is counted, not kept")
+        return (
+            f"{t} -- the transcript reached max_wake_bytes ({line.get('max_wake_bytes', 0):,}): "
+            "the rest is counted, not kept"
+        )
     if kind == "end":
         dropped = f"; {line['dropped_lines']} line(s) not kept" if line.get("dropped_lines") else ""
-        return (f"{t} == {line.get('status')}: {clean(str(line.get('reason', '')))}; {line.get('steps')} steps, "
-                f"{line.get('tokens', 0):,} tokens, {line.get('tool_calls')} tool calls, "
-                f"{_cost(line.get('usd'))}, {line.get('duration_ms', 0) / 1000:.1f}s{dropped}")
+        return (
+            f"{t} == {line.get('status')}: {clean(str(line.get('reason', '')))}; {line.get('steps')} steps, "
+            f"{line.get('tokens', 0):,} tokens, {line.get('tool_calls')} tool calls, "
+            f"{_cost(line.get('usd'))}, {line.get('duration_ms', 0) / 1000:.1f}s{dropped}"
+        )
     return f"{t} {kind} {clean(json.dumps(line, ensure_ascii=False))[:INPUT_CAP]}"
 
 
@@ -75,9 +81,8 @@ def _assistant(t: str, step: str, line: dict) -> str:
         elif block.get("type") == "tool_use":
             args = json.dumps(block.get("input"), ensure_ascii=False)
             out.append(f"  -> {block.get('name')} {clean(args)[:INPUT_CAP]}")
-    tokens = Usage.from_json(line.get("usage")).tokens     # any version's names (receipt.OLD_NAMES)
-    head = (f"{t} {step}model > ({line.get('stop_reason')}, {tokens:,} tokens, "
-            f"${line.get('usd_so_far', 0):.4f} so far)")
+    tokens = Usage.from_json(line.get("usage")).tokens  # any version's names (receipt.OLD_NAMES)
+    head = f"{t} {step}model > ({line.get('stop_reason')}, {tokens:,} tokens, ${line.get('usd_so_far', 0):.4f} so far)"
     return "\n".join([head, *out])
 
 
@@ -94,6 +99,7 @@ def render_transcript(lines: list[dict], state_dir: Path, system: bool = False) 
 
 # -- following ------------------------------------------------------------------
 
+
 class Tail:
     """New complete lines of one file, from an offset; a missing file is empty for now."""
 
@@ -107,15 +113,15 @@ class Tail:
 
     def lines(self) -> list[str]:
         try:
-            folder, name = holder(self.path)   # records/folder.py: no link followed, never a FIFO
+            folder, name = holder(self.path)  # records/folder.py: no link followed, never a FIFO
             with folder.reader(name) as f:
                 f.seek(self.offset)
-                data = f.read(LINE_CAP)     # a look reads at most this: a planted 100 GB file costs no more
+                data = f.read(LINE_CAP)  # a look reads at most this: a planted 100 GB file costs no more
         except OSError:
             return []
-        end = data.rfind(b"\n") + 1     # a half-written last line waits for the next look
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next look
         if end == 0 and len(data) == LINE_CAP:
-            end = len(data)             # no line of ours is that long: skipped
+            end = len(data)  # no line of ours is that long: skipped
         self.offset += end
         return data[:end].decode("utf-8", errors="replace").splitlines()
 

@@ -26,40 +26,52 @@ from orchestrator.records.receipt import Receipt
 from orchestrator.records import health, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
-from orchestrator.records.state import (count_messages, load_state, lock_holder, peek_inbox, read_outbox,
-                                        unread_outbox)
+from orchestrator.records.state import count_messages, load_state, lock_holder, peek_inbox, read_outbox, unread_outbox
 from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.output import clean
 
-LOG_VALUE_CAP = 160                 # chars of one field on a readable log line
-COST_DAYS = 30                      # the fleet's cost chart: this many UTC days up to today
-CELL_CHARS = 60                     # a table cell is cut to this, at a word boundary; --json has it whole
+LOG_VALUE_CAP = 160  # chars of one field on a readable log line
+COST_DAYS = 30  # the fleet's cost chart: this many UTC days up to today
+CELL_CHARS = 60  # a table cell is cut to this, at a word boundary; --json has it whole
 
 
 # -- one agent ------------------------------------------------------------------------------
+
 
 def agent_status(agent: Agent) -> dict:
     """`wakeloop status AGENT_DIR` as data. Changes nothing."""
     sd = Path(agent.state_dir)
     state, warning = load_state(sd)
     holder = lock_holder(sd)
-    data = {"name": agent.name, "dir": str(agent.dir), "model": agent.model, "dry_run": agent.dry_run,
-            "schedule": agent.schedule, "wakes": state.wake, "tokens_lifetime": state.tokens_lifetime,
-            "last_receipt": state.last_receipt.to_dict() if state.last_receipt else None,
-            "lock": holder.describe() if holder else None,
-            "inbox_waiting": count_messages(peek_inbox(sd)),
-            "outbox_messages": count_messages(read_outbox(sd)),
-            "warning": warning}
+    data = {
+        "name": agent.name,
+        "dir": str(agent.dir),
+        "model": agent.model,
+        "dry_run": agent.dry_run,
+        "schedule": agent.schedule,
+        "wakes": state.wake,
+        "tokens_lifetime": state.tokens_lifetime,
+        "last_receipt": state.last_receipt.to_dict() if state.last_receipt else None,
+        "lock": holder.describe() if holder else None,
+        "inbox_waiting": count_messages(peek_inbox(sd)),
+        "outbox_messages": count_messages(read_outbox(sd)),
+        "warning": warning,
+    }
     try:
         book = read_book(sd)
         budget = agent.policy.budget
-        data["usd"] = {"today": book.day().usd, "tokens_today": book.day().tokens, "month": book.month(),
-                       "max_usd_per_day": budget.max_usd_per_day or None,
-                       "max_usd_per_month": budget.max_usd_per_month or None,
-                       "lifetime": book.lifetime.usd, "unpriced_calls_today": book.day().unpriced,
-                       "unpriced_calls_lifetime": book.lifetime.unpriced}
+        data["usd"] = {
+            "today": book.day().usd,
+            "tokens_today": book.day().tokens,
+            "month": book.month(),
+            "max_usd_per_day": budget.max_usd_per_day or None,
+            "max_usd_per_month": budget.max_usd_per_month or None,
+            "lifetime": book.lifetime.usd,
+            "unpriced_calls_today": book.day().unpriced,
+            "unpriced_calls_lifetime": book.lifetime.unpriced,
+        }
     except LedgerError as exc:
         data["usd"] = {"error": str(exc)}
     try:
@@ -71,9 +83,13 @@ def agent_status(agent: Agent) -> dict:
     data["fleet_stopped"] = halted.describe() if halted else None
     data["health"], data["notify"] = health_status(sd)
     rules = agent.policy.state
-    data["state"] = {"bytes": retention.usage(sd), "rotate_bytes": rules.rotate_size,
-                     "rotate_days": rules.rotate_days, "keep_days": rules.keep_days,
-                     "keep_bytes": rules.keep_size}
+    data["state"] = {
+        "bytes": retention.usage(sd),
+        "rotate_bytes": rules.rotate_size,
+        "rotate_days": rules.rotate_days,
+        "keep_days": rules.keep_days,
+        "keep_bytes": rules.keep_size,
+    }
     return data
 
 
@@ -82,12 +98,25 @@ def health_status(sd: Path) -> tuple[dict, dict]:
     h = health.load(sd)
     finished = queue.done(sd)
     waiting = queue.pending(sd)
-    return ({"failures": h.failures, "failing_since": h.failing_since or None, "last_reason": h.last_reason,
-             "paused": h.paused, "paused_reason": h.paused_reason},
-            {"waiting": len(waiting), "retrying": [f"{i.label}: {i.last_error}" for i in waiting if i.attempts],
-             "sent": sum(1 for d in finished if d.get("outcome") == "sent"),
-             "gave_up": [f"{d.get('label')}: {d.get('event')} {d.get('id')}: {d.get('detail')}"
-                         for d in finished if d.get("outcome") == "gave_up"]})
+    return (
+        {
+            "failures": h.failures,
+            "failing_since": h.failing_since or None,
+            "last_reason": h.last_reason,
+            "paused": h.paused,
+            "paused_reason": h.paused_reason,
+        },
+        {
+            "waiting": len(waiting),
+            "retrying": [f"{i.label}: {i.last_error}" for i in waiting if i.attempts],
+            "sent": sum(1 for d in finished if d.get("outcome") == "sent"),
+            "gave_up": [
+                f"{d.get('label')}: {d.get('event')} {d.get('id')}: {d.get('detail')}"
+                for d in finished
+                if d.get("outcome") == "gave_up"
+            ],
+        },
+    )
 
 
 def _health_line(h: dict) -> str:
@@ -114,8 +143,11 @@ def disk_status(agent: Agent) -> dict:
     except OSError:
         vfs = None
     if vfs:
-        return data | {"used_bytes": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
-                       "size_bytes": vfs.f_blocks * vfs.f_frsize, "used_files": vfs.f_files - vfs.f_ffree}
+        return data | {
+            "used_bytes": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
+            "size_bytes": vfs.f_blocks * vfs.f_frsize,
+            "used_files": vfs.f_files - vfs.f_ffree,
+        }
     key = disk.lookup(agent.dir.resolve())
     held = disk.usage(key) if key else None
     return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
@@ -123,10 +155,20 @@ def disk_status(agent: Agent) -> dict:
 
 def disk_record(r: disk.DiskRecord) -> dict:
     """One disk of `wakeloop disk list`, as data (--json)."""
-    return {"folder": r.folder, "folder_found": r.folder_found, "image": str(r.image), "key": r.key,
-            "size_bytes": r.size, "host_bytes": r.host_bytes, "attached": bool(r.devices),
-            "devices": list(r.devices), "mounted_at": list(r.mounts), "held": r.held, "adopted": r.adopted,
-            "in_flight": r.in_flight}
+    return {
+        "folder": r.folder,
+        "folder_found": r.folder_found,
+        "image": str(r.image),
+        "key": r.key,
+        "size_bytes": r.size,
+        "host_bytes": r.host_bytes,
+        "attached": bool(r.devices),
+        "devices": list(r.devices),
+        "mounted_at": list(r.mounts),
+        "held": r.held,
+        "adopted": r.adopted,
+        "in_flight": r.in_flight,
+    }
 
 
 def render_disks(records: list, where: Path, fs: disk.Filesystem | None = None) -> str:
@@ -146,15 +188,22 @@ def render_disks(records: list, where: Path, fs: disk.Filesystem | None = None) 
             attached = "not attached"
         else:
             mounted = f"mounted at {', '.join(r.mounts)}" if r.mounts else "not mounted here"
-            attached = (f"attached as {', '.join(r.devices)}, {mounted}{', in use' if r.held else ''}"
-                        f"{', a call running' if r.in_flight else ''}")
-        lines += [folder, f"  image {r.image}",
-                  f"  {_mib(r.size)} promised, {_mib(r.host_bytes)} held on the host; {attached}"]
+            attached = (
+                f"attached as {', '.join(r.devices)}, {mounted}{', in use' if r.held else ''}"
+                f"{', a call running' if r.in_flight else ''}"
+            )
+        lines += [
+            folder,
+            f"  image {r.image}",
+            f"  {_mib(r.size)} promised, {_mib(r.host_bytes)} held on the host; {attached}",
+        ]
     if fs:
         promised, used = sum(r.size for r in records), sum(r.host_bytes for r in records)
-        lines.append(f"{len(records)} disk(s) in {where}: {_gib(promised)} promised ({promised / fs.size:.1f}x "
-                     f"the filesystem), {_gib(used)} used; the filesystem has {_gib(fs.free)} free of "
-                     f"{_gib(fs.size)} ({_gib(fs.reserve)} of it a reserve no call may take)")
+        lines.append(
+            f"{len(records)} disk(s) in {where}: {_gib(promised)} promised ({promised / fs.size:.1f}x "
+            f"the filesystem), {_gib(used)} used; the filesystem has {_gib(fs.free)} free of "
+            f"{_gib(fs.size)} ({_gib(fs.reserve)} of it a reserve no call may take)"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -163,9 +212,11 @@ def _gib(n: int) -> str:
 
 
 def _render_state(d: dict) -> str:
-    return (f"{_mib(d['bytes'])} on the host (the log rotates past {_mib(d['rotate_bytes'])} or "
-            f"{d['rotate_days']:g} day(s); rotated files kept {d['keep_days']:g} days, "
-            f"at most {_mib(d['keep_bytes'])})")
+    return (
+        f"{_mib(d['bytes'])} on the host (the log rotates past {_mib(d['rotate_bytes'])} or "
+        f"{d['rotate_days']:g} day(s); rotated files kept {d['keep_days']:g} days, "
+        f"at most {_mib(d['keep_bytes'])})"
+    )
 
 
 def _render_disk(d: dict) -> str:
@@ -193,16 +244,20 @@ def _mib(n: int) -> str:
 def render_agent_status(d: dict) -> str:
     mode = "dry run" if d["dry_run"] else "live"
     lines = [f"STOPPED: {d['fleet_stopped']}"] if d.get("fleet_stopped") else []
-    lines += [f"{d['name']} ({d['dir']})",
-             f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
-             f"  wakes        {d['wakes']}",
-             f"  tokens       {d['tokens_lifetime']:,} lifetime"]
+    lines += [
+        f"{d['name']} ({d['dir']})",
+        f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
+        f"  wakes        {d['wakes']}",
+        f"  tokens       {d['tokens_lifetime']:,} lifetime",
+    ]
     r = Receipt.from_json(d["last_receipt"])
     if r:
-        lines.append(f"  last wake    #{r.wake} {r.status}: {r.reason} "
-                     f"({r.steps} steps, {r.tokens:,} tokens, "
-                     f"{r.usage.cache_read_tokens:,} cache reads, {r.tool_calls} tool calls, "
-                     f"{r.duration_ms / 1000:.1f}s) at {r.started_at}")
+        lines.append(
+            f"  last wake    #{r.wake} {r.status}: {r.reason} "
+            f"({r.steps} steps, {r.tokens:,} tokens, "
+            f"{r.usage.cache_read_tokens:,} cache reads, {r.tool_calls} tool calls, "
+            f"{r.duration_ms / 1000:.1f}s) at {r.started_at}"
+        )
         lines.append(f"  receipt      {json.dumps(d['last_receipt'], ensure_ascii=False)}")
     else:
         lines.append("  last wake    (none yet)")
@@ -211,22 +266,29 @@ def render_agent_status(d: dict) -> str:
         lines.append(f"  usd          {usd['error']}")
     else:
         cap = lambda c: f" of ${c:,.2f}" if c else ""
-        lines.append(f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
-                     f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
-                     f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
-                     f"{_usd(usd['lifetime'], usd['unpriced_calls_lifetime'])} lifetime")
+        lines.append(
+            f"  usd          {_usd(usd['today'], usd['unpriced_calls_today'])} today"
+            f"{cap(usd['max_usd_per_day'])} ({usd['tokens_today']:,} tokens), "
+            f"${usd['month']:.4f} this month{cap(usd['max_usd_per_month'])}, "
+            f"{_usd(usd['lifetime'], usd['unpriced_calls_lifetime'])} lifetime"
+        )
     tasks = d["open_tasks"]
-    lines.append(f"  tasks        {tasks['error']}" if isinstance(tasks, dict)
-                 else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)")
+    lines.append(
+        f"  tasks        {tasks['error']}"
+        if isinstance(tasks, dict)
+        else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)"
+    )
     lines.append(f"  disk         {_render_disk(d['disk'])}")
-    if r and r.no_room:   # the disk guard (sandbox/disk.py) did not start a call of the last wake
+    if r and r.no_room:  # the disk guard (sandbox/disk.py) did not start a call of the last wake
         lines.append(f"    no room    a call of the last wake did not start: {r.no_room}")
     lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")
     lines.append(f"  inbox        {d['inbox_waiting']} message(s) waiting")
     lines.append(f"  outbox       {d['outbox_messages']} message(s) from the agent")
-    lines.append(f"  health       {_health_line(d['health'])}" + (f" (`wakeloop resume {d['dir']}`)"
-                                                                 if d["health"]["paused"] else ""))
+    lines.append(
+        f"  health       {_health_line(d['health'])}"
+        + (f" (`wakeloop resume {d['dir']}`)" if d["health"]["paused"] else "")
+    )
     n = d["notify"]
     lines.append(f"  notify       {n['sent']} sent, {n['waiting']} waiting, {len(n['gave_up'])} given up")
     lines += [f"    retrying   {line}" for line in n["retrying"][:3]]
@@ -238,10 +300,34 @@ def render_agent_status(d: dict) -> str:
 
 # -- every agent under ROOT -----------------------------------------------------------------
 
-STATUS_HEADER = ["AGENT", "MODE", "LAST WAKE", "RESULT", "NEXT WAKE", "HEALTH", "TOKENS TODAY", "TOKENS TOTAL",
-                 "USD TODAY", "USD TOTAL", "OPEN TASKS", "UNREAD OUTBOX"]
-_ROW_KEYS = ["agent", "mode", "last_wake", "result", "next_wake", "health", "tokens_today", "tokens_total",
-             "usd_today", "usd_total", "open_tasks", "unread_outbox"]
+STATUS_HEADER = [
+    "AGENT",
+    "MODE",
+    "LAST WAKE",
+    "RESULT",
+    "NEXT WAKE",
+    "HEALTH",
+    "TOKENS TODAY",
+    "TOKENS TOTAL",
+    "USD TODAY",
+    "USD TOTAL",
+    "OPEN TASKS",
+    "UNREAD OUTBOX",
+]
+_ROW_KEYS = [
+    "agent",
+    "mode",
+    "last_wake",
+    "result",
+    "next_wake",
+    "health",
+    "tokens_today",
+    "tokens_total",
+    "usd_today",
+    "usd_total",
+    "open_tasks",
+    "unread_outbox",
+]
 
 
 def fleet_status(root: Path, now: datetime | None = None, load=load_agent) -> list[dict]:
@@ -258,35 +344,60 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
     try:
         agent = load(path)
     except (ConfigError, ValueError) as exc:
-        return {"agent": path.name, "dir_name": path.name, "mode": "-", "last_wake": "config error",
-                "result": str(exc), "error": str(exc), "state": "config error"}
+        return {
+            "agent": path.name,
+            "dir_name": path.name,
+            "mode": "-",
+            "last_wake": "config error",
+            "result": str(exc),
+            "error": str(exc),
+            "state": "config error",
+        }
     state, _ = load_state(sd)
     r = state.last_receipt
     nxt = next_wake(path, agent.schedule, now, agent.timezone)
     h = health_status(sd)[0]
-    row = {"agent": agent.name, "mode": "dry" if agent.dry_run else "live",
-           "last_wake": _short_time(r.started_at, now) if r else "never",
-           "result": f"#{r.wake} {r.status}" if r else "-",
-           "next_wake": ("fleet stopped" if stopswitch.is_stopped(path.parent) else "paused" if h["paused"]
-                         else "no scheduler" if no_scheduler
-                         else stamp(nxt) if nxt else "bad schedule"),
-           "next_wake_at": nxt.timestamp() if nxt else None,
-           "health": _health_line(h),
-           "tokens_total": f"{state.tokens_lifetime:,}", "unread_outbox": str(unread_outbox(sd)),
-           "dir_name": path.name, "receipt": r.to_dict() if r else None, "health_detail": h,
-           "running": current_wake(sd), "disk": disk_status(agent)}
-    row["state"] = ("running" if row["running"] else "paused" if h["paused"]
-                    else "failing" if h["failures"] else "ok")
+    row = {
+        "agent": agent.name,
+        "mode": "dry" if agent.dry_run else "live",
+        "last_wake": _short_time(r.started_at, now) if r else "never",
+        "result": f"#{r.wake} {r.status}" if r else "-",
+        "next_wake": (
+            "fleet stopped"
+            if stopswitch.is_stopped(path.parent)
+            else "paused"
+            if h["paused"]
+            else "no scheduler"
+            if no_scheduler
+            else stamp(nxt)
+            if nxt
+            else "bad schedule"
+        ),
+        "next_wake_at": nxt.timestamp() if nxt else None,
+        "health": _health_line(h),
+        "tokens_total": f"{state.tokens_lifetime:,}",
+        "unread_outbox": str(unread_outbox(sd)),
+        "dir_name": path.name,
+        "receipt": r.to_dict() if r else None,
+        "health_detail": h,
+        "running": current_wake(sd),
+        "disk": disk_status(agent),
+    }
+    row["state"] = "running" if row["running"] else "paused" if h["paused"] else "failing" if h["failures"] else "ok"
     try:
         book = read_book(sd)
         day = book.day(now.strftime("%Y-%m-%d"))
-        row.update(usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
-                   usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
-                   tokens_today=f"{day.tokens:,}", usd_by_day=usd_by_day(book, now, COST_DAYS))
+        row.update(
+            usd_today="unknown" if day.unpriced else f"${day.usd:.4f}",
+            usd_total="unknown" if book.lifetime.unpriced else f"${book.lifetime.usd:.4f}",
+            tokens_today=f"{day.tokens:,}",
+            usd_by_day=usd_by_day(book, now, COST_DAYS),
+        )
         row["usd_30d"] = round(sum(usd for _, usd in row["usd_by_day"]), 6)
     except LedgerError:
-        row.update(usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)",
-                   tokens_today="? (ledger unreadable)")
+        row.update(
+            usd_today="? (ledger unreadable)", usd_total="? (ledger unreadable)", tokens_today="? (ledger unreadable)"
+        )
     try:
         row["open_tasks"] = str(len(open_tasks(sd)))
     except TaskError:
@@ -311,8 +422,7 @@ def current_wake(sd: Path) -> dict | None:
     if newest is None or not lines or lines[-1]["type"] == "end" or lines[0]["type"] != "wake":
         return {"run_id": None, "step": 0, "started_at": holder.started, "pid": holder.pid}
     steps = [line["step"] for line in lines if isinstance(line.get("step"), int)]
-    return {"run_id": newest.stem, "step": max(steps, default=0), "started_at": lines[0].get("t"),
-            "pid": holder.pid}
+    return {"run_id": newest.stem, "step": max(steps, default=0), "started_at": lines[0].get("t"), "pid": holder.pid}
 
 
 def render_fleet(rows: list[dict], root: Path) -> str:
@@ -332,7 +442,8 @@ def fleet_notes(root: Path) -> list[str]:
     halted = stopswitch.read(root)
     budget = fleet_budget(root)
     return ([f"STOPPED: {halted.describe()}"] if halted else []) + (
-        [budget_line(budget)] if "error" in budget or budget["capped"] else [])
+        [budget_line(budget)] if "error" in budget or budget["capped"] else []
+    )
 
 
 def fleet_budget(root: Path) -> dict:
@@ -340,21 +451,29 @@ def fleet_budget(root: Path) -> dict:
     try:
         caps = load_fleet_budget(root)
         spent = FLEET_BOOKS.spent(root)
-    except ConfigError as exc:      # a bad budget.yaml or ceiling, an unreadable ledger: said, not raised
+    except ConfigError as exc:  # a bad budget.yaml or ceiling, an unreadable ledger: said, not raised
         return {"error": str(exc)}
-    return {"usd_today": round(spent.today, 6), "usd_month": round(spent.month, 6), "unreadable": spent.unreadable,
-            "max_usd_per_day": caps.max_usd_per_day or None, "max_usd_per_month": caps.max_usd_per_month or None,
-            "capped": bool(caps), "source": caps.source}
+    return {
+        "usd_today": round(spent.today, 6),
+        "usd_month": round(spent.month, 6),
+        "unreadable": spent.unreadable,
+        "max_usd_per_day": caps.max_usd_per_day or None,
+        "max_usd_per_month": caps.max_usd_per_month or None,
+        "capped": bool(caps),
+        "source": caps.source,
+    }
 
 
 def budget_line(b: dict) -> str:
     if "error" in b:
         return f"fleet budget: {b['error']}"
     of = lambda cap: f" of ${cap:,.2f}" if cap else " (no cap)"
-    return (f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
-            f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
-            + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together")
-            + (f"; {b['unreadable']} agent ledger(s) unreadable, left out of the sum" if b.get("unreadable") else ""))
+    return (
+        f"fleet spend: ${b['usd_today']:.4f} today{of(b['max_usd_per_day'])}, "
+        f"${b['usd_month']:.4f} this month{of(b['max_usd_per_month'])}"
+        + (f" ({b['source']})" if b["source"] else "; ROOT/budget.yaml would cap all agents together")
+        + (f"; {b['unreadable']} agent ledger(s) unreadable, left out of the sum" if b.get("unreadable") else "")
+    )
 
 
 def status_table(root: Path) -> str:

@@ -28,29 +28,39 @@ from orchestrator.records import approvals
 from orchestrator.records import event_types as ev
 from orchestrator.wake.tools import ToolResult, error
 
-WAITING = ("WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "
-           "NOT run. Approval id {id}. Go on with other work meanwhile; do not retry this call or try "
-           "another way round it. A person approves or denies it out of band; you will learn the outcome "
-           "at a later wake (an approved call then runs at the start of that wake and you get its "
-           "result). Unanswered by {expires}, it counts as denied.")
+WAITING = (
+    "WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "
+    "NOT run. Approval id {id}. Go on with other work meanwhile; do not retry this call or try "
+    "another way round it. A person approves or denies it out of band; you will learn the outcome "
+    "at a later wake (an approved call then runs at the start of that wake and you get its "
+    "result). Unanswered by {expires}, it counts as denied."
+)
 ALREADY = " (You asked for this same call earlier; it is still waiting under the same id.)"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    approval: approvals.Approval    # as reported (status ran | denied | expired | void)
-    result: str = ""                # what the approved call returned, as the model would have read it
+    approval: approvals.Approval  # as reported (status ran | denied | expired | void)
+    result: str = ""  # what the approved call returned, as the model would have read it
 
 
 class Gate:
     """One wake's approvals. `notify(approval)` queues the person's notification (loop.py's _notify)."""
 
-    def __init__(self, policy: Policy, state_dir, run_id: str, notify: Callable[[approvals.Approval], None],
-                 events, transcript, halted: Callable[[], bool] = lambda: False,
-                 no_room: Callable[[str], None] = lambda reason: None):
+    def __init__(
+        self,
+        policy: Policy,
+        state_dir,
+        run_id: str,
+        notify: Callable[[approvals.Approval], None],
+        events,
+        transcript,
+        halted: Callable[[], bool] = lambda: False,
+        no_room: Callable[[str], None] = lambda reason: None,
+    ):
         self.policy, self.state_dir, self.run_id = policy, state_dir, run_id
         self.notify, self.events, self.transcript = notify, events, transcript
-        self.halted, self.no_room = halted, no_room     # the fleet's switch; the disk guard's refusal
+        self.halted, self.no_room = halted, no_room  # the fleet's switch; the disk guard's refusal
 
     def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
         """WAITING (or a refusal) for a call that must wait; None for a call that runs now."""
@@ -58,17 +68,22 @@ class Gate:
         if rule is None:
             return None
         if tool == "write_file" and self.policy.tools.write_file.refusal(
-                str(args.get("path", "")), len(str(args.get("content", "")).encode("utf-8"))):
-            return None     # the handler refuses it: nothing to ask a person about
+            str(args.get("path", "")), len(str(args.get("content", "")).encode("utf-8"))
+        ):
+            return None  # the handler refuses it: nothing to ask a person about
         try:
-            asked = approvals.ask(self.state_dir, tool, args, rule, words, self.run_id,
-                                  self.policy.approve.expires)
+            asked = approvals.ask(self.state_dir, tool, args, rule, words, self.run_id, self.policy.approve.expires)
         except OSError as exc:
-            return error(f"{tool}: this call needs a person's approval, and the harness could not file it "
-                         f"({exc}); it was not run")
+            return error(
+                f"{tool}: this call needs a person's approval, and the harness could not file it "
+                f"({exc}); it was not run"
+            )
         if asked.approval is None:
-            return ToolResult(text=f"REFUSED: this call needs a person's approval and {asked.refusal}; "
-                                   "it was not run", is_error=True, denied=asked.refusal)
+            return ToolResult(
+                text=f"REFUSED: this call needs a person's approval and {asked.refusal}; it was not run",
+                is_error=True,
+                denied=asked.refusal,
+            )
         a = asked.approval
         if asked.new:
             self.notify(a)
@@ -83,14 +98,22 @@ class Gate:
             result = ""
             if a.status == "started":
                 ran = self._run(a, registry)
-                if ran is None:     # not run this wake: approved again, told when it runs
+                if ran is None:  # not run this wake: approved again, told when it runs
                     continue
                 a, result = ran
             else:
                 a = approvals.finish(self.state_dir, a, self.run_id)
-            self.transcript.add("approval", id=a.id, tool=a.tool, input=a.input, status=a.status,
-                                decided_by=a.decided_by, decided_at=a.decided_at, reason=a.reason or None,
-                                result=result or a.result or None)
+            self.transcript.add(
+                "approval",
+                id=a.id,
+                tool=a.tool,
+                input=a.input,
+                status=a.status,
+                decided_by=a.decided_by,
+                decided_at=a.decided_at,
+                reason=a.reason or None,
+                result=result or a.result or None,
+            )
             self.events.write(ev.ApprovalReported(id=a.id, tool=a.tool, status=a.status))
             done.append(Outcome(a, result or a.result))
         return done
@@ -103,16 +126,25 @@ class Gate:
             return None
         self.events.write(ev.ToolCall(step=0, id=a.id, tool=a.tool, approval=a.id))
         result = registry.call(a.tool, a.input, gate=False)
-        self.events.write(ev.tool_result(step=0, id=a.id, tool=a.tool, is_error=result.is_error,
-                                         result_chars=len(result.text), approval=a.id, detail=result.detail))
+        self.events.write(
+            ev.tool_result(
+                step=0,
+                id=a.id,
+                tool=a.tool,
+                is_error=result.is_error,
+                result_chars=len(result.text),
+                approval=a.id,
+                detail=result.detail,
+            )
+        )
         if result.detail.get("no_room"):
             self.no_room(str(result.detail["no_room"]))
             approvals.unstart(self.state_dir, a, self.run_id, "the disks' filesystem had no room")
             return None
-        if result.is_error and self.halted():   # refused because the fleet stopped meanwhile
+        if result.is_error and self.halted():  # refused because the fleet stopped meanwhile
             approvals.unstart(self.state_dir, a, self.run_id, "the fleet is stopped")
             return None
-        if result.denied:           # the policy as it stands now refuses it: void, and said why
+        if result.denied:  # the policy as it stands now refuses it: void, and said why
             a = replace(a, status="void", reason=f"the policy as it stands now refuses it: {result.denied}")
             self.events.write(ev.ApprovalVoid(id=a.id, tool=a.tool, reason=a.reason))
             return approvals.finish(self.state_dir, a, self.run_id), ""

@@ -34,11 +34,11 @@ from orchestrator.policy.agent import Agent
 from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
 
-JOURNAL_TAIL = 3                     # journal files in the context, newest last
-MANDATE_CAP = 64 * 1024              # bytes; a trusted file, still not unbounded
-INBOX_CAP = 64 * 1024                # bytes of queued messages shown
-APPROVAL_RESULT_CAP = 4000           # chars of an approved call's result told (the transcript has it whole)
-CACHE = {"type": "ephemeral"}        # the breakpoint marker (5-minute cache)
+JOURNAL_TAIL = 3  # journal files in the context, newest last
+MANDATE_CAP = 64 * 1024  # bytes; a trusted file, still not unbounded
+INBOX_CAP = 64 * 1024  # bytes of queued messages shown
+APPROVAL_RESULT_CAP = 4000  # chars of an approved call's result told (the transcript has it whole)
+CACHE = {"type": "ephemeral"}  # the breakpoint marker (5-minute cache)
 
 NO_MANDATE = "No mandate.md found. Ask your human (send_message) what your goal is."
 EMPTY_CORE = "(core memory is empty: this may be your first wake)"
@@ -46,8 +46,8 @@ EMPTY_CORE = "(core memory is empty: this may be your first wake)"
 
 @dataclass(frozen=True)
 class Context:
-    system: str                     # stable: the cache prefix
-    first_user: str                 # changes every wake: after the prefix
+    system: str  # stable: the cache prefix
+    first_user: str  # changes every wake: after the prefix
 
     @property
     def system_hash(self) -> str:
@@ -58,16 +58,19 @@ class Context:
 
     def render(self) -> str:
         """For `wakeloop context`: what the next wake sends, for a person."""
-        return (f"===== system prompt ({len(self.system):,} chars, sha256 {self.system_hash}) =====\n"
-                f"{self.system}\n\n===== first user message =====\n{self.first_user}\n")
+        return (
+            f"===== system prompt ({len(self.system):,} chars, sha256 {self.system_hash}) =====\n"
+            f"{self.system}\n\n===== first user message =====\n{self.first_user}\n"
+        )
 
 
 def journal_day(now: datetime) -> str:
     return now.strftime("%Y-%m-%d")
 
 
-def build_context(agent: Agent, *, wake: int, now: datetime, inbox: str,
-                  files: workspace_reads.Files | None = None) -> Context:
+def build_context(
+    agent: Agent, *, wake: int, now: datetime, inbox: str, files: workspace_reads.Files | None = None
+) -> Context:
     return Context(system=system_prompt(agent, files), first_user=first_message(wake, now, inbox))
 
 
@@ -77,7 +80,8 @@ def system_prompt(agent: Agent, files: workspace_reads.Files | None = None) -> s
     core = files.read_text_or_none(workspace_reads.CORE_MEMORY)
     journal = "\n\n".join(
         f"--- {name} ---\n{files.read_text(f'{workspace_reads.JOURNAL_DIR}/{name}')}"
-        for name in files.journal_names()[-JOURNAL_TAIL:])
+        for name in files.journal_names()[-JOURNAL_TAIL:]
+    )
     return f"""You are {agent.name}, an autonomous agent. Nobody watches this session live.
 You wake on a schedule, work, and stop; your continuity exists only in your files.
 
@@ -91,7 +95,7 @@ You wake on a schedule, work, and stop; your continuity exists only in your file
 {core if core is not None and core.strip() else EMPTY_CORE}
 
 # Recent journal
-{journal or '(no journal entries yet)'}"""
+{journal or "(no journal entries yet)"}"""
 
 
 def _rules(agent: Agent) -> str:
@@ -111,13 +115,18 @@ def _rules(agent: Agent) -> str:
         "- When you are finished, stop calling tools and reply with a short closing note.",
     ]
     if tools.send_message.enabled:
-        rules.insert(2, f"- Use send_message for anything your human must see (at most "
-                        f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.")
+        rules.insert(
+            2,
+            f"- Use send_message for anything your human must see (at most "
+            f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.",
+        )
     if agent.policy.approve.rules:
         held = "; ".join(f"{r.tool} {', '.join(r.match or r.paths)}" for r in agent.policy.approve.rules)
-        rules.append(f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
-                     "then; you get an approval id, go on with other work, and hear the outcome at a later "
-                     "wake (an approved call runs at its start). Do not try another way round it.")
+        rules.append(
+            f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
+            "then; you get an approval id, go on with other work, and hear the outcome at a later "
+            "wake (an approved call runs at its start). Do not try another way round it."
+        )
     if not tools.bash.enabled:
         rules.append("- The bash tool is disabled by your policy.")
     if not tools.write_file.enabled:
@@ -128,7 +137,7 @@ def _rules(agent: Agent) -> str:
 def _mandate(agent: Agent) -> str:
     try:
         data = Folder(agent.dir).head("mandate.md", MANDATE_CAP)
-    except OSError:   # absent, or a link, FIFO or device planted in its place: never followed or opened
+    except OSError:  # absent, or a link, FIFO or device planted in its place: never followed or opened
         return NO_MANDATE
     text = data[:MANDATE_CAP].decode("utf-8", "replace").strip()
     if len(data) > MANDATE_CAP:
@@ -141,10 +150,12 @@ def first_message(wake: int, now: datetime, inbox: str) -> str:
     if len(inbox) > INBOX_CAP:
         inbox = inbox[:INBOX_CAP] + f"\n[... cut by the harness at {INBOX_CAP:,} characters ...]"
     stamp = now.isoformat(timespec="seconds").replace("+00:00", "Z")
-    return (f"Wake #{wake}. UTC time: {stamp}. "
-            f"Today's journal: memory/journal/{journal_day(now)}.md\n"
-            f"New messages from your human since the last wake:\n{inbox or '(none)'}\n\n"
-            "Proceed with your work.")
+    return (
+        f"Wake #{wake}. UTC time: {stamp}. "
+        f"Today's journal: memory/journal/{journal_day(now)}.md\n"
+        f"New messages from your human since the last wake:\n{inbox or '(none)'}\n\n"
+        "Proceed with your work."
+    )
 
 
 def approvals_section(outcomes) -> str:
@@ -159,13 +170,19 @@ def approvals_section(outcomes) -> str:
         if a.status == "ran":
             result = clean(o.result)
             if len(result) > APPROVAL_RESULT_CAP:
-                result = (result[:APPROVAL_RESULT_CAP]
-                          + f"\n[... cut by the harness at {APPROVAL_RESULT_CAP:,} characters ...]")
-            lines.append(f"- {a.id} ({call}): APPROVED by {clean(a.decided_by)} at {a.decided_at}. The harness "
-                         f"ran it at the start of this wake, exactly as you asked; it returned:\n{result}")
+                result = (
+                    result[:APPROVAL_RESULT_CAP]
+                    + f"\n[... cut by the harness at {APPROVAL_RESULT_CAP:,} characters ...]"
+                )
+            lines.append(
+                f"- {a.id} ({call}): APPROVED by {clean(a.decided_by)} at {a.decided_at}. The harness "
+                f"ran it at the start of this wake, exactly as you asked; it returned:\n{result}"
+            )
         elif a.status == "denied":
-            lines.append(f"- {a.id} ({call}): DENIED by {clean(a.decided_by)} at {a.decided_at}; it was not run. "
-                         f"Reason: {clean(a.reason) or '(none given)'}")
+            lines.append(
+                f"- {a.id} ({call}): DENIED by {clean(a.decided_by)} at {a.decided_at}; it was not run. "
+                f"Reason: {clean(a.reason) or '(none given)'}"
+            )
         elif a.status == "expired":
             lines.append(f"- {a.id} ({call}): EXPIRED unanswered at {a.expires}; it counts as denied and was not run.")
         else:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from orchestrator.sandbox.box import Sandbox, SandboxError
 
-STUB_TIMEOUT_S = 30                  # the sandbox call that appends the journal stub
+STUB_TIMEOUT_S = 30  # the sandbox call that appends the journal stub
 
 
 # -- the one write: an append, from inside the box ----------------------------------
+
 
 def append_in_sandbox(box: Sandbox, rel: str, text: str) -> tuple[bool, str]:
     """Append `text` to workspace-relative `rel` from inside a sandbox container:

@@ -103,29 +103,47 @@ from orchestrator.wake.tools import build_registry, error
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
 from orchestrator.wake.journal_stub import append_in_sandbox
 
-CLOSING_NOTE_CAP = 32 * 1024        # chars of the final budget reply kept in the journal
-EVENT_INPUT_CAP = 2000              # chars per tool argument kept in the event log
-PROGRESS_CAP = 160                  # chars of a tool call or reply shown on a progress line
+CLOSING_NOTE_CAP = 32 * 1024  # chars of the final budget reply kept in the journal
+EVENT_INPUT_CAP = 2000  # chars per tool argument kept in the event log
+PROGRESS_CAP = 160  # chars of a tool call or reply shown on a progress line
 
 END, TOOLS, PAUSE, CUT, DEAD = "end", "tools", "pause", "cut", "dead"
-STOP_REASONS = {"end_turn": END, "stop_sequence": END, "tool_use": TOOLS, "pause_turn": PAUSE,
-                "max_tokens": CUT, "refusal": DEAD, "model_context_window_exceeded": DEAD}
+STOP_REASONS = {
+    "end_turn": END,
+    "stop_sequence": END,
+    "tool_use": TOOLS,
+    "pause_turn": PAUSE,
+    "max_tokens": CUT,
+    "refusal": DEAD,
+    "model_context_window_exceeded": DEAD,
+}
 
-BUDGET_NOTE = ("[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
-               "No tools are available now. Reply with your journal entry for this wake (what you "
-               "did, what you learned, what comes next); the harness appends your reply to "
-               "memory/journal/{day}.md. Then stop.")
-CONTINUE_NOTE = ("[harness] Your last reply was cut at the output limit of {limit:,} tokens. "
-                 "Continue where you stopped, in smaller steps.")
+BUDGET_NOTE = (
+    "[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
+    "No tools are available now. Reply with your journal entry for this wake (what you "
+    "did, what you learned, what comes next); the harness appends your reply to "
+    "memory/journal/{day}.md. Then stop."
+)
+CONTINUE_NOTE = (
+    "[harness] Your last reply was cut at the output limit of {limit:,} tokens. "
+    "Continue where you stopped, in smaller steps."
+)
 
 
 class DeadLetter(Exception):
     """The wake cannot go on and a human should look: one line."""
 
 
-def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = None,
-         stop: threading.Event | None = None, script: Path | None = None,
-         model: Model | None = None, echo: Callable[[str], None] | None = None) -> Receipt:
+def wake(
+    agent: Agent,
+    *,
+    live: bool | None = None,
+    sandbox: Sandbox | None = None,
+    stop: threading.Event | None = None,
+    script: Path | None = None,
+    model: Model | None = None,
+    echo: Callable[[str], None] | None = None,
+) -> Receipt:
     """Run one wake of `agent`. Config problems raise AgentError/SandboxError
     before anything is touched; everything after the lock ends in a Receipt.
     `model` replaces the live/scripted choice (tests); `echo` gets progress lines."""
@@ -143,7 +161,7 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
     holder = lock.acquire()
     if holder is not None:
         return _skipped(agent, run_id, holder, events, say)
-    ours = None                     # a live model this wake made, and so closes
+    ours = None  # a live model this wake made, and so closes
     try:
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
@@ -151,7 +169,7 @@ def wake(agent: Agent, *, live: bool | None = None, sandbox: Sandbox | None = No
         return _Wake(agent, run_id, events, lock, say, stop, fleet).run(sandbox, model, turns)
     finally:
         if ours is not None:
-            ours.close()   # a wake leaves no connection open behind it
+            ours.close()  # a wake leaves no connection open behind it
         lock.release()
 
 
@@ -174,12 +192,14 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
     turns = load_script(script) if script is not None else DRY_RUN_SCRIPT
     api_key = os.environ.get("ANTHROPIC_API_KEY", "").strip()
     if live and model is None and not api_key:
-        raise AgentError("ANTHROPIC_API_KEY is not set: export it for a live wake, "
-                         f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)")
+        raise AgentError(
+            "ANTHROPIC_API_KEY is not set: export it for a live wake, "
+            f"or run a dry run (`wakeloop wake {agent.dir} --dry-run`)"
+        )
     fleet = None
     if live:  # a USD cap on a model with no known price: refuse before anything starts
         ledger.check_caps(agent.model, agent.policy.budget, ledger.load_prices(), agent.policy.source)
-        fleet = load_fleet_budget(agent.dir.parent)   # ROOT/budget.yaml: a bad one is one line, now
+        fleet = load_fleet_budget(agent.dir.parent)  # ROOT/budget.yaml: a bad one is one line, now
     return turns, api_key, fleet
 
 
@@ -196,37 +216,58 @@ def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: Eve
     return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
 
 
-def _unstarted(agent: Agent, run_id: str, status: Status, reason: str, events: EventLog,
-               holder_pid: int | None = None, stopped_by: str | None = None) -> Receipt:
+def _unstarted(
+    agent: Agent,
+    run_id: str,
+    status: Status,
+    reason: str,
+    events: EventLog,
+    holder_pid: int | None = None,
+    stopped_by: str | None = None,
+) -> Receipt:
     """The receipt of a wake that never began, and its `wake_skipped` event."""
     events.write(ev.WakeSkipped(reason=reason, holder_pid=holder_pid, stopped_by=stopped_by))
     current, _ = st.load_state(agent.state_dir)
-    return Receipt(run_id=run_id, agent=agent.name, wake=current.wake, status=status,
-                   reason=reason, model=agent.model, started_at=now_iso())
+    return Receipt(
+        run_id=run_id,
+        agent=agent.name,
+        wake=current.wake,
+        status=status,
+        reason=reason,
+        model=agent.model,
+        started_at=now_iso(),
+    )
 
 
 class _Wake:
     """The state of one wake in progress; `run` reads in the order things happen."""
 
-    def __init__(self, agent: Agent, run_id: str, events: EventLog, lock: st.WakeLock, say, stop,
-                 fleet: ledger.FleetCaps | None = None):
+    def __init__(
+        self,
+        agent: Agent,
+        run_id: str,
+        events: EventLog,
+        lock: st.WakeLock,
+        say,
+        stop,
+        fleet: ledger.FleetCaps | None = None,
+    ):
         self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
-        self.root = agent.dir.parent    # whose switch (ROOT/STOP) this wake obeys
+        self.root = agent.dir.parent  # whose switch (ROOT/STOP) this wake obeys
         self.stop = stop or threading.Event()
         self.budget = agent.policy.budget
-        self.fleet = fleet              # what all agents under ROOT may spend together (budget.yaml)
+        self.fleet = fleet  # what all agents under ROOT may spend together (budget.yaml)
         self.started, self.started_at = time.monotonic(), now_iso()
         self.steps = self.tool_calls = 0
-        self.usage = Usage()            # every model call's, summed
+        self.usage = Usage()  # every model call's, summed
         self.inbox_committed = False
         self.closing_note: str | None = None
         self.secrets = secrets_from_env()
-        self.transcript = tr.Transcript(agent.state_dir, run_id, agent.policy.transcript.max_wake_bytes,
-                                        self.secrets)
-        self.transcribed = 0            # messages[:transcribed] are in the transcript already
-        self.messages_sent = 0          # send_message calls: each notification's id names its number
-        self.waiting = 0                # a dry run: the human's messages it left in the inbox
-        self.no_room = ""               # the last call the disk guard did not start (sandbox/disk.py)
+        self.transcript = tr.Transcript(agent.state_dir, run_id, agent.policy.transcript.max_wake_bytes, self.secrets)
+        self.transcribed = 0  # messages[:transcribed] are in the transcript already
+        self.messages_sent = 0  # send_message calls: each notification's id names its number
+        self.waiting = 0  # a dry run: the human's messages it left in the inbox
+        self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
 
     @property
     def tokens(self) -> int:
@@ -239,9 +280,16 @@ class _Wake:
         if warning:
             self.say(warning)
             self.events.write(ev.StateRebuilt(warning=warning))
-        self.meter = ledger.Meter(self.agent.state_dir, self.agent.model, self.budget, ledger.load_prices(),
-                                  billed=bool(model and model.live), where=self.agent.policy.source,
-                                  cache_ttl=CACHE.get("ttl", "5m"), fleet=self.fleet)
+        self.meter = ledger.Meter(
+            self.agent.state_dir,
+            self.agent.model,
+            self.budget,
+            ledger.load_prices(),
+            billed=bool(model and model.live),
+            where=self.agent.policy.source,
+            cache_ttl=CACHE.get("ttl", "5m"),
+            fleet=self.fleet,
+        )
         blocked = self._blocked(state)
         if blocked:
             return blocked
@@ -260,18 +308,28 @@ class _Wake:
         """Seed 001: a wake the USD budget cannot afford does not start (status blocked)."""
         if not self.meter.billed:
             return None
-        ctx = build_context(self.agent, wake=state.wake + 1, now=datetime.now(timezone.utc),
-                            inbox=st.peek_inbox(self.agent.state_dir))
+        ctx = build_context(
+            self.agent, wake=state.wake + 1, now=datetime.now(timezone.utc), inbox=st.peek_inbox(self.agent.state_dir)
+        )
         tools = build_registry(self.agent.policy, None, outbox=lambda text: None).to_anthropic()
-        over = self.meter.check(ledger.estimate_tokens(ctx.system, ctx.first_user, tools),
-                                self.budget.max_output_tokens)
+        over = self.meter.check(
+            ledger.estimate_tokens(ctx.system, ctx.first_user, tools), self.budget.max_output_tokens
+        )
         if over is None:
             return None
         reason = over.reason
         self.events.write(ev.Blocked(reason=reason, cap=over.cap))
         self.say(f"blocked: {reason}")
-        receipt = Receipt(run_id=self.run_id, agent=self.agent.name, wake=state.wake, status="blocked",
-                          reason=reason, model=self.agent.model, live=True, started_at=self.started_at)
+        receipt = Receipt(
+            run_id=self.run_id,
+            agent=self.agent.name,
+            wake=state.wake,
+            status="blocked",
+            reason=reason,
+            model=self.agent.model,
+            live=True,
+            started_at=self.started_at,
+        )
         st.save_state(self.agent.state_dir, replace(state, last_receipt=receipt))
         self._notify(outcomes.after_wake, self.agent, receipt)
         return receipt
@@ -281,26 +339,45 @@ class _Wake:
         state = st.bump_wake(sd, state)
         self.wake_no, now = state.wake, datetime.now(timezone.utc)
         self.day = journal_day(now)
-        self.model = model or ScriptedModel(turns, name=f"scripted ({agent.model} when live)",
-                                            variables={"wake": self.wake_no, "today": self.day})
+        self.model = model or ScriptedModel(
+            turns, name=f"scripted ({agent.model} when live)", variables={"wake": self.wake_no, "today": self.day}
+        )
         # A dry run leaves the human's messages (and any a killed wake took) for the first live wake.
         inbox = st.drain_inbox(sd) if self.model.live else ""
         self.inbox_committed = not self.model.live
         try:
             self._started(inbox)
             self.task = self._claim_task()
-            self.files = self.box.files()   # the broker's reading under compose: the disk is mounted there
+            self.files = self.box.files()  # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
             self.transcript.system(self.ctx.system, self.ctx.system_hash)
             completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
             if self.task:  # named in the first user message, after the cached prefix
-                self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + tasks.first_message_line(
-                    self.task, can_complete=bool(completer and completer[0].enabled)))
-            self.gate = Gate(agent.policy, sd, self.run_id, self._ask_person, self.events, self.transcript,
-                             halted=lambda: stopswitch.is_stopped(self.root), no_room=self._no_room)
-            self.registry = build_registry(agent.policy, self.box, outbox=self._message, extra=completer,
-                                           remaining=self._time_left, asker=self.gate.ask)
+                self.ctx = replace(
+                    self.ctx,
+                    first_user=self.ctx.first_user
+                    + "\n\n"
+                    + tasks.first_message_line(self.task, can_complete=bool(completer and completer[0].enabled)),
+                )
+            self.gate = Gate(
+                agent.policy,
+                sd,
+                self.run_id,
+                self._ask_person,
+                self.events,
+                self.transcript,
+                halted=lambda: stopswitch.is_stopped(self.root),
+                no_room=self._no_room,
+            )
+            self.registry = build_registry(
+                agent.policy,
+                self.box,
+                outbox=self._message,
+                extra=completer,
+                remaining=self._time_left,
+                asker=self.gate.ask,
+            )
             self._approvals()
             status, reason = self._converse_or_dead_letter()
         finally:
@@ -308,21 +385,22 @@ class _Wake:
                 st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
         journal = self._journal_trace(journal_before, status, reason)
         receipt = self._receipt(status, reason, journal)
-        st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens,
-                                  last_receipt=receipt))
+        st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens, last_receipt=receipt))
         self._close_transcript(receipt)
         self._notify(outcomes.after_wake, self.agent, receipt)
-        self.events.write(ev.WakeFinished(status=status, reason=reason, tokens=self.tokens, steps=self.steps,
-                                          receipt=receipt))
-        self.say(f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
-                 f"({self.usage.cache_read_tokens:,} read from cache), {self.tool_calls} tool calls, "
-                 f"{receipt.duration_ms / 1000:.1f}s")
+        self.events.write(
+            ev.WakeFinished(status=status, reason=reason, tokens=self.tokens, steps=self.steps, receipt=receipt)
+        )
+        self.say(
+            f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
+            f"({self.usage.cache_read_tokens:,} read from cache), {self.tool_calls} tool calls, "
+            f"{receipt.duration_ms / 1000:.1f}s"
+        )
         return receipt
 
     def _started(self, inbox: str) -> None:
         mode = "live" if self.model.live else "dry run (scripted model, no API call)"
-        self.say(f"wake #{self.wake_no} of {self.agent.name}: {mode}, model {self.model.name}, "
-                 f"run {self.run_id}")
+        self.say(f"wake #{self.wake_no} of {self.agent.name}: {mode}, model {self.model.name}, run {self.run_id}")
         stale = self.lock.stale
         if stale:
             self.say(f"took over the lock of pid {stale.pid} (no longer running)")
@@ -332,17 +410,31 @@ class _Wake:
         self.waiting = 0 if self.model.live else st.count_messages(st.peek_inbox(self.agent.state_dir))
         if self.waiting:
             self.say(f"{self.waiting} message(s) from your human wait for the first live wake")
-        self.events.write(ev.WakeStarted(wake=self.wake_no, agent=self.agent.name, model=self.model.name,
-                                         live=self.model.live, policy=self.agent.policy.source,
-                                         inbox_messages=messages, took_over_lock_from=stale.pid if stale else None))
-        self.transcript.add("wake", run_id=self.run_id, wake=self.wake_no, agent=self.agent.name,
-                            model=self.model.name, live=self.model.live)
+        self.events.write(
+            ev.WakeStarted(
+                wake=self.wake_no,
+                agent=self.agent.name,
+                model=self.model.name,
+                live=self.model.live,
+                policy=self.agent.policy.source,
+                inbox_messages=messages,
+                took_over_lock_from=stale.pid if stale else None,
+            )
+        )
+        self.transcript.add(
+            "wake",
+            run_id=self.run_id,
+            wake=self.wake_no,
+            agent=self.agent.name,
+            model=self.model.name,
+            live=self.model.live,
+        )
 
     def _approvals(self) -> None:
         """Approvals decided since the last wake: approved calls run now, every outcome told in the
         first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs.
         A dry run leaves them for the first live wake, as it leaves the inbox: no model would hear them."""
-        if not self.model.live or stopswitch.is_stopped(self.root):   # a stopped fleet: a later wake runs them
+        if not self.model.live or stopswitch.is_stopped(self.root):  # a stopped fleet: a later wake runs them
             return
         try:
             told = self.gate.outcomes(self.registry)
@@ -399,53 +491,76 @@ class _Wake:
                 return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
             if self._time_left() <= 0:
                 return self._budget_stop("max_wake_s", f"max_wake_s ({self.budget.max_wake_s:g}s) reached")
-            over = self.meter.check(ledger.estimate_tokens(self.ctx.system, tools, messages),
-                                    self.budget.max_output_tokens)
+            over = self.meter.check(
+                ledger.estimate_tokens(self.ctx.system, tools, messages), self.budget.max_output_tokens
+            )
             if over:  # the worst case of this call would pass a USD cap: it is not made
                 return self._budget_stop(over.cap, over.reason)
             turn = self._ask(messages, tools, final)
             if self._last_tools(turn, final):
-                self.box.wind_down()    # the pool makes nothing ahead that no call would take
+                self.box.wind_down()  # the pool makes nothing ahead that no call would take
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
             if final:
                 self.closing_note = turn.text
-                return "budget_stop", (f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) "
-                                       f"reached: {self.tokens:,} tokens")
+                return "budget_stop", (
+                    f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) reached: {self.tokens:,} tokens"
+                )
             action = STOP_REASONS.get(turn.stop_reason, DEAD)
             if action == END or (action == TOOLS and not turn.tool_uses):
                 return "done", turn.stop_reason
             if action == DEAD:
-                raise DeadLetter(f"the model stopped with stop_reason {turn.stop_reason!r}, "
-                                 "which the harness does not continue from")
+                raise DeadLetter(
+                    f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
+                )
             if turn.tool_uses:
                 messages.append({"role": "user", "content": self._run_tools(turn)})
             elif action == CUT:
-                messages.append({"role": "user", "content": [{"type": "text", "text": CONTINUE_NOTE.format(
-                    limit=self.budget.max_output_tokens)}]})
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": CONTINUE_NOTE.format(limit=self.budget.max_output_tokens)}
+                        ],
+                    }
+                )
             # PAUSE: the assistant turn goes back as is and the model continues it
             if self.tokens >= self.budget.max_tokens_per_wake:
                 final = True
                 self._budget_stop("max_tokens_per_wake", "the token budget is spent: one last turn, no tools")
-                _add_user_text(messages, BUDGET_NOTE.format(
-                    used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day))
+                _add_user_text(
+                    messages, BUDGET_NOTE.format(used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day)
+                )
 
     def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
         step = self.steps + 1
         tool_choice = {"type": "none"} if final else None
-        self.events.write(ev.ModelRequest(step=step, model=self.model.name, max_tokens=self.budget.max_output_tokens,
-                                          messages=len(messages), system_prompt_hash=self.ctx.system_hash,
-                                          tools=tuple(t["name"] for t in tools),
-                                          tool_choice=(tool_choice or {}).get("type", "auto")))
-        for text in _user_texts(messages[self.transcribed:]):  # tool results went in as they ran
+        self.events.write(
+            ev.ModelRequest(
+                step=step,
+                model=self.model.name,
+                max_tokens=self.budget.max_output_tokens,
+                messages=len(messages),
+                system_prompt_hash=self.ctx.system_hash,
+                tools=tuple(t["name"] for t in tools),
+                tool_choice=(tool_choice or {}).get("type", "auto"),
+            )
+        )
+        for text in _user_texts(messages[self.transcribed :]):  # tool results went in as they ran
             self.transcript.add("user", step=step, text=text)
         self.transcribed = len(messages)
         started_ns = time.time_ns()
-        turn = self.model.call(system=self.ctx.system_blocks(), tools=tools, messages=messages,
-                               max_tokens=self.budget.max_output_tokens, tool_choice=tool_choice)
+        turn = self.model.call(
+            system=self.ctx.system_blocks(),
+            tools=tools,
+            messages=messages,
+            max_tokens=self.budget.max_output_tokens,
+            tool_choice=tool_choice,
+        )
         if not self.model.live:  # a live call's span is the SDK's own
-            tracing.scripted_chat(self.model.name, self.budget.max_output_tokens, turn.usage.to_json(),
-                                  turn.stop_reason, started_ns)
+            tracing.scripted_chat(
+                self.model.name, self.budget.max_output_tokens, turn.usage.to_json(), turn.stop_reason, started_ns
+            )
         if not self.inbox_committed:
             st.commit_inbox(self.agent.state_dir)
             self.inbox_committed = True
@@ -453,11 +568,25 @@ class _Wake:
         u = turn.usage
         self.usage += u
         self.meter.record(u)  # reconcile: the real usage replaces the worst case
-        self.events.write(ev.ModelResponse(step=step, stop_reason=turn.stop_reason, usage=u,
-                                           tool_names=tuple(b["name"] for b in turn.tool_uses), model=turn.model,
-                                           tokens_this_wake=self.tokens))
-        self.transcript.add("assistant", step=step, content=turn.content, stop_reason=turn.stop_reason,
-                            usage=u.to_json(), model=turn.model, usd_so_far=round(self.meter.usd, 6))
+        self.events.write(
+            ev.ModelResponse(
+                step=step,
+                stop_reason=turn.stop_reason,
+                usage=u,
+                tool_names=tuple(b["name"] for b in turn.tool_uses),
+                model=turn.model,
+                tokens_this_wake=self.tokens,
+            )
+        )
+        self.transcript.add(
+            "assistant",
+            step=step,
+            content=turn.content,
+            stop_reason=turn.stop_reason,
+            usage=u.to_json(),
+            model=turn.model,
+            usd_so_far=round(self.meter.usd, 6),
+        )
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
@@ -489,11 +618,27 @@ class _Wake:
                 self.events.write(ev.PolicyDenied(step=self.steps, tool=name, reason=result.denied))
             if result.detail.get("no_room"):
                 self._no_room(result.detail["no_room"])
-            self.events.write(ev.tool_result(step=self.steps, id=call["id"], tool=name, is_error=result.is_error,
-                                             result_chars=len(result.text), denied=bool(result.denied),
-                                             detail=result.detail))
-            self.transcript.add("tool_result", step=self.steps, id=call["id"], tool=name, text=result.text,
-                                is_error=result.is_error, denied=result.denied or None, **result.detail)
+            self.events.write(
+                ev.tool_result(
+                    step=self.steps,
+                    id=call["id"],
+                    tool=name,
+                    is_error=result.is_error,
+                    result_chars=len(result.text),
+                    denied=bool(result.denied),
+                    detail=result.detail,
+                )
+            )
+            self.transcript.add(
+                "tool_result",
+                step=self.steps,
+                id=call["id"],
+                tool=name,
+                text=result.text,
+                is_error=result.is_error,
+                denied=result.denied or None,
+                **result.detail,
+            )
             self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
             results.append(result.to_anthropic(call["id"]))
         return results
@@ -545,51 +690,78 @@ class _Wake:
         rel = f"{JOURNAL_DIR}/{self.day}.md"
         if self.closing_note is not None:
             kind = "closing note"
-            text = (f"\n## Wake #{self.wake_no} (closing note at the token budget, appended by the harness)\n"
-                    f"{clean(self.closing_note)[:CLOSING_NOTE_CAP] or '(the reply was empty)'}\n")
+            text = (
+                f"\n## Wake #{self.wake_no} (closing note at the token budget, appended by the harness)\n"
+                f"{clean(self.closing_note)[:CLOSING_NOTE_CAP] or '(the reply was empty)'}\n"
+            )
         elif before is not None and after is not None and after > before:
             self.say(f"journal: the agent wrote {rel} (+{after - before:,} bytes)")
             return "agent"
         else:
             kind = "stub"
-            text = (f"\n## Wake #{self.wake_no} (harness stub)\n"
-                    f"The agent ended without writing to this journal. Steps: {self.steps}. "
-                    f"Tokens: {self.tokens:,}. Tool calls: {self.tool_calls}. "
-                    f"Ended: {status}: {reason}.\n")
+            text = (
+                f"\n## Wake #{self.wake_no} (harness stub)\n"
+                f"The agent ended without writing to this journal. Steps: {self.steps}. "
+                f"Tokens: {self.tokens:,}. Tool calls: {self.tool_calls}. "
+                f"Ended: {status}: {reason}.\n"
+            )
         written, detail = append_in_sandbox(self.box, rel, scrub(text, self.secrets))
         self.events.write(ev.JournalStub(kind=kind, path=rel, written=written, detail=detail))
-        self.say(f"journal: {kind} {'appended to' if written else 'NOT written to'} {rel}"
-                 + ("" if written else f" ({detail})"))
+        self.say(
+            f"journal: {kind} {'appended to' if written else 'NOT written to'} {rel}"
+            + ("" if written else f" ({detail})")
+        )
         return kind if written else f"{kind} not written: {detail}"
 
     def _close_transcript(self, receipt: Receipt) -> None:
         """The transcript's last line, then its retention (records/transcript.py prune)."""
-        self.transcript.end(status=receipt.status, reason=receipt.reason, steps=receipt.steps,
-                            tokens=receipt.tokens, tool_calls=receipt.tool_calls, usd=receipt.usd,
-                            duration_ms=receipt.duration_ms, journal=receipt.journal)
+        self.transcript.end(
+            status=receipt.status,
+            reason=receipt.reason,
+            steps=receipt.steps,
+            tokens=receipt.tokens,
+            tool_calls=receipt.tool_calls,
+            usd=receipt.usd,
+            duration_ms=receipt.duration_ms,
+            journal=receipt.journal,
+        )
         caps = self.agent.policy.transcript
         try:
-            pruned = tr.prune(self.agent.state_dir, max_agent_bytes=caps.max_agent_bytes,
-                              retention_days=caps.retention_days, keep=self.run_id)
+            pruned = tr.prune(
+                self.agent.state_dir,
+                max_agent_bytes=caps.max_agent_bytes,
+                retention_days=caps.retention_days,
+                keep=self.run_id,
+            )
         except OSError as exc:
             self.transcript.error = self.transcript.error or f"transcript retention failed: {exc}"
         else:
             if pruned.files:
-                self.events.write(ev.TranscriptsPruned(files=pruned.files, bytes=pruned.bytes,
-                                                       prompts=pruned.prompts))
+                self.events.write(ev.TranscriptsPruned(files=pruned.files, bytes=pruned.bytes, prompts=pruned.prompts))
         if self.transcript.error:  # never silent, never fatal: the wake itself went on
             self.events.write(ev.TranscriptError(error=self.transcript.error))
             self.say(self.transcript.error)
 
     def _receipt(self, status: Status, reason: str, journal: str) -> Receipt:
-        return Receipt(run_id=self.run_id, agent=self.agent.name, wake=self.wake_no, status=status,
-                       reason=reason, steps=self.steps, usage=self.usage, tool_calls=self.tool_calls,
-                       duration_ms=int((time.monotonic() - self.started) * 1000),
-                       model=self.model.name, live=self.model.live, journal=journal,
-                       started_at=self.started_at,
-                       usd=None if self.meter.billed and self.meter.price is None else round(self.meter.usd, 6),
-                       task=task.id if (task := getattr(self, "task", None)) else "",
-                       messages_waiting=self.waiting, no_room=self.no_room)
+        return Receipt(
+            run_id=self.run_id,
+            agent=self.agent.name,
+            wake=self.wake_no,
+            status=status,
+            reason=reason,
+            steps=self.steps,
+            usage=self.usage,
+            tool_calls=self.tool_calls,
+            duration_ms=int((time.monotonic() - self.started) * 1000),
+            model=self.model.name,
+            live=self.model.live,
+            journal=journal,
+            started_at=self.started_at,
+            usd=None if self.meter.billed and self.meter.price is None else round(self.meter.usd, 6),
+            task=task.id if (task := getattr(self, "task", None)) else "",
+            messages_waiting=self.waiting,
+            no_room=self.no_room,
+        )
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:
@@ -625,8 +797,14 @@ def _words_before(content: list[dict], call_id: str) -> str:
 
 def _for_log(args) -> object:
     if isinstance(args, dict):
-        return {k: (v[:EVENT_INPUT_CAP] + f"... ({len(v):,} chars)" if isinstance(v, str)
-                    and len(v) > EVENT_INPUT_CAP else v) for k, v in args.items()}
+        return {
+            k: (
+                v[:EVENT_INPUT_CAP] + f"... ({len(v):,} chars)"
+                if isinstance(v, str) and len(v) > EVENT_INPUT_CAP
+                else v
+            )
+            for k, v in args.items()
+        }
     return str(args)[:EVENT_INPUT_CAP]
 
 

@@ -40,9 +40,9 @@ from orchestrator.policy.agent import AgentError
 from orchestrator.wake.context import CACHE
 from orchestrator.records.receipt import Usage
 
-MAX_RETRIES = 4                     # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
-REQUEST_TIMEOUT_S = 600.0           # one request, the SDK's own default; a stream resets it per chunk
-SCRIPT_CAP = 1 << 20                # bytes of a --script file
+MAX_RETRIES = 4  # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
+REQUEST_TIMEOUT_S = 600.0  # one request, the SDK's own default; a stream resets it per chunk
+SCRIPT_CAP = 1 << 20  # bytes of a --script file
 
 
 class ModelError(RuntimeError):
@@ -51,7 +51,7 @@ class ModelError(RuntimeError):
 
 @dataclass(frozen=True)
 class Turn:
-    content: list[dict]             # the assistant's blocks, ready to send back
+    content: list[dict]  # the assistant's blocks, ready to send back
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
     model: str = ""
@@ -69,8 +69,15 @@ class Model(Protocol):
     name: str
     live: bool
 
-    def call(self, *, system: list[dict], tools: list[dict], messages: list[dict],
-             max_tokens: int, tool_choice: dict | None = None) -> Turn: ...
+    def call(
+        self,
+        *,
+        system: list[dict],
+        tools: list[dict],
+        messages: list[dict],
+        max_tokens: int,
+        tool_choice: dict | None = None,
+    ) -> Turn: ...
 
 
 # -- live ----------------------------------------------------------------------------
@@ -93,25 +100,34 @@ def _tls() -> ssl.SSLContext:
 class LiveModel:
     live = True
 
-    def __init__(self, name: str, api_key: str, *, stream: bool = True,
-                 max_retries: int = MAX_RETRIES, timeout_s: float = REQUEST_TIMEOUT_S):
+    def __init__(
+        self,
+        name: str,
+        api_key: str,
+        *,
+        stream: bool = True,
+        max_retries: int = MAX_RETRIES,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ):
         self.name = name
         self.stream = stream
-        traced = tracing.sdk_option()   # only when content is asked for: an SDK without the option still works
+        traced = tracing.sdk_option()  # only when content is asked for: an SDK without the option still works
         options: dict[str, Any] = {"open_telemetry": traced} if traced else {}
         # The SDK's own client settings (limits, keep-alive, redirects, proxies from the
         # environment), with the shared TLS context instead of a CA store loaded anew.
         http = anthropic.DefaultHttpxClient(verify=_tls())
-        self.client = anthropic.Anthropic(api_key=api_key, max_retries=max_retries, timeout=timeout_s,
-                                          http_client=http, **options)
+        self.client = anthropic.Anthropic(
+            api_key=api_key, max_retries=max_retries, timeout=timeout_s, http_client=http, **options
+        )
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""
         self.client.close()
 
     def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
-        kwargs: dict[str, Any] = dict(model=self.name, max_tokens=max_tokens, system=system,
-                                      messages=with_cache_breakpoint(messages))
+        kwargs: dict[str, Any] = dict(
+            model=self.name, max_tokens=max_tokens, system=system, messages=with_cache_breakpoint(messages)
+        )
         if tools:
             kwargs["tools"] = tools
         if tool_choice:
@@ -123,15 +139,19 @@ class LiveModel:
             else:
                 message = self.client.messages.create(**kwargs)
         except anthropic.APIStatusError as exc:
-            raise ModelError(f"the API answered HTTP {exc.status_code} ({_api_error(exc)}) "
-                             f"after {self.client.max_retries} retries") from None
+            raise ModelError(
+                f"the API answered HTTP {exc.status_code} ({_api_error(exc)}) after {self.client.max_retries} retries"
+            ) from None
         except anthropic.APITimeoutError:
-            raise ModelError(f"the API did not answer within {self.client.timeout}s "
-                             f"(after {self.client.max_retries} retries)") from None
+            raise ModelError(
+                f"the API did not answer within {self.client.timeout}s (after {self.client.max_retries} retries)"
+            ) from None
         except anthropic.APIConnectionError as exc:
-            raise ModelError(f"cannot reach the API at {self.client.base_url} "
-                             f"({type(exc.__cause__ or exc).__name__}) after "
-                             f"{self.client.max_retries} retries") from None
+            raise ModelError(
+                f"cannot reach the API at {self.client.base_url} "
+                f"({type(exc.__cause__ or exc).__name__}) after "
+                f"{self.client.max_retries} retries"
+            ) from None
         except anthropic.AnthropicError as exc:
             raise ModelError(f"the API call failed: {type(exc).__name__}: {str(exc)[:200]}") from None
         return _turn(message)
@@ -148,8 +168,7 @@ def _api_error(exc: anthropic.APIStatusError) -> str:
 def _turn(message) -> Turn:
     usage = Usage.from_api(message.usage)
     content = [b for b in (_block(b) for b in message.content) if b]
-    return Turn(content=content, stop_reason=str(message.stop_reason or "unknown"),
-                usage=usage, model=message.model)
+    return Turn(content=content, stop_reason=str(message.stop_reason or "unknown"), usage=usage, model=message.model)
 
 
 def _block(block) -> dict | None:
@@ -186,28 +205,62 @@ def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
 # there), write a note with write_file, append a journal entry, end.
 # {wake} and {today} are filled in; everything else runs as written.
 DRY_RUN_SCRIPT: list[dict] = [
-    {"text": "Dry run: looking around the workspace first.",
-     "tool_calls": [{"name": "bash", "input": {"command":
-        "pwd; ls -la; echo; find . -maxdepth 3 -type f | sort | head -40; echo; "
-        "echo '== memory/core.md =='; head -c 2000 memory/core.md 2>&1"}}]},
-    {"text": "Updating core memory: one line, replaced each dry run, the rest kept.",
-     "tool_calls": [{"name": "bash", "input": {"command":
-        "mkdir -p memory && touch memory/core.md && "
-        "{ grep -v '^- Last dry run: ' memory/core.md; "
-        "echo '- Last dry run: wake #{wake} on {today} (scripted model, no API call).'; } > /tmp/core.md && "
-        "cat /tmp/core.md > memory/core.md && tail -n 3 memory/core.md"}}]},
-    {"text": "Leaving a note with write_file.",
-     "tool_calls": [{"name": "write_file", "input": {"path": "memory/dry-run.md", "content":
-        "# Dry run\n\nWake #{wake} on {today} was a dry run: a scripted model drove the real "
-        "tools in a fresh sandbox container per call, and no API call was made.\n"
-        "To go live, set `dry_run: false` in agent.yaml (or pass --live) and export "
-        "ANTHROPIC_API_KEY.\n"}}]},
-    {"text": "Writing today's journal entry.",
-     "tool_calls": [{"name": "bash", "input": {"command":
-        "mkdir -p memory/journal && printf '\\n## Wake #{wake} (dry run)\\n"
-        "Looked around, updated memory/core.md, wrote memory/dry-run.md. "
-        "Next: a live wake when the human enables it.\\n' >> memory/journal/{today}.md && "
-        "tail -n 3 memory/journal/{today}.md"}}]},
+    {
+        "text": "Dry run: looking around the workspace first.",
+        "tool_calls": [
+            {
+                "name": "bash",
+                "input": {
+                    "command": "pwd; ls -la; echo; find . -maxdepth 3 -type f | sort | head -40; echo; "
+                    "echo '== memory/core.md =='; head -c 2000 memory/core.md 2>&1"
+                },
+            }
+        ],
+    },
+    {
+        "text": "Updating core memory: one line, replaced each dry run, the rest kept.",
+        "tool_calls": [
+            {
+                "name": "bash",
+                "input": {
+                    "command": "mkdir -p memory && touch memory/core.md && "
+                    "{ grep -v '^- Last dry run: ' memory/core.md; "
+                    "echo '- Last dry run: wake #{wake} on {today} (scripted model, no API call).'; } "
+                    "> /tmp/core.md && "
+                    "cat /tmp/core.md > memory/core.md && tail -n 3 memory/core.md"
+                },
+            }
+        ],
+    },
+    {
+        "text": "Leaving a note with write_file.",
+        "tool_calls": [
+            {
+                "name": "write_file",
+                "input": {
+                    "path": "memory/dry-run.md",
+                    "content": "# Dry run\n\nWake #{wake} on {today} was a dry run: a scripted model drove the real "
+                    "tools in a fresh sandbox container per call, and no API call was made.\n"
+                    "To go live, set `dry_run: false` in agent.yaml (or pass --live) and export "
+                    "ANTHROPIC_API_KEY.\n",
+                },
+            }
+        ],
+    },
+    {
+        "text": "Writing today's journal entry.",
+        "tool_calls": [
+            {
+                "name": "bash",
+                "input": {
+                    "command": "mkdir -p memory/journal && printf '\\n## Wake #{wake} (dry run)\\n"
+                    "Looked around, updated memory/core.md, wrote memory/dry-run.md. "
+                    "Next: a live wake when the human enables it.\\n' >> memory/journal/{today}.md && "
+                    "tail -n 3 memory/journal/{today}.md"
+                },
+            }
+        ],
+    },
     {"text": "Dry run complete: looked around, updated memory, journaled. Nothing else to do."},
 ]
 
@@ -227,10 +280,15 @@ class ScriptedModel:
         offered = {t["name"] for t in tools} if (tool_choice or {}).get("type") != "none" else set()
         content: list[dict] = [{"type": "text", "text": self._fill(turn["text"])}] if turn.get("text") else []
         for i, call in enumerate(turn.get("tool_calls", []) if offered else []):
-            content.append({"type": "tool_use", "id": f"toolu_dry_{self.step:02d}_{i}",
-                            "name": call["name"], "input": self._fill(call.get("input", {}))})
-        stop = turn.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content)
-                                          else "end_turn")
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_dry_{self.step:02d}_{i}",
+                    "name": call["name"],
+                    "input": self._fill(call.get("input", {})),
+                }
+            )
+        stop = turn.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
         return Turn(content=content, stop_reason=stop, usage=Usage(), model=self.name)
 
     def _fill(self, value):
@@ -257,7 +315,7 @@ def load_script(path: Path) -> list[dict]:
         raise AgentError(f"{path}: not valid JSON: {exc}") from None
     turns = raw.get("turns") if isinstance(raw, dict) else raw
     if not isinstance(turns, list) or not turns:
-        raise AgentError(f"{path}: expected a non-empty JSON list of turns (or {{\"turns\": [...]}})")
+        raise AgentError(f'{path}: expected a non-empty JSON list of turns (or {{"turns": [...]}})')
     for n, turn in enumerate(turns, 1):
         problem = _check_turn(turn)
         if problem:
@@ -274,7 +332,6 @@ def _check_turn(turn) -> str | None:
     if not isinstance(turn.get("text", ""), str) or not isinstance(turn.get("stop_reason", ""), str):
         return "text and stop_reason must be strings"
     calls = turn.get("tool_calls", [])
-    if not isinstance(calls, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
-        return "tool_calls must be a list of {\"name\": str, \"input\": {...}}"
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+        return 'tool_calls must be a list of {"name": str, "input": {...}}'
     return None

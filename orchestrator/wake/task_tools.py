@@ -16,9 +16,11 @@ from orchestrator.wake.tools import Tool, ToolResult, error
 
 COMPLETE_TASK_SCHEMA = {
     "type": "object",
-    "properties": {"task_id": {"type": "string"},
-                   "status": {"type": "string", "enum": ["done", "failed"]},
-                   "note": {"type": "string"}},
+    "properties": {
+        "task_id": {"type": "string"},
+        "status": {"type": "string", "enum": ["done", "failed"]},
+        "note": {"type": "string"},
+    },
     "required": ["task_id", "status"],
 }
 
@@ -35,11 +37,21 @@ def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_
             closed = finish(state_dir, args["task_id"], args["status"], args.get("note", ""), run_id=run_id)
         except TaskError as exc:
             return error(f"complete_task: {exc}")
-        return ToolResult(text=f"task {closed.id} is now {closed.status}.",
-                          detail={"task": closed.id, "task_status": closed.status})
+        return ToolResult(
+            text=f"task {closed.id} is now {closed.status}.", detail={"task": closed.id, "task_status": closed.status}
+        )
 
-    return [Tool("complete_task", (
-        f"Close the task named at the start of this wake ({task.id}) as done or failed, with a "
-        f"one-line note for your human (at most {MAX_NOTE_CHARS:,} characters). Only that task "
-        "can be closed, once."), COMPLETE_TASK_SCHEMA, handler, enabled,
-        "the complete_task tool is disabled by this agent's policy")]
+    return [
+        Tool(
+            "complete_task",
+            (
+                f"Close the task named at the start of this wake ({task.id}) as done or failed, with a "
+                f"one-line note for your human (at most {MAX_NOTE_CHARS:,} characters). Only that task "
+                "can be closed, once."
+            ),
+            COMPLETE_TASK_SCHEMA,
+            handler,
+            enabled,
+            "the complete_task tool is disabled by this agent's policy",
+        )
+    ]

@@ -31,9 +31,9 @@ TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
 
 @dataclass(frozen=True)
 class ToolResult:
-    text: str                               # what the model reads
+    text: str  # what the model reads
     is_error: bool = False
-    denied: str | None = None               # a policy refusal, logged as policy_denied
+    denied: str | None = None  # a policy refusal, logged as policy_denied
     detail: dict = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
 
     def to_anthropic(self, tool_use_id: str) -> dict:
@@ -74,7 +74,7 @@ class Registry:
 
     def __init__(self, tools: list[Tool], asker: Asker | None = None):
         self._tools = {t.name: t for t in tools}
-        self.asker = asker              # calls that wait for a person (policy `approve:`)
+        self.asker = asker  # calls that wait for a person (policy `approve:`)
 
     def add(self, tool: Tool) -> None:
         """One more tool (e.g. tasks.py's complete_task); offered after the built-in three."""
@@ -128,48 +128,82 @@ def _signature(schema: dict) -> str:
 
 # -- the three tools ----------------------------------------------------------------
 
-def build_registry(policy: Policy, sandbox: Sandbox | None, outbox: Callable[[str], None],
-                   extra: Sequence[Tool] = (), remaining: Callable[[], float] | None = None,
-                   asker: Asker | None = None) -> Registry:
+
+def build_registry(
+    policy: Policy,
+    sandbox: Sandbox | None,
+    outbox: Callable[[str], None],
+    extra: Sequence[Tool] = (),
+    remaining: Callable[[], float] | None = None,
+    asker: Asker | None = None,
+) -> Registry:
     """The tools for one wake. `outbox` appends one message to state/outbox.txt;
     `extra` are host-side tools made elsewhere (complete_task, tasks.py); `remaining`
     is the wake's time left (budget.max_wake_s), which caps every call's timeout;
     `asker` stands before every handler: a call that must wait for a person is not run."""
     box = _Toolbox(policy, sandbox, outbox, remaining)
     t = policy.tools
-    return Registry([
-        Tool("bash", (
-            "Run a shell command (bash -c) in a fresh container whose working directory is "
-            f"/workspace, your workspace. stdout and stderr are returned together, at most "
-            f"{t.bash.max_output_chars:,} characters (head and tail kept). Timeout "
-            f"{t.bash.timeout_s:g}s. The first line of the result is the exit status. "
-            "Only /workspace persists between calls."),
-            {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-            box.bash, t.bash.enabled, "the bash tool is disabled by this agent's policy"),
-        Tool("write_file", (
-            "Create or overwrite a file at a path relative to /workspace (parent directories "
-            f"are created). At most {t.write_file.max_bytes:,} bytes. A path through a symlink is "
-            "refused with the real path named."),
-            {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-             "required": ["path", "content"]},
-            box.write_file, t.write_file.enabled, "the write_file tool is disabled by this agent's policy"),
-        Tool("send_message", (
-            "Queue a message for your human; they read it outside this session. Use sparingly: "
-            f"at most {t.send_message.max_per_wake} per wake, {t.send_message.max_chars:,} characters each "
-            "(a longer one is cut); one good message beats five fragments."),
-            {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-            box.send_message, t.send_message.enabled,
-            "the send_message tool is disabled by this agent's policy"),
-        *extra,
-    ], asker)
+    return Registry(
+        [
+            Tool(
+                "bash",
+                (
+                    "Run a shell command (bash -c) in a fresh container whose working directory is "
+                    f"/workspace, your workspace. stdout and stderr are returned together, at most "
+                    f"{t.bash.max_output_chars:,} characters (head and tail kept). Timeout "
+                    f"{t.bash.timeout_s:g}s. The first line of the result is the exit status. "
+                    "Only /workspace persists between calls."
+                ),
+                {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+                box.bash,
+                t.bash.enabled,
+                "the bash tool is disabled by this agent's policy",
+            ),
+            Tool(
+                "write_file",
+                (
+                    "Create or overwrite a file at a path relative to /workspace (parent directories "
+                    f"are created). At most {t.write_file.max_bytes:,} bytes. A path through a symlink is "
+                    "refused with the real path named."
+                ),
+                {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["path", "content"],
+                },
+                box.write_file,
+                t.write_file.enabled,
+                "the write_file tool is disabled by this agent's policy",
+            ),
+            Tool(
+                "send_message",
+                (
+                    "Queue a message for your human; they read it outside this session. Use sparingly: "
+                    f"at most {t.send_message.max_per_wake} per wake, {t.send_message.max_chars:,} characters each "
+                    "(a longer one is cut); one good message beats five fragments."
+                ),
+                {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+                box.send_message,
+                t.send_message.enabled,
+                "the send_message tool is disabled by this agent's policy",
+            ),
+            *extra,
+        ],
+        asker,
+    )
 
 
-MIN_CALL_S = 1.0                    # a call's timeout when the wake's time is (nearly) up: it still answers
+MIN_CALL_S = 1.0  # a call's timeout when the wake's time is (nearly) up: it still answers
 
 
 class _Toolbox:
-    def __init__(self, policy: Policy, sandbox: Sandbox | None, outbox: Callable[[str], None],
-                 remaining: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        sandbox: Sandbox | None,
+        outbox: Callable[[str], None],
+        remaining: Callable[[], float] | None = None,
+    ):
         self.policy, self.sandbox, self.outbox = policy, sandbox, outbox
         self.remaining = remaining
         self.sent = 0
@@ -183,9 +217,11 @@ class _Toolbox:
         if not command.strip():
             return error("bash: the command is empty")
         cfg = self.policy.tools.bash
-        assert self.sandbox is not None     # a registry built without one only lists its tools
-        return _from_sandbox(self.sandbox.run(command, timeout_s=self._timeout(cfg.timeout_s),
-                                              max_output_chars=cfg.max_output_chars), error_on_fail=False)
+        assert self.sandbox is not None  # a registry built without one only lists its tools
+        return _from_sandbox(
+            self.sandbox.run(command, timeout_s=self._timeout(cfg.timeout_s), max_output_chars=cfg.max_output_chars),
+            error_on_fail=False,
+        )
 
     def write_file(self, args: dict) -> ToolResult:
         path, content = args["path"], args["content"].encode("utf-8")
@@ -193,9 +229,11 @@ class _Toolbox:
         reason = cfg.refusal(path, len(content))  # policy/schema.py owns the globs and max_bytes
         if reason:
             return denied(f"write_file {path}: {reason}")
-        assert self.sandbox is not None     # a registry built without one only lists its tools
-        return _from_sandbox(self.sandbox.write(path, content, timeout_s=self._timeout(cfg.timeout_s),
-                                                protect_git=cfg.protect_git), error_on_fail=True)
+        assert self.sandbox is not None  # a registry built without one only lists its tools
+        return _from_sandbox(
+            self.sandbox.write(path, content, timeout_s=self._timeout(cfg.timeout_s), protect_git=cfg.protect_git),
+            error_on_fail=True,
+        )
 
     def send_message(self, args: dict) -> ToolResult:
         text = args["text"]
@@ -207,8 +245,10 @@ class _Toolbox:
         sent, note = cut_message(text, self.policy.tools.send_message.max_chars)
         self.outbox(sent)
         self.sent += 1
-        return ToolResult(text=f"queued for your human ({self.sent} of {limit} this wake).{note}",
-                          detail={"chars": len(sent), **({"cut_chars": len(text) - len(sent)} if note else {})})
+        return ToolResult(
+            text=f"queued for your human ({self.sent} of {limit} this wake).{note}",
+            detail={"chars": len(sent), **({"cut_chars": len(text) - len(sent)} if note else {})},
+        )
 
 
 def cut_message(text: str, max_chars: int) -> tuple[str, str]:
@@ -220,16 +260,24 @@ def cut_message(text: str, max_chars: int) -> tuple[str, str]:
     if len(text) <= max_chars:
         return text, ""
     cut = len(text) - max_chars
-    return text[:max_chars], (f" It was cut: only its first {max_chars:,} characters were sent "
-                              f"(tools.send_message.max_chars); the last {cut:,} were not. "
-                              f"The sent text ends with: {text[max(0, max_chars - 60):max_chars]!r}")
+    return text[:max_chars], (
+        f" It was cut: only its first {max_chars:,} characters were sent "
+        f"(tools.send_message.max_chars); the last {cut:,} were not. "
+        f"The sent text ends with: {text[max(0, max_chars - 60) : max_chars]!r}"
+    )
 
 
 def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
-    detail = {"exit_code": result.exit_code, "duration_ms": result.duration_ms,
-              "bytes": result.output_bytes, "truncated": result.truncated,
-              "timed_out": result.timed_out, "oom_killed": result.oom_killed,
-              "container_id": result.container_id, **({"stopped": True} if result.stopped else {})}
-    if result.no_room:   # the disk guard did not start it: the wake records it and tells the operator
+    detail = {
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "bytes": result.output_bytes,
+        "truncated": result.truncated,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "container_id": result.container_id,
+        **({"stopped": True} if result.stopped else {}),
+    }
+    if result.no_room:  # the disk guard did not start it: the wake records it and tells the operator
         return ToolResult(text=result.for_model(), is_error=True, detail=detail | {"no_room": result.no_room})
     return ToolResult(text=result.for_model(), is_error=error_on_fail and not result.ok, detail=detail)

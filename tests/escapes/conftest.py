@@ -20,10 +20,12 @@ from orchestrator.policy.schema import SandboxPolicy
 @pytest.fixture
 def make_lab(docker_client, runtime, tmp_path):
     """Lab(sandbox_class=...) under the default policy and `runtime`."""
+
     def make(sandbox_class=None, **policy_changes) -> Lab:
         policy = replace(SandboxPolicy(), runtime=runtime, **policy_changes)
         kwargs = {"sandbox_class": sandbox_class} if sandbox_class else {}
         return Lab(client=docker_client, policy=policy, base=tmp_path / "lab", **kwargs)
+
     return make
 
 

@@ -40,6 +40,7 @@ def test_surface_probe_holds(probe, surface_lab):
 
 def test_suite_covers_every_category_with_45_probes():
     from orchestrator.escapes import CATEGORIES
+
     names = [p.name for p in ALL_PROBES]
     assert len(names) == len(set(names)) and len(names) >= 45
     assert {p.category for p in ALL_PROBES} == set(CATEGORIES)

@@ -13,12 +13,13 @@ from orchestrator.records import approval_links, approvals
 from orchestrator.records.folder import Folder
 
 COVERED: set[str] = {
-    "approvals_refuse_a_forged_or_borrowed_link", "approvals_link_decides_once",
+    "approvals_refuse_a_forged_or_borrowed_link",
+    "approvals_link_decides_once",
     "approvals_the_model_cannot_approve_its_own_call",
 }
 
 
-escapes = must_escape    # by the probe's name (tests/helpers/support.py)
+escapes = must_escape  # by the probe's name (tests/helpers/support.py)
 
 
 def _unsigned_verify(key, token, now=None):
@@ -30,20 +31,25 @@ def _unsigned_verify(key, token, now=None):
 def test_unsigned_links_are_forged(surface_lab, monkeypatch):
     monkeypatch.setattr(approval_links, "verify", _unsigned_verify)
     real_decide = approvals.decide
-    monkeypatch.setattr(approvals, "decide", lambda sd, i, ok, by, reason="", nonce=None, now=None:
-                        real_decide(sd, i, ok, by, reason, None, now))
+    monkeypatch.setattr(
+        approvals,
+        "decide",
+        lambda sd, i, ok, by, reason="", nonce=None, now=None: real_decide(sd, i, ok, by, reason, None, now),
+    )
     real_open = approval_pages.open_link
 
     def trusting_open(root, pages, token):
         link = _unsigned_verify(None, token)
         a = approvals.load(pages.agent_dir(link.agent) / "state", link.approval_id)
         return real_open.__globals__["Opened"](link, pages.agent_dir(link.agent), a)
+
     monkeypatch.setattr(approval_pages, "open_link", trusting_open)
     assert "b is approved" in escapes(surface_lab, "approvals_refuse_a_forged_or_borrowed_link")
 
 
 def test_stateless_links_are_replayed(surface_lab, monkeypatch):
     """The design without state: a valid signature is enough, whatever became of the approval."""
+
     def stateless_open(root, pages, token):
         link = approval_links.verify(approval_links.load_key(root, create=False), token)
         agent_dir = pages.agent_dir(link.agent)
@@ -53,6 +59,7 @@ def test_stateless_links_are_replayed(surface_lab, monkeypatch):
         a = replace(approvals.load(sd, approval_id), status="approved" if approve else "denied", decided_by=by)
         approvals._save(sd, a)
         return a
+
     monkeypatch.setattr(approval_pages, "open_link", stateless_open)
     monkeypatch.setattr(approvals, "decide", last_word_wins)
     assert "now denied" in escapes(surface_lab, "approvals_link_decides_once")
@@ -66,11 +73,13 @@ def test_approvals_kept_in_the_workspace_are_written_by_the_model(surface_lab, m
         folder = Folder(state_dir.parent, ("workspace",))
         first.setdefault("planted", False)
         return folder if first["planted"] else Folder(state_dir.parent, ("state",))
+
     real_take = approvals.take
 
     def take_after_planting(*args, **kwargs):
         first["planted"] = True
         return real_take(*args, **kwargs)
+
     monkeypatch.setattr(approvals, "state_folder", in_workspace)
     monkeypatch.setattr(approvals, "take", take_after_planting)
     assert "approved" in escapes(surface_lab, "approvals_the_model_cannot_approve_its_own_call")

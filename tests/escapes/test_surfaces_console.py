@@ -16,14 +16,17 @@ from orchestrator.console import auth
 from orchestrator.console.hosts import Hosts
 
 COVERED: set[str] = {
-    "console_refuses_foreign_host", "console_reading_needs_the_token_on_loopback",
-    "console_refuses_a_pre_made_token_file", "console_refuses_a_forged_form_with_a_valid_cookie",
-    "console_csrf_holds_whatever_authorization_says", "console_shows_agent_text_inert",
+    "console_refuses_foreign_host",
+    "console_reading_needs_the_token_on_loopback",
+    "console_refuses_a_pre_made_token_file",
+    "console_refuses_a_forged_form_with_a_valid_cookie",
+    "console_csrf_holds_whatever_authorization_says",
+    "console_shows_agent_text_inert",
     "console_metrics_bounded_against_invented_tools",
 }
 
 
-escapes = must_escape    # by the probe's name (tests/helpers/support.py)
+escapes = must_escape  # by the probe's name (tests/helpers/support.py)
 
 
 def test_console_answering_any_host_is_rebound(surface_lab, monkeypatch):
@@ -33,8 +36,9 @@ def test_console_answering_any_host_is_rebound(surface_lab, monkeypatch):
 
 def test_console_open_for_reading_on_loopback_is_read(surface_lab, monkeypatch):
     """The old rule: reading open on a loopback listener."""
-    monkeypatch.setattr(auth.Access, "may_read",
-                        lambda self, cookies, headers: self.loopback or self.signed_in(cookies, headers))
+    monkeypatch.setattr(
+        auth.Access, "may_read", lambda self, cookies, headers: self.loopback or self.signed_in(cookies, headers)
+    )
     assert "without the token: 200" in escapes(surface_lab, "console_reading_needs_the_token_on_loopback")
 
 
@@ -75,8 +79,7 @@ def _old_why_not_act(self, cookies, headers, form, own_origin):
     origin = headers.get("origin")
     if origin and origin != own_origin:
         return f"refused: a request from {origin}"
-    if "authorization" not in headers and not hmac.compare_digest(form.get("csrf", "").encode(),
-                                                                   self.csrf.encode()):
+    if "authorization" not in headers and not hmac.compare_digest(form.get("csrf", "").encode(), self.csrf.encode()):
         return "refused: the form's CSRF token is missing or wrong"
     return None
 
@@ -91,6 +94,7 @@ def test_console_without_autoescaping_runs_the_agents_script(surface_lab, monkey
 
     def environment(**kwargs):
         return unescaped(**{**kwargs, "autoescape": False})
+
     monkeypatch.setattr(jinja2, "Environment", environment)
     assert "<script> is in the page" in escapes(surface_lab, "console_shows_agent_text_inert")
 

@@ -25,7 +25,7 @@ def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, ident
     return disk.legacy_key(agent, host_workspace)
 
 
-escapes = must_escape    # tests/helpers/support.py
+escapes = must_escape  # tests/helpers/support.py
 
 
 def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):
@@ -35,11 +35,11 @@ def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, mo
 
 def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_it(surface_lab, monkeypatch):
     kept = []
-    monkeypatch.setattr(disk, "let_go", lambda client, held: kept.append(held))   # the box lets go of nothing
+    monkeypatch.setattr(disk, "let_go", lambda client, held: kept.append(held))  # the box lets go of nothing
     try:
         assert "still attached" in escapes(surface_lab, probes.disks_released_after_a_one_shot_call)
     finally:
-        for held in kept:   # the hold the weakened box kept: dropped, so no later test sees it held
+        for held in kept:  # the hold the weakened box kept: dropped, so no later test sees it held
             if held.hold:
                 held.hold.drop()
 
@@ -50,10 +50,11 @@ def test_a_new_folder_in_a_deleted_ones_place_gets_its_disk_when_named_by_its_pa
     assert "got the deleted agent's disk" in observed
 
 
-def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_identity_check(
-        surface_lab, monkeypatch):
+def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_identity_check(surface_lab, monkeypatch):
     from orchestrator.broker import server
+
     before = server._needs_new_box
-    monkeypatch.setattr(server, "_needs_new_box",
-                        lambda box, place, policy: before(box, (*place[:3], box.identity), policy))
+    monkeypatch.setattr(
+        server, "_needs_new_box", lambda box, place, policy: before(box, (*place[:3], box.identity), policy)
+    )
     assert "newcomer's calls ran" in escapes(surface_lab, probes.disks_broker_box_follows_the_folder_not_the_name)

@@ -13,12 +13,16 @@ from orchestrator.escapes.core import ESCAPED, run_probe
 from orchestrator.escapes.surfaces import notify as probes
 from orchestrator.notify import channels, config
 
-COVERED: set[str] = {"notify_slack_markup_arrives_inert", "notify_target_never_carries_a_secret",
-                     "notify_refuses_command_from_agent_yaml", "notify_email_headers_are_ours",
-                     "notify_does_not_follow_redirects"}
+COVERED: set[str] = {
+    "notify_slack_markup_arrives_inert",
+    "notify_target_never_carries_a_secret",
+    "notify_refuses_command_from_agent_yaml",
+    "notify_email_headers_are_ours",
+    "notify_does_not_follow_redirects",
+}
 
 
-pytestmark = pytest.mark.usefixtures("no_ceiling")   # conftest: none of the machine's
+pytestmark = pytest.mark.usefixtures("no_ceiling")  # conftest: none of the machine's
 
 
 def outcome_of(lab, name: str):
@@ -62,8 +66,10 @@ def test_a_secret_target_loads_without_the_load_time_check(surface_lab, monkeypa
 
 def test_a_secret_is_sent_without_the_send_time_check(surface_lab, monkeypatch):
     """The load-time check alone: a channel that got past it (built by other code) sends the key."""
+
     def old_expand(text, environ, allowed=()):
         return config._VAR.sub(lambda m: environ[m.group(1)], text)
+
     monkeypatch.setattr(channels, "expand", old_expand)
     outcome = outcome_of(surface_lab, "notify_target_never_carries_a_secret")
     assert outcome.verdict == ESCAPED and "request path" in outcome.observed
@@ -85,8 +91,10 @@ def test_email_is_silenced_when_the_subject_is_the_raw_title(surface_lab, monkey
 
 def test_email_headers_are_injected_by_a_message_built_as_text(surface_lab, monkeypatch):
     """A message built by pasting the title into header text: the agent's name adds headers."""
+
     def pasted(to, sender, payload):
         return message_from_string(f"From: {sender}\nTo: {to}\nSubject: {payload['title']}\n\n{payload['text']}\n")
+
     monkeypatch.setattr(channels, "_message", pasted)
     outcome = outcome_of(surface_lab, "notify_email_headers_are_ours")
     assert outcome.verdict == ESCAPED and "x-evil" in outcome.observed
@@ -94,9 +102,11 @@ def test_email_headers_are_injected_by_a_message_built_as_text(surface_lab, monk
 
 def test_a_redirect_is_followed_by_urllibs_default_opener(surface_lab, monkeypatch):
     """The design before: urllib.request.urlopen, which turns a 302 after a POST into a GET elsewhere."""
+
     def urlopen(url, data, headers):
         with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers, method="POST")) as r:
             return r.status, r.read(100)
+
     monkeypatch.setattr(channels, "_request", urlopen)
     outcome = outcome_of(surface_lab, "notify_does_not_follow_redirects")
     assert outcome.verdict == ESCAPED and "/followed" in outcome.observed

@@ -12,13 +12,18 @@ from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import records as probes
 
 COVERED: set[str] = {
-    "mandate_link_is_never_followed", "mandate_fifo_never_hangs_a_wake", "agent_yaml_link_is_refused",
-    "event_log_never_follows_a_link", "sparse_state_files_are_read_capped",
-    "retention_never_deletes_through_a_link", "send_message_is_capped", "ceiling_refuses_an_unbounded_number",
+    "mandate_link_is_never_followed",
+    "mandate_fifo_never_hangs_a_wake",
+    "agent_yaml_link_is_refused",
+    "event_log_never_follows_a_link",
+    "sparse_state_files_are_read_capped",
+    "retention_never_deletes_through_a_link",
+    "send_message_is_capped",
+    "ceiling_refuses_an_unbounded_number",
 }
 
 
-escapes = must_escape    # tests/helpers/support.py
+escapes = must_escape  # tests/helpers/support.py
 
 
 @pytest.fixture
@@ -32,7 +37,8 @@ def old_mandate_reader(monkeypatch):
                 data = f.read(context.MANDATE_CAP + 1)
         except OSError:
             return context.NO_MANDATE
-        return data[:context.MANDATE_CAP].decode("utf-8", "replace").strip() or context.NO_MANDATE
+        return data[: context.MANDATE_CAP].decode("utf-8", "replace").strip() or context.NO_MANDATE
+
     monkeypatch.setattr(context, "_mandate", _mandate)
 
 
@@ -47,7 +53,8 @@ def test_mandate_read_by_path_blocks_on_the_fifo(surface_lab, old_mandate_reader
 def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypatch):
     from orchestrator.policy import agent
     from orchestrator.records import yamlfile
-    read_by_path = yamlfile.read_config   # the design before: agent.yaml opened by its path, links followed
+
+    read_by_path = yamlfile.read_config  # the design before: agent.yaml opened by its path, links followed
     monkeypatch.setattr(agent, "read_config", lambda path, what="policy": read_by_path(os.fspath(path), what))
     assert "was loaded" in escapes(surface_lab, probes.agent_yaml_link_is_refused)
 
@@ -56,6 +63,7 @@ def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypa
 def links_followed(monkeypatch):
     """folder.py with O_NOFOLLOW and the regular-file check switched off."""
     from orchestrator.records import folder
+
     monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
     monkeypatch.setattr(folder, "FILE_FLAGS", folder.FILE_FLAGS & ~os.O_NOFOLLOW)
     monkeypatch.setattr(folder, "_require_regular", lambda mode, shown: None)
@@ -67,24 +75,28 @@ def test_an_event_log_that_follows_links_writes_into_the_canary(surface_lab, lin
 
 def test_a_walk_that_follows_links_writes_and_deletes_outside(surface_lab, monkeypatch):
     from orchestrator.records import folder
+
     monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
     assert "changed that folder" in escapes(surface_lab, probes.retention_never_deletes_through_a_link)
 
 
 def test_an_uncapped_outbox_reader_takes_the_whole_sparse_file(surface_lab, monkeypatch):
     from orchestrator.records import state
+
     monkeypatch.setattr(state, "BOX_CAP", 2**40)
-    monkeypatch.setattr(probes, "SPARSE_BYTES", probes.READ_LIMIT + 2**20)   # not 100 GB: the test must end
+    monkeypatch.setattr(probes, "SPARSE_BYTES", probes.READ_LIMIT + 2**20)  # not 100 GB: the test must end
     assert "took" in escapes(surface_lab, probes.sparse_state_files_are_read_capped)
 
 
 def test_an_uncut_send_message_lands_whole(surface_lab, monkeypatch):
     from orchestrator.wake import tools
+
     monkeypatch.setattr(tools, "cut_message", lambda text, max_chars: (text, ""))
     assert "landed" in escapes(surface_lab, probes.send_message_is_capped)
 
 
 def test_a_ceiling_without_a_bound_for_max_output_chars_lets_it_pass(surface_lab, monkeypatch):
     from orchestrator.policy import ceiling
+
     monkeypatch.setattr(ceiling, "NOT_A_LIMIT", ("version", "max_output_chars"))
     assert "let a policy ask" in escapes(surface_lab, probes.ceiling_refuses_an_unbounded_number)

@@ -27,9 +27,10 @@ def any_client(sock, context, timeout_s):
 
 def test_the_tls_probe_escapes_a_broker_that_asks_no_client_certificate(surface_lab, monkeypatch):
     def lax(folder):
-        context = tls.make_server_context(folder)    # a fresh one: the cached ones stay as they are
-        context.verify_mode = ssl.CERT_NONE     # any client, certificate or not
+        context = tls.make_server_context(folder)  # a fresh one: the cached ones stay as they are
+        context.verify_mode = ssl.CERT_NONE  # any client, certificate or not
         return context
+
     monkeypatch.setattr(tls, "server_context", lax)
     monkeypatch.setattr(tls, "accept", any_client)
     assert "TLS with no certificate" in must_escape(surface_lab, probes.broker_tls_answers_only_the_orchestrator)

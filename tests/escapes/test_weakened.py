@@ -42,11 +42,13 @@ from tests.helpers.squidconf import squid_allowing_everything, squid_without_add
 
 def weakened(change):
     """A DockerSandbox whose container_spec is the product's, then `change(config, host)`."""
+
     class Weak(DockerSandbox):
         def container_spec(self, *args, **kwargs):
             config, host = super().container_spec(*args, **kwargs)
             change(config, host)
             return config, host
+
     Weak.__name__ = f"Weak_{change.__name__}"
     return Weak
 
@@ -118,8 +120,9 @@ def docker_socket_mounted(config, host):
 
 
 def high_nofile(config, host):
-    host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "nofile"] + \
-        [Ulimit(name="nofile", soft=8192, hard=8192)]
+    host["ulimits"] = [u for u in host["ulimits"] if u["Name"] != "nofile"] + [
+        Ulimit(name="nofile", soft=8192, hard=8192)
+    ]
 
 
 def no_cpu_quota(config, host):
@@ -128,7 +131,7 @@ def no_cpu_quota(config, host):
 
 def host_block_device(config, host):
     disk = next(d for d in ("/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1") if os.path.exists(d))
-    host["devices"] = [f"{disk}:/dev/probe-disk:r"]   # only stat()ed by the probe, never read
+    host["devices"] = [f"{disk}:/dev/probe-disk:r"]  # only stat()ed by the probe, never read
 
 
 def dumpable_launcher(config, host):
@@ -147,8 +150,7 @@ def _guard_filter(config, abis) -> None:
 
 def set_id_modes_allowed(config, host):
     """The guard's filter as it was before: io_uring alone, no rule on modes."""
-    _guard_filter(config, tuple(replace(abi, mode_at={}, open_at={}, enosys=seccomp.IO_URING)
-                                for abi in seccomp.ABIS))
+    _guard_filter(config, tuple(replace(abi, mode_at={}, open_at={}, enosys=seccomp.IO_URING) for abi in seccomp.ABIS))
 
 
 def arch_blind_filter(config, host):
@@ -168,8 +170,7 @@ class NoDisk(DockerSandbox):
         return None
 
 
-DISK_PROBES = ["caps_workspace_disk", "caps_workspace_fallocate", "caps_workspace_files",
-               "hides_workspace_host_path"]
+DISK_PROBES = ["caps_workspace_disk", "caps_workspace_fallocate", "caps_workspace_files", "hides_workspace_host_path"]
 
 
 @pytest.mark.parametrize("probe_name", DISK_PROBES)
@@ -184,14 +185,14 @@ def test_disk_probes_escape_a_box_without_its_disk(probe_name, make_lab):
 # trial's workspace under the lab's temp dir): no test mounts anything of the
 # host but the lab's throwaway folders, and sysfs files that are only opened.
 
+
 def _agent_dir(config) -> Path:
     return Path(config["labels"]["wakeloop.workspace"]).parent
 
 
 def lab_folder_mounted(config, host):
     """The lab's folder (the host secret, every agent) visible in the box, read-only."""
-    host["mounts"] = host["mounts"] + [Mount("/mnt/host", str(_agent_dir(config).parent), type="bind",
-                                             read_only=True)]
+    host["mounts"] = host["mounts"] + [Mount("/mnt/host", str(_agent_dir(config).parent), type="bind", read_only=True)]
 
 
 def root_on_writable_root(config, host):
@@ -276,7 +277,7 @@ CASES = [
     (arch_blind_filter, "blocks_setuid_bit_through_i386_abi"),
     (lab_folder_mounted, "blocks_reading_host_files"),
     (lab_folder_mounted, "hides_other_agents_workspaces"),
-    (docker_socket_mounted, "blocks_proc_1_root"),   # the host's paths under /proc/1/root
+    (docker_socket_mounted, "blocks_proc_1_root"),  # the host's paths under /proc/1/root
     (root_on_writable_root, "blocks_overwriting_proc_self_exe"),
     (everything_allowed, "blocks_mount"),
     (everything_allowed, "blocks_pivot_root"),
@@ -289,7 +290,7 @@ CASES = [
     (root_with_default_caps, "blocks_setuid_root"),
     (writable_sysfs_file, "blocks_writes_to_sys"),
     (workspace_on_the_root_filesystem, "blocks_hardlink_outside_workspace"),
-    (host_pid_namespace, "blocks_ptrace_outside_box"),   # the box's uid, never root, in the host's pids
+    (host_pid_namespace, "blocks_ptrace_outside_box"),  # the box's uid, never root, in the host's pids
     (bridge_network, "has_no_dns"),
     (bridge_network, "has_no_route_to_metadata"),
     (bridge_network, "cannot_reach_bridge_gateway"),
@@ -306,8 +307,7 @@ def runtime(request):
     return request.param
 
 
-@pytest.mark.parametrize("weakening, probe_name", CASES,
-                         ids=[f"{w.__name__}-{p}" for w, p in CASES])
+@pytest.mark.parametrize("weakening, probe_name", CASES, ids=[f"{w.__name__}-{p}" for w, p in CASES])
 def test_probe_escapes_weakened_box(weakening, probe_name, make_lab, monkeypatch):
     if weakening is bridge_network:
         assert probe_name in LOCAL_ONLY  # a box with a network dials nothing but this host's own addresses
@@ -339,21 +339,19 @@ PROXY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("weakening, probe_name", PROXY_CASES,
-                         ids=[f"{w.__name__}-{p}" for w, p in PROXY_CASES])
+@pytest.mark.parametrize("weakening, probe_name", PROXY_CASES, ids=[f"{w.__name__}-{p}" for w, p in PROXY_CASES])
 def test_allowlist_probe_escapes_a_weakened_proxy(weakening, probe_name, make_lab, monkeypatch):
     # Each probe starts its own proxy, from this config; the only server it can
     # reach is the probe's own container on this machine.
     monkeypatch.setattr(network, "squid_config", weakening)
     outcome = run_probe(make_lab(), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
-    assert "logged" in outcome.observed   # the probe's own server saw the request
+    assert "logged" in outcome.observed  # the probe's own server saw the request
 
 
 def test_allowlist_route_probe_escapes_a_box_on_the_bridge(make_lab):
     # Reads the routing table and makes UDP connect()s, which send nothing.
-    outcome = run_probe(make_lab(sandbox_class=weakened(bridge_network)),
-                        by_name("allowlist_has_no_direct_route"))
+    outcome = run_probe(make_lab(sandbox_class=weakened(bridge_network)), by_name("allowlist_has_no_direct_route"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
@@ -362,6 +360,7 @@ def starts_python3_by_name(only_pooled: bool):
     environment, where tini looks up a guard named bare `python3` on its PATH.
     Either change alone is harmless (our PATH; an absolute name): the control
     needs both. `only_pooled`: the pool's launcher containers alone."""
+
     class Weak(DockerSandbox):
         def container_spec(self, argv, *args, **kwargs):
             config, host = super().container_spec(argv, *args, **kwargs)
@@ -369,20 +368,26 @@ def starts_python3_by_name(only_pooled: bool):
                 config["environment"] = {**config["environment"], **dict(self.policy.env)}
                 config["command"] = ["python3", *config["command"][1:]]
             return config, host
+
     Weak.__name__ = f"Weak_python3_by_name{'_pooled' if only_pooled else ''}"
     return Weak
 
 
 @pytest.mark.parametrize("only_pooled", [False, True], ids=["every-call", "pooled-only"])
 def test_the_planted_python_probe_escapes_a_box_that_starts_python3_by_name(make_lab, only_pooled):
-    outcome = run_probe(make_lab(sandbox_class=starts_python3_by_name(only_pooled)),
-                        by_name("blocks_planted_python_on_policy_path"))
+    outcome = run_probe(
+        make_lab(sandbox_class=starts_python3_by_name(only_pooled)), by_name("blocks_planted_python_on_policy_path")
+    )
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert ("for the pooled bash call" if only_pooled else "for the cold bash call") in outcome.observed
 
 
-GIT_PROBES = ["blocks_gitdir_pointer_write", "blocks_submodule_hook_write", "blocks_bare_repo_hook_write",
-              "blocks_case_variant_git_hook"]
+GIT_PROBES = [
+    "blocks_gitdir_pointer_write",
+    "blocks_submodule_hook_write",
+    "blocks_bare_repo_hook_write",
+    "blocks_case_variant_git_hook",
+]
 
 
 @pytest.mark.parametrize("probe_name", GIT_PROBES)
@@ -397,6 +402,7 @@ def test_git_probes_escape_a_policy_with_protect_git_off(probe_name, make_lab):
 class NoBareRepoCheck(DockerSandbox):
     """protect_git stays on in the policy (the .git globs hold); only the write
     script's look at the target's directories is off."""
+
     def write(self, path, content, timeout_s=30, append=False, protect_git=True):
         return super().write(path, content, timeout_s, append, protect_git=False)
 
@@ -408,17 +414,19 @@ def test_the_bare_repo_probe_escapes_without_the_check_in_the_box(make_lab):
 
 # -- the broker against a taken-over orchestrator: its own checks, switched off --------
 
+
 def _naive_read(path, what="policy"):
     from pathlib import Path
-    return Path(path).read_text(encoding="utf-8")   # follows anything, opens FIFOs, reads it all
+
+    return Path(path).read_text(encoding="utf-8")  # follows anything, opens FIFOs, reads it all
 
 
 def _count_only(self, name):
     with self._lock:
-        self._calls[name] = self._calls.get(name, 0) + 1   # counted, never refused
+        self._calls[name] = self._calls.get(name, 0) + 1  # counted, never refused
 
 
-BROKER_CASES = [   # (what is switched off, the probe that must now report ESCAPED, what it says)
+BROKER_CASES = [  # (what is switched off, the probe that must now report ESCAPED, what it says)
     ("NoAliasLoader.compose_node", "broker_refuses_yaml_alias_bomb", "refused, but not for what was planted"),
     ("read_config", "broker_refuses_fifo_policy", "did not answer within"),
     ("read_config", "broker_refuses_device_or_huge_policy", "the broker served check"),
@@ -439,11 +447,15 @@ def _switch_off(what, monkeypatch):
     from orchestrator.broker import server, transport
     from orchestrator.policy import agent, load
     from orchestrator.records import yamlfile
+
     off = {
         "NoAliasLoader.compose_node": lambda: monkeypatch.setattr(
-            yamlfile.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node),
-        "read_config": lambda: (monkeypatch.setattr(load, "read_config", _naive_read),
-                                monkeypatch.setattr(agent, "read_config", _naive_read)),
+            yamlfile.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node
+        ),
+        "read_config": lambda: (
+            monkeypatch.setattr(load, "read_config", _naive_read),
+            monkeypatch.setattr(agent, "read_config", _naive_read),
+        ),
         "real_agent_dir": lambda: monkeypatch.setattr(server, "real_agent_dir", lambda root, name: root / name),
         "cut_to_line": lambda: monkeypatch.setattr(server, "cut_to_line", lambda text, limit: text),
         "REQUEST_READ_S": lambda: monkeypatch.setattr(transport, "REQUEST_READ_S", 3600.0),
@@ -467,6 +479,7 @@ def test_each_orchestrator_probe_escapes_a_broker_without_its_check(what, probe_
 
 def test_every_orchestrator_probe_has_a_weakened_control():
     from orchestrator.escapes.orchestrator import PROBES
+
     assert {p.name for p in PROBES} == {name for _, name, _ in BROKER_CASES}
 
 
@@ -476,6 +489,7 @@ def test_the_setuid_probe_escapes_through_a_cold_call_alone(make_lab):
     def cold_unguarded(config, host):
         if config["command"][4:] != LAUNCH_ARGV:
             set_id_modes_allowed(config, host)
+
     outcome = run_probe(make_lab(sandbox_class=weakened(cold_unguarded)), by_name("blocks_setuid_bit_reaching_host"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "after a cold call's chmod" in outcome.observed
@@ -484,8 +498,9 @@ def test_the_setuid_probe_escapes_through_a_cold_call_alone(make_lab):
 def test_the_leaked_fd_probe_escapes_a_runtime_that_leaks_one(make_lab):
     # Cold calls: the guard execs the command, which keeps the descriptor (a
     # pooled launcher's subprocess would close it, as runc's fix does).
-    outcome = run_probe(make_lab(sandbox_class=weakened(leaked_directory_fd), pool=0),
-                        by_name("blocks_leaked_host_fds"))
+    outcome = run_probe(
+        make_lab(sandbox_class=weakened(leaked_directory_fd), pool=0), by_name("blocks_leaked_host_fds")
+    )
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "/proc/self/fd/7 -> /etc" in outcome.observed
 
@@ -493,6 +508,7 @@ def test_the_leaked_fd_probe_escapes_a_runtime_that_leaks_one(make_lab):
 class StartsInTheCgroupFs(DockerSandbox):
     """What a vulnerable runc did with a working dir of /proc/self/fd/N: the box
     started with its cwd in the host's cgroup filesystem."""
+
     def _call(self, argv, stdin, timeout_s, max_output_chars, workdir="/workspace", command_env=None):
         if workdir.startswith("/proc/self/fd/"):
             workdir = "/sys/fs/cgroup"
@@ -502,6 +518,7 @@ class StartsInTheCgroupFs(DockerSandbox):
 class SystemPathsUnconfined(DockerSandbox):
     """Root, without the engine's read-only /proc/sys and /proc/sysrq-trigger
     (`--security-opt systempaths=unconfined`, which the API spells as paths)."""
+
     def _create(self, argv, call_id, stdin, workdir, command_env=None):
         config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
         root_with_default_caps(config, host)
@@ -512,14 +529,17 @@ class SystemPathsUnconfined(DockerSandbox):
 
 class OnATerminal(DockerSandbox):
     """Commands run on a terminal of their own (`docker exec -t`, or `script`)."""
+
     def run(self, command, timeout_s, max_output_chars):
         import shlex
+
         return super().run(f"script -qec {shlex.quote(command)} /dev/null", timeout_s, max_output_chars)
 
 
 class BashEnvFromWorkspace(DockerSandbox):
     """The command's environment names a startup file in the workspace (the
     policy refuses BASH_ENV; this box never asked it)."""
+
     def command_env(self):
         return {**super().command_env(), "BASH_ENV": "/workspace/.bashrc"}
 
@@ -527,6 +547,7 @@ class BashEnvFromWorkspace(DockerSandbox):
 class WritesFromTheHost(DockerSandbox):
     """write_file done by the harness on the host, through the workspace folder,
     as a naive harness would; each write then takes a real call's time."""
+
     def write(self, path, content, timeout_s=30, append=False, protect_git=True):
         target = self.view / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -535,7 +556,7 @@ class WritesFromTheHost(DockerSandbox):
         return self.run("true", timeout_s, 1000)
 
 
-SANDBOX_CLASSES = [   # (a weakened box, the probe that must now report ESCAPED)
+SANDBOX_CLASSES = [  # (a weakened box, the probe that must now report ESCAPED)
     (StartsInTheCgroupFs, "blocks_workdir_at_leaked_fd"),
     (SystemPathsUnconfined, "blocks_writes_to_proc_sys"),
     (OnATerminal, "blocks_tiocsti"),
@@ -548,20 +569,24 @@ SANDBOX_CLASSES = [   # (a weakened box, the probe that must now report ESCAPED)
 @pytest.mark.parametrize("sandbox_class, probe_name", SANDBOX_CLASSES, ids=[p for _, p in SANDBOX_CLASSES])
 def test_probe_escapes_a_weakened_sandbox_class(sandbox_class, probe_name, make_lab):
     outcome = run_probe(make_lab(sandbox_class=sandbox_class), by_name(probe_name))
-    assert outcome.verdict == ESCAPED, \
+    assert outcome.verdict == ESCAPED, (
         f"{sandbox_class.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    )
 
 
 def test_the_file_size_probe_escapes_a_box_without_rlimit_fsize(make_lab):
     # A small max_file_size, so the box without its limit writes ~100 MiB, not a GiB.
-    outcome = run_probe(make_lab(sandbox_class=weakened(no_file_size_limit), max_file_size=32 * 2**20),
-                        by_name("caps_workspace_file_size"))
+    outcome = run_probe(
+        make_lab(sandbox_class=weakened(no_file_size_limit), max_file_size=32 * 2**20),
+        by_name("caps_workspace_file_size"),
+    )
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
 def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, monkeypatch):
     from orchestrator.escapes import resources
-    monkeypatch.setattr(resources, "OUTPUT_BYTES", 300 * 10**6)   # enough to be watched, not a GB
+
+    monkeypatch.setattr(resources, "OUTPUT_BYTES", 300 * 10**6)  # enough to be watched, not a GB
     outcome = run_probe(make_lab(sandbox_class=weakened(unbounded_engine_log)), by_name("bounds_huge_output"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "log" in outcome.observed
@@ -569,6 +594,7 @@ def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, 
 
 def test_the_all_disks_probe_escapes_without_the_room_check(make_lab, monkeypatch):
     from orchestrator.sandbox import disk
+
     # The guard always sees room: a sparse image, ~5 MB written by its mkfs.
     monkeypatch.setattr(disk, "room", lambda key: disk.Room(free=2**62, worst=0, own=0, flying=1))
     outcome = run_probe(make_lab(), by_name("caps_all_disks_together"))
@@ -578,6 +604,7 @@ def test_the_all_disks_probe_escapes_without_the_room_check(make_lab, monkeypatc
 def test_the_baked_secret_probe_escapes_an_image_with_a_key_in_its_env(make_lab, docker_client):
     import io
     import secrets
+
     tag = "wakeloop-test-baked-secret:" + secrets.token_hex(4)
     dockerfile = f"FROM {SandboxPolicy().image}\nENV ANTHROPIC_API_KEY=sk-ant-test-not-a-real-key\n"
     docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
@@ -591,10 +618,12 @@ def test_the_baked_secret_probe_escapes_an_image_with_a_key_in_its_env(make_lab,
 
 # -- the harness's own checks and layers, switched off ---------------------------------
 
+
 class KeepsItsContainers(NoDisk):
     """The `docker exec` model: a container lives on after its command, and
     nothing removes it. (The test removes them; on a folder, not a disk, which
     a container still using it would keep from being released.)"""
+
     def container_spec(self, argv, *args, **kwargs):
         config, host = super().container_spec(argv, *args, **kwargs)
         if argv == LAUNCH_ARGV:
@@ -608,7 +637,7 @@ class KeepsItsContainers(NoDisk):
         pass
 
     def run(self, command, timeout_s, max_output_chars):
-        self.pool.wait_ready(1, 60)   # a pooled call: a cold one's container ends with its command
+        self.pool.wait_ready(1, 60)  # a pooled call: a cold one's container ends with its command
         return super().run(command, timeout_s, max_output_chars)
 
 
@@ -618,12 +647,16 @@ def _remove_lab_containers(client, lab_dir):
             client.api.remove_container(c["Id"], force=True)
 
 
-@pytest.mark.parametrize("probe_name", ["kills_background_processes", "leaves_no_container_behind",
-                                        "survives_fork_bomb", "survives_million_small_files"])
-def test_container_probes_escape_a_box_that_keeps_its_containers(probe_name, make_lab, docker_client,
-                                                               monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "probe_name",
+    ["kills_background_processes", "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files"],
+)
+def test_container_probes_escape_a_box_that_keeps_its_containers(
+    probe_name, make_lab, docker_client, monkeypatch, tmp_path
+):
     from orchestrator.escapes import resources
-    monkeypatch.setattr(resources, "MANY_FILES", 2000)   # the containers left are the finding, not the files
+
+    monkeypatch.setattr(resources, "MANY_FILES", 2000)  # the containers left are the finding, not the files
     monkeypatch.setattr(resources, "BOMB_DEADLINE_S", 3)
     try:
         outcome = run_probe(make_lab(sandbox_class=KeepsItsContainers), by_name(probe_name))
@@ -634,32 +667,36 @@ def test_container_probes_escape_a_box_that_keeps_its_containers(probe_name, mak
 
 def _deadline_never_fires(monkeypatch):
     from orchestrator.sandbox import engine
+
     monkeypatch.setattr(engine._Deadline, "_expire", lambda self: None)
 
 
 def test_the_deadline_probe_escapes_a_deadline_that_never_fires(make_lab, monkeypatch):
     from orchestrator.escapes import resources
+
     _deadline_never_fires(monkeypatch)
-    monkeypatch.setattr(resources, "DEADLINE_LOOP_S", 6)   # ends by itself, twice the deadline
+    monkeypatch.setattr(resources, "DEADLINE_LOOP_S", 6)  # ends by itself, twice the deadline
     outcome = run_probe(make_lab(), by_name("kills_at_deadline"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
 def test_the_stopped_init_probe_escapes_a_deadline_that_never_fires(make_lab, docker_client, monkeypatch, tmp_path):
     from orchestrator.escapes import privileges
+
     _deadline_never_fires(monkeypatch)
-    monkeypatch.setattr(privileges, "HOST_SLACK_S", 1)   # the call hangs for good: judged sooner
+    monkeypatch.setattr(privileges, "HOST_SLACK_S", 1)  # the call hangs for good: judged sooner
     monkeypatch.setattr(privileges, "KILL_GRACE_S", 0)
     try:
         outcome = run_probe(make_lab(), by_name("ends_call_with_ptrace_stopped_init"))
     finally:
-        _remove_lab_containers(docker_client, tmp_path / "lab")   # ends the hung call
+        _remove_lab_containers(docker_client, tmp_path / "lab")  # ends the hung call
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
 @pytest.mark.parametrize("probe_name", ["cleans_binary_output", "strips_nul_bytes", "strips_terminal_escapes"])
 def test_output_probes_escape_without_cleaning(probe_name, make_lab, monkeypatch):
     from orchestrator.sandbox import output
+
     monkeypatch.setattr(output, "clean", lambda text: text)
     outcome = run_probe(make_lab(), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
@@ -667,6 +704,7 @@ def test_output_probes_escape_without_cleaning(probe_name, make_lab, monkeypatch
 
 def test_the_status_line_probe_escapes_when_the_status_follows_the_output(make_lab, monkeypatch):
     from orchestrator.sandbox.box import SandboxResult
+
     monkeypatch.setattr(SandboxResult, "for_model", lambda self: f"{self.output}\n[exit {self.exit_code}]")
     outcome = run_probe(make_lab(), by_name("status_line_cannot_be_forged"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
@@ -674,6 +712,7 @@ def test_the_status_line_probe_escapes_when_the_status_follows_the_output(make_l
 
 def test_the_path_tricks_probe_escapes_without_the_hosts_path_check(make_lab, monkeypatch):
     from orchestrator.sandbox import engine
+
     monkeypatch.setattr(engine, "check_write_path", lambda path: None)
     outcome = run_probe(make_lab(), by_name("write_file_refuses_path_tricks"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
@@ -682,11 +721,23 @@ def test_the_path_tricks_probe_escapes_without_the_hosts_path_check(make_lab, mo
 def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monkeypatch):
     from orchestrator.escapes import workspace_probes
     from orchestrator.sandbox import engine, programs
+
     flags = "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK"
     assert flags in programs.WRITE_SCRIPT
     blocking = programs.WRITE_SCRIPT.replace(flags, "os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW")
-    monkeypatch.setattr(engine, "write_argv", lambda path, append=False, protect_git=True:
-                        [programs.PYTHON, "-I", "-c", blocking, path, "append" if append else "write", "-"])
+    monkeypatch.setattr(
+        engine,
+        "write_argv",
+        lambda path, append=False, protect_git=True: [
+            programs.PYTHON,
+            "-I",
+            "-c",
+            blocking,
+            path,
+            "append" if append else "write",
+            "-",
+        ],
+    )
     monkeypatch.setattr(workspace_probes, "WRITE_TIMEOUT_S", 3)
     outcome = run_probe(make_lab(), by_name("write_file_does_not_hang_on_fifo"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
@@ -695,10 +746,11 @@ def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monke
 class AgentFolderAsWorkspace(DockerSandbox):
     """The agent's whole folder at /workspace (the symlink swap of issue 11
     pointing one level up), commands starting in its workspace/, as root."""
+
     def container_spec(self, argv, *args, **kwargs):
         config, host = super().container_spec(argv, *args, **kwargs)
         host["mounts"] = [Mount("/workspace", str(self.workspace.parent), type="bind")]
-        root_with_default_caps(config, host)   # state/ is root's, workspace/ the agent's
+        root_with_default_caps(config, host)  # state/ is root's, workspace/ the agent's
         return config, host
 
     def _attach_disk(self, policy, attach=True):
@@ -706,12 +758,26 @@ class AgentFolderAsWorkspace(DockerSandbox):
 
     def run(self, command, timeout_s, max_output_chars):
         from orchestrator.sandbox.programs import command_argv
-        return self._call(command_argv(command), None, timeout_s, max_output_chars,
-                          workdir="/workspace/workspace", command_env=self.command_env())
+
+        return self._call(
+            command_argv(command),
+            None,
+            timeout_s,
+            max_output_chars,
+            workdir="/workspace/workspace",
+            command_env=self.command_env(),
+        )
 
 
-@pytest.mark.parametrize("probe_name", ["blocks_tool_writes_into_state", "blocks_resetting_state_json",
-                                        "blocks_changing_policy_or_mandate", "blocks_forging_the_outbox"])
+@pytest.mark.parametrize(
+    "probe_name",
+    [
+        "blocks_tool_writes_into_state",
+        "blocks_resetting_state_json",
+        "blocks_changing_policy_or_mandate",
+        "blocks_forging_the_outbox",
+    ],
+)
 def test_state_probes_escape_a_box_that_mounts_the_agent_folder(probe_name, make_lab):
     outcome = run_probe(make_lab(sandbox_class=AgentFolderAsWorkspace), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
@@ -725,17 +791,21 @@ def _trusting_read(workspace, rel, cap):
 
 def _trusting_journal(workspace):
     from orchestrator.sandbox import workspace_reads
+
     try:
         return sorted(n for n in os.listdir(workspace / workspace_reads.JOURNAL_DIR) if n.endswith(".md"))
     except OSError:
         return []
 
 
-@pytest.mark.parametrize("probe_name", ["harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo",
-                                        "harness_caps_planted_sparse_file"])
+@pytest.mark.parametrize(
+    "probe_name",
+    ["harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo", "harness_caps_planted_sparse_file"],
+)
 def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, make_lab, monkeypatch):
     from orchestrator.escapes import harness
     from orchestrator.sandbox import workspace_reads
+
     monkeypatch.setattr(workspace_reads, "_read_capped", _trusting_read)
     monkeypatch.setattr(workspace_reads, "journal_names", _trusting_journal)
     monkeypatch.setattr(harness, "HARNESS_READ_DEADLINE_S", 3)
@@ -745,7 +815,8 @@ def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, ma
         try:
             return build(t)
         finally:
-            _release_fifo_readers(t.workspace)   # while the FIFOs are still there to open
+            _release_fifo_readers(t.workspace)  # while the FIFOs are still there to open
+
     monkeypatch.setattr(harness, "_build_prompt", build_then_release)
     # On a folder: a reader still blocked in a FIFO would keep a disk from being released.
     outcome = run_probe(make_lab(sandbox_class=NoDisk), by_name(probe_name))
@@ -757,6 +828,7 @@ def _release_fifo_readers(workspace, seconds=10.0):
     each for writing (which lets its reader through to EOF) until none waits."""
     import stat
     import time
+
     fifos = [p for p in workspace.rglob("*.md") if stat.S_ISFIFO(p.lstat().st_mode)]
     end, idle = time.monotonic() + seconds, 0
     while fifos and idle < 20 and time.monotonic() < end:
@@ -766,34 +838,58 @@ def _release_fifo_readers(workspace, seconds=10.0):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
                 released = True
             except OSError:
-                pass   # ENXIO: nobody reads it now
+                pass  # ENXIO: nobody reads it now
         idle = 0 if released else idle + 1
         time.sleep(0.05)
 
 
 # -- every probe is shown able to fail --------------------------------------------------
 
-COVERED_HERE = ({p for _, p in CASES} | set(DISK_PROBES) | {p for _, p in PROXY_CASES} | set(GIT_PROBES)
-           | {p for _, p, _ in BROKER_CASES} | {p for _, p in SANDBOX_CLASSES}
-           | {"blocks_orchestrator_raising_the_box", "allowlist_has_no_direct_route",
-              "blocks_planted_python_on_policy_path", "blocks_bare_repo_hook_write",
-              "blocks_leaked_host_fds", "caps_workspace_file_size",
-              "bounds_huge_output", "image_has_no_baked_secrets", "caps_all_disks_together",
-              "kills_background_processes",
-              "leaves_no_container_behind", "survives_fork_bomb", "survives_million_small_files",
-              "kills_at_deadline", "ends_call_with_ptrace_stopped_init", "cleans_binary_output",
-              "strips_nul_bytes", "strips_terminal_escapes", "status_line_cannot_be_forged",
-              "write_file_refuses_path_tricks", "write_file_does_not_hang_on_fifo",
-              "blocks_tool_writes_into_state", "blocks_resetting_state_json",
-              "blocks_changing_policy_or_mandate", "blocks_forging_the_outbox",
-              "harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo",
-              "harness_caps_planted_sparse_file"})
+COVERED_HERE = (
+    {p for _, p in CASES}
+    | set(DISK_PROBES)
+    | {p for _, p in PROXY_CASES}
+    | set(GIT_PROBES)
+    | {p for _, p, _ in BROKER_CASES}
+    | {p for _, p in SANDBOX_CLASSES}
+    | {
+        "blocks_orchestrator_raising_the_box",
+        "allowlist_has_no_direct_route",
+        "blocks_planted_python_on_policy_path",
+        "blocks_bare_repo_hook_write",
+        "blocks_leaked_host_fds",
+        "caps_workspace_file_size",
+        "bounds_huge_output",
+        "image_has_no_baked_secrets",
+        "caps_all_disks_together",
+        "kills_background_processes",
+        "leaves_no_container_behind",
+        "survives_fork_bomb",
+        "survives_million_small_files",
+        "kills_at_deadline",
+        "ends_call_with_ptrace_stopped_init",
+        "cleans_binary_output",
+        "strips_nul_bytes",
+        "strips_terminal_escapes",
+        "status_line_cannot_be_forged",
+        "write_file_refuses_path_tricks",
+        "write_file_does_not_hang_on_fifo",
+        "blocks_tool_writes_into_state",
+        "blocks_resetting_state_json",
+        "blocks_changing_policy_or_mandate",
+        "blocks_forging_the_outbox",
+        "harness_ignores_planted_symlinks",
+        "harness_does_not_hang_on_planted_fifo",
+        "harness_caps_planted_sparse_file",
+    }
+)
 
 
 def _surface_controls() -> set[str]:
     """The probes shown able to fail by tests/escapes/test_surfaces_*.py, one file per
     surface, each naming its own in COVERED."""
     import importlib.util
+
     names: set[str] = set()
     for path in sorted(Path(__file__).parent.glob("test_surfaces_*.py")):
         spec = importlib.util.spec_from_file_location(f"_controls_{path.stem}", path)
@@ -805,6 +901,7 @@ def _surface_controls() -> set[str]:
 
 def test_every_probe_has_a_weakened_control():
     from orchestrator.escapes import ALL_PROBES
+
     COVERED = COVERED_HERE | _surface_controls()
     missing = sorted(p.name for p in ALL_PROBES if p.name not in COVERED)
     assert not missing, f"probes never shown able to fail: {missing}"

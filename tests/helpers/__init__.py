@@ -15,5 +15,14 @@ Not here: pytest fixtures (tests/conftest.py).
 from tests.helpers.agents import live_wake, make_agent
 from tests.helpers.support import REPO, must_escape, run_cli, scrubbed_env, set_policy, today, wait_for
 
-__all__ = ["REPO", "live_wake", "make_agent", "must_escape", "run_cli", "scrubbed_env", "set_policy", "today",
-           "wait_for"]
+__all__ = [
+    "REPO",
+    "live_wake",
+    "make_agent",
+    "must_escape",
+    "run_cli",
+    "scrubbed_env",
+    "set_policy",
+    "today",
+    "wait_for",
+]

@@ -22,9 +22,18 @@ from orchestrator.wake.loop import Receipt, wake
 from orchestrator.wake.model import LiveModel
 
 
-def make_agent(root: Path, folder: str, /, *, schedule: str | None = None, policy: dict | None = None,
-               notify: list | None = None, mandate: str | None = None, live: bool | None = None,
-               **keys) -> Path:
+def make_agent(
+    root: Path,
+    folder: str,
+    /,
+    *,
+    schedule: str | None = None,
+    policy: dict | None = None,
+    notify: list | None = None,
+    mandate: str | None = None,
+    live: bool | None = None,
+    **keys,
+) -> Path:
     """ROOT/FOLDER, a new agent folder; returns its path. Left as `init` wrote it unless given:
     schedule: `every:` (an interval, `30s`, or a cron line) in place of `schedule:`;
     policy: the inline policy; notify: the agent's own entries ([] writes an empty list);
@@ -45,7 +54,7 @@ def make_agent(root: Path, folder: str, /, *, schedule: str | None = None, polic
         (staging / "mandate.md").write_text(mandate)
     agent_dir = staging.rename(root / folder)
     staging.parent.rmdir()
-    return agent_dir.resolve()   # as init_agent returns it
+    return agent_dir.resolve()  # as init_agent returns it
 
 
 def live_wake(agent_dir: Path, stream: bool = True, **kwargs) -> Receipt:

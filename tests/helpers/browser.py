@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tests.helpers.support import wait_for
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"   # scripts/test.sh installs both
-NEXT_PAGE_S = 30            # a click's page on a loaded machine
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"  # scripts/test.sh installs both
+NEXT_PAGE_S = 30  # a click's page on a loaded machine
 PAGE_LOAD_S = 60
 
 
@@ -20,11 +20,21 @@ def chromium(profile: Path, *flags: str):
     (no updates, no sync), its console log kept for the test to read; and any `flags` more."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", *flags):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *flags,
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -39,4 +49,5 @@ def arrived(driver, selector: str):
 
 def by_css(driver, selector: str):
     from selenium.webdriver.common.by import By
+
     return driver.find_elements(By.CSS_SELECTOR, selector)

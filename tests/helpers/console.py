@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from http.cookiejar import CookieJar
 
-TOKEN = "unit-test-token-0a9b8c7d"      # the consoles the tests start sign in with this
+TOKEN = "unit-test-token-0a9b8c7d"  # the consoles the tests start sign in with this
 
 
 class Client:
@@ -24,6 +24,7 @@ class Client:
         class NoRedirect(urllib.request.HTTPRedirectHandler):
             def redirect_request(self, *args):
                 return None
+
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), NoRedirect)
 
     def get(self, path: str, **headers):
@@ -31,9 +32,14 @@ class Client:
 
     def post(self, path: str, form: dict, **headers):
         body = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
-        return self._open(urllib.request.Request(self.url + path.lstrip("/"), data=body, method="POST",
-                                                 headers={"Content-Type": "application/x-www-form-urlencoded",
-                                                          **headers}))
+        return self._open(
+            urllib.request.Request(
+                self.url + path.lstrip("/"),
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/x-www-form-urlencoded", **headers},
+            )
+        )
 
     def _open(self, request):
         try:

@@ -10,5 +10,4 @@ from orchestrator.sandbox.engine import LABEL
 def our_containers(client, base: Path) -> list:
     """Sandbox containers whose workspace lies under this test session's temp dir."""
     found = client.api.containers(all=True, filters={"label": f"{LABEL}=1"})  # one request, no races
-    return [c["Id"][:12] for c in found
-            if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(base))]
+    return [c["Id"][:12] for c in found if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(base))]

@@ -23,12 +23,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 @dataclass
 class Hook:
     """An HTTP receiver: POSTs are kept while `status` is 2xx, and answered with `status`."""
+
     status: int = 200
-    received: list[dict] = field(default_factory=list)   # bodies accepted, in order
-    attempts: int = 0                                     # every POST, accepted or not
+    received: list[dict] = field(default_factory=list)  # bodies accepted, in order
+    attempts: int = 0  # every POST, accepted or not
     headers: list[dict] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)       # every request's path, accepted or not
-    location: str = ""                                    # sent as Location (with a 3xx status)
+    paths: list[str] = field(default_factory=list)  # every request's path, accepted or not
+    location: str = ""  # sent as Location (with a 3xx status)
 
     def __enter__(self) -> "Hook":
         hook = self
@@ -37,7 +38,7 @@ class Hook:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):        # only a followed redirect would come as a GET
+            def do_GET(self):  # only a followed redirect would come as a GET
                 hook.attempts += 1
                 hook.paths.append(self.path)
                 self.send_response(200)
@@ -59,7 +60,7 @@ class Hook:
                 self.wfile.write(b"no" if hook.status >= 300 else b"ok")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown within 50 ms
         return self
 
     def url(self, path: str = "/hook") -> str:
@@ -106,12 +107,12 @@ class SMTP:
                             data += chunk[1:] if chunk.startswith(b"..") else chunk
                         smtp.messages.append(message_from_bytes(data))
                         self.say("250 queued")
-                    else:   # HELO, MAIL, RCPT, RSET, NOOP
+                    else:  # HELO, MAIL, RCPT, RSET, NOOP
                         self.say("250 ok")
 
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown within 50 ms
         return self
 
     def url(self, user: str, password: str) -> str:
@@ -142,7 +143,7 @@ class Collector:
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()   # shutdown within 50 ms
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown within 50 ms
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:

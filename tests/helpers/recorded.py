@@ -24,8 +24,11 @@ def result_text(block: dict) -> str:
 
 def tool_results(request) -> list[dict]:
     """The tool_result blocks of the request's last user turn."""
-    return [block for block in request.body["messages"][-1]["content"]
-            if isinstance(block, dict) and block.get("type") == "tool_result"]
+    return [
+        block
+        for block in request.body["messages"][-1]["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
 
 
 def tool_result_texts(request) -> list[str]:

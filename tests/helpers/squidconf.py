@@ -8,8 +8,7 @@ from __future__ import annotations
 from orchestrator.sandbox import network
 
 REAL_SQUID_CONFIG = network.squid_config
-ADDRESS_RULES = ("http_access deny to_nonpublic", "http_access deny to_docker",
-                 "http_access deny to_localhost")
+ADDRESS_RULES = ("http_access deny to_nonpublic", "http_access deny to_docker", "http_access deny to_localhost")
 
 
 def squid_without_address_rules(allow_hosts, docker_subnets=()):
@@ -21,5 +20,7 @@ def squid_without_address_rules(allow_hosts, docker_subnets=()):
 def squid_allowing_everything(allow_hosts, docker_subnets=()):
     """Every http_access rule replaced by `allow all`."""
     conf = REAL_SQUID_CONFIG(allow_hosts, docker_subnets)
-    return "".join(line + "\n" for line in conf.splitlines()
-                   if not line.startswith("http_access")) + "http_access allow all\n"
+    return (
+        "".join(line + "\n" for line in conf.splitlines() if not line.startswith("http_access"))
+        + "http_access allow all\n"
+    )

@@ -17,24 +17,32 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]   # the checkout: tests/helpers/ is two below it
-CLI_TIMEOUT_S = 120                 # one CLI run: a wake of a few sandbox calls on a loaded engine
-POLL_S = 0.1                        # how often wait_for looks again
+REPO = Path(__file__).resolve().parents[2]  # the checkout: tests/helpers/ is two below it
+CLI_TIMEOUT_S = 120  # one CLI run: a wake of a few sandbox calls on a loaded engine
+POLL_S = 0.1  # how often wait_for looks again
 
 
 def scrubbed_env(extra: dict | None = None) -> dict:
     """This process's environment without the API's or wakeloop's own variables,
     so no test inherits a key, a base URL or a broker from the machine."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"}   # the session's (conftest)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "WAKELOOP_")) or k == "WAKELOOP_DISKS"
+    }  # the session's (conftest)
     env.update(extra or {})
     return env
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S, **kwargs):
     """`wakeloop ARGS` in a subprocess, from the checkout, with a scrubbed environment."""
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-                          timeout=timeout, env=scrubbed_env(env), cwd=REPO, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=scrubbed_env(env),
+        cwd=REPO,
+        **kwargs,
+    )
 
 
 def set_policy(agent_dir: Path, policy: dict, **extra) -> None:
@@ -65,6 +73,7 @@ def must_escape(lab, probe) -> str:
     weakened wakeloop, whose observation is returned for the test's own asserts."""
     from orchestrator.escapes import ALL_PROBES, ESCAPED
     from orchestrator.escapes.core import run_probe
+
     if isinstance(probe, str):
         [probe] = [p for p in ALL_PROBES if p.name == probe]
     outcome = run_probe(lab, probe)

@@ -31,17 +31,21 @@ CALL = {"command": "git push origin main"}
 def _with_mac(fields: dict, mac: str) -> str:
     """A link body of these fields carrying another link's MAC."""
     from orchestrator.records import approval_links
+
     return f"{approval_links._b64(json.dumps(fields, separators=(',', ':')).encode())}.{mac}"
 
 
 def _ask(root: Path, command: str = CALL["command"]):
     from orchestrator.records import approvals
-    return approvals.ask(root / AGENT / "state", "bash", {"command": command}, "tool: bash, match 'git push*'",
-                         "Pushing.", "probe", 3600).approval
+
+    return approvals.ask(
+        root / AGENT / "state", "bash", {"command": command}, "tool: bash, match 'git push*'", "Pushing.", "probe", 3600
+    ).approval
 
 
 def _status(root: Path, approval) -> str:
     from orchestrator.records import approvals
+
     found = approvals.load(root / AGENT / "state", approval.id)
     return found.status if found else "gone"
 
@@ -52,7 +56,8 @@ def _form(served) -> dict:
 
 def _path(root: Path, approval, action: str) -> str:
     from orchestrator.records import approval_links
-    return approval_links.links_for(root, AGENT, approval, "http://x")[action][len("http://x"):]
+
+    return approval_links.links_for(root, AGENT, approval, "http://x")[action][len("http://x") :]
 
 
 def approvals_refuse_a_forged_or_borrowed_link(trial) -> str:
@@ -60,6 +65,7 @@ def approvals_refuse_a_forged_or_borrowed_link(trial) -> str:
     another: none decides anything, signed in and with the CSRF field as they are."""
     from orchestrator.records import approval_links
     from orchestrator.records.approval_links import Link, sign
+
     with console(trial) as served:
         a, b = _ask(served.root), _ask(served.root, "git push --force")
         good = _path(served.root, a, "approve")
@@ -67,11 +73,12 @@ def approvals_refuse_a_forged_or_borrowed_link(trial) -> str:
             return "the console did not show a proper link's page: nothing to judge"
         key, later = approval_links.load_key(served.root), int(time.time()) + 3600
         body, mac = good.rsplit("/", 1)[1].split(".")
-        forged = {"signed with another key": sign(b"\0" * 32, Link(AGENT, b.id, "approve", later, b.nonce)),
-                  "a's MAC on b's id": _with_mac({"a": AGENT, "i": b.id, "d": "approve", "e": later, "n": b.nonce},
-                                                 mac),
-                  "signed for b with a's nonce": sign(key, Link(AGENT, b.id, "approve", later, a.nonce)),
-                  "no MAC": body}
+        forged = {
+            "signed with another key": sign(b"\0" * 32, Link(AGENT, b.id, "approve", later, b.nonce)),
+            "a's MAC on b's id": _with_mac({"a": AGENT, "i": b.id, "d": "approve", "e": later, "n": b.nonce}, mac),
+            "signed for b with a's nonce": sign(key, Link(AGENT, b.id, "approve", later, a.nonce)),
+            "no MAC": body,
+        }
         out = []
         for what, token in forged.items():
             answer = served.request("POST", f"/approvals/{token}", served.cookie, form=_form(served))
@@ -100,18 +107,24 @@ def approvals_the_model_cannot_approve_its_own_call(trial) -> str:
     """The model writes, in its workspace, files shaped like an approval of its own held call
     (under every name one might be looked for): the next wake must not run it."""
     from orchestrator.records import approvals
+
     agent_dir = init_agent(trial.dir / "approvals-root" / AGENT)
     a = _ask(agent_dir.parent)
-    forged = json.dumps({**json.loads((agent_dir / "state" / "approvals" / f"{a.id}.json").read_text()),
-                         "status": "approved", "decided_by": "the model", "decided_at": a.created})
+    forged = json.dumps(
+        {
+            **json.loads((agent_dir / "state" / "approvals" / f"{a.id}.json").read_text()),
+            "status": "approved",
+            "decided_by": "the model",
+            "decided_at": a.created,
+        }
+    )
     for rel in (f"approvals/{a.id}.json", f"state/approvals/{a.id}.json", f".wakeloop/approvals/{a.id}.json"):
         planted = agent_dir / "workspace" / rel
         planted.parent.mkdir(parents=True, exist_ok=True)
         planted.write_text(forged)
     taken = approvals.take(agent_dir / "state", "probe", frozenset({"bash"}))
     if any(t.id == a.id for t in taken) or _status(agent_dir.parent, a) != "pending":
-        return escaped(f"a file the model wrote in its workspace approved {a.id}: it is "
-                       f"{_status(agent_dir.parent, a)}")
+        return escaped(f"a file the model wrote in its workspace approved {a.id}: it is {_status(agent_dir.parent, a)}")
     return held("approval files written in the workspace approve nothing: the call still waits in state/")
 
 
@@ -120,10 +133,15 @@ def _probe(attack, expected: str) -> Probe:
 
 
 PROBES: list = [
-    _probe(approvals_refuse_a_forged_or_borrowed_link, "an approval link made without the key, altered, "
-                                                       "or made for another approval decides nothing"),
-    _probe(approvals_link_decides_once, "an approval link decides once; replayed, or the other action's, "
-                                        "it is refused"),
-    _probe(approvals_the_model_cannot_approve_its_own_call, "an approval the model writes in its workspace "
-                                                            "approves nothing"),
+    _probe(
+        approvals_refuse_a_forged_or_borrowed_link,
+        "an approval link made without the key, altered, or made for another approval decides nothing",
+    ),
+    _probe(
+        approvals_link_decides_once, "an approval link decides once; replayed, or the other action's, it is refused"
+    ),
+    _probe(
+        approvals_the_model_cannot_approve_its_own_call,
+        "an approval the model writes in its workspace approves nothing",
+    ),
 ]

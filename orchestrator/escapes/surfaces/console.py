@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from orchestrator.console.auth import Access
 
 CATEGORY = "surfaces"
-AGENT = "agent"                         # the one agent of each probe's ROOT
-REQUEST_TIMEOUT_S = 10                  # one request to a console in this process: milliseconds, normally
-XSS = '<script>window.__pwned = 1</script>'
-INVENTED_TOOLS = 1000                   # tool names a model makes up, in one probe
+AGENT = "agent"  # the one agent of each probe's ROOT
+REQUEST_TIMEOUT_S = 10  # one request to a console in this process: milliseconds, normally
+XSS = "<script>window.__pwned = 1</script>"
+INVENTED_TOOLS = 1000  # tool names a model makes up, in one probe
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Answer:
 @dataclass
 class Served:
     """A console under test: its port, token, ROOT, and the requests a probe sends it."""
+
     port: int
     token: str
     root: Path
@@ -63,8 +64,9 @@ class Served:
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def request(self, method: str, path: str, headers: dict | None = None, form: dict | None = None,
-                host: str | None = None) -> Answer:
+    def request(
+        self, method: str, path: str, headers: dict | None = None, form: dict | None = None, host: str | None = None
+    ) -> Answer:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_TIMEOUT_S)
         try:
             conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
@@ -77,8 +79,11 @@ class Served:
                 conn.putheader("Content-Length", str(len(body)))
             conn.endheaders(body)
             response = conn.getresponse()
-            return Answer(response.status, {k.lower(): v for k, v in response.getheaders()},
-                          response.read().decode("utf-8", "replace"))
+            return Answer(
+                response.status,
+                {k.lower(): v for k, v in response.getheaders()},
+                response.read().decode("utf-8", "replace"),
+            )
         finally:
             conn.close()
 
@@ -91,10 +96,12 @@ class Served:
         """The session cookie a signed-in browser holds (what a cross-site form would carry,
         were SameSite=Strict not there)."""
         from orchestrator.console.auth import COOKIE
+
         return {"Cookie": f"{COOKIE}={self.access.session}"}
 
     def paused(self) -> bool:
         from orchestrator.records.health import load
+
         return load(self.root / AGENT / "state").paused
 
 
@@ -103,6 +110,7 @@ def console(trial, loopback: bool = True) -> Iterator[Served]:
     """A real Console on 127.0.0.1:0 for ROOT = the trial's folder's console-root/ (one agent)."""
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
+
     root = trial.dir / "console-root"
     init_agent(root / AGENT)
     token = secrets.token_urlsafe(24)
@@ -124,6 +132,7 @@ def _answers_its_own(served: Served) -> str | None:
 
 # -- the probes -----------------------------------------------------------------------------
 
+
 def console_refuses_foreign_host(trial) -> str:
     """DNS rebinding: a page whose own name now resolves to 127.0.0.1 sends that name as Host.
     Even with the token (a script that has it), a foreign Host is answered by no one."""
@@ -132,8 +141,13 @@ def console_refuses_foreign_host(trial) -> str:
         if unsure:
             return unsure
         out = []
-        for host in (f"rebind.example:{served.port}", "rebind.example:8765", f"127.0.0.1.nip.io:{served.port}",
-                     f"127.0.0.1.:{served.port}", f"localhost.:{served.port}"):
+        for host in (
+            f"rebind.example:{served.port}",
+            "rebind.example:8765",
+            f"127.0.0.1.nip.io:{served.port}",
+            f"127.0.0.1.:{served.port}",
+            f"localhost.:{served.port}",
+        ):
             for path in ("/", f"/agents/{AGENT}", "/metrics", "/static/console.css"):
                 answer = served.request("GET", path, served.bearer, host=host)
                 if answer.status != 421:
@@ -159,6 +173,7 @@ def console_refuses_a_pre_made_token_file(trial) -> str:
     """Another local user makes ROOT/console.token first (empty and writable by all, or readable
     by all with a token they chose): serve must refuse it, and never write its token into it."""
     from orchestrator.console import auth
+
     out = []
     for kind in ("empty, writable by all", "readable by all"):
         root = trial.dir / f"token-root-{kind.split(',')[0].split()[0]}"
@@ -176,8 +191,12 @@ def console_refuses_a_pre_made_token_file(trial) -> str:
                 out.append(escaped(f"{kind}: refused without saying how to fix it: {exc}"))
             continue
         mode, written = os.stat(planted).st_mode & 0o777, planted.read_bytes() != before
-        out.append(escaped(f"{kind}: used as is (mode {mode:o})" + ("; our token written into it" if written
-                                                                    else "; its token is the console's")))
+        out.append(
+            escaped(
+                f"{kind}: used as is (mode {mode:o})"
+                + ("; our token written into it" if written else "; its token is the console's")
+            )
+        )
     return "".join(out) or held("a pre-made console.token (empty and 0666, or 0644) is refused, untouched")
 
 
@@ -205,11 +224,13 @@ def console_csrf_holds_whatever_authorization_says(trial) -> str:
             return unsure
         out = []
         for garbage in ("garbage", "Bearer not-the-token-0000000000", "Basic dXNlcjpwYXNz"):
-            answer = served.request("POST", f"/agents/{AGENT}/pause", {**served.cookie, "Authorization": garbage},
-                                    form={})
+            answer = served.request(
+                "POST", f"/agents/{AGENT}/pause", {**served.cookie, "Authorization": garbage}, form={}
+            )
             if answer.status < 400 or served.paused():
-                out.append(escaped(f"cookie + Authorization {garbage!r}, no CSRF: {answer.status}, "
-                                   f"paused={served.paused()}"))
+                out.append(
+                    escaped(f"cookie + Authorization {garbage!r}, no CSRF: {answer.status}, paused={served.paused()}")
+                )
         return "".join(out) or held("a cookie plus a garbage Authorization header and no CSRF field is refused")
 
 
@@ -217,14 +238,18 @@ def console_shows_agent_text_inert(trial) -> str:
     """The model writes markup into its outbox and its transcript: the pages show it as text."""
     from orchestrator.records.state import append_outbox
     from orchestrator.records.transcript import Transcript
+
     with console(trial) as served:
         sd = served.root / AGENT / "state"
         append_outbox(sd, XSS, wake=1)
         run_id = secrets.token_hex(6)
         transcript = Transcript(sd, run_id, 1 << 20, secrets=())
         transcript.add("wake", run_id=run_id, wake=1, agent=AGENT, model="m", live=False)
-        transcript.add("assistant", step=1, content=[{"type": "text", "text": XSS},
-                                                     {"type": "tool_use", "id": "t1", "name": XSS, "input": {}}])
+        transcript.add(
+            "assistant",
+            step=1,
+            content=[{"type": "text", "text": XSS}, {"type": "tool_use", "id": "t1", "name": XSS, "input": {}}],
+        )
         transcript.add("tool_result", step=1, id="t1", tool=XSS, text=XSS, is_error=True, denied=None)
         out = []
         for path in (f"/agents/{AGENT}", f"/agents/{AGENT}/wakes/{run_id}"):
@@ -243,6 +268,7 @@ def console_metrics_bounded_against_invented_tools(trial) -> str:
     counts. The series /metrics shows must not grow with them."""
     from orchestrator.records.event_types import ToolResult
     from orchestrator.records.events import EVENTS_FILE, EventLog
+
     with console(trial) as served:
         log = EventLog(served.root / AGENT / "state" / EVENTS_FILE, secrets.token_hex(6), secrets=())
         log.write(ToolResult(tool="invented_first", is_error=True))
@@ -270,12 +296,18 @@ def _probe(attack, expected: str) -> Probe:
 PROBES: list = [
     _probe(console_refuses_foreign_host, "a request whose Host is not the console's gets 421 on every route"),
     _probe(console_reading_needs_the_token_on_loopback, "on loopback too, no page is shown without the token"),
-    _probe(console_refuses_a_pre_made_token_file, "a console.token someone else made or others can read "
-                                                  "is refused, never written into"),
-    _probe(console_refuses_a_forged_form_with_a_valid_cookie, "a form with the cookie but no or a wrong "
-                                                              "CSRF field acts on nothing"),
-    _probe(console_csrf_holds_whatever_authorization_says, "an Authorization header a page can send does "
-                                                           "not skip the CSRF check"),
+    _probe(
+        console_refuses_a_pre_made_token_file,
+        "a console.token someone else made or others can read is refused, never written into",
+    ),
+    _probe(
+        console_refuses_a_forged_form_with_a_valid_cookie,
+        "a form with the cookie but no or a wrong CSRF field acts on nothing",
+    ),
+    _probe(
+        console_csrf_holds_whatever_authorization_says,
+        "an Authorization header a page can send does not skip the CSRF check",
+    ),
     _probe(console_shows_agent_text_inert, "the agent's <script> is shown as text in its outbox and transcript"),
     _probe(console_metrics_bounded_against_invented_tools, "tool names a model invents mint no metric series"),
 ]

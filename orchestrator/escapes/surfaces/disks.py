@@ -26,8 +26,8 @@ from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox import disk
 
 CATEGORY = "surfaces"
-RENAMES = 3              # renames of one folder between calls (issue 20 saw 4 make 11 disks)
-CALL_S = 30              # one cold call on a loaded host
+RENAMES = 3  # renames of one folder between calls (issue 20 saw 4 make 11 disks)
+CALL_S = 30  # one cold call on a loaded host
 
 
 def _attached(image: Path) -> list[str]:
@@ -49,26 +49,29 @@ def _renaming_keeps_one_disk(t: Trial) -> str:
         for n in range(RENAMES + 1):
             if n:
                 place = place.rename(place.with_name(f"renamed-{n}"))
-            boxes.append(_box(t, place))   # attaching is what made a disk: no call needed
+            boxes.append(_box(t, place))  # attaching is what made a disk: no call needed
         keys = {box.disk.key for box in boxes}
         devices = {d for key in keys for d in _attached(disk.path_of(key, "img"))}
     finally:
-        for box in reversed(boxes):   # last mounted, first unmounted (path-keyed disks stack)
+        for box in reversed(boxes):  # last mounted, first unmounted (path-keyed disks stack)
             box.close()
-        place.rename(agent)   # the trial's cleanup removes it by its first name
+        place.rename(agent)  # the trial's cleanup removes it by its first name
     if len(keys) > 1 or len(devices) > 1:
-        return escaped(f"{RENAMES} renames of one agent folder, a box after each, made {len(keys)} disk "
-                       f"images and {len(devices)} loop devices attached at once")
+        return escaped(
+            f"{RENAMES} renames of one agent folder, a box after each, made {len(keys)} disk "
+            f"images and {len(devices)} loop devices attached at once"
+        )
     return held(f"{RENAMES} renames of one agent folder, a box after each: 1 disk, 1 loop device")
 
 
 def _one_shot_call_releases(t: Trial) -> str:
     from orchestrator.broker.client import open_sandbox
     from orchestrator.sandbox.engine import DockerSandbox
+
     agent = load_agent(init_agent(t.dir / "one-shot"))
-    box = open_sandbox(agent, warm=0, environ={})   # `wakeloop sandbox exec`: the local engine
-    assert isinstance(box, DockerSandbox)           # (no broker socket in that environ)
-    assert box.disk is not None                     # the default policy gives the workspace a disk
+    box = open_sandbox(agent, warm=0, environ={})  # `wakeloop sandbox exec`: the local engine
+    assert isinstance(box, DockerSandbox)  # (no broker socket in that environ)
+    assert box.disk is not None  # the default policy gives the workspace a disk
     try:
         box.run("echo x > made.txt", timeout_s=CALL_S, max_output_chars=100)
     finally:
@@ -77,24 +80,28 @@ def _one_shot_call_releases(t: Trial) -> str:
     mounted = os.stat(agent.workspace).st_dev != os.stat(agent.dir).st_dev
     volumes = t.lab.client.api.volumes(filters={"name": box.disk.volume}).get("Volumes") or []
     if left or mounted or any(v["Name"] == box.disk.volume for v in volumes):
-        return escaped(f"after a one-shot call its disk is still attached ({', '.join(left) or 'no device'}"
-                       f"{', mounted over workspace/' if mounted else ''}"
-                       f"{', its volume kept' if volumes else ''}): `rm -rf` of the folder fails")
-    return held("a one-shot call's disk is unmounted, its volume removed and its loop device detached "
-                "when the call's box closes; the image is kept")
+        return escaped(
+            f"after a one-shot call its disk is still attached ({', '.join(left) or 'no device'}"
+            f"{', mounted over workspace/' if mounted else ''}"
+            f"{', its volume kept' if volumes else ''}): `rm -rf` of the folder fails"
+        )
+    return held(
+        "a one-shot call's disk is unmounted, its volume removed and its loop device detached "
+        "when the call's box closes; the image is kept"
+    )
 
 
 def _new_folder_in_a_deleted_ones_place(t: Trial) -> str:
     victim = init_agent(t.dir / "victim")
     canary = "wakeloop-disk-canary-" + secrets.token_hex(6)
-    box = _box(t, victim)   # its disk, mounted over workspace/ while the box is open
+    box = _box(t, victim)  # its disk, mounted over workspace/ while the box is open
     try:
         (box.view / "secret.txt").write_text(canary)
     finally:
         box.close()
     before = os.stat(victim).st_ino
     subprocess.run(["rm", "-rf", str(victim)], check=True)
-    newcomer = init_agent(victim)   # the same path and name; ext4 often hands back the same inode
+    newcomer = init_agent(victim)  # the same path and name; ext4 often hands back the same inode
     reused = "the same inode" if os.stat(newcomer).st_ino == before else "another inode"
     box = _box(t, newcomer)
     try:
@@ -102,13 +109,16 @@ def _new_folder_in_a_deleted_ones_place(t: Trial) -> str:
     finally:
         box.close()
     if canary in seen:
-        return escaped(f"a folder made where a deleted agent's was ({reused}) got the deleted agent's "
-                       "disk: its files were readable in the newcomer's box")
+        return escaped(
+            f"a folder made where a deleted agent's was ({reused}) got the deleted agent's "
+            "disk: its files were readable in the newcomer's box"
+        )
     return held(f"a folder made where a deleted agent's was ({reused}) got a disk of its own")
 
 
 def _broker_box_follows_the_folder(t: Trial) -> str:
     from orchestrator.broker.server import Broker
+
     root = t.dir / "root"
     canary = "wakeloop-disk-canary-" + secrets.token_hex(6)
     _no_pool(init_agent(root / "alpha"))
@@ -117,18 +127,22 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
         call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})
         call("alpha", f"echo {canary} > secret.txt")
         key = disk.lookup(root / "alpha")
-        (root / "alpha").rename(root / "kept")       # alpha's folder, now under another name
-        _no_pool(init_agent(root / "alpha"))         # a newcomer under the old name
+        (root / "alpha").rename(root / "kept")  # alpha's folder, now under another name
+        _no_pool(init_agent(root / "alpha"))  # a newcomer under the old name
         seen = call("alpha", "cat secret.txt 2>/dev/null || echo absent")["result"]["output"]
     finally:
         broker.close()
     if canary in seen:
-        return escaped("the broker served a folder made under a renamed agent's old name with the box "
-                       "it kept for that agent: the newcomer's calls ran on the renamed agent's disk")
+        return escaped(
+            "the broker served a folder made under a renamed agent's old name with the box "
+            "it kept for that agent: the newcomer's calls ran on the renamed agent's disk"
+        )
     if disk.lookup(root / "kept") != key:
         return escaped("the renamed agent lost its disk: its folder has another one under its new name")
-    return held("a kept box serves only the folder it was made for: a newcomer under a renamed "
-                "agent's old name got a disk of its own, and the renamed agent kept its")
+    return held(
+        "a kept box serves only the folder it was made for: a newcomer under a renamed "
+        "agent's old name got a disk of its own, and the renamed agent kept its"
+    )
 
 
 def _no_pool(agent_dir: Path) -> Path:
@@ -141,22 +155,33 @@ def _no_pool(agent_dir: Path) -> Path:
 
 
 disks_one_per_folder_through_renames = Probe(
-    "disks_one_per_folder_through_renames", CATEGORY,
+    "disks_one_per_folder_through_renames",
+    CATEGORY,
     f"{RENAMES} renames of an agent folder, a box after each, keep its one disk and one loop device",
-    _renaming_keeps_one_disk)
+    _renaming_keeps_one_disk,
+)
 disks_released_after_a_one_shot_call = Probe(
-    "disks_released_after_a_one_shot_call", CATEGORY,
+    "disks_released_after_a_one_shot_call",
+    CATEGORY,
     "a one-shot call's disk is unmounted, its volume removed and its loop device detached at its end",
-    _one_shot_call_releases)
+    _one_shot_call_releases,
+)
 disks_never_handed_to_a_folder_made_in_a_deleted_ones_place = Probe(
-    "disks_never_handed_to_a_folder_made_in_a_deleted_ones_place", CATEGORY,
+    "disks_never_handed_to_a_folder_made_in_a_deleted_ones_place",
+    CATEGORY,
     "a folder made at a deleted agent's path (even on its inode) gets a disk of its own",
-    _new_folder_in_a_deleted_ones_place)
+    _new_folder_in_a_deleted_ones_place,
+)
 disks_broker_box_follows_the_folder_not_the_name = Probe(
-    "disks_broker_box_follows_the_folder_not_the_name", CATEGORY,
+    "disks_broker_box_follows_the_folder_not_the_name",
+    CATEGORY,
     "the broker's kept box is not reused for a folder swapped in under a renamed agent's name",
-    _broker_box_follows_the_folder)
+    _broker_box_follows_the_folder,
+)
 
-PROBES: list = [disks_one_per_folder_through_renames, disks_released_after_a_one_shot_call,
-                disks_never_handed_to_a_folder_made_in_a_deleted_ones_place,
-                disks_broker_box_follows_the_folder_not_the_name]
+PROBES: list = [
+    disks_one_per_folder_through_renames,
+    disks_released_after_a_one_shot_call,
+    disks_never_handed_to_a_folder_made_in_a_deleted_ones_place,
+    disks_broker_box_follows_the_folder_not_the_name,
+]

@@ -55,6 +55,7 @@ def _answer(address: str, context: ssl.SSLContext | None) -> bytes:
 def _tls_answers_only_the_orchestrator(t: Trial) -> str:
     from orchestrator.policy.agent import init_agent
     from orchestrator.policy.ceiling import Ceiling
+
     ours, theirs = t.dir / "certs", t.dir / "foreign"
     tls.make_certs(ours)
     tls.make_certs(theirs)
@@ -65,6 +66,7 @@ def _tls_answers_only_the_orchestrator(t: Trial) -> str:
 
     def pair(folder: Path, name: str) -> tuple[Path, Path]:
         return folder / f"{name}.pem", folder / f"{name}.key"
+
     try:
         attempts = {
             "plain TCP": None,
@@ -83,13 +85,17 @@ def _tls_answers_only_the_orchestrator(t: Trial) -> str:
     if got:
         return escaped("the broker answered a client that is not the stack's orchestrator: " + "; ".join(got))
     refused = sum(1 for line in served.lines if line.startswith("refused a connection from"))
-    return held(f"plain TCP, no certificate, another CA's and the broker's own certificate got nothing "
-                f"back ({refused} refusals in the broker's log); the orchestrator's certificate was served")
+    return held(
+        f"plain TCP, no certificate, another CA's and the broker's own certificate got nothing "
+        f"back ({refused} refusals in the broker's log); the orchestrator's certificate was served"
+    )
 
 
 broker_tls_answers_only_the_orchestrator = Probe(
-    "broker_tls_answers_only_the_orchestrator", CATEGORY,
+    "broker_tls_answers_only_the_orchestrator",
+    CATEGORY,
     "over TCP the broker answers only a client with the stack's orchestrator certificate and its key",
-    _tls_answers_only_the_orchestrator)
+    _tls_answers_only_the_orchestrator,
+)
 
 PROBES = [broker_tls_answers_only_the_orchestrator]

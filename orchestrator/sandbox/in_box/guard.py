@@ -28,11 +28,11 @@ if pid == 0:
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 code = 128 - code if code < 0 else code
 try:
-    os.kill(-1, 9)   # as the launcher: nothing the command started outlives the call
+    os.kill(-1, 9)  # as the launcher: nothing the command started outlives the call
 except ProcessLookupError:
     pass
 if held:
-    os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
+    os.set_blocking(1, True)  # the command may have left the shared pipe non-blocking
     os.write(1, b"\0wakeloop:__HELD__:%03d:?\n" % code)
     while os.read(0, 4096):
         pass

@@ -10,5 +10,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 if _libc.prctl(38, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, ctypes.c_char_p(_fprog), 0, 0) != 0:
     import os
     import sys
+
     sys.stderr.write(f"wakeloop: cannot install the seccomp filter: {os.strerror(ctypes.get_errno())}\n")
     os._exit(126)

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 
-if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:   # PR_SET_DUMPABLE 0
+if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
     os._exit(125)
 
 
@@ -36,6 +36,7 @@ def ours(source: str, args: list[str]) -> int:
     # interpreter start fewer on the call's path. Its exit is a subprocess's would be.
     import sys
     import traceback
+
     sys.argv = ["-c", *args]
     try:
         exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
@@ -60,9 +61,15 @@ if env is None and argv[:3] == ["/usr/bin/python3", "-I", "-c"] and len(argv) > 
     code = ours(argv[3], argv[4:])
 elif argv[0].startswith("/"):
     try:
-        code = subprocess.Popen([argv[0] if env is None else os.path.basename(argv[0]), *argv[1:]],
-                                executable=argv[0], env=env, stdin=None if spec["stdin"] else subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, close_fds=True, restore_signals=False).wait()
+        code = subprocess.Popen(
+            [argv[0] if env is None else os.path.basename(argv[0]), *argv[1:]],
+            executable=argv[0],
+            env=env,
+            stdin=None if spec["stdin"] else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            restore_signals=False,
+        ).wait()
     except OSError:
         code = 127
     code = 128 - code if code < 0 else code
@@ -70,8 +77,8 @@ else:
     os.write(1, b"wakeloop: not an absolute path: %s\n" % argv[0].encode())
     code = 127
 try:
-    os.kill(-1, 9)   # what the command left running ends before the caller hears it is done
+    os.kill(-1, 9)  # what the command left running ends before the caller hears it is done
 except ProcessLookupError:
     pass
-os.set_blocking(1, True)   # the command may have left the shared pipe non-blocking
+os.set_blocking(1, True)  # the command may have left the shared pipe non-blocking
 os.write(1, b"\0wakeloop:%s:%03d:%s\n" % (spec["end"].encode(), code, ooms().encode()))

@@ -15,9 +15,11 @@ def bare_repo(fd: int, name: str, where: str) -> None:
         return
     after = {n.lower() for n in os.listdir(fd)} | {name}
     if MARKS <= after and RUNS & after:
-        print(f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
-              f"takes it for a repository and would run what its {name} says; protect_git keeps "
-              "write_file out of a repository's config and hooks. This is deliberate.")
+        print(
+            f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
+            f"takes it for a repository and would run what its {name} says; protect_git keeps "
+            "write_file out of a repository's config and hooks. This is deliberate."
+        )
         sys.exit(3)
 
 
@@ -43,8 +45,12 @@ try:
         fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     bare_repo(fd, parts[-1], "/".join(parts[:-1]))
     # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
-    out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                  | (os.O_APPEND if append else 0), 0o644, dir_fd=fd)
+    out = os.open(
+        parts[-1],
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_APPEND if append else 0),
+        0o644,
+        dir_fd=fd,
+    )
 except OSError as exc:
     print(f"refused: {rel}: {exc.strerror}")
     sys.exit(3)
