@@ -10,7 +10,7 @@ Not here: how a container is made (engine.py), which backend an agent gets
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from orchestrator.errors import EnvironmentFault
@@ -98,14 +98,4 @@ def refused(reason: str) -> SandboxResult:
 def no_room(reason: str) -> SandboxResult:
     """A call the disk guard did not start (disk.flight): refused, and marked so that the wake
     records it and tells the operator (wake/loop.py)."""
-    return SandboxResult(
-        exit_code=2,
-        output=f"refused: {reason}",
-        output_bytes=0,
-        truncated=False,
-        timed_out=False,
-        oom_killed=False,
-        duration_ms=0,
-        container_id="",
-        no_room=reason,
-    )
+    return replace(refused(reason), no_room=reason)
