@@ -68,7 +68,10 @@ ensure_engine
 ensure_compose
 ensure_browser
 [ -x scripts/setup-runsc.sh ] && scripts/setup-runsc.sh
-scripts/base-image.sh debian:bookworm-slim
+# The base image (minutes of debootstrap on a bare machine, mostly download)
+# is made beside the venv, ruff and mypy (pip download, then CPU), not after them.
+scripts/base-image.sh debian:bookworm-slim &
+base_pid=$!
 ensure_venv
 
 # Lint and types first: seconds, and a finding fails the run before any image is built.
@@ -79,6 +82,7 @@ log "ruff check, ruff format --check"
 log "mypy"
 .venv/bin/mypy
 
+wait "$base_pid" || { log "the base image could not be made (above)"; exit 1; }
 .venv/bin/wakeloop image build
 host_state() {
     # What a run could leave on the host: loop devices, their mounts, containers,
