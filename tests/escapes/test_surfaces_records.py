@@ -20,6 +20,7 @@ COVERED: set[str] = {
     "retention_never_deletes_through_a_link",
     "send_message_is_capped",
     "ceiling_refuses_an_unbounded_number",
+    "planted_huge_numbers_read_as_unknown",
 }
 
 
@@ -100,3 +101,14 @@ def test_a_ceiling_without_a_bound_for_max_output_chars_lets_it_pass(surface_lab
 
     monkeypatch.setattr(ceiling, "NOT_A_LIMIT", ("version", "max_output_chars"))
     assert "let a policy ask" in escapes(surface_lab, probes.ceiling_refuses_an_unbounded_number)
+
+
+def test_numbers_read_with_a_plain_float_crash_on_a_planted_huge_one(surface_lab, monkeypatch):
+    from orchestrator.records import event_types, receipt
+
+    def plain(value):  # the reader before json_float: float() of whatever JSON number is there
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    monkeypatch.setattr(receipt, "json_float", plain)
+    monkeypatch.setattr(event_types, "json_float", plain)
+    assert "crashed a reader" in escapes(surface_lab, probes.planted_huge_numbers_read_as_unknown)

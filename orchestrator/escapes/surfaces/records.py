@@ -248,6 +248,29 @@ def _unbounded_number(trial: Trial) -> str:
     return held(f"max_output_chars 100,000,000,000 refused by the shipped ceiling: {refusal.split(': ', 1)[1]}")
 
 
+def _huge_numbers(trial: Trial) -> str:
+    import json
+
+    from orchestrator.policy.agent import load_agent
+    from orchestrator.records.events import EVENTS_FILE, read_events
+    from orchestrator.records.state import rebuild_state
+    from orchestrator.views.status import agent_status, format_event, render_agent_status
+
+    huge = int("9" * 400)  # overflows float(): json.loads reads it as an int
+    receipt = {"status": "done", "wake": 3, "usd": huge, "input_tokens": huge, "duration_ms": huge, "steps": 2}
+    line = {"run_id": "r", "type": "wake_finished", "timestamp": "2026-06-01T00:00:00.000Z", "data": {}}
+    line["data"] = {"tokens": huge, "receipt": receipt}
+    (trial.state / EVENTS_FILE).write_text(json.dumps(line) + "\n")
+    (trial.state / "state.json").write_text(json.dumps({"wake": 3, "tokens_lifetime": 0, "last_receipt": receipt}))
+    try:
+        shown = render_agent_status(agent_status(load_agent(trial.dir)))
+        shown += "".join(format_event(e) for e in read_events(trial.state / EVENTS_FILE))
+        rebuild_state(trial.state)
+    except Exception as exc:  # whatever a reader raises is the escape: a traceback for `status`
+        return escaped(f"a 400-digit number in state.json and the event log crashed a reader: {exc!r:.200}")
+    return held(f"400-digit numbers in state.json and the event log read as unknown ({len(shown):,} characters shown)")
+
+
 mandate_link_is_never_followed = Probe(
     "mandate_link_is_never_followed",
     CATEGORY,
@@ -296,6 +319,12 @@ ceiling_refuses_an_unbounded_number = Probe(
     "the shipped ceiling refuses tools.bash.max_output_chars of 100,000,000,000",
     _unbounded_number,
 )
+planted_huge_numbers_read_as_unknown = Probe(
+    "planted_huge_numbers_read_as_unknown",
+    CATEGORY,
+    "a 400-digit number planted in state.json and the event log is read as unknown, never raised",
+    _huge_numbers,
+)
 
 PROBES: list = [
     mandate_link_is_never_followed,
@@ -306,4 +335,5 @@ PROBES: list = [
     retention_never_deletes_through_a_link,
     send_message_is_capped,
     ceiling_refuses_an_unbounded_number,
+    planted_huge_numbers_read_as_unknown,
 ]
