@@ -243,6 +243,31 @@ def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s)
         pool.close()
 
 
+def test_a_refill_put_off_until_its_call_ends_begins_when_the_call_raises():
+    # engine.py's call that raised (its container removed at once) says ended(), not done():
+    # the refill put off until the call's end must begin all the same.
+    from orchestrator.sandbox.pool import MakePace, WarmPool
+
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(f"c{len(made)}")
+        return made[-1]
+
+    pool = WarmPool(1, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=MakePace())
+    try:
+        assert pool.wait_ready(1, DEADLINE)
+        pool.done(pool.take())  # the wake's first call: a make is measured
+        assert pool.wait_ready(1, DEADLINE)
+        time.sleep(0.3)  # the model's turn: far longer than an instant make, so the refill is put off
+        pool.take()
+        assert pool._making == 0 and not pool.idle(), "the refill waits for the call's end"
+        pool.ended()  # the call raised; its container is gone already
+        assert pool.wait_ready(1, DEADLINE), "the refill began when the call ended"
+    finally:
+        pool.close()
+
+
 # -- the launcher's end line (pool.py) ---------------------------------------------
 
 

@@ -479,8 +479,10 @@ class DockerSandbox:
             send, end = stdin, None
         try:
             result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started, hold=hold)
-        except BaseException:
+        except BaseException as exc:
             self._remove(cid)  # at once: the process may be on its way out (Ctrl-C)
+            if self.pool and isinstance(exc, Exception):
+                self.pool.ended()  # the wake goes on: its refill put off until now begins
             raise
         if self.pool:
             self.pool.done(cid)  # removal off the call's path; a refill put off until now begins

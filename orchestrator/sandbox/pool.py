@@ -266,6 +266,11 @@ class WarmPool:
     def done(self, cid: str) -> None:
         """A call is over: its container goes, and a refill put off until now begins."""
         self.discard(cid)
+        self.ended()
+
+    def ended(self) -> None:
+        """A call is over, its container gone already (a call that raised): a refill put off
+        until now begins, or the next call would find nothing ready."""
         with self._lock:
             self._ended = time.monotonic()
             if self._owed:
