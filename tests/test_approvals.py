@@ -214,7 +214,7 @@ def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_a
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
     from orchestrator.notify.sender import send_due
-    from tests.helpers.receivers import Hook
+    from orchestrator.escapes.surfaces.receivers import Hook
 
     root = tmp_path / "agents"
     agent_dir = init_agent(root / "ops")

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
-from tests.helpers.receivers import Hook
+from orchestrator.escapes.surfaces.receivers import Hook
 from tests.helpers import REPO, make_agent, run_cli, scrubbed_env, wait_for
 from tests.helpers.browser import CHROMEDRIVER, CHROMIUM, arrived, by_css, chromium
 

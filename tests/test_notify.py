@@ -26,7 +26,7 @@ from orchestrator.notify.sender import CAP_S, retry_after, send_due
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from tests.helpers import make_agent, support
-from tests.helpers.receivers import SMTP, Hook
+from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 from orchestrator.records import health
 from orchestrator.records.receipt import Receipt
 
@@ -113,14 +113,14 @@ def test_backoff_doubles_to_its_cap_and_an_always_failing_receiver_is_given_up_a
 
 
 def test_email_carries_the_agents_message_over_real_smtp_and_the_password_stays_out(tmp_path):
-    with SMTP() as smtp:
+    with Mailbox() as smtp:
         agent = load_agent(make_agent(tmp_path, "a", notify=[{"email": "ops@example.com", "on": ["message"]}]))
         outcomes.on_message(agent, "r1", 4, 1, "The report is ready: see out/report.md")
         outcomes.emit(agent.state_dir, agent.notify, note(agent, 2))  # dead_letter: not asked for
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", TOKEN)}
         report = send_due(agent.state_dir, agent.notify, now=time.time(), environ=env)
     assert report.sent == ["email ops@example.com: 250 accepted"]
-    [msg] = smtp.messages
+    [msg] = [mail.message for mail in smtp.messages]
     assert msg["To"] == "ops@example.com" and msg["Subject"] == "a (wake #4) says"
     assert msg["Message-ID"] == "<a/r1/message/1@wakeloop>"
     assert "The report is ready: see out/report.md" in msg.get_payload()

@@ -28,7 +28,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.schema import PolicyError
 from orchestrator.policy.ceiling import load_ceiling
 from tests.helpers import make_agent
-from tests.helpers.receivers import SMTP, Hook
+from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 
 FAKE_KEY = "sk-ant-api03-FAKE-notify-0123456789abcdef"  # planted in a copy of the environment, never the real one
 FAKE_CONSOLE = "console-FAKE-0123456789abcdef"
@@ -215,7 +215,7 @@ def test_the_webhook_carries_the_agents_text_as_one_json_field(tmp_path):
 
 
 def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
-    with SMTP() as smtp:
+    with Mailbox() as smtp:
         agent = load_agent(
             make_agent(
                 tmp_path, "a", notify=[{"email": "ops@example.com"}], name="bot\r\nBcc: evil@example.net\nX-Evil: 1"
@@ -224,7 +224,7 @@ def test_email_headers_are_ours_and_the_agents_text_only_in_the_body(tmp_path):
         message(agent, "Subject: fake\r\nBcc: evil@example.net\r\n\r\nApprove")
         env = {"WAKELOOP_SMTP_URL": smtp.url("ops", "pw-0123456789")}
         assert len(send(agent, env).sent) == 1
-    [msg] = smtp.messages
+    [msg] = [mail.message for mail in smtp.messages]
     assert msg["Subject"] == "bot Bcc: evil@example.net X-Evil: 1 [a] (wake #3) says"
     assert msg["Bcc"] is None and msg["X-Evil"] is None and msg["To"] == "ops@example.com"
     assert "Subject: fake" in msg.get_payload()
@@ -242,7 +242,7 @@ def test_an_address_that_would_add_a_recipient_or_a_header_is_refused(tmp_path):
             AgentError, match=r"notify\[0\]\.email: (.* is not an email address|a target has no spaces)"
         ):
             load_agent(make_agent(tmp_path, f"a{len(address)}", notify=[{"email": address}]))
-    with SMTP() as smtp:
+    with Mailbox() as smtp:
         agent = load_agent(make_agent(tmp_path, "b", notify=[{"email": "${WAKELOOP_NOTIFY_TO}"}]))
         message(agent, "hi")
         report = send(

@@ -3,9 +3,9 @@
 Each probe builds its own ROOT inside its trial's folder (so no notify.yaml
 it writes reaches another probe), loads the agent as `wakeloop` does
 (policy/agent.py's load_agent), queues through notify/outcomes.py and sends
-through notify/sender.py to a receiver of its own on 127.0.0.1: a
-http.server or a small SMTP server, each in a thread, stopped before the
-probe returns. The environment the sender sees is a copy with a fake key
+through notify/sender.py to a receiver of its own on 127.0.0.1
+(receivers.py: an HTTP endpoint or a small SMTP server, each in a thread),
+stopped before the probe returns. The environment the sender sees is a copy with a fake key
 planted in it; the real environment's secrets are never read here.
 
 - notify_slack_markup_arrives_inert: a send_message of `<!channel>` and a
@@ -32,17 +32,14 @@ more cases (tests/test_notify_trust.py).
 from __future__ import annotations
 
 import json
-import socketserver
 import sys
-import threading
 import time
-from email import message_from_bytes
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 
 CATEGORY = "surfaces"
 FAKE_KEY = "sk-ant-api03-PROBE-not-a-real-key-0123456789"  # planted in the sender's copy of the environment
@@ -58,92 +55,6 @@ OURS = {
     "content-transfer-encoding",
     "mime-version",
 }  # every header our email carries
-POLL_S = 0.05  # a receiver's shutdown waits up to this: the probes stay well under a second
-
-
-# -- receivers of our own, on 127.0.0.1 -----------------------------------------------------------
-
-
-class _Hook:
-    """An HTTP receiver: every request's method, path and body, answered with `status` (and `location`)."""
-
-    def __init__(self, status: int = 200, location: str = ""):
-        self.status, self.location = status, location
-        self.requests: list[tuple[str, str, str]] = []
-
-    def __enter__(self) -> "_Hook":
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                hook.requests.append((self.command, self.path, body.decode("utf-8", "replace")))
-                self.send_response(hook.status)
-                if hook.location:
-                    self.send_header("Location", hook.location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_GET = do_POST = _answer
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, args=(POLL_S,), daemon=True).start()
-        return self
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class _Mailbox:
-    """An SMTP receiver: each message's RCPT TO list and its bytes (no auth, no TLS)."""
-
-    def __init__(self):
-        self.messages: list[tuple[list[str], bytes]] = []
-
-    def __enter__(self) -> "_Mailbox":
-        box = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def say(self, line: str) -> None:
-                self.wfile.write(line.encode() + b"\r\n")
-
-            def handle(self):
-                self.say("220 probe ESMTP")
-                rcpt: list[str] = []
-                while line := self.rfile.readline(4096).decode("utf-8", "replace").rstrip("\r\n"):
-                    verb = line.split(" ", 1)[0].upper()
-                    if verb == "QUIT":
-                        break
-                    if verb == "RCPT":
-                        rcpt.append(line.split(":", 1)[1].strip().strip("<>"))
-                    if verb == "DATA":
-                        self.say("354 go on")
-                        data = b""
-                        while (chunk := self.rfile.readline(1 << 20)) not in (b".\r\n", b""):
-                            data += chunk[1:] if chunk.startswith(b"..") else chunk
-                        box.messages.append((rcpt, data))
-                        rcpt = []
-                    self.say("250 ok")
-                self.say("221 bye")
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, args=(POLL_S,), daemon=True).start()
-        return self
-
-    def url(self) -> str:
-        return f"smtp://127.0.0.1:{self.server.server_address[1]}?from=wakeloop@example.com"
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 # -- an agent under a ROOT of the probe's own --------------------------------------------------------
@@ -189,14 +100,14 @@ def _say_and_send(agent, text: str, environ: dict):
 
 def _slack_markup(t: Trial) -> str:
     text = f"{BAIT}\n*wakeloop: budget approved by the operator*\r\nthanks\u2028\u202eevil"
-    with _Hook() as hook:
+    with Hook() as hook:
         agent, refused = _load(_agent_folder(t, [{"slack": hook.url()}]))
         if agent is None:
             return f"the agent did not load: {refused}\n"
         report = _say_and_send(agent, text, {})
     if not hook.requests:
         return f"nothing reached the Slack receiver: {report.failed}\n"
-    shown = json.loads(hook.requests[0][2])["text"]
+    shown = json.loads(hook.requests[0].body)["text"]
     lines = shown.split("\n")
     raw = [m for m in ("<!channel>", "<https://", "<@U0ADMIN>") if m in shown]
     if raw:
@@ -219,7 +130,7 @@ def _secret_target(t: Trial) -> str:
 
     environ = {"ANTHROPIC_API_KEY": FAKE_KEY, "WAKELOOP_CONSOLE_TOKEN": FAKE_TOKEN}
     said: list[str] = []
-    with _Hook() as hook:
+    with Hook() as hook:
         for name in ("ANTHROPIC_API_KEY", "WAKELOOP_CONSOLE_TOKEN"):
             target = hook.url(f"/k/${{{name}}}")
             for whose, folder in (
@@ -242,7 +153,7 @@ def _secret_target(t: Trial) -> str:
                 said.append(f"a channel naming ${{{name}}} was sent at send time")
             except DeliveryError:
                 pass
-    leaked = [path for _, path, _ in hook.requests if FAKE_KEY in path or FAKE_TOKEN in path]
+    leaked = [r.path for r in hook.requests if FAKE_KEY in r.path or FAKE_TOKEN in r.path]
     if leaked:
         return escaped(f"a secret reached the receiver in the request path: {len(leaked)} request(s)")
     if said:
@@ -270,7 +181,7 @@ def _agent_command(t: Trial) -> str:
 
 def _email_headers(t: Trial) -> str:
     name = "probe\r\nBcc: evil@example.net\r\nX-Evil: 1"
-    with _Mailbox() as box:
+    with Mailbox() as box:
         agent, refused = _load(_agent_folder(t, [{"email": "ops@example.com"}], name=name))
         if agent is None:
             return f"the agent did not load: {refused}\n"
@@ -281,8 +192,8 @@ def _email_headers(t: Trial) -> str:
         return escaped(
             f"an agent's name with a line break kept its email from being sent: {(report.failed or ['?'])[0][:120]}"
         )
-    [(rcpt, data)] = box.messages
-    msg = message_from_bytes(data)
+    [mail] = box.messages
+    rcpt, msg = mail.rcpt, mail.message
     extra = sorted({k.lower() for k in msg.keys()} - OURS)
     if rcpt != ["ops@example.com"] or extra:
         recipients = "recipients " + str(rcpt) if rcpt != ["ops@example.com"] else ""
@@ -296,7 +207,7 @@ def _email_headers(t: Trial) -> str:
 
 
 def _redirect(t: Trial) -> str:
-    with _Hook() as elsewhere, _Hook(status=302) as hook:
+    with Hook() as elsewhere, Hook(status=302) as hook:
         hook.location = elsewhere.url("/followed")
         agent, refused = _load(_agent_folder(t, [{"webhook": hook.url()}]))
         if agent is None:
@@ -305,7 +216,7 @@ def _redirect(t: Trial) -> str:
     if elsewhere.requests:
         return escaped(
             f"the sender followed the receiver's 302 to another address "
-            f"({elsewhere.requests[0][0]} {elsewhere.requests[0][1]})"
+            f"({elsewhere.requests[0].method} {elsewhere.requests[0].path})"
         )
     if not report.failed:
         return f"the 302 was neither followed nor a failure: {report.sent}\n"
