@@ -328,6 +328,8 @@ def test_a_wake_sums_its_own_decisions_into_its_receipt(agent_dir, monkeypatch):
     assert receipt.egress == EgressSum(allowed=1, denied=1, bytes_up=600, bytes_down=8000)
     saved, _ = load_state(state)
     assert saved.last_receipt is not None and saved.last_receipt.egress == receipt.egress
+    shown = run_cli("status", str(agent_dir), timeout=60)
+    assert "  egress       1 allowed, 1 denied, ↑600 B ↓8.0 kB" in shown.stdout, shown.stdout
     finished = [e for e in read_history(state) if e.type == "wake_finished"][-1]
     assert finished.data["receipt"]["egress_denied"] == 1
     assert os.path.exists(state / EGRESS_FILE)

@@ -53,4 +53,4 @@ def summary(total: EgressSum) -> str:
     """A receipt's egress in a few words ("" when the wake made no connection through a proxy)."""
     if not total.decisions:
         return ""
-    return f"egress {total.allowed} allowed, {total.denied} denied, ↑{size(total.bytes_up)} ↓{size(total.bytes_down)}"
+    return f"{total.allowed} allowed, {total.denied} denied, ↑{size(total.bytes_up)} ↓{size(total.bytes_down)}"
