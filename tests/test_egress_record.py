@@ -176,6 +176,19 @@ def test_the_egress_log_rotates_expires_and_is_read_across_segments(tmp_path):
     assert not segments(tmp_path, retention.KINDS[EGRESS_FILE]) and egress.runs(tmp_path) == ["run000000003"]
 
 
+def test_a_runs_decisions_are_found_without_reading_segments_rotated_before_it_began(tmp_path):
+    """Retention rotates at a wake's start: a run's decisions are in the live file, or in the first
+    segment rotated after it began. Older segments are not read (here one planted with its id)."""
+    egress.append(tmp_path, [decision()], secrets=())
+    enforce(tmp_path, Retention(rotate_size=1), NOW - timedelta(hours=1))  # before the run: not read
+    egress.append(tmp_path, [decision(), decision(OTHER_RUN)], secrets=())
+    enforce(tmp_path, Retention(rotate_size=1), NOW + timedelta(hours=1))  # the next wake's start
+    egress.append(tmp_path, [decision()], secrets=())  # live
+    assert egress.total(egress.of_run(tmp_path, RUN)).allowed == 3
+    assert egress.total(egress.of_run(tmp_path, RUN, started=NOW)).allowed == 2
+    assert egress.total(egress.of_run(tmp_path, RUN, started=NOW + timedelta(days=1))).allowed == 1
+
+
 def test_the_egress_log_rotates_once_its_first_decision_is_older_than_rotate_days(tmp_path):
     egress.append(tmp_path, [decision(time=NOW.isoformat())], secrets=())
     assert enforce(tmp_path, Retention(rotate_days=1), NOW + timedelta(hours=23)) == []

@@ -43,6 +43,7 @@ import re
 import threading
 import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -323,13 +324,14 @@ class Pages:
             "end": lines[-1] if lines[-1]["type"] == "end" else None,
             "live": bool(running and running.get("run_id") == run_id),
             "system": prompt_text(sd, str(system.get("hash"))) if system else None,
-            **_egress(sd, run_id),
+            **_egress(sd, run_id, lines[0].get("t") if lines[0]["type"] == "wake" else None),
         }
 
 
-def _egress(sd: Path, run_id: str) -> dict:
+def _egress(sd: Path, run_id: str, started: object) -> dict:
     """The run's egress decisions (records/egress.py), the first EGRESS_SHOWN as rows, and all of
-    them summed. Host, path and rule came from the box: the template escapes them like any text."""
+    them summed; only the segments rotated after the run `started` (its transcript's first
+    line) are read. Host, path and rule came from the box: the template escapes them like any text."""
     rows: list[dict] = []
 
     def row(line: egress.Decision) -> egress.Decision:
@@ -337,8 +339,17 @@ def _egress(sd: Path, run_id: str) -> dict:
             rows.append({**asdict(line), "up": size(line.bytes_up), "down": size(line.bytes_down)})
         return line
 
-    total = egress.total(map(row, egress.of_run(sd, run_id)))
+    total = egress.total(map(row, egress.of_run(sd, run_id, started=_utc(started))))
     return {"egress": rows, "egress_total": total, "egress_more": total.decisions - len(rows)}
+
+
+def _utc(stamp: object) -> datetime | None:
+    """An ISO-8601 UTC stamp as written by records (…Z), or None for anything else."""
+    try:
+        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.astimezone(timezone.utc) if when.tzinfo is not None else None
 
 
 def turns(lines: list[dict]) -> list[dict]:

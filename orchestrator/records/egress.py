@@ -25,7 +25,12 @@ and the file itself may be planted by whoever can write the agent folder
   longer than READ_LINE_CAP is skipped unread.
 
 The live file is a log kind of retention.py, rotated, gzipped and expired
-like the event log; `read` and `summarize` read across its segments.
+like the event log; `read` reads across its segments. Retention rotates only
+at a wake's start, under the wake lock, so a wake's decisions are all in the
+live file until the next wake's start rotates them, together, into one
+segment: its end sums them from the live file alone (`summarize`), and a
+finished run's are found without reading the segments rotated before it
+began (`of_run(started=...)`, the console's wake page).
 
 Not here: the proxy that decides (sandbox/, the egress slice), the sum's
 place in a receipt (receipt.py's EgressSum), how decisions are shown
@@ -37,6 +42,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
@@ -62,6 +68,8 @@ EXCERPT_CAP = 200  # of a line that is not a decision, shown as such
 LINE_MAX = 8 * 2**10  # bytes: the longest line append writes (every cap above, escaped)
 READ_LINE_CAP = 4 * LINE_MAX  # bytes: a longer line is not ours and is skipped unread
 WRITE_CHUNK = 64 * 2**10  # bytes of lines per write(2): one write for a wake's usual handful
+ROTATION_MARGIN = timedelta(minutes=1)  # segments rotated this long before a run began are read too:
+#                                         a clock stepped back a little must not hide a run's decisions
 CUT = "…"
 
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a wake's run id (12 hex digits; tests use names)
@@ -193,11 +201,14 @@ def parse_line(text: str) -> Line:
     )
 
 
-def raw_lines(state_dir: Path, live_only: bool = False) -> Iterator[str]:
+def raw_lines(state_dir: Path, live_only: bool = False, since: datetime | None = None) -> Iterator[str]:
     """Every retained line, oldest first, as written (`wakeloop log --egress --json`): across the
-    rotated segments, gzipped or not (with live_only, the live file's alone); a line over
-    READ_LINE_CAP skipped."""
+    rotated segments, gzipped or not; a line over READ_LINE_CAP skipped. With live_only, the
+    live file's alone; with `since`, only the segments rotated after it (module doc)."""
     paths = [Path(state_dir) / EGRESS_FILE] if live_only else retention.history(state_dir, EGRESS_FILE)
+    if since is not None:  # a segment's name holds when it was rotated, sortable as text
+        first = f"{EGRESS_FILE.partition('.')[0]}-{(since - ROTATION_MARGIN).strftime(retention.STAMP)}"
+        paths = [path for path in paths if path.name == EGRESS_FILE or path.name >= first]
     for path in paths:
         try:
             with retention.open_text(path, READ_LINE_CAP) as lines:
@@ -206,10 +217,12 @@ def raw_lines(state_dir: Path, live_only: bool = False) -> Iterator[str]:
             continue
 
 
-def read(state_dir: Path, run_id: str | None = None, live_only: bool = False) -> Iterator[Line]:
+def read(
+    state_dir: Path, run_id: str | None = None, live_only: bool = False, since: datetime | None = None
+) -> Iterator[Line]:
     """Every retained line as a Decision or Foreign, oldest first; with run_id, only that run's
     (a run id or a prefix of one). Streams: memory stays flat however long the history."""
-    for text in raw_lines(state_dir, live_only):
+    for text in raw_lines(state_dir, live_only, since):
         if run_id and run_id not in text:  # most lines are other runs': no JSON parse for them
             continue
         line = parse_line(text)
@@ -217,17 +230,19 @@ def read(state_dir: Path, run_id: str | None = None, live_only: bool = False) ->
             yield line
 
 
-def of_run(state_dir: Path, run_id: str, live_only: bool = False) -> Iterator[Decision]:
-    """One run's decisions (its exact id), oldest first; lines that are not decisions left out."""
-    lines = read(state_dir, run_id, live_only)
+def of_run(
+    state_dir: Path, run_id: str, live_only: bool = False, started: datetime | None = None
+) -> Iterator[Decision]:
+    """One run's decisions (its exact id), oldest first; lines that are not decisions left out.
+    Given when the run `started`, the segments rotated before it are not read (module doc)."""
+    lines = read(state_dir, run_id, live_only, started)
     return (line for line in lines if isinstance(line, Decision) and line.run_id == run_id)
 
 
 def summarize(state_dir: Path, run_id: str) -> EgressSum:
     """The running wake's decisions summed for its receipt; all 0 for a wake that made no
-    connection through a proxy (network none or open). Only the live file is read: retention
-    rotates at a wake's start, under the wake lock this wake holds, so every decision appended
-    since is there, and a wake's end costs the same after a year of history as after a day."""
+    connection through a proxy (network none or open). Only the live file is read (module
+    doc): a wake's end costs the same after a year of history as after a day."""
     return total(of_run(state_dir, run_id, live_only=True))
 
 
