@@ -545,14 +545,14 @@ def cmd_log(args) -> int:
     from orchestrator.views.status import format_event
     from orchestrator.views import logview
 
+    if args.egress:  # one agent's record: a ROOT is refused by load_agent, in one line
+        return _egress_log(args.agent_dir, args.run, args.json)
     if not (Path(args.agent_dir) / "agent.yaml").exists():
         from orchestrator.fleet.schedule import agent_dirs
 
         if agent_dirs(Path(args.agent_dir)):  # ROOT: follow every agent's events
             logview.follow_root(Path(args.agent_dir), lambda line: print(line, flush=True))
             return EXIT_OK
-    if args.egress:
-        return _egress_log(args.agent_dir, args.run, args.json)
     if args.run is not None or args.follow:
         return _transcript(args.agent_dir, args.run, args.follow, args.json, args.system)
     agent = load_agent(args.agent_dir)

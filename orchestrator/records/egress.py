@@ -56,7 +56,6 @@ retention.register_log(EGRESS_FILE)  # rotated, compressed and expired like even
 
 Verdict = Literal["allow", "deny"]
 VERDICTS: tuple[Verdict, ...] = ("allow", "deny")
-CONNECT = "CONNECT"  # the method of a tunnel's decision (path "")
 
 # Caps, in UTF-8 bytes of the text kept: what a person reads of one decision, and what keeps
 # a line under LINE_MAX whatever the box asked for (a 1 MB path is cut, not written).
@@ -134,7 +133,9 @@ Line = Decision | Foreign
 
 def append(state_dir: Path, decisions: list[Mapping[str, Any]], secrets: tuple[str, ...] | None = None) -> int:
     """Append the proxy's decisions to state/egress.jsonl, each checked and cut (module doc);
-    returns how many were written. Whole lines per write(2), at most WRITE_CHUNK bytes each."""
+    returns how many were written. Whole lines per write(2), at most WRITE_CHUNK bytes each.
+    Raises OSError when the file cannot be written (folder.Refused: a link or FIFO planted
+    there), as EventLog.write does: the caller says so, the decisions are not kept elsewhere."""
     secrets = secrets_from_env() if secrets is None else secrets
     lines = [_line(decide(raw), secrets) for raw in decisions if isinstance(raw, Mapping)]
     folder, name = retention.holder(Path(state_dir) / EGRESS_FILE)
