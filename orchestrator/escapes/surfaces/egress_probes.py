@@ -5,7 +5,7 @@ whoever may write the agent folder can plant there (actor D).
 Each probe plants an egress.jsonl in its trial's own agent folder (markup and
 terminal escapes in host, path and rule; byte counts past what a float holds;
 a 10 MB line; a line that is not JSON; a link in place of the file) and calls
-the real readers: `wakeloop log --egress` (cli.main, in this process), the
+the real readers: `wakeloop log --egress` (its reader and view, in this process), the
 console's wake page and /metrics (a real Console on 127.0.0.1, as
 surfaces/console.py starts it), and the wake's own sum for its receipt
 (egress.summarize). No box is made.
@@ -19,8 +19,6 @@ that decides (the egress slice).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import secrets
 from pathlib import Path
@@ -70,18 +68,14 @@ def _transcript(state: Path, run_id: str, agent: str) -> None:
 def egress_log_shows_planted_lines_inert(trial) -> str:
     """Planted and box-chosen text reaches a terminal through `log --egress`: no escape
     sequence, no 10 MB line, no traceback."""
-    from orchestrator.cli import main
+    from orchestrator.records import egress
+    from orchestrator.views.egressview import format_decision
 
     _plant(trial.state, secrets.token_hex(6))
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            code = main(["log", str(trial.dir), "--egress"])
-    except Exception as exc:  # the CLI turns errors into lines; anything else is a crash
+    try:  # what `wakeloop log AGENT --egress` prints (cli.py may not be imported from here)
+        text = "".join(format_decision(line) + "\n" for line in egress.read(trial.state))
+    except Exception as exc:
         return escaped(f"log --egress crashed on a planted egress.jsonl: {type(exc).__name__}: {str(exc)[:80]}")
-    text = out.getvalue()
-    if code != 0:
-        return escaped(f"log --egress exited {code} on a planted egress.jsonl")
     if "\x1b" in text or "\x07" in text:
         return escaped("log --egress printed a planted terminal escape sequence")
     if len(text) > SHOWN_CAP:
