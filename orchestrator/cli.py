@@ -545,6 +545,8 @@ def cmd_log(args) -> int:
     from orchestrator.views.status import format_event
     from orchestrator.views import logview
 
+    if args.egress:  # one agent's record: a ROOT is refused by load_agent, in one line
+        return _egress_log(args.agent_dir, args.run, args.json)
     if not (Path(args.agent_dir) / "agent.yaml").exists():
         from orchestrator.fleet.schedule import agent_dirs
 
@@ -559,6 +561,34 @@ def cmd_log(args) -> int:
         return EXIT_OK
     for event in read_history(agent.state_dir):
         print(format_event(event))
+    return EXIT_OK
+
+
+def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
+    """Every egress decision retained (state/egress.jsonl), oldest first; --run: one wake's."""
+    from orchestrator.records import egress
+    from orchestrator.records.transcript import find_run
+    from orchestrator.views.egressview import format_decision
+
+    agent = load_agent(agent_dir)
+    if run is not None and run in ("", "last"):  # the newest wake, as for its transcript
+        newest = find_run(agent.state_dir, run)
+        run = newest.name.partition(".")[0] if newest else None
+        if run is None:
+            raise AgentError(f"{agent.name}: no wake yet; one is run by `wakeloop wake {agent_dir}`")
+    if as_json:
+        lines = egress.raw_lines(agent.state_dir)
+        sys.stdout.writelines(line for line in lines if run is None or egress.parse_line(line).run_id.startswith(run))
+        return EXIT_OK
+    shown = 0
+    for line in egress.read(agent.state_dir, run):
+        print(format_decision(line))
+        shown += 1
+    if not shown:
+        print(
+            f"(no egress decisions{' for run ' + repr(run) if run else ''}: a policy with "
+            "`network: allowlist` records one per connection in state/egress.jsonl)"
+        )
     return EXIT_OK
 
 
@@ -971,6 +1001,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
     p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
+    p.add_argument(
+        "--egress",
+        action="store_true",
+        help="the egress proxy's decisions instead (state/egress.jsonl): one line per connection or "
+        "request, allowed or denied, the rule that decided, bytes each way; with --run, one wake's",
+    )
     _json_flag(p, "the raw JSONL lines")
 
     p = _command(

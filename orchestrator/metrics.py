@@ -17,7 +17,9 @@ the two equal) or `other`; `agent` is the folder name of an agent under a
 ROOT that serve watches (`watch_root`), holding agent.yaml, at most
 MAX_AGENTS of them, else `other`; `model` is the first MAX_MODELS model names
 seen that look like one, else `other`; `status`, `kind`, `exit_class`,
-`outcome` and `result` are fixed sets, anything else `other`.
+`outcome` and `result` are fixed sets, anything else `other`; `decision`
+(allow, deny) and `direction` (up, down) too: an egress decision's host and
+path, which the box chooses, are never a label.
 
 Under compose the sandbox runs in the broker, so the pool and container
 metrics of the orchestrator's /metrics stay at zero there.
@@ -36,7 +38,7 @@ from typing import Callable
 
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import Event
-from orchestrator.records.receipt import STATUSES, Usage
+from orchestrator.records.receipt import STATUSES, EgressSum, Usage
 
 NAMESPACE = "wakeloop"
 # Sandbox calls run from ~30 ms (a warm pool) to the bash tool's timeout.
@@ -101,6 +103,15 @@ class _Metrics:
             "Notifications: queued (per channel), sent, failed (an attempt; retried), gave_up",
             ["outcome"],
             **kw,
+        )
+        self.egress = Counter(
+            "egress_decisions",
+            "Egress proxy decisions (a connection, or an intercepted request), allow or deny, booked when a wake ends",
+            ["agent", "decision"],
+            **kw,
+        )
+        self.egress_bytes = Counter(
+            "egress_bytes", "Bytes through the egress proxy, up (sent by the box) or down", ["agent", "direction"], **kw
         )
         self.lag = Histogram(
             "scheduler_lag_seconds",
@@ -305,3 +316,16 @@ def _wake_finished(m: _Metrics, agent: str, model: str, finished: ev.WakeFinishe
     m.wakes.labels(agent, status if status in WAKE_STATUSES else OTHER).inc()
     if receipt and receipt.usd and receipt.usd > 0:
         m.usd.labels(agent, model_label(receipt.model) if receipt.model else model).inc(receipt.usd)
+    if receipt:
+        _egress(m, agent, receipt.egress)
+
+
+def _egress(m: _Metrics, agent: str, total: EgressSum) -> None:
+    """The wake's egress sum (receipt.py; summed from state/egress.jsonl by records/egress.py): no host
+    or path label, whatever the box asked for; counts already held to MAX_COUNT by the receipt."""
+    for decision, count in (("allow", total.allowed), ("deny", total.denied)):
+        if count > 0:
+            m.egress.labels(agent, decision).inc(count)
+    for direction, count in (("up", total.bytes_up), ("down", total.bytes_down)):
+        if count > 0:
+            m.egress_bytes.labels(agent, direction).inc(count)

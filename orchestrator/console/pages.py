@@ -3,7 +3,8 @@
 Fleet: views.fleet_status (the rows of `status ROOT`). Agent: views.agent_status
 (`status AGENT`), the wake history (fleet/wake_history.py), the ledger's cost per
 day, the mandate and the policy as loaded, tasks, the outbox. A wake: its
-transcript (records/transcript.py), grouped into turns.
+transcript (records/transcript.py), grouped into turns, and its egress
+decisions (records/egress.py).
 
 Agents are found by listing ROOT (schedule.agent_dirs) and named by their
 folder: a name from a URL is used only when it is a plain folder name (no
@@ -42,6 +43,7 @@ import re
 import threading
 import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -59,7 +61,8 @@ from orchestrator.views.status import (
     fleet_row,
     usd_by_day,
 )
-from orchestrator.records import stopswitch
+from orchestrator.views.egressview import size
+from orchestrator.records import egress, stopswitch
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.receipt import Usage
@@ -92,6 +95,7 @@ WAKES_SHOWN = 100  # rows of wake history on an agent's page
 RUN_ID = re.compile(r"[0-9a-f]{6,32}")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a folder name: no path, never . or ..
 MANDATE_CAP = 64 * 1024  # chars of mandate.md shown
+EGRESS_SHOWN = 500  # egress decisions listed on a wake's page; the rest are counted (`log --egress` has them)
 
 
 class NotFound(LookupError):
@@ -320,7 +324,32 @@ class Pages:
             "end": lines[-1] if lines[-1]["type"] == "end" else None,
             "live": bool(running and running.get("run_id") == run_id),
             "system": prompt_text(sd, str(system.get("hash"))) if system else None,
+            **_egress(sd, run_id, lines[0].get("t") if lines[0]["type"] == "wake" else None),
         }
+
+
+def _egress(sd: Path, run_id: str, started: object) -> dict:
+    """The run's egress decisions (records/egress.py), the first EGRESS_SHOWN as rows, and all of
+    them summed; only the segments rotated after the run `started` (its transcript's first
+    line) are read. Host, path and rule came from the box: the template escapes them like any text."""
+    rows: list[dict] = []
+
+    def row(line: egress.Decision) -> egress.Decision:
+        if len(rows) < EGRESS_SHOWN:
+            rows.append({**asdict(line), "up": size(line.bytes_up), "down": size(line.bytes_down)})
+        return line
+
+    total = egress.total(map(row, egress.of_run(sd, run_id, started=_utc(started))))
+    return {"egress": rows, "egress_total": total, "egress_more": total.decisions - len(rows)}
+
+
+def _utc(stamp: object) -> datetime | None:
+    """An ISO-8601 UTC stamp as written by records (…Z), or None for anything else."""
+    try:
+        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.astimezone(timezone.utc) if when.tzinfo is not None else None
 
 
 def turns(lines: list[dict]) -> list[dict]:

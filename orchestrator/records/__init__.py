@@ -5,7 +5,8 @@ delete there, no link followed, never a FIFO or device, capped), jsontext.py
 (JSON read back, a nesting bomb refused), atomic.py (atomic write, advisory
 locks), state.py (state.json, the wake lock, inbox and outbox), events.py
 (the append-only event log), event_types.py (one record per event type),
-receipt.py (a wake's Usage and Receipt, one name per token count),
+receipt.py (a wake's Usage, EgressSum and Receipt, one name per token count),
+egress.py (the egress proxy's decisions, one a line, checked and cut),
 ledger.py (prices, the USD ledger and the per-wake meter), tasks.py (the task
 queue), health.py (an agent's failure streak: backoff and pause, which the
 scheduler obeys), transcript.py (every wake's

@@ -118,6 +118,37 @@ def _named(raw: Mapping[str, Any], name: str) -> int:
 
 
 @dataclass(frozen=True)
+class EgressSum:
+    """A wake's egress decisions (records/egress.py) summed: what its receipt says of the network.
+    In a receipt's flat JSON as EGRESS_KEYS; a receipt written before them reads as all 0."""
+
+    allowed: int = 0  # connections and requests the proxy let through
+    denied: int = 0  # ... and refused
+    bytes_up: int = 0  # bytes the box sent, over every decision whose count is known
+    bytes_down: int = 0  # bytes it received
+
+    @property
+    def decisions(self) -> int:
+        return self.allowed + self.denied
+
+    def __add__(self, other: EgressSum) -> EgressSum:
+        return EgressSum(*(min(getattr(self, f.name) + getattr(other, f.name), MAX_COUNT) for f in fields(self)))
+
+    def to_json(self) -> dict[str, int]:
+        return {key: getattr(self, f.name) for key, f in zip(EGRESS_KEYS, fields(self), strict=True)}
+
+    @classmethod
+    def from_json(cls, raw: object) -> EgressSum:
+        """From a receipt's dict (to_json's keys); a missing or planted count reads as 0."""
+        if not isinstance(raw, dict):
+            return cls()
+        return cls(*(_count(raw.get(key)) for key in EGRESS_KEYS))
+
+
+EGRESS_KEYS = ("egress_allowed", "egress_denied", "egress_bytes_up", "egress_bytes_down")  # EgressSum's fields
+
+
+@dataclass(frozen=True)
 class Receipt:
     """How one wake ended. Its JSON is flat (scripts parse `wakeloop wake`'s last line): the
     usage's four counts and `tokens` sit beside the rest, in the order they always had."""
@@ -140,6 +171,7 @@ class Receipt:
     task: str = ""  # the task this wake claimed (tasks.py), if any
     messages_waiting: int = 0  # a dry run: the human's messages left for the first live wake
     no_room: str = ""  # the last call the disk guard did not start this wake, and why
+    egress: EgressSum = EgressSum()  # the proxy's decisions for this run (records/egress.py), summed
 
     @property
     def tokens(self) -> int:
@@ -151,6 +183,8 @@ class Receipt:
             if f.name == "usage":
                 out["tokens"] = self.tokens
                 out.update(self.usage.to_json())
+            elif f.name == "egress":
+                out.update(self.egress.to_json())
             else:
                 out[f.name] = getattr(self, f.name)
         return out
@@ -171,6 +205,7 @@ class Receipt:
             if type(value) is kind and (kind is not int or 0 < value <= MAX_COUNT):
                 given[name] = value
         given["usd"] = json_float(raw.get("usd", 0.0))
+        given["egress"] = EgressSum.from_json(raw)
         return cls(**given)
 
 

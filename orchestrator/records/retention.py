@@ -235,15 +235,16 @@ def _size(path: Path) -> int:
 
 
 def _age_days(live: Path, now: datetime) -> float:
-    """Days since the live log's first line was written (its "timestamp" field);
-    an unreadable first line counts as new, so it rotates by size alone."""
+    """Days since the live log's first line was written (its "timestamp" field, or "time": the
+    egress record's); an unreadable first line counts as new, so it rotates by size alone."""
     try:
         with open_text(live, FIRST_LINE_CAP, FIRST_LINE_CAP + 1) as lines:
             first = loads(next(lines))
-        then = datetime.fromisoformat(str(first["timestamp"]).replace("Z", "+00:00"))
+        stamp = first["timestamp"] if "timestamp" in first else first["time"]
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        return (now - then).total_seconds() / DAY_S  # a planted stamp without a zone: TypeError
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return 0.0
-    return (now - then).total_seconds() / DAY_S
 
 
 def _compress(path: Path) -> str:

@@ -31,6 +31,7 @@ from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.output import clean
+from orchestrator.views.egressview import summary as egress_summary
 
 LOG_VALUE_CAP = 160  # chars of one field on a readable log line
 COST_DAYS = 30  # the fleet's cost chart: this many UTC days up to today
@@ -258,6 +259,8 @@ def render_agent_status(d: dict) -> str:
             f"{r.usage.cache_read_tokens:,} cache reads, {r.tool_calls} tool calls, "
             f"{r.duration_ms / 1000:.1f}s) at {r.started_at}"
         )
+        if r.egress.decisions:  # `wakeloop log AGENT --egress --run last` lists them
+            lines.append(f"  egress       {egress_summary(r.egress)}")
         lines.append(f"  receipt      {json.dumps(d['last_receipt'], ensure_ascii=False)}")
     else:
         lines.append("  last wake    (none yet)")

@@ -87,6 +87,7 @@ from orchestrator.records import tasks
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.records import event_types as ev
+from orchestrator.records import egress
 from orchestrator.records.receipt import Receipt, Status, Usage
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
@@ -761,6 +762,8 @@ class _Wake:
             task=task.id if (task := getattr(self, "task", None)) else "",
             messages_waiting=self.waiting,
             no_room=self.no_room,
+            # The proxy's decisions for this run, appended to state/egress.jsonl as they were collected.
+            egress=egress.summarize(self.agent.state_dir, self.run_id),
         )
 
 

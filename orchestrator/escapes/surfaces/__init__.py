@@ -10,13 +10,22 @@ files planted in its trial's own folder, and each runs once, whatever the
 runtime. Only the disk probes make boxes (cold ones, on their trial's own
 agents): a disk is attached by a box.
 
-One module per surface: console.py, approval_probes.py, notify.py, records.py, disks.py, and
-wire_probes.py (the broker's wire over TCP, attacked by a peer on the network).
+One module per surface: console.py, approval_probes.py, notify.py, records.py, disks.py,
+wire_probes.py (the broker's wire over TCP, attacked by a peer on the network), and
+egress_probes.py (the egress record and its views).
 
 Not here: the model's attacks from inside the box (the other escapes modules).
 """
 
-from orchestrator.escapes.surfaces import approval_probes, console, disks, notify, records, wire_probes
+from orchestrator.escapes.surfaces import approval_probes, console, disks, egress_probes, notify, records, wire_probes
 
 CATEGORY = "surfaces"
-PROBES = console.PROBES + approval_probes.PROBES + notify.PROBES + records.PROBES + disks.PROBES + wire_probes.PROBES
+PROBES = (
+    console.PROBES
+    + approval_probes.PROBES
+    + notify.PROBES
+    + records.PROBES
+    + disks.PROBES
+    + wire_probes.PROBES
+    + egress_probes.PROBES
+)
