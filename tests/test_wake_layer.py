@@ -11,13 +11,21 @@ loop's event and context (test_loop.py), the core's kills (test_transaction.py).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.policy.agent import load_agent
+from orchestrator.records.event_types import WorkspaceChanges
+from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox import layers
 from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.testing.fakeapi import text, tool_use, turn
+from orchestrator.wake.context import REFUSED_FILE
+from tests.helpers import REPO, live_wake, set_policy
+from tests.helpers.recorded import result_text, tool_results
 
 RUN, NEXT = "a1b2c3d4e5f6", "0123456789ab"
 
@@ -168,3 +176,68 @@ def test_an_agent_cannot_forge_the_marker_that_says_a_disk_is_arranged(tmp_path)
     assert not layers.arranged(root)
     layers.arrange(root)
     assert layers.arranged(root) and (root / "files" / layers.META / layers.LAYOUT).exists()
+
+
+# -- whole wakes (the wake loop against the fake Messages API) ---------------------------------
+
+
+def changes_events(agent_dir: Path) -> list[WorkspaceChanges]:
+    return [e.record for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == WorkspaceChanges.TYPE]
+
+
+def first_user_text(request) -> str:
+    return request.body["messages"][0]["content"][0]["text"]
+
+
+@pytest.mark.docker
+def test_a_protected_path_written_by_bash_is_refused_at_the_wakes_end_recorded_and_told_to_the_next_wake(
+    agent_dir, fake_api, disk_view
+):
+    set_policy(agent_dir, {"workspace": {"protect": ["deploy/**"]}})
+    api = fake_api(
+        [
+            turn(tool_use("bash", {"command": "mkdir -p deploy; echo 9 > deploy/prod.yml; echo ok > ok.txt"})),
+            turn(tool_use("bash", {"command": "cat deploy/prod.yml ok.txt"})),
+            turn(text("Done.")),
+            turn(text("Nothing to do.")),
+        ]
+    )
+    live_wake(agent_dir)
+    assert result_text(tool_results(api.requests[2])[0]).endswith("9\nok\n")  # the wake saw its own changes
+    event = changes_events(agent_dir)[-1]
+    assert event.outcome == "committed"
+    assert dict(zip(event.refused, event.rules, strict=True)) == {"deploy": "deploy/**", "deploy/prod.yml": "deploy/**"}
+    assert "ok.txt" in event.paths and event.sizes[event.paths.index("ok.txt")] == 3
+    assert (disk_view(agent_dir) / "ok.txt").read_text() == "ok\n"
+    assert not (disk_view(agent_dir) / "deploy/prod.yml").exists()
+    transcript = "".join(p.read_text() for p in (agent_dir / "state/transcripts").rglob("*.jsonl"))
+    assert '"workspace_changes"' in transcript and "deploy/prod.yml" in transcript
+
+    live_wake(agent_dir)
+    told = first_user_text(api.requests[3])
+    assert "NOT kept" in told and "deploy/prod.yml: refused by deploy/**" in told
+    assert changes_events(agent_dir)[-1].refused == ()  # the second wake changed nothing protected
+    assert not (agent_dir / "state" / REFUSED_FILE).exists()  # ...so the third is told nothing
+
+
+@pytest.mark.docker
+def test_a_wake_killed_with_sigkill_mid_wake_is_discarded_at_the_next_start_before_any_call(agent_dir, fake_api):
+    script = (
+        "import sys; from tests.test_wake_layer import open_box, run; from pathlib import Path\n"
+        "box = open_box(Path(sys.argv[1])); box.begin(sys.argv[2]); run(box, 'echo half > half.md')\n"
+        "print('ready', flush=True); sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(agent_dir), RUN], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    finally:
+        child.kill()  # SIGKILL: no finish, no close; the overlay stays mounted, the disk attached
+        child.wait()
+    api = fake_api([turn(tool_use("bash", {"command": "ls"})), turn(text("Done."))])
+    live_wake(agent_dir)
+    first, last = changes_events(agent_dir)
+    assert (first.outcome, first.of_run, first.paths) == ("discarded", RUN, ("half.md",))
+    assert "half.md" not in result_text(tool_results(api.requests[1])[0])
+    assert last.outcome == "committed" and last.of_run != RUN

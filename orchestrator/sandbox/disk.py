@@ -142,6 +142,7 @@ from orchestrator.sandbox import layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
 
 DISKS_ENV = "WAKELOOP_DISKS"
+HOST_DISKS_ENV = "WAKELOOP_DISKS_HOST"  # where the host has $WAKELOOP_DISKS (a broker in a container)
 DEFAULT_DISKS = Path("/var/lib/wakeloop/disks")
 VOLUME_PREFIX = "wakeloop-disk-"
 LABEL = "wakeloop.disk"  # on each volume: the image it mounts
@@ -227,6 +228,8 @@ class Disk:
     view: Path  # where this process has the disk's root mounted (KEY.view): files/, .wakeloop/
     note: str | None = None  # a migration or a size it could not take, for the person
     hold: _Hold | None = field(default=None, compare=False, repr=False)  # None: planned, not attached
+    layered: bool = True  # files/ beside .wakeloop/, the box's volume a bind of KEY.box; False: the
+    # older shape (the box mounts the device's root), where the engine cannot see our mounts
 
     @property
     def volume(self) -> str:
@@ -235,7 +238,7 @@ class Disk:
     @property
     def files(self) -> Path:
         """The agent's files, as this process reads them outside a wake."""
-        return layers.files(self.view)
+        return layers.files(self.view) if self.layered else self.view
 
     @property
     def box(self) -> Path:
@@ -473,13 +476,15 @@ def attach(
     seed: Path,
     person: Path | None = None,
     overcommit: float = OVERCOMMIT,
+    layered: bool = True,
 ) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
     is), attached, its root mounted at KEY.view and arranged (layers.py), its files/
     bound at KEY.box and offered to the engine as a volume, and (`person`: the agent's
     workspace/ when wakeloop runs the engine itself) bound there; held (its `use`
     lock, shared) until let_go. Made or grown only while the disks' sizes together
-    stay within `overcommit` times their filesystem."""
+    stay within `overcommit` times their filesystem. `layered=False` (a broker whose mounts
+    the engine cannot see): the older shape, no files/ and no wake's overlay."""
     reason = unavailable()
     if reason:
         raise DiskError(
@@ -499,21 +504,22 @@ def attach(
             note = _grow(image, device, size, overcommit) or note
             view = path_of(key, "view")
             _mount_view(device, view)
-            try:
-                moved = layers.arrange(view)  # a new disk is made so here: only an old one's move is news
-                note = note or moved
-            except OSError as exc:
-                raise DiskError(
-                    f"sandbox.disk: cannot arrange the disk {image} (files/ beside .wakeloop/): {exc}"
-                ) from None
-            _bind_box(layers.files(view), path_of(key, "box"))
-            _volume(client, key, path_of(key, "box"), image)
+            if layered:
+                try:
+                    moved = layers.arrange(view)  # a new disk is made so here: only an old one's move is news
+                    note = note or moved
+                except OSError as exc:
+                    raise DiskError(
+                        f"sandbox.disk: cannot arrange the disk {image} (files/ beside .wakeloop/): {exc}"
+                    ) from None
+                _bind_box(layers.files(view), path_of(key, "box"))
+            _volume(client, key, device, image, layered)
             if person is not None:
-                _mount_view(device, person, source=layers.files(view))
+                _mount_view(device, person, source=layers.files(view) if layered else None)
         except BaseException:
             hold.drop()
             raise
-    return Disk(key, image, device, view, note, hold)
+    return Disk(key, image, device, view, note, hold, layered)
 
 
 def let_go(client: docker.DockerClient, held: Disk) -> str | None:
@@ -1059,11 +1065,22 @@ def _capable(cap: int) -> bool:
     return False
 
 
-def _volume(client: docker.DockerClient, key: str, box: Path, image: Path) -> None:
-    """The engine's volume: a bind of KEY.box (root's, in $WAKELOOP_DISKS); made again if it
-    names anything else (a disk of the older kind, whose volume mounted the device's root)."""
+def host_box(key: str) -> Path:
+    """KEY.box as the engine sees it: $WAKELOOP_DISKS_HOST (a broker in a container, whose disks
+    folder the host has elsewhere and sees our mounts in: compose with rshared) or ours."""
+    where = os.environ.get(HOST_DISKS_ENV)
+    return Path(where) / f"{key}.box" if where else path_of(key, "box")
+
+
+def _volume(client: docker.DockerClient, key: str, device: str, image: Path, layered: bool = True) -> None:
+    """The engine's volume: a bind of KEY.box (root's, in $WAKELOOP_DISKS), or (not `layered`)
+    the device itself; made again if it names anything else (the other kind, another device)."""
     name = VOLUME_PREFIX + key
-    options = {"type": "none", "device": str(box), "o": "bind"}
+    options = (
+        {"type": "none", "device": str(host_box(key)), "o": "bind"}
+        if layered
+        else {"type": "ext4", "device": device, "o": "nosuid,nodev,discard"}
+    )
     try:
         if client.api.inspect_volume(name).get("Options") == options:
             return

@@ -181,6 +181,7 @@ class DockerSandbox:
         within: Path | None = None,
         identity: disk.Identity | None = None,
         overcommit: float = disk.OVERCOMMIT,
+        layered: bool = True,
     ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
@@ -193,7 +194,9 @@ class DockerSandbox:
         making or mounting it (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it.
         `overcommit`: the disks' sizes together stay within this many times their
-        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise)."""
+        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise).
+        `layered=False`: the disk's older shape and no wake's overlay (a broker whose mounts
+        the engine cannot see; disk.attach)."""
         self._given_workspace = Path(workspace).absolute()
         self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
@@ -210,6 +213,7 @@ class DockerSandbox:
         self._within = within
         self.identity = identity
         self._overcommit = overcommit
+        self._layered = layered
         self.pool = None
         self._warm = policy.pool if warm is None else warm
         self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
@@ -283,7 +287,7 @@ class DockerSandbox:
         now on mounts this wake's overlay. Containers made before it (the pool's) are removed
         first, whole: they bind files/ itself. No disk: nothing to do."""
         self.run_id = run_id
-        if not (self.disk and self.disk.hold):
+        if not (self.disk and self.disk.hold and self.disk.layered):
             return wake_layer.Settled()
         self._fresh_pool()
         settled = wake_layer.begin(self.disk, run_id)
@@ -308,7 +312,7 @@ class DockerSandbox:
     @property
     def disk_root(self) -> Path | None:
         """The disk's root as this process sees it (files/ and .wakeloop/: layers.py), or None."""
-        return self.disk.view if self.disk and self.disk.hold else None
+        return self.disk.view if self.disk and self.disk.hold and self.disk.layered else None
 
     @property
     def view(self) -> Path:
@@ -351,6 +355,7 @@ class DockerSandbox:
             seed=self.workspace,
             person=None if self._private_view else self.workspace,
             overcommit=self._overcommit,
+            layered=self._layered,
         )
         if made.note:
             self.warning = "; ".join(filter(None, (self.warning, made.note)))

@@ -50,6 +50,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.records import event_types as ev
 from orchestrator.sandbox import disk, layers, transaction
 from orchestrator.sandbox.transaction import Change, Refused
 
@@ -69,6 +70,39 @@ class WakeChanges:
     @property
     def empty(self) -> bool:
         return not (self.committed or self.refused or self.discarded or self.error)
+
+    @classmethod
+    def from_record(cls, record: ev.WorkspaceChanges) -> WakeChanges:
+        """Back from the event (the broker's reply): as much as the record names."""
+        listed = tuple(
+            Change(path, kind, type_, size)
+            for path, kind, type_, size in zip(record.paths, record.kinds, record.types, record.sizes, strict=False)
+        )
+        refused = tuple(
+            Refused(Change(path, kind, "other"), rule)
+            for path, rule, kind in zip(record.refused, record.rules, record.refused_kinds, strict=False)
+        )
+        if record.outcome == "discarded":
+            return cls(record.of_run, discarded=listed)
+        return cls(record.of_run, listed, refused, error=record.error)
+
+    def record(self) -> ev.WorkspaceChanges:
+        """The event (capped at MAX_LISTED changes and as many refusals; the rest counted)."""
+        landed = self.discarded or self.committed
+        shown, refused = landed[:MAX_LISTED], self.refused[:MAX_LISTED]
+        return ev.WorkspaceChanges(
+            outcome="error" if self.error else "discarded" if self.discarded else "committed",
+            of_run=self.run_id,
+            paths=tuple(c.path for c in shown),
+            kinds=tuple(c.kind for c in shown),
+            types=tuple(c.type for c in shown),
+            sizes=tuple(c.size for c in shown),
+            refused=tuple(r.change.path for r in refused),
+            rules=tuple(r.rule for r in refused),
+            refused_kinds=tuple(r.change.kind for r in refused),
+            more=len(landed) - len(shown) + len(self.refused) - len(refused),
+            error=self.error,
+        )
 
 
 @dataclass(frozen=True)
