@@ -223,8 +223,11 @@ def test_a_protected_path_written_by_bash_is_refused_at_the_wakes_end_recorded_a
 @pytest.mark.docker
 def test_a_wake_killed_with_sigkill_mid_wake_is_discarded_at_the_next_start_before_any_call(agent_dir, fake_api):
     script = (
-        "import sys; from tests.test_wake_layer import open_box, run; from pathlib import Path\n"
-        "box = open_box(Path(sys.argv[1])); box.begin(sys.argv[2]); run(box, 'echo half > half.md')\n"
+        "import sys; from orchestrator.policy.agent import load_agent\n"
+        "from orchestrator.sandbox.engine import DockerSandbox\n"
+        "agent = load_agent(sys.argv[1])\n"
+        "box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)\n"
+        "box.begin(sys.argv[2]); assert box.run('echo half > half.md', 30, 100).exit_code == 0\n"
         "print('ready', flush=True); sys.stdin.read()\n"
     )
     child = subprocess.Popen(

@@ -217,6 +217,7 @@ class DockerSandbox:
         self.pool = None
         self._warm = policy.pool if warm is None else warm
         self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
+        self._layer = 0  # counts what KEY.box has shown: in the pool's settings key
         self.release_problem: str | None = None  # why close() could not release the disk
         self.disk = self._attach_disk(policy, attach)
         try:
@@ -284,30 +285,36 @@ class DockerSandbox:
 
     def begin(self, run_id: str) -> wake_layer.Settled:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
-        now on mounts this wake's overlay. Containers made before it (the pool's) are removed
-        first, whole: they bind files/ itself. No disk: nothing to do."""
+        now on mounts this wake's overlay; the pool's containers made before go unused
+        (_layer_changed). No disk, or the older shape: nothing to do."""
         self.run_id = run_id
         if not (self.disk and self.disk.hold and self.disk.layered):
             return wake_layer.Settled()
-        self._fresh_pool()
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id
+        self._layer_changed()
         return settled
 
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> wake_layer.WakeChanges:
-        """The wake ends, whatever its receipt: its containers are removed, whole, and its
+        """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
         changes checked against the policy, committed or dropped (wake_layer.finish)."""
         run_id, self.wake = self.wake, None
         if run_id is None or not (self.disk and self.disk.hold):
             return wake_layer.WakeChanges(self.run_id)
-        self._fresh_pool()
+        try:
+            disk.unmount_wake(self.disk.key)  # first: no container made from now on binds it
+        except disk.DiskError as exc:
+            return wake_layer.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
+        self._layer_changed()
         return wake_layer.finish(self.disk, run_id, protect, protect_git)
 
-    def _fresh_pool(self) -> None:
-        """Remove the pool's containers and wait until they are gone; a new pool for what comes."""
+    def _layer_changed(self) -> None:
+        """What KEY.box shows changed (a wake's overlay mounted or unmounted): the pool's idle
+        containers bind what it showed before, so they go, and one being made now is not
+        kept (the settings key names the change). Idle, they run no command of the agent's."""
+        self._layer += 1
         if self.pool:
-            self.pool.close()
-            self.pool = self._new_pool()
+            self.pool.drain()
 
     @property
     def disk_root(self) -> Path | None:
@@ -569,7 +576,7 @@ class DockerSandbox:
     def _settings_key(self) -> str:
         config, host = self.container_spec(["-"], "-", True, WORKSPACE)
         config.pop("labels")
-        return repr((config, host))
+        return repr((config, host, self._layer))
 
     def _running(self, cid: str) -> bool:
         try:
