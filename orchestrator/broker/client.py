@@ -27,7 +27,7 @@ from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
-from orchestrator.records import event_types as ev
+from orchestrator.records.event_types import WorkspaceChanges, parse_record
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
@@ -164,9 +164,9 @@ class BrokerFiles:
         return None if value is None else _expect(int, value)
 
 
-def _changes(data: object) -> ev.WorkspaceChanges:
-    record = ev.parse_record(ev.WorkspaceChanges.TYPE, data) if isinstance(data, dict) else None
-    if not isinstance(record, ev.WorkspaceChanges):
+def _changes(data: object) -> WorkspaceChanges:
+    record = parse_record(WorkspaceChanges.TYPE, data) if isinstance(data, dict) else None
+    if not isinstance(record, WorkspaceChanges):
         raise SandboxError("the sandbox broker sent a malformed change set")
     return record
 

@@ -2,7 +2,7 @@
 
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and answers
-eight ops over a local unix socket (wire.py; docs/architecture.md §5). Three
+ten ops over a local unix socket (wire.py; docs/architecture.md §5). Three
 make a container: `run` a command and `write` a file, in agent X's
 workspace, under agent X's policy, and `append` to today's journal, the
 harness's stub when a wake ends unjournaled. Five make none: `check` (would
@@ -10,8 +10,9 @@ X be served? asked at each wake's start, so a refusal is one line then, not
 an error on every call), `read` (X's memory and journal for the wake's
 context), `wind_down` (X's pool makes no more ahead), `rate` (the engine's
 rate, for `serve`'s choice of how many wakes at once, measured at most once
-every RATE_KEEP_S) and `ping`. A request names the agent (its folder name
-under ROOT) and the command, or the path and the content: nothing else.
+every RATE_KEEP_S) and `ping`. Two frame a wake: `begin` and `finish`
+(below). A request names the agent (its folder name under ROOT) and the
+command, the path and the content, or a run id: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
@@ -43,6 +44,17 @@ every request that could start a container or a wake (`check`, `run`,
 `refused: true`); and every DockerSandbox here kills its call in flight
 within POLL_S of it appearing. The file survives the broker's restart, so a
 stop holds until `wakeloop start ROOT` removes it.
+
+Each wake is a transaction (sandbox/wake_layer.py) and the broker does the
+mounting and the committing: `begin` settles what the agent's earlier wakes
+left and mounts the wake's overlay in its kept box; `finish` checks the
+wake's changes against the broker's own reading of the policy
+(`workspace.protect`, protect_git), commits or drops them. The orchestrator
+names a run id, never a path. A box with a wake open is kept idle up to
+WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose disks
+folder the engine cannot see its mounts in (compose without `propagation:
+rshared`; disks_reach_engine) keeps disks in their older shape: no
+transaction, and begin/finish answer empty.
 
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
