@@ -25,7 +25,7 @@ from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.wake.context import REFUSED_FILE
 from tests.helpers import REPO, live_wake, set_policy
-from tests.helpers.recorded import result_text, tool_results
+from tests.helpers.recorded import first_user_text, result_text, tool_results
 
 RUN, NEXT = "a1b2c3d4e5f6", "0123456789ab"
 
@@ -183,10 +183,6 @@ def test_an_agent_cannot_forge_the_marker_that_says_a_disk_is_arranged(tmp_path)
 
 def changes_events(agent_dir: Path) -> list[WorkspaceChanges]:
     return [e.record for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == WorkspaceChanges.TYPE]
-
-
-def first_user_text(request) -> str:
-    return request.body["messages"][0]["content"][0]["text"]
 
 
 @pytest.mark.docker
