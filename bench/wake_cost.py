@@ -34,6 +34,7 @@ from bench.common import (
     stats,
     write_1k,
 )
+from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.workspace_reads import HostFiles
 
@@ -69,6 +70,13 @@ class StandInSandbox:
 
     def wind_down(self) -> None:
         """Nothing made ahead."""
+
+    def begin(self, run_id: str) -> Settled:
+        """No disk, so no transaction (sandbox/wake_layer.py)."""
+        return Settled()
+
+    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> WakeChanges:
+        return WakeChanges("")
 
     def close(self) -> None:
         """Nothing held."""

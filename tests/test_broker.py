@@ -28,14 +28,15 @@ from orchestrator.policy.agent import init_agent
 from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker
 from orchestrator.broker.transport import serve
-from orchestrator.broker.client import BrokerSandbox
+from orchestrator.broker.client import BrokerClient, BrokerSandbox
+from orchestrator.broker import wire
 from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, layers
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 
@@ -80,8 +81,8 @@ def broker(root):
 
 def view(root: Path, name: str = "alpha") -> Path:
     """Where the broker mounts agent `name`'s disk: the workspace as its boxes see it
-    (the folder under ROOT is not: only the broker mounts the disk)."""
-    return disk.path_of(disk.lookup(root / name), "view")
+    (the folder under ROOT is not: only the broker mounts the disk): files/ of its root."""
+    return layers.files(disk.path_of(disk.lookup(root / name), "view"))
 
 
 def pool_containers(client, workspace: Path) -> dict[str, int]:
@@ -626,3 +627,20 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))  # a client of another stack: its CA does not know ours
         with pytest.raises(SandboxError, match="failed the TLS handshake"):
             BrokerSandbox(address, "alpha").check()
+
+
+def test_through_the_broker_a_wake_sees_its_changes_and_the_broker_commits_them_under_its_policy(broker, root):
+    set_policy(root / "alpha", {"workspace": {"protect": ["deploy/**"]}})
+    box = BrokerSandbox(broker, "alpha")
+    run_id = "00112233aabb"
+    box.begin(run_id)
+    assert box.run("echo a > a.txt; mkdir -p deploy; echo b > deploy/x", 30, 2000).exit_code == 0
+    seen = box.run("cat a.txt", 30, 2000).output
+    assert not (view(root) / "a.txt").exists()  # the disk's files/: not until the wake ends
+    changes = box.finish((), True)  # the broker's own copy of the policy decides, not ours
+    assert seen.endswith("a\n") and (view(root) / "a.txt").read_text() == "a\n"
+    assert not (view(root) / "deploy/x").exists()
+    assert "a.txt" in [c.path for c in changes.committed]
+    assert [(r.change.path, r.rule) for r in changes.refused] == [("deploy", "deploy/**"), ("deploy/x", "deploy/**")]
+    with pytest.raises(SandboxError, match="no wake"):  # finished: a second finish names no open wake
+        BrokerClient(broker).call_op(wire.Finish("alpha", run_id), 30)

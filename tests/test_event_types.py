@@ -192,7 +192,7 @@ def sample(hint):
         return SAMPLES[hint]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is tuple:
-        return ("a", "b")
+        return (1, 2) if args[0] is int else ("a", "b")
     if typing.get_origin(hint) in (typing.Union, __import__("types").UnionType):
         return sample(args[0])
     return {"bytes": 5, "truncated": False}  # a Mapping: the tool's own detail

@@ -26,6 +26,8 @@ EVERY_OP = [
     wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
     wire.Read("alpha", "read_text", "memory/core.md"),
     wire.Read("alpha", "journal_names", None),
+    wire.Begin("alpha", "0123456789ab"),
+    wire.Finish("alpha", "0123456789ab"),
 ]
 
 
@@ -52,6 +54,8 @@ def test_every_op_has_its_type_and_each_type_one_op():
         ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
+        ({"op": "begin", "agent": "alpha", "run_id": "../../etc"}, "run_id must be 12 hex digits"),
+        ({"op": "finish", "agent": "alpha"}, "run_id must be 12 hex digits"),
         ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
         ({"op": "write", "agent": "alpha", "path": "a", "content_b64": "not base64!"}, "base64"),
         ({"op": "append", "agent": "alpha", "path": "memory/core.md", "content_b64": ""}, "append is only for"),

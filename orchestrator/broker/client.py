@@ -25,11 +25,15 @@ from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.records.event_types import WorkspaceChanges, parse_record
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
 CHECK_TIMEOUT_S = 10.0
+BEGIN_TIMEOUT_S = 300.0  # a first begin attaches the disk (mkfs) and may finish a cut commit
+FINISH_TIMEOUT_S = 600.0  # a commit: renames, but a scan hashes every changed file
 
 T = TypeVar("T")
 
@@ -63,6 +67,9 @@ class BrokerClient:
         """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
         return wire.result_of(wire.request(self.socket_path, op, timeout_s + REPLY_MARGIN_S))
 
+    def call_op(self, op: wire.Begin | wire.Finish, timeout_s: float) -> wire.JSONObject:
+        return wire.request(self.socket_path, op, timeout_s)
+
     def read(self, agent: str, what: str, arg: str | None = None) -> object:
         """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
         return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
@@ -78,6 +85,7 @@ class BrokerSandbox:
         self.socket_path = self.broker.socket_path
         self.agent = agent_name
         self.warning: str | None = None
+        self.run_id: str | None = None  # the wake begun, until it is finished
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
@@ -99,6 +107,27 @@ class BrokerSandbox:
             self.broker.wind_down(self.agent)
         except SandboxError:
             pass
+
+    def begin(self, run_id: str) -> Settled:
+        """The broker settles what earlier wakes left and mounts this wake's overlay."""
+        self.run_id = run_id
+        reply = self.broker.call_op(wire.Begin(self.agent, run_id), BEGIN_TIMEOUT_S)
+        lines, discarded = reply.get("lines"), reply.get("discarded")
+        if not isinstance(lines, list) or not isinstance(discarded, list):
+            raise SandboxError("the sandbox broker sent a malformed begin")
+        return Settled(
+            tuple(str(line) for line in lines),
+            tuple(WakeChanges.from_record(_changes(data)) for data in discarded),
+        )
+
+    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> WakeChanges:
+        """The broker checks the wake's changes against its own copy of the policy (protect and
+        protect_git are not sent), commits what passes and drops the rest."""
+        if self.run_id is None:
+            return WakeChanges("")
+        run_id, self.run_id = self.run_id, None
+        reply = self.broker.call_op(wire.Finish(self.agent, run_id), FINISH_TIMEOUT_S)
+        return WakeChanges.from_record(_changes(reply.get("changes")))
 
     def close(self) -> None:
         """Nothing to release: the broker keeps the agent's box and pool."""
@@ -133,6 +162,13 @@ class BrokerFiles:
     def journal_size(self, day: str) -> int | None:
         value = self._read("journal_size", day)
         return None if value is None else _expect(int, value)
+
+
+def _changes(data: object) -> WorkspaceChanges:
+    record = parse_record(WorkspaceChanges.TYPE, data) if isinstance(data, dict) else None
+    if not isinstance(record, WorkspaceChanges):
+        raise SandboxError("the sandbox broker sent a malformed change set")
+    return record
 
 
 def _expect(kind: type[T], value: object) -> T:

@@ -2,7 +2,7 @@
 
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and answers
-eight ops over a local unix socket (wire.py; docs/architecture.md §5). Three
+ten ops over a local unix socket (wire.py; docs/architecture.md §5). Three
 make a container: `run` a command and `write` a file, in agent X's
 workspace, under agent X's policy, and `append` to today's journal, the
 harness's stub when a wake ends unjournaled. Five make none: `check` (would
@@ -10,8 +10,9 @@ X be served? asked at each wake's start, so a refusal is one line then, not
 an error on every call), `read` (X's memory and journal for the wake's
 context), `wind_down` (X's pool makes no more ahead), `rate` (the engine's
 rate, for `serve`'s choice of how many wakes at once, measured at most once
-every RATE_KEEP_S) and `ping`. A request names the agent (its folder name
-under ROOT) and the command, or the path and the content: nothing else.
+every RATE_KEEP_S) and `ping`. Two frame a wake: `begin` and `finish`
+(below). A request names the agent (its folder name under ROOT) and the
+command, the path and the content, or a run id: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
@@ -43,6 +44,17 @@ every request that could start a container or a wake (`check`, `run`,
 `refused: true`); and every DockerSandbox here kills its call in flight
 within POLL_S of it appearing. The file survives the broker's restart, so a
 stop holds until `wakeloop start ROOT` removes it.
+
+Each wake is a transaction (sandbox/wake_layer.py) and the broker does the
+mounting and the committing: `begin` settles what the agent's earlier wakes
+left and mounts the wake's overlay in its kept box; `finish` checks the
+wake's changes against the broker's own reading of the policy
+(`workspace.protect`, protect_git), commits or drops them. The orchestrator
+names a run id, never a path. A box with a wake open is kept idle up to
+WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose disks
+folder the engine cannot see its mounts in (compose without `propagation:
+rshared`; disks_reach_engine) keeps disks in their older shape: no
+transaction, and begin/finish answer empty.
 
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
@@ -101,6 +113,8 @@ HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not dis
 # of a wake come seconds apart and wakes minutes to hours apart: 10 min keeps a wake's box warm
 # through its model's slowest turns and lets an agent that sleeps for an hour hold nothing.
 IDLE_CLOSE_S = 600.0
+WAKE_IDLE_CLOSE_S = 7200.0  # a box whose wake is open (begun, not finished) is kept this long idle: the
+# ceiling's max_wake_s; closing it sooner would unmount the overlay its next call must see
 SWEEP_EVERY_S = 30.0  # how often the serve loop looks for such pools
 EGRESS_CHECK_S = 30.0  # how often an allowlist agent's proxy and netns holder are checked
 # The broker's capacity when the ceiling does not say (max.calls, max.calls_per_agent, max.agents):
@@ -151,6 +165,23 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
         )
     dest, source = best
     return source / root.relative_to(dest)
+
+
+def disks_reach_engine(client: docker.DockerClient) -> bool:
+    """Whether the engine sees the mounts this process makes in $WAKELOOP_DISKS (a box's volume
+    binds KEY.box there: disk.py, wake_layer.py). On the host, yes. In a container, only if
+    that folder is mounted from the host with propagation (compose: `bind: {propagation:
+    rshared}`, on a host whose folder is on a shared mount); then disk.HOST_DISKS_ENV is set to
+    where the host has it. Otherwise disks keep their older shape and wakes no transaction."""
+    cid = own_container_id()
+    if cid is None:
+        return True
+    where = disk.disks_dir()
+    for m in client.api.inspect_container(cid).get("Mounts") or []:
+        if Path(m.get("Destination", "/nonexistent")) == where and m.get("Propagation") in ("rshared", "shared"):
+            os.environ.setdefault(disk.HOST_DISKS_ENV, str(m["Source"]))
+            return True
+    return False
 
 
 class _HostPathSandbox(DockerSandbox):
@@ -223,6 +254,7 @@ class Broker:
         self._rate_lock = threading.Lock()
         self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
+        self.layered = disks_reach_engine(self.client)  # files/ and each wake's overlay, or the older shape
 
     def handle(self, raw: object) -> wire.JSONObject:
         """One request line's JSON value, its reply; BrokerError if refused."""
@@ -236,6 +268,8 @@ class Broker:
         if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
             self._pace(req.agent, "wind_down")
             return wire.ok({})
+        if isinstance(req, wire.Finish):  # whatever ended the wake, a stop of the fleet included
+            return wire.ok(self._finish(self._agent(req.agent), req.run_id))
         if not isinstance(req, wire.Read):  # nothing starts while the fleet is stopped
             halted = stopswitch.read(self.root)
             if halted is not None:
@@ -246,6 +280,8 @@ class Broker:
             return wire.ok({"agent": agent.dir.name})
         if isinstance(req, wire.Read):
             return wire.ok({"value": self._read(agent, req)})
+        if isinstance(req, wire.Begin):
+            return wire.ok(self._begin(agent, req.run_id))
         call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
         self._take_call_slot(name)  # refused at once past max.calls / max.calls_per_agent
@@ -379,6 +415,7 @@ class Broker:
                     within=self.root,
                     host_folder=self.host_root / name,
                     overcommit=self.disk_overcommit,
+                    layered=self.layered,
                 )
             except Exception:
                 self._drop_egress(workspace, policy)  # a proxy set up halfway is not left behind
@@ -470,7 +507,8 @@ class Broker:
             names = [
                 n
                 for n, e in self._boxes.items()
-                if e.busy == 0 and (now - e.used > IDLE_CLOSE_S or not e.box.workspace.is_dir())
+                if e.busy == 0
+                and (now - e.used > (WAKE_IDLE_CLOSE_S if e.box.wake else IDLE_CLOSE_S) or not e.box.workspace.is_dir())
             ]
             idle = [self._retire(n) for n in names]
         for entry in filter(None, idle):  # none is None: each was idle (busy == 0)
@@ -487,6 +525,38 @@ class Broker:
                 self._close_box(entry.box)
         for problem in disk.let_go_all(self.client, kept=self._held_before):  # any a box could not: none, normally
             self.log(problem)
+
+    # -- a wake as a transaction (sandbox/wake_layer.py): the broker mounts and commits ----------
+
+    def _begin(self, agent: Agent, run_id: str) -> wire.JSONObject:
+        """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""
+        entry = self._acquire(agent)
+        try:
+            settled = entry.box.begin(run_id)
+        finally:
+            self._release(entry)
+        self.log(f"{agent.dir.name}: wake {run_id} begun" + "".join(f"; {line}" for line in settled.lines))
+        return {"lines": list(settled.lines), "discarded": [w.record().to_data() for w in settled.discarded]}
+
+    def _finish(self, agent: Agent, run_id: str) -> wire.JSONObject:
+        """Check the wake's changes against the policy as the broker reads it, commit or drop them.
+        Refused while a call of the agent runs: nothing may write the layer being committed."""
+        name = agent.dir.name
+        with self._lock:
+            entry = self._boxes.get(name)
+            if entry is None or entry.box.wake != run_id:
+                raise BrokerError(f"{name}: no wake {run_id} is open in the broker")
+            if self._calls.get(name):
+                raise BrokerError(f"{name}: a call is still running; finish the wake when it has ended")
+            entry.busy += 1
+        try:
+            policy = agent.policy
+            changes = entry.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
+        finally:
+            self._release(entry)
+        record = changes.record()
+        self.log(f"{name}: wake {run_id} {record.outcome}: {len(record.paths)} changed, {len(record.refused)} refused")
+        return {"changes": record.to_data()}
 
     def _read(self, agent: Agent, req: wire.Read) -> object:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""

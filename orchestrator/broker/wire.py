@@ -46,6 +46,7 @@ from typing import Any
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
+from orchestrator.sandbox.layers import RUN_ID
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 
 BROKER_ENV = "WAKELOOP_BROKER"  # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
@@ -131,9 +132,29 @@ class Read:
     op = "read"
 
 
-Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read
+@dataclass(frozen=True)
+class Begin:
+    """A wake starts: what earlier wakes left is settled, then its overlay is mounted (wake_layer.py)."""
+
+    agent: str
+    run_id: str  # 12 hex digits (layers.RUN_ID)
+    op = "begin"
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The wake ends: its changes checked against the broker's copy of the policy, committed or dropped."""
+
+    agent: str
+    run_id: str  # the wake begun; another is refused
+    op = "finish"
+
+
+Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish
 JSONObject = dict[str, Any]  # one JSON object as json.loads gives it: a reply, a result
-OPS: dict[str, type[Request]] = {cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping)}
+OPS: dict[str, type[Request]] = {
+    cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish)
+}
 
 
 @dataclass(frozen=True)
@@ -182,6 +203,11 @@ def parse(obj: object) -> Request:
         return Write(agent, path, content)
     if cls is Read:
         return _read(agent, obj.get("what"), obj.get("arg"))
+    if cls in (Begin, Finish):
+        run_id = obj.get("run_id")
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+            raise BrokerError(f"run_id must be 12 hex digits, got {run_id!r:.40}")
+        return Begin(agent, run_id) if cls is Begin else Finish(agent, run_id)
     return Check(agent) if cls is Check else WindDown(agent)
 
 

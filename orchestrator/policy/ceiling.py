@@ -17,6 +17,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
     max: {memory: 2g, cpus: 2, pids: 1024, timeout_s: 600, ...,
           max_wake_bytes: 16m, max_agent_bytes: 1g, retention_days: 90,   # transcript.*
           rotate_size: 64m, keep_size: 1g, keep_days: 3650,  # state.*: state/'s disk
+          keep_undo_days: 365,                 # workspace.*: how long a wake stays undoable
           max_output_chars: 1000000, max_chars: 100000, ...,  # tools.*, budget.*
           calls: 16, calls_per_agent: 4, agents: 32,   # the broker's own capacity
           fleet_usd_per_day: 500, fleet_usd_per_month: 5000,   # ROOT/budget.yaml's caps

@@ -445,6 +445,8 @@ _CHECKS: dict[str, Check] = {
     "max_wake_s": _positive,
     "expires": _expires,
     "rules": _approve_rules,
+    "protect": _globs,
+    "keep_undo_days": _days,
 }
 
 

@@ -174,6 +174,17 @@ class TranscriptPolicy:
     retention_days: int = 30  # days a transcript is kept (by its last write)
 
 
+@dataclass(frozen=True)
+class WorkspacePolicy:
+    """`workspace:`: what a wake may change in the agent's files, by any tool (sandbox/wake_layer.py).
+    A wake's calls see its own changes; the files on the disk change only when the wake ends,
+    whatever its receipt: then every change is checked, what passes lands whole, the rest is
+    dropped and named in the event log and the next wake's context. Needs `sandbox.disk`."""
+
+    protect: tuple[str, ...] = ()  # globs (write_file's syntax) of paths no wake may change, by any tool
+    keep_undo_days: int = 30  # days a wake's commit stays undoable (`wakeloop undo`), then pruned
+
+
 # A tool call that waits for a person (records/approvals.py keeps it; wake/approval_gate.py asks).
 APPROVE_TOOLS = ("bash", "write_file")
 MAX_APPROVE_RULES = 64  # rules in one approve: section; each is tried on every call
@@ -227,6 +238,7 @@ class Policy:
     transcript: TranscriptPolicy = field(default_factory=TranscriptPolicy)
     state: Retention = field(default_factory=Retention)  # how much of state/ is kept (retention.py)
     approve: Approve = field(default_factory=Approve)  # calls that wait for a person
+    workspace: WorkspacePolicy = field(default_factory=WorkspacePolicy)  # what a wake may change, checked at its end
     source: str = "<defaults>"  # where it was read from, for messages
     # (key path, line) of every key read, so a check made later against the
     # engine (image, runtime) can still name the line.

@@ -439,6 +439,25 @@ class TickSkipped(EventRecord):
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class WorkspaceChanges(EventRecord):
+    """What a wake changed in the workspace, checked at its end (sandbox/wake_layer.py). Lists run
+    in parallel (one entry per change), capped in count: the rest are counted in `more`."""
+
+    TYPE = "workspace_changes"
+    outcome: str = "committed"  # committed | discarded (died before its commit) | error (nothing landed)
+    of_run: str = ""  # the wake they are of: this one, or a dead one's at the next start
+    paths: tuple[str, ...] = ()  # what landed (or, discarded, what was dropped), in commit order
+    kinds: tuple[str, ...] = ()  # added | modified | deleted
+    types: tuple[str, ...] = ()  # file | dir | link | other
+    sizes: tuple[int, ...] = ()  # bytes after (a file), else 0
+    refused: tuple[str, ...] = ()  # paths the policy refused: dropped
+    rules: tuple[str, ...] = ()  # the rule that refused each: a workspace.protect glob, protect_git, set-id bit
+    refused_kinds: tuple[str, ...] = ()  # added | modified | deleted, one per refused path
+    more: int = 0  # changes and refusals past the cap, counted, not named
+    error: str = field(default="", metadata=OMIT)  # why nothing landed (outcome error)
+
+
 def tool_result(
     *,
     step: int,
@@ -507,6 +526,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         Health,
         WakeNotStarted,
         TickSkipped,
+        WorkspaceChanges,
     )
 }
 
@@ -580,8 +600,9 @@ def _fitter(hint: Any) -> Fit:
         return lambda v: (type(v) is hint, v)
     if hint is float:
         return lambda v: (False, None) if (f := json_float(v)) is None else (True, f)
-    if origin is tuple:  # tuple[str, ...]: a JSON list of strings
-        return lambda v: (True, tuple(v)) if isinstance(v, list) and all(type(x) is str for x in v) else (False, None)
+    if origin is tuple:  # tuple[str, ...] or tuple[int, ...]: a JSON list of them
+        item = get_args(hint)[0]
+        return lambda v: (True, tuple(v)) if isinstance(v, list) and all(type(x) is item for x in v) else (False, None)
     if hint is Usage:
         return lambda v: (isinstance(v, dict), Usage.from_json(v))
     if hint is Receipt:

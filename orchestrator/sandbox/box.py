@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrator.errors import EnvironmentFault
 
 if TYPE_CHECKING:
+    from orchestrator.sandbox.wake_layer import Settled, WakeChanges
     from orchestrator.sandbox.workspace_reads import Files
 
 WORKSPACE = "/workspace"  # where the agent's workspace is mounted in every box
@@ -72,6 +73,15 @@ class Sandbox(Protocol):
     def wind_down(self) -> None:
         """The wake expects no more calls but perhaps its journal's stub: make no
         containers ahead for it (each would be removed unused)."""
+
+    def begin(self, run_id: str) -> Settled:
+        """The wake `run_id` starts: what earlier wakes left is settled (a cut commit finished, a
+        wake that died before its commit discarded), then its calls see a workspace of their own
+        whose changes reach the agent's files only at finish (wake_layer.py)."""
+
+    def finish(self, protect: tuple[str, ...], protect_git: bool) -> WakeChanges:
+        """The wake ends, whatever its receipt: its changes checked against the policy
+        (`workspace.protect`, protect_git, set-id bits), what passes committed, the rest dropped."""
 
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""

@@ -7,17 +7,25 @@ as a volume of the engine's `local` driver (type ext4, device /dev/loopN):
 - a full workspace is ENOSPC in the box, and the host's free space is
   untouched: `fallocate --keep-size`, sparse files, hard links and
   directories count like anything else, because it is the filesystem's;
-- a box names its workspace by a device, never by a host path: nothing done
-  to paths under ROOT, at any moment (a pool refill included), redirects a
-  box's mount, and /proc/self/mountinfo in the box shows /dev/loopN, not
-  where the workspace lives;
+- a box names its workspace by a path in $WAKELOOP_DISKS (root's), never by
+  a path under ROOT: nothing done to paths under ROOT, at any moment (a pool
+  refill included), redirects a box's mount;
 - every mount of it is nosuid and nodev; `discard` hands a deleted file's
   blocks back to the host.
 
-The same device is mounted (nosuid, nodev, noexec) where this process reads
-the workspace (workspace_reads.py): over the agent's workspace/ when wakeloop runs
-the engine itself, so a person sees the files where they always were; at a
-path of its own in the broker, which the orchestrator cannot rename. Images
+The disk's root holds the agent's files in files/, beside mkfs's lost+found
+and the harness's .wakeloop/ (layers.py; an older disk, its files at the
+root, is arranged so once, on attach). The root is mounted (nosuid, nodev,
+noexec) at a path of this process's own, KEY.view in $WAKELOOP_DISKS, where
+it reads the workspace (workspace_reads.py) and commits a wake
+(wake_layer.py). A box sees only files/: its volume is a bind (the engine's
+`local` driver, type none) of KEY.box, a folder in $WAKELOOP_DISKS where
+files/ is bound (nosuid, nodev) and, while a wake runs, that wake's overlay
+is mounted on top (wake_layer.py). Every path the engine resolves is in
+$WAKELOOP_DISKS, root's, outside every agent's folder: nothing done to paths
+under ROOT redirects a box's mount. When wakeloop runs the engine itself,
+files/ is also bound over the agent's workspace/ (from the noexec view), so a
+person sees the files where they always were. Images
 live in $WAKELOOP_DISKS (default /var/lib/wakeloop/disks), outside every
 agent's folder: a taken-over orchestrator cannot hand the kernel a crafted
 filesystem, nor point the loop device at another file.
@@ -130,13 +138,15 @@ import docker
 import docker.errors
 from docker.types import Mount
 
+from orchestrator.sandbox import layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
 
 DISKS_ENV = "WAKELOOP_DISKS"
+HOST_DISKS_ENV = "WAKELOOP_DISKS_HOST"  # where the host has $WAKELOOP_DISKS (a broker in a container)
 DEFAULT_DISKS = Path("/var/lib/wakeloop/disks")
 VOLUME_PREFIX = "wakeloop-disk-"
 LABEL = "wakeloop.disk"  # on each volume: the image it mounts
-BOX_OPTIONS = "nosuid,nodev,discard"  # the box's mount (the engine's local driver)
+BOX_OPTIONS = "nosuid,nodev"  # KEY.box, files/ bound where the box's volume binds it
 VIEW_OPTIONS = "nosuid,nodev,noexec,discard"  # ours: nothing on it runs on the host
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
 CAP_SYS_RESOURCE = 24  # linux/capability.h: ext4's online resize asks for it
@@ -215,13 +225,25 @@ class Disk:
     key: str
     image: Path
     device: str  # /dev/loopN
-    view: Path  # where this process has it mounted, to read
+    view: Path  # where this process has the disk's root mounted (KEY.view): files/, .wakeloop/
     note: str | None = None  # a migration or a size it could not take, for the person
     hold: _Hold | None = field(default=None, compare=False, repr=False)  # None: planned, not attached
+    layered: bool = True  # files/ beside .wakeloop/, the box's volume a bind of KEY.box; False: the
+    # older shape (the box mounts the device's root), where the engine cannot see our mounts
 
     @property
     def volume(self) -> str:
         return VOLUME_PREFIX + self.key
+
+    @property
+    def files(self) -> Path:
+        """The agent's files, as this process reads them outside a wake."""
+        return layers.files(self.view) if self.layered else self.view
+
+    @property
+    def box(self) -> Path:
+        """What a box's volume binds: files/ bound here, and a running wake's overlay on top."""
+        return path_of(self.key, "box")
 
     def mount(self) -> Mount:
         """The box's one mount: the volume, by name; no_copy: the image's /workspace stays out."""
@@ -234,7 +256,7 @@ def disks_dir(environ=os.environ) -> Path:
 
 def path_of(key: str, kind: str) -> Path:
     """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `use`, `call` (calls in flight),
-    `view` (a broker's mount point)."""
+    `view` (the root's mount point), `box` (what the box's volume binds)."""
     return disks_dir() / f"{key}.{kind}"
 
 
@@ -452,13 +474,17 @@ def attach(
     size: int,
     files: int,
     seed: Path,
-    view: Path,
+    person: Path | None = None,
     overcommit: float = OVERCOMMIT,
+    layered: bool = True,
 ) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
-    is), attached, offered to the engine as a volume and mounted at `view`; held
-    (its `use` lock, shared) until let_go. Made or grown only while the disks' sizes
-    together stay within `overcommit` times their filesystem."""
+    is), attached, its root mounted at KEY.view and arranged (layers.py), its files/
+    bound at KEY.box and offered to the engine as a volume, and (`person`: the agent's
+    workspace/ when wakeloop runs the engine itself) bound there; held (its `use`
+    lock, shared) until let_go. Made or grown only while the disks' sizes together
+    stay within `overcommit` times their filesystem. `layered=False` (a broker whose mounts
+    the engine cannot see): the older shape, no files/ and no wake's overlay."""
     reason = unavailable()
     if reason:
         raise DiskError(
@@ -476,12 +502,24 @@ def attach(
                 note = _create(image, size, files, seed, overcommit)
             device = _loop(image)
             note = _grow(image, device, size, overcommit) or note
-            _volume(client, key, device, image)
+            view = path_of(key, "view")
             _mount_view(device, view)
+            if layered:
+                try:
+                    moved = layers.arrange(view)  # a new disk is made so here: only an old one's move is news
+                    note = note or moved
+                except OSError as exc:
+                    raise DiskError(
+                        f"sandbox.disk: cannot arrange the disk {image} (files/ beside .wakeloop/): {exc}"
+                    ) from None
+                _bind_box(layers.files(view), path_of(key, "box"))
+            _volume(client, key, device, image, layered)
+            if person is not None:
+                _mount_view(device, person, source=layers.files(view) if layered else None)
         except BaseException:
             hold.drop()
             raise
-    return Disk(key, image, device, view, note, hold)
+    return Disk(key, image, device, view, note, hold, layered)
 
 
 def let_go(client: docker.DockerClient, held: Disk) -> str | None:
@@ -536,9 +574,9 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
         _detach(client, key, image)
         if delete:
             image.unlink(missing_ok=True)
-            view = path_of(key, "view")  # a broker's mount point, empty once unmounted
-            if view.is_dir():
-                view.rmdir()
+            for kind in ("view", "box"):  # mount points, empty once unmounted
+                if path_of(key, kind).is_dir():
+                    path_of(key, kind).rmdir()
             forget(key)
     if delete:  # the lock files last: nobody waits on them now
         for kind in ("use", "call", "lock"):
@@ -554,6 +592,7 @@ def held(key: str) -> bool:
 
 
 def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
+    unmount_wake(key)  # a wake's overlay over KEY.box first: it holds the disk
     for device in _devices_of(image):
         rdev = os.stat(device).st_rdev
         for target in _mounts_of(device):
@@ -1026,10 +1065,22 @@ def _capable(cap: int) -> bool:
     return False
 
 
-def _volume(client: docker.DockerClient, key: str, device: str, image: Path) -> None:
-    """The engine's volume for the device; made again if a reboot gave the image another device."""
+def host_box(key: str) -> Path:
+    """KEY.box as the engine sees it: $WAKELOOP_DISKS_HOST (a broker in a container, whose disks
+    folder the host has elsewhere and sees our mounts in: compose with rshared) or ours."""
+    where = os.environ.get(HOST_DISKS_ENV)
+    return Path(where) / f"{key}.box" if where else path_of(key, "box")
+
+
+def _volume(client: docker.DockerClient, key: str, device: str, image: Path, layered: bool = True) -> None:
+    """The engine's volume: a bind of KEY.box (root's, in $WAKELOOP_DISKS), or (not `layered`)
+    the device itself; made again if it names anything else (the other kind, another device)."""
     name = VOLUME_PREFIX + key
-    options = {"type": "ext4", "device": device, "o": BOX_OPTIONS}
+    options = (
+        {"type": "none", "device": str(host_box(key)), "o": "bind"}
+        if layered
+        else {"type": "ext4", "device": device, "o": "nosuid,nodev,discard"}
+    )
     try:
         if client.api.inspect_volume(name).get("Options") == options:
             return
@@ -1043,12 +1094,38 @@ def _volume(client: docker.DockerClient, key: str, device: str, image: Path) -> 
     client.api.create_volume(name, driver="local", driver_opts=options, labels={LABEL: str(image)})
 
 
-def _mount_view(device: str, view: Path) -> None:
+def _bind_box(files: Path, box: Path) -> None:
+    """files/ bound at KEY.box, nosuid and nodev but not noexec (the box runs what the agent
+    wrote), unless something is mounted there already (another holder's bind, or a running
+    wake's overlay over it). Both paths are in $WAKELOOP_DISKS, root's: named by path."""
+    box.mkdir(mode=0o700, exist_ok=True)
+    if not _mount_point(box):
+        _tool("mount", "--no-canonicalize", "--bind", "-o", BOX_OPTIONS, str(files), str(box))
+
+
+def _mount_point(path: Path) -> bool:
+    return os.stat(path).st_dev != os.stat(path.parent).st_dev
+
+
+def unmount_wake(key: str) -> bool:
+    """Unmount a wake's overlay from KEY.box if one is there (wake_layer.py mounts it); True if so."""
+    box = str(path_of(key, "box"))
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        cut = fields.index("-")
+        if fields[4].encode().decode("unicode_escape") == box and fields[cut + 1] == "overlay":
+            _tool("umount", box)
+            return True
+    return False
+
+
+def _mount_view(device: str, view: Path, source: Path | None = None) -> None:
     """Mount at the folder `view` names now, never at a path: whoever may write the agent
     folder could swap workspace/ for a link between a check and mount(8), which follows
     links in its target (root's disk on /etc/profile.d). So the folder is opened first,
     without following a link, and the mount goes on that open folder (/proc/self/fd/N in
-    mount's own process, not canonicalized)."""
+    mount's own process, not canonicalized). `source`: a folder of the device's view
+    (files/), bound there; it keeps the view's nosuid, nodev and noexec."""
     view.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(view, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -1060,6 +1137,9 @@ def _mount_view(device: str, view: Path) -> None:
     try:
         if os.fstat(fd).st_dev == os.stat(device).st_rdev:
             return  # mounted there already
+        if source is not None:
+            _tool("mount", "--no-canonicalize", "--bind", str(source), f"/proc/self/fd/{fd}", pass_fds=(fd,))
+            return
         _tool(
             "mount",
             "--no-canonicalize",

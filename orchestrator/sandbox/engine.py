@@ -30,7 +30,7 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import disk, images, oom
+from orchestrator.sandbox import disk, images, oom, wake_layer
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
@@ -181,6 +181,7 @@ class DockerSandbox:
         within: Path | None = None,
         identity: disk.Identity | None = None,
         overcommit: float = disk.OVERCOMMIT,
+        layered: bool = True,
     ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
@@ -193,7 +194,9 @@ class DockerSandbox:
         making or mounting it (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it.
         `overcommit`: the disks' sizes together stay within this many times their
-        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise)."""
+        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise).
+        `layered=False`: the disk's older shape and no wake's overlay (a broker whose mounts
+        the engine cannot see; disk.attach)."""
         self._given_workspace = Path(workspace).absolute()
         self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
@@ -210,7 +213,11 @@ class DockerSandbox:
         self._within = within
         self.identity = identity
         self._overcommit = overcommit
+        self._layered = layered
         self.pool = None
+        self._warm = policy.pool if warm is None else warm
+        self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
+        self._layer = 0  # counts what KEY.box has shown: in the pool's settings key
         self.release_problem: str | None = None  # why close() could not release the disk
         self.disk = self._attach_disk(policy, attach)
         try:
@@ -225,27 +232,34 @@ class DockerSandbox:
             raise
         self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
         self._attached: dict = {}  # warm container -> the socket attached to it since before its start
-        size = policy.pool if warm is None else warm
-        self.pool = (
-            WarmPool(
-                size,
-                key=self._settings_key,
-                make=self._make_warm,
-                remove=self._remove,
-                alive=self._running,
-                pace=_pace(self.client, policy.runtime),
-            )
-            if size > 0
-            else None
-        )
+        self.pool = self._new_pool()
         if self.pool or (self.disk and self.disk.hold):
             atexit.register(self.close)  # a safety net; callers close() when done
 
+    def _new_pool(self) -> WarmPool | None:
+        if self._warm <= 0:
+            return None
+        return WarmPool(
+            self._warm,
+            key=self._settings_key,
+            make=self._make_warm,
+            remove=self._remove,
+            alive=self._running,
+            pace=_pace(self.client, self.policy.runtime),
+        )
+
     def close(self) -> None:
         """Remove every container this sandbox made; idle pool containers included.
-        Then lets go of the disk (after the pool: no container of ours still has its volume)."""
+        Then lets go of the disk (after the pool: no container of ours still has its volume).
+        A wake begun and not finished stays on the disk: the next begin() discards it."""
         if self.pool:
             self.pool.close()
+        if self.wake and self.disk and self.disk.hold:
+            try:
+                disk.unmount_wake(self.disk.key)
+            except disk.DiskError:
+                pass  # let_go's release says so
+            self.wake = None
         if self.disk and self.disk.hold:
             self.release_problem = disk.let_go(self.client, self.disk) or self.release_problem
         atexit.unregister(self.close)
@@ -267,10 +281,53 @@ class DockerSandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- a wake as a transaction (wake_layer.py) ---------------------------------
+
+    def begin(self, run_id: str) -> wake_layer.Settled:
+        """The wake `run_id` starts: what earlier wakes left is settled, then every box from
+        now on mounts this wake's overlay; the pool's containers made before go unused
+        (_layer_changed). No disk, or the older shape: nothing to do."""
+        self.run_id = run_id
+        if not (self.disk and self.disk.hold and self.disk.layered):
+            return wake_layer.Settled()
+        settled = wake_layer.begin(self.disk, run_id)
+        self.wake = run_id
+        self._layer_changed()
+        return settled
+
+    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> wake_layer.WakeChanges:
+        """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
+        changes checked against the policy, committed or dropped (wake_layer.finish)."""
+        run_id, self.wake = self.wake, None
+        if run_id is None or not (self.disk and self.disk.hold):
+            return wake_layer.WakeChanges(self.run_id)
+        try:
+            disk.unmount_wake(self.disk.key)  # first: no container made from now on binds it
+        except disk.DiskError as exc:
+            return wake_layer.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
+        self._layer_changed()
+        return wake_layer.finish(self.disk, run_id, protect, protect_git)
+
+    def _layer_changed(self) -> None:
+        """What KEY.box shows changed (a wake's overlay mounted or unmounted): the pool's idle
+        containers bind what it showed before, so they go, and one being made now is not
+        kept (the settings key names the change). Idle, they run no command of the agent's."""
+        self._layer += 1
+        if self.pool:
+            self.pool.drain()
+
+    @property
+    def disk_root(self) -> Path | None:
+        """The disk's root as this process sees it (files/ and .wakeloop/: layers.py), or None."""
+        return self.disk.view if self.disk and self.disk.hold and self.disk.layered else None
+
     @property
     def view(self) -> Path:
-        """Where this process reads the workspace: the disk's mount, or the folder."""
-        return self.disk.view if self.disk else self.workspace
+        """Where this process reads the workspace: the running wake's overlay, the disk's
+        files/, or the folder."""
+        if self.disk and self.wake:
+            return self.disk.box
+        return self.disk.files if self.disk else self.workspace
 
     def files(self) -> HostFiles:
         return HostFiles(self.view)
@@ -280,8 +337,7 @@ class DockerSandbox:
             return None
         if not attach:  # planned: the folder's disk if it has one, else what a new one would be
             key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
-            view = disk.path_of(key, "view") if self._private_view else self.workspace
-            return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", view)
+            return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", disk.path_of(key, "view"))
         self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
         if not self._private_view and self._given_workspace.is_symlink():
             # Mounted over a real workspace folder only: never over one a link names
@@ -298,15 +354,15 @@ class DockerSandbox:
             within=self._within,
             identity=self.identity,
         )
-        view = disk.path_of(key, "view") if self._private_view else self.workspace
         made = disk.attach(
             self.client,
             key=key,
             size=policy.disk,
             files=policy.files,
             seed=self.workspace,
-            view=view,
+            person=None if self._private_view else self.workspace,
             overcommit=self._overcommit,
+            layered=self._layered,
         )
         if made.note:
             self.warning = "; ".join(filter(None, (self.warning, made.note)))
@@ -522,7 +578,7 @@ class DockerSandbox:
     def _settings_key(self) -> str:
         config, host = self.container_spec(["-"], "-", True, WORKSPACE)
         config.pop("labels")
-        return repr((config, host))
+        return repr((config, host, self._layer))
 
     def _running(self, cid: str) -> bool:
         try:

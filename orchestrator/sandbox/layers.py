@@ -15,17 +15,31 @@ Every layer is on the same filesystem as files/, so a commit is renames
 other name is refused here, so no id read from a file or the wire can walk
 out of .wakeloop/.
 
+A disk made before this layout held the agent's files at its root; arrange()
+moves them into files/ once, when the disk is attached, crash-safely: every
+step is a rename on the disk, into a staging folder (STAGING/files, made
+in lost+found, root's, and renamed to the root whole) that is renamed into
+place last, and the marker that says "arranged" (META/LAYOUT,
+root's) is renamed in with META. Cut at any instant, the next attach finds
+the staging folder and goes on. The marker must be root's: a box runs as
+another user, so no agent can forge it on a disk it could write whole.
+
 Not here: mounting (disk.py, engine.py), reading and committing a layer
-(transaction.py), the policy's `workspace:` section (policy/schema.py).
+(transaction.py, wake_layer.py), the policy's `workspace:` section (policy/schema.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 FILES = "files"
 META = ".wakeloop"
+LAYOUT = "layout"  # in META, root's: the disk is arranged (its content: the layout's version)
+STAGING = ".layout.partial"  # at the root while arrange() moves the old files; then renamed to META
+LOST = "lost+found"  # mkfs's, left where it is
 RUN_ID = re.compile(r"[0-9a-f]{12}")
 
 
@@ -61,3 +75,61 @@ def undos(root: Path) -> Path:
 
 def undo(root: Path, run_id: str) -> Path:
     return undos(root) / run_id_ok(run_id)
+
+
+def arranged(root: Path) -> bool:
+    """The disk has this layout: META and its marker are root's (no agent makes a file of uid 0)."""
+    try:
+        meta, marker = os.lstat(root / META), os.lstat(root / META / LAYOUT)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return meta.st_uid == 0 and marker.st_uid == 0 and (root / FILES).is_dir() and not (root / FILES).is_symlink()
+
+
+def arrange(root: Path) -> str | None:
+    """Move an old disk's files (at its root) into files/, once; a new disk gets the same
+    shape. Every step is a rename, and each is found done if run again (see above).
+    What it did, for the person, or None."""
+    root = Path(root)
+    if arranged(root):
+        return None
+    staging, moved = root / STAGING, 0
+    if not _ours(staging):  # begin: a staging folder with files/ in it, made whole by one rename
+        fresh = root / LOST / STAGING  # root's, where no agent writes: found there again if cut here
+        fresh.parent.mkdir(mode=0o700, exist_ok=True)
+        (fresh / FILES).mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _lexists(staging):  # an agent's own entry of that name: one of its files
+            os.rename(staging, fresh / FILES / STAGING)
+        os.rename(fresh, staging)
+    if (staging / FILES).is_dir():  # moving: the rest of the root, then files/ into place
+        owner = os.lstat(root)
+        for name in sorted(os.listdir(root)):
+            if name not in (LOST, STAGING):
+                os.rename(root / name, staging / FILES / name)
+                moved += 1
+        os.chown(staging / FILES, owner.st_uid, owner.st_gid)
+        os.chmod(staging / FILES, stat.S_IMODE(owner.st_mode))
+        os.rename(staging / FILES, root / FILES)
+    (staging / LAYOUT).write_text("1\n")  # moved: the marker and META's folders, then META into place
+    for folder in ("wakes", "undo"):
+        (staging / folder).mkdir(mode=0o700, exist_ok=True)
+    os.chown(root, 0, 0)
+    os.chmod(root, 0o755)
+    os.rename(staging, root / META)
+    return f"moved the disk's {moved} entries into its {FILES}/ folder (once)" if moved else None
+
+
+def _ours(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -18,7 +18,9 @@ records/folder.py (no link followed, never a FIFO or device, capped).
 
 Approvals decided since the last wake (approval_gate.py) are told after the
 first message: who approved, when and what the call returned, or why it was
-denied, expired or void.
+denied, expired or void. So are the changes the last wake made that the
+policy refused at its end (state/workspace_refused.json, which the loop
+writes; sandbox/wake_layer.py), each with its rule, so the model stops trying.
 
 Not here: draining the inbox (state.py) or calling the model (model.py).
 """
@@ -26,11 +28,14 @@ Not here: draining the inbox (state.py) or calling the model (model.py).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from orchestrator.sandbox import workspace_reads
 from orchestrator.policy.agent import Agent
+from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
 
@@ -39,6 +44,8 @@ MANDATE_CAP = 64 * 1024  # bytes; a trusted file, still not unbounded
 INBOX_CAP = 64 * 1024  # bytes of queued messages shown
 APPROVAL_RESULT_CAP = 4000  # chars of an approved call's result told (the transcript has it whole)
 CACHE = {"type": "ephemeral"}  # the breakpoint marker (5-minute cache)
+REFUSED_FILE = "workspace_refused.json"  # in state/: the last wake's refused changes (loop.py writes it)
+REFUSED_CAP = 256 * 1024  # bytes of it read; the record itself is capped in count (wake_layer.py)
 
 NO_MANDATE = "No mandate.md found. Ask your human (send_message) what your goal is."
 EMPTY_CORE = "(core memory is empty: this may be your first wake)"
@@ -71,7 +78,34 @@ def journal_day(now: datetime) -> str:
 def build_context(
     agent: Agent, *, wake: int, now: datetime, inbox: str, files: workspace_reads.Files | None = None
 ) -> Context:
-    return Context(system=system_prompt(agent, files), first_user=first_message(wake, now, inbox))
+    first_user = first_message(wake, now, inbox)
+    refused = refused_section(agent.state_dir)
+    return Context(system=system_prompt(agent, files), first_user=first_user + (f"\n\n{refused}" if refused else ""))
+
+
+def refused_section(state_dir: Path) -> str:
+    """The changes the last wake made that the policy refused at its end, each with its rule; ""
+    when there were none (or the file is not one the loop wrote)."""
+    try:
+        data = json.loads(Folder(state_dir).head(REFUSED_FILE, REFUSED_CAP)[: REFUSED_CAP + 1])
+    except (OSError, ValueError):
+        return ""
+    record = parse_record(WorkspaceChanges.TYPE, data) if isinstance(data, dict) else None
+    if not isinstance(record, WorkspaceChanges) or not record.refused:
+        return ""
+    lines = [
+        "Changes your last wake made that were NOT kept: the policy refused them when that wake "
+        "ended, and the workspace has these paths as they were before it:"
+    ]
+    for path, rule, kind in zip(record.refused, record.rules, record.refused_kinds, strict=False):
+        lines.append(f"- {clean(kind)} {clean(path)[:300]}: refused by {clean(rule)[:200]}")
+    if record.more:
+        lines.append(f"- ... and {record.more} more change(s) not listed")
+    lines.append(
+        "Every change is checked when a wake ends, whichever tool made it: do not try these again "
+        "another way. If one must change, ask your human (send_message)."
+    )
+    return "\n".join(lines)
 
 
 def system_prompt(agent: Agent, files: workspace_reads.Files | None = None) -> str:
@@ -126,6 +160,11 @@ def _rules(agent: Agent) -> str:
             f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
             "then; you get an approval id, go on with other work, and hear the outcome at a later "
             "wake (an approved call runs at its start). Do not try another way round it."
+        )
+    if agent.policy.workspace.protect:
+        rules.append(
+            f"- Protected paths ({', '.join(agent.policy.workspace.protect)[:500]}): a change to them, by "
+            "any tool, is not kept; what a wake changes lands when it ends, checked against this."
         )
     if not tools.bash.enabled:
         rules.append("- The bash tool is disabled by your policy.")

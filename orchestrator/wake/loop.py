@@ -92,13 +92,14 @@ from orchestrator.records.receipt import Receipt, Status, Usage
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.wake.approval_gate import Gate
-from orchestrator.wake.context import CACHE, approvals_section, build_context, journal_day
+from orchestrator.wake.context import REFUSED_FILE, CACHE, approvals_section, build_context, journal_day
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from orchestrator.sandbox.output import clean
 from orchestrator.broker.client import open_sandbox
-from orchestrator.sandbox.box import Sandbox
+from orchestrator.sandbox.box import Sandbox, SandboxError
+from orchestrator.sandbox.wake_layer import WakeChanges
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
@@ -302,6 +303,7 @@ class _Wake:
                 tracing.wake_result(span, receipt.status, receipt.steps, receipt.tokens, receipt.reason)
             return receipt
         finally:
+            self._finish()  # whatever ended the wake: its changes are checked, committed or dropped
             if sandbox is None:
                 self.box.close()  # ours: no container of this wake outlives it
 
@@ -348,6 +350,7 @@ class _Wake:
         self.inbox_committed = not self.model.live
         try:
             self._started(inbox)
+            self._begin()
             self.task = self._claim_task()
             self.files = self.box.files()  # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
@@ -385,6 +388,7 @@ class _Wake:
             if not self.inbox_committed:
                 st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
         journal = self._journal_trace(journal_before, status, reason)
+        self._finish()
         receipt = self._receipt(status, reason, journal)
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens, last_receipt=receipt))
         self._close_transcript(receipt)
@@ -430,6 +434,57 @@ class _Wake:
             model=self.model.name,
             live=self.model.live,
         )
+
+    # -- the wake as a transaction on the workspace (sandbox/wake_layer.py) ----------------
+
+    def _begin(self) -> None:
+        """Before anything runs: what earlier wakes left is settled (a cut commit finished, a wake
+        that died before its commit discarded and recorded), then this wake's overlay is mounted."""
+        settled = self.box.begin(self.run_id)
+        self.begun = True
+        for line in settled.lines:
+            self.say(f"workspace: {line}")
+        for dead in settled.discarded:
+            self.say(
+                f"workspace: discarded wake {dead.run_id}, which died before its end: "
+                f"{len(dead.discarded)} change(s) dropped"
+            )
+            self.events.write(dead.record())
+
+    def _finish(self) -> None:
+        """The wake's changes checked against the policy, what passes committed, the rest dropped;
+        recorded (event, transcript) and told to the next wake. Once; never raises."""
+        if not getattr(self, "begun", False):
+            return
+        self.begun = False
+        policy = self.agent.policy
+        try:
+            changes = self.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
+        except SandboxError as exc:
+            changes = WakeChanges(self.run_id, error=f"the wake's changes were not committed: {exc}")
+        record = changes.record()
+        self.events.write(record)
+        self.transcript.add(record.TYPE, **record.to_data())
+        self._tell_next_wake(record)
+        landed = "dropped" if record.outcome == "error" else f"{len(changes.committed)} committed"
+        self.say(
+            f"workspace: {landed}, {len(changes.refused)} refused"
+            + "".join(f"; {r.change.path}: {r.rule}" for r in changes.refused[:3])
+            + (f" ({changes.error})" if changes.error else "")
+        )
+
+    def _tell_next_wake(self, record: ev.WorkspaceChanges) -> None:
+        """state/workspace_refused.json: the refusals the next wake's context names (context.py)."""
+        path = self.agent.state_dir / REFUSED_FILE
+        try:
+            if record.refused:
+                partial = path.with_suffix(".partial")
+                partial.write_text(json.dumps(record.to_data()))
+                os.replace(partial, path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            self.say(f"workspace: could not keep the refusals for the next wake: {exc}")
 
     def _approvals(self) -> None:
         """Approvals decided since the last wake: approved calls run now, every outcome told in the

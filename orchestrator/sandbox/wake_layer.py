@@ -1,0 +1,188 @@
+"""A wake's overlay on the agent's disk: mounted where its boxes look, committed at its end.
+
+`begin(disk, run_id)` first settles what an earlier wake left (see below),
+then mounts the wake's overlay (lower: the disk's files/, read-only; upper
+and work: .wakeloop/wakes/RUN/, on the same disk, where no box looks; the
+options transaction.OVERLAY_OPTIONS, nosuid, nodev) over KEY.box in
+$WAKELOOP_DISKS. Every box of the wake binds its /workspace there (disk.py's
+volume), the harness reads the workspace there (HostFiles), and the journal
+stub appends there (a box): every call sees the wake's changes so far, and
+files/ sees none of them until `finish`.
+
+Why a host-side overlay given to the box as a bind, not an engine volume of
+type overlay: one overlay per wake, and ours. An engine volume is mounted by
+the engine in its own namespace; the harness's reads would need a second
+overlay on the same upper layer, which overlayfs does not support (an upper
+layer changed under a mounted overlay is undefined behaviour), and the engine
+unmounts it only when its last container goes, so a commit could not know
+that no box still writes. Here finish() removes the wake's containers,
+unmounts the overlay (a plain umount: it fails if anything still has it open)
+and only then reads the upper layer. Every path the engine resolves is
+KEY.box, in $WAKELOOP_DISKS (root's): nothing done under ROOT redirects it.
+
+`finish(disk, run_id, protect, protect_git)`: scan, check against the policy,
+commit what passes (transaction.py), drop the rest with the wake's layer. At
+the agent's next start (begin), before anything runs: a commit cut short (its
+manifest says `committing`) is finished (transaction.recover: the policy
+passed it already); a wake that never reached its commit (the process died:
+kill -9, the OOM killer, a reboot) is DISCARDED, its change set read first
+and reported. Why discarded, not committed: a wake cut short may stop between
+two steps the model meant as one (the old config deleted, the new one not yet
+written), and landing half of it breaks the promise that the workspace is as
+before a wake or as after it; nor did its record (receipt, journal) ever say
+what it did.
+
+Without a disk (`sandbox.disk: none`) there is no transaction: calls write
+the folder as before. Calls outside a wake (`wakeloop sandbox exec`, the
+escape suite) write straight to files/ (or, while a wake of the same agent
+runs, into that wake's overlay, landing with its commit).
+
+Not here: the layout (layers.py), scan/check/commit/recover (transaction.py),
+the event and the next context (wake/loop.py, wake/context.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.records import event_types as ev
+from orchestrator.sandbox import disk, layers, transaction
+from orchestrator.sandbox.transaction import Change, Refused
+
+MAX_LISTED = 200  # changes (and refusals) a WakeChanges names; the rest are counted
+
+
+@dataclass(frozen=True)
+class WakeChanges:
+    """What one wake changed: committed (landed in files/) and refused (dropped), with the rule."""
+
+    run_id: str
+    committed: tuple[Change, ...] = ()
+    refused: tuple[Refused, ...] = ()
+    discarded: tuple[Change, ...] = ()  # a wake that died before its commit: what it had changed, dropped
+    error: str = ""  # the commit could not run (one line); nothing landed
+
+    @property
+    def empty(self) -> bool:
+        return not (self.committed or self.refused or self.discarded or self.error)
+
+    @classmethod
+    def from_record(cls, record: ev.WorkspaceChanges) -> WakeChanges:
+        """Back from the event (the broker's reply): as much as the record names."""
+        listed = tuple(
+            Change(path, kind, type_, size)
+            for path, kind, type_, size in zip(record.paths, record.kinds, record.types, record.sizes, strict=False)
+        )
+        refused = tuple(
+            Refused(Change(path, kind, "other"), rule)
+            for path, rule, kind in zip(record.refused, record.rules, record.refused_kinds, strict=False)
+        )
+        if record.outcome == "discarded":
+            return cls(record.of_run, discarded=listed)
+        return cls(record.of_run, listed, refused, error=record.error)
+
+    def record(self) -> ev.WorkspaceChanges:
+        """The event (capped at MAX_LISTED changes and as many refusals; the rest counted)."""
+        landed = self.discarded or self.committed
+        shown, refused = landed[:MAX_LISTED], self.refused[:MAX_LISTED]
+        return ev.WorkspaceChanges(
+            outcome="error" if self.error else "discarded" if self.discarded else "committed",
+            of_run=self.run_id,
+            paths=tuple(c.path for c in shown),
+            kinds=tuple(c.kind for c in shown),
+            types=tuple(c.type for c in shown),
+            sizes=tuple(c.size for c in shown),
+            refused=tuple(r.change.path for r in refused),
+            rules=tuple(r.rule for r in refused),
+            refused_kinds=tuple(r.change.kind for r in refused),
+            more=len(landed) - len(shown) + len(self.refused) - len(refused),
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What begin() found an earlier wake left, for the record."""
+
+    lines: tuple[str, ...] = ()  # recovered commits and undos, one line each
+    discarded: tuple[WakeChanges, ...] = field(default=())  # wakes that never reached their commit
+
+
+def begin(held: disk.Disk, run_id: str) -> Settled:
+    """Settle what earlier wakes left, then mount this wake's overlay over KEY.box."""
+    settled = settle(held)
+    root = held.view
+    upper, work = layers.upper(root, run_id), layers.work(root, run_id)
+    upper.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    files = layers.files(root)
+    os.chown(upper, *_owner(files))  # the upper layer's root takes the lower's owner and mode
+    os.chmod(upper, stat.S_IMODE(os.lstat(files).st_mode))
+    options = f"lowerdir={files},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS},nosuid,nodev"
+    _mount(["mount", "-t", "overlay", "overlay", "-o", options, str(held.box)])
+    return settled
+
+
+def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: bool) -> WakeChanges:
+    """Unmount the wake's overlay (its boxes are gone), then scan, check, commit what passes
+    and drop the rest. Never raises for the wake's own files: an error is a line in the result."""
+    root = held.view
+    upper, lower = layers.upper(root, run_id), layers.files(root)
+    try:
+        disk.unmount_wake(held.key)
+        changes = transaction.scan(upper, lower)
+        allowed, refused = transaction.check(changes, protect, protect_git)
+        if allowed:
+            transaction.commit(upper, lower, layers.undo(root, run_id), run_id, allowed)
+    except (OSError, ValueError) as exc:
+        return WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
+    _drop(root, run_id)
+    return WakeChanges(run_id, tuple(allowed), tuple(refused))
+
+
+def settle(held: disk.Disk) -> Settled:
+    """At an agent's start: a stale overlay unmounted, cut commits and undos finished,
+    wakes that never reached their commit discarded (see the module's docstring)."""
+    disk.unmount_wake(held.key)
+    root, lines, discarded = held.view, [], []
+    undos = layers.undos(root)
+    for folder in sorted(undos.iterdir()) if undos.is_dir() else []:
+        if layers.RUN_ID.fullmatch(folder.name):
+            done = transaction.recover(layers.files(root), folder)
+            if done:
+                lines.append(done)
+    wakes = layers.wakes(root)
+    for folder in sorted(wakes.iterdir()) if wakes.is_dir() else []:
+        run_id = folder.name
+        if not layers.RUN_ID.fullmatch(run_id):
+            continue
+        if not (layers.undo(root, run_id) / transaction.MANIFEST).exists():  # never reached its commit
+            try:
+                changes = transaction.scan(layers.upper(root, run_id), layers.files(root))
+            except OSError:
+                changes = []
+            discarded.append(WakeChanges(run_id, discarded=tuple(changes)))
+        _drop(root, run_id)
+    return Settled(tuple(lines), tuple(discarded))
+
+
+def _drop(root: Path, run_id: str) -> None:
+    """The wake's layer, with what was refused in it: gone. (overlayfs's work/work is 000.)"""
+    shutil.rmtree(layers.wakes(root) / layers.run_id_ok(run_id), ignore_errors=True)
+
+
+def _owner(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_uid, st.st_gid
+
+
+def _mount(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=disk.TOOL_TIMEOUT_S)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise disk.DiskError(f"sandbox.disk: cannot mount the wake's overlay: {why}")
