@@ -13,25 +13,35 @@ Not here: the wire format (wire.py), serving (server.py, transport.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 import docker.errors
 
 from orchestrator.broker import wire
+from orchestrator.errors import ConfigError
 from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox import undo_folders, wake_diff
+from orchestrator.sandbox.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wake_diff import WakeDiff
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
 CHECK_TIMEOUT_S = 10.0
+UNDO_TIMEOUT_S = 600.0  # renames, one per path: a wake that changed 100,000 files, on a slow disk
 
 T = TypeVar("T")
+
+
+class NoDisk(ConfigError):
+    """An agent without a disk: its wakes write the folder directly, nothing to diff or undo (exit 2)."""
 
 
 class BrokerClient:
@@ -66,6 +76,30 @@ class BrokerClient:
     def read(self, agent: str, what: str, arg: str | None = None) -> object:
         """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
         return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
+
+    def diff(self, agent: str, run_id: str | None) -> WakeDiff:
+        """One wake's diff, read by the broker on the agent's disk (wake_diff.py)."""
+        result = wire.request(self.socket_path, wire.Diff(agent, run_id), READ_TIMEOUT_S)
+        try:
+            return WakeDiff.from_json(result.get("diff"))
+        except ValueError:
+            raise SandboxError("the sandbox broker sent a malformed diff") from None
+
+    def undo(self, agent: str, run_id: str, force: bool) -> Undone:
+        """Put back what one wake changed, on the agent's disk; UndoRefused as the broker says."""
+        result = wire.request(self.socket_path, wire.Undo(agent, run_id, force), UNDO_TIMEOUT_S)
+        if isinstance(result.get("refused"), str):
+            raise UndoRefused(result["refused"])
+        try:
+            undone = result["undone"]
+            return Undone(
+                str(undone["run_id"]),
+                int(undone["changes"]),
+                tuple(str(p) for p in undone["paths"]),
+                tuple(str(r) for r in undone["forced_over"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise SandboxError("the sandbox broker sent a malformed undo") from None
 
 
 class BrokerSandbox:
@@ -148,6 +182,38 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
     mount over it, which the agent's last wake left)."""
     path = broker_socket(environ)
     return BrokerFiles(path, agent.dir.name) if path else HostFiles(agent.workspace)
+
+
+def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] = os.environ) -> WakeDiff:
+    """One wake's diff (`wakeloop diff`, the console): the broker's reading under compose, else
+    this host's, on the agent's disk attached as a wake attaches it."""
+    path = broker_socket(environ)
+    if path:
+        return BrokerClient(path).diff(agent.dir.name, run_id)
+    with _disk_root(agent) as root:
+        return wake_diff.read(root, run_id)
+
+
+def undo_wake(agent: Agent, run_id: str, force: bool, environ: Mapping[str, str] = os.environ) -> Undone:
+    """Put back what wake `run_id` changed: the broker does it under compose, else this host.
+    The caller holds the agent's wake lock."""
+    path = broker_socket(environ)
+    if path:
+        return BrokerClient(path).undo(agent.dir.name, run_id, force)
+    with _disk_root(agent) as root:
+        return undo_folders.undo(root, run_id, force)
+
+
+@contextmanager
+def _disk_root(agent: Agent) -> Iterator[Path]:
+    """The agent's disk's root on this host (layers.py), attached for the block."""
+    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)
+    try:
+        if box.disk_root is None:
+            raise NoDisk(f"{agent.name}: its workspace has no disk (sandbox.disk: none), so no wake is a transaction")
+        yield box.disk_root
+    finally:
+        box.close()
 
 
 def broker_socket(environ: Mapping[str, str] = os.environ) -> str | None:

@@ -275,6 +275,12 @@ class DockerSandbox:
     def files(self) -> HostFiles:
         return HostFiles(self.view)
 
+    @property
+    def disk_root(self) -> Path | None:
+        """The disk's root as this process sees it (layers.py: files/, .wakeloop/), or None
+        without a disk (`sandbox.disk: none`: no wake is a transaction)."""
+        return self.disk.view if self.disk else None
+
     def _attach_disk(self, policy: SandboxPolicy, attach: bool = True) -> disk.Disk | None:
         if not policy.disk:
             return None
