@@ -616,7 +616,7 @@ def cmd_diff(args) -> int:
 def cmd_undo(args) -> int:
     """Put back what one wake changed, holding the agent's wake lock (no wake runs meanwhile)."""
     from orchestrator.broker.client import undo_wake
-    from orchestrator.records import event_types
+    from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
     from orchestrator.records.state import WakeLock
     from orchestrator.sandbox.undo_folders import UndoRefused, checked_run_id
@@ -635,7 +635,7 @@ def cmd_undo(args) -> int:
     try:
         undone = undo_wake(agent, args.run, args.force)
         EventLog(agent.state_dir / EVENTS_FILE, undone.run_id).write(
-            event_types.WorkspaceUndone(
+            ev.WorkspaceUndone(
                 undone_run=undone.run_id, changes=undone.changes, paths=undone.paths, forced_over=undone.forced_over
             )
         )

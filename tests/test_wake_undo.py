@@ -18,13 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.policy.agent import load_agent
+from orchestrator.broker.client import BrokerSandbox
+from orchestrator.broker.wire import BROKER_ENV
+from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import read_history
 from orchestrator.records.state import WakeLock
 from orchestrator.sandbox import layers, transaction, undo_folders, wake_diff
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.views.diffview import render_text
 from tests.helpers import run_cli, set_policy
+from tests.test_broker import raw_request, served
+from tests.test_broker import view as broker_view
 from tests.test_transaction import tree
 
 BINARY = bytes(range(256)) * 8  # 2 KiB with NULs: shown by size and hash
@@ -38,7 +42,7 @@ def sh(cwd: Path, script: str) -> None:
 def make_wake(root: Path, script: str, protect: tuple[str, ...] = ()) -> str:
     """Run `script` in an overlay over root/files as one wake, commit what passes; its run id."""
     run_id = uuid.uuid4().hex[:12]
-    upper, work, merged = layers.upper(root, run_id), layers.work(root, run_id), root.parent / f"merged-{run_id}"
+    upper, work, merged = layers.upper(root, run_id), layers.work(root, run_id), root / layers.META / f"merged-{run_id}"
     for folder in (layers.files(root), upper, work, merged):
         folder.mkdir(parents=True, exist_ok=True)
     options = f"lowerdir={layers.files(root)},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}"
@@ -72,12 +76,14 @@ def root(tmp_path) -> Path:
 
 def first_wake(root: Path) -> str:
     """Adds, modifies, deletes, makes a link, writes a binary file."""
-    (root.parent / "binary").write_bytes(BINARY)
+    binary = root / layers.META / "binary"  # on the disk, beside the wakes' layers: gone with the disk
+    binary.parent.mkdir(exist_ok=True)
+    binary.write_bytes(BINARY)
     return make_wake(
         root,
         f"""
         echo new > new.txt; printf 'one\\n2\\nthree\\n' > edit.txt; rm gone.txt; rm -r old
-        ln -s /etc/shadow link; cp {root.parent / "binary"} blob.bin; mkdir made
+        ln -s /etc/shadow link; cp {binary} blob.bin; mkdir made
         """,
     )
 
@@ -232,3 +238,37 @@ def test_a_bad_run_id_is_one_line_not_a_traceback(agent_dir, command):
     result = run_cli(command, str(agent_dir), "--run", "../../etc")
     assert result.returncode == 2 and "not a run id" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# -- under compose: the broker holds the disk, the orchestrator names no path -----------------------------
+
+
+def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_know(tmp_path):
+    agents = tmp_path / "agents"
+    init_agent(agents / "alpha")
+    set_policy(agents / "alpha", {"version": 1, "sandbox": {"disk": "64m", "pool": 0}})
+    with served(agents) as sock:
+        assert BrokerSandbox(sock, "alpha").files().read_text_or_none("x") is None  # the broker attaches the disk
+        root = broker_view(agents, "alpha")
+        seed(root)
+        before = tree(layers.files(root))
+        first = first_wake(root)
+        second = make_wake(root, "echo later > edit.txt")
+        env = {BROKER_ENV: str(sock)}
+        shown = run_cli("diff", str(agents / "alpha"), "--run", first, env=env)
+        assert shown.returncode == 0 and "+new\n" in shown.stdout and "changed since by wake" in shown.stdout
+        refused = run_cli("undo", str(agents / "alpha"), "--run", first, env=env)
+        assert refused.returncode == 1 and f"a later wake ({second}) changed edit.txt too" in refused.stderr
+        forced = run_cli("undo", str(agents / "alpha"), "--run", first, "--force", env=env)
+        assert forced.returncode == 0 and f"over later wake(s) {second}" in forced.stdout, forced.stderr
+        assert run_cli("undo", str(agents / "alpha"), "--run", second, env=env).returncode == 0
+        # Undone out of order (--force), the later wake puts back what it replaced: the earlier's edit.
+        assert (layers.files(root) / "edit.txt").read_text() == "one\n2\nthree\n"
+        assert tree(layers.files(root)) == {**before, "edit.txt": ("file", 0o644, b"one\n2\nthree\n")}
+        for request, says in (
+            ({"op": "diff", "agent": "beta", "run_id": first}, "beta"),  # no such agent folder
+            ({"op": "diff", "agent": "alpha", "run_id": "../../beta"}, "not a run id"),
+            ({"op": "undo", "agent": "alpha", "run_id": "0123456789ab"}, "no wake 0123456789ab"),
+        ):
+            reply = raw_request(sock, request)
+            assert reply["ok"] is False and reply["refused"] is True and says in reply["error"], reply
