@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.broker.client import BrokerSandbox
+from orchestrator.broker.client import BrokerSandbox, open_sandbox
 from orchestrator.broker.wire import BROKER_ENV
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import read_history
@@ -221,6 +221,24 @@ def test_the_cli_diffs_and_undoes_a_wake_on_the_agents_disk_and_logs_the_undo(di
     assert [e.data["undone_run"] for e in undone] == [second, first]
     log = run_cli("log", str(agent_dir))
     assert f"workspace_undone undone_run={first}" in log.stdout
+
+
+def test_a_wakes_start_prunes_undo_data_older_than_keep_undo_days(disk_agent, docker_client):
+    agent_dir, first, second, _ = disk_agent
+    agent = load_agent(agent_dir)
+    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
+        assert box.disk_root is not None
+        manifest = layers.undo(box.disk_root, first) / transaction.MANIFEST
+        aged = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({**aged, "time": aged["time"] - 31 * undo_folders.DAY_S}))
+    said: list[str] = []
+    box = open_sandbox(agent, warm=0, fresh=True, say=said.append)  # as a wake opens its sandbox
+    try:
+        assert box.disk_root is not None
+        assert [w.run_id for w in undo_folders.wakes(box.disk_root)] == [second]
+    finally:
+        box.close()
+    assert "pruned the undo data of 1 wake(s) older than 30 days (workspace.keep_undo_days)" in said
 
 
 def test_undo_is_refused_while_the_agent_wakes(agent_dir):

@@ -255,4 +255,20 @@ def open_sandbox(
             raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
         if left:
             say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
+        _prune_undo(box.disk_root, agent, say)
     return box
+
+
+def _prune_undo(root: Path | None, agent: Agent, say: Callable[[str], None]) -> None:
+    """At a wake's start: the undo folders older than workspace.keep_undo_days go (undo_folders.prune).
+    A disk whose undo folders cannot be read is said, and the wake goes on."""
+    if root is None:
+        return
+    days = undo_folders.keep_undo_days(agent.policy)
+    try:
+        gone = undo_folders.prune(root, days)
+    except (undo_folders.BadUndoFolder, OSError) as exc:
+        say(f"could not prune the undo folders: {exc}")
+        return
+    if gone:
+        say(f"pruned the undo data of {len(gone)} wake(s) older than {days:g} days (workspace.keep_undo_days)")

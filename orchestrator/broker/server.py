@@ -247,6 +247,7 @@ class Broker:
         agent = self._agent(req.agent)
         if isinstance(req, wire.Check):  # loaded, inside ROOT, within the ceiling: calls will not be refused for that
             self._pace(agent.dir.name, "rearm")  # a wake starts: its kept pool makes one ahead again
+            self._prune_undo(agent)
             return wire.ok({"agent": agent.dir.name})
         if isinstance(req, wire.Read):
             return wire.ok({"value": self._read(agent, req)})
@@ -520,6 +521,21 @@ class Broker:
             raise BrokerError(f"{name}: {exc}") from None
         finally:
             self._release(entry)
+
+    def _prune_undo(self, agent: Agent) -> None:
+        """At a wake's start (`check`): its undo folders older than workspace.keep_undo_days go,
+        if its box is kept (its disk attached): a check makes no box, and so no container ahead."""
+        with self._lock:
+            if not agent.policy.sandbox.disk or agent.dir.name not in self._boxes:
+                return
+        days = undo_folders.keep_undo_days(agent.policy)
+        try:
+            gone = self._on_disk(agent, lambda root: undo_folders.prune(root, days))
+        except (BrokerError, OSError) as exc:  # a wake is not refused for its old undo data
+            self.log(f"{agent.dir.name}: could not prune its undo folders: {exc}")
+            return
+        if gone:
+            self.log(f"{agent.dir.name}: pruned the undo data of {len(gone)} wake(s) older than {days:g} days")
 
     def _undo(self, agent: Agent, req: wire.Undo) -> wire.JSONObject:
         """Put back what wake req.run_id changed. The orchestrator holds the agent's wake lock
