@@ -20,6 +20,8 @@ import pytest
 
 from orchestrator.broker.client import BrokerSandbox, open_sandbox
 from orchestrator.broker.wire import BROKER_ENV
+from orchestrator.console.app import Console, start
+from orchestrator.console.auth import Access
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import read_history
 from orchestrator.records.state import WakeLock
@@ -27,6 +29,7 @@ from orchestrator.sandbox import layers, transaction, undo_folders, wake_diff
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.views.diffview import render_text
 from tests.helpers import run_cli, set_policy
+from tests.helpers.console import TOKEN, Client
 from tests.test_broker import raw_request, served
 from tests.test_broker import view as broker_view
 from tests.test_transaction import tree
@@ -290,3 +293,33 @@ def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_
         ):
             reply = raw_request(sock, request)
             assert reply["ok"] is False and reply["refused"] is True and says in reply["error"], reply
+
+
+# -- the console ---------------------------------------------------------------------------------------------
+
+XSS = '<script>alert("x")</script>'
+XSS_NAME = "<img src=x onerror=alert(1)>.txt"  # a file's name: no slash
+
+
+def test_the_consoles_wake_diff_page_shows_the_same_diff_with_everything_the_agent_wrote_escaped(
+    disk_agent, docker_client
+):
+    agent_dir, first, second, _ = disk_agent
+    agent = load_agent(agent_dir)
+    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
+        assert box.disk_root is not None
+        third = make_wake(box.disk_root, f"printf '%s\\n' '{XSS}' > '{XSS_NAME}'")
+    listening = start(Console(agent_dir.parent, Access(TOKEN, True)), "127.0.0.1", 0)
+    try:
+        client = Client(listening.url)
+        assert client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")[0] in (302, 303, 401)  # signed out
+        client.sign_in()
+        status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")
+        assert status == 200 and "<script" not in html.lower() and "<img" not in html.lower()
+        assert "+++ b/&lt;img src=x onerror=alert(1)&gt;.txt" in html
+        assert "+&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+        status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{first}/diff")
+        assert status == 200 and '<span class="add">+new</span>' in html
+        assert client.get(f"/agents/{agent_dir.name}/wakes/..%2f..%2fx/diff")[0] == 404
+    finally:
+        listening.stop()
