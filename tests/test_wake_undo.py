@@ -158,6 +158,8 @@ def test_a_link_planted_in_the_undo_folder_is_never_followed(root, tmp_path):
     kept.symlink_to(secret)
     text = render_text(wake_diff.read(root, run))
     assert "TOP SECRET" not in text and f"-(link to {str(secret)!r}, not followed)" in text
+    undo_folders.undo(root, run)  # renames: the link goes back as a link, its target never read or written
+    assert (layers.files(root) / "edit.txt").is_symlink() and secret.read_text() == "TOP SECRET\n"
     undo_dir = layers.undo(root, run)
     moved = undo_dir.with_name("moved")
     undo_dir.rename(moved)
@@ -181,22 +183,30 @@ def test_undo_folders_older_than_keep_undo_days_are_pruned(root):
 # -- the CLI, end to end on an agent's real disk ----------------------------------------------------------
 
 
-@pytest.fixture
-def disk_agent(agent_dir, docker_client):
-    """(agent_dir, run id of a first wake, run id of a second) on the agent's own disk, released after."""
+def on_disk(agent_dir: Path, docker_client, third: str = "", age_first: bool = False):
+    """(agent_dir, the first wake's run id, the second's, the workspace before them, the third's)
+    on the agent's own disk, attached once for all of it and released after (each attach and
+    release of a loop device is work for udev on a loaded host: as few as the test needs)."""
     set_policy(agent_dir, {"version": 1, "sandbox": {"disk": "64m", "pool": 0}})
     agent = load_agent(agent_dir)
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0)
-    try:
+    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
         root = box.disk_root
         assert root is not None
         seed(root)
         before = tree(layers.files(root))
         first = first_wake(root)
         second = make_wake(root, "echo later > edit.txt")
-    finally:
-        box.close()
-    return agent_dir, first, second, before
+        last = make_wake(root, third) if third else ""
+        if age_first:
+            manifest = layers.undo(root, first) / transaction.MANIFEST
+            aged = json.loads(manifest.read_text())
+            manifest.write_text(json.dumps({**aged, "time": aged["time"] - 31 * undo_folders.DAY_S}))
+    return agent_dir, first, second, before, last
+
+
+@pytest.fixture
+def disk_agent(agent_dir, docker_client):
+    return on_disk(agent_dir, docker_client)[:4]
 
 
 def test_the_cli_diffs_and_undoes_a_wake_on_the_agents_disk_and_logs_the_undo(disk_agent, docker_client):
@@ -226,16 +236,10 @@ def test_the_cli_diffs_and_undoes_a_wake_on_the_agents_disk_and_logs_the_undo(di
     assert f"workspace_undone undone_run={first}" in log.stdout
 
 
-def test_a_wakes_start_prunes_undo_data_older_than_keep_undo_days(disk_agent, docker_client):
-    agent_dir, first, second, _ = disk_agent
-    agent = load_agent(agent_dir)
-    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
-        assert box.disk_root is not None
-        manifest = layers.undo(box.disk_root, first) / transaction.MANIFEST
-        aged = json.loads(manifest.read_text())
-        manifest.write_text(json.dumps({**aged, "time": aged["time"] - 31 * undo_folders.DAY_S}))
+def test_a_wakes_start_prunes_undo_data_older_than_keep_undo_days(agent_dir, docker_client):
+    _, first, second, _, _ = on_disk(agent_dir, docker_client, age_first=True)
     said: list[str] = []
-    box = open_sandbox(agent, warm=0, fresh=True, say=said.append)  # as a wake opens its sandbox
+    box = open_sandbox(load_agent(agent_dir), warm=0, fresh=True, say=said.append)  # as a wake opens its sandbox
     try:
         assert box.disk_root is not None
         assert [w.run_id for w in undo_folders.wakes(box.disk_root)] == [second]
@@ -302,13 +306,9 @@ XSS_NAME = "<img src=x onerror=alert(1)>.txt"  # a file's name: no slash
 
 
 def test_the_consoles_wake_diff_page_shows_the_same_diff_with_everything_the_agent_wrote_escaped(
-    disk_agent, docker_client
+    agent_dir, docker_client
 ):
-    agent_dir, first, second, _ = disk_agent
-    agent = load_agent(agent_dir)
-    with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
-        assert box.disk_root is not None
-        third = make_wake(box.disk_root, f"printf '%s\\n' '{XSS}' > '{XSS_NAME}'")
+    _, first, _, _, third = on_disk(agent_dir, docker_client, third=f"printf '%s\\n' '{XSS}' > '{XSS_NAME}'")
     listening = start(Console(agent_dir.parent, Access(TOKEN, True)), "127.0.0.1", 0)
     try:
         client = Client(listening.url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -207,7 +208,9 @@ def undo_wake(agent: Agent, run_id: str, force: bool, environ: Mapping[str, str]
 @contextmanager
 def _disk_root(agent: Agent) -> Iterator[Path]:
     """The agent's disk's root on this host (layers.py), attached for the block."""
-    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)
+    # Only the disk: no container is made, so no allowlist proxy is started for it either.
+    quiet = replace(agent.policy.sandbox, network="none", allow_hosts=(), pool=0)
+    box = DockerSandbox(agent.workspace, quiet, agent=agent.name, warm=0)
     try:
         if box.disk_root is None:
             raise NoDisk(f"{agent.name}: its workspace has no disk (sandbox.disk: none), so no wake is a transaction")
