@@ -14,6 +14,8 @@ import hashlib
 import json
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -183,30 +185,30 @@ def test_undo_folders_older_than_keep_undo_days_are_pruned(root):
 # -- the CLI, end to end on an agent's real disk ----------------------------------------------------------
 
 
-def on_disk(agent_dir: Path, docker_client, third: str = "", age_first: bool = False):
-    """(agent_dir, the first wake's run id, the second's, the workspace before them, the third's)
-    on the agent's own disk, attached once for all of it and released after (each attach and
-    release of a loop device is work for udev on a loaded host: as few as the test needs)."""
+@contextmanager
+def attached(agent_dir: Path, docker_client) -> Iterator[Path]:
+    """The agent's own disk (64m), attached for the block: its root. While it is held, what the
+    code under test attaches in this process is the same attachment (each attach and release of
+    a loop device is work for udev, slow on a loaded host: a test makes as few as it needs)."""
     set_policy(agent_dir, {"version": 1, "sandbox": {"disk": "64m", "pool": 0}})
     agent = load_agent(agent_dir)
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0) as box:
-        root = box.disk_root
-        assert root is not None
-        seed(root)
-        before = tree(layers.files(root))
-        first = first_wake(root)
-        second = make_wake(root, "echo later > edit.txt")
-        last = make_wake(root, third) if third else ""
-        if age_first:
-            manifest = layers.undo(root, first) / transaction.MANIFEST
-            aged = json.loads(manifest.read_text())
-            manifest.write_text(json.dumps({**aged, "time": aged["time"] - 31 * undo_folders.DAY_S}))
-    return agent_dir, first, second, before, last
+        assert box.disk_root is not None
+        yield box.disk_root
+
+
+def two_wakes(root: Path) -> tuple[str, str, dict]:
+    """(the first wake's run id, the second's, the workspace before them) on the disk at `root`."""
+    seed(root)
+    before = tree(layers.files(root))
+    return first_wake(root), make_wake(root, "echo later > edit.txt"), before
 
 
 @pytest.fixture
 def disk_agent(agent_dir, docker_client):
-    return on_disk(agent_dir, docker_client)[:4]
+    """(agent_dir, the first wake's run id, the second's, the workspace before them), its disk released."""
+    with attached(agent_dir, docker_client) as root:
+        return (agent_dir, *two_wakes(root))
 
 
 def test_the_cli_diffs_and_undoes_a_wake_on_the_agents_disk_and_logs_the_undo(disk_agent, docker_client):
@@ -237,14 +239,18 @@ def test_the_cli_diffs_and_undoes_a_wake_on_the_agents_disk_and_logs_the_undo(di
 
 
 def test_a_wakes_start_prunes_undo_data_older_than_keep_undo_days(agent_dir, docker_client):
-    _, first, second, _, _ = on_disk(agent_dir, docker_client, age_first=True)
     said: list[str] = []
-    box = open_sandbox(load_agent(agent_dir), warm=0, fresh=True, say=said.append)  # as a wake opens its sandbox
-    try:
-        assert box.disk_root is not None
-        assert [w.run_id for w in undo_folders.wakes(box.disk_root)] == [second]
-    finally:
-        box.close()
+    with attached(agent_dir, docker_client) as root:
+        first, second, _ = two_wakes(root)
+        manifest = layers.undo(root, first) / transaction.MANIFEST
+        aged = json.loads(manifest.read_text())
+        manifest.write_text(json.dumps({**aged, "time": aged["time"] - 31 * undo_folders.DAY_S}))
+        box = open_sandbox(load_agent(agent_dir), warm=0, fresh=True, say=said.append)  # as a wake opens its sandbox
+        try:
+            assert box.disk_root == root
+        finally:
+            box.close()
+        assert [w.run_id for w in undo_folders.wakes(root)] == [second]
     assert "pruned the undo data of 1 wake(s) older than 30 days (workspace.keep_undo_days)" in said
 
 
@@ -308,18 +314,20 @@ XSS_NAME = "<img src=x onerror=alert(1)>.txt"  # a file's name: no slash
 def test_the_consoles_wake_diff_page_shows_the_same_diff_with_everything_the_agent_wrote_escaped(
     agent_dir, docker_client
 ):
-    _, first, _, _, third = on_disk(agent_dir, docker_client, third=f"printf '%s\\n' '{XSS}' > '{XSS_NAME}'")
-    listening = start(Console(agent_dir.parent, Access(TOKEN, True)), "127.0.0.1", 0)
-    try:
-        client = Client(listening.url)
-        assert client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")[0] in (302, 303, 401)  # signed out
-        client.sign_in()
-        status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")
-        assert status == 200 and "<script" not in html.lower() and "<img" not in html.lower()
-        assert "+++ b/&lt;img src=x onerror=alert(1)&gt;.txt" in html
-        assert "+&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
-        status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{first}/diff")
-        assert status == 200 and '<span class="add">+new</span>' in html
-        assert client.get(f"/agents/{agent_dir.name}/wakes/..%2f..%2fx/diff")[0] == 404
-    finally:
-        listening.stop()
+    with attached(agent_dir, docker_client) as root:
+        first, _, _ = two_wakes(root)
+        third = make_wake(root, f"printf '%s\\n' '{XSS}' > '{XSS_NAME}'")
+        listening = start(Console(agent_dir.parent, Access(TOKEN, True)), "127.0.0.1", 0)
+        try:
+            client = Client(listening.url)
+            assert client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")[0] in (302, 303, 401)  # signed out
+            client.sign_in()
+            status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{third}/diff")
+            assert status == 200 and "<script" not in html.lower() and "<img" not in html.lower()
+            assert "+++ b/&lt;img src=x onerror=alert(1)&gt;.txt" in html
+            assert "+&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+            status, _, html = client.get(f"/agents/{agent_dir.name}/wakes/{first}/diff")
+            assert status == 200 and '<span class="add">+new</span>' in html
+            assert client.get(f"/agents/{agent_dir.name}/wakes/..%2f..%2fx/diff")[0] == 404
+        finally:
+            listening.stop()
