@@ -93,6 +93,7 @@ from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
 from orchestrator.broker import wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, BrokerError
+from orchestrator.errors import WakeloopError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.workspace_reads import HostFiles
@@ -531,7 +532,7 @@ class Broker:
         days = undo_folders.keep_undo_days(agent.policy)
         try:
             gone = self._on_disk(agent, lambda root: undo_folders.prune(root, days))
-        except (BrokerError, OSError) as exc:  # a wake is not refused for its old undo data
+        except (WakeloopError, OSError) as exc:  # a wake is not refused for its old undo data
             self.log(f"{agent.dir.name}: could not prune its undo folders: {exc}")
             return
         if gone:
