@@ -34,14 +34,10 @@ from tests.helpers import run_cli, set_policy
 from tests.helpers.console import TOKEN, Client
 from tests.test_broker import raw_request, served
 from tests.test_broker import view as broker_view
-from tests.test_transaction import tree
+from tests.test_transaction import sh, tree
 
 BINARY = bytes(range(256)) * 8  # 2 KiB with NULs: shown by size and hash
 OLD_BLOB = b"\x00old"
-
-
-def sh(cwd: Path, script: str) -> None:
-    subprocess.run(["sh", "-euc", script], cwd=cwd, check=True)
 
 
 def make_wake(root: Path, script: str, protect: tuple[str, ...] = ()) -> str:
