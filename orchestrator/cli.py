@@ -626,6 +626,56 @@ def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, sy
     return EXIT_OK
 
 
+def cmd_diff(args) -> int:
+    """One wake's changes, read from its undo folder on the agent's disk (the broker's, under compose)."""
+    from orchestrator.broker.client import read_wake_diff
+    from orchestrator.sandbox.undo_folders import checked_run_id
+    from orchestrator.views.diffview import render_text
+
+    agent = load_agent(args.agent_dir)
+    if args.run is not None:
+        checked_run_id(args.run)
+    diff = read_wake_diff(agent, args.run)
+    if args.json:
+        _print_json(diff.change_set())
+    else:
+        sys.stdout.write(render_text(diff))
+    return EXIT_OK
+
+
+def cmd_undo(args) -> int:
+    """Put back what one wake changed, holding the agent's wake lock (no wake runs meanwhile)."""
+    from orchestrator.broker.client import undo_wake
+    from orchestrator.records import event_types as ev
+    from orchestrator.records.events import EVENTS_FILE, EventLog
+    from orchestrator.records.state import WakeLock
+    from orchestrator.sandbox.undo_folders import UndoRefused, checked_run_id
+
+    agent = load_agent(args.agent_dir)
+    checked_run_id(args.run)
+    lock = WakeLock(agent.state_dir)
+    try:
+        holder = lock.acquire()
+    except OSError as exc:  # state/ missing, or its wake.lock a link: not a wake we can rule out
+        raise UndoRefused(
+            f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); `wakeloop status` says why"
+        ) from None
+    if holder is not None:
+        raise UndoRefused(f"{args.agent_dir} is waking ({holder.describe()}); undo when the wake has ended")
+    try:
+        undone = undo_wake(agent, args.run, args.force)
+        EventLog(agent.state_dir / EVENTS_FILE, undone.run_id).write(
+            ev.WorkspaceUndone(
+                undone_run=undone.run_id, changes=undone.changes, paths=undone.paths, forced_over=undone.forced_over
+            )
+        )
+    finally:
+        lock.release()
+    over = f", over later wake(s) {', '.join(undone.forced_over)}" if undone.forced_over else ""
+    print(f"undid wake {undone.run_id}: {undone.changes} change(s) put back{over}")
+    return EXIT_OK
+
+
 def cmd_policy_check(args) -> int:
     from orchestrator.policy.ceiling import is_ceiling, load_ceiling
     from orchestrator.policy.load import load_policy
@@ -745,6 +795,30 @@ def _disk_commands(sub) -> None:
     )
     p.add_argument("agent_dir")
     p.add_argument("--yes", action="store_true", help="yes, delete the workspace's files for good")
+
+
+def _transaction_commands(sub) -> None:
+    p = _command(
+        sub,
+        "diff",
+        "what one wake changed in the workspace, as a unified diff (binary files by size and sha256, links as links)",
+        "wakeloop diff agents/mine --run 3f2a9c0b1d4e",
+        cmd_diff,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("--run", metavar="ID", help="the wake's run id (default: the last wake that committed changes)")
+    _json_flag(p, "the change set as JSON")
+    p = _command(
+        sub,
+        "undo",
+        "put back what one wake changed; refused while the agent wakes, or when a later wake "
+        "changed the same paths (unless --force)",
+        "wakeloop undo agents/mine --run 3f2a9c0b1d4e",
+        cmd_undo,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("--run", metavar="ID", required=True, help="the wake's run id (`wakeloop log` shows it)")
+    p.add_argument("--force", action="store_true", help="undo it even over later wakes that changed the same paths")
 
 
 def _notify_commands(sub) -> None:
@@ -1022,6 +1096,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true", help="print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
 
+    _transaction_commands(sub)
     _notify_commands(sub)
     _switch_commands(sub)
     _approval_commands(sub)

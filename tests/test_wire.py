@@ -28,6 +28,10 @@ EVERY_OP = [
     wire.Read("alpha", "journal_names", None),
     wire.Begin("alpha", "0123456789ab"),
     wire.Finish("alpha", "0123456789ab"),
+    wire.Diff("alpha", "0123456789ab"),
+    wire.Diff("alpha", None),
+    wire.Undo("alpha", "0123456789ab"),
+    wire.Undo("alpha", "0123456789ab", force=True),
 ]
 
 
@@ -57,6 +61,10 @@ def test_every_op_has_its_type_and_each_type_one_op():
         ({"op": "begin", "agent": "alpha", "run_id": "../../etc"}, "run_id must be 12 hex digits"),
         ({"op": "finish", "agent": "alpha"}, "run_id must be 12 hex digits"),
         ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
+        ({"op": "diff", "agent": "alpha", "run_id": "../../other/.wakeloop"}, "not a run id"),
+        ({"op": "undo", "agent": "alpha", "run_id": "0123456789AB"}, "not a run id"),
+        ({"op": "undo", "agent": "alpha"}, "run_id must be a string"),
+        ({"op": "undo", "agent": "alpha", "run_id": "0123456789ab", "force": "yes"}, "force must be true or false"),
         ({"op": "write", "agent": "alpha", "path": "a", "content_b64": "not base64!"}, "base64"),
         ({"op": "append", "agent": "alpha", "path": "memory/core.md", "content_b64": ""}, "append is only for"),
         (

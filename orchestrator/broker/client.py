@@ -13,13 +13,16 @@ Not here: the wire format (wire.py), serving (server.py, transport.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 import docker.errors
 
 from orchestrator.broker import wire
+from orchestrator.errors import ConfigError
 from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
@@ -28,14 +31,22 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
+from orchestrator.sandbox import undo_folders, wake_diff
+from orchestrator.sandbox.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wake_diff import WakeDiff
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
 CHECK_TIMEOUT_S = 10.0
 BEGIN_TIMEOUT_S = 300.0  # a first begin attaches the disk (mkfs) and may finish a cut commit
 FINISH_TIMEOUT_S = 600.0  # a commit: renames, but a scan hashes every changed file
+UNDO_TIMEOUT_S = 600.0  # renames, one per path: a wake that changed 100,000 files, on a slow disk
 
 T = TypeVar("T")
+
+
+class NoDisk(ConfigError):
+    """An agent without a disk: its wakes write the folder directly, nothing to diff or undo (exit 2)."""
 
 
 class BrokerClient:
@@ -73,6 +84,30 @@ class BrokerClient:
     def read(self, agent: str, what: str, arg: str | None = None) -> object:
         """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
         return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
+
+    def diff(self, agent: str, run_id: str | None) -> WakeDiff:
+        """One wake's diff, read by the broker on the agent's disk (wake_diff.py)."""
+        result = wire.request(self.socket_path, wire.Diff(agent, run_id), READ_TIMEOUT_S)
+        try:
+            return WakeDiff.from_json(result.get("diff"))
+        except ValueError:
+            raise SandboxError("the sandbox broker sent a malformed diff") from None
+
+    def undo(self, agent: str, run_id: str, force: bool) -> Undone:
+        """Put back what one wake changed, on the agent's disk; UndoRefused as the broker says."""
+        result = wire.request(self.socket_path, wire.Undo(agent, run_id, force), UNDO_TIMEOUT_S)
+        if isinstance(result.get("refused"), str):
+            raise UndoRefused(result["refused"])
+        try:
+            undone = result["undone"]
+            return Undone(
+                str(undone["run_id"]),
+                int(undone["changes"]),
+                tuple(str(p) for p in undone["paths"]),
+                tuple(str(r) for r in undone["forced_over"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise SandboxError("the sandbox broker sent a malformed undo") from None
 
 
 class BrokerSandbox:
@@ -186,6 +221,40 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
     return BrokerFiles(path, agent.dir.name) if path else HostFiles(agent.workspace)
 
 
+def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] = os.environ) -> WakeDiff:
+    """One wake's diff (`wakeloop diff`, the console): the broker's reading under compose, else
+    this host's, on the agent's disk attached as a wake attaches it."""
+    path = broker_socket(environ)
+    if path:
+        return BrokerClient(path).diff(agent.dir.name, run_id)
+    with _disk_root(agent) as root:
+        return wake_diff.read(root, run_id)
+
+
+def undo_wake(agent: Agent, run_id: str, force: bool, environ: Mapping[str, str] = os.environ) -> Undone:
+    """Put back what wake `run_id` changed: the broker does it under compose, else this host.
+    The caller holds the agent's wake lock."""
+    path = broker_socket(environ)
+    if path:
+        return BrokerClient(path).undo(agent.dir.name, run_id, force)
+    with _disk_root(agent) as root:
+        return undo_folders.undo(root, run_id, force)
+
+
+@contextmanager
+def _disk_root(agent: Agent) -> Iterator[Path]:
+    """The agent's disk's root on this host (layers.py), attached for the block."""
+    # Only the disk: no container is made, so no allowlist proxy is started for it either.
+    quiet = replace(agent.policy.sandbox, network="none", allow_hosts=(), pool=0)
+    box = DockerSandbox(agent.workspace, quiet, agent=agent.name, warm=0)
+    try:
+        if box.disk_root is None:
+            raise NoDisk(f"{agent.name}: its workspace has no disk (sandbox.disk: none), so no wake is a transaction")
+        yield box.disk_root
+    finally:
+        box.close()
+
+
 def broker_socket(environ: Mapping[str, str] = os.environ) -> str | None:
     """The broker's socket when $WAKELOOP_BROKER names one; None: the local engine."""
     return environ.get(BROKER_ENV, "").strip() or None
@@ -225,4 +294,20 @@ def open_sandbox(
             raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
         if left:
             say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
+        _prune_undo(box.disk_root, agent, say)
     return box
+
+
+def _prune_undo(root: Path | None, agent: Agent, say: Callable[[str], None]) -> None:
+    """At a wake's start: the undo folders older than workspace.keep_undo_days go (undo_folders.prune).
+    A disk whose undo folders cannot be read is said, and the wake goes on."""
+    if root is None:
+        return
+    days = agent.policy.workspace.keep_undo_days
+    try:
+        gone = undo_folders.prune(root, days)
+    except (undo_folders.BadUndoFolder, OSError) as exc:
+        say(f"could not prune the undo folders: {exc}")
+        return
+    if gone:
+        say(f"pruned the undo data of {len(gone)} wake(s) older than {days:g} days (workspace.keep_undo_days)")

@@ -5,7 +5,8 @@ The Docker API is root on the host, so the process that reads model output
 ten ops over a local unix socket (wire.py; docs/architecture.md §5). Three
 make a container: `run` a command and `write` a file, in agent X's
 workspace, under agent X's policy, and `append` to today's journal, the
-harness's stub when a wake ends unjournaled. Five make none: `check` (would
+harness's stub when a wake ends unjournaled. Seven make none: `diff` and
+`undo` (one wake's changes, read or put back on X's disk: below), `check` (would
 X be served? asked at each wake's start, so a refusal is one line then, not
 an error on every call), `read` (X's memory and journal for the wake's
 context), `wind_down` (X's pool makes no more ahead), `rate` (the engine's
@@ -19,7 +20,9 @@ refuses what it disables, and creates every container through DockerSandbox,
 from its own fixed settings. Append is allowed whatever the tools policy says
 (a bash-less agent still gets its stub) and so is held to one exact path shape
 and a size cap. So a compromised orchestrator can at worst run what the agent
-itself could, plus append a bounded note to the agent's journal.
+itself could, plus append a bounded note to the agent's journal, read what
+one of its wakes changed and put that back (`diff`, `undo`: a run id of 12
+hex digits names an undo folder; no path is ever taken from the wire).
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy
@@ -91,11 +94,11 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import docker
 
-from orchestrator.sandbox import disk, network, rate
+from orchestrator.sandbox import disk, network, rate, undo_folders, wake_diff
 from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
@@ -129,6 +132,7 @@ LOG_LINE_CHARS = 300  # a log line (and a refusal's reason in it) is cut to this
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 # Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
 Place = tuple[Path, Path, str, "disk.Identity | None"]
+T = TypeVar("T")
 
 
 # -- where ROOT is on the host -------------------------------------------------------
@@ -270,7 +274,7 @@ class Broker:
             return wire.ok({})
         if isinstance(req, wire.Finish):  # whatever ended the wake, a stop of the fleet included
             return wire.ok(self._finish(self._agent(req.agent), req.run_id))
-        if not isinstance(req, wire.Read):  # nothing starts while the fleet is stopped
+        if not isinstance(req, (wire.Read, wire.Diff, wire.Undo)):  # nothing starts while the fleet is stopped
             halted = stopswitch.read(self.root)
             if halted is not None:
                 raise BrokerError(f"{req.agent}: refused: {halted.describe()}")
@@ -282,6 +286,10 @@ class Broker:
             return wire.ok({"value": self._read(agent, req)})
         if isinstance(req, wire.Begin):
             return wire.ok(self._begin(agent, req.run_id))
+        if isinstance(req, wire.Diff):
+            return wire.ok({"diff": self._on_disk(agent, lambda root: wake_diff.read(root, req.run_id).to_json())})
+        if isinstance(req, wire.Undo):
+            return wire.ok(self._undo(agent, req))
         call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
         self._take_call_slot(name)  # refused at once past max.calls / max.calls_per_agent
@@ -552,6 +560,10 @@ class Broker:
         try:
             policy = agent.policy
             changes = entry.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
+            if entry.box.disk_root:  # at the wake's end, while the broker surely holds the disk
+                gone = undo_folders.prune(entry.box.disk_root, policy.workspace.keep_undo_days)
+                if gone:
+                    self.log(f"{name}: pruned the undo data of {len(gone)} wake(s) past workspace.keep_undo_days")
         finally:
             self._release(entry)
         record = changes.record()
@@ -566,6 +578,36 @@ class Broker:
             return files.journal_names() if req.what == "journal_names" else getattr(files, req.what)(req.arg)
         finally:
             self._release(entry)
+
+    # -- a wake's transaction, on the disk only the broker mounts ----------------------------
+
+    def _on_disk(self, agent: Agent, read: Callable[[Path], T]) -> T:
+        """`read` of the agent's disk's root (layers.py), as this broker mounts it; its errors one line."""
+        name = agent.dir.name
+        entry = self._acquire(agent)  # makes and mounts the disk on a first request
+        try:
+            root = entry.box.disk_root
+            if root is None:
+                raise BrokerError(f"{name}: its workspace has no disk (sandbox.disk: none): no wake is a transaction")
+            return read(root)
+        except (undo_folders.NoSuchWake, undo_folders.BadUndoFolder) as exc:
+            raise BrokerError(f"{name}: {exc}") from None
+        finally:
+            self._release(entry)
+
+    def _undo(self, agent: Agent, req: wire.Undo) -> wire.JSONObject:
+        """Put back what wake req.run_id changed. The orchestrator holds the agent's wake lock
+        (cli.py); a call in flight here means a wake runs all the same, and is refused."""
+        name = agent.dir.name
+        with self._lock:
+            if self._calls.get(name):
+                raise BrokerError(f"{name}: a call of its wake is running; undo when the wake has ended")
+        try:
+            undone = self._on_disk(agent, lambda root: undo_folders.undo(root, req.run_id, req.force))
+        except undo_folders.UndoRefused as exc:  # an answer, not a broken request: the CLI's exit 1
+            return {"refused": str(exc)}
+        self.log(f"{name}: undid wake {req.run_id}: {undone.changes} change(s) put back")
+        return {"undone": asdict(undone)}
 
     # -- the three ops that make a container ------------------------------------------
 

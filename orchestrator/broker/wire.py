@@ -14,6 +14,11 @@ is bash on, may this path be written); `encode()` is the one way to the wire.
                                         # its pool makes none ahead (a hint; answers {})
   -> {"op": "read", "agent": "demo", "what": "read_text", "arg": "memory/core.md"}
                                         # files.Files, read by the broker: X's disk is mounted only there
+  -> {"op": "diff", "agent": "demo", "run_id": "0123456789ab"}   # one wake's diff (wake_diff.py),
+                                        # read on X's disk; run_id null: the last to commit
+  -> {"op": "undo", "agent": "demo", "run_id": "0123456789ab", "force": false}
+                                        # put back what that wake changed (undo_folders.py);
+                                        # answers {"undone": {...}} or {"refused": "one line"}
   -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K
                                         # (EngineRate); measured at most every 10 min
   -> {"op": "ping"}
@@ -45,8 +50,8 @@ from typing import Any
 
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
+from orchestrator.sandbox import layers
 from orchestrator.sandbox.box import SandboxError, SandboxResult
-from orchestrator.sandbox.layers import RUN_ID
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 
 BROKER_ENV = "WAKELOOP_BROKER"  # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
@@ -150,10 +155,25 @@ class Finish:
     op = "finish"
 
 
-Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish
+@dataclass(frozen=True)
+class Diff:
+    agent: str
+    run_id: str | None  # 12 hex digits (layers.RUN_ID); None: the wake that committed last
+    op = "diff"
+
+
+@dataclass(frozen=True)
+class Undo:
+    agent: str
+    run_id: str  # 12 hex digits (layers.RUN_ID)
+    force: bool = False  # over later wakes that changed the same paths
+    op = "undo"
+
+
+Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish | Diff | Undo
 JSONObject = dict[str, Any]  # one JSON object as json.loads gives it: a reply, a result
 OPS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish)
+    cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish, Diff, Undo)
 }
 
 
@@ -204,10 +224,16 @@ def parse(obj: object) -> Request:
     if cls is Read:
         return _read(agent, obj.get("what"), obj.get("arg"))
     if cls in (Begin, Finish):
-        run_id = obj.get("run_id")
-        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-            raise BrokerError(f"run_id must be 12 hex digits, got {run_id!r:.40}")
+        run_id = _run_id(obj.get("run_id"))
         return Begin(agent, run_id) if cls is Begin else Finish(agent, run_id)
+    if cls is Diff:
+        given = obj.get("run_id")
+        return Diff(agent, None if given is None else _run_id(given))
+    if cls is Undo:
+        force = obj.get("force", False)
+        if not isinstance(force, bool):
+            raise BrokerError("force must be true or false")
+        return Undo(agent, _run_id(obj.get("run_id")), force)
     return Check(agent) if cls is Check else WindDown(agent)
 
 
@@ -282,6 +308,16 @@ def _read(agent: str, what: object, arg: object) -> Read:
     if not isinstance(arg, str):
         raise BrokerError(f"read {what} needs a string arg")
     return Read(agent, what, arg)
+
+
+def _run_id(run_id: object) -> str:
+    """A run id the harness makes, or BrokerError: no id from the wire walks out of .wakeloop/."""
+    if not isinstance(run_id, str):
+        raise BrokerError("run_id must be a string")
+    try:
+        return layers.run_id_ok(run_id)
+    except layers.BadRunId as exc:
+        raise BrokerError(str(exc)) from None
 
 
 def result_of(reply: JSONObject) -> SandboxResult:

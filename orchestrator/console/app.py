@@ -131,6 +131,7 @@ class Console:
             Route("/", self.fleet),
             Route("/agents/{name}", self.agent),
             Route("/agents/{name}/wakes/{run_id}", self.wake),
+            Route("/agents/{name}/wakes/{run_id}/diff", self.wake_diff),
             Route("/agents/{name}/{action}", self.act, methods=["POST"]),
             Route("/fleet/{action}", self.switch, methods=["POST"]),
             Route("/approvals/{token}", self.approval, methods=["GET", "POST"]),
@@ -206,6 +207,13 @@ class Console:
             return self.render(request, "error.html", 404, message=str(exc))
         framed = request.query_params.get("frame") == "1"
         return self.render(request, "wake.html", framed=framed, refresh=LIVE_REFRESH_S if data["live"] else 0, **data)
+
+    def wake_diff(self, request: Request):
+        try:
+            data = self.pages.wake_diff(request.path_params["name"], request.path_params["run_id"])
+        except pages_mod.NotFound as exc:
+            return self.render(request, "error.html", 404, message=str(exc))
+        return self.render(request, "wake_diff.html", **data)
 
     def escapes(self, request: Request):
         assert self.runner is not None  # __post_init__ made one

@@ -48,7 +48,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.errors import ConfigError
+from orchestrator.broker.client import read_wake_diff
+from orchestrator.errors import ConfigError, WakeloopError
+from orchestrator.sandbox.undo_folders import checked_run_id
+from orchestrator.views import diffview
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
@@ -326,6 +329,20 @@ class Pages:
             "system": prompt_text(sd, str(system.get("hash"))) if system else None,
             **_egress(sd, run_id, lines[0].get("t") if lines[0]["type"] == "wake" else None),
         }
+
+    def wake_diff(self, name: str, run_id: str) -> dict:
+        """What wake `run_id` changed in the workspace (sandbox/wake_diff.py), as diff lines; read on
+        the agent's disk (the broker's, under compose), or the one line why not."""
+        path = self.agent_dir(name)
+        try:
+            run_id = checked_run_id(run_id)
+        except ConfigError as exc:
+            raise NotFound(str(exc)) from None
+        try:
+            diff = read_wake_diff(load_agent(path), run_id)
+        except WakeloopError as exc:
+            return {"name": name, "run_id": run_id, "lines": [], "error": str(exc)}
+        return {"name": name, "run_id": run_id, "lines": diffview.render(diff), "error": None}
 
 
 def _egress(sd: Path, run_id: str, started: object) -> dict:

@@ -458,6 +458,17 @@ class WorkspaceChanges(EventRecord):
     error: str = field(default="", metadata=OMIT)  # why nothing landed (outcome error)
 
 
+@dataclass(frozen=True)
+class WorkspaceUndone(EventRecord):
+    """`wakeloop undo` put back what one wake changed (sandbox/undo_folders.py)."""
+
+    TYPE = "workspace_undone"
+    undone_run: str = ""  # the wake undone
+    changes: int = 0  # paths put back
+    paths: tuple[str, ...] = ()  # the first 20 of them (undo_folders.UNDONE_PATHS)
+    forced_over: tuple[str, ...] = ()  # later wakes that changed the same paths (--force)
+
+
 def tool_result(
     *,
     step: int,
@@ -527,6 +538,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         WakeNotStarted,
         TickSkipped,
         WorkspaceChanges,
+        WorkspaceUndone,
     )
 }
 

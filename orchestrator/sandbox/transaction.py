@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -203,6 +204,7 @@ def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Chan
         {
             "run_id": run_id,
             "state": "committing",
+            "time": time.time(),  # when the commit began: the wakes' order (undo_folders.py)
             "upper": str(upper),
             "changes": [asdict(c) for c in allowed],
             "dir_modes": modes,
