@@ -276,7 +276,7 @@ def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_
     set_policy(agents / "alpha", {"version": 1, "sandbox": {"disk": "64m", "pool": 0}})
     with served(agents) as sock:
         assert BrokerSandbox(sock, "alpha").files().read_text_or_none("x") is None  # the broker attaches the disk
-        root = broker_view(agents, "alpha")
+        root = broker_view(agents, "alpha").parent  # the disk's root: files/ and .wakeloop/
         seed(root)
         before = tree(layers.files(root))
         first = first_wake(root)
@@ -294,7 +294,7 @@ def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_
         assert tree(layers.files(root)) == {**before, "edit.txt": ("file", 0o644, b"one\n2\nthree\n")}
         for request, says in (
             ({"op": "diff", "agent": "beta", "run_id": first}, "beta"),  # no such agent folder
-            ({"op": "diff", "agent": "alpha", "run_id": "../../beta"}, "not a run id"),
+            ({"op": "diff", "agent": "alpha", "run_id": "../../beta"}, "run_id must be 12 hex digits"),
             ({"op": "undo", "agent": "alpha", "run_id": "0123456789ab"}, "no wake 0123456789ab"),
         ):
             reply = raw_request(sock, request)
