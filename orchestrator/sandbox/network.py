@@ -141,6 +141,9 @@ NON_PUBLIC = (
 )
 
 
+DEFAULT_BUDGET = SandboxPolicy().max_egress_bytes_per_wake
+
+
 class NetworkError(EnvironmentFault):
     """The allowlist could not be set up: one line for the human."""
 
@@ -166,7 +169,7 @@ class Egress:
     allow_hosts: tuple[str, ...]
     credentials: tuple[Credential, ...] = ()
     http: tuple[HttpRule, ...] = ()
-    budget: int = 0  # bytes per wake through the proxy; 0: no cap
+    budget: int = DEFAULT_BUDGET  # bytes per wake through the proxy; 0: no cap
     private_ok: tuple[str, ...] = ()
     upstream_ca: str = ""
 
@@ -223,7 +226,7 @@ def plan(
     allow_hosts: tuple[str, ...],
     credentials: tuple[Credential, ...] = (),
     http: tuple[HttpRule, ...] = (),
-    budget: int = 0,
+    budget: int = DEFAULT_BUDGET,
     private_ok: tuple[str, ...] = (),
     upstream_ca: str = "",
 ) -> Egress:
@@ -231,7 +234,7 @@ def plan(
     workspace), so one agent's sandbox never shares a network with another's.
     The key covers every setting the proxy's config holds (a changed one is a new
     proxy); a plain list keys as it always did."""
-    extra = [credentials, http, budget, private_ok, upstream_ca]
+    extra = [credentials, http, budget if budget != DEFAULT_BUDGET else 0, private_ok, upstream_ca]
     text = f"{Path(workspace).resolve()}\n{sorted(allow_hosts)}" + (f"\n{extra!r}" if any(extra) else "")
     digest = hashlib.sha256(text.encode())
     return Egress(
