@@ -67,12 +67,13 @@ it exits. The proxy image is tagged by a hash of proxy-image/ (images.py's
 inputs_hash), so a changed proxy-image/ is built anew. Not here: whether a
 policy may use the network (policy/load.py), the sandbox's other settings
 (engine.py), the `bridge` preset (just Docker's default bridge, set in
-engine.py's container_spec), the egress log's file (records/egress.py).
+engine.py's container_spec), the egress log's file (orchestrator.records.egress).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import time
@@ -526,7 +527,7 @@ def new_wake(client: docker.DockerClient, egress: Egress) -> float:
 
 def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
     """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
-    the shared egress record's shape (records/egress.py). [] when the proxy is gone."""
+    the shared egress record's shape (orchestrator.records.egress). [] when the proxy is gone."""
     try:
         raw = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
     except docker.errors.DockerException:
@@ -569,6 +570,26 @@ def _wait_for_log(container, text: str, what: str) -> None:
     tail = " | ".join(container.logs(tail=5).decode(errors="replace").split("\n")[-5:])
     container.remove(force=True)
     raise NetworkError(f"the allowlist {what} did not start: {tail.strip() or 'no output'}")
+
+
+EGRESS_FILE = "egress.jsonl"  # in state/: the shared contract's file (orchestrator.records.egress owns it)
+
+
+def write_decisions(state_dir: Path, found: list[dict]) -> None:
+    """Hand a wake's decisions (`decisions`, DockerSandbox.egress_decisions) to the egress
+    log: orchestrator.records.egress's `append` where it exists; else one JSON line each, appended
+    to state/egress.jsonl in the shared contract's shape."""
+    if not found:
+        return
+    try:
+        log = importlib.import_module("orchestrator.records.egress")
+    except ImportError:
+        log = None
+    if log is not None and hasattr(log, "append"):
+        log.append(state_dir, found)
+        return
+    with open(Path(state_dir) / EGRESS_FILE, "a", encoding="utf-8") as out:
+        out.write("".join(json.dumps(d, sort_keys=True) + "\n" for d in found))
 
 
 # -- finding and removing ------------------------------------------------------------
