@@ -67,7 +67,7 @@ it exits. The proxy image is tagged by a hash of proxy-image/ (images.py's
 inputs_hash), so a changed proxy-image/ is built anew. Not here: whether a
 policy may use the network (policy/load.py), the sandbox's other settings
 (engine.py), the `bridge` preset (just Docker's default bridge, set in
-engine.py's container_spec), the egress log's file (orchestrator.records.egress).
+engine.py's container_spec), the egress log itself (the records package's egress module).
 """
 
 from __future__ import annotations
@@ -527,7 +527,7 @@ def new_wake(client: docker.DockerClient, egress: Egress) -> float:
 
 def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
     """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
-    the shared egress record's shape (orchestrator.records.egress). [] when the proxy is gone."""
+    the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
     try:
         raw = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
     except docker.errors.DockerException:
@@ -572,12 +572,12 @@ def _wait_for_log(container, text: str, what: str) -> None:
     raise NetworkError(f"the allowlist {what} did not start: {tail.strip() or 'no output'}")
 
 
-EGRESS_FILE = "egress.jsonl"  # in state/: the shared contract's file (orchestrator.records.egress owns it)
+EGRESS_FILE = "egress.jsonl"  # in state/: the shared contract's file (the records package's egress module owns it)
 
 
 def write_decisions(state_dir: Path, found: list[dict]) -> None:
     """Hand a wake's decisions (`decisions`, DockerSandbox.egress_decisions) to the egress
-    log: orchestrator.records.egress's `append` where it exists; else one JSON line each, appended
+    log: the records package's egress module's `append` where it exists; else one JSON line each, appended
     to state/egress.jsonl in the shared contract's shape."""
     if not found:
         return
