@@ -249,18 +249,15 @@ class Egress:
             intercepted, tls = host in INTERCEPT, False
         else:
             host, port, intercepted, tls = conn.host, conn.port, True, True
-            asked = flow.request.host.lower().rstrip(".")
-            if asked != host or flow.request.port != port:
-                self.refuse(
-                    flow,
-                    host,
-                    port,
-                    path,
-                    "host differs from tunnel",
-                    f"request for {asked} in a tunnel to {host}",
-                    True,
-                )
-                return
+        # The name the request asks for (Host, or HTTP/2's authority) must be the host decided on: else
+        # a credential could be sent, at the right address, to another name served there (domain fronting).
+        asked = flow.request.host.lower().rstrip(".")
+        named = (flow.request.host_header or "").lower().rsplit(":", 1)[0].strip("[]").rstrip(".") or host
+        if intercepted and (asked != host or named != host or flow.request.port != port):
+            why = f"a request for {named if named != host else asked} on a connection to {host}"
+            self.refuse(flow, host, port, path, "host differs from tunnel", why, True)
+            return
+        if conn is not None:
             if self.over_budget():
                 self.refuse(
                     flow, host, port, path, self.budget_text(), f"past this wake's {self.budget_text()} bytes", True

@@ -250,6 +250,13 @@ def test_a_placeholder_aimed_at_another_host_is_refused(box, echo):
     assert "misdirected" not in _seen(echo)  # neither reached the server
 
 
+def test_a_credential_is_never_sent_under_another_name_at_its_hosts_address(box, echo):
+    # Domain fronting: the right address, another name in Host. The server here answers to both.
+    out = _curl(box, "-H", f'"Host: {PLAIN_HOST}"', f"https://{SECRET_HOST}/repos/fronted")
+    assert out.endswith("status=403") and f"a request for {PLAIN_HOST} on a connection to {SECRET_HOST}" in out, out
+    assert "/repos/fronted" not in _seen(echo)
+
+
 def test_a_post_where_only_get_is_ruled_is_refused_with_a_readable_reason(box, echo):
     out = _curl(box, "-X", "POST", "-d", "x=1", f"https://{SECRET_HOST}/repos/a/b/issues")
     assert out.endswith("status=403"), out
