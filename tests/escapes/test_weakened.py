@@ -37,7 +37,12 @@ from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
-from tests.helpers.proxyconf import proxy_allowing_everything, proxy_without_address_rules
+from tests.helpers.proxyconf import (
+    ca_with_its_key,
+    proxy_allowing_everything,
+    proxy_with_credentials_everywhere,
+    proxy_without_address_rules,
+)
 
 
 def weakened(change):
@@ -347,6 +352,22 @@ def test_allowlist_probe_escapes_a_weakened_proxy(weakening, probe_name, make_la
     outcome = run_probe(make_lab(), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
     assert "logged" in outcome.observed  # the probe's own server saw the request
+
+
+def test_credential_probe_escapes_a_proxy_that_sends_credentials_to_every_intercepted_host(make_lab, monkeypatch):
+    monkeypatch.setattr(network, "proxy_config", proxy_with_credentials_everywhere)
+    outcome = run_probe(make_lab(), by_name("credentials_only_to_their_host"))
+    if "no route at all" in outcome.observed:
+        pytest.skip("this runtime gives the box no route to the proxy")
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "ruled.wakeloop-probe.test" in outcome.observed  # the misdirected placeholder was honoured
+
+
+def test_credential_probe_escapes_a_proxy_that_hands_the_box_its_ca_key(make_lab, monkeypatch):
+    monkeypatch.setattr(network, "_ca_of", ca_with_its_key)
+    outcome = run_probe(make_lab(), by_name("credentials_out_of_the_box"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "PRIVATE KEY in /tmp/wakeloop-ca.pem" in outcome.observed
 
 
 def test_allowlist_route_probe_escapes_a_box_on_the_bridge(make_lab):
