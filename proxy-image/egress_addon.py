@@ -147,8 +147,9 @@ class Egress:
     # -- records ---------------------------------------------------------------------
 
     def record(self, host, port, method, path, decision, rule, intercepted=False, credential="", up=0, down=0):
+        now = time.time()
         line = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
             "host": host,
             "port": port,
             "method": method,
