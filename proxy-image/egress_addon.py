@@ -143,6 +143,7 @@ class Egress:
 
     def new_wake(self):
         self.spent = 0
+        print("wakeloop-egress: new wake", flush=True)  # what a caller may wait for
 
     # -- records ---------------------------------------------------------------------
 

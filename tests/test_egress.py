@@ -307,7 +307,10 @@ def test_the_byte_budget_refuses_past_it_until_the_next_wake(docker_client, oper
             assert "CONNECT tunnel failed, response 403" in out, out
             out = _curl(small, "-sS", f"http://{PLAIN_HOST}/plain")  # plain HTTP: the reason is readable
             assert out.endswith("status=403") and "past this wake's egress budget 4000 bytes" in out, out
-            small.rearm()  # a new wake: the count starts again
+            proxy = docker_client.containers.get(small._egress().proxy)
+            before = proxy.logs().count(b"wakeloop-egress: new wake")
+            small.rearm()  # a new wake: the count starts again (SIGUSR1: the proxy says when it has)
+            wait_for(lambda: proxy.logs().count(b"wakeloop-egress: new wake") > before, "the proxy's new wake", 20)
             assert _curl(small, "-k", f"https://{PLAIN_HOST}/again").endswith("status=200")
         finally:
             network.shutdown(docker_client, {small._egress().key}, shared=False)
