@@ -600,11 +600,20 @@ def started() -> bool:
     return bool(_started)
 
 
+LIST_ATTEMPTS = 5  # the SDK's list inspects each container it found; another process may remove one between
+
+
 def leftovers(client: docker.DockerClient) -> tuple[list, list]:
     """(containers, networks) labelled by this module, from any process."""
-    containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-    networks = client.networks.list(filters={"label": f"{LABEL}=1"})
-    return containers, networks
+    for attempt in range(LIST_ATTEMPTS):
+        try:
+            containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+            networks = client.networks.list(filters={"label": f"{LABEL}=1"})
+            return containers, networks
+        except docker.errors.NotFound:
+            if attempt + 1 == LIST_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def shutdown(client: docker.DockerClient, keys: set[str] | None = None, shared: bool = True) -> int:
