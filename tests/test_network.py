@@ -8,10 +8,10 @@ each attempt did; each test below asserts one promise.
 
 These tests are about names, ports and routes. The servers live at private
 addresses (the only kind on this machine), which the real proxy refuses by
-address; so the proxy here is built from squid.conf less its address rules
-(tests/helpers/squidconf.py). The address rules are proven by the tests at the end,
-against squid itself with no network, and by the escape suite's `allowlist`
-probes against the real proxy.
+address; so the operator's setting that lets it reach a named host at a private
+address (network.PRIVATE_OK_ENV) names the allowed server, and only it. The
+address rules are proven by the tests at the end, against the proxy itself with
+no network, and by the escape suite's `allowlist` probes against the real proxy.
 
 No probe sends a packet off this machine. "Reachable" is only ever tried
 against the two servers here. "No route" is proven by the routing table and by
@@ -28,13 +28,13 @@ import shlex
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from orchestrator.sandbox import network
 from orchestrator.policy.load import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
-from tests.helpers.squidconf import squid_without_address_rules
 
 SERVER_PORT = 8080  # both test servers listen here
 UNLISTED_PORT = 8081  # on the allowed host, but not on the list
@@ -109,7 +109,7 @@ out = {
                                        *t["host_ips"])},
 }
 print(json.dumps(out))
-""".replace("MATRIX_TIMEOUT_S", "10")  # squid answers either way in milliseconds
+"""
 
 
 def _wait_for_log(container, text: str, deadline_s: float) -> None:
@@ -132,14 +132,14 @@ def allowlist_box(docker_client, tmp_path_factory):
         {"sandbox": {"network": "allowlist", "allow_hosts": [f"{ALLOWED}:{SERVER_PORT}"]}}, "test"
     )
     started = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch:  # the proxy is made here, from this config
-        patch.setattr(network, "squid_config", squid_without_address_rules)
+    with pytest.MonkeyPatch.context() as patch:  # the proxy may reach the allowed server, only it
+        patch.setenv(network.PRIVATE_OK_ENV, ALLOWED)
         box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
-    box.setup_s = time.monotonic() - started
-    box.egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
-    yield box
-    box.close()  # its disk released
-    network.shutdown(docker_client, {box.egress.key})
+        box.setup_s = time.monotonic() - started
+        box.egress = box._egress()
+        yield box
+        box.close()  # its disk released
+        network.shutdown(docker_client, {box.egress.key})
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +321,9 @@ def test_shutdown_removes_the_proxy_holder_and_network(docker_client, tmp_path):
 
     agent_dir = init_agent(tmp_path / "agent")
     policy = policy_from_mapping({"sandbox": {"network": "allowlist", "allow_hosts": ["x.wakeloop.test"]}}, "test")
-    DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0).close()
-    egress = network.plan(agent_dir / "workspace", policy.sandbox.allow_hosts)
+    box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
+    box.close()
+    egress = box._egress()  # the module's operator setting (allowlist_box) is part of its key
     assert network.shutdown(docker_client, {egress.key}) >= 3
     containers, networks = network.leftovers(docker_client)
     assert egress.key not in {c.labels.get(f"{network.LABEL}.key") for c in containers}
@@ -375,21 +376,18 @@ def test_bridge_is_the_engines_default_bridge_and_allowlist_joins_the_holder(age
     assert host["cap_drop"] == ["ALL"] and host["read_only"] is True
 
 
-def test_squid_config_allows_exactly_the_list():
-    conf = network.squid_config(("pypi.org", "files.example.org:8443", "*.example.net"))
-    assert "acl host_0 dstdomain -n pypi.org" in conf
-    assert "acl allowed_0 all-of host_0 default_ports" in conf
-    assert "acl port_1 port 8443" in conf and "acl allowed_1 all-of host_1 port_1" in conf
-    assert r"acl host_2 dstdom_regex -n -i ^([a-z0-9-]+\.)+example\.net$" in conf
-    rules = [line for line in conf.splitlines() if line.startswith("http_access")]
-    assert rules[0] == "http_access deny !allowed" and rules[-1] == "http_access deny all"
+def test_proxy_config_allows_exactly_the_list():
+    egress = network.plan(Path("/w"), ("pypi.org", "files.example.org:8443", "*.example.net"))
+    conf = json.loads(network.proxy_config(egress))
+    assert conf["allow"] == [[False, "pypi.org", None], [False, "files.example.org", 8443], [True, "example.net", None]]
+    assert conf["check_addresses"] is True and conf["private_ok"] == [] and conf["intercept"] == {}
 
 
 # -- the rules on resolved addresses ----------------------------------------------------------
 
-# Names the matrix below gives squid in its hosts file. Squid runs with no
+# Names the matrix below gives the proxy in its /etc/hosts. It runs with no
 # network (only lo), so an allowed address ends in a connect that fails locally
-# (no route: nothing is sent); a refused one never gets that far.
+# (no route: nothing is sent: 502); a refused one never gets that far (403).
 REFUSED = {
     "loopback": "127.0.0.1",
     "loopback-other": "127.9.9.9",
@@ -425,96 +423,82 @@ for name in json.loads(sys.argv[1]):
         s.sendall((line + "Connection: close\r\n\r\n").encode())
         head = b""
         try:
-            while b"\r\n\r\n" not in head:
+            while b"\r\n\r\n" not in head or b"wakeloop" not in head and b"unreachable" not in head:
                 chunk = s.recv(4096)
                 if not chunk:
                     break
                 head += chunk
         except TimeoutError:
-            head = b"timed out"
+            head += b" timed out"
         s.close()
-        error = [l.split(":", 1)[1].split()[0] for l in head.decode(errors="replace").split("\r\n")
-                 if l.lower().startswith("x-squid-error:")]
-        out[f"{name} {target}"] = error[0] if error else head.decode(errors="replace")[:80]
+        out[f"{name} {target}"] = head.decode(errors="replace")
 print(json.dumps(out))
-""".replace("MATRIX_TIMEOUT_S", "10")  # squid answers either way in milliseconds
+""".replace("MATRIX_TIMEOUT_S", "10")  # the proxy answers either way in milliseconds
 
 
 @pytest.fixture(scope="module")
 def address_matrix(docker_client):
-    """{"<name> http|connect": squid's X-Squid-Error} for every name in REFUSED and
-    PASSED, from the product's config (`*.wakeloop.test` allowed) in a squid
+    """{"<name> http|connect": the proxy's answer} for every name in REFUSED and
+    PASSED, from the product's config (`*.wakeloop.test` allowed) in a proxy
     with no network, asked by a client in its namespace."""
     from orchestrator.sandbox.network import PROXY_IMAGE, _ensure_image
 
     _ensure_image(docker_client)
-    conf = network.squid_config(("*.wakeloop.test",), MATRIX_SUBNETS) + "hosts_file /tmp/hosts\n"
+    conf = network.proxy_config(network.plan(Path("/matrix"), ("*.wakeloop.test",)), MATRIX_SUBNETS)
     hosts = "".join(f"{ip} {name}.wakeloop.test\n" for name, ip in {**REFUSED, **PASSED}.items())
-    squid = docker_client.containers.run(
+    proxy = docker_client.containers.run(
         PROXY_IMAGE,
-        [
-            "sh",
-            "-c",
-            'printf "%s" "$CONF" > /tmp/squid.conf && printf "%s" "$HOSTS" > /tmp/hosts '
-            "&& exec squid -N -f /tmp/squid.conf",
-        ],
-        environment={"CONF": conf, "HOSTS": hosts},
-        user="proxy",
+        # root, for /etc/hosts (the engine's file, which getaddrinfo reads); a test's proxy only
+        ["sh", "-c", 'printf "%s" "$HOSTS" >> /etc/hosts && exec /usr/local/bin/wakeloop-proxy'],
+        environment={"WAKELOOP_EGRESS_CONF": conf, "HOSTS": hosts, "HOME": "/tmp"},
+        user="0:0",
         network_mode="none",
-        # IPv6 on lo, or squid finds no working IPv6 and ignores the v6 addresses.
+        # IPv6 on lo, so that the v6 addresses resolve (getaddrinfo's AI_ADDRCONFIG).
         sysctls={"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.lo.disable_ipv6": "0"},
-        read_only=True,
-        tmpfs={"/tmp": "rw,size=16m"},
         labels={TEST_LABEL: "1"},
         detach=True,
     )
     try:
-        _wait_for_log(squid, "Accepting HTTP Socket connections", SERVER_READY_S)
+        _wait_for_log(proxy, network.READY_MARK, SERVER_READY_S)
         out = docker_client.containers.run(
             "wakeloop-sandbox:latest",
             ["python3", "-I", "-c", MATRIX_CLIENT, json.dumps([*REFUSED, *PASSED])],
-            network_mode=f"container:{squid.id}",
+            network_mode=f"container:{proxy.id}",
             user="1000:1000",
             labels={TEST_LABEL: "1"},
             remove=True,
         )
         return json.loads(out.decode().strip().splitlines()[-1])
     finally:
-        squid.remove(force=True)
+        proxy.remove(force=True)
 
 
 def test_the_proxy_refuses_every_non_public_address_a_listed_name_resolves_to(address_matrix):
     for name in REFUSED:
         for how in ("http", "connect"):
-            assert address_matrix[f"{name} {how}"] == "ERR_ACCESS_DENIED", (name, how, address_matrix)
+            answer = address_matrix[f"{name} {how}"]
+            assert answer.startswith("HTTP/1.1 403") and "which is not a public address" in answer, (name, how, answer)
 
 
 def test_the_proxy_passes_a_public_address_on_to_a_connect(address_matrix):
-    # Passed on: squid tried to connect, which failed locally (no network).
+    # Passed on: the proxy tried to connect, which failed locally (no network).
     for name in PASSED:
         for how in ("http", "connect"):
-            assert address_matrix[f"{name} {how}"] == "ERR_CONNECT_FAIL", (name, how, address_matrix)
+            answer = address_matrix[f"{name} {how}"]
+            assert answer.startswith("HTTP/1.1 502") and "Network is unreachable" in answer, (name, how, answer)
 
 
-def test_squid_config_denies_addresses_after_names_and_before_allowing():
-    conf = network.squid_config(("pypi.org",), ("172.18.0.0/16", "fd00:1::/64"))
-    assert "acl to_docker dst 172.18.0.0/16 fd00:1::/64" in conf
-    rules = [line for line in conf.splitlines() if line.startswith("http_access")]
-    assert rules == [
-        "http_access deny !allowed",
-        "http_access deny to_nonpublic",
-        "http_access deny to_docker",
-        "http_access deny to_localhost",
-        "http_access allow allowed",
-        "http_access deny all",
-    ]
+def test_proxy_config_refuses_the_non_public_ranges_and_the_docker_subnets():
+    egress = network.plan(Path("/w"), ("pypi.org",))
+    conf = json.loads(network.proxy_config(egress, ("172.18.0.0/16", "fd00:1::/64")))
+    assert conf["blocked"] == [*network.NON_PUBLIC, "172.18.0.0/16", "fd00:1::/64"]
 
 
 def test_non_public_ranges_do_not_overlap_and_hold_no_global_address():
     import ipaddress
 
     nets = [ipaddress.ip_network(n) for n in network.NON_PUBLIC]
-    for i, a in enumerate(nets):  # squid drops (and warns about) overlapping entries
+    for i, a in enumerate(nets):  # one table, each address in one range
         assert not any(a.version == b.version and a.overlaps(b) for b in nets[i + 1 :]), a
     for net in nets:
         assert not net.network_address.is_global or net.is_multicast or net.is_site_local, net
@@ -531,11 +515,10 @@ def test_the_proxy_container_is_capped(docker_client, allowlist_box):
 def test_the_proxy_denies_the_subnets_of_its_own_networks(docker_client, allowlist_box):
     egress = allowlist_box.egress
     env = docker_client.api.inspect_container(egress.proxy)["Config"]["Env"]
-    conf = next(e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_SQUID_CONF="))
-    acl = next(line for line in conf.splitlines() if line.startswith("acl to_docker dst "))
+    conf = json.loads(next(e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_EGRESS_CONF=")))
     for name in (network.EGRESS_NETWORK, egress.internal_network):
         for cfg in network.find_network(docker_client, name).attrs["IPAM"]["Config"]:
-            assert cfg["Subnet"] in acl.split(), (name, acl)
+            assert cfg["Subnet"] in conf["blocked"], (name, conf["blocked"])
 
 
 def test_a_network_name_two_processes_raced_for_resolves_to_the_oldest_and_the_loser_removes_its_own():

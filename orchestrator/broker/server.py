@@ -457,11 +457,10 @@ class Broker:
     def _drop_egress(self, workspace: Path, policy: SandboxPolicy) -> None:
         if policy.network != "allowlist":
             return
-        key = network.plan(workspace, policy.allow_hosts).key
+        key = network.plan_for(workspace, policy).key
         with self._lock:
             shared = any(
-                e.box.policy.network == "allowlist"
-                and network.plan(e.box.workspace, e.box.policy.allow_hosts).key == key
+                e.box.policy.network == "allowlist" and network.plan_for(e.box.workspace, e.box.policy).key == key
                 for e in self._boxes.values()
             )
         if not shared:
@@ -480,7 +479,7 @@ class Broker:
         ):
             return
         entry.egress_checked = time.monotonic()
-        if network.alive(self.client, network.plan(entry.box.workspace, entry.box.policy.allow_hosts)):
+        if network.alive(self.client, network.plan_for(entry.box.workspace, entry.box.policy)):
             return
         self.log(f"{name}: its allowlist proxy or network holder is gone; making its sandbox anew")
         with self._lock:
@@ -636,8 +635,8 @@ def _needs_new_box(box: _HostPathSandbox, place: Place, policy: SandboxPolicy) -
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
 
-    def fixed(p: SandboxPolicy) -> tuple[int, str, tuple[str, ...]]:
-        return p.pool, p.network, p.allow_hosts
+    def fixed(p: SandboxPolicy) -> tuple[object, ...]:
+        return p.pool, p.network, p.allow_hosts, p.credentials, p.http, p.max_egress_bytes_per_wake
 
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 

@@ -6,7 +6,7 @@ Each probe runs in a box of its own under the lab's policy switched to
 `network: allowlist` with the probe's own list, so it runs whatever policy the
 lab has. Where a probe needs something to reach, it stands up its own HTTP
 server container on this machine, gives it an allowlisted name (an alias that
-the engine's resolver, which squid asks, answers with the container's private
+the engine's resolver, which the proxy asks, answers with the container's private
 address), and removes it afterwards with the probe's proxy and networks.
 
 Nothing here sends a packet off this machine: every name is under .test and
@@ -15,7 +15,7 @@ is either an alias of the probe's own server or refused before any lookup;
 which look up a route and send nothing. Refused means the proxy answered 403
 and the probe's server logged no request; reached means the server logged one.
 
-Not here: the proxy itself and its squid.conf (sandbox/network.py), the
+Not here: the proxy itself and its config (sandbox/network.py), the
 `network: none` probes (network_probes.py).
 """
 
@@ -35,7 +35,7 @@ CATEGORY = "allowlist"
 SERVER_PORT = 8080  # the probe's own HTTP server
 SERVER_READY_S = 20  # python3 -m http.server starts in well under a second
 POLL_S = 0.1  # while waiting for the server's "Serving HTTP" line
-REQUEST_TIMEOUT_S = 10  # squid answers a refusal in milliseconds
+REQUEST_TIMEOUT_S = 10  # the proxy answers a refusal in milliseconds
 LABEL = "wakeloop.escapes.allowlist"  # on every container and network made here
 SERVING = "Serving HTTP"
 
@@ -72,7 +72,7 @@ def _allowlist_box(t: Trial, allow_hosts: tuple[str, ...]):
     """A box under the lab's policy with `network: allowlist` and `allow_hosts`,
     and its egress plan; its proxy, holder and network are removed afterwards."""
     policy = replace(t.lab.policy, network="allowlist", allow_hosts=allow_hosts)
-    egress = network.plan(t.workspace, allow_hosts)
+    egress = network.plan_for(t.workspace, policy)
     try:
         yield t.new_box(policy=policy, warm=0), egress
     finally:
@@ -208,7 +208,7 @@ def _neighbours(t: Trial) -> str:
         if not verdict.startswith(("HELD", "ESCAPED")):
             return verdict
         # The gateway (the Docker host's address on the egress bridge) has no
-        # name squid could be given; the proxy's running config must cover it.
+        # name the proxy could be given; the proxy's running config must cover it.
         outside.reload()
         gateways = [c["Gateway"] for c in outside.attrs["IPAM"]["Config"] or [] if c.get("Gateway")]
         conf = _running_config(t, egress)
@@ -220,25 +220,19 @@ def _neighbours(t: Trial) -> str:
         return held(verdict[len("HELD:") :].strip() + f"; its config denies the egress gateway {gateways}")
 
 
-def _running_config(t: Trial, egress) -> str:
+def _running_config(t: Trial, egress) -> dict:
     env = t.lab.client.api.inspect_container(egress.proxy)["Config"]["Env"] or []
-    return next((e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_SQUID_CONF=")), "")
+    text = next((e.split("=", 1)[1] for e in env if e.startswith("WAKELOOP_EGRESS_CONF=")), "{}")
+    return json.loads(text)
 
 
-def _denied_by(conf: str, address: str) -> bool:
-    """Whether a `dst` acl that an `http_access deny` rule names holds `address`."""
-    denied = {line.split()[2] for line in conf.splitlines() if line.startswith("http_access deny ")}
+def _denied_by(conf: dict, address: str) -> bool:
+    """Whether the proxy's config refuses `address`: it checks addresses and a range it blocks holds it."""
     ip = ipaddress.ip_address(address)
-    for line in conf.splitlines():
-        parts = line.split()
-        if parts[:1] == ["acl"] and len(parts) > 3 and parts[1] in denied and parts[2] == "dst":
-            if any(
-                ip.version == ipaddress.ip_network(n, strict=False).version
-                and ip in ipaddress.ip_network(n, strict=False)
-                for n in parts[3:]
-            ):
-                return True
-    return False
+    return bool(conf.get("check_addresses")) and any(
+        ip.version == ipaddress.ip_network(n, strict=False).version and ip in ipaddress.ip_network(n, strict=False)
+        for n in conf.get("blocked", [])
+    )
 
 
 def _unlisted_host(t: Trial) -> str:

@@ -220,9 +220,7 @@ class Trial:
         # Each trial is an agent of its own, so under an allowlist policy it has a
         # proxy set of its own: retired with it, or a run exhausts the engine's
         # address pools (~30 networks) before its last probe.
-        egress = {
-            network.plan(b.workspace, b.policy.allow_hosts).key for b in self._boxes if b.policy.network == "allowlist"
-        }
+        egress = {network.plan_for(b.workspace, b.policy).key for b in self._boxes if b.policy.network == "allowlist"}
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
         for key in disk.keys() - self._disks_before:  # this trial's agents' disks, a broker's too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.escapes import allowlist
+from orchestrator.escapes import credentials
 from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
@@ -34,6 +35,7 @@ ALL_PROBES = (
     + privileges.PROBES
     + network_probes.PROBES
     + allowlist.PROBES
+    + credentials.PROBES
     + information.PROBES
     + persistence.PROBES
     + resources.PROBES

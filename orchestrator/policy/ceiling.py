@@ -23,6 +23,7 @@ a bigger box, another runtime or image, or a network the user did not allow.
           fleet_usd_per_day: 500, fleet_usd_per_month: 5000,   # ROOT/budget.yaml's caps
           disk_overcommit: 10}                 # the disks' sizes: at most 10x their filesystem
     notify_env: [PAGER_TOKEN, "OPS_*"] # more ${VAR}s notify targets may read (never a secret)
+    credential_env: [GITHUB_TOKEN]     # ${VAR}s sandbox.credentials may name; absent or []: none
     notify_commands: false             # may an agent.yaml name a `command:` channel
 
 The notify keys are read by whoever loads agents (the orchestrator finds
@@ -90,13 +91,19 @@ NUMBERS = tuple(
     )
 )
 SIZES = tuple(name for name in NUMBERS if name in SIZE_FIELDS)
-ZERO_IS_NO_LIMIT = ("disk", "max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")  # 0 there: "no limit"
+ZERO_IS_NO_LIMIT = (
+    "disk",
+    "max_usd_per_wake",
+    "max_usd_per_day",
+    "max_usd_per_month",
+    "max_egress_bytes_per_wake",
+)  # 0 there: "no limit"
 LISTS = ("runtimes", "images", "networks")
 CAPACITY = ("calls", "calls_per_agent", "agents", "disk_overcommit")  # the broker's, not a policy's:
 # server.py and disk.py enforce them
 FLEET = ("fleet_usd_per_day", "fleet_usd_per_month")  # ROOT/budget.yaml's, all agents together (fleetbudget.py)
 NOTIFY = ("notify_env", "notify_commands")  # notify/config.py's, not the broker's
-KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY)
+KEYS = (*LISTS, "users", "env_names", "hosts", "max", *NOTIFY, "credential_env")
 _ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 _UID_GID = re.compile(r"^(\d+):(\d+)$")
 
@@ -112,6 +119,7 @@ class Ceiling:
     hosts: tuple[str, ...] | None = None  # allow_hosts entries a policy may name
     notify_env: tuple[str, ...] = ()  # ${VAR} patterns notify targets may read beyond the defaults
     notify_commands: bool = False  # an agent.yaml may name a `command:` channel
+    credential_env: tuple[str, ...] = ()  # variables sandbox.credentials may name (fnmatch patterns)
     source: str = "<none>"
 
     def refusal(self, policy: Policy, user: str | None = None) -> str | None:
@@ -119,7 +127,12 @@ class Ceiling:
         file, line and key, or None. `user` is sandbox.user as resolved for the
         workspace ("auto" is its owner); without it only an explicit UID:GID is bounded."""
         box = policy.sandbox
-        over = self._user_refusal(policy, user) or self._env_refusal(policy) or self._host_refusal(policy)
+        over = (
+            self._user_refusal(policy, user)
+            or self._env_refusal(policy)
+            or self._host_refusal(policy)
+            or self._credential_refusal(policy)
+        )
         if over:
             return over
         for key, chosen in (("runtimes", box.runtime), ("images", box.image), ("networks", box.network)):
@@ -188,6 +201,17 @@ class Ceiling:
                 )
         return None
 
+    def _credential_refusal(self, policy: Policy) -> str | None:
+        for i, cred in enumerate(policy.sandbox.credentials):
+            if not any(fnmatch.fnmatchcase(cred.var, pattern) for pattern in self.credential_env):
+                return self._say(
+                    policy,
+                    f"sandbox.credentials[{i}].value",
+                    f"{cred.var} is not a variable the broker lets a policy name: "
+                    f"{', '.join(self.credential_env) or 'none (credential_env)'}",
+                )
+        return None
+
     def _say(self, policy: Policy, path: str, what: str) -> str:
         return f"{policy.where(path)}: {path}: {what} (ceiling {self.source})"
 
@@ -234,11 +258,11 @@ def load_ceiling(path: str | Path) -> Ceiling:
             not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value)
         ):
             raise fail((key,), f"expected a non-empty list of names, got {value!r}")
-        if key in ("env_names", "hosts") and (
+        if key in ("env_names", "hosts", "credential_env") and (
             not isinstance(value, list) or not all(isinstance(v, str) for v in value)
         ):
             raise fail((key,), f"expected a list (empty: none allowed), got {value!r}")
-    for i, pattern in enumerate(data.get("env_names") or ()):
+    for i, pattern in enumerate([*(data.get("env_names") or ()), *(data.get("credential_env") or ())]):
         if not _ENV_PATTERN.match(pattern):
             raise fail(("env_names", i), f"{pattern!r} is not a variable name or a pattern such as LC_*")
     notify_env = data.get("notify_env") or []
@@ -293,6 +317,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
         max=limits,
         notify_env=tuple(notify_env),
         notify_commands=data.get("notify_commands", False),
+        credential_env=tuple(data.get("credential_env") or ()),
         source=str(path),
     )
 

@@ -23,16 +23,20 @@ import yaml
 
 from orchestrator.policy.schema import (
     APPROVE_TOOLS,
+    CREDENTIAL_VAR,
     MAX_APPROVE_RULES,
     MIN_EXPIRES_S,
     NETWORKS,
     SIZE_FIELDS,
     ApproveRule,
+    Credential,
+    HttpRule,
     Policy,
     PolicyError,
 )
 from orchestrator.records.folder import Place
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE
+from orchestrator.records.secrets import is_wakeloop_own, note_credentials
 from orchestrator.records.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
 
 if TYPE_CHECKING:
@@ -427,6 +431,83 @@ def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveR
     return ApproveRule(tool, match=tuple(globs))
 
 
+# -- egress: credentials bound to hosts, method and path rules, the byte budget ----------
+
+_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP header name (a token)
+_HTTP_RULE = re.compile(r"^(\*|[A-Z]+) (/\S*)$")  # "GET /repos/**"
+
+
+def _exact_host(value: Any, path: KeyPath, source: str, node: Node) -> str:
+    try:
+        wildcard, host, port = parse_host(value)
+    except ValueError as exc:
+        raise _fail(source, node, path, str(exc)) from None
+    if wildcard or port:
+        raise _fail(source, node, path, f"name one host, without a port or *. ({value!r}): its HTTPS is intercepted")
+    return host
+
+
+def _entries(value: Any, path: KeyPath, source: str, node: Node, keys: set[str], example: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of entries such as {example}, got {_kind(value)}")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or "host" not in entry:
+            raise _fail(source, node, path + (i,), f"expected a mapping such as {example}")
+        unknown = sorted(set(map(str, entry)) - keys)
+        if unknown:
+            raise _fail(source, node, path + (i, unknown[0]), f"unknown key (known here: {', '.join(sorted(keys))})")
+    return value
+
+
+def _credentials(value: Any, path: KeyPath, source: str, node: Node) -> tuple[Credential, ...]:
+    keys = {"host", "header", "value", "placeholder_env"}
+    out = []
+    for i, entry in enumerate(_entries(value, path, source, node, keys, "{host: api.github.com, value: ...}")):
+        where = path + (i,)
+        host = _exact_host(entry["host"], where + ("host",), source, node)
+        header = entry.get("header", "Authorization")
+        if not isinstance(header, str) or not _HEADER.match(header):
+            raise _fail(source, node, where + ("header",), f"expected an HTTP header name, got {header!r}")
+        text = entry.get("value")
+        if not isinstance(text, str) or len(CREDENTIAL_VAR.findall(text)) != 1 or "\n" in text or "\r" in text:
+            raise _fail(
+                source, node, where + ("value",), 'expected one line naming one variable, e.g. "Bearer ${GITHUB_TOKEN}"'
+            )
+        var = CREDENTIAL_VAR.findall(text)[0]
+        if is_wakeloop_own(var):
+            raise _fail(source, node, where + ("value",), f"{var} is wakeloop's own secret, never a credential")
+        note_credentials((var,))  # its value is scrubbed from what this process writes (records/secrets.py)
+        placeholder = entry.get("placeholder_env", "")
+        if placeholder and (not isinstance(placeholder, str) or not _ENV_NAME.match(placeholder)):
+            raise _fail(source, node, where + ("placeholder_env",), "not a valid environment variable name")
+        if placeholder and (_ENV_RESERVED.match(placeholder) or _ENV_LOADER.match(placeholder)):
+            raise _fail(source, node, where + ("placeholder_env",), "reserved (see sandbox.env)")
+        out.append(Credential(host=host, header=header, value=text, placeholder_env=placeholder))
+    return tuple(out)
+
+
+def _http(value: Any, path: KeyPath, source: str, node: Node) -> tuple[HttpRule, ...]:
+    out = []
+    for i, entry in enumerate(_entries(value, path, source, node, {"host", "allow"}, "{host: h, allow: ['GET /**']}")):
+        where = path + (i,)
+        host = _exact_host(entry["host"], where + ("host",), source, node)
+        rules = entry.get("allow")
+        if not isinstance(rules, list) or not rules:
+            raise _fail(source, node, where + ("allow",), "expected a list of rules such as ['GET /repos/**']")
+        for j, rule in enumerate(rules):
+            if not isinstance(rule, str) or not _HTTP_RULE.match(rule):
+                raise _fail(
+                    source, node, where + ("allow", j), f"expected 'METHOD /path/glob' (e.g. 'GET /**'), got {rule!r}"
+                )
+        line = line_of(node, where)
+        out.append(HttpRule(host=host, allow=tuple(rules), source=f"{source}:{line}" if line else source))
+    return tuple(out)
+
+
+def _egress_budget(value: Any, path: KeyPath, source: str, node: Node) -> int:
+    return 0 if value == 0 else _size(value, path, source, node)
+
+
 _CHECKS: dict[str, Check] = {
     **{name: _size for name in SIZE_FIELDS},  # disk's own check comes after, and wins
     "pool": _pool,
@@ -447,6 +528,9 @@ _CHECKS: dict[str, Check] = {
     "rules": _approve_rules,
     "protect": _globs,
     "keep_undo_days": _days,
+    "credentials": _credentials,
+    "http": _http,
+    "max_egress_bytes_per_wake": _egress_budget,
 }
 
 
@@ -459,6 +543,22 @@ def _check_combinations(policy: Policy, source: str, node: Node) -> None:
             ("sandbox", "network"),
             "allowlist needs at least one entry in sandbox.allow_hosts (or use network: none)",
         )
+    hosts: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("credentials", tuple(c.host for c in box.credentials)),
+        ("http", tuple(r.host for r in box.http)),
+    )
+    for key, entries in hosts:
+        for i, host in enumerate(entries):
+            if box.network != "allowlist":
+                raise _fail(
+                    source, node, ("sandbox", key), f"only used with network: allowlist (network is {box.network})"
+                )
+            if host not in box.allow_hosts:
+                raise _fail(source, node, ("sandbox", key, i, "host"), f"{host} is not in sandbox.allow_hosts")
+    names = [c.placeholder_env for c in box.credentials if c.placeholder_env]
+    clash = next((n for n in names if names.count(n) > 1 or n in dict(box.env)), None)
+    if clash:
+        raise _fail(source, node, ("sandbox", "credentials"), f"{clash} is named twice (placeholder_env, env)")
     if box.network != "allowlist" and box.allow_hosts:
         raise _fail(
             source, node, ("sandbox", "allow_hosts"), f"only used with network: allowlist (network is {box.network})"

@@ -15,6 +15,7 @@ numbers (records/yamlfile.py), whether the engine can give what a policy asks
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ SIZE_FIELDS = frozenset(
         "rotate_size",
         "keep_size",
         "disk",
+        "max_egress_bytes_per_wake",
     }
 )
 
@@ -146,6 +148,37 @@ class Tools:
 
 
 @dataclass(frozen=True)
+class Credential:
+    """One `sandbox.credentials` entry: a header the egress proxy adds for one host. The value's
+    ${VAR} is expanded on the proxy's side, from the environment of the process that makes the
+    proxies (the broker under compose), never in the box; the ceiling's `credential_env` lists
+    the names a policy may use. The box sees at most a placeholder (`placeholder_env`)."""
+
+    host: str  # the one host (exact name, in allow_hosts) whose HTTPS requests get the header
+    header: str = "Authorization"  # the header's name
+    value: str = ""  # the header's value, naming exactly one variable: "Bearer ${GITHUB_TOKEN}"
+    placeholder_env: str = ""  # optional: a variable the box gets, holding a placeholder the proxy swaps in
+
+    @property
+    def var(self) -> str:
+        """The variable `value` names (load.py checks there is exactly one)."""
+        return str(CREDENTIAL_VAR.findall(self.value)[0])
+
+
+CREDENTIAL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # ${NAME} in a credential's value
+
+
+@dataclass(frozen=True)
+class HttpRule:
+    """One `sandbox.http` entry: the requests an intercepted host may get. A request no rule
+    admits is refused with a reason the model reads (the host, the rules, this file and line)."""
+
+    host: str  # the host (exact name, in allow_hosts); its HTTPS is intercepted to see method and path
+    allow: tuple[str, ...] = ()  # "METHOD /path/glob": `*` one path segment, `**` any; METHOD may be *
+    source: str = field(default="", compare=False)  # file:line of this entry, set when read (not a key)
+
+
+@dataclass(frozen=True)
 class SandboxPolicy:
     image: str = "wakeloop-sandbox:latest"  # the image every call's container is made from
     runtime: str = "runc"  # runc | runsc (gVisor: scripts/setup-runsc.sh)
@@ -163,6 +196,9 @@ class SandboxPolicy:
     network: str = "none"  # none | allowlist | bridge
     allow_hosts: tuple[str, ...] = ()  # with allowlist: the hosts (host or host:port, *.domain) the proxy passes
     env: tuple[tuple[str, str], ...] = ()  # variables for the command (a mapping); loader variables refused
+    credentials: tuple[Credential, ...] = ()  # headers the proxy adds per host; the box never holds their values
+    http: tuple[HttpRule, ...] = ()  # method and path rules per intercepted host
+    max_egress_bytes_per_wake: int = 2**30  # bytes through the allowlist's proxy, both ways, per wake; 0 = no cap
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,24 @@ SECRET_NAMES = (
 )
 SECRET_PREFIXES = ("ANTHROPIC_",)  # whatever the SDK reads next is the provider's, hence secret
 MIN_SECRET_LEN = 8  # shorter values would scrub ordinary words
+# The variables a loaded policy's sandbox.credentials name (policy/load.py notes them as it
+# reads one): their values are the proxy's to send, and scrubbed like the rest wherever this
+# process holds them (the local CLI; under compose only the broker has them).
+CREDENTIAL_NAMES: set[str] = set()
 
 
 def is_secret(name: str) -> bool:
-    return name in SECRET_NAMES or name.startswith(SECRET_PREFIXES)
+    return name in SECRET_NAMES or name.startswith(SECRET_PREFIXES) or name in CREDENTIAL_NAMES
+
+
+def is_wakeloop_own(name: str) -> bool:
+    """The model's key and wakeloop's own variables: never a credential a policy may name."""
+    return name in SECRET_NAMES or name.startswith(SECRET_PREFIXES) or name.upper().startswith("WAKELOOP_")
+
+
+def note_credentials(names: tuple[str, ...]) -> None:
+    """Count these variables as secrets from now on, in this process."""
+    CREDENTIAL_NAMES.update(names)
 
 
 def pattern_reaches_secret(pattern: str) -> bool:

@@ -191,7 +191,7 @@ class DockerSandbox:
         The disk is mounted over the workspace folder, where a person looks, or with
         `private_view` (the broker, whose workspace folders the orchestrator can
         rename) at a path of its own. `attach=False` plans the disk without
-        making or mounting it (`policy explain`). close() lets go of the disk: it is
+        making or mounting it, nor the allowlist's proxy (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it.
         `overcommit`: the disks' sizes together stay within this many times their
         filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise).
@@ -219,14 +219,18 @@ class DockerSandbox:
         self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
         self._layer = 0  # counts what KEY.box has shown: in the pool's settings key
         self.release_problem: str | None = None  # why close() could not release the disk
+        self._egress_ca = ""  # the allowlist proxy's CA certificate, when it intercepts a host
+        self.wake_began = time.time()  # since when egress_decisions reads the proxy's record
         self.disk = self._attach_disk(policy, attach)
         try:
+            self._egress_plan = self._plan_egress(policy)
             self.user = resolve_user(policy.user, self.view)
-            if policy.network == "allowlist":  # the proxy and netns holder, started on demand
+            if policy.network == "allowlist" and attach:  # the proxy and netns holder, started on demand
                 try:
-                    network.ensure(self.client, network.plan(self.workspace, policy.allow_hosts))
+                    self._egress_ca = network.ensure(self.client, self._egress_plan)
                 except network.NetworkError as exc:
                     raise SandboxError(str(exc)) from None
+                self.wake_began = network.new_wake(self.client, self._egress_plan)
         except BaseException:
             self.close()  # the disk attached above is let go
             raise
@@ -271,9 +275,19 @@ class DockerSandbox:
             self.pool.wind_down()
 
     def rearm(self) -> None:
-        """A wake starts on this box (the broker keeps one per agent): one container ahead."""
+        """A wake starts on this box (the broker keeps one per agent): one container ahead,
+        and the proxy's byte budget starts again."""
         if self.pool:
             self.pool.rearm()
+        egress = self._egress()
+        if egress:
+            self.wake_began = network.new_wake(self.client, egress)
+
+    def egress_decisions(self) -> list[dict]:
+        """The allowlist proxy's decisions since this wake began, tagged with the run id
+        (network.decisions); [] without an allowlist."""
+        egress = self._egress()
+        return network.decisions(self.client, egress, self.wake_began, self.run_id) if egress else []
 
     def __enter__(self):
         return self
@@ -380,6 +394,7 @@ class DockerSandbox:
                     if self.pool:
                         self.pool.drain()  # its idle containers mount the old disk's volume
                     self.release_problem = disk.let_go(self.client, old) or self.release_problem
+        self._egress_plan = self._plan_egress(policy)
         self.policy = policy
         self.user = resolve_user(policy.user, self.view)
         if self.pool:
@@ -401,11 +416,19 @@ class DockerSandbox:
 
     # -- container settings ---------------------------------------------------
 
+    def _plan_egress(self, policy: SandboxPolicy):
+        """The allowlist's plan, made once per policy (it reads the operator's settings; network.plan_for)."""
+        if policy.network != "allowlist":
+            return None
+        try:
+            return network.plan_for(self.workspace, policy)
+        except network.NetworkError as exc:
+            raise SandboxError(str(exc)) from None
+
     def _egress(self):
         # allowlist: join the agent's netns holder (no default route) and reach
         # out only through the proxy; none/bridge are the engine's own modes.
-        p = self.policy
-        return network.plan(self.workspace, p.allow_hosts) if p.network == "allowlist" else None
+        return self._egress_plan
 
     def command_env(self) -> dict[str, str]:
         """The agent's command's whole environment: PATH/HOME/LANG, the policy's
@@ -440,7 +463,12 @@ class DockerSandbox:
             user=self.user,
             working_dir=workdir,
             hostname="sandbox",
-            environment={**BASE_ENV, **(egress.env() if egress else {}), **programs},
+            environment={
+                **BASE_ENV,
+                **(egress.env() if egress else {}),
+                **(network.ca_env(self._egress_ca) if egress else {}),
+                **programs,
+            },
             labels={
                 LABEL: "1",
                 "wakeloop.agent": self.agent,

@@ -109,13 +109,14 @@ def explain(policy: Policy, box, registry) -> str:
     if s.network == "allowlist":
         from orchestrator.sandbox import network
 
-        egress = network.plan(box.workspace, s.allow_hosts)
+        egress = network.plan_for(box.workspace, s)
         lines += [
             f"  the box joins the network namespace of {egress.holder} (internal network "
             f"{egress.internal_network}, no default route, no IPv6); the only way out is the",
-            f"  squid proxy {egress.proxy} at {egress.proxy_url}, which also sits on {network.EGRESS_NETWORK}",
+            f"  proxy {egress.proxy} at {egress.proxy_url}, which also sits on {network.EGRESS_NETWORK}",
             "  and refuses any listed name that resolves to an address that is not public "
             "internet (private, loopback, link-local, its own Docker networks)",
+            *_egress_lines(egress, s.max_egress_bytes_per_wake),
         ]
     elif s.network == "bridge":
         lines.append("  Docker's default bridge: the open preset, anything the host can reach")
@@ -169,6 +170,21 @@ def _workspace_line(box) -> str:
     )
 
 
+def _egress_lines(egress, budget: int) -> list[str]:
+    """Credentials as name and host (never a value), the rules, what is intercepted, the budget."""
+    lines = [f"  egress budget: {budget:,} bytes per wake" if budget else "  egress budget: none"]
+    if egress.intercepted:
+        lines.append(
+            f"  HTTPS opened (a CA of this agent's proxy) for: {', '.join(egress.intercepted)}; other hosts tunnelled"
+        )
+    for cred in egress.credentials:
+        held = f"; the box sees {cred.placeholder_env}=<placeholder>" if cred.placeholder_env else ""
+        lines.append(f"  credential {cred.var} -> {cred.host} ({cred.header} header, set by the proxy{held})")
+    for rule in egress.http:
+        lines.append(f"  {rule.host}: only {', '.join(rule.allow)}")
+    return lines
+
+
 def explain_data(policy: Policy, box, registry) -> dict:
     """`policy explain --json`: the tools as the model is offered them, and each
     call's container as `docker run` arguments (image and argv last)."""
@@ -180,6 +196,10 @@ def explain_data(policy: Policy, box, registry) -> dict:
         "warm_pool": policy.sandbox.pool,
         "network": policy.sandbox.network,
         "allow_hosts": list(policy.sandbox.allow_hosts),
+        "credentials": [
+            {"name": c.var, "host": c.host, "header": c.header, "placeholder_env": c.placeholder_env}
+            for c in policy.sandbox.credentials
+        ],
         "disk": (
             {
                 "bytes": policy.sandbox.disk,

@@ -1,4 +1,5 @@
-"""The network allowlist: HTTP(S) to named hosts through a proxy, nothing else.
+"""The network allowlist: HTTP(S) to named hosts through a proxy, nothing else;
+credentials the box uses but never holds; every decision on the record.
 
 For a policy with `network: allowlist`, each agent gets:
 
@@ -11,32 +12,74 @@ For a policy with `network: allowlist`, each agent gets:
   one on-link route of the internal subnet and nothing else: no route to
   169.254.169.254, to the host or to any outside address, and DNS queries for
   outside names have nowhere to go;
-- a proxy container (squid, from Debian's packages: proxy-image/) on that
-  internal network, under the alias `wakeloop-proxy`, and on the shared egress
-  bridge `wakeloop-egress`. Its squid.conf is generated here from exactly the
-  policy's allow_hosts. It refuses every name not on the list, before any DNS
-  lookup, and IP-literal targets; then, for a listed name, every destination
-  address that is not public internet (NON_PUBLIC: loopback, link-local and the
-  metadata address, RFC 1918, CGNAT, unique-local, multicast, reserved), and
-  the addresses of the Docker networks it sits on (its neighbours and their
-  gateway, the Docker host), read from the engine when the config is written.
-  A listed name that resolves to such an address (DNS rebinding, a name the
+- a proxy container (mitmproxy from Debian's packages and one addon of ours:
+  proxy-image/) on that internal network, under the alias `wakeloop-proxy`, and
+  on the shared egress bridge `wakeloop-egress`. Its config (proxy_config) is
+  generated here from the policy. It refuses every name not on the list, before
+  any DNS lookup, and IP-literal targets; then, for a listed name, every
+  destination address that is not public internet (NON_PUBLIC and whatever
+  Python's `ipaddress` does not call global: loopback, link-local and the
+  metadata address, RFC 1918, CGNAT, unique-local, multicast, reserved), and the
+  addresses of the Docker networks it sits on (its neighbours and their gateway,
+  the Docker host), read from the engine when the config is written. The check
+  is made where the proxy opens its socket, on the address it then connects to,
+  so a listed name that resolves to such an address (DNS rebinding, a name the
   engine's resolver answers for a container) is refused like any other.
   Its log is capped, and so are its memory, CPU and processes.
 
+## Credentials, interception, rules, the record
+
+A host named by `sandbox.credentials` or `sandbox.http` is intercepted: the proxy
+ends the box's TLS with a certificate signed by a CA it made at its start, in its
+own tmpfs (one per agent: one proxy per agent), whose key never leaves that
+container; it prints the CA's certificate, which `ensure` reads from its log and
+the box gets in its environment (ca_env): the guard (in_box/guard.py) writes
+/tmp/wakeloop-ca.pem, Debian's store plus that certificate, before the command
+starts, and SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, GIT_SSL_CAINFO and
+NODE_EXTRA_CA_CERTS name it. Upstream certificates are checked against Debian's
+store. On an intercepted host the proxy checks each request's method and path
+against the host's rules, then sets the credential's header, expanding its
+`${VAR}` from WAKELOOP_SECRET_<VAR> in its own environment: the value comes from
+the environment of the process that calls `ensure` (the broker under compose),
+never from the box, which sees at most a placeholder (`placeholder_env`). A
+placeholder in a request to any other host (headers or URL) is refused and
+recorded as misdirected. Every other allowed host is tunnelled untouched (its
+bytes counted). Each connection and each intercepted request is one JSON line on
+the proxy's stdout; `decisions` reads those since a wake began. The wake's byte
+budget (`sandbox.max_egress_bytes_per_wake`) is counted by the proxy from the
+last `new_wake` (a SIGUSR1); past it, connections and requests are refused.
+
+## Why mitmproxy, not squid's ssl-bump
+
+Both are Debian packages. squid-openssl can bump TLS and add a header per acl,
+but cannot replace a placeholder inside a header, name the rule that decided in
+a body the model reads, count a wake's bytes against a budget, or emit our
+decision record without a log-format dialect; each would be a helper process of
+ours beside it. mitmproxy's addon API does all of it in one Python file (the same
+language as the rest of wakeloop, tested the same way), and one engine serves
+tunnels and interception alike, so there is one place that decides. The cost:
+a Python event loop per agent (about 60 MB and 1.5 s to start, against squid's
+20 MB and 1 s), and throughput bound to one core, plenty for one agent's box.
+
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
-it exits. Not here: whether a policy may use the network (policy/load.py),
-the sandbox's other settings (engine.py), the `bridge` preset (just Docker's
-default bridge, set in engine.py's container_spec).
+it exits. The proxy image is tagged by a hash of proxy-image/ (images.py's
+inputs_hash), so a changed proxy-image/ is built anew. Not here: whether a
+policy may use the network (policy/load.py), the sandbox's other settings
+(engine.py), the `bridge` preset (just Docker's default bridge, set in
+engine.py's container_spec), the egress log itself (the records package's egress module).
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+import importlib
+import json
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import docker
@@ -47,23 +90,32 @@ from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
 
 from orchestrator.policy.load import parse_host
-from orchestrator.sandbox.programs import HOLDER_SCRIPT
+from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy
+from orchestrator.sandbox.images import inputs_hash
+from orchestrator.sandbox.programs import CA_ENV, CA_FILE, HOLDER_SCRIPT
 
 LABEL = "wakeloop.egress"  # on every container and network created here
-PROXY_IMAGE = "wakeloop-proxy:latest"
+PROXY_REPO = "wakeloop-proxy"
 PROXY_ALIAS = "wakeloop-proxy"  # the proxy's name on each internal network
-PROXY_PORT = 3128  # squid's usual port
+PROXY_PORT = 3128  # the port squid used to listen on; kept, tools and docs know it
 EGRESS_NETWORK = "wakeloop-egress"  # the one bridge with a way out, proxies only
 DEFAULT_PORTS = (80, 443)  # a bare `host` entry: plain HTTP and HTTPS
-READY_TIMEOUT_S = 30  # squid starts in about a second; a build is not counted
+READY_TIMEOUT_S = 30  # mitmdump starts in about 1.5 s; a build is not counted
 POLL_S = 0.2  # readiness polling interval
-PROXY_MEMORY = 256 * 2**20  # bytes; squid without a disk cache stays far below
-PROXY_PIDS = 128  # squid and its helpers
+PROXY_MEMORY = 256 * 2**20  # bytes; mitmdump idles at about 60 MB, a request's bodies held while it passes
+PROXY_PIDS = 128  # mitmdump and its threads
 PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
-PROXY_LOG = {"max-size": "1m", "max-file": "1"}  # squid logs each request to stdout: keep 1 MB
-# Destinations that are not the public internet, by the address a name resolves
-# to (squid's `dst`); no two overlap, as squid wants within one acl. The proxy's
-# own Docker networks are added when its config is written (docker_subnets).
+# One JSON line per decision on stdout, which `decisions` reads back: room for ~40,000 lines.
+PROXY_LOG = {"max-size": "8m", "max-file": "2"}
+LINE_MARK = "wakeloop-egress "  # a decision's line on the proxy's stdout starts with this
+CA_MARK = "wakeloop-egress: ca "  # the CA certificate's line (its newlines as |)
+READY_MARK = "wakeloop-egress: ready"
+CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
+SECRET_PREFIX = "WAKELOOP_SECRET_"  # a credential's value, in the proxy's environment only
+# Destinations that are not the public internet, by the address a name resolves to.
+# The addon also refuses whatever Python's ipaddress does not call global; these stay
+# listed so that the record of what is refused does not hang on one library's table.
+# The proxy's own Docker networks are added when its config is written (docker_subnets).
 NON_PUBLIC = (
     "0.0.0.0/8",  # "this network"
     "10.0.0.0/8",  # RFC 1918
@@ -90,16 +142,37 @@ NON_PUBLIC = (
 )
 
 
+DEFAULT_BUDGET = SandboxPolicy().max_egress_bytes_per_wake
+
+
 class NetworkError(EnvironmentFault):
     """The allowlist could not be set up: one line for the human."""
 
 
+def _proxy_image() -> str:
+    """wakeloop-proxy:inputs-<hash of proxy-image/>: a changed proxy-image/ is a new tag, built when missing."""
+    directory = asset_dir("proxy-image")
+    if directory is None or not (Path(directory) / "Dockerfile").is_file():
+        return f"{PROXY_REPO}:latest"
+    return f"{PROXY_REPO}:inputs-{inputs_hash(Path(directory))}"
+
+
+PROXY_IMAGE = _proxy_image()
+
+
 @dataclass(frozen=True)
 class Egress:
-    """The names of one agent's allowlist plumbing; `plan` makes it, `ensure` builds it."""
+    """The names and settings of one agent's allowlist plumbing; `plan` makes it, `ensure` builds it.
+    `private_ok` and `upstream_ca` are for tests of our own only (no policy key sets them):
+    names the proxy may connect to at a private address, and a CA it trusts upstream besides Debian's."""
 
     key: str
     allow_hosts: tuple[str, ...]
+    credentials: tuple[Credential, ...] = ()
+    http: tuple[HttpRule, ...] = ()
+    budget: int = DEFAULT_BUDGET  # bytes per wake through the proxy; 0: no cap
+    private_ok: tuple[str, ...] = ()
+    upstream_ca: str = ""
 
     @property
     def internal_network(self) -> str:
@@ -121,10 +194,21 @@ class Egress:
     def proxy_url(self) -> str:
         return f"http://{PROXY_ALIAS}:{PROXY_PORT}"
 
+    @property
+    def intercepted(self) -> tuple[str, ...]:
+        """The hosts whose HTTPS the proxy opens: those with a credential or rules."""
+        return tuple(dict.fromkeys([*(c.host for c in self.credentials), *(r.host for r in self.http)]))
+
+    def placeholder(self, cred: Credential) -> str:
+        """What the box holds in place of a credential: unique to this agent, worthless elsewhere."""
+        digest = hashlib.sha256(f"{self.key}\n{cred.host}\n{cred.var}".encode()).hexdigest()[:24]
+        return f"wakeloop-placeholder-{cred.placeholder_env}-{digest}"
+
     def env(self) -> dict[str, str]:
-        """What the sandbox gets; both cases, since tools disagree on which they read."""
+        """What the sandbox gets; both cases, since tools disagree on which they read.
+        With an intercepted host, the CA variables and the credentials' placeholders too."""
         url = self.proxy_url
-        return {
+        env = {
             "HTTP_PROXY": url,
             "HTTPS_PROXY": url,
             "http_proxy": url,
@@ -132,67 +216,113 @@ class Egress:
             "NO_PROXY": "localhost,127.0.0.1",
             "no_proxy": "localhost,127.0.0.1",
         }
+        if self.intercepted:
+            env |= {name: CA_FILE for name in CA_VARS}
+        env |= {c.placeholder_env: self.placeholder(c) for c in self.credentials if c.placeholder_env}
+        return env
 
 
-def plan(workspace: Path, allow_hosts: tuple[str, ...]) -> Egress:
+def plan(
+    workspace: Path,
+    allow_hosts: tuple[str, ...],
+    credentials: tuple[Credential, ...] = (),
+    http: tuple[HttpRule, ...] = (),
+    budget: int = DEFAULT_BUDGET,
+    private_ok: tuple[str, ...] = (),
+    upstream_ca: str = "",
+) -> Egress:
     """Pure: the names for this agent and list. One set per agent (keyed by its
-    workspace), so one agent's sandbox never shares a network with another's."""
-    digest = hashlib.sha256(f"{Path(workspace).resolve()}\n{sorted(allow_hosts)}".encode())
-    return Egress(key=digest.hexdigest()[:12], allow_hosts=tuple(allow_hosts))
+    workspace), so one agent's sandbox never shares a network with another's.
+    The key covers every setting the proxy's config holds (a changed one is a new
+    proxy); a plain list keys as it always did."""
+    extra = [credentials, http, budget if budget != DEFAULT_BUDGET else 0, private_ok, upstream_ca]
+    text = f"{Path(workspace).resolve()}\n{sorted(allow_hosts)}" + (f"\n{extra!r}" if any(extra) else "")
+    digest = hashlib.sha256(text.encode())
+    return Egress(
+        key=digest.hexdigest()[:12],
+        allow_hosts=tuple(allow_hosts),
+        credentials=tuple(credentials),
+        http=tuple(http),
+        budget=budget,
+        private_ok=tuple(private_ok),
+        upstream_ca=upstream_ca,
+    )
 
 
-# -- squid.conf -------------------------------------------------------------------
+PRIVATE_OK_ENV = "WAKELOOP_EGRESS_PRIVATE_OK"  # names (comma-separated) the proxy may reach at private addresses
+UPSTREAM_CA_ENV = "WAKELOOP_EGRESS_UPSTREAM_CA"  # a PEM file the proxy trusts upstream besides Debian's store
 
 
-def squid_config(allow_hosts: tuple[str, ...], docker_subnets: tuple[str, ...] = ()) -> str:
-    """squid.conf allowing exactly `allow_hosts` (validated by policy/load.py's parse_host),
-    to public addresses only: never NON_PUBLIC, never `docker_subnets` (the
-    proxy's own networks, whatever address pool the engine uses)."""
-    lines = [
-        f"http_port {PROXY_PORT}",
-        f"visible_hostname {PROXY_ALIAS}",
-        "pid_filename /tmp/squid.pid",
-        "cache deny all",
-        "cache_mem 8 MB",
-        "access_log stdio:/dev/stdout",
-        "cache_log stdio:/dev/stderr",
-        "cache_store_log none",
-        "logfile_rotate 0",
-        "coredump_dir /tmp",
-        "shutdown_lifetime 1 seconds",
-        "forwarded_for delete",
-        "via off",
-        "httpd_suppress_version_string on",
-        f"acl to_nonpublic dst {' '.join(NON_PUBLIC)}",
-        f"acl to_docker dst {' '.join(docker_subnets)}" if docker_subnets else "acl to_docker dst 0.0.0.0/32",
-        f"acl default_ports port {' '.join(map(str, DEFAULT_PORTS))}",
-    ]
-    allowed = []
-    for i, entry in enumerate(allow_hosts):
-        wildcard, host, port = parse_host(entry)
-        if wildcard:  # subdomains only: one or more labels before the domain
-            lines.append(f"acl host_{i} dstdom_regex -n -i ^([a-z0-9-]+\\.)+{re.escape(host)}$")
-        else:
-            lines.append(f"acl host_{i} dstdomain -n {host}")
-        if port:
-            lines.append(f"acl port_{i} port {port}")
-        lines.append(f"acl allowed_{i} all-of host_{i} {f'port_{i}' if port else 'default_ports'}")
-        allowed.append(f"allowed_{i}")
-    lines += [
-        f"acl allowed any-of {' '.join(allowed)}" if allowed else "acl allowed src 0.0.0.0/32",
-        # Order matters: names are checked first, without DNS, so a name that is
-        # not on the list is never even looked up (no DNS channel through squid).
-        # Then the address a listed name resolves to (`dst`), for plain HTTP and
-        # CONNECT alike: squid connects to the address it checked here.
-        "http_access deny !allowed",
-        "http_access deny to_nonpublic",
-        "http_access deny to_docker",
-        "http_access deny to_localhost",
-        "http_access allow allowed",
-        "http_access deny all",
-        "",
-    ]
-    return "\n".join(lines)
+def plan_for(workspace: Path, policy: SandboxPolicy, environ: Mapping[str, str] = os.environ) -> Egress:
+    """The plan for a sandbox policy with `network: allowlist`. Two settings are the
+    operator's, never a policy's: read from the environment of the process that makes
+    the proxies (the broker under compose, whose environment compose.yaml sets, as it
+    sets its ceiling), off when unset. Tests of our own use them to name their own
+    HTTPS server, which sits at a private address like every container."""
+    private_ok = tuple(n.strip().lower() for n in environ.get(PRIVATE_OK_ENV, "").split(",") if n.strip())
+    ca_path = environ.get(UPSTREAM_CA_ENV, "")
+    try:
+        upstream_ca = Path(ca_path).read_text(encoding="ascii") if ca_path else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NetworkError(f"{UPSTREAM_CA_ENV}: cannot read {ca_path}: {exc}") from None
+    return plan(
+        workspace,
+        policy.allow_hosts,
+        policy.credentials,
+        policy.http,
+        policy.max_egress_bytes_per_wake,
+        private_ok,
+        upstream_ca,
+    )
+
+
+# -- the proxy's config ----------------------------------------------------------------
+
+
+def proxy_config(egress: Egress, docker_subnets: tuple[str, ...] = ()) -> str:
+    """The addon's config (proxy-image/egress_addon.py), as JSON: the list (validated by
+    policy/load.py's parse_host), the destinations refused (NON_PUBLIC, `docker_subnets`:
+    the proxy's own networks, whatever address pool the engine uses), the intercepted
+    hosts with their credentials (templates, never values) and rules, the budget."""
+    intercept: dict[str, dict] = {h: {"credentials": [], "allow": None, "where": ""} for h in egress.intercepted}
+    for cred in egress.credentials:
+        intercept[cred.host]["credentials"].append(
+            {
+                "header": cred.header,
+                "value": cred.value,
+                "var": cred.var,
+                "placeholder_env": cred.placeholder_env,
+                "placeholder": egress.placeholder(cred) if cred.placeholder_env else "",
+            }
+        )
+    for rule in egress.http:
+        entry = intercept[rule.host]
+        entry["allow"] = [*(entry["allow"] or []), *rule.allow]
+        entry["where"] = entry["where"] or rule.source
+    conf = {
+        "allow": [list(parse_host(entry)) for entry in egress.allow_hosts],
+        "blocked": [*NON_PUBLIC, *docker_subnets],
+        "check_addresses": True,
+        "private_ok": list(egress.private_ok),
+        "intercept": intercept,
+        "budget": egress.budget,
+    }
+    return json.dumps(conf, sort_keys=True)
+
+
+def secret_env(egress: Egress, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The credentials' values, for the proxy's environment only, from `environ`
+    (the process that makes the proxies). A variable that is not set is a NetworkError."""
+    out = {}
+    for cred in egress.credentials:
+        value = environ.get(cred.var, "")
+        if not value:
+            raise NetworkError(
+                f"sandbox.credentials names {cred.var} for {cred.host}, which is not set where the proxy "
+                "is made (the broker's environment under compose)"
+            )
+        out[SECRET_PREFIX + cred.var] = value
+    return out
 
 
 # -- creating and finding ------------------------------------------------------------
@@ -201,17 +331,22 @@ ENSURE_ATTEMPTS = 3  # a network removed under us by another process: look again
 _started: set[str] = set()  # egress keys this process created, for shutdown
 
 
-def ensure(client: docker.DockerClient, egress: Egress) -> None:
+_cas: dict[str, str] = {}  # proxy container id -> its CA's certificate (PEM), read once
+
+
+def ensure(client: docker.DockerClient, egress: Egress, environ: Mapping[str, str] = os.environ) -> str:
     """Create whatever of this agent's network, holder and proxy is missing, and
-    wait until the proxy accepts connections. Idempotent; cheap when all runs."""
+    wait until the proxy accepts connections. Idempotent; cheap when all runs.
+    Returns the proxy's CA certificate (PEM) when it intercepts a host, else ""."""
+    secrets = secret_env(egress, environ)
     for attempt in range(ENSURE_ATTEMPTS):
         try:
             _ensure_image(client)
             internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
             outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
             _ensure_holder(client, egress, internal)
-            _ensure_proxy(client, egress, internal, outside)
-            return
+            proxy = _ensure_proxy(client, egress, internal, outside, secrets)
+            return _ca_of(proxy) if egress.intercepted else ""
         except docker.errors.NotFound as exc:
             # Another process's shutdown removed the shared network between our lookup
             # and our connect: look again (a proxy left unstarted is made anew).
@@ -219,6 +354,7 @@ def ensure(client: docker.DockerClient, egress: Egress) -> None:
                 raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
         except docker.errors.DockerException as exc:
             raise NetworkError(f"cannot set up the allowlist proxy: {_first_line(exc)}") from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def alive(client: docker.DockerClient, egress: Egress) -> bool:
@@ -236,7 +372,7 @@ def _labels(key: str) -> dict:
 def _ensure_image(client) -> None:
     try:
         client.images.get(PROXY_IMAGE)
-    except docker.errors.ImageNotFound:
+    except docker.errors.ImageNotFound:  # never built, or proxy-image/ changed since
         client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True, labels={LABEL: "1"})
 
 
@@ -318,17 +454,19 @@ def _ensure_holder(client, egress: Egress, internal) -> None:
     _wait_for_log(container, "ready", "network holder")
 
 
-def _ensure_proxy(client, egress: Egress, internal, outside) -> None:
-    if _running(client, egress.proxy):
-        return
+def _ensure_proxy(client, egress: Egress, internal, outside, secrets: dict[str, str]):
+    running = _running(client, egress.proxy)
+    if running:
+        return running
     _started.add(egress.key)
     subnets = docker_subnets(internal, outside)
+    upstream = {"WAKELOOP_UPSTREAM_CA": egress.upstream_ca} if egress.upstream_ca else {}
     container = client.containers.create(
         PROXY_IMAGE,
         name=egress.proxy,
         user="proxy",
         hostname=PROXY_ALIAS,
-        environment={"WAKELOOP_SQUID_CONF": squid_config(egress.allow_hosts, subnets)},
+        environment={"WAKELOOP_EGRESS_CONF": proxy_config(egress, subnets), **secrets, **upstream},
         labels={**_labels(egress.key), f"{LABEL}.role": "proxy", f"{LABEL}.allow_hosts": ",".join(egress.allow_hosts)},
         network=internal.name,
         cap_drop=["ALL"],
@@ -348,7 +486,64 @@ def _ensure_proxy(client, egress: Egress, internal, outside) -> None:
     internal.connect(container, aliases=[PROXY_ALIAS])
     outside.connect(container)
     container.start()
-    _wait_for_log(container, "Accepting HTTP Socket connections", "proxy")
+    _wait_for_log(container, READY_MARK, "proxy")
+    return container
+
+
+def _ca_of(proxy) -> str:
+    """The proxy's CA certificate: from the line it printed at its start (the log is capped,
+    so it may be gone from a long-running proxy's: then from its file, read as the proxy user)."""
+    if proxy.id in _cas:
+        return _cas[proxy.id]
+    for line in proxy.logs(stderr=False).decode(errors="replace").splitlines():
+        if line.startswith(CA_MARK):
+            _cas[proxy.id] = line[len(CA_MARK) :].replace("|", "\n").strip() + "\n"
+            return _cas[proxy.id]
+    code, out = proxy.exec_run(["cat", "/tmp/mitm/mitmproxy-ca-cert.pem"], user="proxy")
+    if code != 0:
+        raise NetworkError(f"the allowlist proxy {proxy.name} has no CA certificate")
+    _cas[proxy.id] = out.decode()
+    return _cas[proxy.id]
+
+
+def ca_env(pem: str) -> dict[str, str]:
+    """The container's (not the command's) variable carrying the agent's CA to the guard."""
+    return {CA_ENV: pem} if pem else {}
+
+
+# -- the wake's record and budget --------------------------------------------------------
+
+
+def new_wake(client: docker.DockerClient, egress: Egress) -> float:
+    """A wake begins: the proxy's byte budget starts again (SIGUSR1). Returns the time,
+    from which `decisions` reads."""
+    began = time.time()
+    try:
+        client.api.kill(egress.proxy, signal="SIGUSR1")
+    except docker.errors.DockerException:
+        pass  # no proxy: ensure makes one, with a fresh count
+    return began
+
+
+def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+    """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
+    the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
+    try:
+        raw = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
+    except docker.errors.DockerException:
+        return []
+    began = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    out = []
+    for line in raw.decode(errors="replace").splitlines():
+        if not line.startswith(LINE_MARK):
+            continue
+        try:
+            record = json.loads(line[len(LINE_MARK) :])
+        except ValueError:
+            continue
+        if isinstance(record, dict) and str(record.get("time", "")) >= began:
+            out.append({"time": record["time"], "run_id": run_id, **{k: v for k, v in record.items() if k != "time"}})
+    return out
 
 
 def docker_subnets(*networks) -> tuple[str, ...]:
@@ -377,6 +572,26 @@ def _wait_for_log(container, text: str, what: str) -> None:
     raise NetworkError(f"the allowlist {what} did not start: {tail.strip() or 'no output'}")
 
 
+EGRESS_FILE = "egress.jsonl"  # in state/: the shared contract's file (the records package's egress module owns it)
+
+
+def write_decisions(state_dir: Path, found: list[dict]) -> None:
+    """Hand a wake's decisions (`decisions`, DockerSandbox.egress_decisions) to the egress
+    log: the records package's egress module's `append` where it exists; else one JSON line each, appended
+    to state/egress.jsonl in the shared contract's shape."""
+    if not found:
+        return
+    try:
+        log = importlib.import_module("orchestrator.records.egress")
+    except ImportError:
+        log = None
+    if log is not None and hasattr(log, "append"):
+        log.append(state_dir, found)
+        return
+    with open(Path(state_dir) / EGRESS_FILE, "a", encoding="utf-8") as out:
+        out.write("".join(json.dumps(d, sort_keys=True) + "\n" for d in found))
+
+
 # -- finding and removing ------------------------------------------------------------
 
 
@@ -385,11 +600,20 @@ def started() -> bool:
     return bool(_started)
 
 
+LIST_ATTEMPTS = 5  # the SDK's list inspects each container it found; another process may remove one between
+
+
 def leftovers(client: docker.DockerClient) -> tuple[list, list]:
     """(containers, networks) labelled by this module, from any process."""
-    containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-    networks = client.networks.list(filters={"label": f"{LABEL}=1"})
-    return containers, networks
+    for attempt in range(LIST_ATTEMPTS):
+        try:
+            containers = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
+            networks = client.networks.list(filters={"label": f"{LABEL}=1"})
+            return containers, networks
+        except docker.errors.NotFound:
+            if attempt + 1 == LIST_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def shutdown(client: docker.DockerClient, keys: set[str] | None = None, shared: bool = True) -> int:

@@ -93,7 +93,9 @@ LAUNCHER_ENV = "WAKELOOP_LAUNCHER"
 LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]  # the pool's launcher, run by the guard itself (GUARD)
 
 
-# Installs the filter, then becomes the program given as its arguments, which
+# Installs the filter, writes the allowlist proxy's CA bundle to CA_FILE when the
+# container's environment carries CA_ENV (network.py says why it travels so: the box
+# mounts nothing but its workspace), then becomes the program given as its arguments, which
 # must be named by absolute path (execvp would search a PATH, execv a relative
 # name in the cwd: /workspace). Its stderr joins its stdout on one pipe, so the
 # order the model sees is the order things were printed (the engine keeps two
@@ -118,9 +120,13 @@ LAUNCH_ARGV = [PYTHON, "-I", "-c", boot(LAUNCHER_ENV)]  # the pool's launcher, r
 # the engine's, the count the kernel's; a command that prints it early only
 # makes the host read the count early. Without a pipe on stdin (a `docker run`
 # of these settings) there is no line and no wait.
+CA_FILE = "/tmp/wakeloop-ca.pem"  # in the box: Debian's store plus the allowlist proxy's CA (network.py)
+CA_ENV = "WAKELOOP_EGRESS_CA"  # the container's (not the command's) environment: that CA's PEM, popped by the guard
 GUARD = INSTALL + _program(
     "guard",
     {
+        '"__CA_ENV__"': repr(CA_ENV),
+        "__CA_FILE__": CA_FILE,
         '"__COMMAND_ENV__"': repr(COMMAND_ENV),
         "__HELD__": HELD,
         '["__LAUNCH_ARGV__"]': repr(LAUNCH_ARGV),

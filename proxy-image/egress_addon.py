@@ -1,0 +1,342 @@
+# The egress proxy's one addon (mitmproxy 8.1.1, Debian bookworm's python3): every
+# decision about one agent's traffic. Config is JSON in $WAKELOOP_EGRESS_CONF, written
+# by orchestrator/sandbox/network.py (proxy_config); credential values arrive as
+# $WAKELOOP_SECRET_<VAR> and are popped from the environment at load. Not here: the
+# config's meaning (network.py's docstring), the netns holder (programs.HOLDER_SCRIPT).
+#
+# Order of checks, per connection (CONNECT) and per plain-HTTP or intercepted request:
+# an IP literal or a name not on the list is refused before any DNS lookup; then the
+# budget; then, for intercepted hosts, the method/path rules and the placeholders. The
+# address a listed name resolves to is checked where the socket is made (_connect): one
+# lookup, and the socket goes to the address that was checked (no rebinding between).
+import asyncio
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+import mitmproxy.proxy.server as proxy_server
+from mitmproxy import ctx, http
+from mitmproxy.proxy.layers import tcp
+
+CONF = json.loads(os.environ.pop("WAKELOOP_EGRESS_CONF"))
+SECRETS = {
+    k[len("WAKELOOP_SECRET_") :]: os.environ.pop(k) for k in list(os.environ) if k.startswith("WAKELOOP_SECRET_")
+}
+BLOCKED = [ipaddress.ip_network(n) for n in CONF["blocked"]]
+PRIVATE_OK = set(CONF.get("private_ok", []))  # names a test may resolve to a private address (network.py)
+INTERCEPT = CONF["intercept"]  # host -> {"credentials": [...], "allow": [...] or None, "where": str}
+PLACEHOLDERS = {
+    c["placeholder"]: (c["placeholder_env"], host)
+    for host, v in INTERCEPT.items()
+    for c in v["credentials"]
+    if c["placeholder"]
+}
+BUDGET = CONF.get("budget", 0)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand(template):
+    return _VAR.sub(lambda m: SECRETS.get(m.group(1), ""), template)
+
+
+def scrub(text):
+    """Whatever reaches the box or the record never holds a credential's value."""
+    for value in SECRETS.values():
+        if value:
+            text = text.replace(value, "[secret]")
+    return text
+
+
+def listed(host, port):
+    """The allow_hosts entry that admits host:port, or None. Names only: no DNS here.
+    A name of "*" admits anything (only a test's weakened config has one)."""
+    for wildcard, name, want in CONF["allow"]:
+        if name == "*":
+            return "*"
+        if want is None and port not in (80, 443) or want is not None and port != want:
+            continue
+        if (host.endswith("." + name) and re.fullmatch(r"[a-z0-9.-]+", host)) if wildcard else host == name:
+            return ("*." if wildcard else "") + name + (f":{want}" if want else "")
+    return None
+
+
+def is_ip(host):
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def path_rule(method, path, rules):
+    """The rule ('GET /repos/**') that admits method and path, or None. `*` is one segment, `**` any."""
+    path = path.split("?", 1)[0]
+    for rule in rules:
+        want, _, pattern = rule.partition(" ")
+        if want not in ("*", method):
+            continue
+        regex = "".join(
+            ".*" if part == "**" else "[^/]*" if part == "*" else re.escape(part)
+            for part in re.split(r"(\*\*|\*)", pattern)
+        )
+        if re.fullmatch(regex, path):
+            return rule
+    return None
+
+
+async def resolve(host, port):
+    """The address to connect to for host: every address it resolves to must be public
+    (or the name one a test let reach a private address); OSError says why not."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = [info[4][0] for info in infos]
+    if not addresses:
+        raise OSError(f"{host} has no address")
+    for address in addresses:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        private = not ip.is_global or any(ip in net for net in BLOCKED if net.version == ip.version)
+        if private and CONF.get("check_addresses", True) and host not in PRIVATE_OK:
+            raise OSError(f"{host} resolves to {address}, which is not a public address")
+    return addresses[0]
+
+
+async def _connect(host, port, **kwargs):
+    """asyncio.open_connection for mitmproxy's server connections: resolve once, check,
+    and connect to the address that was checked (no second lookup to rebind)."""
+    return await asyncio.open_connection(await resolve(host, port), port, **kwargs)
+
+
+class _Asyncio:
+    """mitmproxy's server module sees this as `asyncio`: the real one but for open_connection."""
+
+    def __getattr__(self, name):
+        return _connect if name == "open_connection" else getattr(asyncio, name)
+
+
+proxy_server.asyncio = _Asyncio()
+
+
+class Conn:
+    def __init__(self, host, port, rule, intercepted):
+        self.host, self.port, self.rule, self.intercepted = host, port, rule, intercepted
+        self.up = self.down = 0
+        self.layered = False
+        self.over = False
+
+
+class Egress:
+    def __init__(self):
+        self.conns = {}  # client connection id -> Conn, for CONNECT tunnels
+        self.spent = 0  # bytes both ways since the wake began (SIGUSR1)
+
+    def running(self):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self.new_wake)
+        # The CA's certificate (never its key) for the host to hand the box; then ready.
+        with open(os.path.join(ctx.options.confdir, "mitmproxy-ca-cert.pem")) as f:
+            pem = f.read()
+        print("wakeloop-egress: ca " + pem.replace("\n", "|"), flush=True)
+        print("wakeloop-egress: ready", flush=True)
+
+    def new_wake(self):
+        self.spent = 0
+        print("wakeloop-egress: new wake", flush=True)  # what a caller may wait for
+
+    # -- records ---------------------------------------------------------------------
+
+    def record(self, host, port, method, path, decision, rule, intercepted=False, credential="", up=0, down=0):
+        now = time.time()
+        line = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
+            "host": host,
+            "port": port,
+            "method": method,
+            "path": scrub(path)[:2000],
+            "decision": decision,
+            "rule": scrub(rule),
+            "intercepted": intercepted,
+            "credential": credential,
+            "bytes_up": up,
+            "bytes_down": down,
+        }
+        sys.stdout.write("wakeloop-egress " + json.dumps(line) + "\n")
+        sys.stdout.flush()
+
+    def refuse(self, flow, host, port, path, rule, why, intercepted=False, status=403):
+        body = f"wakeloop egress: refused {flow.request.method} {host}:{port}{path}: {why}\n"
+        flow.response = http.Response.make(status, scrub(body).encode(), {"Content-Type": "text/plain"})
+        self.record(host, port, flow.request.method, path, "deny", rule, intercepted)
+
+    def over_budget(self):
+        return BUDGET and self.spent >= BUDGET
+
+    def budget_text(self):
+        return f"egress budget {BUDGET}"
+
+    # -- connections -------------------------------------------------------------------
+
+    async def http_connect(self, flow):
+        host, port = flow.request.host.lower().rstrip("."), flow.request.port
+        rule = await self.host_check(flow, host, port, "")
+        if rule is None:
+            return
+        self.conns[flow.client_conn.id] = Conn(host, port, f"allow_hosts: {rule}", host in INTERCEPT and port == 443)
+
+    async def host_check(self, flow, host, port, path):
+        """The allow_hosts entry, or None after refusing the flow."""
+        if is_ip(host) and listed(host, port) != "*":
+            self.refuse(flow, host, port, path, "IP address", "an IP address; name the host in sandbox.allow_hosts")
+            return None
+        rule = listed(host, port)
+        if rule is None:
+            self.refuse(flow, host, port, path, "not in allow_hosts", "the host is not in sandbox.allow_hosts")
+            return None
+        if self.over_budget():
+            self.refuse(flow, host, port, path, self.budget_text(), f"past this wake's {self.budget_text()} bytes")
+            return None
+        try:  # asked here to answer the box 403 with the reason; _connect asks again, and connects
+            await resolve(host, port)
+        except OSError as exc:
+            self.refuse(flow, host, port, path, "not a public address", str(exc))
+            return None
+        return rule
+
+    def next_layer(self, nextlayer):
+        conn = self.conns.get(nextlayer.context.client.id)
+        if conn and not conn.intercepted and not conn.layered:
+            conn.layered = True  # a tunnel, passed untouched; a TCP flow of our own, to count its bytes
+            nextlayer.layer = tcp.TCPLayer(nextlayer.context)
+
+    def tcp_message(self, flow):
+        conn = self.conns.get(flow.client_conn.id)
+        message = flow.messages[-1]
+        del flow.messages[:]  # counted, not kept: a download must not grow the proxy
+        if conn is None:
+            return
+        if message.from_client:
+            conn.up += len(message.content)
+        else:
+            conn.down += len(message.content)
+        self.spent += len(message.content)
+        if self.over_budget() and not conn.over:
+            conn.over = True
+            self.record(conn.host, conn.port, "CONNECT", "", "deny", self.budget_text(), up=conn.up, down=conn.down)
+            flow.kill()
+
+    def tcp_end(self, flow):
+        conn = self.conns.pop(flow.client_conn.id, None)
+        if conn and not conn.over:
+            self.record(conn.host, conn.port, "CONNECT", "", "allow", conn.rule, up=conn.up, down=conn.down)
+
+    tcp_error = tcp_end
+
+    def tls_clienthello(self, data):
+        conn = self.conns.get(data.context.client.id)
+        sni = (data.client_hello.sni or "").lower()
+        if conn and conn.intercepted and sni and sni != conn.host:
+            data.context.client.error = f"TLS name {sni} is not the tunnel's host {conn.host}"
+
+    # -- requests (plain HTTP, and inside intercepted tunnels) -----------------------
+
+    async def requestheaders(self, flow):
+        conn = self.conns.get(flow.client_conn.id)
+        method, path = flow.request.method, flow.request.path
+        if conn is None:  # plain HTTP through the proxy
+            host, port = flow.request.host.lower().rstrip("."), flow.request.port
+            if await self.host_check(flow, host, port, path) is None:
+                return
+            intercepted, tls = host in INTERCEPT, False
+        else:
+            host, port, intercepted, tls = conn.host, conn.port, True, True
+        # The name the request asks for (Host, or HTTP/2's authority) must be the host decided on: else
+        # a credential could be sent, at the right address, to another name served there (domain fronting).
+        asked = flow.request.host.lower().rstrip(".")
+        named = (flow.request.host_header or "").lower().rsplit(":", 1)[0].strip("[]").rstrip(".") or host
+        if intercepted and (asked != host or named != host or flow.request.port != port):
+            why = f"a request for {named if named != host else asked} on a connection to {host}"
+            self.refuse(flow, host, port, path, "host differs from tunnel", why, True)
+            return
+        if conn is not None:
+            if self.over_budget():
+                self.refuse(
+                    flow, host, port, path, self.budget_text(), f"past this wake's {self.budget_text()} bytes", True
+                )
+                return
+        flow.metadata["wakeloop"] = (host, port, intercepted)
+        for placeholder, (name, bound) in PLACEHOLDERS.items():
+            seen = placeholder in flow.request.url or any(placeholder in v for v in flow.request.headers.values())
+            if seen and bound != host:
+                rule = f"placeholder {name} sent to another host"
+                self.refuse(flow, host, port, path, rule, f"{name} is bound to {bound}, not {host}", intercepted)
+                return
+        spec = INTERCEPT.get(host)
+        if spec is None:
+            flow.metadata["wakeloop_rule"] = "allow_hosts: " + (listed(host, port) or host)
+            return
+        rules = spec.get("allow")
+        rule = path_rule(method, path, rules) if rules is not None else None
+        if rules is not None and rule is None:
+            where = f" ({spec['where']})" if spec.get("where") else ""
+            why = f"no rule of sandbox.http for {host} allows it (allow: {', '.join(rules)}){where}"
+            self.refuse(flow, host, port, path, f"no rule for {method} {path.split('?', 1)[0]}", why, intercepted)
+            return
+        flow.metadata["wakeloop_rule"] = f"allow {rule}" if rule else "allow_hosts: " + (listed(host, port) or host)
+        names = []
+        for cred in spec["credentials"]:
+            if not tls:
+                self.refuse(
+                    flow, host, port, path, "credential over plain http", "credentials go over https only", intercepted
+                )
+                return
+            value = expand(cred["value"])
+            for key, header in list(flow.request.headers.items()):
+                if cred["placeholder"] and cred["placeholder"] in header:
+                    flow.request.headers[key] = header.replace(cred["placeholder"], value)
+            flow.request.headers[cred["header"]] = value
+            names.append(cred["var"])
+        flow.metadata["wakeloop_credential"] = ",".join(names)
+
+    def response(self, flow):
+        self.done(flow)
+
+    def error(self, flow):
+        self.done(flow)
+
+    def done(self, flow):
+        if "wakeloop" not in flow.metadata or flow.metadata.get("wakeloop_done"):
+            return
+        flow.metadata["wakeloop_done"] = True
+        host, port, intercepted = flow.metadata["wakeloop"]
+        up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
+        down = 0
+        if flow.response is not None:
+            down = len(bytes(flow.response.headers)) + len(flow.response.raw_content or b"")
+            # An upstream that echoes the credential back does not show it to the box.
+            for key, value in list(flow.response.headers.items()):
+                if scrub(value) != value:
+                    flow.response.headers[key] = scrub(value)
+            content = flow.response.get_content(strict=False) or b""  # decoded: gzip hides nothing
+            scrubbed = scrub(content.decode("latin-1")).encode("latin-1")
+            if scrubbed != content:
+                flow.response.set_content(scrubbed)  # re-encoded, Content-Length set anew
+        self.spent += up + down
+        rule = flow.metadata.get("wakeloop_rule", "")
+        decision = "allow"
+        self.record(
+            host,
+            port,
+            flow.request.method,
+            flow.request.path,
+            decision,
+            rule,
+            intercepted,
+            flow.metadata.get("wakeloop_credential", ""),
+            up,
+            down,
+        )
+
+
+addons = [Egress()]

@@ -1,0 +1,331 @@
+"""Credentials bound to hosts, HTTPS interception, method and path rules, the egress record
+and budget (issue 23), against a real HTTPS server of our own on the proxies' network.
+
+The server (`echo`, below) runs in the proxy image (python3 and its cryptography), makes
+its own CA and a certificate for three names at its start, and sits on the shared egress
+bridge under those names, which the proxy resolves through the engine's DNS:
+
+- secret.wakeloop.test: the credential's host, with rules (GET /repos/**, POST /repos/*/pulls);
+- ruled.wakeloop.test: rules only (intercepted, no credential);
+- plain.wakeloop.test: allowed and tunnelled untouched.
+
+Its address is private, as every container's is; the proxy refuses private destinations
+unless the operator names the host in WAKELOOP_EGRESS_PRIVATE_OK (network.plan_for), which
+the fixture sets, with the server's CA in WAKELOOP_EGRESS_UPSTREAM_CA; one test shows the
+refusal without it. The server answers every request with a JSON summary (the
+Authorization header only as its SHA-256, unless the path ends in /echo) and prints what
+it received on its stdout, where the tests look for the secret. A tunnelled request shows
+the box the server's own certificate, which the box has no reason to trust: curl -k there.
+Nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shlex
+import time
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.policy.load import parse_policy
+from orchestrator.sandbox import network
+from orchestrator.sandbox.engine import DockerSandbox
+from tests.helpers import wait_for
+
+SECRET_HOST, RULED_HOST, PLAIN_HOST = "secret.wakeloop.test", "ruled.wakeloop.test", "plain.wakeloop.test"
+NAMES = (SECRET_HOST, RULED_HOST, PLAIN_HOST)
+TOKEN_VAR = "EGRESS_TEST_TOKEN"  # the credential's variable, in this process's environment only
+TEST_LABEL = "wakeloop.egresstest"  # on our server, so only it is ever removed
+READY_S = 30
+
+POLICY = f"""\
+sandbox:
+  network: allowlist
+  disk: none
+  pool: 0
+  allow_hosts: [{SECRET_HOST}, {RULED_HOST}, {PLAIN_HOST}]
+  credentials:
+    - host: {SECRET_HOST}
+      value: "Bearer ${{{TOKEN_VAR}}}"
+      placeholder_env: GH_TOKEN
+  http:
+    - host: {SECRET_HOST}
+      allow: ["GET /repos/**", "POST /repos/*/pulls"]
+    - host: {RULED_HOST}
+      allow: ["GET /**"]
+"""
+HTTP_RULE_LINE = POLICY.splitlines().index(f"    - host: {SECRET_HOST}", 10) + 1  # sandbox.http[0]
+
+# Runs in the proxy image as root: a CA, a certificate for NAMES, an HTTPS server on 443.
+ECHO = r"""
+import datetime, hashlib, http.server, json, ssl, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+names = sys.argv[1].split(",")
+now = datetime.datetime.utcnow()
+def cert(subject, issuer, key, sign_key, ca, sans=()):
+    b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+         .not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if sans:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in sans]), critical=False)
+    return b.sign(sign_key, hashes.SHA256())
+ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wakeloop egress test CA")])
+ca = cert(ca_name, ca_name, ca_key, ca_key, True)
+leaf = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), ca_name, key, ca_key, False, names)
+with open("/tmp/leaf.pem", "wb") as f:
+    f.write(leaf.public_bytes(serialization.Encoding.PEM))
+    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n", "|"), flush=True)
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        auth = self.headers.get("Authorization", "")
+        print("SEEN " + json.dumps({"line": self.requestline, "headers": str(self.headers),
+                                    "body": body.decode(errors="replace")}), flush=True)
+        out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
+               "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}
+        if self.path.endswith("/echo"):
+            out["auth"] = auth
+        if self.path.endswith("/big"):
+            out["pad"] = "x" * 6000
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    do_GET = do_POST = do_PUT = do_DELETE = answer
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain("/tmp/leaf.pem")
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print("READY", flush=True)
+server.serve_forever()
+"""
+
+# Runs in the box: everything the box can read that could hold the value, into one file.
+DUMP = r"""
+import os
+out = []
+for name in os.listdir("/proc"):
+    if name.isdigit():
+        for what in ("environ", "cmdline"):
+            try:
+                out.append(open(f"/proc/{name}/{what}", "rb").read())
+            except OSError:
+                pass
+out.append(repr(dict(os.environ)).encode())
+for top in ("/tmp", "/workspace", "/etc", "/home", "/root", "/run"):
+    for root, dirs, files in os.walk(top):
+        for f in files:
+            try:
+                out.append(open(os.path.join(root, f), "rb").read(1 << 20))
+            except OSError:
+                pass
+open("/workspace/dump.bin", "wb").write(b"\n".join(out))
+print("dumped", len(out))
+"""
+
+
+def _wait_for_line(container, prefix: str) -> str:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        for line in container.logs().decode(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line
+        container.reload()
+        if container.status in ("exited", "dead"):
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"echo server: no {prefix!r} line: {container.logs()[-500:]!r}")
+
+
+@pytest.fixture(scope="module")
+def echo(docker_client, tmp_path_factory):
+    """The HTTPS server on the egress bridge under NAMES; yields (container, its CA file)."""
+    network._ensure_image(docker_client)
+    bridge = network._ensure_network(docker_client, network.EGRESS_NETWORK, internal=False, key="shared")
+    container = docker_client.containers.create(
+        network.PROXY_IMAGE,
+        ["python3", "-c", ECHO, ",".join(NAMES)],
+        user="0:0",
+        network=bridge.name,
+        labels={TEST_LABEL: "1"},
+        detach=True,
+    )
+    try:
+        bridge.disconnect(container)
+        bridge.connect(container, aliases=list(NAMES))
+        container.start()
+        ca = _wait_for_line(container, "CA ")[3:].replace("|", "\n")
+        _wait_for_line(container, "READY")
+        ca_file = tmp_path_factory.mktemp("echo") / "ca.pem"
+        ca_file.write_text(ca)
+        yield container, ca_file
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def operator_env(echo):
+    """The operator's settings that let the proxy reach our server, and the credential's value."""
+    value = "s3cret-" + secrets.token_hex(16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TOKEN_VAR, value)
+        patch.setenv(network.PRIVATE_OK_ENV, ",".join(NAMES))
+        patch.setenv(network.UPSTREAM_CA_ENV, str(echo[1]))
+        yield value
+
+
+@pytest.fixture(scope="module")
+def box(docker_client, operator_env, tmp_path_factory):
+    workspace = tmp_path_factory.mktemp("egress") / "workspace"
+    workspace.mkdir(mode=0o777)
+    workspace.chmod(0o777)  # the box's user is not this process's
+    policy = parse_policy(POLICY, "agent.yaml").sandbox
+    sandbox = DockerSandbox(workspace, policy, agent="egress", client=docker_client)
+    try:
+        yield sandbox
+    finally:
+        sandbox.close()
+        network.shutdown(docker_client, {network.plan_for(workspace, policy).key}, shared=False)
+
+
+def _curl(box, *args: str) -> str:
+    """curl in the box (its CA variables and proxy from the environment); stdout and the status."""
+    command = "curl -sS -w '\\nstatus=%{http_code}' --max-time 20 " + " ".join(args)
+    return box.run(command, timeout_s=60, max_output_chars=100_000).output
+
+
+def _body(output: str) -> dict:
+    return json.loads(output.rsplit("\nstatus=", 1)[0])
+
+
+def _seen(echo) -> str:
+    return echo[0].logs().decode(errors="replace")
+
+
+def test_the_credential_header_arrives_for_the_bound_host_and_never_shows_in_the_box(box, operator_env):
+    out = _curl(box, f"https://{SECRET_HOST}/repos/a/b")
+    assert out.endswith("status=200"), out
+    assert _body(out)["auth_sha256"] == hashlib.sha256(f"Bearer {operator_env}".encode()).hexdigest()
+    # The box's own placeholder in any header is swapped for the value on its way out.
+    out = _curl(box, "-H", '"X-Token: $GH_TOKEN"', f"https://{SECRET_HOST}/repos/a/b")
+    assert out.endswith("status=200"), out
+    # A server that echoes the credential back does not show it to the box.
+    out = _curl(box, f"https://{SECRET_HOST}/repos/a/echo")
+    assert operator_env not in out and "[secret]" in out, out
+
+
+def test_the_box_cannot_find_the_value_in_its_env_files_or_proc(box, operator_env):
+    out = box.run(f"python3 -c {shlex.quote(DUMP)}", timeout_s=60, max_output_chars=10_000).output
+    assert "dumped" in out, out
+    dump = (box.workspace / "dump.bin").read_bytes()
+    assert b"wakeloop-placeholder-GH_TOKEN-" in dump  # what the box does hold, so the dump saw its env
+    assert b"BEGIN CERTIFICATE" in dump  # and its CA bundle in /tmp
+    assert operator_env.encode() not in dump
+
+
+def test_a_placeholder_aimed_at_another_host_is_refused(box, echo):
+    out = _curl(box, "-H", '"Authorization: Bearer $GH_TOKEN"', f"https://{RULED_HOST}/misdirected-1")
+    assert out.endswith("status=403"), out
+    assert f"GH_TOKEN is bound to {SECRET_HOST}, not {RULED_HOST}" in out
+    out = _curl(box, f'"https://{RULED_HOST}/misdirected-2?token=$GH_TOKEN"')
+    assert out.endswith("status=403"), out
+    assert "misdirected" not in _seen(echo)  # neither reached the server
+
+
+def test_a_credential_is_never_sent_under_another_name_at_its_hosts_address(box, echo):
+    # Domain fronting: the right address, another name in Host. The server here answers to both.
+    out = _curl(box, "-H", f'"Host: {PLAIN_HOST}"', f"https://{SECRET_HOST}/repos/fronted")
+    assert out.endswith("status=403") and f"a request for {PLAIN_HOST} on a connection to {SECRET_HOST}" in out, out
+    assert "/repos/fronted" not in _seen(echo)
+
+
+def test_a_post_where_only_get_is_ruled_is_refused_with_a_readable_reason(box, echo):
+    out = _curl(box, "-X", "POST", "-d", "x=1", f"https://{SECRET_HOST}/repos/a/b/issues")
+    assert out.endswith("status=403"), out
+    assert f"no rule of sandbox.http for {SECRET_HOST} allows it" in out
+    assert "GET /repos/**" in out and f"agent.yaml:{HTTP_RULE_LINE}" in out, out
+    assert "/repos/a/b/issues" not in _seen(echo)
+    out = _curl(box, "-X", "POST", "-d", "x=1", f"https://{SECRET_HOST}/repos/a/pulls")
+    assert out.endswith("status=200"), out
+
+
+def test_the_record_has_a_line_for_every_decision(docker_client, box, operator_env):
+    box.wake_began = network.new_wake(docker_client, box._egress())
+    _curl(box, f"https://{SECRET_HOST}/repos/x/y")  # intercepted, allowed, with the credential
+    _curl(box, "-X", "DELETE", f"https://{SECRET_HOST}/repos/x/y")  # intercepted, no rule
+    _curl(box, "-k", f"https://{PLAIN_HOST}/tunnel")  # tunnelled (our server's own CA: -k), bytes counted
+    _curl(box, "https://unlisted.wakeloop.test/")  # refused before any lookup
+    wanted = 5  # the two intercepted requests, and three connections (the secret host's too)
+
+    def collected():
+        found = box.egress_decisions()
+        return found if len(found) >= wanted else None
+
+    decisions = wait_for(collected, "the proxy's decision lines", 20)
+    keys = {"time", "run_id", "host", "port", "method", "path", "decision", "rule", "intercepted", "credential"}
+    for d in decisions:
+        assert keys | {"bytes_up", "bytes_down"} <= set(d), d
+        assert d["run_id"] == box.run_id
+        assert operator_env not in json.dumps(d)
+    by = {(d["host"], d["method"], d["decision"]): d for d in decisions}
+    got = by[(SECRET_HOST, "GET", "allow")]
+    assert got["credential"] == TOKEN_VAR and got["intercepted"] and got["rule"] == "allow GET /repos/**"
+    assert got["path"] == "/repos/x/y" and got["bytes_down"] > 0
+    assert by[(SECRET_HOST, "DELETE", "deny")]["rule"] == "no rule for DELETE /repos/x/y"
+    tunnel = by[(PLAIN_HOST, "CONNECT", "allow")]
+    assert tunnel["rule"] == f"allow_hosts: {PLAIN_HOST}" and not tunnel["intercepted"]
+    assert tunnel["bytes_up"] > 0 and tunnel["bytes_down"] > 0 and tunnel["path"] == ""
+    assert by[("unlisted.wakeloop.test", "CONNECT", "deny")]["rule"] == "not in allow_hosts"
+
+
+def test_the_byte_budget_refuses_past_it_until_the_next_wake(docker_client, operator_env, tmp_path):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    policy = replace(parse_policy(POLICY, "agent.yaml").sandbox, max_egress_bytes_per_wake=4000)
+    with DockerSandbox(workspace, policy, agent="budget", client=docker_client) as small:
+        try:
+            assert _curl(small, "-k", f"https://{PLAIN_HOST}/big").endswith("status=200")
+            out = _curl(small, "-k", f"https://{PLAIN_HOST}/again")  # the CONNECT is refused
+            assert "CONNECT tunnel failed, response 403" in out, out
+            out = _curl(small, "-sS", f"http://{PLAIN_HOST}/plain")  # plain HTTP: the reason is readable
+            assert out.endswith("status=403") and "past this wake's egress budget 4000 bytes" in out, out
+            proxy = docker_client.containers.get(small._egress().proxy)
+            before = proxy.logs().count(b"wakeloop-egress: new wake")
+            small.rearm()  # a new wake: the count starts again (SIGUSR1: the proxy says when it has)
+            wait_for(lambda: proxy.logs().count(b"wakeloop-egress: new wake") > before, "the proxy's new wake", 20)
+            assert _curl(small, "-k", f"https://{PLAIN_HOST}/again").endswith("status=200")
+        finally:
+            network.shutdown(docker_client, {small._egress().key}, shared=False)
+
+
+def test_a_private_destination_is_refused_unless_the_operator_names_it(docker_client, operator_env, tmp_path):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    policy = parse_policy(POLICY, "agent.yaml").sandbox
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(network.PRIVATE_OK_ENV)
+        with DockerSandbox(workspace, policy, agent="private", client=docker_client) as closed:
+            try:
+                out = _curl(closed, "-sS", f"http://{PLAIN_HOST}/private")
+                assert out.endswith("status=403"), out
+                assert f"{PLAIN_HOST} resolves to" in out and "not a public address" in out
+            finally:
+                network.shutdown(docker_client, {closed._egress().key}, shared=False)
