@@ -30,10 +30,17 @@ from dataclasses import replace
 
 import pytest
 
+import yaml
+
+from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
+from orchestrator.records import egress
 from orchestrator.sandbox import network
 from orchestrator.sandbox.engine import DockerSandbox
-from tests.helpers import wait_for
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
+from orchestrator.wake.loop import wake
+from orchestrator.wake.model import LiveModel
+from tests.helpers import set_policy, wait_for
 
 SECRET_HOST, RULED_HOST, PLAIN_HOST = "secret.wakeloop.test", "ruled.wakeloop.test", "plain.wakeloop.test"
 NAMES = (SECRET_HOST, RULED_HOST, PLAIN_HOST)
@@ -329,3 +336,23 @@ def test_a_private_destination_is_refused_unless_the_operator_names_it(docker_cl
                 assert f"{PLAIN_HOST} resolves to" in out and "not a public address" in out
             finally:
                 network.shutdown(docker_client, {closed._egress().key}, shared=False)
+
+
+def test_a_wakes_decisions_reach_its_record_and_its_receipt(box, fake_api, tmp_path):
+    # The box kept from wake to wake, as the broker keeps one: the wake's begin starts the proxy's
+    # count anew, its finish waits for every decision to be in the proxy's log, the loop records them.
+    agent_dir = init_agent(tmp_path / "agent")
+    set_policy(agent_dir, yaml.safe_load(POLICY))
+    command = f"curl -sS --max-time 20 https://{SECRET_HOST}/repos/w/x; curl -sS --max-time 20 https://unlisted.wakeloop.test/"
+    fake_api([turn(tool_use("bash", {"command": command})), turn(text("done"))])
+    agent = load_agent(agent_dir)
+    receipt = wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY), sandbox=box)
+    assert receipt.status == "done", receipt
+    written = list(egress.read(agent_dir / "state"))
+    assert {d.run_id for d in written} == {receipt.run_id}
+    by = {(d.host, d.method, d.decision) for d in written}
+    assert {(SECRET_HOST, "GET", "allow"), ("unlisted.wakeloop.test", "CONNECT", "deny")} <= by, by
+    assert (receipt.egress.allowed, receipt.egress.denied) == (
+        sum(d.decision == "allow" for d in written),
+        sum(d.decision == "deny" for d in written),
+    )

@@ -151,11 +151,3 @@ def test_a_credential_named_by_a_policy_is_scrubbed_like_the_api_key(monkeypatch
     assert "ghp_real_value_123456" not in secrets_from_env()
     _policy()  # reading the policy notes the name
     assert "ghp_real_value_123456" in secrets_from_env()
-
-
-def test_decisions_are_appended_to_state_in_the_contract_shape(tmp_path):
-    line = {"time": "2026-01-01T00:00:00.000Z", "run_id": "a" * 12, "host": "pypi.org", "port": 443}
-    network.write_decisions(tmp_path, [line, {**line, "port": 80}])
-    network.write_decisions(tmp_path, [])
-    written = [json.loads(x) for x in (tmp_path / "egress.jsonl").read_text().splitlines()]
-    assert [d["port"] for d in written] == [443, 80]

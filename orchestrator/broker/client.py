@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker.errors
 
@@ -121,6 +121,7 @@ class BrokerSandbox:
         self.agent = agent_name
         self.warning: str | None = None
         self.run_id: str | None = None  # the wake begun, until it is finished
+        self._egress: list[dict[str, Any]] = []  # the proxy's decisions, from the wake's finish reply
 
     def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
         return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
@@ -162,7 +163,14 @@ class BrokerSandbox:
             return WakeChanges("")
         run_id, self.run_id = self.run_id, None
         reply = self.broker.call_op(wire.Finish(self.agent, run_id), FINISH_TIMEOUT_S)
+        decisions = reply.get("egress")
+        self._egress = [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else []
         return WakeChanges.from_record(_changes(reply.get("changes")))
+
+    def egress_decisions(self) -> list[dict[str, Any]]:
+        """What the broker's proxy decided during the wake, as its finish reply said (checked
+        and cut where they are written: records/egress.py)."""
+        return self._egress
 
     def close(self) -> None:
         """Nothing to release: the broker keeps the agent's box and pool."""

@@ -567,7 +567,7 @@ class Broker:
             self._release(entry)
         record = changes.record()
         self.log(f"{name}: wake {run_id} {record.outcome}: {len(record.paths)} changed, {len(record.refused)} refused")
-        return {"changes": record.to_data()}
+        return {"changes": record.to_data(), "egress": entry.box.egress_decisions()}
 
     def _read(self, agent: Agent, req: wire.Read) -> object:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""

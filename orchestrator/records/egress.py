@@ -44,7 +44,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Mapping
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from orchestrator.records import retention
 from orchestrator.records.events import now_iso, scrub, secrets_from_env
@@ -131,7 +131,7 @@ Line = Decision | Foreign
 # -- writing ---------------------------------------------------------------------------------
 
 
-def append(state_dir: Path, decisions: list[Mapping[str, Any]], secrets: tuple[str, ...] | None = None) -> int:
+def append(state_dir: Path, decisions: Sequence[Mapping[str, Any]], secrets: tuple[str, ...] | None = None) -> int:
     """Append the proxy's decisions to state/egress.jsonl, each checked and cut (module doc);
     returns how many were written. Whole lines per write(2), at most WRITE_CHUNK bytes each.
     Raises OSError when the file cannot be written (folder.Refused: a link or FIFO planted

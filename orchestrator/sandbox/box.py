@@ -11,7 +11,7 @@ Not here: how a container is made (engine.py), which backend an agent gets
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import EnvironmentFault
 
@@ -82,6 +82,10 @@ class Sandbox(Protocol):
     def finish(self, protect: tuple[str, ...], protect_git: bool) -> WakeChanges:
         """The wake ends, whatever its receipt: its changes checked against the policy
         (`workspace.protect`, protect_git, set-id bits), what passes committed, the rest dropped."""
+
+    def egress_decisions(self) -> list[dict[str, Any]]:
+        """The allowlist proxy's decisions during this wake (records/egress.py's lines), read
+        after finish; [] without an allowlist."""
 
     def close(self) -> None:
         """Release what the box holds (warm containers, connections); idempotent."""

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -279,11 +280,15 @@ class DockerSandbox:
         and the proxy's byte budget starts again."""
         if self.pool:
             self.pool.rearm()
+        self._egress_anew()
+
+    def _egress_anew(self) -> None:
+        """A wake starts: the proxy's byte budget starts again, and its decisions are this wake's."""
         egress = self._egress()
         if egress:
             self.wake_began = network.new_wake(self.client, egress)
 
-    def egress_decisions(self) -> list[dict]:
+    def egress_decisions(self) -> list[dict[str, Any]]:
         """The allowlist proxy's decisions since this wake began, tagged with the run id
         (network.decisions); [] without an allowlist."""
         egress = self._egress()
@@ -301,7 +306,9 @@ class DockerSandbox:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
         now on mounts this wake's overlay; the pool's containers made before go unused
         (_layer_changed). No disk, or the older shape: nothing to do."""
-        self.run_id = run_id
+        if run_id != self.run_id:  # a kept box (the broker's): a wake other than the one it was made for
+            self.run_id = run_id
+            self._egress_anew()
         if not (self.disk and self.disk.hold and self.disk.layered):
             return wake_layer.Settled()
         settled = wake_layer.begin(self.disk, run_id)
@@ -313,6 +320,9 @@ class DockerSandbox:
         """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
         changes checked against the policy, committed or dropped (wake_layer.finish)."""
         run_id, self.wake = self.wake, None
+        egress = self._egress()
+        if egress:  # the wake's calls are over: their decisions all in the proxy's log before they are read
+            network.settle(self.client, egress, self.wake_began)
         if run_id is None or not (self.disk and self.disk.hold):
             return wake_layer.WakeChanges(self.run_id)
         try:

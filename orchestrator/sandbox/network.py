@@ -73,7 +73,6 @@ engine.py's container_spec), the egress log itself (the records package's egress
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import time
@@ -108,6 +107,9 @@ PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
 # One JSON line per decision on stdout, which `decisions` reads back: room for ~40,000 lines.
 PROXY_LOG = {"max-size": "8m", "max-file": "2"}
 LINE_MARK = "wakeloop-egress "  # a decision's line on the proxy's stdout starts with this
+NEW_WAKE_LINE = "wakeloop-egress: new wake"  # what the proxy prints at SIGUSR1 (egress_addon.py)
+SETTLE_S = 5.0  # the most a wake's end waits for the proxy's log to hold every decision
+SETTLE_POLL_S = 0.02  # its line comes within milliseconds
 CA_MARK = "wakeloop-egress: ca "  # the CA certificate's line (its newlines as |)
 READY_MARK = "wakeloop-egress: ready"
 CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
@@ -525,16 +527,34 @@ def new_wake(client: docker.DockerClient, egress: Egress) -> float:
     return began
 
 
-def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
-    """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
-    the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
+def settle(client: docker.DockerClient, egress: Egress, since: float, wait_s: float = SETTLE_S) -> None:
+    """At a wake's end: wait until every decision the proxy made so far is in its log. It is sent
+    SIGUSR1, whose line it prints after every line before it (one stdout, in order); seen, the
+    log holds them all. Bounded: a proxy that is gone or stuck costs at most wait_s."""
+    seen = _logs(client, egress, since).count(NEW_WAKE_LINE)
+    try:
+        client.api.kill(egress.proxy, signal="SIGUSR1")
+    except docker.errors.DockerException:
+        return
+    deadline = time.monotonic() + wait_s
+    while _logs(client, egress, since).count(NEW_WAKE_LINE) <= seen and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)  # the engine's log has no way to wait for a line: polled
+
+
+def _logs(client: docker.DockerClient, egress: Egress, since: float) -> str:
     try:
         raw = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
     except docker.errors.DockerException:
-        return []
+        return ""
+    return raw.decode(errors="replace")
+
+
+def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+    """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
+    the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
     began = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     out = []
-    for line in raw.decode(errors="replace").splitlines():
+    for line in _logs(client, egress, since).splitlines():
         if not line.startswith(LINE_MARK):
             continue
         try:
@@ -573,23 +593,6 @@ def _wait_for_log(container, text: str, what: str) -> None:
 
 
 EGRESS_FILE = "egress.jsonl"  # in state/: the shared contract's file (the records package's egress module owns it)
-
-
-def write_decisions(state_dir: Path, found: list[dict]) -> None:
-    """Hand a wake's decisions (`decisions`, DockerSandbox.egress_decisions) to the egress
-    log: the records package's egress module's `append` where it exists; else one JSON line each, appended
-    to state/egress.jsonl in the shared contract's shape."""
-    if not found:
-        return
-    try:
-        log = importlib.import_module("orchestrator.records.egress")
-    except ImportError:
-        log = None
-    if log is not None and hasattr(log, "append"):
-        log.append(state_dir, found)
-        return
-    with open(Path(state_dir) / EGRESS_FILE, "a", encoding="utf-8") as out:
-        out.write("".join(json.dumps(d, sort_keys=True) + "\n" for d in found))
 
 
 # -- finding and removing ------------------------------------------------------------

@@ -462,6 +462,10 @@ class _Wake:
             changes = self.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
         except SandboxError as exc:
             changes = WakeChanges(self.run_id, error=f"the wake's changes were not committed: {exc}")
+        try:  # the proxy's decisions, before the receipt sums them (records/egress.py)
+            egress.append(self.agent.state_dir, self.box.egress_decisions())
+        except (OSError, SandboxError) as exc:
+            self.say(f"egress: the proxy's decisions were not recorded: {exc}")
         record = changes.record()
         self.events.write(record)
         self.transcript.add(record.TYPE, **record.to_data())
