@@ -8,14 +8,14 @@
 # of its own (swx-n1..3, 10.211.0.11-13/24 on a bridge in namespace swx-br,
 # which also holds 10.211.0.1 for reaching the nodes: `ip netns exec swx-br ...`)
 # and a private mount tree: a fresh sysfs with the host's cgroups bound back,
-# tmpfs over /run/docker and /run/containerd, its own /etc/docker (else the nodes
+# a tmpfs over /run (its /var/run/docker.sock is its own), its own /etc/docker (else the nodes
 # share one identity), its own hostname, data root, exec root, pidfile, socket
 # and cgroup parent (swx-nN). All three are raft managers, so a swarm of two
 # keeps its quorum when one node's engine is stopped. How it was found, and what
 # this kernel cannot do (no IPVS: dnsrr only; no routing mesh: host-mode ports;
 # no ESP: no encrypted overlay): ../shared/notes/swarm-lab.md, docs/scale-out.md.
 #
-# Environment: WAKELOOP_SWARM_LAB (the lab's folder, /var/tmp/wakeloop-swarm-lab),
+# Environment: WAKELOOP_SWARM_LAB (the lab's folder, a tmpfs: /var/tmp/wakeloop-swarm-lab),
 # WAKELOOP_SWARM_IMAGES (the images loaded into every node: wakeloop:latest
 # wakeloop-sandbox:latest). Needs root, iproute2, util-linux, dockerd.
 set -euo pipefail
@@ -27,6 +27,8 @@ BRIDGE_NS=swx-br
 SUBNET=10.211.0
 ADDR_POOL=10.212.0.0/16  # overlay subnets, away from the nodes' own and the host's 10.0.0.0/8 users
 START_S=60
+SIZE=${WAKELOOP_SWARM_LAB_SIZE:-6g}  # the tmpfs; about 2 GiB used with the two images in three nodes
+STOP_S=10  # SIGTERM to SIGKILL: three managers stopping at once can wait on each other
 
 node_ns() { echo "swx-n$1"; }
 node_ip() { echo "$SUBNET.1$1"; }
@@ -71,21 +73,21 @@ start_engine() {
     mkdir -p "$dir/data" "$dir/exec" "$dir/etc" "$dir/cgroup"
     [ -f /etc/docker/daemon.json ] && cp /etc/docker/daemon.json "$dir/etc/daemon.json"  # runsc, as the host
     # Inside: a private mount tree; the host's cgroup tree moved onto a fresh
-    # sysfs (which shows this namespace's network devices); tmpfs where dockerd
-    # and containerd keep their default sockets, so neither finds the host's.
+    # sysfs (which shows this namespace's network devices); a tmpfs over /run, so
+    # neither dockerd nor containerd finds the host's sockets, and a service that
+    # mounts /var/run/docker.sock (the broker) gets its own node's engine there.
     nsenter --net="/run/netns/$(node_ns "$n")" unshare -m -u setsid sh -c '
         set -e
         mount --make-rprivate /
         mount --rbind /sys/fs/cgroup "$0/cgroup"
         mount -t sysfs sysfs /sys
         mount --move "$0/cgroup" /sys/fs/cgroup
-        mount -t tmpfs tmpfs /run/docker 2>/dev/null || { mkdir -p /run/docker && mount -t tmpfs tmpfs /run/docker; }
-        mkdir -p /run/containerd && mount -t tmpfs tmpfs /run/containerd
+        mount -t tmpfs tmpfs /run
         mount --bind "$0/etc" /etc/docker
         hostname "swx-n$1"
         export DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1
         exec dockerd --data-root "$0/data" --exec-root "$0/exec" --pidfile "$0/dockerd.pid" \
-            -H "unix://$0/docker.sock" --cgroup-parent "swx-n$1" >"$0/dockerd.log" 2>&1
+            -H "unix://$0/docker.sock" -H unix:///run/docker.sock --cgroup-parent "swx-n$1" >"$0/dockerd.log" 2>&1
     ' "$dir" "$n" </dev/null >/dev/null 2>&1 &
     local waited=0
     until engine_answers "$n"; do
@@ -127,12 +129,21 @@ load_images() {
     [ "${#missing[@]}" -eq 0 ] && return
     # shellcheck disable=SC2086  # IMAGES is a list of names
     docker save -o "$tar" $IMAGES
-    for n in $(printf '%s\n' "${missing[@]}" | sort -u); do dk "$n" load -q -i "$tar" >/dev/null; done
+    local pids=()
+    for n in $(printf '%s\n' "${missing[@]}" | sort -u); do dk "$n" load -q -i "$tar" >/dev/null & pids+=($!); done
+    for pid in "${pids[@]}"; do wait "$pid"; done
     rm -f "$tar"
 }
 
-up() {
+# The lab's engines keep their data on a tmpfs: removing three data roots of
+# extracted images from this machine's disk took 74 s; a tmpfs goes in one umount.
+make_folder() {
     mkdir -p "$LAB"
+    mountpoint -q "$LAB" || mount -t tmpfs -o "size=$SIZE,mode=0755" wakeloop-swarm-lab "$LAB"
+}
+
+up() {
+    make_folder
     make_network
     for n in "${NODES[@]}"; do start_engine "$n"; done
     form_swarm
@@ -144,14 +155,16 @@ up() {
 }
 
 stop_engine() {
-    local n=$1 dir pid
-    dir=$(node_dir "$n")
-    pid=$(cat "$dir/dockerd.pid" 2>/dev/null || true)
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid"
-    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-    say "node $n's dockerd ($pid) did not stop in 30s: killed"
-    kill -KILL "$pid" 2>/dev/null || true
+    local n=$1 pid
+    pid=$(cat "$(node_dir "$n")/dockerd.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid"
+        for _ in $(seq 1 "$((STOP_S * 10))"); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    # What is left in the node's network namespace (a dockerd past STOP_S, its
+    # containerd and shims): a lab's engine keeps nothing worth a longer wait.
+    netns_exists "$(node_ns "$n")" && ip netns pids "$(node_ns "$n")" | xargs -r kill -KILL 2>/dev/null
+    return 0
 }
 
 # What a killed engine left in its cgroup folders (shims, containers), then the folders.
@@ -169,6 +182,9 @@ remove_cgroups() {
 down() {
     for n in "${NODES[@]}"; do stop_engine "$n" & done
     wait
+    for n in "${NODES[@]}"; do  # the processes are gone only once the namespace has none
+        for _ in $(seq 1 50); do [ -z "$(ip netns pids "$(node_ns "$n")" 2>/dev/null)" ] && break; sleep 0.1; done
+    done
     for n in "${NODES[@]}"; do
         remove_cgroups "$n"
         netns_exists "$(node_ns "$n")" && ip netns del "$(node_ns "$n")"
@@ -176,7 +192,8 @@ down() {
     netns_exists "$BRIDGE_NS" && ip netns del "$BRIDGE_NS"
     # Mounts dockerd made under the lab live in the nodes' private mount trees and
     # went with them; anything left in the host's tree (a crash mid-`up`) goes here.
-    grep -o " $LAB[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+    grep -o " $LAB/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+    if mountpoint -q "$LAB"; then umount "$LAB" || umount -l "$LAB"; fi
     rm -rf "$LAB"
     return 0
 }
