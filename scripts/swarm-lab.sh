@@ -3,6 +3,7 @@
 #   scripts/swarm-lab.sh up     # build it (idempotent), load the images, print how to reach each engine
 #   scripts/swarm-lab.sh down   # remove everything `up` made, whatever state it is in
 #   scripts/swarm-lab.sh env N  # `export DOCKER_HOST=...` for node N (eval "$(scripts/swarm-lab.sh env 1)")
+#   scripts/swarm-lab.sh stop N / start N   # node N's engine stopped (a node lost) / started again
 #
 # Each node is a dockerd (and the containerd it starts) in a network namespace
 # of its own (swx-n1..3, 10.211.0.11-13/24 on a bridge in namespace swx-br,
@@ -204,5 +205,7 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     env) env_for "${2:?which node: 1, 2 or 3}" ;;
-    *) echo "usage: $0 up|down|env N" >&2; exit 2 ;;
+    stop) stop_engine "${2:?which node: 1, 2 or 3}" ;;   # a node lost: its engine stopped, the rest kept
+    start) start_engine "${2:?which node: 1, 2 or 3}" ;;  # ...and back
+    *) echo "usage: $0 up|down|env N|stop N|start N" >&2; exit 2 ;;
 esac

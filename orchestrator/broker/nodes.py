@@ -103,6 +103,20 @@ def address_for(agent_dir: Path, address: str) -> str:
     raise NodeUnavailable(f"its node {node} does not answer (no broker of {address} on it): skipped until it returns")
 
 
+def check_node(agent_dir: Path, address: str) -> None:
+    """At a wake's start: the agent's node answers now (a fresh ping, not the kept discovery,
+    which may be DISCOVER_KEEP_S old), placing the agent first if it has none; else NodeUnavailable."""
+    target = address_for(agent_dir, address)
+    if target == address:
+        return
+    try:
+        wire.request(target, wire.Ping(), PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
+    except SandboxError:
+        with _lock:
+            _seen.pop(address, None)
+        address_for(agent_dir, address)  # found again (its task restarted elsewhere) or NodeUnavailable
+
+
 def _place(agent_dir: Path, state_dir: Path, nodes: tuple[Node, ...], address: str) -> str:
     named = [n for n in nodes if n.name]
     if not named:

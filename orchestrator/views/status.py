@@ -385,7 +385,7 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
     }
     row["state"] = "running" if row["running"] else "paused" if h["paused"] else "failing" if h["failures"] else "ok"
     row["node"] = placement.read_node(sd) or "-"  # past one host: the node it is placed on
-    if row["state"] == "ok" and r and r.status == "skipped_node":
+    if not h["paused"] and r and r.status == "skipped_node":
         row["state"] = "unavailable"  # its node's broker does not answer: not failing, waiting
         row["health"] = f"unavailable (node {row['node']} does not answer)"
     try:

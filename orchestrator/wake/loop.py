@@ -219,7 +219,7 @@ def _node_down(agent: Agent, say) -> str | None:
     if not address:
         return None
     try:
-        nodes.address_for(agent.dir, address)
+        nodes.check_node(agent.dir, address)
     except nodes.NodeUnavailable as exc:
         say(f"{agent.name}: unavailable: {exc}")
         return f"unavailable: {exc}"
