@@ -165,7 +165,10 @@ def wake(
     ours = None  # a live model this wake made, and so closes
     try:
         if sandbox is None and (down := _node_down(agent, say)):
-            return _unstarted(agent, run_id, "skipped_node", down, events)
+            receipt = _unstarted(agent, run_id, "skipped_node", down, events)
+            current, _ = st.load_state(agent.state_dir)  # its last receipt: status shows it unavailable
+            st.save_state(agent.state_dir, replace(current, last_receipt=receipt))
+            return receipt
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
         _retain(agent, events, say)
