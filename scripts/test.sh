@@ -105,6 +105,8 @@ log "running pytest"
 before="$(mktemp)"; host_state | sort > "$before"
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
+# The swarm lab (tests/test_swarm.py) is torn down by its fixture; a pytest killed outright cannot.
+if [ -d "${WAKELOOP_SWARM_LAB:-/var/tmp/wakeloop-swarm-lab}" ]; then ./scripts/swarm-lab.sh down || status=1; fi
 # Whatever pytest said: a run leaves nothing behind that was not there before it.
 left="$(host_state after | sort | comm -13 "$before" -)"
 rm -f "$before"

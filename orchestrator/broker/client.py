@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import docker.errors
 
-from orchestrator.broker import wire
+from orchestrator.broker import nodes, wire
 from orchestrator.errors import ConfigError
 from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
 from orchestrator.policy.agent import Agent
@@ -226,7 +226,7 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
     context`): the broker's reading under compose, else the folder (or its disk's
     mount over it, which the agent's last wake left)."""
     path = broker_socket(environ)
-    return BrokerFiles(path, agent.dir.name) if path else HostFiles(agent.workspace)
+    return BrokerFiles(nodes.address_for(agent.dir, path), agent.dir.name) if path else HostFiles(agent.workspace)
 
 
 def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] = os.environ) -> WakeDiff:
@@ -283,8 +283,8 @@ def open_sandbox(
     an error on every call. `fresh` (a wake holding the agent's lock) also removes
     containers an earlier, interrupted run left for this workspace."""
     path = broker_socket(environ)
-    if path:
-        brokered = BrokerSandbox(path, agent.dir.name)
+    if path:  # past one host: the broker of the agent's node (nodes.py), which may not answer
+        brokered = BrokerSandbox(nodes.address_for(agent.dir, path), agent.dir.name)
         brokered.check()
         return brokered
     client = connect()

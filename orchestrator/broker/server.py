@@ -103,7 +103,7 @@ from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
-from orchestrator.broker import wire
+from orchestrator.broker import nodes, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
@@ -266,7 +266,7 @@ class Broker:
 
     def serve(self, req: wire.Request) -> wire.JSONObject:
         if isinstance(req, wire.Ping):
-            return wire.ok({"root": str(self.root)})
+            return wire.ok({"root": str(self.root), "node": nodes.this_node()})  # node: past one host
         if isinstance(req, wire.Rate):  # serve fits its K to the engine it cannot see
             return wire.ok(asdict(self._rate()))
         if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
@@ -358,6 +358,11 @@ class Broker:
         over = self.ceiling.refusal(agent.policy, user=user)
         if over:
             raise BrokerError(f"{name}: {over}")
+        if agent.policy.sandbox.disk and nodes.this_node():  # a swarm task gets no loop devices
+            raise BrokerError(
+                f"{name}: sandbox.disk needs loop devices, which a swarm service cannot be given "
+                f"(moby/moby#35028); set `sandbox.disk: none` for agents on a swarm"
+            )
         return agent
 
     def _take_call_slot(self, name: str) -> None:

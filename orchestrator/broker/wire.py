@@ -324,9 +324,9 @@ def result_of(reply: JSONObject) -> SandboxResult:
         raise SandboxError("the sandbox broker sent a malformed result") from None
 
 
-def request(socket_path: str, req: Request, timeout_s: float) -> JSONObject:
-    """One request, one reply (its result); waits CONNECT_WAIT_S for a broker that is starting."""
-    sock = _connect(socket_path)
+def request(socket_path: str, req: Request, timeout_s: float, connect_wait_s: float = CONNECT_WAIT_S) -> JSONObject:
+    """One request, one reply (its result); waits `connect_wait_s` for a broker that is starting."""
+    sock = _connect(socket_path, connect_wait_s)
     try:
         sock.settimeout(timeout_s)
         sock.sendall(encode(req))
@@ -353,12 +353,14 @@ def request(socket_path: str, req: Request, timeout_s: float) -> JSONObject:
     return result
 
 
-def _connect(address: str) -> socket.socket:
+def _connect(address: str, wait_s: float = CONNECT_WAIT_S) -> socket.socket:
     """A unix socket's path, or tls://HOST:PORT (tls.py); waits for a broker that is starting."""
-    deadline = time.monotonic() + CONNECT_WAIT_S
+    deadline = time.monotonic() + wait_s
     while True:
         try:
-            return tls.connect(address) if address.startswith(tls.SCHEME) else _unix(address)
+            if address.startswith(tls.SCHEME):
+                return tls.connect(address, min(wait_s, tls.CONNECT_TIMEOUT_S))
+            return _unix(address)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             if time.monotonic() >= deadline:
                 how = "--listen" if address.startswith(tls.SCHEME) else "--socket"

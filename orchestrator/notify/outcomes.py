@@ -167,7 +167,7 @@ def after_wake(agent, receipt) -> None:
                 r.to_dict(),
             ),
         )
-    if r.status != "blocked":  # waiting for money is not failing
+    if r.status not in ("blocked", "skipped_node"):  # waiting for money, or for a node, is not failing
         _health(
             agent.state_dir,
             agent.name,

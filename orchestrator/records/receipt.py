@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, get_args
 
-Status = Literal["done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped"]
+# skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py)
+Status = Literal["done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 
 # Names a quantity had in files written before it had one (`cache_creation_tokens`: receipts;

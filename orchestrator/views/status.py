@@ -23,7 +23,7 @@ from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.events import Event
 from orchestrator.records.receipt import Receipt
-from orchestrator.records import health, retention, stopswitch
+from orchestrator.records import health, placement, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import count_messages, load_state, lock_holder, peek_inbox, read_outbox, unread_outbox
@@ -387,6 +387,10 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
         "disk": disk_status(agent),
     }
     row["state"] = "running" if row["running"] else "paused" if h["paused"] else "failing" if h["failures"] else "ok"
+    row["node"] = placement.read_node(sd) or "-"  # past one host: the node it is placed on
+    if not h["paused"] and r and r.status == "skipped_node":
+        row["state"] = "unavailable"  # its node's broker does not answer: not failing, waiting
+        row["health"] = f"unavailable (node {row['node']} does not answer)"
     try:
         book = read_book(sd)
         day = book.day(now.strftime("%Y-%m-%d"))
@@ -431,9 +435,11 @@ def current_wake(sd: Path) -> dict | None:
 def render_fleet(rows: list[dict], root: Path) -> str:
     if not rows:
         return f"no agents under {root}: create one with `wakeloop init {root}/NAME`"
-    cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in _ROW_KEYS] for r in rows]
-    table = [STATUS_HEADER, *cells]
-    widths = [max(len(r[i]) for r in table) for i in range(len(STATUS_HEADER))]
+    spread = any(r.get("node", "-") != "-" for r in rows)  # a swarm's agents: one more column, NODE
+    keys, header = (_ROW_KEYS + ["node"], STATUS_HEADER + ["NODE"]) if spread else (_ROW_KEYS, STATUS_HEADER)
+    cells = [[_cut(str(r.get(k, "-")), CELL_CHARS) for k in keys] for r in rows]
+    table = [header, *cells]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(notes + lines)

@@ -49,7 +49,7 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped.
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node.
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
 boundary with status done, reason "stopped". The fleet's switch (ROOT/STOP,
 records/stopswitch.py) is looked at before the wake starts and at every
@@ -97,7 +97,8 @@ from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
 from orchestrator.sandbox.output import clean
-from orchestrator.broker.client import open_sandbox
+from orchestrator.broker import nodes
+from orchestrator.broker.client import broker_socket, open_sandbox
 from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.sandbox.wake_layer import WakeChanges
 from orchestrator.wake.task_tools import complete_task_tools
@@ -165,6 +166,11 @@ def wake(
         return _skipped(agent, run_id, holder, events, say)
     ours = None  # a live model this wake made, and so closes
     try:
+        if sandbox is None and (down := _node_down(agent, say)):
+            receipt = _unstarted(agent, run_id, "skipped_node", down, events)
+            current, _ = st.load_state(agent.state_dir)  # its last receipt: status shows it unavailable
+            st.save_state(agent.state_dir, replace(current, last_receipt=receipt))
+            return receipt
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
         _retain(agent, events, say)
@@ -209,6 +215,20 @@ def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog,
     reason = f"another wake is running ({holder.describe()})"
     say(f"{agent.name}: {reason}; this wake is skipped")
     return _unstarted(agent, run_id, "skipped_locked", reason, events, holder_pid=holder.pid)
+
+
+def _node_down(agent: Agent, say) -> str | None:
+    """Past one host: why the agent's node cannot take this wake (its broker does not
+    answer), or None. Placing an agent not yet placed happens here, under its lock."""
+    address = broker_socket()
+    if not address:
+        return None
+    try:
+        nodes.check_node(agent.dir, address)
+    except nodes.NodeUnavailable as exc:
+        say(f"{agent.name}: unavailable: {exc}")
+        return f"unavailable: {exc}"
+    return None
 
 
 def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say) -> Receipt:

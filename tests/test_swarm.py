@@ -1,0 +1,214 @@
+"""wakeloop on a three-node Docker Swarm (scripts/swarm-lab.sh), deployed with `docker stack deploy`.
+
+One lab for the module, torn down whatever happens (the fixture's finally;
+scripts/test.sh runs `swarm-lab.sh down` too, for a pytest killed outright).
+The stack runs this checkout's code: compose.swarm.yaml with the source
+mounted over the image's (the image may be older than the checkout).
+
+Skipped only when the lab cannot be built here, with the reason: not root,
+or a tool the lab needs missing. Anything else that fails is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.records.placement import read_node
+from orchestrator.records.state import load_state
+from tests.helpers import REPO, make_agent, wait_for
+
+pytestmark = [pytest.mark.swarm, pytest.mark.docker]
+
+LAB = Path(os.environ.get("WAKELOOP_SWARM_LAB", "/var/tmp/wakeloop-swarm-lab"))
+SCRIPT = REPO / "scripts" / "swarm-lab.sh"
+NODES = {"swx-n1": 1, "swx-n2": 2, "swx-n3": 3}
+LOST = "swx-n3"  # never the orchestrator's node (placed on swx-n1 below)
+AGENTS = 9  # three a node
+UP_S, DEPLOY_S, NODE_S = 180, 120, 120
+BRIDGE_NS = "swx-br"  # the lab's own network, where the nodes' host-mode ports are
+
+
+def _missing() -> str:
+    if os.geteuid() != 0:
+        return "the swarm lab needs root (network namespaces, a dockerd per node)"
+    for tool in ("dockerd", "ip", "nsenter", "unshare", "docker"):
+        if shutil.which(tool) is None:
+            return f"the swarm lab needs {tool}, not found on PATH"
+    return ""
+
+
+def lab(*args: str, timeout: float = UP_S) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"swarm-lab.sh {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def on(node: int, *args: str, timeout: float = 60) -> str:
+    done = subprocess.run(
+        ["docker", "-H", f"unix://{LAB}/n{node}/docker.sock", *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"docker {' '.join(args)} on node {node}: {done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def stack(request):
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    try:
+        lab("up")
+        root, certs = LAB / "agents", LAB / "certs"
+        for i in range(AGENTS):
+            make_agent(root, f"s{i}", schedule="5s", policy={"sandbox": {"disk": "none"}}, live=False)
+        subprocess.run(
+            [str(REPO / ".venv/bin/wakeloop"), "swarm", "certs", str(certs)], check=True, capture_output=True
+        )
+        (certs / "anthropic-api-key").write_text("-\n")  # a dry run: no key
+        source = LAB / "source.yaml"  # this checkout's code over the image's
+        mounts = [f"{REPO}/orchestrator:/opt/wakeloop/src/orchestrator:ro"]
+        mounts.append(f"{REPO}/scripts/docker-entrypoint.sh:/usr/local/bin/wakeloop-entrypoint:ro")
+        pinned = {"placement": {"constraints": ["node.hostname == swx-n1"]}}
+        source.write_text(
+            yaml.safe_dump(
+                {"services": {"broker": {"volumes": mounts}, "orchestrator": {"volumes": mounts, "deploy": pinned}}}
+            )
+        )
+        env = {**os.environ, "WAKELOOP_AGENTS": str(root), "WAKELOOP_CERTS": str(certs), "WAKELOOP_DRY_RUN": "true"}
+        env["DOCKER_HOST"] = f"unix://{LAB}/n1/docker.sock"
+        deploy = ["docker", "stack", "deploy", "-c", str(REPO / "compose.swarm.yaml"), "-c", str(source)]
+        subprocess.run([*deploy, "--resolve-image", "never", "wakeloop"], env=env, check=True, capture_output=True)
+        failed = request.session.testsfailed
+        yield root
+        if request.session.testsfailed > failed:  # what the orchestrator said, before the lab goes
+            print(on(1, "service", "logs", "--tail", "80", "wakeloop_orchestrator"))
+    finally:
+        subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=UP_S)
+        print(f"swarm lab: {time.monotonic() - started:.0f} s from up to down")
+    assert not LAB.exists(), f"swarm-lab.sh down left {LAB}"
+
+
+def receipt(root: Path, agent: str):
+    state, _ = load_state(root / agent / "state")
+    return state.last_receipt
+
+
+def placements(root: Path) -> dict[str, str | None]:
+    return {f"s{i}": read_node(root / f"s{i}" / "state") for i in range(AGENTS)}
+
+
+def labelled(node: int) -> set[str]:
+    """The agents whose sandbox containers are on this node's engine now."""
+    out = on(node, "ps", "-a", "--filter", "label=wakeloop.sandbox", "--format", '{{.Label "wakeloop.agent"}}')
+    return set(out.split())
+
+
+def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
+    root = stack
+
+    def woken() -> dict[str, str | None] | None:
+        p = placements(root)
+        return p if all(p.values()) and all(receipt(root, a) for a in p) else None
+
+    placed = wait_for(woken, "every agent placed and woken once", DEPLOY_S)
+    by_node = {name: {a for a, n in placed.items() if n == name} for name in NODES}
+    assert all(len(agents) == AGENTS // 3 for agents in by_node.values()), by_node
+
+    # Each agent's calls run on its own node's engine, and only there.
+    def calls_where_placed():
+        seen = {name: labelled(number) for name, number in NODES.items()}
+        for name, agents in seen.items():
+            assert agents <= by_node[name], f"{name} ran calls of agents placed elsewhere: {agents - by_node[name]}"
+        return all(seen[name] == by_node[name] for name in NODES)
+
+    wait_for(calls_where_placed, "every node running its own agents' calls", DEPLOY_S)
+
+    # A node lost: its agents skip, saying why; the others keep waking.
+    lab("stop", str(NODES[LOST]), timeout=NODE_S)
+    lost_at = {a: receipt(root, a).wake for a in placed}
+    wait_for(
+        lambda: all((r := receipt(root, a)) and r.status == "skipped_node" for a in by_node[LOST]),
+        f"{LOST}'s agents skipped",
+        NODE_S,
+    )
+    assert LOST in receipt(root, sorted(by_node[LOST])[0]).reason
+    kept = set(placed) - by_node[LOST]
+    wait_for(
+        lambda: all((r := receipt(root, a)).status == "done" and r.wake > lost_at[a] for a in kept),
+        "the other nodes' agents waking on",
+        NODE_S,
+    )
+    status = subprocess.run(
+        [str(REPO / ".venv/bin/wakeloop"), "status", str(root)], capture_output=True, text=True, timeout=60
+    ).stdout
+    for agent in by_node[LOST]:
+        line = next(line for line in status.splitlines() if line.startswith(agent + " "))
+        assert "unavailable" in line and LOST in line, line
+    assert placements(root) == placed  # nobody moved
+
+    # The node back: its agents wake there again.
+    back_at = {a: receipt(root, a).wake for a in by_node[LOST]}
+    lab("start", str(NODES[LOST]), timeout=NODE_S)
+    wait_for(
+        lambda: all((r := receipt(root, a)).status == "done" and r.wake > back_at[a] for a in by_node[LOST]),
+        f"{LOST}'s agents waking again",
+        NODE_S,
+    )
+    assert placements(root) == placed
+
+
+PROBE = """
+import json, socket, ssl, sys
+from pathlib import Path
+how, certs, other = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname = False
+context.load_verify_locations(certs / "wakeloop-ca.pem")
+if how == "ours":
+    context.load_cert_chain(certs / "wakeloop-orchestrator.pem", certs / "wakeloop-orchestrator.key")
+if how == "other_ca":
+    context.load_cert_chain(other / "wakeloop-orchestrator.pem", other / "wakeloop-orchestrator.key")
+if how == "broker_own":
+    context.load_cert_chain(certs / "wakeloop-broker.pem", certs / "wakeloop-broker.key")
+try:
+    with socket.create_connection(("10.211.0.12", 7443), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="wakeloop-broker") as s:
+            s.sendall(b'{"op": "ping"}\\n')
+            line = s.makefile("rb").readline()
+            print(json.loads(line) if line else "closed")
+except (OSError, ssl.SSLError) as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_broker_answers_only_the_stacks_orchestrator(stack):
+    other = LAB / "other-certs"  # a CA of another stack: a valid certificate, not ours
+    subprocess.run([str(REPO / ".venv/bin/wakeloop"), "swarm", "certs", str(other)], check=True, capture_output=True)
+
+    def probe(how: str) -> str:
+        done = subprocess.run(
+            ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/python"), "-c", PROBE, how, str(LAB / "certs")]
+            + [str(other)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout + done.stderr
+
+    def answered() -> str | None:
+        out = probe("ours")
+        return out if "'ok': True" in out else None
+
+    answer = wait_for(answered, "node 2's broker answering our certificate", NODE_S)
+    assert "'node': 'swx-n2'" in answer  # it names its node, for placement
+    for how in ("none", "other_ca", "broker_own"):
+        out = probe(how)
+        assert "'ok'" not in out and ("refused" in out or "closed" in out), f"{how}: {out}"
