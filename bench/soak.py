@@ -75,6 +75,9 @@ MILESTONE = 1_000  # with --until-wakes: RSS and descriptors at every this many 
 TRACE_ENV = "WAKELOOP_SOAK_TRACE"  # --trace DIR: the stand-in child traces its allocations into DIR
 TRACE_EVERY = 500  # wakes between tracemalloc snapshots (--trace-every)
 TRACE_FRAMES = 8  # frames kept per allocation: enough to see whose call made it
+PROBE_ENV = "WAKELOOP_SOAK_PROBE"  # --probe FILE: the stand-in child writes what holds its memory into FILE
+PROBE_EVERY = 250  # wakes between probes (--probe-every)
+PROBE_TYPES = 12  # object types per probe line: the ones with the most live objects
 FLAT_WITHIN = 0.05  # the issue's bar: after the first MILESTONE wakes, RSS stays within 5 %
 SHAPES = ("dry", "one-call")
 # the one-call wake's command: appends to today's journal (the container's clock is UTC, as the
@@ -242,8 +245,9 @@ def gzip_ratio(root: Path) -> float:
 def child_env(tmp: Path) -> dict[str, str]:
     """serve's environment: dry run, no key, the soak's own disks folder."""
     env = scrubbed_env({"WAKELOOP_DRY_RUN": "true", "WAKELOOP_DISKS": str(tmp / "disks"), "PYTHONUNBUFFERED": "1"})
-    if TRACE_ENV in os.environ:
-        env[TRACE_ENV] = os.environ[TRACE_ENV]
+    for name in (TRACE_ENV, PROBE_ENV, "MALLOC_ARENA_MAX"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
@@ -397,6 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         help="print the sites that grew most between the snapshots in this folder, and exit",
     )
     parser.add_argument(
+        "--probe",
+        type=Path,
+        default=None,
+        help="with --standin: serve writes RSS, malloc's and the collector's figures to this file every 250 wakes",
+    )
+    parser.add_argument("--probe-every", type=int, default=PROBE_EVERY, help="wakes between probes")
+    parser.add_argument(
         "--shape",
         choices=SHAPES,
         default="dry",
@@ -408,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.trace:
         os.environ[TRACE_ENV] = f"{args.trace.resolve()}:{args.trace_every}"  # child_env passes it on
+    if args.probe:
+        os.environ[PROBE_ENV] = f"{args.probe.resolve()}:{args.probe_every}"
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-soak-"))
     try:
         say(f"soak: {args.agents} agents every 1s for {args.seconds:g}s under serve ({args.shape})")
@@ -441,6 +454,9 @@ def standin_child(root: str) -> int:
     if os.environ.get(TRACE_ENV):
         folder, _, every = os.environ[TRACE_ENV].rpartition(":")
         loop.wake = traced(loop.wake, Path(folder), int(every))
+    if os.environ.get(PROBE_ENV):
+        file, _, every = os.environ[PROBE_ENV].rpartition(":")
+        loop.wake = probed(loop.wake, Path(file), int(every))
     return cli.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
 
 
@@ -465,6 +481,64 @@ def traced(wake, folder: Path, every: int):
                     tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle"))
 
     return run
+
+
+def probed(wake, file: Path, every: int):
+    """`wake`, with a JSON line written to `file` every `every` wakes: RSS, what Python's
+    allocator holds, what glibc's malloc holds (in use and free, in its heaps and mmaps), the
+    collector's counts and the most numerous live types. Tells a leak (live objects grow) from
+    fragmentation (RSS grows while what is in use does not)."""
+    import itertools
+    import json
+    import threading
+
+    count, lock = itertools.count(1), threading.Lock()
+
+    def run(*args, **kwargs):
+        try:
+            return wake(*args, **kwargs)
+        finally:
+            with lock:
+                n = next(count)
+                if n % every == 0:
+                    with file.open("a") as out:
+                        out.write(json.dumps({"wakes": n} | memory_probe()) + "\n")
+
+    return run
+
+
+def memory_probe() -> dict:
+    import collections
+    import ctypes
+    import gc
+    import threading
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks")
+            + ("fordblks", "keepcost")
+        ]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    objects = gc.get_objects()
+    types = collections.Counter(type(o).__name__ for o in objects)
+    del objects
+    return {
+        "rss_kb": _proc_status(os.getpid()).get("VmRSS", 0),
+        "py_blocks": sys.getallocatedblocks(),
+        "gc_objects": sum(types.values()),
+        "gc_count": gc.get_count(),
+        "gc_stats": [s["collections"] for s in gc.get_stats()],
+        "malloc_heap_kb": info.arena // 1024,  # sbrk'd and arena heaps, all arenas
+        "malloc_used_kb": info.uordblks // 1024,
+        "malloc_free_kb": info.fordblks // 1024,
+        "malloc_mmap_kb": info.hblkhd // 1024,
+        "threads": threading.active_count(),
+        "types": dict(types.most_common(PROBE_TYPES)),
+    }
 
 
 def trace_diff(folder: Path, top: int = 15, after: int = MILESTONE) -> str:

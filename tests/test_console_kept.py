@@ -3,19 +3,27 @@ ROWS_FILE, in ROOT) and each agent's wake index (fleet/wake_history.py INDEX_FIL
 
 A restarted console's first fleet view and wake histories come from them without loading an
 agent or parsing an event line; a changed file is read again; a corrupt, hostile or linked
-index is read past (the logs parsed again) and written anew. No engine needed.
+index is read past (the logs parsed again) and written anew. The compiled templates are kept
+too (console/template_cache.py, in the user's own cache folder), never in a folder another
+could write; and a view asked during the warm-up gets the warm-up's page, not a second pass
+beside it. No engine needed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import threading
 import urllib.request
 from pathlib import Path
 
+import jinja2
 import pytest
 
+from orchestrator.console import app as app_mod
 from orchestrator.console import pages as pages_mod
+from orchestrator.console import template_cache
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
 from orchestrator.console.pages import ROWS_FILE, Pages
@@ -218,3 +226,89 @@ def test_a_kept_row_of_another_shape_is_forgotten_and_the_page_still_shows_every
         listening.stop()
     assert status == 200 and all(f'id="agent-{n}"' in html for n in NAMES)
     assert set(loads) == set(NAMES), "the kept rows were forgotten and every row read afresh"
+
+
+def _fleet_view(url: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch) -> Path:
+    """The user's cache folder, the test's own: where template_cache keeps the compiled templates."""
+    monkeypatch.setenv(template_cache.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / template_cache.FOLDER
+
+
+def test_compiled_templates_are_kept_for_the_next_start_in_a_folder_only_the_user_can_write(
+    root, cache_home, monkeypatch
+):
+    monkeypatch.setattr(app_mod, "FIRST_VIEW_WAIT_S", 0)  # no view comes: the warm-up goes on at once
+    first = Console(root, Access(TOKEN, loopback=True))
+    assert first.warmed.wait(timeout=60)
+    assert stat.S_IMODE(cache_home.stat().st_mode) == 0o700 and any(cache_home.iterdir())
+    compiled: list[str] = []
+    real = jinja2.Environment.compile
+
+    def counted(env, source, name=None, *args, **kwargs):
+        compiled.append(name)
+        return real(env, source, name, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    second = Console(root, Access(TOKEN, loopback=True))  # serve restarted
+    assert second.warmed.wait(timeout=60)
+    page, _ = second._fleet_html(True, None, "/")
+    assert all(f'id="agent-{n}"' in page for n in NAMES)
+    assert compiled == [], f"compiled again at the next start: {compiled}"
+
+
+@pytest.mark.parametrize("kind", ["group-writable", "a link", "a file"])
+def test_a_template_folder_another_could_write_is_never_used(cache_home, tmp_path, kind):
+    cache_home.parent.mkdir(parents=True)
+    if kind == "group-writable":
+        cache_home.mkdir(mode=0o700)
+        cache_home.chmod(0o770)
+    elif kind == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        cache_home.symlink_to(tmp_path / "elsewhere")
+    else:
+        cache_home.write_text("")
+    assert template_cache.bytecode_cache() is None  # the console's templates then compile as before
+    assert template_cache.bytecode_cache() is None, "nor is it made usable by a second look"
+
+
+def test_a_view_asked_during_the_warm_up_gets_its_page_not_a_second_pass(root, monkeypatch):
+    release, waiting, passes = threading.Event(), threading.Event(), []
+    real = Pages.fleet
+
+    def held(pages):  # the warm-up's pass waits until a view is waiting for it
+        passes.append(threading.current_thread().name)
+        if len(passes) == 1:
+            assert release.wait(timeout=30)
+        return real(pages)
+
+    class Watched(threading.Event):
+        def wait(self, timeout=None):
+            waiting.set()
+            return super().wait(timeout)
+
+    monkeypatch.setattr(Pages, "fleet", held)
+    console = Console(root, Access(TOKEN, loopback=True))
+    console._warm_paged = Watched()  # before the warm-up can set it: its pass is held
+    listening = start(console, "127.0.0.1", 0)
+    got: list[tuple[int, str]] = []
+    try:
+        view = threading.Thread(target=lambda: got.append(_fleet_view(listening.url)))
+        view.start()
+        assert waiting.wait(timeout=30), "the view did not wait for the warm-up's page"
+        release.set()
+        view.join(timeout=30)
+        assert console.warmed.wait(timeout=60)
+    finally:
+        release.set()
+        listening.stop()
+    status, html = got[0]
+    assert status == 200 and all(f'id="agent-{n}"' in html for n in NAMES)
+    assert 'action="/logout"' in html, "the page for a person signed in (the view sent the token)"
+    assert passes == ["wakeloop-console-warm"], f"passes over the fleet: {passes}"

@@ -519,6 +519,10 @@ def serve(
     # one, not once it has grown to a quarter of all of that (+10-15 % of RSS: bench/soak.py).
     gc.collect()
     gc.freeze()
+    # And once more, over what is left (nothing): the collector sets the oldest generation's size at
+    # its last full collection, and the one above counted all that was just frozen. Left so, the next
+    # full collection waits for a quarter of it (40,000+ objects, thousands of wakes' garbage).
+    gc.collect()
     # From a thread: a handler that took an Event's lock itself could interrupt
     # the main thread inside that same lock and deadlock.
     stop_soon = lambda *_: threading.Thread(target=scheduler.request_stop, daemon=True).start()
