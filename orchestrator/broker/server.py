@@ -259,6 +259,12 @@ class Broker:
         self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.layered = disks_reach_engine(self.client)  # files/ and each wake's overlay, or the older shape
+        if not self.layered:
+            self.log(
+                "wakes here are not transactions: the engine cannot see this broker's mounts in "
+                f"{disk.disks_dir()} (mount it from the host with `propagation: rshared`, from a shared "
+                "mount); each wake's calls write the agent's files directly"
+            )
 
     def handle(self, raw: object) -> wire.JSONObject:
         """One request line's JSON value, its reply; BrokerError if refused."""
@@ -556,7 +562,7 @@ class Broker:
         name = agent.dir.name
         with self._lock:
             entry = self._boxes.get(name)
-            if entry is None or entry.box.wake != run_id:
+            if entry is None or entry.box.run_id != run_id:  # begun (its overlay mounted or not)
                 raise BrokerError(f"{name}: no wake {run_id} is open in the broker")
             if self._calls.get(name):
                 raise BrokerError(f"{name}: a call is still running; finish the wake when it has ended")
