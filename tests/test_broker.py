@@ -222,7 +222,7 @@ def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_wo
     if disk_setting == "2g":  # the index records where the host sees the folder
         assert disk.read_index()[key]["folder"] == "/srv/host/agents/alpha"
     assert [(m["Type"], m["Source"]) for m in host["mounts"]] == (
-        [("volume", disk.VOLUME_PREFIX + key)]
+        [("bind", str(disk.host_box(key)))]  # KEY.box, in $WAKELOOP_DISKS: never a path under ROOT
         if disk_setting == "2g"
         else [("bind", "/srv/host/agents/alpha/workspace")]
     )

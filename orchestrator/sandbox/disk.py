@@ -2,7 +2,8 @@
 
 `sandbox.disk` and `sandbox.files` make a sparse ext4 image per agent
 (`mkfs.ext4 -m 0 -N files`), attached to a loop device and given to each box
-as a volume of the engine's `local` driver (type ext4, device /dev/loopN):
+as a bind of its files/ (or, in the older shape, a volume of the engine's
+`local` driver, type ext4, device /dev/loopN):
 
 - a full workspace is ENOSPC in the box, and the host's free space is
   untouched: `fallocate --keep-size`, sparse files, hard links and
@@ -18,8 +19,8 @@ and the harness's .wakeloop/ (layers.py; an older disk, its files at the
 root, is arranged so once, on attach). The root is mounted (nosuid, nodev,
 noexec) at a path of this process's own, KEY.view in $WAKELOOP_DISKS, where
 it reads the workspace (workspace_reads.py) and commits a wake
-(wake_layer.py). A box sees only files/: its volume is a bind (the engine's
-`local` driver, type none) of KEY.box, a folder in $WAKELOOP_DISKS where
+(wake_layer.py). A box sees only files/: its /workspace is a bind (Disk.mount,
+resolved at each container's start) of KEY.box, a folder in $WAKELOOP_DISKS where
 files/ is bound (nosuid, nodev) and, while a wake runs, that wake's overlay
 is mounted on top (wake_layer.py). Every path the engine resolves is in
 $WAKELOOP_DISKS, root's, outside every agent's folder: nothing done to paths
@@ -246,7 +247,14 @@ class Disk:
         return path_of(self.key, "box")
 
     def mount(self) -> Mount:
-        """The box's one mount: the volume, by name; no_copy: the image's /workspace stays out."""
+        """The box's one mount. Layered: a bind of KEY.box (root's, in $WAKELOOP_DISKS, outside
+        ROOT), resolved when each container starts, so a box started after a wake's begin gets
+        its overlay. Not an engine volume of type bind: the engine mounts such a volume once and
+        hands that one mount to every container using it, so while a container from before the
+        begin lived, new ones got files/ without the overlay (seen on runsc with a warm pool).
+        The older shape: the device's volume, by name (no_copy: the image's /workspace stays out)."""
+        if self.layered:
+            return Mount(target=WORKSPACE, source=str(host_box(self.key)), type="bind")
         return Mount(target=WORKSPACE, source=self.volume, type="volume", no_copy=True)
 
 
@@ -1073,14 +1081,16 @@ def host_box(key: str) -> Path:
 
 
 def _volume(client: docker.DockerClient, key: str, device: str, image: Path, layered: bool = True) -> None:
-    """The engine's volume: a bind of KEY.box (root's, in $WAKELOOP_DISKS), or (not `layered`)
-    the device itself; made again if it names anything else (the other kind, another device)."""
+    """The engine's volume for the older shape: the device itself; made again if it names anything
+    else (another device). Layered there is none (Disk.mount binds KEY.box): one from before goes."""
     name = VOLUME_PREFIX + key
-    options = (
-        {"type": "none", "device": str(host_box(key)), "o": "bind"}
-        if layered
-        else {"type": "ext4", "device": device, "o": "nosuid,nodev,discard"}
-    )
+    if layered:
+        try:
+            client.api.remove_volume(name, force=True)
+        except docker.errors.DockerException:
+            pass  # none, or still used by a container of an older wakeloop: unused from now on
+        return
+    options = {"type": "ext4", "device": device, "o": "nosuid,nodev,discard"}
     try:
         if client.api.inspect_volume(name).get("Options") == options:
             return

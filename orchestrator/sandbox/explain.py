@@ -163,6 +163,12 @@ def _workspace_line(box) -> str:
             f"workspace: the folder {box.workspace}, bind-mounted by its path (sandbox.disk: none): "
             "no limit on its bytes or files"
         )
+    if d.layered:
+        return (
+            f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
+            f"{d.image} on a loop device,\n  its files/ bound from {d.box} (root's, outside every agent "
+            "folder; during a wake, the wake's overlay): full is ENOSPC in the box"
+        )
     return (
         f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
         f"{d.image} on a loop device,\n  the engine's volume {d.volume} (type ext4, nosuid, nodev): "
@@ -205,7 +211,7 @@ def explain_data(policy: Policy, box, registry) -> dict:
                 "bytes": policy.sandbox.disk,
                 "files": policy.sandbox.files,
                 "image": str(box.disk.image),
-                "volume": box.disk.volume,
+                "mount": box.disk.mount().get("Source"),
             }
             if box.disk
             else None

@@ -5,7 +5,7 @@ then mounts the wake's overlay (lower: the disk's files/, read-only; upper
 and work: .wakeloop/wakes/RUN/, on the same disk, where no box looks; the
 options transaction.OVERLAY_OPTIONS, nosuid, nodev) over KEY.box in
 $WAKELOOP_DISKS. Every box of the wake binds its /workspace there (disk.py's
-volume), the harness reads the workspace there (HostFiles), and the journal
+Disk.mount), the harness reads the workspace there (HostFiles), and the journal
 stub appends there (a box): every call sees the wake's changes so far, and
 files/ sees none of them until `finish`.
 
