@@ -36,12 +36,12 @@ PROTECT = ("deploy/**", "**/.github/**")
 GUARDED = ("deploy", ".github", "sub")  # the folders a protected change could reach
 
 
-def _cold_box(t: Trial) -> tuple[DockerSandbox, Path | None]:
-    """A box whose every call is cold, and its disk's root (files/ and .wakeloop/; None: no disk,
-    no transaction to attack). Cold: on runsc a call taken from the warm pool around begin()
-    can bypass the wake's overlay (see the NOTES of this probe's landing); these probes judge
-    the commit, so they must reach it every time."""
-    box = t.new_box(warm=0)
+def _box(t: Trial, warm: int | None = 0) -> tuple[DockerSandbox, Path | None]:
+    """A box, and its disk's root (files/ and .wakeloop/; None: no disk, no transaction to
+    attack). Cold (warm=0) unless asked: these probes judge the commit. `warm=None`: the lab's
+    pool, as users run it; containers made before begin() must never serve the wake (they bind
+    files/ without its overlay), which the protected-path probe checks with a call before it."""
+    box = t.new_box(warm=warm)
     return box, box.disk_root
 
 
@@ -91,7 +91,7 @@ PROTECTED_ATTACK = (
 
 
 def _protected_paths_by_bash(t: Trial) -> str:
-    box, root = _cold_box(t)
+    box, root = _box(t, warm=None)  # pooled: the call before begin leaves containers of files/ ahead
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files = layers.files(root)
@@ -128,7 +128,7 @@ transaction_refuses_protected_paths_by_bash = Probe(
 
 
 def _links_across_layers(t: Trial) -> str:
-    box, root = _cold_box(t)
+    box, root = _box(t)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files, canary = layers.files(root), t.lab.canary_path
@@ -193,7 +193,7 @@ transaction_never_follows_links_across_layers = Probe(
 
 
 def _setid_at_commit(t: Trial) -> str:
-    box, root = _cold_box(t)
+    box, root = _box(t)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files = layers.files(root)
