@@ -93,16 +93,22 @@ class WakeChanges:
         return ev.WorkspaceChanges(
             outcome="error" if self.error else "discarded" if self.discarded else "committed",
             of_run=self.run_id,
-            paths=tuple(c.path for c in shown),
+            paths=tuple(_text(c.path) for c in shown),
             kinds=tuple(c.kind for c in shown),
             types=tuple(c.type for c in shown),
             sizes=tuple(c.size for c in shown),
-            refused=tuple(r.change.path for r in refused),
+            refused=tuple(_text(r.change.path) for r in refused),
             rules=tuple(r.rule for r in refused),
             refused_kinds=tuple(r.change.kind for r in refused),
             more=len(landed) - len(shown) + len(self.refused) - len(refused),
             error=self.error,
         )
+
+
+def _text(path: str) -> str:
+    """A path as text any log can hold: a name that is not UTF-8 (`touch $'\\xff'` in the box)
+    comes from scan with lone surrogates, which no UTF-8 writer takes; shown with U+FFFD."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)

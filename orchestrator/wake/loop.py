@@ -88,6 +88,7 @@ from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.records import event_types as ev
 from orchestrator.records import egress
+from orchestrator.records.folder import state_folder
 from orchestrator.records.receipt import Receipt, Status, Usage
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
@@ -481,7 +482,10 @@ class _Wake:
                 f"workspace: discarded wake {dead.run_id}, which died before its end: "
                 f"{len(dead.discarded)} change(s) dropped"
             )
-            self.events.write(dead.record())
+            try:
+                self.events.write(dead.record())
+            except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
+                self.say(f"workspace: the discarded wake was not recorded: {exc}")
 
     def _finish(self) -> None:
         """The wake's changes checked against the policy, what passes committed, the rest dropped;
@@ -498,27 +502,28 @@ class _Wake:
             egress.append(self.agent.state_dir, self.box.egress_decisions())
         except (OSError, SandboxError) as exc:
             self.say(f"egress: the proxy's decisions were not recorded: {exc}")
-        record = changes.record()
-        self.events.write(record)
-        self.transcript.add(record.TYPE, **record.to_data())
+        record = changes.record()  # paths as text (wake_layer._text)
+        try:
+            self.events.write(record)
+            self.transcript.add(record.TYPE, **record.to_data())
+        except (OSError, ValueError) as exc:  # the wake still ends with its receipt
+            self.say(f"workspace: the change set was not recorded: {exc}")
         self._tell_next_wake(record)
         landed = "dropped" if record.outcome == "error" else f"{len(changes.committed)} committed"
         self.say(
             f"workspace: {landed}, {len(changes.refused)} refused"
-            + "".join(f"; {r.change.path}: {r.rule}" for r in changes.refused[:3])
+            + "".join(f"; {path}: {rule}" for path, rule in list(zip(record.refused, record.rules, strict=False))[:3])
             + (f" ({changes.error})" if changes.error else "")
         )
 
     def _tell_next_wake(self, record: ev.WorkspaceChanges) -> None:
         """state/workspace_refused.json: the refusals the next wake's context names (context.py)."""
-        path = self.agent.state_dir / REFUSED_FILE
+        folder = state_folder(self.agent.state_dir)  # no link followed: state/ is the folder owner's
         try:
             if record.refused:
-                partial = path.with_suffix(".partial")
-                partial.write_text(json.dumps(record.to_data()))
-                os.replace(partial, path)
+                folder.write_atomic(REFUSED_FILE, json.dumps(record.to_data()))
             else:
-                path.unlink(missing_ok=True)
+                folder.unlink(REFUSED_FILE)
         except OSError as exc:
             self.say(f"workspace: could not keep the refusals for the next wake: {exc}")
 
