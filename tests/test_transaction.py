@@ -241,3 +241,48 @@ def test_a_commit_or_an_undo_killed_at_any_step_is_finished_at_the_next_start(wa
             break
         steps += 1
     assert steps > 20  # a commit of this wake is that many renames: each was a place to die
+
+
+def overlay_wake(lower: Path, tmp_path: Path, script: str) -> Path:
+    """Run `script` in an overlay over `lower`, as one wake; its upper layer."""
+    upper, work, merged = (tmp_path / n for n in ("up", "work", "merged"))
+    for folder in (upper, work, merged):
+        folder.mkdir(parents=True)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+    try:
+        sh(merged, script)
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+    return upper
+
+
+def test_a_link_in_the_agents_files_is_never_followed_by_a_scan_a_commit_or_an_undo(tmp_path):
+    # The agent's own links, committed by an earlier wake, point out of the workspace: a scan must not
+    # list what lies beyond (x -> outside, then rm x; mkdir x; touch x/.ssh), and an undo must not chmod
+    # through a folder since replaced by a link (a taken-over orchestrator can plant one between wakes).
+    outside, lower = tmp_path / "outside", tmp_path / "lower"
+    sh(tmp_path, "mkdir -p outside/.ssh lower/d; echo key > outside/.ssh/id_rsa; echo v > victim; chmod 600 victim")
+    (lower / "x").symlink_to(outside)
+    os.chmod(lower / "d", 0o777)
+    upper = overlay_wake(lower, tmp_path / "w1", "rm x; mkdir x; touch x/.ssh; chmod 700 d")
+    changes = scan(upper, lower)
+    assert not [c for c in changes if "id_rsa" in c.path or c.path.startswith("x/.ssh/")], changes
+    commit(upper, lower, tmp_path / "undo-1", "run-1", check(changes, PROTECT)[0])
+    assert tree(outside) == {".ssh": ("dir", 0o755), ".ssh/id_rsa": ("file", 0o644, b"key\n")}
+    os.rename(lower / "d", tmp_path / "d-moved")
+    (lower / "d").symlink_to(tmp_path / "victim")  # the folder the wake chmodded, now a link
+    undo_run(lower, tmp_path / "undo-1", [])
+    assert stat.S_IMODE(os.stat(tmp_path / "victim").st_mode) == 0o600  # not chmodded through the link
+
+
+def test_an_undo_refuses_a_path_whose_folder_became_a_link_since(tmp_path):
+    lower = tmp_path / "lower"
+    sh(tmp_path, "mkdir -p lower/d elsewhere")
+    upper = overlay_wake(lower, tmp_path / "w1", "echo f > d/f")
+    commit(upper, lower, tmp_path / "undo-1", "run-1", check(scan(upper, lower), PROTECT)[0])
+    os.rename(lower / "d", tmp_path / "d-moved")
+    (lower / "d").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(transaction.TransactionError, match="undone but for d/f: a link stands on the way"):
+        undo_run(lower, tmp_path / "undo-1", [])
+    assert os.listdir(tmp_path / "elsewhere") == []  # nothing moved through the link

@@ -86,13 +86,14 @@ def scan(upper: Path, lower: Path) -> list[Change]:
 def _walk(upper: Path, lower: Path, rel: str, out: list[Change]) -> None:
     with os.scandir(upper / rel if rel else upper) as entries:
         names = sorted(entry.name for entry in entries)
-    if rel and _opaque(upper / rel) and (lower / rel).is_dir() and not (lower / rel).is_symlink():
+    below = _lstat_in(lower, rel) if rel else None
+    if rel and _opaque(upper / rel) and below is not None and stat.S_ISDIR(below.st_mode):
         for name in sorted(os.listdir(lower / rel)):
             if name not in names:
                 out += _deleted(lower, _join(rel, name))
     for name in names:
         path = _join(rel, name)
-        st, before = os.lstat(upper / path), _lstat(lower / path)
+        st, before = os.lstat(upper / path), _lstat_in(lower, path)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout
             if before is not None:
                 out += _deleted(lower, path)
@@ -234,8 +235,14 @@ def undo_run(lower: Path, undo: Path, later: list[Path], force: bool = False) ->
                     "undo it first, or use --force",
                 )
     _set_state(undo, "undoing")
-    _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
+    skipped = _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
     _set_state(undo, "undone")
+    if skipped:
+        raise TransactionError(
+            errno.ELOOP,
+            f"undone but for {', '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}: "
+            "a link stands on the way there now, and is never followed",
+        )
     return changes
 
 
@@ -267,27 +274,35 @@ def recover(lower: Path, undo: Path) -> str | None:
 def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
     for i, change in enumerate(changes):
         here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
+        if _linked_above(lower, change.path):  # not as scan saw it: never followed (scan refuses the way)
+            continue
         if change.kind == "deleted":
             if not _lexists(old):
                 _move(here, old)  # contents first (scan's order), then the folder
         elif change.type == "dir":
             here.mkdir(exist_ok=True)
-            os.chmod(here, change.mode)
+            _chmod_folder(here, change.mode)
         elif _lexists(new):  # not yet landed: the old kept, then the new landed
             if change.kind == "modified" and not _lexists(old):
                 _move(here, old)
             _move(new, here)
 
 
-def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> None:
+def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> list[str]:
+    """Each change put back, last first; the paths left as they are because a link stands on the
+    way there now (planted since the wake: never followed)."""
+    skipped = []
     for i in reversed(range(len(changes))):
         change = changes[i]
         here, old, gone = lower / change.path, undo / OLD / str(i), undo / NEW / str(i)
+        if _linked_above(lower, change.path):
+            skipped.append(change.path)
+            continue
         if change.type == "dir" and change.kind == "added":
             if not _lexists(gone) and here.is_dir() and not here.is_symlink() and not os.listdir(here):
                 _move(here, gone)
         elif change.type == "dir" and change.kind == "modified":
-            os.chmod(here, dir_modes[str(i)])  # keys are strings: the manifest is JSON
+            _chmod_folder(here, dir_modes[str(i)])  # keys are strings: the manifest is JSON
         elif change.kind == "deleted":
             _move(old, here)
         else:
@@ -295,6 +310,7 @@ def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> 
                 _move(here, gone)
             if change.kind == "modified":
                 _move(old, here)
+    return skipped
 
 
 def _move(source: Path, target: Path) -> None:
@@ -335,6 +351,33 @@ def _lstat(path: Path) -> os.stat_result | None:
 
 def _lexists(path: Path) -> bool:
     return _lstat(path) is not None
+
+
+def _lstat_in(root: Path, rel: str) -> os.stat_result | None:
+    """root/rel's own lstat, with no link on the way: a link there (the agent's: a committed
+    `x -> /root`) is never followed, and what lies beyond it is not there."""
+    return None if _linked_above(root, rel) else _lstat(root / rel)
+
+
+def _linked_above(root: Path, rel: str) -> str | None:
+    """The first step on the way to root/rel that is a link, or None. (One missing is made as a
+    real folder; a file there fails the step with ENOTDIR, as it should.)"""
+    here = root
+    for part in rel.split("/")[:-1]:
+        here = here / part
+        st = _lstat(here)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return str(here.relative_to(root))
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return None
+    return None
+
+
+def _chmod_folder(path: Path, mode: int) -> None:
+    """A folder's mode, never a link's target's (os.chmod follows links)."""
+    st = _lstat(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        os.chmod(path, mode)
 
 
 def _sha256(path: Path) -> str:
