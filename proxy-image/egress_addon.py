@@ -180,6 +180,10 @@ class Egress:
 
     async def http_connect(self, flow):
         host, port = flow.request.host.lower().rstrip("."), flow.request.port
+        if host in INTERCEPT and port != 443:  # a raw tunnel there would pass its rules by
+            why = "its requests are ruled or carry a credential, which only HTTPS on port 443 gets"
+            self.refuse(flow, host, port, "", "intercepted host, port not 443", why)
+            return
         rule = await self.host_check(flow, host, port, "")
         if rule is None:
             return

@@ -274,6 +274,12 @@ def test_a_post_where_only_get_is_ruled_is_refused_with_a_readable_reason(box, e
     assert out.endswith("status=200"), out
 
 
+def test_a_tunnel_to_an_intercepted_host_on_another_port_is_refused(box):
+    # A raw tunnel to port 80 of a ruled host would pass its method and path rules by.
+    out = _curl(box, "-p", f"http://{SECRET_HOST}:80/repos/a/b")
+    assert "CONNECT tunnel failed, response 403" in out, out
+
+
 def test_the_record_has_a_line_for_every_decision(docker_client, box, operator_env):
     box.wake_began = network.new_wake(docker_client, box._egress())
     _curl(box, f"https://{SECRET_HOST}/repos/x/y")  # intercepted, allowed, with the credential

@@ -610,8 +610,9 @@ class Broker:
         (cli.py); a call in flight here means a wake runs all the same, and is refused."""
         name = agent.dir.name
         with self._lock:
-            if self._calls.get(name):
-                raise BrokerError(f"{name}: a call of its wake is running; undo when the wake has ended")
+            entry = self._boxes.get(name)
+            if self._calls.get(name) or (entry is not None and entry.box.wake):
+                raise BrokerError(f"{name}: a wake is open (begun, not finished); undo when it has ended")
         try:
             undone = self._on_disk(agent, lambda root: undo_folders.undo(root, req.run_id, req.force))
         except undo_folders.UndoRefused as exc:  # an answer, not a broken request: the CLI's exit 1

@@ -182,6 +182,10 @@ def undo(root: Path, run_id: str, force: bool = False) -> Undone:
     folder = layers.undo(root, run_id)
     try:
         transaction.undo_run(layers.files(root), folder, [], force=True)  # `later` settled above, without links
+    except transaction.TransactionError as exc:
+        if exc.errno != errno.ELOOP:
+            raise UndoRefused(f"undo of wake {run_id} stopped: {exc.strerror}; run it again to finish") from None
+        raise UndoRefused(f"wake {run_id} {exc.strerror}") from None  # done, but for paths behind a link
     except (OSError, KeyError, ValueError) as exc:  # a disk full, an undo folder not as its commit left it
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
         raise UndoRefused(f"undo of wake {run_id} stopped: {why}; run it again to finish") from None
