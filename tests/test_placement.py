@@ -3,6 +3,8 @@ with the discovery stood in by fixed answers. The swarm itself: tests/test_swarm
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from orchestrator.broker import nodes
@@ -46,3 +48,15 @@ def test_one_host_is_not_placed(tmp_path, monkeypatch):
     assert nodes.address_for(a, "/run/wakeloop/broker.sock") == "/run/wakeloop/broker.sock"
     assert nodes.address_for(a, "tls://127.0.0.1:7443") == "tls://127.0.0.1:7443"  # a broker naming no node
     assert read_node(a / "state") is None
+
+
+def test_a_planted_fifo_or_link_in_place_of_the_placement_is_never_opened_or_followed(tmp_path):
+    # read under nodes' lock at every wake: a FIFO opened there would hang every wake on the swarm
+    (tmp_path / "elsewhere.json").write_text('{"node": "theirs"}')
+    os.mkfifo(tmp_path / PLACEMENT_FILE)
+    assert read_node(tmp_path) is None  # returns at once: a FIFO is not a regular file
+    os.unlink(tmp_path / PLACEMENT_FILE)
+    (tmp_path / PLACEMENT_FILE).symlink_to(tmp_path / "elsewhere.json")
+    assert read_node(tmp_path) is None
+    write_node(tmp_path, "n1")
+    assert read_node(tmp_path) == "n1" and (tmp_path / "elsewhere.json").read_text() == '{"node": "theirs"}'

@@ -11,33 +11,30 @@ Not here: choosing a node, or reaching its broker (broker/nodes.py).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+from orchestrator.records.folder import state_folder
 
 PLACEMENT_FILE = "placement.json"
 MAX_BYTES = 4096  # a node's name and a time; anything bigger is not ours
 
 
 def read_node(state_dir: Path) -> str | None:
-    """The node the agent is placed on, or None."""
+    """The node the agent is placed on, or None. Read through the state folder (folder.py): a link
+    or a FIFO planted there is not followed or opened, and the read is capped."""
     try:
-        with open(state_dir / PLACEMENT_FILE, "rb") as f:
-            data = json.loads(f.read(MAX_BYTES))
-    except (OSError, ValueError):
+        data = json.loads(state_folder(state_dir).read_bytes(PLACEMENT_FILE, MAX_BYTES))
+    except (OSError, ValueError):  # absent, not a regular file, too big, not JSON
         return None
     node = data.get("node") if isinstance(data, dict) else None
     return node if isinstance(node, str) and node else None
 
 
 def write_node(state_dir: Path, node: str) -> None:
-    """Place the agent on `node` (whole or not at all: a temporary file renamed)."""
+    """Place the agent on `node` (whole or not at all, no link followed: folder.py's write_atomic)."""
     record = {"node": node, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    fd, tmp = tempfile.mkstemp(prefix=".placement-", dir=state_dir)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, state_dir / PLACEMENT_FILE)
+    state_folder(state_dir).write_atomic(PLACEMENT_FILE, json.dumps(record))
 
 
 def placed(root: Path) -> dict[str, int]:
