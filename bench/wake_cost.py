@@ -78,6 +78,9 @@ class StandInSandbox:
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> WakeChanges:
         return WakeChanges("")
 
+    def egress_decisions(self) -> list[dict]:
+        return []  # no network, no proxy
+
     def close(self) -> None:
         """Nothing held."""
 

@@ -17,16 +17,16 @@ cycle (such objects wait for a rare full collection: serve's RSS saw-tooth).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from bench import soak as bench_soak
-from bench.wake_cost import StandInSandbox
-from orchestrator.policy.agent import load_agent
-from orchestrator.wake.loop import wake
-from tests.helpers import make_agent
+from tests.helpers import REPO, make_agent, scrubbed_env
 
 AGENTS = 3  # few: the warm-up (each agent's first wake) ends early in the run
 SECONDS = 45  # the run; with set-up and shutdown the test stays under a minute
@@ -85,23 +85,40 @@ def test_a_sandbox_call_leaves_no_socket_for_the_collector(make_sandbox):
     assert after - before <= 0, f"{after - before} descriptors left by {CALLS} calls"
 
 
+LEFT_IN_CYCLES = """
+import gc, json, sys
+from bench.wake_cost import StandInSandbox
+from orchestrator.policy.agent import load_agent
+from orchestrator.wake.loop import wake
+
+agent = load_agent(sys.argv[1])
+wake(agent, sandbox=StandInSandbox(workspace=agent.workspace))  # the first: lazy imports, caches
+gc.collect()
+gc.disable()
+receipt = wake(agent, sandbox=StandInSandbox(workspace=agent.workspace))
+gc.set_debug(gc.DEBUG_SAVEALL)  # what the collection finds unreachable stays in gc.garbage
+gc.collect()
+ours = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("orchestrator.")})
+print(json.dumps({"status": receipt.status, "ours": ours}))
+"""
+
+
 def test_a_wake_leaves_none_of_its_objects_for_the_collector(tmp_path):
     """With the collector off, a finished dry-run wake (every call answered by the bench's
     stand-in sandbox: no engine) leaves no object of ours in a reference cycle: refcounting
     frees it all when the wake returns. Before the fix the gate and registry held the wake's
-    bound methods, and 13 kinds of ours stayed (the wake, its gate, registry, transcript, context, ...)."""
-    agent = load_agent(make_agent(tmp_path, "cyclic"))
-    wake(agent, sandbox=StandInSandbox(workspace=agent.workspace))  # the first: lazy imports, caches
-    gc.collect()
-    gc.disable()
-    try:
-        receipt = wake(agent, sandbox=StandInSandbox(workspace=agent.workspace))
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collection finds unreachable stays in gc.garbage
-        gc.collect()
-        ours = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("orchestrator.")})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-    assert receipt.status == "done", receipt
-    assert ours == [], f"a wake left these of ours in reference cycles: {ours}"
+    bound methods, and 13 kinds of ours stayed (the wake, its gate, registry, transcript, context, ...).
+    In a process of its own: no thread another test left running can add cycles of its own."""
+    agent_dir = make_agent(tmp_path, "cyclic")
+    done = subprocess.run(
+        [sys.executable, "-c", LEFT_IN_CYCLES, str(agent_dir)],
+        cwd=REPO,
+        env=scrubbed_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "done", seen
+    assert seen["ours"] == [], f"a wake left these of ours in reference cycles: {seen['ours']}"
