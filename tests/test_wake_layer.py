@@ -216,8 +216,6 @@ def test_a_protected_path_written_by_bash_is_refused_at_the_wakes_end_recorded_a
     assert not (agent_dir / "state" / REFUSED_FILE).exists()  # ...so the third is told nothing
 
 
-
-
 @pytest.mark.docker
 def test_a_file_name_that_is_not_utf8_lands_and_the_wake_ends_with_its_receipt(agent_dir, fake_api, disk_view):
     # scan gives such a name with lone surrogates, which no UTF-8 log takes: the record shows U+FFFD,
@@ -227,6 +225,8 @@ def test_a_file_name_that_is_not_utf8_lands_and_the_wake_ends_with_its_receipt(a
     assert receipt.status == "done", receipt
     assert "bad\ufffd.txt" in changes_events(agent_dir)[-1].paths  # beside the journal's stub
     assert b"bad\xff.txt" in os.listdir(os.fsencode(disk_view(agent_dir)))
+
+
 @pytest.mark.docker
 def test_a_wake_killed_with_sigkill_mid_wake_is_discarded_at_the_next_start_before_any_call(agent_dir, fake_api):
     script = (
