@@ -274,8 +274,22 @@ def test_a_template_folder_another_could_write_is_never_used(cache_home, tmp_pat
         cache_home.symlink_to(tmp_path / "elsewhere")
     else:
         cache_home.write_text("")
-    assert template_cache.bytecode_cache() is None  # the console's templates then compile as before
-    assert template_cache.bytecode_cache() is None, "nor is it made usable by a second look"
+    env = jinja2.Environment(autoescape=True)
+    assert template_cache.bytecode_cache(env) is None  # the console's templates then compile as before
+    assert template_cache.bytecode_cache(env) is None, "nor is it made usable by a second look"
+
+
+def test_a_template_compiled_under_other_settings_is_never_loaded(cache_home):
+    # the settings name the cache's entries: code compiled with autoescape off (a weakened control,
+    # an older version) is another entry, never the one an escaping console loads
+    escaping, raw = jinja2.Environment(autoescape=True), jinja2.Environment(autoescape=False)
+    assert template_cache.settings(escaping) != template_cache.settings(raw)
+    assert template_cache.settings(escaping) == template_cache.settings(jinja2.Environment(autoescape=True))
+    for env in (raw, escaping):
+        env.loader = jinja2.DictLoader({"t": "{{ x }}"})
+        env.bytecode_cache = template_cache.bytecode_cache(env)
+        shown = env.get_template("t").render(x="<b>")
+        assert shown == ("&lt;b&gt;" if env is escaping else "<b>")
 
 
 def test_a_view_asked_during_the_warm_up_gets_its_page_not_a_second_pass(root, monkeypatch):

@@ -97,8 +97,9 @@ class Console:
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
-            bytecode_cache=template_cache.bytecode_cache(),  # compiled once, not at every start
         )
+        # Compiled once, not at every start; keyed by what the code compiled depends on (autoescape...).
+        self.env.bytecode_cache = template_cache.bytecode_cache(self.env)
         # `shown`: the model's own text with controls and bidi overrides written out (\u202e), so a
         # person approves exactly what reads on the page
         self.env.filters.update(money=_money, seconds=_seconds, shown=lambda text: shown(str(text), keep="\n\t"))

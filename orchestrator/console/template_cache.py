@@ -15,6 +15,7 @@ Not here: the templates (templates/), the environment that uses this (app.py).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -25,8 +26,30 @@ CACHE_ENV = "XDG_CACHE_HOME"  # where the user's caches live, if not ~/.cache
 FOLDER = Path("wakeloop") / "templates"  # under it
 
 
-def bytecode_cache() -> jinja2.BytecodeCache | None:
-    """The cache in the operator's own folder, or None (compile every start) when there is none safe."""
+# The environment's settings that change the code a template compiles to: an entry compiled
+# under other ones (autoescape off, say) must never be loaded.
+COMPILED_BY = (
+    "autoescape",
+    "block_start_string",
+    "block_end_string",
+    "variable_start_string",
+    "variable_end_string",
+    "comment_start_string",
+    "comment_end_string",
+    "line_statement_prefix",
+    "line_comment_prefix",
+    "trim_blocks",
+    "lstrip_blocks",
+    "newline_sequence",
+    "keep_trailing_newline",
+    "optimized",
+    "is_async",
+)
+
+
+def bytecode_cache(env: jinja2.Environment) -> jinja2.BytecodeCache | None:
+    """The cache in the operator's own folder, its entries named by `env`'s compiling settings
+    (and jinja2's version); or None (compile every start) when there is no safe folder."""
     folder = _folder()
     if folder is None:
         return None
@@ -34,7 +57,19 @@ def bytecode_cache() -> jinja2.BytecodeCache | None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(str(folder)) if only_ours(folder) else None
+    if not only_ours(folder):
+        return None
+    return jinja2.FileSystemBytecodeCache(str(folder), pattern=f"__wakeloop_{settings(env)}_%s.cache")
+
+
+def settings(env: jinja2.Environment) -> str:
+    """A short hash of what `env` compiles by: a callable (select_autoescape) by its name, never
+    by its address, which changes with each process."""
+    seen = [jinja2.__version__, sorted(env.extensions)]
+    for name in COMPILED_BY:
+        value = getattr(env, name, None)
+        seen.append(f"{value.__module__}.{value.__qualname__}" if callable(value) else repr(value))
+    return hashlib.sha256(repr(seen).encode()).hexdigest()[:16]
 
 
 def _folder() -> Path | None:
