@@ -902,6 +902,8 @@ COVERED_HERE = (
         "harness_ignores_planted_symlinks",
         "harness_does_not_hang_on_planted_fifo",
         "harness_caps_planted_sparse_file",
+        "credentials_only_to_their_host",
+        "credentials_out_of_the_box",
     }
 )
 
