@@ -178,6 +178,19 @@ def test_an_agent_cannot_forge_the_marker_that_says_a_disk_is_arranged(tmp_path)
     assert layers.arranged(root) and (root / "files" / layers.META / layers.LAYOUT).exists()
 
 
+def test_a_lost_found_the_agent_replaced_with_a_link_is_never_followed_by_the_arranging(tmp_path):
+    # On an old disk the agent could write the root, so lost+found may be its link: the arranging
+    # stages in a lost+found of root's own, and keeps the agent's as one of its files.
+    root, elsewhere = tmp_path / "disk", tmp_path / "elsewhere"
+    old_disk(root)
+    elsewhere.mkdir()
+    (root / "lost+found").rmdir()
+    (root / "lost+found").symlink_to(elsewhere)
+    layers.arrange(root)
+    assert layers.arranged(root) and os.listdir(elsewhere) == []
+    assert (root / "files" / "lost+found.agent").is_symlink() and (root / "files" / "notes.md").exists()
+
+
 # -- whole wakes (the wake loop against the fake Messages API) ---------------------------------
 
 

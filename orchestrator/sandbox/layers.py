@@ -94,6 +94,8 @@ def arrange(root: Path) -> str | None:
     if arranged(root):
         return None
     staging, moved = root / STAGING, 0
+    if _lexists(root / LOST) and not _ours(root / LOST):  # the agent's own (a link, say): one of its files
+        os.rename(root / LOST, root / f"{LOST}.agent")
     if not _ours(staging):  # begin: a staging folder with files/ in it, made whole by one rename
         fresh = root / LOST / STAGING  # root's, where no agent writes: found there again if cut here
         fresh.parent.mkdir(mode=0o700, exist_ok=True)
