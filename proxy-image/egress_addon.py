@@ -237,6 +237,11 @@ class Egress:
 
     tcp_error = tcp_end
 
+    def client_disconnected(self, client):
+        conn = self.conns.get(client.id)
+        if conn and conn.intercepted:  # no tcp_end comes for it (a tunnel's is recorded there): kept no longer
+            del self.conns[client.id]
+
     def tls_clienthello(self, data):
         conn = self.conns.get(data.context.client.id)
         sni = (data.client_hello.sni or "").lower()
