@@ -404,7 +404,9 @@ class Broker:
             stale = []  # retired boxes no request uses, closed outside the lock
             with self._lock:
                 entry = self._boxes.get(name)
-                if entry and _needs_new_box(entry.box, place, policy):
+                # A box with a wake open keeps serving it (a new box would not mount its overlay):
+                # what only a new box can change applies from the next wake.
+                if entry and not entry.box.wake and _needs_new_box(entry.box, place, policy):
                     stale, entry = [self._retire(name)], None
                 if entry is None and made is None:
                     stale.append(self._make_room(name))
@@ -448,7 +450,7 @@ class Broker:
         longest-idle box (returned, for the caller to close) or refuse if all are busy."""
         if len(self._boxes) < self.max_agents:
             return None
-        idle = [(e.used, n) for n, e in self._boxes.items() if e.busy == 0]
+        idle = [(e.used, n) for n, e in self._boxes.items() if e.busy == 0 and not e.box.wake]  # a wake open: kept
         if not idle:
             raise BrokerError(
                 f"{name}: busy: {len(self._boxes)} agents hold a sandbox, the broker's "
@@ -491,6 +493,9 @@ class Broker:
             return
         entry.egress_checked = time.monotonic()
         if network.alive(self.client, network.plan_for(entry.box.workspace, entry.box.policy)):
+            return
+        if entry.box.wake:  # a new box would not mount the open wake's overlay: from its next wake
+            self.log(f"{name}: its allowlist proxy or network holder is gone; a new one comes with its next wake")
             return
         self.log(f"{name}: its allowlist proxy or network holder is gone; making its sandbox anew")
         with self._lock:
@@ -562,7 +567,7 @@ class Broker:
         name = agent.dir.name
         with self._lock:
             entry = self._boxes.get(name)
-            if entry is None or entry.box.run_id != run_id:  # begun (its overlay mounted or not)
+            if entry is None or entry.box.begun != run_id:  # begun, not finished (an overlay or not)
                 raise BrokerError(f"{name}: no wake {run_id} is open in the broker")
             if self._calls.get(name):
                 raise BrokerError(f"{name}: a call is still running; finish the wake when it has ended")

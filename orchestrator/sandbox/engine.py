@@ -205,6 +205,7 @@ class DockerSandbox:
         self.policy = policy
         self.agent = agent
         self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.begun: str | None = None  # the wake begun and not yet finished (begin, finish)
         self.client = connect(client)
         self.warning = check_image(self.client, policy.image)
         self._host_path = host_path or self.workspace
@@ -306,6 +307,7 @@ class DockerSandbox:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
         now on mounts this wake's overlay; the pool's containers made before go unused
         (_layer_changed). No disk, or the older shape: nothing to do."""
+        self.begun = run_id  # until finish, with or without an overlay
         if run_id != self.run_id:  # a kept box (the broker's): a wake other than the one it was made for
             self.run_id = run_id
             self._egress_anew()
@@ -319,7 +321,7 @@ class DockerSandbox:
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> wake_layer.WakeChanges:
         """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
         changes checked against the policy, committed or dropped (wake_layer.finish)."""
-        run_id, self.wake = self.wake, None
+        run_id, self.wake, self.begun = self.wake, None, None
         egress = self._egress()
         if egress:  # the wake's calls are over: their decisions all in the proxy's log before they are read
             network.settle(self.client, egress, self.wake_began)
