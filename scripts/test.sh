@@ -104,7 +104,11 @@ host_state() {
 log "running pytest"
 before="$(mktemp)"; host_state | sort > "$before"
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
+# The three-node swarm test (tests/test_swarm.py: 2-4 minutes, its own engines) runs when asked:
+# WAKELOOP_TEST_SWARM=1. A -m given here replaces this one.
+swarm=(-m "not swarm")
+[ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && swarm=()
+.venv/bin/python -m pytest "${swarm[@]}" "$@" || status=$?
 # The swarm lab (tests/test_swarm.py) is torn down by its fixture; a pytest killed outright cannot.
 if [ -d "${WAKELOOP_SWARM_LAB:-/var/tmp/wakeloop-swarm-lab}" ]; then ./scripts/swarm-lab.sh down || status=1; fi
 # Whatever pytest said: a run leaves nothing behind that was not there before it.

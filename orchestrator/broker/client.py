@@ -290,7 +290,13 @@ def open_sandbox(
     client = connect()
     check_against_engine(agent.policy, client)  # before any container starts
     box = DockerSandbox(
-        agent.workspace, agent.policy.sandbox, agent=agent.name, run_id=run_id, client=client, warm=warm
+        agent.workspace,
+        agent.policy.sandbox,
+        agent=agent.name,
+        run_id=run_id,
+        client=client,
+        warm=warm,
+        ahead_at_begin=fresh,  # a wake's: its pool starts at begin, with the overlay
     )
     if box.warning:
         say(box.warning)

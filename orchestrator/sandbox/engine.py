@@ -34,7 +34,7 @@ from orchestrator import metrics
 from orchestrator.sandbox import disk, images, oom, wake_layer
 from orchestrator.sandbox import network
 from orchestrator.sandbox.output import Capture
-from orchestrator.sandbox.pool import EndLine, MakePace, WarmPool, handoff
+from orchestrator.sandbox.pool import AHEAD, EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (
     COMMAND_ENV,
     GUARD,
@@ -182,6 +182,7 @@ class DockerSandbox:
         within: Path | None = None,
         identity: disk.Identity | None = None,
         overcommit: float = disk.OVERCOMMIT,
+        ahead_at_begin: bool = False,
         layered: bool = True,
     ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
@@ -216,6 +217,7 @@ class DockerSandbox:
         self.identity = identity
         self._overcommit = overcommit
         self._layered = layered
+        self._ahead_at_begin = ahead_at_begin  # a wake's box: on a layered disk, nothing made before begin
         self.pool = None
         self._warm = policy.pool if warm is None else warm
         self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
@@ -252,7 +254,15 @@ class DockerSandbox:
             remove=self._remove,
             alive=self._running,
             pace=_pace(self.client, self.policy.runtime),
+            # A wake's calls bind its overlay, mounted at begin: a container made before would go unused.
+            ahead=0 if self._waits_for_begin else AHEAD,
         )
+
+    @property
+    def _waits_for_begin(self) -> bool:
+        """A wake's box on a layered disk: its calls bind the wake's overlay, mounted at begin, so a
+        container made before would go unused (the fleet's containers per call stay 1.00)."""
+        return bool(self._ahead_at_begin and self.disk and self.disk.hold and self.disk.layered)
 
     def close(self) -> None:
         """Remove every container this sandbox made; idle pool containers included.
@@ -277,9 +287,10 @@ class DockerSandbox:
             self.pool.wind_down()
 
     def rearm(self) -> None:
-        """A wake starts on this box (the broker keeps one per agent): one container ahead,
-        and the proxy's byte budget starts again."""
-        if self.pool:
+        """A wake starts on this box (the broker keeps one per agent): one container ahead (on a
+        layered disk at begin, once the wake's overlay is there), and the proxy's byte budget
+        starts again."""
+        if self.pool and not (self.disk and self.disk.hold and self.disk.layered):  # layered: at begin
             self.pool.rearm()
         self._egress_anew()
 
@@ -316,6 +327,8 @@ class DockerSandbox:
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id
         self._layer_changed()
+        if self.pool:
+            self.pool.rearm()  # the first container ahead binds the overlay
         return settled
 
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> wake_layer.WakeChanges:
@@ -353,6 +366,8 @@ class DockerSandbox:
         files/, or the folder."""
         if self.disk and self.wake:
             return self.disk.box
+        if self.disk and self.disk.hold is None:  # planned, not attached (`policy explain`): the folder
+            return self.workspace
         return self.disk.files if self.disk else self.workspace
 
     def files(self) -> HostFiles:

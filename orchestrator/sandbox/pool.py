@@ -174,10 +174,12 @@ class WarmPool:
         remove: Callable[[str], None],
         alive: Callable[[str], bool],
         pace: MakePace | None = None,
+        ahead: int = AHEAD,
     ):
+        """`ahead`: how many to make now; 0 waits for rearm (a box whose calls start with a wake)."""
         self.pace = pace or MakePace()
         self.size, self._key, self._make, self._remove, self._alive = size, key, make, remove, alive
-        self.want = min(AHEAD, size)
+        self.want = min(ahead, size)
         self._ready: list[_Warm] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)

@@ -14,6 +14,7 @@ from typing import IO
 def release_fifo(fifo: Path, timeout_s: float) -> None:
     """Open the FIFO's write end and close it: its reader in the box reads EOF.
     From a thread, bounded: the open blocks until the reader is there."""
+    fifo = as_the_box_sees(fifo)
     opener = threading.Thread(target=lambda: open(fifo, "wb").close(), daemon=True)
     opener.start()
     opener.join(timeout_s)
@@ -33,3 +34,21 @@ def read_until(proc: subprocess.Popen, stream: IO[str], text: str, timeout_s: fl
     finally:
         watchdog.cancel()
     return "".join(seen)
+
+
+def as_the_box_sees(path: Path) -> Path:
+    """`path` in an agent's workspace as a running wake's boxes see it: through the wake's overlay
+    (KEY.box, disk.py), whose inode for a FIFO is not the agent's files' (overlayfs gives a lower
+    FIFO an inode, and so a pipe, of its own). Outside a wake, `path` itself."""
+    from orchestrator.sandbox import disk
+
+    for folder in path.parents:
+        if folder.name == "workspace":
+            key = disk.lookup(folder.parent)
+            box = disk.path_of(key, "box") if key else None
+            mounted = box is not None and any(
+                line.split()[1] == str(box) and line.split()[2] == "overlay"
+                for line in Path("/proc/self/mounts").read_text().splitlines()
+            )
+            return box / path.relative_to(folder) if mounted else path
+    return path
