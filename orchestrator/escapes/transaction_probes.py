@@ -246,7 +246,7 @@ def _broker_run_ids(t: Trial) -> str:
                     return escaped(f"{op} {run_id!r}: the broker did not answer")
                 if reply.get("ok"):
                     return escaped(f"{op} {run_id!r}: the broker served it: {str(reply)[:120]}")
-                if "not a run id" not in reply.get("error", ""):
+                if "run_id must be 12 hex digits" not in reply.get("error", ""):
                     return escaped(f"{op} {run_id!r}: refused, but not for its run id: {reply.get('error', '')[:120]}")
         for name in ("../alpha", "/etc", "alpha/../alpha"):
             reply, _seconds = served.ask({"op": "diff", "agent": name, "run_id": RUN})
