@@ -16,9 +16,7 @@ cycle (such objects wait for a rare full collection: serve's RSS saw-tooth).
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +24,8 @@ import sys
 import pytest
 
 from bench import soak as bench_soak
-from tests.helpers import REPO, make_agent, scrubbed_env
+from tests.helpers import make_agent
+from tests.helpers.support import CLI_TIMEOUT_S, REPO, scrubbed_env
 
 AGENTS = 3  # few: the warm-up (each agent's first wake) ends early in the run
 SECONDS = 45  # the run; with set-up and shutdown the test stays under a minute
@@ -66,23 +65,59 @@ def test_serve_holds_descriptors_and_memory_flat_under_a_short_soak(tmp_path):
 
 
 @pytest.mark.docker
-def test_a_sandbox_call_leaves_no_socket_for_the_collector(make_sandbox):
+def test_a_sandbox_call_leaves_no_socket_for_the_collector(agent_dir, runtime):
     """With the collector off, as it may be for a long while in a busy serve, calls
-    open no descriptor that outlives them. Cold calls (no pool): no thread of the
-    sandbox's own opens a connection meanwhile, so the count is exact. Before the
-    fix each call left about three."""
-    box = make_sandbox(warm=0)
-    for _ in range(WARM_CALLS):  # fills the engine client's pools; from here a new pool evicts one
+    open no descriptor that outlives them. Cold calls (no pool), in a process of its
+    own with an engine client of its own: no thread another test left running (a pool's
+    refill on the shared client) can open one meanwhile, and counted once the disk's
+    settler has synced and landed the calls (it holds the disk's descriptors while it
+    does), so the count is exact. Before the fix each call left about three."""
+    done = subprocess.run(
+        [sys.executable, "-c", DESCRIPTORS_LEFT, str(agent_dir), runtime],
+        cwd=REPO,
+        env=scrubbed_env(),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["after"] - seen["before"] <= 0, f"{CALLS} calls left {seen['after'] - seen['before']}: {seen['new']}"
+
+
+DESCRIPTORS_LEFT = f"""
+import gc, json, os, sys
+from dataclasses import replace
+from orchestrator.policy.agent import load_agent
+from orchestrator.sandbox import disk
+from orchestrator.sandbox.engine import DockerSandbox
+
+def open_fds():
+    fds = {{}}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{{fd}}")
+        except FileNotFoundError:  # listdir's own descriptor, closed by now
+            pass
+    return fds
+
+agent = load_agent(sys.argv[1])
+box = DockerSandbox(agent.workspace, replace(agent.policy.sandbox, runtime=sys.argv[2]), agent=agent.name, warm=0)
+try:
+    for _ in range({WARM_CALLS}):  # fills the engine client's pools; from here a new pool evicts one
         assert box.run("true", 30, 1000).exit_code == 0
     gc.disable()
-    try:
-        before = len(os.listdir("/proc/self/fd"))
-        for _ in range(CALLS):
-            assert box.run("true", 30, 1000).exit_code == 0
-        after = len(os.listdir("/proc/self/fd"))
-    finally:
-        gc.enable()
-    assert after - before <= 0, f"{after - before} descriptors left by {CALLS} calls"
+    disk.settled(box.disk.key)  # a call's disk is synced off its path, a descriptor held meanwhile
+    before = open_fds()
+    for _ in range({CALLS}):
+        assert box.run("true", 30, 1000).exit_code == 0
+    disk.settled(box.disk.key)
+    after = open_fds()
+finally:
+    box.close()
+new = sorted(target for fd, target in after.items() if before.get(fd) != target)
+print(json.dumps({{"before": len(before), "after": len(after), "new": new}}))
+"""
 
 
 LEFT_IN_CYCLES = """
