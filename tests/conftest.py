@@ -245,8 +245,8 @@ def no_disk_left_behind(request):
     left += disk_leftovers(client, where)  # what even a forced release could not remove
     for name in (disk.INDEX, "index.partial-index"):
         (where / name).unlink(missing_ok=True)
-    for view in where.glob("*.view"):
-        view.rmdir()  # a broker's mount point, unmounted by release: empty, or this fails loudly
+    for view in [*where.glob("*.view"), *where.glob("*.box")]:
+        view.rmdir()  # the disks' mount points, unmounted by release: empty, or this fails loudly
     for kind in ("lock", "use", "call"):
         for lock in where.glob(f"*.{kind}"):
             lock.unlink()  # room.lock, and those of disks refused before they were made

@@ -36,7 +36,7 @@ from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox import disk, layers
+from orchestrator.sandbox import disk, layers, wake_layer
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 
@@ -644,3 +644,48 @@ def test_through_the_broker_a_wake_sees_its_changes_and_the_broker_commits_them_
     assert [(r.change.path, r.rule) for r in changes.refused] == [("deploy", "deploy/**"), ("deploy/x", "deploy/**")]
     with pytest.raises(SandboxError, match="no wake"):  # finished: a second finish names no open wake
         BrokerClient(broker).call_op(wire.Finish("alpha", run_id), 30)
+
+
+def test_nothing_of_an_agents_is_served_while_its_wake_is_committed(broker, root, monkeypatch):
+    """A call, a begin, a second finish or an undo that arrives while a wake's finish runs is
+    refused at once. Before, a call then made a box that bound KEY.box as the overlay went and
+    wrote files/ directly during the commit (a protected path included); a second finish
+    committed the same layer twice at once. The commit is held here by the test, not by a sleep."""
+    set_policy(root / "alpha", {"workspace": {"protect": ["deploy/**"]}})
+    committing, go_on = threading.Event(), threading.Event()
+    commit = wake_layer.finish
+
+    def held_commit(*args, **kwargs):
+        committing.set()
+        assert go_on.wait(POOL_WAIT_S), "the test did not let the commit go on"
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(wake_layer, "finish", held_commit)
+    box, client, run_id = BrokerSandbox(broker, "alpha"), BrokerClient(broker), "00112233aabc"
+    box.begin(run_id)
+    assert box.run("echo a > a.txt", 30, 2000).exit_code == 0
+    finished: list = []
+    finisher = threading.Thread(target=lambda: finished.append(box.finish()))
+    finisher.start()
+    try:
+        assert committing.wait(POOL_WAIT_S), "the finish never reached its commit"
+        refusals = {
+            "run": lambda: box.run("mkdir -p deploy; echo owned > deploy/x", 30, 2000),
+            "write": lambda: box.write("deploy/y", b"owned"),
+            "begin": lambda: client.call_op(wire.Begin("alpha", "00112233aabd"), 30),
+            "finish": lambda: client.call_op(wire.Finish("alpha", run_id), 30),
+            "undo": lambda: client.undo("alpha", run_id, False),
+        }
+        said = {}
+        for op, ask in refusals.items():
+            try:
+                said[op] = f"served: {ask()}"
+            except SandboxError as exc:
+                said[op] = str(exc)
+    finally:
+        go_on.set()
+        finisher.join(POOL_WAIT_S)
+    assert all("being begun, committed or undone" in line for line in said.values()), said
+    assert [c.path for c in finished[0].committed] == ["a.txt"]
+    assert not (view(root) / "deploy").exists()
+    assert box.run("cat a.txt", 30, 2000).output.endswith("a\n")  # after the finish: served again

@@ -75,9 +75,11 @@ def compose():
     made = set(DISKS.glob("*.img")) - disks_before
     for image in made:  # the broker released it at its stop
         image.unlink()
-        for kind in (".lock", ".use"):
+        for kind in (".lock", ".use", ".call"):
             image.with_suffix(kind).unlink(missing_ok=True)
-        image.with_suffix(".view").rmdir()  # its mount point, empty once unmounted
+        for point in (".view", ".box"):  # its mount points, empty once unmounted
+            if image.with_suffix(point).is_dir():
+                image.with_suffix(point).rmdir()
     index = DISKS / "index.json"
     if made and index.exists():  # and the index forgets them
         entries = json.loads(index.read_text())

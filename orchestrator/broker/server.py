@@ -94,7 +94,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 import docker
 
@@ -249,6 +250,7 @@ class Broker:
         self._boxes: dict[str, _AgentBox] = {}  # by agent folder name
         self._lock = threading.Lock()  # the server runs each request on a thread
         self._calls: dict[str, int] = {}  # sandbox calls in flight, by agent
+        self._layering: set[str] = set()  # agents whose begin, finish or undo runs: nothing else of theirs does
         capacity = self.ceiling.max
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
@@ -371,10 +373,33 @@ class Broker:
             )
         return agent
 
+    def _not_layering(self, name: str) -> None:
+        """Lock held: refuse a call of `name`'s while a begin, finish or undo of its disk runs.
+        During a finish, a call would bind KEY.box as the overlay goes and write the agent's
+        files while the wake's changes are committed into them."""
+        if name in self._layering:
+            raise BrokerError(f"{name}: its wake is being begun, committed or undone; try again when that ends")
+
+    @contextmanager
+    def _layer_op(self, name: str, check: Callable[[], T]) -> Iterator[T]:
+        """One begin, finish or undo of `name`'s disk at a time, and no call meanwhile: a second
+        finish would commit the same layer twice at once, a begin would settle (unmount,
+        discard) the layer being committed. `check` runs under the lock first; its value is given."""
+        with self._lock:
+            self._not_layering(name)
+            checked = check()
+            self._layering.add(name)
+        try:
+            yield checked
+        finally:
+            with self._lock:
+                self._layering.discard(name)
+
     def _take_call_slot(self, name: str) -> None:
         """Count a call in flight, or refuse it at once: never queued, so a flood of
         `sleep 30`s holds at most max.calls threads and containers."""
         with self._lock:
+            self._not_layering(name)
             total, mine = sum(self._calls.values()), self._calls.get(name, 0)
             if mine >= self.max_calls_per_agent:
                 raise BrokerError(
@@ -553,11 +578,12 @@ class Broker:
 
     def _begin(self, agent: Agent, run_id: str) -> wire.JSONObject:
         """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""
-        entry = self._acquire(agent)
-        try:
-            settled = entry.box.begin(run_id)
-        finally:
-            self._release(entry)
+        with self._layer_op(agent.dir.name, lambda: None):
+            entry = self._acquire(agent)
+            try:
+                settled = entry.box.begin(run_id)
+            finally:
+                self._release(entry)
         self.log(f"{agent.dir.name}: wake {run_id} begun" + "".join(f"; {line}" for line in settled.lines))
         return {"lines": list(settled.lines), "discarded": [w.record().to_data() for w in settled.discarded]}
 
@@ -565,25 +591,36 @@ class Broker:
         """Check the wake's changes against the policy as the broker reads it, commit or drop them.
         Refused while a call of the agent runs: nothing may write the layer being committed."""
         name = agent.dir.name
-        with self._lock:
-            entry = self._boxes.get(name)
-            if entry is None or entry.box.begun != run_id:  # begun, not finished (an overlay or not)
-                raise BrokerError(f"{name}: no wake {run_id} is open in the broker")
-            if self._calls.get(name):
-                raise BrokerError(f"{name}: a call is still running; finish the wake when it has ended")
-            entry.busy += 1
-        try:
-            policy = agent.policy
-            changes = entry.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
-            if entry.box.disk_root:  # at the wake's end, while the broker surely holds the disk
-                gone = undo_folders.prune(entry.box.disk_root, policy.workspace.keep_undo_days)
-                if gone:
-                    self.log(f"{name}: pruned the undo data of {len(gone)} wake(s) past workspace.keep_undo_days")
-        finally:
-            self._release(entry)
+        with self._layer_op(name, lambda: self._finishable(name, run_id)) as entry:
+            try:
+                policy = agent.policy
+                changes = entry.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
+                if entry.box.disk_root:  # at the wake's end, while the broker surely holds the disk
+                    gone = undo_folders.prune(entry.box.disk_root, policy.workspace.keep_undo_days)
+                    if gone:
+                        self.log(f"{name}: pruned the undo data of {len(gone)} wake(s) past workspace.keep_undo_days")
+            finally:
+                self._release(entry)
         record = changes.record()
         self.log(f"{name}: wake {run_id} {record.outcome}: {len(record.paths)} changed, {len(record.refused)} refused")
         return {"changes": record.to_data(), "egress": entry.box.egress_decisions()}
+
+    def _finishable(self, name: str, run_id: str) -> _AgentBox:
+        """Lock held: the wake's box, held (busy) for its finish, if the wake is begun and not
+        finished and no call of it runs (nothing may write the layer being committed)."""
+        entry = self._boxes.get(name)
+        if entry is None or entry.box.begun != run_id:  # begun, not finished (an overlay or not)
+            raise BrokerError(f"{name}: no wake {run_id} is open in the broker")
+        if self._calls.get(name):
+            raise BrokerError(f"{name}: a call is still running; finish the wake when it has ended")
+        entry.busy += 1
+        return entry
+
+    def _no_wake_open(self, name: str) -> None:
+        """Lock held: an undo runs only between wakes (a call in flight means one runs all the same)."""
+        entry = self._boxes.get(name)
+        if self._calls.get(name) or (entry is not None and entry.box.wake):
+            raise BrokerError(f"{name}: a wake is open (begun, not finished); undo when it has ended")
 
     def _read(self, agent: Agent, req: wire.Read) -> object:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
@@ -614,12 +651,9 @@ class Broker:
         """Put back what wake req.run_id changed. The orchestrator holds the agent's wake lock
         (cli.py); a call in flight here means a wake runs all the same, and is refused."""
         name = agent.dir.name
-        with self._lock:
-            entry = self._boxes.get(name)
-            if self._calls.get(name) or (entry is not None and entry.box.wake):
-                raise BrokerError(f"{name}: a wake is open (begun, not finished); undo when it has ended")
         try:
-            undone = self._on_disk(agent, lambda root: undo_folders.undo(root, req.run_id, req.force))
+            with self._layer_op(name, lambda: self._no_wake_open(name)):
+                undone = self._on_disk(agent, lambda root: undo_folders.undo(root, req.run_id, req.force))
         except undo_folders.UndoRefused as exc:  # an answer, not a broken request: the CLI's exit 1
             return {"refused": str(exc)}
         self.log(f"{name}: undid wake {req.run_id}: {undone.changes} change(s) put back")

@@ -23,11 +23,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 from orchestrator.escapes.core import OBSERVE_CHARS, PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
 from orchestrator.escapes.setid import kept_bits
-from orchestrator.sandbox import layers
+from orchestrator.sandbox import disk, layers
 from orchestrator.sandbox.engine import DockerSandbox
 
 CATEGORY = "workspace"
@@ -267,9 +269,60 @@ broker_refuses_run_ids_that_walk_out = Probe(
 )
 
 
+# -- 5. a call racing its wake's commit ----------------------------------------------------------
+
+BIG_MB = 256  # what the wake wrote: its commit hashes it, a window of a second or so to race
+RACE = "mkdir -p deploy && echo owned > deploy/x"
+
+
+def _racing_the_commit(t: Trial) -> str:
+    from orchestrator.escapes.orchestrator import _broker
+
+    with _broker(t, agents={"alpha": {"workspace": {"protect": list(PROTECT)}}}) as served:
+
+        def ask(request: dict) -> dict:
+            reply, _seconds = served.ask({"agent": "alpha", **request}, timeout_s=PROBE_TIMEOUT_S)
+            return reply or {"ok": False, "error": "(no answer in time)"}
+
+        begun = ask({"op": "begin", "run_id": RUN})
+        key = disk.lookup(served.root / "alpha")
+        if not begun.get("ok") or key is None or not disk.wake_mounted(key):
+            return f"no wake's overlay to race (sandbox.disk none, or the begin failed): {begun}\n"
+        wrote = ask({"op": "run", "command": f"head -c {BIG_MB}M /dev/zero > big"})
+        finished: list[dict] = []
+        finisher = threading.Thread(target=lambda: finished.append(ask({"op": "finish", "run_id": RUN})))
+        finisher.start()
+        while disk.wake_mounted(key) and finisher.is_alive():  # the commit starts as the overlay goes
+            time.sleep(0.001)
+        racing = finisher.is_alive()
+        raced = ask({"op": "run", "command": RACE})
+        finisher.join(PROBE_TIMEOUT_S)
+        landed = (layers.files(disk.path_of(key, "view")) / "deploy").exists()
+    if not wrote.get("ok") or not finished or not finished[0].get("ok"):
+        return f"the wake did not write and finish: {wrote.get('error', '')} {finished}\n"
+    if raced.get("ok") and racing:
+        return escaped(f"a call was served while the wake's changes were committed (deploy/x landed: {landed})")
+    if not racing:
+        return f"the commit ended before the probe could race it ({BIG_MB} MiB hashed too fast)\n"
+    if landed:
+        return escaped("deploy/ landed on the disk though the call racing the commit was refused")
+    why = raced.get("error", "")[:120]
+    return held(f"a call sent while the wake's {BIG_MB} MiB were committed was refused: {why}")
+
+
+broker_serves_nothing_while_a_wake_commits = Probe(
+    "broker_serves_nothing_while_a_wake_commits",
+    CATEGORY,
+    "a call sent to the broker while a wake's changes are being committed (its overlay gone, "
+    "files/ being written) is refused: it would write the agent's files directly, a protected path included",
+    _racing_the_commit,
+)
+
+
 PROBES = [
     transaction_refuses_protected_paths_by_bash,
     transaction_never_follows_links_across_layers,
     transaction_refuses_setid_bits_at_commit,
     broker_refuses_run_ids_that_walk_out,
+    broker_serves_nothing_while_a_wake_commits,
 ]

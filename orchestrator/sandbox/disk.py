@@ -1119,12 +1119,19 @@ def _mount_point(path: Path) -> bool:
 
 def unmount_wake(key: str) -> bool:
     """Unmount a wake's overlay from KEY.box if one is there (wake_layer.py mounts it); True if so."""
+    if not wake_mounted(key):
+        return False
+    _tool("umount", str(path_of(key, "box")))
+    return True
+
+
+def wake_mounted(key: str) -> bool:
+    """Whether a wake's overlay is mounted over KEY.box, as this process sees the mounts."""
     box = str(path_of(key, "box"))
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         cut = fields.index("-")
         if fields[4].encode().decode("unicode_escape") == box and fields[cut + 1] == "overlay":
-            _tool("umount", box)
             return True
     return False
 

@@ -1,7 +1,8 @@
 """The transaction probes (orchestrator/escapes/transaction_probes.py) each report ESCAPED
 when their defence is switched off with monkeypatch: the commit's policy check that passes
 everything, a commit that copies (following links) instead of renaming, the wire's run-id
-check gone. COVERED names them for test_weakened.py's every-probe-has-a-control check.
+check gone, a broker that serves calls while a wake commits. COVERED names them for
+test_weakened.py's every-probe-has-a-control check.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shutil
 
 import pytest
 
+from orchestrator.broker import wire
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.sandbox import layers, transaction
@@ -20,6 +22,7 @@ COVERED = {
     "transaction_never_follows_links_across_layers",
     "transaction_refuses_setid_bits_at_commit",
     "broker_refuses_run_ids_that_walk_out",
+    "broker_serves_nothing_while_a_wake_commits",
 }
 
 
@@ -62,7 +65,17 @@ def test_the_links_probe_escapes_a_commit_that_follows_links(make_lab, monkeypat
 
 
 def test_the_run_id_probe_escapes_a_broker_without_its_id_check(make_lab, monkeypatch):
+    monkeypatch.setattr(wire, "_run_id", lambda run_id: run_id)  # the wire's check and the layout's, both off
     monkeypatch.setattr(layers, "run_id_ok", lambda run_id: run_id)
     outcome = run_probe(make_lab(), by_name("broker_refuses_run_ids_that_walk_out"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "not for its run id" in outcome.observed or "the broker served it" in outcome.observed
+
+
+def test_the_commit_race_probe_escapes_a_broker_that_serves_calls_during_a_finish(make_lab, monkeypatch):
+    from orchestrator.broker.server import Broker
+
+    monkeypatch.setattr(Broker, "_not_layering", lambda self, name: None)
+    outcome = run_probe(make_lab(), by_name("broker_serves_nothing_while_a_wake_commits"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "served while the wake's changes were committed" in outcome.observed
