@@ -10,6 +10,7 @@ Needs root (mount), as CI has.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -40,6 +41,8 @@ def tree(root: Path) -> dict[str, tuple]:
                 out[rel] = ("link", os.readlink(path))
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            elif not stat.S_ISREG(st.st_mode):  # an upper layer's whiteout
+                out[rel] = ("other", st.st_mode, st.st_rdev)
             else:
                 out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
     return out
@@ -241,6 +244,67 @@ def test_a_commit_or_an_undo_killed_at_any_step_is_finished_at_the_next_start(wa
             break
         steps += 1
     assert steps > 20  # a commit of this wake is that many renames: each was a place to die
+
+
+def fail_once_at(step: int, monkeypatch) -> None:
+    """The commit's `step`-th step (a rename, a folder made, the manifest's last write) fails
+    with ENOSPC, as on a disk the wake filled; every other step, the rollback's included, works."""
+    calls = [0]
+
+    def failing(real):
+        def step_of_the_commit(*args):
+            calls[0] += 1
+            if calls[0] - 1 == step:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args)
+
+        return step_of_the_commit
+
+    for name in ("_move", "_mkdir", "_set_state"):
+        monkeypatch.setattr(transaction, name, failing(getattr(transaction, name)))
+
+
+def test_a_commit_that_fails_at_any_step_is_rolled_back_whole_at_once(wake, tmp_path, monkeypatch):
+    """ENOSPC at each step of the commit in turn: the agent's files are as before the wake, the
+    wake's layer as it was (the next start discards it and says what it changed), no undo
+    folder left. Before, a commit that failed half way stayed half until the next start."""
+    lower, upper = wake
+    allowed, _ = check(scan(upper, lower), PROTECT)
+    template = tmp_path / "template"
+    template.mkdir()
+    subprocess.run(["cp", "-a", str(lower), str(upper), str(template)], check=True)  # whiteouts, xattrs kept
+    before, layer = tree(lower), tree(upper)
+    step = 0
+    while True:
+        trial = tmp_path / f"trial-{step}"
+        subprocess.run(["cp", "-a", str(template), str(trial)], check=True)
+        with monkeypatch.context() as patched:
+            fail_once_at(step, patched)
+            try:
+                commit(trial / "upper", trial / "lower", trial / "undo", "run-1", allowed)
+                failed = False
+            except OSError:
+                failed = True
+        if not failed:
+            break
+        assert tree(trial / "lower") == before, f"failed at step {step}: half a commit left"
+        assert tree(trial / "upper") == layer, f"failed at step {step}: the wake's layer not whole again"
+        assert not (trial / "undo").exists(), f"failed at step {step}: its undo folder left"
+        step += 1
+    assert step > 20  # a commit of this wake is that many steps: each was a place to fail
+
+
+def test_a_cut_commit_that_cannot_be_finished_is_rolled_back_at_the_next_start(wake, tmp_path, monkeypatch):
+    lower, upper = wake
+    before = tree(lower)
+    allowed, _ = check(scan(upper, lower), PROTECT)
+    undo = tmp_path / "undo"
+    assert not kill_at(10, partial(commit, upper, lower, undo, "run-1", allowed))  # killed half way
+    assert tree(lower) != before
+    fail_once_at(0, monkeypatch)  # the disk full at the next start: the first step of finishing it fails
+    said = recover(lower, undo)
+    assert said is not None and said.startswith("rolled back wake run-1's cut commit"), said
+    assert tree(lower) == before and not undo.exists()
 
 
 def overlay_wake(lower: Path, tmp_path: Path, script: str) -> Path:

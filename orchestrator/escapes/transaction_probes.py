@@ -25,10 +25,21 @@ import os
 import stat
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.escapes.core import OBSERVE_CHARS, PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
+from orchestrator.escapes.core import (
+    OBSERVE_CHARS,
+    PROBE_TIMEOUT_S,
+    Probe,
+    Trial,
+    escaped,
+    held,
+    observed,
+    python_command,
+)
 from orchestrator.escapes.setid import kept_bits
+from orchestrator.policy.agent import init_agent
 from orchestrator.sandbox import disk, layers
 from orchestrator.sandbox.engine import DockerSandbox
 
@@ -319,10 +330,84 @@ broker_serves_nothing_while_a_wake_commits = Probe(
 )
 
 
+# -- 6. a commit on a disk the wake filled ----------------------------------------------------
+
+LEFT_FREE = range(9)  # inodes the wake leaves free: the commit's steps fail at each point in turn
+FILL = """
+import os
+open("a.txt", "w").write("after {k}\\n")  # the wake's real changes first: a file replaced, a new tree
+os.makedirs("z{k}/new/deep")
+open("z{k}/new/deep/file", "w").write("deep\\n")
+os.makedirs("deploy/fill", exist_ok=True)  # protected: refused at the commit, gone with the layer
+n = 0
+try:
+    while True:  # every inode of the disk
+        os.close(os.open(f"deploy/fill/{{n}}", os.O_CREAT | os.O_WRONLY, 0o644))
+        n += 1
+except OSError as exc:
+    print(n, exc.strerror)
+for i in range({k}):  # then {k} left for the commit
+    os.unlink(f"deploy/fill/{{n - 1 - i}}")
+"""
+
+
+def _state(files: Path, k: int) -> tuple:
+    """What the probe's wake k touches in files/, by lstat: a.txt's content, z{k}'s tree."""
+    a, deep = files / "a.txt", files / f"z{k}" / "new" / "deep" / "file"
+    return (
+        a.read_text() if a.is_file() and not a.is_symlink() else None,
+        os.path.lexists(files / f"z{k}"),
+        deep.read_text() if deep.is_file() and not deep.is_symlink() else None,
+    )
+
+
+def _full_disk(t: Trial) -> str:
+    from orchestrator.escapes.resources import SMALL_DISK, SMALL_FILES
+
+    policy = replace(t.lab.policy, disk=SMALL_DISK, files=SMALL_FILES)
+    # Cold calls: a pooled container of a wake keeps its overlay, and what it holds, a moment
+    # past the finish; the next wake here begins at once, on a disk with few inodes.
+    box = t.new_box(policy, workspace=init_agent(t.dir / "full-disk") / "workspace", warm=0)
+    root = box.disk_root
+    if root is None:
+        return "no disk here (sandbox.disk none): no transaction to attack\n"
+    files = layers.files(root)
+    _sh(box, "echo before > a.txt")  # outside a wake: straight to files/
+    outcomes = []
+    for k in LEFT_FREE:
+        before = _state(files, k)
+        box.begin(f"7e5700{k:06x}")
+        seen = _sh(box, python_command(FILL.format(k=k)))
+        changes = box.finish(protect=PROTECT, protect_git=True)
+        after = _state(files, k)
+        if after not in (before, (f"after {k}\n", True, "deep\n")):
+            return escaped(f"{k} inodes left free: half a commit on the disk ({after}; {changes.error}): {seen[-200:]}")
+        outcomes.append("whole" if after != before else "rolled back" if changes.error else "nothing?")
+    box.begin("7e57ffffffff")  # and the agent's next wake begins
+    box.finish(protect=PROTECT, protect_git=True)
+    if "rolled back" not in outcomes or "whole" not in outcomes:
+        return f"the commits never both failed and landed ({outcomes}): nothing proven\n"
+    return held(
+        f"a wake that filled its disk's inodes, leaving {LEFT_FREE.start}-{LEFT_FREE.stop - 1} free: "
+        f"{outcomes.count('rolled back')} commits failed and were rolled back whole, "
+        f"{outcomes.count('whole')} landed whole; never half, and the next wake began"
+    )
+
+
+transaction_whole_on_a_full_disk = Probe(
+    "transaction_whole_on_a_full_disk",
+    CATEGORY,
+    "a wake that fills its disk so that its commit fails part way (a folder it makes needs an inode) "
+    "leaves the workspace as before the wake or as after it, never half, and the next wake begins",
+    _full_disk,
+)
+
+
 PROBES = [
     transaction_refuses_protected_paths_by_bash,
     transaction_never_follows_links_across_layers,
     transaction_refuses_setid_bits_at_commit,
     broker_refuses_run_ids_that_walk_out,
     broker_serves_nothing_while_a_wake_commits,
+    transaction_whole_on_a_full_disk,
 ]

@@ -22,7 +22,9 @@ exact record of what it changed:
   each step can be done again and finds its own work done, so a commit cut
   short at any instant by the process's death (kill -9) is finished by
   `recover()` at the agent's next start: the workspace is as before the wake
-  or as after it, never half. (A power cut also needs the folders synced
+  or as after it, never half. A commit that fails (the wake filled its disk:
+  a new folder needs an inode and a block) is rolled back at once, by renames
+  that allocate nothing, and so is a cut one that recover() cannot finish. (A power cut also needs the folders synced
   after each rename; only the manifest is fsynced today.) What was refused
   stays in the upper layer until it is dropped.
 - `undo(...)` puts back what one wake changed, the same way (state
@@ -38,6 +40,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import time
 from dataclasses import asdict, dataclass
@@ -193,26 +196,29 @@ def _rule(change: Change, protect: tuple[str, ...], protect_git: bool) -> str | 
 
 def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Change]) -> None:
     """Apply `allowed` to `lower`, keeping what it replaces under `undo` (a folder of this
-    wake's, on the same filesystem). Finished by recover() if cut short."""
-    undo.mkdir(parents=True, exist_ok=True)
+    wake's, on the same filesystem). Finished by recover() if cut short; rolled back whole
+    if it fails (the undo folder and manifest included: a full disk fails them first)."""
     modes = {
         str(i): stat.S_IMODE(os.lstat(Path(lower) / c.path).st_mode)
         for i, c in enumerate(allowed)
         if c.type == "dir" and c.kind == "modified"
     }
-    _write_manifest(
-        undo,
-        {
-            "run_id": run_id,
-            "state": "committing",
-            "time": time.time(),  # when the commit began: the wakes' order (undo_folders.py)
-            "upper": str(upper),
-            "changes": [asdict(c) for c in allowed],
-            "dir_modes": modes,
-        },
-    )
-    _apply(Path(upper), Path(lower), undo, allowed)
-    _set_state(undo, "committed")
+    manifest = {
+        "run_id": run_id,
+        "state": "committing",
+        "time": time.time(),  # when the commit began: the wakes' order (undo_folders.py)
+        "upper": str(upper),
+        "changes": [asdict(c) for c in allowed],
+        "dir_modes": modes,
+    }
+    try:
+        undo.mkdir(parents=True, exist_ok=True)
+        _write_manifest(undo, manifest)
+        _apply(Path(upper), Path(lower), undo, allowed)
+        _set_state(undo, "committed")
+    except Exception:
+        _roll_back(Path(upper), Path(lower), undo, allowed, modes)
+        raise
 
 
 def undo_run(lower: Path, undo: Path, later: list[Path], force: bool = False) -> list[Change]:
@@ -255,8 +261,13 @@ def recover(lower: Path, undo: Path) -> str | None:
         return None
     changes = [Change(**c) for c in manifest["changes"]]
     if manifest["state"] == "committing":
-        _apply(Path(manifest["upper"]), Path(lower), undo, changes)
-        _set_state(undo, "committed")
+        upper = Path(manifest["upper"])
+        try:
+            _apply(upper, Path(lower), undo, changes)
+            _set_state(undo, "committed")
+        except OSError as exc:
+            _roll_back(upper, Path(lower), undo, changes, manifest.get("dir_modes") or {})
+            return f"rolled back wake {manifest['run_id']}'s cut commit, which could not be finished: {exc.strerror}"
         return f"finished committing wake {manifest['run_id']} ({len(changes)} changes)"
     if manifest["state"] == "undoing":
         _revert(Path(lower), undo, changes, manifest.get("dir_modes") or {})
@@ -280,12 +291,40 @@ def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
             if not _lexists(old):
                 _move(here, old)  # contents first (scan's order), then the folder
         elif change.type == "dir":
-            here.mkdir(exist_ok=True)
+            _mkdir(here)
             _chmod_folder(here, change.mode)
         elif _lexists(new):  # not yet landed: the old kept, then the new landed
             if change.kind == "modified" and not _lexists(old):
                 _move(here, old)
             _move(new, here)
+
+
+def _roll_back(upper: Path, lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> None:
+    """A commit that could not go on, put back as before it, its undo folder gone: the wake's
+    layer is then one that never reached its commit (discarded, and reported, at the next
+    start). Why it fails: the wake filled its disk, and a folder the commit makes needs an
+    inode and a block. So every step here is a rename into a folder that exists or a removal,
+    which allocate nothing: each of the commit's renames done is undone, last first, as far
+    as it got (a step not reached finds its source still in place)."""
+    for i in reversed(range(len(changes))):
+        change = changes[i]
+        here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
+        if _linked_above(lower, change.path):  # skipped by the commit: never followed
+            continue
+        if change.type == "dir" and change.kind == "added":
+            made = _lstat_in(lower, change.path)
+            if made is not None and stat.S_ISDIR(made.st_mode) and not os.listdir(here):
+                here.rmdir()  # what the commit moved into it went back first
+        elif change.type == "dir" and change.kind == "modified":
+            _chmod_folder(here, dir_modes[str(i)])
+        elif change.kind == "deleted":
+            _move(old, here)
+        else:
+            if not _lexists(new):  # landed: back to the wake's layer
+                _move(here, new)
+            _move(old, here)  # what it replaced, if it was moved aside
+    (undo / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(undo, ignore_errors=True)
 
 
 def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> list[str]:
@@ -311,6 +350,10 @@ def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> 
             if change.kind == "modified":
                 _move(old, here)
     return skipped
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir(exist_ok=True)
 
 
 def _move(source: Path, target: Path) -> None:

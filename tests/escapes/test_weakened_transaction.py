@@ -1,8 +1,8 @@
 """The transaction probes (orchestrator/escapes/transaction_probes.py) each report ESCAPED
 when their defence is switched off with monkeypatch: the commit's policy check that passes
 everything, a commit that copies (following links) instead of renaming, the wire's run-id
-check gone, a broker that serves calls while a wake commits. COVERED names them for
-test_weakened.py's every-probe-has-a-control check.
+check gone, a broker that serves calls while a wake commits, a failed commit not rolled
+back. COVERED names them for test_weakened.py's every-probe-has-a-control check.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ COVERED = {
     "transaction_refuses_setid_bits_at_commit",
     "broker_refuses_run_ids_that_walk_out",
     "broker_serves_nothing_while_a_wake_commits",
+    "transaction_whole_on_a_full_disk",
 }
 
 
@@ -79,3 +80,10 @@ def test_the_commit_race_probe_escapes_a_broker_that_serves_calls_during_a_finis
     outcome = run_probe(make_lab(), by_name("broker_serves_nothing_while_a_wake_commits"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "served while the wake's changes were committed" in outcome.observed
+
+
+def test_the_full_disk_probe_escapes_a_commit_that_is_not_rolled_back(make_lab, monkeypatch):
+    monkeypatch.setattr(transaction, "_roll_back", lambda *args: None)
+    outcome = run_probe(make_lab(), by_name("transaction_whole_on_a_full_disk"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+    assert "half a commit on the disk" in outcome.observed
