@@ -460,15 +460,11 @@ def standin_child(root: str) -> int:
     return cli.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
 
 
-def traced(wake, folder: Path, every: int):
-    """`wake`, with tracemalloc on and a snapshot written every `every` wakes
-    (folder/snap-WAKES.pickle): what --trace-diff compares."""
+def every_nth(wake, every: int, action):
+    """`wake`, with action(n) after each `every`-th wake (n: the wakes so far, in every thread)."""
     import itertools
     import threading
-    import tracemalloc
 
-    tracemalloc.start(TRACE_FRAMES)
-    folder.mkdir(parents=True, exist_ok=True)
     count, lock = itertools.count(1), threading.Lock()
 
     def run(*args, **kwargs):
@@ -478,9 +474,19 @@ def traced(wake, folder: Path, every: int):
             with lock:
                 n = next(count)
                 if n % every == 0:
-                    tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle"))
+                    action(n)
 
     return run
+
+
+def traced(wake, folder: Path, every: int):
+    """`wake`, with tracemalloc on and a snapshot written every `every` wakes
+    (folder/snap-WAKES.pickle): what --trace-diff compares."""
+    import tracemalloc
+
+    tracemalloc.start(TRACE_FRAMES)
+    folder.mkdir(parents=True, exist_ok=True)
+    return every_nth(wake, every, lambda n: tracemalloc.take_snapshot().dump(str(folder / f"snap-{n:06d}.pickle")))
 
 
 def probed(wake, file: Path, every: int):
@@ -488,23 +494,13 @@ def probed(wake, file: Path, every: int):
     allocator holds, what glibc's malloc holds (in use and free, in its heaps and mmaps), the
     collector's counts and the most numerous live types. Tells a leak (live objects grow) from
     fragmentation (RSS grows while what is in use does not)."""
-    import itertools
     import json
-    import threading
 
-    count, lock = itertools.count(1), threading.Lock()
+    def line(n: int) -> None:
+        with file.open("a") as out:
+            out.write(json.dumps({"wakes": n} | memory_probe()) + "\n")
 
-    def run(*args, **kwargs):
-        try:
-            return wake(*args, **kwargs)
-        finally:
-            with lock:
-                n = next(count)
-                if n % every == 0:
-                    with file.open("a") as out:
-                        out.write(json.dumps({"wakes": n} | memory_probe()) + "\n")
-
-    return run
+    return every_nth(wake, every, line)
 
 
 def memory_probe() -> dict:

@@ -1,9 +1,10 @@
 """Credentials bound to hosts, HTTPS interception, method and path rules, the egress record
 and budget (issue 23), against a real HTTPS server of our own on the proxies' network.
 
-The server (`echo`, below) runs in the proxy image (python3 and its cryptography), makes
-its own CA and a certificate for three names at its start, and sits on the shared egress
-bridge under those names, which the proxy resolves through the engine's DNS:
+The server (`echo`, below: the credential probes' own, escapes/credentials.py) runs in
+the proxy image (python3 and its cryptography), makes its own CA and a certificate for
+three names at its start, and sits on the shared egress bridge under those names, which
+the proxy resolves through the engine's DNS:
 
 - secret.wakeloop.test: the credential's host, with rules (GET /repos/**, POST /repos/*/pulls);
 - ruled.wakeloop.test: rules only (intercepted, no credential);
@@ -25,13 +26,13 @@ import hashlib
 import json
 import secrets
 import shlex
-import time
 from dataclasses import replace
 
 import pytest
 
 import yaml
 
+from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
 from orchestrator.records import egress
@@ -46,7 +47,6 @@ SECRET_HOST, RULED_HOST, PLAIN_HOST = "secret.wakeloop.test", "ruled.wakeloop.te
 NAMES = (SECRET_HOST, RULED_HOST, PLAIN_HOST)
 TOKEN_VAR = "EGRESS_TEST_TOKEN"  # the credential's variable, in this process's environment only
 TEST_LABEL = "wakeloop.egresstest"  # on our server, so only it is ever removed
-READY_S = 30
 
 POLICY = f"""\
 sandbox:
@@ -65,65 +65,6 @@ sandbox:
       allow: ["GET /**"]
 """
 HTTP_RULE_LINE = POLICY.splitlines().index(f"    - host: {SECRET_HOST}", 10) + 1  # sandbox.http[0]
-
-# Runs in the proxy image as root: a CA, a certificate for NAMES, an HTTPS server on 443.
-ECHO = r"""
-import datetime, hashlib, http.server, json, ssl, sys
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
-names = sys.argv[1].split(",")
-now = datetime.datetime.utcnow()
-def cert(subject, issuer, key, sign_key, ca, sans=()):
-    b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
-         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-         .not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if sans:
-        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in sans]), critical=False)
-    return b.sign(sign_key, hashes.SHA256())
-ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "wakeloop egress test CA")])
-ca = cert(ca_name, ca_name, ca_key, ca_key, True)
-leaf = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), ca_name, key, ca_key, False, names)
-with open("/tmp/leaf.pem", "wb") as f:
-    f.write(leaf.public_bytes(serialization.Encoding.PEM))
-    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption()))
-print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n", "|"), flush=True)
-
-class Echo(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def answer(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        auth = self.headers.get("Authorization", "")
-        print("SEEN " + json.dumps({"line": self.requestline, "headers": str(self.headers),
-                                    "body": body.decode(errors="replace")}), flush=True)
-        out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
-               "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}
-        if self.path.endswith("/echo"):
-            out["auth"] = auth
-        if self.path.endswith("/big"):
-            out["pad"] = "x" * 6000
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    do_GET = do_POST = do_PUT = do_DELETE = answer
-    def log_message(self, *args):
-        pass
-
-server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain("/tmp/leaf.pem")
-server.socket = context.wrap_socket(server.socket, server_side=True)
-print("READY", flush=True)
-server.serve_forever()
-"""
 
 # Runs in the box: everything the box can read that could hold the value, into one file.
 DUMP = r"""
@@ -149,43 +90,14 @@ print("dumped", len(out))
 """
 
 
-def _wait_for_line(container, prefix: str) -> str:
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        for line in container.logs().decode(errors="replace").splitlines():
-            if line.startswith(prefix):
-                return line
-        container.reload()
-        if container.status in ("exited", "dead"):
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"echo server: no {prefix!r} line: {container.logs()[-500:]!r}")
-
-
 @pytest.fixture(scope="module")
 def echo(docker_client, tmp_path_factory):
-    """The HTTPS server on the egress bridge under NAMES; yields (container, its CA file)."""
-    network._ensure_image(docker_client)
-    bridge = network._ensure_network(docker_client, network.EGRESS_NETWORK, internal=False, key="shared")
-    container = docker_client.containers.create(
-        network.PROXY_IMAGE,
-        ["python3", "-c", ECHO, ",".join(NAMES)],
-        user="0:0",
-        network=bridge.name,
-        labels={TEST_LABEL: "1"},
-        detach=True,
-    )
-    try:
-        bridge.disconnect(container)
-        bridge.connect(container, aliases=list(NAMES))
-        container.start()
-        ca = _wait_for_line(container, "CA ")[3:].replace("|", "\n")
-        _wait_for_line(container, "READY")
+    """The HTTPS server on the egress bridge under NAMES (the credential probes' own: escapes/
+    credentials.py); yields (container, its CA file)."""
+    with echo_server(docker_client, NAMES, TEST_LABEL) as (container, ca):
         ca_file = tmp_path_factory.mktemp("echo") / "ca.pem"
         ca_file.write_text(ca)
         yield container, ca_file
-    finally:
-        container.remove(force=True)
 
 
 @pytest.fixture(scope="module")

@@ -108,8 +108,11 @@ def _line(container, prefix: str) -> str:
         for line in container.logs().decode(errors="replace").splitlines():
             if line.startswith(prefix):
                 return line
+        container.reload()
+        if container.status in ("exited", "dead"):
+            break
         time.sleep(0.1)
-    raise RuntimeError(f"the probe's server did not start: {container.logs()[-300:]!r}")
+    raise RuntimeError(f"the echo server did not start: {container.logs()[-300:]!r}")
 
 
 @contextmanager
