@@ -18,6 +18,7 @@ files (escapes/harness.py: harness_ignores_planted_symlinks, ...).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -249,8 +250,6 @@ def _unbounded_number(trial: Trial) -> str:
 
 
 def _huge_numbers(trial: Trial) -> str:
-    import json
-
     from orchestrator.policy.agent import load_agent
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.records.state import rebuild_state
@@ -258,8 +257,8 @@ def _huge_numbers(trial: Trial) -> str:
 
     huge = int("9" * 400)  # overflows float(): json.loads reads it as an int
     receipt = {"status": "done", "wake": 3, "usd": huge, "input_tokens": huge, "duration_ms": huge, "steps": 2}
-    line = {"run_id": "r", "type": "wake_finished", "timestamp": "2026-06-01T00:00:00.000Z", "data": {}}
-    line["data"] = {"tokens": huge, "receipt": receipt}
+    data = {"tokens": huge, "receipt": receipt}
+    line = {"run_id": "r", "type": "wake_finished", "timestamp": "2026-06-01T00:00:00.000Z", "data": data}
     (trial.state / EVENTS_FILE).write_text(json.dumps(line) + "\n")
     (trial.state / "state.json").write_text(json.dumps({"wake": 3, "tokens_lifetime": 0, "last_receipt": receipt}))
     try:
