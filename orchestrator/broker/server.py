@@ -92,9 +92,9 @@ import re
 import stat
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
 import docker

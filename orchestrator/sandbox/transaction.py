@@ -24,9 +24,10 @@ exact record of what it changed:
   `recover()` at the agent's next start: the workspace is as before the wake
   or as after it, never half. A commit that fails (the wake filled its disk:
   a new folder needs an inode and a block) is rolled back at once, by renames
-  that allocate nothing, and so is a cut one that recover() cannot finish. (A power cut also needs the folders synced
-  after each rename; only the manifest is fsynced today.) What was refused
-  stays in the upper layer until it is dropped.
+  that allocate nothing, and so is a cut one that recover() cannot finish.
+  (A power cut also needs the folders synced after each rename; only the
+  manifest is fsynced today.) What was refused stays in the upper layer until
+  it is dropped.
 - `undo(...)` puts back what one wake changed, the same way (state
   `undoing`), and refuses when a later wake changed one of its paths.
 
@@ -353,6 +354,7 @@ def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> 
 
 
 def _mkdir(path: Path) -> None:
+    """A folder the commit makes: the step a full disk fails first (the tests fail it so)."""
     path.mkdir(exist_ok=True)
 
 
