@@ -219,12 +219,12 @@ SMALL_FILES = 2000  # inodes of that disk
 DISK_SLACK = 8 * 2**20  # bytes: ext4's own metadata on top of what the box wrote
 
 
-def _small_disk(t: Trial):
-    """A box on an agent of its own whose workspace disk is SMALL_DISK with
-    SMALL_FILES inodes, and that agent's folder."""
-    agent = init_agent(t.dir / "small-disk")
+def _small_disk(t: Trial, name: str = "small-disk", **box_options):
+    """A box (`box_options`: new_box's, e.g. warm) on an agent of its own whose workspace
+    disk is SMALL_DISK with SMALL_FILES inodes, and that agent's folder."""
+    agent = init_agent(t.dir / name)
     policy = replace(t.lab.policy, disk=SMALL_DISK, files=SMALL_FILES)
-    return t.new_box(policy, workspace=agent / "workspace"), agent
+    return t.new_box(policy, workspace=agent / "workspace", **box_options), agent
 
 
 def _host_bytes(box, agent: Path) -> int:

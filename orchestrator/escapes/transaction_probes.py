@@ -25,7 +25,6 @@ import os
 import stat
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.escapes.core import (
@@ -39,7 +38,6 @@ from orchestrator.escapes.core import (
     python_command,
 )
 from orchestrator.escapes.setid import kept_bits
-from orchestrator.policy.agent import init_agent
 from orchestrator.sandbox import disk, layers
 from orchestrator.sandbox.engine import DockerSandbox
 
@@ -362,12 +360,11 @@ def _state(files: Path, k: int) -> tuple:
 
 
 def _full_disk(t: Trial) -> str:
-    from orchestrator.escapes.resources import SMALL_DISK, SMALL_FILES
+    from orchestrator.escapes.resources import _small_disk
 
-    policy = replace(t.lab.policy, disk=SMALL_DISK, files=SMALL_FILES)
     # Cold calls: a pooled container of a wake keeps its overlay, and what it holds, a moment
     # past the finish; the next wake here begins at once, on a disk with few inodes.
-    box = t.new_box(policy, workspace=init_agent(t.dir / "full-disk") / "workspace", warm=0)
+    box, _agent = _small_disk(t, "full-disk", warm=0)
     root = box.disk_root
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"

@@ -262,7 +262,7 @@ class DockerSandbox:
     def _waits_for_begin(self) -> bool:
         """A wake's box on a layered disk: its calls bind the wake's overlay, mounted at begin, so a
         container made before would go unused (the fleet's containers per call stay 1.00)."""
-        return bool(self._ahead_at_begin and self.disk and self.disk.hold and self.disk.layered)
+        return self._ahead_at_begin and self.disk_root is not None
 
     def close(self) -> None:
         """Remove every container this sandbox made; idle pool containers included.
@@ -290,7 +290,7 @@ class DockerSandbox:
         """A wake starts on this box (the broker keeps one per agent): one container ahead (on a
         layered disk at begin, once the wake's overlay is there), and the proxy's byte budget
         starts again."""
-        if self.pool and not (self.disk and self.disk.hold and self.disk.layered):  # layered: at begin
+        if self.pool and self.disk_root is None:  # layered: at begin
             self.pool.rearm()
         self._egress_anew()
 
@@ -322,7 +322,7 @@ class DockerSandbox:
         if run_id != self.run_id:  # a kept box (the broker's): a wake other than the one it was made for
             self.run_id = run_id
             self._egress_anew()
-        if not (self.disk and self.disk.hold and self.disk.layered):
+        if self.disk is None or self.disk_root is None:  # no disk, or the older shape
             return wake_layer.Settled()
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id

@@ -45,10 +45,7 @@ def as_the_box_sees(path: Path) -> Path:
     for folder in path.parents:
         if folder.name == "workspace":
             key = disk.lookup(folder.parent)
-            box = disk.path_of(key, "box") if key else None
-            mounted = box is not None and any(
-                line.split()[1] == str(box) and line.split()[2] == "overlay"
-                for line in Path("/proc/self/mounts").read_text().splitlines()
-            )
-            return box / path.relative_to(folder) if mounted else path
+            if key and disk.wake_mounted(key):
+                return disk.path_of(key, "box") / path.relative_to(folder)
+            return path
     return path
