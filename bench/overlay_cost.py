@@ -1,6 +1,6 @@
 """What a wake's overlay costs per call (issue 22's bar: at most 10 % on runc and on runsc).
 
-    .venv/bin/python -m bench.overlay_cost [--rounds 6] [--block 11] [--runtimes runc,runsc]
+    .venv/bin/python -m bench.overlay_cost [--rounds 6] [--block 11] [--runtimes runc,runsc] [--mounts ours,engine]
 
 One agent on its own disk (layered: files/ beside .wakeloop/), one sandbox per
 runtime and pool setting (warm: the policy's pool; cold: none), `bash true`
@@ -10,7 +10,9 @@ one (begin: the box binds the wake's overlay), then the wake's finish; the
 first call of each block is not counted (after a layer change the pool's
 containers of the other layer go, and the first call waits for one of this
 layer's). Rounds interleave the two so this shared machine's noise lands on
-both alike. Medians and p90, and the ratio of the medians.
+both alike. Medians and p90, and the ratio of the medians. Each setting twice:
+with wakeloop's own mounts (KEY.box) and with the engine's (engine_mounts.py:
+a broker in a container on a host whose / is private, as under compose here).
 
 Not here: what a wake's end costs (its commit and undo: bench/transaction.py),
 the per-call table against `docker exec` and `docker run` (sandbox_overhead.py).
@@ -42,9 +44,11 @@ def timed_call(box: DockerSandbox) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def measure(workspace: Path, policy, warm: int | None, rounds: int, block: int) -> tuple[Stats, Stats]:
+def measure(
+    workspace: Path, policy, warm: int | None, rounds: int, block: int, engine_mounts: bool
+) -> tuple[Stats, Stats]:
     """(outside a wake, inside one): each call's milliseconds, the first of each block not counted."""
-    box = DockerSandbox(workspace, policy, agent="bench", warm=warm)
+    box = DockerSandbox(workspace, policy, agent="bench", warm=warm, engine_mounts=engine_mounts)
     if box.disk_root is None:
         raise SystemExit("bench: the agent's disk is not layered here: no wake has an overlay to measure")
     plain: list[float] = []
@@ -67,6 +71,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds (default {ROUNDS})")
     parser.add_argument("--block", type=int, default=BLOCK, help=f"calls a block, the first not counted ({BLOCK})")
     parser.add_argument("--runtimes", default="runc,runsc", help="comma-separated (default runc,runsc)")
+    parser.add_argument("--mounts", default="ours,engine", help="whose mounts: ours, engine (default both)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="wakeloop-bench-overlay-") as folder:
@@ -76,16 +81,19 @@ def main() -> int:
             agent = load_agent(init_agent(tmp / "agent"))
             for runtime in args.runtimes.split(","):
                 policy = replace(agent.policy.sandbox, runtime=runtime)
-                for warm, label in ((None, "warm pool"), (0, "cold")):
-                    plain, layered = measure(agent.workspace, policy, warm, args.rounds, args.block)
-                    rows.append((runtime, label, plain, layered))
+                for mounts in args.mounts.split(","):
+                    for warm, label in ((None, "warm pool"), (0, "cold")):
+                        engine = mounts == "engine"
+                        plain, layered = measure(agent.workspace, policy, warm, args.rounds, args.block, engine)
+                        rows.append((runtime, mounts, label, plain, layered))
         finally:
             left = cleanup(tmp)
     counted, load = args.rounds * (args.block - 1), os.getloadavg()[0]
     print(f"overlay per call: `bash true`, {counted} calls each way, {os.cpu_count()} cores, load {load:.1f}")
-    print(f"{'runtime':<8} {'pool':<10} {'outside a wake':>18} {'inside (overlay)':>18} {'ratio':>6}")
-    for runtime, label, plain, layered in rows:
-        print(f"{runtime:<8} {label:<10} {plain.cell():>18} {layered.cell():>18} {layered.median / plain.median:>6.2f}")
+    print(f"{'runtime':<8} {'mounts':<7} {'pool':<10} {'outside a wake':>18} {'inside (overlay)':>18} {'ratio':>6}")
+    for runtime, mounts, label, plain, layered in rows:
+        ratio = layered.median / plain.median
+        print(f"{runtime:<8} {mounts:<7} {label:<10} {plain.cell():>18} {layered.cell():>18} {ratio:>6.2f}")
     print(f"containers left behind (removed now): {left}")
     return 0
 

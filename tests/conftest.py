@@ -225,6 +225,9 @@ def disk_leftovers(client, where: Path) -> list[str]:
     for volume in client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []:
         if (volume.get("Labels") or {}).get(disk.LABEL, "").startswith(str(where) + "/"):
             left.append(f"volume {volume['Name']}")
+    for keeper in client.api.containers(all=True, filters={"label": disk.LABEL}):
+        if (keeper.get("Labels") or {}).get(disk.LABEL, "").startswith(str(where) + "/"):
+            left.append(f"container {keeper['Names'][0]}")
     left += [f"image {image}" for image in sorted(where.glob("*.img"))]
     return left
 

@@ -36,7 +36,7 @@ from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox import disk, layers, wake_layer
+from orchestrator.sandbox import disk, layers, undo_folders, wake_layer
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 
@@ -290,6 +290,7 @@ def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_b
     workspace = root / "alpha/workspace"
     with served(root) as sock:
         box = BrokerSandbox(sock, "alpha")
+        box.begin("0123456789ab")  # in a wake, as the loop calls (one outside a wake is a wake of its own)
         first = box.run("true", timeout_s=30, max_output_chars=100)
         # The first call's own container may still be listed: it is removed after the call, off its path.
         warm = wait_for(
@@ -301,6 +302,7 @@ def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_b
         assert first.ok and second.ok and second.container_id != first.container_id
         assert second.container_id in warm, "the second call should take a warm container"
         wait_for(lambda: len(pool_containers(docker_client, workspace)) >= 1, "the pool to refill", POOL_WAIT_S)
+        box.finish()
     assert our_containers(docker_client, root.resolve()) == []
 
 
@@ -405,13 +407,16 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
     broker = Broker(root, client=docker_client, log=lambda line: None)
     workspace = root / "alpha/workspace"
     try:
+        assert broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
         wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one container ahead", POOL_WAIT_S)
         assert broker.handle({"op": "wind_down", "agent": "alpha"}) == {"ok": True, "result": {}}
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]  # the stub, say
         pool = broker._boxes["alpha"].box.pool
         assert (pool.want, pool.idle(), pool._making) == (0, [], 0), "nothing made for a call that won't come"
+        assert broker.handle({"op": "finish", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
         assert broker.handle({"op": "check", "agent": "alpha"})["ok"]  # the next wake
+        assert broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ac"})["ok"]
         wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one ahead again", POOL_WAIT_S)
         with pytest.raises(BrokerError):  # a hint names an agent as strictly as a call does
             broker.handle({"op": "wind_down", "agent": "../alpha"})
@@ -689,3 +694,37 @@ def test_nothing_of_an_agents_is_served_while_its_wake_is_committed(broker, root
     assert [c.path for c in finished[0].committed] == ["a.txt"]
     assert not (view(root) / "deploy").exists()
     assert box.run("cat a.txt", 30, 2000).output.endswith("a\n")  # after the finish: served again
+
+
+def test_a_call_outside_a_wake_is_a_wake_of_its_own_that_protect_binds(root, docker_client):
+    """`wakeloop sandbox exec`, or an orchestrator that never begins: the call runs in a wake of
+    its own, committed at its end, so workspace.protect binds it as it binds a wake's calls.
+    Calls that overlap share it (the first sees what the second wrote before either landed),
+    and no wake begins under it."""
+    set_policy(root / "alpha", {"workspace": {"protect": ["deploy/**"]}})
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    run = lambda command: broker.handle({"op": "run", "agent": "alpha", "command": command})["result"]
+    try:
+        alone = run("mkdir -p deploy; echo owned > deploy/x; echo ok > ok.txt")
+        assert alone["exit_code"] == 0
+        assert "not landed, refused by the policy at the call's end:" in alone["output"]
+        assert "deploy/x (deploy/**)" in alone["output"]
+        assert (view(root) / "ok.txt").read_text() == "ok\n" and not (view(root) / "deploy").exists()
+
+        first: list = []
+        waits = "until [ -e go ]; do sleep 0.05; done; echo 1 > one"  # for the second call's file
+        waiting = threading.Thread(target=lambda: first.append(run(waits)))
+        waiting.start()
+        begun = lambda: "alpha" in broker._own and "alpha" not in broker._layering
+        wait_for(begun, "the first call's own wake", POOL_WAIT_S)
+        with pytest.raises(BrokerError, match="a call is still running"):
+            broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ab"})
+        assert run("echo go > go")["exit_code"] == 0
+        waiting.join(POOL_WAIT_S)
+        assert first[0]["exit_code"] == 0 and broker._own == {}
+        assert (view(root) / "go").is_file() and (view(root) / "one").read_text() == "1\n"
+        shared = undo_folders.last(view(root).parent)  # one wake committed both calls' files
+        assert sorted(c.path for c in shared.changes) == ["go", "one"]
+    finally:
+        broker.close()
+    assert our_containers(docker_client, root.resolve()) == []

@@ -18,6 +18,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+from orchestrator.sandbox import disk
 from tests.helpers import REPO, scrubbed_env, wait_for
 
 DISKS = REPO / "disks"  # compose's ./disks: the agents' workspace disks
@@ -114,6 +115,15 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
 
     broker_logs = compose("logs", "--no-color", "broker").stdout
     assert "broker: serving run/write" in broker_logs and "demo: run exit" in broker_logs
+    # The wake is a transaction here too, on a host whose / is a private mount (the engine
+    # mounts the disk and the wake's overlay: engine_mounts.py): committed at its end, its
+    # diff readable, and its boxes saw the agent's files only (the dry run's `ls -la; find .`).
+    run_id = receipt["run_id"]
+    assert re.search(rf"demo: wake {run_id} committed: [1-9][0-9]* changed", broker_logs), broker_logs[-3000:]
+    diff = compose("exec", "-T", "orchestrator", "wakeloop", "diff", "/agents/demo", "--run", run_id, "--json")
+    assert f"memory/journal/{day}.md" in {p["change"]["path"] for p in json.loads(diff.stdout)["paths"]}
+    transcript = (REPO / f"agents/demo/state/transcripts/{run_id}.jsonl").read_text()
+    assert "./memory/core.md" in transcript and "lost+found" not in transcript and ".wakeloop" not in transcript
     assert "ceiling /policies/ceiling.yaml" in broker_logs  # what an edited agent.yaml cannot exceed
     ids = {s: compose("ps", "-q", s).stdout.strip() for s in ("broker", "orchestrator")}
     broker, orchestrator = (docker_client.api.inspect_container(ids[s]) for s in ("broker", "orchestrator"))
@@ -150,3 +160,7 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     compose("down", "--volumes", timeout=DOWN_S)
     assert compose("ps", "-a", "-q").stdout.strip() == ""
     assert sandbox_containers(docker_client) == []
+    ours = lambda labels: (labels or {}).get(disk.LABEL, "").startswith("/var/lib/wakeloop/disks/")  # the broker's
+    keepers = docker_client.api.containers(all=True, filters={"label": disk.LABEL})
+    volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
+    assert [c["Names"] for c in keepers if ours(c["Labels"])] == [] and [v for v in volumes if ours(v["Labels"])] == []

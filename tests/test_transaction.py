@@ -158,6 +158,20 @@ def test_the_policy_refuses_protected_paths_git_and_set_id_by_any_tool_and_lands
     assert transaction.read_manifest(lower.parent / "undo-1")["state"] == "committed"
 
 
+def test_a_hard_link_planted_in_the_upper_layer_to_a_file_outside_it_is_refused_not_landed(wake, tmp_path):
+    lower, upper = wake
+    os.link(lower / "keep.txt", upper / "planted-in.txt")  # past the box: to an unchanged file in files/
+    (tmp_path / "elsewhere").write_text("not the agent's\n")
+    os.link(tmp_path / "elsewhere", upper / "newdir/planted-out.txt")  # to a file on the disk, out of files/
+    allowed, refused = check(scan(upper, lower), PROTECT, protect_git=True)
+    shared = {r.change.path for r in refused if r.rule == transaction.SHARED}
+    assert shared == {"planted-in.txt", "newdir/planted-out.txt"}
+    assert "hard.txt" in {c.path for c in allowed}  # the wake's own `ln keep.txt hard.txt`: both names in it
+    commit(upper, lower, lower.parent / "undo-1", "run-1", allowed)
+    assert not (lower / "planted-in.txt").exists() and not (lower / "newdir/planted-out.txt").exists()
+    assert os.lstat(lower / "keep.txt").st_nlink == 2  # its own name, and the planted one left in upper
+
+
 def test_undo_puts_back_exactly_what_was_there_and_refuses_when_a_later_wake_changed_the_same_path(wake, tmp_path):
     lower, upper = wake
     before = tree(lower)

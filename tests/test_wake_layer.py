@@ -20,6 +20,7 @@ import pytest
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.sandbox import engine_mounts as engine_mounts_mod
 from orchestrator.sandbox import layers
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import text, tool_use, turn
@@ -30,9 +31,21 @@ from tests.helpers.recorded import first_user_text, result_text, tool_results
 RUN, NEXT = "a1b2c3d4e5f6", "0123456789ab"
 
 
-def open_box(agent_dir: Path, warm: int = 0) -> DockerSandbox:
+@pytest.fixture(params=[False, True], ids=["our-mounts", "engine-mounts"])
+def engine_mounts(request, docker_client):
+    """Both ways a box gets its disk: our mounts (KEY.box), or the engine's own (a broker in a
+    container on a host whose / is private: engine_mounts.py). The engine's leave nothing."""
+    yield request.param
+    left = docker_client.api.containers(all=True, filters={"label": engine_mounts_mod.KEEPER_LABEL})
+    volumes = docker_client.api.volumes(filters={"label": engine_mounts_mod.WAKE_LABEL}).get("Volumes") or []
+    assert not left and not volumes, (left, volumes)
+
+
+def open_box(agent_dir: Path, warm: int = 0, engine_mounts: bool = False) -> DockerSandbox:
     agent = load_agent(agent_dir)
-    return DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=warm)
+    return DockerSandbox(
+        agent.workspace, agent.policy.sandbox, agent=agent.name, warm=warm, engine_mounts=engine_mounts
+    )
 
 
 def run(box: DockerSandbox, command: str) -> str:
@@ -42,9 +55,9 @@ def run(box: DockerSandbox, command: str) -> str:
 
 
 @pytest.mark.docker
-def test_find_in_the_box_prints_the_agents_files_and_nothing_of_the_disks_own(agent_dir):
+def test_find_in_the_box_prints_the_agents_files_and_nothing_of_the_disks_own(agent_dir, engine_mounts):
     (agent_dir / "workspace/notes.md").write_text("mine\n")
-    with open_box(agent_dir) as box:
+    with open_box(agent_dir, engine_mounts=engine_mounts) as box:
         box.begin(RUN)
         found = run(box, "find /workspace 2>&1")
         box.finish()
@@ -59,14 +72,15 @@ def test_find_in_the_box_prints_the_agents_files_and_nothing_of_the_disks_own(ag
 
 @pytest.mark.docker
 @pytest.mark.parametrize("warm", [0, 1], ids=["cold", "pooled"])
-def test_a_wakes_second_call_sees_its_first_calls_file_and_files_only_after_the_wake(agent_dir, warm):
-    with open_box(agent_dir, warm) as box:
+def test_a_wakes_second_call_sees_its_first_calls_file_and_files_only_after_the_wake(agent_dir, warm, engine_mounts):
+    with open_box(agent_dir, warm, engine_mounts) as box:
         box.begin(RUN)
         run(box, "echo draft > plan.md; chmod +x plan.md")
         assert run(box, "cat plan.md").endswith("draft\n")
         assert box.disk_root and not (layers.files(box.disk_root) / "plan.md").exists()
         assert box.files().read_text("plan.md") == "draft\n"  # the harness reads the wake's view
         changes = box.finish()
+        assert not changes.error, changes.error
         landed = (layers.files(box.disk_root) / "plan.md").read_text()
         assert not (layers.wakes(box.disk_root) / RUN).exists()  # the layer is gone
     assert landed == "draft\n"
@@ -74,8 +88,8 @@ def test_a_wakes_second_call_sees_its_first_calls_file_and_files_only_after_the_
 
 
 @pytest.mark.docker
-def test_a_protected_path_changed_by_bash_mv_and_a_hard_link_is_refused_at_commit(agent_dir):
-    with open_box(agent_dir) as box:
+def test_a_protected_path_changed_by_bash_mv_and_a_hard_link_is_refused_at_commit(agent_dir, engine_mounts):
+    with open_box(agent_dir, engine_mounts=engine_mounts) as box:
         run(box, "mkdir deploy; echo 'replicas: 1' > deploy/prod.yaml")  # outside a wake: straight to files/
         box.begin(RUN)
         run(
@@ -95,12 +109,12 @@ def test_a_protected_path_changed_by_bash_mv_and_a_hard_link_is_refused_at_commi
 
 
 @pytest.mark.docker
-def test_a_wake_that_died_before_its_commit_is_discarded_at_the_next_begin(agent_dir):
-    with open_box(agent_dir) as box:
+def test_a_wake_that_died_before_its_commit_is_discarded_at_the_next_begin(agent_dir, engine_mounts):
+    with open_box(agent_dir, engine_mounts=engine_mounts) as box:
         box.begin(RUN)
         run(box, "echo half > half.md")
     # closed without finish: what a kill -9 leaves (the overlay's mount, if left, goes too)
-    with open_box(agent_dir) as box:
+    with open_box(agent_dir, engine_mounts=engine_mounts) as box:
         settled = box.begin(NEXT)
         assert box.disk_root and not (layers.files(box.disk_root) / "half.md").exists()
         assert "half.md" not in run(box, "ls")

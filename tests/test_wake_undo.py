@@ -146,6 +146,18 @@ def test_undoing_the_later_wake_first_frees_the_earlier_one(root):
     assert tree(layers.files(root)) == before
 
 
+def test_undoing_a_later_wake_after_an_earlier_one_was_forced_out_of_order_is_refused_unless_forced(root):
+    run = first_wake(root)
+    later = make_wake(root, "echo later > edit.txt; echo other > other.txt")
+    undo_folders.undo(root, run, force=True)  # edit.txt: as before both wakes
+    with pytest.raises(undo_folders.UndoRefused, match=f"an earlier wake \\({run}\\), undone after this one"):
+        undo_folders.undo(root, later)  # it replaced the earlier wake's edit.txt: it would come back
+    assert (layers.files(root) / "edit.txt").read_text() == "one\ntwo\nthree\n"  # nothing was touched
+    undo_folders.undo(root, later, force=True)
+    files = layers.files(root)
+    assert (files / "edit.txt").read_text() == "one\n2\nthree\n" and not (files / "other.txt").exists()
+
+
 def test_a_link_planted_in_the_undo_folder_is_never_followed(root, tmp_path):
     run = first_wake(root)
     secret = tmp_path / "secret.txt"
@@ -288,8 +300,11 @@ def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_
         assert refused.returncode == 1 and f"a later wake ({second}) changed edit.txt too" in refused.stderr
         forced = run_cli("undo", str(agents / "alpha"), "--run", first, "--force", env=env)
         assert forced.returncode == 0 and f"over later wake(s) {second}" in forced.stdout, forced.stderr
-        assert run_cli("undo", str(agents / "alpha"), "--run", second, env=env).returncode == 0
-        # Undone out of order (--force), the later wake puts back what it replaced: the earlier's edit.
+        # Undone out of order (--force), the later wake would put back what it replaced: the earlier's
+        # edit. Refused, unless forced too.
+        again = run_cli("undo", str(agents / "alpha"), "--run", second, env=env)
+        assert again.returncode == 1 and f"an earlier wake ({first}), undone after" in again.stderr, again.stderr
+        assert run_cli("undo", str(agents / "alpha"), "--run", second, "--force", env=env).returncode == 0
         assert (layers.files(root) / "edit.txt").read_text() == "one\n2\nthree\n"
         assert tree(layers.files(root)) == {**before, "edit.txt": ("file", 0o644, b"one\n2\nthree\n")}
         for request, says in (

@@ -54,10 +54,10 @@ left and mounts the wake's overlay in its kept box; `finish` checks the
 wake's changes against the broker's own reading of the policy
 (`workspace.protect`, protect_git), commits or drops them. The orchestrator
 names a run id, never a path. A box with a wake open is kept idle up to
-WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose disks
-folder the engine cannot see its mounts in (compose without `propagation:
-rshared`; disks_reach_engine) keeps disks in their older shape: no
-transaction, and begin/finish answer empty.
+WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose mounts
+the engine cannot see (compose without `propagation: rshared`, or on a host
+whose `/` is private; disks_reach_engine) has the engine mount each disk and
+each wake's overlay itself (sandbox/engine_mounts.py), with the same promises.
 
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
@@ -92,8 +92,9 @@ import re
 import stat
 import threading
 import time
+import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -108,7 +109,6 @@ from orchestrator.broker import nodes, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.records import stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
@@ -177,7 +177,7 @@ def disks_reach_engine(client: docker.DockerClient) -> bool:
     binds KEY.box there: disk.py, wake_layer.py). On the host, yes. In a container, only if
     that folder is mounted from the host with propagation (compose: `bind: {propagation:
     rshared}`, on a host whose folder is on a shared mount); then disk.HOST_DISKS_ENV is set to
-    where the host has it. Otherwise disks keep their older shape and wakes no transaction."""
+    where the host has it. Otherwise the engine mounts each disk and wake itself (engine_mounts.py)."""
     cid = own_container_id()
     if cid is None:
         return True
@@ -251,6 +251,7 @@ class Broker:
         self._lock = threading.Lock()  # the server runs each request on a thread
         self._calls: dict[str, int] = {}  # sandbox calls in flight, by agent
         self._layering: set[str] = set()  # agents whose begin, finish or undo runs: nothing else of theirs does
+        self._own: dict[str, tuple[str, int]] = {}  # agent -> (its calls' own wake, calls in it): _own_begin
         capacity = self.ceiling.max
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
@@ -260,12 +261,11 @@ class Broker:
         self._rate_lock = threading.Lock()
         self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
-        self.layered = disks_reach_engine(self.client)  # files/ and each wake's overlay, or the older shape
-        if not self.layered:
+        self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
+        if self.engine_mounts:
             self.log(
-                "wakes here are not transactions: the engine cannot see this broker's mounts in "
-                f"{disk.disks_dir()} (mount it from the host with `propagation: rshared`, from a shared "
-                "mount); each wake's calls write the agent's files directly"
+                f"the engine cannot see this broker's mounts in {disk.disks_dir()}: it mounts each disk "
+                "(kept by a container wakeloop-keep-KEY) and each wake's overlay itself"
             )
 
     def handle(self, raw: object) -> wire.JSONObject:
@@ -308,7 +308,15 @@ class Broker:
                 over = self.ceiling.refusal(agent.policy, user=entry.box.user)  # "auto" as the disk resolves it
                 if over:
                     raise BrokerError(f"{name}: {over}")
-                result = call(entry.box)
+                own = self._own_begin(name, entry.box)
+                note = ""
+                try:
+                    result = call(entry.box)
+                finally:
+                    if own:
+                        note = self._own_end(agent, entry.box)
+                if note:
+                    result = replace(result, output=result.output + note)
             finally:
                 self._release(entry)
         finally:
@@ -461,7 +469,7 @@ class Broker:
                     within=self.root,
                     host_folder=self.host_root / name,
                     overcommit=self.disk_overcommit,
-                    layered=self.layered,
+                    engine_mounts=self.engine_mounts,
                 )
             except Exception:
                 self._drop_egress(workspace, policy)  # a proxy set up halfway is not left behind
@@ -578,7 +586,7 @@ class Broker:
 
     def _begin(self, agent: Agent, run_id: str) -> wire.JSONObject:
         """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""
-        with self._layer_op(agent.dir.name, lambda: None):
+        with self._layer_op(agent.dir.name, lambda: self._no_call(agent.dir.name)):
             entry = self._acquire(agent)
             try:
                 settled = entry.box.begin(run_id)
@@ -616,6 +624,71 @@ class Broker:
         entry.busy += 1
         return entry
 
+    def _no_call(self, name: str) -> None:
+        """Lock held: a wake begins only when no call of the agent runs (a call outside a wake runs
+        in a wake of its own, which a begin would discard under it)."""
+        if self._calls.get(name):
+            raise BrokerError(f"{name}: a call is still running; begin the wake when it has ended")
+
+    # -- a call outside a wake: a wake of its own --------------------------------------------
+
+    def _own_begin(self, name: str, box: DockerSandbox) -> str | None:
+        """A call with no wake open, on a disk (`wakeloop sandbox exec`, an orchestrator that never
+        begins): it runs in a wake of its own, shared by the calls outside a wake that overlap it
+        and committed when the last ends, so workspace.protect binds every call. Its run id, or
+        None (a wake is open, or no disk)."""
+        with self._lock:
+            self._not_layering(name)  # its own wake's begin or finish runs: refused, as any call then
+            own = self._own.get(name)
+            if own is not None:
+                self._own[name] = (own[0], own[1] + 1)
+                return own[0]
+            if box.begun is not None or box.disk_root is None:
+                return None
+            run_id = uuid.uuid4().hex[:12]
+            self._own[name] = (run_id, 1)
+            self._layering.add(name)
+        try:
+            box.begin(run_id)
+        except BaseException:
+            with self._lock:
+                del self._own[name]
+            raise
+        finally:
+            with self._lock:
+                self._layering.discard(name)
+        return run_id
+
+    def _own_end(self, agent: Agent, box: DockerSandbox) -> str:
+        """A call of a wake of its own ended: the last one commits it (what workspace.protect
+        refuses is dropped). A line for the call's output when something did not land."""
+        name = agent.dir.name
+        with self._lock:
+            run_id, count = self._own[name]
+            if count > 1:
+                self._own[name] = (run_id, count - 1)
+                return ""
+            self._layering.add(name)  # no call starts while it commits
+        try:
+            policy = agent.policy
+            changes = box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
+        finally:
+            with self._lock:
+                del self._own[name]
+                self._layering.discard(name)
+        record = changes.record()
+        self.log(
+            f"{name}: call outside a wake, as wake {run_id}: {record.outcome}: {len(record.paths)} changed, "
+            f"{len(record.refused)} refused"
+        )
+        if changes.error:
+            return f"\n[wakeloop: this call's changes did not land: {changes.error}]"
+        if changes.refused:
+            shown = ", ".join(f"{r.change.path} ({r.rule})" for r in changes.refused[:5])
+            more = f" and {len(changes.refused) - 5} more" if len(changes.refused) > 5 else ""
+            return f"\n[wakeloop: not landed, refused by the policy at the call's end: {shown}{more}]"
+        return ""
+
     def _no_wake_open(self, name: str) -> None:
         """Lock held: an undo runs only between wakes (a call in flight means one runs all the same)."""
         entry = self._boxes.get(name)
@@ -626,7 +699,7 @@ class Broker:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
         entry = self._acquire(agent)  # makes and mounts the disk on a first request
         try:
-            files = HostFiles(entry.box.view)
+            files = entry.box.files()  # a wake's merged view while one runs
             return files.journal_names() if req.what == "journal_names" else getattr(files, req.what)(req.arg)
         finally:
             self._release(entry)

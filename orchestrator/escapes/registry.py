@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orchestrator.escapes import allowlist
 from orchestrator.escapes import credentials
+from orchestrator.escapes import engine_mount_probes
 from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
 from orchestrator.escapes import information
@@ -34,6 +35,7 @@ ALL_PROBES = (
     filesystem.PROBES
     + workspace_probes.PROBES
     + transaction_probes.PROBES
+    + engine_mount_probes.PROBES
     + privileges.PROBES
     + network_probes.PROBES
     + allowlist.PROBES

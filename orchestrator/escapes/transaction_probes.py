@@ -47,12 +47,13 @@ PROTECT = ("deploy/**", "**/.github/**")
 GUARDED = ("deploy", ".github", "sub")  # the folders a protected change could reach
 
 
-def _box(t: Trial, warm: int | None = 0) -> tuple[DockerSandbox, Path | None]:
+def _box(t: Trial, warm: int | None = 0, engine_mounts: bool = False) -> tuple[DockerSandbox, Path | None]:
     """A box, and its disk's root (files/ and .wakeloop/; None: no disk, no transaction to
     attack). Cold (warm=0) unless asked: these probes judge the commit. `warm=None`: the lab's
     pool, as users run it; containers made before begin() must never serve the wake (they bind
-    files/ without its overlay), which the protected-path probe checks with a call before it."""
-    box = t.new_box(warm=warm)
+    files/ without its overlay), which the protected-path probe checks with a call before it.
+    `engine_mounts`: the engine mounts the disk and the wake's overlay (engine_mount_probes.py)."""
+    box = t.new_box(warm=warm, engine_mounts=engine_mounts)
     return box, box.disk_root
 
 
@@ -101,8 +102,9 @@ PROTECTED_ATTACK = (
 )
 
 
-def _protected_paths_by_bash(t: Trial) -> str:
-    box, root = _box(t, warm=None)  # pooled: the call before begin leaves containers of files/ ahead
+def _protected_paths_by_bash(t: Trial, engine_mounts: bool = False) -> str:
+    # pooled: the call before begin leaves containers of files/ ahead
+    box, root = _box(t, warm=None, engine_mounts=engine_mounts)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files = layers.files(root)
@@ -138,8 +140,8 @@ transaction_refuses_protected_paths_by_bash = Probe(
 # -- 2. links across the layers ---------------------------------------------------------------
 
 
-def _links_across_layers(t: Trial) -> str:
-    box, root = _box(t)
+def _links_across_layers(t: Trial, engine_mounts: bool = False) -> str:
+    box, root = _box(t, engine_mounts=engine_mounts)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files, canary = layers.files(root), t.lab.canary_path
@@ -157,9 +159,14 @@ def _links_across_layers(t: Trial) -> str:
         f"{plant}; echo mine > memory/mine.md; ln memory/core.md core-hard.md 2>&1; "
         "ln /etc/passwd passwd-hard 2>&1; ls -l outside hostname disk-meta memory/canary.md",
     )
+    # Past the box (which cannot make one: overlayfs copies a file up before linking it), stood
+    # in for by the host: a hard link in the wake's upper layer to a file in files/.
+    os.link(files / "memory/core.md", layers.upper(root, RUN) / "planted-hard.md")
     changes = box.finish(protect=(), protect_git=True)
     if canary.read_bytes() != before:
         return escaped("the commit wrote through a link into the host canary")
+    if (files / "planted-hard.md").exists():
+        return escaped("a hard link planted in the upper layer to a file in files/ landed, sharing its inode")
     found = _canary_copies(files, t.lab.host_canary)
     if found:
         return escaped(f"the commit copied what a link names into files/: {found[:3]}")
@@ -176,7 +183,8 @@ def _links_across_layers(t: Trial) -> str:
         return f"the wake committed nothing: {changes.error or seen[-200:]}\n"
     return held(
         f"{len(links)} links (to the host canary, a host folder, /etc/hostname, the disk's .wakeloop) landed "
-        "as links, never followed; no hard link reached outside the wake's files; canary intact"
+        "as links, never followed; no hard link reached outside the wake's files (one planted in the upper "
+        "layer to files/ refused at commit); canary intact"
     )
 
 
@@ -195,7 +203,8 @@ transaction_never_follows_links_across_layers = Probe(
     "transaction_never_follows_links_across_layers",
     CATEGORY,
     "links the wake plants (to the host, out of files/) are scanned and committed as links, never "
-    "followed or copied; a hard link never reaches a file outside the wake's own",
+    "followed or copied; a hard link never reaches a file outside the wake's own, not even one planted "
+    "in the upper layer past the box",
     _links_across_layers,
 )
 
@@ -203,8 +212,8 @@ transaction_never_follows_links_across_layers = Probe(
 # -- 3. set-id bits at commit -----------------------------------------------------------------
 
 
-def _setid_at_commit(t: Trial) -> str:
-    box, root = _box(t)
+def _setid_at_commit(t: Trial, engine_mounts: bool = False) -> str:
+    box, root = _box(t, engine_mounts=engine_mounts)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
     files = layers.files(root)

@@ -2,8 +2,7 @@
 
 `sandbox.disk` and `sandbox.files` make a sparse ext4 image per agent
 (`mkfs.ext4 -m 0 -N files`), attached to a loop device and given to each box
-as a bind of its files/ (or, in the older shape, a volume of the engine's
-`local` driver, type ext4, device /dev/loopN):
+as a bind of its files/:
 
 - a full workspace is ENOSPC in the box, and the host's free space is
   untouched: `fallocate --keep-size`, sparse files, hard links and
@@ -24,7 +23,10 @@ resolved at each container's start) of KEY.box, a folder in $WAKELOOP_DISKS wher
 files/ is bound (nosuid, nodev) and, while a wake runs, that wake's overlay
 is mounted on top (wake_layer.py). Every path the engine resolves is in
 $WAKELOOP_DISKS, root's, outside every agent's folder: nothing done to paths
-under ROOT redirects a box's mount. When wakeloop runs the engine itself,
+under ROOT redirects a box's mount. Where the engine cannot see this process's
+mounts (a broker in a container on a host whose `/` is private), the engine
+mounts the disk and each wake's overlay itself, and a box binds files/ from
+there (engine_mounts.py). When wakeloop runs the engine itself,
 files/ is also bound over the agent's workspace/ (from the noexec view), so a
 person sees the files where they always were. Images
 live in $WAKELOOP_DISKS (default /var/lib/wakeloop/disks), outside every
@@ -139,14 +141,14 @@ import docker
 import docker.errors
 from docker.types import Mount
 
-from orchestrator.sandbox import layers
+from orchestrator.sandbox import engine_mounts, layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
 
 DISKS_ENV = "WAKELOOP_DISKS"
 HOST_DISKS_ENV = "WAKELOOP_DISKS_HOST"  # where the host has $WAKELOOP_DISKS (a broker in a container)
 DEFAULT_DISKS = Path("/var/lib/wakeloop/disks")
-VOLUME_PREFIX = "wakeloop-disk-"
-LABEL = "wakeloop.disk"  # on each volume: the image it mounts
+VOLUME_PREFIX = engine_mounts.DISK_PREFIX
+LABEL = engine_mounts.DISK_LABEL  # on the engine's volumes and keepers of a disk: its image
 BOX_OPTIONS = "nosuid,nodev"  # KEY.box, files/ bound where the box's volume binds it
 VIEW_OPTIONS = "nosuid,nodev,noexec,discard"  # ours: nothing on it runs on the host
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
@@ -229,8 +231,9 @@ class Disk:
     view: Path  # where this process has the disk's root mounted (KEY.view): files/, .wakeloop/
     note: str | None = None  # a migration or a size it could not take, for the person
     hold: _Hold | None = field(default=None, compare=False, repr=False)  # None: planned, not attached
-    layered: bool = True  # files/ beside .wakeloop/, the box's volume a bind of KEY.box; False: the
-    # older shape (the box mounts the device's root), where the engine cannot see our mounts
+    engine_root: Path | None = None  # the disk's root where the engine mounts it itself (engine_mounts.py):
+    # a broker whose own mounts the engine cannot see; None: the engine binds KEY.box, ours
+    engine: docker.DockerClient | None = field(default=None, compare=False, repr=False)  # that engine
 
     @property
     def volume(self) -> str:
@@ -239,23 +242,27 @@ class Disk:
     @property
     def files(self) -> Path:
         """The agent's files, as this process reads them outside a wake."""
-        return layers.files(self.view) if self.layered else self.view
+        return layers.files(self.view)
 
     @property
     def box(self) -> Path:
         """What a box's volume binds: files/ bound here, and a running wake's overlay on top."""
         return path_of(self.key, "box")
 
-    def mount(self) -> Mount:
-        """The box's one mount. Layered: a bind of KEY.box (root's, in $WAKELOOP_DISKS, outside
-        ROOT), resolved when each container starts, so a box started after a wake's begin gets
-        its overlay. Not an engine volume of type bind: the engine mounts such a volume once and
-        hands that one mount to every container using it, so while a container from before the
-        begin lived, new ones got files/ without the overlay (seen on runsc with a warm pool).
-        The older shape: the device's volume, by name (no_copy: the image's /workspace stays out)."""
-        if self.layered:
+    def mount(self, wake: str | None = None) -> Mount:
+        """The box's one mount, resolved when each container starts, so a box started after a
+        wake's begin gets its overlay. Ours: a bind of KEY.box (root's, in $WAKELOOP_DISKS,
+        outside ROOT). Not an engine volume of type bind: the engine mounts such a volume once
+        and hands that one mount to every container using it, so while a container from before
+        the begin lived, new ones got files/ without the overlay (seen on runsc with a warm
+        pool). The engine's (engine_mounts.py): the wake's overlay volume while `wake` runs,
+        else a bind of files/ where the engine has the disk."""
+        if self.engine_root is None:
             return Mount(target=WORKSPACE, source=str(host_box(self.key)), type="bind")
-        return Mount(target=WORKSPACE, source=self.volume, type="volume", no_copy=True)
+        if wake:
+            volume = engine_mounts.wake_volume(self.key, wake)
+            return Mount(target=WORKSPACE, source=volume, type="volume", no_copy=True)
+        return Mount(target=WORKSPACE, source=str(layers.files(self.engine_root)), type="bind")
 
 
 def disks_dir(environ=os.environ) -> Path:
@@ -484,15 +491,16 @@ def attach(
     seed: Path,
     person: Path | None = None,
     overcommit: float = OVERCOMMIT,
-    layered: bool = True,
+    engine_mounts_in: str | None = None,
 ) -> Disk:
     """The agent's disk, made if it is new (from `seed`, the workspace folder as it
     is), attached, its root mounted at KEY.view and arranged (layers.py), its files/
-    bound at KEY.box and offered to the engine as a volume, and (`person`: the agent's
-    workspace/ when wakeloop runs the engine itself) bound there; held (its `use`
-    lock, shared) until let_go. Made or grown only while the disks' sizes together
-    stay within `overcommit` times their filesystem. `layered=False` (a broker whose mounts
-    the engine cannot see): the older shape, no files/ and no wake's overlay."""
+    bound at KEY.box, and (`person`: the agent's workspace/ when wakeloop runs the
+    engine itself) bound there; held (its `use` lock, shared) until let_go. Made or
+    grown only while the disks' sizes together stay within `overcommit` times their
+    filesystem. `engine_mounts_in` (an image; a broker whose mounts the engine cannot
+    see): the engine mounts the disk itself, kept by a container of that image
+    (engine_mounts.py), and KEY.box stays empty."""
     reason = unavailable()
     if reason:
         raise DiskError(
@@ -512,22 +520,29 @@ def attach(
             note = _grow(image, device, size, overcommit) or note
             view = path_of(key, "view")
             _mount_view(device, view)
-            if layered:
+            try:
+                moved = layers.arrange(view)  # a new disk is made so here: only an old one's move is news
+                note = note or moved
+            except OSError as exc:
+                raise DiskError(
+                    f"sandbox.disk: cannot arrange the disk {image} (files/ beside .wakeloop/): {exc}"
+                ) from None
+            engine_root = None
+            if engine_mounts_in:
+                path_of(key, "box").mkdir(mode=0o700, exist_ok=True)  # where a wake's reads mount (wake_layer)
                 try:
-                    moved = layers.arrange(view)  # a new disk is made so here: only an old one's move is news
-                    note = note or moved
-                except OSError as exc:
-                    raise DiskError(
-                        f"sandbox.disk: cannot arrange the disk {image} (files/ beside .wakeloop/): {exc}"
-                    ) from None
+                    engine_root = engine_mounts.keep(client, key, device, image, engine_mounts_in)
+                except engine_mounts.EngineMountError as exc:
+                    raise DiskError(str(exc)) from None
+            else:
+                _no_device_volume(client, key)
                 _bind_box(layers.files(view), path_of(key, "box"))
-            _volume(client, key, device, image, layered)
             if person is not None:
-                _mount_view(device, person, source=layers.files(view) if layered else None)
+                _mount_view(device, person, source=layers.files(view))
         except BaseException:
             hold.drop()
             raise
-    return Disk(key, image, device, view, note, hold, layered)
+    return Disk(key, image, device, view, note, hold, engine_root, client if engine_root else None)
 
 
 def let_go(client: docker.DockerClient, held: Disk) -> str | None:
@@ -600,7 +615,7 @@ def held(key: str) -> bool:
 
 
 def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
-    unmount_wake(key)  # a wake's overlay over KEY.box first: it holds the disk
+    _unmount_box(key)  # a wake's overlay over KEY.box first: it holds the disk
     for device in _devices_of(image):
         rdev = os.stat(device).st_rdev
         for target in _mounts_of(device):
@@ -611,9 +626,9 @@ def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
                 )
             _tool("umount", target)
     try:
-        client.api.remove_volume(VOLUME_PREFIX + key, force=True)
-    except docker.errors.NotFound:
-        pass
+        engine_mounts.let_go(client, key)  # first: the engine's mounts of the device, if it made any
+    except (docker.errors.DockerException, engine_mounts.EngineMountError) as exc:
+        raise DiskError(f"sandbox.disk: cannot drop the engine's mounts of {image}: {exc}") from None
     devices = _devices_of(image)
     for device in devices:
         # Not checked: a device still open (udev's probe, the engine's last unmount) is
@@ -1080,28 +1095,13 @@ def host_box(key: str) -> Path:
     return Path(where) / f"{key}.box" if where else path_of(key, "box")
 
 
-def _volume(client: docker.DockerClient, key: str, device: str, image: Path, layered: bool = True) -> None:
-    """The engine's volume for the older shape: the device itself; made again if it names anything
-    else (another device). Layered there is none (Disk.mount binds KEY.box): one from before goes."""
-    name = VOLUME_PREFIX + key
-    if layered:
-        try:
-            client.api.remove_volume(name, force=True)
-        except docker.errors.DockerException:
-            pass  # none, or still used by a container of an older wakeloop: unused from now on
-        return
-    options = {"type": "ext4", "device": device, "o": "nosuid,nodev,discard"}
+def _no_device_volume(client: docker.DockerClient, key: str) -> None:
+    """The device's volume of an older wakeloop (its boxes mounted the disk's root by it), or of
+    the engine's mounts (engine_mounts.py), gone: here the boxes bind KEY.box."""
     try:
-        if client.api.inspect_volume(name).get("Options") == options:
-            return
-        client.api.remove_volume(name, force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as exc:  # in use by a container of the old device
-        raise DiskError(
-            f"sandbox.disk: the engine's volume {name} names another device and is in use: {exc.explanation or exc}"
-        ) from None
-    client.api.create_volume(name, driver="local", driver_opts=options, labels={LABEL: str(image)})
+        engine_mounts.let_go(client, key)
+    except docker.errors.DockerException:
+        pass  # still used by a container of an older wakeloop: unused from now on
 
 
 def _bind_box(files: Path, box: Path) -> None:
@@ -1117,8 +1117,18 @@ def _mount_point(path: Path) -> bool:
     return os.stat(path).st_dev != os.stat(path.parent).st_dev
 
 
-def unmount_wake(key: str) -> bool:
-    """Unmount a wake's overlay from KEY.box if one is there (wake_layer.py mounts it); True if so."""
+def unmount_wake(held: Disk) -> bool:
+    """A wake's overlay gone from where boxes get it: unmounted from KEY.box, or (the engine's
+    mounts) its volume dropped with every container that uses it. True if there was one."""
+    if held.engine_root is None or held.engine is None:
+        return _unmount_box(held.key)
+    try:
+        return engine_mounts.drop_wake(held.engine, held.key)
+    except (engine_mounts.EngineMountError, docker.errors.DockerException) as exc:
+        raise DiskError(str(exc)) from None
+
+
+def _unmount_box(key: str) -> bool:
     if not wake_mounted(key):
         return False
     _tool("umount", str(path_of(key, "box")))

@@ -52,7 +52,7 @@ from orchestrator.sandbox.programs import (
 from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
-from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.workspace_reads import Files, HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
@@ -183,7 +183,7 @@ class DockerSandbox:
         identity: disk.Identity | None = None,
         overcommit: float = disk.OVERCOMMIT,
         ahead_at_begin: bool = False,
-        layered: bool = True,
+        engine_mounts: bool = False,
     ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
@@ -197,8 +197,8 @@ class DockerSandbox:
         released (unmounted, detached; the image kept) unless another holder has it.
         `overcommit`: the disks' sizes together stay within this many times their
         filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise).
-        `layered=False`: the disk's older shape and no wake's overlay (a broker whose mounts
-        the engine cannot see; disk.attach)."""
+        `engine_mounts`: the engine mounts the disk and each wake's overlay itself (a broker
+        whose own mounts the engine cannot see: engine_mounts.py)."""
         self._given_workspace = Path(workspace).absolute()
         self.workspace = self._given_workspace.resolve()
         if not self.workspace.is_dir():
@@ -216,8 +216,8 @@ class DockerSandbox:
         self._within = within
         self.identity = identity
         self._overcommit = overcommit
-        self._layered = layered
-        self._ahead_at_begin = ahead_at_begin  # a wake's box: on a layered disk, nothing made before begin
+        self._engine_mounts = engine_mounts
+        self._ahead_at_begin = ahead_at_begin  # a wake's box: on a disk, nothing made before begin
         self.pool = None
         self._warm = policy.pool if warm is None else warm
         self.wake: str | None = None  # the run whose overlay the boxes mount now (wake_layer.py)
@@ -260,7 +260,7 @@ class DockerSandbox:
 
     @property
     def _waits_for_begin(self) -> bool:
-        """A wake's box on a layered disk: its calls bind the wake's overlay, mounted at begin, so a
+        """A wake's box on a disk: its calls bind the wake's overlay, mounted at begin, so a
         container made before would go unused (the fleet's containers per call stay 1.00)."""
         return self._ahead_at_begin and self.disk_root is not None
 
@@ -272,7 +272,7 @@ class DockerSandbox:
             self.pool.close()
         if self.wake and self.disk and self.disk.hold:
             try:
-                disk.unmount_wake(self.disk.key)
+                disk.unmount_wake(self.disk)
             except disk.DiskError:
                 pass  # let_go's release says so
             self.wake = None
@@ -288,9 +288,9 @@ class DockerSandbox:
 
     def rearm(self) -> None:
         """A wake starts on this box (the broker keeps one per agent): one container ahead (on a
-        layered disk at begin, once the wake's overlay is there), and the proxy's byte budget
+        disk at begin, once the wake's overlay is there), and the proxy's byte budget
         starts again."""
-        if self.pool and self.disk_root is None:  # layered: at begin
+        if self.pool and self.disk_root is None:  # on a disk: at begin
             self.pool.rearm()
         self._egress_anew()
 
@@ -317,12 +317,12 @@ class DockerSandbox:
     def begin(self, run_id: str) -> wake_layer.Settled:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
         now on mounts this wake's overlay; the pool's containers made before go unused
-        (_layer_changed). No disk, or the older shape: nothing to do."""
+        (_layer_changed). No disk: nothing to do."""
         self.begun = run_id  # until finish, with or without an overlay
         if run_id != self.run_id:  # a kept box (the broker's): a wake other than the one it was made for
             self.run_id = run_id
             self._egress_anew()
-        if self.disk is None or self.disk_root is None:  # no disk, or the older shape
+        if self.disk is None or self.disk_root is None:  # no disk
             return wake_layer.Settled()
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id
@@ -341,7 +341,7 @@ class DockerSandbox:
         if run_id is None or not (self.disk and self.disk.hold):
             return wake_layer.WakeChanges(self.run_id)
         try:
-            disk.unmount_wake(self.disk.key)  # first: no container made from now on binds it
+            disk.unmount_wake(self.disk)  # first: no container made from now on binds it
         except disk.DiskError as exc:
             return wake_layer.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
         self._layer_changed()
@@ -358,7 +358,7 @@ class DockerSandbox:
     @property
     def disk_root(self) -> Path | None:
         """The disk's root as this process sees it (files/ and .wakeloop/: layers.py), or None."""
-        return self.disk.view if self.disk and self.disk.hold and self.disk.layered else None
+        return self.disk.view if self.disk and self.disk.hold else None
 
     @property
     def view(self) -> Path:
@@ -370,7 +370,9 @@ class DockerSandbox:
             return self.workspace
         return self.disk.files if self.disk else self.workspace
 
-    def files(self) -> HostFiles:
+    def files(self) -> Files:
+        if self.disk and self.wake and self.disk.engine_root is not None:
+            return wake_layer.LayerFiles(self.disk, self.wake)
         return HostFiles(self.view)
 
     def _attach_disk(self, policy: SandboxPolicy, attach: bool = True) -> disk.Disk | None:
@@ -403,7 +405,7 @@ class DockerSandbox:
             seed=self.workspace,
             person=None if self._private_view else self.workspace,
             overcommit=self._overcommit,
-            layered=self._layered,
+            engine_mounts_in=policy.image if self._engine_mounts else None,
         )
         if made.note:
             self.warning = "; ".join(filter(None, (self.warning, made.note)))
@@ -508,7 +510,7 @@ class DockerSandbox:
             use_config_proxy=False,  # else the SDK copies the client's proxy settings in
         )
         host = dict(
-            mounts=[self.disk.mount() if self.disk else self._bind_mount()],
+            mounts=[self.disk.mount(self.wake) if self.disk else self._bind_mount()],
             network_mode=egress.network_mode if egress else p.network,
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={p.tmp_size}"},

@@ -163,16 +163,14 @@ def _workspace_line(box) -> str:
             f"workspace: the folder {box.workspace}, bind-mounted by its path (sandbox.disk: none): "
             "no limit on its bytes or files"
         )
-    if d.layered:
-        return (
-            f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
-            f"{d.image} on a loop device,\n  its files/ bound from {d.box} (root's, outside every agent "
-            "folder; during a wake, the wake's overlay): full is ENOSPC in the box"
-        )
+    where = (
+        "the engine's own mount of it (kept by a container; during a wake, the wake's overlay volume)"
+        if d.engine_root is not None
+        else f"{d.box} (root's, outside every agent folder; during a wake, the wake's overlay)"
+    )
     return (
         f"workspace: a disk of its own, {s.disk:,} bytes and {s.files:,} files (ext4, -m 0), image "
-        f"{d.image} on a loop device,\n  the engine's volume {d.volume} (type ext4, nosuid, nodev): "
-        "full is ENOSPC in the box; the box names it by device, never by a host path"
+        f"{d.image} on a loop device,\n  its files/ bound from {where}: full is ENOSPC in the box"
     )
 
 

@@ -44,7 +44,7 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from orchestrator.policy.paths import glob_match, is_dotgit
@@ -53,6 +53,7 @@ OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # an upper
 MANIFEST = "manifest.json"
 OLD, NEW = "old", "new"  # in an undo folder: what a commit replaced; what an undo took away
 SETID = stat.S_ISUID | stat.S_ISGID
+SHARED = "hard link out of the wake"  # the rule that refuses a Change.shared
 OPAQUE = "trusted.overlay.opaque"
 
 
@@ -69,12 +70,13 @@ class Change:
     mode: int = 0  # permission bits after (0 for a deletion)
     target: str | None = None  # a link's target, as written: never followed
     sha256: str | None = None  # a file's content after
+    shared: bool = False  # a file whose inode has links outside the wake's upper layer (_links_outside)
 
 
 @dataclass(frozen=True)
 class Refused:
     change: Change
-    rule: str  # the glob, `protect_git`, or `set-id bit`
+    rule: str  # the glob, `protect_git`, `set-id bit`, or SHARED
 
 
 # -- reading the upper layer ---------------------------------------------------------------
@@ -84,7 +86,29 @@ def scan(upper: Path, lower: Path) -> list[Change]:
     """What the wake changed, parents before children, deletions of a folder's contents before it."""
     changes: list[Change] = []
     _walk(Path(upper), Path(lower), "", changes)
-    return changes
+    return _links_outside(Path(upper), changes)
+
+
+def _links_outside(upper: Path, changes: list[Change]) -> list[Change]:
+    """Each file whose inode has more links than the upper layer holds, marked `shared`: a hard
+    link to a file outside the wake (in files/, or anywhere on the disk). The box cannot make
+    one (overlayfs copies a lower file up before linking it), so it was planted past the box;
+    landed, it would share its inode with a file the wake did not change."""
+    linked = [c for c in changes if c.type == "file" and c.kind != "deleted" and os.lstat(upper / c.path).st_nlink > 1]
+    if not linked:
+        return changes
+    held: dict[int, int] = {}  # inode -> its names in the upper layer
+    for folder, _dirs, names in os.walk(upper):
+        for name in names:
+            st = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                held[st.st_ino] = held.get(st.st_ino, 0) + 1
+    shared = set()
+    for c in linked:
+        st = os.lstat(upper / c.path)
+        if st.st_nlink > held.get(st.st_ino, 0):
+            shared.add(c.path)
+    return [replace(c, shared=True) if c.path in shared else c for c in changes]
 
 
 def _walk(upper: Path, lower: Path, rel: str, out: list[Change]) -> None:
@@ -189,6 +213,8 @@ def _rule(change: Change, protect: tuple[str, ...], protect_git: bool) -> str | 
         return glob
     if change.type == "file" and change.mode & SETID:
         return "set-id bit"
+    if change.shared:
+        return SHARED
     return None
 
 
@@ -380,7 +406,8 @@ def _write_manifest(undo: Path, manifest: dict) -> None:
 
 
 def _set_state(undo: Path, state: str) -> None:
-    _write_manifest(undo, {**read_manifest(undo), "state": state})
+    """`since`: when (undo_folders.undo asks whether an earlier wake was undone after a later one committed)."""
+    _write_manifest(undo, {**read_manifest(undo), "state": state, "since": time.time()})
 
 
 def _type(mode: int) -> str:

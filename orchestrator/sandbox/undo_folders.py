@@ -62,6 +62,7 @@ class Wake:
     time: float  # when its commit began (epoch seconds)
     changes: tuple[Change, ...]
     dir_modes: dict  # a modified folder's mode before, by its index in `changes` (a string)
+    since: float = 0.0  # when it reached its state (an undone wake: when it was undone)
 
     @property
     def live(self) -> bool:
@@ -126,13 +127,14 @@ def wake(root: Path, run_id: str) -> Wake:
         changes = tuple(Change(**c) for c in manifest["changes"])
         stamp = manifest.get("time", st.st_mtime)
         dir_modes = manifest.get("dir_modes") or {}
+        since = manifest.get("since", st.st_mtime)  # an older manifest: rewritten at each state
         if manifest.get("run_id") != run_id or not isinstance(manifest["state"], str):
             raise ValueError(run_id)
-        if not isinstance(stamp, (int, float)) or not isinstance(dir_modes, dict):
+        if not all(isinstance(t, (int, float)) for t in (stamp, since)) or not isinstance(dir_modes, dict):
             raise ValueError(run_id)
     except (ValueError, TypeError, KeyError, AttributeError):
         raise BadUndoFolder(f"wake {run_id}: its undo manifest does not parse") from None
-    return Wake(run_id, manifest["state"], float(stamp), changes, dir_modes)
+    return Wake(run_id, manifest["state"], float(stamp), changes, dir_modes, float(since))
 
 
 def last(root: Path) -> Wake:
@@ -164,7 +166,8 @@ def changed_since(root: Path, run_id: str) -> dict[str, str]:
 
 def undo(root: Path, run_id: str, force: bool = False) -> Undone:
     """Put back what wake `run_id` changed (transaction.undo_run). Refused (UndoRefused) when a
-    later wake changed one of its paths, unless `force`."""
+    later wake changed one of its paths, or an earlier one undone since this one committed
+    (out of order, --force) did: this undo would put back that wake's version. Unless `force`."""
     target = wake(root, run_id)
     if target.state == "undone":
         raise UndoRefused(f"wake {run_id} is undone already")
@@ -179,6 +182,14 @@ def undo(root: Path, run_id: str, force: bool = False) -> Undone:
             f"a later wake ({', '.join(over)}) changed {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''} "
             f"too; undo it first, or add --force"
         )
+    revived = _undone_since(root, target)
+    if revived and not force:
+        paths = sorted(revived)
+        raise UndoRefused(
+            f"an earlier wake ({', '.join(sorted(set(revived.values())))}), undone after this one committed, "
+            f"changed {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''} too: this undo would put back "
+            "its version; add --force"
+        )
     folder = layers.undo(root, run_id)
     try:
         transaction.undo_run(layers.files(root), folder, [], force=True)  # `later` settled above, without links
@@ -191,6 +202,17 @@ def undo(root: Path, run_id: str, force: bool = False) -> Undone:
         raise UndoRefused(f"undo of wake {run_id} stopped: {why}; run it again to finish") from None
     put_back = tuple(c.path for c in target.changes)
     return Undone(run_id, len(put_back), put_back[:UNDONE_PATHS], tuple(over))
+
+
+def _undone_since(root: Path, target: Wake) -> dict[str, str]:
+    """path -> an earlier wake that changed it too and was undone after `target` committed (out
+    of order): what `target` replaced there is that wake's version."""
+    mine = {c.path for c in target.changes}
+    out: dict[str, str] = {}
+    for other in wakes(root):
+        if other.time < target.time and other.state == "undone" and other.since > target.time:
+            out.update({c.path: other.run_id for c in other.changes if c.path in mine})
+    return out
 
 
 def prune(root: Path, keep_days: float, now: float | None = None) -> list[str]:

@@ -9,16 +9,22 @@ Disk.mount), the harness reads the workspace there (HostFiles), and the journal
 stub appends there (a box): every call sees the wake's changes so far, and
 files/ sees none of them until `finish`.
 
-Why a host-side overlay given to the box as a bind, not an engine volume of
-type overlay: one overlay per wake, and ours. An engine volume is mounted by
-the engine in its own namespace; the harness's reads would need a second
-overlay on the same upper layer, which overlayfs does not support (an upper
-layer changed under a mounted overlay is undefined behaviour), and the engine
-unmounts it only when its last container goes, so a commit could not know
-that no box still writes. Here finish() removes the wake's containers,
-unmounts the overlay (a plain umount: it fails if anything still has it open)
-and only then reads the upper layer. Every path the engine resolves is
-KEY.box, in $WAKELOOP_DISKS (root's): nothing done under ROOT redirects it.
+Why a host-side overlay given to the box as a bind, where the engine sees our
+mounts: one overlay per wake, and ours. finish() removes the wake's
+containers, unmounts the overlay (a plain umount) and only then reads the
+upper layer. Every path the engine resolves is KEY.box, in $WAKELOOP_DISKS
+(root's): nothing done under ROOT redirects it.
+
+Where it does not (a broker in a container on a host whose `/` is a private
+mount: engine_mounts.py), the overlay is the engine's: a volume of type
+overlay its boxes mount. Two things then need care. The engine unmounts it
+only when its last container goes, so finish first drops the volume with
+every container that uses it (the engine refuses to drop a volume in use:
+once it is gone no box writes). And the harness's reads mid-wake cannot
+share the upper layer (a second overlay with that upper is refused, and an
+upper layer changed under a mounted overlay is undefined behaviour), so it
+reads through a read-only overlay with the upper as a lower layer, mounted
+for one read (LayerFiles).
 
 `finish(disk, run_id, protect, protect_git)`: scan, check against the policy,
 commit what passes (transaction.py), drop the rest with the wake's layer. At
@@ -47,13 +53,18 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.records import event_types as ev
-from orchestrator.sandbox import disk, layers, transaction
+from orchestrator.sandbox import disk, engine_mounts, layers, transaction
 from orchestrator.sandbox.transaction import Change, Refused
+from orchestrator.sandbox.workspace_reads import HostFiles
 
+READ_OPTIONS = f"{transaction.OVERLAY_OPTIONS},nosuid,nodev,noexec"  # LayerFiles': nothing on it runs
 MAX_LISTED = 200  # changes (and refusals) a WakeChanges names; the rest are counted
 
 
@@ -120,7 +131,8 @@ class Settled:
 
 
 def begin(held: disk.Disk, run_id: str) -> Settled:
-    """Settle what earlier wakes left, then mount this wake's overlay over KEY.box."""
+    """Settle what earlier wakes left, then offer this wake's overlay where its boxes get it:
+    mounted over KEY.box, or (the engine's mounts) as the engine's volume."""
     settled = settle(held)
     root = held.view
     upper, work = layers.upper(root, run_id), layers.work(root, run_id)
@@ -129,9 +141,58 @@ def begin(held: disk.Disk, run_id: str) -> Settled:
     files = layers.files(root)
     os.chown(upper, *_owner(files))  # the upper layer's root takes the lower's owner and mode
     os.chmod(upper, stat.S_IMODE(os.lstat(files).st_mode))
+    if held.engine_root is not None and held.engine is not None:
+        try:
+            engine_mounts.offer_wake(held.engine, held.key, held.engine_root, run_id, held.image)
+        except engine_mounts.EngineMountError as exc:
+            raise disk.DiskError(str(exc)) from None
+        return settled
     options = f"lowerdir={files},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS},nosuid,nodev"
     _mount(["mount", "-t", "overlay", "overlay", "-o", options, str(held.box)])
     return settled
+
+
+@dataclass(frozen=True)
+class LayerFiles:
+    """A running wake's workspace, as its boxes see it, where the engine mounts the overlay
+    (engine_mounts.py): read through an overlay of this process's own, read-only (lower: the
+    wake's upper layer, then files/), mounted over KEY.box for one read and gone after it, so
+    no cached lookup outlives what the boxes change meanwhile."""
+
+    held: disk.Disk
+    run_id: str
+
+    def read_text(self, rel: str) -> str:
+        with reading(self.held, self.run_id) as root:
+            return HostFiles(root).read_text(rel)
+
+    def read_text_or_none(self, rel: str) -> str | None:
+        with reading(self.held, self.run_id) as root:
+            return HostFiles(root).read_text_or_none(rel)
+
+    def journal_names(self) -> list[str]:
+        with reading(self.held, self.run_id) as root:
+            return HostFiles(root).journal_names()
+
+    def journal_size(self, day: str) -> int | None:
+        with reading(self.held, self.run_id) as root:
+            return HostFiles(root).journal_size(day)
+
+
+_reading_locks: dict[str, threading.Lock] = {}  # one read of a wake's overlay at a time per disk (KEY.box)
+
+
+@contextmanager
+def reading(held: disk.Disk, run_id: str) -> Iterator[Path]:
+    """The wake's merged view, read-only, nosuid, nodev, noexec, at KEY.box while the block runs."""
+    root, box = held.view, held.box
+    lowers = f"{layers.upper(root, run_id)}:{layers.files(root)}"
+    with _reading_locks.setdefault(held.key, threading.Lock()):
+        _mount(["mount", "-t", "overlay", "overlay", "-o", f"ro,lowerdir={lowers},{READ_OPTIONS}", str(box)])
+        try:
+            yield box
+        finally:
+            disk._tool("umount", str(box))
 
 
 def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: bool) -> WakeChanges:
@@ -140,7 +201,7 @@ def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: 
     root = held.view
     upper, lower = layers.upper(root, run_id), layers.files(root)
     try:
-        disk.unmount_wake(held.key)
+        disk.unmount_wake(held)
         changes = transaction.scan(upper, lower)
         allowed, refused = transaction.check(changes, protect, protect_git)
         if allowed:
@@ -154,7 +215,7 @@ def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: 
 def settle(held: disk.Disk) -> Settled:
     """At an agent's start: a stale overlay unmounted, cut commits and undos finished,
     wakes that never reached their commit discarded (see the module's docstring)."""
-    disk.unmount_wake(held.key)
+    disk.unmount_wake(held)
     root, lines, discarded = held.view, [], []
     undos = layers.undos(root)
     for folder in sorted(undos.iterdir()) if undos.is_dir() else []:
