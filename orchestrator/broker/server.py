@@ -651,6 +651,7 @@ class Broker:
         try:
             box.begin(run_id)
         except BaseException:
+            box.begun = None  # no wake open: the next call begins one of its own again
             with self._lock:
                 del self._own[name]
             raise

@@ -369,6 +369,11 @@ def _calls_in_flight(t: Trial) -> str:
             reply, _ = served.ask({"op": "run", "agent": name, "command": "mkfifo -m 666 hold hold2"}, START_S)
             if not (reply and reply.get("ok") and reply["result"]["exit_code"] == 0):
                 return f"{name}: could not make its FIFOs: {reply}"
+            # In a wake, as the loop calls: the FIFOs are then the wake overlay's, where the host opens
+            # them too (a call outside a wake is a wake of its own, whose overlay the host never sees).
+            reply, _ = served.ask({"op": "begin", "agent": name, "run_id": "0123456789ab"}, START_S)
+            if not (reply and reply.get("ok")):
+                return f"{name}: could not begin a wake: {reply}"
             views[name] = served.broker._boxes[name].box.view
         fifos = [views["alpha"] / "hold", views["alpha"] / "hold2", views["beta"] / "hold"]
         holders, writers, opened = [], [], []

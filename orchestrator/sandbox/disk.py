@@ -1100,7 +1100,7 @@ def _no_device_volume(client: docker.DockerClient, key: str) -> None:
     the engine's mounts (engine_mounts.py), gone: here the boxes bind KEY.box."""
     try:
         engine_mounts.let_go(client, key)
-    except docker.errors.DockerException:
+    except (docker.errors.DockerException, engine_mounts.EngineMountError):
         pass  # still used by a container of an older wakeloop: unused from now on
 
 
