@@ -250,7 +250,7 @@ def no_disk_left_behind(request):
         (where / name).unlink(missing_ok=True)
     for view in [*where.glob("*.view"), *where.glob("*.box")]:
         view.rmdir()  # the disks' mount points, unmounted by release: empty, or this fails loudly
-    for kind in ("lock", "use", "call"):
+    for kind in ("lock", "use", "call", "engine"):
         for lock in where.glob(f"*.{kind}"):
             lock.unlink()  # room.lock, and those of disks refused before they were made
     where.rmdir()

@@ -76,7 +76,7 @@ def compose():
     made = set(DISKS.glob("*.img")) - disks_before
     for image in made:  # the broker released it at its stop
         image.unlink()
-        for kind in (".lock", ".use", ".call"):
+        for kind in (".lock", ".use", ".call", ".engine"):
             image.with_suffix(kind).unlink(missing_ok=True)
         for point in (".view", ".box"):  # its mount points, empty once unmounted
             if image.with_suffix(point).is_dir():

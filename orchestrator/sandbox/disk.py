@@ -271,7 +271,8 @@ def disks_dir(environ=os.environ) -> Path:
 
 def path_of(key: str, kind: str) -> Path:
     """A disk's files in $WAKELOOP_DISKS: `img` (the image), `lock`, `use`, `call` (calls in flight),
-    `view` (the root's mount point), `box` (what the box's volume binds)."""
+    `view` (the root's mount point), `box` (what the box's volume binds), `engine` (the engine
+    mounts it: engine_mounts.py)."""
     return disks_dir() / f"{key}.{kind}"
 
 
@@ -530,6 +531,7 @@ def attach(
             engine_root = None
             if engine_mounts_in:
                 path_of(key, "box").mkdir(mode=0o700, exist_ok=True)  # where a wake's reads mount (wake_layer)
+                path_of(key, "engine").touch(mode=0o600)  # first: a release then drops what keep made
                 try:
                     engine_root = engine_mounts.keep(client, key, device, image, engine_mounts_in)
                 except engine_mounts.EngineMountError as exc:
@@ -602,7 +604,7 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
                     path_of(key, kind).rmdir()
             forget(key)
     if delete:  # the lock files last: nobody waits on them now
-        for kind in ("use", "call", "lock"):
+        for kind in ("use", "call", "engine", "lock"):
             path_of(key, kind).unlink(missing_ok=True)
     return True
 
@@ -626,7 +628,7 @@ def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
                 )
             _tool("umount", target)
     try:
-        engine_mounts.let_go(client, key)  # first: the engine's mounts of the device, if it made any
+        _no_device_volume(client, key, strict=True)  # first: the engine's mounts of the device, if any
     except (docker.errors.DockerException, engine_mounts.EngineMountError) as exc:
         raise DiskError(f"sandbox.disk: cannot drop the engine's mounts of {image}: {exc}") from None
     devices = _devices_of(image)
@@ -1095,13 +1097,23 @@ def host_box(key: str) -> Path:
     return Path(where) / f"{key}.box" if where else path_of(key, "box")
 
 
-def _no_device_volume(client: docker.DockerClient, key: str) -> None:
-    """The device's volume of an older wakeloop (its boxes mounted the disk's root by it), or of
-    the engine's mounts (engine_mounts.py), gone: here the boxes bind KEY.box."""
+def _no_device_volume(client: docker.DockerClient, key: str, strict: bool = False) -> None:
+    """The engine's volume of the device gone: an older wakeloop's (its boxes mounted the disk's
+    root by it), or, where KEY.engine says the engine mounted this disk (engine_mounts.py), that
+    and its keeper and wakes' volumes. One API call when it never did: this runs at every attach.
+    Not `strict`: one still in use (by a container of an older wakeloop) stays, unused from now on."""
+    marker = path_of(key, "engine")
     try:
-        engine_mounts.let_go(client, key)
+        if marker.exists():
+            engine_mounts.let_go(client, key)
+            marker.unlink()
+        else:
+            client.api.remove_volume(VOLUME_PREFIX + key, force=True)
+    except docker.errors.NotFound:
+        pass
     except (docker.errors.DockerException, engine_mounts.EngineMountError):
-        pass  # still used by a container of an older wakeloop: unused from now on
+        if strict:
+            raise
 
 
 def _bind_box(files: Path, box: Path) -> None:
