@@ -4,7 +4,8 @@ A wake's boxes see its changes as they go; files/ sees them only at
 finish(), checked against the policy; the box sees the agent's files and
 nothing of the disk's own (lost+found, .wakeloop/); an old disk is
 arranged once, whatever instant a crash cuts it at; a wake that died
-before its commit is discarded at the next begin. Not here: the wake
+before its commit is discarded at the next begin. The first four run twice: on wakeloop's
+own mounts and on the engine's (engine_mounts.py, compose on a private-mount host). Not here: the wake
 loop's event and context (test_loop.py), the core's kills (test_transaction.py).
 """
 

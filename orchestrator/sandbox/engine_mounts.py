@@ -76,7 +76,8 @@ def keep(client: docker.DockerClient, key: str, device: str, disk_image: Path, i
             client.api.create_volume(volume, driver="local", driver_opts=options, labels={DISK_LABEL: str(disk_image)})
         client.api.create_container(
             image,
-            command=["sleep", "infinity"],
+            entrypoint=["sleep"],  # whatever the image's own entrypoint
+            command=["infinity"],
             name=name,
             user="65534:65534",
             network_disabled=True,
