@@ -812,13 +812,13 @@ def _transaction_commands(sub) -> None:
         sub,
         "undo",
         "put back what one wake changed; refused while the agent wakes, or when a later wake "
-        "changed the same paths (unless --force)",
+        "changed the same paths, or an earlier one undone since did (unless --force)",
         "wakeloop undo agents/mine --run 3f2a9c0b1d4e",
         cmd_undo,
     )
     p.add_argument("agent_dir")
     p.add_argument("--run", metavar="ID", required=True, help="the wake's run id (`wakeloop log` shows it)")
-    p.add_argument("--force", action="store_true", help="undo it even over later wakes that changed the same paths")
+    p.add_argument("--force", action="store_true", help="undo it even over other wakes that changed the same paths")
 
 
 def _notify_commands(sub) -> None:
