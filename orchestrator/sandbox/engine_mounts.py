@@ -115,12 +115,8 @@ def wake_volume(key: str, run_id: str) -> str:
 def offer_wake(client: docker.DockerClient, key: str, root: Path, run_id: str, disk_image: Path) -> None:
     """Wake `run_id`'s overlay, as a volume the engine mounts for each of its boxes; `root`:
     the disk's root as the engine has it (keep)."""
-    lower, upper, work = layers.files(root), layers.upper(root, run_id), layers.work(root, run_id)
-    options = {
-        "type": "overlay",
-        "device": "overlay",
-        "o": f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS},nosuid,nodev",
-    }
+    layer = transaction.overlay_options(layers.files(root), layers.upper(root, run_id), layers.work(root, run_id))
+    options = {"type": "overlay", "device": "overlay", "o": layer}
     try:
         labels = {WAKE_LABEL: key, DISK_LABEL: str(disk_image)}
         client.api.create_volume(wake_volume(key, run_id), driver="local", driver_opts=options, labels=labels)

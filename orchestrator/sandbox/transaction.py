@@ -79,6 +79,12 @@ class Refused:
     rule: str  # the glob, `protect_git`, `set-id bit`, or SHARED
 
 
+def overlay_options(lower: Path, upper: Path, work: Path) -> str:
+    """`mount -o` for a wake's overlay, wherever it is mounted (wake_layer.py, engine_mounts.py):
+    an upper layer scan() can read whole; nothing set-id or a device works through it."""
+    return f"lowerdir={lower},upperdir={upper},workdir={work},{OVERLAY_OPTIONS},nosuid,nodev"
+
+
 # -- reading the upper layer ---------------------------------------------------------------
 
 

@@ -147,8 +147,7 @@ def begin(held: disk.Disk, run_id: str) -> Settled:
         except engine_mounts.EngineMountError as exc:
             raise disk.DiskError(str(exc)) from None
         return settled
-    options = f"lowerdir={files},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS},nosuid,nodev"
-    _mount(["mount", "-t", "overlay", "overlay", "-o", options, str(held.box)])
+    _mount(["mount", "-t", "overlay", "overlay", "-o", transaction.overlay_options(files, upper, work), str(held.box)])
     return settled
 
 
