@@ -5,11 +5,13 @@
 # config's meaning (network.py's docstring), the netns holder (programs.HOLDER_SCRIPT).
 #
 # Order of checks, per connection (CONNECT) and per plain-HTTP or intercepted request:
-# an IP literal or a name not on the list is refused before any DNS lookup; then the
+# an IP literal or a name not on the list is refused before any DNS lookup (a name that an
+# approve.rules network_host glob covers is refused as "ask": a person decides); then the
 # budget; then, for intercepted hosts, the method/path rules and the placeholders. The
 # address a listed name resolves to is checked where the socket is made (_connect): one
 # lookup, and the socket goes to the address that was checked (no rebinding between).
 import asyncio
+import fnmatch
 import ipaddress
 import json
 import os
@@ -37,6 +39,7 @@ PLACEHOLDERS = {
     if c["placeholder"]
 }
 BUDGET = CONF.get("budget", 0)
+ASK = CONF.get("ask", [])  # approve.rules' network_host globs: an unlisted name that matches asks a person
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -135,6 +138,7 @@ class Egress:
 
     def running(self):
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self.new_wake)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, self.mark)
         # The CA's certificate (never its key) for the host to hand the box; then ready.
         with open(os.path.join(ctx.options.confdir, "mitmproxy-ca-cert.pem")) as f:
             pem = f.read()
@@ -144,6 +148,9 @@ class Egress:
     def new_wake(self):
         self.spent = 0
         print("wakeloop-egress: new wake", flush=True)  # what a caller may wait for
+
+    def mark(self):
+        print("wakeloop-egress: mark", flush=True)  # every decision before it is in the log; the budget runs on
 
     # -- records ---------------------------------------------------------------------
 
@@ -165,10 +172,10 @@ class Egress:
         sys.stdout.write("wakeloop-egress " + json.dumps(line) + "\n")
         sys.stdout.flush()
 
-    def refuse(self, flow, host, port, path, rule, why, intercepted=False, status=403):
+    def refuse(self, flow, host, port, path, rule, why, intercepted=False, decision="deny"):
         body = f"wakeloop egress: refused {flow.request.method} {host}:{port}{path}: {why}\n"
-        flow.response = http.Response.make(status, scrub(body).encode(), {"Content-Type": "text/plain"})
-        self.record(host, port, flow.request.method, path, "deny", rule, intercepted)
+        flow.response = http.Response.make(403, scrub(body).encode(), {"Content-Type": "text/plain"})
+        self.record(host, port, flow.request.method, path, decision, rule, intercepted)
 
     def over_budget(self):
         return BUDGET and self.spent >= BUDGET
@@ -195,6 +202,16 @@ class Egress:
             self.refuse(flow, host, port, path, "IP address", "an IP address; name the host in sandbox.allow_hosts")
             return None
         rule = listed(host, port)
+        nameable = rule is None and re.fullmatch(r"[a-z0-9.-]+", host)  # a name a grant can hold (parse_host)
+        asked = next((g for g in ASK if fnmatch.fnmatchcase(host, g)), None) if nameable else None
+        if asked is not None:
+            why = (
+                "the host is not in sandbox.allow_hosts, and this agent's policy asks a person about it "
+                f"(approve.rules network_host {asked!r}): when this command ends it is filed for approval; "
+                "approved, the same command runs again at a later wake with this host allowed"
+            )
+            self.refuse(flow, host, port, path, f"network_host {asked}", why, decision="ask")
+            return None
         if rule is None:
             self.refuse(flow, host, port, path, "not in allow_hosts", "the host is not in sandbox.allow_hosts")
             return None

@@ -75,7 +75,18 @@ def test_approve_rules_are_checked_naming_file_line_and_key():
             "approve:\n  rules:\n    - tool: curl\n      match: [x]\n",
             "p.yaml:3: approve.rules[0].tool: expected tool: bash",
         ),
-        ("approve:\n  rules:\n    - network_host: '*'\n", "p.yaml:3: approve.rules[0].network_host: not built yet"),
+        (
+            "approve:\n  rules:\n    - network_host: '*'\n",
+            "p.yaml:3: approve.rules[0].network_host: only used with sandbox.network: allowlist (network is none)",
+        ),
+        (
+            f"{ALLOWLIST}approve:\n  rules:\n    - network_host: 'API.example.com:443'\n",
+            "p.yaml:6: approve.rules[0].network_host: expected a glob over host names, lower-case, no port",
+        ),
+        (
+            f"{ALLOWLIST}approve:\n  rules:\n    - network_host: '*'\n      tool: bash\n",
+            "p.yaml:7: approve.rules[0].tool: a network_host rule takes no other key",
+        ),
         ("approve:\n  expires: soon\n", "p.yaml:2: approve.expires: expected a duration"),
         ("approve:\n  expires: 30s\n", "p.yaml:2: approve.expires: '30s' is under a minute"),
         ("approve:\n  rules:\n    - tool: write_file\n      paths: ['../x']\n", "p.yaml:4: approve.rules[0].paths[0]"),
@@ -90,6 +101,14 @@ def test_approve_rules_are_checked_naming_file_line_and_key():
     assert approve.asks("bash", {"command": "  git push origin main"}) == "tool: bash, match 'git push*'"
     assert approve.asks("bash", {"command": "git status"}) is None
     assert approve.asks("write_file", {"path": "git push"}) is None
+    policy = parse_policy(f"{ALLOWLIST}approve:\n  rules:\n    - network_host: '*.example.com'\n", "p.yaml")
+    assert policy.sandbox.ask_hosts == ("*.example.com",)  # the proxy's and the broker's copy
+    assert policy.approve.asks("bash", {"command": "curl https://api.example.com"}) is None  # the proxy asks
+    with pytest.raises(PolicyError, match="unknown key"):
+        parse_policy("sandbox:\n  ask_hosts: ['*']\n", "p.yaml")  # derived, never set by hand
+
+
+ALLOWLIST = "sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n"
 
 
 # -- a call waits; the decision reaches the agent -----------------------------------------------------

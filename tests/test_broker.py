@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import re
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +22,7 @@ import pytest
 from tests.helpers.leftovers import our_containers
 from orchestrator.broker import server as broker_module
 from orchestrator.sandbox import network
-from orchestrator.policy.agent import init_agent
+from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker
 from orchestrator.broker.transport import serve
@@ -39,8 +37,8 @@ from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk, layers, undo_folders, wake_layer
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
+from tests.helpers.broker import START_S, served
 
-START_S = 30  # the broker's start: engine ping, leftover sweep
 POOL_WAIT_S = 30  # a pool refill: create and start two containers
 MEMORY_PROBE = (
     "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max"  # cgroup v1, else v2
@@ -52,25 +50,6 @@ def root(tmp_path) -> Path:
     root = tmp_path / "agents"
     init_agent(root / "alpha")
     return root
-
-
-@contextmanager
-def served(root: Path, ceiling: Ceiling | None = None):
-    """A broker serving ROOT on a short socket path (unix paths are capped at 108 bytes),
-    stopped (its pools closed) on leaving the block."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="wlb-"))
-    sock = sock_dir / "broker.sock"
-    ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(target=serve, args=(root, sock, ready, stop, ceiling), daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(START_S), "the broker did not start"
-        yield sock
-    finally:
-        stop.set()
-        thread.join(timeout=START_S)
-        shutil.rmtree(sock_dir, ignore_errors=True)
-    assert not thread.is_alive(), "the broker did not stop"
 
 
 @pytest.fixture
@@ -728,3 +707,30 @@ def test_a_call_outside_a_wake_is_a_wake_of_its_own_that_protect_binds(root, doc
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
+
+
+def test_hosts_are_granted_only_where_the_policy_asks_about_them_and_the_ceiling_allows_them(root, docker_client):
+    # What stands between a taken-over orchestrator and a host the agent was never meant to reach:
+    # the broker's own reading of the policy (its network_host globs) and of the ceiling.
+    set_policy(
+        root / "alpha",
+        {
+            "sandbox": {"network": "allowlist", "allow_hosts": ["pypi.org"], "pool": 0},
+            "approve": {"rules": [{"network_host": "*.wakeloop.test"}]},
+        },
+    )
+    ceiling = Ceiling(hosts=("pypi.org", "a.wakeloop.test"), source="c.yaml")
+    broker = Broker(root, client=docker_client, log=lambda line: None, ceiling=ceiling)
+    try:
+        for grant, says in (
+            (["evil.example.org"], "evil.example.org is not covered by any approve.rules network_host"),
+            (["b.wakeloop.test"], "b.wakeloop.test is not a host the broker allows (ceiling c.yaml)"),
+            (["*.wakeloop.test"], "not a wildcard"),
+            ("a.wakeloop.test", "grant_hosts must be a list"),
+        ):
+            with pytest.raises(BrokerError, match=re.escape(says)):
+                broker.handle({"op": "run", "agent": "alpha", "command": "true", "grant_hosts": grant})
+        policy = load_agent(root / "alpha").policy.sandbox
+        assert network.plan_for((root / "alpha/workspace").resolve(), policy).key not in _egress_keys(docker_client)
+    finally:
+        broker.close()

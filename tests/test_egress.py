@@ -26,22 +26,27 @@ import hashlib
 import json
 import secrets
 import shlex
+from contextlib import nullcontext
 from dataclasses import replace
 
 import pytest
 
 import yaml
 
+from orchestrator.broker.client import BrokerSandbox
+from orchestrator.cli import main
 from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
-from orchestrator.records import egress
+from orchestrator.records import approvals, egress
 from orchestrator.sandbox import network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.wake.loop import wake
 from orchestrator.wake.model import LiveModel
-from tests.helpers import set_policy, wait_for
+from tests.helpers import live_wake, set_policy, wait_for
+from tests.helpers.broker import served
+from tests.helpers.recorded import first_user_text, tool_result_texts
 
 SECRET_HOST, RULED_HOST, PLAIN_HOST = "secret.wakeloop.test", "ruled.wakeloop.test", "plain.wakeloop.test"
 NAMES = (SECRET_HOST, RULED_HOST, PLAIN_HOST)
@@ -98,6 +103,7 @@ def echo(docker_client, tmp_path_factory):
         ca_file = tmp_path_factory.mktemp("echo") / "ca.pem"
         ca_file.write_text(ca)
         yield container, ca_file
+    network.shutdown(docker_client, set())  # the shared egress bridge it sat on, once no proxy uses it
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +280,78 @@ def test_a_wakes_decisions_reach_its_record_and_its_receipt(box, fake_api, tmp_p
         sum(d.decision == "allow" for d in written),
         sum(d.decision == "deny" for d in written),
     )
+
+
+# -- a host outside the list asks a person (approve.rules network_host) -------------------------------
+
+ASK_POLICY = {
+    "sandbox": {"network": "allowlist", "disk": "none", "pool": 0, "allow_hosts": [RULED_HOST]},
+    "approve": {"rules": [{"network_host": "plain.*"}]},
+}
+FETCH = "curl -sS -k --max-time 20 https://{host}{path}; echo; curl -sS -k --max-time 20 https://other.wakeloop.test/"
+
+
+@pytest.mark.parametrize("through", ["engine", "broker"])
+def test_a_host_a_rule_asks_about_waits_for_a_person_and_once_approved_its_call_runs_with_that_host(
+    through, docker_client, echo, operator_env, fake_api, tmp_path, capsys
+):
+    # Through the broker (compose's path), the grant crosses the wire and the broker checks it.
+    agent_dir = init_agent(tmp_path / "root" / "agent")
+    set_policy(agent_dir, ASK_POLICY)
+    with served(agent_dir.parent) if through == "broker" else nullcontext() as sock:
+        box = (lambda: {"sandbox": BrokerSandbox(sock, "agent")}) if sock else dict
+        _ask_then_approve(docker_client, echo, fake_api, agent_dir, box)
+
+
+def _ask_then_approve(docker_client, echo, fake_api, agent_dir, box):
+    agent = load_agent(agent_dir)
+    plan = network.plan_for(agent.workspace, agent.policy.sandbox)
+    grant = network.granted(plan, agent.workspace, (PLAIN_HOST,))
+    path = "/asked-" + secrets.token_hex(4)  # the echo server is the module's: this run's own path
+    fetch = FETCH.format(host=PLAIN_HOST, path=path)
+    try:
+        api = fake_api([turn(text("Fetching the page."), tool_use("bash", {"command": fetch})), turn(text("waiting"))])
+        assert live_wake(agent_dir, **box()).status == "done"
+        (said,) = tool_result_texts(api.requests[1])
+        (asked,) = approvals.load_all(agent_dir / "state")
+        assert (asked.status, asked.tool, asked.input, asked.hosts) == (
+            "pending",
+            "bash",
+            {"command": fetch},
+            (PLAIN_HOST,),
+        ), asked
+        assert said.splitlines()[1].startswith(
+            "WAITING for a person: this command ran, and its requests to " + PLAIN_HOST
+        )
+        assert asked.id in said and "403" in said  # the proxy's refusal, as curl saw it
+        assert path not in _seen(echo)  # nothing reached the host before a person said yes
+        assert asked.words == "Fetching the page." and "reaching plain.wakeloop.test" in asked.summary()
+        # other.wakeloop.test matches no rule: refused as before, and asked about by nobody
+        decided = {(d.host, d.decision, d.rule) for d in egress.read(agent_dir / "state")}
+        assert (PLAIN_HOST, "deny", "network_host plain.*") in decided, decided
+        assert ("other.wakeloop.test", "deny", "not in allow_hosts") in decided, decided
+
+        assert main(["approve", str(agent_dir), asked.id]) == 0
+        api = fake_api([turn(text("noted"))])
+        receipt = live_wake(agent_dir, **box())
+        told = first_user_text(api.requests[0])
+        assert f"{asked.id} (bash: {fetch} (reaching {PLAIN_HOST}, outside allow_hosts)): APPROVED by" in told
+        assert f'"path": "{path}"' in told, told  # the page, fetched through the call's own proxy
+        (ran,) = approvals.load_all(agent_dir / "state")
+        assert ran.status == "ran" and f'"path": "{path}"' in ran.result
+        now = [d for d in egress.read(agent_dir / "state") if d.run_id == receipt.run_id]
+        assert any(d.host == PLAIN_HOST and d.decision == "allow" for d in now), now
+        assert not docker_client.containers.list(all=True, filters={"name": grant.proxy})  # the grant is gone
+        assert not docker_client.networks.list(names=[grant.internal_network])
+    finally:
+        network.shutdown(docker_client, {plan.key, grant.key}, shared=False)
+
+
+def test_a_grant_is_refused_for_a_host_no_rule_covers_a_wildcard_or_too_many():
+    ask = "approve:\n  rules:\n    - network_host: 'plain.*'\n"
+    policy = parse_policy("sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n" + ask, "p.yaml").sandbox
+    assert network.grant_refusal(policy, (PLAIN_HOST, "plain.example.org:8443")) == ""
+    assert "not covered by any approve.rules network_host" in network.grant_refusal(policy, ("evil.example.org",))
+    assert "not a wildcard" in network.grant_refusal(policy, ("*.plain.org",))
+    assert "IP address" in network.grant_refusal(policy, ("10.0.0.1",))
+    assert "at most" in network.grant_refusal(policy, tuple(f"plain.h{i}.org" for i in range(network.MAX_GRANT + 1)))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import asdict
 
 import pytest
 
 from orchestrator.broker import wire
 from orchestrator.broker.wire import BrokerError
+from orchestrator.sandbox.box import SandboxResult
 
 EVERY_OP = [
     wire.Ping(),
@@ -22,6 +24,7 @@ EVERY_OP = [
     wire.WindDown("alpha"),
     wire.Run("alpha", "ls -la"),
     wire.Run("alpha", "ls", max_output_chars=100),
+    wire.Run("alpha", "curl https://api.example.com", grant_hosts=("api.example.com", "b.example.com:8443")),
     wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
     wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
     wire.Read("alpha", "read_text", "memory/core.md"),
@@ -58,6 +61,9 @@ def test_every_op_has_its_type_and_each_type_one_op():
         ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
+        ({"op": "run", "agent": "alpha", "command": "id", "grant_hosts": "a.org"}, "grant_hosts must be a list"),
+        ({"op": "run", "agent": "alpha", "command": "id", "grant_hosts": [1]}, "grant_hosts must be a list"),
+        ({"op": "run", "agent": "alpha", "command": "id", "grant_hosts": ["h.org"] * 17}, "at most 16"),
         ({"op": "begin", "agent": "alpha", "run_id": "../../etc"}, "run_id must be 12 hex digits"),
         ({"op": "finish", "agent": "alpha"}, "run_id must be 12 hex digits"),
         ({"op": "write", "agent": "alpha", "path": 3, "content_b64": ""}, "path must be a string"),
@@ -99,6 +105,12 @@ def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
         }
     )
     assert parsed == wire.Run("alpha", "id")
+
+
+def test_a_results_asked_hosts_cross_the_wire_as_they_were():
+    result = SandboxResult(0, "", 0, False, False, False, 1, "c", asked_hosts=("a.example.com", "b.example.com:8443"))
+    sent = json.loads(json.dumps(asdict(result)))  # as the server answers
+    assert wire.result_of(sent) == result
 
 
 def test_a_refusal_has_one_shape():

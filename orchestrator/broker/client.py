@@ -123,8 +123,10 @@ class BrokerSandbox:
         self.run_id: str | None = None  # the wake begun, until it is finished
         self._egress: list[dict[str, Any]] = []  # the proxy's decisions, from the wake's finish reply
 
-    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        return self.broker.call(wire.Run(self.agent, command, max_output_chars), timeout_s)
+    def run(
+        self, command: str, timeout_s: float, max_output_chars: int, grant_hosts: tuple[str, ...] = ()
+    ) -> SandboxResult:
+        return self.broker.call(wire.Run(self.agent, command, max_output_chars, grant_hosts), timeout_s)
 
     def write(
         self, path: str, content: bytes, timeout_s: float = 30, append: bool = False, protect_git: bool = True

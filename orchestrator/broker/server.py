@@ -102,7 +102,7 @@ import docker
 
 from orchestrator.sandbox import disk, network, rate, undo_folders, wake_diff
 from orchestrator.policy.agent import Agent, AgentError, load_agent
-from orchestrator.policy.ceiling import Ceiling
+from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
 from orchestrator.broker import nodes, wire
@@ -746,7 +746,11 @@ class Broker:
             if not bash.enabled:
                 raise BrokerError(f"{agent.dir.name}: the bash tool is disabled by this agent's policy")
             cap = min(bash.max_output_chars, req.max_output_chars or bash.max_output_chars)
-            return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap)
+            refusal = self._grant_refusal(agent, req.grant_hosts) if req.grant_hosts else ""
+            if refusal:
+                raise BrokerError(f"{agent.dir.name}: grant_hosts: {refusal}")
+            grant = req.grant_hosts
+            return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap, grant_hosts=grant)
         if isinstance(req, wire.Append):
             return lambda box: box.write(req.path, req.content, timeout_s=APPEND_TIMEOUT_S, append=True)
         tool = agent.policy.tools.write_file
@@ -755,13 +759,22 @@ class Broker:
             raise BrokerError(f"{agent.dir.name}: {reason}")
         return lambda box: box.write(req.path, req.content, timeout_s=tool.timeout_s, protect_git=tool.protect_git)
 
+    def _grant_refusal(self, agent: Agent, hosts: tuple[str, ...]) -> str:
+        """A person's approval reaches the broker as the hosts an orchestrator asks for: only those
+        the agent's policy asks about (its network_host globs) and the ceiling's hosts admit."""
+        refusal = network.grant_refusal(agent.policy.sandbox, hosts)
+        if refusal or self.ceiling.hosts is None:
+            return refusal
+        outside = [h for h in hosts if not any(host_covers(a, h) for a in self.ceiling.hosts)]
+        return f"{outside[0]} is not a host the broker allows (ceiling {self.ceiling.source})" if outside else ""
+
 
 def _needs_new_box(box: _HostPathSandbox, place: Place, policy: SandboxPolicy) -> bool:
     """What update_policy cannot change: the mount and labels, the pool's size, and
     the egress set up when the box was made (an allowlist's proxy and netns holder)."""
 
     def fixed(p: SandboxPolicy) -> tuple[object, ...]:
-        return p.pool, p.network, p.allow_hosts, p.credentials, p.http, p.max_egress_bytes_per_wake
+        return p.pool, p.network, p.allow_hosts, p.credentials, p.http, p.max_egress_bytes_per_wake, p.ask_hosts
 
     return (box.workspace, box.host_workspace, box.agent, box.identity) != place or fixed(box.policy) != fixed(policy)
 

@@ -6,6 +6,8 @@ every check that needs no agent's policy (the server applies the policy's:
 is bash on, may this path be written); `encode()` is the one way to the wire.
 
   -> {"op": "run",   "agent": "demo", "command": "ls -la", "max_output_chars": 2000}
+                                        # + "grant_hosts": ["api.example.com"]: a call a person approved
+                                        # runs with those hosts too, if X's policy and the ceiling allow
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start;
@@ -45,13 +47,14 @@ import re
 import socket
 import ssl
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
 from orchestrator.sandbox import layers
 from orchestrator.sandbox.box import SandboxError, SandboxResult
+from orchestrator.sandbox.network import MAX_GRANT
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 
 BROKER_ENV = "WAKELOOP_BROKER"  # the socket path, or tls://HOST:PORT; set, the orchestrator uses the broker
@@ -110,6 +113,7 @@ class Run:
     agent: str
     command: str
     max_output_chars: int | None = None  # None: the policy's cap; else the smaller of the two
+    grant_hosts: tuple[str, ...] = ()  # an approved call's hosts (approve.rules network_host)
     op = "run"
 
 
@@ -213,7 +217,9 @@ def parse(obj: object) -> Request:
         return Rate()
     agent = agent_name(obj.get("agent"))
     if cls is Run:
-        return Run(agent, _command(obj.get("command")), _cap(obj.get("max_output_chars")))
+        return Run(
+            agent, _command(obj.get("command")), _cap(obj.get("max_output_chars")), _hosts(obj.get("grant_hosts", []))
+        )
     if cls in (Write, Append):
         path, content = obj.get("path"), _content(obj.get("content_b64", ""))
         if cls is Append:
@@ -244,6 +250,10 @@ def encode(request: Request) -> bytes:
         body["content_b64"] = base64.b64encode(body.pop("content")).decode()
     if isinstance(request, Run) and request.max_output_chars is None:
         del body["max_output_chars"]
+    if isinstance(request, Run):
+        body["grant_hosts"] = list(request.grant_hosts)
+        if not request.grant_hosts:
+            del body["grant_hosts"]
     return json.dumps(body).encode() + b"\n"
 
 
@@ -275,6 +285,13 @@ def _cap(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise BrokerError(f"max_output_chars must be a positive whole number, got {value!r:.40}")
     return value
+
+
+def _hosts(value: object) -> tuple[str, ...]:
+    """Their shape only: which hosts this agent may be granted is the server's (its policy, its ceiling)."""
+    if not isinstance(value, list) or len(value) > MAX_GRANT or not all(isinstance(h, str) for h in value):
+        raise BrokerError(f"grant_hosts must be a list of at most {MAX_GRANT} host names")
+    return tuple(value)
 
 
 def _content(value: object) -> bytes:
@@ -319,7 +336,8 @@ def _run_id(run_id: object) -> str:
 
 def result_of(reply: JSONObject) -> SandboxResult:
     try:
-        return SandboxResult(**reply)
+        result = SandboxResult(**reply)
+        return replace(result, asked_hosts=tuple(map(str, result.asked_hosts)))
     except TypeError:
         raise SandboxError("the sandbox broker sent a malformed result") from None
 

@@ -581,6 +581,57 @@ broker_retires_egress_on_allowlist_churn = Probe(
 )
 
 
+def _host_grant(t: Trial) -> str:
+    """A person's approval of hosts reaches the broker only as `grant_hosts` on a run, which a
+    taken-over orchestrator can send at will. The broker must grant only hosts the agent's own
+    policy asks about (its network_host globs) and its ceiling allows; nothing is dialled."""
+    from orchestrator.policy.ceiling import Ceiling
+    from orchestrator.sandbox import network
+
+    sandbox = {"runtime": t.lab.policy.runtime, "disk": "none", "pool": 0, "network": "allowlist"}
+    policy = {
+        "sandbox": {**sandbox, "allow_hosts": ["a.wakeloop.test"]},
+        "approve": {"rules": [{"network_host": "*.wakeloop.test"}]},
+    }
+    ceiling = Ceiling(source="the probe's ceiling", hosts=("a.wakeloop.test", "b.wakeloop.test"))
+    asks = [["evil.example.org"], ["c.wakeloop.test"], ["*.wakeloop.test"], ["b.wakeloop.test", "evil.example.org"]]
+    keys: set[str] = set()
+    try:
+        with _broker(t, ceiling, agents={"alpha": policy}) as served:
+            workspace = (served.root / "alpha/workspace").resolve()
+            plan = network.plan(workspace, ("a.wakeloop.test",), ask=("*.wakeloop.test",))
+            keys |= {plan.key, *(network.granted(plan, workspace, tuple(h)).key for h in asks)}
+            for hosts in asks:
+                reply, _ = served.ask({"op": "run", "agent": "alpha", "command": "true", "grant_hosts": hosts}, START_S)
+                if reply is None:
+                    return escaped(f"granting {hosts}: the broker did not answer within {START_S:g}s")
+                output = str((reply.get("result") or {}).get("output", ""))
+                if reply.get("ok") and not output.startswith("refused: the approved hosts cannot be granted"):
+                    return escaped(f"the broker ran a call granted {hosts}, which its policy or ceiling does not allow")
+                if not reply.get("ok") and "grant_hosts: " not in reply["error"]:
+                    return escaped(f"granting {hosts}: refused, but not for the grant: {reply['error']:.160}")
+            if _egress_keys(t.lab.client) & keys:
+                return escaped("refused grants still made an allowlist proxy set")
+    finally:
+        try:
+            network.shutdown(t.lab.client, keys)  # whatever a weakened broker made: not for the next probe
+        except Exception:
+            pass  # docker's high-level list can race another process's removals
+    return held(
+        f"{len(asks)} grants of hosts outside the policy's network_host globs or the ceiling's hosts, or a "
+        "wildcard, were refused before any container"
+    )
+
+
+broker_grants_only_hosts_policy_and_ceiling_allow = Probe(
+    "broker_grants_only_hosts_policy_and_ceiling_allow",
+    CATEGORY,
+    "a run's grant_hosts (an approved call's hosts) outside the agent's network_host globs or the "
+    "ceiling's hosts is refused",
+    _host_grant,
+)
+
+
 # -- the workspace's path, raced ---------------------------------------------------------
 
 SWAP_S = 4.0  # how long the workspace is swapped for a symlink while calls run
@@ -658,5 +709,6 @@ PROBES = [
     broker_refuses_env_name_over_ceiling,
     broker_refuses_host_over_ceiling,
     broker_retires_egress_on_allowlist_churn,
+    broker_grants_only_hosts_policy_and_ceiling_allow,
     pins_workspace_against_symlink_swap,
 ]

@@ -26,6 +26,7 @@ from orchestrator.policy.schema import (
     CREDENTIAL_VAR,
     MAX_APPROVE_RULES,
     MIN_EXPIRES_S,
+    NOT_KEYS,
     NETWORKS,
     SIZE_FIELDS,
     ApproveRule,
@@ -97,7 +98,8 @@ def policy_from_mapping(data: Any, source: str, node: yaml.Node | None = None) -
         data = {}
     policy = _build(Policy, data, (), source, node)
     _check_combinations(policy, source, node)
-    return replace(policy, source=source, lines=tuple(all_lines(node)))
+    sandbox = replace(policy.sandbox, ask_hosts=policy.approve.hosts)  # the proxy's, and the broker's
+    return replace(policy, sandbox=sandbox, source=source, lines=tuple(all_lines(node)))
 
 
 def _fail(source: str, node: Node, path: KeyPath, message: str) -> PolicyError:
@@ -112,7 +114,7 @@ def _fail(source: str, node: Node, path: KeyPath, message: str) -> PolicyError:
 def _build(cls: type[T], data: Any, path: KeyPath, source: str, node: Node) -> T:
     if not isinstance(data, dict):
         raise _fail(source, node, path, f"expected a mapping of keys, got {_kind(data)}")
-    known = {f.name: f for f in fields(cls) if f.name not in ("source", "lines")}
+    known = {f.name: f for f in fields(cls) if f.name not in NOT_KEYS}
     values = {}
     for key, value in data.items():
         key_path = path + (str(key),)
@@ -393,13 +395,7 @@ def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveR
             source, node, path, f"expected a mapping such as tool: bash, match: ['git push*'], got {_kind(rule)}"
         )
     if "network_host" in rule:
-        raise _fail(
-            source,
-            node,
-            path + ("network_host",),
-            "not built yet: a host outside sandbox.allow_hosts fails; add the host to allow_hosts "
-            "or leave this rule out",
-        )
+        return _network_rule(rule, path, source, node)
     tool = rule.get("tool")
     if tool not in APPROVE_TOOLS:
         raise _fail(
@@ -429,6 +425,24 @@ def _approve_rule(rule: Any, path: KeyPath, source: str, node: Node) -> ApproveR
         if not isinstance(glob, str) or not glob.strip() or "\0" in glob:
             raise _fail(source, node, path + (key, i), f"expected a non-empty glob string, got {glob!r}")
     return ApproveRule(tool, match=tuple(globs))
+
+
+_HOST_GLOB = re.compile(r"^[a-z0-9*?.-]+$")  # a host name, lower-case, with fnmatch's * and ?
+
+
+def _network_rule(rule: dict[str, Any], path: KeyPath, source: str, node: Node) -> ApproveRule:
+    unknown = sorted(set(map(str, rule)) - {"network_host"})
+    if unknown:
+        raise _fail(source, node, path + (unknown[0],), "a network_host rule takes no other key")
+    glob = rule["network_host"]
+    if not isinstance(glob, str) or not _HOST_GLOB.match(glob):
+        raise _fail(
+            source,
+            node,
+            path + ("network_host",),
+            f"expected a glob over host names, lower-case, no port (e.g. '*' or '*.github.com'), got {glob!r}",
+        )
+    return ApproveRule(network_host=glob)
 
 
 # -- egress: credentials bound to hosts, method and path rules, the byte budget ----------
@@ -559,6 +573,15 @@ def _check_combinations(policy: Policy, source: str, node: Node) -> None:
     clash = next((n for n in names if names.count(n) > 1 or n in dict(box.env)), None)
     if clash:
         raise _fail(source, node, ("sandbox", "credentials"), f"{clash} is named twice (placeholder_env, env)")
+    for i, rule in enumerate(policy.approve.rules):
+        if rule.network_host and box.network != "allowlist":
+            raise _fail(
+                source,
+                node,
+                ("approve", "rules", i, "network_host"),
+                f"only used with sandbox.network: allowlist (network is {box.network}): "
+                "without the proxy no request reaches a host to ask about",
+            )
     if box.network != "allowlist" and box.allow_hosts:
         raise _fail(
             source, node, ("sandbox", "allow_hosts"), f"only used with network: allowlist (network is {box.network})"

@@ -199,6 +199,7 @@ class SandboxPolicy:
     credentials: tuple[Credential, ...] = ()  # headers the proxy adds per host; the box never holds their values
     http: tuple[HttpRule, ...] = ()  # method and path rules per intercepted host
     max_egress_bytes_per_wake: int = 2**30  # bytes through the allowlist's proxy, both ways, per wake; 0 = no cap
+    ask_hosts: tuple[str, ...] = ()  # not a key: approve.rules' network_host globs, for the proxy (load.py)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,13 @@ class WorkspacePolicy:
     keep_undo_days: int = 30  # days a wake's commit stays undoable (`wakeloop undo`), then pruned
 
 
+def host_glob(globs: tuple[str, ...], host: str) -> str | None:
+    """The network_host glob that covers `host` (a name, lower-case, no port), or None."""
+    return next((g for g in globs if fnmatch.fnmatchcase(host, g)), None)
+
+
+NOT_KEYS = ("source", "lines", "ask_hosts")  # fields a policy file does not set: where it was read, what is derived
+
 # A tool call that waits for a person (records/approvals.py keeps it; wake/approval_gate.py asks).
 APPROVE_TOOLS = ("bash", "write_file")
 MAX_APPROVE_RULES = 64  # rules in one approve: section; each is tried on every call
@@ -234,11 +242,17 @@ class ApproveRule:
     """One rule of `approve.rules`. bash: `match` globs (fnmatch, case-sensitive) over the whole
     command, leading and trailing whitespace stripped. write_file: `paths` globs over the
     normalised path, with write_file's own glob semantics (WriteFileTool). A tripwire for the
-    calls a person wants to see, not a boundary: bash can spell any command another way."""
+    calls a person wants to see, not a boundary: bash can spell any command another way.
+    network_host (needs `network: allowlist`): the proxy answers a request for a host outside
+    allow_hosts that matches the glob (fnmatch, over the lower-case name; never an IP address)
+    with a 403 that says a person is asked; the bash call that made it is filed, and once
+    approved runs again with those hosts allowed, for that one call. Unlike match globs, a
+    boundary: the proxy decides, and the broker grants only hosts these globs cover."""
 
-    tool: str  # bash | write_file
+    tool: str = ""  # bash | write_file; left out in a network_host rule
     match: tuple[str, ...] = ()  # bash: fnmatch globs over the whole command
     paths: tuple[str, ...] = ()  # write_file: globs over the path
+    network_host: str = ""  # a glob over host names outside sandbox.allow_hosts whose requests ask a person
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """Which glob of this rule the call matches (to name it to the model and the person), or None."""
@@ -257,6 +271,11 @@ class Approve:
 
     rules: tuple[ApproveRule, ...] = ()  # a call matching any rule waits for a person
     expires: float = 86400.0  # seconds an approval waits unanswered, then it is denied ("24h")
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The network_host globs: a host outside allow_hosts that matches one asks, instead of failing."""
+        return tuple(rule.network_host for rule in self.rules if rule.network_host)
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """`tool: bash, match 'git push*'`: the rule and glob this call matches, or None."""

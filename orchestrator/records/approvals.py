@@ -75,9 +75,14 @@ class Approval:
     ran_by: str = ""  # run id of the wake that ran it
     reported: bool = False  # the model has been told the outcome
     extra: dict[str, object] = field(default_factory=dict)
+    hosts: tuple[str, ...] = ()  # a bash call's hosts outside allow_hosts (network_host): granted to its run
 
     def summary(self) -> str:
         """The call in one line, for people and the model."""
+        hosts = f" (reaching {', '.join(self.hosts)}, outside allow_hosts)" if self.hosts else ""
+        return self._call() + hosts
+
+    def _call(self) -> str:
         if self.tool == "bash":
             return f"bash: {self.input.get('command', '')}"
         if self.tool == "write_file":
@@ -153,8 +158,11 @@ def _from(raw: object, approval_id: str) -> Approval | None:
     if not isinstance(raw, dict) or raw.get("id") != approval_id or raw.get("status") not in STATUSES:
         return None
     known = set(Approval.__dataclass_fields__)
+    hosts = raw.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        return None
     try:
-        approval = Approval(**{k: v for k, v in raw.items() if k in known})
+        approval = Approval(**{k: v for k, v in raw.items() if k in known} | {"hosts": tuple(hosts)})
     except TypeError:
         return None
     if (
@@ -220,13 +228,21 @@ def ask(
     run_id: str,
     expires_s: float,
     now: datetime | None = None,
+    hosts: tuple[str, ...] = (),
 ) -> Asked:
-    """File a call for a person. The same call asked again while it waits gets the same id."""
+    """File a call for a person (`hosts`: those it reached that ask, for a bash call that ran).
+    The same call asked again while it waits gets the same id."""
     now = now or now_utc()
     with locked(state_dir, APPROVALS_LOCK):
         current = [a for a in load_all(state_dir) if not a.reported]
         same = next(
-            (a for a in current if a.status == "pending" and not a.lapsed(now) and a.tool == tool and a.input == args),
+            (
+                a
+                for a in current
+                if a.status == "pending"
+                and not a.lapsed(now)
+                and (a.tool, a.input, a.hosts) == (tool, args, tuple(hosts))
+            ),
             None,
         )
         if same is not None:
@@ -247,6 +263,7 @@ def ask(
             created=iso(now),
             expires=iso(now + timedelta(seconds=expires_s)),
             nonce=secrets.token_urlsafe(16),
+            hosts=tuple(hosts),
         )
         while load(state_dir, approval.id) is not None:  # 2^32 ids: a clash is rare, never reused
             approval = replace(approval, id=f"a-{secrets.token_hex(4)}")

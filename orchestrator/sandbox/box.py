@@ -39,6 +39,7 @@ class SandboxResult:
     container_id: str
     stopped: bool = False  # killed because the fleet was stopped (records/stopswitch.py)
     no_room: str = ""  # the call did not start: the disks' filesystem lacked room (disk.py)
+    asked_hosts: tuple[str, ...] = ()  # hosts the proxy asked a person about (approve.rules network_host)
 
     @property
     def ok(self) -> bool:
@@ -62,7 +63,10 @@ class SandboxResult:
 class Sandbox(Protocol):
     """What the tools need from a box, wherever it lives."""
 
-    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult: ...
+    def run(
+        self, command: str, timeout_s: float, max_output_chars: int, grant_hosts: tuple[str, ...] = ()
+    ) -> SandboxResult:
+        """grant_hosts: an approved call's hosts, allowed for it alone (network.granted)."""
 
     def write(
         self, path: str, content: bytes, timeout_s: float, append: bool = False, protect_git: bool = True

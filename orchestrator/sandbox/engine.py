@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,9 @@ from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.workspace_reads import Files, HostFiles
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
+from orchestrator.sandbox.network import grant_refusal
+
+Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
 KILL_GRACE_S = 5  # after a kill, how long the engine gets to close the stream
@@ -224,6 +228,7 @@ class DockerSandbox:
         self._layer = 0  # counts what KEY.box has shown: in the pool's settings key
         self.release_problem: str | None = None  # why close() could not release the disk
         self._egress_ca = ""  # the allowlist proxy's CA certificate, when it intercepts a host
+        self._granted_decisions: list[dict[str, Any]] = []  # approved calls' proxies', gone with them
         self.wake_began = time.time()  # since when egress_decisions reads the proxy's record
         self.disk = self._attach_disk(policy, attach)
         try:
@@ -304,7 +309,8 @@ class DockerSandbox:
         """The allowlist proxy's decisions since this wake began, tagged with the run id
         (network.decisions); [] without an allowlist."""
         egress = self._egress()
-        return network.decisions(self.client, egress, self.wake_began, self.run_id) if egress else []
+        granted, self._granted_decisions = self._granted_decisions, []
+        return (network.decisions(self.client, egress, self.wake_began, self.run_id) + granted) if egress else []
 
     def __enter__(self):
         return self
@@ -431,8 +437,51 @@ class DockerSandbox:
 
     # -- the two calls -------------------------------------------------------
 
-    def run(self, command: str, timeout_s: float, max_output_chars: int) -> SandboxResult:
-        return self._call(command_argv(command), None, timeout_s, max_output_chars, command_env=self.command_env())
+    def run(
+        self, command: str, timeout_s: float, max_output_chars: int, grant_hosts: tuple[str, ...] = ()
+    ) -> SandboxResult:
+        """`grant_hosts`: a call a person approved (approve.rules network_host) runs with these
+        hosts allowed too, through a proxy of its own (_granted_run). Otherwise, under a policy
+        that asks about hosts, the result names those the proxy asked about (network.asked)."""
+        if grant_hosts:
+            return self._granted_run(command, timeout_s, max_output_chars, grant_hosts)
+        began = time.time()
+        result = self._call(command_argv(command), None, timeout_s, max_output_chars, command_env=self.command_env())
+        egress = self._egress()
+        if egress and egress.ask and result.container_id:
+            return replace(result, asked_hosts=network.asked(self.client, egress, began))
+        return result
+
+    def _granted_run(
+        self, command: str, timeout_s: float, max_output_chars: int, hosts: tuple[str, ...]
+    ) -> SandboxResult:
+        """One approved call with `hosts` allowed: each must be an IP-free name a network_host glob
+        of the policy as it stands covers (the broker checks the ceiling too). Its proxy, network
+        and holder are made for it and removed after it; its decisions join the wake's record."""
+        egress = self._egress()
+        refusal = grant_refusal(self.policy, hosts) if egress else "the policy has no network: allowlist"
+        if refusal:
+            return refused(f"the approved hosts cannot be granted: {refusal}")
+        assert egress is not None
+        grant = network.granted(egress, self.workspace, hosts)
+        began = time.time()
+        try:
+            ca = network.ensure(self.client, grant)
+            result = self._call(
+                command_argv(command),
+                None,
+                timeout_s,
+                max_output_chars,
+                command_env=self.command_env(grant),
+                grant=(grant, ca),
+            )
+            network.settle(self.client, grant, began, mid_wake=True)
+            self._granted_decisions += network.decisions(self.client, grant, began, self.run_id)
+            return result
+        except network.NetworkError as exc:
+            raise SandboxError(str(exc)) from None
+        finally:
+            network.shutdown(self.client, {grant.key}, shared=False)
 
     def write(
         self, path: str, content: bytes, timeout_s: float = 30, append: bool = False, protect_git: bool = True
@@ -459,10 +508,10 @@ class DockerSandbox:
         # out only through the proxy; none/bridge are the engine's own modes.
         return self._egress_plan
 
-    def command_env(self) -> dict[str, str]:
+    def command_env(self, egress: network.Egress | None = None) -> dict[str, str]:
         """The agent's command's whole environment: PATH/HOME/LANG, the policy's
-        env, the allowlist's proxy variables. Never the harness programs'."""
-        egress = self._egress()
+        env, the allowlist's proxy variables (`egress`: a granted call's). Never the harness programs'."""
+        egress = egress or self._egress()
         return {**BASE_ENV, **dict(self.policy.env), **(egress.env() if egress else {})}
 
     def container_spec(
@@ -472,13 +521,15 @@ class DockerSandbox:
         stdin: bool = False,
         workdir: str = WORKSPACE,
         command_env: dict[str, str] | None = None,
+        grant: Grant | None = None,
     ) -> tuple[dict, dict]:
         """(container config, host config) for one call, in docker SDK terms.
         Every call is created from exactly these; `policy explain` prints them.
         `command_env` is the environment argv gets when argv is the agent's
-        command; None when argv is one of ours, which runs under ours."""
+        command; None when argv is one of ours, which runs under ours. `grant`: an approved
+        call's own proxy plan and CA (_granted_run), in place of the agent's."""
         p = self.policy
-        egress = self._egress()
+        egress, ca = grant or (self._egress(), self._egress_ca)
         # Our own programs, popped from the environment before the command runs,
         # and the command's environment, which the guard applies at its exec.
         programs = {
@@ -495,7 +546,7 @@ class DockerSandbox:
             environment={
                 **BASE_ENV,
                 **(egress.env() if egress else {}),
-                **(network.ca_env(self._egress_ca) if egress else {}),
+                **(network.ca_env(ca) if egress else {}),
                 **programs,
             },
             labels={
@@ -554,18 +605,19 @@ class DockerSandbox:
         max_output_chars: int,
         workdir: str = WORKSPACE,
         command_env: dict[str, str] | None = None,
+        grant: Grant | None = None,
     ) -> SandboxResult:
         halted = stopswitch.read(self.root)
         if halted is not None:  # no call starts while the fleet is stopped
             return refused(halted.describe())
         if not (self.disk and self.disk.hold):  # a folder (no disk limit), or a planned disk
-            return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
+            return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env, grant)
         try:  # thin disks: a call starts only with room for the worst case of every call in flight
             with disk.flight(self.disk.key, self.disk.view, min(disk.ROOM_WAIT_S, timeout_s)):
                 halted = stopswitch.read(self.root)  # again: the wait for room may have outlasted a stop
                 if halted is not None:
                     return refused(halted.describe())
-                return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env)
+                return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env, grant)
         except disk.NoRoom as exc:
             return no_room(str(exc))
 
@@ -577,9 +629,10 @@ class DockerSandbox:
         max_output_chars: int,
         workdir: str,
         command_env: dict[str, str] | None,
+        grant: Grant | None = None,
     ) -> SandboxResult:
         started = time.monotonic()
-        cid = self.pool.take() if self.pool else None
+        cid = self.pool.take() if self.pool and not grant else None  # the pool's join the agent's proxy
         send: bytes | None
         if cid:  # already running its launcher: hand it the command, then stdin
             nonce = secrets.token_hex(16)
@@ -588,7 +641,7 @@ class DockerSandbox:
         else:
             # The agent's command: its guard holds the box until its OOM count is read.
             hold = command_env is not None and stdin is None
-            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None or hold, workdir, command_env)
+            cid = self._create(argv, uuid.uuid4().hex[:12], stdin is not None or hold, workdir, command_env, grant)
             send, end = stdin, None
         try:
             result = self._attach_and_wait(cid, send, end, timeout_s, max_output_chars, started, hold=hold)
@@ -597,15 +650,23 @@ class DockerSandbox:
             if self.pool and isinstance(exc, Exception):
                 self.pool.ended()  # the wake goes on: its refill put off until now begins
             raise
-        if self.pool:
+        if self.pool and not grant:
             self.pool.done(cid)  # removal off the call's path; a refill put off until now begins
         else:
-            self._remove(cid)
+            self._remove(cid)  # a granted call's: before its proxy and network go
         return result
 
-    def _create(self, argv, call_id: str, stdin: bool, workdir: str, command_env: dict[str, str] | None = None) -> str:
+    def _create(
+        self,
+        argv,
+        call_id: str,
+        stdin: bool,
+        workdir: str,
+        command_env: dict[str, str] | None = None,
+        grant: Grant | None = None,
+    ) -> str:
         try:
-            config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
+            config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env, grant=grant)
             cid = self.client.api.create_container(**config, host_config=self.client.api.create_host_config(**host))[
                 "Id"
             ]

@@ -89,7 +89,7 @@ from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
 
 from orchestrator.policy.load import parse_host
-from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy
+from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy, host_glob
 from orchestrator.sandbox.images import inputs_hash
 from orchestrator.sandbox.programs import CA_ENV, CA_FILE, HOLDER_SCRIPT
 
@@ -108,6 +108,7 @@ PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
 PROXY_LOG = {"max-size": "8m", "max-file": "2"}
 LINE_MARK = "wakeloop-egress "  # a decision's line on the proxy's stdout starts with this
 NEW_WAKE_LINE = "wakeloop-egress: new wake"  # what the proxy prints at SIGUSR1 (egress_addon.py)
+MARK_LINE = "wakeloop-egress: mark"  # ... and at SIGUSR2: every decision before it is in the log
 SETTLE_S = 5.0  # the most a wake's end waits for the proxy's log to hold every decision
 SETTLE_POLL_S = 0.02  # its line comes within milliseconds
 CA_MARK = "wakeloop-egress: ca "  # the CA certificate's line (its newlines as |)
@@ -173,6 +174,7 @@ class Egress:
     credentials: tuple[Credential, ...] = ()
     http: tuple[HttpRule, ...] = ()
     budget: int = DEFAULT_BUDGET  # bytes per wake through the proxy; 0: no cap
+    ask: tuple[str, ...] = ()  # approve.rules' network_host globs: an unlisted host they cover asks a person
     private_ok: tuple[str, ...] = ()
     upstream_ca: str = ""
 
@@ -232,12 +234,20 @@ def plan(
     budget: int = DEFAULT_BUDGET,
     private_ok: tuple[str, ...] = (),
     upstream_ca: str = "",
+    ask: tuple[str, ...] = (),
 ) -> Egress:
     """Pure: the names for this agent and list. One set per agent (keyed by its
     workspace), so one agent's sandbox never shares a network with another's.
     The key covers every setting the proxy's config holds (a changed one is a new
     proxy); a plain list keys as it always did."""
-    extra = [credentials, http, budget if budget != DEFAULT_BUDGET else 0, private_ok, upstream_ca]
+    extra = [
+        credentials,
+        http,
+        budget if budget != DEFAULT_BUDGET else 0,
+        private_ok,
+        upstream_ca,
+        *([ask] if ask else []),
+    ]
     text = f"{Path(workspace).resolve()}\n{sorted(allow_hosts)}" + (f"\n{extra!r}" if any(extra) else "")
     digest = hashlib.sha256(text.encode())
     return Egress(
@@ -246,6 +256,7 @@ def plan(
         credentials=tuple(credentials),
         http=tuple(http),
         budget=budget,
+        ask=tuple(ask),
         private_ok=tuple(private_ok),
         upstream_ca=upstream_ca,
     )
@@ -275,6 +286,42 @@ def plan_for(workspace: Path, policy: SandboxPolicy, environ: Mapping[str, str] 
         policy.max_egress_bytes_per_wake,
         private_ok,
         upstream_ca,
+        policy.ask_hosts,
+    )
+
+
+MAX_GRANT = 16  # hosts one approved call may be granted
+
+
+def grant_refusal(policy: SandboxPolicy, hosts: tuple[str, ...]) -> str:
+    """Why `hosts` may not be granted to an approved call under `policy`, or "": each must be a
+    host name (port optional), no wildcard, no IP address, that a network_host glob covers."""
+    if len(hosts) > MAX_GRANT:
+        return f"{len(hosts)} hosts; at most {MAX_GRANT}"
+    for entry in hosts:
+        try:
+            wildcard, host, _ = parse_host(entry)
+        except ValueError as exc:
+            return f"{entry!r:.80}: {exc}"
+        if wildcard or entry != entry.lower():
+            return f"{entry!r:.80}: name one host, lower-case, not a wildcard"
+        if host_glob(policy.ask_hosts, host) is None:
+            return f"{host} is not covered by any approve.rules network_host of this agent's policy"
+    return ""
+
+
+def granted(egress: Egress, workspace: Path, hosts: tuple[str, ...]) -> Egress:
+    """The plan for one approved call (records/approvals.py): the agent's list and `hosts`, and
+    nothing asked. Its key differs from the agent's, so the call gets a proxy, network and holder
+    of its own, removed after it (engine.py's _granted_run): the grant outlives no call."""
+    return plan(
+        workspace,
+        tuple(dict.fromkeys([*egress.allow_hosts, *hosts])),
+        egress.credentials,
+        egress.http,
+        egress.budget,
+        egress.private_ok,
+        egress.upstream_ca,
     )
 
 
@@ -308,6 +355,7 @@ def proxy_config(egress: Egress, docker_subnets: tuple[str, ...] = ()) -> str:
         "private_ok": list(egress.private_ok),
         "intercept": intercept,
         "budget": egress.budget,
+        "ask": list(egress.ask),
     }
     return json.dumps(conf, sort_keys=True)
 
@@ -527,18 +575,36 @@ def new_wake(client: docker.DockerClient, egress: Egress) -> float:
     return began
 
 
-def settle(client: docker.DockerClient, egress: Egress, since: float, wait_s: float = SETTLE_S) -> None:
+def settle(
+    client: docker.DockerClient, egress: Egress, since: float, wait_s: float = SETTLE_S, mid_wake: bool = False
+) -> None:
     """At a wake's end: wait until every decision the proxy made so far is in its log. It is sent
     SIGUSR1, whose line it prints after every line before it (one stdout, in order); seen, the
-    log holds them all. Bounded: a proxy that is gone or stuck costs at most wait_s."""
-    seen = _logs(client, egress, since).count(NEW_WAKE_LINE)
+    log holds them all. `mid_wake`: SIGUSR2, whose line is the same promise and leaves the
+    wake's byte budget as it is. Bounded: a proxy that is gone or stuck costs at most wait_s."""
+    sig, line = ("SIGUSR2", MARK_LINE) if mid_wake else ("SIGUSR1", NEW_WAKE_LINE)
+    seen = _logs(client, egress, since).count(line)
     try:
-        client.api.kill(egress.proxy, signal="SIGUSR1")
+        client.api.kill(egress.proxy, signal=sig)
     except docker.errors.DockerException:
         return
     deadline = time.monotonic() + wait_s
-    while _logs(client, egress, since).count(NEW_WAKE_LINE) <= seen and time.monotonic() < deadline:
+    while _logs(client, egress, since).count(line) <= seen and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_S)  # the engine's log has no way to wait for a line: polled
+
+
+def asked(client: docker.DockerClient, egress: Egress, since: float) -> tuple[str, ...]:
+    """The hosts the proxy asked a person about since `since` (one call's start): `host`, or
+    `host:port` off 80 and 443, as an allow_hosts entry grants them. () when the plan asks nothing."""
+    if not egress.ask:
+        return ()
+    settle(client, egress, since, mid_wake=True)
+    out = []
+    for d in decisions(client, egress, since, ""):
+        if d.get("decision") == "ask":
+            port = d.get("port")
+            out.append(str(d["host"]) + ("" if port in DEFAULT_PORTS else f":{port}"))
+    return tuple(dict.fromkeys(out))
 
 
 def _logs(client: docker.DockerClient, egress: Egress, since: float) -> str:

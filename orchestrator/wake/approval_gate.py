@@ -7,11 +7,16 @@ model goes on with other work and nothing hangs. A call the policy would
 refuse anyway (a disabled tool, write_file's deny globs) is refused as
 before, never asked about.
 
+`Gate.asked_hosts` comes after a bash call that ran and reached a host outside
+allow_hosts that a network_host rule covers (the proxy refused it as "ask"): the
+call is filed with those hosts, and its result says it waits.
+
 `Gate.outcomes`, at the start of the next wake, takes every decided approval:
-an approved call runs exactly as asked, through the same registry, under the
-policy as it stands now (so a tool since disabled or a path since denied is
-void, and says so), and is not asked about again; denied, expired and void
-ones are told with their reason. Each is an event and a transcript line;
+an approved call runs exactly as asked, through the same registry (with its
+hosts allowed for it alone, if it asked for hosts), under the policy as it
+stands now (so a tool since disabled, a path since denied or a host no rule
+asks about any more is void, and says so), and is not asked about again;
+denied, expired and void ones are told with their reason. Each is an event and a transcript line;
 context.py words them for the first user message.
 
 Not here: the files and their states (records/approvals.py), links
@@ -36,6 +41,14 @@ WAITING = (
     "result). Unanswered by {expires}, it counts as denied."
 )
 ALREADY = " (You asked for this same call earlier; it is still waiting under the same id.)"
+HOSTS_WAITING = (
+    "WAITING for a person: this command ran, and its requests to {hosts} were refused: not in "
+    "sandbox.allow_hosts, and this agent's approval rule (network_host) asks a person about them. "
+    "Approval id {id}. Go on with other work meanwhile; do not retry this or try another way round "
+    "it. If a person approves, this same command runs again at the start of a later wake with "
+    "those hosts allowed for it alone, and you get its result. Unanswered by {expires}, it counts "
+    "as denied. What the command printed this time follows."
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,28 @@ class Gate:
         text = WAITING.format(tool=tool, rule=rule, id=a.id, expires=a.expires) + ("" if asked.new else ALREADY)
         return ToolResult(text=text, detail={"approval": a.id, "waiting": True})
 
+    def asked_hosts(self, tool: str, args: dict, words: str, result: ToolResult) -> ToolResult:
+        """A bash call that ran and reached hosts the proxy asked about: filed for a person, and its
+        result led by HOSTS_WAITING (after the status line, where the command's output cannot be)."""
+        hosts = tuple(result.detail["asked_hosts"])
+        rule = f"network_host: {', '.join(hosts)}"
+        try:
+            asked = approvals.ask(
+                self.state_dir, tool, args, rule, words, self.run_id, self.policy.approve.expires, hosts=hosts
+            )
+        except OSError as exc:
+            note = f"[the hosts {', '.join(hosts)} need a person's approval, and the harness could not file it: {exc}]"
+            return replace(result, text=_lead(result.text, note))
+        if asked.approval is None:
+            return replace(result, text=_lead(result.text, f"[hosts {', '.join(hosts)}: {asked.refusal}]"))
+        a = asked.approval
+        if asked.new:
+            self.notify(a)
+        note = HOSTS_WAITING.format(hosts=", ".join(hosts), id=a.id, expires=a.expires) + ("" if asked.new else ALREADY)
+        return replace(
+            result, text=_lead(result.text, note), detail=result.detail | {"approval": a.id, "waiting": True}
+        )
+
     def outcomes(self, registry) -> list[Outcome]:
         """Every decided approval, handled and reported once (see the module docstring)."""
         offered = frozenset(registry.names())
@@ -125,7 +160,7 @@ class Gate:
             approvals.unstart(self.state_dir, a, self.run_id, "the fleet is stopped")
             return None
         self.events.write(ev.ToolCall(step=0, id=a.id, tool=a.tool, approval=a.id))
-        result = registry.call(a.tool, a.input, gate=False)
+        result = registry.call(a.tool, a.input, gate=False, hosts=a.hosts)
         self.events.write(
             ev.tool_result(
                 step=0,
@@ -149,3 +184,10 @@ class Gate:
             self.events.write(ev.ApprovalVoid(id=a.id, tool=a.tool, reason=a.reason))
             return approvals.finish(self.state_dir, a, self.run_id), ""
         return approvals.finish(self.state_dir, a, self.run_id, result.text, ran=True), result.text
+
+
+def _lead(text: str, note: str) -> str:
+    """`note` just after a tool result's status line (sandbox/box.py's for_model): first, where
+    the command's own output cannot put a forged one."""
+    status, _, rest = text.partition("\n")
+    return f"{status}\n{note}\n{rest}"

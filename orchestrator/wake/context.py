@@ -155,7 +155,10 @@ def _rules(agent: Agent) -> str:
             f"{tools.send_message.max_per_wake} per wake). One good message beats five fragments.",
         )
     if agent.policy.approve.rules:
-        held = "; ".join(f"{r.tool} {', '.join(r.match or r.paths)}" for r in agent.policy.approve.rules)
+        held = "; ".join(
+            f"network host {r.network_host}" if r.network_host else f"{r.tool} {', '.join(r.match or r.paths)}"
+            for r in agent.policy.approve.rules
+        )
         rules.append(
             f"- Some calls wait for a person's approval ({held[:500]}): such a call is not run "
             "then; you get an approval id, go on with other work, and hear the outcome at a later "

@@ -413,7 +413,7 @@ class _Wake:
                 outbox=self._message,
                 extra=completer,
                 remaining=self._time_left,
-                asker=self.gate.ask,
+                asker=self.gate,
             )
             self._approvals()
             status, reason = self._converse_or_dead_letter()

@@ -12,7 +12,9 @@ exits non-zero is not a tool error: the model gets the exit code on the first
 line and decides.
 
 A call that matches the policy's `approve:` rules is not run: the asker
-(approval_gate.py) answers it with WAITING text and files it for a person.
+(approval_gate.py) answers it with WAITING text and files it for a person. A bash
+call that reached a host a network_host rule asks about ran, its request refused by
+the proxy; the asker files it after, and its result says so.
 
 Not here: the order of calls and the events (loop.py), the container
 (sandbox/engine.py, or the broker's: broker/client.py).
@@ -21,10 +23,11 @@ Not here: the order of calls and the events (loop.py), the container
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
+from orchestrator.sandbox.network import grant_refusal
 
 TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
 
@@ -59,14 +62,21 @@ class Tool:
     handler: Callable[[dict], ToolResult]
     enabled: bool = True
     disabled_reason: str = ""
+    granted: Callable[[dict, tuple[str, ...]], ToolResult] | None = None  # bash: run with hosts a person approved
 
     def to_anthropic(self) -> dict:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
 
-# (tool, args, the model's words before the call) -> a WAITING result, or None to run it now
-# (approval_gate.py's Gate.ask).
-Asker = Callable[[str, dict, str], "ToolResult | None"]
+class Asker(Protocol):
+    """approval_gate.py's Gate: what stands before, and after, every handler."""
+
+    def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
+        """A WAITING result, or None to run the call now."""
+
+    def asked_hosts(self, tool: str, args: dict, words: str, result: ToolResult) -> ToolResult:
+        """A call that ran and reached hosts that ask a person (approve.rules network_host):
+        filed, and its result saying so."""
 
 
 class Registry:
@@ -86,9 +96,10 @@ class Registry:
     def names(self) -> list[str]:
         return [t.name for t in self._tools.values() if t.enabled]
 
-    def call(self, name: str, args: Any, words: str = "", gate: bool = True) -> ToolResult:
+    def call(self, name: str, args: Any, words: str = "", gate: bool = True, hosts: tuple[str, ...] = ()) -> ToolResult:
         """Run one call. `words`: the model's text just before it (an approval shows it to the person);
-        `gate=False`: a call a person approved, run now without asking again."""
+        `gate=False`: a call a person approved, run now without asking again, with `hosts` allowed
+        for it alone when the approval was for hosts (approve.rules network_host)."""
         tool = self._tools.get(name)
         if tool is None or (not tool.enabled and not tool.disabled_reason):
             return error(f"unknown tool {name!r}; the tools are: {', '.join(self.names()) or 'none'}")
@@ -98,8 +109,17 @@ class Registry:
         if problem:
             return error(f"{name}: {problem}; expected arguments: {_signature(tool.input_schema)}")
         try:
-            waiting = self.asker(name, args, words) if gate and self.asker else None
-            return waiting or tool.handler(args)
+            if hosts:
+                if tool.granted is None:
+                    return error(f"{name}: only bash calls are granted hosts")
+                return tool.granted(args, hosts)
+            waiting = self.asker.ask(name, args, words) if gate and self.asker else None
+            if waiting:
+                return waiting
+            result = tool.handler(args)
+            if gate and self.asker and result.detail.get("asked_hosts"):
+                return self.asker.asked_hosts(name, args, words, result)
+            return result
         except SandboxError as exc:
             return error(f"{name}: the sandbox could not run this call: {exc}")
         except Exception as exc:  # a bug here must not end the wake: the model is told
@@ -158,6 +178,7 @@ def build_registry(
                 box.bash,
                 t.bash.enabled,
                 "the bash tool is disabled by this agent's policy",
+                box.bash_granted,
             ),
             Tool(
                 "write_file",
@@ -212,16 +233,31 @@ class _Toolbox:
         """The tool's timeout, cut to what is left of the wake's wall clock."""
         return policy_s if self.remaining is None else max(MIN_CALL_S, min(policy_s, self.remaining()))
 
-    def bash(self, args: dict) -> ToolResult:
+    def bash(self, args: dict, hosts: tuple[str, ...] = ()) -> ToolResult:
         command = args["command"]
         if not command.strip():
             return error("bash: the command is empty")
         cfg = self.policy.tools.bash
         assert self.sandbox is not None  # a registry built without one only lists its tools
+        granted = {"grant_hosts": hosts} if hosts else {}  # a box of a test's may not take the keyword
         return _from_sandbox(
-            self.sandbox.run(command, timeout_s=self._timeout(cfg.timeout_s), max_output_chars=cfg.max_output_chars),
+            self.sandbox.run(
+                command, timeout_s=self._timeout(cfg.timeout_s), max_output_chars=cfg.max_output_chars, **granted
+            ),
             error_on_fail=False,
         )
+
+    def bash_granted(self, args: dict, hosts: tuple[str, ...]) -> ToolResult:
+        """An approved call that reached hosts a person was asked about: run with them allowed,
+        if the policy as it stands still asks about them (else refused: the approval is void)."""
+        reason = (
+            grant_refusal(self.policy.sandbox, hosts)
+            if self.policy.sandbox.network == "allowlist"
+            else (f"network is {self.policy.sandbox.network}, not allowlist")
+        )
+        if reason:
+            return denied(f"bash with hosts {', '.join(hosts)}: {reason}")
+        return self.bash(args, hosts)
 
     def write_file(self, args: dict) -> ToolResult:
         path, content = args["path"], args["content"].encode("utf-8")
@@ -277,6 +313,7 @@ def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
         "oom_killed": result.oom_killed,
         "container_id": result.container_id,
         **({"stopped": True} if result.stopped else {}),
+        **({"asked_hosts": list(result.asked_hosts)} if result.asked_hosts else {}),
     }
     if result.no_room:  # the disk guard did not start it: the wake records it and tells the operator
         return ToolResult(text=result.for_model(), is_error=True, detail=detail | {"no_room": result.no_room})

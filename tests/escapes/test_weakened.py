@@ -459,6 +459,7 @@ BROKER_CASES = [  # (what is switched off, the probe that must now report ESCAPE
     ("_env_refusal", "broker_refuses_env_name_over_ceiling", "the broker served check"),
     ("_host_refusal", "broker_refuses_host_over_ceiling", "the broker served check"),
     ("_close_box", "broker_retires_egress_on_allowlist_churn", "retired allowlist proxy set(s)"),
+    ("_grant_refusal", "broker_grants_only_hosts_policy_and_ceiling_allow", "the broker ran a call granted"),
     ("_attach_disk", "pins_workspace_against_symlink_swap", "saw the canary"),
 ]
 
@@ -485,6 +486,7 @@ def _switch_off(what, monkeypatch):
         "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
         "_host_refusal": lambda: monkeypatch.setattr(Ceiling, "_host_refusal", lambda self, p: None),
         "_close_box": lambda: monkeypatch.setattr(server.Broker, "_close_box", lambda self, box: box.close()),
+        "_grant_refusal": lambda: monkeypatch.setattr(server.Broker, "_grant_refusal", lambda self, agent, hosts: ""),
         "_attach_disk": lambda: monkeypatch.setattr(DockerSandbox, "_attach_disk", NoDisk._attach_disk),
     }
     off[what]()
@@ -540,8 +542,8 @@ class SystemPathsUnconfined(DockerSandbox):
     """Root, without the engine's read-only /proc/sys and /proc/sysrq-trigger
     (`--security-opt systempaths=unconfined`, which the API spells as paths)."""
 
-    def _create(self, argv, call_id, stdin, workdir, command_env=None):
-        config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env)
+    def _create(self, argv, call_id, stdin, workdir, command_env=None, grant=None):
+        config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env, grant=grant)
         root_with_default_caps(config, host)
         host_config = self.client.api.create_host_config(**host)
         host_config.update(MaskedPaths=[], ReadonlyPaths=[])

@@ -1,0 +1,33 @@
+"""A broker served in this process for a test (broker/transport.py's serve, in a thread)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from orchestrator.broker.transport import serve
+from orchestrator.policy.ceiling import Ceiling
+
+START_S = 30  # the broker's start: engine ping, leftover sweep
+
+
+@contextmanager
+def served(root: Path, ceiling: Ceiling | None = None):
+    """A broker serving ROOT on a short socket path (unix paths are capped at 108 bytes),
+    stopped (its pools closed) on leaving the block."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="wlb-"))
+    sock = sock_dir / "broker.sock"
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve, args=(root, sock, ready, stop, ceiling), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(START_S), "the broker did not start"
+        yield sock
+    finally:
+        stop.set()
+        thread.join(timeout=START_S)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert not thread.is_alive(), "the broker did not stop"
