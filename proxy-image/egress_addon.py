@@ -150,7 +150,8 @@ class Egress:
         print("wakeloop-egress: new wake", flush=True)  # what a caller may wait for
 
     def mark(self):
-        print("wakeloop-egress: mark", flush=True)  # every decision before it is in the log; the budget runs on
+        # Every decision before it is in the log before it; its time says which calls it covers (network.asked).
+        print(f"wakeloop-egress: mark {time.time():.6f}", flush=True)
 
     # -- records ---------------------------------------------------------------------
 

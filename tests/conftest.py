@@ -9,6 +9,7 @@ A test that needs the engine carries the `docker` marker: by its module
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
 from dataclasses import replace
@@ -25,6 +26,18 @@ from orchestrator.sandbox.engine import DockerSandbox
 # Agents' disk images (disk.py) of this session go to a directory of its own,
 # in this process and in every CLI it runs (support.scrubbed_env keeps it).
 os.environ[disk.DISKS_ENV] = tempfile.mkdtemp(prefix="wakeloop-test-disks-")
+
+
+def _remove_if_empty(path: str) -> None:
+    """A run that never reached the session's end (`--co`, `-x`, an error at collection) made the
+    folder and nothing in it: gone at exit. What is in it, no_disk_left_behind reports."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+atexit.register(_remove_if_empty, os.environ[disk.DISKS_ENV])
 ENGINE_FIXTURES = {"docker_client", "runtime", "make_sandbox", "sandbox", "make_lab", "engine_runtimes"}
 # Modules every test of which drives real containers (directly or through the CLI).
 DOCKER_MODULES = {

@@ -292,6 +292,7 @@ def _raise_the_box(t: Trial) -> str:
     from orchestrator.broker.server import Broker
     from orchestrator.broker.wire import BrokerError
     from orchestrator.policy.ceiling import Ceiling
+    from orchestrator.policy.schema import NOT_KEYS
 
     box = t.lab.policy
     ceiling = Ceiling(
@@ -309,7 +310,8 @@ def _raise_the_box(t: Trial) -> str:
         {"image": "debian:bookworm-slim"},
         {"network": "bridge" if box.network != "bridge" else "none"},
     ]
-    lab = {**asdict(box), "allow_hosts": list(box.allow_hosts), "env": dict(box.env)}
+    kept = {k: v for k, v in asdict(box).items() if k not in NOT_KEYS}  # ask_hosts: derived, not a key
+    lab = {**kept, "allow_hosts": list(box.allow_hosts), "env": dict(box.env)}
     config = t.dir / "agent.yaml"
     original = config.read_text()
     broker = Broker(t.dir.parent, client=t.lab.client, log=lambda _: None, ceiling=ceiling)

@@ -475,7 +475,7 @@ class DockerSandbox:
                 command_env=self.command_env(grant),
                 grant=(grant, ca),
             )
-            network.settle(self.client, grant, began, mid_wake=True)
+            network.settle(self.client, grant, began)  # its proxy goes next: its decisions are read now
             self._granted_decisions += network.decisions(self.client, grant, began, self.run_id)
             return result
         except network.NetworkError as exc:

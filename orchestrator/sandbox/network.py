@@ -108,9 +108,10 @@ PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
 PROXY_LOG = {"max-size": "8m", "max-file": "2"}
 LINE_MARK = "wakeloop-egress "  # a decision's line on the proxy's stdout starts with this
 NEW_WAKE_LINE = "wakeloop-egress: new wake"  # what the proxy prints at SIGUSR1 (egress_addon.py)
-MARK_LINE = "wakeloop-egress: mark"  # ... and at SIGUSR2: every decision before it is in the log
+MARK_LINE = "wakeloop-egress: mark"  # ... and at SIGUSR2, with its time.time(): the decisions before it are in
 SETTLE_S = 5.0  # the most a wake's end waits for the proxy's log to hold every decision
 SETTLE_POLL_S = 0.02  # its line comes within milliseconds
+MARK_POLL_S = 0.005  # after each call of an agent that asks about hosts: on the call's path
 CA_MARK = "wakeloop-egress: ca "  # the CA certificate's line (its newlines as |)
 READY_MARK = "wakeloop-egress: ready"
 CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
@@ -575,36 +576,56 @@ def new_wake(client: docker.DockerClient, egress: Egress) -> float:
     return began
 
 
-def settle(
-    client: docker.DockerClient, egress: Egress, since: float, wait_s: float = SETTLE_S, mid_wake: bool = False
-) -> None:
+def settle(client: docker.DockerClient, egress: Egress, since: float, wait_s: float = SETTLE_S) -> None:
     """At a wake's end: wait until every decision the proxy made so far is in its log. It is sent
     SIGUSR1, whose line it prints after every line before it (one stdout, in order); seen, the
-    log holds them all. `mid_wake`: SIGUSR2, whose line is the same promise and leaves the
-    wake's byte budget as it is. Bounded: a proxy that is gone or stuck costs at most wait_s."""
-    sig, line = ("SIGUSR2", MARK_LINE) if mid_wake else ("SIGUSR1", NEW_WAKE_LINE)
-    seen = _logs(client, egress, since).count(line)
+    log holds them all. Bounded: a proxy that is gone or stuck costs at most wait_s."""
+    seen = _logs(client, egress, since).count(NEW_WAKE_LINE)
     try:
-        client.api.kill(egress.proxy, signal=sig)
+        client.api.kill(egress.proxy, signal="SIGUSR1")
     except docker.errors.DockerException:
         return
     deadline = time.monotonic() + wait_s
-    while _logs(client, egress, since).count(line) <= seen and time.monotonic() < deadline:
+    while _logs(client, egress, since).count(NEW_WAKE_LINE) <= seen and time.monotonic() < deadline:
         time.sleep(SETTLE_POLL_S)  # the engine's log has no way to wait for a line: polled
 
 
 def asked(client: docker.DockerClient, egress: Egress, since: float) -> tuple[str, ...]:
-    """The hosts the proxy asked a person about since `since` (one call's start): `host`, or
-    `host:port` off 80 and 443, as an allow_hosts entry grants them. () when the plan asks nothing."""
+    """The hosts the proxy asked a person about since `since` (one call's start; the call is over):
+    `host`, or `host:port` off 80 and 443, as an allow_hosts entry grants them. The proxy is sent
+    SIGUSR2 (its budget runs on) and prints a mark with its time, after every line before it: a
+    mark printed once the call had ended follows all of the call's decisions, whoever asked for
+    it. One signal and mostly one read of the log. () when the plan asks nothing, or no proxy runs."""
     if not egress.ask:
         return ()
-    settle(client, egress, since, mid_wake=True)
+    ended = time.time()
+    try:
+        client.api.kill(egress.proxy, signal="SIGUSR2")
+    except docker.errors.DockerException:
+        return ()
+    deadline = time.monotonic() + SETTLE_S
+    text = _logs(client, egress, since)
+    while not _marked_after(text, ended) and time.monotonic() < deadline:
+        time.sleep(MARK_POLL_S)  # the engine's log has no way to wait for a line: polled
+        text = _logs(client, egress, since)
     out = []
-    for d in decisions(client, egress, since, ""):
+    for d in _decisions_in(text, since, ""):
         if d.get("decision") == "ask":
             port = d.get("port")
             out.append(str(d["host"]) + ("" if port in DEFAULT_PORTS else f":{port}"))
     return tuple(dict.fromkeys(out))
+
+
+def _marked_after(text: str, ended: float) -> bool:
+    """Whether the proxy's log has a mark it printed at or after `ended` (same host, same clock)."""
+    for line in text.splitlines():
+        if line.startswith(MARK_LINE + " "):
+            try:
+                if float(line[len(MARK_LINE) + 1 :]) >= ended:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _logs(client: docker.DockerClient, egress: Egress, since: float) -> str:
@@ -618,9 +639,13 @@ def _logs(client: docker.DockerClient, egress: Egress, since: float) -> str:
 def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
     """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
     the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
+    return _decisions_in(_logs(client, egress, since), since, run_id)
+
+
+def _decisions_in(text: str, since: float, run_id: str) -> list[dict]:
     began = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     out = []
-    for line in _logs(client, egress, since).splitlines():
+    for line in text.splitlines():
         if not line.startswith(LINE_MARK):
             continue
         try:
