@@ -293,7 +293,7 @@ FETCH = "curl -sS -k --max-time 20 https://{host}{path}; echo; curl -sS -k --max
 
 @pytest.mark.parametrize("through", ["engine", "broker"])
 def test_a_host_a_rule_asks_about_waits_for_a_person_and_once_approved_its_call_runs_with_that_host(
-    through, docker_client, echo, operator_env, fake_api, tmp_path, capsys
+    through, docker_client, echo, operator_env, fake_api, tmp_path
 ):
     # Through the broker (compose's path), the grant crosses the wire and the broker checks it.
     agent_dir = init_agent(tmp_path / "root" / "agent")
