@@ -26,6 +26,7 @@ from orchestrator.records import approvals
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.wake.loop import wake
 
+ALLOWLIST = "sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n"  # what a network_host rule needs
 PUSH = "echo pushed > pushed.txt; echo push-output"  # stands in for `git push`: it leaves a trace
 APPROVE = {
     "approve": {
@@ -106,9 +107,6 @@ def test_approve_rules_are_checked_naming_file_line_and_key():
     assert policy.approve.asks("bash", {"command": "curl https://api.example.com"}) is None  # the proxy asks
     with pytest.raises(PolicyError, match="unknown key"):
         parse_policy("sandbox:\n  ask_hosts: ['*']\n", "p.yaml")  # derived, never set by hand
-
-
-ALLOWLIST = "sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n"
 
 
 # -- a call waits; the decision reaches the agent -----------------------------------------------------
