@@ -355,3 +355,4 @@ def test_a_grant_is_refused_for_a_host_no_rule_covers_a_wildcard_or_too_many():
     assert "not a wildcard" in network.grant_refusal(policy, ("*.plain.org",))
     assert "IP address" in network.grant_refusal(policy, ("10.0.0.1",))
     assert "at most" in network.grant_refusal(policy, tuple(f"plain.h{i}.org" for i in range(network.MAX_GRANT + 1)))
+    assert "not allowlist" in network.grant_refusal(replace(policy, network="none"), (PLAIN_HOST,))

@@ -458,11 +458,11 @@ class DockerSandbox:
         """One approved call with `hosts` allowed: each must be an IP-free name a network_host glob
         of the policy as it stands covers (the broker checks the ceiling too). Its proxy, network
         and holder are made for it and removed after it; its decisions join the wake's record."""
-        egress = self._egress()
-        refusal = grant_refusal(self.policy, hosts) if egress else "the policy has no network: allowlist"
+        refusal = grant_refusal(self.policy, hosts)
         if refusal:
             return refused(f"the approved hosts cannot be granted: {refusal}")
-        assert egress is not None
+        egress = self._egress()
+        assert egress is not None  # an allowlist's plan: grant_refusal refuses any other network
         grant = network.granted(egress, self.workspace, hosts)
         began = time.time()
         try:

@@ -296,7 +296,10 @@ MAX_GRANT = 16  # hosts one approved call may be granted
 
 def grant_refusal(policy: SandboxPolicy, hosts: tuple[str, ...]) -> str:
     """Why `hosts` may not be granted to an approved call under `policy`, or "": each must be a
-    host name (port optional), no wildcard, no IP address, that a network_host glob covers."""
+    host name (port optional), no wildcard, no IP address, that a network_host glob covers; and
+    the policy's network an allowlist (the tools, the engine and the broker all ask this one)."""
+    if policy.network != "allowlist":
+        return f"network is {policy.network}, not allowlist"
     if len(hosts) > MAX_GRANT:
         return f"{len(hosts)} hosts; at most {MAX_GRANT}"
     for entry in hosts:

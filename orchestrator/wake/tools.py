@@ -250,11 +250,7 @@ class _Toolbox:
     def bash_granted(self, args: dict, hosts: tuple[str, ...]) -> ToolResult:
         """An approved call that reached hosts a person was asked about: run with them allowed,
         if the policy as it stands still asks about them (else refused: the approval is void)."""
-        reason = (
-            grant_refusal(self.policy.sandbox, hosts)
-            if self.policy.sandbox.network == "allowlist"
-            else (f"network is {self.policy.sandbox.network}, not allowlist")
-        )
+        reason = grant_refusal(self.policy.sandbox, hosts)
         if reason:
             return denied(f"bash with hosts {', '.join(hosts)}: {reason}")
         return self.bash(args, hosts)
