@@ -7,8 +7,8 @@
 # starts dockerd if none answers; makes
 # the base image locally when no registry can be reached; builds the sandbox
 # image; installs the package in .venv; runs ruff (lint, format) and mypy (a finding fails the
-# run), then pytest. Where Docker already runs
-# it is used as it is. Extra arguments go to pytest.
+# run), then pytest: on two workers, then its serial tests alone. Where Docker already runs
+# it is used as it is. Extra arguments go to pytest (to both of its runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,14 +101,35 @@ host_state() {
     done
 }
 
-log "running pytest"
+phase() {
+    # One pytest of the two. Its exit 5 (no test selected: a -k that picks only the other
+    # phase's) is said, not failed; any other failure is the run's.
+    local rc=0
+    .venv/bin/python -m pytest "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then log "this phase selected no test"; rc=0; fi
+    return "$rc"
+}
+
 before="$(mktemp)"; host_state | sort > "$before"
 status=0
 # The three-node swarm test (tests/test_swarm.py: 2-4 minutes, its own engines) runs when asked:
-# WAKELOOP_TEST_SWARM=1. A -m given here replaces this one.
-swarm=(-m "not swarm")
-[ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && swarm=()
-.venv/bin/python -m pytest "${swarm[@]}" "$@" || status=$?
+# WAKELOOP_TEST_SWARM=1.
+marks="not swarm"
+[ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && marks="swarm or not swarm"
+# Two workers (pytest-xdist) run all but the `serial` tests, then those run alone. Half of
+# what the suite waits on is the engine's work and the boxes' deadlines, not this machine's
+# CPU; a test whose verdict rests on a wall-clock bound or a CPU share is `serial`
+# (tests/conftest.py). WAKELOOP_TEST_WORKERS=0, or a -m given here, runs one pytest alone.
+workers="${WAKELOOP_TEST_WORKERS:-2}"
+case " $* " in *" -m "*) workers=0 ;; esac
+if [ "$workers" = 0 ]; then
+    log "running pytest"
+    .venv/bin/python -m pytest -m "$marks" "$@" || status=$?
+else
+    log "running pytest: $workers workers, then the serial tests alone"
+    phase -n "$workers" --dist loadgroup -m "($marks) and not serial" "$@" || status=$?
+    phase -m "($marks) and serial" "$@" || status=$?
+fi
 # The swarm lab (tests/test_swarm.py) is torn down by its fixture; a pytest killed outright cannot.
 if [ -d "${WAKELOOP_SWARM_LAB:-/var/tmp/wakeloop-swarm-lab}" ]; then ./scripts/swarm-lab.sh down || status=1; fi
 # Whatever pytest said: a run leaves nothing behind that was not there before it.

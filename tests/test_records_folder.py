@@ -145,6 +145,7 @@ def test_a_policy_file_in_the_folder_that_is_a_link_is_refused(agent_dir, tmp_pa
 # -- state/ --------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_a_100gb_sparse_state_json_is_capped_and_rebuilt(agent_dir):
     with open(agent_dir / "state" / "state.json", "wb") as f:
         f.truncate(SPARSE)
@@ -166,6 +167,7 @@ def test_a_fifo_state_json_and_inbox_do_not_hang(agent_dir):
     assert done and not isinstance(value, BaseException), value
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_a_100gb_sparse_events_log_is_dropped_quickly_and_read_capped(agent_dir, monkeypatch):
     sd = agent_dir / "state"
     with open(sd / "events.jsonl", "wb") as f:

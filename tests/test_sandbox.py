@@ -72,6 +72,7 @@ POOL_READY_S = 60  # a fresh pool's first container, on a loaded engine
 # -- deadline, OOM, pids --------------------------------------------------------
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_timeout_kills_the_command_and_its_children_at_the_deadline(sandbox, docker_client):
     # Timed from a warm container, as a wake's calls are: the deadline's promise, not a cold start's.
     assert sandbox.pool.wait_ready(1, POOL_READY_S)
@@ -183,6 +184,7 @@ def test_a_forged_oom_is_not_reported(agent, make_sandbox, monkeypatch, how, vie
     assert result.for_model().splitlines()[0] == "[exit 137]"
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_fork_bomb_stays_inside_the_pids_limit_and_the_next_call_works(sandbox, docker_client):
     started = time.monotonic()
     result = run(sandbox, "f(){ f | f & }; f; sleep 100", timeout=5)
@@ -489,6 +491,7 @@ def test_ordinary_modes_files_and_fifos_still_work(sandbox, agent):
 # -- output size and memory ------------------------------------------------------
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 @pytest.mark.parametrize("runtime", ["runc"])  # gVisor's streaming is the 1 GB probe's (bounds_huge_output)
 def test_100mb_of_output_comes_back_truncated_fast_with_flat_host_memory(sandbox):
     tracemalloc.start()

@@ -163,6 +163,7 @@ def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
 # -- serving ---------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 @pytest.mark.docker
 def test_two_agents_wake_on_time(tmp_path):
     root = tmp_path / "agents"

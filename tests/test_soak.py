@@ -43,6 +43,7 @@ CALLS = 6  # calls counted in the one-sandbox check
 WARM_CALLS = 8
 
 
+@pytest.mark.serial  # growth read over a timed soak: alone, where no other test's load moves it
 @pytest.mark.docker
 def test_serve_holds_descriptors_and_memory_flat_under_a_short_soak(tmp_path):
     tmp = tmp_path / "soak"

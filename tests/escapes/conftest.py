@@ -42,8 +42,11 @@ def no_orphaned_shims(docker_client):
     (a workdir of /proc/self/fd/N). At the end, stop the shims whose container
     the engine no longer has, and only those: nothing else on the host is touched."""
     yield
+    # Shims first, then the engine's list: a shim another test session's container started
+    # meanwhile (a parallel worker's) had its container created before, so it is known.
+    shims = _moby_shims()
     known = {c["Id"] for c in docker_client.api.containers(all=True)}
-    for pid, args in _moby_shims():
+    for pid, args in shims:
         container = args[args.index("-id") + 1] if "-id" in args else None
         if container and container not in known:
             try:
