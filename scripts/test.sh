@@ -127,7 +127,7 @@ if [ "$workers" = 0 ]; then
     .venv/bin/python -m pytest -m "$marks" "$@" || status=$?
 else
     log "running pytest: $workers workers, then the serial tests alone"
-    phase -n "$workers" --dist loadgroup -m "($marks) and not serial" "$@" || status=$?
+    phase -n "$workers" --dist loadscope -m "($marks) and not serial" "$@" || status=$?
     phase -m "($marks) and serial" "$@" || status=$?
 fi
 # The swarm lab (tests/test_swarm.py) is torn down by its fixture; a pytest killed outright cannot.

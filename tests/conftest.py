@@ -56,10 +56,9 @@ DOCKER_MODULES = {
 }
 
 
-# scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadgroup), then the
-# `serial` tests alone. A module whose tests share a module-scoped fixture (a proxy, a
-# browser, a compose project, the swarm lab) keeps them on one worker: made once, by one.
-GROUPED_MODULES = {"test_network", "test_egress", "test_console_browser", "test_compose", "test_swarm"}
+# scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadscope: a module's
+# tests on one worker, so a module-scoped fixture is made once, by one), then the `serial`
+# tests alone.
 # Probes whose verdict rests on a wall-clock bound or a share of the CPU (their weakened
 # controls too): serial, where another worker's load cannot turn a bound held into a miss.
 SERIAL_PROBES = {
@@ -79,8 +78,6 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rsplit(".", 1)[-1]
         if module in DOCKER_MODULES or ENGINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.docker)
-        if module in GROUPED_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))
         callspec = getattr(item, "callspec", None)
         if callspec and SERIAL_PROBES & set(callspec.id.split("-")):
             item.add_marker(pytest.mark.serial)

@@ -22,7 +22,7 @@ from orchestrator.policy.agent import load_agent
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox import engine_mounts as engine_mounts_mod
-from orchestrator.sandbox import layers
+from orchestrator.sandbox import disk, layers
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.wake.context import REFUSED_FILE
@@ -37,8 +37,18 @@ def engine_mounts(request, docker_client):
     """Both ways a box gets its disk: our mounts (KEY.box), or the engine's own (a broker in a
     container on a host whose / is private: engine_mounts.py). The engine's leave nothing."""
     yield request.param
-    left = docker_client.api.containers(all=True, filters={"label": engine_mounts_mod.KEEPER_LABEL})
-    volumes = docker_client.api.volumes(filters={"label": engine_mounts_mod.WAKE_LABEL}).get("Volumes") or []
+    # This session's only: another worker's disks have keepers and wakes of their own.
+    label, mine = engine_mounts_mod.DISK_LABEL, str(disk.disks_dir()) + "/"
+    left = [
+        c["Names"][0]
+        for c in docker_client.api.containers(all=True, filters={"label": engine_mounts_mod.KEEPER_LABEL})
+        if c["Labels"].get(label, "").startswith(mine)
+    ]
+    volumes = [
+        v["Name"]
+        for v in docker_client.api.volumes(filters={"label": engine_mounts_mod.WAKE_LABEL}).get("Volumes") or []
+        if (v.get("Labels") or {}).get(label, "").startswith(mine)
+    ]
     assert not left and not volumes, (left, volumes)
 
 
