@@ -116,9 +116,9 @@ status=0
 # WAKELOOP_TEST_SWARM=1.
 marks="not swarm"
 [ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && marks="swarm or not swarm"
-# Two workers (pytest-xdist) run all but the `serial` tests, then those run alone. Half of
-# what the suite waits on is the engine's work and the boxes' deadlines, not this machine's
-# CPU; a test whose verdict rests on a wall-clock bound or a CPU share is `serial`
+# Two workers (pytest-xdist) run all but the `serial` tests, then those run alone. One pytest
+# leaves the CPU idle 44% of its time (vmstat), waiting on the engine and the boxes' deadlines;
+# two leave it 21%. A test whose verdict rests on a wall-clock bound or a CPU share is `serial`
 # (tests/conftest.py). WAKELOOP_TEST_WORKERS=0, or a -m given here, runs one pytest alone.
 workers="${WAKELOOP_TEST_WORKERS:-2}"
 case " $* " in *" -m "*) workers=0 ;; esac

@@ -58,9 +58,8 @@ DOCKER_MODULES = {
 
 # scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadscope: a module's
 # tests on one worker, so a module-scoped fixture is made once, by one), then the `serial`
-# tests alone.
-# Probes whose verdict rests on a wall-clock bound or a share of the CPU (their weakened
-# controls too): serial, where another worker's load cannot turn a bound held into a miss.
+# tests alone: those whose verdict rests on a wall-clock bound or a share of the CPU, which
+# another worker's load could move. These probes are (and their weakened controls):
 SERIAL_PROBES = {
     "caps_cpu",
     "kills_at_deadline",
@@ -75,8 +74,7 @@ SERIAL_PROBES = {
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        if module in DOCKER_MODULES or ENGINE_FIXTURES & set(item.fixturenames):
+        if item.module.__name__.rsplit(".", 1)[-1] in DOCKER_MODULES or ENGINE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.docker)
         callspec = getattr(item, "callspec", None)
         if callspec and SERIAL_PROBES & set(callspec.id.split("-")):
