@@ -56,9 +56,9 @@ DOCKER_MODULES = {
 }
 
 
-# scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadscope: a module's
-# tests on one worker, so a module-scoped fixture is made once, by one), then the `serial`
-# tests alone: those whose verdict rests on a wall-clock bound or a share of the CPU, which
+# With WAKELOOP_TEST_WORKERS=2, scripts/test.sh runs the suite on two workers (pytest-xdist,
+# --dist loadscope: a module's tests on one worker, so a module-scoped fixture is made once,
+# by one), then the `serial` tests alone: those whose verdict rests on a wall-clock bound or a share of the CPU, which
 # another worker's load could move. These probes are (and their weakened controls):
 SERIAL_PROBES = {
     "caps_cpu",
