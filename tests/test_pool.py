@@ -160,6 +160,32 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
     assert first in removed and set(made) <= set(removed)
 
 
+def test_a_container_made_under_settings_that_changed_meanwhile_is_replaced_not_kept():
+    # A wake's begin or finish changes the settings (the box's mount) while a refill is
+    # being made: the drain counts that make as coming, so when it lands stale and is
+    # removed, one is made under the new settings; before, the pool stayed empty.
+    from orchestrator.sandbox.pool import WarmPool
+
+    key, door, begun, made, removed = ["old"], threading.Event(), threading.Event(), [], []
+
+    def make() -> str:
+        made.append(f"c{len(made)}:{key[0]}")
+        begun.set()
+        assert door.wait(DEADLINE), "the test never let the make through"
+        return made[-1]
+
+    pool = WarmPool(1, key=lambda: key[0], make=make, remove=removed.append, alive=lambda cid: True)
+    try:
+        assert begun.wait(DEADLINE)  # the first make is under way, under the old settings
+        key[0] = "new"
+        pool.drain()  # as _layer_changed does: nothing idle, one coming
+        door.set()
+        assert pool.wait_ready(1, DEADLINE), "the stale make was not replaced"
+        assert pool.idle() == ["c1:new"] and removed == ["c0:old"]
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("case", ["alone", "fleet", "engine-too-slow"])
 def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_hides_it(case):
     # Plain functions stand in for the engine: what is under test is the rule (grow when

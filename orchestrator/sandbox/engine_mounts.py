@@ -51,6 +51,10 @@ WAKE_LABEL = "wakeloop.wake-of"  # on each wake's volume: its disk's key
 DISK_OPTIONS = "nosuid,nodev,discard"
 REMOVAL_WAIT_S = 60  # a container another remover is removing: its removal is seconds
 DROP_TRIES = 5  # a container a pool's maker was creating as the wake ended: found on the next listing
+# The keeper's processes and threads. runc's start counts against it too (its init's stages, the
+# Go threads of `runc init`): at 4, a loaded host refused it a fork now and then (dmesg: "fork
+# rejected by pids controller"), the keeper never started, and the disk could not be attached.
+KEEPER_PIDS = 32
 
 
 class EngineMountError(Exception):
@@ -88,7 +92,7 @@ def keep(client: docker.DockerClient, key: str, device: str, disk_image: Path, i
                 read_only=True,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                pids_limit=4,
+                pids_limit=KEEPER_PIDS,
                 mem_limit="16m",
             ),
         )

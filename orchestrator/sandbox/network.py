@@ -103,6 +103,7 @@ READY_TIMEOUT_S = 30  # mitmdump starts in about 1.5 s; a build is not counted
 POLL_S = 0.2  # readiness polling interval
 PROXY_MEMORY = 256 * 2**20  # bytes; mitmdump idles at about 60 MB, a request's bodies held while it passes
 PROXY_PIDS = 128  # mitmdump and its threads
+HOLDER_PIDS = 32  # the network holder: runc's start counts too (engine_mounts.KEEPER_PIDS)
 PROXY_CPUS = 0.5  # of one core: a proxy for one agent's downloads
 # One JSON line per decision on stdout, which `decisions` reads back: room for ~40,000 lines.
 PROXY_LOG = {"max-size": "8m", "max-file": "2"}
@@ -500,7 +501,7 @@ def _ensure_holder(client, egress: Egress, internal) -> None:
         dns_opt=["timeout:1", "attempts:1"],
         sysctls={"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
         mem_limit=16 * 2**20,
-        pids_limit=8,
+        pids_limit=HOLDER_PIDS,
         init=True,
         detach=True,
     )

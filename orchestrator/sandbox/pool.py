@@ -388,6 +388,10 @@ class WarmPool:
             keep = cid is not None and not self._closed and key == self._key()
             if keep and cid is not None:  # (keep says cid is not None; mypy cannot see it)
                 self._ready.append(_Warm(cid, key, time.monotonic()))
+            elif cid is not None:
+                # Made under settings that changed meanwhile (a wake's begin or finish): the
+                # drain then counted it as coming, so it is replaced here, or nothing would be.
+                self._queue_missing()
             self._changed.notify_all()  # a waiting take: a container, or none coming
         if cid is not None and not keep:
             self._remove_quietly(cid)
