@@ -7,8 +7,8 @@
 # starts dockerd if none answers; makes
 # the base image locally when no registry can be reached; builds the sandbox
 # image; installs the package in .venv; runs ruff (lint, format) and mypy (a finding fails the
-# run), then pytest (with WAKELOOP_TEST_WORKERS=2: on two workers, then its serial tests
-# alone). Where Docker already runs it is used as it is. Extra arguments go to pytest (to both of its runs).
+# run), then pytest (on two workers, then its serial tests alone; WAKELOOP_TEST_WORKERS=0: one
+# pytest). Where Docker already runs it is used as it is. Extra arguments go to pytest (to both of its runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -116,14 +116,12 @@ status=0
 # WAKELOOP_TEST_SWARM=1.
 marks="not swarm"
 [ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && marks="swarm or not swarm"
-# WAKELOOP_TEST_WORKERS=2: two workers (pytest-xdist) run all but the `serial` tests, then
-# those run alone. One pytest leaves the CPU idle 44% of its time (vmstat), waiting on the
-# engine and the boxes' deadlines; two leave it 21%, and take about 20-23 minutes instead of
-# 28-30. Not the default yet: one of two clean runs on two workers still failed two tests
-# that pass alone (a warm pool not made within 30 s; a wake overlay's lower folder missing).
-# A test whose verdict rests on a wall-clock bound or a CPU share is `serial`
-# (tests/conftest.py). The default, or a -m given here, runs one pytest alone.
-workers="${WAKELOOP_TEST_WORKERS:-0}"
+# Two workers (pytest-xdist) run all but the `serial` tests, then those run alone: one pytest
+# leaves the CPU idle 44% of its time (vmstat), waiting on the engine and the boxes' deadlines;
+# two leave it 21%, and take about 20-23 minutes instead of 28-30. A test whose verdict rests
+# on a wall-clock bound or a CPU share is `serial` (tests/conftest.py).
+# WAKELOOP_TEST_WORKERS=0, or a -m given here, runs one pytest alone.
+workers="${WAKELOOP_TEST_WORKERS:-2}"
 case " $* " in *" -m "*) workers=0 ;; esac
 if [ "$workers" = 0 ]; then
     log "running pytest"
