@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for
+from tests.helpers.sync import interrupt
 
 TIMEOUT = 30  # generous per-call deadline for commands that should finish at once
 CAP = 20_000  # the default policy's max_output_chars
@@ -555,27 +555,42 @@ def test_sandbox_exec_with_a_bad_agent_dir_is_one_line(tmp_path):
     assert proc.stderr.count("\n") == 1 and "wakeloop init" in proc.stderr
 
 
+@pytest.mark.serial  # bounded in wall-clock time: another worker's engine load could stretch it
 def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", "sleep 1000"],
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-m",
+            "orchestrator",
+            "sandbox",
+            "exec",
+            str(agent_dir),
+            "--",
+            "sleep 1000",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    workspace = str((agent_dir / "workspace").resolve())
-    found = wait_for(
-        lambda: docker_client.api.containers(
-            filters={
-                "label": [  # one listing: no lookup to race
-                    "wakeloop.sandbox=1",
-                    f"wakeloop.workspace={workspace}",
-                ]
-            }
-        ),
-        "the call's container to start",
-        30,
-    )
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    try:
+        workspace = str((agent_dir / "workspace").resolve())
+        found = wait_for(
+            lambda: docker_client.api.containers(
+                filters={
+                    "label": [  # one listing: no lookup to race
+                        "wakeloop.sandbox=1",
+                        f"wakeloop.workspace={workspace}",
+                    ]
+                }
+            ),
+            "the call's container to start",
+            30,
+        )
+        code, err = interrupt(proc, 30)
+    finally:
+        proc.kill()  # a process that hung holds the disk: later tests must not inherit it
+    assert code == 130, err
     assert not container_exists(docker_client, found[0]["Id"])
 
 

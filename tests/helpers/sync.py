@@ -5,6 +5,7 @@ process has said it took the signal.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -49,3 +50,22 @@ def as_the_box_sees(path: Path) -> Path:
                 return disk.path_of(key, "box") / path.relative_to(folder)
             return path
     return path
+
+
+def interrupt(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
+    """Ctrl-C to a process started with `python -X faulthandler`: (its exit code, its stderr).
+    One still running at the deadline is made to print every thread's stack (SIGABRT, which
+    faulthandler answers), and the assertion carries it: where it hung, not only that it did."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, err if isinstance(err, str) else (err or b"").decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        text = err if isinstance(err, str) else (err or b"").decode(errors="replace")
+        raise AssertionError(f"still running {timeout_s:g} s after Ctrl-C; its threads then:\n{text}") from None
