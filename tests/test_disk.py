@@ -467,7 +467,7 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
 def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
     import sys
     from tests.helpers import REPO, scrubbed_env, wait_for
-    from tests.helpers.sync import interrupt
+    from tests.helpers.sync import ctrl_c_default, interrupt
 
     agent = load_agent(agent_dir)
     proc = subprocess.Popen(
@@ -485,6 +485,7 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
         ],
         cwd=REPO,
         env=scrubbed_env(),
+        preexec_fn=ctrl_c_default,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

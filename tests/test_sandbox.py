@@ -16,7 +16,7 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for
-from tests.helpers.sync import interrupt
+from tests.helpers.sync import ctrl_c_default, interrupt
 
 TIMEOUT = 30  # generous per-call deadline for commands that should finish at once
 CAP = 20_000  # the default policy's max_output_chars
@@ -572,6 +572,7 @@ def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=ctrl_c_default,
     )
     try:
         workspace = str((agent_dir / "workspace").resolve())

@@ -52,8 +52,16 @@ def as_the_box_sees(path: Path) -> Path:
     return path
 
 
+def ctrl_c_default() -> None:
+    """preexec_fn of a process the test will Ctrl-C: SIGINT back to its default there. A run
+    started in the background of a script (`./.ci/run &`) has SIGINT ignored, exec keeps
+    that, and Python then installs no KeyboardInterrupt: the child would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
-    """Ctrl-C to a process started with `python -X faulthandler`: (its exit code, its stderr).
+    """Ctrl-C to a process started with `python -X faulthandler` and `preexec_fn=ctrl_c_default`:
+    (its exit code, its stderr).
     One still running at the deadline is made to print every thread's stack (SIGABRT, which
     faulthandler answers), and the assertion carries it: where it hung, not only that it did."""
     proc.send_signal(signal.SIGINT)
