@@ -106,6 +106,7 @@ def test_the_commit_race_probe_escapes_a_broker_that_serves_calls_during_a_finis
     assert "served while the wake's changes were committed" in outcome.observed
 
 
+@pytest.mark.serial  # as its probe (tests/conftest.py SERIAL_PROBES)
 def test_the_full_disk_probe_escapes_a_commit_that_is_not_rolled_back(make_lab, monkeypatch):
     monkeypatch.setattr(transaction, "_roll_back", lambda *args: None)
     outcome = run_probe(make_lab(), by_name("transaction_whole_on_a_full_disk"))

@@ -54,7 +54,7 @@ def as_the_box_sees(path: Path) -> Path:
 
 def ctrl_c_default() -> None:
     """preexec_fn of a process the test will Ctrl-C: SIGINT back to its default there. A run
-    started in the background of a script (`./.ci/run &`) has SIGINT ignored, exec keeps
+    started in the background of a non-interactive shell has SIGINT ignored, exec keeps
     that, and Python then installs no KeyboardInterrupt: the child would never see it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
