@@ -465,31 +465,11 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
 
 @pytest.mark.serial  # bounded in wall-clock time: another worker's engine load could stretch it
 def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
-    import sys
-    from tests.helpers import REPO, scrubbed_env, wait_for
-    from tests.helpers.sync import ctrl_c_default, interrupt
+    from tests.helpers import wait_for
+    from tests.helpers.sync import exec_to_interrupt, interrupt
 
     agent = load_agent(agent_dir)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-X",
-            "faulthandler",
-            "-m",
-            "orchestrator",
-            "sandbox",
-            "exec",
-            str(agent_dir),
-            "--",
-            "sleep 60",
-        ],
-        cwd=REPO,
-        env=scrubbed_env(),
-        preexec_fn=ctrl_c_default,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = exec_to_interrupt(agent_dir, "sleep 60")
     try:
         running = lambda: docker_client.api.containers(
             filters={"label": f"wakeloop.workspace={agent.workspace.resolve()}", "status": "running"}

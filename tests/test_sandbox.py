@@ -16,7 +16,7 @@ from orchestrator.sandbox.engine import DockerSandbox, connect
 
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for
-from tests.helpers.sync import ctrl_c_default, interrupt
+from tests.helpers.sync import exec_to_interrupt, interrupt
 
 TIMEOUT = 30  # generous per-call deadline for commands that should finish at once
 CAP = 20_000  # the default policy's max_output_chars
@@ -557,23 +557,7 @@ def test_sandbox_exec_with_a_bad_agent_dir_is_one_line(tmp_path):
 
 @pytest.mark.serial  # bounded in wall-clock time: another worker's engine load could stretch it
 def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-X",
-            "faulthandler",
-            "-m",
-            "orchestrator",
-            "sandbox",
-            "exec",
-            str(agent_dir),
-            "--",
-            "sleep 1000",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=ctrl_c_default,
-    )
+    proc = exec_to_interrupt(agent_dir, "sleep 1000")
     try:
         workspace = str((agent_dir / "workspace").resolve())
         found = wait_for(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import IO
@@ -59,15 +60,30 @@ def ctrl_c_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def exec_to_interrupt(agent_dir: Path, command: str) -> subprocess.Popen:
+    """`wakeloop sandbox exec AGENT_DIR -- COMMAND` in a subprocess (text pipes, a scrubbed
+    environment) that a test will Ctrl-C with interrupt()."""
+    from tests.helpers.support import REPO, scrubbed_env
+
+    return subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", command],
+        cwd=REPO,
+        env=scrubbed_env(),
+        preexec_fn=ctrl_c_default,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def interrupt(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
-    """Ctrl-C to a process started with `python -X faulthandler` and `preexec_fn=ctrl_c_default`:
-    (its exit code, its stderr).
+    """Ctrl-C to a process started by exec_to_interrupt: (its exit code, its stderr).
     One still running at the deadline is made to print every thread's stack (SIGABRT, which
     faulthandler answers), and the assertion carries it: where it hung, not only that it did."""
     proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=timeout_s)
-        return proc.returncode, err if isinstance(err, str) else (err or b"").decode(errors="replace")
+        return proc.returncode, err
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
         try:
@@ -75,5 +91,4 @@ def interrupt(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-        text = err if isinstance(err, str) else (err or b"").decode(errors="replace")
-        raise AssertionError(f"still running {timeout_s:g} s after Ctrl-C; its threads then:\n{text}") from None
+        raise AssertionError(f"still running {timeout_s:g} s after Ctrl-C; its threads then:\n{err}") from None
