@@ -118,7 +118,7 @@ marks="not swarm"
 [ "${WAKELOOP_TEST_SWARM:-}" = 1 ] && marks="swarm or not swarm"
 # Two workers (pytest-xdist) run all but the `serial` tests, then those run alone: one pytest
 # leaves the CPU idle 44% of its time (vmstat), waiting on the engine and the boxes' deadlines;
-# two leave it 21%, and take about 20-23 minutes instead of 28-30. A test whose verdict rests
+# two leave it 21%, and took 14-23 minutes instead of 28-30. A test whose verdict rests
 # on a wall-clock bound or a CPU share is `serial` (tests/conftest.py).
 # WAKELOOP_TEST_WORKERS=0, or a -m given here, runs one pytest alone.
 workers="${WAKELOOP_TEST_WORKERS:-2}"
