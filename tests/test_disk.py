@@ -463,7 +463,7 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
     assert not disk.held(box.disk.key)
 
 
-@pytest.mark.serial  # bounded in wall-clock time: another worker's engine load could stretch it
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_client):
     from tests.helpers import wait_for
     from tests.helpers.sync import exec_to_interrupt, interrupt

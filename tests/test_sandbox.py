@@ -555,7 +555,7 @@ def test_sandbox_exec_with_a_bad_agent_dir_is_one_line(tmp_path):
     assert proc.stderr.count("\n") == 1 and "wakeloop init" in proc.stderr
 
 
-@pytest.mark.serial  # bounded in wall-clock time: another worker's engine load could stretch it
+@pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
 def test_ctrl_c_mid_call_removes_the_container(agent_dir, docker_client):
     proc = exec_to_interrupt(agent_dir, "sleep 1000")
     try:

@@ -1,6 +1,7 @@
 """Holding a process at a known point, without sleeps: the tests that stop a
 wake mid-call park its sandbox call on a FIFO and release it only once the
-process has said it took the signal.
+process has said it took the signal; the tests that Ctrl-C `sandbox exec` start it
+so that it can take SIGINT, and see its threads if it hangs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import IO
+
+from tests.helpers.support import REPO, scrubbed_env
 
 
 def release_fifo(fifo: Path, timeout_s: float) -> None:
@@ -63,8 +66,6 @@ def ctrl_c_default() -> None:
 def exec_to_interrupt(agent_dir: Path, command: str) -> subprocess.Popen:
     """`wakeloop sandbox exec AGENT_DIR -- COMMAND` in a subprocess (text pipes, a scrubbed
     environment) that a test will Ctrl-C with interrupt()."""
-    from tests.helpers.support import REPO, scrubbed_env
-
     return subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", command],
         cwd=REPO,
