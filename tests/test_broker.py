@@ -404,15 +404,30 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
     assert our_containers(docker_client, root.resolve()) == []
 
 
-def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked(root, docker_client):
+def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked_and_pings_then_say_it(root, docker_client):
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
+        before = broker.handle({"op": "ping"})["result"]  # placement's inputs past one host (nodes.py)
+        assert before["rate"] is None  # a ping never measures: that takes seconds
+        assert before["room"] == disk.promise_room(broker.disk_overcommit) and before["room"] > 0
         first = broker.handle({"op": "rate"})["result"]
         assert first["per_s"] > 0 and first["calls"] >= 1 and first["latency_s"] > 0
         assert broker.handle({"op": "rate"})["result"] == first  # kept, not measured again
+        assert broker.handle({"op": "ping"})["result"]["rate"] == first["per_s"]
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
+
+
+def test_a_rate_whose_calls_could_not_be_made_is_an_error_not_a_rate(tmp_path, docker_client):
+    # The broker in a container once measured on its own /tmp, which the engine cannot bind: each
+    # call raised in its thread, none ran, and "8 cold calls in 0.0 s" came back as 400 containers/s.
+    from orchestrator.policy.schema import DEFAULT
+    from orchestrator.sandbox import rate
+
+    with pytest.raises(SandboxError, match="measuring the engine's rate: .*cannot create a sandbox container"):
+        rate.measure(docker_client, DEFAULT.sandbox, 4, 2, under=(tmp_path, tmp_path / "not-on-the-host"))
+    assert not list(tmp_path.iterdir())  # the scratch folder went with it
 
 
 def test_closing_the_broker_removes_every_agents_pool(root, docker_client):

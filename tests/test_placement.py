@@ -1,9 +1,10 @@
 """Placement past one host without a swarm: the record, and the choice of node (broker/nodes.py)
-with the discovery stood in by fixed answers. The swarm itself: tests/test_swarm.py."""
+by count, rate and room, with the discovery stood in by fixed answers. The swarm itself: tests/test_swarm.py."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -42,6 +43,38 @@ def test_agents_go_to_the_node_with_fewest_and_stay(tmp_path, monkeypatch):
     assert read_node(tmp_path / "a" / "state") == lost
 
 
+def place_all(tmp_path, monkeypatch, up: list[nodes.Node], count: int, disk_bytes: int = 0) -> dict[str, int]:
+    monkeypatch.setattr(nodes, "discover", lambda address: tuple(up))
+    for i in range(count):
+        nodes.address_for(agent(tmp_path, f"a{i}"), ADDRESS, disk_bytes)
+    return placed(tmp_path)
+
+
+def test_a_node_whose_engine_is_three_times_faster_takes_three_times_the_agents(tmp_path, monkeypatch):
+    up = [nodes.Node("n1", "tls://10.0.0.1:7443", rate=3.0), nodes.Node("n2", "tls://10.0.0.2:7443", rate=1.0)]
+    assert place_all(tmp_path, monkeypatch, up, 8) == {"n1": 6, "n2": 2}
+
+
+def test_a_node_not_yet_measured_counts_as_the_others_mean(tmp_path, monkeypatch):
+    up = [nodes.Node("n1", "tls://10.0.0.1:7443", rate=2.0), nodes.Node("n2", "tls://10.0.0.2:7443")]
+    assert place_all(tmp_path, monkeypatch, up, 6) == {"n1": 3, "n2": 3}
+
+
+def test_an_agent_goes_only_where_its_disk_can_be_promised_and_nowhere_is_said(tmp_path, monkeypatch):
+    gib = 2**30
+    up = [nodes.Node("n1", "tls://10.0.0.1:7443", 9.0, 1 * gib), nodes.Node("n2", "tls://10.0.0.2:7443", 1.0, 8 * gib)]
+    assert place_all(tmp_path, monkeypatch, up, 4, disk_bytes=2 * gib) == {"n2": 4}  # n1, faster, has no room
+    with pytest.raises(nodes.NodeUnavailable, match=r"no node .* can promise its sandbox.disk of 10,737,418,240"):
+        nodes.address_for(agent(tmp_path, "big"), ADDRESS, 10 * gib)
+    assert read_node(tmp_path / "big" / "state") is None  # not placed: its next wake asks again
+
+
+@pytest.mark.parametrize("sent", [True, -1, float("nan"), float("inf"), "3", None, [1]])
+def test_a_rate_or_room_a_ping_sends_that_is_not_a_finite_count_is_not_believed(sent):
+    assert nodes._amount(sent) is None
+    assert nodes._amount(3) == 3.0
+
+
 def test_one_host_is_not_placed(tmp_path, monkeypatch):
     monkeypatch.setattr(nodes, "discover", lambda address: (nodes.Node("", address),))
     a = agent(tmp_path, "a")
@@ -60,3 +93,28 @@ def test_a_planted_fifo_or_link_in_place_of_the_placement_is_never_opened_or_fol
     assert read_node(tmp_path) is None
     write_node(tmp_path, "n1")
     assert read_node(tmp_path) == "n1" and (tmp_path / "elsewhere.json").read_text() == '{"node": "theirs"}'
+
+
+def test_a_lost_node_is_told_once_per_series_of_skipped_wakes_not_at_each(tmp_path, monkeypatch):
+    from orchestrator.notify import queue
+    from orchestrator.policy.agent import load_agent
+    from orchestrator.records.state import load_state, save_state
+    from orchestrator.wake.loop import wake
+    from tests.helpers import make_agent
+
+    root = tmp_path / "agents"
+    a = make_agent(root, "a", notify=[{"webhook": "http://127.0.0.1:9/hook"}])
+    write_node(a / "state", "n-gone")  # placed on a node no broker answers for now
+    monkeypatch.setenv("WAKELOOP_BROKER", "tls://127.0.0.1:9")  # discard: nothing listens
+    agent = load_agent(a)
+
+    def unavailable() -> list[str]:
+        return [item.payload["text"] for item in queue.pending(agent.state_dir) if item.event == "unavailable"]
+
+    receipts = [wake(agent) for _ in range(3)]
+    assert [r.status for r in receipts] == ["skipped_node"] * 3
+    (text,) = unavailable()
+    assert "n-gone" in text and "skipped, not failed" in text
+    state, _ = load_state(agent.state_dir)
+    save_state(agent.state_dir, replace(state, last_receipt=replace(receipts[-1], status="done")))  # it came back
+    assert wake(agent).status == "skipped_node" and len(unavailable()) == 2  # and went again: told again

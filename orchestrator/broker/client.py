@@ -228,7 +228,11 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
     context`): the broker's reading under compose, else the folder (or its disk's
     mount over it, which the agent's last wake left)."""
     path = broker_socket(environ)
-    return BrokerFiles(nodes.address_for(agent.dir, path), agent.dir.name) if path else HostFiles(agent.workspace)
+    return (
+        BrokerFiles(nodes.address_for(agent.dir, path, agent.policy.sandbox.disk), agent.dir.name)
+        if path
+        else HostFiles(agent.workspace)
+    )
 
 
 def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] = os.environ) -> WakeDiff:
@@ -286,7 +290,7 @@ def open_sandbox(
     containers an earlier, interrupted run left for this workspace."""
     path = broker_socket(environ)
     if path:  # past one host: the broker of the agent's node (nodes.py), which may not answer
-        brokered = BrokerSandbox(nodes.address_for(agent.dir, path), agent.dir.name)
+        brokered = BrokerSandbox(nodes.address_for(agent.dir, path, agent.policy.sandbox.disk), agent.dir.name)
         brokered.check()
         return brokered
     client = connect()

@@ -5,11 +5,12 @@ a swarm's `tasks.broker` (compose.swarm.yaml: a global service, dnsrr) names
 one task per node. Each address's broker is asked its node (ping's `node`,
 the broker's $WAKELOOP_NODE); a broker that names none is one broker on one
 host, and the address is used as given. An agent first woken is placed on
-the answering node with the fewest agents placed (room by count: every node
-here has the same engine; the measured rate and the disks' room are not yet
-weighed), recorded in its state (records/placement.py), and every call of it
-goes to that node's broker at whatever address its task has now (a task
-restarted gets a new one). Its node not answering: NodeUnavailable, which a
+the answering node whose disks can still promise its disk (ping's `room`)
+with the fewest agents placed for its engine's measured rate (ping's `rate`:
+a node twice as fast takes twice the agents; one not yet measured counts as
+the others' mean), recorded in its state (records/placement.py), and every
+call of it goes to that node's broker at whatever address its task has now
+(a task restarted gets a new one). Its node not answering: NodeUnavailable, which a
 wake turns into a skipped wake (status skipped_node, wake/loop.py) until
 the node returns. Discovery is kept DISCOVER_KEEP_S, so a fleet's wakes in
 one tick ask once.
@@ -19,6 +20,7 @@ Not here: the wire (wire.py, tls.py), moving an agent between nodes (not built).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -44,6 +46,8 @@ class NodeUnavailable(SandboxError):
 class Node:
     name: str  # "" from a broker that names no node: one host
     address: str  # tls://IP:PORT of its broker now
+    rate: float | None = None  # containers/s its engine makes, as its broker last measured; None: not yet
+    room: int | None = None  # bytes of disk it may still promise; None: it keeps no disks
 
 
 def this_node() -> str:
@@ -80,13 +84,29 @@ def _ask_node(target: str) -> Node | None:
         reply = wire.request(target, wire.Ping(), PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
     except SandboxError:
         return None
-    name = reply.get("node")
-    return Node(name if isinstance(name, str) else "", target)
+    name, rate, room = reply.get("node"), _amount(reply.get("rate")), _amount(reply.get("room"))
+    return Node(name if isinstance(name, str) else "", target, rate or None, None if room is None else int(room))
 
 
-def address_for(agent_dir: Path, address: str) -> str:
-    """The broker address for the agent in `agent_dir`: its node's, placing it first if it has none.
-    A unix socket, or brokers that name no node: `address` itself. NodeUnavailable otherwise."""
+def _amount(value: object) -> float | None:
+    """A finite JSON number >= 0 (not a bool), else None: a ping's reply is not trusted to be sane."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def brokers(address: str) -> tuple[str, ...]:
+    """Every broker behind `address`: each node's on a swarm, else `address` itself."""
+    if not address.startswith(tls.SCHEME):
+        return (address,)
+    named = tuple(n.address for n in discover(address) if n.name)
+    return named or (address,)
+
+
+def address_for(agent_dir: Path, address: str, disk_bytes: int = 0) -> str:
+    """The broker address for the agent in `agent_dir`: its node's, placing it first if it has
+    none (on a node with room for `disk_bytes`, its sandbox.disk). A unix socket, or brokers that
+    name no node: `address` itself. NodeUnavailable otherwise."""
     if not address.startswith(tls.SCHEME):
         return address
     nodes = discover(address)
@@ -96,17 +116,17 @@ def address_for(agent_dir: Path, address: str) -> str:
     with _lock:
         node = placement.read_node(state_dir)
         if node is None:
-            node = _place(agent_dir, state_dir, nodes, address)
+            node = _place(agent_dir, state_dir, nodes, address, disk_bytes)
     for n in nodes:
         if n.name == node:
             return n.address
     raise NodeUnavailable(f"its node {node} does not answer (no broker of {address} on it): skipped until it returns")
 
 
-def check_node(agent_dir: Path, address: str) -> None:
+def check_node(agent_dir: Path, address: str, disk_bytes: int = 0) -> None:
     """At a wake's start: the agent's node answers now (a fresh ping, not the kept discovery,
     which may be DISCOVER_KEEP_S old), placing the agent first if it has none; else NodeUnavailable."""
-    target = address_for(agent_dir, address)
+    target = address_for(agent_dir, address, disk_bytes)
     if target == address:
         return
     try:
@@ -114,15 +134,33 @@ def check_node(agent_dir: Path, address: str) -> None:
     except SandboxError:
         with _lock:
             _seen.pop(address, None)
-        address_for(agent_dir, address)  # found again (its task restarted elsewhere) or NodeUnavailable
+        address_for(agent_dir, address, disk_bytes)  # found again (its task restarted elsewhere) or NodeUnavailable
 
 
-def _place(agent_dir: Path, state_dir: Path, nodes: tuple[Node, ...], address: str) -> str:
+def _place(agent_dir: Path, state_dir: Path, nodes: tuple[Node, ...], address: str, disk_bytes: int) -> str:
     named = [n for n in nodes if n.name]
     if not named:
         raise NodeUnavailable(f"no broker answers at {address}: not placed yet, skipped until one does")
-    counts = placement.placed(agent_dir.parent)
-    chosen = min(named, key=lambda n: (counts.get(n.name, 0), n.name))
+    chosen = choose(named, placement.placed(agent_dir.parent), disk_bytes)
+    if chosen is None:
+        rooms = ", ".join(f"{n.name} {n.room:,}" for n in named if n.room is not None)
+        raise NodeUnavailable(
+            f"no node of {address} can promise its sandbox.disk of {disk_bytes:,} bytes (room: {rooms}): "
+            "not placed yet, skipped until one can"
+        )
     state_dir.mkdir(mode=0o700, exist_ok=True)
     placement.write_node(state_dir, chosen.name)
     return chosen.name
+
+
+def choose(named: list[Node], counts: dict[str, int], disk_bytes: int) -> Node | None:
+    """The node for one more agent: of those with room for its disk, the one with the fewest
+    agents per container/s once it has this one (then the most room, then the name)."""
+    fits = [n for n in named if n.room is None or n.room >= disk_bytes]
+    rates = [n.rate for n in named if n.rate]
+    usual = sum(rates) / len(rates) if rates else 1.0  # not measured yet: as the others
+    return min(
+        fits,
+        key=lambda n: ((counts.get(n.name, 0) + 1) / (n.rate or usual), -(n.room or 0), n.name),
+        default=None,
+    )

@@ -273,8 +273,8 @@ class Broker:
         return self.serve(wire.parse(raw))
 
     def serve(self, req: wire.Request) -> wire.JSONObject:
-        if isinstance(req, wire.Ping):
-            return wire.ok({"root": str(self.root), "node": nodes.this_node()})  # node: past one host
+        if isinstance(req, wire.Ping):  # node, rate and room: for placement past one host (nodes.py)
+            return wire.ok({"root": str(self.root), "node": nodes.this_node(), **self._standing()})
         if isinstance(req, wire.Rate):  # serve fits its K to the engine it cannot see
             return wire.ok(asdict(self._rate()))
         if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
@@ -331,6 +331,13 @@ class Broker:
         )
         return wire.ok(asdict(result))
 
+    def _standing(self) -> wire.JSONObject:
+        """What a ping says of this node at no cost: the engine's rate if measured (None if not:
+        measuring takes seconds, and the `rate` op does it) and the disk its disks may still promise."""
+        kept = self._rate_at  # not under _rate_lock, held through a measurement: one read of a tuple
+        measured = kept[1].per_s if kept else None
+        return {"rate": measured, "room": disk.promise_room(self.disk_overcommit)}
+
     def _rate(self) -> wire.EngineRate:
         """The engine's create-start-remove rate (sandbox/rate.py) under the default
         policy, measured at most once per RATE_KEEP_S and one measurement at a time:
@@ -338,8 +345,12 @@ class Broker:
         with self._rate_lock:
             if self._rate_at is None or time.monotonic() - self._rate_at[0] > RATE_KEEP_S:
                 cores = len(os.sched_getaffinity(0))
-                measured = rate.measure(
-                    self.client, DEFAULT.sandbox, RATE_CALLS_PER_CORE * cores, RATE_PARALLEL_PER_CORE * cores
+                measured = rate.measure(  # on a scratch folder under ROOT: the engine can bind it
+                    self.client,
+                    DEFAULT.sandbox,
+                    RATE_CALLS_PER_CORE * cores,
+                    RATE_PARALLEL_PER_CORE * cores,
+                    under=(self.root, self.host_root),
                 )
                 self._rate_at = (
                     time.monotonic(),

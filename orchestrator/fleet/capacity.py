@@ -8,7 +8,9 @@ Three limits, the smallest wins, and `serve` says all three in one line:
   By Little's law rate x (turn + latency) wakes keep the engine busy;
   ENGINE_HEADROOM more keeps the next call waiting when turns or calls
   run short. More only lengthens the queue inside the engine, where a call
-  could time out. Rate and latency are measured at start (sandbox/rate.py).
+  could time out. Rate and latency are measured at start (sandbox/rate.py),
+  or asked of the broker; past one host, of every node's broker, the rates
+  summed and the slowest latency kept.
 - memory: each running wake may have one call using its policy's whole
   `sandbox.memory` (warm containers idle in a launcher of ~1 MB), so the
   memory available now, divided by the largest policy's limit.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,19 +124,35 @@ def _engine_rate(policy) -> tuple[float | None, float, str]:
     return measured.per_s, measured.latency_s, f", {measured.calls} cold calls in {measured.seconds:.1f} s,"
 
 
-def _broker_rate(socket_path: str) -> tuple[float | None, float, str]:
+def _broker_rate(address: str) -> tuple[float | None, float, str]:
+    """The broker's engine's rate; past one host every node's broker's, summed: the fleet's
+    engine is all of theirs (a node that does not say adds nothing, and the line says so)."""
+    from orchestrator.broker import nodes
+
+    targets = nodes.brokers(address)
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        answers = list(pool.map(_one_broker_rate, targets))
+    measured = [a for a in answers if not isinstance(a, str)]
+    if not measured:
+        return None, 0.0, f": the broker did not say ({answers[0]})"
+    calls, seconds = sum(m.calls for m in measured), max(m.seconds for m in measured)
+    whose = "the broker's" if len(targets) == 1 else f"{len(measured)} of {len(targets)} nodes' brokers'"
+    return (
+        sum(m.per_s for m in measured),
+        max(m.latency_s for m in measured),
+        f", {whose}: {calls} cold calls in {seconds:.1f} s,",
+    )
+
+
+def _one_broker_rate(address: str):
+    """One broker's EngineRate, or why it gave none."""
     from orchestrator.broker.client import BrokerClient
     from orchestrator.errors import WakeloopError
 
     try:
-        measured = BrokerClient(socket_path).rate()
-        return (
-            measured.per_s,
-            measured.latency_s,
-            f", the broker's: {measured.calls} cold calls in {measured.seconds:.1f} s,",
-        )
+        return BrokerClient(address).rate()
     except WakeloopError as exc:
-        return None, 0.0, f": the broker did not say ({exc})"
+        return str(exc)
 
 
 def cores() -> int:

@@ -65,6 +65,7 @@ EVENTS = (
     "recovered",
     "paused",
     "no_room",
+    "unavailable",
     "daily",
     "approval",
 )

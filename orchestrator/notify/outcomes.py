@@ -1,5 +1,5 @@
 """What goes into the queue, and when: a wake's end, a send_message, an approval asked, a wake
-that could not start, a call the disk guard did not start, a new day.
+that could not start, a call the disk guard did not start, a node lost, a new day.
 
 Every function here only *queues* (queue.enqueue: a file written
 atomically) and returns at once: delivery is the sender's, later, so a
@@ -200,6 +200,25 @@ def no_room(agent, run_id: str, wake: int, reason: str) -> None:
                 {"wake": wake, "reason": reason},
             ),
         )
+
+
+def unavailable(agent, receipt) -> None:
+    """Past one host, the agent's node does not answer (broker/nodes.py): its wakes are skipped,
+    not failed, until it does. Queued at the first skipped wake of a series, not at each."""
+    emit(
+        agent.state_dir,
+        agent.notify,
+        payload(
+            agent.name,
+            "unavailable",
+            f"{receipt.run_id}/unavailable",
+            f"{who(agent.name, agent.dir)}: unavailable",
+            f"Wake #{receipt.wake} was skipped: {receipt.reason}\nIts wakes are skipped, not failed, until "
+            "its node answers again; it is not moved (`wakeloop status` shows its node).",
+            receipt.run_id,
+            receipt.to_dict(),
+        ),
+    )
 
 
 def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause_after: int, reason: str) -> None:

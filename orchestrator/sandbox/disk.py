@@ -1031,18 +1031,33 @@ def _check_promise(more: int, overcommit: float) -> None:
     """Thin disks: a disk's size is a promise, not space set aside (the guard keeps the
     host safe, call by call). Refuse `more` bytes of promise only past `overcommit`
     times the filesystem's size, the disks' sizes together."""
-    st = os.statvfs(disks_dir())
-    bound = int(st.f_blocks * st.f_frsize * overcommit)
-    promised = sum(size for size, _ in _images().values())
+    size, promised, bound = _promises(overcommit)
     if more + promised > bound:
         raise DiskError(
             f"sandbox.disk: no promise of {more:,} more bytes of disk in {disks_dir()}: its "
             f"{len(_images())} disk(s) have {promised:,} promised, and at most {overcommit:g}× "
-            f"its filesystem's {st.f_blocks * st.f_frsize:,} bytes ({bound:,}) may be (the "
+            f"its filesystem's {size:,} bytes ({bound:,}) may be (the "
             "ceiling's max.disk_overcommit); lower sandbox.disk, delete the disks of agents you "
             "removed (`wakeloop disk list`, then `wakeloop disk rm`), or give WAKELOOP_DISKS a "
             "bigger filesystem"
         )
+
+
+def promise_room(overcommit: float = OVERCOMMIT) -> int | None:
+    """Bytes of disk this host may still promise (the bound _check_promise holds, less what
+    its disks promise now): a swarm places an agent only where its disk fits. None: no disks here."""
+    try:
+        _, promised, bound = _promises(overcommit)
+    except OSError:  # no disks' directory: a broker whose agents have no disk
+        return None
+    return max(bound - promised, 0)
+
+
+def _promises(overcommit: float) -> tuple[int, int, int]:
+    """(the disks' filesystem's size, the bytes its disks promise, the most they may)."""
+    st = os.statvfs(disks_dir())
+    whole = st.f_blocks * st.f_frsize
+    return whole, sum(size for size, _ in _images().values()), int(whole * overcommit)
 
 
 def _images() -> dict[str, tuple[int, int]]:

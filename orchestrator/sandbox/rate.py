@@ -45,11 +45,20 @@ class Rate:
         return self.seconds * self.parallel / self.calls if self.calls else 0.0
 
 
-def measure(client: docker.DockerClient, policy: SandboxPolicy, calls: int, parallel: int) -> Rate:
-    """Cold calls of `true` under `policy`'s settings, `parallel` at once; SandboxError if one fails."""
-    with tempfile.TemporaryDirectory(prefix="wakeloop-rate-") as scratch:
+def measure(
+    client: docker.DockerClient,
+    policy: SandboxPolicy,
+    calls: int,
+    parallel: int,
+    under: tuple[Path, Path] | None = None,
+) -> Rate:
+    """Cold calls of `true` under `policy`'s settings, `parallel` at once; SandboxError if one fails.
+    `under`: (a folder, its path on the engine's host) for the scratch folder, when this process
+    runs in a container (the broker): its own /tmp is no path the engine can bind."""
+    with tempfile.TemporaryDirectory(prefix=".wakeloop-rate-", dir=under[0] if under else None) as scratch:
         cold = replace(policy, disk=0, pool=0, network="none", allow_hosts=())
-        box = DockerSandbox(Path(scratch), cold, agent="rate", client=client)
+        host_path = under[1] / Path(scratch).name if under else None
+        box = DockerSandbox(Path(scratch), cold, agent="rate", client=client, host_path=host_path)
         left, lock, failed = [calls], threading.Lock(), list[str]()
 
         def worker() -> None:
@@ -58,7 +67,11 @@ def measure(client: docker.DockerClient, policy: SandboxPolicy, calls: int, para
                     if left[0] <= 0 or failed:
                         return
                     left[0] -= 1
-                result = box.run("true", timeout_s=CALL_TIMEOUT_S, max_output_chars=1000)
+                try:
+                    result = box.run("true", timeout_s=CALL_TIMEOUT_S, max_output_chars=1000)
+                except SandboxError as exc:  # not raised in the thread: a call that never ran is no rate
+                    failed.append(str(exc).splitlines()[0])
+                    return
                 if not result.ok:
                     failed.append(result.for_model().splitlines()[0])
 

@@ -171,6 +171,9 @@ def wake(
             receipt = _unstarted(agent, run_id, "skipped_node", down, events)
             current, _ = st.load_state(agent.state_dir)  # its last receipt: status shows it unavailable
             st.save_state(agent.state_dir, replace(current, last_receipt=receipt))
+            last = current.last_receipt
+            if last is None or last.status != "skipped_node":  # the first of a series: said once
+                notify_safely(events, say, outcomes.unavailable, agent, receipt)
             return receipt
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
@@ -229,7 +232,7 @@ def _node_down(agent: Agent, say) -> str | None:
     if not address:
         return None
     try:
-        nodes.check_node(agent.dir, address)
+        nodes.check_node(agent.dir, address, agent.policy.sandbox.disk)
     except nodes.NodeUnavailable as exc:
         say(f"{agent.name}: unavailable: {exc}")
         return f"unavailable: {exc}"
@@ -241,6 +244,17 @@ def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: Eve
     reason = f"not started: {halted.describe()}"
     say(f"{agent.name}: {reason}")
     return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
+
+
+def notify_safely(events: EventLog, say, queue_it, *args, secrets=()) -> None:
+    """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
+    receipt, so any failure here (a full disk, a bug) is recorded and said, never raised."""
+    try:
+        queue_it(*args)
+    except Exception as exc:
+        why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", secrets)
+        events.write(ev.NotifyError(error=why))
+        say(why)
 
 
 def _unstarted(
@@ -751,14 +765,7 @@ class _Wake:
         self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
 
     def _notify(self, queue_it, *args) -> None:
-        """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
-        receipt, so any failure here (a full disk, a bug) is recorded and said, never raised."""
-        try:
-            queue_it(*args)
-        except Exception as exc:
-            why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", self.secrets)
-            self.events.write(ev.NotifyError(error=why))
-            self.say(why)
+        notify_safely(self.events, self.say, queue_it, *args, secrets=self.secrets)
 
     def _stopped(self, halted: stopswitch.Stop) -> tuple[Status, str]:
         self.events.write(ev.Stopped(who=halted.who, at=halted.at, why=halted.why, steps=self.steps))
