@@ -246,13 +246,15 @@ def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: Eve
     return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
 
 
-def notify_safely(events: EventLog, say, queue_it, *args, secrets=()) -> None:
+def notify_safely(events: EventLog, say, queue_it, *args, secrets: tuple[str, ...] | None = None) -> None:
     """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
-    receipt, so any failure here (a full disk, a bug) is recorded and said, never raised."""
+    receipt, so any failure here (a full disk, a bug) is recorded and said, never raised; scrubbed
+    of `secrets` (by default the environment's, as a wake's are)."""
     try:
         queue_it(*args)
     except Exception as exc:
-        why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", secrets)
+        shown = secrets if secrets is not None else secrets_from_env()
+        why = scrub(f"could not queue a notification: {type(exc).__name__}: {exc}", shown)
         events.write(ev.NotifyError(error=why))
         say(why)
 
