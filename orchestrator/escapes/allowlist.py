@@ -251,13 +251,21 @@ def _unlisted_host(t: Trial) -> str:
 
 
 NO_DIRECT_ROUTE = r"""
-import json
+import struct
 routes = [l.split() for l in open("/proc/net/route").readlines()[1:] if l.split()]
 default = [r for r in routes if r[1] == "00000000" or r[2] != "00000000"]
 v6 = [l.split()[-1] for l in open("/proc/net/if_inet6")] if os.path.exists("/proc/net/if_inet6") else []
 v6 = [n for n in v6 if n != "lo"]
+def on_link(host):
+    # The box's own network may be given any of the engine's pools (192.168.0.0/20
+    # once the 172.x ones are taken): an address inside it reaches that network,
+    # which has no gateway, not the outside.
+    (address,) = struct.unpack("<I", socket.inet_aton(host))
+    return any(address & int(r[7], 16) == int(r[1], 16) for r in routes if r[2] == "00000000")
 routed = []
-for host in ("169.254.169.254", "1.1.1.1", "10.0.0.1", "192.168.0.1", "8.8.8.8"):
+for host in ("169.254.169.254", "1.1.1.1", "10.0.0.1", "192.168.0.1", "172.16.0.1", "8.8.8.8"):
+    if on_link(host):
+        continue
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.connect((host, 9)); routed.append(host)   # a route lookup: nothing is sent
