@@ -706,11 +706,16 @@ def cmd_policy_explain(args) -> int:
 
 
 def cmd_escapes(args) -> int:
-    from orchestrator.escapes.command import list_probes, run
+    from orchestrator.escapes.command import Through, list_probes, run
 
     if args.list:
         return list_probes(as_json=args.json)
-    return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe)
+    through = None
+    if args.broker or args.root or args.node:
+        if not (args.broker and args.root):
+            raise AgentError("escapes: --broker ADDRESS and --root ROOT go together (--node with them)")
+        through = Through(args.broker, args.root, args.node)
+    return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe, through)
 
 
 def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) -> argparse.ArgumentParser:
@@ -1138,6 +1143,13 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(p, "one JSON report instead of the table (with --list: the probes)")
     p.add_argument("--probe", action="append", metavar="NAME", help="run only this probe (repeatable)")
     p.add_argument("--list", action="store_true", help="list the probes and exit")
+    p.add_argument(
+        "--broker",
+        metavar="ADDRESS",
+        help="run the box's probes through this broker (tls://HOST:PORT with $WAKELOOP_TLS_DIR, or a socket)",
+    )
+    p.add_argument("--root", help="with --broker: the agents folder it serves, as this process sees it")
+    p.add_argument("--node", help="with --broker tls://tasks.SERVICE:PORT: this node's broker (default: the first)")
     return parser
 
 

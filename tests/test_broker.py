@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import docker
@@ -25,7 +24,6 @@ from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker
-from orchestrator.broker.transport import serve
 from orchestrator.broker.client import BrokerClient, BrokerSandbox
 from orchestrator.broker import wire
 from orchestrator.escapes.orchestrator import _egress_keys
@@ -37,7 +35,7 @@ from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk, layers, undo_folders, wake_layer
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
-from tests.helpers.broker import START_S, served
+from tests.helpers.broker import served, served_tls
 
 POOL_WAIT_S = 30  # a pool refill: create and start two containers
 MEMORY_PROBE = (
@@ -582,25 +580,6 @@ def test_the_read_op_reads_only_the_agents_own_disk_without_following_links(brok
 
 
 # -- past one host: the same wire over TCP with mutual TLS (broker/tls.py) ----------------------
-
-
-@contextmanager
-def served_tls(root: Path, certs: Path, capsys):
-    """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line."""
-    ready, stop = threading.Event(), threading.Event()
-    thread = threading.Thread(
-        target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs}, daemon=True
-    )
-    thread.start()
-    try:
-        assert ready.wait(START_S), "the broker did not start"
-        said = capsys.readouterr().out
-        address = re.search(r"on (tls://127\.0\.0\.1:[1-9][0-9]*) \(mutual TLS", said).group(1)
-        yield address
-    finally:
-        stop.set()
-        thread.join(timeout=START_S)
-    assert not thread.is_alive(), "the broker did not stop"
 
 
 def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_broker_is_refused(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.escapes.registry import THROUGH_A_BROKER
 from orchestrator.records.placement import read_node
 from orchestrator.records.state import load_state
 from tests.helpers import REPO, make_agent, wait_for
@@ -246,3 +247,43 @@ def test_a_broker_answers_only_the_stacks_orchestrator(stack):
     for how in ("none", "other_ca", "broker_own"):
         out = probe(how, 2, other)
         assert '"ok"' not in out and ("refused" in out or "closed" in out), f"{how}: {out}"
+
+
+# Two or three of each category of registry.THROUGH_A_BROKER: all 69 take ~4 min on the lab's nodes
+# (tests/escapes/test_through_a_broker.py runs them all through a broker on this host). Not
+# caps_workspace_file_size: the lab's agents folder is a tmpfs, whose pages count against the
+# box's memory, so its 1 GiB file is killed for memory first (exit 137, INCONCLUSIVE).
+ON_A_NODE = """
+blocks_reading_host_files blocks_mount blocks_leaked_host_fds write_file_refuses_path_tricks
+write_file_refuses_symlinks runs_as_unprivileged_user holds_no_capabilities enforces_seccomp_filter
+blocks_setuid_bit_at_creation has_no_interface_but_lo has_no_route_to_metadata hides_api_key
+hides_other_agents_workspaces hides_docker_socket kills_background_processes caps_process_count
+caps_memory blocks_changing_policy_or_mandate
+""".split()
+
+
+def test_the_escape_suite_holds_through_a_nodes_broker_over_mutual_tls(stack, tmp_path):
+    """`wakeloop escapes --broker` as an operator runs it from a machine of the stack: the
+    orchestrator's certificate, the shared agents folder, node 2's broker at its host-mode port."""
+    assert set(ON_A_NODE) <= {p.name for p in THROUGH_A_BROKER}
+    env = {**os.environ, "WAKELOOP_TLS_DIR": str(LAB / "certs"), "WAKELOOP_REPORTS": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run(
+        ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/wakeloop"), "escapes", "--json"]
+        + ["--broker", "tls://10.211.0.12:7443", "--root", str(stack), "--node", "swx-n2"]
+        + [f"--probe={name}" for name in ON_A_NODE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.stdout.startswith("{"), f"exit {done.returncode}: {done.stderr[-3000:]}"
+    report = json.loads(done.stdout)
+    verdicts = {o["probe"]: o["verdict"] for o in report["probes"]}
+    assert set(verdicts.values()) == {"HELD"}, [
+        (o["probe"], o["observed"]) for o in report["probes"] if o["verdict"] != "HELD"
+    ]
+    assert done.returncode == 0 and sorted(verdicts) == sorted(ON_A_NODE), done.stderr[-2000:]
+    assert report["through"] == "through the broker of node swx-n2 at tls://10.211.0.12:7443", report["through"]
+    assert [p.name for p in stack.iterdir() if "escapes-" in p.name] == []  # the trials and the lab's folder
+    print(f"{len(verdicts)} probes held through swx-n2's broker ({time.monotonic() - started:.0f} s)")

@@ -4,29 +4,47 @@ Runs every probe against the live engine under the chosen policy, each in a
 throwaway agent under a temp dir (never the real agent's workspace: probes
 fill, plant and break things), then checks the host, prints the report card
 and exits 1 if anything did not hold. Progress goes to stderr as it runs.
+
+With `--broker ADDRESS --root ROOT [--node NAME]` the probes that attack the
+box alone (registry.THROUGH_A_BROKER) run through that broker instead, over
+its wire (mutual TLS for tls://): each in a throwaway agent directly under
+the broker's ROOT, paused so that serve never wakes it, removed after.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+import yaml
+
+from orchestrator.broker import nodes, tls
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.policy.load import load_policy
+from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.engine import check_image, connect
-from orchestrator.escapes.core import HELD, run_suite, temp_lab
-from orchestrator.escapes.host import check_host
-from orchestrator.escapes.registry import ALL_PROBES
+from orchestrator.escapes.core import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
+from orchestrator.escapes.host import WARNING, HostCheck, check_host
+from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER
 from orchestrator.escapes import report_history
 from orchestrator.escapes.report import failed, json_report, text_report
 from orchestrator.records.events import now_iso
 
 EXIT_HELD, EXIT_ESCAPED = 0, 1
+
+
+@dataclass(frozen=True)
+class Through:
+    """`--broker ADDRESS --root ROOT [--node NAME]`: the probes' boxes a remote broker's."""
+
+    address: str
+    root: str
+    node: str | None = None
 
 
 def choose_policy(agent_dir: str | None, policy_file: str | None) -> Policy:
@@ -40,8 +58,72 @@ def choose_policy(agent_dir: str | None, policy_file: str | None) -> Policy:
 
 
 def run(
-    agent_dir: str | None, policy_file: str | None, runtime: str | None, as_json: bool, only: list[str] | None = None
+    agent_dir: str | None,
+    policy_file: str | None,
+    runtime: str | None,
+    as_json: bool,
+    only: list[str] | None = None,
+    through: Through | None = None,
 ) -> int:
+    if through:
+        lab, probes, where = _remote_lab(through, agent_dir, policy_file, runtime, only)
+    else:
+        lab, probes = _local_lab(agent_dir, policy_file, runtime, only)
+        where = f"runtime {lab.policy.runtime}"
+    print(
+        f"escapes: {len(probes)} probes under {lab.policy_source}, {where}; this takes a few minutes",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    try:
+        outcomes = run_suite(lab, probes, progress=_progress)
+    finally:
+        lab.close()
+    seconds = time.monotonic() - started
+    if through:
+        host = [HostCheck("host", WARNING, f"not checked: the engine is {where}'s", "run `wakeloop escapes` there")]
+    else:
+        host = check_host(lab.client, lab.policy.runtime, {o.probe: o.verdict for o in outcomes})
+    doc = json_report(
+        outcomes,
+        host,
+        {
+            "policy": lab.policy_source,
+            "runtime": lab.policy.runtime,
+            "seconds": round(seconds, 1),
+            "finished_at": now_iso(),
+            "probes_run": "all" if not only and not through else len(probes),
+            **({"through": where} if through else {}),
+        },
+    )
+    try:
+        kept = report_history.save(json.loads(doc))
+    except OSError as exc:
+        print(f"escapes: the report was not kept for the console: {exc}", file=sys.stderr)
+    else:
+        print(f"escapes: report kept in {kept}", file=sys.stderr)
+    if as_json:
+        print(doc)
+    else:
+        header = f"wakeloop escapes: {len(outcomes)} probes, policy {lab.policy_source}, {where}, {seconds:.0f} s"
+        print(text_report(outcomes, host, header))
+    return EXIT_ESCAPED if failed(outcomes) else EXIT_HELD
+
+
+def _chosen(only: list[str] | None, among: Sequence[Probe]) -> list[Probe]:
+    unknown = sorted(set(only or ()) - {p.name for p in ALL_PROBES})
+    if unknown:
+        raise AgentError(f"escapes: no probe named {unknown[0]!r}; `wakeloop escapes --list` names them all")
+    local = sorted(set(only or ()) - {p.name for p in among})
+    if local:
+        raise AgentError(f"escapes: {local[0]} runs only on this host's engine, not through a broker")
+    return [p for p in among if not only or p.name in only]
+
+
+def _local_lab(
+    agent_dir: str | None, policy_file: str | None, runtime: str | None, only: list[str] | None
+) -> tuple[Lab, list[Probe]]:
     policy = choose_policy(agent_dir, policy_file)
     sandbox = replace(policy.sandbox, runtime=runtime) if runtime else policy.sandbox
     client = connect()
@@ -54,50 +136,75 @@ def run(
     warning = check_image(client, sandbox.image)
     if warning:
         print(warning, file=sys.stderr)
-    unknown = sorted(set(only or ()) - {p.name for p in ALL_PROBES})
-    if unknown:
-        raise AgentError(f"escapes: no probe named {unknown[0]!r}; `wakeloop escapes --list` names them all")
-    probes = [p for p in ALL_PROBES if not only or p.name in only]
-    lab = temp_lab(client, sandbox, tools=policy.tools)
-    base = lab.base
-    print(
-        f"escapes: {len(probes)} probes under {policy.source}, runtime {sandbox.runtime}; this takes a few minutes",
-        file=sys.stderr,
-        flush=True,
-    )
-    started = time.monotonic()
-    try:
-        outcomes = run_suite(lab, probes, progress=_progress)
-    finally:
-        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
-    seconds = time.monotonic() - started
-    host = check_host(client, sandbox.runtime, {o.probe: o.verdict for o in outcomes})
-    doc = json_report(
-        outcomes,
-        host,
-        {
-            "policy": policy.source,
-            "runtime": sandbox.runtime,
-            "seconds": round(seconds, 1),
-            "finished_at": now_iso(),
-            "probes_run": "all" if not only else len(probes),
-        },
-    )
-    try:
-        kept = report_history.save(json.loads(doc))
-    except OSError as exc:
-        print(f"escapes: the report was not kept for the console: {exc}", file=sys.stderr)
-    else:
-        print(f"escapes: report kept in {kept}", file=sys.stderr)
-    if as_json:
-        print(doc)
-    else:
-        header = (
-            f"wakeloop escapes: {len(outcomes)} probes, policy {policy.source}, "
-            f"runtime {sandbox.runtime}, {seconds:.0f} s"
+    probes = _chosen(only, ALL_PROBES)
+    return temp_lab(client, sandbox, tools=policy.tools, policy_source=policy.source), probes
+
+
+def _remote_lab(
+    through: Through, agent_dir: str | None, policy_file: str | None, runtime: str | None, only: list[str] | None
+) -> tuple[Lab, list[Probe], str]:
+    """A lab whose trials are agents of the broker's ROOT, paused, their policy inline in agent.yaml."""
+    if agent_dir:
+        raise AgentError("escapes --broker: give the policy as --policy FILE (the probes' agents get it inline)")
+    mapping = _policy_mapping(policy_file)
+    source = policy_file or "the default policy with sandbox.disk: none"
+    policy = policy_from_mapping(mapping, source)  # checked before it is changed: its sandbox is a mapping
+    if runtime:
+        mapping["sandbox"] = {**(mapping.get("sandbox") or {}), "runtime": runtime}
+        policy = policy_from_mapping(mapping, source)
+    if policy.sandbox.disk:
+        raise AgentError(
+            f"escapes --broker: {source} gives its agents a disk; through a broker the probes' agents "
+            "need `sandbox.disk: none` (their disks' images would stay on the broker's host)"
         )
-        print(text_report(outcomes, host, header))
-    return EXIT_ESCAPED if failed(outcomes) else EXIT_HELD
+    if not Path(through.root, ".").is_dir():
+        raise AgentError(f"escapes --broker: {through.root} is not a folder (--root: the ROOT the broker serves)")
+    address, node = _broker_of(through)
+    probes = _chosen(only, THROUGH_A_BROKER)
+    try:
+        lab = Lab(
+            NO_ENGINE,
+            policy.sandbox,
+            Path(through.root),
+            tools=policy.tools,
+            policy_source=source,
+            broker=address,
+            agent_policy=mapping,
+        )
+    except OSError as exc:  # ROOT not ours to write: one line, not a traceback
+        raise AgentError(f"escapes --broker: cannot make the probes' agents under {through.root}: {exc}") from None
+    return lab, probes, f"through the broker {('of node ' + node + ' ') if node else ''}at {address}"
+
+
+def _policy_mapping(policy_file: str | None) -> dict:
+    if not policy_file:
+        return {"sandbox": {"disk": "none"}}
+    try:
+        mapping = yaml.safe_load(Path(policy_file).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise AgentError(f"escapes: cannot read {policy_file}: {exc}") from None
+    if not isinstance(mapping, dict):
+        raise AgentError(f"escapes: {policy_file} is not a policy (a mapping of sections)")
+    return mapping
+
+
+def _broker_of(through: Through) -> tuple[str, str]:
+    """(address, node name) of the broker the probes go to: --node's, else the first node's by name."""
+    if not through.address.startswith(tls.SCHEME):
+        return through.address, ""
+    found = nodes.discover(through.address)
+    named = [n for n in found if n.name]
+    if through.node:
+        chosen = [n for n in named if n.name == through.node]
+        if not chosen:
+            raise AgentError(
+                f"escapes --node: no broker of node {through.node!r} answers behind {through.address} "
+                f"(nodes: {', '.join(n.name for n in named) or 'none'})"
+            )
+        return chosen[0].address, chosen[0].name
+    if named:
+        return named[0].address, named[0].name
+    return through.address, ""
 
 
 def list_probes(as_json: bool = False) -> int:

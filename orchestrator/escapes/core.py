@@ -20,15 +20,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import docker
+import yaml
 
+from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
 from orchestrator.sandbox import disk, network
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.box import SandboxResult
+from orchestrator.records import health
+from orchestrator.sandbox.box import SandboxError, SandboxResult
 
 HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
 
@@ -120,16 +123,32 @@ def open_for_writing(paths):
 '''
 
 
+class _NoEngine:
+    """The engine of a lab whose boxes a broker makes: a probe that reads it is one a broker
+    cannot run, and says so (INCONCLUSIVE), rather than reading this host's engine."""
+
+    def __getattr__(self, name: str):
+        raise SandboxError(f"this probe reads the engine ({name}), which is the broker's, not this process's")
+
+
+NO_ENGINE = cast(docker.DockerClient, _NoEngine())
+
+
 @dataclass
 class Lab:
     """Where probes run: an engine, a sandbox policy, a temp dir for throwaway agents.
     `sandbox_class` lets a test swap in a deliberately weakened box."""
 
-    client: docker.DockerClient
+    client: docker.DockerClient  # NO_ENGINE through a broker: its engine is not this process's to see
     policy: SandboxPolicy
     base: Path
     sandbox_class: type = DockerSandbox
     tools: Tools = field(default_factory=Tools)  # the policy's tools, for the harness probes
+    # A broker's address: each trial is an agent directly under `base` (the broker's ROOT), paused
+    # (serve wakes none), its policy `agent_policy` in its agent.yaml, its box a BrokerSandbox.
+    broker: str | None = None
+    agent_policy: object = None
+    policy_source: str = "the default policy"  # for the report
     run_id: str = field(default_factory=lambda: "escapes-" + secrets.token_hex(4))
     host_canary: str = field(default_factory=lambda: "wakeloop-canary-" + secrets.token_hex(8))
     other_canary: str = field(default_factory=lambda: "wakeloop-other-agent-" + secrets.token_hex(8))
@@ -137,17 +156,28 @@ class Lab:
     def __post_init__(self):
         self.base = Path(self.base).resolve()
         self.base.mkdir(parents=True, exist_ok=True)
+        # Under a broker's ROOT the lab's own files go in a folder no agent.yaml marks as an agent.
+        self.home = self.base / f".{self.run_id}" if self.broker else self.base
+        self.home.mkdir(exist_ok=True)
         # Host files outside every probe's workspace: a secret beside the agents,
         # and another agent's memory. No probe may ever read either.
-        self.canary_path = self.base / "host-secret.txt"
+        self.canary_path = self.home / "host-secret.txt"
         self.canary_path.write_text(self.host_canary + "\n")
         self.canary_path.chmod(0o644)  # readable to anyone on the host: only isolation protects it
-        other = init_agent(self.base / "other-agent")
-        (other / "workspace/memory/core.md").write_text(f"# other agent\n{self.other_canary}\n")
-        self.other_workspace = other / "workspace"
+        # Written before init_agent, which keeps it and, as root, hands the workspace to the
+        # sandbox's user: root without CAP_DAC_OVERRIDE (compose's) could not write it after.
+        core = self.home / "other-agent/workspace/memory/core.md"
+        core.parent.mkdir(parents=True)
+        core.write_text(f"# other agent\n{self.other_canary}\n")
+        self.other_workspace = init_agent(core.parents[2]) / "workspace"
 
     def trial(self, name: str) -> "Trial":
         return Trial(self, name)
+
+    def close(self) -> None:
+        """Remove the lab's files (its trials remove their own): all of `base` but a broker's ROOT."""
+        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.home)], check=False)
 
 
 class Trial:
@@ -155,11 +185,16 @@ class Trial:
 
     def __init__(self, lab: Lab, name: str):
         self.lab = lab
-        self.dir = init_agent(lab.base / name)
+        if lab.broker:
+            self.dir = init_agent(lab.base / f"{lab.run_id}-{name}")
+            _set_agent_policy(self.dir, lab.agent_policy)
+            health.set_paused(self.dir / "state", True)  # a trial, not an agent serve should wake
+        else:
+            self.dir = init_agent(lab.base / name)
         self._disks_before = disk.keys()
         self.workspace = self.dir / "workspace"
         self.state = self.dir / "state"
-        self._boxes: list[DockerSandbox] = []
+        self._boxes: list[DockerSandbox | BrokerSandbox] = []
         self._box: DockerSandbox | None = None
 
     @property
@@ -177,7 +212,16 @@ class Trial:
     def new_box(self, policy: SandboxPolicy | None = None, workspace: Path | None = None, **kwargs) -> DockerSandbox:
         """A box on this trial's workspace (or `workspace`) under the lab's policy (its
         warm pool included, as users run it), or under `policy`, for a probe whose
-        attack is a policy author's; `warm=0` for one whose every call is cold."""
+        attack is a policy author's; `warm=0` for one whose every call is cold. Through a
+        broker, only the trial's own box: the broker reads its policy from agent.yaml."""
+        if self.lab.broker:
+            if policy or workspace or kwargs:
+                raise SandboxError("this probe sets its own box, which a broker does not take from the wire")
+            remote = BrokerSandbox(self.lab.broker, self.dir.name)
+            self._boxes.append(remote)
+            # Typed as the local box the probes read: those run through a broker
+            # (registry.THROUGH_A_BROKER) use only run and write, which both have.
+            return cast(DockerSandbox, remote)
         box = self.lab.sandbox_class(
             workspace or self.workspace,
             policy or self.lab.policy,
@@ -199,9 +243,13 @@ class Trial:
         return observed(self.run(python_command(program), timeout_s))
 
     def close(self) -> None:
-        """Close every box (their idle warm containers go); the workspace stays."""
+        """Close every box (their idle warm containers go; a broker's, at its next sweep once the
+        trial is gone); the workspace stays."""
         for box in self._boxes:
-            box.close()
+            if isinstance(box, BrokerSandbox):
+                box.wind_down()
+            else:
+                box.close()
 
     def containers(self) -> list:
         """This trial's sandbox containers now. Sparse: one listing, no per-container
@@ -217,16 +265,28 @@ class Trial:
 
     def cleanup(self) -> None:
         self.close()
+        if self.lab.client is not NO_ENGINE:
+            self._release_engine_side()
+        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
+        subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
+
+    def _release_engine_side(self) -> None:
         # Each trial is an agent of its own, so under an allowlist policy it has a
         # proxy set of its own: retired with it, or a run exhausts the engine's
         # address pools (~30 networks) before its last probe.
-        egress = {network.plan_for(b.workspace, b.policy).key for b in self._boxes if b.policy.network == "allowlist"}
+        docker_boxes = [b for b in self._boxes if isinstance(b, DockerSandbox)]
+        egress = {network.plan_for(b.workspace, b.policy).key for b in docker_boxes if b.policy.network == "allowlist"}
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
         for key in disk.keys() - self._disks_before:  # this trial's agents' disks, a broker's too
             disk.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
-        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
-        subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
+
+
+def _set_agent_policy(agent_dir: Path, policy: object) -> None:
+    config = agent_dir / "agent.yaml"
+    data = yaml.safe_load(config.read_text())
+    data["policy"] = policy if policy is not None else {}
+    config.write_text(yaml.safe_dump(data))
 
 
 def python_command(program: str) -> str:

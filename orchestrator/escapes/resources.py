@@ -476,6 +476,8 @@ class _LogWatcher:
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self):
+        if self.t.lab.broker:  # the box is on the broker's engine, whose log this process cannot see
+            return
         while not self.stop.wait(0.2):
             for c in self.t.containers():
                 try:
@@ -518,11 +520,12 @@ def _bounds_huge_output(t: Trial) -> str:
         return f"the box printed only {result.output_bytes:,} bytes in {result.duration_ms / 1000:.0f} s"
     if problems:
         return escaped("; ".join(problems))
-    log = (
-        f"engine log at most {watcher.largest / 2**20:.1f} MiB"
-        if watcher.readable
-        else f"engine log capped by max-size {config.get('max-size', '?')}"
-    )
+    if t.lab.broker:
+        log = "the engine's log is the broker's, not watched from here"
+    elif watcher.readable:
+        log = f"engine log at most {watcher.largest / 2**20:.1f} MiB"
+    else:
+        log = f"engine log capped by max-size {config.get('max-size', '?')}"
     return held(
         f"{result.output_bytes:,} bytes read in {result.duration_ms / 1000:.1f} s; "
         f"kept {len(result.output):,} chars; "

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 
+from orchestrator.broker.wire import BrokerRefusal
 from orchestrator.sandbox.engine import KILL_GRACE_S
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
@@ -181,6 +182,8 @@ def _write_file_refuses_path_tricks(t: Trial) -> str:
         try:
             r = t.box.write(path, b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S)
             outcomes.append((path, r.exit_code))
+        except BrokerRefusal:  # through a broker (escapes --broker): refused at its wire, never written
+            outcomes.append((path, -1))
         except Exception as exc:  # the host choking on a name is itself the finding
             return escaped(f"write_file raised {type(exc).__name__} on {path[:40]!r}")
     after = _tree(t.dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import threading
@@ -30,4 +31,23 @@ def served(root: Path, ceiling: Ceiling | None = None):
         stop.set()
         thread.join(timeout=START_S)
         shutil.rmtree(sock_dir, ignore_errors=True)
+    assert not thread.is_alive(), "the broker did not stop"
+
+
+@contextmanager
+def served_tls(root: Path, certs: Path, capsys):
+    """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line."""
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs}, daemon=True
+    )
+    thread.start()
+    try:
+        assert ready.wait(START_S), "the broker did not start"
+        said = capsys.readouterr().out
+        address = re.search(r"on (tls://127\.0\.0\.1:[1-9][0-9]*) \(mutual TLS", said).group(1)
+        yield address
+    finally:
+        stop.set()
+        thread.join(timeout=START_S)
     assert not thread.is_alive(), "the broker did not stop"
