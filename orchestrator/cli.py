@@ -643,6 +643,33 @@ def cmd_diff(args) -> int:
     return EXIT_OK
 
 
+def cmd_move(args) -> int:
+    """Place an agent on another node, holding its wake lock (no wake of it runs meanwhile)."""
+    from orchestrator.broker import nodes
+    from orchestrator.broker.wire import BROKER_ENV
+    from orchestrator.records.state import WakeLock
+
+    agent = load_agent(args.agent_dir)
+    address = os.environ.get(BROKER_ENV, "")
+    if not address.startswith("tls://"):
+        raise AgentError(f"move: agents have nodes only past one host, with {BROKER_ENV}=tls://HOST:PORT")
+    lock = WakeLock(agent.state_dir)
+    try:
+        holder = lock.acquire()
+    except OSError as exc:
+        raise AgentError(f"move: cannot take the wake lock of {args.agent_dir} ({exc.strerror})") from None
+    if holder is not None:
+        raise AgentError(f"move: {args.agent_dir} is waking ({holder.describe()}); move it when the wake has ended")
+    try:
+        left = nodes.move(agent.dir, address, args.to, agent.policy.sandbox.disk)
+    except nodes.NodeUnavailable as exc:
+        raise AgentError(f"move: {args.agent_dir}: {exc}") from None
+    finally:
+        lock.release()
+    print(f"{agent.name}: {left or 'not placed'} -> {args.to}; its next wake's calls run there")
+    return EXIT_OK
+
+
 def cmd_undo(args) -> int:
     """Put back what one wake changed, holding the agent's wake lock (no wake runs meanwhile)."""
     from orchestrator.broker.client import undo_wake
@@ -824,6 +851,16 @@ def _transaction_commands(sub) -> None:
     p.add_argument("agent_dir")
     p.add_argument("--run", metavar="ID", required=True, help="the wake's run id (`wakeloop log` shows it)")
     p.add_argument("--force", action="store_true", help="undo it even over other wakes that changed the same paths")
+    p = _command(
+        sub,
+        "move",
+        "place an agent on another node past one host ($WAKELOOP_BROKER=tls://...); refused while it wakes, "
+        "and for an agent with a disk of its own",
+        "wakeloop move /srv/agents/mine --to node-2",
+        cmd_move,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("--to", metavar="NODE", required=True, help="the node (its broker's $WAKELOOP_NODE) to run it on")
 
 
 def _notify_commands(sub) -> None:

@@ -118,3 +118,39 @@ def test_a_lost_node_is_told_once_per_series_of_skipped_wakes_not_at_each(tmp_pa
     state, _ = load_state(agent.state_dir)
     save_state(agent.state_dir, replace(state, last_receipt=replace(receipts[-1], status="done")))  # it came back
     assert wake(agent).status == "skipped_node" and len(unavailable()) == 2  # and went again: told again
+
+
+def test_move_places_an_agent_on_a_live_node_off_a_lost_one_and_refuses_what_it_cannot_move(
+    tmp_path, monkeypatch, capsys
+):
+    from orchestrator.cli import main
+    from orchestrator.records.state import WakeLock
+    from tests.helpers import make_agent
+
+    root = tmp_path / "agents"
+    a = make_agent(root, "a", policy={"sandbox": {"disk": "none"}})
+    write_node(a / "state", "n-gone")  # its node lost: moving it off is the point
+    up = {"n1": "tls://127.0.0.1:9", "n2": "tls://127.0.0.1:10"}  # discard ports: nothing listens
+    monkeypatch.setattr(nodes, "discover", lambda address: tuple(nodes.Node(n, a) for n, a in up.items()))
+    monkeypatch.delenv("WAKELOOP_BROKER", raising=False)
+    assert main(["move", str(a), "--to", "n2"]) == 2  # one host: no nodes
+    assert "only past one host" in capsys.readouterr().err
+    monkeypatch.setenv("WAKELOOP_BROKER", ADDRESS)
+
+    assert main(["move", str(a), "--to", "n2"]) == 0
+    assert "n-gone -> n2" in capsys.readouterr().out
+    assert read_node(a / "state") == "n2" and nodes.address_for(a, ADDRESS) == up["n2"]
+
+    assert main(["move", str(a), "--to", "n9"]) == 2
+    assert "no broker of node 'n9' answers" in capsys.readouterr().err and read_node(a / "state") == "n2"
+    waking = WakeLock(a / "state")
+    assert waking.acquire() is None
+    try:
+        assert main(["move", str(a), "--to", "n1"]) == 2
+        assert "is waking" in capsys.readouterr().err and read_node(a / "state") == "n2"
+    finally:
+        waking.release()
+    b = make_agent(root, "b", policy={"sandbox": {"disk": "1g"}})
+    write_node(b / "state", "n1")
+    assert main(["move", str(b), "--to", "n2"]) == 2
+    assert "moving a disk broker to broker is not built" in capsys.readouterr().err and read_node(b / "state") == "n1"

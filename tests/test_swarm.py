@@ -177,6 +177,29 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
     assert placements(root) == placed  # nobody moved
     print(f"the others woke on ({time.monotonic() - started:.0f} s)")
 
+    # One of them moved by hand (`wakeloop move`) to a live node: it wakes there, its old node still down.
+    moved = sorted(by_node[LOST])[0]
+    done = subprocess.run(
+        ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/wakeloop"), "move", str(root / moved)]
+        + ["--to", "swx-n1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WAKELOOP_BROKER": "tls://10.211.0.11:7443", "WAKELOOP_TLS_DIR": str(LAB / "certs")},
+    )
+    assert done.returncode == 0 and f"{LOST} -> swx-n1" in done.stdout, done.stdout + done.stderr
+    moved_at, on_n1 = receipt(root, moved).wake, set()
+
+    def woke_on_n1() -> bool:
+        on_n1.update(labelled(1))  # its calls' containers, seen across polls
+        return (r := receipt(root, moved)).status == "done" and r.wake > moved_at and moved in on_n1
+
+    wait_for(woke_on_n1, f"{moved} waking on swx-n1", NODE_S)
+    placed[moved] = "swx-n1"
+    by_node[LOST].discard(moved)
+    assert placements(root) == placed
+    print(f"{moved} moved to swx-n1 and woke there ({time.monotonic() - started:.0f} s)")
+
     # The node back: its agents wake there again.
     back_at = {a: receipt(root, a).wake for a in by_node[LOST]}
     lab("start", str(NODES[LOST]), timeout=NODE_S)

@@ -15,7 +15,12 @@ wake turns into a skipped wake (status skipped_node, wake/loop.py) until
 the node returns. Discovery is kept DISCOVER_KEEP_S, so a fleet's wakes in
 one tick ask once.
 
-Not here: the wire (wire.py, tls.py), moving an agent between nodes (not built).
+`wakeloop move` places an agent on another live node by hand (`move`): on
+a swarm its workspace is a folder of the shared ROOT (`sandbox.disk: none`),
+so nothing is copied, and it can leave a lost node. An agent with a disk of
+its own is refused: streaming a disk broker to broker is not built.
+
+Not here: the wire (wire.py, tls.py).
 """
 
 from __future__ import annotations
@@ -164,3 +169,28 @@ def choose(named: list[Node], counts: dict[str, int], disk_bytes: int) -> Node |
         key=lambda n: ((counts.get(n.name, 0) + 1) / (n.rate or usual), -(n.room or 0), n.name),
         default=None,
     )
+
+
+def move(agent_dir: Path, address: str, to: str, disk_bytes: int) -> str | None:
+    """Place the agent on node `to`, which must answer now; the caller holds its wake lock, so no
+    wake of it runs meanwhile, and its next wake's calls go there. Returns the node it leaves."""
+    if disk_bytes:
+        raise NodeUnavailable(
+            f"it has a disk of its own (sandbox.disk {disk_bytes:,} bytes) on its node: moving a disk broker to "
+            "broker is not built; on a swarm agents have `sandbox.disk: none`, which moves"
+        )
+    with _lock:
+        _seen.pop(address, None)  # the nodes as they answer now
+    found = {n.name: n for n in discover(address) if n.name}
+    if to not in found:
+        raise NodeUnavailable(f"no broker of node {to!r} answers at {address} (nodes: {', '.join(found) or 'none'})")
+    state_dir = agent_dir / "state"
+    with _lock:
+        left = placement.read_node(state_dir)
+        placement.write_node(state_dir, to)
+    if left in found and left != to:  # its old node's pool makes nothing more for it (a hint)
+        try:
+            wire.request(found[left].address, wire.WindDown(agent_dir.name), PING_TIMEOUT_S, PING_TIMEOUT_S)
+        except SandboxError:
+            pass
+    return left
