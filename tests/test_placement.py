@@ -154,3 +154,27 @@ def test_move_places_an_agent_on_a_live_node_off_a_lost_one_and_refuses_what_it_
     write_node(b / "state", "n1")
     assert main(["move", str(b), "--to", "n2"]) == 2
     assert "moving a disk broker to broker is not built" in capsys.readouterr().err and read_node(b / "state") == "n1"
+
+
+def test_a_nodes_broker_refusing_connections_fails_a_call_in_seconds_not_the_wait_for_a_starting_one(
+    tmp_path, monkeypatch
+):
+    """A node whose engine stopped refuses connections; waiting CONNECT_WAIT_S (for a broker still
+    starting) on every call kept a wake under way there going for minutes after its node went."""
+    import time
+
+    from orchestrator.broker import tls, wire
+    from orchestrator.broker.client import open_sandbox
+    from orchestrator.policy.agent import load_agent
+    from orchestrator.sandbox.box import SandboxError
+    from tests.helpers import make_agent
+
+    tls.make_certs(tmp_path / "certs")
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(tmp_path / "certs"))
+    monkeypatch.setenv("WAKELOOP_BROKER", ADDRESS)
+    monkeypatch.setattr(nodes, "discover", lambda address: (nodes.Node("n1", "tls://127.0.0.1:9"),))  # discard
+    agent = load_agent(make_agent(tmp_path / "agents", "a", policy={"sandbox": {"disk": "none"}}))
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="no sandbox broker at tls://127.0.0.1:9"):
+        open_sandbox(agent)
+    assert time.monotonic() - started < wire.CONNECT_WAIT_S and read_node(agent.state_dir) == "n1"

@@ -52,15 +52,19 @@ class NoDisk(ConfigError):
 class BrokerClient:
     """The broker at `socket_path`, one method per op."""
 
-    def __init__(self, socket_path: str | Path):
+    def __init__(self, socket_path: str | Path, connect_wait_s: float = wire.CONNECT_WAIT_S):
         self.socket_path = str(socket_path)
+        self.connect_wait_s = connect_wait_s  # for a broker that is starting (refusing connections)
+
+    def _ask(self, req: wire.Request, timeout_s: float) -> wire.JSONObject:
+        return wire.request(self.socket_path, req, timeout_s, self.connect_wait_s)
 
     def ping(self) -> wire.JSONObject:
-        return wire.request(self.socket_path, wire.Ping(), 10)
+        return self._ask(wire.Ping(), 10)
 
     def rate(self) -> EngineRate:
         """The broker's engine's create-start-remove rate (sandbox/rate.py)."""
-        result = wire.request(self.socket_path, wire.Rate(), RATE_TIMEOUT_S)
+        result = self._ask(wire.Rate(), RATE_TIMEOUT_S)
         try:
             return EngineRate(
                 float(result["per_s"]), int(result["calls"]), float(result["seconds"]), float(result["latency_s"])
@@ -69,25 +73,25 @@ class BrokerClient:
             raise SandboxError("the sandbox broker sent a malformed rate") from None
 
     def check(self, agent: str) -> None:
-        wire.request(self.socket_path, wire.Check(agent), CHECK_TIMEOUT_S)
+        self._ask(wire.Check(agent), CHECK_TIMEOUT_S)
 
     def wind_down(self, agent: str) -> None:
-        wire.request(self.socket_path, wire.WindDown(agent), WIND_DOWN_TIMEOUT_S)
+        self._ask(wire.WindDown(agent), WIND_DOWN_TIMEOUT_S)
 
     def call(self, op: wire.Run | wire.Write | wire.Append, timeout_s: float) -> SandboxResult:
         """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
-        return wire.result_of(wire.request(self.socket_path, op, timeout_s + REPLY_MARGIN_S))
+        return wire.result_of(self._ask(op, timeout_s + REPLY_MARGIN_S))
 
     def call_op(self, op: wire.Begin | wire.Finish, timeout_s: float) -> wire.JSONObject:
-        return wire.request(self.socket_path, op, timeout_s)
+        return self._ask(op, timeout_s)
 
     def read(self, agent: str, what: str, arg: str | None = None) -> object:
         """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
-        return wire.request(self.socket_path, wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
+        return self._ask(wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
 
     def diff(self, agent: str, run_id: str | None) -> WakeDiff:
         """One wake's diff, read by the broker on the agent's disk (wake_diff.py)."""
-        result = wire.request(self.socket_path, wire.Diff(agent, run_id), READ_TIMEOUT_S)
+        result = self._ask(wire.Diff(agent, run_id), READ_TIMEOUT_S)
         try:
             return WakeDiff.from_json(result.get("diff"))
         except ValueError:
@@ -95,7 +99,7 @@ class BrokerClient:
 
     def undo(self, agent: str, run_id: str, force: bool) -> Undone:
         """Put back what one wake changed, on the agent's disk; UndoRefused as the broker says."""
-        result = wire.request(self.socket_path, wire.Undo(agent, run_id, force), UNDO_TIMEOUT_S)
+        result = self._ask(wire.Undo(agent, run_id, force), UNDO_TIMEOUT_S)
         if isinstance(result.get("refused"), str):
             raise UndoRefused(result["refused"])
         try:
@@ -115,8 +119,8 @@ class BrokerSandbox:
     Timeouts and caps come from the broker's reading of the policy, not from us;
     a smaller output cap of ours is sent and kept."""
 
-    def __init__(self, socket_path: str | Path, agent_name: str):
-        self.broker = BrokerClient(socket_path)
+    def __init__(self, socket_path: str | Path, agent_name: str, connect_wait_s: float = wire.CONNECT_WAIT_S):
+        self.broker = BrokerClient(socket_path, connect_wait_s)
         self.socket_path = self.broker.socket_path
         self.agent = agent_name
         self.warning: str | None = None
@@ -136,7 +140,7 @@ class BrokerSandbox:
         return self.broker.call(op(self.agent, path, content), timeout_s)
 
     def files(self) -> "BrokerFiles":
-        return BrokerFiles(self.socket_path, self.agent)
+        return BrokerFiles(self.socket_path, self.agent, self.broker.connect_wait_s)
 
     def wind_down(self) -> None:
         """Tell the broker to make no more containers ahead for this agent. A hint:
@@ -187,8 +191,8 @@ class BrokerFiles:
     """files.Files under compose: the workspace is on a disk only the broker mounts,
     so the broker reads it, with the same no-follow functions, and sends the text."""
 
-    def __init__(self, socket_path: str, agent: str):
-        self.broker, self.agent = BrokerClient(socket_path), agent
+    def __init__(self, socket_path: str, agent: str, connect_wait_s: float = wire.CONNECT_WAIT_S):
+        self.broker, self.agent = BrokerClient(socket_path, connect_wait_s), agent
 
     def _read(self, what: str, arg: str | None = None) -> object:
         return self.broker.read(self.agent, what, arg)
@@ -228,11 +232,16 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
     context`): the broker's reading under compose, else the folder (or its disk's
     mount over it, which the agent's last wake left)."""
     path = broker_socket(environ)
-    return (
-        BrokerFiles(nodes.address_for(agent.dir, path, agent.policy.sandbox.disk), agent.dir.name)
-        if path
-        else HostFiles(agent.workspace)
-    )
+    return BrokerFiles(*_brokers_for(agent, path)) if path else HostFiles(agent.workspace)
+
+
+def _brokers_for(agent: Agent, path: str) -> tuple[str, str, float]:
+    """(address, agent name, connect wait) of the broker of `agent`'s node past one host
+    (nodes.py), which may not answer. A node's broker refusing connections is one whose engine
+    stopped, not one starting: its agent's calls fail in NODE_CONNECT_WAIT_S, not CONNECT_WAIT_S
+    each (a wake under way when its node went spent 30 s on each of its calls)."""
+    address = nodes.address_for(agent.dir, path, agent.policy.sandbox.disk)
+    return address, agent.dir.name, (wire.CONNECT_WAIT_S if address == path else nodes.NODE_CONNECT_WAIT_S)
 
 
 def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] = os.environ) -> WakeDiff:
@@ -290,7 +299,7 @@ def open_sandbox(
     containers an earlier, interrupted run left for this workspace."""
     path = broker_socket(environ)
     if path:  # past one host: the broker of the agent's node (nodes.py), which may not answer
-        brokered = BrokerSandbox(nodes.address_for(agent.dir, path, agent.policy.sandbox.disk), agent.dir.name)
+        brokered = BrokerSandbox(*_brokers_for(agent, path))
         brokered.check()
         return brokered
     client = connect()

@@ -41,6 +41,7 @@ from orchestrator.sandbox.box import SandboxError
 NODE_ENV = "WAKELOOP_NODE"  # the broker's node (a swarm template: {{.Node.Hostname}})
 DISCOVER_KEEP_S = 5.0
 PING_TIMEOUT_S = 3.0  # a node that is down answers nothing: its ping must not hold a wake long
+NODE_CONNECT_WAIT_S = 5.0  # a node's broker refusing connections: its engine stopped, or its task restarting
 
 
 class NodeUnavailable(SandboxError):
