@@ -728,3 +728,75 @@ def test_hosts_are_granted_only_where_the_policy_asks_about_them_and_the_ceiling
         assert network.plan_for((root / "alpha/workspace").resolve(), policy).key not in _egress_keys(docker_client)
     finally:
         broker.close()
+
+
+@pytest.fixture
+def node_broker(root, tmp_path, monkeypatch, capsys):
+    """(address, stop) of a broker over mutual TLS as node n1's, the only node: setting `stop`
+    takes the node away (its port then refuses, as a stopped node's does)."""
+    from orchestrator.broker import nodes, tls
+
+    certs = tmp_path / "certs"
+    tls.make_certs(certs)
+    monkeypatch.setenv(tls.TLS_DIR_ENV, str(certs))
+    monkeypatch.setenv("WAKELOOP_BROKER", "tls://tasks.broker:7443")
+    stop = threading.Event()
+    with served_tls(root, certs, capsys, stop) as address:
+        # as DNS and the pings of nodes.discover find it: listed while it answers
+        monkeypatch.setattr(nodes, "discover", lambda _: (nodes.Node("n1", address),) if answers(address) else ())
+        yield address, stop
+
+
+def answers(address: str) -> bool:
+    try:
+        BrokerClient(address, connect_wait_s=1).ping()
+    except SandboxError:
+        return False
+    return True
+
+
+def lose(node_broker) -> None:
+    address, stop = node_broker
+    stop.set()
+    wait_for(lambda: not answers(address), "the node's broker stopped", 30)
+
+
+def test_a_wake_whose_node_goes_mid_wake_ends_with_its_receipt_not_as_a_failure(root, node_broker):
+    """Seen on the swarm lab: a wake under way when its node stopped raised at its end (the journal's
+    size read through the gone broker), so it left no receipt and counted as a failure: serve's
+    backoff held the agent 60 s before its wakes were skipped as unavailable."""
+    from orchestrator.records import health
+    from orchestrator.wake.loop import wake
+    from orchestrator.wake.model import ScriptedModel
+
+    class NodeLostAtTheEnd(ScriptedModel):
+        def call(self, **kwargs):
+            if self.step == 1:  # the tool call ran: the node goes before the wake's end
+                lose(node_broker)
+            return super().call(**kwargs)
+
+    turns = [{"tool_calls": [{"name": "bash", "input": {"command": "echo ran"}}]}, {"text": "done"}]
+    receipt = wake(load_agent(root / "alpha"), model=NodeLostAtTheEnd(turns))
+    assert receipt.status == "done" and receipt.tool_calls == 1, receipt
+    assert receipt.journal.startswith("stub not written: the sandbox is unavailable"), receipt.journal
+    assert health.load(root / "alpha/state").failures == 0
+
+
+def test_a_wake_whose_node_goes_as_it_begins_is_skipped_as_unavailable_not_failed(root, node_broker, monkeypatch):
+    """The other case seen on the lab: the node answered the wake's ping, then went before its box
+    was opened; the wake raised, counted as a failure, and was held back 60 s."""
+    from orchestrator.broker import nodes
+    from orchestrator.records import health
+    from orchestrator.wake.loop import wake
+    from orchestrator.wake.model import ScriptedModel
+
+    check = nodes.check_node
+
+    def answered_then_lost(*args, **kwargs):
+        check(*args, **kwargs)
+        lose(node_broker)
+
+    monkeypatch.setattr(nodes, "check_node", answered_then_lost)
+    receipt = wake(load_agent(root / "alpha"), model=ScriptedModel([{"text": "never asked"}]))
+    assert receipt.status == "skipped_node" and "it went as the wake began" in receipt.reason, receipt
+    assert "n1 does not answer" in receipt.reason and health.load(root / "alpha/state").failures == 0

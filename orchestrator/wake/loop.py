@@ -168,19 +168,18 @@ def wake(
     ours = None  # a live model this wake made, and so closes
     try:
         if sandbox is None and (down := _node_down(agent, say)):
-            receipt = _unstarted(agent, run_id, "skipped_node", down, events)
-            current, _ = st.load_state(agent.state_dir)  # its last receipt: status shows it unavailable
-            st.save_state(agent.state_dir, replace(current, last_receipt=receipt))
-            last = current.last_receipt
-            if last is None or last.status != "skipped_node":  # the first of a series: said once
-                notify_safely(events, say, outcomes.unavailable, agent, receipt)
-            return receipt
+            return _unavailable(agent, run_id, down, events, say)
         if model is None and live:
             model = ours = LiveModel(agent.model, api_key)
         _retain(agent, events, say)
         run = _Wake(agent, run_id, events, lock, say, stop, fleet)
         try:
             return run.run(sandbox, model, turns)
+        except SandboxError:
+            # Its node went as the wake began (it answered a moment before): unavailable, not failing.
+            if sandbox is not None or not (down := _node_down(agent, say)):
+                raise
+            return _unavailable(agent, run_id, f"{down} (it went as the wake began)", events, say)
         finally:
             run.let_go()
     finally:
@@ -223,6 +222,17 @@ def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog,
     reason = f"another wake is running ({holder.describe()})"
     say(f"{agent.name}: {reason}; this wake is skipped")
     return _unstarted(agent, run_id, "skipped_locked", reason, events, holder_pid=holder.pid)
+
+
+def _unavailable(agent: Agent, run_id: str, down: str, events: EventLog, say) -> Receipt:
+    """A wake skipped because its node does not answer: the receipt `status` shows, told once a series."""
+    receipt = _unstarted(agent, run_id, "skipped_node", down, events)
+    current, _ = st.load_state(agent.state_dir)
+    st.save_state(agent.state_dir, replace(current, last_receipt=receipt))
+    last = current.last_receipt
+    if last is None or last.status != "skipped_node":  # the first of a series: said once
+        notify_safely(events, say, outcomes.unavailable, agent, receipt)
+    return receipt
 
 
 def _node_down(agent: Agent, say) -> str | None:
@@ -792,7 +802,11 @@ class _Wake:
     # -- after the conversation ----------------------------------------------------------
 
     def _journal_trace(self, before: int | None, status: str, reason: str) -> str:
-        after = self.files.journal_size(self.day)
+        try:
+            after = self.files.journal_size(self.day)
+        except SandboxError as exc:  # its broker gone mid-wake (a node lost): the wake still ends with a receipt
+            self.say(f"journal: could not read {JOURNAL_DIR}/{self.day}.md: {exc}")
+            after = None
         rel = f"{JOURNAL_DIR}/{self.day}.md"
         if self.closing_note is not None:
             kind = "closing note"

@@ -35,9 +35,10 @@ def served(root: Path, ceiling: Ceiling | None = None):
 
 
 @contextmanager
-def served_tls(root: Path, certs: Path, capsys):
-    """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line."""
-    ready, stop = threading.Event(), threading.Event()
+def served_tls(root: Path, certs: Path, capsys, stop: threading.Event | None = None):
+    """`wakeloop broker --listen tls://127.0.0.1:0`: the port the kernel gave is in its first line.
+    `stop` set stops it before the block ends (a node lost mid-wake)."""
+    ready, stop = threading.Event(), stop or threading.Event()
     thread = threading.Thread(
         target=serve, args=(root, "tls://127.0.0.1:0", ready, stop), kwargs={"tls_dir": certs}, daemon=True
     )
