@@ -237,9 +237,9 @@ def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerF
 
 def _brokers_for(agent: Agent, path: str) -> tuple[str, str, float]:
     """(address, agent name, connect wait) of the broker of `agent`'s node past one host
-    (nodes.py), which may not answer. A node's broker refusing connections is one whose engine
-    stopped, not one starting: its agent's calls fail in NODE_CONNECT_WAIT_S, not CONNECT_WAIT_S
-    each (a wake under way when its node went spent 30 s on each of its calls)."""
+    (nodes.py), which may not answer. A node's broker that does not answer is more likely gone
+    than starting: its agent's calls fail in NODE_CONNECT_WAIT_S, not in the CONNECT_WAIT_S (30 s
+    refused, 10 s unanswered) each that a broker starting on one host is given."""
     address = nodes.address_for(agent.dir, path, agent.policy.sandbox.disk)
     return address, agent.dir.name, (wire.CONNECT_WAIT_S if address == path else nodes.NODE_CONNECT_WAIT_S)
 
