@@ -19,6 +19,9 @@ import os
 import sys
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from orchestrator import __version__
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
@@ -312,8 +315,26 @@ def cmd_disk_release(args) -> int:
     return EXIT_OK
 
 
-def cmd_disk_rm(args) -> int:
+@contextmanager
+def _no_wake(shown: str, state_dir: Path, error: type[Exception], then: str) -> Iterator[None]:
+    """Hold the agent's wake lock for a command that must not run beside one of its wakes
+    (`disk rm`, `undo`, `move`): `error`, in one line, if a wake runs or the lock cannot be taken."""
     from orchestrator.records.state import WakeLock
+
+    lock = WakeLock(state_dir)
+    try:
+        holder = lock.acquire()
+    except OSError as exc:  # state/ missing, or its wake.lock a link: not a wake we can rule out
+        raise error(f"cannot take the wake lock of {shown} ({exc.strerror}); `wakeloop status` says why") from None
+    if holder is not None:
+        raise error(f"{shown} is waking ({holder.describe()}); {then}")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def cmd_disk_rm(args) -> int:
     from orchestrator.sandbox import disk
 
     folder, key = _disk_of(args.agent_dir)
@@ -324,23 +345,13 @@ def cmd_disk_rm(args) -> int:
             f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`"
         )
     _need_root(disk)
-    lock = WakeLock(folder / "state")
-    try:
-        holder = lock.acquire()  # held while we delete: no wake starts on a disk going away
-    except OSError as exc:  # state/ missing, or its wake.lock a link: not a wake we can rule out
-        raise disk.DiskError(
-            f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); `wakeloop status` says why"
-        ) from None
-    if holder is not None:
-        raise disk.DiskError(f"{args.agent_dir} is waking ({holder.describe()}); try again when the wake ends")
-    try:
+    # held while we delete: no wake starts on a disk going away
+    with _no_wake(args.agent_dir, folder / "state", disk.DiskError, "try again when the wake ends"):
         if not disk.release(connect(), key, delete=True):
             raise disk.DiskError(
                 f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
                 "holds it); try again when that ends"
             )
-    finally:
-        lock.release()
     print(f"deleted the disk of {folder} ({image}); its next wake makes a new one from workspace/")
     return EXIT_OK
 
@@ -645,27 +656,18 @@ def cmd_diff(args) -> int:
 
 def cmd_move(args) -> int:
     """Place an agent on another node, holding its wake lock (no wake of it runs meanwhile)."""
-    from orchestrator.broker import nodes
+    from orchestrator.broker import nodes, tls
     from orchestrator.broker.wire import BROKER_ENV
-    from orchestrator.records.state import WakeLock
 
     agent = load_agent(args.agent_dir)
     address = os.environ.get(BROKER_ENV, "")
-    if not address.startswith("tls://"):
-        raise AgentError(f"move: agents have nodes only past one host, with {BROKER_ENV}=tls://HOST:PORT")
-    lock = WakeLock(agent.state_dir)
-    try:
-        holder = lock.acquire()
-    except OSError as exc:
-        raise AgentError(f"move: cannot take the wake lock of {args.agent_dir} ({exc.strerror})") from None
-    if holder is not None:
-        raise AgentError(f"move: {args.agent_dir} is waking ({holder.describe()}); move it when the wake has ended")
-    try:
-        left = nodes.move(agent.dir, address, args.to, agent.policy.sandbox.disk)
-    except nodes.NodeUnavailable as exc:
-        raise AgentError(f"move: {args.agent_dir}: {exc}") from None
-    finally:
-        lock.release()
+    if not address.startswith(tls.SCHEME):
+        raise AgentError(f"move: agents have nodes only past one host, with {BROKER_ENV}={tls.SCHEME}HOST:PORT")
+    with _no_wake(args.agent_dir, agent.state_dir, AgentError, "move it when the wake has ended"):
+        try:
+            left = nodes.move(agent.dir, address, args.to, agent.policy.sandbox.disk)
+        except nodes.NodeUnavailable as exc:
+            raise AgentError(f"move: {args.agent_dir}: {exc}") from None
     print(f"{agent.name}: {left or 'not placed'} -> {args.to}; its next wake's calls run there")
     return EXIT_OK
 
@@ -675,29 +677,17 @@ def cmd_undo(args) -> int:
     from orchestrator.broker.client import undo_wake
     from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
-    from orchestrator.records.state import WakeLock
     from orchestrator.sandbox.undo_folders import UndoRefused, checked_run_id
 
     agent = load_agent(args.agent_dir)
     checked_run_id(args.run)
-    lock = WakeLock(agent.state_dir)
-    try:
-        holder = lock.acquire()
-    except OSError as exc:  # state/ missing, or its wake.lock a link: not a wake we can rule out
-        raise UndoRefused(
-            f"cannot take the wake lock of {args.agent_dir} ({exc.strerror}); `wakeloop status` says why"
-        ) from None
-    if holder is not None:
-        raise UndoRefused(f"{args.agent_dir} is waking ({holder.describe()}); undo when the wake has ended")
-    try:
+    with _no_wake(args.agent_dir, agent.state_dir, UndoRefused, "undo when the wake has ended"):
         undone = undo_wake(agent, args.run, args.force)
         EventLog(agent.state_dir / EVENTS_FILE, undone.run_id).write(
             ev.WorkspaceUndone(
                 undone_run=undone.run_id, changes=undone.changes, paths=undone.paths, forced_over=undone.forced_over
             )
         )
-    finally:
-        lock.release()
     over = f", over later wake(s) {', '.join(undone.forced_over)}" if undone.forced_over else ""
     print(f"undid wake {undone.run_id}: {undone.changes} change(s) put back{over}")
     return EXIT_OK

@@ -184,14 +184,7 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
 
     # One of them moved by hand (`wakeloop move`) to a live node: it wakes there, its old node still down.
     moved = sorted(by_node[LOST])[0]
-    done = subprocess.run(
-        ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/wakeloop"), "move", str(root / moved)]
-        + ["--to", "swx-n1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "WAKELOOP_BROKER": "tls://10.211.0.11:7443", "WAKELOOP_TLS_DIR": str(LAB / "certs")},
-    )
+    done = on_the_bridge("move", str(root / moved), "--to", "swx-n1", WAKELOOP_BROKER="tls://10.211.0.11:7443")
     assert done.returncode == 0 and f"{LOST} -> swx-n1" in done.stdout, done.stdout + done.stderr
     moved_at, on_n1 = receipt(root, moved).wake, set()
 
@@ -253,6 +246,18 @@ def probe(how: str, node: int, other: Path | None = None) -> str:
     return done.stdout + done.stderr
 
 
+def on_the_bridge(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """`wakeloop ARGS` from the lab's bridge, as a machine of the stack runs it: the orchestrator's
+    certificate, and `env`."""
+    return subprocess.run(
+        ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/wakeloop"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "WAKELOOP_TLS_DIR": str(LAB / "certs"), **env},
+    )
+
+
 def ping(node: int) -> dict:
     """Node N's broker's ping, asked with the stack's own certificate: {} if it did not answer."""
     out = probe("ours", node)
@@ -294,16 +299,14 @@ def test_the_escape_suite_holds_through_a_nodes_broker_over_mutual_tls(stack, tm
     """`wakeloop escapes --broker` as an operator runs it from a machine of the stack: the
     orchestrator's certificate, the shared agents folder, node 2's broker at its host-mode port."""
     assert set(ON_A_NODE) <= {p.name for p in THROUGH_A_BROKER}
-    env = {**os.environ, "WAKELOOP_TLS_DIR": str(LAB / "certs"), "WAKELOOP_REPORTS": str(tmp_path)}
     started = time.monotonic()
-    done = subprocess.run(
-        ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/wakeloop"), "escapes", "--json"]
-        + ["--broker", "tls://10.211.0.12:7443", "--root", str(stack), "--node", "swx-n2"]
-        + [f"--probe={name}" for name in ON_A_NODE],
-        capture_output=True,
-        text=True,
+    done = on_the_bridge(
+        "escapes",
+        "--json",
+        *("--broker", "tls://10.211.0.12:7443", "--root", str(stack), "--node", "swx-n2"),
+        *(f"--probe={name}" for name in ON_A_NODE),
         timeout=600,
-        env=env,
+        WAKELOOP_REPORTS=str(tmp_path),
     )
     assert done.stdout.startswith("{"), f"exit {done.returncode}: {done.stderr[-3000:]}"
     report = json.loads(done.stdout)

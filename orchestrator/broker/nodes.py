@@ -172,6 +172,21 @@ def choose(named: list[Node], counts: dict[str, int], disk_bytes: int) -> Node |
     )
 
 
+def answering(address: str) -> dict[str, Node]:
+    """The brokers behind `address` that name their node, by name, as they answer now (not the
+    kept discovery): for a command a person runs, once."""
+    with _lock:
+        _seen.pop(address, None)
+    return {n.name: n for n in discover(address) if n.name}
+
+
+def pick(found: dict[str, Node], name: str, address: str) -> Node:
+    """Node `name` of `found` (answering's), else NodeUnavailable naming those that answer."""
+    if name not in found:
+        raise NodeUnavailable(f"no broker of node {name!r} answers at {address} (nodes: {', '.join(found) or 'none'})")
+    return found[name]
+
+
 def move(agent_dir: Path, address: str, to: str, disk_bytes: int) -> str | None:
     """Place the agent on node `to`, which must answer now; the caller holds its wake lock, so no
     wake of it runs meanwhile, and its next wake's calls go there. Returns the node it leaves."""
@@ -180,11 +195,8 @@ def move(agent_dir: Path, address: str, to: str, disk_bytes: int) -> str | None:
             f"it has a disk of its own (sandbox.disk {disk_bytes:,} bytes) on its node: moving a disk broker to "
             "broker is not built; on a swarm agents have `sandbox.disk: none`, which moves"
         )
-    with _lock:
-        _seen.pop(address, None)  # the nodes as they answer now
-    found = {n.name: n for n in discover(address) if n.name}
-    if to not in found:
-        raise NodeUnavailable(f"no broker of node {to!r} answers at {address} (nodes: {', '.join(found) or 'none'})")
+    found = answering(address)
+    pick(found, to, address)
     state_dir = agent_dir / "state"
     with _lock:
         left = placement.read_node(state_dir)

@@ -192,19 +192,15 @@ def _broker_of(through: Through) -> tuple[str, str]:
     """(address, node name) of the broker the probes go to: --node's, else the first node's by name."""
     if not through.address.startswith(tls.SCHEME):
         return through.address, ""
-    found = nodes.discover(through.address)
-    named = [n for n in found if n.name]
-    if through.node:
-        chosen = [n for n in named if n.name == through.node]
-        if not chosen:
-            raise AgentError(
-                f"escapes --node: no broker of node {through.node!r} answers behind {through.address} "
-                f"(nodes: {', '.join(n.name for n in named) or 'none'})"
-            )
-        return chosen[0].address, chosen[0].name
-    if named:
-        return named[0].address, named[0].name
-    return through.address, ""
+    found = nodes.answering(through.address)
+    if not through.node:
+        first = next(iter(found.values()), None)
+        return (first.address, first.name) if first else (through.address, "")
+    try:
+        chosen = nodes.pick(found, through.node, through.address)
+    except nodes.NodeUnavailable as exc:
+        raise AgentError(f"escapes --node: {exc}") from None
+    return chosen.address, chosen.name
 
 
 def list_probes(as_json: bool = False) -> int:

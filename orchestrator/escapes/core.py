@@ -147,7 +147,7 @@ class Lab:
     # A broker's address: each trial is an agent directly under `base` (the broker's ROOT), paused
     # (serve wakes none), its policy `agent_policy` in its agent.yaml, its box a BrokerSandbox.
     broker: str | None = None
-    agent_policy: object = None
+    agent_policy: object = field(default_factory=dict)
     policy_source: str = "the default policy"  # for the report
     run_id: str = field(default_factory=lambda: "escapes-" + secrets.token_hex(4))
     host_canary: str = field(default_factory=lambda: "wakeloop-canary-" + secrets.token_hex(8))
@@ -176,8 +176,7 @@ class Lab:
 
     def close(self) -> None:
         """Remove the lab's files (its trials remove their own): all of `base` but a broker's ROOT."""
-        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
-        subprocess.run(["rm", "-rf", "--one-file-system", str(self.home)], check=False)
+        _remove_tree(self.home)
 
 
 class Trial:
@@ -187,7 +186,7 @@ class Trial:
         self.lab = lab
         if lab.broker:
             self.dir = init_agent(lab.base / f"{lab.run_id}-{name}")
-            _set_agent_policy(self.dir, lab.agent_policy)
+            set_agent_policy(self.dir, lab.agent_policy)
             health.set_paused(self.dir / "state", True)  # a trial, not an agent serve should wake
         else:
             self.dir = init_agent(lab.base / name)
@@ -267,8 +266,7 @@ class Trial:
         self.close()
         if self.lab.client is not NO_ENGINE:
             self._release_engine_side()
-        # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
-        subprocess.run(["rm", "-rf", "--one-file-system", str(self.dir)], check=False)
+        _remove_tree(self.dir)
 
     def _release_engine_side(self) -> None:
         # Each trial is an agent of its own, so under an allowlist policy it has a
@@ -282,10 +280,16 @@ class Trial:
             disk.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
 
 
-def _set_agent_policy(agent_dir: Path, policy: object) -> None:
+def _remove_tree(path: Path) -> None:
+    # rm, not shutil.rmtree: probes leave trees deeper than Python's recursion limit
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+def set_agent_policy(agent_dir: Path, policy: object) -> None:
+    """agent.yaml's `policy:` set to `policy` (inline, or a file's name)."""
     config = agent_dir / "agent.yaml"
     data = yaml.safe_load(config.read_text())
-    data["policy"] = policy if policy is not None else {}
+    data["policy"] = policy
     config.write_text(yaml.safe_dump(data))
 
 

@@ -26,9 +26,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.core import Probe, Trial, escaped, held, set_agent_policy
 
 CATEGORY = "orchestrator"
 BOUND_S = 2.0  # a refusal or a bound takes ms; 2 s leaves room on a loaded 2-core box
@@ -98,19 +97,12 @@ def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None)
 
     root = t.dir / "root"
     for name, policy in (agents or {"alpha": {}}).items():
-        _set_policy(init_agent(root / name), policy)
+        set_agent_policy(init_agent(root / name), policy)
     served = _Served(root, t.lab.client, ceiling or Ceiling(source="the probe's ceiling"))
     try:
         yield served
     finally:
         served.close()
-
-
-def _set_policy(agent_dir: Path, policy) -> None:
-    config = agent_dir / "agent.yaml"
-    data = yaml.safe_load(config.read_text())
-    data["policy"] = policy
-    config.write_text(yaml.safe_dump(data))
 
 
 def _refusals(served: _Served, names: list[str], must_say: str, op: str = "check") -> str | None:
@@ -541,7 +533,7 @@ def _allowlist_churn(t: Trial) -> str:
             workspace = (served.root / "alpha/workspace").resolve()
             keys += [network.plan(workspace, tuple(hosts)).key for hosts in lists]
             for hosts in lists:
-                _set_policy(
+                set_agent_policy(
                     served.root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}}
                 )
                 reply, seconds = served.ask({"op": "run", "agent": "alpha", "command": "true"}, START_S)
