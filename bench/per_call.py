@@ -69,7 +69,7 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
     with LiveEnv(fake_api(script)):
         started = time.perf_counter()
         # Made as the loop makes its own, as the wake starts; passed in only to count pool misses.
-        with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name) as box:
+        with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, ahead_at_begin=True) as box:
             misses = count_misses(box)
             receipt = wake(agent, live=True, sandbox=box)
             waited = getattr(box.pool, "waits", None)

@@ -237,6 +237,42 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_h
             other.close()
 
 
+@pytest.mark.parametrize("case", ["alone", "fleet"])
+def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_pool(case):
+    # The first fill began as the wake did, a model turn before its first call: a call that
+    # still finds nothing ready says a refill will not be ready within a turn either, so one
+    # more ahead begins now (under runsc, growing only at the second call's wait made calls
+    # two and three wait too). Not in a fleet: there the one more is another agent's call.
+    from orchestrator.sandbox.pool import MakePace, WarmPool
+
+    door = threading.Event()
+
+    def make() -> str:
+        assert door.wait(DEADLINE), "the test never let the make through"
+        return "c"
+
+    pace = MakePace()
+    other = (
+        WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True, pace=pace)
+        if case == "fleet"
+        else None
+    )
+    pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
+    try:
+        first = threading.Thread(target=pool.take)
+        first.start()
+        support.wait_for(lambda: pool.waits == 1, "the first call waiting for its first fill", DEADLINE)
+        assert pool.want == (2 if case == "alone" else 1)
+        door.set()
+        first.join(DEADLINE)
+        assert not first.is_alive()
+    finally:
+        door.set()
+        pool.close()
+        if other:
+            other.close()
+
+
 @pytest.mark.parametrize("make_s", [0.0, 2.0], ids=["fits-the-turn", "outlasts-it"])
 def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s):
     # Plain functions stand in for the engine. A make well within the model's turn

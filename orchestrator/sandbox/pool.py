@@ -16,10 +16,13 @@ second, and stops making any once the wake says no more calls are coming
 (wind_down: the model's turn ended without a tool call, or the step cap); a
 make queued before that and not yet begun is then dropped if the one call
 still to come (the journal's stub) has a container ready or coming. A
-call that found nothing ready (it waited for a refill, or went cold; not
-the wake's first call, which waits for the first fill) grows the pool for
-the rest of its wake, one more ahead up to the policy's `pool`, so the next
-refill is hidden behind a model turn. A make that takes longer than a model
+call that found nothing ready (it waited for a refill, or went cold) grows
+the pool for the rest of its wake, one more ahead up to the policy's `pool`,
+so the next refill is hidden behind a model turn. The wake's first call
+counts too: its container was begun as the wake began, a model turn before,
+so a refill will not be ready within a turn either (under runsc, growing
+only at the second call's wait made calls two and three wait as well: 3 of
+30 calls, the p90's share). A make that takes longer than a model
 turn and a call (a runsc container on a small host: 0.5-0.9 s against 0.3 s)
 is hidden only by two in flight; so the pool grows when the last make took
 less than one more ahead covers at the wake's pace (takes apart); a make
@@ -190,7 +193,6 @@ class WarmPool:
         self._begun = 0  # of which begun (a queued one may yet be dropped)
         self._waiting = 0  # takes waiting for a make
         self.waits = 0  # takes that found nothing ready (waited, or went cold)
-        self._refilled = False  # a take since the wake began: what is made now is a refill
         self._made_s: float | None = None  # how long the latest make took
         self._think_s: float | None = None  # from the latest call's end to the next take (the model's turn)
         self._ended: float | None = None  # when the latest call ended
@@ -245,9 +247,7 @@ class WarmPool:
                 self._queue_missing()
             if not self._ready:
                 self.waits += 1
-                if self._refilled:  # a wake's first call waits for its first fill: that is no refill
-                    self._grow()
-            self._refilled = True
+                self._grow()
             self._waiting += 1
             try:
                 self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
@@ -299,7 +299,6 @@ class WarmPool:
         """A wake starts on a pool kept from the last (the broker's): one ahead again."""
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
-            self._refilled = False
             self._ended = self._took = None  # the time since the last wake's calls is no model turn
         self._refill()
 
