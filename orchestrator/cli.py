@@ -525,6 +525,12 @@ def cmd_broker(args) -> int:
         os.environ.setdefault(CEILING_ENV, str(Path(args.ceiling).resolve()))
     if args.listen and not args.tls_dir:
         raise ConfigError("--listen tls://HOST:PORT needs --tls-dir DIR (make one with `wakeloop swarm certs DIR`)")
+    if args.plain_container:
+        from orchestrator.broker import plain_container
+
+        if not args.listen:
+            raise ConfigError("--plain-container is for a swarm task's broker: it needs --listen tls://HOST:PORT")
+        return plain_container.run(args.root, args.listen, Path(args.tls_dir), args.ceiling)
     return serve(
         args.root,
         args.socket or args.listen,
@@ -1089,6 +1095,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the most any agent's policy may ask for (runtimes, images, networks, max "
         "sizes); requests over it are refused. Keep it where the orchestrator cannot "
         "write (compose: policies/ceiling.yaml)",
+    )
+    p.add_argument(
+        "--plain-container",
+        action="store_true",
+        help="with --listen, in a swarm task: run the broker as a plain container of this node's "
+        "engine, in this task's network, with the loop devices a workspace disk needs (a swarm "
+        "service cannot be given devices); this process stays as its parent",
     )
 
     p = _command(

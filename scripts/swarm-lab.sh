@@ -180,6 +180,17 @@ remove_cgroups() {
     done
 }
 
+# The loop devices of the brokers' workspace disks (the kernel's, not a node's), when a broker
+# went with its engine before it let them go: those whose file is on the lab's tmpfs only.
+detach_loops() {
+    mountpoint -q "$LAB" || return 0
+    local fs dev back
+    fs=$(mountpoint -d "$LAB")
+    losetup -n -l -O NAME,BACK-MAJ:MIN | while read -r dev back; do
+        if [ "$back" = "$fs" ]; then losetup -d "$dev" || true; fi
+    done
+}
+
 down() {
     for n in "${NODES[@]}"; do stop_engine "$n" & done
     wait
@@ -191,6 +202,7 @@ down() {
         netns_exists "$(node_ns "$n")" && ip netns del "$(node_ns "$n")"
     done
     netns_exists "$BRIDGE_NS" && ip netns del "$BRIDGE_NS"
+    detach_loops
     # Mounts dockerd made under the lab live in the nodes' private mount trees and
     # went with them; anything left in the host's tree (a crash mid-`up`) goes here.
     grep -o " $LAB/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true

@@ -35,6 +35,7 @@ SCRIPT = REPO / "scripts" / "swarm-lab.sh"
 NODES = {"swx-n1": 1, "swx-n2": 2, "swx-n3": 3}
 LOST = "swx-n3"  # never the orchestrator's node (placed on swx-n1 below)
 AGENTS = 30  # ten a node
+DISKED = {"s27", "s28", "s29"}  # with a workspace disk of their own, on their node (plain_container.py)
 UP_S, DEPLOY_S, NODE_S = 180, 120, 240  # NODE_S: a lost node's agents all skipped 32 s after its stop here
 BRIDGE_NS = "swx-br"  # the lab's own network, where the nodes' host-mode ports are
 
@@ -72,7 +73,8 @@ def stack(request):
         lab("up")
         root, certs = LAB / "agents", LAB / "certs"
         for i in range(AGENTS):
-            make_agent(root, f"s{i}", schedule="5s", policy={"sandbox": {"disk": "none"}}, live=False)
+            disk = "64m" if f"s{i}" in DISKED else "none"
+            make_agent(root, f"s{i}", schedule="5s", policy={"sandbox": {"disk": disk}}, live=False)
         subprocess.run(
             [str(REPO / ".venv/bin/wakeloop"), "swarm", "certs", str(certs)], check=True, capture_output=True
         )
@@ -152,6 +154,14 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
     wait_for(calls_where_placed, "every node running its own agents' calls", DEPLOY_S)
     print(f"every agent's calls seen on its node ({time.monotonic() - started:.0f} s)")
 
+    # The agents with a disk woke on it: its volume on their node's engine and no other's (a swarm
+    # task gets no loop devices; its broker, a plain container of the node's engine, does).
+    for agent in sorted(DISKED):
+        assert receipt(root, agent).status == "done", receipt(root, agent)
+        for name, number in NODES.items():
+            volumes = on(number, "volume", "ls", "-q", "--filter", f"name=wakeloop-disk-{agent}-").split()
+            assert bool(volumes) == (placed[agent] == name), f"{agent} on {placed[agent]}: {name} has {volumes}"
+
     # A node lost: its agents skip, saying why; the others keep waking.
     stopping = time.monotonic()
     lab("stop", str(NODES[LOST]), timeout=NODE_S)
@@ -183,7 +193,7 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
     print(f"the others woke on ({time.monotonic() - started:.0f} s)")
 
     # One of them moved by hand (`wakeloop move`) to a live node: it wakes there, its old node still down.
-    moved = sorted(by_node[LOST])[0]
+    moved = sorted(by_node[LOST] - DISKED)[0]
     done = on_the_bridge("move", str(root / moved), "--to", "swx-n1", WAKELOOP_BROKER="tls://10.211.0.11:7443")
     assert done.returncode == 0 and f"{LOST} -> swx-n1" in done.stdout, done.stdout + done.stderr
     moved_at, on_n1 = receipt(root, moved).wake, set()
@@ -207,6 +217,10 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
         NODE_S,
     )
     assert placements(root) == placed
+    # Its broker is a plain container its task started: the one the stopped engine left was removed
+    # by the new task before it started its own (a task cannot clean up when its engine goes).
+    brokers = on(NODES[LOST], "ps", "-a", "--filter", "label=wakeloop.broker-of", "--format", "{{.State}}").split()
+    assert brokers == ["running"], f"{LOST}'s plain broker containers after its return: {brokers}"
     print(f"{LOST}'s agents woke again ({time.monotonic() - started:.0f} s)")
 
 

@@ -142,3 +142,32 @@ def test_swarm_certs_makes_the_stacks_files_once_and_listen_without_them_is_one_
     assert "never made over others" in err and "needs --tls-dir" in err
     with pytest.raises(tls.TLSConfigError, match="tls://HOST:PORT"):
         tls.host_port("tls://nohost")
+
+
+def test_a_plain_container_broker_is_refused_in_one_line_off_a_swarm_task_and_gets_only_its_tls_files(tmp_path, capsys):
+    import io
+    import tarfile
+
+    from orchestrator.broker import plain_container
+    from orchestrator.cli import main
+
+    certs = tmp_path / "certs"
+    assert main(["swarm", "certs", str(certs)]) == 0
+    capsys.readouterr()
+    assert main(["broker", str(tmp_path), "--socket", str(tmp_path / "b.sock"), "--plain-container"]) == 2
+    assert "needs --listen" in capsys.readouterr().err
+    listen = ["--listen", "tls://127.0.0.1:7443", "--tls-dir", str(certs), "--plain-container"]
+    assert main(["broker", str(tmp_path), *listen]) == 2  # this test runs on a plain host, not in a task
+    assert "runs in a container (a swarm task)" in capsys.readouterr().err
+
+    # What the task copies into the broker's container: the CA and the broker's pair, root's alone;
+    # never the CA's key or the orchestrator's.
+    with tarfile.open(fileobj=io.BytesIO(plain_container._tls_files(certs))) as tar:
+        modes = {m.name: (m.mode, m.isdir()) for m in tar.getmembers()}
+    tls_dir = plain_container.TLS_DIR.lstrip("/")
+    assert modes == {
+        tls_dir: (0o700, True),
+        f"{tls_dir}/wakeloop-ca.pem": (0o400, False),
+        f"{tls_dir}/wakeloop-broker.pem": (0o400, False),
+        f"{tls_dir}/wakeloop-broker.key": (0o400, False),
+    }

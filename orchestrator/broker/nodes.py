@@ -15,10 +15,11 @@ wake turns into a skipped wake (status skipped_node, wake/loop.py) until
 the node returns. Discovery is kept DISCOVER_KEEP_S, so a fleet's wakes in
 one tick ask once.
 
-`wakeloop move` places an agent on another live node by hand (`move`): on
-a swarm its workspace is a folder of the shared ROOT (`sandbox.disk: none`),
-so nothing is copied, and it can leave a lost node. An agent with a disk of
-its own is refused: streaming a disk broker to broker is not built.
+`wakeloop move` places an agent on another live node by hand (`move`): with
+`sandbox.disk: none` its workspace is a folder of the shared ROOT, so nothing
+is copied, and it can leave a lost node. An agent with a disk of its own has
+it on its node (the node's broker attaches it: plain_container.py) and is
+refused: streaming a disk broker to broker is not built.
 
 Not here: the wire (wire.py, tls.py).
 """
@@ -193,7 +194,7 @@ def move(agent_dir: Path, address: str, to: str, disk_bytes: int) -> str | None:
     if disk_bytes:
         raise NodeUnavailable(
             f"it has a disk of its own (sandbox.disk {disk_bytes:,} bytes) on its node: moving a disk broker to "
-            "broker is not built; on a swarm agents have `sandbox.disk: none`, which moves"
+            "broker is not built; an agent with `sandbox.disk: none` moves"
         )
     found = answering(address)
     pick(found, to, address)

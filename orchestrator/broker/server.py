@@ -385,10 +385,11 @@ class Broker:
         over = self.ceiling.refusal(agent.policy, user=user)
         if over:
             raise BrokerError(f"{name}: {over}")
-        if agent.policy.sandbox.disk and nodes.this_node():  # a swarm task gets no loop devices
+        if agent.policy.sandbox.disk and nodes.this_node() and disk.unavailable():  # a swarm task: no loop devices
             raise BrokerError(
                 f"{name}: sandbox.disk needs loop devices, which a swarm service cannot be given "
-                f"(moby/moby#35028); set `sandbox.disk: none` for agents on a swarm"
+                f"(moby/moby#35028): run the broker with --plain-container, as compose.swarm.yaml "
+                f"does, or set `sandbox.disk: none`"
             )
         return agent
 
