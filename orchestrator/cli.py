@@ -1056,7 +1056,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--published-on-loopback",
         action="store_true",
         help="--http listens in a container whose port the host publishes on 127.0.0.1 only "
-        "(compose.yaml): treat it as loopback",
+        "(compose.override.yaml): treat it as loopback",
     )
     p.add_argument(
         "--public-name",

@@ -28,7 +28,7 @@ for dir in "$AGENTS"/*/; do
     fi
     [ -d "${dir}state" ] || mkdir -m 700 "${dir}state"
 done
-# Under a swarm the API key is a secret, a file (compose.swarm.yaml): read here, never
+# Under a swarm the API key is a secret, a file (compose.yaml under `docker stack deploy`): read here, never
 # in the service's environment, where `docker service inspect` would show it. "-": none.
 if [ -n "${WAKELOOP_API_KEY_FILE:-}" ] && [ -z "${ANTHROPIC_API_KEY:-}" ] && [ -r "$WAKELOOP_API_KEY_FILE" ]; then
     key="$(cat "$WAKELOOP_API_KEY_FILE")"

@@ -263,8 +263,18 @@ def test_the_shipped_ceiling_refuses_a_hundred_billion_output_chars_at_check(roo
 # -- one warm pool per agent ----------------------------------------------------------------
 
 
-def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(root, docker_client):
+def no_model_turn(monkeypatch) -> None:
+    """These tests' first calls come straight after begin, from no model: however loaded the host,
+    a first call that waits for its fill does not grow the pool (pool.FIRST_TURN_S), which a test
+    counting containers ahead would otherwise see or not by the host's load."""
+    from orchestrator.sandbox import pool
+
+    monkeypatch.setattr(pool, "FIRST_TURN_S", POOL_WAIT_S)
+
+
+def test_calls_for_one_agent_are_served_from_its_pool_and_nothing_outlives_the_broker(root, docker_client, monkeypatch):
     workspace = root / "alpha/workspace"
+    no_model_turn(monkeypatch)
     with served(root) as sock:
         box = BrokerSandbox(sock, "alpha")
         box.begin("0123456789ab")  # in a wake, as the loop calls (one outside a wake is a wake of its own)
@@ -380,7 +390,8 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
         broker.close()
 
 
-def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(root, docker_client):
+def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(root, docker_client, monkeypatch):
+    no_model_turn(monkeypatch)
     broker = Broker(root, client=docker_client, log=lambda line: None)
     workspace = root / "alpha/workspace"
     try:
@@ -602,6 +613,11 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         assert result.ok and result.output.strip() == "over-tls"
         assert box.files().read_text("note.txt") == "over-tls\n"
         assert BrokerClient(address).ping()["root"] == str(root.resolve())
+        # A node lost sends nothing: a silent connection is probed, and a request left unacknowledged
+        # (no probes then) is given up after 11 s, not the kernel's ~15 minutes of retransmissions.
+        with tls.connect(address) as conn:
+            assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 11_000
         monkeypatch.setenv(tls.TLS_DIR_ENV, str(theirs))  # a client of another stack: its CA does not know ours
         with pytest.raises(SandboxError, match="failed the TLS handshake"):
             BrokerSandbox(address, "alpha").check()

@@ -18,6 +18,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+import yaml
 from orchestrator.sandbox import disk
 from tests.helpers import REPO, scrubbed_env, wait_for
 
@@ -164,3 +165,29 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     keepers = docker_client.api.containers(all=True, filters={"label": disk.LABEL})
     volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
     assert [c["Names"] for c in keepers if ours(c["Labels"])] == [] and [v for v in volumes if ours(v["Labels"])] == []
+
+
+def test_one_compose_file_runs_one_host_with_its_override_and_a_swarm_alone():
+    # `docker compose up` reads compose.yaml and compose.override.yaml; `docker stack deploy -c
+    # compose.yaml` reads compose.yaml alone, through the docker CLI's own loader (format 3.x),
+    # which refuses what only compose knows. Both are the CLI's, no engine needed.
+    def loaded(*argv: str) -> dict:
+        done = subprocess.run(["docker", *argv], cwd=REPO, env=compose_env(), capture_output=True, timeout=60)
+        assert done.returncode == 0, f"docker {' '.join(argv)}: {done.stderr.decode()}"
+        return yaml.safe_load(done.stdout)
+
+    host = loaded("compose", "config")["services"]
+    assert set(host) == {"sandbox-image", "broker", "orchestrator"}
+    broker, orchestrator = host["broker"], host["orchestrator"]
+    assert "--socket" in broker["entrypoint"] and broker["device_cgroup_rules"] and not broker.get("ports")
+    assert not broker.get("secrets") and not orchestrator.get("secrets")  # no certificates on one host
+    assert broker["environment"]["WAKELOOP_NODE"] == ""  # one broker, no node
+    assert [p["host_ip"] for p in orchestrator["ports"]] == ["127.0.0.1"]  # the console on loopback only
+
+    swarm = loaded("stack", "config", "-c", "compose.yaml")["services"]
+    assert set(swarm) == {"broker", "orchestrator"}
+    assert swarm["broker"]["deploy"]["mode"] == "global" and "--plain-container" in swarm["broker"]["entrypoint"]
+    assert "/policies/ceiling.yaml" in swarm["broker"]["entrypoint"]  # a swarm's broker holds the ceiling too
+    assert swarm["orchestrator"]["environment"]["WAKELOOP_BROKER"] == "tls://tasks.broker:7443"
+    # no console: a swarm publishes a port on every address (it ignores 127.0.0.1)
+    assert not swarm["orchestrator"].get("ports")

@@ -545,7 +545,7 @@ def test_healthz_needs_no_token_says_only_ok_and_is_what_compose_checks(serve_co
 
 
 def test_under_compose_the_published_port_is_a_public_name_and_the_sign_in_url_uses_it():
-    """compose.yaml: `--http 0.0.0.0:8765 --published-on-loopback --public-name 127.0.0.1:${PORT}`."""
+    """compose.override.yaml: `--http 0.0.0.0:8765 --published-on-loopback --public-name 127.0.0.1:${PORT}`."""
     from orchestrator.console.hosts import Hosts
     from orchestrator.console.listen import Options, sign_in_url
 

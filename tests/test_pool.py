@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 import time
 from dataclasses import replace
 
@@ -186,6 +187,28 @@ def test_a_container_made_under_settings_that_changed_meanwhile_is_replaced_not_
         pool.close()
 
 
+@contextmanager
+def lone_or_in_a_fleet(case: str, make, door: threading.Event):
+    """A pool of 2 whose makes are `make`'s; with case "fleet", another wake's pool on the same
+    engine wants a container too. Closed after, `door` opened first."""
+    from orchestrator.sandbox.pool import MakePace, WarmPool
+
+    pace = MakePace()
+    other = (
+        WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True, pace=pace)
+        if case == "fleet"
+        else None
+    )
+    pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
+    try:
+        yield pool
+    finally:
+        door.set()
+        pool.close()
+        if other:
+            other.close()
+
+
 @pytest.mark.parametrize("case", ["alone", "fleet", "engine-too-slow"])
 def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_hides_it(case):
     # Plain functions stand in for the engine: what is under test is the rule (grow when
@@ -196,8 +219,6 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_h
     # wants containers. The third make is held at the door: the third call waits for it.
     # The margins are wide for a loaded host: growth needs the make 0.4 s within its bound,
     # no growth needs a turn stretched from 0.5 s past 1.5 s.
-    from orchestrator.sandbox.pool import MakePace, WarmPool
-
     door, made, turn_s = threading.Event(), [], 0.5
     slow_s = 6 * turn_s if case == "engine-too-slow" else 1.2 * turn_s
 
@@ -209,14 +230,7 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_h
         made.append(f"c{len(made)}")
         return made[-1]
 
-    pace = MakePace()
-    other = (
-        WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True, pace=pace)
-        if case == "fleet"
-        else None
-    )
-    pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
-    try:
+    with lone_or_in_a_fleet(case, make, door) as pool:
         assert pool.wait_ready(1, DEADLINE) and pool.want == 1
         first = pool.take()  # the wake's first call; its refill is slow
         assert pool.wait_ready(1, DEADLINE)
@@ -230,20 +244,17 @@ def test_a_call_that_waited_for_a_refill_grows_a_lone_wakes_pool_when_one_more_h
         door.set()
         third.join(DEADLINE)
         assert not third.is_alive()
-    finally:
-        door.set()
-        pool.close()
-        if other:
-            other.close()
 
 
-@pytest.mark.parametrize("case", ["alone", "fleet"])
-def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_pool(case):
+@pytest.mark.parametrize("case", ["alone", "fleet", "no-model"])
+def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_pool(case, monkeypatch):
     # The first fill began as the wake did, a model turn before its first call: a call that
     # still finds nothing ready says a refill will not be ready within a turn either, so one
     # more ahead begins now (under runsc, growing only at the second call's wait made calls
     # two and three wait too). Not in a fleet: there the one more is another agent's call.
-    from orchestrator.sandbox.pool import MakePace, WarmPool
+    # Nor when the first call came sooner than any model answers (a dry run's script).
+    from orchestrator.sandbox import pool as pool_module
+    from orchestrator.sandbox.pool import FIRST_TURN_S
 
     door = threading.Event()
 
@@ -251,14 +262,11 @@ def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_poo
         assert door.wait(DEADLINE), "the test never let the make through"
         return "c"
 
-    pace = MakePace()
-    other = (
-        WarmPool(1, key=lambda: "k", make=lambda: "o", remove=lambda cid: None, alive=lambda cid: True, pace=pace)
-        if case == "fleet"
-        else None
-    )
-    pool = WarmPool(2, key=lambda: "k", make=make, remove=lambda cid: None, alive=lambda cid: True, pace=pace)
-    try:
+    with lone_or_in_a_fleet(case, make, door) as pool:
+        if case == "no-model":  # however loaded the host, this take comes sooner than any model's turn
+            monkeypatch.setattr(pool_module, "FIRST_TURN_S", DEADLINE)
+        else:
+            time.sleep(FIRST_TURN_S)  # the model's first turn (the scenario, not a wait for anything)
         first = threading.Thread(target=pool.take)
         first.start()
         support.wait_for(lambda: pool.waits == 1, "the first call waiting for its first fill", DEADLINE)
@@ -266,11 +274,6 @@ def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_poo
         door.set()
         first.join(DEADLINE)
         assert not first.is_alive()
-    finally:
-        door.set()
-        pool.close()
-        if other:
-            other.close()
 
 
 @pytest.mark.parametrize("make_s", [0.0, 2.0], ids=["fits-the-turn", "outlasts-it"])

@@ -2,7 +2,7 @@
 
 One lab for the module, torn down whatever happens (the fixture's finally;
 scripts/test.sh runs `swarm-lab.sh down` too, for a pytest killed outright).
-The stack runs this checkout's code: compose.swarm.yaml with the source
+The stack runs this checkout's code: compose.yaml (alone, as `docker stack deploy` reads it) with the source
 mounted over the image's (the image may be older than the checkout).
 
 Skipped only when the lab cannot be built here, with the reason: not root,
@@ -79,6 +79,11 @@ def stack(request):
             [str(REPO / ".venv/bin/wakeloop"), "swarm", "certs", str(certs)], check=True, capture_output=True
         )
         (certs / "anthropic-api-key").write_text("-\n")  # a dry run: no key
+        # The shipped ceiling, but for max.disk: most of these agents have no disk (so that one can move)
+        ceiling = yaml.safe_load((REPO / "policies" / "ceiling.yaml").read_text())
+        del ceiling["max"]["disk"]
+        (LAB / "policies").mkdir()
+        (LAB / "policies" / "ceiling.yaml").write_text(yaml.safe_dump(ceiling))
         source = LAB / "source.yaml"  # this checkout's code over the image's
         mounts = [f"{REPO}/orchestrator:/opt/wakeloop/src/orchestrator:ro"]
         mounts.append(f"{REPO}/scripts/docker-entrypoint.sh:/usr/local/bin/wakeloop-entrypoint:ro")
@@ -89,8 +94,9 @@ def stack(request):
             )
         )
         env = {**os.environ, "WAKELOOP_AGENTS": str(root), "WAKELOOP_CERTS": str(certs), "WAKELOOP_DRY_RUN": "true"}
+        env["WAKELOOP_POLICIES"] = str(LAB / "policies")
         env["DOCKER_HOST"] = f"unix://{LAB}/n1/docker.sock"
-        deploy = ["docker", "stack", "deploy", "-c", str(REPO / "compose.swarm.yaml"), "-c", str(source)]
+        deploy = ["docker", "stack", "deploy", "-c", str(REPO / "compose.yaml"), "-c", str(source)]
         subprocess.run([*deploy, "--resolve-image", "never", "wakeloop"], env=env, check=True, capture_output=True)
         failed = request.session.testsfailed
         yield root
@@ -227,7 +233,7 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
 PROBE = """
 import json, socket, ssl, sys
 from pathlib import Path
-how, certs, other, ip = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+how, certs, other, ip, request = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5]
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 context.check_hostname = False
 context.load_verify_locations(certs / "wakeloop-ca.pem")
@@ -240,7 +246,7 @@ if how == "broker_own":
 try:
     with socket.create_connection((ip, 7443), timeout=10) as raw:
         with context.wrap_socket(raw, server_hostname="wakeloop-broker") as s:
-            s.sendall(b'{"op": "ping"}\\n')
+            s.sendall(request.encode() + b"\\n")
             line = s.makefile("rb").readline()
             print(json.dumps(json.loads(line)) if line else "closed")
 except (OSError, ssl.SSLError) as exc:
@@ -248,11 +254,11 @@ except (OSError, ssl.SSLError) as exc:
 """
 
 
-def probe(how: str, node: int, other: Path | None = None) -> str:
+def probe(how: str, node: int, other: Path | None = None, request: str = '{"op": "ping"}') -> str:
     """PROBE from the lab's bridge (where the nodes' host-mode ports are) to node N's broker."""
     done = subprocess.run(
         ["ip", "netns", "exec", BRIDGE_NS, str(REPO / ".venv/bin/python"), "-c", PROBE, how, str(LAB / "certs")]
-        + [str(other or LAB / "certs"), f"10.211.0.1{node}"],
+        + [str(other or LAB / "certs"), f"10.211.0.1{node}", request],
         capture_output=True,
         text=True,
         timeout=60,
@@ -294,6 +300,18 @@ def test_a_broker_answers_only_the_stacks_orchestrator(stack):
     for how in ("none", "other_ca", "broker_own"):
         out = probe(how, 2, other)
         assert '"ok"' not in out and ("refused" in out or "closed" in out), f"{how}: {out}"
+
+
+def test_a_nodes_broker_holds_the_ceiling_whatever_the_orchestrator_asks(stack):
+    # A taken-over orchestrator writes an agent over the ceiling and asks a node's broker (with the
+    # stack's own certificate) to serve it: refused, as on one host. Paused, so serve leaves it alone.
+    from orchestrator.records import health
+
+    staged = make_agent(LAB / "staged", "over", policy={"sandbox": {"disk": "none", "memory": "4g"}}, live=False)
+    health.set_paused(staged / "state", True)
+    staged.rename(stack / "over")
+    out = probe("ours", 2, request='{"op": "check", "agent": "over"}')
+    assert '"ok": false' in out and "over the broker's ceiling" in out and "sandbox.memory" in out, out
 
 
 # Two or three of each category of registry.THROUGH_A_BROKER: all 69 take ~4 min on the lab's nodes

@@ -1,7 +1,7 @@
 """Past one host: every node's broker found by DNS, each agent placed on one node and kept there.
 
 With WAKELOOP_BROKER=tls://NAME:PORT, NAME may resolve to several addresses:
-a swarm's `tasks.broker` (compose.swarm.yaml: a global service, dnsrr) names
+a swarm's `tasks.broker` (compose.yaml under `docker stack deploy`: a global service, dnsrr) names
 one task per node. Each address's broker is asked its node (ping's `node`,
 the broker's $WAKELOOP_NODE); a broker that names none is one broker on one
 host, and the address is used as given. An agent first woken is placed on

@@ -42,8 +42,8 @@ from orchestrator.errors import ConfigError
 
 LABEL = "wakeloop.broker-of"  # on the plain container: the task container it belongs to
 TLS_DIR = "/run/wakeloop-tls"  # in the plain container: the task's TLS files, copied
-STOP_S = 150  # as compose.swarm.yaml's stop_grace_period: a call in flight finishes
-# What compose.yaml gives the one-host broker for losetup and mount (its comments say why).
+STOP_S = 150  # as compose.yaml's broker stop_grace_period: a call in flight finishes
+# What compose.override.yaml gives the one-host broker for losetup and mount (its comments say why).
 DEVICES = {
     "cap_add": ["SYS_ADMIN"],
     "device_cgroup_rules": ["b 7:* rmw", "c 10:237 rmw"],

@@ -388,8 +388,8 @@ class Broker:
         if agent.policy.sandbox.disk and nodes.this_node() and disk.unavailable():  # a swarm task: no loop devices
             raise BrokerError(
                 f"{name}: sandbox.disk needs loop devices, which a swarm service cannot be given "
-                f"(moby/moby#35028): run the broker with --plain-container, as compose.swarm.yaml "
-                f"does, or set `sandbox.disk: none`"
+                f"(moby/moby#35028): run the broker with --plain-container, as compose.yaml does "
+                f"on a swarm, or set `sandbox.disk: none`"
             )
         return agent
 

@@ -138,8 +138,11 @@ def tls_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 # A broker's node lost mid-call sends nothing, not even a reset: without probes a call
 # waits out its own timeout (minutes). Idle 5 s, then 3 probes 2 s apart: lost in ~11 s.
+# Keepalive does not probe while data is unacknowledged: a request sent as the node went
+# (the swarm lab: into a broker whose task's network was gone) was retransmitted for the
+# kernel's ~15 minutes (tcp_retries2), its wake hung that long. Unacknowledged 11 s: lost.
 KEEPALIVE = ((socket.SO_KEEPALIVE, 1),)
-KEEPALIVE_TCP = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
+KEEPALIVE_TCP = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 11_000))
 
 
 def _keepalive(sock: socket.socket) -> None:

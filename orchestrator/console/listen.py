@@ -6,7 +6,7 @@ whether actions are on (off on a non-loopback address unless a TLS proxy is
 in front: `--behind-tls`), and a sign-in URL carrying the token, printed at
 every start as Jupyter does (reading needs the token, on loopback too).
 `--published-on-loopback` is for a container whose port the host publishes
-on its loopback only (compose.yaml): the console listens on 0.0.0.0 inside,
+on its loopback only (compose.override.yaml): the console listens on 0.0.0.0 inside,
 but only this host can reach it.
 
 `--metrics ADDR` alone is prometheus_client's exposition, open without the

@@ -271,7 +271,7 @@ UPSTREAM_CA_ENV = "WAKELOOP_EGRESS_UPSTREAM_CA"  # a PEM file the proxy trusts u
 def plan_for(workspace: Path, policy: SandboxPolicy, environ: Mapping[str, str] = os.environ) -> Egress:
     """The plan for a sandbox policy with `network: allowlist`. Two settings are the
     operator's, never a policy's: read from the environment of the process that makes
-    the proxies (the broker under compose, whose environment compose.yaml sets, as it
+    the proxies (the broker under compose, whose environment compose.override.yaml sets, as it
     sets its ceiling), off when unset. Tests of our own use them to name their own
     HTTPS server, which sits at a private address like every container."""
     private_ok = tuple(n.strip().lower() for n in environ.get(PRIVATE_OK_ENV, "").split(",") if n.strip())

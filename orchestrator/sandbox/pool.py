@@ -19,12 +19,14 @@ still to come (the journal's stub) has a container ready or coming. A
 call that found nothing ready (it waited for a refill, or went cold) grows
 the pool for the rest of its wake, one more ahead up to the policy's `pool`,
 so the next refill is hidden behind a model turn. The wake's first call
-counts too: its container was begun as the wake began, a model turn before,
-so a refill will not be ready within a turn either (under runsc, growing
-only at the second call's wait made calls two and three wait as well: 3 of
-30 calls, the p90's share). A make that takes longer than a model
-turn and a call (a runsc container on a small host: 0.5-0.9 s against 0.3 s)
-is hidden only by two in flight; so the pool grows when the last make took
+counts too when it came a model turn (FIRST_TURN_S at least) after its
+fill began: a make slower than that turn will not refill within one either
+(under runsc, growing only at the second call's wait made calls two and
+three wait as well: 3 of 30 calls, the p90's share); one that came sooner
+came from no model (a dry run), and says nothing of the engine. A make that
+takes longer than a model turn and a call (a runsc container on a small
+host: 0.5-0.9 s against 0.3 s) is hidden only by two in flight; so the pool
+grows when the last make took
 less than one more ahead covers at the wake's pace (takes apart); a make
 slower still is the engine's load, which two at once only make slower, and
 the pool stays. Nor does it grow while another wake's pool on the same
@@ -61,6 +63,9 @@ from orchestrator import metrics
 MAKERS = 2  # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1  # containers kept ahead at first: one per model turn is the usual pace
 THINK_X = 0.8  # a refill that took under this share of the model's last turn waits for its call's end
+# No model answers sooner: a wake's first call that came sooner after its first fill began came
+# from no model (a dry run, a test), and its wait says nothing of the engine's pace against a turn.
+FIRST_TURN_S = 0.25
 WAIT_S = 60.0  # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30  # a container idle longer than this is checked before use (engine restarts)
 _STOP = object()  # ends a pool thread's job queue
@@ -196,7 +201,8 @@ class WarmPool:
         self._made_s: float | None = None  # how long the latest make took
         self._think_s: float | None = None  # from the latest call's end to the next take (the model's turn)
         self._ended: float | None = None  # when the latest call ended
-        self._took: float | None = None  # when the latest take came
+        self._took: float | None = None  # when the latest take came (None: the wake's first is to come)
+        self._armed = time.monotonic()  # when the wake's first fill began (rearm)
         self._cycle_s: float | None = None  # from one take to the next: the wake's pace
         self._owed = False  # a refill put off until its call ends
         self.pace.joined(self)
@@ -237,6 +243,7 @@ class WarmPool:
     def _next(self) -> _Warm | None:
         with self._changed:
             now = time.monotonic()
+            first = self._took is None  # the wake's first call
             if self._ended is not None:
                 self._think_s, self._ended = now - self._ended, None
             if self._took is not None:
@@ -247,7 +254,8 @@ class WarmPool:
                 self._queue_missing()
             if not self._ready:
                 self.waits += 1
-                self._grow()
+                if not first or now - self._armed >= FIRST_TURN_S:
+                    self._grow()
             self._waiting += 1
             try:
                 self._changed.wait_for(lambda: self._ready or not self._making or self._closed, WAIT_S)
@@ -300,6 +308,7 @@ class WarmPool:
         with self._lock:
             self.want = max(self.want, min(AHEAD, self.size))
             self._ended = self._took = None  # the time since the last wake's calls is no model turn
+            self._armed = time.monotonic()
         self._refill()
 
     def discard(self, cid: str) -> None:
