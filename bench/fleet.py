@@ -172,7 +172,8 @@ class Engine:
             if where == self.marker:
                 self.done.set()
                 return
-            if where.startswith(self.root):
+            if where.startswith(self.root) and not where.startswith(self.root + ".wakeloop-rate-"):
+                # (the broker's rate measurement, under ROOT since it runs in a container: no agent's call)
                 step = 1 if event["Action"] == "create" else -1
                 self.created += step > 0
                 self.live += step

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import docker
@@ -388,6 +389,30 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
         assert our_containers(docker_client, root.resolve()) == []  # close() waits for the removals
     finally:
         broker.close()
+
+
+def test_a_disk_agents_first_wake_through_the_broker_makes_its_first_container_at_begin(root, docker_client):
+    # Its boxes bind the wake's overlay, mounted at begin: a container its new box made at once was
+    # drained at begin unused, one in vain for each agent's first wake (the fleet bench through the
+    # broker: 67 containers for 50 calls at 10 agents, against 50 in process).
+    workspace = (root / "alpha/workspace").resolve()
+    since = int(time.time()) - 1
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        assert broker.handle({"op": "check", "agent": "alpha"})["ok"]
+        assert broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
+        assert broker._boxes["alpha"].box.pool.wait_ready(1, POOL_WAIT_S), "one container ahead at begin"
+        assert broker.handle({"op": "wind_down", "agent": "alpha"})["ok"]  # no call comes: none more
+        assert broker.handle({"op": "finish", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
+    finally:
+        broker.close()
+    creates = docker_client.events(
+        since=since,
+        until=int(time.time()) + 1,  # the window's end: every create above is in it
+        decode=True,
+        filters={"type": "container", "event": "create", "label": f"wakeloop.workspace={workspace}"},
+    )
+    assert len(list(creates)) == 1, "a container made for nothing"
 
 
 def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(root, docker_client, monkeypatch):

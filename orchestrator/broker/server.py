@@ -482,6 +482,10 @@ class Broker:
                     host_folder=self.host_root / name,
                     overcommit=self.disk_overcommit,
                     engine_mounts=self.engine_mounts,
+                    # On a disk its pool starts at the wake's begin, with the overlay: one made now,
+                    # at the wake's `check`, was drained at begin unused (the fleet bench through
+                    # the broker: one container in vain for each agent's first wake).
+                    ahead_at_begin=True,
                 )
             except Exception:
                 self._drop_egress(workspace, policy)  # a proxy set up halfway is not left behind
