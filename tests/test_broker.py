@@ -391,6 +391,24 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
         broker.close()
 
 
+def test_a_swarm_tasks_broker_without_loop_devices_refuses_a_disk_agent_in_one_line(root, docker_client, monkeypatch):
+    # A broker run as a swarm task without --plain-container: no /dev/loop-control (the stand-in
+    # here for the devices a swarm service cannot be given). A disk agent is refused, saying the way
+    # out; an agent without a disk is served.
+    from orchestrator.broker import nodes
+
+    monkeypatch.setenv(nodes.NODE_ENV, "swx-n1")
+    monkeypatch.setattr(disk, "unavailable", lambda: "this host has no loop devices (/dev/loop-control is missing)")
+    broker = Broker(root, client=docker_client, log=lambda line: None)
+    try:
+        with pytest.raises(BrokerError, match="run the broker with --plain-container"):
+            broker.handle({"op": "check", "agent": "alpha"})
+        set_policy(root / "alpha", {"sandbox": {"disk": "none"}})
+        assert broker.handle({"op": "check", "agent": "alpha"})["ok"]
+    finally:
+        broker.close()
+
+
 def test_a_disk_agents_first_wake_through_the_broker_makes_its_first_container_at_begin(root, docker_client):
     # Its boxes bind the wake's overlay, mounted at begin: a container its new box made at once was
     # drained at begin unused, one in vain for each agent's first wake (the fleet bench through the

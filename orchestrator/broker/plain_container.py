@@ -94,13 +94,13 @@ def _create(client: docker.DockerClient, task: dict[str, Any], command: list[str
 
 def _tls_files(folder: Path) -> bytes:
     """The broker's TLS files as a tar for put_archive: TLS_DIR, root's alone."""
-    data = io.BytesIO()
+    data, base = io.BytesIO(), TLS_DIR.lstrip("/")
     with tarfile.open(fileobj=data, mode="w") as tar:
-        entry = tarfile.TarInfo(TLS_DIR.lstrip("/"))
+        entry = tarfile.TarInfo(base)
         entry.type, entry.mode = tarfile.DIRTYPE, 0o700
         tar.addfile(entry)
         for path in tls.files(folder, tls.BROKER_NAME):
-            entry = tarfile.TarInfo(f"{TLS_DIR.lstrip('/')}/{path.name}")
+            entry = tarfile.TarInfo(f"{base}/{path.name}")
             content = path.read_bytes()
             entry.size, entry.mode = len(content), 0o400
             tar.addfile(entry, io.BytesIO(content))

@@ -262,6 +262,8 @@ class Broker:
         self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
+        # A swarm task's broker without --plain-container: no loop devices, for its whole life.
+        self.swarm_without_disks = bool(nodes.this_node() and disk.unavailable())
         if self.engine_mounts:
             self.log(
                 f"the engine cannot see this broker's mounts in {disk.disks_dir()}: it mounts each disk "
@@ -385,7 +387,7 @@ class Broker:
         over = self.ceiling.refusal(agent.policy, user=user)
         if over:
             raise BrokerError(f"{name}: {over}")
-        if agent.policy.sandbox.disk and nodes.this_node() and disk.unavailable():  # a swarm task: no loop devices
+        if agent.policy.sandbox.disk and self.swarm_without_disks:
             raise BrokerError(
                 f"{name}: sandbox.disk needs loop devices, which a swarm service cannot be given "
                 f"(moby/moby#35028): run the broker with --plain-container, as compose.yaml does "
