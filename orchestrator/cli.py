@@ -850,8 +850,8 @@ def _transaction_commands(sub) -> None:
     p = _command(
         sub,
         "move",
-        "place an agent on another node past one host ($WAKELOOP_BROKER=tls://...); refused while it wakes, "
-        "and for an agent with a disk of its own",
+        "place an agent on another node past one host ($WAKELOOP_BROKER=tls://...), its disk streamed there "
+        "and checked by hash (the old one deleted once the new is in use); refused while it wakes",
         "wakeloop move /srv/agents/mine --to node-2",
         cmd_move,
     )

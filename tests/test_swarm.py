@@ -229,6 +229,51 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
     assert brokers == ["running"], f"{LOST}'s plain broker containers after its return: {brokers}"
     print(f"{LOST}'s agents woke again ({time.monotonic() - started:.0f} s)")
 
+    # An agent with a disk moved (`wakeloop move`, run in the orchestrator's task as an operator
+    # would) between two live nodes: its disk streamed there, its journal with it, the old one gone.
+    mover = sorted(DISKED)[0]
+    source = placed[mover]
+    dest = next(name for name in NODES if name not in (source, LOST))
+    journal = json.dumps({"op": "read", "agent": mover, "what": "journal_names"})
+    before = json.loads(probe("ours", NODES[source], request=journal).splitlines()[-1])["result"]["value"]
+    assert before, f"{mover} has woken on {source}: its journal is there"
+    orchestrator = on(1, "ps", "-q", "--filter", "label=com.docker.swarm.service.name=wakeloop_orchestrator").split()
+
+    def moved_disk() -> str | None:
+        done = subprocess.run(
+            ["docker", "-H", f"unix://{LAB}/n1/docker.sock", "exec", orchestrator[0]]
+            + ["wakeloop", "move", f"/agents/{mover}", "--to", dest],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode and "is waking" in done.stderr:  # serve's wake of it holds its lock: again
+            return None
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    said = wait_for(moved_disk, f"{mover} moved off a wake of it", NODE_S)
+    assert f"its disk moved from {source} to {dest}" in said and "agreed at both ends" in said, said
+    assert f"deleted its old disk on {source}" in said, said
+    placed[mover] = dest
+    assert placements(root) == placed
+    moved_at, on_dest = receipt(root, mover).wake, set()
+
+    def woke_on_dest() -> bool:
+        on_dest.update(labelled(NODES[dest]))
+        return (r := receipt(root, mover)).status == "done" and r.wake > moved_at and mover in on_dest
+
+    wait_for(woke_on_dest, f"{mover} waking on {dest}", NODE_S)
+    after = json.loads(probe("ours", NODES[dest], request=journal).splitlines()[-1])["result"]["value"]
+    assert set(before) <= set(after), (before, after)
+    for name, number in NODES.items():
+        volumes = on(number, "volume", "ls", "-q", "--filter", f"name=wakeloop-disk-{mover}-").split()
+        assert bool(volumes) == (name == dest), f"{mover} moved to {dest}: {name} has {volumes}"
+    old = on(NODES[source], "ps", "-q", "--filter", "label=wakeloop.broker-of").split()
+    images = on(NODES[source], "exec", old[0], "ls", "/var/lib/wakeloop/disks").split()
+    assert not [i for i in images if i.startswith(f"{mover}-") and i.endswith(".img")], images
+    print(f"{mover}'s disk moved from {source} to {dest}, woke there ({time.monotonic() - started:.0f} s)")
+
 
 PROBE = """
 import json, socket, ssl, sys

@@ -35,6 +35,9 @@ EVERY_OP = [
     wire.Diff("alpha", None),
     wire.Undo("alpha", "0123456789ab"),
     wire.Undo("alpha", "0123456789ab", force=True),
+    wire.Export("alpha"),
+    wire.Import("alpha"),
+    wire.Drop("alpha"),
 ]
 
 

@@ -18,8 +18,9 @@ one tick ask once.
 `wakeloop move` places an agent on another live node by hand (`move`): with
 `sandbox.disk: none` its workspace is a folder of the shared ROOT, so nothing
 is copied, and it can leave a lost node. An agent with a disk of its own has
-it on its node (the node's broker attaches it: plain_container.py) and is
-refused: streaming a disk broker to broker is not built.
+it on its node (the node's broker attaches it: plain_container.py); its disk
+is streamed to the new node and checked there (disk_move.py), so both nodes
+must answer.
 
 Not here: the wire (wire.py, tls.py).
 """
@@ -34,8 +35,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from orchestrator.broker import tls, wire
+from orchestrator.broker import disk_move, tls, wire
 from orchestrator.records import placement
 from orchestrator.sandbox.box import SandboxError
 
@@ -188,19 +190,32 @@ def pick(found: dict[str, Node], name: str, address: str) -> Node:
     return found[name]
 
 
-def move(agent_dir: Path, address: str, to: str, disk_bytes: int) -> str | None:
+def move(agent_dir: Path, address: str, to: str, disk_bytes: int, say: Callable[[str], None] = print) -> str | None:
     """Place the agent on node `to`, which must answer now; the caller holds its wake lock, so no
-    wake of it runs meanwhile, and its next wake's calls go there. Returns the node it leaves."""
-    if disk_bytes:
-        raise NodeUnavailable(
-            f"it has a disk of its own (sandbox.disk {disk_bytes:,} bytes) on its node: moving a disk broker to "
-            "broker is not built; an agent with `sandbox.disk: none` moves"
-        )
+    wake of it runs meanwhile, and its next wake's calls go there. An agent with a disk placed on
+    another node takes it along (disk_move.py): both nodes must answer. Returns the node it leaves."""
     found = answering(address)
-    pick(found, to, address)
+    dest = pick(found, to, address)
     state_dir = agent_dir / "state"
+    left = placement.read_node(state_dir)
+    if disk_bytes and left not in (None, to):  # never placed: it has no disk on any node yet
+        if left not in found:
+            raise NodeUnavailable(
+                f"its disk is on node {left}, which does not answer: a disk moves only between two live "
+                f"nodes (nodes: {', '.join(found) or 'none'}); it wakes again when {left} returns"
+            )
+        moved = disk_move.move(agent_dir, found[left].address, dest.address, to, say)
+        say(
+            f"{agent_dir.name}: its disk moved from {left} to {to}: {moved.entries} entries, "
+            f"{moved.bytes:,} bytes streamed, sha256 and tree digest {moved.digest[:12]} agreed at both ends"
+        )
+        say(
+            f"{agent_dir.name}: deleted its old disk on {left}"
+            if not moved.problem
+            else f"{agent_dir.name}: its old disk stays on {left}: {moved.problem}"
+        )
+        return left
     with _lock:
-        left = placement.read_node(state_dir)
         placement.write_node(state_dir, to)
     if left in found and left != to:  # its old node's pool makes nothing more for it (a hint)
         try:

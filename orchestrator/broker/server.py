@@ -2,8 +2,8 @@
 
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and answers
-ten ops over a local unix socket (wire.py; docs/architecture.md §5). Three
-make a container: `run` a command and `write` a file, in agent X's
+fifteen ops over a local unix socket or mutual TLS (wire.py;
+docs/architecture.md §5). Three make a container: `run` a command and `write` a file, in agent X's
 workspace, under agent X's policy, and `append` to today's journal, the
 harness's stub when a wake ends unjournaled. Seven make none: `diff` and
 `undo` (one wake's changes, read or put back on X's disk: below), `check` (would
@@ -12,8 +12,12 @@ an error on every call), `read` (X's memory and journal for the wake's
 context), `wind_down` (X's pool makes no more ahead), `rate` (the engine's
 rate, for `serve`'s choice of how many wakes at once, measured at most once
 every RATE_KEEP_S) and `ping`. Two frame a wake: `begin` and `finish`
-(below). A request names the agent (its folder name under ROOT) and the
-command, the path and the content, or a run id: nothing else.
+(below). Three move X's disk to another node (`wakeloop move`, past one
+host; broker/disk_move.py): `export` streams its files out, `import` streams
+them into X's disk here, `drop` deletes X's disk here once X is placed on
+another node; the import is read as hostile (workspace_stream.py). A
+request names the agent (its folder name under ROOT) and the command, the
+path and the content, or a run id: nothing else.
 The broker loads X's policy itself from ROOT on every request, refuses it
 above the ceiling (ceiling.py), takes the timeout and output cap from it,
 refuses what it disables, and creates every container through DockerSandbox,
@@ -22,7 +26,10 @@ from its own fixed settings. Append is allowed whatever the tools policy says
 and a size cap. So a compromised orchestrator can at worst run what the agent
 itself could, plus append a bounded note to the agent's journal, read what
 one of its wakes changed and put that back (`diff`, `undo`: a run id of 12
-hex digits names an undo folder; no path is ever taken from the wire).
+hex digits names an undo folder; no path is ever taken from the wire), read
+X's files (`export`, as `run` could), replace them (`import`, with what a box
+could write: no device, set-id bit, hard link or name outside the disk), and
+delete X's disk on a node X is not placed on (`drop`: a copy, not the one in use).
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy
@@ -100,7 +107,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import docker
 
-from orchestrator.sandbox import disk, network, rate, undo_folders, wake_diff
+from orchestrator.sandbox import disk, layers, network, rate, undo_folders, wake_diff, workspace_stream
 from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
@@ -109,7 +116,7 @@ from orchestrator.broker import nodes, wire
 from orchestrator.broker.wire import APPEND_TIMEOUT_S, BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.records import stopswitch
+from orchestrator.records import placement, stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -129,6 +136,7 @@ DEFAULT_MAX_AGENTS = 64  # agents holding a sandbox (a pool, an allowlist proxy)
 RATE_KEEP_S = 600.0  # the engine's measured rate is reused this long (op rate)
 RATE_CALLS_PER_CORE = 4  # as serve's own measurement (fleet/capacity.py)
 RATE_PARALLEL_PER_CORE = 2
+STREAM_SLACK = 64 * 2**20  # an import's stream may be twice its disk's size and this (tar's headers)
 LOG_LINE_CHARS = 300  # a log line (and a refusal's reason in it) is cut to this
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 # Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
@@ -240,8 +248,10 @@ class Broker:
         client: docker.DockerClient | None = None,
         log: Callable[[str], None] = print,
         ceiling: Ceiling | None = None,
+        node: str | None = None,
     ) -> None:
         self.root = Path(root).resolve()
+        self.node = nodes.this_node() if node is None else node  # past one host, its node's name; "" on one
         self.ceiling = ceiling or Ceiling()  # what no agent's policy may exceed
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
@@ -263,7 +273,7 @@ class Broker:
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
         # A swarm task's broker without --plain-container: no loop devices, for its whole life.
-        self.swarm_without_disks = bool(nodes.this_node() and disk.unavailable())
+        self.swarm_without_disks = bool(self.node and disk.unavailable())
         if self.engine_mounts:
             self.log(
                 f"the engine cannot see this broker's mounts in {disk.disks_dir()}: it mounts each disk "
@@ -276,7 +286,7 @@ class Broker:
 
     def serve(self, req: wire.Request) -> wire.JSONObject:
         if isinstance(req, wire.Ping):  # node, rate and room: for placement past one host (nodes.py)
-            return wire.ok({"root": str(self.root), "node": nodes.this_node(), **self._standing()})
+            return wire.ok({"root": str(self.root), "node": self.node, **self._standing()})
         if isinstance(req, wire.Rate):  # serve fits its K to the engine it cannot see
             return wire.ok(asdict(self._rate()))
         if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
@@ -284,6 +294,10 @@ class Broker:
             return wire.ok({})
         if isinstance(req, wire.Finish):  # whatever ended the wake, a stop of the fleet included
             return wire.ok(self._finish(self._agent(req.agent), req.run_id))
+        if isinstance(req, wire.Drop):  # a move's last step: it starts nothing
+            return wire.ok(self.drop(req))
+        if isinstance(req, (wire.Export, wire.Import)):
+            raise BrokerError(f"{req.op} streams frames: the transport serves it, over a connection of its own")
         if not isinstance(req, (wire.Read, wire.Diff, wire.Undo)):  # nothing starts while the fleet is stopped
             halted = stopswitch.read(self.root)
             if halted is not None:
@@ -750,6 +764,89 @@ class Broker:
             return {"refused": str(exc)}
         self.log(f"{name}: undid wake {req.run_id}: {undone.changes} change(s) put back")
         return {"undone": asdict(undone)}
+
+    # -- a disk moving to another node (`wakeloop move`; broker/disk_move.py) -------------------
+
+    def export(self, req: wire.Export, out: workspace_stream.Writes) -> wire.JSONObject:
+        """Write the agent's workspace (its disk's files/, as committed) to `out` as a tar stream,
+        no call or wake of it meanwhile; the tree's digest and entries."""
+        agent = self._disk_here(req.agent)
+        name = agent.dir.name
+        with self._layer_op(name, lambda: self._no_wake_open(name)):
+            entry = self._acquire(agent)
+            try:
+                summary = workspace_stream.pack(self._held_disk(entry).files, out)
+            finally:
+                self._release(entry)
+        self.log(f"{name}: exported its workspace, {summary.entries} entries, digest {summary.digest[:12]}")
+        return asdict(summary)
+
+    def import_(self, req: wire.Import, receive: Callable[[int], workspace_stream.Reads]) -> wire.JSONObject:
+        """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history a
+        disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once the
+        disk is ready: the tree's digest, read back. Refused for
+        an agent placed on this node: its disk here is the one in use. The disk counts as in flight
+        meanwhile (disk.flight): the writes are a call's, bounded by the disk's size."""
+        agent = self._agent(req.agent)
+        name, size = agent.dir.name, agent.policy.sandbox.disk
+        if not size:
+            raise BrokerError(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to import")
+        here = self.node
+        if not here or placement.read_node(agent.state_dir) == here:
+            raise BrokerError(f"{name}: it is placed on this node ({here or 'one host'}): its disk here is in use")
+        with self._layer_op(name, lambda: self._no_wake_open(name)):
+            entry = self._acquire(agent)  # made (from the folder's workspace/, cleared below) if new
+            try:
+                held = self._held_disk(entry)
+                root, files = held.view, held.files
+                disk.unmount_wake(held)
+                with disk.flight(held.key, root):
+                    for history in (layers.wakes(root), layers.undos(root)):  # of its life before here, if
+                        if history.is_dir():  # it had one: a cut commit's recovery would replay it on these
+                            workspace_stream.clear(history)
+                    workspace_stream.clear(files)
+                    summary = workspace_stream.unpack(receive(2 * size + STREAM_SLACK), files)
+            except workspace_stream.StreamRefused as exc:
+                raise BrokerError(f"{name}: import refused: {exc}") from None
+            finally:
+                self._release(entry)
+        self.log(f"{name}: imported its workspace, {summary.entries} entries, digest {summary.digest[:12]}")
+        return asdict(summary)
+
+    def drop(self, req: wire.Drop) -> wire.JSONObject:
+        """Delete the agent's disk here: its box closed, the disk released and its image removed.
+        Only for an agent placed on another node (its disk there in use), between wakes."""
+        agent = self._disk_here(req.agent)
+        name, here = agent.dir.name, self.node
+        there = placement.read_node(agent.state_dir)
+        if not here or there in (None, here):
+            raise BrokerError(f"{name}: it is placed on this node ({here or 'one host'}): its disk here is in use")
+        key = disk.lookup(agent.dir)
+        with self._layer_op(name, lambda: self._no_wake_open(name)):
+            with self._lock:
+                stale = self._retire(name) if name in self._boxes else None
+            if stale:
+                self._close_box(stale.box)
+            if key and not disk.release(self.client, key, delete=True):
+                raise BrokerError(f"{name}: its disk here is still held (a request in flight); try again")
+        self.log(f"{name}: deleted its disk {key} here: it is placed on {there}")
+        return {"dropped": key}
+
+    def _disk_here(self, name: str) -> Agent:
+        """The agent, if it has a disk of its own and this node has one of its folder."""
+        agent = self._agent(name)
+        if not agent.policy.sandbox.disk:
+            raise BrokerError(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to move")
+        if disk.lookup(agent.dir) is None:
+            raise BrokerError(f"{name}: no disk of its folder on this node ({self.node or 'one host'})")
+        return agent
+
+    @staticmethod
+    def _held_disk(entry: _AgentBox) -> disk.Disk:
+        held = entry.box.disk
+        if held is None or held.hold is None:
+            raise BrokerError(f"{entry.box.agent}: its disk is not attached here")
+        return held
 
     # -- the three ops that make a container ------------------------------------------
 

@@ -4,7 +4,9 @@ A unix socket on one host (only ROOT's owner may connect), or TCP with mutual
 TLS 1.3 between hosts (tls.py: the client proves it is the orchestrator before
 it counts). Each connection is one thread that reads one request line (capped
 at MAX_REQUEST_BYTES, whole within REQUEST_READ_S: a silent or dripping client
-is cut off), hands it to Broker.handle and writes one reply line; open
+is cut off), hands it to Broker.serve and writes one reply line (`export`
+streams frames before it, `import` reads frames after a first `ready` line:
+wire.py; a frame left unread for STREAM_IDLE_S cuts the stream off); open
 connections and TLS handshakes are capped, and a refusal is the wire's one
 Refusal shape. `serve` is `wakeloop broker`: it removes what a crashed broker
 left, listens, and on SIGTERM joins the calls in flight before it closes every
@@ -26,6 +28,7 @@ import ssl
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import docker
 
@@ -113,27 +116,97 @@ class _Handler(socketserver.BaseRequestHandler):
             self.request.close()  # which the TLS one took over
 
     def _serve(self, broker: Broker, over: bool) -> None:
-        try:
+        sock = self.request
+        req: wire.Request | None = None
+
+        def answer() -> wire.JSONObject:
+            nonlocal req
             if over:  # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
-            line = _read_line(self.request, MAX_REQUEST_BYTES, REQUEST_READ_S)
-            reply = broker.handle(json.loads(line))
-        except (BrokerError, SandboxError) as exc:
-            # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
-            reply = wire.refusal(Refusal(cut_to_line(str(exc), REPLY_ERROR_CHARS), isinstance(exc, BrokerError)))
-            # What a person reading `docker compose logs broker` needs to see.
-            broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")
-        except (ValueError, RecursionError):
-            reply = wire.refusal(Refusal("a request is one JSON object on one line", True))
-        except Exception as exc:  # one bad call must not stop the service
-            reply = wire.refusal(
-                Refusal(cut_to_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS), False)
-            )
+            req = wire.parse(json.loads(_read_line(sock, MAX_REQUEST_BYTES, REQUEST_READ_S)))
+            if isinstance(req, wire.Export):
+                return wire.ok(_export(broker, req, sock))
+            if isinstance(req, wire.Import):
+                return wire.ok(_import(broker, req, sock))
+            return broker.serve(req)
+
+        reply = _reply(broker, answer)
+        if isinstance(req, wire.Export) and not reply["ok"]:
+            _end_frames(sock)  # the client reads frames up to the end one, then this line
         try:
-            self.request.settimeout(REQUEST_READ_S)  # a client that never reads cannot hold the thread
-            self.request.sendall(json.dumps(reply).encode() + b"\n")
+            sock.settimeout(REQUEST_READ_S)  # a client that never reads cannot hold the thread
+            sock.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
             pass  # the client went away; the container is gone already
+
+
+def _reply(broker: Broker, answer: Callable[[], wire.JSONObject]) -> wire.JSONObject:
+    """`answer()`'s reply, or the one Refusal shape for whatever it raised."""
+    try:
+        return answer()
+    except (BrokerError, SandboxError) as exc:
+        # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
+        broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")  # `docker compose logs`
+        return wire.refusal(Refusal(cut_to_line(str(exc), REPLY_ERROR_CHARS), isinstance(exc, BrokerError)))
+    except (ValueError, RecursionError):
+        return wire.refusal(Refusal("a request is one JSON object on one line", True))
+    except Exception as exc:  # one bad call must not stop the service
+        return wire.refusal(
+            Refusal(cut_to_line(f"broker error: {type(exc).__name__}: {exc}", REPLY_ERROR_CHARS), False)
+        )
+
+
+def _export(broker: Broker, req: wire.Export, sock: socket.socket) -> wire.JSONObject:
+    """Frames of the agent's workspace, the end frame; the reply line (sent by the caller) says
+    what was sent: its sha256 and bytes on the wire, and the tree's digest (workspace_stream.py)."""
+    sock.settimeout(wire.STREAM_IDLE_S)
+    out = wire.FrameWriter(sock)
+    try:
+        summary = broker.export(req, out)
+    except OSError as exc:  # the client went away, or the disk failed a read
+        raise SandboxError(f"{req.agent}: export broke off: {exc.strerror or exc}") from None
+    out.end()
+    return {"sha256": out.sha.hexdigest(), "bytes": out.bytes, **summary}
+
+
+def _import(broker: Broker, req: wire.Import, sock: socket.socket) -> wire.JSONObject:
+    """A first line (ready: the disk is made and empty), the client's frames into it; the reply
+    line says what arrived (sha256, bytes) and what landed (the tree's digest). Refused after
+    the first line, the rest of the stream is read first (capped as the stream is): a reply
+    sent over frames still arriving would be lost in the reset of the close."""
+    streams: list[wire.FrameReader] = []
+
+    def receive(limit: int) -> wire.FrameReader:
+        sock.settimeout(wire.STREAM_IDLE_S)
+        sock.sendall(json.dumps(wire.ok({"ready": True})).encode() + b"\n")
+        streams.append(wire.FrameReader(sock.makefile("rb"), limit))
+        return streams[0]
+
+    try:
+        summary = broker.import_(req, receive)
+    except OSError as exc:
+        _drain(streams)
+        raise SandboxError(f"{req.agent}: import broke off: {exc.strerror or exc}") from None
+    except Exception:
+        _drain(streams)
+        raise
+    return {"sha256": streams[0].sha.hexdigest(), "bytes": streams[0].bytes, **summary}
+
+
+def _drain(streams: list[wire.FrameReader]) -> None:
+    try:
+        for stream in streams:
+            stream.rest()
+    except (OSError, BrokerError):
+        pass
+
+
+def _end_frames(sock: socket.socket) -> None:
+    try:
+        sock.settimeout(REQUEST_READ_S)
+        wire.send_frame(sock, b"")
+    except OSError:
+        pass
 
 
 def _log_refusal(server: _Serving, what: str) -> None:

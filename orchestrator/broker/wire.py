@@ -21,11 +21,20 @@ is bash on, may this path be written); `encode()` is the one way to the wire.
   -> {"op": "undo", "agent": "demo", "run_id": "0123456789ab", "force": false}
                                         # put back what that wake changed (undo_folders.py);
                                         # answers {"undone": {...}} or {"refused": "one line"}
+  -> {"op": "export", "agent": "demo"}   # X's disk's files/ as a tar stream (workspace_stream.py), in
+                                        # frames, then the reply line: its sha256, bytes and digest
+  -> {"op": "import", "agent": "demo"}   # <- a first reply {"ready": true}, then the client's frames
+                                        # go into X's disk here (made, emptied), then the reply line
+  -> {"op": "drop", "agent": "demo"}     # delete X's disk here: X must be placed on another node
+                                        # (`wakeloop move`'s last step, once the new disk is in use)
   -> {"op": "rate"}                     # the engine's create-start-remove rate, for serve's K
                                         # (EngineRate); measured at most every 10 min
   -> {"op": "ping"}
   <- {"ok": true, "result": {SandboxResult fields}}   # read: {"value": ...}
    | {"ok": false, "error": "one line", "refused": true|false}   # Refusal; refused: the request or policy
+
+A frame is 4 bytes of length (big-endian) and that many bytes, at most
+MAX_FRAME; one of length 0 ends the stream.
 
 Fields a request should not have are ignored, never obeyed. A run's
 `max_output_chars` may only lower the policy's cap (the orchestrator's own
@@ -42,13 +51,15 @@ Not here: serving (server.py, transport.py), the orchestrator's Sandbox (client.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import socket
 import ssl
+import struct
 import time
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
@@ -65,6 +76,9 @@ CONNECT_WAIT_S = 30.0  # the client waits this long for a broker still starting
 REPLY_MARGIN_S = 60.0  # on top of the call's own timeout: create, remove, a slow engine
 APPEND_TIMEOUT_S = 30.0  # one journal append; as workspace.STUB_TIMEOUT_S
 READ_TIMEOUT_S = 60.0  # one read: a first one attaches the agent's disk (mkfs, mount)
+MAX_FRAME = 2**20  # one frame of a streamed workspace (export, import)
+STREAM_IDLE_S = 120.0  # a stream with no frame for this long is cut off (a move's relay waits on both ends)
+_FRAME = struct.Struct(">I")
 APPEND_MAX_BYTES = 160 * 1024  # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
 # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -174,11 +188,39 @@ class Undo:
     op = "undo"
 
 
-Request = Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish | Diff | Undo
+@dataclass(frozen=True)
+class Export:
+    """X's workspace (its disk's files/) streamed to the client: `wakeloop move`'s first half."""
+
+    agent: str
+    op = "export"
+
+
+@dataclass(frozen=True)
+class Import:
+    """X's workspace streamed from the client into X's disk here: `wakeloop move`'s second half."""
+
+    agent: str
+    op = "import"
+
+
+@dataclass(frozen=True)
+class Drop:
+    """X's disk here deleted: X is placed on another node, where its new disk is in use."""
+
+    agent: str
+    op = "drop"
+
+
+Request = (
+    Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish | Diff | Undo | Export | Import | Drop
+)
 JSONObject = dict[str, Any]  # one JSON object as json.loads gives it: a reply, a result
 OPS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish, Diff, Undo)
+    cls.op: cls
+    for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish, Diff, Undo, Export, Import, Drop)
 }
+ONE_AGENT: tuple[type[Request], ...] = (Check, WindDown, Export, Import, Drop)  # ops with nothing but the agent
 
 
 @dataclass(frozen=True)
@@ -240,7 +282,8 @@ def parse(obj: object) -> Request:
         if not isinstance(force, bool):
             raise BrokerError("force must be true or false")
         return Undo(agent, _run_id(obj.get("run_id")), force)
-    return Check(agent) if cls is Check else WindDown(agent)
+    assert cls in ONE_AGENT
+    return cls(agent)  # type: ignore[call-arg]
 
 
 def encode(request: Request) -> bytes:
@@ -356,19 +399,123 @@ def request(socket_path: str, req: Request, timeout_s: float, connect_wait_s: fl
         raise SandboxError(f"lost the sandbox broker at {socket_path}: {exc.strerror or exc}") from None
     finally:
         sock.close()
+    return result_line(line, socket_path)
+
+
+def result_line(line: bytes, address: str) -> JSONObject:
+    """A reply line's result; a refusal or anything malformed as the SandboxError it is."""
     try:
         reply = json.loads(line)
     except ValueError:
-        raise SandboxError(f"the sandbox broker at {socket_path} closed without an answer") from None
+        raise SandboxError(f"the sandbox broker at {address} closed without an answer") from None
     if not isinstance(reply, dict):
-        raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
+        raise SandboxError(f"the sandbox broker at {address} sent a malformed reply")
     if not reply.get("ok"):
         error = BrokerRefusal if reply.get("refused") else SandboxError
         raise error(f"the sandbox broker refused: {reply.get('error', 'no reason given')}")
     result = reply.get("result")
     if not isinstance(result, dict):
-        raise SandboxError(f"the sandbox broker at {socket_path} sent a malformed reply")
+        raise SandboxError(f"the sandbox broker at {address} sent a malformed reply")
     return result
+
+
+def open_stream(address: str, req: Export | Import) -> tuple[socket.socket, BinaryIO]:
+    """A connection for a streamed op, its request sent: the socket and its reading side."""
+    sock = _connect(address, CONNECT_WAIT_S)
+    try:
+        sock.settimeout(STREAM_IDLE_S)
+        sock.sendall(encode(req))
+        return sock, sock.makefile("rb")
+    except OSError as exc:
+        sock.close()
+        raise SandboxError(f"lost the sandbox broker at {address}: {exc.strerror or exc}") from None
+
+
+# -- frames: a workspace streamed (export, import) -------------------------------------------
+
+
+def send_frame(sock: socket.socket, data: bytes) -> None:
+    """One frame; b"" ends the stream."""
+    sock.sendall(_FRAME.pack(len(data)) + data)
+
+
+def frames(f: BinaryIO) -> Iterator[bytes]:
+    """Each frame's bytes until the one that ends the stream; StreamBroken if it breaks off first."""
+    while True:
+        head = f.read(_FRAME.size)
+        if len(head) < _FRAME.size:
+            raise StreamBroken("the stream ended before its last frame")
+        (size,) = _FRAME.unpack(head)
+        if size > MAX_FRAME:
+            raise StreamBroken(f"a frame of {size:,} bytes; at most {MAX_FRAME:,}")
+        if not size:
+            return
+        data = f.read(size)
+        if len(data) < size:
+            raise StreamBroken("the stream ended inside a frame")
+        yield data
+
+
+class StreamBroken(BrokerError):
+    """A stream of frames that broke off or broke the format: one line."""
+
+
+class FrameWriter:
+    """A file object that sends what is written in frames of MAX_FRAME (tarfile writes 10 KiB
+    records); counted and hashed as sent."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.pending = sock, bytearray()
+        self.sha, self.bytes = hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.pending += data
+        while len(self.pending) >= MAX_FRAME:
+            self._send(bytes(self.pending[:MAX_FRAME]))
+            del self.pending[:MAX_FRAME]
+        return len(data)
+
+    def end(self) -> None:
+        """The rest, then the frame that ends the stream."""
+        if self.pending:
+            self._send(bytes(self.pending))
+            self.pending.clear()
+        send_frame(self.sock, b"")
+
+    def _send(self, data: bytes) -> None:
+        self.sha.update(data)
+        self.bytes += len(data)
+        send_frame(self.sock, data)
+
+
+class FrameReader:
+    """A file object that reads the frames of `f` as one stream, at most `limit` bytes in all
+    (StreamBroken past it); counted and hashed as read. `rest()` reads to the end frame."""
+
+    def __init__(self, f: BinaryIO, limit: int):
+        self.frames, self.limit = frames(f), limit
+        self.pending, self.done = b"", False
+        self.sha, self.bytes = hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        while not self.done and (n < 0 or len(self.pending) < n):
+            data = next(self.frames, None)
+            if data is None:
+                self.done = True
+                break
+            self.bytes += len(data)
+            if self.bytes > self.limit:
+                raise StreamBroken(f"a stream over {self.limit:,} bytes")
+            self.sha.update(data)
+            self.pending += data
+        n = len(self.pending) if n < 0 else n
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return out
+
+    def rest(self) -> None:
+        while not self.done:
+            self.read(MAX_FRAME)
+            self.pending = b""
 
 
 def _connect(address: str, wait_s: float = CONNECT_WAIT_S) -> socket.socket:

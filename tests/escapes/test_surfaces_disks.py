@@ -17,6 +17,7 @@ COVERED: set[str] = {
     "disks_released_after_a_one_shot_call",
     "disks_never_handed_to_a_folder_made_in_a_deleted_ones_place",
     "disks_broker_box_follows_the_folder_not_the_name",
+    "disks_import_writes_only_inside_the_new_disk",
 }
 
 
@@ -58,3 +59,19 @@ def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_ident
         server, "_needs_new_box", lambda box, place, policy: before(box, (*place[:3], box.identity), policy)
     )
     assert "newcomer's calls ran" in escapes(surface_lab, probes.disks_broker_box_follows_the_folder_not_the_name)
+
+
+def test_an_import_extracted_as_tar_does_by_default_writes_outside_the_disk(surface_lab, monkeypatch):
+    import tarfile
+
+    from orchestrator.sandbox import workspace_stream
+
+    def extract_all(stream, root):  # what `tar -x` (and tarfile before its filters) would do
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            tar.extractall(root, filter="fully_trusted")
+        return workspace_stream.digest(root)
+
+    monkeypatch.setattr(workspace_stream, "unpack", extract_all)
+    assert "wrote outside it (absolute, dotdot, through-a-link)" in escapes(
+        surface_lab, probes.disks_import_writes_only_inside_the_new_disk
+    )

@@ -52,3 +52,35 @@ def served_tls(root: Path, certs: Path, capsys, stop: threading.Event | None = N
         stop.set()
         thread.join(timeout=START_S)
     assert not thread.is_alive(), "the broker did not stop"
+
+
+@contextmanager
+def node_process(root: Path, certs: Path, node: str, disks: Path):
+    """`wakeloop broker ROOT --listen tls://127.0.0.1:0` as a process of its own, as node `node` with
+    its own $WAKELOOP_DISKS: two nodes on one engine, each with its own disks (the disks' index
+    and record locks are a process's environment's). Stopped (SIGTERM: its disks let go) at the end."""
+    import subprocess
+    import sys
+
+    from tests.helpers.support import REPO, scrubbed_env
+
+    env = scrubbed_env({"WAKELOOP_NODE": node, "WAKELOOP_DISKS": str(disks), "PYTHONUNBUFFERED": "1"})
+    argv = [sys.executable, "-m", "orchestrator", "broker", str(root), "--listen", "tls://127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*argv, "--tls-dir", str(certs)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    said: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # its first lines: the leftover sweep, then where it listens
+            said.append(line)
+            found = re.search(r"on (tls://127\.0\.0\.1:[1-9][0-9]*) \(mutual TLS", line)
+            if found:
+                break
+        else:
+            raise AssertionError(f"the broker of {node} did not start: {''.join(said)}")
+        threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True).start()
+        yield found.group(1), said
+    finally:
+        proc.terminate()
+        proc.wait(timeout=START_S)

@@ -14,13 +14,18 @@ control: tests/escapes/test_surfaces_disks.py.
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
+import stat
 import subprocess
+import tarfile
+from functools import partial
 from pathlib import Path
 
 import yaml
 
+from orchestrator.broker.wire import BrokerError
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox import disk
@@ -145,6 +150,74 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
     )
 
 
+def _hostile(outside: Path) -> dict[str, list[tuple[str, bytes, str]]]:
+    """What a taken-over orchestrator could relay into a node's broker as an agent's moving disk:
+    each a stream of its own (one refused member refuses its whole stream) of (name, tar type,
+    link), aimed at `outside` (the trial's folder, outside every disk) or at the host's kernel."""
+    return {
+        "dotdot": [("../" * 40 + str(outside).lstrip("/") + "/dotdot", tarfile.REGTYPE, "")],
+        "absolute": [(f"{outside}/absolute", tarfile.REGTYPE, "")],
+        "through-a-link": [("out", tarfile.SYMTYPE, str(outside)), ("out/through-a-link", tarfile.REGTYPE, "")],
+        "hard-link": [("hard", tarfile.LNKTYPE, f"{outside}/target")],
+        "device": [("mem", tarfile.CHRTYPE, "")],  # 1:1, /dev/mem
+        "set-id": [("suid", tarfile.REGTYPE, "")],  # every member is mode 6755
+    }
+
+
+def _stream(members: list[tuple[str, bytes, str]]) -> io.BytesIO:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, link in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.mode, info.devmajor, info.devminor = kind, link, 0o6755, 1, 1
+            data = b"#!/bin/sh\nid\n" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out.seek(0)
+    return out
+
+
+def _given(stream: io.BytesIO, limit: int) -> io.BytesIO:
+    return stream
+
+
+def _import_stays_in_its_disk(t: Trial) -> str:
+    from orchestrator.broker import wire
+    from orchestrator.broker.server import Broker
+    from orchestrator.records.placement import write_node
+
+    root, outside = t.dir / "root", t.dir / "outside"
+    outside.mkdir()
+    (outside / "target").write_text("the host's\n")
+    write_node(_no_pool(init_agent(root / "alpha")) / "state", "elsewhere")  # moving here from another node
+    broker = Broker(root, client=t.lab.client, log=lambda line: None, node="here")
+    attacks, refused, landed = _hostile(outside), [], []
+    try:
+        for attack, members in attacks.items():
+            try:
+                broker.import_(wire.Import("alpha"), partial(_given, _stream(members)))
+            except BrokerError:
+                refused.append(attack)
+        files = broker._boxes["alpha"].box.disk.files  # type: ignore[union-attr]
+        for path in [files, *files.rglob("*")]:
+            st = path.lstat()
+            hard_link = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+            if st.st_mode & (stat.S_ISUID | stat.S_ISGID) or stat.S_ISCHR(st.st_mode) or hard_link:
+                landed.append(f"{path.name} ({stat.filemode(st.st_mode)}, {st.st_nlink} links)")
+    finally:
+        broker.close()
+    written = sorted(p.name for p in outside.iterdir() if p.name != "target")
+    if written or landed or (outside / "target").read_text() != "the host's\n":
+        return escaped(
+            f"a hostile stream imported as an agent's moving disk wrote outside it ({', '.join(written) or 'nothing'}) "
+            f"or landed in it what a box cannot make ({', '.join(landed) or 'nothing'})"
+        )
+    return held(
+        f"{len(attacks)} hostile streams imported as an agent's moving disk: {len(refused)} refused "
+        f"({', '.join(refused)}), nothing written outside the disk, no device, set-id bit or hard link in it"
+    )
+
+
 def _no_pool(agent_dir: Path) -> Path:
     """One cold call at a time: nothing of the probe idles in a pool."""
     config = agent_dir / "agent.yaml"
@@ -179,9 +252,18 @@ disks_broker_box_follows_the_folder_not_the_name = Probe(
     _broker_box_follows_the_folder,
 )
 
+disks_import_writes_only_inside_the_new_disk = Probe(
+    "disks_import_writes_only_inside_the_new_disk",
+    CATEGORY,
+    "a hostile stream imported as an agent's moving disk (wakeloop move) writes nothing outside that disk, "
+    "and no device, set-id bit or hard link in it",
+    _import_stays_in_its_disk,
+)
+
 PROBES: list = [
     disks_one_per_folder_through_renames,
     disks_released_after_a_one_shot_call,
     disks_never_handed_to_a_folder_made_in_a_deleted_ones_place,
     disks_broker_box_follows_the_folder_not_the_name,
+    disks_import_writes_only_inside_the_new_disk,
 ]
