@@ -184,6 +184,7 @@ def _import(broker: Broker, req: wire.Import, sock: socket.socket) -> wire.JSONO
 
     try:
         summary = broker.import_(req, receive)
+        streams[0].rest()  # tar's padding after its end, and the end frame: read, or the close resets
     except OSError as exc:
         _drain(streams)
         raise SandboxError(f"{req.agent}: import broke off: {exc.strerror or exc}") from None
