@@ -448,7 +448,7 @@ def _count_only(self, name):
 
 
 BROKER_CASES = [  # (what is switched off, the probe that must now report ESCAPED, what it says)
-    ("NoAliasLoader.compose_node", "broker_refuses_yaml_alias_bomb", "refused, but not for what was planted"),
+    ("refuse_aliases", "broker_refuses_yaml_alias_bomb", "refused, but not for what was planted"),
     ("read_config", "broker_refuses_fifo_policy", "did not answer within"),
     ("read_config", "broker_refuses_device_or_huge_policy", "the broker served check"),
     ("real_agent_dir", "broker_refuses_symlinked_agent_dir", "twin: the broker served check"),
@@ -465,15 +465,12 @@ BROKER_CASES = [  # (what is switched off, the probe that must now report ESCAPE
 
 
 def _switch_off(what, monkeypatch):
-    import yaml
     from orchestrator.broker import server, transport
     from orchestrator.policy import agent, load
     from orchestrator.records import yamlfile
 
     off = {
-        "NoAliasLoader.compose_node": lambda: monkeypatch.setattr(
-            yamlfile.NoAliasLoader, "compose_node", yaml.SafeLoader.compose_node
-        ),
+        "refuse_aliases": lambda: monkeypatch.setattr(yamlfile, "refuse_aliases", lambda text: None),
         "read_config": lambda: (
             monkeypatch.setattr(load, "read_config", _naive_read),
             monkeypatch.setattr(agent, "read_config", _naive_read),
