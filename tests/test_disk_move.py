@@ -45,13 +45,7 @@ def two_nodes(tmp_path, monkeypatch, docker_client):
     disks = {n: tmp_path / f"disks-{n}" for n in ("n1", "n2")}
     monkeypatch.setenv(tls.TLS_DIR_ENV, str(certs))
     monkeypatch.setenv("WAKELOOP_BROKER", ADDRESS)
-    with (
-        node_process(root, certs, "n1", disks["n1"]) as (one, _),
-        node_process(root, certs, "n2", disks["n2"]) as (
-            two,
-            _,
-        ),
-    ):
+    with node_process(root, certs, "n1", disks["n1"]) as one, node_process(root, certs, "n2", disks["n2"]) as two:
         up = {"n1": one, "n2": two}
         monkeypatch.setattr(nodes, "discover", lambda address: tuple(nodes.Node(n, a) for n, a in up.items()))
         yield root, up, disks

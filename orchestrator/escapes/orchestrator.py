@@ -250,7 +250,8 @@ broker_refuses_symlinked_agent_dir = Probe(
 
 def _long_reason(t: Trial) -> str:
     with _broker(t, agents={"alpha": {}, "loud": {}}) as served:
-        (served.root / "loud/agent.yaml").write_text(f"{'x' * 200_000}: 1\npolicy: {{}}\n")
+        # An explicit key (`? KEY`) may be any length, and the refusal of an unknown key quotes it whole.
+        (served.root / "loud/agent.yaml").write_text(f"? {'x' * 200_000}\n: 1\npolicy: {{}}\n")
         reply, _ = served.ask({"op": "check", "agent": "loud"})
         long = served.long_log_lines()
         if long:

@@ -79,8 +79,8 @@ def node_process(root: Path, certs: Path, node: str, disks: Path):
                 break
         else:
             raise AssertionError(f"the broker of {node} did not start: {''.join(said)}")
-        threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True).start()
-        yield found.group(1), said
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # or its log would fill the pipe
+        yield found.group(1)
     finally:
         proc.terminate()
         proc.wait(timeout=START_S)
