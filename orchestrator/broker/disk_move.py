@@ -45,8 +45,7 @@ class Moved:
     bytes: int
     entries: int
     digest: str
-    dropped: str = ""  # the old disk's key, deleted on the old node
-    problem: str = ""  # why the old copy stays, if it does
+    problem: str = ""  # why the old copy stays, if it does ("": deleted)
 
 
 def move(agent_dir: Path, source: str, dest: str, to: str, say: Callable[[str], None]) -> Moved:
@@ -59,11 +58,13 @@ def move(agent_dir: Path, source: str, dest: str, to: str, say: Callable[[str], 
         _try(dest, wire.Drop(name))  # the agent still lives on `source`: a copy half made goes
         raise
     placement.write_node(agent_dir / "state", to)
-    wire.request(dest, wire.Check(name), REPLY_TIMEOUT_S)  # the new disk in use: attached, read from
-    wire.request(dest, wire.Read(name, "journal_names", None), REPLY_TIMEOUT_S)
-    problem = _try(source, wire.Drop(name))
-    dropped = "" if problem else "its old disk"
-    return Moved(arrived["bytes"], arrived["entries"], arrived["digest"], dropped, problem)
+    # The new disk in use (attached, read from), and only then the old one dropped.
+    unused = _try(dest, wire.Check(name)) or _try(dest, wire.Read(name, "journal_names", None))
+    if unused:
+        problem = f"its new disk on {to} did not answer in use ({unused}), so the old one is kept"
+    else:
+        problem = _try(source, wire.Drop(name))
+    return Moved(arrived["bytes"], arrived["entries"], arrived["digest"], problem)
 
 
 def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> wire.JSONObject:
