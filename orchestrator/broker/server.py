@@ -3,8 +3,9 @@
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and answers
 fifteen ops over a local unix socket or mutual TLS (wire.py;
-docs/architecture.md §5). Three make a container: `run` a command and `write` a file, in agent X's
-workspace, under agent X's policy, and `append` to today's journal, the
+docs/architecture.md §5). Three make a container: `run` a command and
+`write` a file, in agent X's workspace, under agent X's policy, and
+`append` to today's journal, the
 harness's stub when a wake ends unjournaled. Seven make none: `diff` and
 `undo` (one wake's changes, read or put back on X's disk: below), `check` (would
 X be served? asked at each wake's start, so a refusal is one line then, not
@@ -770,7 +771,7 @@ class Broker:
     def export(self, req: wire.Export, out: workspace_stream.Writes) -> wire.JSONObject:
         """Write the agent's workspace (its disk's files/, as committed) to `out` as a tar stream,
         no call or wake of it meanwhile; the tree's digest and entries."""
-        agent = self._disk_here(req.agent)
+        agent, _ = self._disk_here(req.agent)
         name = agent.dir.name
         with self._layer_op(name, lambda: self._no_wake_open(name)):
             entry = self._acquire(agent)
@@ -782,18 +783,16 @@ class Broker:
         return asdict(summary)
 
     def import_(self, req: wire.Import, receive: Callable[[int], workspace_stream.Reads]) -> wire.JSONObject:
-        """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history a
-        disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once the
-        disk is ready: the tree's digest, read back. Refused for
-        an agent placed on this node: its disk here is the one in use. The disk counts as in flight
-        meanwhile (disk.flight): the writes are a call's, bounded by the disk's size."""
+        """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history
+        a disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once
+        the disk is ready: the tree's digest, read back. Refused for an agent placed on this node:
+        its disk here is the one in use. The disk counts as in flight meanwhile (disk.flight): the
+        writes are a call's, bounded by the disk's size."""
         agent = self._agent(req.agent)
         name, size = agent.dir.name, agent.policy.sandbox.disk
         if not size:
             raise BrokerError(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to import")
-        here = self.node
-        if not here or placement.read_node(agent.state_dir) == here:
-            raise BrokerError(f"{name}: it is placed on this node ({here or 'one host'}): its disk here is in use")
+        self._placed_elsewhere(agent)
         with self._layer_op(name, lambda: self._no_wake_open(name)):
             entry = self._acquire(agent)  # made (from the folder's workspace/, cleared below) if new
             try:
@@ -816,30 +815,39 @@ class Broker:
     def drop(self, req: wire.Drop) -> wire.JSONObject:
         """Delete the agent's disk here: its box closed, the disk released and its image removed.
         Only for an agent placed on another node (its disk there in use), between wakes."""
-        agent = self._disk_here(req.agent)
-        name, here = agent.dir.name, self.node
-        there = placement.read_node(agent.state_dir)
-        if not here or there in (None, here):
-            raise BrokerError(f"{name}: it is placed on this node ({here or 'one host'}): its disk here is in use")
-        key = disk.lookup(agent.dir)
+        agent, key = self._disk_here(req.agent)
+        name, there = agent.dir.name, self._placed_elsewhere(agent)
+        if there is None:
+            raise BrokerError(f"{name}: it is placed on no node: its disk here is the only one")
         with self._layer_op(name, lambda: self._no_wake_open(name)):
             with self._lock:
                 stale = self._retire(name) if name in self._boxes else None
             if stale:
                 self._close_box(stale.box)
-            if key and not disk.release(self.client, key, delete=True):
+            if not disk.release(self.client, key, delete=True):
                 raise BrokerError(f"{name}: its disk here is still held (a request in flight); try again")
         self.log(f"{name}: deleted its disk {key} here: it is placed on {there}")
         return {"dropped": key}
 
-    def _disk_here(self, name: str) -> Agent:
-        """The agent, if it has a disk of its own and this node has one of its folder."""
+    def _disk_here(self, name: str) -> tuple[Agent, str]:
+        """The agent and its disk's key, if it has a disk of its own and this node has one of its folder."""
         agent = self._agent(name)
         if not agent.policy.sandbox.disk:
             raise BrokerError(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to move")
-        if disk.lookup(agent.dir) is None:
+        key = disk.lookup(agent.dir)
+        if key is None:
             raise BrokerError(f"{name}: no disk of its folder on this node ({self.node or 'one host'})")
-        return agent
+        return agent, key
+
+    def _placed_elsewhere(self, agent: Agent) -> str | None:
+        """The node the agent is placed on (None: none yet); refused if it is this one, or if this
+        broker names no node (one host): its disk here is then the one in use."""
+        there = placement.read_node(agent.state_dir)
+        if not self.node or there == self.node:
+            raise BrokerError(
+                f"{agent.dir.name}: it is placed on this node ({self.node or 'one host'}): its disk here is in use"
+            )
+        return there
 
     @staticmethod
     def _held_disk(entry: _AgentBox) -> disk.Disk:

@@ -117,10 +117,8 @@ class _Handler(socketserver.BaseRequestHandler):
 
     def _serve(self, broker: Broker, over: bool) -> None:
         sock = self.request
-        req: wire.Request | None = None
 
         def answer() -> wire.JSONObject:
-            nonlocal req
             if over:  # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
             req = wire.parse(json.loads(_read_line(sock, MAX_REQUEST_BYTES, REQUEST_READ_S)))
@@ -131,8 +129,6 @@ class _Handler(socketserver.BaseRequestHandler):
             return broker.serve(req)
 
         reply = _reply(broker, answer)
-        if isinstance(req, wire.Export) and not reply["ok"]:
-            _end_frames(sock)  # the client reads frames up to the end one, then this line
         try:
             sock.settimeout(REQUEST_READ_S)  # a client that never reads cannot hold the thread
             sock.sendall(json.dumps(reply).encode() + b"\n")
@@ -158,13 +154,19 @@ def _reply(broker: Broker, answer: Callable[[], wire.JSONObject]) -> wire.JSONOb
 
 def _export(broker: Broker, req: wire.Export, sock: socket.socket) -> wire.JSONObject:
     """Frames of the agent's workspace, the end frame; the reply line (sent by the caller) says
-    what was sent: its sha256 and bytes on the wire, and the tree's digest (workspace_stream.py)."""
+    what was sent: its sha256 and bytes on the wire, and the tree's digest (workspace_stream.py).
+    Refused or broken off, the end frame still goes first: the client reads frames up to it, then
+    the refusal's line."""
     sock.settimeout(wire.STREAM_IDLE_S)
     out = wire.FrameWriter(sock)
     try:
         summary = broker.export(req, out)
     except OSError as exc:  # the client went away, or the disk failed a read
+        _end_frames(sock)
         raise SandboxError(f"{req.agent}: export broke off: {exc.strerror or exc}") from None
+    except Exception:
+        _end_frames(sock)
+        raise
     out.end()
     return {"sha256": out.sha.hexdigest(), "bytes": out.bytes, **summary}
 

@@ -98,9 +98,9 @@ def _read_inside(path: Place, what: str) -> str:
 
 
 def parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
-    """(data, node tree) of untrusted YAML text: no aliases, no tags beyond SafeLoader's; parsed
-    once, the data made from the node tree. yaml.YAMLError or RecursionError (nesting thousands
-    deep) for the caller to word."""
+    """(data, node tree) of untrusted YAML text: no aliases, no tags beyond SafeLoader's. Scanned
+    for aliases, then composed once and the data made from that node tree (not parsed again to
+    load it). yaml.YAMLError or RecursionError (nesting thousands deep) for the caller to word."""
     refuse_aliases(text)
     loader = _LOADER(text)
     try:
