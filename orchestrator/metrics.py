@@ -4,8 +4,9 @@ Most metrics are read off the event log as it is written (records/events.py
 `listen`): the same record `wakeloop log` and `status` read, so a wake, a
 tool call or a notification is counted exactly when its event lands, and
 there is no second account of what happened. What no event says is counted
-where it happens: pool hits and misses and live containers (sandbox/), and
-the scheduler's lag from a tick's due time to its wake's start (fleet/).
+where it happens: pool hits, misses and failed makes, and live containers
+(sandbox/), and the scheduler's lag from a tick's due time to its wake's start
+(fleet/).
 
 Off until `install()`: every hook returns at once, and prometheus_client is
 not even imported, so `wakeloop wake` and the broker pay nothing.
@@ -95,6 +96,11 @@ class _Metrics:
         )
         self.pool = Counter(
             "sandbox_pool_takes", "Calls that found a warm container (hit) or not (miss)", ["result"], **kw
+        )
+        self.pool_make_failures = Counter(
+            "sandbox_pool_make_failures",
+            "Warm containers the engine failed to make (the call that wanted one went cold instead)",
+            **kw,
         )
         self.containers = Gauge("sandbox_containers", "Sandbox containers this process holds now", **kw)
         self.containers.set_function(lambda: len(_live))
@@ -241,6 +247,11 @@ def split_addr(addr: str) -> tuple[str, int]:
 def pool_take(hit: bool) -> None:
     if _m:
         _m.pool.labels("hit" if hit else "miss").inc()
+
+
+def pool_make_failed() -> None:
+    if _m:
+        _m.pool_make_failures.inc()
 
 
 def container_made(cid: str) -> None:

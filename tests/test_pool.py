@@ -146,14 +146,20 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
         if cid == "c0":
             raise RuntimeError("remove failed")
 
+    from prometheus_client import REGISTRY
+    from orchestrator import metrics
     from orchestrator.sandbox.pool import WarmPool
 
+    metrics.install()
+    failed = "wakeloop_sandbox_pool_make_failures_total"
+    before = REGISTRY.get_sample_value(failed) or 0.0
     pool = WarmPool(1, key=lambda: "k", make=make, remove=remove, alive=lambda cid: True)
     # The first make fails; calls go cold meanwhile, and each asks for a refill.
     for _ in range(100):
         if pool.take() is None and pool.wait_ready(1, 0.3):
             break
     assert pool.idle() == ["c0"]
+    assert (REGISTRY.get_sample_value(failed) or 0) >= before + 1  # counted, not only survived
     first = pool.take()
     pool.discard(first)  # its removal raises
     assert pool.wait_ready(1, DEADLINE)

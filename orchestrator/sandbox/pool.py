@@ -388,6 +388,7 @@ class WarmPool:
             cid = None if self._closed else self._make()
         except Exception:
             cid = None  # the next call goes cold and says why if the engine is really gone
+            metrics.pool_make_failed()  # counted: a pool that keeps failing is seen, not only slow
         with self._lock:
             self._making -= 1
             self._begun -= 1
