@@ -120,14 +120,15 @@ def write_1k(step: int):
     return "write_file", {"path": f"bench/w{step:03d}.txt", "content": "x" * WRITE_BYTES}
 
 
-def fake_api(responder):
+def fake_api(responder, one_at_a_time: bool = False):
     """orchestrator/testing/fakeapi.py's server, streaming each block in one delta: it sends a
     whole reply at once, as after a model's latency, where the tests' 7-char
-    deltas would bill the harness for streaming a reply token by token."""
+    deltas would bill the harness for streaming a reply token by token.
+    `one_at_a_time`: for one wake's requests, answered on the server's thread (FakeAPI)."""
     from orchestrator.testing import fakeapi
 
     fakeapi.CHUNK = SSE_CHUNK
-    return fakeapi.FakeAPI(then=responder)
+    return fakeapi.FakeAPI(then=responder, one_at_a_time=one_at_a_time)
 
 
 class LiveEnv:

@@ -55,9 +55,10 @@ class Paced:
     in_box: Stats  # of which inside DockerSandbox.run/write (its duration_ms)
 
 
-def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int = 0) -> Paced:
+def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int = 0, pace_s: float = PACE_S) -> Paced:
     """`files`: that many empty files in the workspace (on its own disk) before the wake,
-    as a working agent's would hold: what a call costs may grow with them."""
+    as a working agent's would hold: what a call costs may grow with them. `pace_s`: the
+    fake model's time to answer each request."""
     from orchestrator.wake.loop import wake
 
     agent = bench_agent(
@@ -65,8 +66,8 @@ def paced_wake(tmp: Path, runtime: str, tools, calls: int, name: str, files: int
         {"budget": {"max_steps": calls + 5, "max_tokens_per_wake": TOKEN_CAP}, "sandbox": {"runtime": runtime}},
     )
     fill(agent.workspace, files)
-    script = Script(tools, calls, PACE_S)
-    with LiveEnv(fake_api(script)):
+    script = Script(tools, calls, pace_s)
+    with LiveEnv(fake_api(script, one_at_a_time=True)):  # one wake: no thread of the fake's per request
         started = time.perf_counter()
         # Made as the loop makes its own, as the wake starts; passed in only to count pool misses.
         with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, ahead_at_begin=True) as box:

@@ -1,7 +1,7 @@
 """Everything a user pays for, measured side by side in one run: one table.
 
     .venv/bin/python -m bench.run [--calls 30] [--runtimes runc,runsc] [--agents 20]
-                                  [--workspace-files 1000] [--only-calls]
+                                  [--workspace-files 1000] [--only-calls] [--pace 0.3]
 
 For each runtime (runc, then runsc), in this order: bash `true` and
 write_file per call at an agent's pace against `docker exec` and `docker run
@@ -12,7 +12,9 @@ folder, per call and at a wake's start (disk.py); N agents due at once under
 `serve` (5, scale.py). Then one row per figure, a column per runtime, each target
 beside it. The paced wakes' workspaces hold --workspace-files files (1,000 by
 default, on the agent's own disk, as issue 26's bar asks); --only-calls stops
-after the per-call rows (for a quick side-by-side with another checkout).
+after the per-call rows (for a quick side-by-side with another checkout);
+--pace sets the fake model's time per answer in the paced wakes (0.3 s, the
+fastest a model answers, by default; a real turn takes seconds).
 
 Every container the bench makes carries the wakeloop.sandbox label and a
 workspace under the bench's temp dir; all of them are removed at the end.
@@ -53,7 +55,13 @@ MAX_RSS_MB = 150  # the orchestrator's peak RSS serving AGENTS agents
 
 
 def measure(
-    tmp: Path, runtime: str, calls: int, agents: int, files: int = WORKSPACE_FILES, only_calls: bool = False
+    tmp: Path,
+    runtime: str,
+    calls: int,
+    agents: int,
+    files: int = WORKSPACE_FILES,
+    only_calls: bool = False,
+    pace_s: float = PACE_S,
 ) -> dict:
     out: dict = {"load": os.getloadavg()[0], "runtime": runtime}
     agent = bench_agent(tmp / "ref", {"sandbox": {"runtime": runtime}})
@@ -63,10 +71,10 @@ def measure(
     try:
         say(f"{runtime}: docker exec / docker run references, first half")
         ref.rounds(calls // 2, refs)
-        say(f"{runtime}: bash `true` wake at {PACE_S * 1000:.0f} ms pace, {calls} calls")
-        out["bash"] = paced_wake(tmp, runtime, bash_true, calls, "bash-wake", files)
-        say(f"{runtime}: write_file wake at {PACE_S * 1000:.0f} ms pace, {calls} calls")
-        out["write"] = paced_wake(tmp, runtime, write_1k, calls, "write-wake", files)
+        say(f"{runtime}: bash `true` wake at {pace_s * 1000:.0f} ms pace, {calls} calls")
+        out["bash"] = paced_wake(tmp, runtime, bash_true, calls, "bash-wake", files, pace_s)
+        say(f"{runtime}: write_file wake at {pace_s * 1000:.0f} ms pace, {calls} calls")
+        out["write"] = paced_wake(tmp, runtime, write_1k, calls, "write-wake", files, pace_s)
         say(f"{runtime}: docker exec / docker run references, second half")
         ref.rounds(calls - calls // 2, refs)
     finally:
@@ -194,7 +202,7 @@ def rows_for(r: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
-def table(results: dict, calls: int, files: int) -> str:
+def table(results: dict, calls: int, files: int, pace_s: float = PACE_S) -> str:
     runtimes = list(results)
     per = {rt: rows_for(results[rt]) for rt in runtimes}
     first = per[runtimes[0]]
@@ -204,7 +212,7 @@ def table(results: dict, calls: int, files: int) -> str:
     fmt = lambda row: "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
     head_line = (
         f"wakeloop bench: {os.cpu_count()} cores; median / p90 over {calls} calls; "
-        f"fake API pace {PACE_S * 1000:.0f} ms; {files:,} files in each paced wake's workspace"
+        f"fake API pace {pace_s * 1000:.0f} ms; {files:,} files in each paced wake's workspace"
     )
     if "scale" not in results[runtimes[0]]:  # --only-calls
         return "\n".join([head_line, fmt(head), fmt(["-" * w for w in widths]), *map(fmt, body)])
@@ -239,6 +247,13 @@ def main() -> int:
         help=f"files in each paced wake's workspace (default {WORKSPACE_FILES})",
     )
     parser.add_argument("--only-calls", action="store_true", help="stop after the per-call rows")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=PACE_S,
+        metavar="SECONDS",
+        help=f"the fake model's time per answer in the paced wakes (default {PACE_S})",
+    )
     parser.add_argument("--profile", metavar="FILE", help="only profile the orchestrator-overhead wake (cProfile)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-")).resolve()
@@ -255,12 +270,12 @@ def main() -> int:
             return 0
         for runtime in args.runtimes.split(","):
             results[runtime] = measure(
-                tmp / runtime, runtime, args.calls, args.agents, args.workspace_files, args.only_calls
+                tmp / runtime, runtime, args.calls, args.agents, args.workspace_files, args.only_calls, args.pace
             )
     finally:
         left = cleanup(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(table(results, args.calls, args.workspace_files))
+    print(table(results, args.calls, args.workspace_files, args.pace))
     print(
         f"whole bench {time.perf_counter() - started:.0f} s; sandbox containers of the bench "
         f"still there at the end (removed now): {left}"

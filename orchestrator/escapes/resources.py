@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from orchestrator.sandbox.engine import KILL_GRACE_S
+from orchestrator.sandbox.deadline import KILL_GRACE_S
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent

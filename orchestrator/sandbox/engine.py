@@ -54,13 +54,13 @@ from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
 from orchestrator.sandbox.workspace_reads import Files, HostFiles
+from orchestrator.sandbox.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 from orchestrator.sandbox.network import grant_refusal
 
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
-KILL_GRACE_S = 5  # after a kill, how long the engine gets to close the stream
 ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)
 LAUNCHER_UP_S = 30  # a warm container's launcher to say it listens
 # (two interpreters under a loaded gVisor)
@@ -716,7 +716,7 @@ class DockerSandbox:
         sock = self._attached.pop(cid, None) or api.attach_socket(cid, params=params)
         raw = getattr(sock, "_sock", sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
-        deadline = _Deadline(api, cid, raw, timeout_s, halted=lambda: stopswitch.is_stopped(self.root))
+        deadline = Deadline(api, cid, raw, timeout_s, halted=lambda: stopswitch.is_stopped(self.root))
         try:
             if end is None:
                 api.start(cid)
@@ -849,7 +849,7 @@ ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
 def _await_line(api, cid: str, sock, line: bytes) -> None:
     """Read the attached stream up to `line`, the container's first output; a box that
     says anything else, ends, or says nothing for LAUNCHER_UP_S is not made."""
-    deadline = _Deadline(api, cid, getattr(sock, "_sock", sock), LAUNCHER_UP_S)
+    deadline = Deadline(api, cid, getattr(sock, "_sock", sock), LAUNCHER_UP_S)
     deadline.start()
     seen = b""
     try:
@@ -861,54 +861,6 @@ def _await_line(api, cid: str, sock, line: bytes) -> None:
         deadline.cancel()
     if seen != line:
         raise SandboxError(f"the pool's launcher said {seen[:200]!r}, not that it listens")
-
-
-class _Deadline:
-    """Kills the container at the deadline, or within POLL_S of the fleet being stopped
-    (ROOT/STOP), then unblocks the reader if the engine lags. One thread per call, as
-    a Timer was: it wakes every POLL_S for one lstat."""
-
-    def __init__(self, api, cid: str, raw_socket, timeout_s: float, halted=lambda: False):
-        self.api, self.cid, self.raw = api, cid, raw_socket
-        self.fired = False  # killed at the deadline
-        self.stopped = False  # killed because the fleet was stopped
-        self._halted = halted
-        self._halt = False  # why _expire runs: the switch (True) or the deadline
-        self._timeout_s = timeout_s
-        self._end = 0.0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="wakeloop-deadline", daemon=True)
-
-    def start(self) -> None:
-        self._end = time.monotonic() + self._timeout_s  # counted from the container's start, as before
-        self._thread.start()
-
-    def cancel(self) -> None:
-        self._done.set()
-
-    def _watch(self) -> None:
-        while not self._done.wait(max(0.0, min(stopswitch.POLL_S, self._end - time.monotonic()))):
-            self._halt = self._halted()
-            if self._halt or time.monotonic() >= self._end:
-                self._expire()
-                return
-
-    def _expire(self) -> None:
-        if self._done.is_set():
-            return
-        if self._halt:
-            self.stopped = True
-        else:
-            self.fired = True
-        try:
-            self.api.kill(self.cid)
-        except docker.errors.APIError:
-            pass  # it exited on its own in the meantime
-        if not self._done.wait(KILL_GRACE_S):
-            try:
-                self.raw.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def _send_stdin(raw: socket.socket, data: bytes) -> None:

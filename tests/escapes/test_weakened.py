@@ -686,9 +686,9 @@ def test_container_probes_escape_a_box_that_keeps_its_containers(
 
 
 def _deadline_never_fires(monkeypatch):
-    from orchestrator.sandbox import engine
+    from orchestrator.sandbox import deadline
 
-    monkeypatch.setattr(engine._Deadline, "_expire", lambda self: None)
+    monkeypatch.setattr(deadline.Deadline, "expire", lambda self: None)
 
 
 def test_the_deadline_probe_escapes_a_deadline_that_never_fires(make_lab, monkeypatch):
