@@ -74,7 +74,7 @@ def wake(tmp_path):
             "overlay",
             "overlay",
             "-o",
-            f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}",
+            transaction.overlay_options(lower, upper, work),
             str(merged),
         ],
         check=True,
@@ -326,7 +326,7 @@ def overlay_wake(lower: Path, tmp_path: Path, script: str) -> Path:
     upper, work, merged = (tmp_path / n for n in ("up", "work", "merged"))
     for folder in (upper, work, merged):
         folder.mkdir(parents=True)
-    options = f"lowerdir={lower},upperdir={upper},workdir={work},{transaction.OVERLAY_OPTIONS}"
+    options = transaction.overlay_options(lower, upper, work)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
     try:
         sh(merged, script)
