@@ -57,6 +57,25 @@ def test_each_call_is_killed_at_its_own_deadline_and_a_cancelled_one_never():
     assert soon.fired and late.fired and not cancelled.fired and not soon.stopped
 
 
+def test_a_call_due_before_the_watchdog_looks_next_wakes_it(monkeypatch):
+    from orchestrator.records import stopswitch
+
+    engine = Engine()
+    with monkeypatch.context() as patch:
+        patch.setattr(stopswitch, "POLL_S", 60)  # the watchdog looks once a minute, or at a deadline
+        long = deadline(engine, "long", 120)
+        long.start()  # the watchdog now waits a minute
+        started = time.monotonic()
+        short = deadline(engine, "short", 0.1)
+        short.start()
+        assert engine.wait_killed("short")
+        assert engine.killed["short"] - started < WAIT_S  # not at the watchdog's next look, a minute on
+        long.cancel()
+    due = deadline(engine, "due", 0)  # wakes the watchdog, which looks every POLL_S again from here
+    due.start()
+    assert engine.wait_killed("due")
+
+
 def test_the_stop_switch_kills_a_call_long_before_its_deadline():
     engine, switch = Engine(), threading.Event()
     call = deadline(engine, "call", 600, halted=switch.is_set)
