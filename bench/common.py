@@ -3,7 +3,8 @@
 Stats (a table cell's median and p90), bench_agent (a live agent on disk with
 the policy a measurement needs), Script (what the fake API answers, and when each
 request came), LiveEnv (the base URL and key a live wake reads), timed_ms and
-idle_cost (the docker CLI), and cleanup of every container the bench made.
+idle_cost (the docker CLI), as_one_runs_it (a box's settings as a person's
+`docker run` has them), and cleanup of every container the bench made.
 
 Not here: the measurements (per_call.py, wake_cost.py, scale.py), the table
 and the command line (run.py), the fake API itself (orchestrator/testing/fakeapi.py),
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent, load_agent
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, netns
 from orchestrator.sandbox.engine import LABEL, connect
 from tests.helpers import make_agent
 
@@ -186,7 +187,7 @@ def own_disks(tmp: Path) -> None:
 
 
 def cleanup(tmp: Path) -> int:
-    """Remove every sandbox container whose workspace is under the bench's temp dir,
+    """Remove every sandbox container (and holder) whose workspace is under the bench's temp dir,
     then the disks of its agents (unmounted, detached, deleted)."""
     client = connect()
     gone = 0
@@ -194,7 +195,17 @@ def cleanup(tmp: Path) -> int:
         if c["Labels"].get("wakeloop.workspace", "").startswith(str(tmp)):
             client.api.remove_container(c["Id"], force=True)
             gone += 1
+    gone += netns.leftovers(client, tmp)  # the gVisor boxes' namespace holders
     if disk.disks_dir() == tmp / "disks":
         for key in disk.keys():
             disk.release(client, key, delete=True, force=True)
     return gone
+
+
+def as_one_runs_it(config: dict, host: dict) -> tuple[dict, dict]:
+    """A box's settings as a person's `docker run` gives them: under gVisor our boxes join one
+    empty namespace (sandbox/netns.py), where `--network none` makes one per container."""
+    if host["network_mode"].startswith("container:" + netns.PREFIX):
+        host = {**host, "network_mode": "none"}
+        config = {**config, "hostname": "sandbox"}
+    return config, host

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.common import (
     PACE_S,
+    as_one_runs_it,
     TOKEN_CAP,
     WRITE_BYTES,
     LiveEnv,
@@ -132,9 +133,9 @@ class Reference:
         from orchestrator.sandbox.explain import docker_run_flags
         from orchestrator.sandbox.programs import write_argv as box_write_argv
 
-        true_cfg, true_host = box.container_spec(["bash", "-c", "true"], "bench-ref")
+        true_cfg, true_host = as_one_runs_it(*box.container_spec(["bash", "-c", "true"], "bench-ref"))
         write_argv = box_write_argv("bench/ref.txt")
-        write_cfg, write_host = box.container_spec(write_argv, "bench-ref", stdin=True, workdir="/")
+        write_cfg, write_host = as_one_runs_it(*box.container_spec(write_argv, "bench-ref", stdin=True, workdir="/"))
         image = true_cfg["image"]
         self.run_true = ["docker", "run", *docker_run_flags(true_cfg, true_host), image, "bash", "-c", "true"]
         self.run_write = ["docker", "run", *docker_run_flags(write_cfg, write_host), image, *write_argv]

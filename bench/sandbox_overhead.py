@@ -31,7 +31,7 @@ from pathlib import Path
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox.explain import docker_run_flags
 from orchestrator.sandbox.engine import DockerSandbox
-from bench.common import PACE_S, idle_cost
+from bench.common import PACE_S, as_one_runs_it, idle_cost
 
 
 def timed(fn) -> float:
@@ -56,7 +56,9 @@ def main() -> int:
         policy = replace(agent.policy.sandbox, runtime=args.runtime)
         box = DockerSandbox(agent.workspace, policy, agent="bench")
         cold = DockerSandbox(agent.workspace, policy, agent="bench", warm=0)
-        config, host = box.container_spec(["/bin/bash", "-c", "true"], "bench", command_env=box.command_env())
+        config, host = as_one_runs_it(
+            *box.container_spec(["/bin/bash", "-c", "true"], "bench", command_env=box.command_env())
+        )
         image = [config["image"], *config["command"]]
         run_cmd = ["docker", "run", *docker_run_flags(config, host), *image]
         keep = [flag for flag in docker_run_flags(config, host) if flag != "--rm"]

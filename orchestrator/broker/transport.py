@@ -34,6 +34,7 @@ import docker
 
 from orchestrator.broker import tls, wire
 from orchestrator.broker.server import Broker, cut_to_line
+from orchestrator.sandbox import netns
 from orchestrator.broker.wire import MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.policy.agent import AgentError
 from orchestrator.policy.ceiling import Ceiling
@@ -351,7 +352,7 @@ def _cleanup(broker: Broker, root: Path) -> int:
             broker.client.api.remove_container(cid, force=True)
         except docker.errors.APIError:
             pass  # gone already, or being removed
-    return len(mine)
+    return len(mine) + netns.leftovers(broker.client, root)  # and their gVisor boxes' namespace holders
 
 
 def _hand_socket_to_root_owner(socket_path: Path, root: Path) -> None:

@@ -10,11 +10,13 @@ interfaces), where a reply of any kind, refusal included, proves a path.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import socket
+import threading
 
 import docker.errors
 
-from orchestrator.escapes.core import Probe, Trial
+from orchestrator.escapes.core import Probe, Trial, observed, python_command
 
 CATEGORY = "network"
 DOCKER_API_PORTS = (2375, 2376)  # the engine's plain and TLS TCP ports
@@ -219,6 +221,66 @@ else: held(f"raw and packet sockets refused; {note}")
 """,
 )
 
+# Two boxes of one sandbox alive at once. Under gVisor they share one empty host namespace
+# (sandbox/netns.py), which only each Sentry's own network stack should hide.
+_LISTENER = r"""
+import time
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen(4); tcp.settimeout(0.05)
+uds = socket.socket(socket.AF_UNIX); uds.bind("\0" + NAME); uds.listen(4); uds.settimeout(0.05)
+open(NAME + ".up", "w").write(str(tcp.getsockname()[1]))
+accepted, end = [], time.monotonic() + WAIT_S
+while time.monotonic() < end and not os.path.exists(NAME + ".done"):
+    for s, kind in ((tcp, "tcp"), (uds, "unix")):
+        try:
+            s.accept(); accepted.append(kind)
+        except OSError:
+            pass
+print("accepted:", accepted)
+"""
+_CONNECTOR = r"""
+port, reached = int(open(NAME + ".up").read()), []
+for family, address, what in ((socket.AF_INET, ("127.0.0.1", port), f"tcp 127.0.0.1:{port}"),
+                              (socket.AF_UNIX, "\0" + NAME, "an abstract unix socket")):
+    s = socket.socket(family); s.settimeout(2)
+    try:
+        s.connect(address); reached.append(what)
+    except OSError:
+        pass
+    s.close()
+open(NAME + ".done", "w").close()
+if reached: escaped("another box's listener reached over loopback: " + ", ".join(reached))
+else: held("another box's listeners (tcp on 127.0.0.1, an abstract unix socket) refused: its loopback is its own")
+"""
+LISTEN_S = 60  # the listener's box stands at most this long, waiting for the other's verdict
+
+
+def _boxes_share_no_loopback(t: Trial) -> str:
+    """The first box listens and says so in the workspace both mount; only then does the
+    second connect: no timing guess. The first gives up after LISTEN_S."""
+    name = "wakeloop-lo-" + secrets.token_hex(4)
+    head, up = f"NAME = {name!r}\nWAIT_S = {LISTEN_S}\n", t.box.view / (name + ".up")
+    first: list[str] = []
+    listener = threading.Thread(target=lambda: first.append(observed(t.run(python_command(head + _LISTENER)))))
+    listener.start()
+    while listener.is_alive() and not up.exists():
+        listener.join(0.05)  # its box starting: until it ends, or writes that it listens
+    if not up.exists():
+        listener.join()
+        return "the listening box never listened: " + "".join(first)
+    try:
+        return t.py(head + _CONNECTOR)
+    finally:
+        listener.join()
+
+
+boxes_share_no_loopback = Probe(
+    "boxes_share_no_loopback",
+    CATEGORY,
+    "a box reaches no listener of another box of the same agent alive at the same time (tcp on 127.0.0.1, "
+    "an abstract unix socket): under gVisor, where they share one host namespace, each has its own loopback",
+    _boxes_share_no_loopback,
+)
+
 PROBES = [
     has_no_interface_but_lo,
     has_no_default_route,
@@ -227,6 +289,7 @@ PROBES = [
     cannot_reach_bridge_gateway,
     cannot_reach_docker_api_tcp,
     blocks_raw_and_packet_sockets,
+    boxes_share_no_loopback,
 ]
 
 # Safe to run in a box that does have a network (the weakened controls do):

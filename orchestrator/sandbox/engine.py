@@ -33,7 +33,7 @@ from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
 from orchestrator.sandbox import disk, images, oom, wake_layer
-from orchestrator.sandbox import network
+from orchestrator.sandbox import netns, network
 from orchestrator.sandbox.output import Capture
 from orchestrator.sandbox.pool import AHEAD, EndLine, MakePace, WarmPool, handoff
 from orchestrator.sandbox.programs import (
@@ -231,8 +231,11 @@ class DockerSandbox:
         self._granted_decisions: list[dict[str, Any]] = []  # approved calls' proxies', gone with them
         self.wake_began = time.time()  # since when egress_decisions reads the proxy's record
         self.disk = self._attach_disk(policy, attach)
+        self._attach = attach
+        self._netns: netns.Holder | None = None
         try:
             self._egress_plan = self._plan_egress(policy)
+            self._netns = self._netns_for(policy)
             self.user = resolve_user(policy.user, self.view)
             if policy.network == "allowlist" and attach:  # the proxy and netns holder, started on demand
                 try:
@@ -275,6 +278,8 @@ class DockerSandbox:
         A wake begun and not finished stays on the disk: the next begin() discards it."""
         if self.pool:
             self.pool.close()
+        if self._netns:  # after the pool: no box of ours is in its namespace
+            self._netns.close()
         if self.wake and self.disk and self.disk.hold:
             try:
                 disk.unmount_wake(self.disk)
@@ -434,6 +439,17 @@ class DockerSandbox:
         self.user = resolve_user(policy.user, self.view)
         if self.pool:
             self.pool.drain()
+        wanted = self._netns_for(policy)
+        if self._netns and not wanted:  # after the drain: no idle box of ours is in its namespace
+            self._netns.close()
+        self._netns = wanted
+
+    def _netns_for(self, policy: SandboxPolicy) -> netns.Holder | None:
+        """The empty namespace this sandbox's boxes share, where their runtime gives each a
+        network stack of its own (netns.py); None: each box gets its own, from the engine."""
+        if not self._attach or policy.network != "none" or not netns.own_stack(self.client, policy.runtime):
+            return None
+        return self._netns or netns.Holder(self.client, self.workspace, policy.image)
 
     # -- the two calls -------------------------------------------------------
 
@@ -562,7 +578,7 @@ class DockerSandbox:
         )
         host = dict(
             mounts=[self.disk.mount(self.wake) if self.disk else self._bind_mount()],
-            network_mode=egress.network_mode if egress else p.network,
+            network_mode=egress.network_mode if egress else self._netns.network_mode if self._netns else p.network,
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={p.tmp_size}"},
             cap_drop=["ALL"],
@@ -582,7 +598,7 @@ class DockerSandbox:
             runtime=p.runtime,
             log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         )
-        if egress:  # the engine refuses a hostname with container: networking;
+        if egress or self._netns:  # the engine refuses a hostname with container: networking;
             del config["hostname"]  # the holder's, also "sandbox", applies
         return config, host
 
@@ -667,6 +683,8 @@ class DockerSandbox:
     ) -> str:
         try:
             config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env, grant=grant)
+            if self._netns and host["network_mode"] == self._netns.network_mode:
+                self._netns.ensure()  # before the box that joins it starts
             cid = self.client.api.create_container(**config, host_config=self.client.api.create_host_config(**host))[
                 "Id"
             ]
@@ -840,7 +858,7 @@ class DockerSandbox:
         stale = [c["Id"] for c in found if (c.get("Labels") or {}).get("wakeloop.run_id") != self.run_id]
         for cid in stale:
             self._remove(cid)
-        return len(stale)
+        return len(stale) + netns.leftovers(self.client, self.workspace, keep=self._netns.name if self._netns else "")
 
 
 ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}

@@ -713,6 +713,18 @@ def test_the_stopped_init_probe_escapes_a_deadline_that_never_fires(make_lab, do
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
+def test_the_loopback_probe_escapes_runc_boxes_that_share_a_namespace(docker_client, tmp_path, monkeypatch):
+    """runc boxes joined to one holder, as only gVisor's are (netns.py): the namespace is then
+    their network, and one box reaches the other's listeners."""
+    from orchestrator.escapes.core import Lab
+    from orchestrator.sandbox import netns
+
+    monkeypatch.setattr(netns, "own_stack", lambda client, runtime: True)
+    lab = Lab(client=docker_client, policy=replace(SandboxPolicy(), runtime="runc"), base=tmp_path / "lab")
+    outcome = run_probe(lab, by_name("boxes_share_no_loopback"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
 @pytest.mark.parametrize("probe_name", ["cleans_binary_output", "strips_nul_bytes", "strips_terminal_escapes"])
 def test_output_probes_escape_without_cleaning(probe_name, make_lab, monkeypatch):
     from orchestrator.sandbox import output
@@ -888,6 +900,7 @@ COVERED_HERE = (
         "survives_million_small_files",
         "kills_at_deadline",
         "ends_call_with_ptrace_stopped_init",
+        "boxes_share_no_loopback",
         "cleans_binary_output",
         "strips_nul_bytes",
         "strips_terminal_escapes",
