@@ -78,28 +78,42 @@ def keep(client: docker.DockerClient, key: str, device: str, disk_image: Path, i
         if _volume_options(client, volume) != options:
             _remove_volume(client, volume)
             client.api.create_volume(volume, driver="local", driver_opts=options, labels={DISK_LABEL: str(disk_image)})
-        client.api.create_container(
+        start_idle(
+            client,
             image,
-            entrypoint=["sleep"],  # whatever the image's own entrypoint
-            command=["infinity"],
-            name=name,
-            user="65534:65534",
-            network_disabled=True,
-            labels={KEEPER_LABEL: key, DISK_LABEL: str(disk_image)},
-            host_config=client.api.create_host_config(
-                mounts=[docker.types.Mount("/disk", volume, type="volume", read_only=True, no_copy=True)],
-                network_mode="none",
-                read_only=True,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                pids_limit=KEEPER_PIDS,
-                mem_limit="16m",
-            ),
+            name,
+            {KEEPER_LABEL: key, DISK_LABEL: str(disk_image)},
+            {"network_disabled": True},
+            mounts=[docker.types.Mount("/disk", volume, type="volume", read_only=True, no_copy=True)],
         )
-        client.api.start(name)
     except docker.errors.DockerException as exc:
         raise EngineMountError(f"sandbox.disk: the engine cannot keep the disk {key} mounted: {_why(exc)}") from None
     return _mountpoint(client, volume)
+
+
+def start_idle(client: docker.DockerClient, image: str, name: str, labels: dict, config: dict, **host) -> None:
+    """Create and start `name`, a container that only holds something for the engine (a
+    disk's mount here, a namespace in netns.py): `sleep` as nobody, no network of its own to
+    use, read-only, no capability, KEEPER_PIDS, 16 MiB. `config` and `host`: what it holds."""
+    client.api.create_container(
+        image,
+        entrypoint=["sleep"],  # whatever the image's own entrypoint
+        command=["infinity"],
+        name=name,
+        user="65534:65534",
+        labels=labels,
+        **config,
+        host_config=client.api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=KEEPER_PIDS,
+            mem_limit="16m",
+            **host,
+        ),
+    )
+    client.api.start(name)
 
 
 def let_go(client: docker.DockerClient, key: str) -> None:

@@ -15,8 +15,9 @@ boxes share no socket, port or interface through the host's namespace, which
 holds only the Sentry's and gofer's host processes, no interface but lo. So
 under such a runtime and `network: none` a sandbox's boxes join the namespace of
 one small container, its holder (wakeloop-netns-ID: `sleep`, network none, no
-capability, nobody, read-only, under the engine's default runtime), made with
-the sandbox's first box and removed at its close.
+capability, nobody, read-only, under the engine's default runtime: made as a
+disk's keeper is, engine_mounts.start_idle), made with the sandbox's first box
+and removed at its close.
 
 Under any other runtime each box keeps a namespace of its own: there the
 namespace is the box's network, and a process one call left running until its
@@ -34,9 +35,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from orchestrator.sandbox import engine_mounts
+
 PREFIX = "wakeloop-netns-"
 LABEL = "wakeloop.netns-of"  # on each holder: the workspace of the sandbox it serves
-HOLDER_PIDS = 32  # runc's start counts too (engine_mounts.KEEPER_PIDS)
 
 _own_stack: dict[tuple[str, str], bool] = {}
 _own_stack_lock = threading.Lock()
@@ -76,24 +78,10 @@ class Holder:
             if self._up and self._running():
                 return
             self._remove()
-            self.client.api.create_container(
-                self.image,
-                entrypoint=["sleep"],  # whatever the image's own entrypoint
-                command=["infinity"],
-                name=self.name,
-                hostname="sandbox",  # the boxes': the engine refuses one of their own with this mode
-                user="65534:65534",
-                labels={LABEL: str(self.workspace)},
-                host_config=self.client.api.create_host_config(
-                    network_mode="none",
-                    read_only=True,
-                    cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
-                    pids_limit=HOLDER_PIDS,
-                    mem_limit="16m",
-                ),
+            # hostname: the boxes', since the engine refuses one of their own with this mode
+            engine_mounts.start_idle(
+                self.client, self.image, self.name, {LABEL: str(self.workspace)}, {"hostname": "sandbox"}
             )
-            self.client.api.start(self.name)
             self._up = True
 
     def close(self) -> None:
