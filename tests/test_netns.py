@@ -9,6 +9,7 @@ from dataclasses import replace
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.sandbox import netns
 from orchestrator.sandbox.engine import DockerSandbox
+from tests.helpers import wait_for
 
 TIMEOUT, CAP = 30, 20_000
 
@@ -17,15 +18,18 @@ def _holders(client, box) -> list[dict]:
     return client.api.containers(all=True, filters={"label": f"{netns.LABEL}={box.workspace}"})
 
 
-def _boxes(client, box) -> list[dict]:
-    return client.api.containers(all=True, filters={"label": f"wakeloop.workspace={box.workspace}"})
+def _running_boxes(client, box) -> list[dict]:
+    filters = {"label": f"wakeloop.workspace={box.workspace}", "status": "running"}
+    return client.api.containers(filters=filters)  # one listing: no lookup to race a removal
 
 
 def test_gvisor_boxes_join_one_holder_runc_boxes_keep_their_own(make_sandbox, docker_client, runtime):
     box = make_sandbox(warm=1)
     for _ in range(3):
         assert box.run("echo ok", timeout_s=TIMEOUT, max_output_chars=CAP).output.strip() == "ok"
-    modes = {c["HostConfig"]["NetworkMode"] for c in _boxes(docker_client, box)}  # one listing: no race with removal
+    # The pool's box ahead stays until a call takes it (its refill may still be on its way).
+    idle = wait_for(lambda: _running_boxes(docker_client, box), "the pool's box ahead", TIMEOUT)
+    modes = {c["HostConfig"]["NetworkMode"] for c in idle}
     holders = _holders(docker_client, box)
     if runtime == "runsc":
         assert [h["State"] for h in holders] == ["running"]
