@@ -507,11 +507,12 @@ def _approval_commands(sub) -> None:
 def cmd_serve(args) -> int:
     from functools import partial
     from orchestrator import tracing
-    from orchestrator.console.listen import Options, attach
+    from orchestrator.console.listen import Options, attach, check
     from orchestrator.fleet.scheduler import serve
 
-    tracing.setup()
     options = Options(args.http, args.metrics, args.behind_tls, args.published_on_loopback, tuple(args.public_name))
+    check(options)  # a mistyped address said at once, not after K is measured
+    tracing.setup()
     return serve(args.root, args.max_concurrent, beside=partial(attach, options=options))
 
 

@@ -355,7 +355,9 @@ def test_serve_says_in_one_line_when_it_cannot_listen(root):
         taken.listen()
         port = taken.getsockname()[1]
         busy = run_cli("serve", str(root), "--http", f"127.0.0.1:{port}")
+        taken_metrics = run_cli("serve", str(root), "--http", "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}")
     assert busy.returncode == 2 and "cannot listen there" in busy.stderr
+    assert taken_metrics.returncode == 2 and f"--metrics 127.0.0.1:{port}: cannot listen there" in taken_metrics.stderr
     named = run_cli("serve", str(root), "--http", "127.0.0.1:0", "--public-name", "evil.example/x")
     assert named.returncode == 2 and "--public-name 'evil.example/x' is not a host name" in named.stderr
     assert len(named.stderr.strip().splitlines()) == 1

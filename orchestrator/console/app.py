@@ -19,7 +19,6 @@ start (listen.py).
 
 from __future__ import annotations
 
-import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from orchestrator.console import template_cache
 from orchestrator.console.auth import COOKIE, Access
 from orchestrator.console.charts import bars
 from orchestrator.console.escapes import RUNTIMES, Runner
-from orchestrator.console.hosts import Hosts, refused_line
+from orchestrator.console.hosts import Hosts, bind, refused_line
 from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
 from orchestrator.escapes import report_history
@@ -495,14 +494,7 @@ class Listening:
 def start(console: Console, host: str, port: int, public_names=(), published_on_loopback: bool = False) -> Listening:
     """Bind HOST:PORT now (an error is the caller's one line), then serve in a thread, answering
     only the Host names hosts.py allows for this address, its bound port and PUBLIC_NAMES."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"--http {host}:{port}: cannot listen there ({exc.strerror})") from None
+    sock = bind(host, port, "--http")
     sock.listen(64)
     bound = sock.getsockname()[1]
     try:

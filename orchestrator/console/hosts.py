@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
+
+from orchestrator.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # A Host header: a name or IPv4 literal, or a bracketed IPv6 literal; an optional port.
@@ -88,3 +91,17 @@ def refused_line(host: str | None) -> str:
         f"421: this console does not answer to Host {(host or '')[:80]!r}: open it by its own address, "
         "or start serve with --public-name NAME for a name of yours\n"
     )
+
+
+def bind(host: str, port: int, flag: str) -> socket.socket:
+    """A socket bound to HOST:PORT (the console's, or a check of --metrics'), or the one line
+    that says why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{flag} {bracketed(host)}:{port}: cannot listen there ({exc.strerror})") from None
+    return sock

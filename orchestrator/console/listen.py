@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from orchestrator import metrics
 from orchestrator.console.auth import Access, TokenError, load_token
-from orchestrator.console.hosts import Hosts, bracketed, is_loopback
+from orchestrator.console.hosts import Hosts, bind, bracketed, is_loopback
 from orchestrator.errors import ConfigError
 from orchestrator.records import approval_links
 
@@ -39,13 +39,26 @@ class Options:
     public_names: tuple[str, ...] = ()
 
 
-def attach(scheduler, options: Options) -> Callable[[], object]:
-    """Start what the options ask for; returns how to stop it. Errors are one line (ConfigError)."""
-    stops: list[Callable[[], object]] = []  # what each returns is not used
+def check(options: Options) -> None:
+    """Before serve measures the host and loads the SDK (seconds, and boxes made): each
+    --public-name, and that each address parses and can be bound now. One line (ConfigError)."""
     try:
-        Hosts.of("127.0.0.1", 0, options.public_names)  # each --public-name checked before anything starts
+        Hosts.of("127.0.0.1", 0, options.public_names)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for flag, addr in (("--http", options.http), ("--metrics", options.metrics)):
+        if addr:
+            try:
+                host, port = metrics.split_addr(addr)
+            except ValueError as exc:
+                raise ConfigError(f"{flag} {addr}: {exc}") from None
+            bind(host, port, flag).close()  # bound again by attach: a port taken since is its line then
+
+
+def attach(scheduler, options: Options) -> Callable[[], object]:
+    """Start what the options ask for (check() has looked at them); returns how to stop it.
+    Errors are one line (ConfigError)."""
+    stops: list[Callable[[], object]] = []  # what each returns is not used
     metrics.watch_root(scheduler.root)  # agent labels: only the agents under this ROOT
     if options.metrics:
         try:
