@@ -379,9 +379,10 @@ def test_the_escape_suite_holds_through_a_nodes_broker_over_mutual_tls(stack, tm
     """`wakeloop escapes --broker` as an operator runs it from a machine of the stack: the
     orchestrator's certificate, the shared agents folder, node 2's broker at its host-mode port."""
     assert set(ON_A_NODE) <= {p.name for p in THROUGH_A_BROKER}
-    for i in range(AGENTS):  # as an operator would: the nodes' cores for the probes, not for wakes
-        paused = subprocess.run([str(REPO / ".venv/bin/wakeloop"), "pause", str(stack / f"s{i}")], capture_output=True)
-        assert paused.returncode == 0, paused.stderr
+    from orchestrator.records import health
+
+    for i in range(AGENTS):  # `wakeloop pause`, as above: the nodes' cores for the probes, not for wakes
+        health.set_paused(stack / f"s{i}" / "state", True)
     started = time.monotonic()
     done = on_the_bridge(
         "escapes",
