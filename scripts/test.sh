@@ -114,7 +114,7 @@ phase() {
 
 before="$(mktemp)"; host_state | sort > "$before"
 status=0
-# The three-node swarm test (tests/test_swarm.py: 3-4 minutes, its own engines, serial) runs
+# The three-node swarm test (tests/test_swarm.py: 4-5 minutes, its own engines, serial) runs
 # unless WAKELOOP_TEST_SWARM=0.
 marks="swarm or not swarm"
 [ "${WAKELOOP_TEST_SWARM:-1}" = 0 ] && marks="not swarm"

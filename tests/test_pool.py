@@ -339,6 +339,57 @@ def test_a_refill_put_off_until_its_call_ends_begins_when_the_call_raises():
         pool.close()
 
 
+def test_what_a_calls_end_sets_off_waits_for_the_harness_unless_a_call_or_close_comes(monkeypatch):
+    # Plain functions stand in for the engine. Right after a call the harness has work of
+    # its own (the call's records, the next request to the model): the used container's
+    # removal, and a refill put off until the call's end, begin QUIET_S after that end. A
+    # call that comes sooner has its refill begun at once, and close() removes at once.
+    from orchestrator.sandbox import pool as pool_module
+    from orchestrator.sandbox.pool import MakePace, WarmPool
+
+    made: list[str] = []
+    began: list[float] = []
+    removed: dict[str, float] = {}
+    second_gone = threading.Event()
+
+    def make() -> str:
+        began.append(time.monotonic())
+        made.append(f"c{len(made)}")
+        return made[-1]
+
+    def remove(cid: str) -> None:
+        removed[cid] = time.monotonic()
+        if cid == "c1":
+            second_gone.set()
+
+    pool = WarmPool(1, key=lambda: "k", make=make, remove=remove, alive=lambda cid: True, pace=MakePace())
+    assert pool.wait_ready(1, DEADLINE)
+    pool.done(pool.take())  # the wake's first call: refilled at once, and a make is measured
+    assert pool.wait_ready(1, DEADLINE)
+
+    monkeypatch.setattr(pool_module, "QUIET_S", 0.5)
+    time.sleep(0.3)  # the model's turn: an instant make fits it, so the refill waits for the call's end
+    second = pool.take()
+    ended = time.monotonic()
+    pool.done(second)
+    assert pool.wait_ready(1, DEADLINE) and second_gone.wait(DEADLINE)
+    assert began[-1] >= ended + 0.5, "the refill waited out the harness's work"
+    assert removed[second] >= ended + 0.5, "so did the removal"
+
+    monkeypatch.setattr(pool_module, "QUIET_S", 3600.0)  # now only a call or close() ends the quiet
+    time.sleep(0.3)
+    third = pool.take()
+    pool.done(third)
+    fourth = pool.take()  # the next call comes in the quiet: its refill begins at once
+    assert fourth is not None and third not in removed
+    pool.done(fourth)
+    closing = threading.Thread(target=pool.close, daemon=True)
+    closing.start()
+    closing.join(DEADLINE)
+    assert not closing.is_alive(), "close() waits out no quiet"
+    assert {third, fourth} <= set(removed)
+
+
 # -- the launcher's end line (pool.py) ---------------------------------------------
 
 

@@ -42,6 +42,18 @@ turn, and the engine's work (dockerd, runc, the box's boot) no longer
 competes with the call for the host's cores. A slower one begins beside the
 call, as it must to be ready in time.
 
+The engine's work that a call's end sets off (the used container's removal,
+a refill put off until then) waits QUIET_S past that end; the refill less if
+the next call comes first. Right after a call the harness has work of its own
+(the call's records, the next request to the model), and a make or a removal
+then takes the host's cores and this interpreter's lock from it; in the
+model's turn that follows, nobody is waiting. Measured with runc at a 1 s
+turn, alternated with the code before: from a call's end to the harness's
+next request to the model, 7-11 ms median before, 2.2-2.9 after; a whole
+call (bench.per_call's gap) 32-36 ms median before, 23-24 after, and 49-63
+ms p90 against 34-41. Putting off the refill alone, or the removal alone,
+took about half of that (docs/benchmarks.md).
+
 Not here: the launcher's source (programs.py) or how output is read (engine.py). The
 pool only makes, hands out, and disposes of containers, and it never hands
 out one made under settings other than the current ones.
@@ -63,6 +75,7 @@ from orchestrator import metrics
 MAKERS = 2  # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1  # containers kept ahead at first: one per model turn is the usual pace
 THINK_X = 0.8  # a refill that took under this share of the model's last turn waits for its call's end
+QUIET_S = 0.05  # and then this long, as does the used container's removal: the harness's work comes first
 # No model answers sooner: a wake's first call that came sooner after its first fill began came
 # from no model (a dry run, a test), and its wait says nothing of the engine's pace against a turn.
 FIRST_TURN_S = 0.25
@@ -205,6 +218,7 @@ class WarmPool:
         self._armed = time.monotonic()  # when the wake's first fill began (rearm)
         self._cycle_s: float | None = None  # from one take to the next: the wake's pace
         self._owed = False  # a refill put off until its call ends
+        self._quiet_until = 0.0  # time.monotonic() before which that refill waits (QUIET_S), unless a call comes
         self.pace.joined(self)
         self._makers = [
             threading.Thread(
@@ -215,7 +229,7 @@ class WarmPool:
         self._threads = [
             *self._makers,
             threading.Thread(
-                target=self._serve, args=(self._trash, self._remove_quietly), name="wakeloop-pool-remove", daemon=True
+                target=self._serve, args=(self._trash, self._dispose), name="wakeloop-pool-remove", daemon=True
             ),
         ]
         for thread in self._threads:
@@ -244,6 +258,9 @@ class WarmPool:
         with self._changed:
             now = time.monotonic()
             first = self._took is None  # the wake's first call
+            if self._quiet_until:  # a call comes: a refill still waiting out the quiet begins now
+                self._quiet_until = 0.0
+                self._changed.notify_all()
             if self._ended is not None:
                 self._think_s, self._ended = now - self._ended, None
             if self._took is not None:
@@ -274,17 +291,20 @@ class WarmPool:
                 self._queue_missing()
 
     def done(self, cid: str) -> None:
-        """A call is over: its container goes, and a refill put off until now begins."""
-        self.discard(cid)
-        self.ended()
+        """A call is over: its container goes, and a refill put off until now begins, each
+        once the harness's own work after the call is done (QUIET_S)."""
+        quiet_until = time.monotonic() + QUIET_S
+        self._trash.put((cid, quiet_until))
+        self.ended(quiet_until)
 
-    def ended(self) -> None:
+    def ended(self, quiet_until: float = 0.0) -> None:
         """A call is over, its container gone already (a call that raised): a refill put off
-        until now begins, or the next call would find nothing ready."""
+        until now begins (at `quiet_until`), or the next call would find nothing ready."""
         with self._lock:
             self._ended = time.monotonic()
             if self._owed:
                 self._owed = False
+                self._quiet_until = quiet_until
                 self._queue_missing()
 
     def _grow(self) -> None:
@@ -313,7 +333,7 @@ class WarmPool:
 
     def discard(self, cid: str) -> None:
         """Remove a container on the pool's remover thread (used or stale)."""
-        self._trash.put(cid)
+        self._trash.put((cid, 0.0))
 
     def drain(self) -> None:
         """Drop every idle container (the settings changed) and refill."""
@@ -363,6 +383,17 @@ class WarmPool:
         while (job := jobs.get()) is not _STOP:
             handle(job)
 
+    def _wait_until(self, until: Callable[[], float]) -> None:
+        """Until time.monotonic() reaches until() (a call may move it) or the pool closes."""
+        with self._changed:
+            while not self._closed and (left := until() - time.monotonic()) > 0:
+                self._changed.wait(left)
+
+    def _dispose(self, job: tuple[str, float]) -> None:
+        cid, quiet_until = job
+        self._wait_until(lambda: quiet_until)
+        self._remove_quietly(cid)
+
     def _remove_quietly(self, cid: str) -> None:
         # The remover must outlive any one failure, or every later removal is lost.
         try:
@@ -377,6 +408,7 @@ class WarmPool:
         return not self._closed and len(self._ready) + self._begun < max(self.want, self._waiting, 1)
 
     def _make_one(self, _job=None) -> None:
+        self._wait_until(lambda: self._quiet_until)
         with self._changed:
             if not self._wanted():
                 self._making -= 1
