@@ -45,15 +45,10 @@ def cmd_sandbox_exec(args) -> int:
     if not command:
         raise AgentError("nothing to run: give a command after --, e.g. `wakeloop sandbox exec DIR -- ls -la`")
     agent = load_agent(args.agent_dir)
-    from orchestrator.broker.client import open_sandbox
+    from orchestrator.wake.one_call import run_outside_a_wake
 
-    say = lambda line: print(line, file=sys.stderr)
-    box = open_sandbox(agent, warm=0, say=say)  # the broker under compose, as the bash tool; one call: no pool
-    bash = agent.policy.tools.bash
-    try:
-        result = box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
-    finally:
-        box.close()
+    # The broker under compose, as the bash tool; in a wake of its own when no wake runs.
+    result = run_outside_a_wake(agent, command, say=lambda line: print(line, file=sys.stderr))
     print(result.for_model())
     return result.exit_code
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -20,12 +21,14 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 from orchestrator.sandbox import disk
-from tests.helpers import REPO, scrubbed_env, wait_for
+from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
+from tests.helpers.life import LIFE_POLICY, live_a_life, prepare
 
 DISKS = REPO / "disks"  # compose's ./disks: the agents' workspace disks
 BUILD_S = 900  # both images from scratch: apt and pip over the network
 FIRST_WAKE_S = 150  # the demo wakes every 60s; a first wake is due at once or within 60s
 DOWN_S = 120  # compose stops the orchestrator gracefully (its wake ends first)
+LIFE_WAKE_S = 300  # one wake of the life: the 50 MB file, or 5,000 files committed, on a loaded host
 RECEIPT = re.compile(r"demo: wake (\d+) (\w+).* \| receipt (\{.*\})$")
 WORKSPACE_LABEL = "wakeloop.workspace=/agents/demo/workspace"  # the broker's view of the demo workspace
 
@@ -157,6 +160,17 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     assert foreign.value.code == 421
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{CONSOLE_PORT}/metrics", timeout=30).read().decode()
     assert re.search(r'wakeloop_wakes_total\{agent="demo",status="done"\} [1-9]', metrics)
+
+    # An agent's ordinary life through the broker, the engine mounting its disk: ten wakes, each
+    # checked from inside the next, then an undo (tests/helpers/life.py).
+    life = REPO / "agents" / f"life-{uuid.uuid4().hex[:8]}"
+    try:
+        make_agent(life.parent, life.name, schedule="0 0 1 1 *", policy={"version": 1, **LIFE_POLICY})
+        prepare(life)
+        cli = lambda *args: compose("exec", "-T", "orchestrator", "wakeloop", *args, timeout=LIFE_WAKE_S, check=False)
+        live_a_life(cli, life, f"/agents/{life.name}")
+    finally:
+        shutil.rmtree(life, ignore_errors=True)
 
     compose("down", "--volumes", timeout=DOWN_S)
     assert compose("ps", "-a", "-q").stdout.strip() == ""

@@ -26,7 +26,7 @@ from orchestrator.sandbox import disk, layers
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.wake.context import REFUSED_FILE
-from tests.helpers import REPO, live_wake, set_policy
+from tests.helpers import REPO, live_wake, run_cli, set_policy
 from tests.helpers.recorded import first_user_text, result_text, tool_results
 
 RUN, NEXT = "a1b2c3d4e5f6", "0123456789ab"
@@ -265,24 +265,51 @@ def test_a_file_name_that_is_not_utf8_lands_and_the_wake_ends_with_its_receipt(a
     assert b"bad\xff.txt" in os.listdir(os.fsencode(disk_view(agent_dir)))
 
 
-@pytest.mark.docker
-def test_a_wake_killed_with_sigkill_mid_wake_is_discarded_at_the_next_start_before_any_call(agent_dir, fake_api):
+def _killed_mid_wake(agent_dir: Path, command: str) -> None:
+    """A wake (RUN) that ran `command` in its overlay, then died by SIGKILL: no finish, no close."""
     script = (
         "import sys; from orchestrator.policy.agent import load_agent\n"
         "from orchestrator.sandbox.engine import DockerSandbox\n"
         "agent = load_agent(sys.argv[1])\n"
         "box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, warm=0)\n"
-        "box.begin(sys.argv[2]); assert box.run('echo half > half.md', 30, 100).exit_code == 0\n"
+        "box.begin(sys.argv[2]); assert box.run(sys.argv[3], 30, 100).exit_code == 0\n"
         "print('ready', flush=True); sys.stdin.read()\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-c", script, str(agent_dir), RUN], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", script, str(agent_dir), RUN, command],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     finally:
-        child.kill()  # SIGKILL: no finish, no close; the overlay stays mounted, the disk attached
+        child.kill()  # SIGKILL: the overlay stays mounted where boxes look, the disk attached
         child.wait()
+
+
+@pytest.mark.docker
+def test_a_call_after_a_killed_wake_sees_the_workspace_as_before_it_and_what_it_writes_is_kept(agent_dir):
+    """`sandbox exec` between a killed wake and the next: a wake of its own, which settles the dead
+    one first (discarded, recorded), so it reads the committed files and its write lands."""
+    notes = agent_dir / "workspace" / "notes.md"
+    notes.write_text("before\n")
+    notes.chmod(0o666)  # the operator's file, which the box's user may rewrite
+    _killed_mid_wake(agent_dir, "echo killed > notes.md && echo dead > dead.md")
+    shown = run_cli("sandbox", "exec", str(agent_dir), "--", "cat notes.md; ls; echo fix > fix.md")
+    assert shown.returncode == 0, shown.stderr
+    assert "before" in shown.stdout and "killed" not in shown.stdout and "dead.md" not in shown.stdout
+    assert f"discarded wake {RUN}" in shown.stderr
+    changes = changes_events(agent_dir)
+    assert (changes[0].outcome, changes[0].of_run, set(changes[0].paths)) == ("discarded", RUN, {"notes.md", "dead.md"})
+    assert (changes[1].outcome, changes[1].paths) == ("committed", ("fix.md",))
+    after = run_cli("sandbox", "exec", str(agent_dir), "--", "cat fix.md notes.md")
+    assert after.returncode == 0 and after.stdout.split()[-2:] == ["fix", "before"], after.stdout
+
+
+@pytest.mark.docker
+def test_a_wake_killed_with_sigkill_mid_wake_is_discarded_at_the_next_start_before_any_call(agent_dir, fake_api):
+    _killed_mid_wake(agent_dir, "echo half > half.md")
     api = fake_api([turn(tool_use("bash", {"command": "ls"})), turn(text("Done."))])
     live_wake(agent_dir)
     first, last = changes_events(agent_dir)

@@ -643,7 +643,7 @@ class Broker:
             finally:
                 self._release(entry)
         record = changes.record()
-        self.log(f"{name}: wake {run_id} {record.outcome}: {len(record.paths)} changed, {len(record.refused)} refused")
+        self.log(f"{name}: wake {run_id} {record.outcome}: {record.count} changed, {record.refused_count} refused")
         return {"changes": record.to_data(), "egress": entry.box.egress_decisions()}
 
     def _finishable(self, name: str, run_id: str) -> _AgentBox:
@@ -712,8 +712,8 @@ class Broker:
                 self._layering.discard(name)
         record = changes.record()
         self.log(
-            f"{name}: call outside a wake, as wake {run_id}: {record.outcome}: {len(record.paths)} changed, "
-            f"{len(record.refused)} refused"
+            f"{name}: call outside a wake, as wake {run_id}: {record.outcome}: {record.count} changed, "
+            f"{record.refused_count} refused"
         )
         if changes.error:
             return f"\n[wakeloop: this call's changes did not land: {changes.error}]"

@@ -455,6 +455,8 @@ class WorkspaceChanges(EventRecord):
     rules: tuple[str, ...] = ()  # the rule that refused each: a workspace.protect glob, protect_git, set-id bit
     refused_kinds: tuple[str, ...] = ()  # added | modified | deleted, one per refused path
     more: int = 0  # changes and refusals past the cap, counted, not named
+    count: int = 0  # every change that landed (or, discarded, was dropped), named or not
+    refused_count: int = 0  # every refusal, named or not
     error: str = field(default="", metadata=OMIT)  # why nothing landed (outcome error)
 
 

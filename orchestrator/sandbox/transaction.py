@@ -236,6 +236,7 @@ def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Chan
         for i, c in enumerate(allowed)
         if c.type == "dir" and c.kind == "modified"
     }
+    folder_times = _folder_times(Path(upper), allowed)  # before a rename out of them moves them
     manifest = {
         "run_id": run_id,
         "state": "committing",
@@ -243,11 +244,12 @@ def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Chan
         "upper": str(upper),
         "changes": [asdict(c) for c in allowed],
         "dir_modes": modes,
+        "folder_times": folder_times,
     }
     try:
         undo.mkdir(parents=True, exist_ok=True)
         _write_manifest(undo, manifest)
-        _apply(Path(upper), Path(lower), undo, allowed)
+        _apply(Path(upper), Path(lower), undo, allowed, folder_times)
         _set_state(undo, "committed")
     except Exception:
         _roll_back(Path(upper), Path(lower), undo, allowed, modes)
@@ -296,7 +298,7 @@ def recover(lower: Path, undo: Path) -> str | None:
     if manifest["state"] == "committing":
         upper = Path(manifest["upper"])
         try:
-            _apply(upper, Path(lower), undo, changes)
+            _apply(upper, Path(lower), undo, changes, manifest.get("folder_times") or {})
             _set_state(undo, "committed")
         except OSError as exc:
             _roll_back(upper, Path(lower), undo, changes, manifest.get("dir_modes") or {})
@@ -315,7 +317,7 @@ def recover(lower: Path, undo: Path) -> str | None:
 # when its own name says so; run again, it does nothing.
 
 
-def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
+def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change], folder_times: dict) -> None:
     for i, change in enumerate(changes):
         here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
         if _linked_above(lower, change.path):  # not as scan saw it: never followed (scan refuses the way)
@@ -325,11 +327,21 @@ def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change]) -> None:
                 _move(here, old)  # contents first (scan's order), then the folder
         elif change.type == "dir":
             _mkdir(here)
+            _own_folder(here, new)
             _chmod_folder(here, change.mode)
         elif _lexists(new):  # not yet landed: the old kept, then the new landed
             if change.kind == "modified" and not _lexists(old):
                 _move(here, old)
             _move(new, here)
+    _time_folders(lower, folder_times)
+
+
+# What crosses from the wake's layer to the agent's files with each change. Files and links
+# cross by rename(2): their inode moves whole (owner, group, mode, times, bytes). A folder
+# cannot move (the lower one may hold files the wake never touched), so the commit makes it
+# and gives it what the box saw: its owner and group (_own_folder), its mode (_chmod_folder)
+# and, once everything beneath it has landed, its times (_time_folders). A file with a set-id
+# bit never crosses (check() refuses it).
 
 
 def _roll_back(upper: Path, lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> None:
@@ -449,6 +461,40 @@ def _linked_above(root: Path, rel: str) -> str | None:
         if st is None or not stat.S_ISDIR(st.st_mode):
             return None
     return None
+
+
+def _own_folder(path: Path, like: Path) -> None:
+    """A folder the commit made takes the owner and group of the box's (`like`, in the upper
+    layer): without it, root's, and the box's user could no longer write in its own folder."""
+    theirs, made = _lstat(like), _lstat(path)
+    if theirs is None or made is None or not stat.S_ISDIR(made.st_mode):
+        return
+    if (made.st_uid, made.st_gid) != (theirs.st_uid, theirs.st_gid):
+        os.chown(path, theirs.st_uid, theirs.st_gid, follow_symlinks=False)
+
+
+def _folder_times(upper: Path, changes: list[Change]) -> dict[str, list[int]]:
+    """{folder: [atime_ns, mtime_ns]} as the box left them, for each folder the wake touched (made,
+    chmodded, or holding a change), read before the commit: its renames out of them move them."""
+    folders = {c.path for c in changes if c.type == "dir" and c.kind != "deleted"}
+    for change in changes:
+        parts = change.path.split("/")[:-1]
+        folders.update("/".join(parts[: n + 1]) for n in range(len(parts)))
+    times = {}
+    for rel in folders:
+        st = _lstat_in(upper, rel)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            times[rel] = [st.st_atime_ns, st.st_mtime_ns]
+    return times
+
+
+def _time_folders(lower: Path, folder_times: dict) -> None:
+    """Each folder the wake touched gets the times the box saw, once everything beneath it has
+    landed (the commit's renames and mkdirs moved them to the commit's time)."""
+    for rel, (atime_ns, mtime_ns) in folder_times.items():
+        st = _lstat_in(lower, rel)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            os.utime(lower / rel, ns=(atime_ns, mtime_ns), follow_symlinks=False)
 
 
 def _chmod_folder(path: Path, mode: int) -> None:

@@ -77,10 +77,21 @@ class WakeChanges:
     refused: tuple[Refused, ...] = ()
     discarded: tuple[Change, ...] = ()  # a wake that died before its commit: what it had changed, dropped
     error: str = ""  # the commit could not run (one line); nothing landed
+    unnamed: int = 0  # changes past the ones named (a record's cap: back from a broker's reply)
+    unnamed_refused: int = 0  # refusals past the ones named
 
     @property
     def empty(self) -> bool:
-        return not (self.committed or self.refused or self.discarded or self.error)
+        return not (self.committed or self.refused or self.discarded or self.error or self.count)
+
+    @property
+    def count(self) -> int:
+        """Every change that landed (or, discarded, was dropped), named or not."""
+        return len(self.discarded or self.committed) + self.unnamed
+
+    @property
+    def refused_count(self) -> int:
+        return len(self.refused) + self.unnamed_refused
 
     @classmethod
     def from_record(cls, record: ev.WorkspaceChanges) -> WakeChanges:
@@ -93,9 +104,12 @@ class WakeChanges:
             Refused(Change(path, kind, "other"), rule)
             for path, rule, kind in zip(record.refused, record.rules, record.refused_kinds, strict=False)
         )
+        # A record from before `count` existed names everything it counts but `more`: all changes.
+        unnamed = max(record.count - len(listed), 0) if record.count else record.more
+        unnamed_refused = max(record.refused_count - len(refused), 0)
         if record.outcome == "discarded":
-            return cls(record.of_run, discarded=listed)
-        return cls(record.of_run, listed, refused, error=record.error)
+            return cls(record.of_run, discarded=listed, unnamed=unnamed)
+        return cls(record.of_run, listed, refused, error=record.error, unnamed=unnamed, unnamed_refused=unnamed_refused)
 
     def record(self) -> ev.WorkspaceChanges:
         """The event (capped at MAX_LISTED changes and as many refusals; the rest counted)."""
@@ -111,7 +125,9 @@ class WakeChanges:
             refused=tuple(_text(r.change.path) for r in refused),
             rules=tuple(r.rule for r in refused),
             refused_kinds=tuple(r.change.kind for r in refused),
-            more=len(landed) - len(shown) + len(self.refused) - len(refused),
+            more=self.count - len(shown) + self.refused_count - len(refused),
+            count=self.count,
+            refused_count=self.refused_count,
             error=self.error,
         )
 

@@ -15,14 +15,17 @@ change set: WakeDiff.change_set).
 
 from __future__ import annotations
 
-import difflib
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 from orchestrator.sandbox.output import clean
 from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
 
 CONTEXT_LINES = 3  # as diff -u
+DIFF_TIMEOUT_S = 5.0  # one file's diff; past it the file is shown by size (GNU diff rarely needs 0.2 s)
 
 
 @dataclass(frozen=True)
@@ -71,19 +74,47 @@ def _path(p: PathDiff) -> list[DiffLine]:
 
 
 def _text_diff(name: str, before: Side, after: Side) -> list[DiffLine]:
-    old = (before.text or "").splitlines()
-    new = (after.text or "").splitlines()
     names = _label(before, "a", name), _label(after, "b", name)
-    lines = list(difflib.unified_diff(old, new, *names, lineterm="", n=CONTEXT_LINES))
+    lines = _unified(before.text or "", after.text or "", names)
+    if lines is None:
+        return [
+            DiffLine("head", f"--- {names[0]}"),
+            DiffLine("head", f"+++ {names[1]}"),
+            DiffLine("note", f"(changed in too many places to diff within {DIFF_TIMEOUT_S:g} s: shown by size)"),
+            *(DiffLine("del", f"-{line}") for line in _describe(before) if before.type != "none"),
+            *(DiffLine("add", f"+{line}") for line in _describe(after) if after.type != "none"),
+        ]
     if not lines:  # the same content: a mode change
         return [DiffLine("head", f"file {name}: mode {before.mode:o} -> {after.mode:o}")]
     out = []
-    for line in lines:
-        kind = "head" if line[:3] in ("---", "+++") else {"@": "hunk", "+": "add", "-": "del"}.get(line[:1], "same")
+    for n, line in enumerate(lines):  # the first two are the names: a line of `---` beneath is a deletion
+        kind = "head" if n < 2 else {"@": "hunk", "+": "add", "-": "del", "\\": "note"}.get(line[:1], "same")
         out.append(DiffLine(kind, clean(line)))
     if before.type == after.type == "file" and before.mode != after.mode:
         out.append(DiffLine("note", f"mode {before.mode:o} -> {after.mode:o}"))
     return out
+
+
+def _unified(old: str, new: str, names: tuple[str, str]) -> list[str] | None:
+    """`diff -u` of two texts, as lines (headers first), [] when equal, None past DIFF_TIMEOUT_S.
+    GNU diff, not difflib: difflib takes time quadratic in the lines on a file changed in many
+    places (10,000 lines with every seventh changed: 34 s), diff's heuristics keep it near
+    linear (the same: 5 ms). Both sides end in a newline: only lines are compared."""
+    with tempfile.TemporaryDirectory(prefix="wakeloop-diff-") as folder:
+        sides = []
+        for label, text in zip(("a", "b"), (old, new), strict=True):
+            path = Path(folder) / label
+            lines = text.splitlines()
+            path.write_text("".join(line + "\n" for line in lines), encoding="utf-8", errors="surrogateescape")
+            sides.append(str(path))
+        argv = ["diff", f"-U{CONTEXT_LINES}", "--label", names[0], "--label", names[1], *sides]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=DIFF_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None
+    if done.returncode not in (0, 1):
+        raise OSError(f"diff failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout.decode("utf-8", errors="replace").splitlines()
 
 
 def _both_text(before: Side, after: Side) -> bool:

@@ -505,8 +505,7 @@ class _Wake:
             self.say(f"workspace: {line}")
         for dead in settled.discarded:
             self.say(
-                f"workspace: discarded wake {dead.run_id}, which died before its end: "
-                f"{len(dead.discarded)} change(s) dropped"
+                f"workspace: discarded wake {dead.run_id}, which died before its end: {dead.count} change(s) dropped"
             )
             try:
                 self.events.write(dead.record())
@@ -535,9 +534,9 @@ class _Wake:
         except (OSError, ValueError) as exc:  # the wake still ends with its receipt
             self.say(f"workspace: the change set was not recorded: {exc}")
         self._tell_next_wake(record)
-        landed = "dropped" if record.outcome == "error" else f"{len(changes.committed)} committed"
+        landed = "dropped" if record.outcome == "error" else f"{changes.count} committed"
         self.say(
-            f"workspace: {landed}, {len(changes.refused)} refused"
+            f"workspace: {landed}, {changes.refused_count} refused"
             + "".join(f"; {path}: {rule}" for path, rule in list(zip(record.refused, record.rules, strict=False))[:3])
             + (f" ({changes.error})" if changes.error else "")
         )
