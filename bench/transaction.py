@@ -36,7 +36,7 @@ from pathlib import Path
 from orchestrator.sandbox import layers, transaction, undo_folders
 
 MIB = 2**20
-CASES = ((10, 1 * MIB), (1000, 1 * MIB), (10, 100 * MIB), (1000, 100 * MIB))  # (files, bytes in all)
+CASES = ((10, 1 * MIB), (1000, 1 * MIB), (5000, 5 * MIB), (10, 100 * MIB), (1000, 100 * MIB))  # (files, bytes in all)
 SCRATCH_BYTES = 1024 * MIB  # the scratch disk: the largest case's workspace, its new files and its undo data, twice
 RUNS = 5
 

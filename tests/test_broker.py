@@ -34,6 +34,7 @@ from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk, layers, undo_folders, wake_layer
+from orchestrator.sandbox.wake_layer import MAX_LISTED, WakeChanges
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 from tests.helpers.broker import served, served_tls
@@ -681,6 +682,23 @@ def test_through_the_broker_a_wake_sees_its_changes_and_the_broker_commits_them_
     assert [(r.change.path, r.rule) for r in changes.refused] == [("deploy", "deploy/**"), ("deploy/x", "deploy/**")]
     with pytest.raises(SandboxError, match="no wake"):  # finished: a second finish names no open wake
         BrokerClient(broker).call_op(wire.Finish("alpha", run_id), 30)
+
+
+def test_through_the_broker_a_wake_of_hundreds_of_changes_is_counted_whole(broker, root):
+    """The record names MAX_LISTED changes and counts the rest; back through the broker it kept
+    the names and lost the count (300 files recorded as 200, `more: 0`)."""
+    set_policy(root / "alpha", {"workspace": {"protect": ["deploy/**"]}})
+    box = BrokerSandbox(broker, "alpha")
+    box.begin("00112233aacc")
+    made = "mkdir -p many deploy && for i in $(seq 300); do echo $i > many/$i; echo $i > deploy/$i; done"
+    assert box.run(made, 60, 2000).exit_code == 0
+    changes = box.finish((), True)
+    record = changes.record()
+    assert (changes.count, changes.refused_count) == (301, 301)  # many/ and its 300 files; deploy/ and its
+    assert (record.count, record.refused_count) == (301, 301)
+    assert len(record.paths) == len(record.refused) == MAX_LISTED
+    assert record.more == 2 * (301 - MAX_LISTED)
+    assert WakeChanges.from_record(record).record() == record  # through the wire again: nothing lost
 
 
 def test_nothing_of_an_agents_is_served_while_its_wake_is_committed(broker, root, monkeypatch):
