@@ -100,16 +100,42 @@ def test_a_hostile_stream_is_refused_and_writes_nothing_outside(tmp_path, member
     assert not (tmp_path / "escaped").exists() and not Path("/tmp/escaped").exists()
 
 
-def test_set_id_bits_and_owners_in_a_stream_are_not_obeyed(tmp_path):
+def test_set_id_bits_and_owners_other_than_root_and_the_disks_in_a_stream_are_not_obeyed(tmp_path):
     root = tmp_path / "files"
     root.mkdir()
+    os.chown(root, 1000, 1000)  # the disk's files/: the box's user's
     info = member("tool", mode=0o6755)
-    info.uid = info.gid = 0
+    info.uid = info.gid = 4242
     folder = member("shared", tarfile.DIRTYPE, mode=0o1777)
+    folder.uid, folder.gid = 0, 4242
     unpack(tar_of((info, b"#!/bin/sh\n"), (folder, None)), root)
     assert stat.S_IMODE((root / "tool").stat().st_mode) == 0o755
     assert stat.S_IMODE((root / "shared").stat().st_mode) == 0o777
-    assert (root / "tool").stat().st_uid == root.stat().st_uid
+    assert ((root / "tool").stat().st_uid, (root / "tool").stat().st_gid) == (1000, 1000)
+    assert ((root / "shared").stat().st_uid, (root / "shared").stat().st_gid) == (0, 1000)
+
+
+def test_owners_and_times_cross_a_move_as_the_box_left_them(tmp_path):
+    """The agent's folders and files stay the box's user's, an operator's folder stays root's
+    (read-only to the box), and every mtime, folders' included, is as it was."""
+    source = a_workspace(tmp_path / "a")
+    for path in [source, *source.rglob("*")]:
+        os.chown(path, 1000, 1000, follow_symlinks=False)
+    (source / "operator").mkdir()
+    (source / "operator" / "readme.txt").write_text("the operator's\n")
+    os.utime(source / "operator", ns=(1_600_000_000_123_456_789,) * 2)
+    os.utime(source / "memory" / "journal", ns=(1_500_000_000_000_000_000,) * 2)
+    target = tmp_path / "b"
+    target.mkdir()
+    os.chown(target, 1000, 1000)
+    stream = io.BytesIO()
+    pack(source, stream)
+    unpack(io.BytesIO(stream.getvalue()), target)
+    for path in source.rglob("*"):
+        was, now = path.lstat(), (target / path.relative_to(source)).lstat()
+        assert (now.st_uid, now.st_gid, now.st_mode) == (was.st_uid, was.st_gid, was.st_mode), path
+        assert abs(now.st_mtime_ns - was.st_mtime_ns) < 1000, path  # tar's time: a float of seconds
+    assert (target / "operator").stat().st_uid == 0
 
 
 def test_a_stream_that_is_not_a_tar_is_one_line(tmp_path):

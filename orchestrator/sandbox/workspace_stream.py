@@ -14,8 +14,11 @@ anything): a name that is absolute, empty or has `..` or `.` in it, a member
 that is not a file, folder or link (a device, a fifo, a hard link), a name
 seen twice, or a parent that is not a folder made earlier in the stream
 refuses the whole stream. Modes keep their permission bits only (no set-id,
-no sticky), and everything is owned by the owner of the disk's files/ (the
-box's user): a stream names no owner the receiver obeys. A link's target is
+no sticky). Owners cross only as far as they take nothing from the agent's
+files: an entry stays root's (an operator's folder, read-only to the box) or
+the disk's owner's (the box's user); any other owner a stream names becomes
+the disk's owner. Times cross as they were (folders' set once what is in them
+has landed). A link's target is
 written as given and never followed here; in a box it resolves inside the
 box, as any link the agent makes.
 
@@ -60,6 +63,8 @@ class Entry:
     mode: int  # permission bits only
     mtime_ns: int
     target: str = ""  # a link's
+    uid: int = 0
+    gid: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,18 +89,19 @@ def _walk(dir_fd: int, prefix: str = "") -> Iterator[tuple[Entry, int]]:
         except FileNotFoundError:
             continue
         path = prefix + name
-        mode = stat.S_IMODE(st.st_mode) & 0o777
+        mode, uid, gid = stat.S_IMODE(st.st_mode) & 0o777, st.st_uid, st.st_gid
         if stat.S_ISDIR(st.st_mode):
-            yield Entry(path, "dir", mode, st.st_mtime_ns), dir_fd
+            yield Entry(path, "dir", mode, st.st_mtime_ns, uid=uid, gid=gid), dir_fd
             child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
             try:
                 yield from _walk(child, path + "/")
             finally:
                 os.close(child)
         elif stat.S_ISREG(st.st_mode):
-            yield Entry(path, "file", mode, st.st_mtime_ns), dir_fd
+            yield Entry(path, "file", mode, st.st_mtime_ns, uid=uid, gid=gid), dir_fd
         elif stat.S_ISLNK(st.st_mode):
-            yield Entry(path, "link", 0o777, st.st_mtime_ns, target=os.readlink(name, dir_fd=dir_fd)), dir_fd
+            target = os.readlink(name, dir_fd=dir_fd)
+            yield Entry(path, "link", 0o777, st.st_mtime_ns, target, uid, gid), dir_fd
 
 
 def _open_file(dir_fd: int, entry: Entry) -> int:
@@ -144,7 +150,7 @@ def pack(root: Path, out: Writes) -> Summary:
             for entry, parent in _walk(fd):
                 count += 1
                 info = tarfile.TarInfo(entry.path)
-                info.mode, info.mtime = entry.mode, entry.mtime_ns / 1e9
+                info.mode, info.mtime, info.uid, info.gid = entry.mode, entry.mtime_ns / 1e9, entry.uid, entry.gid
                 info.type = {"dir": tarfile.DIRTYPE, "file": tarfile.REGTYPE, "link": tarfile.SYMTYPE}[entry.kind]
                 if entry.kind != "file":
                     info.linkname = entry.target
@@ -188,18 +194,34 @@ def unpack(stream: Reads, root: Path) -> Summary:
     (digest's, read back from what was written). StreamRefused: one line; what was written stays
     for the caller to clear."""
     st = os.stat(root, follow_symlinks=False)
-    owner = (st.st_uid, st.st_gid)
+    disk_owner = (st.st_uid, st.st_gid)
     fd = _root_fd(root)
+    folders: list[tuple[list[str], int]] = []  # each folder's parts and mtime: set once its contents landed
     try:
         try:
             with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8") as tar:  # type: ignore[call-overload]
                 for member in tar:
-                    _write(tar, member, fd, owner)
+                    _write(tar, member, fd, _owner(member, disk_owner))
+                    if member.isdir():
+                        folders.append((_parts(member.name), int(member.mtime * 1e9)))
         except tarfile.TarError as exc:
             raise StreamRefused(f"not a workspace's tar stream: {exc}") from None
+        for parts, mtime in reversed(folders):  # deepest last in the stream: first here
+            parent = _parent(fd, parts)
+            try:
+                os.utime(parts[-1], ns=(mtime, mtime), dir_fd=parent, follow_symlinks=False)
+            finally:
+                os.close(parent)
     finally:
         os.close(fd)
     return digest(root)
+
+
+def _owner(member: tarfile.TarInfo, disk_owner: tuple[int, int]) -> tuple[int, int]:
+    """Root's or the disk owner's id as the stream says; any other, the disk owner's."""
+    uid = member.uid if member.uid in (0, disk_owner[0]) else disk_owner[0]
+    gid = member.gid if member.gid in (0, disk_owner[1]) else disk_owner[1]
+    return uid, gid
 
 
 def _parts(name: str) -> list[str]:
