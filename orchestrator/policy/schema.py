@@ -217,8 +217,8 @@ class WorkspacePolicy:
     A wake's calls see its own changes; the files on the disk change only when the wake ends,
     whatever its receipt: then every change is checked, what passes lands whole, the rest is
     dropped and named in the event log and the next wake's context. Besides `protect` and
-    protect_git, a set-id file and a hard link to a file outside the wake are refused. Through the
-    broker (compose), a call outside any wake is a wake of its own. Needs `sandbox.disk`."""
+    protect_git, a set-id file and a hard link to a file outside the wake are refused. A call
+    outside any wake (`wakeloop sandbox exec`) is a wake of its own. Needs `sandbox.disk`."""
 
     protect: tuple[str, ...] = ()  # globs (write_file's syntax) of paths no wake may change, by any tool
     keep_undo_days: int = 30  # days a wake's commit stays undoable (`wakeloop undo`), then pruned

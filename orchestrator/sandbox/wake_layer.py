@@ -39,9 +39,10 @@ before a wake or as after it; nor did its record (receipt, journal) ever say
 what it did.
 
 Without a disk (`sandbox.disk: none`) there is no transaction: calls write
-the folder as before. Calls outside a wake (`wakeloop sandbox exec`, the
-escape suite) write straight to files/ (or, while a wake of the same agent
-runs, into that wake's overlay, landing with its commit).
+the folder as before. `wakeloop sandbox exec` is a wake of its own
+(wake/one_call.py; the broker's _own_begin for a client that never begins
+one), or, while a wake of the same agent runs, lands with that wake. A box
+made outside any wake with no begin (the escape suite) writes files/ directly.
 
 Not here: the layout (layers.py), scan/check/commit/recover (transaction.py),
 the event and the next context (wake/loop.py, wake/context.py).
