@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator import __version__
-from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
+from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
@@ -304,8 +304,8 @@ def _disk_of(agent_dir: str):
 def cmd_disk_release(args) -> int:
     from orchestrator.sandbox import disk
 
+    _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
-    _need_root(disk)
     if not disk.release(connect(), key):
         raise disk.DiskError(
             f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
@@ -337,6 +337,7 @@ def _no_wake(shown: str, state_dir: Path, error: type[Exception], then: str) -> 
 def cmd_disk_rm(args) -> int:
     from orchestrator.sandbox import disk
 
+    _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
     image = disk.path_of(key, "img")
     if not args.yes:
@@ -344,7 +345,6 @@ def cmd_disk_rm(args) -> int:
             f"this deletes {image}, the workspace's files of {folder}, for good; "
             f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`"
         )
-    _need_root(disk)
     # held while we delete: no wake starts on a disk going away
     with _no_wake(args.agent_dir, folder / "state", disk.DiskError, "try again when the wake ends"):
         if not disk.release(connect(), key, delete=True):
@@ -1214,9 +1214,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `wakeloop log DIR | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except PermissionError as exc:
+        if not _in_disks_dir(exc.filename):
+            raise
+        # A path of root's $WAKELOOP_DISKS that a check before it did not foresee: still one line.
+        print(f"wakeloop: {disk.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     finally:
         _release_disks(held_before)
         _stop_network()
+
+
+def _in_disks_dir(filename) -> bool:
+    from orchestrator.sandbox import disk
+
+    return isinstance(filename, str) and Path(filename).is_relative_to(disk.disks_dir())
 
 
 def _release_disks(held_before: frozenset) -> None:

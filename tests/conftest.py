@@ -53,6 +53,7 @@ DOCKER_MODULES = {
     "test_probes_hold",
     "test_weakened",
     "test_wheel",
+    "test_not_root",
 }
 
 

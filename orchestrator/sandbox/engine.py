@@ -392,6 +392,7 @@ class DockerSandbox:
         if not attach:  # planned: the folder's disk if it has one, else what a new one would be
             key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", disk.path_of(key, "view"))
+        disk.require()  # before the index (root's) is read or locked
         self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
         if not self._private_view and self._given_workspace.is_symlink():
             # Mounted over a real workspace folder only: never over one a link names
