@@ -135,8 +135,9 @@ def _engine_problem(where: str, exc: Exception) -> str:
         )
     if "Permission denied" in text or "PermissionError" in text:
         return (
-            f"permission denied on {path or where}: join the group that owns it "
-            "(`sudo usermod -aG docker $USER`, then log in again) or run as root"
+            f"permission denied on {path or where}: run as root, or join the group that owns it "
+            "(`sudo usermod -aG docker $USER`, then log in again) and set `sandbox.disk: none` "
+            "in the policy (a workspace disk needs root)"
         )
     if "Connection refused" in text or "ConnectionRefused" in text:
         return "nothing answers there: start it (`sudo systemctl start docker`, or `sudo dockerd &`)"
