@@ -742,13 +742,16 @@ def cmd_escapes(args) -> int:
     return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe, through)
 
 
-def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand whose --help has a description and an example."""
+def _command(
+    sub, name: str, summary: str, example: str, func=None, more: str = "", **kwargs
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and an example, then `more` (a file format,
+    say), after a blank line: docgen renders both into docs/cli.md."""
     p = sub.add_parser(
         name,
         help=summary,
         description=summary[0].upper() + summary[1:] + ".",
-        epilog=f"example:\n  {example}",
+        epilog=f"example:\n  {example}" + (f"\n\n{more}" if more else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kwargs,
     )
@@ -767,6 +770,30 @@ def _group(sub, name: str, summary: str, example: str):
 def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what}, for scripts")
 
+
+# wake --script FILE: the format wake/model.py's load_script reads and ScriptedModel plays
+# (tests/test_docgen.py plays this example).
+SCRIPT_FORMAT = """\
+--script FILE: the dry run's model, scripted. A JSON list of turns (or
+`{"turns": [...]}`), one per model call, in order; at most 1 MiB. Each turn
+is an object with any of `"text"` (what the model says), `"tool_calls"` (a
+list of `{"name": TOOL, "input": {...}}`: each runs for real, in the sandbox,
+as the model's call would; the script does not read the result) and
+`"stop_reason"` (default: `tool_use` when the turn calls a tool, else
+`end_turn`, which ends the wake). `{wake}` and `{today}` in any string become
+the wake's number and its UTC date (YYYY-MM-DD). After the last turn the
+model says "(end of script)" and the wake ends. The file is checked before
+the wake starts (a bad one is one line naming the turn); not with --live.
+
+  [
+    {"text": "Looking around.", "tool_calls": [{"name": "bash", "input": {"command": "ls -la"}}]},
+    {"tool_calls": [{"name": "write_file",
+                     "input": {"path": "notes/{today}.md", "content": "wake {wake}\\n"}}]},
+    {"text": "Done for today."}
+  ]
+
+  wakeloop wake agents/mine --script script.json
+"""
 
 EPILOG = """\
 exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
@@ -930,7 +957,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
-        "name of a shipped policy (default, strict, networked)",
+        "name of a shipped policy (default, strict, networked); read now, so one "
+        "that is neither fails here and creates nothing",
     )
 
     sandbox = _group(sub, "sandbox", "use the sandbox directly", "wakeloop sandbox exec agents/mine -- 'id; ls -la'")
@@ -951,6 +979,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one wake; progress on stderr, its JSON receipt alone on stdout",
         "wakeloop wake agents/mine --live | jq .status",
         cmd_wake,
+        more=SCRIPT_FORMAT,
     )
     p.add_argument("agent_dir")
     mode = p.add_mutually_exclusive_group()
@@ -958,7 +987,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--dry-run", action="store_true", help="no API call: a scripted model drives the real tools (the default)"
     )
-    p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
+    p.add_argument(
+        "--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one (its format: below)"
+    )
 
     _disk_commands(sub)
     _swarm_commands(sub)

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.assets import shipped_policy
+from orchestrator.assets import SHIPPED_POLICIES, shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
@@ -236,10 +236,20 @@ through its system prompt; it cannot change it.
 
 
 def init_agent(agent_dir: str | Path, policy: str | None = None) -> Path:
-    """Create agent.yaml, mandate.md, workspace/ and state/; never overwrite."""
+    """Create agent.yaml, mandate.md, workspace/ and state/; never overwrite. `policy` (a
+    shipped policy's name, or a path relative to the folder) is read as the first wake will
+    read it, before anything is made: a mistyped one fails here, not at that wake."""
     agent_dir = Path(agent_dir).resolve()
     if (agent_dir / "agent.yaml").exists():
         raise AgentError(f"{agent_dir / 'agent.yaml'} already exists; nothing changed")
+    if policy is not None:
+        try:
+            _policy(policy, agent_dir / "agent.yaml", None)
+        except ConfigError as exc:
+            raise AgentError(
+                f"--policy {policy}: neither a shipped policy ({', '.join(SHIPPED_POLICIES)}) "
+                f"nor a policy file ({exc}); nothing was created"
+            ) from None
     name = _NAME.sub("-", agent_dir.name).strip("-") or "agent"
     for sub in ("workspace/memory/journal", "state"):
         (agent_dir / sub).mkdir(parents=True, exist_ok=True)
