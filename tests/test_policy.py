@@ -513,6 +513,11 @@ def test_explain_strict_offers_write_file_alone(tmp_path):
         ("name: x\n\ndry_run: maybe\n", "agent.yaml:3: dry_run: expected true or false, got 'maybe'"),
         ("name: x\npolicy: 5\n", "agent.yaml:2: policy: expected a file path or a mapping"),
         ("name: x\npolicy:\n  sandbox: {memroy: 1g}\n", "agent.yaml:3: sandbox.memroy: unknown key"),
+        # One parser for the schedule (policy/schedule.py): what serve refuses, every command refuses.
+        ("name: x\nschedule: '*/5 * * *'\n", "agent.yaml:2: schedule: '*/5 * * *' is neither a cron line of five"),
+        ("name: x\nschedule: '0 0 * * * *'\n", "agent.yaml:2: schedule: '0 0 * * * *' is neither a cron line"),
+        ("name: x\nevery: 0.1s\n", "agent.yaml:2: every: interval '0.1s' is under 1s"),
+        ("name: x\n\ntimezone: Mars/Olympus\n", "agent.yaml:3: timezone: timezone 'Mars/Olympus' is not an IANA"),
     ],
 )
 def test_agent_yaml_errors_name_the_file_line_and_key(tmp_path, text, says):

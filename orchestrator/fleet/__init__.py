@@ -2,7 +2,7 @@
 
 scheduler.py (`wakeloop serve`: ticks, concurrency, hot reload, shutdown,
 a failing agent's backoff and pause obeyed), schedule.py (when each agent is
-due), capacity.py (how many wakes fit at once), control.py (serve's
+due; what its line may say: policy/schedule.py), capacity.py (how many wakes fit at once), control.py (serve's
 heartbeat, run-now requests), wake_history.py (an agent's finished wakes,
 indexed for the console).
 
