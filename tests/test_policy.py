@@ -513,7 +513,7 @@ def test_explain_strict_offers_write_file_alone(tmp_path):
         ("name: x\n\ndry_run: maybe\n", "agent.yaml:3: dry_run: expected true or false, got 'maybe'"),
         ("name: x\npolicy: 5\n", "agent.yaml:2: policy: expected a file path or a mapping"),
         ("name: x\npolicy:\n  sandbox: {memroy: 1g}\n", "agent.yaml:3: sandbox.memroy: unknown key"),
-        # One parser for the schedule (policy/schedule.py): what serve refuses, every command refuses.
+        # One parser for the schedule (policy/schedule_line.py): what serve refuses, every command refuses.
         ("name: x\nschedule: '*/5 * * *'\n", "agent.yaml:2: schedule: '*/5 * * *' is neither a cron line of five"),
         ("name: x\nschedule: '0 0 * * * *'\n", "agent.yaml:2: schedule: '0 0 * * * *' is neither a cron line"),
         ("name: x\nevery: 0.1s\n", "agent.yaml:2: every: interval '0.1s' is under 1s"),

@@ -29,7 +29,7 @@ from orchestrator.wake.loop import wake
 from orchestrator.fleet.scheduler import Scheduler, describe_receipt
 from orchestrator.views.status import status_table
 from orchestrator.fleet.schedule import first_due, save_tick
-from orchestrator.policy.schedule import parse_schedule, ScheduleError
+from orchestrator.policy.schedule_line import parse_schedule, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 

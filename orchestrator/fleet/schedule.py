@@ -6,7 +6,7 @@ agent's interval: a tick missed by more is skipped aloud (scheduler.py says
 so and logs `tick_skipped`), not run hours late.
 
 Not here: what a schedule line may say, read once for every command
-(policy/schedule.py), running wakes (scheduler.py), showing them
+(policy/schedule_line.py), running wakes (scheduler.py), showing them
 (views/status.py).
 """
 
@@ -17,7 +17,7 @@ import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.policy.schedule import DEFAULT_TZ, Schedule, ScheduleError, parse_schedule
+from orchestrator.policy.schedule_line import DEFAULT_TZ, Schedule, ScheduleError, parse_schedule
 from orchestrator.records.atomic import atomic_write
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads

@@ -26,7 +26,7 @@ from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import load_policy, policy_from_mapping
-from orchestrator.policy.schedule import DEFAULT_TZ, ScheduleError, parse_schedule
+from orchestrator.policy.schedule_line import DEFAULT_TZ, ScheduleError, parse_schedule
 from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
@@ -50,7 +50,7 @@ class Agent:
     schedule: str
     policy: Policy
     dry_run: bool
-    timezone: str = "UTC"  # IANA zone of a cron schedule (policy/schedule.py checks it)
+    timezone: str = "UTC"  # IANA zone of a cron schedule (policy/schedule_line.py checks it)
     notify: tuple[Channel, ...] = ()  # agent.yaml's, then ROOT/notify.yaml's
     pause_after_failures: int = PAUSE_AFTER_FAILURES  # failed wakes in a row before serve pauses it
 
@@ -108,7 +108,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
 
 
 def _schedule(data: dict[str, Any], config: Path, node: yaml.Node | None) -> tuple[str, str]:
-    """(schedule, timezone), read as serve reads them (policy/schedule.py): a line serve would
+    """(schedule, timezone), read as serve reads them (policy/schedule_line.py): a line serve would
     refuse is refused here, by every command that loads the agent, in the same words."""
     key = "every" if data.get("every") else "schedule"
     text, zone = str(data.get(key) or DEFAULT_SCHEDULE), str(data.get("timezone") or DEFAULT_TZ)
