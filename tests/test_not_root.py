@@ -43,22 +43,38 @@ def _as_nobody(groups: list[int]):
     return drop
 
 
-def _interpreter(env: dict, groups: list[int]) -> str:
-    """A Python of this version that uid 65534 may run, with this checkout and its packages on
-    PYTHONPATH: this one unless it lives where that user cannot reach (a pyenv under /root)."""
+# Where no Python is open to uid 65534 (this one under /root, a checkout under /root): a root
+# process loads every module of ours first, then drops to that user before the command runs, so
+# every file the command opens and the engine's socket are still met as that user.
+DROP_THEN_RUN = """
+import importlib, os, pkgutil, sys
+import orchestrator
+for found in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
+    if not found.name.endswith("__main__"):
+        importlib.import_module(found.name)
+os.setgroups([int(g) for g in sys.argv[1].split(",")])
+os.setgid({nobody})
+os.setuid({nobody})
+from orchestrator.cli import main
+sys.exit(main(sys.argv[2:]))
+""".format(nobody=NOBODY)
+
+
+def _command(env: dict, groups: list[int]) -> tuple[list[str], bool]:
+    """(the argv before the CLI's own arguments, whether it starts as uid 65534): a Python of this
+    version that user may run, with this checkout and its packages on PYTHONPATH; else this
+    Python, started as root and dropping to that user itself (DROP_THEN_RUN)."""
+    probe = f"import sys, docker, yaml, anthropic; sys.exit(sys.version_info[:2] != {tuple(sys.version_info[:2])})"
     for candidate in dict.fromkeys([sys.executable, shutil.which("python3") or "", "/usr/bin/python3"]):
-        if not candidate:
-            continue
-        probe = f"import sys, docker, yaml, anthropic; sys.exit(sys.version_info[:2] != {tuple(sys.version_info[:2])})"
         try:
             done = subprocess.run(
                 [candidate, "-c", probe], env=env, preexec_fn=_as_nobody(groups), capture_output=True, timeout=60
             )
-        except PermissionError:  # the exec itself: a folder on its path is closed to this user
+        except (PermissionError, FileNotFoundError):  # the exec itself: a folder on its path is closed
             continue
         if done.returncode == 0:
-            return candidate
-    pytest.fail(f"no Python {sys.version_info[0]}.{sys.version_info[1]} that uid {NOBODY} may run was found")
+            return [candidate, "-m", "orchestrator"], True
+    return [sys.executable, "-c", DROP_THEN_RUN, ",".join(map(str, groups))], False
 
 
 class Nobody:
@@ -75,13 +91,13 @@ class Nobody:
                 "PYTHONDONTWRITEBYTECODE": "1",  # the checkout is root's
             }
         )
-        self.python = _interpreter(self.env, self.groups)
+        self.argv, self.started_as_nobody = _command(self.env, self.groups)
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [self.python, "-m", "orchestrator", *args],
+            [*self.argv, *args],
             env=self.env,
-            preexec_fn=_as_nobody(self.groups),
+            preexec_fn=_as_nobody(self.groups) if self.started_as_nobody else None,
             capture_output=True,
             text=True,
             timeout=CLI_TIMEOUT_S,
