@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator import __version__
-from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
+from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
@@ -299,8 +299,8 @@ def _disk_of(agent_dir: str):
 def cmd_disk_release(args) -> int:
     from orchestrator.sandbox import disk
 
+    _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
-    _need_root(disk)
     if not disk.release(connect(), key):
         raise disk.DiskError(
             f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
@@ -332,6 +332,7 @@ def _no_wake(shown: str, state_dir: Path, error: type[Exception], then: str) -> 
 def cmd_disk_rm(args) -> int:
     from orchestrator.sandbox import disk
 
+    _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
     image = disk.path_of(key, "img")
     if not args.yes:
@@ -339,7 +340,6 @@ def cmd_disk_rm(args) -> int:
             f"this deletes {image}, the workspace's files of {folder}, for good; "
             f"add --yes: `wakeloop disk rm {args.agent_dir} --yes`"
         )
-    _need_root(disk)
     # held while we delete: no wake starts on a disk going away
     with _no_wake(args.agent_dir, folder / "state", disk.DiskError, "try again when the wake ends"):
         if not disk.release(connect(), key, delete=True):
@@ -737,13 +737,16 @@ def cmd_escapes(args) -> int:
     return run(args.agent_dir, args.policy, args.runtime, args.json, args.probe, through)
 
 
-def _command(sub, name: str, summary: str, example: str, func=None, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand whose --help has a description and an example."""
+def _command(
+    sub, name: str, summary: str, example: str, func=None, more: str = "", **kwargs
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and an example, then `more` (a file format,
+    say), after a blank line: docgen renders both into docs/cli.md."""
     p = sub.add_parser(
         name,
         help=summary,
         description=summary[0].upper() + summary[1:] + ".",
-        epilog=f"example:\n  {example}",
+        epilog=f"example:\n  {example}" + (f"\n\n{more}" if more else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kwargs,
     )
@@ -762,6 +765,30 @@ def _group(sub, name: str, summary: str, example: str):
 def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") -> None:
     p.add_argument("--json", action="store_true", help=f"print {what}, for scripts")
 
+
+# wake --script FILE: the format wake/model.py's load_script reads and ScriptedModel plays
+# (tests/test_docgen.py plays this example).
+SCRIPT_FORMAT = """\
+--script FILE: the dry run's model, scripted. A JSON list of turns (or
+`{"turns": [...]}`), one per model call, in order; at most 1 MiB. Each turn
+is an object with any of `"text"` (what the model says), `"tool_calls"` (a
+list of `{"name": TOOL, "input": {...}}`: each runs for real, in the sandbox,
+as the model's call would; the script does not read the result) and
+`"stop_reason"` (default: `tool_use` when the turn calls a tool, else
+`end_turn`, which ends the wake). `{wake}` and `{today}` in any string become
+the wake's number and its UTC date (YYYY-MM-DD). After the last turn the
+model says "(end of script)" and the wake ends. The file is checked before
+the wake starts (a bad one is one line naming the turn); not with --live.
+
+  [
+    {"text": "Looking around.", "tool_calls": [{"name": "bash", "input": {"command": "ls -la"}}]},
+    {"tool_calls": [{"name": "write_file",
+                     "input": {"path": "notes/{today}.md", "content": "wake {wake}\\n"}}]},
+    {"text": "Done for today."}
+  ]
+
+  wakeloop wake agents/mine --script script.json
+"""
 
 EPILOG = """\
 exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
@@ -925,7 +952,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         help="policy file path for agent.yaml (relative to AGENT_DIR), or the "
-        "name of a shipped policy (default, strict, networked)",
+        "name of a shipped policy (default, strict, networked); read now, so one "
+        "that is neither fails here and creates nothing",
     )
 
     sandbox = _group(sub, "sandbox", "use the sandbox directly", "wakeloop sandbox exec agents/mine -- 'id; ls -la'")
@@ -946,6 +974,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one wake; progress on stderr, its JSON receipt alone on stdout",
         "wakeloop wake agents/mine --live | jq .status",
         cmd_wake,
+        more=SCRIPT_FORMAT,
     )
     p.add_argument("agent_dir")
     mode = p.add_mutually_exclusive_group()
@@ -953,7 +982,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--dry-run", action="store_true", help="no API call: a scripted model drives the real tools (the default)"
     )
-    p.add_argument("--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one")
+    p.add_argument(
+        "--script", metavar="FILE", help="a JSON dry-run script to use instead of the built-in one (its format: below)"
+    )
 
     _disk_commands(sub)
     _swarm_commands(sub)
@@ -1209,9 +1240,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `wakeloop log DIR | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except PermissionError as exc:
+        if not _in_disks_dir(exc.filename):
+            raise
+        # A path of root's $WAKELOOP_DISKS that a check before it did not foresee: still one line.
+        print(f"wakeloop: {disk.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     finally:
         _release_disks(held_before)
         _stop_network()
+
+
+def _in_disks_dir(filename) -> bool:
+    from orchestrator.sandbox import disk
+
+    return isinstance(filename, str) and Path(filename).is_relative_to(disk.disks_dir())
 
 
 def _release_disks(held_before: frozenset) -> None:

@@ -231,7 +231,10 @@ def _command_section(prog: str, parser: argparse.ArgumentParser) -> list[str]:
             out.append(f"| `{_cell(names)}` | {_cell(a.help or '')} |")
         out.append("")
     if parser.epilog:
-        out += ["Example:", "", "```sh", parser.epilog.removeprefix("example:\n").strip(), "```", ""]
+        example, _, more = parser.epilog.partition("\n\n")  # cli._command: the example, then more
+        out += ["Example:", "", "```sh", example.removeprefix("example:\n").strip(), "```", ""]
+        if more:
+            out += [_markdown(more.strip("\n")), ""]
     for name, sub in subs:
         out += _command_section(f"{prog} {name}", sub)
     return out

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 from datetime import datetime, timezone
 
 import pytest
@@ -70,6 +71,7 @@ def compose():
             assert done.returncode == 0, f"docker compose {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done
 
+    run.project = project  # the volumes down must remove are labelled with it
     disks_before = set(DISKS.glob("*.img"))
     token = REPO / "agents" / "console.token"
     token_before = token.exists()
@@ -172,13 +174,19 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
     finally:
         shutil.rmtree(life, ignore_errors=True)
 
-    compose("down", "--volumes", timeout=DOWN_S)
+    compose("down", "--volumes", timeout=DOWN_S)  # as the README writes it
     assert compose("ps", "-a", "-q").stdout.strip() == ""
+    project = docker_client.volumes.list(filters={"label": f"com.docker.compose.project={compose.project}"})
+    assert project == [] and (REPO / "agents/demo/state").is_dir()  # no volume; the agent kept
     assert sandbox_containers(docker_client) == []
     ours = lambda labels: (labels or {}).get(disk.LABEL, "").startswith("/var/lib/wakeloop/disks/")  # the broker's
     keepers = docker_client.api.containers(all=True, filters={"label": disk.LABEL})
     volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
     assert [c["Names"] for c in keepers if ours(c["Labels"])] == [] and [v for v in volumes if ours(v["Labels"])] == []
+
+
+def _readme_opening() -> str:
+    return (REPO / "README.md").read_text().split("```")[1]
 
 
 def test_one_compose_file_runs_one_host_with_its_override_and_a_swarm_alone():
@@ -190,8 +198,19 @@ def test_one_compose_file_runs_one_host_with_its_override_and_a_swarm_alone():
         assert done.returncode == 0, f"docker {' '.join(argv)}: {done.stderr.decode()}"
         return yaml.safe_load(done.stdout)
 
-    host = loaded("compose", "config")["services"]
+    one_host = loaded("compose", "config")
+    host = one_host["services"]
     assert set(host) == {"sandbox-image", "broker", "orchestrator"}
+    # The README's `docker compose down --volumes` leaves nothing but what it says it keeps: the one
+    # named volume (the broker's socket) goes with --volumes; ./agents and ./disks are host folders.
+    assert "\ndocker compose down --volumes " in _readme_opening()
+    assert set(one_host["volumes"]) == {"broker-socket"}
+    kept = {v["source"] for s in host.values() for v in s.get("volumes", []) if v["type"] == "bind"}
+    assert {Path(k).relative_to(REPO).as_posix() for k in kept if k.startswith(str(REPO))} == {
+        "agents",
+        "disks",
+        "policies",  # the checkout's own, read-only
+    }
     broker, orchestrator = host["broker"], host["orchestrator"]
     assert "--socket" in broker["entrypoint"] and broker["device_cgroup_rules"] and not broker.get("ports")
     assert not broker.get("secrets") and not orchestrator.get("secrets")  # no certificates on one host

@@ -33,6 +33,22 @@ def test_the_cli_reference_is_what_the_parser_says():
     assert docgen.block_of("cli", _page("docs/cli.md")) == docgen.cli_block(), FIX
 
 
+def test_the_script_example_in_the_cli_reference_is_what_a_dry_run_plays(tmp_path):
+    from orchestrator.wake.model import ScriptedModel, load_script
+
+    wake = _page("docs/cli.md").split("### `wakeloop wake`")[1].split("### ")[0]
+    assert "--script FILE: the dry run's model, scripted" in wake
+    example = wake[wake.index("```\n  [") + 4 :].split("\n```")[0]  # the fenced JSON list
+    (tmp_path / "script.json").write_text(example)
+    model = ScriptedModel(load_script(tmp_path / "script.json"), variables={"wake": 7, "today": "2026-12-07"})
+    tools = [{"name": "bash"}, {"name": "write_file"}]
+    played = [model.call(system="", tools=tools, messages=[], max_tokens=1) for _ in range(4)]
+    assert [t.stop_reason for t in played] == ["tool_use", "tool_use", "end_turn", "end_turn"]
+    (write,) = [b for b in played[1].content if b["type"] == "tool_use"]
+    assert write["name"] == "write_file" and write["input"] == {"path": "notes/2026-12-07.md", "content": "wake 7\n"}
+    assert played[3].content[0]["text"] == "(end of script)"
+
+
 def test_every_policy_key_has_a_row_that_says_what_it_means():
     # A key with no comment in the schema would be a row with an empty last cell: say why it is there.
     block = docgen.policy_block()

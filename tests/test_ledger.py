@@ -138,6 +138,22 @@ def test_a_usd_cap_on_a_model_without_a_price_refuses_with_one_line():
     )
 
 
+def test_a_usd_cap_of_0_in_a_policy_file_is_no_cap_as_documented_and_a_negative_one_is_one_line(tmp_path):
+    from orchestrator.policy.load import PolicyError, load_policy
+
+    caps = ("max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")
+    (tmp_path / "p.yaml").write_text("version: 1\nbudget:\n" + "".join(f"  {cap}: 0\n" for cap in caps))
+    budget = load_policy(tmp_path / "p.yaml").budget
+    assert [getattr(budget, cap) for cap in caps] == [0, 0, 0]
+    record(tmp_path, 10**6, 1)  # a million dollars spent today: no cap, so nothing stops the next call
+    assert Meter(tmp_path, "claude-sonnet-4-6", budget, load_prices(environ={})).check(10**6, 10**5) is None
+    (tmp_path / "p.yaml").write_text("version: 1\nbudget:\n  max_usd_per_day: -1\n")
+    with pytest.raises(
+        PolicyError, match=r"p.yaml:3: budget.max_usd_per_day: expected USD .* at least 0 \(0: no cap\)"
+    ):
+        load_policy(tmp_path / "p.yaml")
+
+
 def test_the_book_keeps_today_and_lifetime(tmp_path):
     record(tmp_path, 0.25, 1000)
     book = record(tmp_path, 0.5, 500)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from orchestrator.policy.agent import init_agent
+from orchestrator.errors import ConfigError
+from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy, parse_size
 from orchestrator.policy.paths import glob_match, normalise
 from orchestrator.policy.schema import DEFAULT, PolicyError, WriteFileTool
@@ -247,6 +248,22 @@ def test_shipped_policies_pass_policy_check(path):
 
 def test_shipped_policies_are_the_three_the_issue_names():
     assert {p.name for p in SHIPPED} >= {"default.yaml", "strict.yaml", "networked.yaml"}
+
+
+def test_init_with_a_policy_that_is_neither_shipped_nor_a_file_fails_at_once_naming_the_shipped_ones(tmp_path):
+    done = subprocess.run(
+        CLI + ["init", str(tmp_path / "typo"), "--policy", "strcit"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--policy strcit: neither a shipped policy (default, strict, networked) nor a policy file" in done.stderr
+    assert "nothing was created" in done.stderr and not (tmp_path / "typo").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "p.yaml").write_text("version: 1\nbudget:\n  max_steps: lots\n")
+    with pytest.raises(ConfigError, match=r"p.yaml:3: budget.max_steps: .*\); nothing was created$"):
+        init_agent(tmp_path / "mine", policy="p.yaml")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["p.yaml"]
+    for good in ("strict", str(REPO / "policies" / "networked.yaml")):
+        assert load_agent(init_agent(tmp_path / good.replace("/", "_"), policy=good)).policy.source
 
 
 def test_shipped_policies_say_the_globs_bind_write_file_only():
@@ -496,6 +513,11 @@ def test_explain_strict_offers_write_file_alone(tmp_path):
         ("name: x\n\ndry_run: maybe\n", "agent.yaml:3: dry_run: expected true or false, got 'maybe'"),
         ("name: x\npolicy: 5\n", "agent.yaml:2: policy: expected a file path or a mapping"),
         ("name: x\npolicy:\n  sandbox: {memroy: 1g}\n", "agent.yaml:3: sandbox.memroy: unknown key"),
+        # One parser for the schedule (policy/schedule_line.py): what serve refuses, every command refuses.
+        ("name: x\nschedule: '*/5 * * *'\n", "agent.yaml:2: schedule: '*/5 * * *' is neither a cron line of five"),
+        ("name: x\nschedule: '0 0 * * * *'\n", "agent.yaml:2: schedule: '0 0 * * * *' is neither a cron line"),
+        ("name: x\nevery: 0.1s\n", "agent.yaml:2: every: interval '0.1s' is under 1s"),
+        ("name: x\n\ntimezone: Mars/Olympus\n", "agent.yaml:3: timezone: timezone 'Mars/Olympus' is not an IANA"),
     ],
 )
 def test_agent_yaml_errors_name_the_file_line_and_key(tmp_path, text, says):

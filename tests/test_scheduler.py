@@ -28,7 +28,8 @@ from orchestrator.records.receipt import Receipt, Usage
 from orchestrator.wake.loop import wake
 from orchestrator.fleet.scheduler import Scheduler, describe_receipt
 from orchestrator.views.status import status_table
-from orchestrator.fleet.schedule import first_due, parse_schedule, save_tick, ScheduleError
+from orchestrator.fleet.schedule import first_due, save_tick
+from orchestrator.policy.schedule_line import parse_schedule, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 
@@ -116,6 +117,10 @@ def test_schedules_are_cron_lines_or_intervals():
     assert parse_schedule("*/30 * * * *").interval_s is None
     with pytest.raises(ScheduleError, match="neither a cron line"):
         parse_schedule("every tuesday")
+    for fields in ("*/5 * * *", "0 0 * * * *", "0 0 * * * * 2027"):  # croniter's 6th field: seconds
+        with pytest.raises(ScheduleError, match="neither a cron line of five fields"):
+            parse_schedule(fields)
+    assert parse_schedule("@daily").interval_s is None
     with pytest.raises(ScheduleError, match="under"):
         parse_schedule("0.1s")
 

@@ -282,6 +282,7 @@ def test_a_bad_run_id_is_one_line_not_a_traceback(agent_dir, command):
 # -- under compose: the broker holds the disk, the orchestrator names no path -----------------------------
 
 
+@pytest.mark.docker  # the broker attaches the agent's disk, and its boxes are the engine's
 def test_under_compose_the_broker_diffs_and_undoes_and_refuses_what_it_does_not_know(tmp_path):
     agents = tmp_path / "agents"
     init_agent(agents / "alpha")

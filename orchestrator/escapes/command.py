@@ -14,6 +14,7 @@ the broker's ROOT, paused so that serve never wakes it, removed after.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from orchestrator.broker import nodes, tls
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy
+from orchestrator.sandbox import disk
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.engine import check_image, connect
 from orchestrator.escapes.core import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
@@ -126,6 +128,7 @@ def _local_lab(
 ) -> tuple[Lab, list[Probe]]:
     policy = choose_policy(agent_dir, policy_file)
     sandbox = replace(policy.sandbox, runtime=runtime) if runtime else policy.sandbox
+    _disks_attachable(sandbox.disk, whole_suite=not only)
     client = connect()
     known = sorted((client.info().get("Runtimes") or {}).keys())
     if sandbox.runtime not in known:
@@ -138,6 +141,18 @@ def _local_lab(
         print(warning, file=sys.stderr)
     probes = _chosen(only, ALL_PROBES)
     return temp_lab(client, sandbox, tools=policy.tools, policy_source=policy.source), probes
+
+
+def _disks_attachable(policy_disk: int, whole_suite: bool) -> None:
+    """One line before any probe where the run would need a disk this process cannot attach:
+    the policy's, or (as any user but root) the disk probes' own, which the whole suite runs."""
+    reason = disk.unavailable()
+    if reason and (policy_disk or (whole_suite and os.geteuid() != 0)):
+        raise disk.DiskError(
+            f"escapes: {reason}, and the suite attaches workspace disks; run it as root "
+            "(`sudo wakeloop escapes`), or only the box's probes through the broker "
+            "(`wakeloop escapes --broker ADDRESS --root ROOT --policy FILE`, a policy with `sandbox.disk: none`)"
+        )
 
 
 def _remote_lab(

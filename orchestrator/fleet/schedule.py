@@ -1,42 +1,28 @@
-"""When an agent is due: cron lines and intervals, and the last tick handled.
+"""When an agent is due, and the last tick handled.
 
-A schedule is a cron line (read by croniter, not by us) in the agent's
-`timezone:` (an IANA name, default UTC), or a plain interval (`every: 30s`,
-`5m`, `2h`, `1d`). state/schedule.json keeps the last tick handled, so a
-restart runs a missed tick once, not once per missed tick, and only if it is
-late by less than the agent's interval: a tick missed by more is skipped
-aloud (scheduler.py says so and logs `tick_skipped`), not run hours late.
+state/schedule.json keeps the last tick handled, so a restart runs a missed
+tick once, not once per missed tick, and only if it is late by less than the
+agent's interval: a tick missed by more is skipped aloud (scheduler.py says
+so and logs `tick_skipped`), not run hours late.
 
-Not here: running wakes (scheduler.py), showing them (views/status.py).
+Not here: what a schedule line may say, read once for every command
+(policy/schedule_line.py), running wakes (scheduler.py), showing them
+(views/status.py).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import stat
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
-from orchestrator.errors import ConfigError
+from orchestrator.policy.schedule_line import DEFAULT_TZ, Schedule, ScheduleError, parse_schedule
 from orchestrator.records.atomic import atomic_write
 from orchestrator.records.folder import state_folder
 from orchestrator.records.jsontext import loads
 
 SCHEDULE_FILE = "schedule.json"  # in state/: the last tick handled, so a restart runs a missed one once
-_EVERY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT_S = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-DEFAULT_TZ = "UTC"  # cron lines are read in this zone unless agent.yaml says `timezone:`
-MIN_INTERVAL_S = 1.0  # `every: 0.1s` would be a busy loop, not a schedule
-
-
-class ScheduleError(ConfigError):
-    """A schedule that is neither cron nor an interval: one line for the human."""
 
 
 def utcnow() -> datetime:
@@ -45,43 +31,6 @@ def utcnow() -> datetime:
 
 def stamp(t: datetime | None) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    text: str
-    interval_s: float | None = None  # set for `every: 30s`; None for cron
-    tz: str = DEFAULT_TZ  # IANA zone a cron line is read in (DST included); times out are UTC
-
-    def next_after(self, t: datetime) -> datetime:
-        if self.interval_s is not None:
-            return t + timedelta(seconds=self.interval_s)
-        local = t.astimezone(ZoneInfo(self.tz))
-        return croniter(self.text, local).get_next(datetime).astimezone(timezone.utc)
-
-    def describe(self) -> str:
-        if self.interval_s is not None:
-            return f"every {self.interval_s:g}s"
-        return f"cron '{self.text}'" + (f" ({self.tz})" if self.tz != DEFAULT_TZ else "")
-
-
-@functools.lru_cache(maxsize=1024)  # a page of 100 agents parses each line once, not per view
-def parse_schedule(text: str, tz: str = DEFAULT_TZ) -> Schedule:
-    try:
-        ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ScheduleError(f"timezone {tz!r} is not an IANA name such as UTC or Europe/Berlin") from None
-    match = _EVERY.match(text)
-    if match:
-        seconds = float(match.group(1)) * _UNIT_S[(match.group(2) or "").lower()]
-        if seconds < MIN_INTERVAL_S:
-            raise ScheduleError(f"interval {text!r} is under {MIN_INTERVAL_S:g}s")
-        return Schedule(text, seconds, tz)
-    if croniter.is_valid(text):
-        return Schedule(text, tz=tz)
-    raise ScheduleError(
-        f"schedule {text!r} is neither a cron line (like '*/30 * * * *') nor an interval (like `every: 30s`)"
-    )
 
 
 def last_tick(state_dir: Path) -> datetime | None:

@@ -66,18 +66,8 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.receipt import Receipt
-from orchestrator.fleet.schedule import (
-    Schedule,
-    ScheduleError,
-    agent_dirs,
-    first_due,
-    last_tick,
-    misfired,
-    parse_schedule,
-    save_tick,
-    stamp,
-    utcnow,
-)
+from orchestrator.policy.schedule_line import Schedule, ScheduleError, parse_schedule
+from orchestrator.fleet.schedule import agent_dirs, first_due, last_tick, misfired, save_tick, stamp, utcnow
 from orchestrator.fleet import capacity, control
 from orchestrator.notify import outcomes
 from orchestrator.notify.sender import SenderThread

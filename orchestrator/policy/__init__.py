@@ -3,8 +3,9 @@
 schema.py (the policy's dataclasses: the model), load.py (a policy file or
 mapping into them, with `file:line: key: reason` errors), paths.py (the write
 path rules and globs, which sandbox/ applies too), agent.py (agent.yaml and
-the layout of an agent's folder), ceiling.py (the most any policy may ask of
-the host), fleetbudget.py (ROOT/budget.yaml: what all agents may spend
+the layout of an agent's folder), schedule_line.py (its `schedule:` line,
+one parser for every command and serve), ceiling.py (the most any policy may
+ask of the host), fleetbudget.py (ROOT/budget.yaml: what all agents may spend
 together). Every file is read by records/yamlfile.py.
 
 Imports records/ and the leaf notify/ at most; never sandbox/, broker/, wake/

@@ -20,12 +20,13 @@ from typing import Any
 
 import yaml
 
-from orchestrator.assets import shipped_policy
+from orchestrator.assets import SHIPPED_POLICIES, shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import load_policy, policy_from_mapping
+from orchestrator.policy.schedule_line import DEFAULT_TZ, ScheduleError, parse_schedule
 from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
@@ -49,7 +50,7 @@ class Agent:
     schedule: str
     policy: Policy
     dry_run: bool
-    timezone: str = "UTC"  # IANA zone of a cron schedule (fleet/schedule.py checks it)
+    timezone: str = "UTC"  # IANA zone of a cron schedule (policy/schedule_line.py checks it)
     notify: tuple[Channel, ...] = ()  # agent.yaml's, then ROOT/notify.yaml's
     pause_after_failures: int = PAUSE_AFTER_FAILURES  # failed wakes in a row before serve pauses it
 
@@ -90,19 +91,33 @@ def load_agent(agent_dir: str | Path) -> Agent:
     unknown = sorted(set(map(str, data)) - _KEYS)
     if unknown:
         raise AgentError(f"{_at(config, node, unknown[0])}: unknown key (known: {', '.join(sorted(_KEYS))})")
+    schedule, timezone = _schedule(data, config, node)
     return Agent(
         dir=agent_dir,
         name=str(data.get("name") or agent_dir.name),
         model=os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or DEFAULT_MODEL),
-        schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
+        schedule=schedule,
         policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
-        timezone=str(data.get("timezone") or "UTC"),
+        timezone=timezone,
         notify=_notify(data.get("notify"), config, node),
         pause_after_failures=_count(
             data.get("pause_after_failures", PAUSE_AFTER_FAILURES), _at(config, node, "pause_after_failures")
         ),
     )
+
+
+def _schedule(data: dict[str, Any], config: Path, node: yaml.Node | None) -> tuple[str, str]:
+    """(schedule, timezone), read as serve reads them (policy/schedule_line.py): a line serve would
+    refuse is refused here, by every command that loads the agent, in the same words."""
+    key = "every" if data.get("every") else "schedule"
+    text, zone = str(data.get(key) or DEFAULT_SCHEDULE), str(data.get("timezone") or DEFAULT_TZ)
+    try:
+        parse_schedule(text, zone)
+    except ScheduleError as exc:
+        bad_zone = zone != DEFAULT_TZ and str(exc).startswith("timezone")
+        raise AgentError(f"{_at(config, node, 'timezone' if bad_zone else key)}: {exc}") from None
+    return text, zone
 
 
 def _check_folders(agent_dir: Path) -> None:
@@ -236,10 +251,20 @@ through its system prompt; it cannot change it.
 
 
 def init_agent(agent_dir: str | Path, policy: str | None = None) -> Path:
-    """Create agent.yaml, mandate.md, workspace/ and state/; never overwrite."""
+    """Create agent.yaml, mandate.md, workspace/ and state/; never overwrite. `policy` (a
+    shipped policy's name, or a path relative to the folder) is read as the first wake will
+    read it, before anything is made: a mistyped one fails here, not at that wake."""
     agent_dir = Path(agent_dir).resolve()
     if (agent_dir / "agent.yaml").exists():
         raise AgentError(f"{agent_dir / 'agent.yaml'} already exists; nothing changed")
+    if policy is not None:
+        try:
+            _policy(policy, agent_dir / "agent.yaml", None)
+        except ConfigError as exc:
+            raise AgentError(
+                f"--policy {policy}: neither a shipped policy ({', '.join(SHIPPED_POLICIES)}) "
+                f"nor a policy file ({exc}); nothing was created"
+            ) from None
     name = _NAME.sub("-", agent_dir.name).strip("-") or "agent"
     for sub in ("workspace/memory/journal", "state"):
         (agent_dir / sub).mkdir(parents=True, exist_ok=True)

@@ -208,6 +208,13 @@ def _positive(value: Any, path: KeyPath, source: str, node: Node) -> float:
     return float(value)
 
 
+def _usd_cap(value: Any, path: KeyPath, source: str, node: Node) -> float:
+    """budget.max_usd_per_*: 0 is no cap, as the ledger reads it (and the ceiling refuses it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"expected USD as a number of at least 0 (0: no cap), got {value!r}")
+    return float(value)
+
+
 def _days(value: Any, path: KeyPath, source: str, node: Node) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a whole number of days, at least 1, got {value!r}")
@@ -538,6 +545,7 @@ _CHECKS: dict[str, Check] = {
     "env": _env,
     "retention_days": _days,
     "max_wake_s": _positive,
+    **{name: _usd_cap for name in ("max_usd_per_wake", "max_usd_per_day", "max_usd_per_month")},
     "expires": _expires,
     "rules": _approve_rules,
     "protect": _globs,

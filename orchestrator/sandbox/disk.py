@@ -483,6 +483,24 @@ def unavailable() -> str | None:
     return None
 
 
+def refusal(reason: str) -> DiskError:
+    """The one line a person gets where a disk cannot be attached: why, and the three ways on."""
+    return DiskError(
+        f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
+        "(`docker compose up`), or set `sandbox.disk: none` in the policy for a "
+        "workspace with no disk limit"
+    )
+
+
+def require() -> None:
+    """Refuse (one line) before anything in $WAKELOOP_DISKS is touched where this process
+    cannot attach a disk: a user in the docker group who is not root reaches the engine
+    but not root's index.lock, and would otherwise meet a PermissionError there."""
+    reason = unavailable()
+    if reason:
+        raise refusal(reason)
+
+
 def attach(
     client: docker.DockerClient,
     *,
@@ -502,13 +520,7 @@ def attach(
     filesystem. `engine_mounts_in` (an image; a broker whose mounts the engine cannot
     see): the engine mounts the disk itself, kept by a container of that image
     (engine_mounts.py), and KEY.box stays empty."""
-    reason = unavailable()
-    if reason:
-        raise DiskError(
-            f"sandbox.disk: {reason}; run wakeloop as root or through the broker "
-            "(`docker compose up`), or set `sandbox.disk: none` in the policy for a "
-            "workspace with no disk limit"
-        )
+    require()
     disks_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     image = path_of(key, "img")
     with _locked(path_of(key, "lock")):

@@ -135,8 +135,9 @@ def _engine_problem(where: str, exc: Exception) -> str:
         )
     if "Permission denied" in text or "PermissionError" in text:
         return (
-            f"permission denied on {path or where}: join the group that owns it "
-            "(`sudo usermod -aG docker $USER`, then log in again) or run as root"
+            f"permission denied on {path or where}: run as root, or join the group that owns it "
+            "(`sudo usermod -aG docker $USER`, then log in again) and set `sandbox.disk: none` "
+            "in the policy (a workspace disk needs root)"
         )
     if "Connection refused" in text or "ConnectionRefused" in text:
         return "nothing answers there: start it (`sudo systemctl start docker`, or `sudo dockerd &`)"
@@ -392,6 +393,7 @@ class DockerSandbox:
         if not attach:  # planned: the folder's disk if it has one, else what a new one would be
             key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", disk.path_of(key, "view"))
+        disk.require()  # before the index (root's) is read or locked
         self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
         if not self._private_view and self._given_workspace.is_symlink():
             # Mounted over a real workspace folder only: never over one a link names
