@@ -7,7 +7,7 @@ disk's mounts, so our detach of the disk waits for it in vain. It lets go of
 every other loop device it copied at once, and of every overlay (another
 test's or agent's disk is not this test's to hold), says so on stdout, then
 waits for its stdin to close.
-`loop_mounts(pid)`: the mounts of loop devices in a process's namespace.
+`mounts(pid)`: what a process's mount namespace has mounted, and where.
 
 Not here: the namespaces' owner in the code (orchestrator/sandbox/disk_holders.py).
 """
@@ -60,13 +60,11 @@ def let_go(holder: subprocess.Popen) -> None:
     holder.wait(timeout=30)
 
 
-def loop_mounts(pid: int | str = "self") -> list[str]:
-    """'SOURCE at TARGET' for every mount of a loop device in `pid`'s mount namespace."""
+def mounts(pid: int | str = "self") -> list[tuple[str, str]]:
+    """(source, mount point) of every mount in `pid`'s mount namespace."""
     found = []
     with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as table:
         for line in table.read().splitlines():
             fields = line.split()
-            source = fields[fields.index("-") + 2]
-            if source.startswith("/dev/loop"):
-                found.append(f"{source} at {fields[4]}")
+            found.append((fields[fields.index("-") + 2], fields[4].encode().decode("unicode_escape")))
     return found
