@@ -107,8 +107,14 @@ start_engine() {
     nsenter --net="/run/netns/$(node_ns "$n")" unshare -m -u setsid sh -c '
         set -e
         mount --make-rprivate /
-        awk -v disks="$3" "$2" /proc/self/mountinfo /proc/self/mountinfo | sort -ru >"$0/host-mounts-dropped"
-        while IFS= read -r target; do umount -l "$target" 2>/dev/null || true; done <"$0/host-mounts-dropped"
+        : >"$0/host-mounts-dropped"
+        for _ in 1 2 3 4; do  # again: a mount stacked on another (a wake'"'"'s overlay on a disk'"'"'s) goes first
+            awk -v disks="$3" "$2" /proc/self/mountinfo /proc/self/mountinfo | sort -r >"$0/dropping"
+            [ -s "$0/dropping" ] || break
+            while IFS= read -r target; do umount -l "$target" 2>/dev/null || true; done <"$0/dropping"
+            cat "$0/dropping" >>"$0/host-mounts-dropped"
+        done
+        rm -f "$0/dropping"
         mount --rbind /sys/fs/cgroup "$0/cgroup"
         mount -t sysfs sysfs /sys
         mount --move "$0/cgroup" /sys/fs/cgroup
