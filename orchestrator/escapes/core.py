@@ -310,11 +310,12 @@ class Trial:
         if not any(folder == self.dir or self.dir in folder.parents for folder in kept):
             _remove_tree(self.dir)
 
-    def _undo(self, what: str, left: str, step: Callable[[], object]) -> None:
+    def _undo(self, what: str, hint: str, step: Callable[[], object]) -> None:
         try:
             step()
         except Exception as exc:  # reported with the probe, never raised: the run goes on
-            self.left.append(Leftover(f"{what} failed: {_first_line(exc)}", left))
+            failed = f"{what} failed: {_first_line(exc)}"
+            self.left.append(Leftover(failed, f"{failed}; {hint}"))
 
     def _retire_egress(self) -> None:
         # Each trial is an agent of its own, so under an allowlist policy it has a
@@ -416,9 +417,7 @@ def run_probe(lab: Lab, probe: Probe) -> Outcome:
 
 
 def _left_text(left: list[Leftover]) -> str:
-    """What is left and how to release it; a step's failure where it says no more (the observed
-    column has the first failure, cut)."""
-    return "; ".join(leftover.left or leftover.failed for leftover in left)
+    return "; ".join(leftover.left for leftover in left)
 
 
 def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | None = None) -> list[Outcome]:

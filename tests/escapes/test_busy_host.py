@@ -7,7 +7,7 @@ trial's cleanup then cannot detach the disk. The run must go on to the next
 probe, that probe must be INCONCLUSIVE and say what it left and how to release
 it, and the report must be written (stdout, the kept report, the console's
 page, the text card). The test then does what the report says, and nothing is
-left.
+left. Any other cleanup step that raises (a box's close) is reported the same way.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
-from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, command, report_history
+from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, command, report_history, run_suite
 from orchestrator.escapes.core import Outcome, Probe, Trial, held
 from orchestrator.escapes.report import text_report
 from orchestrator.sandbox import disk
+from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import run_cli
 from tests.helpers.console import TOKEN, Client
 from tests.helpers.mounts import hold_copy, let_go
@@ -109,3 +111,25 @@ def test_a_disk_another_namespace_holds_is_reported_and_the_run_goes_on(
     assert not disk.path_of(key, "img").exists() and not disk.devices(key)
     labs = [p for p in tmp_path.iterdir() if p.name.startswith("wakeloop-escapes-")]
     assert [list(lab.iterdir()) for lab in labs] == [[]], labs  # the lab's folder, empty now
+
+
+class _CloseFails(DockerSandbox):
+    """A box whose close raises once it has closed: an engine that stopped answering mid-cleanup."""
+
+    def close(self) -> None:
+        super().close()
+        raise docker.errors.APIError("the engine went away while closing")
+
+
+def test_a_cleanup_step_that_raises_is_reported_and_the_run_goes_on(make_lab):
+    lab = make_lab(sandbox_class=_CloseFails)
+    try:
+        outcomes = run_suite(lab, [by_name("blocks_mount"), by_name("blocks_chroot")])
+    finally:
+        lab.close()
+    assert [o.verdict for o in outcomes] == [INCONCLUSIVE, INCONCLUSIVE], outcomes
+    failed = "closing its boxes failed: APIError: the engine went away while closing"
+    for o in outcomes:
+        assert o.observed == f"its cleanup failed: {failed}"
+        assert o.left.startswith(f"{failed}; `docker ps -a --filter label=wakeloop.workspace="), o.left
+    assert not lab.kept and not lab.base.exists()  # no disk left: every folder went
