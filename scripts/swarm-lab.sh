@@ -108,7 +108,7 @@ start_engine() {
         set -e
         mount --make-rprivate /
         : >"$0/host-mounts-dropped"
-        for _ in 1 2 3 4; do  # again: a mount stacked on another (a wake'"'"'s overlay on a disk'"'"'s) goes first
+        for _ in 1 2 3 4; do  # again: of two stacked mounts (a wake overlay on a disk bind), umount takes the top
             awk -v disks="$3" "$2" /proc/self/mountinfo /proc/self/mountinfo | sort -r >"$0/dropping"
             [ -s "$0/dropping" ] || break
             while IFS= read -r target; do umount -l "$target" 2>/dev/null || true; done <"$0/dropping"
