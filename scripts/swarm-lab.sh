@@ -16,9 +16,18 @@
 # this kernel cannot do (no IPVS: dnsrr only; no routing mesh: host-mode ports;
 # no ESP: no encrypted overlay): ../shared/notes/swarm-lab.md, docs/scale-out.md.
 #
+# A node's private mount tree starts as a copy of every mount the host has then,
+# agents' workspace disks included: each would be held open by the node (its
+# loop device undetachable, `wakeloop disk release` and every escape trial
+# failing with "still open") until the lab went down. So right after unshare,
+# before dockerd starts, the node lets go of its copy of every loop device's
+# mount, of anything under the disks' folders, and of any overlay on a loop
+# device (a wake's), lazily: the lab holds nothing of the host's.
+#
 # Environment: WAKELOOP_SWARM_LAB (the lab's folder, a tmpfs: /var/tmp/wakeloop-swarm-lab),
 # WAKELOOP_SWARM_IMAGES (the images loaded into every node: wakeloop:latest
-# wakeloop-sandbox:latest). Needs root, iproute2, util-linux, dockerd.
+# wakeloop-sandbox:latest), WAKELOOP_DISKS (the host's disks' folder, besides
+# /var/lib/wakeloop/disks). Needs root, iproute2, util-linux, dockerd, awk.
 set -euo pipefail
 
 LAB=${WAKELOOP_SWARM_LAB:-/var/tmp/wakeloop-swarm-lab}
@@ -30,6 +39,23 @@ ADDR_POOL=10.212.0.0/16  # overlay subnets, away from the nodes' own and the hos
 START_S=60
 SIZE=${WAKELOOP_SWARM_LAB_SIZE:-6g}  # the tmpfs; about 2 GiB used with the two images in three nodes
 STOP_S=10  # SIGTERM to SIGKILL: three managers stopping at once can wait on each other
+HOST_DISKS="/var/lib/wakeloop/disks${WAKELOOP_DISKS:+:$WAKELOOP_DISKS}"  # folders of the host's disks, : between
+
+# The mount points a node's copy of the host's mounts must let go of, read from a
+# mountinfo given twice (first pass: where loop devices are mounted): every mount of a
+# loop device, anything at or under one of `disks` (: between), and every overlay with a
+# layer on a loop device's mount (a wake's). Never /. Octal escapes (\040) decoded.
+# shellcheck disable=SC2016  # an awk program: its $ are awk's
+HOST_MOUNTS_AWK='
+function path(p) { gsub(/\\040/, " ", p); gsub(/\\011/, "\t", p); gsub(/\\012/, "\n", p); gsub(/\\134/, "\\", p); return p }
+function under(p, d) { return d != "" && (p == d || index(p, d "/") == 1) }
+{ for (i = 7; $i != "-"; i++) {}; kind = $(i + 1); source = $(i + 2); options = $(i + 3) }
+NR == FNR { if (source ~ /^\/dev\/loop/) loops[$5] = 1; next }
+$5 == "/" { next }
+source ~ /^\/dev\/loop/ { print path($5); next }
+{ n = split(disks, dirs, ":"); for (j = 1; j <= n; j++) if (under(path($5), dirs[j])) { print path($5); next } }
+kind == "overlay" { for (t in loops) if (index(options, "=" t "/") || index(options, ":" t "/")) { print path($5); next } }
+'
 
 node_ns() { echo "swx-n$1"; }
 node_ip() { echo "$SUBNET.1$1"; }
@@ -73,13 +99,22 @@ start_engine() {
     if engine_answers "$n"; then return; fi
     mkdir -p "$dir/data" "$dir/exec" "$dir/etc" "$dir/cgroup"
     [ -f /etc/docker/daemon.json ] && cp /etc/docker/daemon.json "$dir/etc/daemon.json"  # runsc, as the host
-    # Inside: a private mount tree; the host's cgroup tree moved onto a fresh
+    # Inside: a private mount tree, without its copy of the host's disks (HOST_MOUNTS_AWK;
+    # what went is listed in host-mounts-dropped); the host's cgroup tree moved onto a fresh
     # sysfs (which shows this namespace's network devices); a tmpfs over /run, so
     # neither dockerd nor containerd finds the host's sockets, and a service that
     # mounts /var/run/docker.sock (the broker) gets its own node's engine there.
     nsenter --net="/run/netns/$(node_ns "$n")" unshare -m -u setsid sh -c '
         set -e
         mount --make-rprivate /
+        : >"$0/host-mounts-dropped"
+        for _ in 1 2 3 4; do  # again: of two stacked mounts (a wake overlay on a disk bind), umount takes the top
+            awk -v disks="$3" "$2" /proc/self/mountinfo /proc/self/mountinfo | sort -r >"$0/dropping"
+            [ -s "$0/dropping" ] || break
+            while IFS= read -r target; do umount -l "$target" 2>/dev/null || true; done <"$0/dropping"
+            cat "$0/dropping" >>"$0/host-mounts-dropped"
+        done
+        rm -f "$0/dropping"
         mount --rbind /sys/fs/cgroup "$0/cgroup"
         mount -t sysfs sysfs /sys
         mount --move "$0/cgroup" /sys/fs/cgroup
@@ -89,7 +124,7 @@ start_engine() {
         export DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1
         exec dockerd --data-root "$0/data" --exec-root "$0/exec" --pidfile "$0/dockerd.pid" \
             -H "unix://$0/docker.sock" -H unix:///run/docker.sock --cgroup-parent "swx-n$1" >"$0/dockerd.log" 2>&1
-    ' "$dir" "$n" </dev/null >/dev/null 2>&1 &
+    ' "$dir" "$n" "$HOST_MOUNTS_AWK" "$HOST_DISKS" </dev/null >/dev/null 2>&1 &
     local waited=0
     until engine_answers "$n"; do
         sleep 0.2

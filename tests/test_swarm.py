@@ -1,7 +1,9 @@
 """wakeloop on a three-node Docker Swarm (scripts/swarm-lab.sh), deployed with `docker stack deploy`.
 
 One lab for the module, torn down whatever happens (the fixture's finally;
-scripts/test.sh runs `swarm-lab.sh down` too, for a pytest killed outright).
+scripts/test.sh runs `swarm-lab.sh down` too, for a pytest killed outright),
+started while a workspace disk of this host's is mounted (host_disk), which
+the lab must not hold.
 The stack runs this checkout's code: compose.yaml (alone, as `docker stack deploy` reads it) with the source
 mounted over the image's (the image may be older than the checkout).
 
@@ -22,9 +24,13 @@ import pytest
 import yaml
 
 from orchestrator.escapes.registry import THROUGH_A_BROKER
+from orchestrator.policy.agent import load_agent
 from orchestrator.records.placement import read_node
 from orchestrator.records.state import load_state
+from orchestrator.sandbox import disk
+from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import REPO, make_agent, wait_for
+from tests.helpers.mounts import mounts
 
 # serial: its own three engines and twelve agents would load the other worker's tests, and it waits
 # on theirs (scripts/test.sh runs the serial tests alone, after the rest)
@@ -67,7 +73,20 @@ def on(node: int, *args: str, timeout: float = 60) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(request):
+def host_disk(docker_client, tmp_path_factory):
+    """A box of this host's with its workspace disk attached (mounted), made before the lab: as an
+    agent's on a busy host. Closed (its disk released) by the test, or after the module."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    agent = load_agent(make_agent(tmp_path_factory.mktemp("host"), "host", policy={"sandbox": {"disk": "64m"}}))
+    box = DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name, client=docker_client, warm=0)
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="module")
+def stack(request, host_disk):
     reason = _missing()
     if reason:
         pytest.skip(reason)
@@ -109,6 +128,39 @@ def stack(request):
         subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=UP_S)
         print(f"swarm lab: {time.monotonic() - started:.0f} s from up to down")
     assert not LAB.exists(), f"swarm-lab.sh down left {LAB}"
+
+
+def lab_loops() -> set[str]:
+    """The loop devices whose file is on the lab's tmpfs: the nodes' brokers' disks."""
+    lab_fs = os.stat(LAB).st_dev
+    out = subprocess.run(["losetup", "-n", "-l", "-O", "NAME,BACK-MAJ:MIN"], capture_output=True, text=True).stdout
+    found = set()
+    for line in out.splitlines():
+        name, numbers = line.split()
+        major, minor = numbers.split(":")
+        if os.makedev(int(major), int(minor)) == lab_fs:
+            found.add(name)
+    return found
+
+
+def test_the_lab_holds_none_of_the_hosts_disks(stack, host_disk):
+    """Started while a disk of the host's was mounted, no node's mount namespace has a mount of it,
+    of a loop device but the nodes' own brokers', or under the host's disks' folder: the host
+    releases the disk while the lab runs, at once."""
+    assert host_disk.disk is not None and host_disk.disk.hold is not None
+    device, key = host_disk.disk.device, host_disk.disk.key
+    assert any(source == device for source, _ in mounts()), "the host's disk is mounted here"
+    folder = str(disk.disks_dir())
+    for node in NODES.values():
+        pid = (LAB / f"n{node}" / "dockerd.pid").read_text().strip()
+        held = [(s, m) for s, m in mounts(pid) if s.startswith("/dev/loop") and s not in lab_loops()]
+        held += [(s, m) for s, m in mounts(pid) if m == folder or m.startswith(folder + "/")]
+        assert held == [], f"node {node}'s namespace holds the host's mounts: {held}"
+    started = time.monotonic()
+    host_disk.close()
+    assert host_disk.release_problem is None, host_disk.release_problem
+    assert disk.devices(key) == [], f"{device} still attached"
+    print(f"the host's disk released in {time.monotonic() - started:.1f} s with the lab up")
 
 
 def receipt(root: Path, agent: str):

@@ -3,12 +3,18 @@
 Runs every probe against the live engine under the chosen policy, each in a
 throwaway agent under a temp dir (never the real agent's workspace: probes
 fill, plant and break things), then checks the host, prints the report card
-and exits 1 if anything did not hold. Progress goes to stderr as it runs.
+and exits 1 if anything did not hold. Progress goes to stderr as it runs. The
+report is written whatever a probe did or left: a trial whose cleanup failed
+(a disk another mount namespace holds) is an INCONCLUSIVE probe that says what
+it left and how to release it, and the run goes on.
 
 With `--broker ADDRESS --root ROOT [--node NAME]` the probes that attack the
 box alone (registry.THROUGH_A_BROKER) run through that broker instead, over
 its wire (mutual TLS for tls://): each in a throwaway agent directly under
 the broker's ROOT, paused so that serve never wakes it, removed after.
+
+Not here: the probes and their runner (core.py), the report card (report.py),
+where reports are kept for the console (report_history.py).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import docker.errors
 import yaml
 
 from orchestrator.broker import nodes, tls
@@ -82,11 +89,11 @@ def run(
         outcomes = run_suite(lab, probes, progress=_progress)
     finally:
         lab.close()
+    if lab.kept:
+        folders = ", ".join(str(folder) for folder in lab.kept)
+        print(f"escapes: kept {folders}: a disk of theirs is left (the report says how to release it)", file=sys.stderr)
     seconds = time.monotonic() - started
-    if through:
-        host = [HostCheck("host", WARNING, f"not checked: the engine is {where}'s", "run `wakeloop escapes` there")]
-    else:
-        host = check_host(lab.client, lab.policy.runtime, {o.probe: o.verdict for o in outcomes})
+    host = _host(lab, where, through, outcomes)
     doc = json_report(
         outcomes,
         host,
@@ -111,6 +118,17 @@ def run(
         header = f"wakeloop escapes: {len(outcomes)} probes, policy {lab.policy_source}, {where}, {seconds:.0f} s"
         print(text_report(outcomes, host, header))
     return EXIT_ESCAPED if failed(outcomes) else EXIT_HELD
+
+
+def _host(lab: Lab, where: str, through: Through | None, outcomes: list) -> list[HostCheck]:
+    """The host's checks; an engine that stopped answering is a warning in the report, not its end."""
+    if through:
+        return [HostCheck("host", WARNING, f"not checked: the engine is {where}'s", "run `wakeloop escapes` there")]
+    try:
+        return check_host(lab.client, lab.policy.runtime, {o.probe: o.verdict for o in outcomes})
+    except docker.errors.DockerException as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return [HostCheck("host", WARNING, f"not checked: the engine did not answer ({first})", "run it again")]
 
 
 def _chosen(only: list[str] | None, among: Sequence[Probe]) -> list[Probe]:

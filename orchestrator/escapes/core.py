@@ -8,6 +8,15 @@ Each probe gets a throwaway agent directory (workspace/, state/, mandate.md)
 under the lab's temp dir, so an attack that fills or plants things in its
 workspace cannot disturb the next probe or anyone's real agent. Canaries are
 planted on the host outside every workspace; finding one is a breach.
+
+A trial's cleanup never ends the run: on a busy host another mount namespace
+may hold a copy of its disk's mount (a lab's node started meanwhile), and the
+disk cannot be detached. What it could not undo is the probe's `left` (what,
+and the commands that release it), the probe is INCONCLUSIVE, its folder is
+kept for `wakeloop disk rm`, and the next probe runs.
+
+Not here: the probes (one module per category), the report (report.py), the
+command (command.py).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import yaml
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
-from orchestrator.sandbox import disk, network
+from orchestrator.sandbox import disk, disk_holders, network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.records import health
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -56,6 +65,16 @@ class Outcome:
     observed: str
     verdict: str
     seconds: float
+    left: str = ""  # what the trial's cleanup could not undo, and the commands that release it
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One thing a trial's cleanup could not undo."""
+
+    failed: str  # the step and why, in one line
+    left: str  # what is left on the host, and the commands that release it
+    folder: Path | None = None  # the agent folder of a disk left: kept, for `wakeloop disk rm`
 
 
 def verdict(observation: str) -> tuple[str, str]:
@@ -154,6 +173,7 @@ class Lab:
     other_canary: str = field(default_factory=lambda: "wakeloop-other-agent-" + secrets.token_hex(8))
 
     def __post_init__(self):
+        self.kept: list[Path] = []  # trials' folders whose disk is left, for `wakeloop disk rm`
         self.base = Path(self.base).resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         # Under a broker's ROOT the lab's own files go in a folder no agent.yaml marks as an agent.
@@ -175,8 +195,16 @@ class Lab:
         return Trial(self, name)
 
     def close(self) -> None:
-        """Remove the lab's files (its trials remove their own): all of `base` but a broker's ROOT."""
-        _remove_tree(self.home)
+        """Remove the lab's files (its trials remove their own): all of `base` but a broker's ROOT,
+        and but the folders kept for a disk left (Trial.cleanup), which name them."""
+        if not self.kept:
+            _remove_tree(self.home)
+            return
+        for child in self.home.iterdir():
+            if not any(child == kept or child in kept.parents for kept in self.kept):
+                _remove_tree(child)
+        if not any(self.home.iterdir()):
+            self.home.rmdir()
 
 
 class Trial:
@@ -195,6 +223,8 @@ class Trial:
         self.state = self.dir / "state"
         self._boxes: list[DockerSandbox | BrokerSandbox] = []
         self._box: DockerSandbox | None = None
+        self.left: list[Leftover] = []  # what cleanup could not undo
+        self._cleaned = False
 
     @property
     def box(self) -> DockerSandbox:
@@ -263,12 +293,31 @@ class Trial:
         return self.containers()
 
     def cleanup(self) -> None:
-        self.close()
+        """Close the boxes, retire the trial's proxies and disks, remove its folder; once. Never
+        raises (a busy host must not end the run): what it could not undo is in `left`, and
+        the folder of a disk left stays (the lab keeps it), for `wakeloop disk rm` later."""
+        if self._cleaned:
+            return
+        self._cleaned = True
+        containers = f"`docker ps -a --filter label=wakeloop.workspace={self.workspace}` lists what is left"
+        self._undo("closing its boxes", containers, self.close)
         if self.lab.client is not NO_ENGINE:
-            self._release_engine_side()
-        _remove_tree(self.dir)
+            self._undo("removing its allowlist proxies", containers, self._retire_egress)
+            for key in sorted(disk.keys() - self._disks_before):  # this trial's agents' disks, a broker's too
+                self._release_disk(key)
+        kept = [leftover.folder for leftover in self.left if leftover.folder]
+        self.lab.kept += kept
+        if not any(folder == self.dir or self.dir in folder.parents for folder in kept):
+            _remove_tree(self.dir)
 
-    def _release_engine_side(self) -> None:
+    def _undo(self, what: str, hint: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception as exc:  # reported with the probe, never raised: the run goes on
+            failed = f"{what} failed: {_first_line(exc)}"
+            self.left.append(Leftover(failed, f"{failed}; {hint}"))
+
+    def _retire_egress(self) -> None:
         # Each trial is an agent of its own, so under an allowlist policy it has a
         # proxy set of its own: retired with it, or a run exhausts the engine's
         # address pools (~30 networks) before its last probe.
@@ -276,8 +325,41 @@ class Trial:
         egress = {network.plan_for(b.workspace, b.policy).key for b in docker_boxes if b.policy.network == "allowlist"}
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
-        for key in disk.keys() - self._disks_before:  # this trial's agents' disks, a broker's too
+
+    def _release_disk(self, key: str) -> None:
+        try:
             disk.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
+        except Exception as exc:  # a copy of its mount in another namespace, say: named below
+            folder = self._folder_of(key)
+            self.left.append(
+                Leftover(f"releasing its disk failed: {_first_line(exc)}", self._disk_left(key, folder), folder)
+            )
+
+    def _folder_of(self, key: str) -> Path:
+        """The agent folder whose disk `key` is (the index's last sighting), else the trial's."""
+        try:
+            seen = disk.read_index().get(key, {}).get("folder")
+        except disk.DiskError:
+            seen = None
+        return Path(seen) if isinstance(seen, str) and seen else self.dir
+
+    def _disk_left(self, key: str, folder: Path) -> str:
+        """The disk left, who holds it, and the commands that let go of it."""
+        devices = disk.devices(key)
+        holders = disk_holders.holders(devices)
+        where = f" on {', '.join(devices)}" if devices else ""
+        held = "; ".join(h.describe() for h in holders) or "held by no mount namespace found now"
+        first = "".join(f"`{h.release()}` (or end pid {h.pid}), " for h in holders)
+        named = shlex.quote(str(folder))
+        return (
+            f"the disk {disk.path_of(key, 'img')} of {folder}{where} ({held}); to release it: {first}"
+            f"then `wakeloop disk rm {named} --yes` and `rm -r {named}`"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _remove_tree(path: Path) -> None:
@@ -327,7 +409,15 @@ def run_probe(lab: Lab, probe: Probe) -> Outcome:
         if trial is not None:
             trial.cleanup()
     decided, line = verdict(observation)
-    return Outcome(probe.name, probe.category, probe.expected, line, decided, round(time.monotonic() - started, 2))
+    left = trial.left if trial is not None else []
+    if left and decided != ESCAPED:  # an escape stays one; a probe that left the host changed proves less
+        decided, line = INCONCLUSIVE, f"its cleanup failed: {left[0].failed}"[:OBSERVED_SHOWN]
+    seconds = round(time.monotonic() - started, 2)
+    return Outcome(probe.name, probe.category, probe.expected, line, decided, seconds, _left_text(left))
+
+
+def _left_text(left: list[Leftover]) -> str:
+    return "; ".join(leftover.left for leftover in left)
 
 
 def run_suite(lab: Lab, probes, progress: Callable[[int, int, Outcome], None] | None = None) -> list[Outcome]:

@@ -2,6 +2,11 @@
 
 Text for a person at a terminal, or one JSON document for a machine.
 Observed text came out of a box: it is cleaned again before it is printed.
+A probe whose cleanup left something on the host (core.py's Trial.cleanup)
+shows what, and the commands that release it, under the probes that did not hold.
+
+Not here: running the probes (core.py, command.py), the console's page of it
+(console/templates/escapes.html).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ def text_report(outcomes: list[Outcome], host: list[HostCheck], header: str) -> 
         )
         for o in bad:
             lines.append(f"  {o.verdict}: {o.probe}: {clean(o.observed)}")
+            if o.left:
+                lines.append(f"    left: {clean(o.left)}")
     else:
         lines.append(f"all {len(outcomes)} probes held")
     return "\n".join(lines)

@@ -141,7 +141,7 @@ import docker
 import docker.errors
 from docker.types import Mount
 
-from orchestrator.sandbox import engine_mounts, layers
+from orchestrator.sandbox import disk_holders, engine_mounts, layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
 
 DISKS_ENV = "WAKELOOP_DISKS"
@@ -653,14 +653,28 @@ def _detach(client: docker.DockerClient, key: str, image: Path) -> None:
         if time.monotonic() > deadline:  # released means gone: its last writes are in the image
             raise DiskError(
                 f"sandbox.disk: {', '.join(devices)} still open {DETACH_WAIT_S:g} s after "
-                f"detaching (by another process?); it goes when that closes it"
+                f"detaching ({_who_holds(devices)}); it goes when that closes it"
             )
         time.sleep(DETACH_POLL_S)
+
+
+def _who_holds(devices: list[str]) -> str:
+    """Another mount namespace's copy of a mount (a lab's node, `unshare -m`), named with the way out."""
+    found = disk_holders.holders(devices)
+    if not found:
+        return "by another process?"
+    return "; ".join(f"{h.describe()}: `{h.release()}` lets go" for h in found)
 
 
 def keys() -> set[str]:
     """Every disk in $WAKELOOP_DISKS, attached or not."""
     return {image.stem for image in disks_dir().glob("*.img")}
+
+
+def devices(key: str) -> list[str]:
+    """The loop devices backed by this disk's image now, one on its way out (detached, still open) too."""
+    image = str(path_of(key, "img"))
+    return sorted(device for device, backing in _loops().items() if backing == image)
 
 
 def usage(key: str) -> tuple[int, int] | None:

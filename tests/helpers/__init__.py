@@ -5,7 +5,9 @@ agents.py (an agent on disk; a live wake of it), sync.py (holding a process
 at a known point), leftovers.py (our containers), receivers.py (real
 notification receivers), proxyconf.py (weakened proxy configs), console.py
 (the console's token and HTTP client), browser.py (headless Chromium),
-recorded.py (what a request the fake API recorded says).
+recorded.py (what a request the fake API recorded says), mounts.py (a
+process of another mount namespace holding a copy of a disk's mount; the
+mounts a namespace has).
 tests/test_helpers_once.py fails when a test or bench module defines one of
 these names again, or any function twice.
 
