@@ -303,12 +303,25 @@ class Trial:
         self._undo("closing its boxes", containers, self.close)
         if self.lab.client is not NO_ENGINE:
             self._undo("removing its allowlist proxies", containers, self._retire_egress)
-            for key in sorted(disk.keys() - self._disks_before):  # this trial's agents' disks, a broker's too
+            for key in self._new_disks():
                 self._release_disk(key)
         kept = [leftover.folder for leftover in self.left if leftover.folder]
         self.lab.kept += kept
         if not any(folder == self.dir or self.dir in folder.parents for folder in kept):
             _remove_tree(self.dir)
+
+    def _new_disks(self) -> list[str]:
+        """The disks made since this trial began for a folder of its own (its agent's, a broker's
+        under it) or of the lab's (the other agent): never a real agent's, whose first disk may be
+        made meanwhile on a busy host (under a broker the lab's base is the agents' ROOT)."""
+        index, ours = disk.read_index(), (self.dir.resolve(), self.lab.home.resolve())
+        made = []
+        for key in sorted(disk.keys() - self._disks_before):
+            folder = index.get(key, {}).get("folder")
+            where = Path(folder).resolve() if isinstance(folder, str) else None
+            if where is not None and any(where == mine or mine in where.parents for mine in ours):
+                made.append(key)
+        return made
 
     def _undo(self, what: str, hint: str, step: Callable[[], object]) -> None:
         try:

@@ -32,7 +32,9 @@ from tests.helpers import run_cli
 from tests.helpers.console import TOKEN, Client
 from tests.helpers.mounts import hold_copy, let_go
 
-pytestmark = pytest.mark.docker
+# serial: the holder (unshare -m) copies every mount of the host at its start, other tests' disks
+# included, until it drops them; beside another worker's disk test that copy makes its release fail.
+pytestmark = [pytest.mark.docker, pytest.mark.serial]
 
 NEXT = "blocks_mount"  # a quick probe that runs after the busy one
 
