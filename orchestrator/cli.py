@@ -26,6 +26,7 @@ from pathlib import Path
 from orchestrator import __version__
 from orchestrator.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.records.receipt import FAILED
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
 
@@ -99,7 +100,7 @@ def cmd_wake(args) -> int:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
     _send_notifications(agent)
-    return EXIT_FAILED if receipt.status in ("dead_letter", "blocked") else EXIT_OK
+    return EXIT_FAILED if receipt.status in FAILED else EXIT_OK
 
 
 def _send_notifications(agent) -> None:

@@ -264,6 +264,16 @@ class DeadLetter(EventRecord):
 
 
 @dataclass(frozen=True)
+class NotCommitted(EventRecord):
+    """The wake's changes to the workspace did not land (its `workspace_changes` has outcome
+    error): the wake ends `not_committed`, whatever its conversation ended with (loop.py)."""
+
+    TYPE = "not_committed"
+    reason: str = ""  # why: the commit's error (a full disk, a broker gone)
+    ended: str = ""  # what the conversation ended with: done, budget_stop, stopped
+
+
+@dataclass(frozen=True)
 class JournalStub(EventRecord):
     TYPE = "journal_stub"
     kind: str = ""  # stub | closing note
@@ -518,6 +528,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         Stopped,
         BudgetStop,
         DeadLetter,
+        NotCommitted,
         JournalStub,
         TranscriptsPruned,
         TranscriptError,

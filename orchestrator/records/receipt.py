@@ -20,9 +20,14 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, get_args
 
-# skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py)
-Status = Literal["done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node"]
+# skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py);
+# not_committed: the wake ran, but its changes to the workspace were not committed (a commit
+# that failed and was rolled back, a broker lost mid-wake): nothing it changed landed.
+Status = Literal[
+    "done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node", "not_committed"
+]
 STATUSES: tuple[Status, ...] = get_args(Status)
+FAILED: tuple[Status, ...] = ("dead_letter", "blocked", "not_committed")  # the work failed: exit 1 (errors.py)
 
 # Names a quantity had in files written before it had one (`cache_creation_tokens`: receipts;
 # the rest: model_response events and transcripts, which kept the API's names).

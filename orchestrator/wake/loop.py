@@ -49,7 +49,10 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node.
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node |
+not_committed. A wake's changes are committed at its end (sandbox/wake_layer.py); when they are
+not (the commit failed and was rolled back, its broker was lost), the wake ends `not_committed`,
+a failure, whatever its conversation ended with (a dead letter stays one, and says so).
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
 boundary with status done, reason "stopped". The fleet's switch (ROOT/STOP,
 records/stopswitch.py) is looked at before the wake starts and at every
@@ -447,7 +450,7 @@ class _Wake:
             if not self.inbox_committed:
                 st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
         journal = self._journal_trace(journal_before, status, reason)
-        self._finish()
+        status, reason = self._honest(status, reason, self._finish())
         receipt = self._receipt(status, reason, journal)
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens, last_receipt=receipt))
         self._close_transcript(receipt)
@@ -513,11 +516,12 @@ class _Wake:
             except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
                 self.say(f"workspace: the discarded wake was not recorded: {exc}")
 
-    def _finish(self) -> None:
+    def _finish(self) -> str:
         """The wake's changes checked against the policy, what passes committed, the rest dropped;
-        recorded (event, transcript) and told to the next wake. Once; never raises."""
+        recorded (event, transcript) and told to the next wake. Once; never raises. Returns why
+        the changes were not committed (nothing of them landed), or "" when they were."""
         if not getattr(self, "begun", False):
-            return
+            return ""
         self.begun = False
         policy = self.agent.policy
         try:
@@ -541,6 +545,19 @@ class _Wake:
             + "".join(f"; {path}: {rule}" for path, rule in list(zip(record.refused, record.rules, strict=False))[:3])
             + (f" ({changes.error})" if changes.error else "")
         )
+        return changes.error
+
+    def _honest(self, status: Status, reason: str, not_committed: str) -> tuple[Status, str]:
+        """A wake whose changes did not land does not end as a success (done, budget_stop,
+        stopped): it ends `not_committed`, a failure (exit 1, news, a failing streak). A dead
+        letter is a failure already: its reason says so too."""
+        if not not_committed:
+            return status, reason
+        if status == "dead_letter":
+            return status, f"{reason}; {not_committed}"
+        self.events.write(ev.NotCommitted(reason=not_committed, ended=status))
+        self.say(f"not committed: {not_committed}")
+        return "not_committed", f"{not_committed} (the wake itself ended {status}: {reason})"
 
     def _tell_next_wake(self, record: ev.WorkspaceChanges) -> None:
         """state/workspace_refused.json: the refusals the next wake's context names (context.py)."""
