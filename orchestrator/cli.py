@@ -586,6 +586,7 @@ def cmd_log(args) -> int:
 def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
     """Every egress decision retained (state/egress.jsonl), oldest first; --run: one wake's."""
     from orchestrator.records import egress
+    from orchestrator.records.run_ids import resolve
     from orchestrator.records.transcript import find_run
     from orchestrator.views.egressview import format_decision
 
@@ -595,9 +596,11 @@ def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
         run = newest.name.partition(".")[0] if newest else None
         if run is None:
             raise AgentError(f"{agent.name}: no wake yet; one is run by `wakeloop wake {agent_dir}`")
+    elif run is not None:
+        run = resolve(agent.state_dir, run, agent_dir, also=egress.runs(agent.state_dir))
     if as_json:
         lines = egress.raw_lines(agent.state_dir)
-        sys.stdout.writelines(line for line in lines if run is None or egress.parse_line(line).run_id.startswith(run))
+        sys.stdout.writelines(line for line in lines if run is None or egress.parse_line(line).run_id == run)
         return EXIT_OK
     shown = 0
     for line in egress.read(agent.state_dir, run):
@@ -612,21 +615,26 @@ def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
 
 
 def cmd_transcript(args) -> int:
-    return _transcript(args.agent_dir, args.run or "", args.follow, args.json, args.system)
+    if args.run and args.run_option and args.run != args.run_option:
+        raise AgentError(f"transcript: two run ids ({args.run}, --run {args.run_option}); give one")
+    return _transcript(args.agent_dir, args.run or args.run_option or "", args.follow, args.json, args.system)
 
 
 def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
     from orchestrator.views import logview
+    from orchestrator.records.run_ids import resolve
     from orchestrator.records.transcript import find_run, read_lines
 
     agent = load_agent(agent_dir)
+    if run and run != "last":
+        run = resolve(agent.state_dir, run, agent_dir)
     path = find_run(agent.state_dir, run)
     if path is None:
         raise AgentError(
             f"{agent.name}: no transcript "
             + (
-                f"for run {run!r} (a unique prefix of a run id; `wakeloop log {agent_dir}` lists runs)"
-                if run
+                f"for run {run} (pruned, or never written; `wakeloop log {agent_dir}` lists runs)"
+                if run and run != "last"
                 else f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"
             )
         )
@@ -648,13 +656,12 @@ def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, sy
 def cmd_diff(args) -> int:
     """One wake's changes, read from its undo folder on the agent's disk (the broker's, under compose)."""
     from orchestrator.broker.client import read_wake_diff
-    from orchestrator.sandbox.undo_folders import checked_run_id
+    from orchestrator.records.run_ids import resolve
     from orchestrator.views.diffview import render_text
 
     agent = load_agent(args.agent_dir)
-    if args.run is not None:
-        checked_run_id(args.run)
-    diff = read_wake_diff(agent, args.run)
+    run = None if args.run is None else resolve(agent.state_dir, args.run, args.agent_dir)
+    diff = read_wake_diff(agent, run)
     if args.json:
         _print_json(diff.change_set())
     else:
@@ -685,12 +692,13 @@ def cmd_undo(args) -> int:
     from orchestrator.broker.client import undo_wake
     from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
-    from orchestrator.sandbox.undo_folders import UndoRefused, checked_run_id
+    from orchestrator.records.run_ids import resolve
+    from orchestrator.sandbox.undo_folders import UndoRefused
 
     agent = load_agent(args.agent_dir)
-    checked_run_id(args.run)
+    run = resolve(agent.state_dir, args.run, args.agent_dir)
     with _no_wake(args.agent_dir, agent.state_dir, UndoRefused, "undo when the wake has ended"):
-        undone = undo_wake(agent, args.run, args.force)
+        undone = undo_wake(agent, run, args.force)
         EventLog(agent.state_dir / EVENTS_FILE, undone.run_id).write(
             ev.WorkspaceUndone(
                 undone_run=undone.run_id, changes=undone.changes, paths=undone.paths, forced_over=undone.forced_over
@@ -832,22 +840,31 @@ def _transaction_commands(sub) -> None:
         sub,
         "diff",
         "what one wake changed in the workspace, as a unified diff (binary files by size and sha256, links as links)",
-        "wakeloop diff agents/mine --run 3f2a9c0b1d4e",
+        "wakeloop diff agents/mine --run 3f2a9c0b",
         cmd_diff,
     )
     p.add_argument("agent_dir")
-    p.add_argument("--run", metavar="ID", help="the wake's run id (default: the last wake that committed changes)")
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        help="the wake's run id, or a unique prefix of 4+ hex digits (default: the last wake that committed changes)",
+    )
     _json_flag(p, "the change set as JSON")
     p = _command(
         sub,
         "undo",
         "put back what one wake changed; refused while the agent wakes, or when a later wake "
         "changed the same paths, or an earlier one undone since did (unless --force)",
-        "wakeloop undo agents/mine --run 3f2a9c0b1d4e",
+        "wakeloop undo agents/mine --run 3f2a9c0b",
         cmd_undo,
     )
     p.add_argument("agent_dir")
-    p.add_argument("--run", metavar="ID", required=True, help="the wake's run id (`wakeloop log` shows it)")
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        required=True,
+        help="the wake's run id, or a unique prefix of 4+ hex digits (`wakeloop log` shows the first 8)",
+    )
     p.add_argument("--force", action="store_true", help="undo it even over other wakes that changed the same paths")
     p = _command(
         sub,
@@ -1118,7 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--run",
         metavar="ID",
-        help="show this wake's transcript (a run id or a unique prefix; `last` or empty: the newest)",
+        help="show this wake's transcript (a run id or a unique prefix of 4+ hex digits; `last` or empty: the newest)",
     )
     p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
     p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
@@ -1138,7 +1155,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_transcript,
     )
     p.add_argument("agent_dir")
-    p.add_argument("run", nargs="?", metavar="ID", help="a run id or a unique prefix (default: the newest)")
+    p.add_argument(
+        "run", nargs="?", metavar="ID", help="a run id or a unique prefix of 4+ hex digits (default: the newest)"
+    )
+    p.add_argument("--run", dest="run_option", metavar="ID", help="the same, as `log --run` takes it")
     p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
     p.add_argument("--system", action="store_true", help="print the system prompt too")
     _json_flag(p, "the raw JSONL lines")
