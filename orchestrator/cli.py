@@ -416,6 +416,24 @@ def cmd_task_add(args) -> int:
     return EXIT_OK
 
 
+def cmd_task_cancel(args) -> int:
+    from orchestrator.records.tasks import cancel
+
+    agent = load_agent(args.agent_dir)
+    task = cancel(agent.state_dir, args.id, args.note or "")
+    print(f"cancelled {task.id} of {agent.name}: no wake takes it; `wakeloop task rm` removes it from the list")
+    return EXIT_OK
+
+
+def cmd_task_rm(args) -> int:
+    from orchestrator.records.tasks import remove
+
+    agent = load_agent(args.agent_dir)
+    task = remove(agent.state_dir, args.id)
+    print(f"removed {task.id} ({task.status}) from the tasks of {agent.name}: {task.title}")
+    return EXIT_OK
+
+
 def cmd_task_list(args) -> int:
     from orchestrator.sandbox.output import clean
     from orchestrator.records.tasks import load_tasks
@@ -1039,6 +1057,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(task, "list", "every task with its status", "wakeloop task list agents/mine --json", cmd_task_list)
     p.add_argument("agent_dir")
     _json_flag(p, "the tasks as a JSON list")
+    p = _command(
+        task,
+        "cancel",
+        "cancel an open task (todo, or claimed by a wake): no wake takes it again; it stays listed, with your note",
+        "wakeloop task cancel agents/mine t3 --note 'done by hand'",
+        cmd_task_cancel,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("id", help="the task's id (t1, t2, ...: `wakeloop task list` shows them)")
+    p.add_argument("--note", metavar="TEXT", help="why, kept with the task")
+    p = _command(
+        task,
+        "rm",
+        "remove a task from the list, whatever its status (its id is not given again)",
+        "wakeloop task rm agents/mine t3",
+        cmd_task_rm,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("id", help="the task's id (t1, t2, ...: `wakeloop task list` shows them)")
 
     p = _command(
         sub,

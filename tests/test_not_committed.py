@@ -22,19 +22,12 @@ from orchestrator.escapes.surfaces.receivers import Hook
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.testing.fakeapi import text, tool_use, turn
-from tests.helpers import make_agent
+from tests.helpers import cli_here, make_agent
 from tests.helpers.console import TOKEN, Client
 
 SMALL = {"disk": "64m", "files": 2000}  # the escape suite's small disk (escapes/resources.py)
 # A real change first, then every inode of the disk: the commit then cannot make its undo folder.
 FILL = "echo kept > a.txt; mkdir fill && cd fill && seq 1 5000 | xargs touch 2>/dev/null; ls | wc -l"
-
-
-def cli(*args: str) -> int:
-    """`wakeloop ARGS` in this process (so /metrics, installed here, sees the wake's events)."""
-    from orchestrator.cli import main
-
-    return main(list(args))
 
 
 @pytest.mark.docker
@@ -49,7 +42,7 @@ def test_a_wake_whose_commit_failed_ends_not_committed_everywhere_a_failure_show
         console = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0, ())
         try:
             fake_api([turn(tool_use("bash", {"command": FILL})), turn(text("Done."))])
-            code = cli("wake", str(agent_dir), "--live")
+            code = cli_here("wake", str(agent_dir), "--live")
             receipt = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
             client = Client(console.url).sign_in()
             agent_page = client.get("/agents/filler")[2]
@@ -70,10 +63,10 @@ def test_a_wake_whose_commit_failed_ends_not_committed_everywhere_a_failure_show
     assert not (disk_view(agent_dir) / "a.txt").exists()  # nothing of the wake landed: rolled back whole
     # Told as a failure is: the webhook got it, and the agent's failing streak began (below: status).
     assert sent == [("not_committed", receipt["run_id"])], sent
-    assert cli("status", str(agent_dir), "--json") == 0
+    assert cli_here("status", str(agent_dir), "--json") == 0
     status = json.loads(capsys.readouterr().out)
     assert status["last_receipt"]["status"] == "not_committed" and status["health"]["failures"] == 1
-    assert cli("status", str(agent_dir)) == 0
+    assert cli_here("status", str(agent_dir)) == 0
     assert "#1 not_committed: the wake's changes were not committed" in capsys.readouterr().out
     assert "failing since" in agent_page and "not_committed" in agent_page
     assert '<span class="badge bad">not_committed</span>' in wake_page
@@ -85,9 +78,9 @@ def test_a_wake_whose_commit_failed_ends_not_committed_everywhere_a_failure_show
 def test_the_next_wake_of_that_agent_commits_again_and_says_done(tmp_path, fake_api, disk_view, capsys):
     agent_dir = make_agent(tmp_path / "agents", "filler", policy={"version": 1, "sandbox": SMALL}, notify=[])
     fake_api([turn(tool_use("bash", {"command": FILL})), turn(text("Done."))])
-    assert cli("wake", str(agent_dir), "--live") == 1
+    assert cli_here("wake", str(agent_dir), "--live") == 1
     fake_api([turn(tool_use("bash", {"command": "echo again > b.txt"})), turn(text("Done."))])
-    assert cli("wake", str(agent_dir), "--live") == 0
+    assert cli_here("wake", str(agent_dir), "--live") == 0
     receipt = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert receipt["status"] == "done", receipt
     assert (disk_view(agent_dir) / "b.txt").read_text() == "again\n"

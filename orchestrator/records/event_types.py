@@ -156,6 +156,17 @@ class TaskClaimed(EventRecord):
 
 
 @dataclass(frozen=True)
+class TaskShown(EventRecord):
+    """A dry run named this task in its first message as a live wake would, and left it as it
+    found it: a scripted model does no task's work (records/tasks.py)."""
+
+    TYPE = "task_shown"
+    task: str = ""
+    title: str = ""
+    status: str = ""  # the task's status, left as it was: todo | claimed
+
+
+@dataclass(frozen=True)
 class ApprovalError(EventRecord):
     TYPE = "approval_error"
     error: str = ""
@@ -303,6 +314,7 @@ class WakeFinished(EventRecord):
     reason: str = ""
     tokens: int = 0
     steps: int = 0
+    task: str = field(default="", metadata=OMIT)  # the task the wake had (claimed, or a dry run's shown)
     receipt: Receipt | None = None
 
 
@@ -517,6 +529,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         WakeStarted,
         TaskError,
         TaskClaimed,
+        TaskShown,
         ApprovalError,
         ModelRequest,
         ModelResponse,

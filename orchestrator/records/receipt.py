@@ -174,7 +174,7 @@ class Receipt:
     started_at: str = ""
     usd: float | None = 0.0  # this wake's cost from real usage (ledger.py); 0 in a dry run;
     #                                 None: billed on a model with no known price, so not known
-    task: str = ""  # the task this wake claimed (tasks.py), if any
+    task: str = ""  # the task this wake had (tasks.py), if any: claimed, or named by a dry run and left as it was
     messages_waiting: int = 0  # a dry run: the human's messages left for the first live wake
     no_room: str = ""  # the last call the disk guard did not start this wake, and why
     egress: EgressSum = EgressSum()  # the proxy's decisions for this run (records/egress.py), summed

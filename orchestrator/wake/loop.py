@@ -418,7 +418,7 @@ class _Wake:
             journal_before = self.files.journal_size(self.day)
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
             self.transcript.system(self.ctx.system, self.ctx.system_hash)
-            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
+            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools, live=self.model.live)
             if self.task:  # named in the first user message, after the cached prefix
                 self.ctx = replace(
                     self.ctx,
@@ -456,7 +456,9 @@ class _Wake:
         self._close_transcript(receipt)
         self._notify(outcomes.after_wake, self.agent, receipt)
         self.events.write(
-            ev.WakeFinished(status=status, reason=reason, tokens=self.tokens, steps=self.steps, receipt=receipt)
+            ev.WakeFinished(
+                status=status, reason=reason, tokens=self.tokens, steps=self.steps, task=receipt.task, receipt=receipt
+            )
         )
         self.say(
             f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
@@ -595,13 +597,18 @@ class _Wake:
         self._notify(outcomes.on_approval, self.agent, approval)
 
     def _claim_task(self) -> tasks.Task | None:
-        task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
+        """A live wake claims its task; a dry run names the same one and leaves it as it was."""
+        live = self.model.live
+        task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id, live)
         if warning:
             self.say(warning)
             self.events.write(ev.TaskError(warning=warning))
-        if task:
+        if task and live:
             self.say(f"task {task.id}: {_short(task.title)}")
             self.events.write(ev.TaskClaimed(task=task.id, title=task.title))
+        elif task:
+            self.say(f"task {task.id}: {_short(task.title)} (a dry run: left {task.status}, as it was)")
+            self.events.write(ev.TaskShown(task=task.id, title=task.title, status=task.status))
         return task
 
     def _converse_or_dead_letter(self) -> tuple[Status, str]:
@@ -855,6 +862,7 @@ class _Wake:
         self.transcript.end(
             status=receipt.status,
             reason=receipt.reason,
+            task=receipt.task,
             steps=receipt.steps,
             tokens=receipt.tokens,
             tool_calls=receipt.tool_calls,
