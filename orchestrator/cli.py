@@ -219,11 +219,13 @@ def cmd_pause(args) -> int:
 
 
 def cmd_context(args) -> int:
+    """What the next wake sends (context.next_wake): dry or live as `wake` would decide, or as asked."""
     from datetime import datetime, timezone
-    from orchestrator.wake.context import build_context
-    from orchestrator.records.state import load_state, peek_inbox
+    from orchestrator.wake.context import next_wake
+    from orchestrator.records.state import load_state
 
     agent = load_agent(args.agent_dir)
+    live = True if args.live else False if args.dry_run else not agent.dry_run
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
@@ -240,20 +242,15 @@ def cmd_context(args) -> int:
         except SandboxError as exc:
             print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})", file=sys.stderr)
     try:
-        ctx = build_context(
-            agent,
-            wake=state.wake + 1,
-            now=datetime.now(timezone.utc),
-            inbox=peek_inbox(agent.state_dir),
-            files=box.files() if box else open_files(agent),
-        )
+        files = box.files() if box else open_files(agent)
+        upcoming = next_wake(agent, live=live, wake=state.wake + 1, now=datetime.now(timezone.utc), files=files)
     finally:
         if box:
             box.close()
     if args.json:
-        _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system, "first_user": ctx.first_user})
+        _print_json(upcoming.to_json(agent.name))
         return EXIT_OK
-    print(ctx.render(), end="")
+    print(upcoming.render(), end="")
     return EXIT_OK
 
 
@@ -1002,11 +999,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "context",
-        "print the system prompt and first user message the next wake would send; changes nothing",
+        "print exactly the system prompt and first user message the next wake sends (its task and, if live, "
+        "your queued messages), and whether it is a dry run or live; changes nothing",
         "wakeloop context agents/mine | less",
         cmd_context,
     )
     p.add_argument("agent_dir")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--live", action="store_true", help="as a live wake would send it (`wake --live`)")
+    mode.add_argument("--dry-run", action="store_true", help="as a dry run would (`wake --dry-run`)")
     _json_flag(p)
 
     p = _command(

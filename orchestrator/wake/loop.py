@@ -416,16 +416,10 @@ class _Wake:
             self.task = self._claim_task()
             self.files = self.box.files()  # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
-            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
+            # What `wakeloop context` printed (context.next_wake): the same function, the same inputs.
+            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files, task=self.task)
             self.transcript.system(self.ctx.system, self.ctx.system_hash)
             completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools, live=self.model.live)
-            if self.task:  # named in the first user message, after the cached prefix
-                self.ctx = replace(
-                    self.ctx,
-                    first_user=self.ctx.first_user
-                    + "\n\n"
-                    + tasks.first_message_line(self.task, can_complete=bool(completer and completer[0].enabled)),
-                )
             self.gate = Gate(
                 agent.policy,
                 sd,
