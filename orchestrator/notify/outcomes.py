@@ -168,7 +168,8 @@ def after_wake(agent, receipt) -> None:
                 r.to_dict(),
             ),
         )
-    if r.status not in ("blocked", "skipped_node"):  # waiting for money, or for a node, is not failing
+    # Waiting for money, or for a node, is not failing; nor is a wake its node's loss cut (node_lost).
+    if r.status not in ("blocked", "skipped_node") and not r.node_lost:
         _health(
             agent.state_dir,
             agent.name,

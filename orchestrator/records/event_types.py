@@ -282,6 +282,7 @@ class NotCommitted(EventRecord):
     TYPE = "not_committed"
     reason: str = ""  # why: the commit's error (a full disk, a broker gone)
     ended: str = ""  # what the conversation ended with: done, budget_stop, stopped
+    node_lost: str = field(default="", metadata=OMIT)  # past one host: its node went mid-wake (no backoff)
 
 
 @dataclass(frozen=True)

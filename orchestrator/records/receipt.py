@@ -177,6 +177,8 @@ class Receipt:
     task: str = ""  # the task this wake had (tasks.py), if any: claimed, or named by a dry run and left as it was
     messages_waiting: int = 0  # a dry run: the human's messages left for the first live wake
     no_room: str = ""  # the last call the disk guard did not start this wake, and why
+    node_lost: str = ""  # past one host: its node stopped answering mid-wake (broker/nodes.py), so its
+    #                      changes were not committed: not_committed, but no failure of the agent's (no backoff)
     egress: EgressSum = EgressSum()  # the proxy's decisions for this run (records/egress.py), summed
 
     @property
@@ -244,4 +246,5 @@ _PLAIN: tuple[tuple[str, type[Any]], ...] = (
     ("task", str),
     ("messages_waiting", int),
     ("no_room", str),
+    ("node_lost", str),
 )

@@ -324,6 +324,8 @@ class _Wake:
         self.messages_sent = 0  # send_message calls: each notification's id names its number
         self.waiting = 0  # a dry run: the human's messages it left in the inbox
         self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
+        self.node_lost = ""  # past one host: its node stopped answering before the commit
+        self.own_box = False  # the wake opened its sandbox itself (not a test's or a caller's)
 
     @property
     def tokens(self) -> int:
@@ -359,6 +361,7 @@ class _Wake:
             return blocked
         # Under compose the broker's, never the Docker socket (client.open_sandbox decides).
         self.box = sandbox or open_sandbox(self.agent, run_id=self.run_id, fresh=True, say=self.say)
+        self.own_box = sandbox is None
         try:
             with tracing.wake_span(self.agent.name, self.run_id, self.agent.model, bool(model and model.live)) as span:
                 receipt = self._run_in(state, model, turns)
@@ -522,8 +525,10 @@ class _Wake:
         policy = self.agent.policy
         try:
             changes = self.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
-        except SandboxError as exc:
+        except SandboxError as exc:  # its broker did not answer: past one host, its node may be gone
             changes = WakeChanges(self.run_id, error=f"the wake's changes were not committed: {exc}")
+            if self.own_box and (down := _node_down(self.agent, self.say)):
+                self.node_lost = down
         try:  # the proxy's decisions, before the receipt sums them (records/egress.py)
             egress.append(self.agent.state_dir, self.box.egress_decisions())
         except (OSError, SandboxError) as exc:
@@ -549,9 +554,11 @@ class _Wake:
         letter is a failure already: its reason says so too."""
         if not not_committed:
             return status, reason
+        if self.node_lost:  # its node went mid-wake: said, but the agent did not fail (receipt.node_lost)
+            not_committed = f"{not_committed} ({self.node_lost})"
         if status == "dead_letter":
             return status, f"{reason}; {not_committed}"
-        self.events.write(ev.NotCommitted(reason=not_committed, ended=status))
+        self.events.write(ev.NotCommitted(reason=not_committed, ended=status, node_lost=self.node_lost))
         self.say(f"not committed: {not_committed}")
         return "not_committed", f"{not_committed} (the wake itself ended {status}: {reason})"
 
@@ -900,6 +907,7 @@ class _Wake:
             task=task.id if (task := getattr(self, "task", None)) else "",
             messages_waiting=self.waiting,
             no_room=self.no_room,
+            node_lost=self.node_lost,
             # The proxy's decisions for this run, appended to state/egress.jsonl as they were collected.
             egress=egress.summarize(self.agent.state_dir, self.run_id),
         )
