@@ -794,7 +794,7 @@ def _json_flag(p: argparse.ArgumentParser, what: str = "the same data as JSON") 
 
 EPILOG = """\
 exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
-failed (dead letter, blocked, an escape); 2 bad usage or configuration; 3 the
+failed (dead letter, blocked, not committed, an escape); 2 bad usage or configuration; 3 the
 environment (no engine, no broker, permission denied on the socket).
 
 start here:
