@@ -550,8 +550,9 @@ class _Wake:
 
     def _honest(self, status: Status, reason: str, not_committed: str) -> tuple[Status, str]:
         """A wake whose changes did not land does not end as a success (done, budget_stop,
-        stopped): it ends `not_committed`, a failure (exit 1, news, a failing streak). A dead
-        letter is a failure already: its reason says so too."""
+        stopped): it ends `not_committed`, a failure (exit 1, news, a failing streak; past one
+        host, when its node went mid-wake, no streak: notify/outcomes.py). A dead letter is a
+        failure already: its reason says so too."""
         if not not_committed:
             return status, reason
         if self.node_lost:  # its node went mid-wake: said, but the agent did not fail (receipt.node_lost)
