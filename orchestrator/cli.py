@@ -26,6 +26,7 @@ from pathlib import Path
 from orchestrator import __version__
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.records.receipt import FAILED
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
 
@@ -94,7 +95,7 @@ def cmd_wake(args) -> int:
         signal.signal(signal.SIGTERM, previous)
     print(receipt.to_json(), flush=True)  # always the last line: scripts parse it
     _send_notifications(agent)
-    return EXIT_FAILED if receipt.status in ("dead_letter", "blocked") else EXIT_OK
+    return EXIT_FAILED if receipt.status in FAILED else EXIT_OK
 
 
 def _send_notifications(agent) -> None:
@@ -213,11 +214,13 @@ def cmd_pause(args) -> int:
 
 
 def cmd_context(args) -> int:
+    """What the next wake sends (context.next_wake): dry or live as `wake` would decide, or as asked."""
     from datetime import datetime, timezone
-    from orchestrator.wake.context import build_context
-    from orchestrator.records.state import load_state, peek_inbox
+    from orchestrator.wake.context import next_wake
+    from orchestrator.records.state import load_state
 
     agent = load_agent(args.agent_dir)
+    live = True if args.live else False if args.dry_run else not agent.dry_run
     state, warning = load_state(agent.state_dir)
     if warning:
         print(warning, file=sys.stderr)
@@ -234,20 +237,15 @@ def cmd_context(args) -> int:
         except SandboxError as exc:
             print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})", file=sys.stderr)
     try:
-        ctx = build_context(
-            agent,
-            wake=state.wake + 1,
-            now=datetime.now(timezone.utc),
-            inbox=peek_inbox(agent.state_dir),
-            files=box.files() if box else open_files(agent),
-        )
+        files = box.files() if box else open_files(agent)
+        upcoming = next_wake(agent, live=live, wake=state.wake + 1, now=datetime.now(timezone.utc), files=files)
     finally:
         if box:
             box.close()
     if args.json:
-        _print_json({"agent": agent.name, "wake": state.wake + 1, "system": ctx.system, "first_user": ctx.first_user})
+        _print_json(upcoming.to_json(agent.name))
         return EXIT_OK
-    print(ctx.render(), end="")
+    print(upcoming.render(), end="")
     return EXIT_OK
 
 
@@ -407,6 +405,24 @@ def cmd_task_add(args) -> int:
     agent = load_agent(args.agent_dir)
     task = add_task(agent.state_dir, args.title)
     print(f"queued {task.id} for {agent.name}: {task.title}")
+    return EXIT_OK
+
+
+def cmd_task_cancel(args) -> int:
+    from orchestrator.records.tasks import cancel
+
+    agent = load_agent(args.agent_dir)
+    task = cancel(agent.state_dir, args.id, args.note or "")
+    print(f"cancelled {task.id} of {agent.name}: no wake takes it; `wakeloop task rm` removes it from the list")
+    return EXIT_OK
+
+
+def cmd_task_rm(args) -> int:
+    from orchestrator.records.tasks import remove
+
+    agent = load_agent(args.agent_dir)
+    task = remove(agent.state_dir, args.id)
+    print(f"removed {task.id} ({task.status}) from the tasks of {agent.name}: {task.title}")
     return EXIT_OK
 
 
@@ -580,6 +596,7 @@ def cmd_log(args) -> int:
 def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
     """Every egress decision retained (state/egress.jsonl), oldest first; --run: one wake's."""
     from orchestrator.records import egress
+    from orchestrator.records.run_ids import resolve
     from orchestrator.records.transcript import find_run
     from orchestrator.views.egressview import format_decision
 
@@ -589,9 +606,11 @@ def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
         run = newest.name.partition(".")[0] if newest else None
         if run is None:
             raise AgentError(f"{agent.name}: no wake yet; one is run by `wakeloop wake {agent_dir}`")
+    elif run is not None:
+        run = resolve(agent.state_dir, run, agent_dir, also=egress.runs(agent.state_dir))
     if as_json:
         lines = egress.raw_lines(agent.state_dir)
-        sys.stdout.writelines(line for line in lines if run is None or egress.parse_line(line).run_id.startswith(run))
+        sys.stdout.writelines(line for line in lines if run is None or egress.parse_line(line).run_id == run)
         return EXIT_OK
     shown = 0
     for line in egress.read(agent.state_dir, run):
@@ -606,21 +625,26 @@ def _egress_log(agent_dir: str, run: str | None, as_json: bool) -> int:
 
 
 def cmd_transcript(args) -> int:
-    return _transcript(args.agent_dir, args.run or "", args.follow, args.json, args.system)
+    if args.run and args.run_option and args.run != args.run_option:
+        raise AgentError(f"transcript: two run ids ({args.run}, --run {args.run_option}); give one")
+    return _transcript(args.agent_dir, args.run or args.run_option or "", args.follow, args.json, args.system)
 
 
 def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
     from orchestrator.views import logview
+    from orchestrator.records.run_ids import resolve
     from orchestrator.records.transcript import find_run, read_lines
 
     agent = load_agent(agent_dir)
+    if run and run != "last":
+        run = resolve(agent.state_dir, run, agent_dir)
     path = find_run(agent.state_dir, run)
     if path is None:
         raise AgentError(
             f"{agent.name}: no transcript "
             + (
-                f"for run {run!r} (a unique prefix of a run id; `wakeloop log {agent_dir}` lists runs)"
-                if run
+                f"for run {run} (pruned, or never written; `wakeloop log {agent_dir}` lists runs)"
+                if run and run != "last"
                 else f"yet; one is written by every wake: `wakeloop wake {agent_dir}`"
             )
         )
@@ -642,13 +666,12 @@ def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, sy
 def cmd_diff(args) -> int:
     """One wake's changes, read from its undo folder on the agent's disk (the broker's, under compose)."""
     from orchestrator.broker.client import read_wake_diff
-    from orchestrator.sandbox.undo_folders import checked_run_id
+    from orchestrator.records.run_ids import resolve
     from orchestrator.views.diffview import render_text
 
     agent = load_agent(args.agent_dir)
-    if args.run is not None:
-        checked_run_id(args.run)
-    diff = read_wake_diff(agent, args.run)
+    run = None if args.run is None else resolve(agent.state_dir, args.run, args.agent_dir)
+    diff = read_wake_diff(agent, run)
     if args.json:
         _print_json(diff.change_set())
     else:
@@ -679,12 +702,13 @@ def cmd_undo(args) -> int:
     from orchestrator.broker.client import undo_wake
     from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
-    from orchestrator.sandbox.undo_folders import UndoRefused, checked_run_id
+    from orchestrator.records.run_ids import resolve
+    from orchestrator.sandbox.undo_folders import UndoRefused
 
     agent = load_agent(args.agent_dir)
-    checked_run_id(args.run)
+    run = resolve(agent.state_dir, args.run, args.agent_dir)
     with _no_wake(args.agent_dir, agent.state_dir, UndoRefused, "undo when the wake has ended"):
-        undone = undo_wake(agent, args.run, args.force)
+        undone = undo_wake(agent, run, args.force)
         EventLog(agent.state_dir / EVENTS_FILE, undone.run_id).write(
             ev.WorkspaceUndone(
                 undone_run=undone.run_id, changes=undone.changes, paths=undone.paths, forced_over=undone.forced_over
@@ -792,7 +816,7 @@ the wake starts (a bad one is one line naming the turn); not with --live.
 
 EPILOG = """\
 exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
-failed (dead letter, blocked, an escape); 2 bad usage or configuration; 3 the
+failed (dead letter, blocked, not committed, an escape); 2 bad usage or configuration; 3 the
 environment (no engine, no broker, permission denied on the socket).
 
 start here:
@@ -853,22 +877,31 @@ def _transaction_commands(sub) -> None:
         sub,
         "diff",
         "what one wake changed in the workspace, as a unified diff (binary files by size and sha256, links as links)",
-        "wakeloop diff agents/mine --run 3f2a9c0b1d4e",
+        "wakeloop diff agents/mine --run 3f2a9c0b",
         cmd_diff,
     )
     p.add_argument("agent_dir")
-    p.add_argument("--run", metavar="ID", help="the wake's run id (default: the last wake that committed changes)")
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        help="the wake's run id, or a unique prefix of 4+ hex digits (default: the last wake that committed changes)",
+    )
     _json_flag(p, "the change set as JSON")
     p = _command(
         sub,
         "undo",
         "put back what one wake changed; refused while the agent wakes, or when a later wake "
         "changed the same paths, or an earlier one undone since did (unless --force)",
-        "wakeloop undo agents/mine --run 3f2a9c0b1d4e",
+        "wakeloop undo agents/mine --run 3f2a9c0b",
         cmd_undo,
     )
     p.add_argument("agent_dir")
-    p.add_argument("--run", metavar="ID", required=True, help="the wake's run id (`wakeloop log` shows it)")
+    p.add_argument(
+        "--run",
+        metavar="ID",
+        required=True,
+        help="the wake's run id, or a unique prefix of 4+ hex digits (`wakeloop log` shows the first 8)",
+    )
     p.add_argument("--force", action="store_true", help="undo it even over other wakes that changed the same paths")
     p = _command(
         sub,
@@ -992,11 +1025,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "context",
-        "print the system prompt and first user message the next wake would send; changes nothing",
+        "print exactly the system prompt and first user message the next wake sends (its task and, if live, "
+        "your queued messages), and whether it is a dry run or live; changes nothing",
         "wakeloop context agents/mine | less",
         cmd_context,
     )
     p.add_argument("agent_dir")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--live", action="store_true", help="as a live wake would send it (`wake --live`)")
+    mode.add_argument("--dry-run", action="store_true", help="as a dry run would (`wake --dry-run`)")
     _json_flag(p)
 
     p = _command(
@@ -1047,6 +1084,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(task, "list", "every task with its status", "wakeloop task list agents/mine --json", cmd_task_list)
     p.add_argument("agent_dir")
     _json_flag(p, "the tasks as a JSON list")
+    p = _command(
+        task,
+        "cancel",
+        "cancel an open task (todo, or claimed by a wake): no wake takes it again; it stays listed, with your note",
+        "wakeloop task cancel agents/mine t3 --note 'done by hand'",
+        cmd_task_cancel,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("id", help="the task's id (t1, t2, ...: `wakeloop task list` shows them)")
+    p.add_argument("--note", metavar="TEXT", help="why, kept with the task")
+    p = _command(
+        task,
+        "rm",
+        "remove a task from the list, whatever its status (its id is not given again)",
+        "wakeloop task rm agents/mine t3",
+        cmd_task_rm,
+    )
+    p.add_argument("agent_dir")
+    p.add_argument("id", help="the task's id (t1, t2, ...: `wakeloop task list` shows them)")
 
     p = _command(
         sub,
@@ -1143,7 +1199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--run",
         metavar="ID",
-        help="show this wake's transcript (a run id or a unique prefix; `last` or empty: the newest)",
+        help="show this wake's transcript (a run id or a unique prefix of 4+ hex digits; `last` or empty: the newest)",
     )
     p.add_argument("-f", "--follow", action="store_true", help="follow the newest wake's transcript until it ends")
     p.add_argument("--system", action="store_true", help="with a transcript: print the system prompt too")
@@ -1163,7 +1219,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_transcript,
     )
     p.add_argument("agent_dir")
-    p.add_argument("run", nargs="?", metavar="ID", help="a run id or a unique prefix (default: the newest)")
+    p.add_argument(
+        "run", nargs="?", metavar="ID", help="a run id or a unique prefix of 4+ hex digits (default: the newest)"
+    )
+    p.add_argument("--run", dest="run_option", metavar="ID", help="the same, as `log --run` takes it")
     p.add_argument("-f", "--follow", action="store_true", help="follow it until the wake ends")
     p.add_argument("--system", action="store_true", help="print the system prompt too")
     _json_flag(p, "the raw JSONL lines")

@@ -8,8 +8,9 @@ code that says whose move it is (docs/architecture.md §4):
   EnvironmentFault  3  the environment: no engine, no broker, permission
                        denied on the socket, a missing image
 
-A failed piece of *work* (a dead letter, a blocked wake, an escape) is not an
-exception: it is a receipt or a report, and exit 1.
+A failed piece of *work* (a dead letter, a blocked wake, a wake whose changes
+were not committed, an escape) is not an exception: it is a receipt or a
+report, and exit 1 (records/receipt.py FAILED).
 
 Not here: errors that never leave their module (a tool's failure is text for
 the model; a broker refusal travels back as a reply).

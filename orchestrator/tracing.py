@@ -34,6 +34,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from orchestrator.records.receipt import FAILED
+
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 CONTENT_ENV = "WAKELOOP_TRACE_CONTENT"
 SCOPE = "wakeloop"
@@ -122,7 +124,7 @@ def wake_result(span, status: str, steps: int, tokens: int, reason: str) -> None
     from opentelemetry.trace import Status, StatusCode
 
     span.set_attributes({"wakeloop.status": status, "wakeloop.steps": steps, "wakeloop.tokens": tokens})
-    if status in ("dead_letter", "blocked"):
+    if status in FAILED:
         span.set_status(Status(StatusCode.ERROR, reason[:200]))
 
 

@@ -838,10 +838,12 @@ def lose(node_broker) -> None:
     wait_for(lambda: not answers(address), "the node's broker stopped", 30)
 
 
-def test_a_wake_whose_node_goes_mid_wake_ends_with_its_receipt_not_as_a_failure(root, node_broker):
+def test_a_wake_whose_node_goes_mid_wake_ends_not_committed_with_its_receipt_but_no_backoff(root, node_broker):
     """Seen on the swarm lab: a wake under way when its node stopped raised at its end (the journal's
     size read through the gone broker), so it left no receipt and counted as a failure: serve's
-    backoff held the agent 60 s before its wakes were skipped as unavailable."""
+    backoff held the agent 60 s before its wakes were skipped as unavailable. Then it said `done`
+    though nothing it changed was committed (issue 43): it says `not_committed`, and why, and its
+    node's loss is no failure of the agent's (no backoff), as a skipped wake's is not."""
     from orchestrator.records import health
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import ScriptedModel
@@ -854,7 +856,9 @@ def test_a_wake_whose_node_goes_mid_wake_ends_with_its_receipt_not_as_a_failure(
 
     turns = [{"tool_calls": [{"name": "bash", "input": {"command": "echo ran"}}]}, {"text": "done"}]
     receipt = wake(load_agent(root / "alpha"), model=NodeLostAtTheEnd(turns))
-    assert receipt.status == "done" and receipt.tool_calls == 1, receipt
+    assert receipt.status == "not_committed" and receipt.tool_calls == 1, receipt
+    assert receipt.reason.startswith("the wake's changes were not committed: "), receipt.reason
+    assert "n1 does not answer" in receipt.node_lost and receipt.node_lost in receipt.reason, receipt
     assert receipt.journal.startswith("stub not written: the sandbox is unavailable"), receipt.journal
     assert health.load(root / "alpha/state").failures == 0
 

@@ -118,6 +118,13 @@ def test_on_loopback_reading_needs_the_token_and_acting_the_token_and_the_forms_
     assert load_health(sd).paused and "hello agent" in peek_inbox(sd)
     assert [t.title for t in load_tasks(sd)] == ["sum up"] and (sd / "run-now").exists()
     assert "one wake requested" in client.get("/agents/one?said=run-now")[2]
+    assert 'action="/agents/one/task-cancel"' in client.get("/agents/one")[2]  # each open task has its buttons
+    assert client.post("/agents/one/task", {"csrf": csrf, "title": "then this"})[0] == 303
+    for action in ("task-cancel", "task-rm"):  # as `wakeloop task cancel|rm`
+        status, headers, _ = client.post(f"/agents/one/{action}", {"csrf": csrf, "id": "t1"})
+        assert status == 303 and headers["location"] == f"/agents/one?said={action}", action
+    assert client.post("/agents/one/task-cancel", {"csrf": csrf, "id": "t9"})[0] == 400  # one line: no such task
+    assert [(t.id, t.status) for t in load_tasks(sd)] == [("t2", "todo")]
 
 
 def test_a_foreign_host_gets_421_on_every_route_and_only_the_consoles_names_are_answered(serve_console):

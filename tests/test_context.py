@@ -12,6 +12,7 @@ import pytest
 
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -23,7 +24,10 @@ from orchestrator.policy.agent import load_agent
 from orchestrator.wake.context import build_context, system_prompt
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox.workspace_reads import READ_CAP, journal_size, read_text
-from tests.helpers import run_cli
+from orchestrator.records.transcript import prompt_text
+from orchestrator.testing.fakeapi import text, turn
+from tests.helpers import live_wake, run_cli
+from tests.helpers.recorded import first_user_text
 
 CANARY = "CANARY-host-secret-5d41402abc4b2a76"
 FIFO_DEADLINE_S = 2.0  # the issue's bound for a context build facing a FIFO
@@ -185,3 +189,61 @@ def test_a_name_with_a_trailing_newline_or_non_ascii_digits_is_not_a_journal(age
     (journal / "2026-01-06.md\n").write_text("trailing newline\n")
     (journal / "\u0662\u0660\u0662\u0666-\u0660\u0661-\u0660\u0667.md").write_text("arabic-indic digits\n")
     assert journal_names(agent_dir / "workspace") == ["2026-01-05.md"]
+
+
+# -- `wakeloop context` is what the next wake sends ---------------------------------------------
+
+STAMP = re.compile(r"UTC time: \S+\. Today's journal: memory/journal/\S+\.md")
+
+
+def same_moment(first_user: str) -> str:
+    """The first message with its time and journal day set aside: the only part that moves between
+    `context` and the wake (which runs a moment later, perhaps past midnight)."""
+    return STAMP.sub("UTC time: T. Today's journal: memory/journal/D.md", first_user)
+
+
+def context_json(agent_dir: Path, *flags: str) -> dict:
+    shown = run_cli("context", str(agent_dir), "--json", *flags)
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def with_task_and_message(agent_dir: Path) -> None:
+    assert run_cli("task", "add", str(agent_dir), "sort the notes by date").returncode == 0
+    assert run_cli("send", str(agent_dir), "the notes are in notes/").returncode == 0
+    (agent_dir / "workspace" / "memory" / "core.md").write_text("- the notes are mine to keep\n")
+
+
+@pytest.mark.docker
+def test_context_is_the_request_the_next_live_wake_makes_task_line_and_messages_included(agent_dir, fake_api):
+    with_task_and_message(agent_dir)
+    shown = context_json(agent_dir, "--live")
+    assert (shown["live"], shown["task"], shown["wake"]) == (True, "t1", 1)
+    api = fake_api([turn(text("Done."))])
+    receipt = live_wake(agent_dir)
+    assert receipt.task == "t1"
+    sent = api.requests[0].body
+    assert sent["system"][0]["text"] == shown["system"]
+    assert same_moment(first_user_text(api.requests[0])) == same_moment(shown["first_user"])
+    assert "Your task for this wake is t1: sort the notes by date" in shown["first_user"]
+    assert "the notes are in notes/" in shown["first_user"]
+    header = run_cli("context", str(agent_dir), "--live").stdout.splitlines()[0]
+    assert header.startswith("===== the next wake: #2, live, model ")
+
+
+@pytest.mark.docker
+def test_context_of_a_dry_run_is_what_the_dry_run_sends_and_shows_no_message_it_holds_back(agent_dir):
+    with_task_and_message(agent_dir)
+    shown = context_json(agent_dir)  # agent.yaml says dry_run: true
+    assert (shown["live"], shown["task"], shown["messages_waiting"]) == (False, "t1", 1)
+    assert "the notes are in notes/" not in shown["first_user"] and "(none)" in shown["first_user"]
+    text_out = run_cli("context", str(agent_dir)).stdout
+    assert text_out.startswith("===== the next wake: #1, dry run (scripted model, no API call), model ")
+    assert "1 message(s) from your human wait for the first live wake: not sent" in text_out
+    done = run_cli("wake", str(agent_dir), "--dry-run", timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in run_cli("transcript", str(agent_dir), "--json").stdout.splitlines()]
+    system = next(line for line in lines if line["type"] == "system")
+    first = next(line for line in lines if line["type"] == "user")
+    assert prompt_text(agent_dir / "state", system["hash"]) == shown["system"]
+    assert same_moment(first["text"]) == same_moment(shown["first_user"])

@@ -160,7 +160,16 @@ def test_every_status_a_wake_ends_with_is_a_receipt_status():
     said = set(re.findall(r'return "(\w+)", ', loop)) | set(re.findall(r'status="(\w+)"', loop))
     said |= set(re.findall(r'_unstarted\(agent, run_id, "(\w+)"', loop))
     assert said and said <= set(STATUSES), said - set(STATUSES)
-    statuses = {"done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node"}
+    statuses = {
+        "done",
+        "budget_stop",
+        "dead_letter",
+        "blocked",
+        "skipped_locked",
+        "stopped",
+        "skipped_node",
+        "not_committed",
+    }
     assert statuses == set(STATUSES)
 
 

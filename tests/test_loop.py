@@ -396,8 +396,11 @@ def test_bad_script_file_is_a_config_error(agent_dir, tmp_path):
 
 def test_send_context_outbox_status_log(agent_dir):
     assert run_cli("send", str(agent_dir), "hello agent").returncode == 0
-    ctx = run_cli("context", str(agent_dir))
-    assert ctx.returncode == 0 and "hello agent" in ctx.stdout and "Wake #1." in ctx.stdout
+    ctx = run_cli("context", str(agent_dir))  # a dry run's: it holds the message back, and says so
+    assert ctx.returncode == 0 and "hello agent" not in ctx.stdout and "Wake #1." in ctx.stdout
+    assert "1 message(s) from your human wait for the first live wake" in ctx.stdout
+    live = run_cli("context", str(agent_dir), "--live")
+    assert live.returncode == 0 and "hello agent" in live.stdout
     assert "hello agent" in (agent_dir / "state/inbox.txt").read_text()  # context drained nothing
     assert not (agent_dir / "state/state.json").exists()  # and counted nothing
     woke = run_cli("wake", str(agent_dir))

@@ -25,7 +25,7 @@ from orchestrator.notify.config import NotifyError, parse_notify
 from orchestrator.notify.sender import CAP_S, retry_after, send_due
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
-from tests.helpers import make_agent, support
+from tests.helpers import cli_here, make_agent, support
 from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 from orchestrator.records import health
 from orchestrator.records.receipt import Receipt
@@ -89,13 +89,6 @@ def test_a_webhook_down_then_up_gets_every_notification_once_in_order(tmp_path):
     assert TOKEN not in everything_under(agent.state_dir)
 
 
-def cli(*args: str) -> int:
-    """`wakeloop ARGS` in this process: the same main() as the command line, without a Python start."""
-    from orchestrator.cli import main
-
-    return main(list(args))
-
-
 def test_backoff_doubles_to_its_cap_and_an_always_failing_receiver_is_given_up_and_shown(tmp_path, capsys):
     assert [retry_after(n) for n in (1, 2, 3)] == [5, 10, 20] and retry_after(30) == CAP_S
     with Hook(status=500) as hook:
@@ -106,7 +99,7 @@ def test_backoff_doubles_to_its_cap_and_an_always_failing_receiver_is_given_up_a
         report = send_due(agent.state_dir, agent.notify, now=t0 + 2 * 3600)
     assert report.gave_up and "still failing after 2h: HTTP 500" in report.gave_up[0]
     assert queue.pending(agent.state_dir) == []
-    assert cli("status", str(agent.dir)) == 0
+    assert cli_here("status", str(agent.dir)) == 0
     status = capsys.readouterr().out
     assert "1 given up" in status and "HTTP 500" in status
     assert "notify_gave_up" in [e.type for e in read_events(agent.state_dir / EVENTS_FILE)]
@@ -234,7 +227,7 @@ def test_a_refused_api_key_pauses_at_once(tmp_path):
     h = health.load(agent.state_dir)
     assert h.paused and "refused the key" in h.paused_reason
     assert [i.event for i in queue.pending(agent.state_dir)] == ["dead_letter", "failing", "paused"]
-    assert cli("resume", str(agent.dir)) == 0
+    assert cli_here("resume", str(agent.dir)) == 0
     assert not health.load(agent.state_dir).paused
 
 
@@ -291,10 +284,10 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
             support.wait_for(lambda: any("paused (" in line for line in lines), "serve to say paused", 10)
             assert scheduler_note(root) is None  # its heartbeat is fresh
             before = not_started(agent_dir)
-            assert cli("run-now", str(agent_dir)) == 0  # paused, but a person asked
+            assert cli_here("run-now", str(agent_dir)) == 0  # paused, but a person asked
             support.wait_for(lambda: not_started(agent_dir) == before + 1, "the run-now wake", 30)
             assert any("run-now requested" in line for line in lines)
-            assert cli("resume", str(agent_dir)) == 0
+            assert cli_here("resume", str(agent_dir)) == 0
             support.wait_for(lambda: health.load(agent_dir / "state").failures >= 1, "ticks to run again", 30)
         finally:
             scheduler.request_stop()
@@ -324,7 +317,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
         _send_notifications(agent)  # what `wakeloop wake` does after
         assert [b["text"] for b in hook.received] == ["Hello, human: the job is done."]
         assert hook.received[0]["id"] == f"a/{receipt.run_id}/message/1"
-    assert cli("transcript", str(agent.dir)) == 0
+    assert cli_here("transcript", str(agent.dir)) == 0
     out = capsys.readouterr()
     assert "-> send_message" in out.out and "Hello, human" in out.out
     assert "notified webhook 127.0.0.1/…: HTTP 200" in out.err

@@ -17,7 +17,18 @@ from tests.helpers import run_cli, set_policy
 from tests.helpers.recorded import first_user_text
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.records.tasks import TASKS_FILE, TaskError, add_task, claim_next, finish, load_tasks, open_tasks
+from orchestrator.records.tasks import (
+    TASKS_FILE,
+    TaskError,
+    add_task,
+    cancel,
+    claim_next,
+    finish,
+    load_tasks,
+    next_task,
+    open_tasks,
+    remove,
+)
 
 KEY = FAKE_KEY
 
@@ -88,7 +99,98 @@ def test_task_add_and_list_on_the_command_line(agent_dir):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "empty" in bad.stderr
 
 
+def test_a_cancelled_task_is_never_taken_and_a_removed_ones_id_is_not_given_again(tmp_path):
+    for title in ("one", "two", "three"):
+        add_task(tmp_path, title)
+    claimed = claim_next(tmp_path, "run-1")
+    assert claimed is not None and claimed.id == "t1"
+    gone = cancel(tmp_path, "t1", "  done   by hand ")
+    assert (gone.status, gone.note) == ("cancelled", "done by hand")
+    with pytest.raises(TaskError, match="t1 is cancelled, not claimed by this wake"):
+        finish(tmp_path, "t1", "done", run_id="run-1")  # the wake that had it cannot close it now
+    with pytest.raises(TaskError, match="t1 is cancelled already"):
+        cancel(tmp_path, "t1")
+    assert next_task(tmp_path).id == "t2" and claim_next(tmp_path, "run-2").id == "t2"
+    assert remove(tmp_path, "t3").title == "three"
+    assert add_task(tmp_path, "four").id == "t4"  # t3 named a task that was: never another
+    with pytest.raises(TaskError, match="there is no task 't3'"):
+        remove(tmp_path, "t3")
+    assert [(t.id, t.status) for t in load_tasks(tmp_path)] == [("t1", "cancelled"), ("t2", "claimed"), ("t4", "todo")]
+
+
+def test_task_cancel_and_rm_on_the_command_line(agent_dir):
+    for title in ("one", "two"):
+        assert run_cli("task", "add", str(agent_dir), title).returncode == 0
+    cancelled = run_cli("task", "cancel", str(agent_dir), "t1", "--note", "not needed")
+    assert cancelled.returncode == 0 and "cancelled t1" in cancelled.stdout, cancelled.stderr
+    removed = run_cli("task", "rm", str(agent_dir), "t2")
+    assert removed.returncode == 0 and "removed t2 (todo)" in removed.stdout, removed.stderr
+    listed = run_cli("task", "list", str(agent_dir)).stdout.splitlines()
+    assert len(listed) == 1 and listed[0].split()[:2] == ["t1", "cancelled"] and "not needed" in listed[0]
+    for command in ("cancel", "rm"):
+        bad = run_cli("task", command, str(agent_dir), "t9")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "there is no task 't9'" in bad.stderr
+
+
 # -- whole wakes -----------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_a_dry_run_names_the_task_a_live_wake_would_and_leaves_it_as_it_found_it(agent_dir, fake_api, tmp_path):
+    add_task(agent_dir / "state", "count the files in the workspace")
+    before = (agent_dir / "state" / TASKS_FILE).read_bytes()
+    script = tmp_path / "script.json"  # a dry run's script that tries to close the task
+    script.write_text(
+        json.dumps([{"tool_calls": [{"name": "complete_task", "input": {"task_id": "t1", "status": "done"}}]}])
+    )
+    runs = []
+    for extra in ((), ("--script", str(script))):
+        done = run_cli("wake", str(agent_dir), "--dry-run", *extra, timeout=180)
+        assert done.returncode == 0, done.stderr
+        receipt = json.loads(done.stdout.splitlines()[-1])
+        assert (receipt["status"], receipt["task"]) == ("done", "t1"), receipt
+        assert "task t1: count the files in the workspace (a dry run: left todo, as it was)" in done.stderr
+        runs.append(receipt["run_id"])
+    assert (agent_dir / "state" / TASKS_FILE).read_bytes() == before  # as found, byte for byte
+    transcript = run_cli("transcript", str(agent_dir), runs[1], "--json").stdout
+    assert "Your task for this wake is t1: count the files in the workspace" in transcript
+    assert "a dry run leaves tasks as it found them; task t1 stays todo" in transcript
+    log = run_cli("log", str(agent_dir)).stdout.splitlines()
+    assert sum("task_shown" in line and "task=t1" in line for line in log) == 2
+    assert sum("wake_finished" in line and "task=t1" in line for line in log) == 2
+    fake_api([turn(text("On it."))])  # then a live wake claims it, as before
+    receipt = wake_live(agent_dir)
+    assert receipt.task == "t1" and load_tasks(agent_dir / "state")[0].claimed_by == receipt.run_id
+
+
+def wake_live(agent_dir):
+    from orchestrator.wake.loop import wake
+
+    return wake(load_agent(agent_dir), live=True)
+
+
+@pytest.mark.docker
+def test_the_console_shows_which_task_each_wake_had(tmp_path):
+    from orchestrator.console.app import Console, start
+    from orchestrator.console.auth import Access
+    from tests.helpers import make_agent
+    from tests.helpers.console import TOKEN, Client
+
+    root = tmp_path / "agents"
+    agent_dir = make_agent(root, "one")
+    add_task(agent_dir / "state", "tidy the notes")
+    done = run_cli("wake", str(agent_dir), "--dry-run", timeout=180)
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout.splitlines()[-1])["run_id"]
+    listening = start(Console(root, Access(TOKEN, True)), "127.0.0.1", 0, ())
+    try:
+        client = Client(listening.url).sign_in()
+        agent_page = client.get("/agents/one")[2]
+        wake_page = client.get(f"/agents/one/wakes/{run_id}")[2]
+    finally:
+        listening.stop()
+    assert '<td class="task">t1</td>' in agent_page and "dry run" in agent_page
+    assert '· task <span id="task">t1</span>' in wake_page
 
 
 @pytest.mark.docker

@@ -69,7 +69,7 @@ def test_prune_drops_old_then_oldest_over_the_cap_never_the_current_run_and_orph
     left = sorted(p.stem for p in tr.runs(tmp_path))
     assert left == ["current", "run3"] and pruned.files == 3
     assert sorted(p.stem for p in (tmp_path / "transcripts/prompts").iterdir()) == ["hash0", "hash3"]
-    assert tr.find_run(tmp_path, "run") is not None and tr.find_run(tmp_path, "zzz") is None
+    assert tr.find_run(tmp_path, "run3") is not None and tr.find_run(tmp_path, "run") is None  # whole ids only
 
 
 def test_render_names_who_spoke_what_ran_exit_codes_and_cost(tmp_path):

@@ -51,6 +51,8 @@ from orchestrator.records.health import set_paused
 from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
 from orchestrator.records.tasks import add_task
+from orchestrator.records.tasks import cancel as cancel_task
+from orchestrator.records.tasks import remove as remove_task
 
 HERE = Path(__file__).parent
 CSP = (
@@ -70,6 +72,8 @@ SAID = {
     "resume": "resumed: failures forgotten, ticks run again",
     "send": "message queued for the next live wake",
     "task": "task queued",
+    "task-cancel": "task cancelled: no wake takes it",
+    "task-rm": "task removed from the list",
     "escapes": "the escape suite started",
     "login": "signed in",
     "stop": "stopped: nothing starts, running calls are killed, running wakes end `stopped`",
@@ -294,7 +298,7 @@ class Console:
         return RedirectResponse(f"/?said={action}", status_code=303)
 
     def _do(self, path: Path, action: str, form: dict) -> None:
-        """The CLI's own functions: run-now, pause, resume, send, task add."""
+        """The CLI's own functions: run-now, pause, resume, send, task add, cancel and rm."""
         sd = path / "state"
         if action == "run-now":
             request_run(sd)
@@ -308,6 +312,10 @@ class Console:
             send_message_to_agent(sd, text)
         elif action == "task":
             add_task(sd, form.get("title", "").strip())
+        elif action == "task-cancel":
+            cancel_task(sd, form.get("id", ""), form.get("note", ""))
+        elif action == "task-rm":
+            remove_task(sd, form.get("id", ""))
         else:
             raise pages_mod.NotFound(f"no action {action!r}")
 

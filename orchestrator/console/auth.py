@@ -10,7 +10,7 @@
   `Authorization: Bearer TOKEN` instead.
 - Reading: signed in, on loopback too (any local user can reach a loopback
   port). Only /metrics stays open on a loopback listener (app.py).
-- Acting (run now, pause, resume, send, add a task, run the escape suite,
+- Acting (run now, pause, resume, send, add, cancel or remove a task, run the escape suite,
   sign out), whatever headers come with the request (`why_not_act`):
   * `Sec-Fetch-Site`, when the browser sends it, is `same-origin` or `none`
     (a person's own navigation); `cross-site` and `same-site` (a page on

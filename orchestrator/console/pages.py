@@ -50,7 +50,6 @@ import yaml
 
 from orchestrator.broker.client import read_wake_diff
 from orchestrator.errors import ConfigError, WakeloopError
-from orchestrator.sandbox.undo_folders import checked_run_id
 from orchestrator.views import diffview
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.wake_history import WakeIndex
@@ -69,6 +68,7 @@ from orchestrator.records import egress, stopswitch
 from orchestrator.policy.agent import Agent, load_agent
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.receipt import Usage
+from orchestrator.records.run_ids import RunIdError, resolve
 from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
@@ -95,7 +95,6 @@ ROW_SOURCES = (
     LOCK,
 )
 WAKES_SHOWN = 100  # rows of wake history on an agent's page
-RUN_ID = re.compile(r"[0-9a-f]{6,32}")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a folder name: no path, never . or ..
 MANDATE_CAP = 64 * 1024  # chars of mandate.md shown
 EGRESS_SHOWN = 500  # egress decisions listed on a wake's page; the rest are counted (`log --egress` has them)
@@ -311,9 +310,8 @@ class Pages:
 
     def wake(self, name: str, run_id: str) -> dict:
         path = self.agent_dir(name)
-        if not RUN_ID.fullmatch(run_id):
-            raise NotFound(f"{run_id!r} is not a run id")
         sd = path / "state"
+        run_id = _whole_run_id(sd, run_id, name)
         lines = list(read_lines(transcript_path(sd, run_id)))
         if not lines:
             raise NotFound(f"no transcript of run {run_id} for {name} (pruned, or never written)")
@@ -334,10 +332,7 @@ class Pages:
         """What wake `run_id` changed in the workspace (sandbox/wake_diff.py), as diff lines; read on
         the agent's disk (the broker's, under compose), or the one line why not."""
         path = self.agent_dir(name)
-        try:
-            run_id = checked_run_id(run_id)
-        except ConfigError as exc:
-            raise NotFound(str(exc)) from None
+        run_id = _whole_run_id(path / "state", run_id, name)
         try:
             diff = read_wake_diff(load_agent(path), run_id)
         except WakeloopError as exc:
@@ -426,3 +421,11 @@ def _policy_yaml(agent: Agent) -> str:
     """The policy as loaded (defaults filled in), as YAML."""
     plain = json.loads(json.dumps(asdict(agent.policy), default=str))
     return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+
+
+def _whole_run_id(state_dir: Path, given: str, name: str) -> str:
+    """A wake page's run id: whole, or a unique prefix of one (records/run_ids.py), else NotFound."""
+    try:
+        return resolve(state_dir, given, name)
+    except RunIdError as exc:
+        raise NotFound(str(exc)) from None

@@ -60,6 +60,7 @@ EVENTS = (
     "dead_letter",
     "blocked",
     "budget_stop",
+    "not_committed",
     "message",
     "failing",
     "recovered",

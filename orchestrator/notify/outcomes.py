@@ -31,9 +31,10 @@ from orchestrator.notify.config import Channel
 from orchestrator.records import approval_links, health
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
+from orchestrator.records.receipt import FAILED
 from orchestrator.records.folder import state_folder
 
-WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop")  # receipt statuses that are news by themselves
+WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop", "not_committed")  # receipt statuses that are news by themselves
 MARKER_CAP = 64  # bytes of a day marker read (a date)
 DAILY_FILE = "daily.json"  # under state/notify/: the last UTC day a digest was queued for
 TEXT_CAP = 8000  # chars of the agent's own text in one notification
@@ -167,14 +168,15 @@ def after_wake(agent, receipt) -> None:
                 r.to_dict(),
             ),
         )
-    if r.status not in ("blocked", "skipped_node"):  # waiting for money, or for a node, is not failing
+    # Waiting for money, or for a node, is not failing; nor is a wake its node's loss cut (node_lost).
+    if r.status not in ("blocked", "skipped_node") and not r.node_lost:
         _health(
             agent.state_dir,
             agent.name,
             str(agent.dir),
             agent.notify,
             agent.pause_after_failures,
-            ok=r.status != "dead_letter",
+            ok=r.status not in FAILED,  # blocked is not here: see above
             reason=r.reason,
             run_id=r.run_id,
             wake=r.wake,

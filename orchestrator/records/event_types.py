@@ -156,6 +156,17 @@ class TaskClaimed(EventRecord):
 
 
 @dataclass(frozen=True)
+class TaskShown(EventRecord):
+    """A dry run named this task in its first message as a live wake would, and left it as it
+    found it: a scripted model does no task's work (records/tasks.py)."""
+
+    TYPE = "task_shown"
+    task: str = ""
+    title: str = ""
+    status: str = ""  # the task's status, left as it was: todo | claimed
+
+
+@dataclass(frozen=True)
 class ApprovalError(EventRecord):
     TYPE = "approval_error"
     error: str = ""
@@ -264,6 +275,17 @@ class DeadLetter(EventRecord):
 
 
 @dataclass(frozen=True)
+class NotCommitted(EventRecord):
+    """The wake's changes to the workspace did not land (its `workspace_changes` has outcome
+    error): the wake ends `not_committed`, whatever its conversation ended with (loop.py)."""
+
+    TYPE = "not_committed"
+    reason: str = ""  # why: the commit's error (a full disk, a broker gone)
+    ended: str = ""  # what the conversation ended with: done, budget_stop, stopped
+    node_lost: str = field(default="", metadata=OMIT)  # past one host: its node went mid-wake (no backoff)
+
+
+@dataclass(frozen=True)
 class JournalStub(EventRecord):
     TYPE = "journal_stub"
     kind: str = ""  # stub | closing note
@@ -293,6 +315,7 @@ class WakeFinished(EventRecord):
     reason: str = ""
     tokens: int = 0
     steps: int = 0
+    task: str = field(default="", metadata=OMIT)  # the task the wake had (claimed, or a dry run's shown)
     receipt: Receipt | None = None
 
 
@@ -509,6 +532,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         WakeStarted,
         TaskError,
         TaskClaimed,
+        TaskShown,
         ApprovalError,
         ModelRequest,
         ModelResponse,
@@ -520,6 +544,7 @@ RECORDS: dict[str, type[EventRecord]] = {
         Stopped,
         BudgetStop,
         DeadLetter,
+        NotCommitted,
         JournalStub,
         TranscriptsPruned,
         TranscriptError,

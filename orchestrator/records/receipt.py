@@ -20,9 +20,14 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping, get_args
 
-# skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py)
-Status = Literal["done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node"]
+# skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py);
+# not_committed: the wake ran, but its changes to the workspace were not committed (a commit
+# that failed and was rolled back, a broker lost mid-wake): nothing it changed landed.
+Status = Literal[
+    "done", "budget_stop", "dead_letter", "blocked", "skipped_locked", "stopped", "skipped_node", "not_committed"
+]
 STATUSES: tuple[Status, ...] = get_args(Status)
+FAILED: tuple[Status, ...] = ("dead_letter", "blocked", "not_committed")  # the work failed: exit 1 (errors.py)
 
 # Names a quantity had in files written before it had one (`cache_creation_tokens`: receipts;
 # the rest: model_response events and transcripts, which kept the API's names).
@@ -169,9 +174,11 @@ class Receipt:
     started_at: str = ""
     usd: float | None = 0.0  # this wake's cost from real usage (ledger.py); 0 in a dry run;
     #                                 None: billed on a model with no known price, so not known
-    task: str = ""  # the task this wake claimed (tasks.py), if any
+    task: str = ""  # the task this wake had (tasks.py), if any: claimed, or named by a dry run and left as it was
     messages_waiting: int = 0  # a dry run: the human's messages left for the first live wake
     no_room: str = ""  # the last call the disk guard did not start this wake, and why
+    node_lost: str = ""  # past one host: its node stopped answering mid-wake (broker/nodes.py), so its
+    #                      changes were not committed: not_committed, but no failure of the agent's (no backoff)
     egress: EgressSum = EgressSum()  # the proxy's decisions for this run (records/egress.py), summed
 
     @property
@@ -239,4 +246,5 @@ _PLAIN: tuple[tuple[str, type[Any]], ...] = (
     ("task", str),
     ("messages_waiting", int),
     ("no_room", str),
+    ("node_lost", str),
 )

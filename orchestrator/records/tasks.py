@@ -1,10 +1,14 @@
 """Tasks: a human's queue of work for one agent, in state/tasks.json (seed 001).
 
-A task moves todo -> claimed -> done | failed. Each wake claims one: a task a
-previous wake claimed and never closed first (it carries on), else the oldest
-todo. The wake names it in its first user message; the agent closes it with
-the host-side `complete_task` tool. The file lives in state/, which no sandbox
-mounts, so the agent can change a task only through that tool.
+A task moves todo -> claimed -> done | failed. Each live wake claims one: a
+task a previous wake claimed and never closed first (it carries on), else the
+oldest todo. The wake names it in its first user message; the agent closes it
+with the host-side `complete_task` tool. The file lives in state/, which no
+sandbox mounts, so the agent can change a task only through that tool.
+A dry run names the same task in its first message (`next_task`) and leaves
+it as it found it: a scripted model does no task's work. A person may cancel
+an open task (`cancelled`, kept in the list with their note) or remove any
+task from the list (`wakeloop task cancel|rm`).
 
 Every change is a read-modify-write under an flock, written atomically (temp
 file, fsync, rename), so `task add` from a shell never races a wake's claim
@@ -29,7 +33,7 @@ TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"
 MAX_TITLE_CHARS = 2000  # a task is a line of intent, not a document
 MAX_NOTE_CHARS = 2000  # what the agent may say when closing one
-STATUSES = ("todo", "claimed", "done", "failed")
+STATUSES = ("todo", "claimed", "done", "failed", "cancelled")
 OPEN = ("todo", "claimed")
 
 
@@ -58,11 +62,17 @@ def _now() -> str:
 
 def load_tasks(state_dir: Path) -> list[Task]:
     """Every task, oldest first; a missing file is no tasks, a broken one says so."""
+    return _read(state_dir)[0]
+
+
+def _read(state_dir: Path) -> tuple[list[Task], int]:
+    """The tasks, and the highest task number ever given (`last`: a removed task's id is not
+    given again, so an event naming it names one task)."""
     path = Path(state_dir) / TASKS_FILE
     try:
         raw = loads(state_folder(state_dir).read_text(TASKS_FILE, RECORD_CAP))
     except FileNotFoundError:
-        return []
+        return [], 0
     except (OSError, ValueError) as exc:
         raise TaskError(f"{path}: unreadable ({exc}); fix or remove it") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
@@ -72,12 +82,18 @@ def load_tasks(state_dir: Path) -> list[Task]:
     for item in raw["tasks"]:
         if isinstance(item, dict) and item.get("status") in STATUSES and item.get("id"):
             tasks.append(Task(**{k: str(v) for k, v in item.items() if k in known}))
-    return tasks
+    last = raw.get("last")
+    return tasks, last if isinstance(last, int) and not isinstance(last, bool) and 0 < last < 2**31 else 0
 
 
-def _save(state_dir: Path, tasks: list[Task]) -> None:
+def _number(task: Task) -> int:
+    return int(task.id[1:]) if task.id[1:].isdigit() and len(task.id) < 12 else 0
+
+
+def _save(state_dir: Path, tasks: list[Task], last: int) -> None:
+    last = max(last, *(_number(t) for t in tasks), 0)
     state_folder(state_dir).write_atomic(
-        TASKS_FILE, json.dumps({"version": 1, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n"
+        TASKS_FILE, json.dumps({"version": 1, "last": last, "tasks": [asdict(t) for t in tasks]}, indent=2) + "\n"
     )
 
 
@@ -92,10 +108,10 @@ def add_task(state_dir: Path, title: str) -> Task:
             "and put details in mandate.md or a message (`wakeloop send`)"
         )
     with locked(state_dir, TASKS_LOCK):
-        tasks = load_tasks(state_dir)
-        number = 1 + max((int(t.id[1:]) for t in tasks if t.id[1:].isdigit()), default=0)
+        tasks, last = _read(state_dir)
+        number = 1 + max(last, *(_number(t) for t in tasks), 0)
         task = Task(id=f"t{number}", title=title, created=_now())
-        _save(state_dir, tasks + [task])
+        _save(state_dir, tasks + [task], last)
     return task
 
 
@@ -103,18 +119,28 @@ def open_tasks(state_dir: Path) -> list[Task]:
     return [t for t in load_tasks(state_dir) if t.status in OPEN]
 
 
+def _pick(tasks: list[Task]) -> Task | None:
+    """The task a wake takes: one left claimed by an earlier wake (only one wake runs at a
+    time, so it was abandoned), else the oldest todo."""
+    return next((t for t in tasks if t.status == "claimed"), None) or next(
+        (t for t in tasks if t.status == "todo"), None
+    )
+
+
+def next_task(state_dir: Path) -> Task | None:
+    """The task the next wake names, left as it is (a dry run's, `wakeloop context`'s)."""
+    return _pick(load_tasks(state_dir))
+
+
 def claim_next(state_dir: Path, run_id: str) -> Task | None:
-    """Claim the task this wake works on: one left claimed by an earlier wake
-    (only one wake runs at a time, so it was abandoned), else the oldest todo."""
+    """Claim the task this wake works on (_pick's)."""
     with locked(state_dir, TASKS_LOCK):
-        tasks = load_tasks(state_dir)
-        pick = next((t for t in tasks if t.status == "claimed"), None) or next(
-            (t for t in tasks if t.status == "todo"), None
-        )
+        tasks, last = _read(state_dir)
+        pick = _pick(tasks)
         if pick is None:
             return None
         claimed = replace(pick, status="claimed", claimed_by=run_id, claimed_at=_now())
-        _save(state_dir, [claimed if t.id == pick.id else t for t in tasks])
+        _save(state_dir, [claimed if t.id == pick.id else t for t in tasks], last)
     return claimed
 
 
@@ -124,7 +150,7 @@ def finish(state_dir: Path, task_id: str, status: str, note: str = "", run_id: s
     if status not in ("done", "failed"):
         raise TaskError(f"status must be 'done' or 'failed', not {status!r}")
     with locked(state_dir, TASKS_LOCK):
-        tasks = load_tasks(state_dir)
+        tasks, last = _read(state_dir)
         task = next((t for t in tasks if t.id == task_id), None)
         if task is None:
             raise TaskError(f"there is no task {task_id!r}")
@@ -134,16 +160,48 @@ def finish(state_dir: Path, task_id: str, status: str, note: str = "", run_id: s
                 "only the task named at the start of this wake can be completed"
             )
         closed = replace(task, status=status, finished_at=_now(), note=note.strip()[:MAX_NOTE_CHARS])
-        _save(state_dir, [closed if t.id == task_id else t for t in tasks])
+        _save(state_dir, [closed if t.id == task_id else t for t in tasks], last)
     return closed
 
 
-def claim_for_wake(state_dir: Path, run_id: str) -> tuple[Task | None, str | None]:
-    """claim_next for the loop: a broken tasks.json is a warning line, never a failed wake."""
+def cancel(state_dir: Path, task_id: str, note: str = "") -> Task:
+    """`wakeloop task cancel`: an open task no wake should take; kept in the list, with the note.
+    A wake working on it meanwhile cannot complete it (finish refuses it)."""
+    with locked(state_dir, TASKS_LOCK):
+        tasks, last = _read(state_dir)
+        task = _find(state_dir, tasks, task_id)
+        if task.status not in OPEN:
+            raise TaskError(f"task {task_id} is {task.status} already; `wakeloop task rm` removes it from the list")
+        closed = replace(task, status="cancelled", finished_at=_now(), note=" ".join(note.split())[:MAX_NOTE_CHARS])
+        _save(state_dir, [closed if t.id == task_id else t for t in tasks], last)
+    return closed
+
+
+def remove(state_dir: Path, task_id: str) -> Task:
+    """`wakeloop task rm`: the task gone from the list, whatever its status (its id is not reused
+    while a later task stands)."""
+    with locked(state_dir, TASKS_LOCK):
+        tasks, last = _read(state_dir)
+        task = _find(state_dir, tasks, task_id)
+        _save(state_dir, [t for t in tasks if t.id != task_id], last)
+    return task
+
+
+def _find(state_dir: Path, tasks: list[Task], task_id: str) -> Task:
+    task = next((t for t in tasks if t.id == task_id), None)
+    if task is None:
+        known = ", ".join(t.id for t in tasks[-10:]) or "none"
+        raise TaskError(f"there is no task {task_id!r} (tasks: {known}; `wakeloop task list` shows them)")
+    return task
+
+
+def claim_for_wake(state_dir: Path, run_id: str, live: bool = True) -> tuple[Task | None, str | None]:
+    """claim_next for the loop (a dry run: next_task, nothing claimed); a broken tasks.json is a
+    warning line, never a failed wake."""
     try:
-        return claim_next(state_dir, run_id), None
+        return (claim_next(state_dir, run_id) if live else next_task(state_dir)), None
     except TaskError as exc:
-        return None, f"warning: no task claimed: {exc}"
+        return None, f"warning: no task {'claimed' if live else 'named'}: {exc}"
 
 
 def first_message_line(task: Task, can_complete: bool = True) -> str:

@@ -162,12 +162,12 @@ def runs(state_dir: Path) -> list[Path]:
 
 
 def find_run(state_dir: Path, run_id: str | None) -> Path | None:
-    """A run's transcript by id (a unique prefix will do); the newest without one."""
+    """A run's transcript by its whole id (run_ids.resolve makes one of a prefix); the newest
+    without one, or with `last`."""
     every = runs(state_dir)
     if not run_id or run_id == "last":
         return every[-1] if every else None
-    hits = [p for p in every if p.name.startswith(run_id)]
-    return hits[0] if len(hits) == 1 else None
+    return next((p for p in every if p.name == f"{run_id}{SUFFIX}"), None)
 
 
 def prompt_text(state_dir: Path, sha: str) -> str | None:

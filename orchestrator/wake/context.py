@@ -2,7 +2,10 @@
 
 The agent's whole worldview each wake is: mandate + operating rules + core
 memory + the last few journal files (system prompt), then wake number, UTC
-time and the human's queued messages (first user message).
+time, the human's queued messages (a live wake's only: a dry run leaves them
+for the first live one), the last wake's refused changes and the task it has
+(first user message). `next_wake` assembles exactly that for `wakeloop
+context`, with the same functions the wake calls, and changes nothing.
 
 The system prompt is a stable prefix for prompt caching: no timestamps, no
 wake counter, nothing that changes from step to step, so the tools and the
@@ -35,6 +38,8 @@ from pathlib import Path
 
 from orchestrator.sandbox import workspace_reads
 from orchestrator.policy.agent import Agent
+from orchestrator.records import approvals, tasks
+from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
@@ -71,16 +76,94 @@ class Context:
         )
 
 
+@dataclass(frozen=True)
+class NextWake:
+    """`wakeloop context`: what the next wake sends, and what it leaves out."""
+
+    live: bool
+    wake: int
+    model: str
+    context: Context
+    task: tasks.Task | None
+    waiting: int  # a dry run: the human's messages it leaves for the first live wake
+    approvals: int  # a live wake: decided approvals it handles first, told after this message
+
+    def render(self) -> str:
+        mode = "live" if self.live else "dry run (scripted model, no API call)"
+        lines = [f"===== the next wake: #{self.wake}, {mode}, model {self.model} ====="]
+        if self.waiting:
+            lines.append(f"({self.waiting} message(s) from your human wait for the first live wake: not sent)")
+        if self.approvals:
+            lines.append(
+                f"({self.approvals} decided approval(s): the wake runs the approved calls first and "
+                "adds what became of each at the end of the first user message)"
+            )
+        return "\n".join(lines) + "\n" + self.context.render()
+
+    def to_json(self, agent: str) -> dict:
+        return {
+            "agent": agent,
+            "wake": self.wake,
+            "live": self.live,
+            "model": self.model,
+            "task": self.task.id if self.task else "",
+            "messages_waiting": self.waiting,
+            "approvals_to_tell": self.approvals,
+            "system": self.context.system,
+            "first_user": self.context.first_user,
+        }
+
+
 def journal_day(now: datetime) -> str:
     return now.strftime("%Y-%m-%d")
 
 
 def build_context(
-    agent: Agent, *, wake: int, now: datetime, inbox: str, files: workspace_reads.Files | None = None
+    agent: Agent,
+    *,
+    wake: int,
+    now: datetime,
+    inbox: str,
+    files: workspace_reads.Files | None = None,
+    task: tasks.Task | None = None,
 ) -> Context:
+    """The context of wake number `wake`: `inbox` as the wake drained it ("" in a dry run),
+    `task` as it took it (claimed, or named by a dry run)."""
     first_user = first_message(wake, now, inbox)
     refused = refused_section(agent.state_dir)
-    return Context(system=system_prompt(agent, files), first_user=first_user + (f"\n\n{refused}" if refused else ""))
+    if refused:
+        first_user += f"\n\n{refused}"
+    if task is not None:  # after the cached prefix, with the rest of what changes every wake
+        can_complete = agent.policy.tools.complete_task.enabled
+        first_user += "\n\n" + tasks.first_message_line(task, can_complete=can_complete)
+    return Context(system=system_prompt(agent, files), first_user=first_user)
+
+
+def next_wake(
+    agent: Agent, *, live: bool, wake: int, now: datetime, files: workspace_reads.Files | None = None
+) -> NextWake:
+    """What wake number `wake` would send if it began at `now`, read without changing anything:
+    the inbox peeked (a live wake's), the task it would take named, not claimed. A broken
+    tasks.json is no task, as the wake takes it (tasks.claim_for_wake)."""
+    sd = agent.state_dir
+    queued = st.peek_inbox(sd)
+    try:
+        task = tasks.next_task(sd)
+    except tasks.TaskError:
+        task = None
+    try:  # as the wake reads them (approval_gate.py); one it cannot read is told nothing
+        told = [a for a in approvals.load_all(sd) if not a.reported and a.status in (*approvals.DECIDED, "started")]
+    except (OSError, ValueError, TypeError):
+        told = []
+    return NextWake(
+        live=live,
+        wake=wake,
+        model=agent.model,
+        context=build_context(agent, wake=wake, now=now, inbox=queued if live else "", files=files, task=task),
+        task=task,
+        waiting=0 if live else st.count_messages(queued),
+        approvals=len(told) if live else 0,
+    )
 
 
 def refused_section(state_dir: Path) -> str:

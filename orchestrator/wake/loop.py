@@ -49,7 +49,10 @@ taken without following a symlink), a stub is appended by a sandbox call
 (workspace.append_in_sandbox), which cannot reach outside the workspace and
 refuses a symlinked journal.
 
-Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node.
+Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node |
+not_committed. A wake's changes are committed at its end (sandbox/wake_layer.py); when they are
+not (the commit failed and was rolled back, its broker was lost), the wake ends `not_committed`,
+a failure, whatever its conversation ended with (a dead letter stays one, and says so).
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
 boundary with status done, reason "stopped". The fleet's switch (ROOT/STOP,
 records/stopswitch.py) is looked at before the wake starts and at every
@@ -321,6 +324,8 @@ class _Wake:
         self.messages_sent = 0  # send_message calls: each notification's id names its number
         self.waiting = 0  # a dry run: the human's messages it left in the inbox
         self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
+        self.node_lost = ""  # past one host: its node stopped answering before the commit
+        self.own_box = False  # the wake opened its sandbox itself (not a test's or a caller's)
 
     @property
     def tokens(self) -> int:
@@ -356,6 +361,7 @@ class _Wake:
             return blocked
         # Under compose the broker's, never the Docker socket (client.open_sandbox decides).
         self.box = sandbox or open_sandbox(self.agent, run_id=self.run_id, fresh=True, say=self.say)
+        self.own_box = sandbox is None
         try:
             with tracing.wake_span(self.agent.name, self.run_id, self.agent.model, bool(model and model.live)) as span:
                 receipt = self._run_in(state, model, turns)
@@ -413,16 +419,10 @@ class _Wake:
             self.task = self._claim_task()
             self.files = self.box.files()  # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
-            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files)
+            # What `wakeloop context` printed (context.next_wake): the same function, the same inputs.
+            self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files, task=self.task)
             self.transcript.system(self.ctx.system, self.ctx.system_hash)
-            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools)
-            if self.task:  # named in the first user message, after the cached prefix
-                self.ctx = replace(
-                    self.ctx,
-                    first_user=self.ctx.first_user
-                    + "\n\n"
-                    + tasks.first_message_line(self.task, can_complete=bool(completer and completer[0].enabled)),
-                )
+            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools, live=self.model.live)
             self.gate = Gate(
                 agent.policy,
                 sd,
@@ -447,13 +447,15 @@ class _Wake:
             if not self.inbox_committed:
                 st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
         journal = self._journal_trace(journal_before, status, reason)
-        self._finish()
+        status, reason = self._honest(status, reason, self._finish())
         receipt = self._receipt(status, reason, journal)
         st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens, last_receipt=receipt))
         self._close_transcript(receipt)
         self._notify(outcomes.after_wake, self.agent, receipt)
         self.events.write(
-            ev.WakeFinished(status=status, reason=reason, tokens=self.tokens, steps=self.steps, receipt=receipt)
+            ev.WakeFinished(
+                status=status, reason=reason, tokens=self.tokens, steps=self.steps, task=receipt.task, receipt=receipt
+            )
         )
         self.say(
             f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
@@ -512,17 +514,20 @@ class _Wake:
             except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
                 self.say(f"workspace: the discarded wake was not recorded: {exc}")
 
-    def _finish(self) -> None:
+    def _finish(self) -> str:
         """The wake's changes checked against the policy, what passes committed, the rest dropped;
-        recorded (event, transcript) and told to the next wake. Once; never raises."""
+        recorded (event, transcript) and told to the next wake. Once; never raises. Returns why
+        the changes were not committed (nothing of them landed), or "" when they were."""
         if not getattr(self, "begun", False):
-            return
+            return ""
         self.begun = False
         policy = self.agent.policy
         try:
             changes = self.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
-        except SandboxError as exc:
+        except SandboxError as exc:  # its broker did not answer: past one host, its node may be gone
             changes = WakeChanges(self.run_id, error=f"the wake's changes were not committed: {exc}")
+            if self.own_box and (down := _node_down(self.agent, self.say)):
+                self.node_lost = down
         try:  # the proxy's decisions, before the receipt sums them (records/egress.py)
             egress.append(self.agent.state_dir, self.box.egress_decisions())
         except (OSError, SandboxError) as exc:
@@ -540,6 +545,22 @@ class _Wake:
             + "".join(f"; {path}: {rule}" for path, rule in list(zip(record.refused, record.rules, strict=False))[:3])
             + (f" ({changes.error})" if changes.error else "")
         )
+        return changes.error
+
+    def _honest(self, status: Status, reason: str, not_committed: str) -> tuple[Status, str]:
+        """A wake whose changes did not land does not end as a success (done, budget_stop,
+        stopped): it ends `not_committed`, a failure (exit 1, news, a failing streak; past one
+        host, when its node went mid-wake, no streak: notify/outcomes.py). A dead letter is a
+        failure already: its reason says so too."""
+        if not not_committed:
+            return status, reason
+        if self.node_lost:  # its node went mid-wake: said, but the agent did not fail (receipt.node_lost)
+            not_committed = f"{not_committed} ({self.node_lost})"
+        if status == "dead_letter":
+            return status, f"{reason}; {not_committed}"
+        self.events.write(ev.NotCommitted(reason=not_committed, ended=status, node_lost=self.node_lost))
+        self.say(f"not committed: {not_committed}")
+        return "not_committed", f"{not_committed} (the wake itself ended {status}: {reason})"
 
     def _tell_next_wake(self, record: ev.WorkspaceChanges) -> None:
         """state/workspace_refused.json: the refusals the next wake's context names (context.py)."""
@@ -577,13 +598,18 @@ class _Wake:
         self._notify(outcomes.on_approval, self.agent, approval)
 
     def _claim_task(self) -> tasks.Task | None:
-        task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id)
+        """A live wake claims its task; a dry run names the same one and leaves it as it was."""
+        live = self.model.live
+        task, warning = tasks.claim_for_wake(self.agent.state_dir, self.run_id, live)
         if warning:
             self.say(warning)
             self.events.write(ev.TaskError(warning=warning))
-        if task:
+        if task and live:
             self.say(f"task {task.id}: {_short(task.title)}")
             self.events.write(ev.TaskClaimed(task=task.id, title=task.title))
+        elif task:
+            self.say(f"task {task.id}: {_short(task.title)} (a dry run: left {task.status}, as it was)")
+            self.events.write(ev.TaskShown(task=task.id, title=task.title, status=task.status))
         return task
 
     def _converse_or_dead_letter(self) -> tuple[Status, str]:
@@ -837,6 +863,7 @@ class _Wake:
         self.transcript.end(
             status=receipt.status,
             reason=receipt.reason,
+            task=receipt.task,
             steps=receipt.steps,
             tokens=receipt.tokens,
             tool_calls=receipt.tool_calls,
@@ -880,6 +907,7 @@ class _Wake:
             task=task.id if (task := getattr(self, "task", None)) else "",
             messages_waiting=self.waiting,
             no_room=self.no_room,
+            node_lost=self.node_lost,
             # The proxy's decisions for this run, appended to state/egress.jsonl as they were collected.
             egress=egress.summarize(self.agent.state_dir, self.run_id),
         )

@@ -25,14 +25,17 @@ COMPLETE_TASK_SCHEMA = {
 }
 
 
-def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_tools) -> list:
+def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_tools, live: bool = True) -> list:
     """The host-side complete_task tool for a wake that claimed `task` (none without one).
-    It writes state/tasks.json only, never the workspace; the policy can disable it."""
+    It writes state/tasks.json only, never the workspace; the policy can disable it. A dry run
+    is offered the same tool, which changes nothing: it leaves every task as it found it."""
     if task is None:
         return []
     enabled = getattr(getattr(policy_tools, "complete_task", None), "enabled", True)
 
     def handler(args: dict) -> ToolResult:
+        if not live:
+            return error(f"complete_task: a dry run leaves tasks as it found them; task {task.id} stays {task.status}")
         try:
             closed = finish(state_dir, args["task_id"], args["status"], args.get("note", ""), run_id=run_id)
         except TaskError as exc:

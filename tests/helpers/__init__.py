@@ -15,10 +15,11 @@ Not here: pytest fixtures (tests/conftest.py).
 """
 
 from tests.helpers.agents import live_wake, make_agent
-from tests.helpers.support import REPO, must_escape, run_cli, scrubbed_env, set_policy, today, wait_for
+from tests.helpers.support import REPO, cli_here, must_escape, run_cli, scrubbed_env, set_policy, today, wait_for
 
 __all__ = [
     "REPO",
+    "cli_here",
     "live_wake",
     "make_agent",
     "must_escape",

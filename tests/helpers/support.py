@@ -45,6 +45,14 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
     )
 
 
+def cli_here(*args: str) -> int:
+    """`wakeloop ARGS` in this process: the same main() as the command line, without a Python
+    start (and with this process's hooks: /metrics installed here sees a wake's events)."""
+    from orchestrator.cli import main
+
+    return main(list(args))
+
+
 def set_policy(agent_dir: Path, policy: dict, **extra) -> None:
     """Replace agent.yaml's policy (an inline mapping) and any other keys given."""
     config = agent_dir / "agent.yaml"
