@@ -604,6 +604,7 @@ def release(client: docker.DockerClient, key: str, *, delete: bool = False, forc
     image = path_of(key, "img")
     if not disks_dir().is_dir():
         return True
+    _settler.wait(key)  # its syncfs holds the mount open: an unmount beside it fails EBUSY (a forced release too)
     with _locked(path_of(key, "lock")):
         # A holder is made only under this lock (attach): none can appear until it is let go.
         if not _nobody_holds(key) and not force:
