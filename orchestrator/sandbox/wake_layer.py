@@ -55,6 +55,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +68,12 @@ from orchestrator.sandbox.workspace_reads import HostFiles
 
 READ_OPTIONS = f"{transaction.OVERLAY_OPTIONS},nosuid,nodev,noexec"  # LayerFiles': nothing on it runs
 MAX_LISTED = 200  # changes (and refusals) a WakeChanges names; the rest are counted
+# A wake's layer takes 4 inodes (its folder, upper, work, overlayfs's work/work). A dropped layer frees
+# all of its own at once, when the kernel lets go of its overlay: wait for a margin past 4, so that a
+# few freed early (a folder's) do not pass for it. A disk really this full waits FREED_WAIT_S, once.
+LAYER_INODES = 64
+FREED_WAIT_S = 5.0  # for the inodes a dropped layer frees once the kernel lets go of its overlay
+FREED_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,7 @@ def begin(held: disk.Disk, run_id: str) -> Settled:
     settled = settle(held)
     root = held.view
     upper, work = layers.upper(root, run_id), layers.work(root, run_id)
+    _await_inodes(root)
     upper.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     files = layers.files(root)
@@ -252,6 +260,16 @@ def settle(held: disk.Disk) -> Settled:
             discarded.append(WakeChanges(run_id, discarded=tuple(changes)))
         _drop(root, run_id)
     return Settled(tuple(lines), tuple(discarded))
+
+
+def _await_inodes(root: Path) -> None:
+    """Wait (at most FREED_WAIT_S) until the disk has the inodes a wake's layer needs. A wake that
+    filled its disk's inodes frees them when its layer is dropped, but only once the kernel lets
+    go of its overlay: a removed box's mount namespace still holds it for some milliseconds after
+    the engine says the box is gone. Past the wait, mkdir says ENOSPC, as it would."""
+    deadline = time.monotonic() + FREED_WAIT_S
+    while os.statvfs(root).f_ffree < LAYER_INODES and time.monotonic() < deadline:
+        time.sleep(FREED_POLL_S)
 
 
 def _drop(root: Path, run_id: str) -> None:
