@@ -43,11 +43,19 @@ against the host's rules, then sets the credential's header, expanding its
 the environment of the process that calls `ensure` (the broker under compose),
 never from the box, which sees at most a placeholder (`placeholder_env`). A
 placeholder in a request to any other host (headers or URL) is refused and
-recorded as misdirected. Every other allowed host is tunnelled untouched (its
-bytes counted). Each connection and each intercepted request is one JSON line on
-the proxy's stdout; `decisions` reads those since a wake began. The wake's byte
-budget (`sandbox.max_egress_bytes_per_wake`) is counted by the proxy from the
-last `new_wake` (a SIGUSR1); past it, connections and requests are refused.
+recorded as misdirected. A credential is added only when every name for the
+destination is its host: the CONNECT target, the box's TLS name (SNI), the name
+upstream is reached and its certificate verified by (always the CONNECT host, never
+the box's SNI), an absolute-form target's authority and Host; any other is refused
+with the reason in the 403's body. A tunnel to an intercepted host carries TLS
+only. On a host with rules, a path that RFC 3986 normalising would change (dot
+segments, percent-encoded unreserved characters) or that holds an encoded slash
+or a backslash is refused, so a rule sees the path the server will read. Every
+other allowed host is tunnelled untouched (its bytes counted). Each connection
+and each intercepted request is one JSON line on the proxy's stdout; `decisions`
+reads those since a wake began. The wake's byte budget
+(`sandbox.max_egress_bytes_per_wake`) is counted by the proxy from the last
+`new_wake` (a SIGUSR1); past it, connections and requests are refused.
 
 ## Why mitmproxy, not squid's ssl-bump
 
