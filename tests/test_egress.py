@@ -204,7 +204,7 @@ def test_the_record_has_a_line_for_every_decision(docker_client, box, operator_e
     _curl(box, "-X", "DELETE", f"https://{SECRET_HOST}/repos/x/y")  # intercepted, no rule
     _curl(box, "-k", f"https://{PLAIN_HOST}/tunnel")  # tunnelled (our server's own CA: -k), bytes counted
     _curl(box, "https://unlisted.wakeloop.test/")  # refused before any lookup
-    wanted = 5  # the two intercepted requests, and three connections (the secret host's too)
+    wanted = 4  # the two intercepted requests, and the two connections not intercepted: one line each
 
     def collected():
         found = box.egress_decisions()
@@ -221,6 +221,7 @@ def test_the_record_has_a_line_for_every_decision(docker_client, box, operator_e
     assert got["credential"] == TOKEN_VAR and got["intercepted"] and got["rule"] == "allow GET /repos/**"
     assert got["path"] == "/repos/x/y" and got["bytes_down"] > 0
     assert by[(SECRET_HOST, "DELETE", "deny")]["rule"] == "no rule for DELETE /repos/x/y"
+    assert len(decisions) == wanted, decisions  # a refusal is its one line, not a deny and then an allow
     tunnel = by[(PLAIN_HOST, "CONNECT", "allow")]
     assert tunnel["rule"] == f"allow_hosts: {PLAIN_HOST}" and not tunnel["intercepted"]
     assert tunnel["bytes_up"] > 0 and tunnel["bytes_down"] > 0 and tunnel["path"] == ""
