@@ -504,6 +504,64 @@ credentials_rules_see_the_normal_path = Probe(
 )
 
 
+# -- one request, one line -----------------------------------------------------------
+
+# In the box: requests through the proxy, each refused at a different step but one (curl, the
+# box's CA). Prints RESULT {what: status}.
+REQUESTS = r"""
+import json, os, subprocess
+P = os.environ.get("PROBE_TOKEN", "")
+def curl(*args):
+    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "15", *args],
+                       capture_output=True, text=True)
+    return r.stdout
+B, R = "BOUND", "RULED"
+print("RESULT " + json.dumps({
+    "allowed": curl(f"https://{B}/repos/o/r"),
+    "no rule for its path": curl(f"https://{B}/admin"),
+    "no rule for its method": curl("-X", "DELETE", f"https://{B}/repos/o/r"),
+    "a path not in normal form": curl("--path-as-is", f"https://{B}/repos/../admin"),
+    "a misdirected placeholder": curl(f"https://{R}/x?t={P}"),
+}))
+""".replace("BOUND", BOUND).replace("RULED", RULED)
+
+
+def _one_line_each(t: Trial) -> str:
+    with _credential_box(t, bound_rules=RULES) as (box, _value, _bound, _elsewhere):
+        if not _routes(box):
+            return held("the box has no route at all on this runtime: no request reaches the proxy")
+        since = time.time()
+        result = box.run(python_command(REQUESTS), timeout_s=120, max_output_chars=20_000)
+        line = next((x[7:] for x in result.output.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            return f"the requests said: {result.output[-300:]!r} (exit {result.exit_code})"
+        answers = json.loads(line)
+        if answers.pop("allowed") != "200" or set(answers.values()) != {"403"}:
+            return f"the requests were not answered as planned: {line}: cannot judge"
+        lines = [
+            d
+            for d in network.settled_decisions(t.lab.client, box._egress(), since - 1, "probe")
+            if d["method"] != "CONNECT"
+        ]
+        denied = [d for d in lines if d["decision"] == "deny" and d["rule"]]
+        if len(lines) != 1 + len(answers) or len(denied) != len(answers):
+            shown = [(d["method"], d["path"], d["decision"], d["rule"], d["bytes_down"]) for d in lines]
+            return escaped(
+                f"{1 + len(answers)} requests ({len(answers)} refused) made {len(lines)} record lines, "
+                f"{len(denied)} of them refusals: {shown}"
+            )
+        return held(f"{len(lines)} requests, {len(lines)} record lines, each refusal one deny line with its rule")
+
+
+egress_records_each_request_once = Probe(
+    "egress_records_each_request_once",
+    CATEGORY,
+    "each request through the proxy is one line of the egress record, with its final decision, rule and "
+    "bytes: a refusal is not counted again as allowed",
+    _one_line_each,
+)
+
+
 credentials_out_of_the_box = Probe(
     "credentials_out_of_the_box",
     CATEGORY,
@@ -527,4 +585,5 @@ PROBES = [
     credentials_refuse_absolute_form_elsewhere,
     credentials_never_in_clear,
     credentials_rules_see_the_normal_path,
+    egress_records_each_request_once,
 ]

@@ -610,22 +610,36 @@ def asked(client: docker.DockerClient, egress: Egress, since: float) -> tuple[st
     it. One signal and mostly one read of the log. () when the plan asks nothing, or no proxy runs."""
     if not egress.ask:
         return ()
-    ended = time.time()
-    try:
-        client.api.kill(egress.proxy, signal="SIGUSR2")
-    except docker.errors.DockerException:
+    text = _settled(client, egress, since)
+    if text is None:
         return ()
-    deadline = time.monotonic() + SETTLE_S
-    text = _logs(client, egress, since)
-    while not _marked_after(text, ended) and time.monotonic() < deadline:
-        time.sleep(MARK_POLL_S)  # the engine's log has no way to wait for a line: polled
-        text = _logs(client, egress, since)
     out = []
     for d in _decisions_in(text, since, ""):
         if d.get("decision") == "ask":
             port = d.get("port")
             out.append(str(d["host"]) + ("" if port in DEFAULT_PORTS else f":{port}"))
     return tuple(dict.fromkeys(out))
+
+
+def settled_decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+    """`decisions`, once every decision made before this call is in the proxy's log (its mark)."""
+    return _decisions_in(_settled(client, egress, since) or "", since, run_id)
+
+
+def _settled(client: docker.DockerClient, egress: Egress, since: float) -> str | None:
+    """The proxy's log since `since` once it holds a mark printed after now (SIGUSR2), or as it
+    stands after SETTLE_S; None when no proxy runs."""
+    ended = time.time()
+    try:
+        client.api.kill(egress.proxy, signal="SIGUSR2")
+    except docker.errors.DockerException:
+        return None
+    deadline = time.monotonic() + SETTLE_S
+    text = _logs(client, egress, since)
+    while not _marked_after(text, ended) and time.monotonic() < deadline:
+        time.sleep(MARK_POLL_S)  # the engine's log has no way to wait for a line: polled
+        text = _logs(client, egress, since)
+    return text
 
 
 def _marked_after(text: str, ended: float) -> bool:

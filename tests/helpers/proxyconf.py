@@ -61,3 +61,6 @@ proxy_taking_clear_text_for_tls = _without(
 proxy_matching_raw_paths = _without(
     "check_paths", "proxy_matching_raw_paths", "Rules match the path as sent: dot segments, encoded slashes and all."
 )
+proxy_recording_refusals_twice = _without(
+    "record_once", "proxy_recording_refusals_twice", "A refusal's line, then an allow line when its 403 is sent."
+)
