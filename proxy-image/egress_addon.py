@@ -48,6 +48,7 @@ CHECK_AUTHORITY = CONF.get("check_authority", True)  # an absolute-form target n
 CHECK_TLS = CONF.get("check_tls", True)  # an intercepted tunnel carries TLS only
 CHECK_PATHS = CONF.get("check_paths", True)  # a ruled path is already in normal form
 RECORD_ONCE = CONF.get("record_once", True)  # a refused request's line is its only line
+CUT_AT_BUDGET = CONF.get("cut_at_budget", True)  # the budget ends a transfer in flight, not only the next one
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -220,6 +221,19 @@ class Egress:
     def over_budget(self):
         return BUDGET and self.spent >= BUDGET
 
+    def past_budget(self, size):
+        """Whether `size` more bytes would take this wake past its budget."""
+        return bool(BUDGET) and CUT_AT_BUDGET and self.spent + size > BUDGET
+
+    def cut(self, client):
+        """End the box's connection now, and with it the upstream one. mitmproxy 8.1.1 ignores
+        flow.kill() on a TCP flow, so the reading task of the box's side is cancelled, as
+        mitmproxy's own idle timeout does (proxy/server.py's on_timeout)."""
+        for handler in ctx.master.addons.get("proxyserver")._connections.values():
+            io = handler.transports.get(handler.client)
+            if handler.client.id == client.id and io is not None and io.handler is not None:
+                io.handler.cancel("egress budget")
+
     def budget_text(self):
         return f"egress budget {BUDGET}"
 
@@ -277,15 +291,19 @@ class Egress:
         del flow.messages[:]  # counted, not kept: a download must not grow the proxy
         if conn is None:
             return
+        past = self.past_budget(len(message.content))
+        if past:  # what is left of the budget goes on, the rest never: the tunnel's bytes stop at the budget
+            message.content = message.content[: max(0, BUDGET - self.spent)]
         if message.from_client:
             conn.up += len(message.content)
         else:
             conn.down += len(message.content)
         self.spent += len(message.content)
-        if self.over_budget() and not conn.over:
+        if (past or self.over_budget()) and not conn.over:
             conn.over = True
             self.record(conn.host, conn.port, "CONNECT", "", "deny", self.budget_text(), up=conn.up, down=conn.down)
-            flow.kill()
+            if CUT_AT_BUDGET:
+                self.cut(flow.client_conn)
 
     def tcp_end(self, flow):
         conn = self.conns.pop(flow.client_conn.id, None)
@@ -391,7 +409,29 @@ class Egress:
             names.append(cred["var"])
         flow.metadata["wakeloop_credential"] = ",".join(names)
 
+    def request(self, flow):
+        """The whole body is here (mitmproxy holds it, up to body_size_limit) and none of it has
+        left: past the budget, none of it does."""
+        if "wakeloop" not in flow.metadata or flow.metadata.get("wakeloop_done"):
+            return
+        up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
+        if self.past_budget(up):
+            host, port, intercepted = flow.metadata["wakeloop"]
+            why = f"sending {up} bytes would pass this wake's {self.budget_text()} bytes ({self.spent} spent)"
+            self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+
     def response(self, flow):
+        """The whole answer is here and none of it has reached the box: past the budget, the box
+        gets the reason instead."""
+        if "wakeloop" in flow.metadata and not flow.metadata.get("wakeloop_done"):
+            up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
+            down = len(bytes(flow.response.headers)) + len(flow.response.raw_content or b"")
+            if self.past_budget(up + down):
+                host, port, intercepted = flow.metadata["wakeloop"]
+                why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
+                self.spent += up  # the request went; the answer goes no further than here
+                self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+                return
         self.done(flow)
 
     def error(self, flow):

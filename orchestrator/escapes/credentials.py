@@ -73,13 +73,29 @@ print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n",
 class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        # The body read in 64 KiB pieces, its first 64 KiB kept; SEEN is printed however the read ends
+        # (a proxy may cut an upload), with the count of its bytes that arrived.
+        want, body, got = int(self.headers.get("Content-Length") or 0), b"", 0
         auth = self.headers.get("Authorization", "")
         tls = isinstance(self.connection, ssl.SSLSocket)
-        print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
-                                    "headers": str(self.headers), "body": body.decode(errors="replace"),
-                                    "tls": tls, "sni": getattr(self.connection, "wakeloop_sni", "") if tls else ""}),
-              flush=True)
+        try:
+            while got < want and (piece := self.rfile.read(min(65536, want - got))):
+                got += len(piece)
+                body += piece[: max(0, 65536 - len(body))]
+        finally:
+            print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
+                                        "headers": str(self.headers), "body": body.decode(errors="replace"),
+                                        "body_bytes": got, "tls": tls,
+                                        "sni": getattr(self.connection, "wakeloop_sni", "") if tls else ""}),
+                  flush=True)
+        if "/bytes/" in self.path:  # a download of that many bytes, sent in 64 KiB writes
+            size = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            for start in range(0, size, 65536):
+                self.wfile.write(b"x" * min(65536, size - start))
+            return
         out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
                "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}
         if self.path.endswith("/echo"):
@@ -167,10 +183,11 @@ def seen(container) -> list[dict]:
 
 
 @contextmanager
-def _credential_box(t: Trial, bound_rules: tuple[str, ...] = ()):
+def credential_box(t: Trial, bound_rules: tuple[str, ...] = (), budget: int | None = None):
     """Both servers, the operator's settings and the value in this process's environment,
     and a box whose policy binds the value to BOUND (its requests ruled by `bound_rules`,
-    if any); yields (box, value, bound, elsewhere)."""
+    if any; its wake's egress capped at `budget` bytes, if given); yields (box, value, bound,
+    elsewhere)."""
     value = PREFIX + secrets.token_hex(16)
     with (
         echo_server(t.lab.client, (BOUND, RULED)) as (bound, ca_1),
@@ -197,6 +214,8 @@ def _credential_box(t: Trial, bound_rules: tuple[str, ...] = ()):
             http=(HttpRule(host=RULED, allow=("GET /**",)),)
             + ((HttpRule(host=BOUND, allow=bound_rules),) if bound_rules else ()),
         )
+        if budget is not None:
+            policy = replace(policy, max_egress_bytes_per_wake=budget)
         box = None
         try:
             box = t.new_box(policy=policy, warm=0)
@@ -265,7 +284,7 @@ else:
 
 
 def _out_of_the_box(t: Trial) -> str:
-    with _credential_box(t) as (box, value, _bound, _elsewhere):
+    with credential_box(t) as (box, value, _bound, _elsewhere):
         result = box.run(python_command(SEARCH), timeout_s=120, max_output_chars=20_000)
         text = result.output + f"\n[host: exit {result.exit_code}]"
         if value in text:
@@ -310,8 +329,8 @@ print("RESULT " + json.dumps(out))
 
 
 def _only_to_its_host(t: Trial) -> str:
-    with _credential_box(t) as (box, value, bound, elsewhere):
-        if not _routes(box):  # gVisor run with --network=none ignores the holder's netns
+    with credential_box(t) as (box, value, bound, elsewhere):
+        if not routes(box):  # gVisor run with --network=none ignores the holder's netns
             return held("the box has no route at all on this runtime: no request reaches the proxy")
         result = box.run(python_command(ATTEMPTS), timeout_s=180, max_output_chars=20_000)
         answers = next((line[7:] for line in result.output.splitlines() if line.startswith("RESULT ")), None)
@@ -336,7 +355,7 @@ def _only_to_its_host(t: Trial) -> str:
         )
 
 
-def _routes(box) -> bool:
+def routes(box) -> bool:
     out = box.run("cat /proc/net/route", timeout_s=30, max_output_chars=4000).output
     return len([line for line in out.splitlines()[1:] if line.strip()]) > 0
 
@@ -403,8 +422,8 @@ def _raw_tries(t: Trial, tries: list[dict], what: str) -> str:
     """Run BASELINE and `tries` in a box bound by RULES; ESCAPED if the value reached a server in
     any request but a proper one, or a try was answered 2xx; HELD if the baseline reached its
     host and every try was refused with the proxy's reason."""
-    with _credential_box(t, bound_rules=RULES) as (box, value, bound, elsewhere):
-        if not _routes(box):
+    with credential_box(t, bound_rules=RULES) as (box, value, bound, elsewhere):
+        if not routes(box):
             return held("the box has no route at all on this runtime: no request reaches the proxy")
         program = f"TRIES = {[BASELINE, *tries]!r}\n" + RAW
         result = box.run(python_command(program), timeout_s=180, max_output_chars=20_000)
@@ -527,8 +546,8 @@ print("RESULT " + json.dumps({
 
 
 def _one_line_each(t: Trial) -> str:
-    with _credential_box(t, bound_rules=RULES) as (box, _value, _bound, _elsewhere):
-        if not _routes(box):
+    with credential_box(t, bound_rules=RULES) as (box, _value, _bound, _elsewhere):
+        if not routes(box):
             return held("the box has no route at all on this runtime: no request reaches the proxy")
         since = time.time()
         result = box.run(python_command(REQUESTS), timeout_s=120, max_output_chars=20_000)

@@ -53,9 +53,15 @@ segments, percent-encoded unreserved characters) or that holds an encoded slash
 or a backslash is refused, so a rule sees the path the server will read. Every
 other allowed host is tunnelled untouched (its bytes counted). Each connection
 and each intercepted request is one JSON line on the proxy's stdout; `decisions`
-reads those since a wake began. The wake's byte budget
-(`sandbox.max_egress_bytes_per_wake`) is counted by the proxy from the last
-`new_wake` (a SIGUSR1); past it, connections and requests are refused.
+reads those since a wake began; a request is one line, with its final decision.
+The wake's byte budget (`sandbox.max_egress_bytes_per_wake`) is counted by the
+proxy from the last `new_wake` (a SIGUSR1); past it, connections and requests are
+refused, and a transfer in flight stops there: a tunnel's bytes are cut at the
+budget to the byte and its connection closed (the box reads a broken transfer, the
+record a deny line); an HTTP request or answer, which the proxy holds whole (up to
+32 MB, body_size_limit), is not passed on when it would pass the budget, and the
+box gets a 403 saying so. Nothing past the budget reaches the box or upstream; over
+HTTP the proxy itself may read one answer (at most 32 MB) from upstream first.
 
 ## Why mitmproxy, not squid's ssl-bump
 

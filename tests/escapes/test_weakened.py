@@ -40,6 +40,7 @@ from orchestrator.sandbox import network
 from tests.helpers.proxyconf import (
     ca_with_its_key,
     proxy_allowing_everything,
+    proxy_cutting_nothing_in_flight,
     proxy_ignoring_absolute_targets,
     proxy_matching_raw_paths,
     proxy_recording_refusals_twice,
@@ -375,6 +376,8 @@ CREDENTIAL_CASES = [
     (proxy_taking_clear_text_for_tls, "credentials_never_in_clear", LEAKED),
     (proxy_matching_raw_paths, "credentials_rules_see_the_normal_path", LEAKED),
     (proxy_recording_refusals_twice, "egress_records_each_request_once", "5 requests (4 refused) made 9 record lines"),
+    (proxy_cutting_nothing_in_flight, "caps_egress_download_in_flight", "tunnelled: 8,388,608 bytes moved"),
+    (proxy_cutting_nothing_in_flight, "caps_egress_upload_in_flight", "tunnelled: 8,388,608 bytes moved"),
 ]
 
 

@@ -64,3 +64,8 @@ proxy_matching_raw_paths = _without(
 proxy_recording_refusals_twice = _without(
     "record_once", "proxy_recording_refusals_twice", "A refusal's line, then an allow line when its 403 is sent."
 )
+proxy_cutting_nothing_in_flight = _without(
+    "cut_at_budget",
+    "proxy_cutting_nothing_in_flight",
+    "The budget refuses the next request; a transfer runs to its end.",
+)
