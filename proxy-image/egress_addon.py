@@ -419,17 +419,18 @@ class Egress:
             host, port, intercepted = flow.metadata["wakeloop"]
             why = f"sending {up} bytes would pass this wake's {self.budget_text()} bytes ({self.spent} spent)"
             self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+            return
+        self.spent += up  # counted as it leaves: uploads side by side cannot each take what is left
+        flow.metadata["wakeloop_spent"] = up
 
     def response(self, flow):
         """The whole answer is here and none of it has reached the box: past the budget, the box
         gets the reason instead."""
         if "wakeloop" in flow.metadata and not flow.metadata.get("wakeloop_done"):
-            up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
             down = len(bytes(flow.response.headers)) + len(flow.response.raw_content or b"")
-            if self.past_budget(up + down):
+            if self.past_budget(down):  # the request's bytes are counted already (request)
                 host, port, intercepted = flow.metadata["wakeloop"]
                 why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
-                self.spent += up  # the request went; the answer goes no further than here
                 self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
                 return
         self.done(flow)
@@ -454,7 +455,7 @@ class Egress:
             scrubbed = scrub(content.decode("latin-1")).encode("latin-1")
             if scrubbed != content:
                 flow.response.set_content(scrubbed)  # re-encoded, Content-Length set anew
-        self.spent += up + down
+        self.spent += up + down - flow.metadata.get("wakeloop_spent", 0)
         rule = flow.metadata.get("wakeloop_rule", "")
         decision = "allow"
         self.record(

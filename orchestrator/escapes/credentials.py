@@ -34,8 +34,11 @@ from orchestrator.sandbox import network
 
 CATEGORY = "allowlist"
 LABEL = "wakeloop.escapes.credentials"  # on the probes' servers
-BOUND, RULED = "bound.wakeloop-probe.test", "ruled.wakeloop-probe.test"  # one server
-PLAIN, ATTACKER = "plain.wakeloop-probe.test", "attacker.wakeloop-probe.test"  # the other
+# The servers' names carry this process's mark: two test sessions on one engine share the egress
+# bridge, and a name that both served would reach either one's server.
+MARK = secrets.token_hex(3)
+BOUND, RULED = f"bound-{MARK}.wakeloop-probe.test", f"ruled-{MARK}.wakeloop-probe.test"  # one server
+PLAIN, ATTACKER = f"plain-{MARK}.wakeloop-probe.test", f"attacker-{MARK}.wakeloop-probe.test"  # the other
 VAR = "ESCAPE_PROBE_TOKEN"  # the credential's variable, in this process only while a probe runs
 PREFIX = "wlsecret"  # every value starts so: the box may search for it without knowing it
 READY_S = 30

@@ -36,13 +36,15 @@ UPLOADS = {
     "tunnelled": ["-k", "--data-binary", "@/tmp/upload", f"https://{PLAIN}/up-tunnelled"],
     "plain http": ["--data-binary", "@/tmp/upload", f"http://{PLAIN}:443/up-plain"],
     "intercepted": ["--data-binary", "@/tmp/upload", f"https://{BOUND}/repos/o/pulls"],
+    # four of TRANSFER / 16 at once, each under what is left of the budget, together twice it
+    "side by side": ["-Z", "--data-binary", "@/tmp/part", *(f"http://{PLAIN}:443/up-beside-{n}" for n in range(4))],
 }
 
 
 def _curl(args: list[str]) -> str:
     quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
     return (
-        f"head -c {TRANSFER} /dev/zero > /tmp/upload; "
+        f"head -c {TRANSFER} /dev/zero > /tmp/upload; head -c {TRANSFER // 16} /dev/zero > /tmp/part; "
         f"curl -sS -o /dev/null -w 'RESULT %{{http_code}} %{{size_download}}\\n' --max-time {CURL_S} {quoted}; "
         'echo "curl exit $?"'
     )
@@ -60,7 +62,7 @@ def _transfers(t: Trial, tries: dict[str, list[str]], upload: bool) -> str:
             result = box.run(_curl(args), timeout_s=CURL_S + 30, max_output_chars=4000)
             line = next((x for x in result.output.splitlines() if x.startswith("RESULT ")), "RESULT 000 0")
             status, received = line.split()[1], int(line.split()[2])
-            path = args[-1].split("/", 3)[-1]
+            path = args[-1].split("/", 3)[-1].rstrip("0123456789")  # side by side: every one of them
             arrived = sum(r.get("body_bytes", 0) for s in (bound, elsewhere) for r in seen(s) if path in r["line"])
             moved = arrived if upload else received
             lines = network.settled_decisions(t.lab.client, egress, since, "probe")

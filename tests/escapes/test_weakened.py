@@ -27,6 +27,7 @@ from docker.types import Mount, Ulimit
 
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
+from orchestrator.escapes import credentials
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network_probes import LOCAL_ONLY
 from orchestrator.sandbox import seccomp
@@ -366,7 +367,7 @@ def test_credential_probe_escapes_a_proxy_that_sends_credentials_to_every_interc
     if "no route at all" in outcome.observed:
         pytest.skip("this runtime gives the box no route to the proxy")
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
-    assert "ruled.wakeloop-probe.test" in outcome.observed  # the misdirected placeholder was honoured
+    assert credentials.RULED in outcome.observed  # the misdirected placeholder was honoured
 
 
 LEAKED = "went where it is not bound"

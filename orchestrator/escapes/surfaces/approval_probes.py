@@ -153,8 +153,10 @@ def approvals_show_the_call_as_it_runs(trial) -> str:
 
     with console(trial) as served:
         state = served.root / AGENT / "state"
-        a = approvals.ask(state, "bash", {"command": TROJAN}, "tool: bash, match 'git push*'", WORDS, "probe", 3600)
-        a = a.approval
+        asked = approvals.ask(state, "bash", {"command": TROJAN}, "tool: bash, match 'git push*'", WORDS, "probe", 3600)
+        a = asked.approval
+        if a is None:
+            return "the call was not held: nothing to judge"
         seen = {"CLI table": fleet_approvals.render(fleet_approvals.rows(served.root), served.root)}
         argv = [sys.executable, "-m", "orchestrator", "approvals", str(served.root), "--json"]
         seen["CLI --json"] = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S).stdout
