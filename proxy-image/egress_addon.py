@@ -9,9 +9,11 @@
 # approve.rules network_host glob covers is refused as "ask": a person decides); then the
 # budget; then, for intercepted hosts, that every name for the destination is the tunnel's
 # host (TLS, SNI, absolute-form target, Host), the path's normal form, the method/path rules
-# and the placeholders. The
+# and the placeholders; then, the whole body held, the budget again (request, response). The
 # address a listed name resolves to is checked where the socket is made (_connect): one
 # lookup, and the socket goes to the address that was checked (no rebinding between).
+# Upstream TLS is named (SNI) and verified as the CONNECT host whatever the box's ClientHello
+# said: tls_clienthello runs before mitmproxy opens upstream TLS (ServerTLSLayer waits for it).
 import asyncio
 import fnmatch
 import ipaddress

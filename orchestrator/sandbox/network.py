@@ -74,6 +74,13 @@ language as the rest of wakeloop, tested the same way), and one engine serves
 tunnels and interception alike, so there is one place that decides. The cost:
 a Python event loop per agent (about 60 MB and 1.5 s to start, against squid's
 20 MB and 1 s), and throughput bound to one core, plenty for one agent's box.
+Debian's 8.1.1 is kept, not a newer mitmproxy from PyPI: every check above is
+its addon hooks (the upstream TLS name is set in tls_clienthello, which runs
+before upstream TLS starts), but for one reach past them: 8.1.1 ignores
+flow.kill() on a tunnel, so a tunnel past the budget is ended by cancelling the
+box side's reader through the proxyserver addon's connections, as mitmproxy's
+idle timeout does. The probes caps_egress_download_in_flight and
+caps_egress_upload_in_flight fail if a change of mitmproxy breaks it.
 
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
