@@ -76,15 +76,15 @@ print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n",
 class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
-        # The body read in 64 KiB pieces, its first 64 KiB kept; SEEN is printed however the read ends
-        # (a proxy may cut an upload), with the count of its bytes that arrived.
+        # The body read in 64 KiB pieces, its first 4 KiB kept (one log line stays short); SEEN is
+        # printed however the read ends (a proxy may cut an upload), with the count of bytes that arrived.
         want, body, got = int(self.headers.get("Content-Length") or 0), b"", 0
         auth = self.headers.get("Authorization", "")
         tls = isinstance(self.connection, ssl.SSLSocket)
         try:
             while got < want and (piece := self.rfile.read(min(65536, want - got))):
                 got += len(piece)
-                body += piece[: max(0, 65536 - len(body))]
+                body += piece[: max(0, 4096 - len(body))]
         finally:
             print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
                                         "headers": str(self.headers), "body": body.decode(errors="replace"),

@@ -44,7 +44,7 @@ UPLOADS = {
 def _curl(args: list[str]) -> str:
     quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
     return (
-        f"head -c {TRANSFER} /dev/zero > /tmp/upload; head -c {TRANSFER // 16} /dev/zero > /tmp/part; "
+        f"head -c {TRANSFER} /dev/zero | tr '\\0' x > /tmp/upload; head -c {TRANSFER // 16} /tmp/upload > /tmp/part; "
         f"curl -sS -o /dev/null -w 'RESULT %{{http_code}} %{{size_download}}\\n' --max-time {CURL_S} {quoted}; "
         'echo "curl exit $?"'
     )
