@@ -227,12 +227,12 @@ class Egress:
         """Whether `size` more bytes would take this wake past its budget."""
         return bool(BUDGET) and CUT_AT_BUDGET and self.spent + size > BUDGET
 
-    def cut(self, client):
-        """End the box's connection now, and with it the upstream one. mitmproxy 8.1.1 ignores
-        flow.kill() on a TCP flow, so the reading task of the box's side is cancelled, as
-        mitmproxy's own idle timeout does (proxy/server.py's on_timeout)."""
+    def cut(self, client, server=None):
+        """End the box's connection now, and with it the upstream one (or only `server`, the box's
+        own kept). mitmproxy 8.1.1 ignores flow.kill() on a TCP flow, so the reading task of that
+        side is cancelled, as mitmproxy's own idle timeout does (proxy/server.py's on_timeout)."""
         for handler in ctx.master.addons.get("proxyserver")._connections.values():
-            io = handler.transports.get(handler.client)
+            io = handler.transports.get(server or handler.client)
             if handler.client.id == client.id and io is not None and io.handler is not None:
                 io.handler.cancel("egress budget")
 
@@ -424,6 +424,32 @@ class Egress:
             return
         self.spent += up  # counted as it leaves: uploads side by side cannot each take what is left
         flow.metadata["wakeloop_spent"] = up
+
+    def responseheaders(self, flow):
+        """An answer whose Content-Length would pass the budget is refused before its body is read:
+        the box gets a 403 saying why in its place, sent when the first piece of the body comes,
+        and upstream's connection is closed then (at most one read, 64 KiB, past the budget)."""
+        if "wakeloop" not in flow.metadata or flow.metadata.get("wakeloop_done"):
+            return
+        size = flow.response.headers.get("content-length", "")
+        down = len(bytes(flow.response.headers)) + int(size) if size.isdigit() else 0
+        if not size.isdigit() or not self.past_budget(down):
+            return  # unknown length: held whole, and judged at response
+        host, port, intercepted = flow.metadata["wakeloop"]
+        why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
+        self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+        reason, told = flow.response.content, []
+        flow.response.content = None  # the head goes now; the reason follows as the body streamed
+        flow.response.headers["Content-Length"] = str(len(reason))
+
+        def only_the_reason(piece):
+            if told:
+                return b""
+            told.append(True)
+            self.cut(flow.client_conn, flow.server_conn)  # upstream's answer read no further
+            return reason
+
+        flow.response.stream = only_the_reason
 
     def response(self, flow):
         """The whole answer is here and none of it has reached the box: past the budget, the box

@@ -96,8 +96,13 @@ class Echo(http.server.BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Length", str(size))
             self.end_headers()
-            for start in range(0, size, 65536):
-                self.wfile.write(b"x" * min(65536, size - start))
+            sent = 0
+            try:
+                for start in range(0, size, 65536):
+                    self.wfile.write(b"x" * min(65536, size - start))
+                    sent += min(65536, size - start)
+            finally:
+                print(f"SENT {sent} {self.path}", flush=True)  # a cut answer: how far the server got
             return
         out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
                "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}

@@ -58,10 +58,12 @@ The wake's byte budget (`sandbox.max_egress_bytes_per_wake`) is counted by the
 proxy from the last `new_wake` (a SIGUSR1); past it, connections and requests are
 refused, and a transfer in flight stops there: a tunnel's bytes are cut at the
 budget to the byte and its connection closed (the box reads a broken transfer, the
-record a deny line); an HTTP request or answer, which the proxy holds whole (up to
-32 MB, body_size_limit), is not passed on when it would pass the budget, and the
-box gets a 403 saying so. Nothing past the budget reaches the box or upstream; over
-HTTP the proxy itself may read one answer (at most 32 MB) from upstream first.
+record a deny line); an HTTP request, which the proxy holds whole (up to 32 MB,
+body_size_limit), is not passed on when it would pass the budget; an answer whose
+Content-Length would is refused at its head (upstream's connection closed at the
+first piece of its body), one without a length is held whole and refused then; the
+box gets a 403 saying so. Nothing past the budget reaches the box or upstream; an
+answer of unknown length may be read whole (at most 32 MB) by the proxy first.
 
 ## Why mitmproxy, not squid's ssl-bump
 
