@@ -433,8 +433,10 @@ class Egress:
             return
         size = flow.response.headers.get("content-length", "")
         down = len(bytes(flow.response.headers)) + int(size) if size.isdigit() else 0
-        if not size.isdigit() or not self.past_budget(down):
-            return  # unknown length: held whole, and judged at response
+        if not size.isdigit() or flow.request.is_http2 or not self.past_budget(down):
+            # Unknown length, or a box speaking HTTP/2 (whose stream the cut would reset before its
+            # end, the reason unread): held whole, and judged at response.
+            return
         host, port, intercepted = flow.metadata["wakeloop"]
         why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
         self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
