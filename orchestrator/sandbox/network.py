@@ -61,9 +61,10 @@ budget to the byte and its connection closed (the box reads a broken transfer, t
 record a deny line); an HTTP request, which the proxy holds whole (up to 32 MB,
 body_size_limit), is not passed on when it would pass the budget; an answer whose
 Content-Length would is refused at its head (upstream's connection closed at the
-first piece of its body), one without a length is held whole and refused then; the
-box gets a 403 saying so. Nothing past the budget reaches the box or upstream; an
-answer of unknown length may be read whole (at most 32 MB) by the proxy first.
+first piece of its body), one without a length (or to a box speaking HTTP/2) is
+held whole and refused then; the box gets a 403 saying so. Nothing past the budget
+reaches the box or upstream; such an answer may be read whole (at most 32 MB) by
+the proxy first.
 
 ## Why mitmproxy, not squid's ssl-bump
 
