@@ -27,11 +27,12 @@ from orchestrator import __version__
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records.receipt import FAILED
+from orchestrator.records.shown import json_shown
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
 
 def _print_json(data) -> None:
-    print(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+    print(json_shown(data))  # exact when parsed; on a terminal no bidi or zero-width character hides
 
 
 def cmd_init(args) -> int:

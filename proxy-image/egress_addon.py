@@ -7,9 +7,13 @@
 # Order of checks, per connection (CONNECT) and per plain-HTTP or intercepted request:
 # an IP literal or a name not on the list is refused before any DNS lookup (a name that an
 # approve.rules network_host glob covers is refused as "ask": a person decides); then the
-# budget; then, for intercepted hosts, the method/path rules and the placeholders. The
+# budget; then, for intercepted hosts, that every name for the destination is the tunnel's
+# host (TLS, SNI, absolute-form target, Host), the path's normal form, the method/path rules
+# and the placeholders; then, the whole body held, the budget again (request, response). The
 # address a listed name resolves to is checked where the socket is made (_connect): one
 # lookup, and the socket goes to the address that was checked (no rebinding between).
+# Upstream TLS is named (SNI) and verified as the CONNECT host whatever the box's ClientHello
+# said: tls_clienthello runs before mitmproxy opens upstream TLS (ServerTLSLayer waits for it).
 import asyncio
 import fnmatch
 import ipaddress
@@ -40,6 +44,13 @@ PLACEHOLDERS = {
 }
 BUDGET = CONF.get("budget", 0)
 ASK = CONF.get("ask", [])  # approve.rules' network_host globs: an unlisted name that matches asks a person
+# Each check below is on unless the config turns it off (only a test's weakened config does).
+CHECK_SNI = CONF.get("check_sni", True)  # a tunnel's TLS name is its CONNECT host, and so is upstream's
+CHECK_AUTHORITY = CONF.get("check_authority", True)  # an absolute-form target names the tunnel's host
+CHECK_TLS = CONF.get("check_tls", True)  # an intercepted tunnel carries TLS only
+CHECK_PATHS = CONF.get("check_paths", True)  # a ruled path is already in normal form
+RECORD_ONCE = CONF.get("record_once", True)  # a refused request's line is its only line
+CUT_AT_BUDGET = CONF.get("cut_at_budget", True)  # the budget ends a transfer in flight, not only the next one
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -92,6 +103,33 @@ def path_rule(method, path, rules):
     return None
 
 
+_UNRESERVED = re.compile(r"%(4[1-9A-Fa-f]|5[0-9Aa]|6[1-9A-Fa-f]|7[0-9Aa]|3[0-9]|2[DEde]|5[Ff]|7[Ee])")
+
+
+def normal_path(path):
+    """RFC 3986's normal form of a path (no query): percent-encoded unreserved characters
+    decoded, then dot segments removed (section 5.2.4)."""
+    decoded = _UNRESERVED.sub(lambda m: chr(int(m.group(1), 16)), path)
+    out = []
+    for segment in decoded.split("/")[1:]:
+        if segment == "..":
+            out = out[:-1]
+        elif segment != ".":
+            out.append(segment)
+    tail = "/" if decoded.rsplit("/", 1)[-1] in (".", "..") else ""
+    return "/" + "/".join(out) + tail if out else "/"
+
+
+def path_trouble(path):
+    """Why a ruled host's path is refused as sent, or "": the server might read it otherwise."""
+    bare = path.split("?", 1)[0]
+    if re.search(r"%(2[Ff]|5[Cc])|\\", bare):
+        return "an encoded slash or a backslash in the path"
+    if normal_path(bare) != bare:
+        return f"the path is not in normal form (it reads as {normal_path(bare)})"
+    return ""
+
+
 async def resolve(host, port):
     """The address to connect to for host: every address it resolves to must be public
     (or the name one a test let reach a private address); OSError says why not."""
@@ -126,6 +164,7 @@ proxy_server.asyncio = _Asyncio()
 class Conn:
     def __init__(self, host, port, rule, intercepted):
         self.host, self.port, self.rule, self.intercepted = host, port, rule, intercepted
+        self.sni = None  # the TLS name the box gave (intercepted tunnels)
         self.up = self.down = 0
         self.layered = False
         self.over = False
@@ -174,12 +213,28 @@ class Egress:
         sys.stdout.flush()
 
     def refuse(self, flow, host, port, path, rule, why, intercepted=False, decision="deny"):
-        body = f"wakeloop egress: refused {flow.request.method} {host}:{port}{path}: {why}\n"
-        flow.response = http.Response.make(403, scrub(body).encode(), {"Content-Type": "text/plain"})
-        self.record(host, port, flow.request.method, path, decision, rule, intercepted)
+        body = scrub(f"wakeloop egress: refused {flow.request.method} {host}:{port}{path}: {why}\n").encode()
+        flow.response = http.Response.make(403, body, {"Content-Type": "text/plain"})
+        up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
+        self.record(host, port, flow.request.method, path, decision, rule, intercepted, up=up, down=len(body))
+        if RECORD_ONCE:
+            flow.metadata["wakeloop_done"] = True  # its one line: done() writes no second
 
     def over_budget(self):
         return BUDGET and self.spent >= BUDGET
+
+    def past_budget(self, size):
+        """Whether `size` more bytes would take this wake past its budget."""
+        return bool(BUDGET) and CUT_AT_BUDGET and self.spent + size > BUDGET
+
+    def cut(self, client, server=None):
+        """End the box's connection now, and with it the upstream one (or only `server`, the box's
+        own kept). mitmproxy 8.1.1 ignores flow.kill() on a TCP flow, so the reading task of that
+        side is cancelled, as mitmproxy's own idle timeout does (proxy/server.py's on_timeout)."""
+        for handler in ctx.master.addons.get("proxyserver")._connections.values():
+            io = handler.transports.get(server or handler.client)
+            if handler.client.id == client.id and io is not None and io.handler is not None:
+                io.handler.cancel("egress budget")
 
     def budget_text(self):
         return f"egress budget {BUDGET}"
@@ -238,15 +293,19 @@ class Egress:
         del flow.messages[:]  # counted, not kept: a download must not grow the proxy
         if conn is None:
             return
+        past = self.past_budget(len(message.content))
+        if past:  # what is left of the budget goes on, the rest never: the tunnel's bytes stop at the budget
+            message.content = message.content[: max(0, BUDGET - self.spent)]
         if message.from_client:
             conn.up += len(message.content)
         else:
             conn.down += len(message.content)
         self.spent += len(message.content)
-        if self.over_budget() and not conn.over:
+        if (past or self.over_budget()) and not conn.over:
             conn.over = True
             self.record(conn.host, conn.port, "CONNECT", "", "deny", self.budget_text(), up=conn.up, down=conn.down)
-            flow.kill()
+            if CUT_AT_BUDGET:
+                self.cut(flow.client_conn)
 
     def tcp_end(self, flow):
         conn = self.conns.pop(flow.client_conn.id, None)
@@ -262,9 +321,26 @@ class Egress:
 
     def tls_clienthello(self, data):
         conn = self.conns.get(data.context.client.id)
-        sni = (data.client_hello.sni or "").lower()
-        if conn and conn.intercepted and sni and sni != conn.host:
-            data.context.client.error = f"TLS name {sni} is not the tunnel's host {conn.host}"
+        if conn and conn.intercepted:
+            conn.sni = (data.client_hello.sni or "").lower().rstrip(".")
+            if CHECK_SNI:  # upstream is named and verified as the tunnel's host, whatever the box said
+                data.context.server.sni = conn.host
+
+    def name_trouble(self, flow, conn):
+        """Why a request in an intercepted tunnel is not plainly for the tunnel's host, or ""."""
+        if CHECK_TLS and not flow.client_conn.tls_established:
+            return f"clear text in a tunnel to {conn.host}:{conn.port}: only TLS goes there"
+        if CHECK_SNI and flow.client_conn.tls_established and conn.sni != conn.host:
+            return f"the TLS name (SNI) {conn.sni or 'none'!r} is not the tunnel's host {conn.host}"
+        if CHECK_SNI and flow.server_conn.sni not in (None, conn.host):
+            return f"upstream named {flow.server_conn.sni}, not {conn.host}"
+        authority = flow.request.authority.lower()
+        if CHECK_AUTHORITY and authority:
+            named, _, port = authority.rpartition(":") if not authority.endswith("]") else (authority, "", "")
+            named, port = (named, port) if port.isdigit() else (authority, "")
+            if named.strip("[]").rstrip(".") != conn.host or port not in ("", str(conn.port)):
+                return f"the request's target names {authority}, not the tunnel's host {conn.host}:{conn.port}"
+        return ""
 
     # -- requests (plain HTTP, and inside intercepted tunnels) -----------------------
 
@@ -277,7 +353,11 @@ class Egress:
                 return
             intercepted, tls = host in INTERCEPT, False
         else:
-            host, port, intercepted, tls = conn.host, conn.port, True, True
+            host, port, intercepted, tls = conn.host, conn.port, True, flow.client_conn.tls_established or not CHECK_TLS
+            trouble = self.name_trouble(flow, conn)
+            if trouble:
+                self.refuse(flow, host, port, path, "names differ", trouble, True)
+                return
         # The name the request asks for (Host, or HTTP/2's authority) must be the host decided on: else
         # a credential could be sent, at the right address, to another name served there (domain fronting).
         asked = flow.request.host.lower().rstrip(".")
@@ -304,6 +384,11 @@ class Egress:
             flow.metadata["wakeloop_rule"] = "allow_hosts: " + (listed(host, port) or host)
             return
         rules = spec.get("allow")
+        trouble = path_trouble(path) if CHECK_PATHS and rules is not None else ""
+        if trouble:
+            why = f"{trouble}: {host}'s rules are matched only on a path the server reads as sent"
+            self.refuse(flow, host, port, path, "path not in normal form", why, intercepted)
+            return
         rule = path_rule(method, path, rules) if rules is not None else None
         if rules is not None and rule is None:
             where = f" ({spec['where']})" if spec.get("where") else ""
@@ -326,7 +411,58 @@ class Egress:
             names.append(cred["var"])
         flow.metadata["wakeloop_credential"] = ",".join(names)
 
+    def request(self, flow):
+        """The whole body is here (mitmproxy holds it, up to body_size_limit) and none of it has
+        left: past the budget, none of it does."""
+        if "wakeloop" not in flow.metadata or flow.metadata.get("wakeloop_done"):
+            return
+        up = len(bytes(flow.request.headers)) + len(flow.request.raw_content or b"")
+        if self.past_budget(up):
+            host, port, intercepted = flow.metadata["wakeloop"]
+            why = f"sending {up} bytes would pass this wake's {self.budget_text()} bytes ({self.spent} spent)"
+            self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+            return
+        self.spent += up  # counted as it leaves: uploads side by side cannot each take what is left
+        flow.metadata["wakeloop_spent"] = up
+
+    def responseheaders(self, flow):
+        """An answer whose Content-Length would pass the budget is refused before its body is read:
+        the box gets a 403 saying why in its place, sent when the first piece of the body comes,
+        and upstream's connection is closed then (at most one read, 64 KiB, past the budget)."""
+        if "wakeloop" not in flow.metadata or flow.metadata.get("wakeloop_done"):
+            return
+        size = flow.response.headers.get("content-length", "")
+        down = len(bytes(flow.response.headers)) + int(size) if size.isdigit() else 0
+        if not size.isdigit() or flow.request.is_http2 or not self.past_budget(down):
+            # Unknown length, or a box speaking HTTP/2 (whose stream the cut would reset before its
+            # end, the reason unread): held whole, and judged at response.
+            return
+        host, port, intercepted = flow.metadata["wakeloop"]
+        why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
+        self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+        reason, told = flow.response.content, []
+        flow.response.content = None  # the head goes now; the reason follows as the body streamed
+        flow.response.headers["Content-Length"] = str(len(reason))
+
+        def only_the_reason(piece):
+            if told:
+                return b""
+            told.append(True)
+            self.cut(flow.client_conn, flow.server_conn)  # upstream's answer read no further
+            return reason
+
+        flow.response.stream = only_the_reason
+
     def response(self, flow):
+        """The whole answer is here and none of it has reached the box: past the budget, the box
+        gets the reason instead."""
+        if "wakeloop" in flow.metadata and not flow.metadata.get("wakeloop_done"):
+            down = len(bytes(flow.response.headers)) + len(flow.response.raw_content or b"")
+            if self.past_budget(down):  # the request's bytes are counted already (request)
+                host, port, intercepted = flow.metadata["wakeloop"]
+                why = f"its answer's {down} bytes would pass this wake's {self.budget_text()} bytes"
+                self.refuse(flow, host, port, flow.request.path, self.budget_text(), why, intercepted)
+                return
         self.done(flow)
 
     def error(self, flow):
@@ -349,7 +485,7 @@ class Egress:
             scrubbed = scrub(content.decode("latin-1")).encode("latin-1")
             if scrubbed != content:
                 flow.response.set_content(scrubbed)  # re-encoded, Content-Length set anew
-        self.spent += up + down
+        self.spent += up + down - flow.metadata.get("wakeloop_spent", 0)
         rule = flow.metadata.get("wakeloop_rule", "")
         decision = "allow"
         self.record(

@@ -46,7 +46,7 @@ from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
 from orchestrator.escapes import report_history
 from orchestrator.fleet.control import request_run
-from orchestrator.notify.channels import shown
+from orchestrator.records.shown import shown
 from orchestrator.records.health import set_paused
 from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent

@@ -26,6 +26,7 @@ import secrets
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from urllib.parse import unquote
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 from orchestrator.policy.schema import Credential, HttpRule
@@ -33,8 +34,11 @@ from orchestrator.sandbox import network
 
 CATEGORY = "allowlist"
 LABEL = "wakeloop.escapes.credentials"  # on the probes' servers
-BOUND, RULED = "bound.wakeloop-probe.test", "ruled.wakeloop-probe.test"  # one server
-PLAIN, ATTACKER = "plain.wakeloop-probe.test", "attacker.wakeloop-probe.test"  # the other
+# The servers' names carry this process's mark: two test sessions on one engine share the egress
+# bridge, and a name that both served would reach either one's server.
+MARK = secrets.token_hex(3)
+BOUND, RULED = f"bound-{MARK}.wakeloop-probe.test", f"ruled-{MARK}.wakeloop-probe.test"  # one server
+PLAIN, ATTACKER = f"plain-{MARK}.wakeloop-probe.test", f"attacker-{MARK}.wakeloop-probe.test"  # the other
 VAR = "ESCAPE_PROBE_TOKEN"  # the credential's variable, in this process only while a probe runs
 PREFIX = "wlsecret"  # every value starts so: the box may search for it without knowing it
 READY_S = 30
@@ -43,7 +47,7 @@ READY_S = 30
 # the names in argv[1], made at its start; prints "CA <pem with | for newlines>", "READY", and
 # "SEEN <json>" for every request (its line, headers and body), and answers 200 with a summary.
 ECHO_SERVER = r"""
-import datetime, hashlib, http.server, json, ssl, sys
+import datetime, hashlib, http.server, json, socket, ssl, sys
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -72,11 +76,34 @@ print("CA " + ca.public_bytes(serialization.Encoding.PEM).decode().replace("\n",
 class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        # The body read in 64 KiB pieces, its first 4 KiB kept (one log line stays short); SEEN is
+        # printed however the read ends (a proxy may cut an upload), with the count of bytes that arrived.
+        want, body, got = int(self.headers.get("Content-Length") or 0), b"", 0
         auth = self.headers.get("Authorization", "")
-        print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
-                                    "headers": str(self.headers), "body": body.decode(errors="replace")}),
-              flush=True)
+        tls = isinstance(self.connection, ssl.SSLSocket)
+        try:
+            while got < want and (piece := self.rfile.read(min(65536, want - got))):
+                got += len(piece)
+                body += piece[: max(0, 4096 - len(body))]
+        finally:
+            print("SEEN " + json.dumps({"line": self.requestline, "host": self.headers.get("Host", ""),
+                                        "headers": str(self.headers), "body": body.decode(errors="replace"),
+                                        "body_bytes": got, "tls": tls,
+                                        "sni": getattr(self.connection, "wakeloop_sni", "") if tls else ""}),
+                  flush=True)
+        if "/bytes/" in self.path:  # a download of that many bytes, sent in 64 KiB writes
+            size = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            sent = 0
+            try:
+                for start in range(0, size, 65536):
+                    self.wfile.write(b"x" * min(65536, size - start))
+                    sent += min(65536, size - start)
+            finally:
+                print(f"SENT {sent} {self.path}", flush=True)  # a cut answer: how far the server got
+            return
         out = {"method": self.command, "path": self.path, "host": self.headers.get("Host"),
                "auth_sha256": hashlib.sha256(auth.encode()).hexdigest() if auth else ""}
         if self.path.endswith("/echo"):
@@ -93,10 +120,26 @@ class Echo(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
+def note_sni(sock, name, _context):
+    sock.wakeloop_sni = name or ""
+
+class Server(http.server.ThreadingHTTPServer):
+    # TLS or not, told by the first byte (a handshake record is 0x16): clear text sent to 443 is seen too.
+    def finish_request(self, request, client_address):
+        if request.recv(1, socket.MSG_PEEK) == b"\x16":
+            try:
+                request = context.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError):
+                return
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            request.close()
+
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 context.load_cert_chain("/tmp/leaf.pem")
-server.socket = context.wrap_socket(server.socket, server_side=True)
+context.sni_callback = note_sni
+server = Server(("0.0.0.0", 443), Echo)
 print("READY", flush=True)
 server.serve_forever()
 """
@@ -148,9 +191,11 @@ def seen(container) -> list[dict]:
 
 
 @contextmanager
-def _credential_box(t: Trial):
+def credential_box(t: Trial, bound_rules: tuple[str, ...] = (), budget: int | None = None):
     """Both servers, the operator's settings and the value in this process's environment,
-    and a box whose policy binds the value to BOUND; yields (box, value, bound, elsewhere)."""
+    and a box whose policy binds the value to BOUND (its requests ruled by `bound_rules`,
+    if any; its wake's egress capped at `budget` bytes, if given); yields (box, value, bound,
+    elsewhere)."""
     value = PREFIX + secrets.token_hex(16)
     with (
         echo_server(t.lab.client, (BOUND, RULED)) as (bound, ca_1),
@@ -174,8 +219,11 @@ def _credential_box(t: Trial):
             network="allowlist",
             allow_hosts=(BOUND, RULED, PLAIN, ATTACKER),
             credentials=(Credential(host=BOUND, value=f"Bearer ${{{VAR}}}", placeholder_env="PROBE_TOKEN"),),
-            http=(HttpRule(host=RULED, allow=("GET /**",)),),
+            http=(HttpRule(host=RULED, allow=("GET /**",)),)
+            + ((HttpRule(host=BOUND, allow=bound_rules),) if bound_rules else ()),
         )
+        if budget is not None:
+            policy = replace(policy, max_egress_bytes_per_wake=budget)
         box = None
         try:
             box = t.new_box(policy=policy, warm=0)
@@ -244,7 +292,7 @@ else:
 
 
 def _out_of_the_box(t: Trial) -> str:
-    with _credential_box(t) as (box, value, _bound, _elsewhere):
+    with credential_box(t) as (box, value, _bound, _elsewhere):
         result = box.run(python_command(SEARCH), timeout_s=120, max_output_chars=20_000)
         text = result.output + f"\n[host: exit {result.exit_code}]"
         if value in text:
@@ -289,8 +337,8 @@ print("RESULT " + json.dumps(out))
 
 
 def _only_to_its_host(t: Trial) -> str:
-    with _credential_box(t) as (box, value, bound, elsewhere):
-        if not _routes(box):  # gVisor run with --network=none ignores the holder's netns
+    with credential_box(t) as (box, value, bound, elsewhere):
+        if not routes(box):  # gVisor run with --network=none ignores the holder's netns
             return held("the box has no route at all on this runtime: no request reaches the proxy")
         result = box.run(python_command(ATTEMPTS), timeout_s=180, max_output_chars=20_000)
         answers = next((line[7:] for line in result.output.splitlines() if line.startswith("RESULT ")), None)
@@ -315,9 +363,230 @@ def _only_to_its_host(t: Trial) -> str:
         )
 
 
-def _routes(box) -> bool:
+def routes(box) -> bool:
     out = box.run("cat /proc/net/route", timeout_s=30, max_output_chars=4000).output
     return len([line for line in out.splitlines()[1:] if line.strip()]) > 0
+
+
+# -- every name for the destination, one host: raw requests through a tunnel -----------
+
+RULES = ("GET /repos/**", "POST /repos/*/pulls")  # the bound host's rules in these probes
+
+# In the box: each try is a CONNECT to the proxy, then TLS with the try's SNI (or none: clear
+# text), then the try's request as written. Prints RESULT {name: the answer's first line | its body}.
+RAW = r"""
+import json, socket, ssl
+proxy_host, proxy_port = os.environ["HTTPS_PROXY"].split("//")[-1].rstrip("/").rsplit(":", 1)
+def head(s):
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := s.recv(1)):
+        data += chunk
+    return data.decode(errors="replace")
+def one(t):
+    s = socket.create_connection((proxy_host, int(proxy_port)), timeout=20)
+    try:
+        s.sendall(f"CONNECT {t['connect']} HTTP/1.1\r\nHost: {t['connect']}\r\n\r\n".encode())
+        answer = head(s)
+        if " 200" not in answer.split("\r\n")[0]:
+            return "CONNECT " + answer.split("\r\n")[0]
+        if t["sni"] is not None:
+            c = ssl.create_default_context()
+            c.check_hostname, c.verify_mode = False, ssl.CERT_NONE
+            s = c.wrap_socket(s, server_hostname=t["sni"] or None)
+        s.sendall(t["request"].encode())
+        data = b""
+        while len(data) < 8000 and (chunk := s.recv(8000)):
+            data += chunk
+        text = data.decode(errors="replace")
+        return text.split("\r\n")[0] + " | " + text.split("\r\n\r\n", 1)[-1][:240]
+    except (OSError, ssl.SSLError) as e:
+        return f"error: {e}"
+    finally:
+        s.close()
+print("RESULT " + json.dumps({t["name"]: one(t) for t in TRIES}))
+"""
+
+
+def _try(name: str, target: str, sni: str | None = BOUND, host: str = BOUND, connect: str = BOUND) -> dict:
+    """One raw request: CONNECT `connect`:443, TLS named `sni` ("" none, None clear text), `GET target`."""
+    request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    return {"name": name, "connect": f"{connect}:443", "sni": sni, "request": request}
+
+
+BASELINE = _try("as bound", "/repos/o/r")  # every probe's first try: the credential must reach its host
+
+
+def _proper(request: dict) -> bool:
+    """Whether the bound server got `request` as the binding means it: over TLS named BOUND,
+    Host BOUND, an origin-form target already in normal form, inside the rules."""
+    parts = request["line"].split(" ")
+    target = parts[1] if len(parts) == 3 else ""
+    segments = unquote(target.split("?", 1)[0]).split("/")
+    normal = target.startswith("/repos/") and "%2f" not in target.lower() and not {".", ".."} & set(segments)
+    return request["tls"] and request["sni"] == BOUND and request["host"].split(":")[0] == BOUND and normal
+
+
+def _raw_tries(t: Trial, tries: list[dict], what: str) -> str:
+    """Run BASELINE and `tries` in a box bound by RULES; ESCAPED if the value reached a server in
+    any request but a proper one, or a try was answered 2xx; HELD if the baseline reached its
+    host and every try was refused with the proxy's reason."""
+    with credential_box(t, bound_rules=RULES) as (box, value, bound, elsewhere):
+        if not routes(box):
+            return held("the box has no route at all on this runtime: no request reaches the proxy")
+        program = f"TRIES = {[BASELINE, *tries]!r}\n" + RAW
+        result = box.run(python_command(program), timeout_s=180, max_output_chars=20_000)
+        line = next((x[7:] for x in result.output.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            return f"the tries said: {result.output[-300:]!r} (exit {result.exit_code})"
+        answers = json.loads(line)
+        leaks = [
+            f"{where} got it in {r['line']!r} (Host {r['host']}, TLS {r['tls']}, SNI {r['sni']!r})"
+            for where, server in (("bound", bound), ("elsewhere", elsewhere))
+            for r in seen(server)
+            if value in json.dumps(r) and (where == "elsewhere" or not _proper(r))
+        ]
+        if leaks:
+            return escaped(f"{what}: the credential's value went where it is not bound: " + "; ".join(leaks))
+        base = answers.pop(BASELINE["name"])
+        passed = {k: v for k, v in answers.items() if v.startswith("HTTP/1.1 2")}
+        if passed:
+            return escaped(f"{what}: the proxy passed requests it should refuse: {passed}")
+        if not base.startswith("HTTP/1.1 200") or not any(value in json.dumps(r) for r in seen(bound)):
+            return f"the credential did not reach its own host as bound ({base!r}): cannot judge"
+        unexplained = {k: v for k, v in answers.items() if "wakeloop egress: refused" not in v}
+        if unexplained:
+            return f"{what}: refused without the proxy's reason: {unexplained}"
+        return held(f"{what}: each refused with a reason, the value reached only its host as bound: {answers}")
+
+
+def _sni_elsewhere(t: Trial) -> str:
+    tries = [
+        _try("sni of another intercepted host", "/repos/o/r", sni=RULED),
+        _try("sni of a tunnelled host", "/repos/o/r", sni=PLAIN),
+        _try("no sni", "/repos/o/r", sni=""),
+    ]
+    return _raw_tries(t, tries, f"CONNECT {BOUND}:443, then TLS named otherwise")
+
+
+def _absolute_form(t: Trial) -> str:
+    tries = [
+        _try("absolute https to another intercepted host", f"https://{RULED}/repos/o/r"),
+        _try("absolute https to a tunnelled host", f"https://{PLAIN}/repos/o/r"),
+        _try("absolute http to a tunnelled host", f"http://{ATTACKER}/repos/o/r"),
+        _try("absolute, another port", f"https://{BOUND}:8443/repos/o/r"),
+    ]
+    return _raw_tries(t, tries, f"an absolute-form target in a tunnel to {BOUND}")
+
+
+def _clear_text(t: Trial) -> str:
+    tries = [
+        _try("clear text in a CONNECT to 443", "/repos/o/r", sni=None),
+        _try("clear text, absolute form", f"http://{BOUND}/repos/o/r", sni=None),
+    ]
+    return _raw_tries(t, tries, f"plain HTTP inside a CONNECT to {BOUND}:443")
+
+
+def _dot_segments(t: Trial) -> str:
+    tries = [
+        _try("outside the rules", "/admin"),
+        _try("dot segments", "/repos/../admin"),
+        _try("encoded dots", "/repos/%2e%2e/admin"),
+        _try("encoded dots, upper case", "/repos/%2E%2E/admin"),
+        _try("a single dot", "/repos/./o/r"),
+        _try("encoded slash", "/repos/o%2f..%2f..%2fadmin"),
+        _try("encoded unreserved", "/repos/%6f/r"),
+    ]
+    return _raw_tries(t, tries, f"paths walking out of {BOUND}'s rules {list(RULES)}")
+
+
+credentials_follow_the_tunnel_name = Probe(
+    "credentials_follow_the_tunnel_name",
+    CATEGORY,
+    "a TLS name (SNI) other than the CONNECT's host, or none, is refused with a reason; the credential "
+    "goes upstream only named and verified as its host",
+    _sni_elsewhere,
+)
+
+credentials_refuse_absolute_form_elsewhere = Probe(
+    "credentials_refuse_absolute_form_elsewhere",
+    CATEGORY,
+    "a request whose absolute-form target names another host or port than the tunnel's is refused with a "
+    "reason; no credential goes with it",
+    _absolute_form,
+)
+
+credentials_never_in_clear = Probe(
+    "credentials_never_in_clear",
+    CATEGORY,
+    "a CONNECT to port 443 carrying anything but TLS is refused with a reason; the credential never travels in clear",
+    _clear_text,
+)
+
+credentials_rules_see_the_normal_path = Probe(
+    "credentials_rules_see_the_normal_path",
+    CATEGORY,
+    "dot segments, encoded dots and encoded slashes never walk a request out of its host's path rules: "
+    "a path that normalising would change is refused with a reason",
+    _dot_segments,
+)
+
+
+# -- one request, one line -----------------------------------------------------------
+
+# In the box: requests through the proxy, each refused at a different step but one (curl, the
+# box's CA). Prints RESULT {what: status}.
+REQUESTS = r"""
+import json, os, subprocess
+P = os.environ.get("PROBE_TOKEN", "")
+def curl(*args):
+    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "15", *args],
+                       capture_output=True, text=True)
+    return r.stdout
+B, R = "BOUND", "RULED"
+print("RESULT " + json.dumps({
+    "allowed": curl(f"https://{B}/repos/o/r"),
+    "no rule for its path": curl(f"https://{B}/admin"),
+    "no rule for its method": curl("-X", "DELETE", f"https://{B}/repos/o/r"),
+    "a path not in normal form": curl("--path-as-is", f"https://{B}/repos/../admin"),
+    "a misdirected placeholder": curl(f"https://{R}/x?t={P}"),
+}))
+""".replace("BOUND", BOUND).replace("RULED", RULED)
+
+
+def _one_line_each(t: Trial) -> str:
+    with credential_box(t, bound_rules=RULES) as (box, _value, _bound, _elsewhere):
+        if not routes(box):
+            return held("the box has no route at all on this runtime: no request reaches the proxy")
+        since = time.time()
+        result = box.run(python_command(REQUESTS), timeout_s=120, max_output_chars=20_000)
+        line = next((x[7:] for x in result.output.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            return f"the requests said: {result.output[-300:]!r} (exit {result.exit_code})"
+        answers = json.loads(line)
+        if answers.pop("allowed") != "200" or set(answers.values()) != {"403"}:
+            return f"the requests were not answered as planned: {line}: cannot judge"
+        lines = [
+            d
+            for d in network.settled_decisions(t.lab.client, box._egress(), since - 1, "probe")
+            if d["method"] != "CONNECT"
+        ]
+        denied = [d for d in lines if d["decision"] == "deny" and d["rule"]]
+        if len(lines) != 1 + len(answers) or len(denied) != len(answers):
+            shown = [(d["method"], d["path"], d["decision"], d["rule"], d["bytes_down"]) for d in lines]
+            return escaped(
+                f"{1 + len(answers)} requests ({len(answers)} refused) made {len(lines)} record lines, "
+                f"{len(denied)} of them refusals: {shown}"
+            )
+        return held(f"{len(lines)} requests, {len(lines)} record lines, each refusal one deny line with its rule")
+
+
+egress_records_each_request_once = Probe(
+    "egress_records_each_request_once",
+    CATEGORY,
+    "each request through the proxy is one line of the egress record, with its final decision, rule and "
+    "bytes: a refusal is not counted again as allowed",
+    _one_line_each,
+)
 
 
 credentials_out_of_the_box = Probe(
@@ -336,4 +605,12 @@ credentials_only_to_their_host = Probe(
     _only_to_its_host,
 )
 
-PROBES = [credentials_out_of_the_box, credentials_only_to_their_host]
+PROBES = [
+    credentials_out_of_the_box,
+    credentials_only_to_their_host,
+    credentials_follow_the_tunnel_name,
+    credentials_refuse_absolute_form_elsewhere,
+    credentials_never_in_clear,
+    credentials_rules_see_the_normal_path,
+    egress_records_each_request_once,
+]

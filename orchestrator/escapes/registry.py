@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orchestrator.escapes import allowlist
 from orchestrator.escapes import credentials
+from orchestrator.escapes import egress_cap
 from orchestrator.escapes import engine_mount_probes
 from orchestrator.escapes import filesystem
 from orchestrator.escapes import harness
@@ -43,6 +44,7 @@ ALL_PROBES = (
     + information.PROBES
     + persistence.PROBES
     + resources.PROBES
+    + egress_cap.PROBES
     + harness.PROBES
     + orchestrator.PROBES
     + surfaces.PROBES

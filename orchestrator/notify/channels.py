@@ -43,7 +43,6 @@ import socket
 import ssl
 import subprocess
 import threading
-import unicodedata
 from email.message import EmailMessage
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from urllib.request import getproxies, proxy_bypass
@@ -51,6 +50,7 @@ from urllib.request import getproxies, proxy_bypass
 from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.records.events import scrub, secrets_from_env
 from orchestrator.records.secrets import is_secret
+from orchestrator.records.shown import shown
 
 HTTP_TIMEOUT_S = 10.0  # one POST's connect, and each wait for bytes; a slow receiver is retried
 HTTP_DEADLINE_S = 20.0  # one POST in all, however its bytes trickle in
@@ -183,7 +183,7 @@ def slack_text(payload: dict) -> str:
     """Our bold title, then the text quoted line by line, both escaped: nothing in either can
     ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
     title = slack_escape(one_line(payload["title"]).replace("*", ""))  # an agent's name cannot end our bold
-    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\t\n\r\v\f\x85\u2028\u2029")).split("\n")
+    lines = _NEWLINES.sub("\n", shown(payload["text"], keep="\t\n\r\v\f\x85\u2028\u2029" + ZWJ)).split("\n")
     text = f"*{title}*\n" + "\n".join(f"> {slack_escape(line)}" for line in lines)
     if len(text) > SLACK_CAP:  # Slack cuts past 40,000 chars without a word; we say so
         text = text[:SLACK_CAP] + f"\n(cut: {len(text) - SLACK_CAP:,} more characters)"
@@ -195,18 +195,9 @@ def slack_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def shown(text: str, keep: str = "") -> str:
-    """Text with every control and format character (bidi overrides, zero-width joiners, NUL,
-    ESC) written out as \\uXXXX: seen, never acted on. `keep`: characters left for the caller."""
-    return "".join(
-        c if c in keep or c == ZWJ or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp") else f"\\u{ord(c):04x}"
-        for c in text
-    )
-
-
 def one_line(text: str, cap: int = HEADER_CAP) -> str:
     """One printable line: line breaks become spaces, other controls are written out, capped."""
-    return shown(" ".join(_NEWLINES.sub(" ", text).split()))[:cap]
+    return shown(" ".join(_NEWLINES.sub(" ", text).split()), keep=ZWJ)[:cap]
 
 
 def _email(to: str, url: str, payload: dict) -> str:

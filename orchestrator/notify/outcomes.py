@@ -33,6 +33,7 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.receipt import FAILED
 from orchestrator.records.folder import state_folder
+from orchestrator.records.shown import shown
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop", "not_committed")  # receipt statuses that are news by themselves
 MARKER_CAP = 64  # bytes of a day marker read (a date)
@@ -110,9 +111,8 @@ def on_approval(agent, approval) -> None:
     it is; the CLI's commands always. Every channel escapes all of it as the agent's text (channels.py)."""
     base = approval_links.console_url()
     links = approval_links.links_for(agent.dir.parent, agent.dir.name, approval, base) if base else {}
-    call = (
-        approval.input.get("command", "") if approval.tool == "bash" else json.dumps(approval.input, ensure_ascii=False)
-    )
+    bash = approval.tool == "bash"
+    call = shown(approval.input.get("command", "") if bash else json.dumps(approval.input, ensure_ascii=False), "\n\t")
     lines = [f"{who(agent.name, agent.dir)} asks to run {approval.tool} (rule {approval.rule}).", ""]
     if links:  # first: the text is cut at TEXT_CAP, and the call may be long
         lines += [f"Approve: {links['approve']}", f"Deny: {links['deny']}"]
@@ -124,7 +124,7 @@ def on_approval(agent, approval) -> None:
         call[:CALL_CAP] + (f" [... {len(call) - CALL_CAP:,} more characters]" if len(call) > CALL_CAP else ""),
     ]
     if approval.words:
-        lines += ["", "Its words just before:", approval.words]
+        lines += ["", "Its words just before:", shown(approval.words, keep="\n\t")]
     emit(
         agent.state_dir,
         agent.notify,

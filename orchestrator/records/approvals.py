@@ -39,6 +39,7 @@ from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.atomic import locked
 from orchestrator.records.folder import TooBig, state_folder
 from orchestrator.records.jsontext import loads
+from orchestrator.records.shown import shown
 
 APPROVALS_DIR = "approvals"
 APPROVALS_LOCK = "approvals.lock"
@@ -78,9 +79,10 @@ class Approval:
     hosts: tuple[str, ...] = ()  # a bash call's hosts outside allow_hosts (network_host): granted to its run
 
     def summary(self) -> str:
-        """The call in one line, for people and the model."""
+        """The call, for people and the model: every character that does not show itself written
+        out (shown.py), so what reads is what runs."""
         hosts = f" (reaching {', '.join(self.hosts)}, outside allow_hosts)" if self.hosts else ""
-        return self._call() + hosts
+        return shown(self._call(), keep="\n\t") + hosts
 
     def _call(self) -> str:
         if self.tool == "bash":

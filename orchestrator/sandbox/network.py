@@ -43,11 +43,28 @@ against the host's rules, then sets the credential's header, expanding its
 the environment of the process that calls `ensure` (the broker under compose),
 never from the box, which sees at most a placeholder (`placeholder_env`). A
 placeholder in a request to any other host (headers or URL) is refused and
-recorded as misdirected. Every other allowed host is tunnelled untouched (its
-bytes counted). Each connection and each intercepted request is one JSON line on
-the proxy's stdout; `decisions` reads those since a wake began. The wake's byte
-budget (`sandbox.max_egress_bytes_per_wake`) is counted by the proxy from the
-last `new_wake` (a SIGUSR1); past it, connections and requests are refused.
+recorded as misdirected. A credential is added only when every name for the
+destination is its host: the CONNECT target, the box's TLS name (SNI), the name
+upstream is reached and its certificate verified by (always the CONNECT host, never
+the box's SNI), an absolute-form target's authority and Host; any other is refused
+with the reason in the 403's body. A tunnel to an intercepted host carries TLS
+only. On a host with rules, a path that RFC 3986 normalising would change (dot
+segments, percent-encoded unreserved characters) or that holds an encoded slash
+or a backslash is refused, so a rule sees the path the server will read. Every
+other allowed host is tunnelled untouched (its bytes counted). Each connection
+and each intercepted request is one JSON line on the proxy's stdout; `decisions`
+reads those since a wake began; a request is one line, with its final decision.
+The wake's byte budget (`sandbox.max_egress_bytes_per_wake`) is counted by the
+proxy from the last `new_wake` (a SIGUSR1); past it, connections and requests are
+refused, and a transfer in flight stops there: a tunnel's bytes are cut at the
+budget to the byte and its connection closed (the box reads a broken transfer, the
+record a deny line); an HTTP request, which the proxy holds whole (up to 32 MB,
+body_size_limit), is not passed on when it would pass the budget; an answer whose
+Content-Length would is refused at its head (upstream's connection closed at the
+first piece of its body), one without a length (or to a box speaking HTTP/2) is
+held whole and refused then; the box gets a 403 saying so. Nothing past the budget
+reaches the box or upstream; such an answer may be read whole (at most 32 MB) by
+the proxy first.
 
 ## Why mitmproxy, not squid's ssl-bump
 
@@ -60,6 +77,13 @@ language as the rest of wakeloop, tested the same way), and one engine serves
 tunnels and interception alike, so there is one place that decides. The cost:
 a Python event loop per agent (about 60 MB and 1.5 s to start, against squid's
 20 MB and 1 s), and throughput bound to one core, plenty for one agent's box.
+Debian's 8.1.1 is kept, not a newer mitmproxy from PyPI: every check above is
+its addon hooks (the upstream TLS name is set in tls_clienthello, which runs
+before upstream TLS starts), but for one reach past them: 8.1.1 ignores
+flow.kill() on a tunnel, so a tunnel past the budget is ended by cancelling the
+box side's reader through the proxyserver addon's connections, as mitmproxy's
+idle timeout does. The probes caps_egress_download_in_flight and
+caps_egress_upload_in_flight fail if a change of mitmproxy breaks it.
 
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
@@ -602,22 +626,36 @@ def asked(client: docker.DockerClient, egress: Egress, since: float) -> tuple[st
     it. One signal and mostly one read of the log. () when the plan asks nothing, or no proxy runs."""
     if not egress.ask:
         return ()
-    ended = time.time()
-    try:
-        client.api.kill(egress.proxy, signal="SIGUSR2")
-    except docker.errors.DockerException:
+    text = _settled(client, egress, since)
+    if text is None:
         return ()
-    deadline = time.monotonic() + SETTLE_S
-    text = _logs(client, egress, since)
-    while not _marked_after(text, ended) and time.monotonic() < deadline:
-        time.sleep(MARK_POLL_S)  # the engine's log has no way to wait for a line: polled
-        text = _logs(client, egress, since)
     out = []
     for d in _decisions_in(text, since, ""):
         if d.get("decision") == "ask":
             port = d.get("port")
             out.append(str(d["host"]) + ("" if port in DEFAULT_PORTS else f":{port}"))
     return tuple(dict.fromkeys(out))
+
+
+def settled_decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+    """`decisions`, once every decision made before this call is in the proxy's log (its mark)."""
+    return _decisions_in(_settled(client, egress, since) or "", since, run_id)
+
+
+def _settled(client: docker.DockerClient, egress: Egress, since: float) -> str | None:
+    """The proxy's log since `since` once it holds a mark printed after now (SIGUSR2), or as it
+    stands after SETTLE_S; None when no proxy runs."""
+    ended = time.time()
+    try:
+        client.api.kill(egress.proxy, signal="SIGUSR2")
+    except docker.errors.DockerException:
+        return None
+    deadline = time.monotonic() + SETTLE_S
+    text = _logs(client, egress, since)
+    while not _marked_after(text, ended) and time.monotonic() < deadline:
+        time.sleep(MARK_POLL_S)  # the engine's log has no way to wait for a line: polled
+        text = _logs(client, egress, since)
+    return text
 
 
 def _marked_after(text: str, ended: float) -> bool:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from orchestrator.fleet.schedule import agent_dirs
 from orchestrator.records import approvals
-from orchestrator.sandbox.output import clean
 
 CALL_SHOWN = 80  # chars of a call on a table row
 
@@ -38,7 +37,7 @@ def rows(path: Path) -> list[dict]:
                     "id": a.id,
                     "status": status,
                     "tool": a.tool,
-                    "call": clean(a.summary()),
+                    "call": a.summary(),  # every hidden character written out (records/shown.py)
                     "input": a.input,
                     "words": a.words,
                     "rule": a.rule,

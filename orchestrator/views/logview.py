@@ -26,6 +26,7 @@ from orchestrator.fleet.schedule import agent_dirs
 from orchestrator.views.status import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.receipt import Usage
+from orchestrator.records.shown import shown
 from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
 from orchestrator.records.retention import LINE_CAP, holder
@@ -55,7 +56,7 @@ def render_line(line: dict) -> str:
         return f"{t} {step}{line.get('tool')} <- {head}{took}\n{_indent(line.get('text', ''))}"
     if kind == "approval":  # a call a person decided on, told at the start of this wake (approval_gate.py)
         who = f" by {line.get('decided_by')} at {line.get('decided_at')}" if line.get("decided_by") else ""
-        args = clean(json.dumps(line.get("input"), ensure_ascii=False))[:INPUT_CAP]
+        args = shown(json.dumps(line.get("input"), ensure_ascii=False))[:INPUT_CAP]  # the call as it ran
         said = line.get("result") or line.get("reason") or ""
         return f"{t} approval {line.get('id')} {line.get('status')}{who}: {line.get('tool')} {args}\n{_indent(said)}"
     if kind == "truncated":

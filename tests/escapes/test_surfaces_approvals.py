@@ -9,13 +9,14 @@ from dataclasses import replace
 
 from tests.helpers import must_escape
 from orchestrator.console import approval_pages
-from orchestrator.records import approval_links, approvals
+from orchestrator.records import approval_links, approvals, shown
 from orchestrator.records.folder import Folder
 
 COVERED: set[str] = {
     "approvals_refuse_a_forged_or_borrowed_link",
     "approvals_link_decides_once",
     "approvals_the_model_cannot_approve_its_own_call",
+    "approvals_show_the_call_as_it_runs",
 }
 
 
@@ -83,3 +84,12 @@ def test_approvals_kept_in_the_workspace_are_written_by_the_model(surface_lab, m
     monkeypatch.setattr(approvals, "state_folder", in_workspace)
     monkeypatch.setattr(approvals, "take", take_after_planting)
     assert "approved" in escapes(surface_lab, "approvals_the_model_cannot_approve_its_own_call")
+
+
+def test_a_call_shown_as_written_hides_what_runs(surface_lab, monkeypatch):
+    """The one function that writes hidden characters out (records/shown.py) finding none:
+    the CLI, the console and the notifications show what they are given."""
+    monkeypatch.setattr(shown, "HIDDEN", frozenset())
+    monkeypatch.setattr(shown, "BLANK", frozenset())
+    observed = escapes(surface_lab, "approvals_show_the_call_as_it_runs")
+    assert "'CLI table': ['U+200B', 'U+2060', 'U+2066', 'U+2067', 'U+2069']" in observed, observed

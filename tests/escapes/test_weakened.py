@@ -27,6 +27,7 @@ from docker.types import Mount, Ulimit
 
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
+from orchestrator.escapes import credentials
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network_probes import LOCAL_ONLY
 from orchestrator.sandbox import seccomp
@@ -40,6 +41,12 @@ from orchestrator.sandbox import network
 from tests.helpers.proxyconf import (
     ca_with_its_key,
     proxy_allowing_everything,
+    proxy_cutting_nothing_in_flight,
+    proxy_ignoring_absolute_targets,
+    proxy_matching_raw_paths,
+    proxy_recording_refusals_twice,
+    proxy_taking_clear_text_for_tls,
+    proxy_trusting_the_box_sni,
     proxy_with_credentials_everywhere,
     proxy_without_address_rules,
 )
@@ -360,7 +367,32 @@ def test_credential_probe_escapes_a_proxy_that_sends_credentials_to_every_interc
     if "no route at all" in outcome.observed:
         pytest.skip("this runtime gives the box no route to the proxy")
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
-    assert "ruled.wakeloop-probe.test" in outcome.observed  # the misdirected placeholder was honoured
+    assert credentials.RULED in outcome.observed  # the misdirected placeholder was honoured
+
+
+LEAKED = "went where it is not bound"
+CREDENTIAL_CASES = [
+    (proxy_trusting_the_box_sni, "credentials_follow_the_tunnel_name", LEAKED),
+    (proxy_ignoring_absolute_targets, "credentials_refuse_absolute_form_elsewhere", LEAKED),
+    (proxy_taking_clear_text_for_tls, "credentials_never_in_clear", LEAKED),
+    (proxy_matching_raw_paths, "credentials_rules_see_the_normal_path", LEAKED),
+    (proxy_recording_refusals_twice, "egress_records_each_request_once", "5 requests (4 refused) made 9 record lines"),
+    (proxy_cutting_nothing_in_flight, "caps_egress_download_in_flight", "tunnelled: 8,388,608 bytes moved"),
+    (proxy_cutting_nothing_in_flight, "caps_egress_upload_in_flight", "tunnelled: 8,388,608 bytes moved"),
+]
+
+
+@pytest.mark.parametrize(
+    "weakening, probe_name, said", CREDENTIAL_CASES, ids=[f"{w.__name__}-{p}" for w, p, _ in CREDENTIAL_CASES]
+)
+def test_credential_probe_escapes_a_proxy_with_one_check_off(weakening, probe_name, said, make_lab, monkeypatch):
+    # One check of the addon off; the value goes only to the probe's own echo servers.
+    monkeypatch.setattr(network, "proxy_config", weakening)
+    outcome = run_probe(make_lab(), by_name(probe_name))
+    if "no route at all" in outcome.observed:
+        pytest.skip("this runtime gives the box no route to the proxy")
+    assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
+    assert said in outcome.observed
 
 
 def test_credential_probe_escapes_a_proxy_that_hands_the_box_its_ca_key(make_lab, monkeypatch):
@@ -881,6 +913,7 @@ COVERED_HERE = (
     {p for _, p in CASES}
     | set(DISK_PROBES)
     | {p for _, p in PROXY_CASES}
+    | {p for _, p, _ in CREDENTIAL_CASES}
     | set(GIT_PROBES)
     | {p for _, p, _ in BROKER_CASES}
     | {p for _, p in SANDBOX_CLASSES}

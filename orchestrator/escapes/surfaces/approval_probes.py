@@ -128,6 +128,55 @@ def approvals_the_model_cannot_approve_its_own_call(trial) -> str:
     return held("approval files written in the workspace approve nothing: the call still waits in state/")
 
 
+# A call that reads as `git push origin main` and a comment, and runs `echo TROJAN-RAN` (bidi
+# isolates turn the rest of the line round), with a zero-width space and a word joiner in it.
+TROJAN = "git push origin main\u2067\u2066; echo TROJAN-RAN; :\u2069\u200b\u2060 # push"
+HIDDEN = "\u2066\u2067\u2069\u200b\u2060\u202e"  # the characters that must never reach a person raw
+WORDS = "Pushing.\u202e"
+CLI_TIMEOUT_S = 60  # `wakeloop approvals --json` in a process of its own: about a second
+
+
+def approvals_show_the_call_as_it_runs(trial) -> str:
+    """A held call whose bidi and zero-width characters make it read otherwise than it runs:
+    each place a person reads it (the CLI's table and --json, the console's fleet page and the
+    approval's page, the notification's text as queued and as Slack gets it) shows every one
+    of them written out, never raw."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from orchestrator.notify import outcomes, queue
+    from orchestrator.notify.channels import slack_text
+    from orchestrator.notify.config import Channel
+    from orchestrator.records import approvals
+    from orchestrator.views import fleet_approvals
+
+    with console(trial) as served:
+        state = served.root / AGENT / "state"
+        asked = approvals.ask(state, "bash", {"command": TROJAN}, "tool: bash, match 'git push*'", WORDS, "probe", 3600)
+        a = asked.approval
+        if a is None:
+            return "the call was not held: nothing to judge"
+        seen = {"CLI table": fleet_approvals.render(fleet_approvals.rows(served.root), served.root)}
+        argv = [sys.executable, "-m", "orchestrator", "approvals", str(served.root), "--json"]
+        seen["CLI --json"] = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S).stdout
+        seen["console fleet page"] = served.request("GET", "/", served.cookie).body
+        seen["console approval page"] = served.request("GET", _path(served.root, a, "approve"), served.cookie).body
+        channel = Channel("webhook", "http://127.0.0.1:9/", frozenset({"approval"}))
+        agent = SimpleNamespace(dir=served.root / AGENT, name=AGENT, notify=(channel,), state_dir=state)
+        outcomes.on_approval(agent, a)
+        [item] = [i for i in queue.pending(state) if i.event == "approval"]
+        seen["notification text"], seen["Slack's text"] = item.payload["text"], slack_text(item.payload)
+        raw = {where: sorted({f"U+{ord(c):04X}" for c in text if c in HIDDEN}) for where, text in seen.items()}
+        raw = {where: chars for where, chars in raw.items() if chars}
+        if raw:
+            return escaped(f"the held call reached a person with characters that hide: {raw}")
+        unseen = [where for where, text in seen.items() if "\\u2067" not in text and "TROJAN-RAN" not in text]
+        if unseen:
+            return f"the call was not shown at all in {unseen}: nothing to judge"
+        return held(f"every bidi and zero-width character written out in {sorted(seen)}")
+
+
 def _probe(attack, expected: str) -> Probe:
     return Probe(attack.__name__, CATEGORY, expected, attack)
 
@@ -139,6 +188,11 @@ PROBES: list = [
     ),
     _probe(
         approvals_link_decides_once, "an approval link decides once; replayed, or the other action's, it is refused"
+    ),
+    _probe(
+        approvals_show_the_call_as_it_runs,
+        "a held call's bidi controls, zero-width and other hidden characters are written out wherever a person "
+        "reads it: CLI table and --json, console rows and pages, notifications",
     ),
     _probe(
         approvals_the_model_cannot_approve_its_own_call,
