@@ -23,8 +23,11 @@ Stop reasons, each handled on purpose:
   result) and the wake continues; with no tool_use block, the harness asks
   the model to continue in shorter steps. max_steps bounds either way.
 - refusal: the model declined for safety reasons; carrying on would only ask
-  again, so it is a dead letter for a human to look at.
-- model_context_window_exceeded and any value we do not know: dead letter.
+  again, so it is a dead letter for a human to look at, its reason naming
+  `stop_details.category` (and the API's explanation).
+- model_context_window_exceeded: the conversation filled the model's context
+  window; a dead letter whose reason says so (and how big the last prompt was).
+- any value we do not know: dead letter.
 
 Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
 and so does `max_wake_s` (wall clock), at the first step boundary past it;
@@ -39,10 +42,12 @@ cannot afford a later one ends `budget_stop`, its reason naming the cap
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with no tools offered and a note to write its journal
 entry as its reply, then the wake ends with `budget_stop` and the harness
-appends that reply to today's journal. "No tools offered" is
-`tool_choice: {"type": "none"}` with the tool definitions unchanged: the API
-refuses a request whose history holds tool_use blocks but no `tools`, and the
-unchanged prefix still reads from the prompt cache.
+appends that reply to today's journal. "No tools" is said in that note, and
+any tool_use in the reply is not run: `tools` and `tool_choice` stay as they
+were, because the API refuses a request whose history holds tool_use blocks
+but no `tools`, refuses a forced `tool_choice` on 5.x models, and (5.x) a
+changed `tool_choice` invalidates the cached messages, so the whole
+conversation would be written to the cache again at the write price.
 
 The journal trace: if today's journal did not grow during the wake (sizes
 taken without following a symlink), a stub is appended by a sandbox call
@@ -124,7 +129,7 @@ STOP_REASONS = {
 
 BUDGET_NOTE = (
     "[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
-    "No tools are available now. Reply with your journal entry for this wake (what you "
+    "Call no more tools: none will run. Reply with your journal entry for this wake (what you "
     "did, what you learned, what comes next); the harness appends your reply to "
     "memory/journal/{day}.md. Then stop."
 )
@@ -170,7 +175,7 @@ def wake(
         if sandbox is None and (down := _node_down(agent, say)):
             return _unavailable(agent, run_id, down, events, say)
         if model is None and live:
-            model = ours = LiveModel(agent.model, api_key)
+            model = ours = LiveModel(agent.model, api_key, effort=agent.effort, thinking=agent.thinking)
         _retain(agent, events, say)
         run = _Wake(agent, run_id, events, lock, say, stop, fleet)
         try:
@@ -633,9 +638,7 @@ class _Wake:
             if action == END or (action == TOOLS and not turn.tool_uses):
                 return "done", turn.stop_reason
             if action == DEAD:
-                raise DeadLetter(
-                    f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
-                )
+                raise DeadLetter(_dead_stop(turn))
             if turn.tool_uses:
                 messages.append({"role": "user", "content": self._run_tools(turn)})
             elif action == CUT:
@@ -657,7 +660,7 @@ class _Wake:
 
     def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
         step = self.steps + 1
-        tool_choice = {"type": "none"} if final else None
+        tool_choice = None  # never changed for the wrap-up turn: see the module's docstring
         self.events.write(
             ev.ModelRequest(
                 step=step,
@@ -690,7 +693,8 @@ class _Wake:
         self.steps = step
         u = turn.usage
         self.usage += u
-        self.meter.record(u)  # reconcile: the real usage replaces the worst case
+        for billed in turn.requests:  # reconcile: the real usage replaces the worst case (each request on its own)
+            self.meter.record(billed, turn.inference_geo)
         self.events.write(
             ev.ModelResponse(
                 step=step,
@@ -710,6 +714,8 @@ class _Wake:
             model=turn.model,
             usd_so_far=round(self.meter.usd, 6),
         )
+        if turn.thinking:  # a 5.x model's words between tool calls, as summaries
+            self.say(f"step {step}: ({_short(turn.thinking)})")
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
@@ -884,6 +890,20 @@ class _Wake:
             # The proxy's decisions for this run, appended to state/egress.jsonl as they were collected.
             egress=egress.summarize(self.agent.state_dir, self.run_id),
         )
+
+
+def _dead_stop(turn: Turn) -> str:
+    """A dead letter's reason for a stop the harness does not continue from, named truly."""
+    if turn.stop_reason == "refusal":
+        details = turn.stop_details or {}
+        said = f": {_short(str(details['explanation']))}" if details.get("explanation") else ""
+        return f"refusal: the model declined (stop_details.category: {details.get('category') or 'none given'}){said}"
+    if turn.stop_reason == "model_context_window_exceeded":
+        return (
+            f"model_context_window_exceeded: the conversation ({turn.usage.prompt_tokens:,} tokens of prompt) "
+            "filled the model's context window; a shorter mandate or memory, or fewer steps a wake, leave room"
+        )
+    return f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
 
 
 def _add_user_text(messages: list[dict], text: str) -> None:
