@@ -630,7 +630,7 @@ class _Wake:
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
             if final:
-                self.closing_note = turn.text
+                self.closing_note = turn.text or turn.thinking  # 5.x: words before a tool call are thinking
                 return "budget_stop", (
                     f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) reached: {self.tokens:,} tokens"
                 )
@@ -927,13 +927,14 @@ def _user_texts(messages: list[dict]) -> list[str]:
 
 
 def _words_before(content: list[dict], call_id: str) -> str:
-    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing."""
+    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing
+    (on 5.x models those words come back as thinking blocks)."""
     words = []
     for block in content:
         if block.get("type") == "tool_use" and block.get("id") == call_id:
             break
-        if block.get("type") == "text":
-            words.append(block.get("text", ""))
+        if block.get("type") in ("text", "thinking"):
+            words.append(block.get("text") or block.get("thinking") or "")
     return "\n".join(w.strip() for w in words if w.strip())
 
 
