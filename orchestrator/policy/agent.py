@@ -127,7 +127,9 @@ def load_agent(agent_dir: str | Path) -> Agent:
     )
 
 
-def _effort_thinking(model: str, data: dict, config: Path, node: yaml.Node | None) -> tuple[str | None, Thinking]:
+def _effort_thinking(
+    model: str, data: dict[str, Any], config: Path, node: yaml.Node | None
+) -> tuple[str | None, Thinking]:
     """agent.yaml's `effort:` and `thinking:` (a type, or {type, display, budget_tokens}), checked
     against what the model accepts (records/models.py)."""
     effort = data.get("effort")

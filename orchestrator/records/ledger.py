@@ -111,7 +111,7 @@ def _price(path: Path, name: str, entry: Any) -> Price:
     unpriced = entry.get("unpriced")
     if unpriced is not None and (not isinstance(unpriced, str) or not unpriced.strip()):
         raise LedgerError(f"{path}: models.{name}.unpriced: say why the model has no price")
-    rates = _rates(path, f"models.{name}", entry) if unpriced is None else {}
+    rates = _rates(path, f"models.{name}", entry) if unpriced is None else (0.0, 0.0, 0.0, 0.0, 0.0)
     source = entry.get("source")
     if not isinstance(source, str) or not source.strip():
         raise LedgerError(f"{path}: models.{name}.source: say where the price comes from")
@@ -121,22 +121,23 @@ def _price(path: Path, name: str, entry: Any) -> Price:
     if long is not None and not (isinstance(long, dict) and _int(long.get("above_tokens"))):
         raise LedgerError(f"{path}: models.{name}.long_prompt: expected {{above_tokens: N, input: ..., ...}}")
     return Price(
-        **rates,
+        *rates,
         source=source,
-        long_prompt=Price(**_rates(path, f"models.{name}.long_prompt", long), source=source) if long else None,
+        long_prompt=Price(*_rates(path, f"models.{name}.long_prompt", long), source=source) if long else None,
         long_above=_int(long.get("above_tokens")) if long else 0,
         inference_geo=_geo(path, name, entry.get("inference_geo", {})),
     )
 
 
-def _rates(path: Path, where: str, entry: dict) -> dict[str, float]:
-    values = {}
+def _rates(path: Path, where: str, entry: dict[str, Any]) -> tuple[float, float, float, float, float]:
+    """The five rates, in Price's order (_PRICE_KEYS)."""
+    values: list[float] = []
     for key in _PRICE_KEYS:
         value = entry.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise LedgerError(f"{path}: {where}.{key}: expected a price in USD per million tokens, got {value!r}")
-        values[key] = float(value)
-    return values
+        values.append(float(value))
+    return values[0], values[1], values[2], values[3], values[4]
 
 
 def _geo(path: Path, name: str, raw: Any) -> dict[str, float]:

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 MODELS_FILE = Path(__file__).with_name("models.json")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort, the SDK's OutputConfigParam
@@ -134,17 +135,17 @@ def check_choice(model: str, effort: str | None, thinking: Thinking) -> str | No
     return None
 
 
-def request_fields(model: str, effort: str | None, thinking: Thinking) -> dict:
+def request_fields(model: str, effort: str | None, thinking: Thinking) -> dict[str, Any]:
     """The request's `output_config` and `thinking` for this choice (check_choice passed): nothing
     the model does not take. By default, adaptive thinking where the model accepts it, with its
     summaries asked for where the display defaults to omitted (else the model's words between tool
     calls come back as empty thinking blocks)."""
     info = model_info(model)
-    fields: dict = {"output_config": {"effort": effort}} if effort else {}
+    fields: dict[str, Any] = {"output_config": {"effort": effort}} if effort else {}
     kind = thinking.type or ("adaptive" if info and "adaptive" in info.thinking else "")
     if not kind:
         return fields
-    config: dict = {"type": kind}
+    config: dict[str, Any] = {"type": kind}
     if kind == "enabled":
         config["budget_tokens"] = thinking.budget_tokens
     offered = info.display if info else bool(thinking.display)  # an unknown model: only when asked

@@ -660,7 +660,6 @@ class _Wake:
 
     def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
         step = self.steps + 1
-        tool_choice = None  # never changed for the wrap-up turn: see the module's docstring
         self.events.write(
             ev.ModelRequest(
                 step=step,
@@ -669,7 +668,7 @@ class _Wake:
                 messages=len(messages),
                 system_prompt_hash=self.ctx.system_hash,
                 tools=tuple(t["name"] for t in tools),
-                tool_choice=(tool_choice or {}).get("type", "auto"),
+                tool_choice="auto",  # never changed: the wrap-up turn says "no more tools" in text
             )
         )
         for text in _user_texts(messages[self.transcribed :]):  # tool results went in as they ran
@@ -681,7 +680,6 @@ class _Wake:
             tools=tools,
             messages=messages,
             max_tokens=self.budget.max_output_tokens,
-            tool_choice=tool_choice,
         )
         if not self.model.live:  # a live call's span is the SDK's own
             tracing.scripted_chat(
