@@ -259,3 +259,16 @@ def test_status_and_a_notification_warn_of_a_legacy_or_retiring_model(agent_dir)
     outcomes.model_warning(agent, "r2")  # a legacy model: once a week, not every wake
     waiting = [i for i in queue.pending(agent.state_dir) if i.event == "model_warning"]
     assert len(waiting) == 1 and "claude-sonnet-4-6 is legacy" in waiting[0].payload["text"]
+
+
+def test_metrics_count_thinking_tokens_as_their_own_kind():
+    from prometheus_client import CollectorRegistry
+
+    from orchestrator import metrics
+    from orchestrator.records.receipt import Usage
+
+    registry = CollectorRegistry()
+    response = ModelResponse(step=1, stop_reason="tool_use", usage=Usage(10, 50, thinking_tokens=40), model="m")
+    metrics._count(metrics._Metrics(registry), "a", "m", response)
+    thinking = registry.get_sample_value("wakeloop_tokens_total", {"agent": "a", "kind": "thinking"})
+    assert thinking == 40 and registry.get_sample_value("wakeloop_tokens_total", {"agent": "a", "kind": "output"}) == 50
