@@ -30,18 +30,18 @@ TOKEN_CAP = 150_000  # trips after ~10 steps of a ~12k-token prefix
 MODEL = "claude-sonnet-5-5"
 
 
-def one_wake(tmp: Path) -> list[dict]:
-    """The request bodies of one capped wake, in order."""
+def one_wake(tmp: Path, cap: int = TOKEN_CAP, max_steps: int = 60, expect: str = "max_tokens_per_wake"):
+    """(the request bodies of one wake that ends at `expect` (the token cap), in order; its receipt)."""
     from orchestrator.wake.loop import wake
 
-    budget = {"max_steps": 60, "max_tokens_per_wake": TOKEN_CAP}
+    budget = {"max_steps": max_steps, "max_tokens_per_wake": cap}
     agent = bench_agent(tmp, {"budget": budget}, mandate=long_mandate(), model=MODEL)
     api = fake_api(Script(bash_true, 1000, 0.0), one_at_a_time=True)
     with LiveEnv(api):
         receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT, agent.workspace))
-    if receipt.status != "budget_stop" or "max_tokens_per_wake" not in receipt.reason:
-        raise SystemExit(f"bench: the wake ended {receipt.status}: {receipt.reason} (expected the token cap)")
-    return [r.body for r in api.requests]
+    if receipt.status != "budget_stop" or expect not in receipt.reason:
+        raise SystemExit(f"bench: the wake ended {receipt.status}: {receipt.reason} (expected {expect})")
+    return [r.body for r in api.requests], receipt
 
 
 def replay(bodies: list[dict], wrap_up_choice: dict | None) -> list[tuple[int, int, int]]:
@@ -77,7 +77,7 @@ def main() -> None:
     steps = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="wakeloop-bench-wrapup-") as tmp:
-            bodies = one_wake(Path(tmp) / "capped")
+            bodies, _ = one_wake(Path(tmp) / "capped")
         steps.append(len(bodies))
         for label, choice in (("kept (now)", None), ("none (before)", {"type": "none"})):
             rows = replay(bodies, choice)
