@@ -272,3 +272,56 @@ def test_metrics_count_thinking_tokens_as_their_own_kind():
     metrics._count(metrics._Metrics(registry), "a", "m", response)
     thinking = registry.get_sample_value("wakeloop_tokens_total", {"agent": "a", "kind": "thinking"})
     assert thinking == 40 and registry.get_sample_value("wakeloop_tokens_total", {"agent": "a", "kind": "output"}) == 50
+
+
+# -- the API's limits are the fleet's: one gate per key -----------------------------------------------
+
+
+def test_an_empty_bucket_seen_by_one_wake_holds_every_request_with_that_key_until_its_reset(monkeypatch):
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from orchestrator.wake.ratelimit import gate_for
+
+    key = "sk-ant-test-gate-empty-bucket"
+    arrived: list[float] = []
+    resets: list[float] = []
+
+    def answer(empty: bool):
+        def respond(rec):
+            arrived.append(time.time())
+            if not empty:
+                return turn(text("ok"))
+            reset = datetime.now(timezone.utc) + timedelta(milliseconds=300)  # the bucket refills then
+            resets.append(reset.timestamp())
+            headers = {
+                "anthropic-ratelimit-requests-remaining": "0",
+                "anthropic-ratelimit-requests-reset": reset.isoformat(),
+            }
+            return Reply(content=[text("ok")], stop_reason="end_turn", headers=headers)
+
+        return respond
+
+    with FakeAPI([answer(True), answer(False)]) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        one, other = (LiveModel("claude-sonnet-5-5", key, stream=False) for _ in range(2))
+        ask = dict(system=[], tools=[], messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+        one.call(**ask)  # its answer says the bucket is empty until `reset`
+        other.call(**ask)  # another wake, same key: sent only after the reset
+        one.close(), other.close()
+    assert arrived[1] >= resets[0] - 0.01
+    assert gate_for(key).waited_s > 0 and gate_for("sk-ant-test-another-key").waited_s == 0
+
+
+def test_a_429_closes_the_gate_for_its_retry_after_and_the_gate_honours_its_own_clock():
+    from orchestrator.wake.ratelimit import Gate
+
+    now = [100.0]
+    slept: list[float] = []
+    gate = Gate(clock=lambda: now[0], sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    gate.observe(429, {"retry-after-ms": "1500"})
+    assert gate.wait() == pytest.approx(1.5) and slept == [pytest.approx(1.5)]
+    gate.observe(200, {"anthropic-ratelimit-tokens-remaining": "5"})  # not empty: no hold
+    assert gate.wait() == 0
+    gate.observe(429, {"retry-after": "999"})  # never trusted past MAX_HOLD_S
+    assert gate.wait() == pytest.approx(60.0)

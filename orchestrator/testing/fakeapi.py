@@ -329,8 +329,8 @@ class FakeAPI:
                 content = api.shape(body, reply)
                 message = _message(body, reply, api._usage(body, reply), content)
                 if body.get("stream"):
-                    return self._sse(message, reply.midstream_error)
-                return self._json(200, message)
+                    return self._sse(message, reply.midstream_error, reply.headers)
+                return self._json(200, message, reply.headers)
 
             def _json(self, status, data, headers=None):
                 payload = json.dumps(data).encode()
@@ -343,11 +343,11 @@ class FakeAPI:
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def _sse(self, message, midstream_error: str = ""):
+            def _sse(self, message, midstream_error: str = "", headers=None):
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
-                for k, v in RATE_LIMIT.items():
+                for k, v in {**RATE_LIMIT, **(headers or {})}.items():
                     self.send_header(k, v)
                 self.end_headers()
                 events = sse_events(message)

@@ -12,7 +12,8 @@ retried here as a 529 is, with the same backoff, and the usage the failed
 attempt had reported is kept (once) in the Turn's `attempts`. When the
 retries are spent, or the request is refused for good (401, 400, 404, ...),
 it raises ModelError, saying how many retries were made (a middleware counts
-the attempts): the loop turns that into a dead letter. It adds the moving
+the attempts, and waits at the key's rate-limit gate, ratelimit.py): the loop
+turns that into a dead letter. It adds the moving
 cache breakpoint: the last block of the last user message, so step N reads
 steps 1..N-1 from the cache. It asks for the agent's effort and thinking in
 the forms the model accepts (records/models.py `request_fields`: adaptive
@@ -49,6 +50,7 @@ from orchestrator.policy.agent import AgentError
 from orchestrator.wake.context import CACHE
 from orchestrator.records.models import Thinking, request_fields
 from orchestrator.records.receipt import Usage
+from orchestrator.wake.ratelimit import gate_for
 
 MAX_RETRIES = 4  # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
 REQUEST_TIMEOUT_S = 600.0  # one request, the SDK's own default; a stream resets it per chunk
@@ -143,6 +145,7 @@ class LiveModel:
         self.options = request_fields(name, effort, thinking or Thinking())
         self.retry_delay_s = retry_delay_s
         self.sent = 0  # HTTP attempts of the call in flight (the SDK's retries included)
+        self.gate = gate_for(api_key)  # the key's limits, shared by every wake of this process
         traced = tracing.sdk_option()  # only when content is asked for: an SDK without the option still works
         options: dict[str, Any] = {"open_telemetry": traced} if traced else {}
         # The SDK's own client settings (limits, keep-alive, redirects, proxies from the
@@ -158,9 +161,13 @@ class LiveModel:
         )
 
     def _count(self, request, call_next):
-        """Runs once per HTTP attempt, inside the SDK's retry loop: how many retries a call took."""
+        """Runs once per HTTP attempt, inside the SDK's retry loop: how many retries a call took;
+        and the key's rate-limit gate, waited at before and told what the response said after."""
         self.sent += 1
-        return call_next(request)
+        self.gate.wait()
+        response = call_next(request)
+        self.gate.observe(response.status_code, response.headers)
+        return response
 
     def _retries(self) -> str:
         retries = max(0, self.sent - 1)
