@@ -325,3 +325,15 @@ def test_a_429_closes_the_gate_for_its_retry_after_and_the_gate_honours_its_own_
     assert gate.wait() == 0
     gate.observe(429, {"retry-after": "999"})  # never trusted past MAX_HOLD_S
     assert gate.wait() == pytest.approx(60.0)
+
+
+def test_the_gate_mirrors_the_requests_bucket_and_lets_waiters_go_at_its_refill_rate():
+    from orchestrator.wake.ratelimit import Gate
+
+    now = [0.0]
+    gate = Gate(clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert gate.wait() == 0  # nothing known yet: no pacing
+    gate.observe(200, {"anthropic-ratelimit-requests-limit": "1200", "anthropic-ratelimit-requests-remaining": "2"})
+    waits = [gate.wait() for _ in range(5)]  # 20 a second: two now, then one every 50 ms
+    assert waits == [0, 0, pytest.approx(0.05), pytest.approx(0.05), pytest.approx(0.05)]
+    assert now[0] == pytest.approx(0.15)

@@ -40,8 +40,10 @@ import hashlib
 import itertools
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence, Union
 
 CHARS_PER_TOKEN = 4  # the cache model's token estimate
@@ -180,7 +182,13 @@ def api_error(
 
 
 class FakeAPI:
-    def __init__(self, replies: Sequence[Responder] = (), then: Responder | None = None, one_at_a_time: bool = False):
+    def __init__(
+        self,
+        replies: Sequence[Responder] = (),
+        then: Responder | None = None,
+        one_at_a_time: bool = False,
+        bucket: "Bucket | None" = None,
+    ):
         """`one_at_a_time`: requests answered in turn on the server's own thread, not each on a
         thread started for it (the client, one wake, then pays for no thread start of the fake's:
         1-12 ms on a loaded 2-core host, which a real API's would never cost it)."""
@@ -191,6 +199,7 @@ class FakeAPI:
         self.signed: dict[str, tuple[str, str]] = {}  # signature -> (model, the text it was sent with)
         self.issued: dict[str, list[dict]] = {}  # tool_use id -> the thinking blocks sent before it
         self.models: list[dict] = list(MODELS)  # what GET /v1/models lists
+        self.bucket = bucket  # requests beyond it are a 429 with retry-after, as the API's limits are
         self._lock = threading.Lock()
         if one_at_a_time:
             self._server = HTTPServer(("127.0.0.1", 0), self._handler())
@@ -318,6 +327,12 @@ class FakeAPI:
                 rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw)
                 if not self.path.startswith("/v1/messages"):
                     return self._json(404, _error_body("not_found_error", f"no route {self.path}"))
+                wait_s, limits = api.bucket.take() if api.bucket is not None else (0.0, {})
+                if wait_s:  # recorded, and no scripted reply used up
+                    with api._lock:
+                        api.requests.append(rec)
+                    limits["retry-after-ms"] = str(max(1, int(wait_s * 1000)))
+                    return self._json(429, _error_body("rate_limit_error", "rate limited"), limits)
                 problem = refused(body) or api.check_thinking(body)
                 if problem:  # recorded, and no scripted reply used up
                     with api._lock:
@@ -328,9 +343,10 @@ class FakeAPI:
                     return self._json(reply.status, _error_body(reply.error_type, reply.message), reply.headers)
                 content = api.shape(body, reply)
                 message = _message(body, reply, api._usage(body, reply), content)
+                headers = {**limits, **reply.headers}
                 if body.get("stream"):
-                    return self._sse(message, reply.midstream_error, reply.headers)
-                return self._json(200, message, reply.headers)
+                    return self._sse(message, reply.midstream_error, headers)
+                return self._json(200, message, headers)
 
             def _json(self, status, data, headers=None):
                 payload = json.dumps(data).encode()
@@ -358,6 +374,36 @@ class FakeAPI:
                     self.wfile.flush()
 
         return Handler
+
+
+class Bucket:
+    """The API's requests limit as a continuously refilling bucket: `capacity` requests, refilled at
+    `per_s` a second. `take()`: (0, headers) and a request's slot taken, or (seconds until a slot,
+    headers) for a 429. The headers say the limit as a minute's worth, as the API does."""
+
+    def __init__(self, capacity: int, per_s: float):
+        self.capacity, self.per_s = capacity, per_s
+        self.slots = float(capacity)
+        self.seen = time.monotonic()
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[float, dict]:
+        with self._lock:
+            now = time.monotonic()
+            self.slots = min(self.capacity, self.slots + (now - self.seen) * self.per_s)
+            self.seen = now
+            wait = 0.0 if self.slots >= 1 else (1 - self.slots) / self.per_s
+            if wait:
+                self.refused += 1
+            else:
+                self.slots -= 1
+            full = datetime.now(timezone.utc) + timedelta(seconds=(self.capacity - self.slots) / self.per_s)
+            return wait, {
+                "anthropic-ratelimit-requests-limit": str(int(self.per_s * 60)),
+                "anthropic-ratelimit-requests-remaining": str(int(self.slots)),
+                "anthropic-ratelimit-requests-reset": full.isoformat(),
+            }
 
 
 def _error_body(kind: str, message: str) -> dict:

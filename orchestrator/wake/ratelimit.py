@@ -2,11 +2,17 @@
 
 The limits are the account's, not an agent's: under `serve` a hundred wakes run as threads of one
 process, and one 429 (or a response saying a bucket is empty) means every other request with that
-key would meet the same wall. So each key has one Gate: a response's `retry-after` on a 429, or an
-`anthropic-ratelimit-*-remaining: 0` with its `-reset` time, closes the gate until then, and every
-request of every wake with that key waits at it before it is sent (LiveModel's middleware runs once
-per HTTP attempt, the SDK's own retries included). The SDK still retries the 429 itself; the gate
-only keeps the others from piling on.
+key would meet the same wall. So each key has one Gate, and every request of every wake with that
+key passes it before it is sent (LiveModel's middleware runs once per HTTP attempt, the SDK's own
+retries included):
+
+- a 429's `retry-after`, or an `anthropic-ratelimit-*-remaining: 0` with its `-reset` time, closes
+  the gate until then;
+- the requests bucket is mirrored: once a response has said `anthropic-ratelimit-requests-limit`
+  (a minute's worth, refilled continuously) and `-remaining`, each request takes one slot of the
+  mirror, and one that finds none waits its turn at the refill rate. So a fleet released at once
+  goes out at the pace the API allows instead of as a burst of 429s, each of which would spend one
+  of the SDK's four retries. The mirror never believes more than the last response said remained.
 
 Not here: the retries (the SDK's, and wake/model.py's for a mid-stream error).
 """
@@ -27,22 +33,41 @@ class Gate:
         self._lock = threading.Lock()
         self._until = 0.0  # monotonic time before which no request is sent
         self._clock, self._sleep = clock, sleep
+        self._rate = 0.0  # requests a second the bucket refills at (0: not known yet)
+        self._capacity = 0.0
+        self._slots = 0.0  # the mirror: requests that may go now (negative: reserved ahead)
+        self._seen = 0.0  # when _slots was last refilled
         self.waited_s = 0.0  # summed over every request that waited (for benches and tests)
 
     def wait(self) -> float:
-        """Block until the gate is open; the seconds waited."""
+        """Block until this request may go: the gate open, and a slot of the mirrored bucket taken
+        (reserved in turn, so waiters leave one by one at the refill rate); the seconds waited."""
         waited = 0.0
         while True:
             with self._lock:
-                left = self._until - self._clock()
-            if left <= 0:
-                break
+                now = self._clock()
+                left = self._until - now
+                if left <= 0:
+                    turn = self._take(now)
+                    break
             self._sleep(left)
             waited += left
+        if turn > 0:
+            self._sleep(turn)
+            waited += turn
         if waited:
             with self._lock:
                 self.waited_s += waited
         return waited
+
+    def _take(self, now: float) -> float:
+        """One slot of the mirror (under the lock): how long until it is there (0: now)."""
+        if not self._rate:
+            return 0.0
+        self._slots = min(self._capacity, self._slots + (now - self._seen) * self._rate)
+        self._seen = now
+        self._slots -= 1
+        return -self._slots / self._rate if self._slots < 0 else 0.0
 
     def hold(self, seconds: float) -> None:
         """Close the gate for `seconds` from now (never shortening a longer hold)."""
@@ -55,11 +80,29 @@ class Gate:
         if status == 429:
             self.hold(retry_after_s(headers) or 1.0)
             return
+        self._mirror(headers)
         for kind in KINDS:
             if headers.get(f"anthropic-ratelimit-{kind}-remaining") == "0":
                 reset = _seconds_until(headers.get(f"anthropic-ratelimit-{kind}-reset"))
                 if reset:
                     self.hold(reset)
+
+    def _mirror(self, headers) -> None:
+        """Learn the requests bucket's refill rate, and never believe more slots than it has left."""
+        try:
+            limit = float(headers.get("anthropic-ratelimit-requests-limit"))
+            remaining = float(headers.get("anthropic-ratelimit-requests-remaining"))
+        except (TypeError, ValueError):
+            return
+        if limit <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            if not self._rate:
+                self._slots, self._seen = remaining, now
+            self._rate, self._capacity = limit / 60.0, limit
+            self._slots = min(self._slots + (now - self._seen) * self._rate, remaining)
+            self._seen = now
 
 
 def retry_after_s(headers) -> float | None:
