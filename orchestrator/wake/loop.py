@@ -40,8 +40,8 @@ cannot afford a later one ends `budget_stop`, its reason naming the cap
 (`fleet.max_usd_per_month: ROOT/budget.yaml: ...`).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
-one more request, with no tools offered and a note to write its journal
-entry as its reply, then the wake ends with `budget_stop` and the harness
+one more request, with a note to call no more tools and to write its
+journal entry as its reply, then the wake ends with `budget_stop` and the harness
 appends that reply to today's journal. "No tools" is said in that note, and
 any tool_use in the reply is not run: `tools` and `tool_choice` stay as they
 were, because the API refuses a request whose history holds tool_use blocks
@@ -624,7 +624,7 @@ class _Wake:
             )
             if over:  # the worst case of this call would pass a USD cap: it is not made
                 return self._budget_stop(over.cap, over.reason)
-            turn = self._ask(messages, tools, final)
+            turn = self._ask(messages, tools)
             if self._last_tools(turn, final):
                 self.box.wind_down()  # the pool makes nothing ahead that no call would take
             if turn.content:
@@ -658,7 +658,7 @@ class _Wake:
                     messages, BUDGET_NOTE.format(used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day)
                 )
 
-    def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
+    def _ask(self, messages: list[dict], tools: list[dict]) -> Turn:
         step = self.steps + 1
         self.events.write(
             ev.ModelRequest(
