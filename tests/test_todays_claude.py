@@ -337,3 +337,14 @@ def test_the_gate_mirrors_the_requests_bucket_and_lets_waiters_go_at_its_refill_
     waits = [gate.wait() for _ in range(5)]  # 20 a second: two now, then one every 50 ms
     assert waits == [0, 0, pytest.approx(0.05), pytest.approx(0.05), pytest.approx(0.05)]
     assert now[0] == pytest.approx(0.15)
+
+
+def test_a_step_with_more_blocks_than_the_look_back_still_reads_the_conversation_from_the_cache(agent_dir, fake_api):
+    many = [tool_use("bash", {"command": f"echo {n}"}) for n in range(12)]  # 24 blocks with their results
+    api = fake_api([turn(tool_use("bash", {"command": "echo first"})), turn(*many), turn(text("done"))])
+    assert live_wake(agent_dir).status == "done"
+    usage = [r.usage for r in responses(agent_dir)]
+    assert usage[2].cache_read_tokens >= usage[1].prompt_tokens  # all the second request held, read back
+    third = api.requests[2].body
+    marked = [m for m in third["messages"] if "cache_control" in json.dumps(m)]
+    assert len(marked) == 2  # the last user message and the one before the 24 new blocks

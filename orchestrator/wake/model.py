@@ -288,20 +288,42 @@ def _block(block) -> dict | None:
     return data
 
 
-def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
-    """A copy with cache_control on the last block of the last user message.
+LOOKBACK_BLOCKS = 20  # how far before a breakpoint the API looks for a cached prefix
+LOOKBACK_MARGIN = 2  # a step that adds more blocks than the look-back less this gets a second breakpoint
 
-    Only the request carries it (history stays clean), so there are never
-    more than two breakpoints: the system block and this one."""
+
+def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
+    """A copy with cache_control on the last block of the last user message, and, when the turn
+    since the previous user message added more blocks than the API looks back over (many parallel
+    tool calls and their results, thinking blocks), on the previous user message's last block too:
+    else the prefix the previous request wrote is out of reach and the whole conversation is written
+    again. Only the request carries them (history stays clean): at most three breakpoints, the
+    system block's included (the API allows four)."""
     if not messages or messages[-1].get("role") != "user":
         return messages
-    last = copy.deepcopy(messages[-1])
-    content = last["content"]
+    out = list(messages)
+    out[-1] = _marked(messages[-1])
+    users = [i for i, m in enumerate(messages[:-1]) if m.get("role") == "user"]
+    if users:
+        added = sum(_blocks(m) for m in messages[users[-1] + 1 :])
+        if added > LOOKBACK_BLOCKS - LOOKBACK_MARGIN:
+            out[users[-1]] = _marked(messages[users[-1]])
+    return out
+
+
+def _blocks(message: dict) -> int:
+    content = message.get("content")
+    return 1 if isinstance(content, str) else len(content or [])
+
+
+def _marked(message: dict) -> dict:
+    marked = copy.deepcopy(message)
+    content = marked["content"]
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     content[-1] = {**content[-1], "cache_control": dict(CACHE)}
-    last["content"] = content
-    return [*messages[:-1], last]
+    marked["content"] = content
+    return marked
 
 
 # -- scripted (dry run) -------------------------------------------------------------
