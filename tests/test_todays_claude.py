@@ -254,6 +254,8 @@ def test_status_and_a_notification_warn_of_a_legacy_or_retiring_model(agent_dir)
     set_model(agent_dir, model="claude-sonnet-4-6", notify=[{"webhook": "https://h.example/x"}])
     out = run_cli("status", str(agent_dir))
     assert "warning    model claude-sonnet-4-6 is legacy" in out.stdout
+    fleet = run_cli("status", str(agent_dir.parent))
+    assert f"{agent_dir.name}: model claude-sonnet-4-6 is legacy" in fleet.stdout
     agent = load_agent(agent_dir)
     outcomes.model_warning(agent, "r1")
     outcomes.model_warning(agent, "r2")  # a legacy model: once a week, not every wake

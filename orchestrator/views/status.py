@@ -388,6 +388,8 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
         "health_detail": h,
         "running": current_wake(sd),
         "disk": disk_status(agent),
+        "model": agent.model,
+        "model_warning": lifecycle_warning(agent.model),
     }
     row["state"] = "running" if row["running"] else "paused" if h["paused"] else "failing" if h["failures"] else "ok"
     row["node"] = placement.read_node(sd) or "-"  # past one host: the node it is placed on
@@ -445,7 +447,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return "\n".join(notes + lines)
+    warned = [f"{r['agent']}: {r['model_warning']}" for r in rows if r.get("model_warning")]  # below the table
+    return "\n".join(notes + lines + warned)
 
 
 def fleet_notes(root: Path) -> list[str]:
