@@ -30,13 +30,15 @@ TOKEN_CAP = 150_000  # trips after ~10 steps of a ~12k-token prefix
 MODEL = "claude-sonnet-5-5"
 
 
-def one_wake(tmp: Path, cap: int = TOKEN_CAP, max_steps: int = 60, expect: str = "max_tokens_per_wake"):
-    """(the request bodies of one wake that ends at `expect` (the token cap), in order; its receipt)."""
+def one_wake(tmp: Path, cap: int = TOKEN_CAP, max_steps: int = 60, expect: str = "max_tokens_per_wake", responder=None):
+    """(the request bodies of one wake that ends at `expect` (the token cap), in order; its receipt).
+    `responder`: the fake API's answers (default: one `bash true` a step, for ever)."""
     from orchestrator.wake.loop import wake
 
-    budget = {"max_steps": max_steps, "max_tokens_per_wake": cap}
+    no_usd_cap = {"max_usd_per_wake": 100, "max_usd_per_day": 1000, "max_usd_per_month": 10000}  # the tokens cap it
+    budget = {"max_steps": max_steps, "max_tokens_per_wake": cap, **no_usd_cap}
     agent = bench_agent(tmp, {"budget": budget}, mandate=long_mandate(), model=MODEL)
-    api = fake_api(Script(bash_true, 1000, 0.0), one_at_a_time=True)
+    api = fake_api(responder or Script(bash_true, 1000, 0.0), one_at_a_time=True)
     with LiveEnv(api):
         receipt = wake(agent, live=True, sandbox=StandInSandbox(STANDIN_OUTPUT, agent.workspace))
     if receipt.status != "budget_stop" or expect not in receipt.reason:
