@@ -77,6 +77,9 @@ def test_an_effort_or_thinking_the_model_refuses_is_one_config_line(agent_dir):
         load_agent(agent_dir)
     set_model(agent_dir, thinking="between_tools")
     assert load_agent(agent_dir).thinking.type == "between_tools"
+    set_model(agent_dir, model="claude-haiku-4-5", thinking={"type": "enabled", "budget_tokens": 8000})
+    with pytest.raises(AgentError, match=r"budget_tokens \(8,000\) must be below .*max_output_tokens \(4,096\)"):
+        load_agent(agent_dir)
 
 
 def test_the_fake_refuses_what_the_5x_api_refuses():

@@ -110,6 +110,12 @@ def load_agent(agent_dir: str | Path) -> Agent:
         raise AgentError(f"{_at(config, node, unknown[0])}: unknown key (known: {', '.join(sorted(_KEYS))})")
     model = os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or MODEL_WHEN_UNSET)
     effort, thinking = _effort_thinking(model, data, config, node)
+    policy = _policy(data.get("policy"), config, _value_node(node, "policy"))
+    if thinking.type == "enabled" and thinking.budget_tokens >= policy.budget.max_output_tokens:
+        raise AgentError(
+            f"{_at(config, node, 'thinking')}: budget_tokens ({thinking.budget_tokens:,}) must be below the "
+            f"policy's budget.max_output_tokens ({policy.budget.max_output_tokens:,}): thinking counts toward it"
+        )
     return Agent(
         dir=agent_dir,
         name=str(data.get("name") or agent_dir.name),
@@ -117,7 +123,7 @@ def load_agent(agent_dir: str | Path) -> Agent:
         effort=effort,
         thinking=thinking,
         schedule=str(data.get("every") or data.get("schedule") or DEFAULT_SCHEDULE),
-        policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
+        policy=policy,
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
         timezone=str(data.get("timezone") or "UTC"),
         notify=_notify(data.get("notify"), config, node),
