@@ -353,3 +353,16 @@ def test_a_step_with_more_blocks_than_the_look_back_still_reads_the_conversation
     third = api.requests[2].body
     marked = [m for m in third["messages"] if "cache_control" in json.dumps(m)]
     assert len(marked) == 2  # the last user message and the one before the 24 new blocks
+
+
+def test_at_display_omitted_the_empty_thinking_blocks_go_back_and_the_transcript_says_they_were_not_asked_for(
+    agent_dir, fake_api
+):
+    set_model(agent_dir, thinking={"type": "adaptive", "display": "omitted"})
+    api = fake_api([turn(text("Listing."), tool_use("bash", {"command": "ls"})), turn(text("done"))])
+    receipt = live_wake(agent_dir)
+    assert receipt.status == "done" and api.requests[0].body["thinking"] == {"type": "adaptive", "display": "omitted"}
+    sent_back = api.requests[1].body["messages"][1]["content"][0]
+    assert sent_back["type"] == "thinking" and sent_back["thinking"] == "" and sent_back["signature"]
+    lines = [render_line(line) for line in read_lines(find_run(agent_dir / "state", receipt.run_id))]
+    assert any("(thinking, not shown: the model was not asked for a summary)" in line for line in lines)
