@@ -66,6 +66,17 @@ def test_an_older_model_gets_no_thinking_and_no_effort_it_would_refuse(agent_dir
     assert "thinking" not in api.requests[0].body and "output_config" not in api.requests[0].body
 
 
+def test_an_existing_agent_on_sonnet_4_6_is_not_switched_to_thinking_unless_it_asks(agent_dir, fake_api):
+    set_model(agent_dir, model="claude-sonnet-4-6")
+    api = fake_api([turn(text("done")), turn(text("done"))])
+    assert live_wake(agent_dir).status == "done" and "thinking" not in api.requests[0].body
+    set_model(agent_dir, thinking="adaptive", effort="max")
+    assert live_wake(agent_dir).status == "done"
+    assert api.requests[1].body["thinking"] == {"type": "adaptive"} and api.requests[1].body["output_config"] == {
+        "effort": "max"
+    }
+
+
 def test_an_effort_or_thinking_the_model_refuses_is_one_config_line(agent_dir):
     from orchestrator.policy.agent import AgentError
 

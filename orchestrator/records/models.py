@@ -101,7 +101,7 @@ def lifecycle_warning(model: str, today: date | None = None) -> str | None:
 @dataclass(frozen=True)
 class Thinking:
     """agent.yaml's `thinking:`: a type (the API's: adaptive, between_tools, disabled, enabled; "" = the
-    harness's default, adaptive where the model accepts it), its display, and enabled's budget."""
+    default, adaptive where the model thinks adaptively when left alone), its display, and enabled's budget."""
 
     type: str = ""
     display: str = ""  # "" = summarized where the model offers a display (so its words come back)
@@ -137,12 +137,14 @@ def check_choice(model: str, effort: str | None, thinking: Thinking) -> str | No
 
 def request_fields(model: str, effort: str | None, thinking: Thinking) -> dict[str, Any]:
     """The request's `output_config` and `thinking` for this choice (check_choice passed): nothing
-    the model does not take. By default, adaptive thinking where the model accepts it, with its
-    summaries asked for where the display defaults to omitted (else the model's words between tool
-    calls come back as empty thinking blocks)."""
+    the model does not take. By default, adaptive thinking where the model thinks adaptively when
+    left alone (5.x), with its summaries asked for where the display defaults to omitted (else the
+    model's words between tool calls come back as empty thinking blocks)."""
     info = model_info(model)
     fields: dict[str, Any] = {"output_config": {"effort": effort}} if effort else {}
-    kind = thinking.type or ("adaptive" if info and "adaptive" in info.thinking else "")
+    # unasked, the model's own default: adaptive where it thinks by default (5.x); an older model that
+    # only offers it is not switched to thinking behind an existing agent's back
+    kind = thinking.type or ("adaptive" if info and info.thinking_default == "adaptive" else "")
     if not kind:
         return fields
     config: dict[str, Any] = {"type": kind}
