@@ -893,9 +893,8 @@ class _Wake:
 def _dead_stop(turn: Turn) -> str:
     """A dead letter's reason for a stop the harness does not continue from, named truly."""
     if turn.stop_reason == "refusal":
-        details = turn.stop_details or {}
-        said = f": {_short(str(details['explanation']))}" if details.get("explanation") else ""
-        return f"refusal: the model declined (stop_details.category: {details.get('category') or 'none given'}){said}"
+        said = f": {_short(turn.refusal_explanation)}" if turn.refusal_explanation else ""
+        return f"refusal: the model declined (stop_details.category: {turn.refusal_category or 'none given'}){said}"
     if turn.stop_reason == "model_context_window_exceeded":
         return (
             f"model_context_window_exceeded: the conversation ({turn.usage.prompt_tokens:,} tokens of prompt) "

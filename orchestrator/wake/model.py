@@ -72,7 +72,8 @@ class Turn:
     model: str = ""
     attempts: tuple[Usage, ...] = ()  # one per billed request (failed mid-stream ones first); () = (usage,)
     inference_geo: str = ""  # usage.inference_geo: where it ran (a price multiplier)
-    stop_details: dict | None = None  # refusal: {"category": ..., "explanation": ...}
+    refusal_category: str = ""  # a refusal's stop_details.category (cyber, bio, ...), "" when none given
+    refusal_explanation: str = ""  # ... and the API's explanation
 
     @property
     def requests(self) -> tuple[Usage, ...]:
@@ -264,7 +265,7 @@ def _api_error(exc: anthropic.APIStatusError) -> str:
 def _turn(message, failed: list[Usage]) -> Turn:
     usage = Usage.from_api(message.usage)
     content = [b for b in (_block(b) for b in message.content) if b]
-    details = getattr(message, "stop_details", None)
+    details = getattr(message, "stop_details", None)  # the SDK's RefusalStopDetails, or None
     return Turn(
         content=content,
         stop_reason=str(message.stop_reason or "unknown"),
@@ -272,7 +273,8 @@ def _turn(message, failed: list[Usage]) -> Turn:
         model=message.model,
         attempts=(*failed, usage) if failed else (),
         inference_geo=str(getattr(message.usage, "inference_geo", None) or ""),
-        stop_details=details.model_dump(mode="json", exclude_none=True) if details is not None else None,
+        refusal_category=str(getattr(details, "category", None) or ""),
+        refusal_explanation=str(getattr(details, "explanation", None) or ""),
     )
 
 
