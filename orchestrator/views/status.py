@@ -447,7 +447,7 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    warned = [f"{r['agent']}: {r['model_warning']}" for r in rows if r.get("model_warning")]  # below the table
+    warned = [clean(f"{r['agent']}: {r['model_warning']}") for r in rows if r.get("model_warning")]  # below the table
     return "\n".join(notes + lines + warned)
 
 
