@@ -121,15 +121,16 @@ def write_1k(step: int):
     return "write_file", {"path": f"bench/w{step:03d}.txt", "content": "x" * WRITE_BYTES}
 
 
-def fake_api(responder, one_at_a_time: bool = False):
+def fake_api(responder, one_at_a_time: bool = False, bucket=None):
     """orchestrator/testing/fakeapi.py's server, streaming each block in one delta: it sends a
     whole reply at once, as after a model's latency, where the tests' 7-char
     deltas would bill the harness for streaming a reply token by token.
-    `one_at_a_time`: for one wake's requests, answered on the server's thread (FakeAPI)."""
+    `one_at_a_time`: for one wake's requests, answered on the server's thread (FakeAPI).
+    `bucket`: a fakeapi.Bucket, the API's requests limit it enforces (429 past it)."""
     from orchestrator.testing import fakeapi
 
     fakeapi.CHUNK = SSE_CHUNK
-    return fakeapi.FakeAPI(then=responder, one_at_a_time=one_at_a_time)
+    return fakeapi.FakeAPI(then=responder, one_at_a_time=one_at_a_time, bucket=bucket)
 
 
 class LiveEnv:

@@ -20,6 +20,8 @@ Per row, all measured in this run:
 - engine-bound time: calls served / the engine's own create-start-remove rate
   (sandbox/rate.py: cold calls of `true`, same image and flags), measured just
   after the row with K calls in flight, K being serve's own for the row;
+- with --bucket CAPACITY,PER_S, the fake API enforces a requests limit (a token bucket: 429 with
+  retry-after-ms past it) and the time that limit allows the row's requests is a third bound;
 - model-bound time: the model's time per wake, as the fake API held each
   request (five turns of --pace), for each of ceil(N / K) rounds of K wakes:
   with K at once, no schedule of N equal wakes ends sooner;
@@ -94,6 +96,8 @@ class Row:
     failures: int
     load: str
     model_per_wake_s: float = TURNS * PACE_S  # the fake API's hold, summed over a wake's turns
+    limit_s: float = 0.0  # --bucket: the time the fake's requests limit allows the row's requests
+    refused: int = 0  # --bucket: requests the fake answered 429
 
     @property
     def engine_s(self) -> float:
@@ -105,7 +109,7 @@ class Row:
 
     @property
     def x_bound(self) -> float:
-        return self.wall_s / max(self.engine_s, self.model_s)
+        return self.wall_s / max(self.engine_s, self.model_s, self.limit_s)
 
     @property
     def verdict(self) -> str:
@@ -120,7 +124,8 @@ class Row:
             str(self.k),
             f"{self.wall_s:.1f} s",
             f"{self.engine_s:.1f} s ({self.engine_rate:.2f}/s)",
-            f"{self.model_s:.1f} s",
+            f"{self.model_s:.1f} s"
+            + (f"; API limit {self.limit_s:.1f} s, {self.refused} 429s" if self.limit_s else ""),
             f"{self.x_bound:.2f}x",
             f"{self.created / self.calls:.2f} ({self.created}/{self.calls})",
             f"{self.lag_p50:.1f} / {self.lag_p99:.1f} s",
@@ -139,7 +144,7 @@ HEADER = [
     "K",
     "wall",
     "engine bound (rate at K)",
-    "model bound",
+    "model bound (--bucket: and the API's limit)",
     "wall / bound",
     "containers / call",
     "lag p50 / p99",
@@ -287,6 +292,7 @@ class Plan:
     pace_s: float
     rate_calls: int
     logs: Path | None = None
+    bucket: tuple[int, float] | None = None  # --bucket CAPACITY,PER_S: the fake API's requests limit
 
 
 def fleet_agent(path: Path, disk: bool) -> Path:
@@ -312,7 +318,10 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
         broker = start_broker(code, root, sock)
         extra["WAKELOOP_BROKER"] = str(sock)
     script = Script(scale_tools, SCALE_TOOL_STEPS, plan.pace_s)
-    api = fake_api(script)
+    from orchestrator.testing.fakeapi import Bucket
+
+    bucket = Bucket(*plan.bucket) if plan.bucket else None
+    api = fake_api(script, bucket=bucket)
     with api:
         extra.update(ANTHROPIC_BASE_URL=api.url, ANTHROPIC_API_KEY=KEY)
         serve = spawn(
@@ -349,6 +358,11 @@ def run_row(tmp: Path, plan: Plan, mode: str, n: int, disk: bool) -> Row:
         label, mode, n, disk, agents, due, k, measured.per_s, engine, serve_mb, broker_mb, f"{load0:.1f} -> {load1:.1f}"
     )
     row.model_per_wake_s = sum(script.held) / n
+    if bucket is not None:  # R model requests: the first `capacity` at once, the rest at its refill rate
+        requests = n * TURNS
+        row.limit_s, row.refused = max(0.0, (requests - bucket.capacity) / bucket.per_s), bucket.refused
+        allows = f"the API's limit allows {requests} requests in {row.limit_s:.1f} s"
+        say(f"fleet {label} {mode} {n}: {allows}; 429s: {bucket.refused}")
     say(f"fleet {label} {mode} {n}: a wake's time, medians: {phases(agents, due)}")
     return row
 
@@ -443,13 +457,15 @@ def main() -> int:
     ap.add_argument("--rate-calls", type=int, default=RATE_CALLS, help="cold calls measuring the engine's rate")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--logs", type=Path, help="keep serve's output of each row in this folder")
+    ap.add_argument("--bucket", metavar="CAPACITY,PER_S", help="the fake API enforces a requests limit (429 past it)")
     args = ap.parse_args()
     modes = [MODES.get(m) for m in args.modes.split(",")]
     if None in modes:
         ap.error(f"--modes: one of {', '.join(MODES)}")
     # the small rows first: a big one that overloads the host then costs only itself
     plan = [(m, int(n), not args.folders) for n in args.agents.split(",") if n for m in modes]
-    run = Plan(args.code.resolve(), args.label, args.max_concurrent, args.pace, args.rate_calls, args.logs)
+    bucket = (int(args.bucket.split(",")[0]), float(args.bucket.split(",")[1])) if args.bucket else None
+    run = Plan(args.code.resolve(), args.label, args.max_concurrent, args.pace, args.rate_calls, args.logs, bucket)
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-fleet-"))
     own_disks(tmp)
     rows, interrupted = [], False

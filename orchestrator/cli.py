@@ -400,6 +400,24 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
+def cmd_models(args) -> int:
+    from orchestrator.views.models import list_live, model_rows, render_models
+
+    live = None
+    if args.live:
+        key = os.environ.get("ANTHROPIC_API_KEY", "").strip()
+        if not key:
+            raise AgentError("models --live: ANTHROPIC_API_KEY is not set; export it, or leave out --live")
+        try:
+            live = list_live(key)
+        except Exception as exc:  # the SDK's errors: one line, exit 1 (the work failed)
+            print(f"models --live: GET /v1/models failed: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            return EXIT_FAILED
+    rows = model_rows(live)
+    _print_json(rows) if args.json else print(render_models(rows))
+    return EXIT_OK
+
+
 def cmd_task_add(args) -> int:
     from orchestrator.records.tasks import add_task
 
@@ -1056,6 +1074,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("agent_dir")
     _json_flag(p, "the messages as a JSON list")
+
+    p = _command(
+        sub,
+        "models",
+        "the models: price, context window, lifecycle, the effort and thinking each accepts",
+        "wakeloop models --live   # the account's own list, from GET /v1/models",
+        cmd_models,
+    )
+    p.add_argument("--live", action="store_true", help="ask GET /v1/models with ANTHROPIC_API_KEY")
+    _json_flag(p, "every row whole, as JSON")
 
     p = _command(
         sub,

@@ -51,6 +51,7 @@ TOKEN_KINDS = {
     "output": "output_tokens",
     "cache_read": "cache_read_tokens",
     "cache_write": "cache_write_tokens",
+    "thinking": "thinking_tokens",  # a part of output: not to be summed with it
 }
 
 TOOLS = ("bash", "write_file", "send_message", "complete_task")  # the registry's (wake/tools.py, tasks)
@@ -79,7 +80,10 @@ class _Metrics:
         self.wakes = Counter("wakes", "Wakes finished, by agent and receipt status", ["agent", "status"], **kw)
         self.model_requests = Counter("model_requests", "Model requests made (one per step)", ["agent", "model"], **kw)
         self.tokens = Counter(
-            "tokens", "Tokens used, by kind: input, output, cache_read, cache_write", ["agent", "kind"], **kw
+            "tokens",
+            "Tokens used, by kind: input, output, cache_read, cache_write; thinking (a part of output)",
+            ["agent", "kind"],
+            **kw,
         )
         self.usd = Counter(
             "cost_usd", "Cost in US dollars at the ledger's prices, booked when a wake ends", ["agent", "model"], **kw

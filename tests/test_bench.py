@@ -61,3 +61,24 @@ def test_the_fleet_bench_runs_in_process_and_via_the_broker_and_leaves_nothing_b
     failures = header.split(" | ").index("failures")
     assert all(row.split(" | ")[failures] == "0" for row in rows), proc.stdout
     assert "left behind" not in proc.stderr
+
+
+def test_the_api_limit_benches_run_and_the_gated_fleet_ends_with_no_dead_letter():
+    """bench/fleet_limits.py, bench/wrapup_cache.py and bench/cache_floor.py print their tables (no
+    container: the stand-in sandbox). Timing is reported, not asserted; a dead letter is a failure."""
+    for args in (
+        ["bench.fleet_limits", "--agents", "8", "--modes", "gate"],
+        ["bench.wrapup_cache", "--runs", "1"],
+        ["bench.cache_floor"],
+    ):
+        proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = proc.stdout.splitlines()
+        if args[0] == "bench.fleet_limits":
+            row = next(line.split() for line in lines if line.startswith("gate "))
+            assert row[5] == "0", proc.stdout  # dead letters
+        if args[0] == "bench.wrapup_cache":
+            kept, before = (next(line for line in lines if line.startswith(k)) for k in ("kept", "none"))
+            assert int(kept.split()[2].replace(",", "")) < int(before.split()[2].replace(",", "")), proc.stdout
+        if args[0] == "bench.cache_floor":
+            assert any(line.startswith("billed / floor") for line in lines), proc.stdout

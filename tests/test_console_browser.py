@@ -303,7 +303,7 @@ def test_when_the_held_model_answers_the_wake_finishes_and_its_request_and_messa
         return text if 'wakeloop_notifications_total{outcome="sent"} 1.0' in text else None
 
     metrics = wait_for(scraped, "the sent notification in /metrics", 30)
-    assert 'wakeloop_model_requests_total{agent="midwake",model="claude-sonnet-4-6"} 2.0' in metrics
+    assert 'wakeloop_model_requests_total{agent="midwake",model="claude-sonnet-5-5"} 2.0' in metrics
     assert 'wakeloop_notifications_total{outcome="queued"} 1.0' in metrics
     assert re.search(r'wakeloop_tokens_total\{agent="midwake",kind="output"\} [1-9]', metrics)
     assert 'wakeloop_cost_usd_total{agent="midwake"' in metrics

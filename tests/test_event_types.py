@@ -335,6 +335,7 @@ def test_metrics_count_an_old_line_and_a_new_one_the_same(tmp_path):
         "output_tokens": 50,
         "cache_read_tokens": 0,
         "cache_write_tokens": 1350,
+        "thinking_tokens": 0,
     }
     counted = []
     for event in (old, new, parse_event(json.dumps(OLD_LINES[2]))):

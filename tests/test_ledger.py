@@ -27,6 +27,7 @@ from orchestrator.records.ledger import (
     load_prices,
     price_for,
     read_book,
+    table_entry,
     record,
     worst_case_usd,
 )
@@ -41,11 +42,67 @@ KEY = FAKE_KEY
 
 def test_every_shipped_price_has_all_five_rates_and_a_source():
     prices = load_prices(environ={})
-    assert "claude-sonnet-4-6" in prices and "claude-haiku-4-5" in prices
+    assert "claude-sonnet-5-5" in prices and "claude-haiku-4-5" in prices
     for name, p in prices.items():
         assert p.source.startswith("https://"), name
-        assert p.output > p.input > p.cache_read > 0, name
-        assert p.cache_write_1h > p.cache_write_5m > p.input, name
+        if p.unpriced:
+            assert price_for(name, prices) is None, name
+            continue
+        for rates in (p, p.long_prompt) if p.long_prompt else (p,):
+            assert rates.output > rates.input > rates.cache_read > 0, name
+            assert rates.cache_write_1h > rates.cache_write_5m > rates.input, name
+
+
+def sdk_models() -> set[str]:
+    """Every model id the installed `anthropic` SDK names (its ModelParam literal)."""
+    from typing import get_args
+
+    from anthropic.types.model_param import ModelParam
+
+    return {m for arg in get_args(ModelParam) for m in get_args(arg) if isinstance(m, str)}
+
+
+def test_every_model_the_installed_sdk_lists_is_priced_or_knowingly_not():
+    """The next SDK upgrade that adds a model fails here, not in a user's first wake."""
+    prices = load_prices(environ={})
+    known = sdk_models()
+    assert "claude-sonnet-5-5" in known  # the SDK is the one the issue was written against, or newer
+    missing = sorted(m for m in known if table_entry(m, prices) is None)
+    assert not missing, f"add these to orchestrator/records/prices.json (priced, or `unpriced` with why): {missing}"
+
+
+def test_todays_lineup_is_priced_at_the_published_rates():
+    prices = load_prices(environ={})
+    rates = {m: (p.input, p.output, p.cache_write_5m, p.cache_write_1h, p.cache_read) for m, p in prices.items()}
+    assert rates["claude-sonnet-5-5"] == (2, 10, 2.5, 4, 0.10)
+    assert rates["claude-opus-5-5"] == (4, 20, 5, 8, 0.20)
+    assert rates["claude-fable-5-1"] == (10, 50, 12.5, 20, 0.25)
+    assert rates["claude-haiku-4-5"] == (1, 5, 1.25, 2, 0.10)
+    assert price_for("claude-haiku-4-5-20251001", prices) == prices["claude-haiku-4-5"]
+    assert prices["claude-mythos-preview"].unpriced and price_for("claude-mythos-preview", prices) is None
+
+
+def test_haiku_5_5_above_100k_prompt_tokens_bills_the_whole_request_at_the_long_band():
+    p = load_prices(environ={})["claude-haiku-5-5"]
+    short = Usage(input_tokens=50_000, output_tokens=1_000, cache_read_tokens=50_000)  # 100,000: not above
+    assert cost_usd(p, short) == pytest.approx((50_000 * 0.10 + 1_000 * 0.50 + 50_000 * 0.01) / 1e6)
+    long = Usage(input_tokens=1, output_tokens=1_000, cache_read_tokens=50_000, cache_write_5m_tokens=50_000)
+    assert cost_usd(p, long) == pytest.approx((1 * 0.50 + 1_000 * 2.50 + 50_000 * 0.05 + 50_000 * 0.625) / 1e6)
+    assert worst_case_usd(p, 200_000, 1_000) == pytest.approx(1.1 * (200_000 * 0.625 + 1_000 * 2.50) / 1e6)
+
+
+def test_inference_geo_us_multiplies_every_rate_where_the_table_says_so():
+    prices = load_prices(environ={})
+    u = Usage(input_tokens=1_000_000, output_tokens=1_000_000, cache_read_tokens=1_000_000)
+    assert cost_usd(prices["claude-sonnet-5-5"], u, "us") == pytest.approx(1.1 * (2 + 10 + 0.10))
+    assert cost_usd(prices["claude-sonnet-5-5"], u, "global") == pytest.approx(2 + 10 + 0.10)
+    assert cost_usd(prices["claude-haiku-4-5"], u, "us") == pytest.approx(1 + 5 + 0.10)  # before 4.6: no geo
+
+
+def test_usage_reads_thinking_tokens_as_a_part_of_output():
+    u = Usage.from_api({"input_tokens": 3, "output_tokens": 50, "output_tokens_details": {"thinking_tokens": 40}})
+    assert (u.output_tokens, u.thinking_tokens, u.tokens) == (50, 40, 53)
+    assert Usage.from_json(u.to_json()) == u
 
 
 def test_a_dated_snapshot_uses_its_undated_price_and_an_unknown_model_has_none():
@@ -80,9 +137,11 @@ def test_usage_from_the_api_splits_cache_writes_by_ttl():
 
 
 def test_worst_case_is_every_input_token_written_to_the_cache_plus_max_tokens_of_output():
-    p = load_prices(environ={})["claude-sonnet-4-6"]
-    assert worst_case_usd(p, 100_000, 4096) == pytest.approx((100_000 * 3.75 + 4096 * 15) / 1e6)
-    assert worst_case_usd(p, 100_000, 0, cache_ttl="1h") == pytest.approx(100_000 * 6 / 1e6)
+    p = load_prices(environ={})["claude-haiku-4-5"]  # no inference_geo before 4.6
+    assert worst_case_usd(p, 100_000, 4096) == pytest.approx((100_000 * 1.25 + 4096 * 5) / 1e6)
+    assert worst_case_usd(p, 100_000, 0, cache_ttl="1h") == pytest.approx(100_000 * 2 / 1e6)
+    geo = load_prices(environ={})["claude-sonnet-4-6"]  # the dearest geography: 1.1x
+    assert worst_case_usd(geo, 100_000, 4096) == pytest.approx(1.1 * (100_000 * 3.75 + 4096 * 15) / 1e6)
 
 
 def test_a_prices_file_in_the_environment_overrides_and_adds_models(tmp_path):

@@ -90,7 +90,7 @@ def test_a_live_wake_is_one_trace_wake_model_requests_tool_calls_and_containers(
     chats = [s for s in spans if s["scope"] == "com.anthropic.sdk.python"]  # the SDK's own spans, not ours
     assert len(chats) == 2 and all(c["parent"] == wake["id"] for c in chats)
     assert all(c["attrs"]["gen_ai.operation.name"] == "chat" for c in chats)
-    assert all(c["attrs"]["gen_ai.request.model"] == "claude-sonnet-4-6" for c in chats)
+    assert all(c["attrs"]["gen_ai.request.model"] == "claude-sonnet-5-5" for c in chats)
     assert all("gen_ai.usage.output_tokens" in c["attrs"] for c in chats)
     [tool] = by_name["execute_tool"]
     assert tool["parent"] == wake["id"] and tool["attrs"]["gen_ai.tool.name"] == "bash"

@@ -387,6 +387,8 @@ def turns(lines: list[dict]) -> list[dict]:
             for block in line.get("content") or []:
                 if block.get("type") == "text":
                     turn["text"].append(str(block.get("text", "")))
+                elif block.get("type") == "thinking" and block.get("thinking"):  # 5.x: words between tool calls
+                    turn["text"].append(f"(thinking) {block.get('thinking')}")
                 elif block.get("type") == "tool_use":
                     call = {
                         "id": block.get("id"),

@@ -69,6 +69,7 @@ EVENTS = (
     "unavailable",
     "daily",
     "approval",
+    "model_warning",
 )
 DEFAULT_ON = tuple(e for e in EVENTS if e != "daily")  # a digest a day is asked for, not assumed
 KINDS = ("webhook", "slack", "email", "command")

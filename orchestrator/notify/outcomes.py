@@ -33,6 +33,7 @@ from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.receipt import FAILED
 from orchestrator.records.folder import state_folder
+from orchestrator.records.models import lifecycle_warning, model_info
 from orchestrator.records.shown import shown
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop", "not_committed")  # receipt statuses that are news by themselves
@@ -181,7 +182,37 @@ def after_wake(agent, receipt) -> None:
             run_id=r.run_id,
             wake=r.wake,
         )
+    model_warning(agent, r.run_id)
     daily(agent.state_dir, agent.name, agent.notify)
+
+
+LEGACY_EVERY_DAYS = 7  # a legacy model is said once a week; one that retires soon, once a day
+
+
+def model_warning(agent, run_id: str = "") -> None:
+    """The agent's model is legacy, or retires within 60 days (records/models.py): said at a wake's
+    end, once a UTC day when it retires soon, once a week when it is only legacy."""
+    said = lifecycle_warning(agent.model)
+    info = model_info(agent.model)
+    if not said or info is None:
+        return
+    every = 1 if info.retires_at or info.lifecycle == "retired" else LEGACY_EVERY_DAYS
+    if not _first_in(agent.state_dir, "model_warning", every):
+        return
+    emit(
+        agent.state_dir,
+        agent.notify,
+        payload(
+            agent.name,
+            "model_warning",
+            f"model/{agent.model}/{datetime.now(timezone.utc):%Y-%m-%d}",
+            f"{who(agent.name, agent.dir)}: model {info.lifecycle}",
+            f"{said}. Change `model:` in {agent.dir}/agent.yaml; thinking blocks are bound to a model, "
+            "so the switch is yours to make.",
+            run_id,
+            {"model": agent.model, "lifecycle": info.lifecycle, "retires_at": info.retires_at},
+        ),
+    )
 
 
 def no_room(agent, run_id: str, wake: int, reason: str) -> None:
@@ -287,6 +318,20 @@ def _first_today(state_dir: Path, what: str) -> bool:
     except OSError:
         pass
     state_folder(state_dir).write_atomic(marker, today, create_dirs=True)
+    return True
+
+
+def _first_in(state_dir: Path, what: str, days: int) -> bool:
+    """True when `what` was last said `days` or more UTC days ago (or never); marks today."""
+    today = datetime.now(timezone.utc).date()
+    marker = f"{queue.NOTIFY_DIR}/{what}.day"
+    try:  # records/folder.py: no link followed, capped
+        last = datetime.strptime(state_folder(state_dir).read_text(marker, MARKER_CAP).strip(), "%Y-%m-%d").date()
+        if (today - last).days < days:
+            return False
+    except (OSError, ValueError):
+        pass
+    state_folder(state_dir).write_atomic(marker, today.isoformat(), create_dirs=True)
     return True
 
 

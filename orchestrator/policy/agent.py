@@ -23,6 +23,7 @@ import yaml
 from orchestrator.assets import SHIPPED_POLICIES, shipped_policy
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder, Place
+from orchestrator.records.models import Thinking, check_choice
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import load_policy, policy_from_mapping
@@ -30,7 +31,10 @@ from orchestrator.policy.schedule_line import DEFAULT_TZ, ScheduleError, parse_s
 from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
 
-DEFAULT_MODEL = "claude-sonnet-4-6"  # a current model; the seed's 4-5 retires 2026-11-30
+DEFAULT_MODEL = "claude-sonnet-5-5"  # what `wakeloop init` writes: the current Sonnet
+# An agent.yaml with no `model:` always ran on this one, and keeps it: a model is never switched
+# silently (thinking blocks are bound to the model that wrote them); `status` warns it is legacy.
+MODEL_WHEN_UNSET = "claude-sonnet-4-6"
 DEFAULT_SCHEDULE = "*/30 * * * *"
 SANDBOX_UID = 1000  # the sandbox image's unprivileged user
 PAUSE_AFTER_FAILURES = 5  # consecutive failed wakes before serve pauses an agent
@@ -53,6 +57,8 @@ class Agent:
     timezone: str = "UTC"  # IANA zone of a cron schedule (policy/schedule_line.py checks it)
     notify: tuple[Channel, ...] = ()  # agent.yaml's, then ROOT/notify.yaml's
     pause_after_failures: int = PAUSE_AFTER_FAILURES  # failed wakes in a row before serve pauses it
+    effort: str | None = None  # output_config.effort; None: the model's default
+    thinking: Thinking = Thinking()  # the thinking form asked for; the default: adaptive where accepted
 
     @property
     def workspace(self) -> Path:
@@ -67,7 +73,19 @@ class Agent:
         return self.dir / "mandate.md"
 
 
-_KEYS = {"name", "model", "schedule", "policy", "dry_run", "every", "timezone", "notify", "pause_after_failures"}
+_KEYS = {
+    "name",
+    "model",
+    "schedule",
+    "policy",
+    "dry_run",
+    "every",
+    "timezone",
+    "notify",
+    "pause_after_failures",
+    "effort",
+    "thinking",
+}
 
 
 def load_agent(agent_dir: str | Path) -> Agent:
@@ -92,12 +110,22 @@ def load_agent(agent_dir: str | Path) -> Agent:
     if unknown:
         raise AgentError(f"{_at(config, node, unknown[0])}: unknown key (known: {', '.join(sorted(_KEYS))})")
     schedule, timezone = _schedule(data, config, node)
+    model = os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or MODEL_WHEN_UNSET)
+    effort, thinking = _effort_thinking(model, data, config, node)
+    policy = _policy(data.get("policy"), config, _value_node(node, "policy"))
+    if thinking.type == "enabled" and thinking.budget_tokens >= policy.budget.max_output_tokens:
+        raise AgentError(
+            f"{_at(config, node, 'thinking')}: budget_tokens ({thinking.budget_tokens:,}) must be below the "
+            f"policy's budget.max_output_tokens ({policy.budget.max_output_tokens:,}): thinking counts toward it"
+        )
     return Agent(
         dir=agent_dir,
         name=str(data.get("name") or agent_dir.name),
-        model=os.environ.get("WAKELOOP_MODEL") or str(data.get("model") or DEFAULT_MODEL),
+        model=model,
+        effort=effort,
+        thinking=thinking,
         schedule=schedule,
-        policy=_policy(data.get("policy"), config, _value_node(node, "policy")),
+        policy=policy,
         dry_run=_dry_run(data.get("dry_run", True), _at(config, node, "dry_run")),
         timezone=timezone,
         notify=_notify(data.get("notify"), config, node),
@@ -118,6 +146,36 @@ def _schedule(data: dict[str, Any], config: Path, node: yaml.Node | None) -> tup
         bad_zone = zone != DEFAULT_TZ and str(exc).startswith("timezone")
         raise AgentError(f"{_at(config, node, 'timezone' if bad_zone else key)}: {exc}") from None
     return text, zone
+
+
+def _effort_thinking(
+    model: str, data: dict[str, Any], config: Path, node: yaml.Node | None
+) -> tuple[str | None, Thinking]:
+    """agent.yaml's `effort:` and `thinking:` (a type, or {type, display, budget_tokens}), checked
+    against what the model accepts (records/models.py)."""
+    effort = data.get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise AgentError(f"{_at(config, node, 'effort')}: expected low, medium, high, xhigh or max, got {effort!r}")
+    raw = data.get("thinking")
+    if raw is None:
+        thinking = Thinking()
+    elif isinstance(raw, str):
+        thinking = Thinking(type=raw)
+    elif isinstance(raw, dict) and set(map(str, raw)) <= {"type", "display", "budget_tokens"}:
+        budget = raw.get("budget_tokens", 0)
+        thinking = Thinking(
+            str(raw.get("type") or ""), str(raw.get("display") or ""), budget if isinstance(budget, int) else -1
+        )
+    else:
+        raise AgentError(
+            f"{_at(config, node, 'thinking')}: expected a type (adaptive, between_tools, disabled, enabled) "
+            "or {type: ..., display: summarized|omitted, budget_tokens: N}"
+        )
+    problem = check_choice(model, effort, thinking)
+    if problem:
+        key, why = problem.split(": ", 1)
+        raise AgentError(f"{_at(config, node, key)}: {why} (`wakeloop models` lists what each model accepts)")
+    return effort, thinking
 
 
 def _check_folders(agent_dir: Path) -> None:
@@ -239,6 +297,8 @@ schedule: "{schedule}"      # cron, used by `wakeloop serve`; or `every: 30s` (s
 timezone: UTC               # the zone the cron line is read in (an IANA name such as Europe/Berlin)
 policy: {policy}
 dry_run: true               # no API calls until you set this false (or pass --live)
+# effort: high              # low, medium, high, xhigh or max, as the model accepts (`wakeloop models`)
+# thinking: adaptive        # the default; between_tools (Sonnet 5.5) or disabled turn it off
 """
 
 MANDATE = """\

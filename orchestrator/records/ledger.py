@@ -2,7 +2,12 @@
 
 Prices are data (prices.json beside this file: USD per million tokens, each
 with its source), overridable by a file named in WAKELOOP_PRICES. A call's
-cost comes from the usage the API reports. Before each call the worst case
+cost comes from the usage the API reports: each rate the API bills apart
+(input, output, 5-minute and 1-hour cache writes, cache read), the band of a
+long prompt where a model has one (Haiku 5.5 above 100K prompt tokens: the
+whole request at the higher rates) and the `inference_geo` multiplier named
+by the usage. A model the SDK lists with no public price is in the table as
+`unpriced` with the reason, so a USD cap refuses it by name. Before each call the worst case
 is checked against the policy's `max_usd_per_wake`, `max_usd_per_day` and
 `max_usd_per_month`, and against the fleet's (ROOT/budget.yaml: all agents
 under ROOT together, per UTC day and month; policy/fleetbudget.py reads it):
@@ -61,6 +66,14 @@ class Price:
     cache_write_1h: float  # USD per million tokens written to the 1-hour cache
     cache_read: float  # USD per million tokens read from the cache
     source: str  # where the numbers come from
+    long_prompt: Price | None = None  # the rates of a request whose prompt is above long_above tokens
+    long_above: int = 0
+    inference_geo: Mapping[str, float] = field(default_factory=dict)  # usage.inference_geo -> every rate times this
+    unpriced: str = ""  # listed by the SDK, no public price: why (price_for then answers None)
+
+    def band(self, prompt_tokens: int) -> Price:
+        """The rates one request of this many prompt tokens is billed at."""
+        return self.long_prompt if self.long_prompt and prompt_tokens > self.long_above else self
 
 
 def _int(value: Any) -> int:
@@ -95,34 +108,77 @@ def _read_table(path: Path) -> dict[str, Price]:
 def _price(path: Path, name: str, entry: Any) -> Price:
     if not isinstance(entry, dict):
         raise LedgerError(f"{path}: models.{name}: expected a mapping of prices")
-    values = {}
-    for key in _PRICE_KEYS:
-        value = entry.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise LedgerError(f"{path}: models.{name}.{key}: expected a price in USD per million tokens, got {value!r}")
-        values[key] = float(value)
+    unpriced = entry.get("unpriced")
+    if unpriced is not None and (not isinstance(unpriced, str) or not unpriced.strip()):
+        raise LedgerError(f"{path}: models.{name}.unpriced: say why the model has no price")
+    rates = _rates(path, f"models.{name}", entry) if unpriced is None else (0.0, 0.0, 0.0, 0.0, 0.0)
     source = entry.get("source")
     if not isinstance(source, str) or not source.strip():
         raise LedgerError(f"{path}: models.{name}.source: say where the price comes from")
-    return Price(**values, source=source)
+    if unpriced is not None:
+        return Price(0, 0, 0, 0, 0, source=source, unpriced=unpriced)
+    long = entry.get("long_prompt")
+    if long is not None and not (isinstance(long, dict) and _int(long.get("above_tokens"))):
+        raise LedgerError(f"{path}: models.{name}.long_prompt: expected {{above_tokens: N, input: ..., ...}}")
+    return Price(
+        *rates,
+        source=source,
+        long_prompt=Price(*_rates(path, f"models.{name}.long_prompt", long), source=source) if long else None,
+        long_above=_int(long.get("above_tokens")) if long else 0,
+        inference_geo=_geo(path, name, entry.get("inference_geo", {})),
+    )
+
+
+def _rates(path: Path, where: str, entry: dict[str, Any]) -> tuple[float, float, float, float, float]:
+    """The five rates, in Price's order (_PRICE_KEYS)."""
+    values: list[float] = []
+    for key in _PRICE_KEYS:
+        value = entry.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise LedgerError(f"{path}: {where}.{key}: expected a price in USD per million tokens, got {value!r}")
+        values.append(float(value))
+    return values[0], values[1], values[2], values[3], values[4]
+
+
+def _geo(path: Path, name: str, raw: Any) -> dict[str, float]:
+    ok = isinstance(raw, dict) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in raw.values()
+    )
+    if not ok:
+        raise LedgerError(f'{path}: models.{name}.inference_geo: expected {{"us": 1.1, ...}} (multipliers)')
+    return {str(k): float(v) for k, v in raw.items()}
 
 
 def price_for(model: str, prices: dict[str, Price]) -> Price | None:
-    """The model's price; a dated snapshot id falls back to its undated name."""
+    """The model's price; a dated snapshot id falls back to its undated name; None for an
+    unknown model and for one the table knows as unpriced."""
+    entry = table_entry(model, prices)
+    return entry if entry and not entry.unpriced else None
+
+
+def table_entry(model: str, prices: dict[str, Price]) -> Price | None:
+    """The table's entry for the model (priced or `unpriced`), by its id or its undated name."""
     if model in prices:
         return prices[model]
     dated = _DATED.match(model)
     return prices.get(dated.group(1)) if dated else None
 
 
-def cost_usd(price: Price, usage: Usage) -> float:
+def cost_usd(price: Price, usage: Usage, geo: str = "") -> float:
+    """One request's cost: its band's rates (by its prompt size), times its inference_geo's multiplier.
+    `usage` must be one request's: a sum of many would be banded by their total."""
+    rates = price.band(usage.prompt_tokens)
     return (
-        usage.input_tokens * price.input
-        + usage.output_tokens * price.output
-        + usage.cache_write_5m_tokens * price.cache_write_5m
-        + usage.cache_write_1h_tokens * price.cache_write_1h
-        + usage.cache_read_tokens * price.cache_read
-    ) / PER_MILLION
+        price.inference_geo.get(geo, 1.0)
+        * (
+            usage.input_tokens * rates.input
+            + usage.output_tokens * rates.output
+            + usage.cache_write_5m_tokens * rates.cache_write_5m
+            + usage.cache_write_1h_tokens * rates.cache_write_1h
+            + usage.cache_read_tokens * rates.cache_read
+        )
+        / PER_MILLION
+    )
 
 
 def estimate_tokens(*parts: Any) -> int:
@@ -133,9 +189,12 @@ def estimate_tokens(*parts: Any) -> int:
 
 def worst_case_usd(price: Price, input_tokens: int, max_tokens: int, cache_ttl: str = "5m") -> float:
     """Every input token at the dearest rate it can be billed at (uncached, or
-    written to the cache with this TTL), and every possible output token."""
-    dearest_in = max(price.input, price.cache_write_1h if cache_ttl == "1h" else price.cache_write_5m)
-    return (input_tokens * dearest_in + max_tokens * price.output) / PER_MILLION
+    written to the cache with this TTL, in its prompt's band), every possible output
+    token, and the dearest inference_geo (a workspace may default to one we never sent)."""
+    rates = price.band(input_tokens)
+    dearest_in = max(rates.input, rates.cache_write_1h if cache_ttl == "1h" else rates.cache_write_5m)
+    geo = max(price.inference_geo.values(), default=1.0)
+    return geo * (input_tokens * dearest_in + max_tokens * rates.output) / PER_MILLION
 
 
 def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) -> Price | None:
@@ -144,8 +203,10 @@ def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) ->
     price = price_for(model, prices)
     caps = [k for k in ("max_usd_per_wake", "max_usd_per_day", "max_usd_per_month") if getattr(budget, k, None)]
     if caps and price is None and not getattr(budget, "allow_unpriced", False):
+        entry = table_entry(model, prices)
+        why = f"has no public price ({entry.unpriced})" if entry else "has no known price"
         raise LedgerError(
-            f"{where}: budget.{caps[0]} is set but model {model!r} has no known price; "
+            f"{where}: budget.{caps[0]} is set but model {model!r} {why}; "
             f"add it to a prices file named by {PRICES_ENV} (shape: {PRICES_FILE.name}), "
             "or set budget.allow_unpriced: true (no USD cap then applies to it)"
         )
@@ -165,6 +226,7 @@ class Totals:
     tokens: int = 0
     calls: int = 0
     unpriced: int = 0  # billed calls on a model with no known price: their cost is unknown, not $0
+    thinking_tokens: int = 0  # of `tokens`, the output the model spent thinking
 
 
 @dataclass(frozen=True)
@@ -208,18 +270,22 @@ def _totals(raw: Any) -> Totals:
         _int(raw.get("tokens", 0)),
         _int(raw.get("calls", 0)),
         _int(raw.get("unpriced", 0)),
+        _int(raw.get("thinking_tokens", 0)),
     )
 
 
-def record(state_dir: Path, usd: float, tokens: int, priced: bool = True) -> Book:
+def record(state_dir: Path, usd: float, tokens: int, priced: bool = True, thinking: int = 0) -> Book:
     """Add one call to today's row and the lifetime total, atomically. `priced=False`:
-    a billed call whose cost is unknown (no price for its model)."""
+    a billed call whose cost is unknown (no price for its model); `thinking`: of its
+    tokens, those it spent thinking."""
     with locked(state_dir, LEDGER_LOCK):
         book = read_book(state_dir)
         date = today()
 
         def add(t: Totals) -> Totals:
-            return Totals(t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced))
+            return Totals(
+                t.usd + usd, t.tokens + tokens, t.calls + 1, t.unpriced + (not priced), t.thinking_tokens + thinking
+            )
 
         days = dict(book.days)
         days[date] = add(book.day(date))
@@ -421,13 +487,19 @@ class Meter:
                 )
         return None
 
-    def record(self, usage: Usage) -> float:
-        """Book one call's real usage; returns its cost in USD."""
-        usd = cost_usd(self.price, usage) if self.billed and self.price else 0.0
+    def record(self, usage: Usage, geo: str = "") -> float:
+        """Book one request's real usage (geo: its usage.inference_geo); returns its cost in USD."""
+        usd = cost_usd(self.price, usage, geo) if self.billed and self.price else 0.0
         self.usd += usd
         self.tokens += usage.tokens
         try:
-            record(self.state_dir, usd, usage.tokens, priced=not self.billed or self.price is not None)
+            record(
+                self.state_dir,
+                usd,
+                usage.tokens,
+                priced=not self.billed or self.price is not None,
+                thinking=usage.thinking_tokens,
+            )
         except LedgerError:
             pass  # left as found, for a human: check() refuses the next call while a day cap needs it
         return usd

@@ -3,7 +3,9 @@
 One name per quantity, everywhere a count of tokens is written or shown
 (events, transcript, receipt, metrics, console): `input_tokens`,
 `output_tokens`, `cache_read_tokens`, `cache_write_tokens` (the 5-minute
-and 1-hour writes together), `tokens` (all four), `usd`. The API's own
+and 1-hour writes together), `tokens` (all four), `thinking_tokens` (the part
+of output_tokens the model spent thinking, `usage.output_tokens_details`:
+shown beside, never added to `tokens` again), `usd`. The API's own
 names (`cache_read_input_tokens`, `cache_creation_input_tokens`) are read in
 one place, `Usage.from_api`. Files already on disk used others; `from_json`
 reads them all (OLD_NAMES), and nothing writes them again.
@@ -47,6 +49,12 @@ class Usage:
     cache_write_5m_tokens: int = 0  # written to the 5-minute cache (the API's default TTL)
     cache_write_1h_tokens: int = 0  # written to the 1-hour cache
     cache_read_tokens: int = 0
+    thinking_tokens: int = 0  # of output_tokens, spent thinking (output_tokens_details.thinking_tokens)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """What one request's prompt held: input, cache reads and writes (a price band's measure)."""
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
 
     @property
     def cache_write_tokens(self) -> int:
@@ -66,12 +74,14 @@ class Usage:
         return NotImplemented
 
     def to_json(self) -> dict[str, int]:
-        """The four counts, under their names (events, transcripts): their values sum to `tokens`."""
+        """The four counts, under their names (events, transcripts): their values sum to `tokens`;
+        then thinking_tokens, a part of output_tokens."""
         return {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cache_read_tokens": self.cache_read_tokens,
             "cache_write_tokens": self.cache_write_tokens,
+            "thinking_tokens": self.thinking_tokens,
         }
 
     @classmethod
@@ -85,6 +95,7 @@ class Usage:
             output_tokens=_count(raw.get("output_tokens")),
             cache_write_5m_tokens=_named(raw, "cache_write_tokens"),
             cache_read_tokens=_named(raw, "cache_read_tokens"),
+            thinking_tokens=_count(raw.get("thinking_tokens")),
         )
 
     @classmethod
@@ -97,12 +108,17 @@ class Usage:
         split_get = split.get if isinstance(split, dict) else (lambda k, d=None: getattr(split, k, d))
         w1h = _count(split_get("ephemeral_1h_input_tokens", 0)) if split is not None else 0
         w5m = _count(split_get("ephemeral_5m_input_tokens", 0)) if split is not None else written
+        details = get("output_tokens_details", None)
+        thinking = (
+            details.get("thinking_tokens") if isinstance(details, dict) else getattr(details, "thinking_tokens", 0)
+        )
         return cls(
             _count(get("input_tokens", 0)),
             _count(get("output_tokens", 0)),
             max(w5m, written - w1h),
             w1h,
             _count(get("cache_read_input_tokens", 0)),
+            _count(thinking),
         )
 
 

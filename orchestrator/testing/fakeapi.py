@@ -5,7 +5,23 @@ answers POST /v1/messages from a queue of scripted replies, as plain JSON or,
 when the request says `"stream": true`, as server-sent events exactly as the
 API sends them (message_start, content_block_start/delta/stop with
 text_delta and input_json_delta, message_delta with usage, message_stop).
-Errors are replies too: `api_error(529)` sends the API's error JSON.
+Errors are replies too: `api_error(529)` sends the API's error JSON, and
+`Reply(midstream_error="overloaded_error")` breaks a 200 stream off with an
+`error` event after message_start (whose usage the client has then seen).
+Every response carries `anthropic-ratelimit-*` headers.
+
+It speaks today's API (shared/notes/claude-api-2026-12.md), from rules of its
+own, not the harness's tables: `temperature`, `top_p`, `top_k` are a 400 on
+every model; on the strict 5.x models (STRICT) a forced `tool_choice` (any,
+tool), manual thinking (`enabled`) and `disabled` are a 400, thinking is
+adaptive when omitted, the model's words before a tool call come back as
+`thinking` blocks, and a thinking block's text is shown only when
+`display: "summarized"` was asked for (else "" with its signature); on Sonnet
+5.5 `between_tools` is accepted and shows those words. Every thinking block is
+signed; a later request must send each back unchanged, in the assistant turn
+it came in, or it is a 400. Usage splits cache writes by TTL
+(`cache_creation`), counts thinking in `output_tokens_details`, names
+`inference_geo`, and a refusal carries `stop_details`.
 
 It records every request (body and headers) so tests assert on what the
 harness really sent. Usage numbers are scripted, or computed by a small
@@ -24,8 +40,10 @@ import hashlib
 import itertools
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence, Union
 
 CHARS_PER_TOKEN = 4  # the cache model's token estimate
@@ -43,6 +61,8 @@ class Reply:
     error_type: str = ""
     message: str = ""
     headers: dict = field(default_factory=dict)
+    midstream_error: str = ""  # an error type sent as an SSE `error` event after message_start
+    stop_details: dict | None = None  # refusal: {"type": "refusal", "category": ..., "explanation": ...}
 
 
 Responder = Union[Reply, Callable[["Recorded"], Reply]]
@@ -63,6 +83,11 @@ def text(t: str) -> dict:
     return {"type": "text", "text": t}
 
 
+def thinking(t: str) -> dict:
+    """A thinking block as the model writes it: the fake signs it, and shows its text only when asked."""
+    return {"type": "thinking", "thinking": t}
+
+
 def tool_use(name: str, input, id: str | None = None) -> dict:
     return {"type": "tool_use", "id": id or f"toolu_fake_{next(_ids):04d}", "name": name, "input": input}
 
@@ -72,13 +97,81 @@ def turn(*blocks: dict, stop_reason: str | None = None, usage: dict | None = Non
     return Reply(content=list(blocks), stop_reason=stop, usage=usage)
 
 
-def usage(input_tokens=0, output_tokens=0, cache_read=0, cache_creation=0) -> dict:
+def usage(input_tokens=0, output_tokens=0, cache_read=0, cache_creation=0, cache_1h=0, thinking_tokens=0) -> dict:
+    """A usage block: `cache_creation` is the 5-minute writes, `cache_1h` the 1-hour ones (split as the API does)."""
     return {
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "cache_read_input_tokens": cache_read,
-        "cache_creation_input_tokens": cache_creation,
+        "cache_creation_input_tokens": cache_creation + cache_1h,
+        "cache_creation": {"ephemeral_5m_input_tokens": cache_creation, "ephemeral_1h_input_tokens": cache_1h},
+        "output_tokens_details": {"thinking_tokens": thinking_tokens},
+        "inference_geo": "global",
     }
+
+
+# The 5.x rules, the fake's own (not the harness's table): models that refuse a forced tool_choice,
+# manual and disabled thinking, think adaptively when thinking is omitted, return the words between
+# tool calls as thinking blocks, and show thinking only at display "summarized".
+STRICT = ("claude-sonnet-5-5", "claude-opus-5-5", "claude-fable-5-1", "claude-fable-5-2")
+BETWEEN_TOOLS = ("claude-sonnet-5-5",)  # accept thinking.type between_tools
+SAMPLING = ("temperature", "top_p", "top_k")
+
+
+def model_entry(id: str, lifecycle: str = "active", retires_at: str | None = None, efforts=(), thinking=()) -> dict:
+    """One GET /v1/models entry (the SDK's ModelInfo), with the capabilities the harness reads."""
+    yes = lambda on: {"supported": bool(on)}  # noqa: E731
+    levels = ("low", "medium", "high", "xhigh", "max")
+    types = ("adaptive", "between_tools", "disabled", "enabled")
+    return {
+        "id": id,
+        "type": "model",
+        "display_name": id,
+        "created_at": "2026-01-01T00:00:00Z",
+        "lifecycle": lifecycle,
+        "retires_at": f"{retires_at}T00:00:00Z" if retires_at else None,
+        "max_input_tokens": 1_000_000,
+        "max_tokens": 128_000,
+        "capabilities": {
+            "effort": {"supported": bool(efforts), **{k: yes(k in efforts) for k in levels}},
+            "thinking": {"supported": bool(thinking), "types": {k: yes(k in thinking) for k in types}},
+        },
+    }
+
+
+MODELS = (
+    model_entry("claude-sonnet-5-5", efforts=("low", "medium", "high", "xhigh", "max"), thinking=("adaptive",)),
+    model_entry("claude-opus-4-5", "deprecated", "2027-01-22", ("low", "medium", "high"), ("enabled", "disabled")),
+)
+RATE_LIMIT = {  # what every response says of the account's limits (a continuously refilling bucket)
+    "anthropic-ratelimit-requests-limit": "4000",
+    "anthropic-ratelimit-requests-remaining": "3999",
+    "anthropic-ratelimit-tokens-limit": "2000000",
+    "anthropic-ratelimit-tokens-remaining": "1999000",
+    "anthropic-ratelimit-input-tokens-limit": "2000000",
+    "anthropic-ratelimit-input-tokens-remaining": "1999000",
+    "anthropic-ratelimit-output-tokens-limit": "400000",
+    "anthropic-ratelimit-output-tokens-remaining": "399000",
+}
+
+
+def refused(body: dict) -> str:
+    """Why the API would answer this request 400, or ""."""
+    model = str(body.get("model", ""))
+    sent = [k for k in SAMPLING if k in body]
+    if sent:
+        return f"{sent[0]}: sampling parameters are not supported with this API version"
+    if model not in STRICT:
+        return ""
+    kind = (body.get("tool_choice") or {}).get("type")
+    if kind in ("any", "tool"):
+        return f"tool_choice.type {kind!r} is not supported on {model}; use auto or none"
+    think = (body.get("thinking") or {}).get("type")
+    if think == "enabled":
+        return f"thinking.type 'enabled' is not supported on {model}; use adaptive (with output_config.effort)"
+    if think == "disabled" or (think == "between_tools" and model not in BETWEEN_TOOLS):
+        return f"thinking.type {think!r} is not supported on {model}"
+    return ""
 
 
 def api_error(
@@ -89,7 +182,13 @@ def api_error(
 
 
 class FakeAPI:
-    def __init__(self, replies: Sequence[Responder] = (), then: Responder | None = None, one_at_a_time: bool = False):
+    def __init__(
+        self,
+        replies: Sequence[Responder] = (),
+        then: Responder | None = None,
+        one_at_a_time: bool = False,
+        bucket: "Bucket | None" = None,
+    ):
         """`one_at_a_time`: requests answered in turn on the server's own thread, not each on a
         thread started for it (the client, one wake, then pays for no thread start of the fake's:
         1-12 ms on a loaded 2-core host, which a real API's would never cost it)."""
@@ -97,6 +196,10 @@ class FakeAPI:
         self.then = then  # used when the queue is empty; None: a plain end_turn
         self.requests: list[Recorded] = []
         self.cache: set[str] = set()
+        self.signed: dict[str, tuple[str, str]] = {}  # signature -> (model, the text it was sent with)
+        self.issued: dict[str, list[dict]] = {}  # tool_use id -> the thinking blocks sent before it
+        self.models: list[dict] = list(MODELS)  # what GET /v1/models lists
+        self.bucket = bucket  # requests beyond it are a 429 with retry-after, as the API's limits are
         self._lock = threading.Lock()
         if one_at_a_time:
             self._server = HTTPServer(("127.0.0.1", 0), self._handler())
@@ -133,10 +236,69 @@ class FakeAPI:
     def _usage(self, body: dict, reply: Reply) -> dict:
         if reply.usage is not None:
             return reply.usage
+        thought = sum(len(b.get("thinking", "")) for b in reply.content if b.get("type") == "thinking")
         with self._lock:
             read, create, total = cache_model(body, self.cache)
         out = max(1, len(json.dumps(reply.content)) // CHARS_PER_TOKEN)
-        return usage(input_tokens=total - read - create, output_tokens=out, cache_read=read, cache_creation=create)
+        hour = _last_ttl(body) == "1h"
+        made = usage(
+            input_tokens=total - read - create,
+            output_tokens=out,
+            cache_read=read,
+            cache_creation=0 if hour else create,
+            cache_1h=create if hour else 0,
+            thinking_tokens=thought // CHARS_PER_TOKEN,
+        )
+        made["inference_geo"] = "us" if body.get("inference_geo") == "us" else "global"
+        return made
+
+    def check_thinking(self, body: dict) -> str:
+        """Why this request's thinking blocks would be refused (changed, unknown, or missing), or ""."""
+        model = str(body.get("model", ""))
+        with self._lock:
+            for msg in body.get("messages", []):
+                if msg.get("role") != "assistant" or not isinstance(msg.get("content"), list):
+                    continue
+                blocks = [strip_cache_control(b) for b in msg["content"]]
+                for b in blocks:
+                    if b.get("type") != "thinking":
+                        continue
+                    if self.signed.get(str(b.get("signature"))) != (model, b.get("thinking")):
+                        return "messages: a thinking block was modified, or is not this model's"
+                for b in blocks:
+                    expected = self.issued.get(str(b.get("id"))) if b.get("type") == "tool_use" else None
+                    if expected and any(e not in blocks for e in expected):
+                        return "messages: an assistant turn's thinking blocks must be sent back unchanged"
+        return ""
+
+    def shape(self, body: dict, reply: Reply) -> list[dict]:
+        """The reply's blocks as this model returns them for this request: words before a tool call as
+        thinking on the strict models, each thinking block's text shown or not, and signed."""
+        model = str(body.get("model", ""))
+        think = body.get("thinking") or ({"type": "adaptive"} if model in STRICT else {})
+        shown = think.get("type") == "between_tools" or (
+            think.get("display") == "summarized" or (model not in STRICT and think.get("display") != "omitted")
+        )
+        calls = [i for i, b in enumerate(reply.content) if b["type"] == "tool_use"]
+        out: list[dict] = []
+        for i, block in enumerate(reply.content):
+            if model in STRICT and block["type"] == "text" and calls and i < calls[-1]:
+                block = {"type": "thinking", "thinking": block["text"]}
+            if block["type"] == "thinking":
+                text = block["thinking"] if shown else ""
+                signature = hashlib.sha256(f"{model}\0{text}\0{next(_ids)}".encode()).hexdigest()[:40]
+                with self._lock:
+                    self.signed[signature] = (model, text)
+                block = {"type": "thinking", "thinking": text, "signature": signature}
+            out.append(block)
+        with self._lock:
+            before: list[dict] = []
+            for block in out:
+                if block["type"] == "thinking":
+                    before.append(block)
+                elif block["type"] == "tool_use":
+                    self.issued[block["id"]] = list(before)
+        return out
 
     def _handler(self):
         api = self
@@ -144,6 +306,17 @@ class FakeAPI:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # quiet
                 pass
+
+            def do_GET(self):
+                rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, {}, b"")
+                with api._lock:
+                    api.requests.append(rec)
+                if not self.path.startswith("/v1/models"):
+                    return self._json(404, _error_body("not_found_error", f"no route {self.path}"))
+                data = list(api.models)
+                ids = [m["id"] for m in data]
+                page = {"data": data, "has_more": False, "first_id": ids[0] if ids else None}
+                return self._json(200, {**page, "last_id": ids[-1] if ids else None})
 
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -154,13 +327,26 @@ class FakeAPI:
                 rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body, raw)
                 if not self.path.startswith("/v1/messages"):
                     return self._json(404, _error_body("not_found_error", f"no route {self.path}"))
+                wait_s, limits = api.bucket.take() if api.bucket is not None else (0.0, {})
+                if wait_s:  # recorded, and no scripted reply used up
+                    with api._lock:
+                        api.requests.append(rec)
+                    limits["retry-after-ms"] = str(max(1, int(wait_s * 1000)))
+                    return self._json(429, _error_body("rate_limit_error", "rate limited"), limits)
+                problem = refused(body) or api.check_thinking(body)
+                if problem:  # recorded, and no scripted reply used up
+                    with api._lock:
+                        api.requests.append(rec)
+                    return self._json(400, _error_body("invalid_request_error", problem))
                 reply = api._next(rec)
                 if reply.status != 200:
                     return self._json(reply.status, _error_body(reply.error_type, reply.message), reply.headers)
-                message = _message(body, reply, api._usage(body, reply))
+                content = api.shape(body, reply)
+                message = _message(body, reply, api._usage(body, reply), content)
+                headers = {**limits, **reply.headers}
                 if body.get("stream"):
-                    return self._sse(message)
-                return self._json(200, message)
+                    return self._sse(message, reply.midstream_error, headers)
+                return self._json(200, message, headers)
 
             def _json(self, status, data, headers=None):
                 payload = json.dumps(data).encode()
@@ -168,38 +354,84 @@ class FakeAPI:
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(payload)))
                 self.send_header("request-id", f"req_fake_{next(_ids)}")
-                for k, v in (headers or {}).items():
+                for k, v in {**RATE_LIMIT, **(headers or {})}.items():
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(payload)
 
-            def _sse(self, message):
+            def _sse(self, message, midstream_error: str = "", headers=None):
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
+                for k, v in {**RATE_LIMIT, **(headers or {})}.items():
+                    self.send_header(k, v)
                 self.end_headers()
-                for event in sse_events(message):
+                events = sse_events(message)
+                if midstream_error:  # message_start, a ping, then the error: the client saw the usage
+                    events = [*events[:2], {"type": "error", **_error_body(midstream_error, "Overloaded")}]
+                for event in events:
                     self.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
                     self.wfile.flush()
 
         return Handler
 
 
+class Bucket:
+    """The API's requests limit as a continuously refilling bucket: `capacity` requests, refilled at
+    `per_s` a second. `take()`: (0, headers) and a request's slot taken, or (seconds until a slot,
+    headers) for a 429. The headers say the limit as a minute's worth, as the API does."""
+
+    def __init__(self, capacity: int, per_s: float):
+        self.capacity, self.per_s = capacity, per_s
+        self.slots = float(capacity)
+        self.seen = time.monotonic()
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[float, dict]:
+        with self._lock:
+            now = time.monotonic()
+            self.slots = min(self.capacity, self.slots + (now - self.seen) * self.per_s)
+            self.seen = now
+            wait = 0.0 if self.slots >= 1 else (1 - self.slots) / self.per_s
+            if wait:
+                self.refused += 1
+            else:
+                self.slots -= 1
+            full = datetime.now(timezone.utc) + timedelta(seconds=(self.capacity - self.slots) / self.per_s)
+            return wait, {
+                "anthropic-ratelimit-requests-limit": str(int(self.per_s * 60)),
+                "anthropic-ratelimit-requests-remaining": str(int(self.slots)),
+                "anthropic-ratelimit-requests-reset": full.isoformat(),
+            }
+
+
 def _error_body(kind: str, message: str) -> dict:
     return {"type": "error", "error": {"type": kind or "api_error", "message": message or "error"}}
 
 
-def _message(body: dict, reply: Reply, use: dict) -> dict:
+def _message(body: dict, reply: Reply, use: dict, content: list[dict] | None = None) -> dict:
     return {
         "id": f"msg_fake_{next(_ids):04d}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model", MODEL_ECHO),
-        "content": reply.content,
+        "content": reply.content if content is None else content,
         "stop_reason": reply.stop_reason or "end_turn",
         "stop_sequence": None,
+        "stop_details": reply.stop_details,
         "usage": use,
     }
+
+
+def _last_ttl(body: dict) -> str:
+    """The TTL of the request's last cache breakpoint ("5m" when it names none)."""
+    ttl = "5m"
+    for msg in body.get("messages", []):
+        for b in msg.get("content") if isinstance(msg.get("content"), list) else []:
+            if isinstance(b, dict) and isinstance(b.get("cache_control"), dict):
+                ttl = b["cache_control"].get("ttl", "5m")
+    return ttl
 
 
 def sse_events(message: dict) -> list[dict]:
@@ -214,6 +446,21 @@ def sse_events(message: dict) -> list[dict]:
                 {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": part}}
                 for part in _chunks(block["text"])
             ]
+        elif block["type"] == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            events.append({"type": "content_block_start", "index": i, "content_block": start})
+            events += [
+                {"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": part}}
+                for part in _chunks(block["thinking"])
+                if part
+            ]
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": i,
+                    "delta": {"type": "signature_delta", "signature": block["signature"]},
+                }
+            )
         elif block["type"] == "tool_use":
             events.append(
                 {
@@ -232,8 +479,12 @@ def sse_events(message: dict) -> list[dict]:
     events.append(
         {
             "type": "message_delta",
-            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": use["output_tokens"]},
+            "delta": {
+                "stop_reason": message["stop_reason"],
+                "stop_sequence": None,
+                "stop_details": message.get("stop_details"),
+            },
+            "usage": {"output_tokens": use["output_tokens"], "output_tokens_details": use.get("output_tokens_details")},
         }
     )
     events.append({"type": "message_stop"})

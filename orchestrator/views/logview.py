@@ -79,12 +79,17 @@ def _assistant(t: str, step: str, line: dict) -> str:
     for block in line.get("content") or []:
         if block.get("type") == "text":
             out.append(_indent(block.get("text", "")))
+        elif block.get("type") == "thinking":  # a 5.x model's words between tool calls come back as these
+            out.append(_indent(f"(thinking) {block.get('thinking')}" if block.get("thinking") else THINKING_OMITTED))
         elif block.get("type") == "tool_use":
             args = json.dumps(block.get("input"), ensure_ascii=False)
             out.append(f"  -> {block.get('name')} {clean(args)[:INPUT_CAP]}")
     tokens = Usage.from_json(line.get("usage")).tokens  # any version's names (receipt.OLD_NAMES)
     head = f"{t} {step}model > ({line.get('stop_reason')}, {tokens:,} tokens, ${line.get('usd_so_far', 0):.4f} so far)"
     return "\n".join([head, *out])
+
+
+THINKING_OMITTED = "(thinking, not shown: the model was not asked for a summary)"
 
 
 def _indent(text: str) -> str:

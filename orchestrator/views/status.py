@@ -27,6 +27,7 @@ from orchestrator.records import health, placement, retention, stopswitch
 from orchestrator.records.ledger import FLEET_BOOKS, LedgerError, read_book
 from orchestrator.policy.fleetbudget import load_fleet_budget
 from orchestrator.records.state import count_messages, load_state, lock_holder, peek_inbox, read_outbox, unread_outbox
+from orchestrator.records.models import lifecycle_warning
 from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.sandbox import disk
@@ -50,6 +51,7 @@ def agent_status(agent: Agent) -> dict:
         "name": agent.name,
         "dir": str(agent.dir),
         "model": agent.model,
+        "model_warning": lifecycle_warning(agent.model),  # legacy, or retiring within 60 days
         "dry_run": agent.dry_run,
         "schedule": agent.schedule,
         "wakes": state.wake,
@@ -248,6 +250,7 @@ def render_agent_status(d: dict) -> str:
     lines += [
         f"{d['name']} ({d['dir']})",
         f"  model        {d['model']} ({mode}), schedule {d['schedule']}",
+        *([f"    warning    {d['model_warning']}"] if d.get("model_warning") else []),
         f"  wakes        {d['wakes']}",
         f"  tokens       {d['tokens_lifetime']:,} lifetime",
     ]
@@ -385,6 +388,8 @@ def fleet_row(path: Path, now: datetime, no_scheduler: bool, load=load_agent) ->
         "health_detail": h,
         "running": current_wake(sd),
         "disk": disk_status(agent),
+        "model": agent.model,
+        "model_warning": lifecycle_warning(agent.model),
     }
     row["state"] = "running" if row["running"] else "paused" if h["paused"] else "failing" if h["failures"] else "ok"
     row["node"] = placement.read_node(sd) or "-"  # past one host: the node it is placed on
@@ -442,7 +447,8 @@ def render_fleet(rows: list[dict], root: Path) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     notes = [n for n in (*fleet_notes(root), scheduler_note(root)) if n]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return "\n".join(notes + lines)
+    warned = [clean(f"{r['agent']}: {r['model_warning']}") for r in rows if r.get("model_warning")]  # below the table
+    return "\n".join(notes + lines + warned)
 
 
 def fleet_notes(root: Path) -> list[str]:

@@ -23,8 +23,11 @@ Stop reasons, each handled on purpose:
   result) and the wake continues; with no tool_use block, the harness asks
   the model to continue in shorter steps. max_steps bounds either way.
 - refusal: the model declined for safety reasons; carrying on would only ask
-  again, so it is a dead letter for a human to look at.
-- model_context_window_exceeded and any value we do not know: dead letter.
+  again, so it is a dead letter for a human to look at, its reason naming
+  `stop_details.category` (and the API's explanation).
+- model_context_window_exceeded: the conversation filled the model's context
+  window; a dead letter whose reason says so (and how big the last prompt was).
+- any value we do not know: dead letter.
 
 Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
 and so does `max_wake_s` (wall clock), at the first step boundary past it;
@@ -37,12 +40,14 @@ cannot afford a later one ends `budget_stop`, its reason naming the cap
 (`fleet.max_usd_per_month: ROOT/budget.yaml: ...`).
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
-one more request, with no tools offered and a note to write its journal
-entry as its reply, then the wake ends with `budget_stop` and the harness
-appends that reply to today's journal. "No tools offered" is
-`tool_choice: {"type": "none"}` with the tool definitions unchanged: the API
-refuses a request whose history holds tool_use blocks but no `tools`, and the
-unchanged prefix still reads from the prompt cache.
+one more request, with a note to call no more tools and to write its
+journal entry as its reply, then the wake ends with `budget_stop` and the harness
+appends that reply to today's journal. "No tools" is said in that note, and
+any tool_use in the reply is not run: `tools` and `tool_choice` stay as they
+were, because the API refuses a request whose history holds tool_use blocks
+but no `tools`, refuses a forced `tool_choice` on 5.x models, and (5.x) a
+changed `tool_choice` invalidates the cached messages, so the whole
+conversation would be written to the cache again at the write price.
 
 The journal trace: if today's journal did not grow during the wake (sizes
 taken without following a symlink), a stub is appended by a sandbox call
@@ -127,7 +132,7 @@ STOP_REASONS = {
 
 BUDGET_NOTE = (
     "[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
-    "No tools are available now. Reply with your journal entry for this wake (what you "
+    "Call no more tools: none will run. Reply with your journal entry for this wake (what you "
     "did, what you learned, what comes next); the harness appends your reply to "
     "memory/journal/{day}.md. Then stop."
 )
@@ -173,7 +178,7 @@ def wake(
         if sandbox is None and (down := _node_down(agent, say)):
             return _unavailable(agent, run_id, down, events, say)
         if model is None and live:
-            model = ours = LiveModel(agent.model, api_key)
+            model = ours = LiveModel(agent.model, api_key, effort=agent.effort, thinking=agent.thinking)
         _retain(agent, events, say)
         run = _Wake(agent, run_id, events, lock, say, stop, fleet)
         try:
@@ -644,13 +649,13 @@ class _Wake:
             )
             if over:  # the worst case of this call would pass a USD cap: it is not made
                 return self._budget_stop(over.cap, over.reason)
-            turn = self._ask(messages, tools, final)
+            turn = self._ask(messages, tools)
             if self._last_tools(turn, final):
                 self.box.wind_down()  # the pool makes nothing ahead that no call would take
             if turn.content:
                 messages.append({"role": "assistant", "content": turn.content})
             if final:
-                self.closing_note = turn.text
+                self.closing_note = turn.text or turn.thinking  # 5.x: words before a tool call are thinking
                 return "budget_stop", (
                     f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) reached: {self.tokens:,} tokens"
                 )
@@ -658,9 +663,7 @@ class _Wake:
             if action == END or (action == TOOLS and not turn.tool_uses):
                 return "done", turn.stop_reason
             if action == DEAD:
-                raise DeadLetter(
-                    f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
-                )
+                raise DeadLetter(_dead_stop(turn))
             if turn.tool_uses:
                 messages.append({"role": "user", "content": self._run_tools(turn)})
             elif action == CUT:
@@ -680,9 +683,8 @@ class _Wake:
                     messages, BUDGET_NOTE.format(used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day)
                 )
 
-    def _ask(self, messages: list[dict], tools: list[dict], final: bool) -> Turn:
+    def _ask(self, messages: list[dict], tools: list[dict]) -> Turn:
         step = self.steps + 1
-        tool_choice = {"type": "none"} if final else None
         self.events.write(
             ev.ModelRequest(
                 step=step,
@@ -691,7 +693,7 @@ class _Wake:
                 messages=len(messages),
                 system_prompt_hash=self.ctx.system_hash,
                 tools=tuple(t["name"] for t in tools),
-                tool_choice=(tool_choice or {}).get("type", "auto"),
+                tool_choice="auto",  # never changed: the wrap-up turn says "no more tools" in text
             )
         )
         for text in _user_texts(messages[self.transcribed :]):  # tool results went in as they ran
@@ -703,7 +705,6 @@ class _Wake:
             tools=tools,
             messages=messages,
             max_tokens=self.budget.max_output_tokens,
-            tool_choice=tool_choice,
         )
         if not self.model.live:  # a live call's span is the SDK's own
             tracing.scripted_chat(
@@ -715,7 +716,8 @@ class _Wake:
         self.steps = step
         u = turn.usage
         self.usage += u
-        self.meter.record(u)  # reconcile: the real usage replaces the worst case
+        for billed in turn.requests:  # reconcile: the real usage replaces the worst case (each request on its own)
+            self.meter.record(billed, turn.inference_geo)
         self.events.write(
             ev.ModelResponse(
                 step=step,
@@ -735,6 +737,8 @@ class _Wake:
             model=turn.model,
             usd_so_far=round(self.meter.usd, 6),
         )
+        if turn.thinking:  # a 5.x model's words between tool calls, as summaries
+            self.say(f"step {step}: ({_short(turn.thinking)})")
         if turn.text:
             self.say(f"step {step}: {_short(turn.text)}")
         return turn
@@ -913,6 +917,19 @@ class _Wake:
         )
 
 
+def _dead_stop(turn: Turn) -> str:
+    """A dead letter's reason for a stop the harness does not continue from, named truly."""
+    if turn.stop_reason == "refusal":
+        said = f": {_short(turn.refusal_explanation)}" if turn.refusal_explanation else ""
+        return f"refusal: the model declined (stop_details.category: {turn.refusal_category or 'none given'}){said}"
+    if turn.stop_reason == "model_context_window_exceeded":
+        return (
+            f"model_context_window_exceeded: the conversation ({turn.usage.prompt_tokens:,} tokens of prompt) "
+            "filled the model's context window; a shorter mandate or memory, or fewer steps a wake, leave room"
+        )
+    return f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
+
+
 def _add_user_text(messages: list[dict], text: str) -> None:
     """Add a text block to the last user message (after its tool results), or a new user message."""
     last = messages[-1]
@@ -934,13 +951,14 @@ def _user_texts(messages: list[dict]) -> list[str]:
 
 
 def _words_before(content: list[dict], call_id: str) -> str:
-    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing."""
+    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing
+    (on 5.x models those words come back as thinking blocks)."""
     words = []
     for block in content:
         if block.get("type") == "tool_use" and block.get("id") == call_id:
             break
-        if block.get("type") == "text":
-            words.append(block.get("text", ""))
+        if block.get("type") in ("text", "thinking"):
+            words.append(block.get("text") or block.get("thinking") or "")
     return "\n".join(w.strip() for w in words if w.strip())
 
 

@@ -6,10 +6,18 @@ with plain dicts in and out, so the loop never knows which one it has.
 LiveModel is the real `anthropic` SDK. It honours ANTHROPIC_BASE_URL (the SDK
 reads it itself), streams by default (a long reply never meets the
 non-streaming timeout), and lets the SDK retry 408/409/429/5xx with its own
-backoff and `retry-after` handling. When the retries are spent, or the
-request is refused for good (401, 400, ...), it raises ModelError: the loop
-turns that into a dead letter. It adds the moving cache breakpoint: the last
-block of the last user message, so step N reads steps 1..N-1 from the cache.
+backoff and `retry-after` handling. An `overloaded_error` or `api_error`
+that arrives mid-stream, after the 200, is one the SDK does not retry: it is
+retried here as a 529 is, with the same backoff, and the usage the failed
+attempt had reported is kept (once) in the Turn's `attempts`. When the
+retries are spent, or the request is refused for good (401, 400, 404, ...),
+it raises ModelError, saying how many retries were made (a middleware counts
+the attempts, and waits at the key's rate-limit gate, ratelimit.py): the loop
+turns that into a dead letter. It adds the moving
+cache breakpoint: the last block of the last user message, so step N reads
+steps 1..N-1 from the cache. It asks for the agent's effort and thinking in
+the forms the model accepts (records/models.py `request_fields`: adaptive
+thinking by default, its summaries where the display defaults to omitted).
 Every wake makes its own client (and closes it: no connection outlives the
 wake), but all of them verify TLS with one context per process (`_tls`):
 loading the CA store is ~0.4 s of CPU here, once per serve, not once per
@@ -26,8 +34,10 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,11 +48,16 @@ import httpx2  # the SDK's HTTP library (a dependency of anthropic's): its TLS d
 from orchestrator import tracing
 from orchestrator.policy.agent import AgentError
 from orchestrator.wake.context import CACHE
+from orchestrator.records.models import Thinking, request_fields
 from orchestrator.records.receipt import Usage
+from orchestrator.wake.ratelimit import gate_for
 
 MAX_RETRIES = 4  # SDK retries for 408/409/429/5xx, exponential backoff (≈0.5s..8s)
 REQUEST_TIMEOUT_S = 600.0  # one request, the SDK's own default; a stream resets it per chunk
 SCRIPT_CAP = 1 << 20  # bytes of a --script file
+RETRY_DELAY_S = 0.5  # a mid-stream error's first backoff, doubled each retry up to MAX_RETRY_DELAY_S (the SDK's)
+MAX_RETRY_DELAY_S = 8.0
+MIDSTREAM_RETRIED = ("overloaded_error", "api_error")  # as a 529 or a 500 would be
 
 
 class ModelError(RuntimeError):
@@ -53,8 +68,16 @@ class ModelError(RuntimeError):
 class Turn:
     content: list[dict]  # the assistant's blocks, ready to send back
     stop_reason: str
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = field(default_factory=Usage)  # this reply's, with the failed attempts' added
     model: str = ""
+    attempts: tuple[Usage, ...] = ()  # one per billed request (failed mid-stream ones first); () = (usage,)
+    inference_geo: str = ""  # usage.inference_geo: where it ran (a price multiplier)
+    refusal_category: str = ""  # a refusal's stop_details.category (cyber, bio, ...), "" when none given
+    refusal_explanation: str = ""  # ... and the API's explanation
+
+    @property
+    def requests(self) -> tuple[Usage, ...]:
+        return self.attempts or (self.usage,)
 
     @property
     def tool_uses(self) -> list[dict]:
@@ -63,6 +86,11 @@ class Turn:
     @property
     def text(self) -> str:
         return "\n".join(b.get("text", "") for b in self.content if b.get("type") == "text").strip()
+
+    @property
+    def thinking(self) -> str:
+        """The thinking blocks' text (a 5.x model's words between tool calls come back as these)."""
+        return "\n".join(b.get("thinking", "") for b in self.content if b.get("type") == "thinking").strip()
 
 
 class Model(Protocol):
@@ -108,17 +136,43 @@ class LiveModel:
         stream: bool = True,
         max_retries: int = MAX_RETRIES,
         timeout_s: float = REQUEST_TIMEOUT_S,
+        effort: str | None = None,
+        thinking: Thinking | None = None,
+        retry_delay_s: float = RETRY_DELAY_S,
     ):
         self.name = name
         self.stream = stream
+        # output_config and thinking, in the forms the model takes
+        self.options = request_fields(name, effort, thinking or Thinking())
+        self.retry_delay_s = retry_delay_s
+        self.sent = 0  # HTTP attempts of the call in flight (the SDK's retries included)
+        self.gate = gate_for(api_key)  # the key's limits, shared by every wake of this process
         traced = tracing.sdk_option()  # only when content is asked for: an SDK without the option still works
         options: dict[str, Any] = {"open_telemetry": traced} if traced else {}
         # The SDK's own client settings (limits, keep-alive, redirects, proxies from the
         # environment), with the shared TLS context instead of a CA store loaded anew.
         http = anthropic.DefaultHttpxClient(verify=_tls())
         self.client = anthropic.Anthropic(
-            api_key=api_key, max_retries=max_retries, timeout=timeout_s, http_client=http, **options
+            api_key=api_key,
+            max_retries=max_retries,
+            timeout=timeout_s,
+            http_client=http,
+            middleware=[self._count],
+            **options,
         )
+
+    def _count(self, request, call_next):
+        """Runs once per HTTP attempt, inside the SDK's retry loop: how many retries a call took;
+        and the key's rate-limit gate, waited at before and told what the response said after."""
+        self.sent += 1
+        self.gate.wait()
+        response = call_next(request)
+        self.gate.observe(response.status_code, response.headers)
+        return response
+
+    def _retries(self) -> str:
+        retries = max(0, self.sent - 1)
+        return f" after {retries} retr{'y' if retries == 1 else 'ies'}" if retries else ""
 
     def close(self) -> None:
         """Its HTTP connections, now rather than when the collector finds them."""
@@ -126,35 +180,78 @@ class LiveModel:
 
     def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
         kwargs: dict[str, Any] = dict(
-            model=self.name, max_tokens=max_tokens, system=system, messages=with_cache_breakpoint(messages)
+            model=self.name,
+            max_tokens=max_tokens,
+            system=system,
+            messages=with_cache_breakpoint(messages),
+            **self.options,
         )
         if tools:
             kwargs["tools"] = tools
         if tool_choice:
             kwargs["tool_choice"] = tool_choice
+        self.sent = 0
+        failed: list[Usage] = []
+        while True:
+            try:
+                message = self._once(kwargs)
+            except _MidStream as exc:
+                failed.append(exc.usage)
+                if len(failed) > self.client.max_retries:
+                    raise ModelError(
+                        f"the API broke off its answer ({exc.detail}) mid-stream{self._retries()}"
+                    ) from None
+                delay = min(self.retry_delay_s * 2 ** (len(failed) - 1), MAX_RETRY_DELAY_S)
+                time.sleep(delay * (1 - 0.25 * random.random()))  # a backoff, as the SDK's own
+                continue
+            return _turn(message, failed)
+
+    def _once(self, kwargs: dict[str, Any]):
+        """One request and the SDK's own retries: the final message, or ModelError; _MidStream when
+        the stream broke off with an error the API would answer a retry of."""
         try:
-            if self.stream:
-                with self.client.messages.stream(**kwargs) as stream:
-                    message = stream.get_final_message()
-            else:
-                message = self.client.messages.create(**kwargs)
+            if not self.stream:
+                return self.client.messages.create(**kwargs)
+            with self.client.messages.stream(**kwargs) as stream:
+                try:
+                    return stream.get_final_message()
+                except anthropic.APIStatusError as exc:
+                    if exc.status_code == 200 and _error_type(exc) in MIDSTREAM_RETRIED:
+                        raise _MidStream(_api_error(exc), _snapshot_usage(stream)) from None
+                    raise
         except anthropic.APIStatusError as exc:
-            raise ModelError(
-                f"the API answered HTTP {exc.status_code} ({_api_error(exc)}) after {self.client.max_retries} retries"
-            ) from None
+            raise ModelError(f"the API answered HTTP {exc.status_code} ({_api_error(exc)}){self._retries()}") from None
         except anthropic.APITimeoutError:
-            raise ModelError(
-                f"the API did not answer within {self.client.timeout}s (after {self.client.max_retries} retries)"
-            ) from None
+            raise ModelError(f"the API did not answer within {self.client.timeout}s{self._retries()}") from None
         except anthropic.APIConnectionError as exc:
             raise ModelError(
                 f"cannot reach the API at {self.client.base_url} "
-                f"({type(exc.__cause__ or exc).__name__}) after "
-                f"{self.client.max_retries} retries"
+                f"({type(exc.__cause__ or exc).__name__}){self._retries()}"
             ) from None
         except anthropic.AnthropicError as exc:
             raise ModelError(f"the API call failed: {type(exc).__name__}: {str(exc)[:200]}") from None
-        return _turn(message)
+
+
+class _MidStream(Exception):
+    """An error event after the 200: retried like a 529, its attempt's usage kept."""
+
+    def __init__(self, detail: str, usage: Usage):
+        super().__init__(detail)
+        self.detail, self.usage = detail, usage
+
+
+def _snapshot_usage(stream) -> Usage:
+    """What the broken stream had reported (message_start's input and cache counts, any delta's output)."""
+    try:
+        return Usage.from_api(stream.current_message_snapshot.usage)
+    except (AssertionError, AttributeError):
+        return Usage()  # broken before message_start: nothing was reported
+
+
+def _error_type(exc: anthropic.APIStatusError) -> str:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    err = body.get("error")
+    return str(err.get("type", "")) if isinstance(err, dict) else ""
 
 
 def _api_error(exc: anthropic.APIStatusError) -> str:
@@ -165,10 +262,20 @@ def _api_error(exc: anthropic.APIStatusError) -> str:
     return f"{kind}: {str(msg)[:200]}" if kind else str(exc)[:200]
 
 
-def _turn(message) -> Turn:
+def _turn(message, failed: list[Usage]) -> Turn:
     usage = Usage.from_api(message.usage)
     content = [b for b in (_block(b) for b in message.content) if b]
-    return Turn(content=content, stop_reason=str(message.stop_reason or "unknown"), usage=usage, model=message.model)
+    details = getattr(message, "stop_details", None)  # the SDK's RefusalStopDetails, or None
+    return Turn(
+        content=content,
+        stop_reason=str(message.stop_reason or "unknown"),
+        usage=sum(failed, usage),
+        model=message.model,
+        attempts=(*failed, usage) if failed else (),
+        inference_geo=str(getattr(message.usage, "inference_geo", None) or ""),
+        refusal_category=str(getattr(details, "category", None) or ""),
+        refusal_explanation=str(getattr(details, "explanation", None) or ""),
+    )
 
 
 def _block(block) -> dict | None:
@@ -183,20 +290,42 @@ def _block(block) -> dict | None:
     return data
 
 
-def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
-    """A copy with cache_control on the last block of the last user message.
+LOOKBACK_BLOCKS = 20  # how far before a breakpoint the API looks for a cached prefix
+LOOKBACK_MARGIN = 2  # a step that adds more blocks than the look-back less this gets a second breakpoint
 
-    Only the request carries it (history stays clean), so there are never
-    more than two breakpoints: the system block and this one."""
+
+def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
+    """A copy with cache_control on the last block of the last user message, and, when the turn
+    since the previous user message added more blocks than the API looks back over (many parallel
+    tool calls and their results, thinking blocks), on the previous user message's last block too:
+    else the prefix the previous request wrote is out of reach and the whole conversation is written
+    again. Only the request carries them (history stays clean): at most three breakpoints, the
+    system block's included (the API allows four)."""
     if not messages or messages[-1].get("role") != "user":
         return messages
-    last = copy.deepcopy(messages[-1])
-    content = last["content"]
+    out = list(messages)
+    out[-1] = _marked(messages[-1])
+    users = [i for i, m in enumerate(messages[:-1]) if m.get("role") == "user"]
+    if users:
+        added = sum(_blocks(m) for m in messages[users[-1] + 1 :])
+        if added > LOOKBACK_BLOCKS - LOOKBACK_MARGIN:
+            out[users[-1]] = _marked(messages[users[-1]])
+    return out
+
+
+def _blocks(message: dict) -> int:
+    content = message.get("content")
+    return 1 if isinstance(content, str) else len(content or [])
+
+
+def _marked(message: dict) -> dict:
+    marked = copy.deepcopy(message)
+    content = marked["content"]
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     content[-1] = {**content[-1], "cache_control": dict(CACHE)}
-    last["content"] = content
-    return [*messages[:-1], last]
+    marked["content"] = content
+    return marked
 
 
 # -- scripted (dry run) -------------------------------------------------------------

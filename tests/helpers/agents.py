@@ -61,4 +61,5 @@ def live_wake(agent_dir: Path, stream: bool = True, **kwargs) -> Receipt:
     """One wake of the agent, live with the fake key: the fake API must be running (conftest's
     fake_api sets ANTHROPIC_BASE_URL). kwargs go to wake() (stop=...)."""
     agent = load_agent(agent_dir)
-    return wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY, stream=stream), **kwargs)
+    model = LiveModel(agent.model, FAKE_KEY, stream=stream, effort=agent.effort, thinking=agent.thinking)
+    return wake(agent, live=True, model=model, **kwargs)
