@@ -1,4 +1,4 @@
-"""The broker's typed wire (orchestrator/broker/wire.py): one parse, one encoder.
+"""The broker's typed wire (orchestrator/broker/ops.py, replies.py, wire.py): one parse, one encoder each way.
 
 No engine: what a line becomes, what is refused before any agent is looked
 up, and that what the client encodes the server parses back unchanged.
@@ -13,43 +13,43 @@ from dataclasses import asdict
 
 import pytest
 
-from orchestrator.broker import wire
+from orchestrator.broker import ops, replies, wire
 from orchestrator.broker.wire import BrokerError
 from orchestrator.sandbox.box import SandboxResult
 
 EVERY_OP = [
-    wire.Ping(),
-    wire.Rate(),
-    wire.Check("alpha"),
-    wire.WindDown("alpha"),
-    wire.Run("alpha", "ls -la"),
-    wire.Run("alpha", "ls", max_output_chars=100),
-    wire.Run("alpha", "curl https://api.example.com", grant_hosts=("api.example.com", "b.example.com:8443")),
-    wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
-    wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
-    wire.Read("alpha", "read_text", "memory/core.md"),
-    wire.Read("alpha", "journal_names", None),
-    wire.Begin("alpha", "0123456789ab"),
-    wire.Finish("alpha", "0123456789ab"),
-    wire.Diff("alpha", "0123456789ab"),
-    wire.Diff("alpha", None),
-    wire.Undo("alpha", "0123456789ab"),
-    wire.Undo("alpha", "0123456789ab", force=True),
-    wire.Export("alpha"),
-    wire.Import("alpha"),
-    wire.Drop("alpha"),
+    ops.Ping(),
+    ops.Rate(),
+    ops.Check("alpha"),
+    ops.WindDown("alpha"),
+    ops.Run("alpha", "ls -la"),
+    ops.Run("alpha", "ls", max_output_chars=100),
+    ops.Run("alpha", "curl https://api.example.com", grant_hosts=("api.example.com", "b.example.com:8443")),
+    ops.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
+    ops.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
+    ops.Read("alpha", "read_text", "memory/core.md"),
+    ops.Read("alpha", "journal_names", None),
+    ops.Begin("alpha", "0123456789ab"),
+    ops.Finish("alpha", "0123456789ab"),
+    ops.Diff("alpha", "0123456789ab"),
+    ops.Diff("alpha", None),
+    ops.Undo("alpha", "0123456789ab"),
+    ops.Undo("alpha", "0123456789ab", force=True),
+    ops.Export("alpha"),
+    ops.Import("alpha"),
+    ops.Drop("alpha"),
 ]
 
 
 @pytest.mark.parametrize("request_", EVERY_OP, ids=lambda r: type(r).__name__)
 def test_what_the_client_encodes_the_server_parses_back_unchanged(request_):
-    line = wire.encode(request_)
+    line = ops.encode(request_)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert wire.parse(json.loads(line)) == request_
+    assert ops.parse(json.loads(line)) == request_
 
 
 def test_every_op_has_its_type_and_each_type_one_op():
-    assert set(wire.OPS) == {type(r).op for r in EVERY_OP}
+    assert set(ops.OPS) == {type(r).op for r in EVERY_OP}
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_every_op_has_its_type_and_each_type_one_op():
         ({"op": "run", "agent": "../alpha", "command": "id"}, "agent must be the name of a folder"),
         ({"op": "check", "agent": 7}, "agent must be the name of a folder"),
         ({"op": "run", "agent": "alpha", "command": " "}, "non-empty string"),
-        ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
+        ({"op": "run", "agent": "alpha", "command": "x" * (ops.MAX_COMMAND_CHARS + 1)}, "at most"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "grant_hosts": "a.org"}, "grant_hosts must be a list"),
@@ -81,7 +81,7 @@ def test_every_op_has_its_type_and_each_type_one_op():
                 "op": "append",
                 "agent": "alpha",
                 "path": "memory/journal/2026-12-01.md",
-                "content_b64": base64.b64encode(b"x" * (wire.APPEND_MAX_BYTES + 1)).decode(),
+                "content_b64": base64.b64encode(b"x" * (ops.APPEND_MAX_BYTES + 1)).decode(),
             },
             "at most",
         ),
@@ -91,12 +91,12 @@ def test_every_op_has_its_type_and_each_type_one_op():
 )
 def test_a_malformed_request_is_refused_in_one_line_before_any_agent_is_looked_up(raw, says):
     with pytest.raises(BrokerError, match=says) as refused:
-        wire.parse(raw)
+        ops.parse(raw)
     assert "\n" not in str(refused.value)
 
 
 def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
-    parsed = wire.parse(
+    parsed = ops.parse(
         {
             "op": "run",
             "agent": "alpha",
@@ -107,13 +107,13 @@ def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
             "user": "0:0",
         }
     )
-    assert parsed == wire.Run("alpha", "id")
+    assert parsed == ops.Run("alpha", "id")
 
 
 def test_a_results_asked_hosts_cross_the_wire_as_they_were():
     result = SandboxResult(0, "", 0, False, False, False, 1, "c", asked_hosts=("a.example.com", "b.example.com:8443"))
     sent = json.loads(json.dumps(asdict(result)))  # as the server answers
-    assert wire.result_of(sent) == result
+    assert replies.from_json(SandboxResult, sent) == result
 
 
 def test_a_refusal_has_one_shape():
