@@ -3,7 +3,7 @@
 Each answers exit 0 when the service answers as it should, else exit 1 and
 one line saying what did not. Run every few seconds by the engine inside the
 service's container, so it starts fast and imports almost nothing: the
-broker gets the wire's own `ping` line (wire.Ping, encoded by hand here so
+broker gets the wire's own `ping` line (ops.Ping, encoded by hand here so
 as not to import the sandbox package); the console its `/healthz` route,
 which needs no token and says only `ok`.
 
@@ -18,7 +18,7 @@ import sys
 import urllib.request
 
 TIMEOUT_S = 4.0  # under compose's `timeout: 5s`
-PING = b'{"op": "ping"}\n'  # wire.encode(wire.Ping()); test_broker.py keeps them equal
+PING = b'{"op": "ping"}\n'  # ops.encode(ops.Ping()); test_broker.py keeps them equal
 
 
 def broker(socket_path: str) -> str | None:

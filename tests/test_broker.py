@@ -23,10 +23,10 @@ from tests.helpers.leftovers import our_containers
 from orchestrator.broker import server as broker_module
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.broker.wire import APPEND_MAX_BYTES, BrokerError
+from orchestrator.broker.ops import APPEND_MAX_BYTES
+from orchestrator.broker.wire import BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker
 from orchestrator.broker.client import BrokerClient, BrokerSandbox
-from orchestrator.broker import wire
 from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import DEFAULT
@@ -171,9 +171,9 @@ def test_output_that_looks_like_the_protocol_is_just_data(broker):
 
 def test_the_compose_healthcheck_pings_the_broker_with_the_wires_own_line(broker, tmp_path):
     from orchestrator import healthcheck
-    from orchestrator.broker import wire
+    from orchestrator.broker import ops
 
-    assert healthcheck.PING == wire.encode(wire.Ping())
+    assert healthcheck.PING == ops.encode(ops.Ping())
     assert healthcheck.broker(str(broker)) is None and healthcheck.main(["broker", str(broker)]) == 0
     assert healthcheck.main(["broker", str(tmp_path / "no.sock")]) == 1
 
@@ -656,7 +656,7 @@ def test_over_mutual_tls_a_wake_s_calls_and_reads_go_through_and_another_stacks_
         result = box.run("echo over-tls > note.txt; cat note.txt", timeout_s=30, max_output_chars=1000)
         assert result.ok and result.output.strip() == "over-tls"
         assert box.files().read_text("note.txt") == "over-tls\n"
-        assert BrokerClient(address).ping()["root"] == str(root.resolve())
+        assert BrokerClient(address).ping().root == str(root.resolve())
         # A node lost sends nothing: a silent connection is probed, and a request left unacknowledged
         # (no probes then) is given up after 11 s, not the kernel's ~15 minutes of retransmissions.
         with tls.connect(address) as conn:
@@ -681,7 +681,7 @@ def test_through_the_broker_a_wake_sees_its_changes_and_the_broker_commits_them_
     assert "a.txt" in [c.path for c in changes.committed]
     assert [(r.change.path, r.rule) for r in changes.refused] == [("deploy", "deploy/**"), ("deploy/x", "deploy/**")]
     with pytest.raises(SandboxError, match="no wake"):  # finished: a second finish names no open wake
-        BrokerClient(broker).call_op(wire.Finish("alpha", run_id), 30)
+        BrokerClient(broker).finish("alpha", run_id)
 
 
 def test_through_the_broker_a_wake_of_hundreds_of_changes_is_counted_whole(broker, root):
@@ -727,8 +727,8 @@ def test_nothing_of_an_agents_is_served_while_its_wake_is_committed(broker, root
         refusals = {
             "run": lambda: box.run("mkdir -p deploy; echo owned > deploy/x", 30, 2000),
             "write": lambda: box.write("deploy/y", b"owned"),
-            "begin": lambda: client.call_op(wire.Begin("alpha", "00112233aabd"), 30),
-            "finish": lambda: client.call_op(wire.Finish("alpha", run_id), 30),
+            "begin": lambda: client.begin("alpha", "00112233aabd"),
+            "finish": lambda: client.finish("alpha", run_id),
             "undo": lambda: client.undo("alpha", run_id, False),
         }
         said = {}

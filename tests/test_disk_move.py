@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.broker import nodes, tls, wire
+from orchestrator.broker import nodes, ops, tls, wire
+from orchestrator.sandbox.box import SandboxResult
 from orchestrator.cli import main
 from orchestrator.records.placement import read_node, write_node
 from tests.helpers import make_agent
@@ -28,9 +29,9 @@ LOOK = "sha256sum big.bin sub/deeper/a.md && readlink host && ./run.sh && stat -
 
 
 def run(address: str, agent: str, command: str) -> str:
-    result = wire.request(address, wire.Run(agent, command), 120)
-    assert result.get("exit_code") == 0, result
-    return result["output"]
+    result = ops.ask(address, ops.Run(agent, command), SandboxResult, 120)
+    assert result.exit_code == 0, result
+    return result.output
 
 
 def images(disks: Path) -> list[str]:
@@ -79,10 +80,10 @@ def test_a_broker_refuses_to_import_over_or_drop_the_disk_in_use_and_a_hostile_s
     agent = make_agent(root, "kept", policy={"sandbox": {"disk": "64m"}})
     write_node(agent / "state", "n1")
     run(up["n1"], "kept", "echo mine > note.md")
-    for req in (wire.Drop("kept"),):  # placed on n1: its disk there is the one in use
+    for req in (ops.Drop("kept"),):  # placed on n1: its disk there is the one in use
         with pytest.raises(wire.BrokerRefusal, match="placed on this node"):
-            wire.request(up["n1"], req, 60)
-    sock, reply = wire.open_stream(up["n1"], wire.Import("kept"))
+            wire.request(up["n1"], ops.encode(req), 60)
+    sock, reply = wire.open_stream(up["n1"], ops.encode(ops.Import("kept")))
     with sock:
         assert "placed on this node" in json.loads(reply.readline())["error"]
 
@@ -92,7 +93,7 @@ def test_a_broker_refuses_to_import_over_or_drop_the_disk_in_use_and_a_hostile_s
         info = tarfile.TarInfo("../../../../escaped")
         info.size = 4
         tar.addfile(info, io.BytesIO(b"evil"))
-    sock, reply = wire.open_stream(up["n2"], wire.Import("kept"))
+    sock, reply = wire.open_stream(up["n2"], ops.encode(ops.Import("kept")))
     with sock:
         assert json.loads(reply.readline())["result"] == {"ready": True}
         wire.send_frame(sock, evil.getvalue())

@@ -71,8 +71,11 @@ def test_an_agent_goes_only_where_its_disk_can_be_promised_and_nowhere_is_said(t
 
 @pytest.mark.parametrize("sent", [True, -1, float("nan"), float("inf"), "3", None, [1]])
 def test_a_rate_or_room_a_ping_sends_that_is_not_a_finite_count_is_not_believed(sent):
-    assert nodes._amount(sent) is None
-    assert nodes._amount(3) == 3.0
+    from orchestrator.broker import replies
+
+    standing = replies.from_json(replies.Standing, {"root": "/r", "node": "n1", "rate": sent, "room": sent})
+    assert (standing.rate, standing.room) == (None, None)
+    assert replies.from_json(replies.Standing, {"rate": 3, "room": 3}) == replies.Standing("", "", 3.0, 3)
 
 
 def test_one_host_is_not_placed(tmp_path, monkeypatch):

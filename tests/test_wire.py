@@ -1,4 +1,4 @@
-"""The broker's typed wire (orchestrator/broker/wire.py): one parse, one encoder.
+"""The broker's typed wire (orchestrator/broker/ops.py, replies.py, wire.py): one parse, one encoder each way.
 
 No engine: what a line becomes, what is refused before any agent is looked
 up, and that what the client encodes the server parses back unchanged.
@@ -7,49 +7,58 @@ The server's use of it, against a real engine, is in test_broker.py.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
-from dataclasses import asdict
+import re
+from dataclasses import asdict, replace
+from typing import get_args
 
 import pytest
 
-from orchestrator.broker import wire
+from orchestrator.broker import ops, replies, wire
 from orchestrator.broker.wire import BrokerError
-from orchestrator.sandbox.box import SandboxResult
+from orchestrator.records.event_types import WorkspaceChanges
+from orchestrator.sandbox.box import SandboxError, SandboxResult
+from orchestrator.sandbox.transaction import Change
+from orchestrator.sandbox.undo_folders import Undone
+from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
+from orchestrator.sandbox.workspace_reads import READS
+from tests.helpers import REPO
 
 EVERY_OP = [
-    wire.Ping(),
-    wire.Rate(),
-    wire.Check("alpha"),
-    wire.WindDown("alpha"),
-    wire.Run("alpha", "ls -la"),
-    wire.Run("alpha", "ls", max_output_chars=100),
-    wire.Run("alpha", "curl https://api.example.com", grant_hosts=("api.example.com", "b.example.com:8443")),
-    wire.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
-    wire.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
-    wire.Read("alpha", "read_text", "memory/core.md"),
-    wire.Read("alpha", "journal_names", None),
-    wire.Begin("alpha", "0123456789ab"),
-    wire.Finish("alpha", "0123456789ab"),
-    wire.Diff("alpha", "0123456789ab"),
-    wire.Diff("alpha", None),
-    wire.Undo("alpha", "0123456789ab"),
-    wire.Undo("alpha", "0123456789ab", force=True),
-    wire.Export("alpha"),
-    wire.Import("alpha"),
-    wire.Drop("alpha"),
+    ops.Ping(),
+    ops.Rate(),
+    ops.Check("alpha"),
+    ops.WindDown("alpha"),
+    ops.Run("alpha", "ls -la"),
+    ops.Run("alpha", "ls", max_output_chars=100),
+    ops.Run("alpha", "curl https://api.example.com", grant_hosts=("api.example.com", "b.example.com:8443")),
+    ops.Write("alpha", "notes/a.md", b"\x00\xffbytes"),
+    ops.Append("alpha", "memory/journal/2026-12-01.md", "€".encode()),
+    ops.Read("alpha", "read_text", "memory/core.md"),
+    ops.Read("alpha", "journal_names", None),
+    ops.Begin("alpha", "0123456789ab"),
+    ops.Finish("alpha", "0123456789ab"),
+    ops.Diff("alpha", "0123456789ab"),
+    ops.Diff("alpha", None),
+    ops.Undo("alpha", "0123456789ab"),
+    ops.Undo("alpha", "0123456789ab", force=True),
+    ops.Export("alpha"),
+    ops.Import("alpha"),
+    ops.Drop("alpha"),
 ]
 
 
 @pytest.mark.parametrize("request_", EVERY_OP, ids=lambda r: type(r).__name__)
 def test_what_the_client_encodes_the_server_parses_back_unchanged(request_):
-    line = wire.encode(request_)
+    line = ops.encode(request_)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert wire.parse(json.loads(line)) == request_
+    assert ops.parse(json.loads(line)) == request_
 
 
 def test_every_op_has_its_type_and_each_type_one_op():
-    assert set(wire.OPS) == {type(r).op for r in EVERY_OP}
+    assert set(ops.OPS) == {type(r).op for r in EVERY_OP}
 
 
 @pytest.mark.parametrize(
@@ -61,7 +70,7 @@ def test_every_op_has_its_type_and_each_type_one_op():
         ({"op": "run", "agent": "../alpha", "command": "id"}, "agent must be the name of a folder"),
         ({"op": "check", "agent": 7}, "agent must be the name of a folder"),
         ({"op": "run", "agent": "alpha", "command": " "}, "non-empty string"),
-        ({"op": "run", "agent": "alpha", "command": "x" * (wire.MAX_COMMAND_CHARS + 1)}, "at most"),
+        ({"op": "run", "agent": "alpha", "command": "x" * (ops.MAX_COMMAND_CHARS + 1)}, "at most"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": 0}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "max_output_chars": True}, "positive whole number"),
         ({"op": "run", "agent": "alpha", "command": "id", "grant_hosts": "a.org"}, "grant_hosts must be a list"),
@@ -81,7 +90,7 @@ def test_every_op_has_its_type_and_each_type_one_op():
                 "op": "append",
                 "agent": "alpha",
                 "path": "memory/journal/2026-12-01.md",
-                "content_b64": base64.b64encode(b"x" * (wire.APPEND_MAX_BYTES + 1)).decode(),
+                "content_b64": base64.b64encode(b"x" * (ops.APPEND_MAX_BYTES + 1)).decode(),
             },
             "at most",
         ),
@@ -91,12 +100,12 @@ def test_every_op_has_its_type_and_each_type_one_op():
 )
 def test_a_malformed_request_is_refused_in_one_line_before_any_agent_is_looked_up(raw, says):
     with pytest.raises(BrokerError, match=says) as refused:
-        wire.parse(raw)
+        ops.parse(raw)
     assert "\n" not in str(refused.value)
 
 
 def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
-    parsed = wire.parse(
+    parsed = ops.parse(
         {
             "op": "run",
             "agent": "alpha",
@@ -107,70 +116,156 @@ def test_fields_a_request_should_not_have_are_dropped_not_obeyed():
             "user": "0:0",
         }
     )
-    assert parsed == wire.Run("alpha", "id")
+    assert parsed == ops.Run("alpha", "id")
 
 
 def test_a_results_asked_hosts_cross_the_wire_as_they_were():
     result = SandboxResult(0, "", 0, False, False, False, 1, "c", asked_hosts=("a.example.com", "b.example.com:8443"))
     sent = json.loads(json.dumps(asdict(result)))  # as the server answers
-    assert wire.result_of(sent) == result
+    assert replies.from_json(SandboxResult, sent) == result
 
 
-def test_a_refusal_has_one_shape():
-    assert wire.refusal(wire.Refusal("no", refused=True)) == {"ok": False, "error": "no", "refused": True}
-    assert wire.ok({"value": 1}) == {"ok": True, "result": {"value": 1}}
+# -- the replies: one type per op's answer, one way onto the wire and one way back ---------------
+
+CHANGES = WorkspaceChanges(
+    outcome="committed", of_run="0123456789ab", paths=("a.md", "d"), kinds=("added", "deleted"),
+    types=("file", "dir"), sizes=(3, 0), refused=("deploy/x",), rules=("deploy/**",),
+    refused_kinds=("added",), count=2, refused_count=1,
+)  # fmt: skip
+DIFF = WakeDiff(
+    "0123456789ab",
+    "committed",
+    1765000000.5,
+    (PathDiff(Change("a.md", "added", "file", 3), Side("none"), Side("file", 3, 0o644, "ab" * 32, None, "hi\n")),),
+)
+EVERY_REPLY = [
+    SandboxResult(0, "out\n", 4, False, False, False, 12, "c0ffee", asked_hosts=("a.example.com",)),
+    replies.Standing("/agents", "n1", 2.5, 10 * 2**30),
+    replies.Standing("/agents", "", None, None),
+    replies.EngineRate(3.5, 16, 4.6, 0.28),
+    replies.Checked("alpha"),
+    replies.WoundDown(),
+    replies.Text("# core\n"),
+    replies.MaybeText(None),
+    replies.MaybeText("x"),
+    replies.Names(("2026-12-01.md", "2026-12-02.md")),
+    replies.Size(None),
+    replies.Size(1234),
+    replies.Begun(("finished the commit of wake 0123456789aa",), (replace(CHANGES, outcome="discarded"),)),
+    replies.Begun((), ()),
+    replies.Finished(CHANGES, ({"host": "api.example.com", "allowed": True},)),
+    DIFF,
+    replies.UndoAnswer(Undone("0123456789ab", 2, ("a.md", "d"), ("0123456789ac",))),
+    replies.UndoAnswer(refused="a later wake changed a.md: undo that first, or --force"),
+    replies.Streamed("ab" * 32, 10240, "cd" * 32, 7),
+    replies.Ready(),
+    replies.Dropped("0123456789abcdef"),
+]
 
 
-def test_swarm_certs_makes_the_stacks_files_once_and_listen_without_them_is_one_line(tmp_path, capsys):
-    from orchestrator.broker import tls
-    from orchestrator.cli import main
+@pytest.mark.parametrize("reply", EVERY_REPLY, ids=lambda r: type(r).__name__)
+def test_what_the_server_answers_the_client_reads_back_as_the_same_reply(reply):
+    sent = json.loads(json.dumps(wire.ok(replies.to_json(reply))))  # as the transport writes it
+    assert replies.from_json(type(reply), sent["result"]) == reply
 
-    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 0
-    made = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "certs").iterdir()}
-    assert made == {
-        tls.CA: 0o644,
-        tls.CA_KEY: 0o600,
-        "wakeloop-broker.pem": 0o644,
-        "wakeloop-broker.key": 0o600,
-        "wakeloop-orchestrator.pem": 0o644,
-        "wakeloop-orchestrator.key": 0o600,
+
+@pytest.mark.parametrize(
+    "kind, result, says",
+    [
+        (SandboxResult, {"exit_code": 0}, "result"),
+        (replies.EngineRate, {"per_s": "fast"}, "rate"),
+        (replies.Checked, {}, "check"),
+        (replies.Text, {"value": 3}, "read"),
+        (replies.Names, {"value": ["a", 3]}, "read"),
+        (replies.Size, {"value": "12"}, "read"),
+        (replies.Begun, {"lines": "x", "discarded": []}, "begin"),
+        (replies.Begun, {"lines": [], "discarded": [{"count": "many"}]}, "change set"),
+        (replies.Finished, {"changes": None, "egress": []}, "change set"),
+        (WakeDiff, {"diff": {"run_id": "0123456789ab"}}, "diff"),
+        (replies.UndoAnswer, {"undone": {"run_id": "0123456789ab"}}, "undo"),
+        (replies.UndoAnswer, {}, "undo"),
+        (replies.Streamed, {"sha256": "ab", "bytes": 1}, "stream summary"),
+        (replies.Dropped, {"dropped": 7}, "drop"),
+    ],
+)
+def test_a_reply_that_does_not_fit_its_type_is_one_sandbox_error(kind, result, says):
+    with pytest.raises(SandboxError, match=f"^the sandbox broker sent a malformed {says}$"):
+        replies.from_json(kind, result)
+
+
+def test_a_pings_standing_is_not_trusted_to_be_sane_and_what_does_not_fit_is_unknown():
+    """Another node's broker: a rate or room that is not a finite count is not believed, not an error."""
+    sent = {"root": 7, "node": ["n1"], "rate": float("inf"), "room": True}
+    assert replies.from_json(replies.Standing, sent) == replies.Standing("", "", None, None)
+
+
+def test_a_finish_keeps_the_egress_decisions_that_are_objects_and_drops_the_rest():
+    sent = {"changes": CHANGES.to_data(), "egress": [{"host": "a.org"}, "junk", 3]}
+    assert replies.from_json(replies.Finished, sent).egress == ({"host": "a.org"},)
+    assert replies.from_json(replies.Finished, {"changes": CHANGES.to_data()}).egress == ()
+
+
+EVERY_REPLY_TYPE = {type(r) for r in EVERY_REPLY}
+
+
+def test_every_reply_type_is_declared_in_replies_and_every_read_has_its_own():
+    assert EVERY_REPLY_TYPE == set(get_args(replies.Reply))
+    assert set(replies.READ_REPLIES) == set(READS)
+
+
+# -- docs/architecture.md §5 lists every op the broker serves, with its reply ---------------------
+
+REPLIES_OF = {  # each op's reply types, as docs/architecture.md §5 names them
+    "ping": ("Standing",),
+    "rate": ("EngineRate",),
+    "check": ("Checked",),
+    "wind_down": ("WoundDown",),
+    "run": ("SandboxResult",),
+    "write": ("SandboxResult",),
+    "append": ("SandboxResult",),
+    "read": ("Text", "MaybeText", "Names", "Size"),
+    "begin": ("Begun",),
+    "finish": ("Finished",),
+    "diff": ("WakeDiff",),
+    "undo": ("UndoAnswer",),
+    "export": ("Streamed",),
+    "import": ("Ready", "Streamed"),
+    "drop": ("Dropped",),
+}
+
+
+def _served_ops() -> set[str]:
+    """The ops `Broker.serve` matches (its `case ops.X()` patterns), read from the source."""
+    tree = ast.parse((REPO / "orchestrator/broker/server.py").read_text())
+    serve = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "serve")
+    matched = {
+        n.cls.attr
+        for n in ast.walk(serve)
+        if isinstance(n, ast.MatchClass)
+        and isinstance(n.cls, ast.Attribute)
+        and isinstance(n.cls.value, ast.Name)
+        and n.cls.value.id == "ops"
     }
-    assert tls.server_context(tmp_path / "certs") and tls.client_context(tmp_path / "certs")  # they load
-    assert main(["swarm", "certs", str(tmp_path / "certs")]) == 2  # never over a stack's CA
-    assert main(["broker", str(tmp_path), "--listen", "tls://127.0.0.1:7443"]) == 2
-    with pytest.raises(SystemExit) as both:  # argparse: one or the other
-        main(["broker", str(tmp_path), "--socket", "/tmp/x.sock", "--listen", "tls://127.0.0.1:1"])
-    assert both.value.code == 2
-    err = capsys.readouterr().err
-    assert "never made over others" in err and "needs --tls-dir" in err
-    with pytest.raises(tls.TLSConfigError, match="tls://HOST:PORT"):
-        tls.host_port("tls://nohost")
+    return {cls.op for cls in ops.OPS.values() if cls.__name__ in matched}
 
 
-def test_a_plain_container_broker_is_refused_in_one_line_off_a_swarm_task_and_gets_only_its_tls_files(tmp_path, capsys):
-    import io
-    import tarfile
+def _section_5_rows() -> dict[str, str]:
+    """Each op's row of the table in docs/architecture.md §5, by the op it names first."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## 5. The broker's wire") : text.index("## 6.")]
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", section, re.M)}
 
-    from orchestrator.broker import plain_container
-    from orchestrator.cli import main
 
-    certs = tmp_path / "certs"
-    assert main(["swarm", "certs", str(certs)]) == 0
-    capsys.readouterr()
-    assert main(["broker", str(tmp_path), "--socket", str(tmp_path / "b.sock"), "--plain-container"]) == 2
-    assert "needs --listen" in capsys.readouterr().err
-    listen = ["--listen", "tls://127.0.0.1:7443", "--tls-dir", str(certs), "--plain-container"]
-    assert main(["broker", str(tmp_path), *listen]) == 2  # this test runs on a plain host, not in a task
-    assert "runs in a container (a swarm task)" in capsys.readouterr().err
+def test_the_broker_serves_every_op_the_wire_parses_and_each_answers_a_declared_reply():
+    assert _served_ops() == set(ops.OPS) == set(REPLIES_OF)
+    declared = {kind.__name__ for kind in EVERY_REPLY_TYPE}
+    assert {name for names in REPLIES_OF.values() for name in names} == declared
 
-    # What the task copies into the broker's container: the CA and the broker's pair, root's alone;
-    # never the CA's key or the orchestrator's.
-    with tarfile.open(fileobj=io.BytesIO(plain_container._tls_files(certs))) as tar:
-        modes = {m.name: (m.mode, m.isdir()) for m in tar.getmembers()}
-    tls_dir = plain_container.TLS_DIR.lstrip("/")
-    assert modes == {
-        tls_dir: (0o700, True),
-        f"{tls_dir}/wakeloop-ca.pem": (0o400, False),
-        f"{tls_dir}/wakeloop-broker.pem": (0o400, False),
-        f"{tls_dir}/wakeloop-broker.key": (0o400, False),
-    }
+
+def test_architecture_section_5_lists_every_op_the_broker_serves_with_its_reply():
+    rows = _section_5_rows()
+    missing = sorted(_served_ops() - set(rows))
+    assert not missing, f"docs/architecture.md §5 has no row for op(s) the broker serves: {missing}"
+    unnamed = [f"{op}: {name}" for op, names in REPLIES_OF.items() for name in names if f"`{name}`" not in rows[op]]
+    assert not unnamed, f"docs/architecture.md §5 does not name these replies in their op's row: {unnamed}"
+    assert not set(rows) - set(ops.OPS), f"§5 lists ops the broker does not serve: {sorted(set(rows) - set(ops.OPS))}"

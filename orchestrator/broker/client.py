@@ -1,13 +1,15 @@
 """The orchestrator's side of the broker, and the one place a backend is chosen.
 
-BrokerClient speaks the typed wire (wire.py): one method per op, one
-request per call. BrokerSandbox (a Sandbox like any other) and BrokerFiles
-(files.Files) wrap it for one agent; the broker, not this process, reads the
-policy's timeouts and caps.
-open_sandbox() decides, for `wake`, `serve` and `sandbox exec` alike, whether
-an agent's calls go to the broker ($WAKELOOP_BROKER) or to the local engine.
+BrokerClient speaks the typed wire: one method per op, one request per call,
+its reply typed (ops.py in, replies.py out: nothing is taken apart here).
+BrokerSandbox (a Sandbox like any other) and BrokerFiles (files.Files) wrap
+it for one agent; the broker, not this process, reads the policy's timeouts
+and caps. open_sandbox() decides, for `wake`, `serve` and `sandbox exec`
+alike, whether an agent's calls go to the broker ($WAKELOOP_BROKER) or to
+the local engine.
 
-Not here: the wire format (wire.py), serving (server.py, transport.py).
+Not here: the requests and replies (ops.py, replies.py), the line (wire.py),
+serving (server.py, transport.py).
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ from typing import Any, TypeVar
 
 import docker.errors
 
-from orchestrator.broker import nodes, wire
+from orchestrator.broker import nodes, ops, replies, wire
 from orchestrator.errors import ConfigError
-from orchestrator.broker.wire import BROKER_ENV, READ_TIMEOUT_S, REPLY_MARGIN_S, EngineRate
+from orchestrator.broker.ops import READ_TIMEOUT_S
+from orchestrator.broker.replies import EngineRate
+from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
-from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.sandbox import undo_folders, wake_diff
 from orchestrator.sandbox.undo_folders import Undone, UndoRefused
 from orchestrator.sandbox.wake_diff import WakeDiff
@@ -42,7 +45,7 @@ BEGIN_TIMEOUT_S = 300.0  # a first begin attaches the disk (mkfs) and may finish
 FINISH_TIMEOUT_S = 600.0  # a commit: renames, but a scan hashes every changed file
 UNDO_TIMEOUT_S = 600.0  # renames, one per path: a wake that changed 100,000 files, on a slow disk
 
-T = TypeVar("T")
+R = TypeVar("R")
 
 
 class NoDisk(ConfigError):
@@ -56,62 +59,46 @@ class BrokerClient:
         self.socket_path = str(socket_path)
         self.connect_wait_s = connect_wait_s  # for a broker that is starting (refusing connections)
 
-    def _ask(self, req: wire.Request, timeout_s: float) -> wire.JSONObject:
-        return wire.request(self.socket_path, req, timeout_s, self.connect_wait_s)
+    def _ask(self, req: ops.Request, kind: type[R], timeout_s: float) -> R:
+        return ops.ask(self.socket_path, req, kind, timeout_s, self.connect_wait_s)
 
-    def ping(self) -> wire.JSONObject:
-        return self._ask(wire.Ping(), 10)
+    def ping(self) -> replies.Standing:
+        return self._ask(ops.Ping(), replies.Standing, 10)
 
     def rate(self) -> EngineRate:
         """The broker's engine's create-start-remove rate (sandbox/rate.py)."""
-        result = self._ask(wire.Rate(), RATE_TIMEOUT_S)
-        try:
-            return EngineRate(
-                float(result["per_s"]), int(result["calls"]), float(result["seconds"]), float(result["latency_s"])
-            )
-        except (KeyError, TypeError, ValueError):
-            raise SandboxError("the sandbox broker sent a malformed rate") from None
+        return self._ask(ops.Rate(), EngineRate, RATE_TIMEOUT_S)
 
     def check(self, agent: str) -> None:
-        self._ask(wire.Check(agent), CHECK_TIMEOUT_S)
+        self._ask(ops.Check(agent), replies.Checked, CHECK_TIMEOUT_S)
 
     def wind_down(self, agent: str) -> None:
-        self._ask(wire.WindDown(agent), WIND_DOWN_TIMEOUT_S)
+        self._ask(ops.WindDown(agent), replies.WoundDown, WIND_DOWN_TIMEOUT_S)
 
-    def call(self, op: wire.Run | wire.Write | wire.Append, timeout_s: float) -> SandboxResult:
+    def call(self, op: ops.Run | ops.Write | ops.Append, timeout_s: float) -> SandboxResult:
         """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
-        return wire.result_of(self._ask(op, timeout_s + REPLY_MARGIN_S))
+        return self._ask(op, SandboxResult, timeout_s + REPLY_MARGIN_S)
 
-    def call_op(self, op: wire.Begin | wire.Finish, timeout_s: float) -> wire.JSONObject:
-        return self._ask(op, timeout_s)
+    def begin(self, agent: str, run_id: str) -> replies.Begun:
+        return self._ask(ops.Begin(agent, run_id), replies.Begun, BEGIN_TIMEOUT_S)
 
-    def read(self, agent: str, what: str, arg: str | None = None) -> object:
-        """The value of one workspace read (files.READS), as sent: BrokerFiles checks its type."""
-        return self._ask(wire.Read(agent, what, arg), READ_TIMEOUT_S).get("value")
+    def finish(self, agent: str, run_id: str) -> replies.Finished:
+        return self._ask(ops.Finish(agent, run_id), replies.Finished, FINISH_TIMEOUT_S)
+
+    def read(self, agent: str, what: str, arg: str | None, kind: type[R]) -> R:
+        """One workspace read (files.READS), as the reply `kind` it answers (replies.READ_REPLIES)."""
+        return self._ask(ops.Read(agent, what, arg), kind, READ_TIMEOUT_S)
 
     def diff(self, agent: str, run_id: str | None) -> WakeDiff:
         """One wake's diff, read by the broker on the agent's disk (wake_diff.py)."""
-        result = self._ask(wire.Diff(agent, run_id), READ_TIMEOUT_S)
-        try:
-            return WakeDiff.from_json(result.get("diff"))
-        except ValueError:
-            raise SandboxError("the sandbox broker sent a malformed diff") from None
+        return self._ask(ops.Diff(agent, run_id), WakeDiff, READ_TIMEOUT_S)
 
     def undo(self, agent: str, run_id: str, force: bool) -> Undone:
         """Put back what one wake changed, on the agent's disk; UndoRefused as the broker says."""
-        result = self._ask(wire.Undo(agent, run_id, force), UNDO_TIMEOUT_S)
-        if isinstance(result.get("refused"), str):
-            raise UndoRefused(result["refused"])
-        try:
-            undone = result["undone"]
-            return Undone(
-                str(undone["run_id"]),
-                int(undone["changes"]),
-                tuple(str(p) for p in undone["paths"]),
-                tuple(str(r) for r in undone["forced_over"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            raise SandboxError("the sandbox broker sent a malformed undo") from None
+        answer = self._ask(ops.Undo(agent, run_id, force), replies.UndoAnswer, UNDO_TIMEOUT_S)
+        if answer.undone is None:
+            raise UndoRefused(answer.refused or "")
+        return answer.undone
 
 
 class BrokerSandbox:
@@ -130,13 +117,13 @@ class BrokerSandbox:
     def run(
         self, command: str, timeout_s: float, max_output_chars: int, grant_hosts: tuple[str, ...] = ()
     ) -> SandboxResult:
-        return self.broker.call(wire.Run(self.agent, command, max_output_chars, grant_hosts), timeout_s)
+        return self.broker.call(ops.Run(self.agent, command, max_output_chars, grant_hosts), timeout_s)
 
     def write(
         self, path: str, content: bytes, timeout_s: float = 30, append: bool = False, protect_git: bool = True
     ) -> SandboxResult:
         # protect_git is not sent: the broker applies its own copy of the agent's policy.
-        op = wire.Append if append else wire.Write
+        op = ops.Append if append else ops.Write
         return self.broker.call(op(self.agent, path, content), timeout_s)
 
     def files(self) -> "BrokerFiles":
@@ -153,14 +140,8 @@ class BrokerSandbox:
     def begin(self, run_id: str) -> Settled:
         """The broker settles what earlier wakes left and mounts this wake's overlay."""
         self.run_id = run_id
-        reply = self.broker.call_op(wire.Begin(self.agent, run_id), BEGIN_TIMEOUT_S)
-        lines, discarded = reply.get("lines"), reply.get("discarded")
-        if not isinstance(lines, list) or not isinstance(discarded, list):
-            raise SandboxError("the sandbox broker sent a malformed begin")
-        return Settled(
-            tuple(str(line) for line in lines),
-            tuple(WakeChanges.from_record(_changes(data)) for data in discarded),
-        )
+        begun = self.broker.begin(self.agent, run_id)
+        return Settled(begun.lines, tuple(WakeChanges.from_record(record) for record in begun.discarded))
 
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> WakeChanges:
         """The broker checks the wake's changes against its own copy of the policy (protect and
@@ -168,10 +149,9 @@ class BrokerSandbox:
         if self.run_id is None:
             return WakeChanges("")
         run_id, self.run_id = self.run_id, None
-        reply = self.broker.call_op(wire.Finish(self.agent, run_id), FINISH_TIMEOUT_S)
-        decisions = reply.get("egress")
-        self._egress = [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else []
-        return WakeChanges.from_record(_changes(reply.get("changes")))
+        finished = self.broker.finish(self.agent, run_id)
+        self._egress = list(finished.egress)
+        return WakeChanges.from_record(finished.changes)
 
     def egress_decisions(self) -> list[dict[str, Any]]:
         """What the broker's proxy decided during the wake, as its finish reply said (checked
@@ -194,37 +174,17 @@ class BrokerFiles:
     def __init__(self, socket_path: str, agent: str, connect_wait_s: float = wire.CONNECT_WAIT_S):
         self.broker, self.agent = BrokerClient(socket_path, connect_wait_s), agent
 
-    def _read(self, what: str, arg: str | None = None) -> object:
-        return self.broker.read(self.agent, what, arg)
-
     def read_text(self, rel: str) -> str:
-        return _expect(str, self._read("read_text", rel))
+        return self.broker.read(self.agent, "read_text", rel, replies.Text).value
 
     def read_text_or_none(self, rel: str) -> str | None:
-        value = self._read("read_text_or_none", rel)
-        return None if value is None else _expect(str, value)
+        return self.broker.read(self.agent, "read_text_or_none", rel, replies.MaybeText).value
 
     def journal_names(self) -> list[str]:
-        names = _expect(list, self._read("journal_names"))
-        return [_expect(str, name) for name in names]
+        return list(self.broker.read(self.agent, "journal_names", None, replies.Names).value)
 
     def journal_size(self, day: str) -> int | None:
-        value = self._read("journal_size", day)
-        return None if value is None else _expect(int, value)
-
-
-def _changes(data: object) -> WorkspaceChanges:
-    record = parse_record(WorkspaceChanges.TYPE, data) if isinstance(data, dict) else None
-    if not isinstance(record, WorkspaceChanges):
-        raise SandboxError("the sandbox broker sent a malformed change set")
-    return record
-
-
-def _expect(kind: type[T], value: object) -> T:
-    """`value` if the broker sent the type a read returns; SandboxError if not."""
-    if not isinstance(value, kind):
-        raise SandboxError("the sandbox broker sent a malformed read")
-    return value
+        return self.broker.read(self.agent, "journal_size", day, replies.Size).value
 
 
 def open_files(agent: Agent, environ: Mapping[str, str] = os.environ) -> BrokerFiles | HostFiles:

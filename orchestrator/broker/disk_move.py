@@ -28,14 +28,15 @@ import hashlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, TypeVar
 
-from orchestrator.broker import wire
+from orchestrator.broker import ops, replies, wire
 from orchestrator.records import placement
 from orchestrator.sandbox.box import SandboxError
 
 PROGRESS_EVERY = 64 * 2**20  # a line per this many bytes relayed
 REPLY_TIMEOUT_S = 60.0  # check, read, drop: a disk attached or released on the way
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,28 @@ def move(agent_dir: Path, source: str, dest: str, to: str, say: Callable[[str], 
     try:
         arrived = relay(source, dest, name, say)
     except SandboxError:
-        _try(dest, wire.Drop(name))  # the agent still lives on `source`: a copy half made goes
+        _try(dest, ops.Drop(name), replies.Dropped)  # the agent still lives on `source`: a copy half made goes
         raise
     placement.write_node(agent_dir / "state", to)
     # The new disk in use (attached, read from), and only then the old one dropped.
-    unused = _try(dest, wire.Check(name)) or _try(dest, wire.Read(name, "journal_names", None))
+    unused = _try(dest, ops.Check(name), replies.Checked) or _try(
+        dest, ops.Read(name, "journal_names", None), replies.Names
+    )
     if unused:
         problem = f"its new disk on {to} did not answer in use ({unused}), so the old one is kept"
     else:
-        problem = _try(source, wire.Drop(name))
-    return Moved(arrived["bytes"], arrived["entries"], arrived["digest"], problem)
+        problem = _try(source, ops.Drop(name), replies.Dropped)
+    return Moved(arrived.bytes, arrived.entries, arrived.digest, problem)
 
 
-def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> wire.JSONObject:
+def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> replies.Streamed:
     """Stream `name`'s workspace from `source`'s broker into `dest`'s; the import's result once
     every hash agrees, else SandboxError saying which did not."""
     sha, passed = hashlib.sha256(), 0
-    into, into_reply = wire.open_stream(dest, wire.Import(name))
+    into, into_reply = wire.open_stream(dest, ops.encode(ops.Import(name)))
     try:
-        wire.result_line(into_reply.readline(wire.MAX_REQUEST_BYTES), dest)  # ready, or its refusal
-        out, out_reply = wire.open_stream(source, wire.Export(name))
+        _reply(replies.Ready, into_reply, dest)  # ready, or its refusal
+        out, out_reply = wire.open_stream(source, ops.encode(ops.Export(name)))
         try:
             for data in wire.frames(out_reply):
                 sha.update(data)
@@ -82,11 +85,11 @@ def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> wire
                 wire.send_frame(into, data)
                 if passed // PROGRESS_EVERY != (passed - len(data)) // PROGRESS_EVERY:
                     say(f"{name}: {passed / 2**20:,.0f} MiB streamed")
-            sent = wire.result_line(out_reply.readline(wire.MAX_REQUEST_BYTES), source)
+            sent = _reply(replies.Streamed, out_reply, source)
         finally:
             out.close()
         wire.send_frame(into, b"")
-        got = wire.result_line(into_reply.readline(wire.MAX_REQUEST_BYTES), dest)
+        got = _reply(replies.Streamed, into_reply, dest)
     except wire.StreamBroken as exc:
         raise SandboxError(f"{name}: the stream from {source} broke: {exc}") from None
     except (socket.timeout, OSError) as exc:
@@ -97,23 +100,28 @@ def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> wire
     return got
 
 
-def _agree(name: str, sha: str, passed: int, sent: wire.JSONObject, got: wire.JSONObject) -> None:
+def _reply(kind: type[R], f: BinaryIO, address: str) -> R:
+    """A streamed op's reply line, as its type; its refusal or anything malformed a SandboxError."""
+    return replies.from_json(kind, wire.result_line(f.readline(wire.MAX_REQUEST_BYTES), address))
+
+
+def _agree(name: str, sha: str, passed: int, sent: replies.Streamed, got: replies.Streamed) -> None:
     """The stream as sent, relayed and read; the tree as packed and as read back from the new disk."""
-    stream = {"sent": (sent.get("sha256"), sent.get("bytes")), "received": (got.get("sha256"), got.get("bytes"))}
+    stream = {"sent": (sent.sha256, sent.bytes), "received": (got.sha256, got.bytes)}
     for end, seen in stream.items():
         if seen != (sha, passed):
             raise SandboxError(f"{name}: the stream {end} ({seen[1]} bytes) is not the one relayed ({passed} bytes)")
-    if (sent.get("digest"), sent.get("entries")) != (got.get("digest"), got.get("entries")):
+    if (sent.digest, sent.entries) != (got.digest, got.entries):
         raise SandboxError(
-            f"{name}: the new disk holds {got.get('entries')} entries (digest {str(got.get('digest'))[:12]}), "
-            f"not the {sent.get('entries')} sent ({str(sent.get('digest'))[:12]})"
+            f"{name}: the new disk holds {got.entries} entries (digest {got.digest[:12]}), "
+            f"not the {sent.entries} sent ({sent.digest[:12]})"
         )
 
 
-def _try(address: str, req: wire.Request) -> str:
+def _try(address: str, req: ops.Request, kind: type) -> str:
     """The request's refusal or failure as one line; "" if it was done."""
     try:
-        wire.request(address, req, REPLY_TIMEOUT_S)
+        ops.ask(address, req, kind, REPLY_TIMEOUT_S)
     except SandboxError as exc:
         return str(exc)
     return ""

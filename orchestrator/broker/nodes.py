@@ -27,7 +27,6 @@ Not here: the wire (wire.py, tls.py).
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import threading
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.broker import disk_move, tls, wire
+from orchestrator.broker import disk_move, ops, replies, tls
 from orchestrator.records import placement
 from orchestrator.sandbox.box import SandboxError
 
@@ -90,18 +89,10 @@ def discover(address: str) -> tuple[Node, ...]:
 
 def _ask_node(target: str) -> Node | None:
     try:
-        reply = wire.request(target, wire.Ping(), PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
+        standing = ops.ask(target, ops.Ping(), replies.Standing, PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
     except SandboxError:
         return None
-    name, rate, room = reply.get("node"), _amount(reply.get("rate")), _amount(reply.get("room"))
-    return Node(name if isinstance(name, str) else "", target, rate or None, None if room is None else int(room))
-
-
-def _amount(value: object) -> float | None:
-    """A finite JSON number >= 0 (not a bool), else None: a ping's reply is not trusted to be sane."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-        return float(value)
-    return None
+    return Node(standing.node, target, standing.rate or None, standing.room)
 
 
 def brokers(address: str) -> tuple[str, ...]:
@@ -139,7 +130,7 @@ def check_node(agent_dir: Path, address: str, disk_bytes: int = 0) -> None:
     if target == address:
         return
     try:
-        wire.request(target, wire.Ping(), PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
+        ops.ask(target, ops.Ping(), replies.Standing, PING_TIMEOUT_S, connect_wait_s=PING_TIMEOUT_S)
     except SandboxError:
         with _lock:
             _seen.pop(address, None)
@@ -219,7 +210,9 @@ def move(agent_dir: Path, address: str, to: str, disk_bytes: int, say: Callable[
         placement.write_node(state_dir, to)
     if left in found and left != to:  # its old node's pool makes nothing more for it (a hint)
         try:
-            wire.request(found[left].address, wire.WindDown(agent_dir.name), PING_TIMEOUT_S, PING_TIMEOUT_S)
+            ops.ask(
+                found[left].address, ops.WindDown(agent_dir.name), replies.WoundDown, PING_TIMEOUT_S, PING_TIMEOUT_S
+            )
         except SandboxError:
             pass
     return left

@@ -2,8 +2,8 @@
 
 The Docker API is root on the host, so the process that reads model output
 (the orchestrator) must not hold it. The broker holds the socket and answers
-fifteen ops over a local unix socket or mutual TLS (wire.py;
-docs/architecture.md §5). Three make a container: `run` a command and
+fifteen ops over a local unix socket or mutual TLS (ops.py, replies.py,
+wire.py; docs/architecture.md §5). Three make a container: `run` a command and
 `write` a file, in agent X's workspace, under agent X's policy, and
 `append` to today's journal, the
 harness's stub when a wake ends unjournaled. Seven make none: `diff` and
@@ -71,7 +71,7 @@ It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
 give this guarantee: it lets any body through on container create.
 
-Wire format, ops and limits: wire.py.
+The ops and their limits: ops.py; what each answers: replies.py; the line: wire.py.
 
 Workspaces: each agent's is a disk of its own (disk.py), belonging to its
 folder by the folder's identity (inode and birth time or generation, never
@@ -102,9 +102,9 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar, assert_never
 
 import docker
 
@@ -113,8 +113,9 @@ from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
-from orchestrator.broker import nodes, wire
-from orchestrator.broker.wire import APPEND_TIMEOUT_S, BrokerError
+from orchestrator.broker import nodes, ops, replies, wire
+from orchestrator.broker.ops import APPEND_TIMEOUT_S
+from orchestrator.broker.wire import BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, connect
 from orchestrator.records import placement, stopswitch
@@ -270,7 +271,7 @@ class Broker:
         self.disk_overcommit = capacity.get("disk_overcommit", disk.OVERCOMMIT)  # thin disks' bound
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._rate_lock = threading.Lock()
-        self._rate_at: tuple[float, wire.EngineRate] | None = None  # (when, the rate op's answer)
+        self._rate_at: tuple[float, replies.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
         # A swarm task's broker without --plain-container: no loop devices, for its whole life.
@@ -282,39 +283,52 @@ class Broker:
             )
 
     def handle(self, raw: object) -> wire.JSONObject:
-        """One request line's JSON value, its reply; BrokerError if refused."""
-        return self.serve(wire.parse(raw))
+        """One request line's JSON value, its reply's (in the ok envelope); BrokerError if refused."""
+        return wire.ok(replies.to_json(self.serve(ops.parse(raw))))
 
-    def serve(self, req: wire.Request) -> wire.JSONObject:
-        if isinstance(req, wire.Ping):  # node, rate and room: for placement past one host (nodes.py)
-            return wire.ok({"root": str(self.root), "node": self.node, **self._standing()})
-        if isinstance(req, wire.Rate):  # serve fits its K to the engine it cannot see
-            return wire.ok(asdict(self._rate()))
-        if isinstance(req, wire.WindDown):  # a hint that costs nothing to obey: no policy read, no box made
-            self._pace(req.agent, "wind_down")
-            return wire.ok({})
-        if isinstance(req, wire.Finish):  # whatever ended the wake, a stop of the fleet included
-            return wire.ok(self._finish(self._agent(req.agent), req.run_id))
-        if isinstance(req, wire.Drop):  # a move's last step: it starts nothing
-            return wire.ok(self.drop(req))
-        if isinstance(req, (wire.Export, wire.Import)):
-            raise BrokerError(f"{req.op} streams frames: the transport serves it, over a connection of its own")
-        if not isinstance(req, (wire.Read, wire.Diff, wire.Undo)):  # nothing starts while the fleet is stopped
-            halted = stopswitch.read(self.root)
-            if halted is not None:
-                raise BrokerError(f"{req.agent}: refused: {halted.describe()}")
-        agent = self._agent(req.agent)
-        if isinstance(req, wire.Check):  # loaded, inside ROOT, within the ceiling: calls will not be refused for that
-            self._pace(agent.dir.name, "rearm")  # a wake starts: its kept pool makes one ahead again
-            return wire.ok({"agent": agent.dir.name})
-        if isinstance(req, wire.Read):
-            return wire.ok({"value": self._read(agent, req)})
-        if isinstance(req, wire.Begin):
-            return wire.ok(self._begin(agent, req.run_id))
-        if isinstance(req, wire.Diff):
-            return wire.ok({"diff": self._on_disk(agent, lambda root: wake_diff.read(root, req.run_id).to_json())})
-        if isinstance(req, wire.Undo):
-            return wire.ok(self._undo(agent, req))
+    def serve(self, req: ops.Request) -> replies.Reply:
+        """One request, its reply (replies.py); BrokerError if refused. The transport encodes it."""
+        match req:
+            case ops.Ping():  # node, rate and room: for placement past one host (nodes.py)
+                return self._standing()
+            case ops.Rate():  # serve fits its K to the engine it cannot see
+                return self._rate()
+            case ops.WindDown():  # a hint that costs nothing to obey: no policy read, no box made
+                self._pace(req.agent, "wind_down")
+                return replies.WoundDown()
+            case ops.Finish():  # whatever ended the wake, a stop of the fleet included
+                return self._finish(self._agent(req.agent), req.run_id)
+            case ops.Drop():  # a move's last step: it starts nothing
+                return self.drop(req)
+            case ops.Export() | ops.Import():
+                raise BrokerError(f"{req.op} streams frames: the transport serves it, over a connection of its own")
+            case ops.Read():  # reads and undos start nothing: served while the fleet is stopped
+                return self._read(self._agent(req.agent), req)
+            case ops.Diff():
+                agent = self._agent(req.agent)
+                return self._on_disk(agent, lambda root: wake_diff.read(root, req.run_id))
+            case ops.Undo():
+                return self._undo(self._agent(req.agent), req)
+            case ops.Check():  # loaded, inside ROOT, within the ceiling: calls will not be refused for that
+                agent = self._startable(req.agent)
+                self._pace(agent.dir.name, "rearm")  # a wake starts: its kept pool makes one ahead again
+                return replies.Checked(agent.dir.name)
+            case ops.Begin():
+                return self._begin(self._startable(req.agent), req.run_id)
+            case ops.Run() | ops.Write() | ops.Append():
+                return self._call(self._startable(req.agent), req)
+            case _:
+                assert_never(req)
+
+    def _startable(self, name: str) -> Agent:
+        """The agent, for a request that could start a container or a wake: refused while the fleet is stopped."""
+        halted = stopswitch.read(self.root)
+        if halted is not None:
+            raise BrokerError(f"{name}: refused: {halted.describe()}")
+        return self._agent(name)
+
+    def _call(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> SandboxResult:
+        """One call that makes a container, as the agent's policy allows it."""
         call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
         self._take_call_slot(name)  # refused at once past max.calls / max.calls_per_agent
@@ -346,16 +360,16 @@ class Broker:
             f"{' timed out' if result.timed_out else ''}{' oom' if result.oom_killed else ''}"
             f" in {result.duration_ms}ms, {result.output_bytes:,} bytes, container {result.container_id}"
         )
-        return wire.ok(asdict(result))
+        return result
 
-    def _standing(self) -> wire.JSONObject:
+    def _standing(self) -> replies.Standing:
         """What a ping says of this node at no cost: the engine's rate if measured (None if not:
         measuring takes seconds, and the `rate` op does it) and the disk its disks may still promise."""
         kept = self._rate_at  # not under _rate_lock, held through a measurement: one read of a tuple
         measured = kept[1].per_s if kept else None
-        return {"rate": measured, "room": disk.promise_room(self.disk_overcommit)}
+        return replies.Standing(str(self.root), self.node, measured, disk.promise_room(self.disk_overcommit))
 
-    def _rate(self) -> wire.EngineRate:
+    def _rate(self) -> replies.EngineRate:
         """The engine's create-start-remove rate (sandbox/rate.py) under the default
         policy, measured at most once per RATE_KEEP_S and one measurement at a time:
         a flood of `rate` requests costs the engine one measurement."""
@@ -371,7 +385,7 @@ class Broker:
                 )
                 self._rate_at = (
                     time.monotonic(),
-                    wire.EngineRate(measured.per_s, measured.calls, measured.seconds, measured.latency_s),
+                    replies.EngineRate(measured.per_s, measured.calls, measured.seconds, measured.latency_s),
                 )
                 self.log(
                     f"engine rate: {measured.per_s:.2f} containers/s ({measured.calls} cold calls "
@@ -617,7 +631,7 @@ class Broker:
 
     # -- a wake as a transaction (sandbox/wake_layer.py): the broker mounts and commits ----------
 
-    def _begin(self, agent: Agent, run_id: str) -> wire.JSONObject:
+    def _begin(self, agent: Agent, run_id: str) -> replies.Begun:
         """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""
         with self._layer_op(agent.dir.name, lambda: self._no_call(agent.dir.name)):
             entry = self._acquire(agent)
@@ -626,9 +640,9 @@ class Broker:
             finally:
                 self._release(entry)
         self.log(f"{agent.dir.name}: wake {run_id} begun" + "".join(f"; {line}" for line in settled.lines))
-        return {"lines": list(settled.lines), "discarded": [w.record().to_data() for w in settled.discarded]}
+        return replies.Begun(settled.lines, tuple(w.record() for w in settled.discarded))
 
-    def _finish(self, agent: Agent, run_id: str) -> wire.JSONObject:
+    def _finish(self, agent: Agent, run_id: str) -> replies.Finished:
         """Check the wake's changes against the policy as the broker reads it, commit or drop them.
         Refused while a call of the agent runs: nothing may write the layer being committed."""
         name = agent.dir.name
@@ -644,7 +658,7 @@ class Broker:
                 self._release(entry)
         record = changes.record()
         self.log(f"{name}: wake {run_id} {record.outcome}: {record.count} changed, {record.refused_count} refused")
-        return {"changes": record.to_data(), "egress": entry.box.egress_decisions()}
+        return replies.Finished(record, tuple(entry.box.egress_decisions()))
 
     def _finishable(self, name: str, run_id: str) -> _AgentBox:
         """Lock held: the wake's box, held (busy) for its finish, if the wake is begun and not
@@ -729,12 +743,14 @@ class Broker:
         if self._calls.get(name) or (entry is not None and entry.box.wake):
             raise BrokerError(f"{name}: a wake is open (begun, not finished); undo when it has ended")
 
-    def _read(self, agent: Agent, req: wire.Read) -> object:
+    def _read(self, agent: Agent, req: ops.Read) -> replies.ReadReply:
         """files.Files, read at the agent's disk as this broker mounts it (or its folder)."""
         entry = self._acquire(agent)  # makes and mounts the disk on a first request
         try:
             files = entry.box.files()  # a wake's merged view while one runs
-            return files.journal_names() if req.what == "journal_names" else getattr(files, req.what)(req.arg)
+            if req.what == "journal_names":
+                return replies.Names(tuple(files.journal_names()))
+            return replies.READ_REPLIES[req.what](getattr(files, req.what)(req.arg))
         finally:
             self._release(entry)
 
@@ -754,7 +770,7 @@ class Broker:
         finally:
             self._release(entry)
 
-    def _undo(self, agent: Agent, req: wire.Undo) -> wire.JSONObject:
+    def _undo(self, agent: Agent, req: ops.Undo) -> replies.UndoAnswer:
         """Put back what wake req.run_id changed. The orchestrator holds the agent's wake lock
         (cli.py); a call in flight here means a wake runs all the same, and is refused."""
         name = agent.dir.name
@@ -762,13 +778,13 @@ class Broker:
             with self._layer_op(name, lambda: self._no_wake_open(name)):
                 undone = self._on_disk(agent, lambda root: undo_folders.undo(root, req.run_id, req.force))
         except undo_folders.UndoRefused as exc:  # an answer, not a broken request: the CLI's exit 1
-            return {"refused": str(exc)}
+            return replies.UndoAnswer(refused=str(exc))
         self.log(f"{name}: undid wake {req.run_id}: {undone.changes} change(s) put back")
-        return {"undone": asdict(undone)}
+        return replies.UndoAnswer(undone)
 
     # -- a disk moving to another node (`wakeloop move`; broker/disk_move.py) -------------------
 
-    def export(self, req: wire.Export, out: workspace_stream.Writes) -> wire.JSONObject:
+    def export(self, req: ops.Export, out: workspace_stream.Writes) -> workspace_stream.Summary:
         """Write the agent's workspace (its disk's files/, as committed) to `out` as a tar stream,
         no call or wake of it meanwhile; the tree's digest and entries."""
         agent, _ = self._disk_here(req.agent)
@@ -780,9 +796,9 @@ class Broker:
             finally:
                 self._release(entry)
         self.log(f"{name}: exported its workspace, {summary.entries} entries, digest {summary.digest[:12]}")
-        return asdict(summary)
+        return summary
 
-    def import_(self, req: wire.Import, receive: Callable[[int], workspace_stream.Reads]) -> wire.JSONObject:
+    def import_(self, req: ops.Import, receive: Callable[[int], workspace_stream.Reads]) -> workspace_stream.Summary:
         """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history
         a disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once
         the disk is ready: the tree's digest, read back. Refused for an agent placed on this node:
@@ -810,9 +826,9 @@ class Broker:
             finally:
                 self._release(entry)
         self.log(f"{name}: imported its workspace, {summary.entries} entries, digest {summary.digest[:12]}")
-        return asdict(summary)
+        return summary
 
-    def drop(self, req: wire.Drop) -> wire.JSONObject:
+    def drop(self, req: ops.Drop) -> replies.Dropped:
         """Delete the agent's disk here: its box closed, the disk released and its image removed.
         Only for an agent placed on another node (its disk there in use), between wakes."""
         agent, key = self._disk_here(req.agent)
@@ -827,7 +843,7 @@ class Broker:
             if not disk.release(self.client, key, delete=True):
                 raise BrokerError(f"{name}: its disk here is still held (a request in flight); try again")
         self.log(f"{name}: deleted its disk {key} here: it is placed on {there}")
-        return {"dropped": key}
+        return replies.Dropped(key)
 
     def _disk_here(self, name: str) -> tuple[Agent, str]:
         """The agent and its disk's key, if it has a disk of its own and this node has one of its folder."""
@@ -858,13 +874,11 @@ class Broker:
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _allowed(
-        self, agent: Agent, req: wire.Run | wire.Write | wire.Append
-    ) -> Callable[[DockerSandbox], SandboxResult]:
+    def _allowed(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> Callable[[DockerSandbox], SandboxResult]:
         """The call the agent's policy allows, or BrokerError. Append is allowed whatever
-        the tools policy says (a bash-less agent still gets its stub): wire.parse held it
+        the tools policy says (a bash-less agent still gets its stub): ops.parse held it
         to one path shape and a size cap."""
-        if isinstance(req, wire.Run):
+        if isinstance(req, ops.Run):
             bash = agent.policy.tools.bash
             if not bash.enabled:
                 raise BrokerError(f"{agent.dir.name}: the bash tool is disabled by this agent's policy")
@@ -874,7 +888,7 @@ class Broker:
                 raise BrokerError(f"{agent.dir.name}: grant_hosts: {refusal}")
             grant = req.grant_hosts
             return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap, grant_hosts=grant)
-        if isinstance(req, wire.Append):
+        if isinstance(req, ops.Append):
             return lambda box: box.write(req.path, req.content, timeout_s=APPEND_TIMEOUT_S, append=True)
         tool = agent.policy.tools.write_file
         reason = tool.refusal(req.path, len(req.content))

@@ -4,9 +4,10 @@ A unix socket on one host (only ROOT's owner may connect), or TCP with mutual
 TLS 1.3 between hosts (tls.py: the client proves it is the orchestrator before
 it counts). Each connection is one thread that reads one request line (capped
 at MAX_REQUEST_BYTES, whole within REQUEST_READ_S: a silent or dripping client
-is cut off), hands it to Broker.serve and writes one reply line (`export`
-streams frames before it, `import` reads frames after a first `ready` line:
-wire.py; a frame left unread for STREAM_IDLE_S cuts the stream off); open
+is cut off), hands its op (ops.parse) to Broker.serve and writes the typed
+reply it gets back as one line (replies.to_json in wire.ok; `export` streams
+frames before it, `import` reads frames after a first `ready` line: wire.py;
+a frame left unread for STREAM_IDLE_S cuts the stream off); open
 connections and TLS handshakes are capped, and a refusal is the wire's one
 Refusal shape. `serve` is `wakeloop broker`: it removes what a crashed broker
 left, listens, and on SIGTERM joins the calls in flight before it closes every
@@ -14,8 +15,8 @@ agent's box.
 
 A second transport is a file like this one: it needs only `Broker.handle`.
 
-Not here: what a request may do (server.py), the line format (wire.py), the
-certificates (tls.py).
+Not here: what a request may do (server.py), the requests and replies (ops.py,
+replies.py), the line format (wire.py), the certificates (tls.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Callable
 
 import docker
 
-from orchestrator.broker import tls, wire
+from orchestrator.broker import ops, replies, tls, wire
 from orchestrator.broker.server import Broker, cut_to_line
 from orchestrator.sandbox import netns
 from orchestrator.broker.wire import MAX_REQUEST_BYTES, BrokerError, Refusal
@@ -119,15 +120,16 @@ class _Handler(socketserver.BaseRequestHandler):
     def _serve(self, broker: Broker, over: bool) -> None:
         sock = self.request
 
-        def answer() -> wire.JSONObject:
+        def answer() -> replies.Reply:
             if over:  # each connection is a thread: a flood of them is answered, not served
                 raise BrokerError(f"busy: over {MAX_CONNECTIONS} connections open; try again shortly")
-            req = wire.parse(json.loads(_read_line(sock, MAX_REQUEST_BYTES, REQUEST_READ_S)))
-            if isinstance(req, wire.Export):
-                return wire.ok(_export(broker, req, sock))
-            if isinstance(req, wire.Import):
-                return wire.ok(_import(broker, req, sock))
-            return broker.serve(req)
+            match ops.parse(json.loads(_read_line(sock, MAX_REQUEST_BYTES, REQUEST_READ_S))):
+                case ops.Export() as req:
+                    return _export(broker, req, sock)
+                case ops.Import() as req:
+                    return _import(broker, req, sock)
+                case req:
+                    return broker.serve(req)
 
         reply = _reply(broker, answer)
         try:
@@ -137,10 +139,10 @@ class _Handler(socketserver.BaseRequestHandler):
             pass  # the client went away; the container is gone already
 
 
-def _reply(broker: Broker, answer: Callable[[], wire.JSONObject]) -> wire.JSONObject:
-    """`answer()`'s reply, or the one Refusal shape for whatever it raised."""
+def _reply(broker: Broker, answer: Callable[[], replies.Reply]) -> wire.JSONObject:
+    """`answer()`'s reply encoded, or the one Refusal shape for whatever it raised."""
     try:
-        return answer()
+        return wire.ok(replies.to_json(answer()))
     except (BrokerError, SandboxError) as exc:
         # "refused": the request or the agent's policy (exit 2 at the client); else the box failed (3).
         broker.log(f"{'refused' if isinstance(exc, BrokerError) else 'failed'}: {exc}")  # `docker compose logs`
@@ -153,7 +155,7 @@ def _reply(broker: Broker, answer: Callable[[], wire.JSONObject]) -> wire.JSONOb
         )
 
 
-def _export(broker: Broker, req: wire.Export, sock: socket.socket) -> wire.JSONObject:
+def _export(broker: Broker, req: ops.Export, sock: socket.socket) -> replies.Streamed:
     """Frames of the agent's workspace, the end frame; the reply line (sent by the caller) says
     what was sent: its sha256 and bytes on the wire, and the tree's digest (workspace_stream.py).
     Refused or broken off, the end frame still goes first: the client reads frames up to it, then
@@ -169,10 +171,10 @@ def _export(broker: Broker, req: wire.Export, sock: socket.socket) -> wire.JSONO
         _end_frames(sock)
         raise
     out.end()
-    return {"sha256": out.sha.hexdigest(), "bytes": out.bytes, **summary}
+    return replies.Streamed(out.sha.hexdigest(), out.bytes, summary.digest, summary.entries)
 
 
-def _import(broker: Broker, req: wire.Import, sock: socket.socket) -> wire.JSONObject:
+def _import(broker: Broker, req: ops.Import, sock: socket.socket) -> replies.Streamed:
     """A first line (ready: the disk is made and empty), the client's frames into it; the reply
     line says what arrived (sha256, bytes) and what landed (the tree's digest). Refused after
     the first line, the rest of the stream is read first (capped as the stream is): a reply
@@ -181,7 +183,7 @@ def _import(broker: Broker, req: wire.Import, sock: socket.socket) -> wire.JSONO
 
     def receive(limit: int) -> wire.FrameReader:
         sock.settimeout(wire.STREAM_IDLE_S)
-        sock.sendall(json.dumps(wire.ok({"ready": True})).encode() + b"\n")
+        sock.sendall(json.dumps(wire.ok(replies.to_json(replies.Ready()))).encode() + b"\n")
         streams.append(wire.FrameReader(sock.makefile("rb"), limit))
         return streams[0]
 
@@ -194,7 +196,7 @@ def _import(broker: Broker, req: wire.Import, sock: socket.socket) -> wire.JSONO
     except Exception:
         _drain(streams)
         raise
-    return {"sha256": streams[0].sha.hexdigest(), "bytes": streams[0].bytes, **summary}
+    return replies.Streamed(streams[0].sha.hexdigest(), streams[0].bytes, summary.digest, summary.entries)
 
 
 def _drain(streams: list[wire.FrameReader]) -> None:

@@ -16,7 +16,7 @@ import shutil
 import pytest
 from docker.types import Mount
 
-from orchestrator.broker import wire
+from orchestrator.broker import ops
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
 from orchestrator.sandbox import disk, layers, transaction
@@ -90,7 +90,7 @@ def test_the_links_probes_escape_a_scan_that_does_not_count_hard_links(probe_nam
 
 
 def test_the_run_id_probe_escapes_a_broker_without_its_id_check(make_lab, monkeypatch):
-    monkeypatch.setattr(wire, "_run_id", lambda run_id: run_id)  # the wire's check and the layout's, both off
+    monkeypatch.setattr(ops, "_run_id", lambda run_id: run_id)  # the wire's check and the layout's, both off
     monkeypatch.setattr(layers, "run_id_ok", lambda run_id: run_id)
     outcome = run_probe(make_lab(), by_name("broker_refuses_run_ids_that_walk_out"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"

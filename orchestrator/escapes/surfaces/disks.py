@@ -182,7 +182,7 @@ def _given(stream: io.BytesIO, limit: int) -> io.BytesIO:
 
 
 def _import_stays_in_its_disk(t: Trial) -> str:
-    from orchestrator.broker import wire
+    from orchestrator.broker import ops
     from orchestrator.broker.server import Broker
     from orchestrator.records.placement import write_node
 
@@ -195,7 +195,7 @@ def _import_stays_in_its_disk(t: Trial) -> str:
     try:
         for attack, members in attacks.items():
             try:
-                broker.import_(wire.Import("alpha"), partial(_given, _stream(members)))
+                broker.import_(ops.Import("alpha"), partial(_given, _stream(members)))
             except BrokerError:
                 refused.append(attack)
         files = broker._boxes["alpha"].box.disk.files  # type: ignore[union-attr]
