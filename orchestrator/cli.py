@@ -401,7 +401,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from orchestrator.views.models import list_live, model_rows, render_models
+    from orchestrator.views.model_table import list_live, model_rows, render_models
 
     live = None
     if args.live:
