@@ -186,7 +186,9 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
 
 
 def _readme_opening() -> str:
-    return (REPO / "README.md").read_text().split("```")[1]
+    """The README's first two code blocks: the two commands a newcomer needs, then how to stop."""
+    blocks = (REPO / "README.md").read_text().split("```")
+    return blocks[1] + blocks[3]
 
 
 def test_one_compose_file_runs_one_host_with_its_override_and_a_swarm_alone():
