@@ -109,7 +109,7 @@ from orchestrator.sandbox.output import clean
 from orchestrator.broker import nodes
 from orchestrator.broker.client import broker_socket, open_sandbox
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.wake_layer import WakeChanges
+from orchestrator.sandbox.wake_layer import Settled, WakeChanges
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
@@ -298,6 +298,19 @@ def _unstarted(
         model=agent.model,
         started_at=now_iso(),
     )
+
+
+def report_settled(settled: Settled, events: EventLog, say: Callable[[str], None]) -> None:
+    """What a begin found earlier wakes left (a wake's, or a call outside any wake's: one_call.py):
+    said, and each wake that died before its commit recorded as discarded."""
+    for line in settled.lines:
+        say(f"workspace: {line}")
+    for dead in settled.discarded:
+        say(f"workspace: discarded wake {dead.run_id}, which died before its end: {dead.count} change(s) dropped")
+        try:
+            events.write(dead.record())
+        except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
+            say(f"workspace: the discarded wake was not recorded: {exc}")
 
 
 class _Wake:
@@ -508,16 +521,7 @@ class _Wake:
         that died before its commit discarded and recorded), then this wake's overlay is mounted."""
         settled = self.box.begin(self.run_id)
         self.begun = True
-        for line in settled.lines:
-            self.say(f"workspace: {line}")
-        for dead in settled.discarded:
-            self.say(
-                f"workspace: discarded wake {dead.run_id}, which died before its end: {dead.count} change(s) dropped"
-            )
-            try:
-                self.events.write(dead.record())
-            except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
-                self.say(f"workspace: the discarded wake was not recorded: {exc}")
+        report_settled(settled, self.events, self.say)
 
     def _finish(self) -> str:
         """The wake's changes checked against the policy, what passes committed, the rest dropped;

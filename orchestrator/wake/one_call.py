@@ -25,6 +25,7 @@ from orchestrator.policy.agent import Agent
 from orchestrator.records import state as st
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.sandbox.box import SandboxResult
+from orchestrator.wake.loop import report_settled
 
 
 def run_outside_a_wake(agent: Agent, command: str, say: Callable[[str], None]) -> SandboxResult:
@@ -42,19 +43,17 @@ def run_outside_a_wake(agent: Agent, command: str, say: Callable[[str], None]) -
             if not own:
                 return box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
             events = EventLog(agent.state_dir / EVENTS_FILE, uuid.uuid4().hex[:12])
-            settled = box.begin(events.run_id)
-            for line in settled.lines:
-                say(f"workspace: {line}")
-            for dead in settled.discarded:
-                say(f"workspace: discarded wake {dead.run_id}, which died before its end: {dead.count} change(s)")
-                events.write(dead.record())
+            report_settled(box.begin(events.run_id), events, say)
             try:
                 result = box.run(command, timeout_s=bash.timeout_s, max_output_chars=bash.max_output_chars)
             finally:
                 policy = agent.policy
                 changes = box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
-                if not changes.empty:
-                    events.write(changes.record())
+                try:
+                    if not changes.empty:
+                        events.write(changes.record())
+                except (OSError, ValueError) as exc:  # a planted events.jsonl: the call's answer still comes
+                    say(f"workspace: this call's change set was not recorded: {exc}")
             if changes.error:
                 say(f"workspace: this call's changes did not land: {changes.error}")
             for refused in changes.refused:
