@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.assets import asset_dir
-from orchestrator.cli import build_parser
+from orchestrator.cli.wakeloop import build_parser
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import NOT_KEYS, SIZE_FIELDS, Policy
 
