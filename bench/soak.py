@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 def standin_child(root: str) -> int:
     """`wakeloop serve ROOT` (the CLI's own command, its scheduler, sender, console hooks and
     all), each wake's box the stand-in sandbox: nothing of serve's is left out but the engine."""
-    from orchestrator import cli
+    from orchestrator.cli import wakeloop
     from orchestrator.wake import loop
     from bench.wake_cost import StandInSandbox
 
@@ -457,7 +457,7 @@ def standin_child(root: str) -> int:
     if os.environ.get(PROBE_ENV):
         file, _, every = os.environ[PROBE_ENV].rpartition(":")
         loop.wake = probed(loop.wake, Path(file), int(every))
-    return cli.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
+    return wakeloop.main(["serve", root, "--max-concurrent", str(MAX_CONCURRENT)])
 
 
 def every_nth(wake, every: int, action):

@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.cli.wakeloop import main
 
 raise SystemExit(main())

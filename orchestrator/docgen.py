@@ -2,7 +2,7 @@
 
 The policy reference is the policy's own dataclasses walked (each key, its
 type and default, the comment on its line, the class's docstring) beside the
-shipped ceiling's bound; the CLI reference is the argparse parser of cli.py
+shipped ceiling's bound; the CLI reference is the argparse parser of cli/wakeloop.py
 walked (each command, its arguments and their help, its example). Each page
 is prose of ours around one generated block between two markers; this module
 owns only the block, so the prose can say what a table cannot.
@@ -15,7 +15,7 @@ tests/test_docgen.py fails when a page's block differs from what this prints,
 so a field, a comment or a flag changed in the code is a page to regenerate.
 
 Not here: what each key does to the box (docs/security.md, docs/operations.md),
-the checks a value must pass (policy/schema.py), the commands themselves (cli.py).
+the checks a value must pass (policy/schema.py), the commands themselves (cli/).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.assets import asset_dir
-from orchestrator.cli import build_parser
+from orchestrator.cli.wakeloop import build_parser
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import NOT_KEYS, SIZE_FIELDS, Policy
 

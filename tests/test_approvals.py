@@ -38,7 +38,7 @@ APPROVE = {
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
     """`wakeloop ARGS` in this process (the same main() as the command line): (exit, stdout, stderr)."""
-    from orchestrator.cli import main
+    from orchestrator.cli.wakeloop import main
 
     capsys.readouterr()
     code = main(list(args))

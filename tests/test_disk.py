@@ -423,7 +423,7 @@ def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_cli
 
 
 def test_one_shot_commands_release_the_disk_they_attached(agent_dir, docker_client, capsys):
-    from orchestrator.cli import main
+    from orchestrator.cli.wakeloop import main
 
     assert main(["sandbox", "exec", str(agent_dir), "--", "echo x > made.txt"]) == 0
     key = disk.lookup(agent_dir)
@@ -485,7 +485,7 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
 
 def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch):
     import json
-    from orchestrator.cli import main
+    from orchestrator.cli.wakeloop import main
     from orchestrator.records.state import WakeLock
 
     box = open_box(agent_dir)

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.broker import nodes, ops, tls, wire
 from orchestrator.sandbox.box import SandboxResult
-from orchestrator.cli import main
+from orchestrator.cli.wakeloop import main
 from orchestrator.records.placement import read_node, write_node
 from tests.helpers import make_agent
 from tests.helpers.broker import node_process

@@ -1,7 +1,7 @@
 """The reference pages say what the code says: docs/policy.md, docs/cli.md, docs/security.md, README.md.
 
 docs/policy.md and docs/cli.md each hold one block that orchestrator/docgen.py
-prints from the policy's dataclasses and from cli.py's parser; a field, a
+prints from the policy's dataclasses and from the CLI's parser (cli/wakeloop.py); a field, a
 comment, a bound or a flag changed without `python -m orchestrator.docgen
 --write` fails here. The threat table of docs/security.md names every probe of
 the escape suite (or its category), and the README still opens with the two

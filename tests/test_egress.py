@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from orchestrator.broker.client import BrokerSandbox
-from orchestrator.cli import main
+from orchestrator.cli.wakeloop import main
 from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy

@@ -26,8 +26,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 
-ORDER = ("records", "policy", "sandbox", "broker", "wake", "fleet", "views", "console", "cli.py", "docgen.py")
-BESIDE = {"escapes": "console", "__main__.py": "cli.py"}  # same rank as the one named
+ORDER = ("records", "policy", "sandbox", "broker", "wake", "fleet", "views", "console", "cli", "docgen.py")
+BESIDE = {"escapes": "console", "__main__.py": "cli"}  # same rank as the one named
 LEAVES = ("notify", "metrics.py", "tracing.py")
 LEAF_MAY_IMPORT = ("records", "errors.py")
 UNDER_ALL = ("errors.py", "assets.py", "__init__.py")  # import nothing of ours
@@ -36,7 +36,7 @@ TEST_ONLY = ("testing", "fakeapi.py")  # may import anything; nothing imports th
 
 
 def unit(rel: Path) -> str:
-    """The package (`sandbox`) or top-level module (`cli.py`) a file of orchestrator/ belongs to."""
+    """The package (`sandbox`) or top-level module (`docgen.py`) a file of orchestrator/ belongs to."""
     return rel.parts[0] if len(rel.parts) > 1 else rel.name
 
 

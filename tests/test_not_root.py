@@ -55,7 +55,7 @@ for found in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
 os.setgroups([int(g) for g in sys.argv[1].split(",")])
 os.setgid({nobody})
 os.setuid({nobody})
-from orchestrator.cli import main
+from orchestrator.cli.wakeloop import main
 sys.exit(main(sys.argv[2:]))
 """.format(nobody=NOBODY)
 
@@ -147,20 +147,20 @@ def test_a_docker_group_user_who_is_not_root_is_told_what_to_do_by_every_command
 
 
 def test_a_permission_error_on_the_disks_folder_that_no_check_foresaw_is_still_one_line(monkeypatch, capsys):
-    from orchestrator import cli
+    from orchestrator.cli import records, wakeloop
     from orchestrator.sandbox import disk
 
     def denied(args) -> int:
         raise PermissionError(13, "Permission denied", str(disk.disks_dir() / "room.lock"))
 
-    monkeypatch.setattr(cli, "cmd_status", denied)
-    assert cli.main(["status", "."]) == 3
+    monkeypatch.setattr(records, "cmd_status", denied)
+    assert wakeloop.main(["status", "."]) == 3
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and "Permission denied" in said and all(way in said for way in WAYS_ON), said
 
     def elsewhere(args) -> int:
         raise PermissionError(13, "Permission denied", "/etc/shadow")
 
-    monkeypatch.setattr(cli, "cmd_status", elsewhere)
+    monkeypatch.setattr(records, "cmd_status", elsewhere)
     with pytest.raises(PermissionError):  # not ours to explain: a bug, shown as one
-        cli.main(["status", "."])
+        wakeloop.main(["status", "."])

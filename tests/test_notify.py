@@ -302,7 +302,7 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
 
 @pytest.mark.docker
 def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path, fake_api, capsys):
-    from orchestrator.cli import _send_notifications
+    from orchestrator.cli.notify import send_notifications
     from orchestrator.testing.fakeapi import FAKE_KEY
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
@@ -314,7 +314,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
         )
         receipt = wake(agent, live=True, model=LiveModel(agent.model, FAKE_KEY))
         assert receipt.status == "done" and hook.attempts == 0  # queued by the wake, not sent by it
-        _send_notifications(agent)  # what `wakeloop wake` does after
+        send_notifications(agent)  # what `wakeloop wake` does after
         assert [b["text"] for b in hook.received] == ["Hello, human: the job is done."]
         assert hook.received[0]["id"] == f"a/{receipt.run_id}/message/1"
     assert cli_here("transcript", str(agent.dir)) == 0

@@ -126,7 +126,7 @@ def test_a_lost_node_is_told_once_per_series_of_skipped_wakes_not_at_each(tmp_pa
 def test_move_places_an_agent_on_a_live_node_off_a_lost_one_and_refuses_what_it_cannot_move(
     tmp_path, monkeypatch, capsys
 ):
-    from orchestrator.cli import main
+    from orchestrator.cli.wakeloop import main
     from orchestrator.records.state import WakeLock
     from tests.helpers import make_agent
 

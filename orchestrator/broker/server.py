@@ -772,7 +772,7 @@ class Broker:
 
     def _undo(self, agent: Agent, req: ops.Undo) -> replies.UndoAnswer:
         """Put back what wake req.run_id changed. The orchestrator holds the agent's wake lock
-        (cli.py); a call in flight here means a wake runs all the same, and is refused."""
+        (cli/wake_lock.py); a call in flight here means a wake runs all the same, and is refused."""
         name = agent.dir.name
         try:
             with self._layer_op(name, lambda: self._no_wake_open(name)):

@@ -16,7 +16,7 @@ a page through Jinja2's autoescaping. The console reads state/ and the
 trusted agent.yaml and mandate.md; it never reads the workspace (the disk's
 use comes from views.disk_status, as `status` has it).
 
-The top layer, beside cli.py: may import anything below it (escapes/ too,
+The top layer, beside cli/: may import anything below it (escapes/ too,
 which is why it is not under fleet/).
 
 Not here: what a page shows is decided by views/status.py, the same code as

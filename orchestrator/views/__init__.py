@@ -6,6 +6,6 @@ event log: the one place records are rendered for a person, for the CLI and
 root followed), fleet_approvals.py (what waits for a person across a fleet),
 egressview.py (the egress proxy's decisions, a line each: `log --egress`).
 
-Sits above fleet/ and below console/ and cli.py: may import fleet/ and
+Sits above fleet/ and below console/ and cli/: may import fleet/ and
 everything below it; fleet/ never imports it.
 """

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from orchestrator.broker import tls
-from orchestrator.cli import main
+from orchestrator.cli.wakeloop import main
 from orchestrator.escapes import ESCAPED, HELD
 from orchestrator.escapes.registry import THROUGH_A_BROKER
 from orchestrator.sandbox.engine import DockerSandbox

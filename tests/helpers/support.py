@@ -48,7 +48,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
 def cli_here(*args: str) -> int:
     """`wakeloop ARGS` in this process: the same main() as the command line, without a Python
     start (and with this process's hooks: /metrics installed here sees a wake's events)."""
-    from orchestrator.cli import main
+    from orchestrator.cli.wakeloop import main
 
     return main(list(args))
 

@@ -72,7 +72,7 @@ def egress_log_shows_planted_lines_inert(trial) -> str:
     from orchestrator.views.egressview import format_decision
 
     _plant(trial.state, secrets.token_hex(6))
-    try:  # what `wakeloop log AGENT --egress` prints (cli.py may not be imported from here)
+    try:  # what `wakeloop log AGENT --egress` prints (cli/ may not be imported from here)
         text = "".join(format_decision(line) + "\n" for line in egress.read(trial.state))
     except Exception as exc:
         return escaped(f"log --egress crashed on a planted egress.jsonl: {type(exc).__name__}: {str(exc)[:80]}")

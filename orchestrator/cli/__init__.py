@@ -1,0 +1,20 @@
+"""`wakeloop`: the command line (the commands: docs/cli.md; the exit codes: docs/architecture.md §4).
+
+One module per command group, each declaring its commands' parsers beside their
+handlers: agents.py (init, send, outbox), wake.py (wake, context), tasks.py,
+approvals.py, records.py (status, log, transcript, diff, undo), fleet.py (serve,
+broker, pause, resume, run-now, stop, start), swarm.py (swarm certs, move),
+sandbox.py (sandbox exec, image build), disks.py, notify.py, models.py, policy.py,
+escapes.py; wakeloop.py builds the parser from them in a fixed order and dispatches.
+
+Each command is a small function that takes parsed arguments and returns an
+exit code. Expected failures are one line on stderr, never a traceback, with
+the exit code their error class carries (errors.py): 2 bad usage or
+configuration, 3 the environment (no engine, no broker, no permission).
+A failed piece of work (a dead letter, a blocked wake, an escape) is exit 1.
+Every command that reads takes --json; `wake` prints progress on stderr and
+only its receipt on stdout.
+
+Not here: what any command does (each calls into its package), how records
+are rendered (views/status.py).
+"""

@@ -1,0 +1,153 @@
+"""`wakeloop`: the parser, built from the command groups in the order --help lists them, and
+the dispatch (the exit codes: docs/architecture.md §4).
+
+Each group's module declares its commands beside their handlers (an `add_*` function per run
+of commands); ORDER below places them. The order is the one `wakeloop --help` and
+docs/cli.md have always listed, which interleaves the groups (`sandbox`, `wake`, `disk`), so
+the order is a list of those functions rather than one per module. After any command, the
+disks it attached are let go and the allowlist proxies it started removed, however it ended.
+
+Not here: any command (orchestrator/cli/ has one module per group), how a command is
+declared (declare.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from orchestrator import __version__
+from orchestrator.cli import (
+    agents,
+    approvals,
+    disks,
+    escapes,
+    fleet,
+    models,
+    notify,
+    policy,
+    records,
+    sandbox,
+    swarm,
+    tasks,
+    wake,
+)
+from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, WakeloopError
+from orchestrator.sandbox.engine import connect
+
+
+EPILOG = """\
+exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
+failed (dead letter, blocked, not committed, an escape); 2 bad usage or configuration; 3 the
+environment (no engine, no broker, permission denied on the socket).
+
+start here:
+  wakeloop init agents/mine && wakeloop wake agents/mine    # a dry run: no API key needed
+"""
+
+
+# The commands, in the order --help lists them: each function adds one command, or a run of them.
+ORDER = (
+    agents.add_init,
+    sandbox.add_sandbox,
+    wake.add_wake,
+    disks.add_disk,
+    swarm.add_swarm,
+    wake.add_context,
+    agents.add_messages,  # send, outbox
+    models.add_models,
+    records.add_status,
+    tasks.add_task,
+    fleet.add_serve,
+    fleet.add_broker,
+    records.add_log,  # log, transcript
+    records.add_changes,  # diff, undo
+    swarm.add_move,
+    notify.add_notify,
+    fleet.add_control,  # pause, resume, run-now
+    fleet.add_switch,  # stop, start
+    approvals.add_approvals,  # approvals, approve, deny
+    policy.add_policy,
+    sandbox.add_image,
+    escapes.add_escapes,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wakeloop",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a Claude agent unattended on a schedule; every tool call runs "
+        "in a fresh, hardened, disposable container.",
+    )
+    parser.add_argument("--version", action="version", version=f"wakeloop {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in ORDER:
+        add(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
+        parser.print_help()
+        return EXIT_OK if args.command is None else EXIT_USAGE
+    from orchestrator.sandbox import disk
+
+    held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
+    try:
+        return args.func(args)
+    except WakeloopError as exc:
+        print(f"wakeloop: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("wakeloop: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `wakeloop log DIR | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except PermissionError as exc:
+        if not _in_disks_dir(exc.filename):
+            raise
+        # A path of root's $WAKELOOP_DISKS that a check before it did not foresee: still one line.
+        print(f"wakeloop: {disk.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    finally:
+        _release_disks(held_before)
+        _stop_network()
+
+
+def _in_disks_dir(filename) -> bool:
+    from orchestrator.sandbox import disk
+
+    return isinstance(filename, str) and Path(filename).is_relative_to(disk.disks_dir())
+
+
+def _release_disks(held_before: frozenset) -> None:
+    """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
+    that attached), whatever ended it: released unless another process holds it."""
+    from orchestrator.sandbox import disk
+
+    if not disk.holding() - held_before:
+        return
+    try:
+        problems = disk.let_go_all(connect(), kept=held_before)
+    except Exception as exc:  # releasing must not mask the command's own result
+        problems = [f"could not release the workspace disk(s): {exc}"]
+    for line in problems:
+        print(f"wakeloop: {line}; `wakeloop disk release AGENT_DIR` retries", file=sys.stderr)
+
+
+def _stop_network() -> None:
+    """Remove the allowlist proxies this process started (network.py); quiet if none."""
+    from orchestrator.sandbox import network
+
+    if network.started():
+        try:
+            network.shutdown(connect())
+        except Exception as exc:  # shutting down must not mask the command's own result
+            print(f"wakeloop: could not remove the allowlist proxy: {exc}", file=sys.stderr)
