@@ -35,11 +35,18 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
-from typing import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import Event
 from orchestrator.records.receipt import STATUSES, EgressSum, Usage
+
+if TYPE_CHECKING:  # imported when installed, never before (see above)
+    from wsgiref.simple_server import WSGIServer
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from prometheus_client import CollectorRegistry
 
 NAMESPACE = "wakeloop"
 # Sandbox calls run from ~30 ms (a warm pool) to the bash tool's timeout.
@@ -62,7 +69,7 @@ MAX_MODELS = 16  # model label values: the handful of models a fleet uses
 MODEL_NAME = re.compile(r"[A-Za-z0-9 ._:@/()+-]{1,80}")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a folder name (console/pages.py's rule)
 
-_m = None  # the metrics, once installed
+_m: _Metrics | None = None  # the metrics, once installed
 _install_lock = threading.Lock()
 _agents: dict[str, tuple[str, str]] = {}  # run_id -> (agent, model), from wake_started to wake_finished
 _live: set[str] = set()  # container ids made and not yet removed (a set: a removal may be retried)
@@ -72,11 +79,18 @@ _models: set[str] = set()  # model label values given out so far
 _labels_lock = threading.Lock()
 
 
+class _Every(TypedDict):
+    """What every metric is made with."""
+
+    namespace: str
+    registry: CollectorRegistry
+
+
 class _Metrics:
-    def __init__(self, registry):
+    def __init__(self, registry: CollectorRegistry) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        kw = {"namespace": NAMESPACE, "registry": registry}
+        kw: _Every = {"namespace": NAMESPACE, "registry": registry}
         self.wakes = Counter("wakes", "Wakes finished, by agent and receipt status", ["agent", "status"], **kw)
         self.model_requests = Counter("model_requests", "Model requests made (one per step)", ["agent", "model"], **kw)
         self.tokens = Counter(
@@ -131,7 +145,7 @@ class _Metrics:
         )
 
 
-def install(registry=None):
+def install(registry: CollectorRegistry | None = None) -> CollectorRegistry:
     """Turn the metrics on in this process (idempotent); returns the registry they live in."""
     global _m
     from prometheus_client import REGISTRY
@@ -144,14 +158,14 @@ def install(registry=None):
     return registry or REGISTRY
 
 
-def watch_root(root) -> None:
+def watch_root(root: Path | str) -> None:
     """The agents under ROOT may be `agent` label values (serve and its console call this)."""
     with _labels_lock:
         _roots.add(Path(root).resolve())
         _agent_labels.clear()
 
 
-def agent_label(events_path) -> str:
+def agent_label(events_path: Path | str) -> str:
     """The agent folder's name when it is an agent under a watched ROOT (and the labels given out
     are fewer than MAX_AGENTS), else `other`. Decided once per folder: a stat or two."""
     state = str(Path(events_path).parent)
@@ -176,7 +190,7 @@ def agent_label(events_path) -> str:
     return label
 
 
-def model_label(name) -> str:
+def model_label(name: str | None) -> str:
     name = str(name or "")
     with _labels_lock:
         if name in _models:
@@ -187,7 +201,7 @@ def model_label(name) -> str:
     return OTHER
 
 
-def tool_label(name) -> str:
+def tool_label(name: str) -> str:
     return name if name in TOOLS else OTHER
 
 
@@ -195,14 +209,14 @@ def enabled() -> bool:
     return _m is not None
 
 
-def exposition(registry=None) -> tuple[bytes, str]:
+def exposition(registry: CollectorRegistry | None = None) -> tuple[bytes, str]:
     """The text format Prometheus scrapes, and its content type."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
     return generate_latest(registry or REGISTRY), CONTENT_TYPE_LATEST
 
 
-def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bool]]):
+def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bool]]) -> WSGIServer:
     """`serve --metrics HOST:PORT` without the console: prometheus_client's exposition in a threaded
     WSGI server that answers only the Host names `host_check(bound port)` accepts (421 otherwise:
     a rebound name must not read it any more than the console). Returns the server (its
@@ -214,19 +228,19 @@ def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bo
 
     host, port = split_addr(addr)
     install()
-    exposition_app = make_wsgi_app()
+    exposition_app: WSGIApplication = make_wsgi_app()
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     class Quiet(WSGIRequestHandler):
-        def log_message(self, *args):
+        def log_message(self, *args: object) -> None:
             pass
 
     answers: list[Callable[[str | None], bool]] = []
 
-    def guarded(environ, start_response):
+    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if not answers or not answers[0](environ.get("HTTP_HOST")):
             start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"421: these metrics do not answer to that Host\n"]

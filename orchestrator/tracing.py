@@ -31,10 +31,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from orchestrator.records.receipt import FAILED
+
+if TYPE_CHECKING:  # the otel extra: imported by setup(), when tracing is on
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 CONTENT_ENV = "WAKELOOP_TRACE_CONTENT"
@@ -42,11 +48,11 @@ SCOPE = "wakeloop"
 CONTENT_CAP = 4000  # chars of tool input/output in a span, when content is asked for
 NAME_CAP = 128  # chars of a name or id in an attribute (a model may invent a tool name)
 
-_tracer = None  # set by setup() when tracing is on
-_provider = None
+_tracer: Tracer | None = None  # set by setup() when tracing is on
+_provider: TracerProvider | None = None
 
 
-def setup(environ=os.environ, exporter=None) -> bool:
+def setup(environ: Mapping[str, str] = os.environ, exporter: SpanExporter | None = None) -> bool:
     """Turn tracing on when the endpoint is set (or an exporter is given: tests, the bench).
     Says so in one line when the variable is set but the extra is missing."""
     global _tracer, _provider
@@ -84,11 +90,11 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def content(environ=os.environ) -> bool:
+def content(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def sdk_option() -> dict | None:
+def sdk_option() -> dict[str, dict[str, str]] | None:
     """The anthropic client's `open_telemetry` option: content only when asked for."""
     return {"traces": {"content_mode": "content"}} if _tracer is not None and content() else None
 
@@ -99,7 +105,7 @@ def flush() -> None:
 
 
 @contextmanager
-def wake_span(agent: str, run_id: str, model: str, live: bool) -> Iterator[object]:
+def wake_span(agent: str, run_id: str, model: str, live: bool) -> Iterator[Span | None]:
     """The wake's span, current on this thread for its length (the SDK's spans nest under it)."""
     if _tracer is None:
         yield None
@@ -118,7 +124,7 @@ def wake_span(agent: str, run_id: str, model: str, live: bool) -> Iterator[objec
         yield span
 
 
-def wake_result(span, status: str, steps: int, tokens: int, reason: str) -> None:
+def wake_result(span: Span | None, status: str, steps: int, tokens: int, reason: str) -> None:
     if span is None:
         return
     from opentelemetry.trace import Status, StatusCode
@@ -128,7 +134,7 @@ def wake_result(span, status: str, steps: int, tokens: int, reason: str) -> None
         span.set_status(Status(StatusCode.ERROR, reason[:200]))
 
 
-def scripted_chat(model: str, max_tokens: int, usage: dict, stop_reason: str, started_ns: int) -> None:
+def scripted_chat(model: str, max_tokens: int, usage: Mapping[str, int], stop_reason: str, started_ns: int) -> None:
     """A dry run's model turn: no SDK call, so our own span with the SDK's names."""
     if _tracer is None:
         return
@@ -149,7 +155,7 @@ def scripted_chat(model: str, max_tokens: int, usage: dict, stop_reason: str, st
 
 
 @contextmanager
-def tool_span(tool: str, call_id: str, args) -> Iterator["ToolSpan | None"]:
+def tool_span(tool: str, call_id: str, args: object) -> Iterator[ToolSpan | None]:
     if _tracer is None:
         yield None
         return
@@ -166,10 +172,10 @@ def tool_span(tool: str, call_id: str, args) -> Iterator["ToolSpan | None"]:
 
 
 class ToolSpan:
-    def __init__(self, span):
+    def __init__(self, span: Span) -> None:
         self.span = span
 
-    def result(self, text: str, is_error: bool, detail: dict) -> None:
+    def result(self, text: str, is_error: bool, detail: Mapping[str, object]) -> None:
         """The call's outcome, and its container as a child span timed by the sandbox."""
         from opentelemetry.trace import Status, StatusCode
 

@@ -294,6 +294,23 @@ def test_a_variable_that_expands_to_another_scheme_is_refused_at_send(tmp_path):
     assert report.failed and "not an http(s) URL" in report.failed[0]
 
 
+@pytest.mark.parametrize("url", ["http:///hook", "https://:443/hook"])
+def test_a_url_with_no_host_is_refused_at_load(tmp_path, url):
+    with pytest.raises(AgentError, match=r"notify\[0\]\.webhook: the URL names no host"):
+        load_agent(make_agent(tmp_path, "a", notify=[{"webhook": url}]))
+
+
+@pytest.mark.parametrize("url", ["http:///hook", "https://:443/hook"])
+def test_a_url_with_no_host_fails_in_one_line_that_says_so(tmp_path, url):
+    """Before: the connection was opened to host None, and the attempt failed as "AttributeError:
+    'NoneType' object has no attribute 'rfind'" or "TypeError: expected string or bytes-like
+    object, got 'NoneType'" (mypy's strict flags found it)."""
+    agent = load_agent(make_agent(tmp_path, "a", notify=[{"slack": "${SLACK_URL}"}]))
+    message(agent, "hi")
+    report = send(agent, {"SLACK_URL": url})
+    assert report.failed and "the target URL names no host" in report.failed[0]
+
+
 def test_a_redirect_is_not_followed(tmp_path):
     with Hook() as elsewhere, Hook(status=302) as hook:
         hook.location = elsewhere.url("/stolen")

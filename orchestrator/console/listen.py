@@ -69,7 +69,7 @@ def attach(scheduler, options: Options) -> Callable[[], object]:
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"--metrics {options.metrics}: {getattr(exc, 'strerror', None) or exc}") from None
-        stops.append(lambda: (server.shutdown(), server.server_close()))
+        stops += [server.shutdown, server.server_close]
         scheduler.say(
             f"metrics: http://{bracketed(host)}:{server.server_port}/metrics (Prometheus text format; "
             "its own Host names only, no token)"

@@ -43,11 +43,13 @@ import socket
 import ssl
 import subprocess
 import threading
+from collections.abc import Mapping
 from email.message import EmailMessage
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, quote, unquote, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 from orchestrator.notify.config import EMAIL, Channel, expand, referenced
+from orchestrator.notify.queue import Payload
 from orchestrator.records.events import scrub, secrets_from_env
 from orchestrator.records.secrets import is_secret
 from orchestrator.records.shown import shown
@@ -67,7 +69,7 @@ class DeliveryError(Exception):
     """This attempt failed: one line, secret-free."""
 
 
-def deliver(channel: Channel, payload: dict, environ) -> str:
+def deliver(channel: Channel, payload: Payload, environ: Mapping[str, str]) -> str:
     written = " ".join(channel.target) if channel.kind == "command" else str(channel.target)
     secrets = secrets_from_env(environ) + referenced(written, environ)
     try:
@@ -99,7 +101,7 @@ def _pieces(url: str) -> tuple[str, ...]:
     return tuple(p for p in found if len(p) >= 4 and p != "/")
 
 
-def _post(url: str, body: dict, id: str) -> str:
+def _post(url: str, body: Payload, id: str) -> str:
     if urlsplit(url).scheme not in ("http", "https"):
         raise DeliveryError("the target is not an http(s) URL")
     header_id = header_safe_id(id)
@@ -121,7 +123,7 @@ def _post(url: str, body: dict, id: str) -> str:
     raise DeliveryError(f"HTTP {status}{': ' + said if said else ''}")
 
 
-def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
+def _request(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
     """One POST, one answer: (status, the first ERROR_CAP bytes of the body). Never a redirect
     followed (a receiver must not steer the sender elsewhere), and done within HTTP_DEADLINE_S
     in all: a receiver that answers a byte at a time has its socket shut at the deadline, so it
@@ -156,9 +158,11 @@ def _request(url: str, data: bytes, headers: dict) -> tuple[int, bytes]:
         conn.close()
 
 
-def _connection(parts) -> tuple[http.client.HTTPConnection, str]:
+def _connection(parts: SplitResult) -> tuple[http.client.HTTPConnection, str]:
     """A connection to the target, through the proxy the environment names for its scheme
     (HTTPS_PROXY, HTTP_PROXY, NO_PROXY, as urllib reads them), and the path to ask for."""
+    if not parts.hostname:  # http:///x, https://:443/x (a ${VAR}'s value, or a load that let it by)
+        raise DeliveryError("the target URL names no host")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     proxy = getproxies().get(parts.scheme)
@@ -179,7 +183,7 @@ def header_safe_id(id: str) -> str:
     return quote(id, safe="/:@._-~+")
 
 
-def slack_text(payload: dict) -> str:
+def slack_text(payload: Payload) -> str:
     """Our bold title, then the text quoted line by line, both escaped: nothing in either can
     ping, link, or start a line of its own (Slack's mrkdwn: https://api.slack.com/reference/surfaces/formatting)."""
     title = slack_escape(one_line(payload["title"]).replace("*", ""))  # an agent's name cannot end our bold
@@ -200,7 +204,7 @@ def one_line(text: str, cap: int = HEADER_CAP) -> str:
     return shown(" ".join(_NEWLINES.sub(" ", text).split()), keep=ZWJ)[:cap]
 
 
-def _email(to: str, url: str, payload: dict) -> str:
+def _email(to: str, url: str, payload: Payload) -> str:
     if not url:
         raise DeliveryError(f"{SMTP_ENV} is not set (smtp[s]://user:pass@host:port)")
     parts = urlsplit(url)
@@ -231,7 +235,7 @@ def _email(to: str, url: str, payload: dict) -> str:
     return "250 accepted"
 
 
-def _message(to: str, sender: str, payload: dict) -> EmailMessage:
+def _message(to: str, sender: str, payload: Payload) -> EmailMessage:
     """Our headers, each one printable line; the agent's words only in the body."""
     msg = EmailMessage()
     msg["From"], msg["To"], msg["Subject"] = sender, to, one_line(payload["title"])
@@ -241,7 +245,7 @@ def _message(to: str, sender: str, payload: dict) -> EmailMessage:
     return msg
 
 
-def _command(argv: list[str], payload: dict, timeout_s: float, environ) -> str:
+def _command(argv: list[str], payload: Payload, timeout_s: float, environ: Mapping[str, str]) -> str:
     env = {k: v for k, v in environ.items() if not is_secret(k)}  # the operator's program, not the key's holder
     try:
         done = subprocess.run(

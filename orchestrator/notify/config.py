@@ -44,6 +44,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ import yaml
 from orchestrator.errors import ConfigError
 from orchestrator.records.folder import Folder
 from orchestrator.records.secrets import is_secret, pattern_reaches_secret
-from orchestrator.records.yamlfile import ConfigFileError, line_of, parse_yaml
+from orchestrator.records.yamlfile import ConfigFileError, KeyPath, line_of, parse_yaml
 
 EVENTS = (
     "dead_letter",
@@ -149,7 +150,7 @@ def parse_notify(
     value: Any,
     source: Path,
     node: yaml.Node | None,
-    path: tuple = ("notify",),
+    path: KeyPath = ("notify",),
     *,
     allowed: Allowed = Allowed(),
     operator: bool = False,
@@ -157,7 +158,7 @@ def parse_notify(
     """The notify list at `path` in a parsed file; NotifyError names the file, line and key.
     `operator`: the file is ROOT/notify.yaml (may name a command), not an agent's agent.yaml."""
 
-    def fail(keys: tuple, message: str) -> NotifyError:
+    def fail(keys: KeyPath, message: str) -> NotifyError:
         line = line_of(node, path + keys)
         dotted = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
         where = f"{source}:{line}" if line else str(source)
@@ -175,7 +176,9 @@ def parse_notify(
     )
 
 
-def _channel(i: int, entry: Any, fail, where: str, allowed: Allowed, operator: bool) -> Channel:
+def _channel(
+    i: int, entry: Any, fail: Callable[[KeyPath, str], NotifyError], where: str, allowed: Allowed, operator: bool
+) -> Channel:
     if not isinstance(entry, dict):
         raise fail((i,), f"expected a mapping with one of {', '.join(KINDS)}")
     entry = {("on" if k is True else k): v for k, v in entry.items()}  # YAML 1.1 reads a bare `on:` as true
@@ -243,7 +246,7 @@ def command_allowed(operator: bool, allowed: Allowed) -> bool:
     return operator or allowed.agent_commands
 
 
-def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
+def _target(kind: str, value: object, fail: Callable[[str], NotifyError]) -> str | tuple[str, ...]:
     if kind == "command":
         if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
             raise fail('expected the program and its arguments as a list, e.g. ["/usr/local/bin/page-me"]')
@@ -262,6 +265,8 @@ def _target(kind: str, value: Any, fail) -> str | tuple[str, ...]:
             "a URL with user:password@ is not sent (its host would be read as the name); put the "
             "token in the path through ${VAR}"
         )
+    if kind in ("webhook", "slack") and "://" in value and not urlsplit(value).hostname:
+        raise fail("the URL names no host")
     return value
 
 
@@ -310,7 +315,7 @@ def load_root_notify(
     return parse_notify(data.get("notify"), path, node, allowed=allowed, operator=True), allowed
 
 
-def _expand_list(value: Any, path: Path, node) -> tuple[str, ...]:
+def _expand_list(value: Any, path: Path, node: yaml.Node | None) -> tuple[str, ...]:
     """notify.yaml's `expand:`: names or patterns, none of which may admit a secret."""
     if value is None:
         return ()
@@ -337,16 +342,16 @@ def expand_refusal(pattern: str) -> str | None:
     return None
 
 
-def _where(path: Path, node, keys: tuple) -> str:
+def _where(path: Path, node: yaml.Node | None, keys: KeyPath) -> str:
     line = line_of(node, keys)
     return f"{path}:{line}" if line else str(path)
 
 
-def expand(text: str, environ, allowed: tuple[str, ...] = DEFAULT_EXPAND) -> str:
+def expand(text: str, environ: Mapping[str, str], allowed: tuple[str, ...] = DEFAULT_EXPAND) -> str:
     """${VAR} from the environment at send time; a missing or no longer allowed variable is a
     delivery error (the load already refused it: this is the second lock on the same door)."""
 
-    def one(match: re.Match) -> str:
+    def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if why := Allowed(allowed).refusal(name):
             raise LookupError(why)
@@ -357,6 +362,6 @@ def expand(text: str, environ, allowed: tuple[str, ...] = DEFAULT_EXPAND) -> str
     return _VAR.sub(one, text)
 
 
-def referenced(text: str, environ) -> tuple[str, ...]:
+def referenced(text: str, environ: Mapping[str, str]) -> tuple[str, ...]:
     """The values of the ${VAR}s in `text`: each a secret to scrub wherever an error might echo it."""
     return tuple(v for name in _VAR.findall(text) if len(v := environ.get(name, "")) >= 4)

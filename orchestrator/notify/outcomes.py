@@ -24,14 +24,15 @@ import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Protocol
 
 from orchestrator.notify import queue
 from orchestrator.notify.config import Channel
 from orchestrator.records import approval_links, health
+from orchestrator.records.approvals import Approval
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
-from orchestrator.records.receipt import FAILED
+from orchestrator.records.receipt import FAILED, Receipt
 from orchestrator.records.folder import state_folder
 from orchestrator.records.models import lifecycle_warning, model_info
 from orchestrator.records.shown import shown
@@ -43,9 +44,26 @@ TEXT_CAP = 8000  # chars of the agent's own text in one notification
 CALL_CAP = 3000  # chars of an approval's call in its text (data.input has it whole)
 
 
+class Agent(Protocol):
+    """What the notes read of an agent (policy/agent.py's Agent: policy/ stands on this leaf)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def notify(self) -> tuple[Channel, ...]: ...
+    @property
+    def pause_after_failures(self) -> int: ...
+
+
 def payload(
-    agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "", data: dict | None = None
-) -> dict:
+    agent: str, event: str, id_tail: str, title: str, text: str, run_id: str = "", data: dict[str, Any] | None = None
+) -> queue.Payload:
     return {
         "id": f"{agent}/{id_tail}",
         "agent": agent,
@@ -58,14 +76,14 @@ def payload(
     }
 
 
-def who(name: str, agent_dir) -> str:
+def who(name: str, agent_dir: Path | str) -> str:
     """The agent as a title names it: its name, and its folder when the name differs. agent.yaml's
     author picks the name, the operator the folder: no agent can pass for another in a heading."""
     folder = Path(agent_dir).name
     return name if name == folder else f"{name} [{folder}]"
 
 
-def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
+def emit(state_dir: Path, channels: Iterable[Channel], note: queue.Payload) -> int:
     """Queue `note` for every channel that asked for its event; how many were queued."""
     n = 0
     for channel in channels:
@@ -89,7 +107,7 @@ def emit(state_dir: Path, channels: Iterable[Channel], note: dict) -> int:
     return n
 
 
-def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
+def on_message(agent: Agent, run_id: str, wake: int, number: int, text: str) -> None:
     """The agent's send_message, queued as sent (the outbox in state/ keeps it too)."""
     emit(
         agent.state_dir,
@@ -106,14 +124,16 @@ def on_message(agent, run_id: str, wake: int, number: int, text: str) -> None:
     )
 
 
-def on_approval(agent, approval) -> None:
+def on_approval(agent: Agent, approval: Approval) -> None:
     """A call that waits for a person: the agent, the exact call, the model's words, and links to
     approve or deny on the console (records/approval_links.py) when WAKELOOP_CONSOLE_URL says where
     it is; the CLI's commands always. Every channel escapes all of it as the agent's text (channels.py)."""
     base = approval_links.console_url()
     links = approval_links.links_for(agent.dir.parent, agent.dir.name, approval, base) if base else {}
     bash = approval.tool == "bash"
-    call = shown(approval.input.get("command", "") if bash else json.dumps(approval.input, ensure_ascii=False), "\n\t")
+    call = shown(
+        str(approval.input.get("command", "")) if bash else json.dumps(approval.input, ensure_ascii=False), "\n\t"
+    )
     lines = [f"{who(agent.name, agent.dir)} asks to run {approval.tool} (rule {approval.rule}).", ""]
     if links:  # first: the text is cut at TEXT_CAP, and the call may be long
         lines += [f"Approve: {links['approve']}", f"Deny: {links['deny']}"]
@@ -151,7 +171,7 @@ def on_approval(agent, approval) -> None:
     )
 
 
-def after_wake(agent, receipt) -> None:
+def after_wake(agent: Agent, receipt: Receipt) -> None:
     """A finished wake: its own news, the health rules, and a digest if a day has turned."""
     r = receipt
     see = f"`wakeloop log {agent.dir} --run {r.run_id}` shows the whole wake."
@@ -189,7 +209,7 @@ def after_wake(agent, receipt) -> None:
 LEGACY_EVERY_DAYS = 7  # a legacy model is said once a week; one that retires soon, once a day
 
 
-def model_warning(agent, run_id: str = "") -> None:
+def model_warning(agent: Agent, run_id: str = "") -> None:
     """The agent's model is legacy, or retires within 60 days (records/models.py): said at a wake's
     end, once a UTC day when it retires soon, once a week when it is only legacy."""
     said = lifecycle_warning(agent.model)
@@ -215,7 +235,7 @@ def model_warning(agent, run_id: str = "") -> None:
     )
 
 
-def no_room(agent, run_id: str, wake: int, reason: str) -> None:
+def no_room(agent: Agent, run_id: str, wake: int, reason: str) -> None:
     """A call the disk guard did not start (sandbox/disk.py): the disks' filesystem lacked room
     for the worst case of the calls in flight. Once a UTC day per agent, as `blocked`."""
     if _first_today(agent.state_dir, "no_room"):
@@ -235,7 +255,7 @@ def no_room(agent, run_id: str, wake: int, reason: str) -> None:
         )
 
 
-def unavailable(agent, receipt) -> None:
+def unavailable(agent: Agent, receipt: Receipt) -> None:
     """Past one host, the agent's node does not answer (broker/nodes.py): its wakes are skipped,
     not failed, until it does. Queued at the first skipped wake of a series, not at each."""
     emit(
@@ -262,7 +282,18 @@ def not_started(agent_dir: Path, name: str, channels: tuple[Channel, ...], pause
     _health(state_dir, name, str(agent_dir), channels, pause_after, ok=False, reason=reason, run_id="", wake=None)
 
 
-def _health(state_dir, name, where, channels, pause_after, *, ok, reason, run_id, wake) -> None:
+def _health(
+    state_dir: Path,
+    name: str,
+    where: str,
+    channels: tuple[Channel, ...],
+    pause_after: int,
+    *,
+    ok: bool,
+    reason: str,
+    run_id: str,
+    wake: int | None,
+) -> None:
     shown = who(name, where)
     h, said = health.record(
         state_dir,
@@ -352,7 +383,7 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
     state_folder(state_dir).write_atomic(marker, today, create_dirs=True)
 
 
-def digest(state_dir: Path, name: str, day: str) -> dict:
+def digest(state_dir: Path, name: str, day: str) -> queue.Payload:
     """One day's wakes, statuses, cost per model and messages, from the event log."""
     records = [e.record for e in read_history(Path(state_dir)) if e.timestamp.startswith(day)]  # rotated too
     receipts = [r.receipt for r in records if isinstance(r, ev.WakeFinished) and r.receipt]

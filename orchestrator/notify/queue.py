@@ -28,6 +28,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.records import retention
 from orchestrator.records.folder import state_folder
@@ -42,13 +43,17 @@ ITEM_CAP = 1 * 2**20  # bytes of a queued item read; ours are a few KiB
 retention.register_log(f"{NOTIFY_DIR}/{DONE_FILE}")
 
 
+# What a receiver gets (outcomes.payload makes it): a JSON object, read back from the queue as written.
+Payload = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Item:
     id: str  # the notification's stable id: the same on every channel and retry
     channel: str  # Channel.key
     label: str  # Channel.label: safe to show
     event: str
-    payload: dict  # what the receiver gets (see outcomes.payload)
+    payload: Payload  # what the receiver gets (see outcomes.payload)
     queued_at: float  # epoch seconds
     attempts: int = 0
     next_at: float = 0.0  # not before this (epoch seconds)
@@ -109,7 +114,7 @@ def finish(state_dir: Path, item: Item, outcome: str, at: float, detail: str = "
     folder.unlink(f"{NOTIFY_DIR}/{QUEUE_DIR}/{item.name}")
 
 
-def done(state_dir: Path) -> list[dict]:
+def done(state_dir: Path) -> list[dict[str, Any]]:
     """What became of every finished item, oldest first; a torn last line is skipped."""
     out = []
     for line in retention.iter_lines([notify_dir(state_dir) / DONE_FILE]):  # capped, no link, no FIFO

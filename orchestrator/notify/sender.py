@@ -29,6 +29,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +49,7 @@ SENDER_WORKERS = 8  # agents delivering at once: a slow receiver holds one worke
 
 
 def retry_after(attempts: int) -> float:
-    return min(CAP_S, BASE_S * 2 ** max(0, attempts - 1))
+    return min(CAP_S, BASE_S * 2.0 ** max(0, attempts - 1))
 
 
 @dataclass
@@ -65,8 +66,8 @@ def send_due(
     channels: tuple[Channel, ...],
     *,
     now: float,
-    environ=os.environ,
-    send: Callable[[Channel, dict, object], str] = deliver,
+    environ: Mapping[str, str] = os.environ,
+    send: Callable[[Channel, queue.Payload, Mapping[str, str]], str] = deliver,
 ) -> Report:
     """One pass over the agent's queue: every item that is due, tried once."""
     report = Report()
@@ -93,7 +94,16 @@ def send_due(
     return report
 
 
-def _attempt(state_dir, channel, item, now, environ, send, report, held) -> None:
+def _attempt(
+    state_dir: Path,
+    channel: Channel,
+    item: queue.Item,
+    now: float,
+    environ: Mapping[str, str],
+    send: Callable[[Channel, queue.Payload, Mapping[str, str]], str],
+    report: Report,
+    held: set[str],
+) -> None:
     item = replace(item, attempts=item.attempts + 1)
     try:
         answer = send(channel, item.payload, environ)
@@ -123,7 +133,7 @@ def _attempt(state_dir, channel, item, now, environ, send, report, held) -> None
     report.sent.append(f"{item.label}: {answer}")
 
 
-def _give_up(state_dir, item, now, why, report) -> None:
+def _give_up(state_dir: Path, item: queue.Item, now: float, why: str, report: Report) -> None:
     queue.finish(state_dir, item, "gave_up", now, why)
     _event(
         state_dir,
@@ -140,7 +150,7 @@ def _event(state_dir: Path, item: queue.Item, record: ev.EventRecord) -> None:
 class _sender_lock:
     """A non-blocking flock: yields True when this process is the agent's sender now."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path) -> None:
         self.path = folder / queue.SENDER_LOCK
 
     def __enter__(self) -> bool:
@@ -152,7 +162,7 @@ class _sender_lock:
         except BlockingIOError:
             return False
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
 
 
@@ -173,7 +183,7 @@ class SenderThread(threading.Thread):
         say: Callable[[str], None],
         stop: threading.Event,
         poll_s: float = SERVE_POLL_S,
-    ):
+    ) -> None:
         super().__init__(name="notify-sender", daemon=True)
         self.agents, self.say, self.stop, self.poll_s = agents, say, stop, poll_s
         self._busy: set[Path] = set()

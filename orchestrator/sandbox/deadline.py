@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable
 
+import docker
 import docker.errors
 
 from orchestrator.records import stopswitch
@@ -36,7 +37,14 @@ class Deadline:
     """One call's: start() when its container starts, cancel() when its output has ended.
     `fired`: killed at the deadline; `stopped`: killed because the fleet was stopped."""
 
-    def __init__(self, api, cid: str, raw_socket, timeout_s: float, halted: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        api: docker.APIClient,
+        cid: str,
+        raw_socket: socket.socket,
+        timeout_s: float,
+        halted: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.api, self.cid, self.raw = api, cid, raw_socket
         self.fired = False
         self.stopped = False
@@ -83,7 +91,7 @@ class Deadline:
 
 
 class _Watchdog:
-    def __init__(self):
+    def __init__(self) -> None:
         self._changed = threading.Condition()
         self._watched: set[Deadline] = set()
         self._thread: threading.Thread | None = None

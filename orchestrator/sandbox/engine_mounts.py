@@ -91,7 +91,14 @@ def keep(client: docker.DockerClient, key: str, device: str, disk_image: Path, i
     return _mountpoint(client, volume)
 
 
-def start_idle(client: docker.DockerClient, image: str, name: str, labels: dict, config: dict, **host) -> None:
+def start_idle(
+    client: docker.DockerClient,
+    image: str,
+    name: str,
+    labels: dict[str, str],
+    config: dict[str, object],
+    **host: object,
+) -> None:
     """Create and start `name`, a container that only holds something for the engine (a
     disk's mount here, a namespace in netns.py): `sleep` as nobody, no network of its own to
     use, read-only, no capability, KEEPER_PIDS, 16 MiB. `config` and `host`: what it holds."""
@@ -177,9 +184,10 @@ def _remove_container(client: docker.DockerClient, cid: str) -> None:
             pass
 
 
-def _volume_options(client: docker.DockerClient, name: str) -> dict | None:
+def _volume_options(client: docker.DockerClient, name: str) -> dict[str, str] | None:
     try:
-        return client.api.inspect_volume(name).get("Options")
+        options: dict[str, str] | None = client.api.inspect_volume(name).get("Options")  # the engine's word
+        return options
     except docker.errors.NotFound:
         return None
 

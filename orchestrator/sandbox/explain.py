@@ -9,10 +9,28 @@ drift from what runs. Not here: validation (policy/load.py), running anything.
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.policy.paths import GIT_DENY, GIT_DENY_NOTE
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
+
+if TYPE_CHECKING:
+    from orchestrator.sandbox.engine import DockerSandbox
+    from orchestrator.sandbox.network import Egress
+
+
+class Registry(Protocol):
+    """What is read here of the tools' registry (wake/tools.py's, which the sandbox may not import)."""
+
+    def names(self) -> list[str]: ...
+
+    def to_anthropic(self) -> list[dict[str, Any]]: ...
+
+
+# A call's (config, host config): the docker SDK's keyword arguments (it has no types), a value's type
+# its key's (str, bool, int, list, dict, Mount, Ulimit, LogConfig).
+Spec = tuple[dict[str, Any], dict[str, Any]]
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -33,7 +51,7 @@ _LISTS = {"cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--s
 _SKIP = {"image", "command", "detach"}  # the image and argv close the command line
 
 
-def docker_run_flags(config: dict, host: dict) -> list[str]:
+def docker_run_flags(config: dict[str, Any], host: dict[str, Any]) -> list[str]:
     """`docker run` arguments equivalent to one call's (config, host config)."""
     flags = ["--rm"]  # the harness removes every call's container itself
     for key, value in {**config, **host}.items():
@@ -75,7 +93,7 @@ def docker_run_flags(config: dict, host: dict) -> list[str]:
     return flags
 
 
-def explain(policy: Policy, box, registry) -> str:
+def explain(policy: Policy, box: DockerSandbox, registry: Registry) -> str:
     """The text `policy explain` prints: tools offered, then each call's docker run."""
     lines = [f"policy: {policy.source}", "", "tools offered to the model:"]
     offered = registry.names()
@@ -156,7 +174,7 @@ def explain(policy: Policy, box, registry) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _workspace_line(box) -> str:
+def _workspace_line(box: DockerSandbox) -> str:
     s, d = box.policy, box.disk
     if d is None:
         return (
@@ -174,7 +192,7 @@ def _workspace_line(box) -> str:
     )
 
 
-def _egress_lines(egress, budget: int) -> list[str]:
+def _egress_lines(egress: Egress, budget: int) -> list[str]:
     """Credentials as name and host (never a value), the rules, what is intercepted, the budget."""
     lines = [f"  egress budget: {budget:,} bytes per wake" if budget else "  egress budget: none"]
     if egress.intercepted:
@@ -189,7 +207,7 @@ def _egress_lines(egress, budget: int) -> list[str]:
     return lines
 
 
-def explain_data(policy: Policy, box, registry) -> dict:
+def explain_data(policy: Policy, box: DockerSandbox, registry: Registry) -> dict[str, Any]:
     """`policy explain --json`: the tools as the model is offered them, and each
     call's container as `docker run` arguments (image and argv last)."""
     calls = {name: spec for name, spec in _specs(box).items() if name in registry.names()}
@@ -229,7 +247,7 @@ def explain_data(policy: Policy, box, registry) -> dict:
     }
 
 
-def _specs(box) -> dict[str, tuple[dict, dict]]:
+def _specs(box: DockerSandbox) -> dict[str, Spec]:
     """Each call's (config, host config), made as the box makes them."""
     return {
         "bash": box.container_spec(command_argv("COMMAND"), stdin=True, command_env=box.command_env()),
@@ -237,7 +255,7 @@ def _specs(box) -> dict[str, tuple[dict, dict]]:
     }
 
 
-def _command(config: dict, host: dict, image: str) -> str:
+def _command(config: dict[str, Any], host: dict[str, Any], image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
     names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
     config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -48,7 +49,7 @@ def stale_reason(client: docker.DockerClient, image: str) -> str | None:
     return f"image {image} was built from other inputs ({have or 'unknown'}, now {want})"
 
 
-def build_sandbox_image(client: docker.DockerClient, echo=print) -> str:
+def build_sandbox_image(client: docker.DockerClient, echo: Callable[[str], object] = print) -> str:
     """Build sandbox-image/ as :latest and :inputs-<hash>; stream progress through echo."""
     directory = sandbox_image_dir()
     if directory is None:

@@ -100,14 +100,17 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, TypedDict
 
 import docker
 import docker.errors
 import docker.types
+from docker.models.containers import Container
+from docker.models.networks import Network
 
 from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
@@ -357,12 +360,22 @@ def granted(egress: Egress, workspace: Path, hosts: tuple[str, ...]) -> Egress:
 # -- the proxy's config ----------------------------------------------------------------
 
 
+class _Intercepted(TypedDict):
+    """One intercepted host in the proxy's config (proxy-image/egress_addon.py reads it)."""
+
+    credentials: list[dict[str, str]]  # header, value (a template), var, placeholder_env, placeholder
+    allow: list[str] | None  # sandbox.http's rules for the host; None: every request
+    where: str  # the first rule's file:line
+
+
 def proxy_config(egress: Egress, docker_subnets: tuple[str, ...] = ()) -> str:
     """The addon's config (proxy-image/egress_addon.py), as JSON: the list (validated by
     policy/load.py's parse_host), the destinations refused (NON_PUBLIC, `docker_subnets`:
     the proxy's own networks, whatever address pool the engine uses), the intercepted
     hosts with their credentials (templates, never values) and rules, the budget."""
-    intercept: dict[str, dict] = {h: {"credentials": [], "allow": None, "where": ""} for h in egress.intercepted}
+    intercept: dict[str, _Intercepted] = {
+        h: {"credentials": [], "allow": None, "where": ""} for h in egress.intercepted
+    }
     for cred in egress.credentials:
         intercept[cred.host]["credentials"].append(
             {
@@ -444,18 +457,18 @@ def alive(client: docker.DockerClient, egress: Egress) -> bool:
         return False
 
 
-def _labels(key: str) -> dict:
+def _labels(key: str) -> dict[str, str]:
     return {LABEL: "1", f"{LABEL}.key": key}
 
 
-def _ensure_image(client) -> None:
+def _ensure_image(client: docker.DockerClient) -> None:
     try:
         client.images.get(PROXY_IMAGE)
     except docker.errors.ImageNotFound:  # never built, or proxy-image/ changed since
         client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True, labels={LABEL: "1"})
 
 
-def _ensure_network(client, name: str, internal: bool, key: str):
+def _ensure_network(client: docker.DockerClient, name: str, internal: bool, key: str) -> Network:
     """The network `name`, made if missing. The engine does not keep names
     unique (two processes creating at once both succeed), and a container
     connected to an ambiguous name cannot start; so the oldest copy wins, and
@@ -477,11 +490,11 @@ def _ensure_network(client, name: str, internal: bool, key: str):
     return winner
 
 
-def _named(client, name: str) -> list:
+def _named(client: docker.DockerClient, name: str) -> list[Network]:
     return [n for n in client.networks.list(names=[name]) if n.name == name]
 
 
-def find_network(client: docker.DockerClient, name: str):
+def find_network(client: docker.DockerClient, name: str) -> Network:
     """The network called `name`: the oldest, if a race left two (see _ensure_network)."""
     found = _named(client, name)
     if not found:
@@ -490,7 +503,7 @@ def find_network(client: docker.DockerClient, name: str):
     return client.networks.get(winner.id)
 
 
-def _running(client, name: str):
+def _running(client: docker.DockerClient, name: str) -> Container | None:
     """The container if it runs; a stopped or dead one is removed and None returned."""
     try:
         container = client.containers.get(name)
@@ -502,7 +515,7 @@ def _running(client, name: str):
     return None
 
 
-def _ensure_holder(client, egress: Egress, internal) -> None:
+def _ensure_holder(client: docker.DockerClient, egress: Egress, internal: Network) -> None:
     if _running(client, egress.holder):
         return
     _started.add(egress.key)
@@ -533,7 +546,9 @@ def _ensure_holder(client, egress: Egress, internal) -> None:
     _wait_for_log(container, "ready", "network holder")
 
 
-def _ensure_proxy(client, egress: Egress, internal, outside, secrets: dict[str, str]):
+def _ensure_proxy(
+    client: docker.DockerClient, egress: Egress, internal: Network, outside: Network, secrets: dict[str, str]
+) -> Container:
     running = _running(client, egress.proxy)
     if running:
         return running
@@ -569,7 +584,7 @@ def _ensure_proxy(client, egress: Egress, internal, outside, secrets: dict[str, 
     return container
 
 
-def _ca_of(proxy) -> str:
+def _ca_of(proxy: Container) -> str:
     """The proxy's CA certificate: from the line it printed at its start (the log is capped,
     so it may be gone from a long-running proxy's: then from its file, read as the proxy user)."""
     if proxy.id in _cas:
@@ -637,7 +652,7 @@ def asked(client: docker.DockerClient, egress: Egress, since: float) -> tuple[st
     return tuple(dict.fromkeys(out))
 
 
-def settled_decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+def settled_decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict[str, Any]]:
     """`decisions`, once every decision made before this call is in the proxy's log (its mark)."""
     return _decisions_in(_settled(client, egress, since) or "", since, run_id)
 
@@ -672,19 +687,19 @@ def _marked_after(text: str, ended: float) -> bool:
 
 def _logs(client: docker.DockerClient, egress: Egress, since: float) -> str:
     try:
-        raw = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
+        raw: bytes = client.api.logs(egress.proxy, stdout=True, stderr=False, since=max(0, int(since) - 1))
     except docker.errors.DockerException:
         return ""
     return raw.decode(errors="replace")
 
 
-def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict]:
+def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id: str) -> list[dict[str, Any]]:
     """The proxy's decisions since `since` (a time.time()), each tagged with `run_id`, in
     the shared egress record's shape (the records package's egress module). [] when the proxy is gone."""
     return _decisions_in(_logs(client, egress, since), since, run_id)
 
 
-def _decisions_in(text: str, since: float, run_id: str) -> list[dict]:
+def _decisions_in(text: str, since: float, run_id: str) -> list[dict[str, Any]]:
     began = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     out = []
     for line in text.splitlines():
@@ -699,7 +714,7 @@ def _decisions_in(text: str, since: float, run_id: str) -> list[dict]:
     return out
 
 
-def docker_subnets(*networks) -> tuple[str, ...]:
+def docker_subnets(*networks: Network) -> tuple[str, ...]:
     """The subnets the engine gave `networks` (IPv4 and IPv6), from their inspect."""
     found = []
     for net in networks:
@@ -710,7 +725,7 @@ def docker_subnets(*networks) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _wait_for_log(container, text: str, what: str) -> None:
+def _wait_for_log(container: Container, text: str, what: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         container.reload()
@@ -739,7 +754,7 @@ def started() -> bool:
 LIST_ATTEMPTS = 5  # the SDK's list inspects each container it found; another process may remove one between
 
 
-def leftovers(client: docker.DockerClient) -> tuple[list, list]:
+def leftovers(client: docker.DockerClient) -> tuple[list[Container], list[Network]]:
     """(containers, networks) labelled by this module, from any process."""
     for attempt in range(LIST_ATTEMPTS):
         try:
@@ -776,7 +791,7 @@ def shutdown(client: docker.DockerClient, keys: set[str] | None = None, shared: 
     return removed
 
 
-def _quiet(action, **kwargs) -> int:
+def _quiet(action: Callable[..., object], **kwargs: object) -> int:
     """Run a removal; 0 if it was already gone or is still in use elsewhere."""
     try:
         action(**kwargs)

@@ -61,13 +61,14 @@ out one made under settings other than the current ones.
 
 from __future__ import annotations
 
+import enum
 import json
 import queue
 import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Final, TypeVar
 
 from orchestrator import metrics
 
@@ -81,7 +82,14 @@ QUIET_S = 0.05  # and then this long, as does the used container's removal: the 
 FIRST_TURN_S = 0.25
 WAIT_S = 60.0  # longest a call waits for a container being made (create + start, each capped at 30 s)
 IDLE_CHECK_S = 30  # a container idle longer than this is checked before use (engine restarts)
-_STOP = object()  # ends a pool thread's job queue
+
+
+class _Stop(enum.Enum):
+    STOP = "stop"  # an enum's member, not object(): a sentinel a queue's type can name
+
+
+_STOP: Final = _Stop.STOP  # ends a pool thread's job queue
+_Job = TypeVar("_Job")
 
 
 def handoff(argv: list[str], cwd: str, stdin: bool, end: str, env: dict[str, str] | None = None) -> bytes:
@@ -149,8 +157,8 @@ class MakePace:
     """The pools of this process open on one engine and runtime (engine.py shares one
     per engine and runtime), so a wake can tell it is one of a fleet."""
 
-    def __init__(self):
-        self._pools: weakref.WeakSet = weakref.WeakSet()  # the open pools sharing this engine
+    def __init__(self) -> None:
+        self._pools: weakref.WeakSet[WarmPool] = weakref.WeakSet()  # the open pools sharing this engine
         self._lock = threading.Lock()
 
     def joined(self, pool: "WarmPool") -> None:
@@ -204,8 +212,8 @@ class WarmPool:
         self._ready: list[_Warm] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._makes: queue.Queue = queue.Queue()
-        self._trash: queue.Queue = queue.Queue()
+        self._makes: queue.Queue[None | _Stop] = queue.Queue()
+        self._trash: queue.Queue[tuple[str, float] | _Stop] = queue.Queue()  # (cid, quiet_until)
         self._closed = False
         self._making = 0  # makes queued or begun
         self._begun = 0  # of which begun (a queued one may yet be dropped)
@@ -379,7 +387,7 @@ class WarmPool:
             self._makes.put(None)
 
     @staticmethod
-    def _serve(jobs: queue.Queue, handle: Callable) -> None:
+    def _serve(jobs: queue.Queue[_Job | _Stop], handle: Callable[[_Job], None]) -> None:
         while (job := jobs.get()) is not _STOP:
             handle(job)
 
@@ -407,7 +415,7 @@ class WarmPool:
         stub) may still come, and takes already waiting will."""
         return not self._closed and len(self._ready) + self._begun < max(self.want, self._waiting, 1)
 
-    def _make_one(self, _job=None) -> None:
+    def _make_one(self, _job: None = None) -> None:
         self._wait_until(lambda: self._quiet_until)
         with self._changed:
             if not self._wanted():

@@ -46,6 +46,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 from orchestrator.policy.paths import glob_match, is_dotgit
 
@@ -71,6 +72,19 @@ class Change:
     target: str | None = None  # a link's target, as written: never followed
     sha256: str | None = None  # a file's content after
     shared: bool = False  # a file whose inode has links outside the wake's upper layer (_links_outside)
+
+
+class Manifest(TypedDict):
+    """An undo folder's MANIFEST, as commit() writes it and _set_state rewrites it (JSON: keys are strings)."""
+
+    run_id: str
+    state: str  # committing | committed | undoing | undone
+    time: NotRequired[float]  # when the commit began (epoch seconds)
+    since: NotRequired[float]  # when it reached its state
+    upper: str  # the wake's upper layer, whose changes a cut commit still lands
+    changes: list[dict[str, Any]]  # each a Change, as dataclasses.asdict gives it
+    dir_modes: NotRequired[dict[str, int]]  # a modified folder's mode before, by its index in `changes`
+    folder_times: NotRequired[dict[str, list[int]]]  # _folder_times: {folder: [atime_ns, mtime_ns]}
 
 
 @dataclass(frozen=True)
@@ -237,7 +251,7 @@ def commit(upper: Path, lower: Path, undo: Path, run_id: str, allowed: list[Chan
         if c.type == "dir" and c.kind == "modified"
     }
     folder_times = _folder_times(Path(upper), allowed)  # before a rename out of them moves them
-    manifest = {
+    manifest: Manifest = {
         "run_id": run_id,
         "state": "committing",
         "time": time.time(),  # when the commit began: the wakes' order (undo_folders.py)
@@ -317,7 +331,7 @@ def recover(lower: Path, undo: Path) -> str | None:
 # when its own name says so; run again, it does nothing.
 
 
-def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change], folder_times: dict) -> None:
+def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change], folder_times: dict[str, list[int]]) -> None:
     for i, change in enumerate(changes):
         here, new, old = lower / change.path, upper / change.path, undo / OLD / str(i)
         if _linked_above(lower, change.path):  # not as scan saw it: never followed (scan refuses the way)
@@ -344,7 +358,7 @@ def _apply(upper: Path, lower: Path, undo: Path, changes: list[Change], folder_t
 # bit never crosses (check() refuses it).
 
 
-def _roll_back(upper: Path, lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> None:
+def _roll_back(upper: Path, lower: Path, undo: Path, changes: list[Change], dir_modes: dict[str, int]) -> None:
     """A commit that could not go on, put back as before it, its undo folder gone: the wake's
     layer is then one that never reached its commit (discarded, and reported, at the next
     start). Why it fails: the wake filled its disk, and a folder the commit makes needs an
@@ -372,7 +386,7 @@ def _roll_back(upper: Path, lower: Path, undo: Path, changes: list[Change], dir_
     shutil.rmtree(undo, ignore_errors=True)
 
 
-def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict) -> list[str]:
+def _revert(lower: Path, undo: Path, changes: list[Change], dir_modes: dict[str, int]) -> list[str]:
     """Each change put back, last first; the paths left as they are because a link stands on the
     way there now (planted since the wake: never followed)."""
     skipped = []
@@ -410,11 +424,12 @@ def _move(source: Path, target: Path) -> None:
     os.rename(source, target)
 
 
-def read_manifest(undo: Path) -> dict:
-    return json.loads((undo / MANIFEST).read_text())
+def read_manifest(undo: Path) -> Manifest:
+    manifest: Manifest = json.loads((undo / MANIFEST).read_text())  # the shape _write_manifest gave it
+    return manifest
 
 
-def _write_manifest(undo: Path, manifest: dict) -> None:
+def _write_manifest(undo: Path, manifest: Manifest) -> None:
     partial = undo / (MANIFEST + ".partial")
     with open(partial, "w") as f:
         json.dump(manifest, f)
@@ -488,7 +503,7 @@ def _folder_times(upper: Path, changes: list[Change]) -> dict[str, list[int]]:
     return times
 
 
-def _time_folders(lower: Path, folder_times: dict) -> None:
+def _time_folders(lower: Path, folder_times: dict[str, list[int]]) -> None:
     """Each folder the wake touched gets the times the box saw, once everything beneath it has
     landed (the commit's renames and mkdirs moved them to the commit's time)."""
     for rel, (atime_ns, mtime_ns) in folder_times.items():

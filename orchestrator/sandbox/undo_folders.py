@@ -61,7 +61,7 @@ class Wake:
     state: str  # committing | committed | undoing | undone
     time: float  # when its commit began (epoch seconds)
     changes: tuple[Change, ...]
-    dir_modes: dict  # a modified folder's mode before, by its index in `changes` (a string)
+    dir_modes: dict[str, object]  # a modified folder's mode before, by its index in `changes` (a string); unchecked
     since: float = 0.0  # when it reached its state (an undone wake: when it was undone)
 
     @property
