@@ -305,7 +305,7 @@ class _Wake:
         self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
 
     def let_go(self) -> None:
-        """The wake is over: drop what holds its own bound methods (the gate, the registry), so
+        """The wake is over: drop what holds its own bound methods (the gate, the registry, the tool step), so
         its objects go when it returns. Left in that cycle, they outlive many collections while
         it runs, reach the oldest generation, and wait there for a rare full collection:
         serve's RSS saw-tooth of +10-15 % over thousands of wakes (bench/soak.py --probe)."""
