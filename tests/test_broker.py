@@ -30,7 +30,7 @@ from orchestrator.broker.client import BrokerClient, BrokerSandbox
 from orchestrator.escapes.orchestrator import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import DEFAULT
-from orchestrator.wake.loop import CLOSING_NOTE_CAP
+from orchestrator.wake.journal_stub import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox import disk, layers, undo_folders, wake_layer

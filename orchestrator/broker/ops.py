@@ -57,7 +57,7 @@ from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
 MAX_COMMAND_CHARS = 256 * 1024  # a shell string; the kernel's ARG_MAX is ~2 MB
 APPEND_TIMEOUT_S = 30.0  # one journal append; as workspace.STUB_TIMEOUT_S
 READ_TIMEOUT_S = 60.0  # one read: a first one attaches the agent's disk (mkfs, mount)
-APPEND_MAX_BYTES = 160 * 1024  # the largest harness append is a closing note: loop.CLOSING_NOTE_CAP
+APPEND_MAX_BYTES = 160 * 1024  # the largest harness append is a closing note: journal_stub.CLOSING_NOTE_CAP
 # (32K chars) at up to 4 UTF-8 bytes each, plus its heading
 R = TypeVar("R")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

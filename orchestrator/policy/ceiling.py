@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import fnmatch
 import re
@@ -232,6 +232,9 @@ def host_covers(allowed: str, entry: str) -> bool:
     return host_e.endswith("." + host_a) or (wild_e and host_e == host_a)
 
 
+Fail = Callable[[KeyPath, str], PolicyError]  # a key's one-line error: file:line: key: reason
+
+
 def load_ceiling(path: str | Path) -> Ceiling:
     """Read and check a ceiling file; PolicyError names the file, the line and the key."""
     path = Path(path)
@@ -278,27 +281,45 @@ def load_ceiling(path: str | Path) -> Ceiling:
             parse_host(entry)
         except ValueError as exc:
             raise fail(("hosts", i), str(exc)) from None
-    users = data.get("users")
-    if users is not None:
-        if (
-            not isinstance(users, dict)
-            or set(users) - {"min", "max"}
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in users.values())
-            or users.get("min", 1) > users.get("max", users.get("min", 1))
-        ):
-            raise fail(
-                ("users",),
-                f"expected {{min: 1000, max: 60000}}, whole numbers from 1 (root is "
-                f"never allowed), min at most max; got {users!r}",
-            )
-        users = (users.get("min", 1), users.get("max"))
+    users = _users(data.get("users"), fail)
     bad = set(data.get("networks", ())) - set(NETWORKS)
     if bad:
         raise fail(("networks",), f"{sorted(bad)[0]} is not one of {', '.join(NETWORKS)}")
-    maxima = data.get("max") or {}
+    limits = _limits(data.get("max") or {}, fail)
+    return Ceiling(
+        **{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
+        users=users,
+        max=limits,
+        notify_env=tuple(notify_env),
+        notify_commands=data.get("notify_commands", False),
+        credential_env=tuple(data.get("credential_env") or ()),
+        source=str(path),
+    )
+
+
+def _users(users: object, fail: Fail) -> tuple[int, int | None] | None:
+    """`users: {min, max}`: the uids a box may run as (never root), as (min, max)."""
+    if users is None:
+        return None
+    if (
+        not isinstance(users, dict)
+        or set(users) - {"min", "max"}
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in users.values())
+        or users.get("min", 1) > users.get("max", users.get("min", 1))
+    ):
+        raise fail(
+            ("users",),
+            f"expected {{min: 1000, max: 60000}}, whole numbers from 1 (root is "
+            f"never allowed), min at most max; got {users!r}",
+        )
+    return (users.get("min", 1), users.get("max"))
+
+
+def _limits(maxima: object, fail: Fail) -> dict[str, float]:
+    """`max:`: each bound by its name, sizes in bytes."""
     if not isinstance(maxima, dict):
         raise fail(("max",), "expected a mapping such as {memory: 2g, pids: 1024}")
-    limits = {}
+    limits: dict[str, float] = {}
     bounded = NUMBERS + CAPACITY + FLEET
     for name, limit in maxima.items():
         if name not in bounded:
@@ -311,15 +332,7 @@ def load_ceiling(path: str | Path) -> Ceiling:
                 raise ValueError(f"expected a whole number of at least 1, got {limit!r}")
         except ValueError as exc:
             raise fail(("max", name), str(exc)) from None
-    return Ceiling(
-        **{key: tuple(data[key]) for key in LISTS + ("env_names", "hosts") if key in data},
-        users=users,
-        max=limits,
-        notify_env=tuple(notify_env),
-        notify_commands=data.get("notify_commands", False),
-        credential_env=tuple(data.get("credential_env") or ()),
-        source=str(path),
-    )
+    return limits
 
 
 def is_ceiling(path: str | Path) -> bool:

@@ -201,7 +201,7 @@ class ToolCall(EventRecord):
     step: int = 0  # 0: an approved call run at the start of a wake
     id: str = ""
     tool: str = ""
-    input: Any = field(default=None, metadata=OMIT)  # the arguments, long strings cut (loop.py)
+    input: Any = field(default=None, metadata=OMIT)  # the arguments, long strings cut (wake/tool_step.py)
     approval: str = field(default="", metadata=OMIT)  # the approval it ran under
 
 

@@ -26,12 +26,15 @@ Not here: the files and their states (records/approvals.py), links
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from orchestrator.policy.schema import Policy
 from orchestrator.records import approvals
 from orchestrator.records import event_types as ev
-from orchestrator.wake.tools import ToolResult, error
+from orchestrator.records import transcript as tr
+from orchestrator.records.events import EventLog
+from orchestrator.wake.tools import Registry, ToolResult, error
 
 WAITING = (
     "WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "
@@ -63,19 +66,19 @@ class Gate:
     def __init__(
         self,
         policy: Policy,
-        state_dir,
+        state_dir: Path,
         run_id: str,
         notify: Callable[[approvals.Approval], None],
-        events,
-        transcript,
+        events: EventLog,
+        transcript: tr.Transcript,
         halted: Callable[[], bool] = lambda: False,
         no_room: Callable[[str], None] = lambda reason: None,
-    ):
+    ) -> None:
         self.policy, self.state_dir, self.run_id = policy, state_dir, run_id
         self.notify, self.events, self.transcript = notify, events, transcript
         self.halted, self.no_room = halted, no_room  # the fleet's switch; the disk guard's refusal
 
-    def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
+    def ask(self, tool: str, args: dict[str, Any], words: str) -> ToolResult | None:
         """WAITING (or a refusal) for a call that must wait; None for a call that runs now."""
         rule = self.policy.approve.asks(tool, args)
         if rule is None:
@@ -103,7 +106,7 @@ class Gate:
         text = WAITING.format(tool=tool, rule=rule, id=a.id, expires=a.expires) + ("" if asked.new else ALREADY)
         return ToolResult(text=text, detail={"approval": a.id, "waiting": True})
 
-    def asked_hosts(self, tool: str, args: dict, words: str, result: ToolResult) -> ToolResult:
+    def asked_hosts(self, tool: str, args: dict[str, Any], words: str, result: ToolResult) -> ToolResult:
         """A bash call that ran and reached hosts the proxy asked about: filed for a person, and its
         result led by HOSTS_WAITING (after the status line, where the command's output cannot be)."""
         hosts = tuple(result.detail["asked_hosts"])
@@ -125,7 +128,7 @@ class Gate:
             result, text=_lead(result.text, note), detail=result.detail | {"approval": a.id, "waiting": True}
         )
 
-    def outcomes(self, registry) -> list[Outcome]:
+    def outcomes(self, registry: Registry) -> list[Outcome]:
         """Every decided approval, handled and reported once (see the module docstring)."""
         offered = frozenset(registry.names())
         done = []
@@ -153,7 +156,7 @@ class Gate:
             done.append(Outcome(a, result or a.result))
         return done
 
-    def _run(self, a: approvals.Approval, registry) -> tuple[approvals.Approval, str] | None:
+    def _run(self, a: approvals.Approval, registry: Registry) -> tuple[approvals.Approval, str] | None:
         """The approved call run, or None when it could not start this wake (the fleet is stopped,
         or the disks' filesystem had no room): it is approved again, for a later wake."""
         if self.halted():

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.sandbox import workspace_reads
 from orchestrator.policy.agent import Agent
@@ -43,6 +45,10 @@ from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.records.folder import Folder
 from orchestrator.sandbox.output import clean
+
+if TYPE_CHECKING:
+    from orchestrator.wake.approval_gate import Outcome
+    from orchestrator.wake.model import Block
 
 JOURNAL_TAIL = 3  # journal files in the context, newest last
 MANDATE_CAP = 64 * 1024  # bytes; a trusted file, still not unbounded
@@ -65,7 +71,7 @@ class Context:
     def system_hash(self) -> str:
         return hashlib.sha256(self.system.encode()).hexdigest()[:16]
 
-    def system_blocks(self) -> list[dict]:
+    def system_blocks(self) -> list[Block]:
         return [{"type": "text", "text": self.system, "cache_control": dict(CACHE)}]
 
     def render(self) -> str:
@@ -100,7 +106,7 @@ class NextWake:
             )
         return "\n".join(lines) + "\n" + self.context.render()
 
-    def to_json(self, agent: str) -> dict:
+    def to_json(self, agent: str) -> dict[str, Any]:
         return {
             "agent": agent,
             "wake": self.wake,
@@ -283,7 +289,7 @@ def first_message(wake: int, now: datetime, inbox: str) -> str:
     )
 
 
-def approvals_section(outcomes) -> str:
+def approvals_section(outcomes: Sequence[Outcome]) -> str:
     """What became of the calls that waited for a person (approval_gate.py's Outcomes), for the
     first user message; "" when there is nothing to tell."""
     if not outcomes:

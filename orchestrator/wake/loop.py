@@ -11,23 +11,7 @@ the model, runs the tools it asks for, enforces the caps, makes sure a trace
 lands in today's journal, and writes a receipt. Every step is an event in
 state/events.jsonl the moment it happens.
 
-Stop reasons, each handled on purpose:
-
-- end_turn, stop_sequence: the model is done; the wake ends (`done`).
-- tool_use: run every tool_use block in order, answer each, continue.
-  (tool_use with no tool_use block is treated as the end.)
-- pause_turn: the API paused a long turn; as documented, the assistant turn
-  is sent back as is, with nothing added, and the model continues it.
-- max_tokens: the reply hit max_output_tokens. Complete tool_use blocks in it
-  are run and answered (one with a cut, unusable input gets an is_error
-  result) and the wake continues; with no tool_use block, the harness asks
-  the model to continue in shorter steps. max_steps bounds either way.
-- refusal: the model declined for safety reasons; carrying on would only ask
-  again, so it is a dead letter for a human to look at, its reason naming
-  `stop_details.category` (and the API's explanation).
-- model_context_window_exceeded: the conversation filled the model's context
-  window; a dead letter whose reason says so (and how big the last prompt was).
-- any value we do not know: dead letter.
+What each stop reason leads to, and the notes sent after one: stop_reasons.py.
 
 Caps: `max_steps` (model requests per wake) ends the wake with `budget_stop`,
 and so does `max_wake_s` (wall clock), at the first step boundary past it;
@@ -41,21 +25,19 @@ cannot afford a later one ends `budget_stop`, its reason naming the cap
 `max_tokens_per_wake` counts input + output + cache-read + cache-creation
 tokens; when a response takes the total to the cap, the model gets exactly
 one more request, with a note to call no more tools and to write its
-journal entry as its reply, then the wake ends with `budget_stop` and the harness
-appends that reply to today's journal. "No tools" is said in that note, and
+journal entry as its reply (the wrap-up turn), then the wake ends with `budget_stop` and
+the harness appends that reply to today's journal. "No tools" is said in that note, and
 any tool_use in the reply is not run: `tools` and `tool_choice` stay as they
 were, because the API refuses a request whose history holds tool_use blocks
 but no `tools`, refuses a forced `tool_choice` on 5.x models, and (5.x) a
 changed `tool_choice` invalidates the cached messages, so the whole
 conversation would be written to the cache again at the write price.
 
-The journal trace: if today's journal did not grow during the wake (sizes
-taken without following a symlink), a stub is appended by a sandbox call
-(workspace.append_in_sandbox), which cannot reach outside the workspace and
-refuses a symlinked journal.
+The journal trace: a stub, or the closing note, when the agent wrote no journal entry
+(journal_stub.py).
 
 Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node |
-not_committed. A wake's changes are committed at its end (sandbox/wake_layer.py); when they are
+not_committed. A wake's changes are committed at its end (changes.py); when they are
 not (the commit failed and was rolled back, its broker was lost), the wake ends `not_committed`,
 a failure, whatever its conversation ended with (a dead letter stays one, and says so).
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
@@ -70,76 +52,61 @@ A call that waits for a person is answered WAITING (approval_gate.py); at the
 start of the next wake, after the registry is built and before the first model
 request, approved calls run and every decided approval is told.
 
-Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
+Not here: the tools (tools.py) and one tool step (tool_step.py), what a stop reason leads to
+(stop_reasons.py), the workspace's transaction (changes.py), the journal trace (journal_stub.py),
+the HTTP and the dry-run script (model.py),
 reading the workspace (sandbox/workspace_reads.py), the lock and state files (state.py),
 the transcript's format (records/transcript.py), notifications (notify/).
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from orchestrator import tracing
-from orchestrator.notify import outcomes
-from orchestrator.records import ledger
-from orchestrator.records import stopswitch
-from orchestrator.records import tasks
-from orchestrator.records import state as st
-from orchestrator.records import transcript as tr
-from orchestrator.records import event_types as ev
-from orchestrator.records import egress
-from orchestrator.records.folder import state_folder
-from orchestrator.records.receipt import Receipt, Status, Usage
-from orchestrator.policy.agent import Agent, AgentError
-from orchestrator.policy.fleetbudget import load_fleet_budget
-from orchestrator.wake.approval_gate import Gate
-from orchestrator.wake.context import REFUSED_FILE, CACHE, approvals_section, build_context, journal_day
-from orchestrator.records import retention
-from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
-from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
-from orchestrator.sandbox.output import clean
 from orchestrator.broker import nodes
 from orchestrator.broker.client import broker_socket, open_sandbox
+from orchestrator.notify import outcomes
+from orchestrator.policy.agent import Agent, AgentError
+from orchestrator.policy.fleetbudget import load_fleet_budget
+from orchestrator.records import event_types as ev
+from orchestrator.records import egress, ledger, retention, stopswitch, tasks
+from orchestrator.records import state as st
+from orchestrator.records import transcript as tr
+from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
+from orchestrator.records.approvals import Approval
+from orchestrator.records.receipt import Receipt, Status
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.wake import stop_reasons
+from orchestrator.wake.approval_gate import Gate
+from orchestrator.wake.changes import Transaction
+from orchestrator.wake.context import CACHE, approvals_section, build_context, journal_day
+from orchestrator.wake.journal_stub import journal_trace
+from orchestrator.wake.model import (
+    DRY_RUN_SCRIPT,
+    Block,
+    LiveModel,
+    Message,
+    Model,
+    ModelError,
+    ScriptedModel,
+    ScriptTurn,
+    Turn,
+    load_script,
+)
+from orchestrator.wake.progress import Say, short
+from orchestrator.wake.tally import Tally
 from orchestrator.wake.task_tools import complete_task_tools
-from orchestrator.wake.tools import build_registry, error
-from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
-from orchestrator.wake.journal_stub import append_in_sandbox
-
-CLOSING_NOTE_CAP = 32 * 1024  # chars of the final budget reply kept in the journal
-EVENT_INPUT_CAP = 2000  # chars per tool argument kept in the event log
-PROGRESS_CAP = 160  # chars of a tool call or reply shown on a progress line
-
-END, TOOLS, PAUSE, CUT, DEAD = "end", "tools", "pause", "cut", "dead"
-STOP_REASONS = {
-    "end_turn": END,
-    "stop_sequence": END,
-    "tool_use": TOOLS,
-    "pause_turn": PAUSE,
-    "max_tokens": CUT,
-    "refusal": DEAD,
-    "model_context_window_exceeded": DEAD,
-}
-
-BUDGET_NOTE = (
-    "[harness] The token budget for this wake ({used:,} of {cap:,} tokens) is spent. "
-    "Call no more tools: none will run. Reply with your journal entry for this wake (what you "
-    "did, what you learned, what comes next); the harness appends your reply to "
-    "memory/journal/{day}.md. Then stop."
-)
-CONTINUE_NOTE = (
-    "[harness] Your last reply was cut at the output limit of {limit:,} tokens. "
-    "Continue where you stopped, in smaller steps."
-)
+from orchestrator.wake.tool_step import ToolStep
+from orchestrator.wake.tools import build_registry
 
 
 class DeadLetter(Exception):
@@ -196,7 +163,7 @@ def wake(
         lock.release()
 
 
-def _retain(agent: Agent, events: EventLog, say) -> None:
+def _retain(agent: Agent, events: EventLog, say: Say) -> None:
     """state/ kept bounded before this wake adds to it (retention.py), under the lock.
     Never fatal: a wake that cannot rotate still runs, and says why."""
     try:
@@ -209,7 +176,9 @@ def _retain(agent: Agent, events: EventLog, say) -> None:
         events.write(ev.Retention(done=tuple(done)))
 
 
-def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | None):
+def _check_config(
+    agent: Agent, live: bool, script: Path | None, model: Model | None
+) -> tuple[list[ScriptTurn], str, ledger.FleetCaps | None]:
     if script is not None and live:
         raise AgentError("--script drives the scripted model of a dry run; drop --live or --script")
     turns = load_script(script) if script is not None else DRY_RUN_SCRIPT
@@ -226,13 +195,13 @@ def _check_config(agent: Agent, live: bool, script: Path | None, model: Model | 
     return turns, api_key, fleet
 
 
-def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say) -> Receipt:
+def _skipped(agent: Agent, run_id: str, holder: st.LockHolder, events: EventLog, say: Say) -> Receipt:
     reason = f"another wake is running ({holder.describe()})"
     say(f"{agent.name}: {reason}; this wake is skipped")
     return _unstarted(agent, run_id, "skipped_locked", reason, events, holder_pid=holder.pid)
 
 
-def _unavailable(agent: Agent, run_id: str, down: str, events: EventLog, say) -> Receipt:
+def _unavailable(agent: Agent, run_id: str, down: str, events: EventLog, say: Say) -> Receipt:
     """A wake skipped because its node does not answer: the receipt `status` shows, told once a series."""
     receipt = _unstarted(agent, run_id, "skipped_node", down, events)
     current, _ = st.load_state(agent.state_dir)
@@ -243,7 +212,7 @@ def _unavailable(agent: Agent, run_id: str, down: str, events: EventLog, say) ->
     return receipt
 
 
-def _node_down(agent: Agent, say) -> str | None:
+def _node_down(agent: Agent, say: Say) -> str | None:
     """Past one host: why the agent's node cannot take this wake (its broker does not
     answer), or None. Placing an agent not yet placed happens here, under its lock."""
     address = broker_socket()
@@ -257,14 +226,20 @@ def _node_down(agent: Agent, say) -> str | None:
     return None
 
 
-def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say) -> Receipt:
+def _not_started(agent: Agent, run_id: str, halted: stopswitch.Stop, events: EventLog, say: Say) -> Receipt:
     """The fleet is stopped: this wake does not start (no lock, no sandbox, no model call)."""
     reason = f"not started: {halted.describe()}"
     say(f"{agent.name}: {reason}")
     return _unstarted(agent, run_id, "stopped", reason, events, stopped_by=halted.who)
 
 
-def notify_safely(events: EventLog, say, queue_it, *args, secrets: tuple[str, ...] | None = None) -> None:
+def notify_safely(
+    events: EventLog,
+    say: Say,
+    queue_it: Callable[..., object],
+    *args: object,
+    secrets: tuple[str, ...] | None = None,
+) -> None:
     """Queue notifications (notify/outcomes.py). Telling a person must never cost the wake its
     receipt, so any failure here (a full disk, a bug) is recorded and said, never raised; scrubbed
     of `secrets` (by default the environment's, as a wake's are)."""
@@ -300,19 +275,6 @@ def _unstarted(
     )
 
 
-def report_settled(settled: Settled, events: EventLog, say: Callable[[str], None]) -> None:
-    """What a begin found earlier wakes left (a wake's, or a call outside any wake's: one_call.py):
-    said, and each wake that died before its commit recorded as discarded."""
-    for line in settled.lines:
-        say(f"workspace: {line}")
-    for dead in settled.discarded:
-        say(f"workspace: discarded wake {dead.run_id}, which died before its end: {dead.count} change(s) dropped")
-        try:
-            events.write(dead.record())
-        except (OSError, ValueError) as exc:  # a planted events.jsonl: the wake goes on, and says so
-            say(f"workspace: the discarded wake was not recorded: {exc}")
-
-
 class _Wake:
     """The state of one wake in progress; `run` reads in the order things happen."""
 
@@ -322,18 +284,17 @@ class _Wake:
         run_id: str,
         events: EventLog,
         lock: st.WakeLock,
-        say,
-        stop,
+        say: Say,
+        stop: threading.Event | None,
         fleet: ledger.FleetCaps | None = None,
-    ):
+    ) -> None:
         self.agent, self.run_id, self.events, self.lock, self.say = agent, run_id, events, lock, say
         self.root = agent.dir.parent  # whose switch (ROOT/STOP) this wake obeys
         self.stop = stop or threading.Event()
         self.budget = agent.policy.budget
         self.fleet = fleet  # what all agents under ROOT may spend together (budget.yaml)
         self.started, self.started_at = time.monotonic(), now_iso()
-        self.steps = self.tool_calls = 0
-        self.usage = Usage()  # every model call's, summed
+        self.tally = Tally()  # steps, tool calls, tokens: what the caps and the receipt count
         self.inbox_committed = False
         self.closing_note: str | None = None
         self.secrets = secrets_from_env()
@@ -342,24 +303,18 @@ class _Wake:
         self.messages_sent = 0  # send_message calls: each notification's id names its number
         self.waiting = 0  # a dry run: the human's messages it left in the inbox
         self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
-        self.node_lost = ""  # past one host: its node stopped answering before the commit
-        self.own_box = False  # the wake opened its sandbox itself (not a test's or a caller's)
-
-    @property
-    def tokens(self) -> int:
-        return self.usage.tokens
 
     def let_go(self) -> None:
-        """The wake is over: drop what holds its own bound methods (the gate, the registry), so
+        """The wake is over: drop what holds its own bound methods (the gate, the registry, the tool step), so
         its objects go when it returns. Left in that cycle, they outlive many collections while
         it runs, reach the oldest generation, and wait there for a rare full collection:
         serve's RSS saw-tooth of +10-15 % over thousands of wakes (bench/soak.py --probe)."""
-        for name in ("gate", "registry"):  # not there if the wake ended before it made them
+        for name in ("gate", "registry", "tool_step"):  # not there if the wake ended before it made them
             vars(self).pop(name, None)
 
     # -- the life cycle -----------------------------------------------------------
 
-    def run(self, sandbox: Sandbox | None, model: Model | None, turns: list[dict]) -> Receipt:
+    def run(self, sandbox: Sandbox | None, model: Model | None, turns: list[ScriptTurn]) -> Receipt:
         state, warning = st.load_state(self.agent.state_dir)
         if warning:
             self.say(warning)
@@ -379,14 +334,16 @@ class _Wake:
             return blocked
         # Under compose the broker's, never the Docker socket (client.open_sandbox decides).
         self.box = sandbox or open_sandbox(self.agent, run_id=self.run_id, fresh=True, say=self.say)
-        self.own_box = sandbox is None
+        # Its own box's node, when the commit fails, may be gone (past one host): asked then.
+        down = functools.partial(_node_down, self.agent, self.say) if sandbox is None else None
+        self.changes = Transaction(self.agent, self.run_id, self.box, self.events, self.transcript, self.say, down)
         try:
             with tracing.wake_span(self.agent.name, self.run_id, self.agent.model, bool(model and model.live)) as span:
                 receipt = self._run_in(state, model, turns)
                 tracing.wake_result(span, receipt.status, receipt.steps, receipt.tokens, receipt.reason)
             return receipt
         finally:
-            self._finish()  # whatever ended the wake: its changes are checked, committed or dropped
+            self.changes.finish()  # whatever ended the wake: its changes are checked, committed or dropped
             if sandbox is None:
                 self.box.close()  # ours: no container of this wake outlives it
 
@@ -420,7 +377,7 @@ class _Wake:
         self._notify(outcomes.after_wake, self.agent, receipt)
         return receipt
 
-    def _run_in(self, state: st.State, model: Model | None, turns: list[dict]) -> Receipt:
+    def _run_in(self, state: st.State, model: Model | None, turns: list[ScriptTurn]) -> Receipt:
         agent, sd = self.agent, self.agent.state_dir
         state = st.bump_wake(sd, state)
         self.wake_no, now = state.wake, datetime.now(timezone.utc)
@@ -433,54 +390,46 @@ class _Wake:
         self.inbox_committed = not self.model.live
         try:
             self._started(inbox)
-            self._begin()
+            self.changes.begin()
             self.task = self._claim_task()
             self.files = self.box.files()  # the broker's reading under compose: the disk is mounted there
             journal_before = self.files.journal_size(self.day)
             # What `wakeloop context` printed (context.next_wake): the same function, the same inputs.
             self.ctx = build_context(agent, wake=self.wake_no, now=now, inbox=inbox, files=self.files, task=self.task)
             self.transcript.system(self.ctx.system, self.ctx.system_hash)
-            completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools, live=self.model.live)
-            self.gate = Gate(
-                agent.policy,
-                sd,
-                self.run_id,
-                self._ask_person,
-                self.events,
-                self.transcript,
-                halted=lambda: stopswitch.is_stopped(self.root),
-                no_room=self._no_room,
-            )
-            self.registry = build_registry(
-                agent.policy,
-                self.box,
-                outbox=self._message,
-                extra=completer,
-                remaining=self._time_left,
-                asker=self.gate,
-            )
+            self._tools()
             self._approvals()
             status, reason = self._converse_or_dead_letter()
         finally:
             if not self.inbox_committed:
                 st.restore_inbox(sd)  # the model never saw them: they wait for the next wake
-        journal = self._journal_trace(journal_before, status, reason)
-        status, reason = self._honest(status, reason, self._finish())
-        receipt = self._receipt(status, reason, journal)
-        st.save_state(sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tokens, last_receipt=receipt))
-        self._close_transcript(receipt)
-        self._notify(outcomes.after_wake, self.agent, receipt)
-        self.events.write(
-            ev.WakeFinished(
-                status=status, reason=reason, tokens=self.tokens, steps=self.steps, task=receipt.task, receipt=receipt
-            )
+        return self._ended(state, status, reason, journal_before)
+
+    def _tools(self) -> None:
+        """What the model's tool calls go through: the approval gate, the registry, one tool step."""
+        agent, sd = self.agent, self.agent.state_dir
+        completer = complete_task_tools(sd, self.run_id, self.task, agent.policy.tools, live=self.model.live)
+        self.gate = Gate(
+            agent.policy,
+            sd,
+            self.run_id,
+            self._ask_person,
+            self.events,
+            self.transcript,
+            halted=lambda: stopswitch.is_stopped(self.root),
+            no_room=self._no_room,
         )
-        self.say(
-            f"{status}: {reason}; {self.steps} steps, {self.tokens:,} tokens "
-            f"({self.usage.cache_read_tokens:,} read from cache), {self.tool_calls} tool calls, "
-            f"{receipt.duration_ms / 1000:.1f}s"
+        self.registry = build_registry(
+            agent.policy,
+            self.box,
+            outbox=self._message,
+            extra=completer,
+            remaining=self._time_left,
+            asker=self.gate,
         )
-        return receipt
+        self.tool_step = ToolStep(
+            self.registry, self.events, self.transcript, self.say, self.tally, self._stopping, self._no_room
+        )
 
     def _started(self, inbox: str) -> None:
         mode = "live" if self.model.live else "dry run (scripted model, no API call)"
@@ -514,74 +463,6 @@ class _Wake:
             live=self.model.live,
         )
 
-    # -- the wake as a transaction on the workspace (sandbox/wake_layer.py) ----------------
-
-    def _begin(self) -> None:
-        """Before anything runs: what earlier wakes left is settled (a cut commit finished, a wake
-        that died before its commit discarded and recorded), then this wake's overlay is mounted."""
-        settled = self.box.begin(self.run_id)
-        self.begun = True
-        report_settled(settled, self.events, self.say)
-
-    def _finish(self) -> str:
-        """The wake's changes checked against the policy, what passes committed, the rest dropped;
-        recorded (event, transcript) and told to the next wake. Once; never raises. Returns why
-        the changes were not committed (nothing of them landed), or "" when they were."""
-        if not getattr(self, "begun", False):
-            return ""
-        self.begun = False
-        policy = self.agent.policy
-        try:
-            changes = self.box.finish(policy.workspace.protect, policy.tools.write_file.protect_git)
-        except SandboxError as exc:  # its broker did not answer: past one host, its node may be gone
-            changes = WakeChanges(self.run_id, error=f"the wake's changes were not committed: {exc}")
-            if self.own_box and (down := _node_down(self.agent, self.say)):
-                self.node_lost = down
-        try:  # the proxy's decisions, before the receipt sums them (records/egress.py)
-            egress.append(self.agent.state_dir, self.box.egress_decisions())
-        except (OSError, SandboxError) as exc:
-            self.say(f"egress: the proxy's decisions were not recorded: {exc}")
-        record = changes.record()  # paths as text (wake_layer._text)
-        try:
-            self.events.write(record)
-            self.transcript.add(record.TYPE, **record.to_data())
-        except (OSError, ValueError) as exc:  # the wake still ends with its receipt
-            self.say(f"workspace: the change set was not recorded: {exc}")
-        self._tell_next_wake(record)
-        landed = "dropped" if record.outcome == "error" else f"{changes.count} committed"
-        self.say(
-            f"workspace: {landed}, {changes.refused_count} refused"
-            + "".join(f"; {path}: {rule}" for path, rule in list(zip(record.refused, record.rules, strict=False))[:3])
-            + (f" ({changes.error})" if changes.error else "")
-        )
-        return changes.error
-
-    def _honest(self, status: Status, reason: str, not_committed: str) -> tuple[Status, str]:
-        """A wake whose changes did not land does not end as a success (done, budget_stop,
-        stopped): it ends `not_committed`, a failure (exit 1, news, a failing streak; past one
-        host, when its node went mid-wake, no streak: notify/outcomes.py). A dead letter is a
-        failure already: its reason says so too."""
-        if not not_committed:
-            return status, reason
-        if self.node_lost:  # its node went mid-wake: said, but the agent did not fail (receipt.node_lost)
-            not_committed = f"{not_committed} ({self.node_lost})"
-        if status == "dead_letter":
-            return status, f"{reason}; {not_committed}"
-        self.events.write(ev.NotCommitted(reason=not_committed, ended=status, node_lost=self.node_lost))
-        self.say(f"not committed: {not_committed}")
-        return "not_committed", f"{not_committed} (the wake itself ended {status}: {reason})"
-
-    def _tell_next_wake(self, record: ev.WorkspaceChanges) -> None:
-        """state/workspace_refused.json: the refusals the next wake's context names (context.py)."""
-        folder = state_folder(self.agent.state_dir)  # no link followed: state/ is the folder owner's
-        try:
-            if record.refused:
-                folder.write_atomic(REFUSED_FILE, json.dumps(record.to_data()))
-            else:
-                folder.unlink(REFUSED_FILE)
-        except OSError as exc:
-            self.say(f"workspace: could not keep the refusals for the next wake: {exc}")
-
     def _approvals(self) -> None:
         """Approvals decided since the last wake: approved calls run now, every outcome told in the
         first user message (approval_gate.py). Never fatal: a wake that cannot read them still runs.
@@ -596,14 +477,14 @@ class _Wake:
             self.say(why)
             return
         for o in told:
-            self.say(f"approval {o.approval.id}: {o.approval.status} ({_short(o.approval.summary())})")
-        self.tool_calls += sum(1 for o in told if o.approval.status == "ran")
+            self.say(f"approval {o.approval.id}: {o.approval.status} ({short(o.approval.summary())})")
+        self.tally.tool_calls += sum(1 for o in told if o.approval.status == "ran")
         if told:
             self.ctx = replace(self.ctx, first_user=self.ctx.first_user + "\n\n" + approvals_section(told))
 
-    def _ask_person(self, approval) -> None:
+    def _ask_person(self, approval: Approval) -> None:
         """A call that waits: the person is told where they are (notify/outcomes.py)."""
-        self.say(f"approval {approval.id} asked: {_short(approval.summary())}")
+        self.say(f"approval {approval.id} asked: {short(approval.summary())}")
         self._notify(outcomes.on_approval, self.agent, approval)
 
     def _claim_task(self) -> tasks.Task | None:
@@ -614,10 +495,10 @@ class _Wake:
             self.say(warning)
             self.events.write(ev.TaskError(warning=warning))
         if task and live:
-            self.say(f"task {task.id}: {_short(task.title)}")
+            self.say(f"task {task.id}: {short(task.title)}")
             self.events.write(ev.TaskClaimed(task=task.id, title=task.title))
         elif task:
-            self.say(f"task {task.id}: {_short(task.title)} (a dry run: left {task.status}, as it was)")
+            self.say(f"task {task.id}: {short(task.title)} (a dry run: left {task.status}, as it was)")
             self.events.write(ev.TaskShown(task=task.id, title=task.title, status=task.status))
         return task
 
@@ -628,14 +509,14 @@ class _Wake:
             reason = scrub(str(exc), self.secrets)
         except Exception as exc:  # a bug must still leave a trace, a receipt and a free lock
             reason = scrub(f"internal error: {type(exc).__name__}: {exc}", self.secrets)
-        self.events.write(ev.DeadLetter(reason=reason, step=self.steps))
+        self.events.write(ev.DeadLetter(reason=reason, step=self.tally.steps))
         self.say(f"dead letter: {reason}")
         return "dead_letter", reason
 
     # -- the conversation -------------------------------------------------------------
 
     def _converse(self) -> tuple[Status, str]:
-        messages: list[dict] = [{"role": "user", "content": self.ctx.first_user}]
+        messages: list[Message] = [{"role": "user", "content": self.ctx.first_user}]
         tools = self.registry.to_anthropic()
         final = False
         while True:
@@ -644,7 +525,7 @@ class _Wake:
                 return self._stopped(halted)
             if self.stop.is_set():
                 return "done", "stopped"
-            if self.steps >= self.budget.max_steps:
+            if self.tally.steps >= self.budget.max_steps:
                 return self._budget_stop("max_steps", f"max_steps ({self.budget.max_steps}) reached")
             if self._time_left() <= 0:
                 return self._budget_stop("max_wake_s", f"max_wake_s ({self.budget.max_wake_s:g}s) reached")
@@ -661,34 +542,25 @@ class _Wake:
             if final:
                 self.closing_note = turn.text or turn.thinking  # 5.x: words before a tool call are thinking
                 return "budget_stop", (
-                    f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) reached: {self.tokens:,} tokens"
+                    f"max_tokens_per_wake ({self.budget.max_tokens_per_wake:,}) reached: {self.tally.tokens:,} tokens"
                 )
-            action = STOP_REASONS.get(turn.stop_reason, DEAD)
-            if action == END or (action == TOOLS and not turn.tool_uses):
+            then = stop_reasons.action(turn)
+            if then == stop_reasons.END:
                 return "done", turn.stop_reason
-            if action == DEAD:
-                raise DeadLetter(_dead_stop(turn))
+            if then == stop_reasons.DEAD:
+                raise DeadLetter(stop_reasons.dead_stop(turn))
             if turn.tool_uses:
-                messages.append({"role": "user", "content": self._run_tools(turn)})
-            elif action == CUT:
-                messages.append(
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "text", "text": CONTINUE_NOTE.format(limit=self.budget.max_output_tokens)}
-                        ],
-                    }
-                )
+                messages.append({"role": "user", "content": self.tool_step.run_tools(turn)})
+            elif then == stop_reasons.CUT:
+                messages.append(stop_reasons.continue_note(self.budget.max_output_tokens))
             # PAUSE: the assistant turn goes back as is and the model continues it
-            if self.tokens >= self.budget.max_tokens_per_wake:
+            if self.tally.tokens >= self.budget.max_tokens_per_wake:
                 final = True
                 self._budget_stop("max_tokens_per_wake", "the token budget is spent: one last turn, no tools")
-                _add_user_text(
-                    messages, BUDGET_NOTE.format(used=self.tokens, cap=self.budget.max_tokens_per_wake, day=self.day)
-                )
+                stop_reasons.wrap_up(messages, self.tally.tokens, self.budget.max_tokens_per_wake, self.day)
 
-    def _ask(self, messages: list[dict], tools: list[dict]) -> Turn:
-        step = self.steps + 1
+    def _ask(self, messages: list[Message], tools: list[Block]) -> Turn:
+        step = self.tally.steps + 1
         self.events.write(
             ev.ModelRequest(
                 step=step,
@@ -717,9 +589,9 @@ class _Wake:
         if not self.inbox_committed:
             st.commit_inbox(self.agent.state_dir)
             self.inbox_committed = True
-        self.steps = step
+        self.tally.steps = step
         u = turn.usage
-        self.usage += u
+        self.tally.usage += u
         for billed in turn.requests:  # reconcile: the real usage replaces the worst case (each request on its own)
             self.meter.record(billed, turn.inference_geo)
         self.events.write(
@@ -729,7 +601,7 @@ class _Wake:
                 usage=u,
                 tool_names=tuple(b["name"] for b in turn.tool_uses),
                 model=turn.model,
-                tokens_this_wake=self.tokens,
+                tokens_this_wake=self.tally.tokens,
             )
         )
         self.transcript.add(
@@ -742,62 +614,21 @@ class _Wake:
             usd_so_far=round(self.meter.usd, 6),
         )
         if turn.thinking:  # a 5.x model's words between tool calls, as summaries
-            self.say(f"step {step}: ({_short(turn.thinking)})")
+            self.say(f"step {step}: ({short(turn.thinking)})")
         if turn.text:
-            self.say(f"step {step}: {_short(turn.text)}")
+            self.say(f"step {step}: {short(turn.text)}")
         return turn
 
     def _last_tools(self, turn: Turn, final: bool) -> bool:
         """Whether no model turn after this one can ask for a tool: it asked for none
         and ends the wake, or it is the last the caps allow. Then only this turn's
         calls and the journal's stub are left."""
-        action = STOP_REASONS.get(turn.stop_reason, DEAD)
-        ends = action in (END, DEAD) or (action == TOOLS and not turn.tool_uses)
-        return ends or final or self.steps >= self.budget.max_steps
+        ends = stop_reasons.action(turn) in (stop_reasons.END, stop_reasons.DEAD)
+        return ends or final or self.tally.steps >= self.budget.max_steps
 
-    def _run_tools(self, turn: Turn) -> list[dict]:
-        """Every tool_use block, in order, each answered; a stop skips the rest, answered too."""
-        results = []
-        for call in turn.tool_uses:
-            if self.stop.is_set() or self._time_left() <= 0 or stopswitch.is_stopped(self.root):
-                results.append(error("not run: the wake is stopping").to_anthropic(call["id"]))
-                continue
-            self.tool_calls += 1
-            name, args = call.get("name", ""), call.get("input")
-            self.events.write(ev.ToolCall(step=self.steps, id=call["id"], tool=name, input=_for_log(args)))
-            self.say(f"step {self.steps}: {name} {_short(json.dumps(args, ensure_ascii=False))}")
-            with tracing.tool_span(name, call["id"], args) as span:
-                result = self.registry.call(name, args, words=_words_before(turn.content, call["id"]))
-                if span:
-                    span.result(result.text, result.is_error, result.detail)
-            if result.denied:
-                self.events.write(ev.PolicyDenied(step=self.steps, tool=name, reason=result.denied))
-            if result.detail.get("no_room"):
-                self._no_room(result.detail["no_room"])
-            self.events.write(
-                ev.tool_result(
-                    step=self.steps,
-                    id=call["id"],
-                    tool=name,
-                    is_error=result.is_error,
-                    result_chars=len(result.text),
-                    denied=bool(result.denied),
-                    detail=result.detail,
-                )
-            )
-            self.transcript.add(
-                "tool_result",
-                step=self.steps,
-                id=call["id"],
-                tool=name,
-                text=result.text,
-                is_error=result.is_error,
-                denied=result.denied or None,
-                **result.detail,
-            )
-            self.say(f"  -> {_short(result.text.splitlines()[0] if result.text else '')}")
-            results.append(result.to_anthropic(call["id"]))
-        return results
+    def _stopping(self) -> bool:
+        """No further tool call runs: the wake's stop, its wall clock, the fleet's switch."""
+        return self.stop.is_set() or self._time_left() <= 0 or stopswitch.is_stopped(self.root)
 
     def _time_left(self) -> float:
         """Seconds of budget.max_wake_s left; a tool call's timeout is cut to it (tools.py)."""
@@ -809,11 +640,11 @@ class _Wake:
         self.messages_sent += 1
         self._notify(outcomes.on_message, self.agent, self.run_id, self.wake_no, self.messages_sent, text)
 
-    def _notify(self, queue_it, *args) -> None:
+    def _notify(self, queue_it: Callable[..., object], *args: object) -> None:
         notify_safely(self.events, self.say, queue_it, *args, secrets=self.secrets)
 
     def _stopped(self, halted: stopswitch.Stop) -> tuple[Status, str]:
-        self.events.write(ev.Stopped(who=halted.who, at=halted.at, why=halted.why, steps=self.steps))
+        self.events.write(ev.Stopped(who=halted.who, at=halted.at, why=halted.why, steps=self.tally.steps))
         self.say(f"stopped: {halted.describe()}")
         return "stopped", halted.describe()
 
@@ -823,48 +654,56 @@ class _Wake:
         first = not self.no_room
         self.no_room = reason
         if first:
-            self.events.write(ev.DiskNoRoom(step=self.steps, reason=reason))
+            self.events.write(ev.DiskNoRoom(step=self.tally.steps, reason=reason))
             self.say(f"disk: {reason}")
             self._notify(outcomes.no_room, self.agent, self.run_id, self.wake_no, reason)
 
     def _budget_stop(self, cap: str, reason: str) -> tuple[Status, str]:
-        self.events.write(ev.BudgetStop(cap=cap, reason=reason, steps=self.steps, tokens=self.tokens))
+        self.events.write(ev.BudgetStop(cap=cap, reason=reason, steps=self.tally.steps, tokens=self.tally.tokens))
         self.say(f"budget stop: {reason}")
         return "budget_stop", reason
 
     # -- after the conversation ----------------------------------------------------------
 
-    def _journal_trace(self, before: int | None, status: str, reason: str) -> str:
-        try:
-            after = self.files.journal_size(self.day)
-        except SandboxError as exc:  # its broker gone mid-wake (a node lost): the wake still ends with a receipt
-            self.say(f"journal: could not read {JOURNAL_DIR}/{self.day}.md: {exc}")
-            after = None
-        rel = f"{JOURNAL_DIR}/{self.day}.md"
-        if self.closing_note is not None:
-            kind = "closing note"
-            text = (
-                f"\n## Wake #{self.wake_no} (closing note at the token budget, appended by the harness)\n"
-                f"{clean(self.closing_note)[:CLOSING_NOTE_CAP] or '(the reply was empty)'}\n"
-            )
-        elif before is not None and after is not None and after > before:
-            self.say(f"journal: the agent wrote {rel} (+{after - before:,} bytes)")
-            return "agent"
-        else:
-            kind = "stub"
-            text = (
-                f"\n## Wake #{self.wake_no} (harness stub)\n"
-                f"The agent ended without writing to this journal. Steps: {self.steps}. "
-                f"Tokens: {self.tokens:,}. Tool calls: {self.tool_calls}. "
-                f"Ended: {status}: {reason}.\n"
-            )
-        written, detail = append_in_sandbox(self.box, rel, scrub(text, self.secrets))
-        self.events.write(ev.JournalStub(kind=kind, path=rel, written=written, detail=detail))
-        self.say(
-            f"journal: {kind} {'appended to' if written else 'NOT written to'} {rel}"
-            + ("" if written else f" ({detail})")
+    def _ended(self, state: st.State, status: Status, reason: str, journal_before: int | None) -> Receipt:
+        """After the conversation: the journal trace, the commit, the receipt, the state, the news."""
+        sd = self.agent.state_dir
+        journal = journal_trace(
+            self.box,
+            self.files,
+            self.day,
+            journal_before,
+            wake_no=self.wake_no,
+            closing_note=self.closing_note,
+            tally=self.tally,
+            ended=f"{status}: {reason}",
+            events=self.events,
+            say=self.say,
+            secrets=self.secrets,
         )
-        return kind if written else f"{kind} not written: {detail}"
+        status, reason = self.changes.honest(status, reason, self.changes.finish())
+        receipt = self._receipt(status, reason, journal)
+        st.save_state(
+            sd, replace(state, tokens_lifetime=state.tokens_lifetime + self.tally.tokens, last_receipt=receipt)
+        )
+        self._close_transcript(receipt)
+        self._notify(outcomes.after_wake, self.agent, receipt)
+        self.events.write(
+            ev.WakeFinished(
+                status=status,
+                reason=reason,
+                tokens=self.tally.tokens,
+                steps=self.tally.steps,
+                task=receipt.task,
+                receipt=receipt,
+            )
+        )
+        self.say(
+            f"{status}: {reason}; {self.tally.steps} steps, {self.tally.tokens:,} tokens "
+            f"({self.tally.usage.cache_read_tokens:,} read from cache), {self.tally.tool_calls} tool calls, "
+            f"{receipt.duration_ms / 1000:.1f}s"
+        )
+        return receipt
 
     def _close_transcript(self, receipt: Receipt) -> None:
         """The transcript's last line, then its retention (records/transcript.py prune)."""
@@ -903,9 +742,9 @@ class _Wake:
             wake=self.wake_no,
             status=status,
             reason=reason,
-            steps=self.steps,
-            usage=self.usage,
-            tool_calls=self.tool_calls,
+            steps=self.tally.steps,
+            usage=self.tally.usage,
+            tool_calls=self.tally.tool_calls,
             duration_ms=int((time.monotonic() - self.started) * 1000),
             model=self.model.name,
             live=self.model.live,
@@ -915,35 +754,13 @@ class _Wake:
             task=task.id if (task := getattr(self, "task", None)) else "",
             messages_waiting=self.waiting,
             no_room=self.no_room,
-            node_lost=self.node_lost,
+            node_lost=self.changes.node_lost,
             # The proxy's decisions for this run, appended to state/egress.jsonl as they were collected.
             egress=egress.summarize(self.agent.state_dir, self.run_id),
         )
 
 
-def _dead_stop(turn: Turn) -> str:
-    """A dead letter's reason for a stop the harness does not continue from, named truly."""
-    if turn.stop_reason == "refusal":
-        said = f": {_short(turn.refusal_explanation)}" if turn.refusal_explanation else ""
-        return f"refusal: the model declined (stop_details.category: {turn.refusal_category or 'none given'}){said}"
-    if turn.stop_reason == "model_context_window_exceeded":
-        return (
-            f"model_context_window_exceeded: the conversation ({turn.usage.prompt_tokens:,} tokens of prompt) "
-            "filled the model's context window; a shorter mandate or memory, or fewer steps a wake, leave room"
-        )
-    return f"the model stopped with stop_reason {turn.stop_reason!r}, which the harness does not continue from"
-
-
-def _add_user_text(messages: list[dict], text: str) -> None:
-    """Add a text block to the last user message (after its tool results), or a new user message."""
-    last = messages[-1]
-    if last["role"] == "user" and isinstance(last["content"], list):
-        last["content"] = [*last["content"], {"type": "text", "text": text}]
-    else:
-        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
-
-
-def _user_texts(messages: list[dict]) -> list[str]:
+def _user_texts(messages: list[Message]) -> list[str]:
     """The text the harness sent in these messages: user strings and text blocks (not tool results)."""
     out = []
     for m in messages:
@@ -952,33 +769,3 @@ def _user_texts(messages: list[dict]) -> list[str]:
         blocks = [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"]
         out += [b["text"] for b in blocks if b.get("type") == "text"]
     return out
-
-
-def _words_before(content: list[dict], call_id: str) -> str:
-    """The model's text in this turn up to the tool_use block `call_id`: what it said it was doing
-    (on 5.x models those words come back as thinking blocks)."""
-    words = []
-    for block in content:
-        if block.get("type") == "tool_use" and block.get("id") == call_id:
-            break
-        if block.get("type") in ("text", "thinking"):
-            words.append(block.get("text") or block.get("thinking") or "")
-    return "\n".join(w.strip() for w in words if w.strip())
-
-
-def _for_log(args) -> object:
-    if isinstance(args, dict):
-        return {
-            k: (
-                v[:EVENT_INPUT_CAP] + f"... ({len(v):,} chars)"
-                if isinstance(v, str) and len(v) > EVENT_INPUT_CAP
-                else v
-            )
-            for k, v in args.items()
-        }
-    return str(args)[:EVENT_INPUT_CAP]
-
-
-def _short(text: str) -> str:
-    text = clean(" ".join(text.split()))
-    return text if len(text) <= PROGRESS_CAP else text[:PROGRESS_CAP] + "..."

@@ -40,7 +40,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 import anthropic
 import httpx2  # the SDK's HTTP library (a dependency of anthropic's): its TLS defaults, once
@@ -60,13 +61,42 @@ MAX_RETRY_DELAY_S = 8.0
 MIDSTREAM_RETRIED = ("overloaded_error", "api_error")  # as a 529 or a 500 would be
 
 
+# A content block as JSON, the API's shape for its "type" (text, thinking, tool_use, tool_result, ...).
+Block = dict[str, Any]
+
+
+class Message(TypedDict):
+    """One message of the conversation, as the Messages API takes it."""
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+# An object of the anthropic SDK: mypy does not follow its modules (pyproject.toml), so it reads
+# as Any; read at this edge only (_turn, _block, _snapshot_usage), our own types past it.
+SDKObject = Any
+
+
+class ScriptCall(TypedDict):
+    name: str
+    input: NotRequired[object]  # the tool's arguments, as JSON; the registry checks them
+
+
+class ScriptTurn(TypedDict, total=False):
+    """One turn of a dry-run script (load_script checks a file's against it)."""
+
+    text: str
+    tool_calls: list[ScriptCall]
+    stop_reason: str
+
+
 class ModelError(RuntimeError):
     """The model could not be reached or refused for good: a dead letter. One line."""
 
 
 @dataclass(frozen=True)
 class Turn:
-    content: list[dict]  # the assistant's blocks, ready to send back
+    content: list[Block]  # the assistant's blocks, ready to send back
     stop_reason: str
     usage: Usage = field(default_factory=Usage)  # this reply's, with the failed attempts' added
     model: str = ""
@@ -80,7 +110,7 @@ class Turn:
         return self.attempts or (self.usage,)
 
     @property
-    def tool_uses(self) -> list[dict]:
+    def tool_uses(self) -> list[Block]:
         return [b for b in self.content if b.get("type") == "tool_use"]
 
     @property
@@ -100,11 +130,11 @@ class Model(Protocol):
     def call(
         self,
         *,
-        system: list[dict],
-        tools: list[dict],
-        messages: list[dict],
+        system: list[Block],
+        tools: list[Block],
+        messages: list[Message],
         max_tokens: int,
-        tool_choice: dict | None = None,
+        tool_choice: Block | None = None,
     ) -> Turn: ...
 
 
@@ -161,7 +191,9 @@ class LiveModel:
             **options,
         )
 
-    def _count(self, request, call_next):
+    def _count(
+        self, request: httpx2.Request, call_next: Callable[[httpx2.Request], httpx2.Response]
+    ) -> httpx2.Response:
         """Runs once per HTTP attempt, inside the SDK's retry loop: how many retries a call took;
         and the key's rate-limit gate, waited at before and told what the response said after."""
         self.sent += 1
@@ -178,7 +210,15 @@ class LiveModel:
         """Its HTTP connections, now rather than when the collector finds them."""
         self.client.close()
 
-    def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
+    def call(
+        self,
+        *,
+        system: list[Block],
+        tools: list[Block],
+        messages: list[Message],
+        max_tokens: int,
+        tool_choice: Block | None = None,
+    ) -> Turn:
         kwargs: dict[str, Any] = dict(
             model=self.name,
             max_tokens=max_tokens,
@@ -206,7 +246,7 @@ class LiveModel:
                 continue
             return _turn(message, failed)
 
-    def _once(self, kwargs: dict[str, Any]):
+    def _once(self, kwargs: dict[str, Any]) -> SDKObject:
         """One request and the SDK's own retries: the final message, or ModelError; _MidStream when
         the stream broke off with an error the API would answer a retry of."""
         try:
@@ -240,7 +280,7 @@ class _MidStream(Exception):
         self.detail, self.usage = detail, usage
 
 
-def _snapshot_usage(stream) -> Usage:
+def _snapshot_usage(stream: SDKObject) -> Usage:
     """What the broken stream had reported (message_start's input and cache counts, any delta's output)."""
     try:
         return Usage.from_api(stream.current_message_snapshot.usage)
@@ -262,7 +302,7 @@ def _api_error(exc: anthropic.APIStatusError) -> str:
     return f"{kind}: {str(msg)[:200]}" if kind else str(exc)[:200]
 
 
-def _turn(message, failed: list[Usage]) -> Turn:
+def _turn(message: SDKObject, failed: list[Usage]) -> Turn:
     usage = Usage.from_api(message.usage)
     content = [b for b in (_block(b) for b in message.content) if b]
     details = getattr(message, "stop_details", None)  # the SDK's RefusalStopDetails, or None
@@ -278,14 +318,14 @@ def _turn(message, failed: list[Usage]) -> Turn:
     )
 
 
-def _block(block) -> dict | None:
+def _block(block: SDKObject) -> Block | None:
     """An SDK content block as the dict we send back next turn (no empty text)."""
     kind = getattr(block, "type", None)
     if kind == "text":
         return {"type": "text", "text": block.text} if block.text else None
     if kind == "tool_use":
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-    data = block.model_dump(mode="json", exclude_none=True)
+    data: Block = block.model_dump(mode="json", exclude_none=True)
     data.pop("parsed_output", None)
     return data
 
@@ -294,7 +334,7 @@ LOOKBACK_BLOCKS = 20  # how far before a breakpoint the API looks for a cached p
 LOOKBACK_MARGIN = 2  # a step that adds more blocks than the look-back less this gets a second breakpoint
 
 
-def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
+def with_cache_breakpoint(messages: list[Message]) -> list[Message]:
     """A copy with cache_control on the last block of the last user message, and, when the turn
     since the previous user message added more blocks than the API looks back over (many parallel
     tool calls and their results, thinking blocks), on the previous user message's last block too:
@@ -313,12 +353,12 @@ def with_cache_breakpoint(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _blocks(message: dict) -> int:
+def _blocks(message: Message) -> int:
     content = message.get("content")
     return 1 if isinstance(content, str) else len(content or [])
 
 
-def _marked(message: dict) -> dict:
+def _marked(message: Message) -> Message:
     marked = copy.deepcopy(message)
     content = marked["content"]
     if isinstance(content, str):
@@ -333,7 +373,7 @@ def _marked(message: dict) -> dict:
 # The built-in dry run: look around, update core memory (keeping what is
 # there), write a note with write_file, append a journal entry, end.
 # {wake} and {today} are filled in; everything else runs as written.
-DRY_RUN_SCRIPT: list[dict] = [
+DRY_RUN_SCRIPT: list[ScriptTurn] = [
     {
         "text": "Dry run: looking around the workspace first.",
         "tool_calls": [
@@ -397,17 +437,25 @@ DRY_RUN_SCRIPT: list[dict] = [
 class ScriptedModel:
     live = False
 
-    def __init__(self, turns: list[dict], *, name: str = "scripted", variables: dict | None = None):
+    def __init__(self, turns: list[ScriptTurn], *, name: str = "scripted", variables: dict[str, object] | None = None):
         self.name = name
         self.turns = list(turns)
         self.variables = {f"{{{k}}}": str(v) for k, v in (variables or {}).items()}
         self.step = 0
 
-    def call(self, *, system, tools, messages, max_tokens, tool_choice=None) -> Turn:
-        turn = self.turns[self.step] if self.step < len(self.turns) else {"text": "(end of script)"}
+    def call(
+        self,
+        *,
+        system: list[Block],
+        tools: list[Block],
+        messages: list[Message],
+        max_tokens: int,
+        tool_choice: Block | None = None,
+    ) -> Turn:
+        turn: ScriptTurn = self.turns[self.step] if self.step < len(self.turns) else {"text": "(end of script)"}
         self.step += 1
         offered = {t["name"] for t in tools} if (tool_choice or {}).get("type") != "none" else set()
-        content: list[dict] = [{"type": "text", "text": self._fill(turn["text"])}] if turn.get("text") else []
+        content: list[Block] = [{"type": "text", "text": self._fill(turn["text"])}] if turn.get("text") else []
         for i, call in enumerate(turn.get("tool_calls", []) if offered else []):
             content.append(
                 {
@@ -420,7 +468,7 @@ class ScriptedModel:
         stop = turn.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
         return Turn(content=content, stop_reason=stop, usage=Usage(), model=self.name)
 
-    def _fill(self, value):
+    def _fill(self, value: object) -> object:
         if isinstance(value, str):
             for key, sub in self.variables.items():
                 value = value.replace(key, sub)
@@ -432,7 +480,7 @@ class ScriptedModel:
         return value
 
 
-def load_script(path: Path) -> list[dict]:
+def load_script(path: Path) -> list[ScriptTurn]:
     """A dry-run script file: a JSON list of turns (or {"turns": [...]}), each
     {"text": str?, "tool_calls": [{"name": str, "input": {...}}]?, "stop_reason": str?}."""
     try:
@@ -452,7 +500,7 @@ def load_script(path: Path) -> list[dict]:
     return turns
 
 
-def _check_turn(turn) -> str | None:
+def _check_turn(turn: object) -> str | None:
     if not isinstance(turn, dict):
         return "expected an object"
     unknown = set(turn) - {"text", "tool_calls", "stop_reason"}

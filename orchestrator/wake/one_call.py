@@ -25,7 +25,7 @@ from orchestrator.policy.agent import Agent
 from orchestrator.records import state as st
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.sandbox.box import SandboxResult
-from orchestrator.wake.loop import report_settled
+from orchestrator.wake.changes import report_settled
 
 
 def run_outside_a_wake(agent: Agent, command: str, say: Callable[[str], None]) -> SandboxResult:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 MAX_HOLD_S = 60.0  # a reset or retry-after further off than this is not trusted whole
@@ -29,7 +30,9 @@ KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
 
 
 class Gate:
-    def __init__(self, clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self._lock = threading.Lock()
         self._until = 0.0  # monotonic time before which no request is sent
         self._clock, self._sleep = clock, sleep
@@ -75,7 +78,7 @@ class Gate:
         with self._lock:
             self._until = max(self._until, self._clock() + seconds)
 
-    def observe(self, status: int, headers) -> None:
+    def observe(self, status: int, headers: Mapping[str, str]) -> None:
         """A response's word on the limits: a 429's retry-after, or an empty bucket's reset."""
         if status == 429:
             self.hold(retry_after_s(headers) or 1.0)
@@ -87,14 +90,11 @@ class Gate:
                 if reset:
                     self.hold(reset)
 
-    def _mirror(self, headers) -> None:
+    def _mirror(self, headers: Mapping[str, str]) -> None:
         """Learn the requests bucket's refill rate, and never believe more slots than it has left."""
-        try:
-            limit = float(headers.get("anthropic-ratelimit-requests-limit"))
-            remaining = float(headers.get("anthropic-ratelimit-requests-remaining"))
-        except (TypeError, ValueError):
-            return
-        if limit <= 0:
+        limit = _number(headers.get("anthropic-ratelimit-requests-limit"))
+        remaining = _number(headers.get("anthropic-ratelimit-requests-remaining"))
+        if limit is None or remaining is None or limit <= 0:
             return
         with self._lock:
             now = self._clock()
@@ -105,13 +105,20 @@ class Gate:
             self._seen = now
 
 
-def retry_after_s(headers) -> float | None:
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        try:
-            return float(headers.get(name)) / scale
-        except (TypeError, ValueError):
-            continue
+        seconds = _number(headers.get(name))
+        if seconds is not None:
+            return seconds / scale
     return None
+
+
+def _number(text: str | None) -> float | None:
+    """A header's number, or None when it is absent or not one."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _seconds_until(stamp: str | None) -> float | None:

@@ -9,7 +9,9 @@ Not here: the queue itself (records/tasks.py), the sandbox tools (tools.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from orchestrator.policy.schema import Tools
 from orchestrator.records.tasks import MAX_NOTE_CHARS, Task, TaskError, finish
 from orchestrator.wake.tools import Tool, ToolResult, error
 
@@ -25,15 +27,17 @@ COMPLETE_TASK_SCHEMA = {
 }
 
 
-def complete_task_tools(state_dir: Path, run_id: str, task: Task | None, policy_tools, live: bool = True) -> list:
+def complete_task_tools(
+    state_dir: Path, run_id: str, task: Task | None, policy_tools: Tools, live: bool = True
+) -> list[Tool]:
     """The host-side complete_task tool for a wake that claimed `task` (none without one).
     It writes state/tasks.json only, never the workspace; the policy can disable it. A dry run
     is offered the same tool, which changes nothing: it leaves every task as it found it."""
     if task is None:
         return []
-    enabled = getattr(getattr(policy_tools, "complete_task", None), "enabled", True)
+    enabled = policy_tools.complete_task.enabled
 
-    def handler(args: dict) -> ToolResult:
+    def handler(args: dict[str, Any]) -> ToolResult:
         if not live:
             return error(f"complete_task: a dry run leaves tasks as it found them; task {task.id} stays {task.status}")
         try:

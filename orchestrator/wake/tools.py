@@ -37,16 +37,16 @@ class ToolResult:
     text: str  # what the model reads
     is_error: bool = False
     denied: str | None = None  # a policy refusal, logged as policy_denied
-    detail: dict = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
+    detail: dict[str, Any] = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
 
-    def to_anthropic(self, tool_use_id: str) -> dict:
+    def to_anthropic(self, tool_use_id: str) -> dict[str, Any]:
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": self.text}
         if self.is_error:
             block["is_error"] = True
         return block
 
 
-def error(text: str, **detail) -> ToolResult:
+def error(text: str, **detail: Any) -> ToolResult:
     return ToolResult(text=f"ERROR: {text}", is_error=True, detail=detail)
 
 
@@ -58,23 +58,25 @@ def denied(reason: str) -> ToolResult:
 class Tool:
     name: str
     description: str
-    input_schema: dict
-    handler: Callable[[dict], ToolResult]
+    input_schema: dict[str, Any]
+    handler: Callable[[dict[str, Any]], ToolResult]
     enabled: bool = True
     disabled_reason: str = ""
-    granted: Callable[[dict, tuple[str, ...]], ToolResult] | None = None  # bash: run with hosts a person approved
+    granted: Callable[[dict[str, Any], tuple[str, ...]], ToolResult] | None = (
+        None  # bash: run with hosts a person approved
+    )
 
-    def to_anthropic(self) -> dict:
+    def to_anthropic(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
 
 class Asker(Protocol):
     """approval_gate.py's Gate: what stands before, and after, every handler."""
 
-    def ask(self, tool: str, args: dict, words: str) -> ToolResult | None:
+    def ask(self, tool: str, args: dict[str, Any], words: str) -> ToolResult | None:
         """A WAITING result, or None to run the call now."""
 
-    def asked_hosts(self, tool: str, args: dict, words: str, result: ToolResult) -> ToolResult:
+    def asked_hosts(self, tool: str, args: dict[str, Any], words: str, result: ToolResult) -> ToolResult:
         """A call that ran and reached hosts that ask a person (approve.rules network_host):
         filed, and its result saying so."""
 
@@ -90,7 +92,7 @@ class Registry:
         """One more tool (e.g. tasks.py's complete_task); offered after the built-in three."""
         self._tools[tool.name] = tool
 
-    def to_anthropic(self) -> list[dict]:
+    def to_anthropic(self) -> list[dict[str, Any]]:
         return [t.to_anthropic() for t in self._tools.values() if t.enabled]
 
     def names(self) -> list[str]:
@@ -126,7 +128,7 @@ class Registry:
             return error(f"{name}: internal error in the harness: {type(exc).__name__}: {exc}")
 
 
-def check_args(schema: dict, args: Any) -> str | None:
+def check_args(schema: dict[str, Any], args: Any) -> str | None:
     """Why args do not fit the schema (top level only, which is all our tools use), or None."""
     if not isinstance(args, dict):
         return f"arguments must be a JSON object, got {type(args).__name__}"
@@ -142,7 +144,7 @@ def check_args(schema: dict, args: Any) -> str | None:
     return ", ".join(problems) or None
 
 
-def _signature(schema: dict) -> str:
+def _signature(schema: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {v.get('type')}" for k, v in schema.get("properties", {}).items())
 
 
@@ -233,7 +235,7 @@ class _Toolbox:
         """The tool's timeout, cut to what is left of the wake's wall clock."""
         return policy_s if self.remaining is None else max(MIN_CALL_S, min(policy_s, self.remaining()))
 
-    def bash(self, args: dict, hosts: tuple[str, ...] = ()) -> ToolResult:
+    def bash(self, args: dict[str, Any], hosts: tuple[str, ...] = ()) -> ToolResult:
         command = args["command"]
         if not command.strip():
             return error("bash: the command is empty")
@@ -247,7 +249,7 @@ class _Toolbox:
             error_on_fail=False,
         )
 
-    def bash_granted(self, args: dict, hosts: tuple[str, ...]) -> ToolResult:
+    def bash_granted(self, args: dict[str, Any], hosts: tuple[str, ...]) -> ToolResult:
         """An approved call that reached hosts a person was asked about: run with them allowed,
         if the policy as it stands still asks about them (else refused: the approval is void)."""
         reason = grant_refusal(self.policy.sandbox, hosts)
@@ -255,7 +257,7 @@ class _Toolbox:
             return denied(f"bash with hosts {', '.join(hosts)}: {reason}")
         return self.bash(args, hosts)
 
-    def write_file(self, args: dict) -> ToolResult:
+    def write_file(self, args: dict[str, Any]) -> ToolResult:
         path, content = args["path"], args["content"].encode("utf-8")
         cfg = self.policy.tools.write_file
         reason = cfg.refusal(path, len(content))  # policy/schema.py owns the globs and max_bytes
@@ -267,7 +269,7 @@ class _Toolbox:
             error_on_fail=True,
         )
 
-    def send_message(self, args: dict) -> ToolResult:
+    def send_message(self, args: dict[str, Any]) -> ToolResult:
         text = args["text"]
         limit = self.policy.tools.send_message.max_per_wake
         if self.sent >= limit:
