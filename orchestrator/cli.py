@@ -9,7 +9,7 @@ Every command that reads takes --json; `wake` prints progress on stderr and
 only its receipt on stdout.
 
 Not here: what any command does (each calls into its package), how records
-are rendered (views/status.py).
+are rendered (views/).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def _has_disk(agent) -> bool:
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
-    from orchestrator.views.status import disk_record, render_disks
+    from orchestrator.views.diskview import disk_record, render_disks
     from orchestrator.sandbox import disk
 
     root = Path(args.root) if args.root else None
@@ -384,7 +384,8 @@ def cmd_outbox(args) -> int:
 def cmd_status(args) -> int:
     from pathlib import Path
     from orchestrator.fleet.schedule import agent_dirs
-    from orchestrator.views.status import agent_status, fleet_status, render_agent_status, render_fleet
+    from orchestrator.views.agent_status import agent_status, render_agent_status
+    from orchestrator.views.fleet_table import fleet_status, render_fleet
 
     root = Path(args.path)
     if not (root / "agent.yaml").is_file():  # a folder with agent.yaml is an agent; else a root
@@ -590,7 +591,7 @@ def cmd_log(args) -> int:
     """The retained history, oldest first, across rotated segments; streamed."""
     from pathlib import Path
     from orchestrator.records.events import raw_history, read_history
-    from orchestrator.views.status import format_event
+    from orchestrator.views.eventview import format_event
     from orchestrator.views import logview
 
     if args.egress:  # one agent's record: a ROOT is refused by load_agent, in one line

@@ -326,7 +326,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
 
 def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
     from orchestrator.fleet.control import STALE_S, beat, scheduler_note
-    from orchestrator.views.status import status_table
+    from orchestrator.views.fleet_table import status_table
 
     make_agent(tmp_path, "a", notify=[])
     assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)

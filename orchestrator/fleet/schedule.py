@@ -7,7 +7,7 @@ so and logs `tick_skipped`), not run hours late.
 
 Not here: what a schedule line may say, read once for every command
 (policy/schedule_line.py), running wakes (scheduler.py), showing them
-(views/status.py).
+(views/fleet_table.py).
 """
 
 from __future__ import annotations

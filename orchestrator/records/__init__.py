@@ -16,5 +16,5 @@ yamlfile.py (every config file read as untrusted YAML, with each key's line:
 policy/ and notify/ both stand on it).
 
 The bottom layer: imports nothing of wakeloop's but its errors. Records hold
-data; rendering them for a person is views/status.py's job.
+data; rendering them for a person is views/' job.
 """

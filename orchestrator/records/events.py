@@ -18,7 +18,7 @@ in event_types.py, and every line read back carries its record
 only tests use it, to write lines of any shape a reader must survive.
 
 Not here: the event types (event_types.py), what they mean for a wake
-(loop.py decides what to record) or how they are shown (views/status.py).
+(loop.py decides what to record) or how they are shown (views/eventview.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ portable, costs nothing measurable at this rate, and a half-written last
 line is simply read again next time.
 
 Not here: the transcript's format and caps (records/transcript.py), the
-event log's one-line rendering (status.format_event).
+event log's one-line rendering (eventview.format_event).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from orchestrator.fleet.schedule import agent_dirs
-from orchestrator.views.status import format_event
+from orchestrator.views.eventview import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.receipt import Usage
 from orchestrator.records.shown import shown

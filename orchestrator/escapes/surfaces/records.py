@@ -253,7 +253,8 @@ def _huge_numbers(trial: Trial) -> str:
     from orchestrator.policy.agent import load_agent
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.records.state import rebuild_state
-    from orchestrator.views.status import agent_status, format_event, render_agent_status
+    from orchestrator.views.agent_status import agent_status, render_agent_status
+    from orchestrator.views.eventview import format_event
 
     huge = int("9" * 400)  # overflows float(): json.loads reads it as an int
     receipt = {"status": "done", "wake": 3, "usd": huge, "input_tokens": huge, "duration_ms": huge, "steps": 2}
