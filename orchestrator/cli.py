@@ -27,7 +27,7 @@ from orchestrator import __version__
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, WakeloopError
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records.receipt import FAILED
-from orchestrator.records.shown import json_shown
+from orchestrator.safeio.shown import json_shown
 from orchestrator.sandbox.engine import DockerSandbox, connect
 
 

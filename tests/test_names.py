@@ -156,7 +156,7 @@ def test_the_check_sees_a_stale_name():
     assert [m.group(1) for m in NAME.finditer(urls)] == []
     # And the scan reads what it should: docstrings, comments and the docs, hundreds of names.
     names = [m.group(1) for _, _, text in _texts() for m in NAME.finditer(text)]
-    assert len(names) > 500 and "records/folder.py" in names and "docs/architecture.md" in names
+    assert len(names) > 500 and "safeio/folder.py" in names and "docs/architecture.md" in names
 
 
 def _sections(text: str) -> set[str]:

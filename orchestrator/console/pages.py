@@ -66,7 +66,7 @@ from orchestrator.records.run_ids import RunIdError, resolve
 from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
-from orchestrator.records.folder import Folder
+from orchestrator.safeio.folder import Folder
 
 RELOAD_S = 5.0  # a cached agent is loaded again at least this often
 ROW_TTL_S = 120.0  # a cached fleet row is read again at least this often (plus jitter)
@@ -407,7 +407,7 @@ def turns(lines: list[dict]) -> list[dict]:
 
 
 def _mandate(agent: Agent) -> str:
-    try:  # records/folder.py: no link followed, never a FIFO or device (a request would hang)
+    try:  # safeio/folder.py: no link followed, never a FIFO or device (a request would hang)
         return Folder(agent.dir).head("mandate.md", MANDATE_CAP)[:MANDATE_CAP].decode("utf-8", "replace")
     except OSError as exc:
         return f"(mandate.md unreadable: {exc.strerror})"

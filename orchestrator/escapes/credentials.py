@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from urllib.parse import unquote
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 from orchestrator.policy.schema import Credential, HttpRule
 from orchestrator.sandbox import network
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from orchestrator.escapes.core import PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
+from orchestrator.escapes.lab import PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
 from orchestrator.escapes.transaction_probes import (
     RUN,
     _links_across_layers,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orchestrator.sandbox.deadline import KILL_GRACE_S
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent
 
 CATEGORY = "resources"

@@ -11,7 +11,7 @@ refused must not be there, what it allows must be (so a commit that landed nothi
 proves nothing). The set-id probe also plants in the upper layer from the host,
 standing in for a box whose seccomp filter was bypassed: the commit's check is the
 second line. The broker probe serves a real Broker on a temp socket (as
-orchestrator.py's probes do) and sends it run ids that walk out.
+broker_probes.py's probes do) and sends it run ids that walk out.
 
 Not here: the transaction (sandbox/transaction.py, wake_layer.py), the broker's
 ops (broker/server.py), the in-box set-id refusals (setid.py), write_file's own
@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.escapes.core import (
+from orchestrator.escapes.lab import (
     OBSERVE_CHARS,
     PROBE_TIMEOUT_S,
     Probe,
@@ -256,7 +256,7 @@ BAD_RUN_IDS = ("../../files", "../" * 6 + "etc", "0123456789AB", "zzzzzzzzzzzz",
 
 
 def _broker_run_ids(t: Trial) -> str:
-    from orchestrator.escapes.orchestrator import _broker
+    from orchestrator.escapes.broker_probes import _broker
 
     with _broker(t, agents={"alpha": {}}) as served:
         for op in ("diff", "undo", "begin", "finish"):
@@ -294,7 +294,7 @@ RACE = "mkdir -p deploy && echo owned > deploy/x"
 
 
 def _racing_the_commit(t: Trial) -> str:
-    from orchestrator.escapes.orchestrator import _broker
+    from orchestrator.escapes.broker_probes import _broker
 
     with _broker(t, agents={"alpha": {"workspace": {"protect": list(PROTECT)}}}) as served:
 

@@ -37,7 +37,7 @@ def rows(path: Path) -> list[dict]:
                     "id": a.id,
                     "status": status,
                     "tool": a.tool,
-                    "call": a.summary(),  # every hidden character written out (records/shown.py)
+                    "call": a.summary(),  # every hidden character written out (safeio/shown.py)
                     "input": a.input,
                     "words": a.words,
                     "rule": a.rule,

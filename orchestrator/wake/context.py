@@ -17,7 +17,7 @@ so step N reads steps 1..N-1 from the cache too.
 Workspace files are read through workspace_reads.py only (untrusted: no symlink
 followed, capped, never a hang). mandate.md is the human's, but under a
 shared ROOT not only the operator writes an agent folder: it is read through
-records/folder.py (no link followed, never a FIFO or device, capped).
+safeio/folder.py (no link followed, never a FIFO or device, capped).
 
 Approvals decided since the last wake (approval_gate.py) are told after the
 first message: who approved, when and what the call returned, or why it was
@@ -41,7 +41,7 @@ from orchestrator.policy.agent import Agent
 from orchestrator.records import approvals, tasks
 from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
-from orchestrator.records.folder import Folder
+from orchestrator.safeio.folder import Folder
 from orchestrator.sandbox.output import clean
 
 JOURNAL_TAIL = 3  # journal files in the context, newest last

@@ -96,7 +96,7 @@ from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
 from orchestrator.records import event_types as ev
 from orchestrator.records import egress
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 from orchestrator.records.receipt import Receipt, Status, Usage
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget

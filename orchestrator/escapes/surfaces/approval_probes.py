@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from orchestrator.escapes.core import Probe, escaped, held
+from orchestrator.escapes.lab import Probe, escaped, held
 from orchestrator.escapes.surfaces.console import AGENT, console
 from orchestrator.policy.agent import init_agent
 

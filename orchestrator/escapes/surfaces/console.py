@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlencode
 
-from orchestrator.escapes.core import Probe, escaped, held
+from orchestrator.escapes.lab import Probe, escaped, held
 from orchestrator.policy.agent import init_agent
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ on a ROOT there for the one that needs it; every disk they make is the
 trial's, released and deleted at its cleanup.
 
 Not here: filling a disk from inside the box (escapes/resources.py), the
-symlink swap of workspace/ (escapes/orchestrator.py); each probe's weakened
+symlink swap of workspace/ (escapes/broker_probes.py); each probe's weakened
 control: tests/escapes/test_surfaces_disks.py.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.broker.wire import BrokerError
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox import disk
 

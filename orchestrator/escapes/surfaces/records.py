@@ -12,8 +12,8 @@ file emptied), so nothing is left behind. No box is made.
 
 Each probe's weakened control: tests/escapes/test_surfaces_records.py.
 
-Not here: the walk they attack (records/folder.py), the workspace's planted
-files (escapes/harness.py: harness_ignores_planted_symlinks, ...).
+Not here: the walk they attack (safeio/folder.py), the workspace's planted
+files (escapes/harness_probes.py: harness_ignores_planted_symlinks, ...).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "surfaces"
 HANG_S = 2.0  # a host read of ours takes milliseconds; one still running then is stuck

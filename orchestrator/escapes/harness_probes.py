@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.schema import Policy
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "harness"
 HARNESS_READ_DEADLINE_S = 10  # building the system prompt takes ms; 10 s means it hung
@@ -264,7 +264,7 @@ PROBE_READY_S = 60  # for the pool to have a started container
 
 
 def _forge_end_line(t: Trial) -> str:
-    from orchestrator.escapes.core import python_command
+    from orchestrator.escapes.lab import python_command
 
     if t.box.pool is None or not t.box.pool.wait_ready(1, PROBE_READY_S):
         return held("no warm container: the status came from the engine, which output cannot reach")

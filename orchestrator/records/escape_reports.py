@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from orchestrator.records.atomic import atomic_write
+from orchestrator.safeio.atomic import atomic_write
 
 REPORTS_ENV = "WAKELOOP_REPORTS"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -11,7 +11,7 @@ policy probes use the `check` op, which goes through the same load and
 ceiling as `run` but makes no container; the in-flight probe runs three.
 
 Not here: the broker (broker/server.py), the ceiling (policy/ceiling.py),
-the files it reads (records/yamlfile.py read_config); the model's attacks
+the files it reads (safeio/yamlfile.py read_config); the model's attacks
 (the other escapes modules).
 """
 
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, set_agent_policy
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, set_agent_policy
 
 CATEGORY = "orchestrator"
 BOUND_S = 2.0  # a refusal or a bound takes ms; 2 s leaves room on a loaded 2-core box
