@@ -36,8 +36,16 @@ CALL_S = 30  # one cold call on a loaded host
 
 
 def _attached(image: Path) -> list[str]:
-    """Loop devices the kernel has backed by `image` now."""
-    return sorted(device for device, backing in disk._loops().items() if backing == str(image))
+    """Loop devices the kernel has backed by `image` now, read from sysfs as an outsider would
+    (not through disk.py, whose bookkeeping is what the probes attack)."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().strip() == str(image):
+                found.append("/dev/" + backing.parent.parent.name)
+        except OSError:
+            continue  # a device detached while we read
+    return sorted(found)
 
 
 def _box(trial: Trial, folder: Path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from orchestrator.broker import tls
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
-from orchestrator.escapes.broker_probes import _Served
+from orchestrator.escapes.broker_probes import ServedBroker
 
 CATEGORY = "surfaces"
 ASK = json.dumps({"op": "run", "agent": "alpha", "command": "echo served"}).encode() + b"\n"
@@ -61,7 +61,7 @@ def _tls_answers_only_the_orchestrator(t: Trial) -> str:
     tls.make_certs(theirs)
     root = t.dir / "root"
     init_agent(root / "alpha")
-    served = _Served(root, t.lab.client, Ceiling(source="the probe's ceiling"), tls_dir=ours)
+    served = ServedBroker(root, t.lab.client, Ceiling(source="the probe's ceiling"), tls_dir=ours)
     ca = ours / tls.CA
 
     def pair(folder: Path, name: str) -> tuple[Path, Path]:
