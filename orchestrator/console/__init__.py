@@ -16,8 +16,10 @@ a page through Jinja2's autoescaping. The console reads state/ and the
 trusted agent.yaml and mandate.md; it never reads the workspace (the disk's
 use comes from views/diskview.py's disk_status, as `status` has it).
 
-The top layer, beside cli.py: may import anything below it (escapes/ too,
-which is why it is not under fleet/).
+Under escapes/ and cli.py: may import anything below it. It runs the escape
+suite as a child process (escapes.py) and reads its reports from
+records/escape_reports.py, so it imports nothing of escapes/, which attacks
+a real console.
 
 Not here: what a page shows is decided by views/ (agent_status.py, fleet_table.py), the same code as
 `wakeloop status`; the metrics are metrics.py's.
