@@ -166,7 +166,7 @@ def build_root(root: Path, agents: int, wakes: int) -> None:
             day = (now - timedelta(days=(wakes - w) * 40 // wakes)).strftime("%Y-%m-%d")
             text = "\n".join(events).replace(receipt.run_id, run).replace(day0, day)
             lines.append(text.replace(f'"wake": {receipt.wake}', f'"wake": {w + 1}'))
-            # a copy each: a transcript with another name (a hard link) is refused (records/folder.py)
+            # a copy each: a transcript with another name (a hard link) is refused (safeio/folder.py)
             (sd / "transcripts" / f"{run}.jsonl").write_text(transcript.replace(receipt.run_id, run))
         cut = len(lines) * 6 // 10  # the older 60% rotated and gzipped, as retention leaves them
         stamp = now.strftime("%Y%m%dT%H%M%S000000Z")

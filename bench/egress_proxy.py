@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=3)
     args = parser.parse_args(argv)
     client = docker.from_env()
-    network._ensure_image(client)
+    network.ensure_image(client)
     root = Path(tempfile.mkdtemp(prefix="egress-bench-"))
     starts = []
     for i in range(args.starts):

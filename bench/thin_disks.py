@@ -129,7 +129,7 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
         f"after; {seconds:.0f} s"
     )
     if hasattr(disk, "filesystem"):  # what `wakeloop disk list` says of them all, before they go
-        from orchestrator.views.status import render_disks
+        from orchestrator.views.diskview import render_disks
 
         print("disk list:", render_disks(disk.survey(), place, disk.filesystem()).splitlines()[-1])
     for key in disk.keys():

@@ -27,7 +27,7 @@ from orchestrator.broker.ops import APPEND_MAX_BYTES
 from orchestrator.broker.wire import BrokerError
 from orchestrator.broker.server import HOST_ROOT_ENV, Broker
 from orchestrator.broker.client import BrokerClient, BrokerSandbox
-from orchestrator.escapes.orchestrator import _egress_keys
+from orchestrator.escapes.broker_probes import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.journal_stub import CLOSING_NOTE_CAP

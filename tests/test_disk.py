@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.views.status import agent_status, render_agent_status
+from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.box import SandboxError

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import PolicyError
-from orchestrator.records import secrets
+from orchestrator.safeio import secrets
 from orchestrator.records.events import secrets_from_env
 from orchestrator.sandbox import images, network
 from orchestrator.sandbox.explain import _egress_lines

@@ -16,7 +16,7 @@ from orchestrator import metrics
 from orchestrator.console.pages import turns
 from orchestrator.fleet.scheduler import describe_receipt
 from orchestrator.views.logview import render_line
-from orchestrator.views.status import render_agent_status
+from orchestrator.views.agent_status import render_agent_status
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, parse_event, read_events
 from orchestrator.records.receipt import STATUSES, Receipt, Usage

@@ -8,7 +8,7 @@ import sys
 
 from orchestrator.records.events import REDACTED, EventLog, read_events, secrets_from_env
 
-from orchestrator.views.status import format_event
+from orchestrator.views.eventview import format_event
 from tests.helpers import REPO
 
 APPENDS = 300  # lines per writer in the concurrency test

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.testing.fakeapi import text, tool_use, turn, usage
-from orchestrator.views.status import fleet_budget, fleet_notes
+from orchestrator.views.budgetview import fleet_budget
+from orchestrator.views.fleet_table import fleet_notes
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.fleetbudget import BUDGET_FILE, load_fleet_budget
 from orchestrator.policy.schema import Budget, PolicyError

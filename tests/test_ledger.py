@@ -320,7 +320,7 @@ def test_a_usd_cap_on_an_unpriced_model_refuses_to_start_with_one_line(agent_dir
 
 
 def test_a_cost_with_unpriced_calls_is_unknown_in_status_and_the_digest_never_zero(agent_dir):
-    from orchestrator.views.status import agent_status, render_agent_status
+    from orchestrator.views.agent_status import agent_status, render_agent_status
     from orchestrator.notify.outcomes import digest
     from orchestrator.records.events import EventLog
     from orchestrator.records.ledger import Meter, Usage, read_book

@@ -55,7 +55,7 @@ ALLOWED = {
 # Not preceded by a character that makes it part of something longer: a word, a path, a URL.
 NAME = re.compile(r"(?<![\w./:~$@%-])((?:[\w.-]+/)*[\w-]+\.(?:py|sh|md|yaml|yml|toml)|(?:[\w.-]+/)+)(?![\w/-])")
 CITATION = re.compile(r"docs/architecture\.md\s+§\s*(\d+)")
-# `orchestrator.views.status` (a module), `orchestrator.escapes` (a package), `orchestrator.errors.ConfigError`.
+# `orchestrator.views.logview` (a module), `orchestrator.escapes` (a package), `orchestrator.errors.ConfigError`.
 DOTTED = re.compile(r"(?<![\w./-])(orchestrator(?:\.(?!py\b)[A-Za-z_]\w*)+)")  # not orchestrator.py, a file
 # A page's section by its title: `README, "Threat model"`, `docs/security.md's "Known gaps"`, `README: "Tests"`.
 TITLED = re.compile(r"(?<![\w/])(README(?:\.md)?|docs/[\w-]+\.md)(?:'s)?[,:]?\s+\"([^\"\n]+)\"")
@@ -156,7 +156,7 @@ def test_the_check_sees_a_stale_name():
     assert [m.group(1) for m in NAME.finditer(urls)] == []
     # And the scan reads what it should: docstrings, comments and the docs, hundreds of names.
     names = [m.group(1) for _, _, text in _texts() for m in NAME.finditer(text)]
-    assert len(names) > 500 and "records/folder.py" in names and "docs/architecture.md" in names
+    assert len(names) > 500 and "safeio/folder.py" in names and "docs/architecture.md" in names
 
 
 def _sections(text: str) -> set[str]:

@@ -441,9 +441,9 @@ def address_matrix(docker_client):
     """{"<name> http|connect": the proxy's answer} for every name in REFUSED and
     PASSED, from the product's config (`*.wakeloop.test` allowed) in a proxy
     with no network, asked by a client in its namespace."""
-    from orchestrator.sandbox.network import PROXY_IMAGE, _ensure_image
+    from orchestrator.sandbox.network import PROXY_IMAGE, ensure_image
 
-    _ensure_image(docker_client)
+    ensure_image(docker_client)
     conf = network.proxy_config(network.plan(Path("/matrix"), ("*.wakeloop.test",)), MATRIX_SUBNETS)
     hosts = "".join(f"{ip} {name}.wakeloop.test\n" for name, ip in {**REFUSED, **PASSED}.items())
     proxy = docker_client.containers.run(
@@ -549,5 +549,5 @@ def test_a_network_name_two_processes_raced_for_resolves_to_the_oldest_and_the_l
             return mine
 
     client = type("Client", (), {"networks": Networks()})()
-    got = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
+    got = network.ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
     assert got is theirs and nets == [theirs]

@@ -147,13 +147,13 @@ def test_a_docker_group_user_who_is_not_root_is_told_what_to_do_by_every_command
 
 
 def test_a_permission_error_on_the_disks_folder_that_no_check_foresaw_is_still_one_line(monkeypatch, capsys):
-    from orchestrator.cli import records, wakeloop
+    from orchestrator.cli import record_commands, wakeloop
     from orchestrator.sandbox import disk
 
     def denied(args) -> int:
         raise PermissionError(13, "Permission denied", str(disk.disks_dir() / "room.lock"))
 
-    monkeypatch.setattr(records, "cmd_status", denied)
+    monkeypatch.setattr(record_commands, "cmd_status", denied)
     assert wakeloop.main(["status", "."]) == 3
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and "Permission denied" in said and all(way in said for way in WAYS_ON), said
@@ -161,6 +161,6 @@ def test_a_permission_error_on_the_disks_folder_that_no_check_foresaw_is_still_o
     def elsewhere(args) -> int:
         raise PermissionError(13, "Permission denied", "/etc/shadow")
 
-    monkeypatch.setattr(records, "cmd_status", elsewhere)
+    monkeypatch.setattr(record_commands, "cmd_status", elsewhere)
     with pytest.raises(PermissionError):  # not ours to explain: a bug, shown as one
         wakeloop.main(["status", "."])

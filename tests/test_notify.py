@@ -302,7 +302,7 @@ def test_serve_records_failed_starts_pauses_and_run_now_and_resume_act_on_the_ru
 
 @pytest.mark.docker
 def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path, fake_api, capsys):
-    from orchestrator.cli.notify import send_notifications
+    from orchestrator.cli.notify_commands import send_notifications
     from orchestrator.testing.fakeapi import FAKE_KEY
     from orchestrator.wake.loop import wake
     from orchestrator.wake.model import LiveModel
@@ -326,7 +326,7 @@ def test_a_live_wake_queues_its_send_message_and_the_sender_delivers_it(tmp_path
 
 def test_status_says_the_scheduler_is_not_running_when_its_heartbeat_is_stale(tmp_path):
     from orchestrator.fleet.control import STALE_S, beat, scheduler_note
-    from orchestrator.views.status import status_table
+    from orchestrator.views.fleet_table import status_table
 
     make_agent(tmp_path, "a", notify=[])
     assert "scheduler not running: no `wakeloop serve" in status_table(tmp_path)

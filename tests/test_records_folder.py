@@ -21,7 +21,7 @@ from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records import retention, state as st, transcript as tr
 from orchestrator.records.events import EventLog, read_history
 from orchestrator.escapes.surfaces.records import fifo_releaser, returns_within
-from orchestrator.records.folder import Folder, Refused, TooBig, capped_lines, state_folder
+from orchestrator.safeio.folder import Folder, Refused, TooBig, capped_lines, state_folder
 from orchestrator.records.retention import Retention, enforce
 from orchestrator.wake.context import NO_MANDATE, build_context
 from tests.helpers import REPO

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.views.status import agent_status
+from orchestrator.views.agent_status import agent_status
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.load import parse_policy

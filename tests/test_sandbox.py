@@ -449,7 +449,7 @@ PLAIN_MAY_FAIL = {
 
 
 def test_every_way_to_a_set_id_mode_is_refused_on_every_abi(make_sandbox, agent, runtime):
-    from orchestrator.escapes.core import python_command
+    from orchestrator.escapes.lab import python_command
     from orchestrator.escapes.setid import ATTEMPTS, kept_bits
 
     modes = (0o4755, 0o2755, 0o6755, 0o755)

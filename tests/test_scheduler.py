@@ -27,7 +27,7 @@ from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt, Usage
 from orchestrator.wake.loop import wake
 from orchestrator.fleet.scheduler import Scheduler, describe_receipt
-from orchestrator.views.status import status_table
+from orchestrator.views.fleet_table import status_table
 from orchestrator.fleet.schedule import first_due, save_tick
 from orchestrator.policy.schedule_line import parse_schedule, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder

@@ -1,4 +1,4 @@
-"""records/shown.py: what a person reads of another's text, every hidden character written out,
+"""safeio/shown.py: what a person reads of another's text, every hidden character written out,
 and --json that reads back exact (issue 45: a held call must read as it runs)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.records.approvals import Approval
-from orchestrator.records.shown import json_shown, shown
+from orchestrator.safeio.shown import json_shown, shown
 
 # bidi overrides and isolates, zero-width space/joiner/non-joiner, word joiner, BOM, soft hyphen,
 # a tag character (astral, Cf), a line separator, a no-break space, a Hangul filler, DEL, C1 NEL

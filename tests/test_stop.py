@@ -19,7 +19,7 @@ from tests.helpers.leftovers import our_containers
 from orchestrator.broker.server import Broker
 from orchestrator.broker.wire import BrokerError
 from orchestrator.fleet.scheduler import Scheduler
-from orchestrator.views.status import agent_status, render_agent_status
+from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records import stopswitch
 from orchestrator.records.events import EVENTS_FILE, read_events

@@ -44,7 +44,7 @@ another box holds it); all close at exit.
 Against an orchestrator taken over (which plants files in ROOT and holds the
 socket): an agent name must be a real folder directly under ROOT; agent.yaml
 and its policy file are read as untrusted (regular files only, capped, no YAML
-aliases: records/yamlfile.py); a request line must arrive whole within
+aliases: safeio/yamlfile.py); a request line must arrive whole within
 REQUEST_READ_S (transport.py); calls in flight, agents with a box, and open connections are
 capped, and a request past a cap is refused at once, never queued; a retired
 allowlist box takes its proxy and network with it; log lines are cut short.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.records.shown import json_shown
+from orchestrator.safeio.shown import json_shown
 
 
 def print_json(data) -> None:

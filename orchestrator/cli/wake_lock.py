@@ -1,7 +1,7 @@
 """One agent's wake lock held by a command that must not run beside one of its wakes
 (`disk rm`, `undo`, `move`).
 
-Not here: the lock itself (records/state.py), the commands (disks.py, records.py, swarm.py).
+Not here: the lock itself (records/state.py), the commands (disk_commands.py, record_commands.py, swarm_commands.py).
 """
 
 from __future__ import annotations

@@ -20,19 +20,19 @@ from pathlib import Path
 
 from orchestrator import __version__
 from orchestrator.cli import (
-    agents,
-    approvals,
-    disks,
-    escapes,
-    fleet,
-    models,
-    notify,
-    policy,
-    records,
-    sandbox,
-    swarm,
-    tasks,
-    wake,
+    agent_commands,
+    approval_commands,
+    disk_commands,
+    escape_commands,
+    fleet_commands,
+    model_commands,
+    notify_commands,
+    policy_commands,
+    record_commands,
+    sandbox_commands,
+    swarm_commands,
+    task_commands,
+    wake_commands,
 )
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, WakeloopError
 from orchestrator.sandbox.engine import connect
@@ -50,28 +50,28 @@ start here:
 
 # The commands, in the order --help lists them: each function adds one command, or a run of them.
 ORDER = (
-    agents.add_init,
-    sandbox.add_sandbox,
-    wake.add_wake,
-    disks.add_disk,
-    swarm.add_swarm,
-    wake.add_context,
-    agents.add_messages,  # send, outbox
-    models.add_models,
-    records.add_status,
-    tasks.add_task,
-    fleet.add_serve,
-    fleet.add_broker,
-    records.add_log,  # log, transcript
-    records.add_changes,  # diff, undo
-    swarm.add_move,
-    notify.add_notify,
-    fleet.add_control,  # pause, resume, run-now
-    fleet.add_switch,  # stop, start
-    approvals.add_approvals,  # approvals, approve, deny
-    policy.add_policy,
-    sandbox.add_image,
-    escapes.add_escapes,
+    agent_commands.add_init,
+    sandbox_commands.add_sandbox,
+    wake_commands.add_wake,
+    disk_commands.add_disk,
+    swarm_commands.add_swarm,
+    wake_commands.add_context,
+    agent_commands.add_messages,  # send, outbox
+    model_commands.add_models,
+    record_commands.add_status,
+    task_commands.add_task,
+    fleet_commands.add_serve,
+    fleet_commands.add_broker,
+    record_commands.add_log,  # log, transcript
+    record_commands.add_changes,  # diff, undo
+    swarm_commands.add_move,
+    notify_commands.add_notify,
+    fleet_commands.add_control,  # pause, resume, run-now
+    fleet_commands.add_switch,  # stop, start
+    approval_commands.add_approvals,  # approvals, approve, deny
+    policy_commands.add_policy,
+    sandbox_commands.add_image,
+    escape_commands.add_escapes,
 )
 
 

@@ -44,9 +44,9 @@ from orchestrator.console.escapes import RUNTIMES, Runner
 from orchestrator.console.hosts import Hosts, bind, refused_line
 from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
-from orchestrator.escapes import report_history
+from orchestrator.records import escape_reports
 from orchestrator.fleet.control import request_run
-from orchestrator.records.shown import shown
+from orchestrator.safeio.shown import shown
 from orchestrator.records.health import set_paused
 from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
@@ -248,7 +248,7 @@ class Console:
         return self.render(
             request,
             "escapes.html",
-            reports=report_history.latest(),
+            reports=escape_reports.latest(),
             run=run,
             runtimes=RUNTIMES,
             policies=SHIPPED_POLICIES,

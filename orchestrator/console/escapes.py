@@ -2,7 +2,7 @@
 
 The suite is the CLI's own command run as a child process (`python -m
 orchestrator escapes --json ...`), so the console shows exactly the report a
-person gets at a terminal; the command keeps its report (escapes/report_history.py)
+person gets at a terminal; the command keeps its report (records/escape_reports.py)
 and the page reads it from there. One run at a time; its stderr progress
 lines ("[ 3/103] HELD probe ...") are kept, the last LINES_KEPT of them.
 
@@ -10,7 +10,7 @@ Under compose the orchestrator has no Docker engine: the run then fails at
 once and the page says why (run `wakeloop escapes` in the broker's container).
 
 Not here: the probes and the report (escapes/), where reports are kept
-(escapes/report_history.py).
+(records/escape_reports.py).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ announced, and for as long after the restart as a row read then would be;
 anything wrong with the file and it is ignored (the rows are read again),
 and a row the page cannot show is forgotten (console/app.py _fleet_html).
 
-Not here: the rows' and the status's contents (views/status.py), the wake
+Not here: the rows' and the status's contents (views/fleet_table.py, agent_status.py), the wake
 history (fleet/wake_history.py), HTML (templates/).
 """
 
@@ -54,15 +54,9 @@ from orchestrator.views import diffview
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
-from orchestrator.views.status import (
-    COST_DAYS,
-    agent_status,
-    budget_line,
-    current_wake,
-    fleet_budget,
-    fleet_row,
-    usd_by_day,
-)
+from orchestrator.views.budgetview import COST_DAYS, budget_line, fleet_budget, usd_by_day
+from orchestrator.views.agent_status import agent_status
+from orchestrator.views.fleet_table import current_wake, fleet_row
 from orchestrator.views.egressview import size
 from orchestrator.records import egress, stopswitch
 from orchestrator.policy.agent import Agent, load_agent
@@ -72,7 +66,7 @@ from orchestrator.records.run_ids import RunIdError, resolve
 from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
-from orchestrator.records.folder import Folder
+from orchestrator.safeio.folder import Folder
 
 RELOAD_S = 5.0  # a cached agent is loaded again at least this often
 ROW_TTL_S = 120.0  # a cached fleet row is read again at least this often (plus jitter)
@@ -413,7 +407,7 @@ def turns(lines: list[dict]) -> list[dict]:
 
 
 def _mandate(agent: Agent) -> str:
-    try:  # records/folder.py: no link followed, never a FIFO or device (a request would hang)
+    try:  # safeio/folder.py: no link followed, never a FIFO or device (a request would hang)
         return Folder(agent.dir).head("mandate.md", MANDATE_CAP)[:MANDATE_CAP].decode("utf-8", "replace")
     except OSError as exc:
         return f"(mandate.md unreadable: {exc.strerror})"

@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 from orchestrator.sandbox import network
 
 CATEGORY = "allowlist"

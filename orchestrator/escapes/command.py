@@ -13,8 +13,8 @@ box alone (registry.THROUGH_A_BROKER) run through that broker instead, over
 its wire (mutual TLS for tls://): each in a throwaway agent directly under
 the broker's ROOT, paused so that serve never wakes it, removed after.
 
-Not here: the probes and their runner (core.py), the report card (report.py),
-where reports are kept for the console (report_history.py).
+Not here: the probes and their runner (lab.py), the report card (report.py),
+where reports are kept for the console (records/escape_reports.py).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from orchestrator.policy.schema import Policy
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.engine import check_image, connect
-from orchestrator.escapes.core import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
+from orchestrator.escapes.lab import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
 from orchestrator.escapes.host import WARNING, HostCheck, check_host
 from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER
-from orchestrator.escapes import report_history
+from orchestrator.records import escape_reports
 from orchestrator.escapes.report import failed, json_report, text_report
 from orchestrator.records.events import now_iso
 
@@ -107,7 +107,7 @@ def run(
         },
     )
     try:
-        kept = report_history.save(json.loads(doc))
+        kept = escape_reports.save(json.loads(doc))
     except OSError as exc:
         print(f"escapes: the report was not kept for the console: {exc}", file=sys.stderr)
     else:

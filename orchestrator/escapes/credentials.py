@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from urllib.parse import unquote
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 from orchestrator.policy.schema import Credential, HttpRule
 from orchestrator.sandbox import network
 
@@ -161,8 +161,8 @@ def _line(container, prefix: str) -> str:
 @contextmanager
 def echo_server(client, names: tuple[str, ...], label: str = LABEL):
     """ECHO_SERVER on the egress bridge, known there by `names`; yields (container, its CA's PEM)."""
-    network._ensure_image(client)
-    bridge = network._ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
+    network.ensure_image(client)
+    bridge = network.ensure_network(client, network.EGRESS_NETWORK, internal=False, key="shared")
     container = client.containers.create(
         network.PROXY_IMAGE,
         ["python3", "-c", ECHO_SERVER, ",".join(names)],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.escapes.credentials import BOUND, PLAIN, RULED, RULES, credential_box, routes, seen
 from orchestrator.sandbox import network
 

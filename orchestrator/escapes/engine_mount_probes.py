@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from functools import partial
 
-from orchestrator.escapes.core import PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
+from orchestrator.escapes.lab import PROBE_TIMEOUT_S, Probe, Trial, escaped, held, observed
 from orchestrator.escapes.transaction_probes import (
     RUN,
-    _links_across_layers,
-    _protected_paths_by_bash,
-    _setid_at_commit,
+    links_across_layers,
+    protected_paths_by_bash,
+    setid_at_commit,
 )
 from orchestrator.sandbox import layers
 
@@ -75,21 +75,21 @@ engine_mounts_refuse_protected_paths_by_bash = Probe(
     CATEGORY,
     "where the engine mounts the wake's overlay, a change to a workspace.protect path by bash (a write, "
     "`mv`, rename(2) of a folder into place, a hard link) is refused at finish all the same",
-    partial(_protected_paths_by_bash, engine_mounts=True),
+    partial(protected_paths_by_bash, engine_mounts=True),
 )
 
 engine_mounts_never_follow_links_across_layers = Probe(
     "engine_mounts_never_follow_links_across_layers",
     CATEGORY,
     "where the engine mounts the wake's overlay, links the wake plants land as links, never followed",
-    partial(_links_across_layers, engine_mounts=True),
+    partial(links_across_layers, engine_mounts=True),
 )
 
 engine_mounts_refuse_setid_bits_at_commit = Probe(
     "engine_mounts_refuse_setid_bits_at_commit",
     CATEGORY,
     "where the engine mounts the wake's overlay, no set-id file lands at the wake's commit",
-    partial(_setid_at_commit, engine_mounts=True),
+    partial(setid_at_commit, engine_mounts=True),
 )
 
 PROBES = [

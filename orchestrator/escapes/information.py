@@ -14,7 +14,7 @@ import os
 import re
 import socket
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "information"
 BOX_ENV = {"PATH", "HOME", "LANG", "HOSTNAME", "PWD", "SHLVL", "_", "OLDPWD"}  # set by the box or bash itself

@@ -16,7 +16,7 @@ import threading
 
 import docker.errors
 
-from orchestrator.escapes.core import Probe, Trial, observed, python_command
+from orchestrator.escapes.lab import Probe, Trial, observed, python_command
 
 CATEGORY = "network"
 DOCKER_API_PORTS = (2375, 2376)  # the engine's plain and TLS TCP ports

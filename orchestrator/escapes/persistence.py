@@ -9,7 +9,7 @@ import os
 import secrets
 import time
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "persistence"
 TEARDOWN_S = 5  # seconds the engine gets to tear down a finished box before a survivor counts

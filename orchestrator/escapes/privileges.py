@@ -12,7 +12,7 @@ import time
 
 from orchestrator.sandbox.deadline import KILL_GRACE_S
 from orchestrator.escapes import setid
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 
 CATEGORY = "privileges"
 STOPPED_INIT_DEADLINE_S = 4  # the call's own deadline: short, the point is that it is kept

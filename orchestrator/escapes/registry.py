@@ -7,10 +7,10 @@ from orchestrator.escapes import credentials
 from orchestrator.escapes import egress_cap
 from orchestrator.escapes import engine_mount_probes
 from orchestrator.escapes import filesystem
-from orchestrator.escapes import harness
+from orchestrator.escapes import harness_probes
 from orchestrator.escapes import information
 from orchestrator.escapes import network_probes
-from orchestrator.escapes import orchestrator
+from orchestrator.escapes import broker_probes
 from orchestrator.escapes import persistence
 from orchestrator.escapes import privileges
 from orchestrator.escapes import resources
@@ -45,8 +45,8 @@ ALL_PROBES = (
     + persistence.PROBES
     + resources.PROBES
     + egress_cap.PROBES
-    + harness.PROBES
-    + orchestrator.PROBES
+    + harness_probes.PROBES
+    + broker_probes.PROBES
     + surfaces.PROBES
 )
 

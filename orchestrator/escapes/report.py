@@ -2,10 +2,10 @@
 
 Text for a person at a terminal, or one JSON document for a machine.
 Observed text came out of a box: it is cleaned again before it is printed.
-A probe whose cleanup left something on the host (core.py's Trial.cleanup)
+A probe whose cleanup left something on the host (lab.py's Trial.cleanup)
 shows what, and the commands that release it, under the probes that did not hold.
 
-Not here: running the probes (core.py, command.py), the console's page of it
+Not here: running the probes (lab.py, command.py), the console's page of it
 (console/templates/escapes.html).
 """
 
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import asdict
 
 from orchestrator.sandbox.output import clean
-from orchestrator.escapes.core import ESCAPED, HELD, INCONCLUSIVE, Outcome
+from orchestrator.escapes.lab import ESCAPED, HELD, INCONCLUSIVE, Outcome
 from orchestrator.escapes.host import WARNING, HostCheck
 from orchestrator.escapes.registry import CATEGORIES
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orchestrator.sandbox.deadline import KILL_GRACE_S
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent
 
 CATEGORY = "resources"
@@ -226,7 +226,7 @@ SMALL_FILES = 2000  # inodes of that disk
 DISK_SLACK = 8 * 2**20  # bytes: ext4's own metadata on top of what the box wrote
 
 
-def _small_disk(t: Trial, name: str = "small-disk", **box_options):
+def small_disk(t: Trial, name: str = "small-disk", **box_options):
     """A box (`box_options`: new_box's, e.g. warm) on an agent of its own whose workspace
     disk is SMALL_DISK with SMALL_FILES inodes, and that agent's folder."""
     agent = init_agent(t.dir / name)
@@ -250,7 +250,7 @@ def _disk_attack(command: str, observed: str):
     within the disk, and the box must have been told no (ENOSPC or EDQUOT)."""
 
     def attack(t: Trial) -> str:
-        box, agent = _small_disk(t)
+        box, agent = small_disk(t)
         result = box.run(command, timeout_s=60, max_output_chars=4000)
         used = _host_bytes(box, agent)
         told = any(no in result.output for no in ("No space left", "Disk quota", "unsupported"))
@@ -284,7 +284,7 @@ caps_workspace_fallocate = Probe(
 
 
 def _caps_workspace_files(t: Trial) -> str:
-    box, agent = _small_disk(t)
+    box, agent = small_disk(t)
     program = rf"""
 n, why = 0, "none"
 try:

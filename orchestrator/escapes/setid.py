@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import stat
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 
 CATEGORY = "privileges"
 SET_ID_MODES = (0o4755, 0o2755, 0o6755)

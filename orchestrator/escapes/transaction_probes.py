@@ -11,7 +11,7 @@ refused must not be there, what it allows must be (so a commit that landed nothi
 proves nothing). The set-id probe also plants in the upper layer from the host,
 standing in for a box whose seccomp filter was bypassed: the commit's check is the
 second line. The broker probe serves a real Broker on a temp socket (as
-orchestrator.py's probes do) and sends it run ids that walk out.
+broker_probes.py's probes do) and sends it run ids that walk out.
 
 Not here: the transaction (sandbox/transaction.py, wake_layer.py), the broker's
 ops (broker/server.py), the in-box set-id refusals (setid.py), write_file's own
@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.escapes.core import (
+from orchestrator.escapes.lab import (
     OBSERVE_CHARS,
     PROBE_TIMEOUT_S,
     Probe,
@@ -102,7 +102,7 @@ PROTECTED_ATTACK = (
 )
 
 
-def _protected_paths_by_bash(t: Trial, engine_mounts: bool = False) -> str:
+def protected_paths_by_bash(t: Trial, engine_mounts: bool = False) -> str:
     # pooled: the call before begin leaves containers of files/ ahead
     box, root = _box(t, warm=None, engine_mounts=engine_mounts)
     if root is None:
@@ -133,14 +133,14 @@ transaction_refuses_protected_paths_by_bash = Probe(
     CATEGORY,
     "a change to a workspace.protect path by bash (a write, `mv` into place, rename(2) of a folder "
     "into place, a hard link) is refused at the wake's finish: files/ unchanged there, the rest lands",
-    _protected_paths_by_bash,
+    protected_paths_by_bash,
 )
 
 
 # -- 2. links across the layers ---------------------------------------------------------------
 
 
-def _links_across_layers(t: Trial, engine_mounts: bool = False) -> str:
+def links_across_layers(t: Trial, engine_mounts: bool = False) -> str:
     box, root = _box(t, engine_mounts=engine_mounts)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
@@ -205,14 +205,14 @@ transaction_never_follows_links_across_layers = Probe(
     "links the wake plants (to the host, out of files/) are scanned and committed as links, never "
     "followed or copied; a hard link never reaches a file outside the wake's own, not even one planted "
     "in the upper layer past the box",
-    _links_across_layers,
+    links_across_layers,
 )
 
 
 # -- 3. set-id bits at commit -----------------------------------------------------------------
 
 
-def _setid_at_commit(t: Trial, engine_mounts: bool = False) -> str:
+def setid_at_commit(t: Trial, engine_mounts: bool = False) -> str:
     box, root = _box(t, engine_mounts=engine_mounts)
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"
@@ -246,7 +246,7 @@ transaction_refuses_setid_bits_at_commit = Probe(
     CATEGORY,
     "no file with a set-uid or set-gid bit lands at a wake's commit, even one planted in the upper "
     "layer past the box's filter (the commit's check is the second line)",
-    _setid_at_commit,
+    setid_at_commit,
 )
 
 
@@ -256,9 +256,9 @@ BAD_RUN_IDS = ("../../files", "../" * 6 + "etc", "0123456789AB", "zzzzzzzzzzzz",
 
 
 def _broker_run_ids(t: Trial) -> str:
-    from orchestrator.escapes.orchestrator import _broker
+    from orchestrator.escapes.broker_probes import served_broker
 
-    with _broker(t, agents={"alpha": {}}) as served:
+    with served_broker(t, agents={"alpha": {}}) as served:
         for op in ("diff", "undo", "begin", "finish"):
             for run_id in BAD_RUN_IDS:
                 reply, _seconds = served.ask({"op": op, "agent": "alpha", "run_id": run_id}, timeout_s=60)
@@ -294,9 +294,9 @@ RACE = "mkdir -p deploy && echo owned > deploy/x"
 
 
 def _racing_the_commit(t: Trial) -> str:
-    from orchestrator.escapes.orchestrator import _broker
+    from orchestrator.escapes.broker_probes import served_broker
 
-    with _broker(t, agents={"alpha": {"workspace": {"protect": list(PROTECT)}}}) as served:
+    with served_broker(t, agents={"alpha": {"workspace": {"protect": list(PROTECT)}}}) as served:
 
         def ask(request: dict) -> dict:
             reply, _seconds = served.ask({"agent": "alpha", **request}, timeout_s=PROBE_TIMEOUT_S)
@@ -369,11 +369,11 @@ def _state(files: Path, k: int) -> tuple:
 
 
 def _full_disk(t: Trial) -> str:
-    from orchestrator.escapes.resources import _small_disk
+    from orchestrator.escapes.resources import small_disk
 
     # Cold calls: a pooled container of a wake keeps its overlay, and what it holds, a moment
     # past the finish; the next wake here begins at once, on a disk with few inodes.
-    box, _agent = _small_disk(t, "full-disk", warm=0)
+    box, _agent = small_disk(t, "full-disk", warm=0)
     root = box.disk_root
     if root is None:
         return "no disk here (sandbox.disk none): no transaction to attack\n"

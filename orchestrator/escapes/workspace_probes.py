@@ -17,7 +17,7 @@ import time
 
 from orchestrator.broker.wire import BrokerRefusal
 from orchestrator.sandbox.deadline import KILL_GRACE_S
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it

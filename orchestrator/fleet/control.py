@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.records.atomic import atomic_write
+from orchestrator.safeio.atomic import atomic_write
 from orchestrator.records.state import LockHolder
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 
 HEARTBEAT_FILE = "serve.json"  # in ROOT
 HEARTBEAT_S = 10.0  # how often serve rewrites it

@@ -7,7 +7,7 @@ so and logs `tick_skipped`), not run hours late.
 
 Not here: what a schedule line may say, read once for every command
 (policy/schedule_line.py), running wakes (scheduler.py), showing them
-(views/status.py).
+(views/fleet_table.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.policy.schedule_line import DEFAULT_TZ, Schedule, ScheduleError, parse_schedule
-from orchestrator.records.atomic import atomic_write
-from orchestrator.records.folder import state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.atomic import atomic_write
+from orchestrator.safeio.folder import state_folder
+from orchestrator.safeio.jsontext import loads
 
 SCHEDULE_FILE = "schedule.json"  # in state/: the last tick handled, so a restart runs a missed one once
 
@@ -76,7 +76,7 @@ def next_wake(
 def agent_dirs(root: Path) -> list[Path]:
     """Folders directly under ROOT that hold agent.yaml, by name. A link (the folder or
     its agent.yaml) is no agent: wakeloop follows no link into or out of an agent folder
-    (records/folder.py), and the console shows none, so serve wakes none either."""
+    (safeio/folder.py), and the console shows none, so serve wakes none either."""
     try:
         return sorted(p for p in Path(root).iterdir() if not p.is_symlink() and _holds_agent_yaml(p))
     except OSError:

@@ -15,7 +15,7 @@ Lines are filtered as bytes before JSON parsing: only those naming
 `wake_finished` are parsed.
 
 The index is kept on disk too, in the agent's own state/ (INDEX_FILE,
-written whole through records/folder.py), so a restarted console reads a
+written whole through safeio/folder.py), so a restarted console reads a
 year of history in a stat per file instead of ~0.1 s of parsing per agent.
 It is untrusted input (whoever owns the agent folder can write it): read
 capped, through no link and only as a file with one name, from the agent's
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from orchestrator.records.event_types import WakeFinished
 from orchestrator.records.events import EVENTS_FILE, parse_event
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 from orchestrator.records.retention import LINE_CAP, history, holder, open_text
 
 MARK = '"wake_finished"'
@@ -173,7 +173,7 @@ class WakeIndex:
 
     def _read_on(self, path: Path, known: _File) -> None:
         try:
-            folder, name = holder(path)  # records/folder.py: no link followed, never a FIFO
+            folder, name = holder(path)  # safeio/folder.py: no link followed, never a FIFO
             fd = folder.open(name)
         except OSError:
             return

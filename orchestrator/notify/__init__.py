@@ -11,7 +11,7 @@ and which of a failure streak's turns are news: `failing`, `paused`, `recovered`
 The streak itself, its backoff and the pause live in records/health.py.
 
 Sits beside records/: imports records/ (secrets.py: the one list of secret
-names), errors and records/yamlfile.py's line finder and safe YAML reader only,
+names), errors and safeio/yamlfile.py's line finder and safe YAML reader only,
 never wake/ or fleet/, so the loop, the scheduler, policy/agent.py (which
 reads `notify:`) and policy/ceiling.py (its notify_env check) can all call it.
 """

@@ -28,7 +28,7 @@ on every channel, never structure:
   printable text; the agent's words are in the body.
 - webhook: JSON fields; the id in a header is percent-encoded ASCII.
 - command: the JSON on stdin; argv is the operator's, and the environment
-  it gets has no secret (records/secrets.py) in it.
+  it gets has no secret (safeio/secrets.py) in it.
 
 Not here: retries and their timing (sender.py), what is sent (outcomes.py).
 """
@@ -51,8 +51,8 @@ from urllib.request import getproxies, proxy_bypass
 from orchestrator.notify.config import EMAIL, Channel, expand, referenced
 from orchestrator.notify.queue import Payload
 from orchestrator.records.events import scrub, secrets_from_env
-from orchestrator.records.secrets import is_secret
-from orchestrator.records.shown import shown
+from orchestrator.safeio.secrets import is_secret
+from orchestrator.safeio.shown import shown
 
 HTTP_TIMEOUT_S = 10.0  # one POST's connect, and each wait for bytes; a slow receiver is retried
 HTTP_DEADLINE_S = 20.0  # one POST in all, however its bytes trickle in

@@ -24,17 +24,17 @@ Who may ask for what (whoever writes one agent folder is not the operator):
 - `${VAR}` reads only names the operator allowed: by default those starting
   SLACK_ or WAKELOOP_NOTIFY_, more through ROOT/notify.yaml's
   `expand: [PAGER_TOKEN, "OPS_*"]` or the ceiling's `notify_env:`. A secret
-  (records/secrets.py: ANTHROPIC_*, the console token, the SMTP URL) never:
+  (safeio/secrets.py: ANTHROPIC_*, the console token, the SMTP URL) never:
   an entry naming one, or an `expand:` pattern that admits one, is refused
   at load with `file:line: key: reason`; channels.py checks again at send.
 - `command:` runs a program as the orchestrator: only ROOT/notify.yaml may
   name one, or agent.yaml when the ceiling says `notify_commands: true`.
 
-ROOT/notify.yaml is read like every config file (records/yamlfile.py's
+ROOT/notify.yaml is read like every config file (safeio/yamlfile.py's
 read_config: a regular file, capped, no aliases).
 
 Not here: sending (channels.py), the queue (queue.py), the ceiling's keys
-(policy/ceiling.py), the list of secrets (records/secrets.py).
+(policy/ceiling.py), the list of secrets (safeio/secrets.py).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder
-from orchestrator.records.secrets import is_secret, pattern_reaches_secret
-from orchestrator.records.yamlfile import ConfigFileError, KeyPath, line_of, parse_yaml
+from orchestrator.safeio.folder import Folder
+from orchestrator.safeio.secrets import is_secret, pattern_reaches_secret
+from orchestrator.safeio.yamlfile import ConfigFileError, KeyPath, line_of, parse_yaml
 
 EVENTS = (
     "dead_letter",
@@ -106,9 +106,7 @@ class Allowed:
     def refusal(self, name: str) -> str | None:
         """Why ${name} may not be read, or None."""
         if is_secret(name):
-            return (
-                f"${{{name}}} is a secret wakeloop keeps (records/secrets.py); a notification target never carries it"
-            )
+            return f"${{{name}}} is a secret wakeloop keeps (safeio/secrets.py); a notification target never carries it"
         if not any(fnmatch.fnmatchcase(name, p) for p in self.expand):
             return (
                 f"${{{name}}} is not a variable notifications may read ({', '.join(self.expand)}); "
@@ -293,7 +291,7 @@ def load_root_notify(
     if not os.path.lexists(path):
         return (), allowed
     try:
-        # records/folder.py: no link followed, never a FIFO or device, capped; parse_yaml: no aliases
+        # safeio/folder.py: no link followed, never a FIFO or device, capped; parse_yaml: no aliases
         data, node = parse_yaml(Folder(Path(root)).read_bytes(ROOT_FILE, NOTIFY_CAP).decode("utf-8"))
     except ConfigFileError as exc:
         raise NotifyError(str(exc)) from None
@@ -337,7 +335,7 @@ def expand_refusal(pattern: str) -> str | None:
     if pattern_reaches_secret(pattern):
         return (
             f"{pattern!r} admits a secret wakeloop keeps (ANTHROPIC_*, WAKELOOP_CONSOLE_TOKEN, "
-            "WAKELOOP_SMTP_URL: records/secrets.py); name the variables the targets need"
+            "WAKELOOP_SMTP_URL: safeio/secrets.py); name the variables the targets need"
         )
     return None
 

@@ -33,9 +33,9 @@ from orchestrator.records.approvals import Approval
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
 from orchestrator.records.receipt import FAILED, Receipt
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 from orchestrator.records.models import lifecycle_warning, model_info
-from orchestrator.records.shown import shown
+from orchestrator.safeio.shown import shown
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop", "not_committed")  # receipt statuses that are news by themselves
 MARKER_CAP = 64  # bytes of a day marker read (a date)
@@ -343,7 +343,7 @@ def _first_today(state_dir: Path, what: str) -> bool:
     midnight, and one notification says so."""
     today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{what}.day"
-    try:  # records/folder.py: no link followed, capped
+    try:  # safeio/folder.py: no link followed, capped
         if state_folder(state_dir).read_text(marker, MARKER_CAP).strip() == today:
             return False
     except OSError:
@@ -356,7 +356,7 @@ def _first_in(state_dir: Path, what: str, days: int) -> bool:
     """True when `what` was last said `days` or more UTC days ago (or never); marks today."""
     today = datetime.now(timezone.utc).date()
     marker = f"{queue.NOTIFY_DIR}/{what}.day"
-    try:  # records/folder.py: no link followed, capped
+    try:  # safeio/folder.py: no link followed, capped
         last = datetime.strptime(state_folder(state_dir).read_text(marker, MARKER_CAP).strip(), "%Y-%m-%d").date()
         if (today - last).days < days:
             return False
@@ -372,7 +372,7 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
         return
     today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{DAILY_FILE}"
-    try:  # records/folder.py: no link followed, capped
+    try:  # safeio/folder.py: no link followed, capped
         last = state_folder(state_dir).read_text(marker, MARKER_CAP).strip()
     except OSError:
         last = ""

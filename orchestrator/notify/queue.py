@@ -11,7 +11,7 @@ only after done.jsonl says what became of it, so the worst a crash does is
 send one again: delivery is at least once, and every notification carries a
 stable `id` for the receiver to deduplicate on.
 
-Every file here is reached through records/folder.py (no link followed,
+Every file here is reached through safeio/folder.py (no link followed,
 regular files only, reads capped); done.jsonl is also a log of retention.py's,
 rotated and expired by the one rule for state/.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.records import retention
-from orchestrator.records.folder import state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.folder import state_folder
+from orchestrator.safeio.jsontext import loads
 
 NOTIFY_DIR = "notify"  # under state/
 QUEUE_DIR = "queue"

@@ -154,7 +154,7 @@ class _sender_lock:
         self.path = folder / queue.SENDER_LOCK
 
     def __enter__(self) -> bool:
-        folder, name = holder(self.path)  # records/folder.py: state/notify/ walked, no link followed
+        folder, name = holder(self.path)  # safeio/folder.py: state/notify/ walked, no link followed
         self.fd = folder.open(name, os.O_RDWR | os.O_CREAT, create_dirs=True)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

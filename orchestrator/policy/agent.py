@@ -2,10 +2,10 @@
 
 agent.yaml and mandate.md are the human's (never mounted into a box), but
 under a shared ROOT whoever may write one agent folder is not the operator:
-every file of the folder is read through records/folder.py (no link followed,
+every file of the folder is read through safeio/folder.py (no link followed,
 `state` itself included; never a FIFO or device; capped). A policy path in
 agent.yaml inside the folder is read the same way; one outside it (a shared
-policy of the operator's) with records/yamlfile.py's read_config checks.
+policy of the operator's) with safeio/yamlfile.py's read_config checks.
 workspace/ is the agent's and untrusted; state/ is the host's alone.
 """
 
@@ -22,14 +22,14 @@ import yaml
 
 from orchestrator.assets import SHIPPED_POLICIES, shipped_policy
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder, Place
+from orchestrator.safeio.folder import Folder, Place
 from orchestrator.records.models import Thinking, check_choice
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schedule_line import DEFAULT_TZ, ScheduleError, parse_schedule
 from orchestrator.policy.schema import Policy, PolicyError
-from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
+from orchestrator.safeio.yamlfile import line_of, parse_yaml, read_config
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # what `wakeloop init` writes: the current Sonnet
 # An agent.yaml with no `model:` always ran on this one, and keeps it: a model is never switched

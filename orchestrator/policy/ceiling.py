@@ -58,7 +58,7 @@ import yaml
 
 from orchestrator.policy.load import parse_host, parse_size
 from orchestrator.policy.schema import NETWORKS, SIZE_FIELDS, Policy, PolicyError
-from orchestrator.records.yamlfile import KeyPath, line_of
+from orchestrator.safeio.yamlfile import KeyPath, line_of
 from orchestrator.notify.config import expand_refusal
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ file. The ceiling (WAKELOOP_CEILING: max.fleet_usd_per_day and
 max.fleet_usd_per_month) bounds both: a number over it, or 0 (no cap) under
 a bound, is refused with `file:line: key: reason`; with no budget.yaml, the
 ceiling's numbers are the fleet's caps. Read fresh at each wake's start, as
-untrusted as any config (records/yamlfile.py's read_config): a regular file, capped.
+untrusted as any config (safeio/yamlfile.py's read_config): a regular file, capped.
 
 Not here: adding up what was spent (ledger.py FleetBooks), the agent's own
 caps (schema.py Budget).
@@ -29,7 +29,7 @@ from orchestrator.policy.agent import CEILING_ENV
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.schema import PolicyError
 from orchestrator.records.ledger import FleetCaps
-from orchestrator.records.yamlfile import line_of, parse_yaml, read_config
+from orchestrator.safeio.yamlfile import line_of, parse_yaml, read_config
 
 BUDGET_FILE = "budget.yaml"  # in ROOT
 KEYS = ("max_usd_per_day", "max_usd_per_month")

@@ -6,7 +6,7 @@ is one line, `file:line: key.path: reason`, with a hint for a misspelt key.
 Pure: needs no engine (sandbox/policy_check.py asks the engine the rest).
 
 Not here: the dataclasses and their defaults (schema.py), reading the file
-and the line of each key (records/yamlfile.py), the path rules a glob is
+and the line of each key (safeio/yamlfile.py), the path rules a glob is
 matched with (paths.py).
 """
 
@@ -35,10 +35,10 @@ from orchestrator.policy.schema import (
     Policy,
     PolicyError,
 )
-from orchestrator.records.folder import Place
+from orchestrator.safeio.folder import Place
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE
-from orchestrator.records.secrets import is_wakeloop_own, note_credentials
-from orchestrator.records.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
+from orchestrator.safeio.secrets import is_wakeloop_own, note_credentials
+from orchestrator.safeio.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -497,7 +497,7 @@ def _credentials(value: Any, path: KeyPath, source: str, node: Node) -> tuple[Cr
         var = CREDENTIAL_VAR.findall(text)[0]
         if is_wakeloop_own(var):
             raise _fail(source, node, where + ("value",), f"{var} is wakeloop's own secret, never a credential")
-        note_credentials((var,))  # its value is scrubbed from what this process writes (records/secrets.py)
+        note_credentials((var,))  # its value is scrubbed from what this process writes (safeio/secrets.py)
         placeholder = entry.get("placeholder_env", "")
         if placeholder and (not isinstance(placeholder, str) or not _ENV_NAME.match(placeholder)):
             raise _fail(source, node, where + ("placeholder_env",), "not a valid environment variable name")

@@ -8,7 +8,7 @@ and why it is that size; the field names are the policy file's keys.
 Not here: reading a policy file into these (load.py: `load_policy`,
 `parse_policy`, `policy_from_mapping`, each key's check), the path rules that
 WriteFileTool and ApproveRule apply (paths.py), the YAML reader with line
-numbers (records/yamlfile.py), whether the engine can give what a policy asks
+numbers (safeio/yamlfile.py), whether the engine can give what a policy asks
 (sandbox/policy_check.py).
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 from orchestrator.policy.paths import GIT_DENY, glob_match, is_dotgit, normalise
 from orchestrator.records.retention import Retention
-from orchestrator.records.yamlfile import ConfigFileError
+from orchestrator.safeio.yamlfile import ConfigFileError
 
-# One class for a policy's errors and its file's read errors (records/yamlfile.py),
+# One class for a policy's errors and its file's read errors (safeio/yamlfile.py),
 # so a caller catches both as one: file, key path and, where known, the line.
 PolicyError = ConfigFileError
 

@@ -17,7 +17,7 @@ and is `reported` once the model has been told; its file is deleted
 KEEP_DAYS after it was asked (a wake's `take` prunes). state/ is mounted in no
 sandbox: the model can ask, never decide; a file it writes in /workspace is
 no approval. Every change is a read-modify-write under an flock
-(approvals.lock), each file written whole (records/folder.py: no link
+(approvals.lock), each file written whole (safeio/folder.py: no link
 followed, capped), so `wakeloop approve` never races a wake's `take`.
 
 Not here: which calls ask (policy/schema.py's Approve), running one and the
@@ -36,10 +36,10 @@ from pathlib import Path
 from orchestrator.errors import ConfigError
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog
-from orchestrator.records.atomic import locked
-from orchestrator.records.folder import TooBig, state_folder
-from orchestrator.records.jsontext import loads
-from orchestrator.records.shown import shown
+from orchestrator.safeio.atomic import locked
+from orchestrator.safeio.folder import TooBig, state_folder
+from orchestrator.safeio.jsontext import loads
+from orchestrator.safeio.shown import shown
 
 APPROVALS_DIR = "approvals"
 APPROVALS_LOCK = "approvals.lock"
@@ -80,7 +80,7 @@ class Approval:
 
     def summary(self) -> str:
         """The call, for people and the model: every character that does not show itself written
-        out (shown.py), so what reads is what runs."""
+        out (safeio/shown.py), so what reads is what runs."""
         hosts = f" (reaching {', '.join(self.hosts)}, outside allow_hosts)" if self.hosts else ""
         return shown(self._call(), keep="\n\t") + hosts
 

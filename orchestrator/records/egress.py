@@ -17,7 +17,7 @@ and the file itself may be planted by whoever can write the agent folder
   credential that is not a variable's name (a value, by mistake?) never
   written, anything but "allow" recorded as "deny", and the secrets
   events.py scrubs scrubbed here too. Lines go out in whole-line writes on an
-  O_APPEND descriptor (folder.py: never through a link, never into a FIFO).
+  O_APPEND descriptor (safeio/folder.py: never through a link, never into a FIFO).
 - reading never raises: a line that is not a decision (torn, planted,
   another version's) becomes a `Foreign` holding a cleaned excerpt; a
   decision's fields are cut and cleaned again; a planted count past
@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 from orchestrator.records import retention
 from orchestrator.records.events import now_iso, scrub, secrets_from_env
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.jsontext import loads
 from orchestrator.records.receipt import MAX_COUNT, EgressSum
 
 EGRESS_FILE = "egress.jsonl"

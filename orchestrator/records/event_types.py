@@ -23,7 +23,7 @@ receipt.OLD_NAMES reads them still). A field marked OMIT is left out of `data` w
 its default, as the writers always left it out.
 
 Not here: the file (events.py: appending, scrubbing, rotation, reading);
-what an event means for a wake (wake/loop.py), a view (views/status.py) or a
+what an event means for a wake (wake/loop.py), a view (views/eventview.py) or a
 metric (metrics.py).
 """
 

@@ -4,11 +4,11 @@ Every line is `{"run_id", "type", "timestamp", "data"}` and is written with a
 single `write(2)` on an O_APPEND descriptor the moment it happens, so a wake
 killed with -9 loses at most the line being written, and two processes
 appending at once never interleave inside a line. Written and read through
-folder.py (no link followed, regular files only, lines and files capped). Reading tolerates a torn
+safeio/folder.py (no link followed, regular files only, lines and files capped). Reading tolerates a torn
 last line. The live file is rotated (renamed, gzipped, later dropped) by
 retention.py at the start of a wake; read_history() reads across it all.
 
-Never a secret in it: the API key's value (and every name records/secrets.py
+Never a secret in it: the API key's value (and every name safeio/secrets.py
 lists) is scrubbed from every line before
 it is written, whatever field it hides in.
 
@@ -18,7 +18,7 @@ in event_types.py, and every line read back carries its record
 only tests use it, to write lines of any shape a reader must survive.
 
 Not here: the event types (event_types.py), what they mean for a wake
-(loop.py decides what to record) or how they are shown (views/status.py).
+(loop.py decides what to record) or how they are shown (views/eventview.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from orchestrator.records import retention
 from orchestrator.records.event_types import EventRecord, parse_record
-from orchestrator.records.jsontext import loads
-from orchestrator.records.secrets import secret_values
+from orchestrator.safeio.jsontext import loads
+from orchestrator.safeio.secrets import secret_values
 
 EVENTS_FILE = "events.jsonl"
 retention.register_log(EVENTS_FILE)  # rotated, compressed and expired by retention.py
@@ -55,7 +55,7 @@ def now_iso() -> str:
 
 
 def secrets_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
-    """The values that must never be written anywhere we control (records/secrets.py names them)."""
+    """The values that must never be written anywhere we control (safeio/secrets.py names them)."""
     return secret_values(environ)
 
 

@@ -23,9 +23,9 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from orchestrator.records.atomic import atomic_write, locked
-from orchestrator.records.folder import state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.atomic import atomic_write, locked
+from orchestrator.safeio.folder import state_folder
+from orchestrator.safeio.jsontext import loads
 
 HEALTH_FILE = "health.json"
 HEALTH_LOCK = "health.lock"

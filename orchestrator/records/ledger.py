@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.atomic import locked
-from orchestrator.records.folder import RECORD_CAP, state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.atomic import locked
+from orchestrator.safeio.folder import RECORD_CAP, state_folder
+from orchestrator.safeio.jsontext import loads
 from orchestrator.records.receipt import Usage
 
 PRICES_FILE = Path(__file__).with_name("prices.json")

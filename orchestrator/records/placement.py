@@ -14,14 +14,14 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 
 PLACEMENT_FILE = "placement.json"
 MAX_BYTES = 4096  # a node's name and a time; anything bigger is not ours
 
 
 def read_node(state_dir: Path) -> str | None:
-    """The node the agent is placed on, or None. Read through the state folder (folder.py): a link
+    """The node the agent is placed on, or None. Read through the state folder (safeio/folder.py): a link
     or a FIFO planted there is not followed or opened, and the read is capped."""
     try:
         data = json.loads(state_folder(state_dir).read_bytes(PLACEMENT_FILE, MAX_BYTES))
@@ -32,7 +32,7 @@ def read_node(state_dir: Path) -> str | None:
 
 
 def write_node(state_dir: Path, node: str) -> None:
-    """Place the agent on `node` (whole or not at all, no link followed: folder.py's write_atomic)."""
+    """Place the agent on `node` (whole or not at all, no link followed: safeio/folder.py's write_atomic)."""
     record = {"node": node, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     state_folder(state_dir).write_atomic(PLACEMENT_FILE, json.dumps(record))
 

@@ -12,7 +12,7 @@ reads them all (OLD_NAMES), and nothing writes them again.
 
 Not here: what a token costs (ledger.py), where a receipt is written
 (wake/loop.py: state.json's last_receipt, the `wake_finished` event, stdout)
-or how it is shown (views/status.py).
+or how it is shown (views/agent_status.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ gzip is read with the same code as plain text (`open_text`), a line at most
 LINE_CAP and a file at most FILE_CAP bytes (after gunzip): a planted 100 GB
 sparse log or a gzip bomb costs no more than that.
 
-Every file is reached through folder.py from the agent folder: no link is
+Every file is reached through safeio/folder.py from the agent folder: no link is
 followed (state/, a kind's folder, a segment), only regular files are read,
 compressed, renamed or deleted, and only those named as this kind's
 segments: retention never deletes a file it did not make, nor one outside
@@ -41,7 +41,7 @@ file would hold the wake for minutes).
 
 Not here: what any file holds (events.py, state.py), the policy keys'
 validation (policy/load.py) and their ceiling (policy/ceiling.py), the
-walk itself (folder.py).
+walk itself (safeio/folder.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from orchestrator.records.folder import Folder, capped_lines, state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.folder import Folder, capped_lines, state_folder
+from orchestrator.safeio.jsontext import loads
 
 DAY_S = 86_400
 STAMP = "%Y%m%dT%H%M%S%fZ"  # in a segment's name: when it was rotated, sortable as text

@@ -20,7 +20,7 @@ or a single O_APPEND write, so a wake killed with -9 leaves files that parse.
   unless the unread part alone is past rotate_size: then the whole live file
   moves to a segment (read and unread alike come under the one retention rule).
 
-Every file here is read, written and deleted through folder.py: `state` or
+Every file here is read, written and deleted through safeio/folder.py: `state` or
 any file in it planted as a link, a FIFO or a device is refused (a corrupt
 state.json, say, is then rebuilt), and every read is capped.
 
@@ -41,10 +41,10 @@ from typing import Any
 from orchestrator.records import retention
 from orchestrator.records.event_types import WakeFinished, WakeStarted
 from orchestrator.records.events import read_history
-from orchestrator.records.atomic import locked
+from orchestrator.safeio.atomic import locked
 from orchestrator.records.receipt import Receipt
-from orchestrator.records.folder import state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.folder import state_folder
+from orchestrator.safeio.jsontext import loads
 
 LOCK_FILE = "wake.lock"
 STATE_FILE = "state.json"

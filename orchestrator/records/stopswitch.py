@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder
+from orchestrator.safeio.folder import Folder
 
 STOP_FILE = "STOP"  # in ROOT (docs/architecture.md §4)
 POLL_S = 0.5  # how often a call in flight looks at the switch: the kill's worst lag

@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.atomic import locked
-from orchestrator.records.folder import RECORD_CAP, state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.atomic import locked
+from orchestrator.safeio.folder import RECORD_CAP, state_folder
+from orchestrator.safeio.jsontext import loads
 
 TASKS_FILE = "tasks.json"
 TASKS_LOCK = "tasks.lock"

@@ -19,7 +19,7 @@ Bounded: past `max_wake_bytes` a wake's lines are counted, not kept (one
 removes transcripts older than `retention_days`, then the oldest until the
 agent's all fit `max_agent_bytes`, and prompts no transcript names.
 
-Every read, write and delete goes through folder.py from the agent folder:
+Every read, write and delete goes through safeio/folder.py from the agent folder:
 `state`, `transcripts` or `prompts` planted as a link (to a folder elsewhere)
 is refused, never followed, so no wake writes or deletes outside state/;
 only regular files named as ours (<run_id>.jsonl, <hash>.txt) are deleted.
@@ -43,8 +43,8 @@ from typing import Any, Iterator
 
 from orchestrator.records.events import now_iso, scrub
 from orchestrator.records import retention
-from orchestrator.records.folder import state_folder
-from orchestrator.records.jsontext import loads
+from orchestrator.safeio.folder import state_folder
+from orchestrator.safeio.jsontext import loads
 
 TRANSCRIPTS_DIR = "transcripts"  # under state/
 PROMPTS_DIR = "prompts"  # under state/transcripts/: one text per system prompt hash

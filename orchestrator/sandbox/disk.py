@@ -114,7 +114,7 @@ sets sandbox.disk is refused in one line; `sandbox.disk: none` runs on a
 plain folder with no disk limit, as before. Reading the list needs neither.
 
 Not here: when a box closes (engine.py, broker/server.py), the CLI's
-`disk list|release|rm` (cli/disks.py; rendered by views/status.py), the
+`disk list|release|rm` (cli/disk_commands.py; rendered by views/diskview.py), the
 workspace's files (workspace_reads.py), what a wake does with a refused call
 (wake/loop.py, notify/outcomes.py).
 """

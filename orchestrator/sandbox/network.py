@@ -433,9 +433,9 @@ def ensure(client: docker.DockerClient, egress: Egress, environ: Mapping[str, st
     secrets = secret_env(egress, environ)
     for attempt in range(ENSURE_ATTEMPTS):
         try:
-            _ensure_image(client)
-            internal = _ensure_network(client, egress.internal_network, internal=True, key=egress.key)
-            outside = _ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
+            ensure_image(client)
+            internal = ensure_network(client, egress.internal_network, internal=True, key=egress.key)
+            outside = ensure_network(client, EGRESS_NETWORK, internal=False, key="shared")
             _ensure_holder(client, egress, internal)
             proxy = _ensure_proxy(client, egress, internal, outside, secrets)
             return _ca_of(proxy) if egress.intercepted else ""
@@ -461,14 +461,15 @@ def _labels(key: str) -> dict[str, str]:
     return {LABEL: "1", f"{LABEL}.key": key}
 
 
-def _ensure_image(client: docker.DockerClient) -> None:
+def ensure_image(client: docker.DockerClient) -> None:
+    """The proxy image, built from proxy-image/ when missing (the escape suite's echo servers run it too)."""
     try:
         client.images.get(PROXY_IMAGE)
     except docker.errors.ImageNotFound:  # never built, or proxy-image/ changed since
         client.images.build(path=str(asset_dir("proxy-image")), tag=PROXY_IMAGE, rm=True, labels={LABEL: "1"})
 
 
-def _ensure_network(client: docker.DockerClient, name: str, internal: bool, key: str) -> Network:
+def ensure_network(client: docker.DockerClient, name: str, internal: bool, key: str) -> Network:
     """The network `name`, made if missing. The engine does not keep names
     unique (two processes creating at once both succeed), and a container
     connected to an ambiguous name cannot start; so the oldest copy wins, and
@@ -495,7 +496,7 @@ def _named(client: docker.DockerClient, name: str) -> list[Network]:
 
 
 def find_network(client: docker.DockerClient, name: str) -> Network:
-    """The network called `name`: the oldest, if a race left two (see _ensure_network)."""
+    """The network called `name`: the oldest, if a race left two (see ensure_network)."""
     found = _named(client, name)
     if not found:
         raise docker.errors.NotFound(f"network {name} not found")

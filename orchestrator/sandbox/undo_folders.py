@@ -17,7 +17,7 @@ which on Linux never follows a link). What undo keeps is on the disk, so it
 counts against the disk's own size: no wake can keep more than its disk holds.
 
 Not here: reading and committing a wake's changes (transaction.py), the
-diff of one wake (wake_diff.py), the CLI's lock and event (cli/records.py), the
+diff of one wake (wake_diff.py), the CLI's lock and event (cli/record_commands.py), the
 broker's ops (broker/server.py).
 """
 

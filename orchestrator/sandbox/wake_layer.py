@@ -216,7 +216,7 @@ def reading(held: disk.Disk, run_id: str) -> Iterator[Path]:
         try:
             yield box
         finally:
-            disk._tool("umount", str(box))
+            _mount(["umount", str(box)], "unmount the wake's view")
 
 
 def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: bool) -> WakeChanges:
@@ -282,8 +282,8 @@ def _owner(path: Path) -> tuple[int, int]:
     return st.st_uid, st.st_gid
 
 
-def _mount(argv: list[str]) -> None:
+def _mount(argv: list[str], what: str = "mount the wake's overlay") -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=disk.TOOL_TIMEOUT_S)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise disk.DiskError(f"sandbox.disk: cannot mount the wake's overlay: {why}")
+        raise disk.DiskError(f"sandbox.disk: cannot {what}: {why}")

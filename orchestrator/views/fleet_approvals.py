@@ -6,7 +6,7 @@ waiting for the agent's next wake. A pending one past its expiry shows as
 expired; it is marked so by the next wake, or by an approve/deny that comes
 too late. Reading changes nothing.
 
-Not here: the files (records/approvals.py), deciding (cli/approvals.py, console/app.py).
+Not here: the files (records/approvals.py), deciding (cli/approval_commands.py, console/app.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def rows(path: Path) -> list[dict]:
                     "id": a.id,
                     "status": status,
                     "tool": a.tool,
-                    "call": a.summary(),  # every hidden character written out (records/shown.py)
+                    "call": a.summary(),  # every hidden character written out (safeio/shown.py)
                     "input": a.input,
                     "words": a.words,
                     "rule": a.rule,

@@ -12,7 +12,7 @@ portable, costs nothing measurable at this rate, and a half-written last
 line is simply read again next time.
 
 Not here: the transcript's format and caps (records/transcript.py), the
-event log's one-line rendering (status.format_event).
+event log's one-line rendering (eventview.format_event).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from orchestrator.fleet.schedule import agent_dirs
-from orchestrator.views.status import format_event
+from orchestrator.views.eventview import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.receipt import Usage
-from orchestrator.records.shown import shown
+from orchestrator.safeio.shown import shown
 from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.output import clean
 from orchestrator.records.retention import LINE_CAP, holder
@@ -119,7 +119,7 @@ class Tail:
 
     def lines(self) -> list[str]:
         try:
-            folder, name = holder(self.path)  # records/folder.py: no link followed, never a FIFO
+            folder, name = holder(self.path)  # safeio/folder.py: no link followed, never a FIFO
             with folder.reader(name) as f:
                 f.seek(self.offset)
                 data = f.read(LINE_CAP)  # a look reads at most this: a planted 100 GB file costs no more

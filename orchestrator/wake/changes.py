@@ -22,7 +22,7 @@ from orchestrator.records import egress
 from orchestrator.records import event_types as ev
 from orchestrator.records import transcript as tr
 from orchestrator.records.events import EventLog
-from orchestrator.records.folder import state_folder
+from orchestrator.safeio.folder import state_folder
 from orchestrator.records.receipt import Status
 from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.sandbox.wake_layer import Settled, WakeChanges

@@ -17,7 +17,7 @@ so step N reads steps 1..N-1 from the cache too.
 Workspace files are read through workspace_reads.py only (untrusted: no symlink
 followed, capped, never a hang). mandate.md is the human's, but under a
 shared ROOT not only the operator writes an agent folder: it is read through
-records/folder.py (no link followed, never a FIFO or device, capped).
+safeio/folder.py (no link followed, never a FIFO or device, capped).
 
 Approvals decided since the last wake (approval_gate.py) are told after the
 first message: who approved, when and what the call returned, or why it was
@@ -43,18 +43,18 @@ from orchestrator.policy.agent import Agent
 from orchestrator.records import approvals, tasks
 from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
-from orchestrator.records.folder import Folder
+from orchestrator.safeio.folder import Folder
 from orchestrator.sandbox.output import clean
+
+from orchestrator.wake.model import CACHE, Block
 
 if TYPE_CHECKING:
     from orchestrator.wake.approval_gate import Outcome
-    from orchestrator.wake.model import Block
 
 JOURNAL_TAIL = 3  # journal files in the context, newest last
 MANDATE_CAP = 64 * 1024  # bytes; a trusted file, still not unbounded
 INBOX_CAP = 64 * 1024  # bytes of queued messages shown
 APPROVAL_RESULT_CAP = 4000  # chars of an approved call's result told (the transcript has it whole)
-CACHE = {"type": "ephemeral"}  # the breakpoint marker (5-minute cache)
 REFUSED_FILE = "workspace_refused.json"  # in state/: the last wake's refused changes (loop.py writes it)
 REFUSED_CAP = 256 * 1024  # bytes of it read; the record itself is capped in count (wake_layer.py)
 

@@ -88,9 +88,10 @@ from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.wake import stop_reasons
 from orchestrator.wake.approval_gate import Gate
 from orchestrator.wake.changes import Transaction
-from orchestrator.wake.context import CACHE, approvals_section, build_context, journal_day
+from orchestrator.wake.context import approvals_section, build_context, journal_day
 from orchestrator.wake.journal_stub import journal_trace
 from orchestrator.wake.model import (
+    CACHE,
     DRY_RUN_SCRIPT,
     Block,
     LiveModel,

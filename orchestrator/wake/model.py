@@ -48,7 +48,6 @@ import httpx2  # the SDK's HTTP library (a dependency of anthropic's): its TLS d
 
 from orchestrator import tracing
 from orchestrator.policy.agent import AgentError
-from orchestrator.wake.context import CACHE
 from orchestrator.records.models import Thinking, request_fields
 from orchestrator.records.receipt import Usage
 from orchestrator.wake.ratelimit import gate_for
@@ -63,6 +62,7 @@ MIDSTREAM_RETRIED = ("overloaded_error", "api_error")  # as a 529 or a 500 would
 
 # A content block as JSON, the API's shape for its "type" (text, thinking, tool_use, tool_result, ...).
 Block = dict[str, Any]
+CACHE = {"type": "ephemeral"}  # the breakpoint marker (5-minute cache)
 
 
 class Message(TypedDict):

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.escapes.core import Lab
+from orchestrator.escapes.lab import Lab
 from orchestrator.policy.schema import SandboxPolicy
 
 

@@ -23,8 +23,9 @@ import pytest
 
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
-from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, command, report_history, run_suite
-from orchestrator.escapes.core import Outcome, Probe, Trial, held
+from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, command, run_suite
+from orchestrator.records import escape_reports
+from orchestrator.escapes.lab import Outcome, Probe, Trial, held
 from orchestrator.escapes.report import text_report
 from orchestrator.sandbox import disk
 from orchestrator.sandbox.engine import DockerSandbox
@@ -68,7 +69,7 @@ def test_a_disk_another_namespace_holds_is_reported_and_the_run_goes_on(
     busy = Probe("leaves_a_disk_a_busy_host_holds", "filesystem", "the run goes on", mount_then_be_held)
     monkeypatch.setattr(command, "ALL_PROBES", (busy, *ALL_PROBES))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the lab's folder: where this session's checks look
-    monkeypatch.setenv(report_history.REPORTS_ENV, str(tmp_path / "reports"))
+    monkeypatch.setenv(escape_reports.REPORTS_ENV, str(tmp_path / "reports"))
 
     code = command.run(None, None, runtime, as_json=True, only=[busy.name, NEXT])
 
@@ -88,7 +89,7 @@ def test_a_disk_another_namespace_holds_is_reported_and_the_run_goes_on(
     assert report["counts"]["filesystem"] == {"HELD": 1, "ESCAPED": 0, "INCONCLUSIVE": 1}
 
     # The report is written: kept for the console, shown there and on the text card.
-    assert report_history.latest()[0]["probes"] == report["probes"]
+    assert escape_reports.latest()[0]["probes"] == report["probes"]
     assert "kept " in said.err and "a disk of theirs is left" in said.err
     card = text_report([Outcome(**o) for o in report["probes"]], [], "card")
     assert f"  INCONCLUSIVE: {busy.name}: its cleanup failed" in card and f"    left: {left['left']}" in card

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.escapes import ALL_PROBES, HELD
-from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.lab import run_probe
 
 # probe name -> {runtime: why it escapes there}
 KNOWN_HOLES: dict[str, dict[str, str]] = {}

@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from tests.helpers import must_escape
 from orchestrator.console import approval_pages
-from orchestrator.records import approval_links, approvals, shown
-from orchestrator.records.folder import Folder
+from orchestrator.records import approval_links, approvals
+from orchestrator.safeio import shown
+from orchestrator.safeio.folder import Folder
 
 COVERED: set[str] = {
     "approvals_refuse_a_forged_or_borrowed_link",
@@ -87,7 +88,7 @@ def test_approvals_kept_in_the_workspace_are_written_by_the_model(surface_lab, m
 
 
 def test_a_call_shown_as_written_hides_what_runs(surface_lab, monkeypatch):
-    """The one function that writes hidden characters out (records/shown.py) finding none:
+    """The one function that writes hidden characters out (safeio/shown.py) finding none:
     the CLI, the console and the notifications show what they are given."""
     monkeypatch.setattr(shown, "HIDDEN", frozenset())
     monkeypatch.setattr(shown, "BLANK", frozenset())

@@ -56,7 +56,7 @@ def test_a_reader_taking_any_integer_books_the_planted_bytes(surface_lab, monkey
 
 
 def test_an_egress_record_that_follows_links_writes_into_the_canary(surface_lab, monkeypatch):
-    from orchestrator.records import folder
+    from orchestrator.safeio import folder
 
     monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
     monkeypatch.setattr(folder, "FILE_FLAGS", folder.FILE_FLAGS & ~os.O_NOFOLLOW)

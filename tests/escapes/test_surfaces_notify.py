@@ -9,7 +9,7 @@ from email import message_from_string
 
 import pytest
 
-from orchestrator.escapes.core import ESCAPED, run_probe
+from orchestrator.escapes.lab import ESCAPED, run_probe
 from orchestrator.escapes.surfaces import notify as probes
 from orchestrator.notify import channels, config
 

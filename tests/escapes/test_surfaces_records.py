@@ -53,7 +53,7 @@ def test_mandate_read_by_path_blocks_on_the_fifo(surface_lab, old_mandate_reader
 
 def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypatch):
     from orchestrator.policy import agent
-    from orchestrator.records import yamlfile
+    from orchestrator.safeio import yamlfile
 
     read_by_path = yamlfile.read_config  # the design before: agent.yaml opened by its path, links followed
     monkeypatch.setattr(agent, "read_config", lambda path, what="policy": read_by_path(os.fspath(path), what))
@@ -63,7 +63,7 @@ def test_agent_yaml_read_without_the_folder_walk_is_loaded(surface_lab, monkeypa
 @pytest.fixture
 def links_followed(monkeypatch):
     """folder.py with O_NOFOLLOW and the regular-file check switched off."""
-    from orchestrator.records import folder
+    from orchestrator.safeio import folder
 
     monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
     monkeypatch.setattr(folder, "FILE_FLAGS", folder.FILE_FLAGS & ~os.O_NOFOLLOW)
@@ -75,7 +75,7 @@ def test_an_event_log_that_follows_links_writes_into_the_canary(surface_lab, lin
 
 
 def test_a_walk_that_follows_links_writes_and_deletes_outside(surface_lab, monkeypatch):
-    from orchestrator.records import folder
+    from orchestrator.safeio import folder
 
     monkeypatch.setattr(folder, "DIR_FLAGS", folder.DIR_FLAGS & ~os.O_NOFOLLOW)
     assert "changed that folder" in escapes(surface_lab, probes.retention_never_deletes_through_a_link)

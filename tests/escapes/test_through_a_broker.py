@@ -19,7 +19,7 @@ from orchestrator.cli.wakeloop import main
 from orchestrator.escapes import ESCAPED, HELD
 from orchestrator.escapes.registry import THROUGH_A_BROKER
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.escapes.report_history import REPORTS_ENV
+from orchestrator.records.escape_reports import REPORTS_ENV
 from tests.conftest import SERIAL_PROBES
 from tests.helpers.broker import served_tls
 

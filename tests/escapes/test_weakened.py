@@ -28,7 +28,7 @@ from docker.types import Mount, Ulimit
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes import credentials
-from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.lab import run_probe
 from orchestrator.escapes.network_probes import LOCAL_ONLY
 from orchestrator.sandbox import seccomp
 from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
@@ -499,7 +499,7 @@ BROKER_CASES = [  # (what is switched off, the probe that must now report ESCAPE
 def _switch_off(what, monkeypatch):
     from orchestrator.broker import server, transport
     from orchestrator.policy import agent, load
-    from orchestrator.records import yamlfile
+    from orchestrator.safeio import yamlfile
 
     off = {
         "refuse_aliases": lambda: monkeypatch.setattr(yamlfile, "refuse_aliases", lambda text: None),
@@ -530,7 +530,7 @@ def test_each_orchestrator_probe_escapes_a_broker_without_its_check(what, probe_
 
 
 def test_every_orchestrator_probe_has_a_weakened_control():
-    from orchestrator.escapes.orchestrator import PROBES
+    from orchestrator.escapes.broker_probes import PROBES
 
     assert {p.name for p in PROBES} == {name for _, name, _ in BROKER_CASES}
 
@@ -748,7 +748,7 @@ def test_the_stopped_init_probe_escapes_a_deadline_that_never_fires(make_lab, do
 def test_the_loopback_probe_escapes_runc_boxes_that_share_a_namespace(docker_client, tmp_path, monkeypatch):
     """runc boxes joined to one holder, as only gVisor's are (netns.py): the namespace is then
     their network, and one box reaches the other's listeners."""
-    from orchestrator.escapes.core import Lab
+    from orchestrator.escapes.lab import Lab
     from orchestrator.sandbox import netns
 
     monkeypatch.setattr(netns, "own_stack", lambda client, runtime: True)
@@ -867,13 +867,13 @@ def _trusting_journal(workspace):
     ["harness_ignores_planted_symlinks", "harness_does_not_hang_on_planted_fifo", "harness_caps_planted_sparse_file"],
 )
 def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, make_lab, monkeypatch):
-    from orchestrator.escapes import harness
+    from orchestrator.escapes import harness_probes
     from orchestrator.sandbox import workspace_reads
 
     monkeypatch.setattr(workspace_reads, "_read_capped", _trusting_read)
     monkeypatch.setattr(workspace_reads, "journal_names", _trusting_journal)
-    monkeypatch.setattr(harness, "HARNESS_READ_DEADLINE_S", 3)
-    build = harness._build_prompt
+    monkeypatch.setattr(harness_probes, "HARNESS_READ_DEADLINE_S", 3)
+    build = harness_probes._build_prompt
 
     def build_then_release(t):
         try:
@@ -881,7 +881,7 @@ def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, ma
         finally:
             _release_fifo_readers(t.workspace)  # while the FIFOs are still there to open
 
-    monkeypatch.setattr(harness, "_build_prompt", build_then_release)
+    monkeypatch.setattr(harness_probes, "_build_prompt", build_then_release)
     # On a folder: a reader still blocked in a FIFO would keep a disk from being released.
     outcome = run_probe(make_lab(sandbox_class=NoDisk), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"

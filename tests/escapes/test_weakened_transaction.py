@@ -18,7 +18,7 @@ from docker.types import Mount
 
 from orchestrator.broker import ops
 from orchestrator.escapes import ESCAPED, by_name
-from orchestrator.escapes.core import run_probe
+from orchestrator.escapes.lab import run_probe
 from orchestrator.sandbox import disk, layers, transaction
 from orchestrator.sandbox.box import WORKSPACE
 

@@ -80,7 +80,7 @@ def must_escape(lab, probe) -> str:
     """A weakened control's check: the probe (or the probe of that name) reports ESCAPED against the
     weakened wakeloop, whose observation is returned for the test's own asserts."""
     from orchestrator.escapes import ALL_PROBES, ESCAPED
-    from orchestrator.escapes.core import run_probe
+    from orchestrator.escapes.lab import run_probe
 
     if isinstance(probe, str):
         [probe] = [p for p in ALL_PROBES if p.name == probe]

@@ -16,11 +16,12 @@ console/approval_pages.py), each probe's weakened control (tests/escapes/test_su
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
 
-from orchestrator.escapes.core import Probe, escaped, held
+from orchestrator.escapes.lab import Probe, escaped, held
 from orchestrator.escapes.surfaces.console import AGENT, console
 from orchestrator.policy.agent import init_agent
 
@@ -29,10 +30,10 @@ CALL = {"command": "git push origin main"}
 
 
 def _with_mac(fields: dict, mac: str) -> str:
-    """A link body of these fields carrying another link's MAC."""
-    from orchestrator.records import approval_links
-
-    return f"{approval_links._b64(json.dumps(fields, separators=(',', ':')).encode())}.{mac}"
+    """A link body of these fields carrying another link's MAC: base64url without padding,
+    written here as an attacker would, from the token's look (records/approval_links.py)."""
+    body = base64.urlsafe_b64encode(json.dumps(fields, separators=(",", ":")).encode()).rstrip(b"=")
+    return f"{body.decode('ascii')}.{mac}"
 
 
 def _ask(root: Path, command: str = CALL["command"]):

@@ -13,8 +13,8 @@ an `Authorization` header a page cannot make valid. Each probe first checks
 that the console answers a proper request, so a console that refuses
 everything is INCONCLUSIVE, never HELD.
 
-The console is imported inside the probes: console/ imports escapes/ (its
-button runs the suite), so escapes/ may not import console/ at load time.
+The console is imported inside the probes, so that `wakeloop escapes` loads
+uvicorn and Starlette only when these probes run.
 
 Not here: the console itself (orchestrator/console/), each probe's weakened
 control (tests/escapes/test_surfaces_console.py).
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 from urllib.parse import urlencode
 
-from orchestrator.escapes.core import Probe, escaped, held
+from orchestrator.escapes.lab import Probe, escaped, held
 from orchestrator.policy.agent import init_agent
 
 if TYPE_CHECKING:

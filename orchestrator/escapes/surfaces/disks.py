@@ -8,7 +8,7 @@ on a ROOT there for the one that needs it; every disk they make is the
 trial's, released and deleted at its cleanup.
 
 Not here: filling a disk from inside the box (escapes/resources.py), the
-symlink swap of workspace/ (escapes/orchestrator.py); each probe's weakened
+symlink swap of workspace/ (escapes/broker_probes.py); each probe's weakened
 control: tests/escapes/test_surfaces_disks.py.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.broker.wire import BrokerError
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.sandbox import disk
 
@@ -36,8 +36,16 @@ CALL_S = 30  # one cold call on a loaded host
 
 
 def _attached(image: Path) -> list[str]:
-    """Loop devices the kernel has backed by `image` now."""
-    return sorted(device for device, backing in disk._loops().items() if backing == str(image))
+    """Loop devices the kernel has backed by `image` now, read from sysfs as an outsider would
+    (not through disk.py, whose bookkeeping is what the probes attack)."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().strip() == str(image):
+                found.append("/dev/" + backing.parent.parent.name)
+        except OSError:
+            continue  # a device detached while we read
+    return sorted(found)
 
 
 def _box(trial: Trial, folder: Path):

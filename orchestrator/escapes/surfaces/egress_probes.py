@@ -23,7 +23,7 @@ import json
 import secrets
 from pathlib import Path
 
-from orchestrator.escapes.core import Probe, escaped, held
+from orchestrator.escapes.lab import Probe, escaped, held
 
 CATEGORY = "surfaces"
 XSS = "<script>window.__pwned = 1</script>"

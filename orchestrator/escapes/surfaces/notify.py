@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 
 CATEGORY = "surfaces"

@@ -12,8 +12,8 @@ file emptied), so nothing is left behind. No box is made.
 
 Each probe's weakened control: tests/escapes/test_surfaces_records.py.
 
-Not here: the walk they attack (records/folder.py), the workspace's planted
-files (escapes/harness.py: harness_ignores_planted_symlinks, ...).
+Not here: the walk they attack (safeio/folder.py), the workspace's planted
+files (escapes/harness_probes.py: harness_ignores_planted_symlinks, ...).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "surfaces"
 HANG_S = 2.0  # a host read of ours takes milliseconds; one still running then is stuck
@@ -253,7 +253,8 @@ def _huge_numbers(trial: Trial) -> str:
     from orchestrator.policy.agent import load_agent
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.records.state import rebuild_state
-    from orchestrator.views.status import agent_status, format_event, render_agent_status
+    from orchestrator.views.agent_status import agent_status, render_agent_status
+    from orchestrator.views.eventview import format_event
 
     huge = int("9" * 400)  # overflows float(): json.loads reads it as an int
     receipt = {"status": "done", "wake": 3, "usd": huge, "input_tokens": huge, "duration_ms": huge, "steps": 2}

@@ -8,7 +8,7 @@ connects to a real broker listening on 127.0.0.1 with the stack's
 certificates, made for the trial, and asks it to run a command for an agent;
 it must get nothing back: no reply line, whatever the handshake says.
 
-Not here: what the orchestrator may ask once proven (orchestrator.py's probes).
+Not here: what the orchestrator may ask once proven (broker_probes.py's probes).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import ssl
 from pathlib import Path
 
 from orchestrator.broker import tls
-from orchestrator.escapes.core import Probe, Trial, escaped, held
-from orchestrator.escapes.orchestrator import _Served
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.escapes.broker_probes import ServedBroker
 
 CATEGORY = "surfaces"
 ASK = json.dumps({"op": "run", "agent": "alpha", "command": "echo served"}).encode() + b"\n"
@@ -61,7 +61,7 @@ def _tls_answers_only_the_orchestrator(t: Trial) -> str:
     tls.make_certs(theirs)
     root = t.dir / "root"
     init_agent(root / "alpha")
-    served = _Served(root, t.lab.client, Ceiling(source="the probe's ceiling"), tls_dir=ours)
+    served = ServedBroker(root, t.lab.client, Ceiling(source="the probe's ceiling"), tls_dir=ours)
     ca = ours / tls.CA
 
     def pair(folder: Path, name: str) -> tuple[Path, Path]:

@@ -1,6 +1,6 @@
 """`wakeloop init`, `send` and `outbox`: an agent's folder made, and the messages between you and it.
 
-Not here: what a wake does with them (wake.py), the agent's tasks (tasks.py).
+Not here: what a wake does with them (wake_commands.py), the agent's tasks (task_commands.py).
 """
 
 from __future__ import annotations

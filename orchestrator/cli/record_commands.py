@@ -19,7 +19,8 @@ from orchestrator.policy.agent import AgentError, load_agent
 def cmd_status(args) -> int:
     from pathlib import Path
     from orchestrator.fleet.schedule import agent_dirs
-    from orchestrator.views.status import agent_status, fleet_status, render_agent_status, render_fleet
+    from orchestrator.views.agent_status import agent_status, render_agent_status
+    from orchestrator.views.fleet_table import fleet_status, render_fleet
 
     root = Path(args.path)
     if not (root / "agent.yaml").is_file():  # a folder with agent.yaml is an agent; else a root
@@ -39,7 +40,7 @@ def cmd_log(args) -> int:
     """The retained history, oldest first, across rotated segments; streamed."""
     from pathlib import Path
     from orchestrator.records.events import raw_history, read_history
-    from orchestrator.views.status import format_event
+    from orchestrator.views.eventview import format_event
     from orchestrator.views import logview
 
     if args.egress:  # one agent's record: a ROOT is refused by load_agent, in one line

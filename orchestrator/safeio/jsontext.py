@@ -6,7 +6,7 @@ parser raise RecursionError, which no reader expected: a wake, `status`,
 the console or the notification sender would crash on it. `loads` turns that
 into the ValueError every reader already treats as a corrupt file.
 
-Not here: reading the bytes (folder.py, capped), what a record holds (state.py, ...).
+Not here: reading the bytes (folder.py, capped), what a record holds (records/state.py, ...).
 """
 
 from __future__ import annotations

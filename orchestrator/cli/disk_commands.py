@@ -1,6 +1,6 @@
 """`wakeloop disk list|release|rm`: the agents' workspace disks.
 
-Not here: the disks (sandbox/disk.py), how they are shown (views/status.py).
+Not here: the disks (sandbox/disk.py), how they are shown (views/diskview.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from orchestrator.sandbox.engine import connect
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
-    from orchestrator.views.status import disk_record, render_disks
+    from orchestrator.views.diskview import disk_record, render_disks
     from orchestrator.sandbox import disk
 
     root = Path(args.root) if args.root else None

@@ -25,7 +25,7 @@ missing or corrupt keep doing so, and a ConfigError, so one the CLI meets is
 one line saying what to remove. sandbox/workspace_reads.py keeps its own walk for
 the workspace (it says why a read failed, in the model's words).
 
-Not here: what any file holds (state.py, events.py, transcript.py, ...), the
+Not here: what any file holds (records/state.py, records/events.py, records/transcript.py, ...), the
 workspace's reads for the context (sandbox/workspace_reads.py).
 """
 

@@ -1,4 +1,5 @@
-"""Probes, the trial each one runs in, the one rule that judges them, the runner.
+"""The lab every probe runs in: the probe, the trial (its throwaway agent and box), the one rule
+that judges it, the runner.
 
 A probe is an attack plus the safe outcome it expects. It returns what it
 observed as text; lines starting `ESCAPED` or `HELD` are its findings. Every

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import ConfigError
-from orchestrator.records.folder import Folder, Place, Refused, TooBig
+from orchestrator.safeio.folder import Folder, Place, Refused, TooBig
 
 MAX_CONFIG_BYTES = 1 * 2**20  # agent.yaml or a policy file; real ones are a few KiB
 
@@ -50,7 +50,7 @@ def read_config(path: str | Path | Place, what: str = "policy") -> str:
     opened if it is a FIFO or device (the first open is O_PATH), at most
     MAX_CONFIG_BYTES, UTF-8. ConfigFileError otherwise, naming the file.
     A `Place` (a file of an agent folder: agent.yaml, a policy inside it) is
-    read through records/folder.py: no link followed on the way or at the end."""
+    read through safeio/folder.py: no link followed on the way or at the end."""
     if isinstance(path, Place):
         return _read_inside(path, what)
     path = Path(path)

@@ -6,7 +6,10 @@ to `$WAKELOOP_REPORTS`, by default `$XDG_STATE_HOME/wakeloop/escapes`
 atomically, so the console's Escapes page shows this host's latest report
 card for each without running anything.
 
-Not here: running the probes (command.py), rendering (report.py, console/).
+Here, below both, so that the escape suite (escapes/command.py) writes it and the console
+(console/app.py) reads it without either importing the other.
+
+Not here: running the probes (escapes/command.py), rendering (escapes/report.py, console/).
 """
 
 from __future__ import annotations
@@ -14,22 +17,24 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from orchestrator.records.atomic import atomic_write
+from orchestrator.safeio.atomic import atomic_write
 
 REPORTS_ENV = "WAKELOOP_REPORTS"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def reports_dir(environ=os.environ) -> Path:
+def reports_dir(environ: Mapping[str, str] = os.environ) -> Path:
     if environ.get(REPORTS_ENV):
         return Path(environ[REPORTS_ENV])
     state = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "wakeloop" / "escapes"
 
 
-def save(report: dict, environ=os.environ) -> Path:
+def save(report: dict[str, Any], environ: Mapping[str, str] = os.environ) -> Path:
     """Keep `report` as the latest for its runtime and policy; returns where."""
     folder = reports_dir(environ)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -39,9 +44,9 @@ def save(report: dict, environ=os.environ) -> Path:
     return path
 
 
-def latest(environ=os.environ) -> list[dict]:
+def latest(environ: Mapping[str, str] = os.environ) -> list[dict[str, Any]]:
     """Every kept report, newest first; an unreadable file is skipped."""
-    found = []
+    found: list[dict[str, Any]] = []
     folder = reports_dir(environ)
     for path in folder.glob("*.json") if folder.is_dir() else ():
         try:

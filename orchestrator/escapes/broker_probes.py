@@ -1,5 +1,5 @@
-"""Orchestrator attacks: what a taken-over orchestrator can send the broker or
-plant for it (docs/architecture.md §3, actor B: it holds agents/ read-write and the broker socket).
+"""Attacks on the broker by a taken-over orchestrator (category `orchestrator`): what it can send
+the broker or plant for it (docs/architecture.md §3, actor B: it holds agents/ read-write and the broker socket).
 
 Each probe serves a real Broker on a temp unix socket for a temp ROOT inside
 its own trial folder (never the real agents folder), plants its files there,
@@ -11,7 +11,7 @@ policy probes use the `check` op, which goes through the same load and
 ceiling as `run` but makes no container; the in-flight probe runs three.
 
 Not here: the broker (broker/server.py), the ceiling (policy/ceiling.py),
-the files it reads (records/yamlfile.py read_config); the model's attacks
+the files it reads (safeio/yamlfile.py read_config); the model's attacks
 (the other escapes modules).
 """
 
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from orchestrator.escapes.core import Probe, Trial, escaped, held, set_agent_policy
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, set_agent_policy
 
 CATEGORY = "orchestrator"
 BOUND_S = 2.0  # a refusal or a bound takes ms; 2 s leaves room on a loaded 2-core box
@@ -37,7 +37,7 @@ SILENT_CONNECTIONS = 20  # enough to show they are cut off, few enough to be che
 OVERSIZED_BYTES = 33 * 2**20  # one request line past wire.MAX_REQUEST_BYTES (32 MiB)
 
 
-class _Served:
+class ServedBroker:
     """A Broker served on a temp socket for ROOT; its log kept for the probe to judge."""
 
     def __init__(self, root: Path, client, ceiling, tls_dir: Path | None = None):
@@ -90,7 +90,7 @@ class _Served:
 
 
 @contextmanager
-def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None):
+def served_broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None):
     """A temp ROOT under the trial with `agents` (name -> inline policy, or its file), served."""
     from orchestrator.policy.agent import init_agent
     from orchestrator.policy.ceiling import Ceiling
@@ -98,14 +98,14 @@ def _broker(t: Trial, ceiling=None, agents: dict[str, dict | str] | None = None)
     root = t.dir / "root"
     for name, policy in (agents or {"alpha": {}}).items():
         set_agent_policy(init_agent(root / name), policy)
-    served = _Served(root, t.lab.client, ceiling or Ceiling(source="the probe's ceiling"))
+    served = ServedBroker(root, t.lab.client, ceiling or Ceiling(source="the probe's ceiling"))
     try:
         yield served
     finally:
         served.close()
 
 
-def _refusals(served: _Served, names: list[str], must_say: str, op: str = "check") -> str | None:
+def _refusals(served: ServedBroker, names: list[str], must_say: str, op: str = "check") -> str | None:
     """None if every agent in `names` is refused within BOUND_S with `must_say` in the
     reason, else the finding (ESCAPED or not) as text."""
     for name in names:
@@ -122,7 +122,7 @@ def _refusals(served: _Served, names: list[str], must_say: str, op: str = "check
     return None
 
 
-def _other_agent_served(served: _Served) -> str | None:
+def _other_agent_served(served: ServedBroker) -> str | None:
     reply, seconds = served.ask({"op": "check", "agent": "alpha"})
     if not (reply and reply.get("ok")):
         return escaped(f"another agent was not served meanwhile: {reply}")
@@ -144,7 +144,7 @@ _ALIAS_BOMB = (
 
 
 def _alias_bomb(t: Trial) -> str:
-    with _broker(t, agents={"alpha": {}, "bomb": "bomb.yaml", "inline": {}}) as served:
+    with served_broker(t, agents={"alpha": {}, "bomb": "bomb.yaml", "inline": {}}) as served:
         (served.root / "bomb/bomb.yaml").write_text(_ALIAS_BOMB)
         # agent.yaml itself, the policy inline beneath an alias bomb
         (served.root / "inline/agent.yaml").write_text(_ALIAS_BOMB + "policy: {}\n")
@@ -168,7 +168,7 @@ broker_refuses_yaml_alias_bomb = Probe(
 
 def _fifo_policy(t: Trial) -> str:
     fifos = []
-    with _broker(t, agents={"alpha": {}, "viafile": "planted.yaml", "direct": {}}) as served:
+    with served_broker(t, agents={"alpha": {}, "viafile": "planted.yaml", "direct": {}}) as served:
         fifos = [served.root / "viafile/planted.yaml", served.root / "direct/agent.yaml"]
         fifos[1].unlink()
         try:
@@ -204,7 +204,7 @@ broker_refuses_fifo_policy = Probe(
 
 
 def _device_or_huge_policy(t: Trial) -> str:
-    with _broker(t, agents={"alpha": {}, "device": {}, "huge": "huge.yaml"}) as served:
+    with served_broker(t, agents={"alpha": {}, "device": {}, "huge": "huge.yaml"}) as served:
         (served.root / "device/agent.yaml").unlink()
         (served.root / "device/agent.yaml").symlink_to("/dev/null")  # a device: reads as an empty policy
         with open(served.root / "huge/huge.yaml", "wb") as f:
@@ -229,7 +229,7 @@ broker_refuses_device_or_huge_policy = Probe(
 def _symlinked_agent(t: Trial) -> str:
     from orchestrator.policy.agent import init_agent
 
-    with _broker(t, agents={"alpha": {}}) as served:
+    with served_broker(t, agents={"alpha": {}}) as served:
         (served.root / "twin").symlink_to(served.root / "alpha", target_is_directory=True)
         outside = init_agent(t.dir / "outside")
         (served.root / "elsewhere").symlink_to(outside, target_is_directory=True)
@@ -249,7 +249,7 @@ broker_refuses_symlinked_agent_dir = Probe(
 
 
 def _long_reason(t: Trial) -> str:
-    with _broker(t, agents={"alpha": {}, "loud": {}}) as served:
+    with served_broker(t, agents={"alpha": {}, "loud": {}}) as served:
         # An explicit key (`? KEY`) may be any length, and the refusal of an unknown key quotes it whole.
         (served.root / "loud/agent.yaml").write_text(f"? {'x' * 200_000}\n: 1\npolicy: {{}}\n")
         reply, _ = served.ask({"op": "check", "agent": "loud"})
@@ -277,7 +277,7 @@ broker_bounds_its_log_lines = Probe(
 
 
 def _silent_connections(t: Trial) -> str:
-    with _broker(t) as served:
+    with served_broker(t) as served:
         silent = []
         try:
             for _ in range(SILENT_CONNECTIONS):
@@ -317,7 +317,7 @@ def _silent_connections(t: Trial) -> str:
     )
 
 
-def _oversized(served: _Served) -> str | None:
+def _oversized(served: ServedBroker) -> str | None:
     """One line past the broker's cap, sent whole: it must be refused, not buffered forever."""
     started = time.monotonic()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -356,7 +356,7 @@ def _calls_in_flight(t: Trial) -> str:
 
     ceiling = Ceiling(max={"calls_per_agent": 2, "calls": 3}, source="the probe's ceiling")
     cold = {"sandbox": {"pool": 0}}  # a container per call and none waiting: three in all
-    with _broker(t, ceiling, agents={"alpha": cold, "beta": cold}) as served:
+    with served_broker(t, ceiling, agents={"alpha": cold, "beta": cold}) as served:
         views = {}
         for name in ("alpha", "beta"):  # made in the box: the workspace is a disk only the broker mounts
             reply, _ = served.ask({"op": "run", "agent": name, "command": "mkfifo -m 666 hold hold2"}, START_S)
@@ -437,7 +437,7 @@ def _over_ceiling(key: str, ceiling_of, asks: list[dict], must_say: str, alpha_o
 
         agents = {f"ask{i}": {"sandbox": ask} for i, ask in enumerate(asks)}
         ceiling = Ceiling(source="the probe's ceiling", **ceiling_of(t))
-        with _broker(t, ceiling, agents={"alpha": alpha_of(t), **agents}) as served:
+        with served_broker(t, ceiling, agents={"alpha": alpha_of(t), **agents}) as served:
             for op in ("check", "run"):
                 found = _refusals(served, list(agents), must_say, op)
                 if found:
@@ -530,7 +530,7 @@ def _allowlist_churn(t: Trial) -> str:
     lists = [[f"h{i}.wakeloop.test"] for i in range(3)]
     keys: list[str] = []
     try:
-        with _broker(t) as served:
+        with served_broker(t) as served:
             workspace = (served.root / "alpha/workspace").resolve()
             keys += [network.plan(workspace, tuple(hosts)).key for hosts in lists]
             for hosts in lists:
@@ -590,7 +590,7 @@ def _host_grant(t: Trial) -> str:
     asks = [["evil.example.org"], ["c.wakeloop.test"], ["*.wakeloop.test"], ["b.wakeloop.test", "evil.example.org"]]
     keys: set[str] = set()
     try:
-        with _broker(t, ceiling, agents={"alpha": policy}) as served:
+        with served_broker(t, ceiling, agents={"alpha": policy}) as served:
             workspace = (served.root / "alpha/workspace").resolve()
             plan = network.plan(workspace, ("a.wakeloop.test",), ask=("*.wakeloop.test",))
             keys |= {plan.key, *(network.granted(plan, workspace, tuple(h)).key for h in asks)}
@@ -652,7 +652,7 @@ def _pinned_workspace(t: Trial) -> str:
     canary_dir.mkdir()
     (canary_dir / "canary.txt").write_text(t.lab.host_canary + "\n")
     policy = {"sandbox": {"runtime": t.lab.policy.runtime, "disk": t.lab.policy.disk or "none", "pool": 2}}
-    with _broker(t, agents={"alpha": policy}) as served:
+    with served_broker(t, agents={"alpha": policy}) as served:
         look = {"op": "run", "agent": "alpha", "command": "cat /workspace/canary.txt 2>&1; echo looked"}
         first, _ = served.ask(look, START_S)  # the agent's box (and disk) made before the race
         if not (first and first.get("ok")):

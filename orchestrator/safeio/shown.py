@@ -7,7 +7,7 @@ space, and the letters that draw as blank (Hangul fillers, the braille blank). O
 for the CLI's table and --json, the console and notifications; the confirm page uses it too.
 
 Not here: cleaning a box's output for keeping (sandbox/output.py's clean), an egress record's
-fields (egress.py), Slack's own markup (notify/channels.py).
+fields (records/egress.py), Slack's own markup (notify/channels.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ processes (inbox, tasks, ledger). Both go through folder.py: the lock file
 is walked from the agent folder (no link followed, `state` included), and a
 link at the written path is replaced, never followed.
 
-Not here: what any file holds (state.py, ledger.py, tasks.py, events.py),
+Not here: what any file holds (records/state.py, records/ledger.py, records/tasks.py, records/events.py),
 the walk itself (folder.py).
 """
 
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from orchestrator.records.folder import Folder, state_folder
+from orchestrator.safeio.folder import Folder, state_folder
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -1,12 +1,18 @@
-"""Harness attacks: tool input and workspace plants aimed at the host's own
-files and readers — state/ (state.json, the outbox, the event log), the
-policy and the mandate, and the context assembly that reads memory/ and the
-journal every wake; and git's own files (hooks, config, a `gitdir:` pointer),
-which run code on the host of whoever later uses a repository in the workspace.
+"""Attacks on the harness (category `harness`), mostly by the model in the box (actor A):
+tool input and workspace plants aimed at the host's own files and readers —
+state/ (state.json, the outbox, the event log), the policy and the mandate,
+and the context assembly that reads memory/ and the journal every wake; and
+git's own files (hooks, config, a `gitdir:` pointer), which run code on the
+host of whoever later uses a repository in the workspace.
 
 Tool calls go through the real tool registry (tools.build_registry), the way
 the model's JSON arrives; plants are made from inside the box, as the agent
 would; the host's reader is the real one (context.system_prompt).
+blocks_orchestrator_raising_the_box is actor B's (a taken-over orchestrator
+asks the broker for a box beyond the ceiling), kept here with the box
+settings it attacks.
+
+Not here: the lab they run in (lab.py), the broker's own probes (broker_probes.py).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import asdict
 
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.schema import Policy
-from orchestrator.escapes.core import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "harness"
 HARNESS_READ_DEADLINE_S = 10  # building the system prompt takes ms; 10 s means it hung
@@ -264,7 +270,7 @@ PROBE_READY_S = 60  # for the pool to have a started container
 
 
 def _forge_end_line(t: Trial) -> str:
-    from orchestrator.escapes.core import python_command
+    from orchestrator.escapes.lab import python_command
 
     if t.box.pool is None or not t.box.pool.wait_ready(1, PROBE_READY_S):
         return held("no warm container: the status came from the engine, which output cannot reach")

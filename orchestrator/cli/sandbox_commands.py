@@ -1,6 +1,6 @@
 """`wakeloop sandbox exec` and `wakeloop image build`: the sandbox used directly.
 
-Not here: the sandbox (sandbox/), the disks (disks.py), the escape suite (escapes.py).
+Not here: the sandbox (sandbox/), the disks (disk_commands.py), the escape suite (escape_commands.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`wakeloop wake` and `wakeloop context`: one wake, and what the next one sends.
 
-Not here: the wake itself (wake/loop.py), the notifications sent after it (notify.py).
+Not here: the wake itself (wake/loop.py), the notifications sent after it (notify_commands.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from orchestrator.cli.declare import command, json_flag, print_json
-from orchestrator.cli.notify import send_notifications
+from orchestrator.cli.notify_commands import send_notifications
 from orchestrator.errors import EXIT_FAILED, EXIT_OK
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.receipt import FAILED

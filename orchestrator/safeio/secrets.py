@@ -1,12 +1,12 @@
 """The one list of environment variables wakeloop treats as secret.
 
-Their values are scrubbed from every line wakeloop writes (events.py's
+Their values are scrubbed from every line wakeloop writes (records/events.py's
 `scrub`), never expanded into a notification target (notify/config.py),
 never handed to a notification command (notify/channels.py), and a
 notify.yaml or ceiling entry that would allow one is refused at load.
 Add a name here and every one of those places knows it.
 
-Not here: scrubbing itself (events.py), what a notification may expand
+Not here: scrubbing itself (records/events.py), what a notification may expand
 (notify/config.py's allowed names).
 """
 
