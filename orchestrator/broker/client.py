@@ -6,7 +6,8 @@ BrokerSandbox (a Sandbox like any other) and BrokerFiles (files.Files) wrap
 it for one agent; the broker, not this process, reads the policy's timeouts
 and caps. open_sandbox() decides, for `wake`, `serve` and `sandbox exec`
 alike, whether an agent's calls go to the broker ($WAKELOOP_BROKER) or to
-the local engine.
+the local engine (sandbox/keeper.py's open_here; diff_here and undo_here for
+`wakeloop diff` and `undo`).
 
 Not here: the requests and replies (ops.py, replies.py), the line (wire.py),
 serving (server.py, transport.py).

@@ -2,46 +2,39 @@
 
 The broker (broker/server.py) decides whether a request is served: the agent
 folder, its policy, the ceiling, the caps on calls, the fleet's switch. What
-it then asks is done here, by one Keeper, the one sandbox interface the
-broker uses. The few one-shot uses on this host without a broker (a wake's
-or `sandbox exec`'s box, `wakeloop diff` and `undo`) are the functions at the
-end: `open_here`, `diff_here`, `undo_here`.
+it then asks is done here, by one Keeper. The same box, diff and undo on this
+host without a broker are the functions at the end (`open_here`,
+`diff_here`, `undo_here`, and `let_go_here` when a command ends).
 
 Each agent keeps one DockerSandbox across requests, so its warm pool (the
 policy's `sandbox.pool`) serves them as it would a direct wake; a policy
-change drains the idle containers made under the old settings. A wake's
-`wind_down` (no more calls but its journal stub) stops the pool's refills and
-the next wake's `check` starts them again, so no container is made for a call
-that will not come. A box unused for IDLE_CLOSE_S, or whose workspace is
-gone, is closed (its pool first, then its disk is let go: released unless
-another box holds it); all close at exit. At most `max_agents` hold a box:
-past it the longest idle one is closed, or the request refused (Refused). A
-retired allowlist box takes its proxy and network with it, unless a live box
-has the same egress; a box whose proxy or netns holder died is made anew.
+change drains the idle containers made under the old settings. `wind_down`
+stops the pool's refills (a wake expects no more calls but its journal stub)
+and the next wake's `check` rearms it. A box unused for IDLE_CLOSE_S (a wake
+open: WAKE_IDLE_CLOSE_S), or whose workspace is gone, is closed: its pool,
+then its disk let go (released unless another box holds it); all close at
+exit. At most `max_agents` hold a box: past it the longest idle one closes,
+or the request is Refused. A retired allowlist box takes its proxy and
+network with it unless a live box has the same egress; a box whose proxy or
+netns holder died is made anew.
 
-Each wake is a transaction (wake_layer.py) and the keeper does the mounting
-and the committing: `begin` settles what the agent's earlier wakes left and
-mounts the wake's overlay in its kept box; `finish` checks the wake's changes
-against the policy the broker read (`workspace.protect`, protect_git),
-commits or drops them. One begin, finish, undo or move of a disk at a time,
-and no call meanwhile. A call with no wake open runs in a wake of its own,
-committed when the last call sharing it ends. A box with a wake open is kept
-idle up to WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose
-mounts the engine cannot see (compose without `propagation: rshared`, or on a
-host whose `/` is private; disks_reach_engine) has the engine mount each disk
-and each wake's overlay itself (engine_mounts.py), with the same promises.
+Each wake is a transaction (wake_layer.py), mounted and committed here:
+`begin` settles what the agent's earlier wakes left and mounts the wake's
+overlay in its kept box; `finish` checks the wake's changes against the
+policy the broker read (`workspace.protect`, protect_git), commits or drops
+them. One begin, finish, undo or move of a disk at a time, and no call
+meanwhile; a call with no wake open runs in a wake of its own, committed when
+the last call sharing it ends. Where the engine cannot see this process's
+mounts (a container without `propagation: rshared`; disks_reach_engine) the
+engine mounts each disk and overlay itself (engine_mounts.py).
 
-Workspaces: each agent's is a disk of its own (disk.py), belonging to its
-folder by the folder's identity (inode and birth time or generation, never
-its name or path: a renamed agent keeps its one disk), given to boxes as a
-volume (by device: nothing the orchestrator does to paths moves it) and
+Each agent's workspace is a disk of its own (disk.py), its folder's by the
+folder's identity (inode and birth time or generation, never its name or
+path: a renamed agent keeps its one disk), given to boxes by device and
 mounted for reading at the broker's own path, never under ROOT. A kept box
 serves only the folder it was made for: a folder swapped in under that name
-gets a box (and a disk) of its own. So the orchestrator reads a workspace
-through the broker (`read`: workspace_reads.py's no-follow, capped readers).
-ROOT's host path is asked of the engine (this container's mounts; on a plain
-host, ROOT itself). A disk is released (unmounted, volume removed, detached;
-the image kept) when the last box holding it closes.
+gets a box and a disk of its own. ROOT's host path is asked of the engine
+(this container's mounts; on a plain host, ROOT itself).
 
 Not here: whether a request is served (broker/server.py: the policy, the
 ceiling, the caps, the stop switch), the wire (broker/ops.py, replies.py),
@@ -109,8 +102,7 @@ class NoDisk(ConfigError):
 
 
 def own_container_id() -> str | None:
-    """The id of the container this process runs in, or None on a plain host.
-    Docker bind-mounts /etc/hostname from /var/lib/docker/containers/<id>/."""
+    """This process's container's id (docker binds /etc/hostname from /var/lib/docker/containers/<id>/), or None."""
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:
@@ -142,11 +134,10 @@ def host_root(root: Path, client: docker.DockerClient) -> Path:
 
 
 def disks_reach_engine(client: docker.DockerClient) -> bool:
-    """Whether the engine sees the mounts this process makes in $WAKELOOP_DISKS (a box's volume
-    binds KEY.box there: disk.py, wake_layer.py). On the host, yes. In a container, only if
-    that folder is mounted from the host with propagation (compose: `bind: {propagation:
-    rshared}`, on a host whose folder is on a shared mount); then disk.HOST_DISKS_ENV is set to
-    where the host has it. Otherwise the engine mounts each disk and wake itself (engine_mounts.py)."""
+    """Whether the engine sees the mounts this process makes in $WAKELOOP_DISKS (a box's volume binds
+    KEY.box there). On the host, yes. In a container, only if that folder is mounted from the host with
+    propagation (compose: `bind: {propagation: rshared}`, on a shared mount of the host); then
+    disk.HOST_DISKS_ENV is set to where the host has it. Else the engine mounts them (engine_mounts.py)."""
     cid = own_container_id()
     if cid is None:
         return True
@@ -159,10 +150,8 @@ def disks_reach_engine(client: docker.DockerClient) -> bool:
 
 
 class _HostPathSandbox(DockerSandbox):
-    """DockerSandbox for a workspace the broker sees elsewhere than the host does: its
-    disk is its agent folder's (on ROOT's own filesystem), mounted for reading at the
-    broker's own path. `identity`: the folder's, read once when the box is made, both
-    to claim its disk and to key the kept box (None: no disk)."""
+    """DockerSandbox for a workspace the broker sees elsewhere than the host does: its disk, its agent
+    folder's (on ROOT's filesystem), is mounted for reading at the broker's own path."""
 
     def __init__(self, workspace: Path, host_workspace: Path, policy: SandboxPolicy, **kwargs: Any) -> None:
         self.host_workspace = host_workspace
@@ -422,10 +411,9 @@ class Keeper:
             network.shutdown(self.client, {key}, shared=False)  # the wakeloop-egress network stays
 
     def _check_egress(self, name: str) -> None:
-        """An allowlist agent's box is made with its proxy and netns holder running,
-        and its idle containers live in that holder's network namespace. If either
-        has died since (OOM, a manual `docker rm`), retire the box: the next is made
-        with both anew, instead of every call failing until the box goes idle."""
+        """An allowlist agent's box is made with its proxy and netns holder running, its idle containers in
+        that holder's namespace. If either has died since (OOM, a manual `docker rm`), retire the box: the
+        next is made with both anew, instead of every call failing until the box goes idle."""
         entry = self._boxes.get(name)
         if (
             entry is None
@@ -461,9 +449,8 @@ class Keeper:
         return entry if entry.busy == 0 else None
 
     def sweep(self) -> None:
-        """Close boxes unused for IDLE_CLOSE_S or whose workspace is gone (agent removed
-        or renamed): their idle containers would otherwise run, and their disks stay
-        attached, until the broker stops. A box closes its pool, then lets go of its disk."""
+        """Close boxes unused for IDLE_CLOSE_S or whose workspace is gone (agent removed or renamed): their
+        idle containers would otherwise run, and their disks stay attached, until the broker stops."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
@@ -481,8 +468,7 @@ class Keeper:
             self.log(f"{entry.box.agent}: closed its idle sandbox and let go of its disk")
 
     def close(self) -> None:
-        """Close every agent's box (at shutdown): its idle containers removed, then its
-        disk released (unmounted, volume removed, loop device freed; the image kept)."""
+        """Close every agent's box (at shutdown): its idle containers removed, then its disk released."""
         with self._lock:
             idle = [self._retire(n) for n in list(self._boxes)]
         for entry in idle:
@@ -492,8 +478,7 @@ class Keeper:
             self.log(problem)
 
     def remove_leftovers(self) -> int:
-        """Containers a crashed broker left for workspaces under ROOT, and their gVisor boxes'
-        namespace holders, removed: how many."""
+        """Remove the containers a crashed broker left for workspaces under ROOT (and their netns holders): how many."""
         # The low-level list: no per-container inspect to race with removals elsewhere.
         stale = self.client.api.containers(all=True, filters={"label": "wakeloop.sandbox=1"})
         under = str(self.root) + "/"
@@ -517,9 +502,8 @@ class Keeper:
         return settled
 
     def finish(self, agent: Agent, run_id: str) -> tuple[WakeChanges, list[dict[str, Any]]]:
-        """Check the wake's changes against the policy as the broker read it, commit or drop them;
-        the changes and the allowlist proxy's decisions. Refused while a call of the agent runs:
-        nothing may write the layer being committed."""
+        """Check the wake's changes against the policy as the broker read it, commit or drop them; the
+        changes and the allowlist proxy's decisions. Refused while a call of the agent runs."""
         name = agent.dir.name
         with self._layer_op(name, lambda: self._finishable(name, run_id)) as entry:
             try:
@@ -666,10 +650,9 @@ class Keeper:
                 return workspace_stream.pack(self._held_disk(entry).files, out)
 
     def import_(self, agent: Agent, receive: Callable[[int], workspace_stream.Reads]) -> workspace_stream.Summary:
-        """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history
-        a disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once
-        the disk is ready: the tree's digest, read back. The disk counts as in flight meanwhile
-        (disk.flight): the writes are a call's, bounded by the disk's size."""
+        """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history a disk
+        it had here before keeps) and write into files/ the stream `receive(limit)` gives once the disk is
+        ready: the tree's digest, read back. In flight meanwhile (disk.flight), as a call's writes are."""
         name, size = agent.dir.name, agent.policy.sandbox.disk
         with self._layer_op(name, lambda: self._no_wake_open(name)):
             with self._held(agent) as entry:  # made (from the folder's workspace/, cleared below) if new
@@ -756,8 +739,7 @@ def open_here(
 
 
 def _prune_undo(root: Path | None, agent: Agent, say: Callable[[str], None]) -> None:
-    """At a wake's start: the undo folders older than workspace.keep_undo_days go (undo_folders.prune).
-    A disk whose undo folders cannot be read is said, and the wake goes on."""
+    """At a wake's start: undo folders past workspace.keep_undo_days go; a disk whose cannot be read is said."""
     if root is None:
         return
     days = agent.policy.workspace.keep_undo_days
@@ -795,3 +777,22 @@ def _disk_root(agent: Agent) -> Iterator[Path]:
         yield box.disk_root
     finally:
         box.close()
+
+
+def let_go_here(held_before: frozenset[Any]) -> list[str]:
+    """At a command's end, whatever ended it: the disks it still holds let go (released unless
+    another process holds one; `held_before`, an embedding process's own, kept) and the allowlist
+    proxies it started removed. A line for each that could not be."""
+    lines = []
+    if disk.holding() - held_before:
+        try:
+            problems = disk.let_go_all(connect(), kept=held_before)
+        except Exception as exc:  # releasing must not mask the command's own result
+            problems = [f"could not release the workspace disk(s): {exc}"]
+        lines += [f"{line}; `wakeloop disk release AGENT_DIR` retries" for line in problems]
+    if network.started():
+        try:
+            network.shutdown(connect())
+        except Exception as exc:  # nor must shutting down
+            lines.append(f"could not remove the allowlist proxy: {exc}")
+    return lines
