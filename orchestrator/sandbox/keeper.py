@@ -227,12 +227,10 @@ class Keeper:
         with self._rate_lock:
             if self._rate_at is None or time.monotonic() - self._rate_at[0] > RATE_KEEP_S:
                 cores = len(os.sched_getaffinity(0))
-                measured = rate.measure(  # on a scratch folder under ROOT: the engine can bind it
-                    self.client,
-                    DEFAULT.sandbox,
-                    RATE_CALLS_PER_CORE * cores,
-                    RATE_PARALLEL_PER_CORE * cores,
-                    under=(self.root, self.host_root),
+                calls, parallel = RATE_CALLS_PER_CORE * cores, RATE_PARALLEL_PER_CORE * cores
+                # On a scratch folder under ROOT: the engine can bind it.
+                measured = rate.measure(
+                    self.client, DEFAULT.sandbox, calls, parallel, under=(self.root, self.host_root)
                 )
                 self._rate_at = (time.monotonic(), measured)
                 self.log(
@@ -713,16 +711,11 @@ def open_here(
     """The local engine's box for `agent`'s calls, checked (image and runtime) before it is
     returned. `fresh` (a wake holding the agent's lock) also removes containers an earlier,
     interrupted run left for this workspace and prunes the undo folders past keep_undo_days."""
-    client = connect()
+    client, policy = connect(), agent.policy.sandbox
     check_against_engine(agent.policy, client)  # before any container starts
+    # ahead_at_begin: a wake's pool starts at its begin, with the overlay
     box = DockerSandbox(
-        agent.workspace,
-        agent.policy.sandbox,
-        agent=agent.name,
-        run_id=run_id,
-        client=client,
-        warm=warm,
-        ahead_at_begin=fresh,  # a wake's: its pool starts at begin, with the overlay
+        agent.workspace, policy, agent=agent.name, run_id=run_id, client=client, warm=warm, ahead_at_begin=fresh
     )
     if box.warning:
         say(box.warning)
