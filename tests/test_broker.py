@@ -20,12 +20,13 @@ import docker
 import pytest
 
 from tests.helpers.leftovers import our_containers
-from orchestrator.broker import server as broker_module
+from orchestrator.sandbox import keeper as keeper_module
 from orchestrator.sandbox import network
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.broker.ops import APPEND_MAX_BYTES
 from orchestrator.broker.wire import BrokerError
-from orchestrator.broker.server import HOST_ROOT_ENV, Broker
+from orchestrator.broker.server import Broker
+from orchestrator.sandbox.keeper import HOST_ROOT_ENV
 from orchestrator.broker.client import BrokerClient, BrokerSandbox
 from orchestrator.escapes.broker_probes import _egress_keys
 from orchestrator.policy.ceiling import Ceiling
@@ -194,8 +195,8 @@ def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_wo
     # pool 0: no container for a mount source that is not there
     set_policy(root / "alpha", {"sandbox": {"pool": 0, "disk": disk_setting}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
-    entry = broker._acquire(broker._agent("alpha"))
-    broker._release(entry)
+    entry = broker.keeper._acquire(broker._agent("alpha"))
+    broker.keeper._release(entry)
     _, host = entry.box.container_spec(["true"])
     key = disk.lookup(root / "alpha")
     if disk_setting == "2g":  # the index records where the host sees the folder
@@ -208,7 +209,7 @@ def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_wo
     assert [m["Target"] for m in host["mounts"]] == ["/workspace"]
     broker.close()
     monkeypatch.delenv(HOST_ROOT_ENV)
-    assert Broker(root, client=docker_client).host_root == root.resolve()  # not in a container
+    assert Broker(root, client=docker_client).keeper.host_root == root.resolve()  # not in a container
 
 
 def test_a_whole_wake_through_the_broker_needs_no_docker_access(broker, root):
@@ -333,7 +334,7 @@ def test_an_agent_yaml_edited_past_the_ceiling_is_refused_before_any_container(r
 
 
 def test_an_allowlist_agents_dead_proxy_is_made_anew_by_its_next_call(root, docker_client, monkeypatch, capsys):
-    monkeypatch.setattr(broker_module, "EGRESS_CHECK_S", 0.0)  # check on every call
+    monkeypatch.setattr(keeper_module, "EGRESS_CHECK_S", 0.0)  # check on every call
     hosts = ["x.wakeloop.test"]  # never dialled: the test reads only the proxy's address
     set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 1}})
     egress = network.plan((root / "alpha/workspace").resolve(), tuple(hosts))
@@ -383,10 +384,10 @@ def test_a_pool_is_closed_when_its_agent_is_gone_or_idle(root, docker_client, mo
         if why == "renamed":
             (root / "alpha").rename(root / "beta")  # the workspace path of the pool is gone
         else:
-            monkeypatch.setattr(broker_module, "IDLE_CLOSE_S", 0)
-        broker._next_sweep = 0  # sweep now, not in SWEEP_EVERY_S
+            monkeypatch.setattr(keeper_module, "IDLE_CLOSE_S", 0)
+        broker.keeper._next_sweep = 0  # sweep now, not in SWEEP_EVERY_S
         broker.sweep()
-        assert broker._boxes == {}
+        assert broker.keeper._boxes == {}
         assert our_containers(docker_client, root.resolve()) == []  # close() waits for the removals
     finally:
         broker.close()
@@ -420,7 +421,7 @@ def test_a_disk_agents_first_wake_through_the_broker_makes_its_first_container_a
     try:
         assert broker.handle({"op": "check", "agent": "alpha"})["ok"]
         assert broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
-        assert broker._boxes["alpha"].box.pool.wait_ready(1, POOL_WAIT_S), "one container ahead at begin"
+        assert broker.keeper._boxes["alpha"].box.pool.wait_ready(1, POOL_WAIT_S), "one container ahead at begin"
         assert broker.handle({"op": "wind_down", "agent": "alpha"})["ok"]  # no call comes: none more
         assert broker.handle({"op": "finish", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
     finally:
@@ -444,7 +445,7 @@ def test_a_wake_winding_down_stops_its_pool_and_the_next_wakes_check_rearms_it(r
         wait_for(lambda: len(pool_containers(docker_client, workspace)) == 1, "one container ahead", POOL_WAIT_S)
         assert broker.handle({"op": "wind_down", "agent": "alpha"}) == {"ok": True, "result": {}}
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]  # the stub, say
-        pool = broker._boxes["alpha"].box.pool
+        pool = broker.keeper._boxes["alpha"].box.pool
         assert (pool.want, pool.idle(), pool._making) == (0, [], 0), "nothing made for a call that won't come"
         assert broker.handle({"op": "finish", "agent": "alpha", "run_id": "0123456789ab"})["ok"]
         assert broker.handle({"op": "check", "agent": "alpha"})["ok"]  # the next wake
@@ -462,7 +463,7 @@ def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked_and_ping
     try:
         before = broker.handle({"op": "ping"})["result"]  # placement's inputs past one host (nodes.py)
         assert before["rate"] is None  # a ping never measures: that takes seconds
-        assert before["room"] == disk.promise_room(broker.disk_overcommit) and before["room"] > 0
+        assert before["room"] == disk.promise_room(broker.keeper.overcommit) and before["room"] > 0
         first = broker.handle({"op": "rate"})["result"]
         assert first["per_s"] > 0 and first["calls"] >= 1 and first["latency_s"] > 0
         assert broker.handle({"op": "rate"})["result"] == first  # kept, not measured again
@@ -608,12 +609,12 @@ def test_past_max_agents_the_longest_idle_pool_is_closed_and_a_busy_one_refuses(
     try:
         assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
         assert broker.handle({"op": "run", "agent": "beta", "command": "true"})["ok"]
-        assert list(broker._boxes) == ["beta"]  # alpha's idle pool made room
+        assert list(broker.keeper._boxes) == ["beta"]  # alpha's idle pool made room
         assert pool_containers(docker_client, root / "alpha/workspace") == {}
-        broker._boxes["beta"].busy += 1  # as if a call of beta's were in flight
+        broker.keeper._boxes["beta"].busy += 1  # as if a call of beta's were in flight
         with pytest.raises(BrokerError, match="alpha: busy: 1 agents hold a sandbox, the broker's max.agents is 1"):
             broker.handle({"op": "run", "agent": "alpha", "command": "true"})
-        broker._boxes["beta"].busy -= 1
+        broker.keeper._boxes["beta"].busy -= 1
     finally:
         broker.close()
     assert our_containers(docker_client, root.resolve()) == []
@@ -765,13 +766,13 @@ def test_a_call_outside_a_wake_is_a_wake_of_its_own_that_protect_binds(root, doc
         waits = "until [ -e go ]; do sleep 0.05; done; echo 1 > one"  # for the second call's file
         waiting = threading.Thread(target=lambda: first.append(run(waits)))
         waiting.start()
-        begun = lambda: "alpha" in broker._own and "alpha" not in broker._layering
+        begun = lambda: "alpha" in broker.keeper._own and "alpha" not in broker.keeper._layering
         wait_for(begun, "the first call's own wake", POOL_WAIT_S)
         with pytest.raises(BrokerError, match="a call is still running"):
             broker.handle({"op": "begin", "agent": "alpha", "run_id": "0123456789ab"})
         assert run("echo go > go")["exit_code"] == 0
         waiting.join(POOL_WAIT_S)
-        assert first[0]["exit_code"] == 0 and broker._own == {}
+        assert first[0]["exit_code"] == 0 and broker.keeper._own == {}
         assert (view(root) / "go").is_file() and (view(root) / "one").read_text() == "1\n"
         shared = undo_folders.last(view(root).parent)  # one wake committed both calls' files
         assert sorted(c.path for c in shared.changes) == ["go", "one"]

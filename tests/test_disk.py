@@ -532,7 +532,8 @@ def broker_call(broker, name: str, command: str = "true"):
 
 
 def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tmp_path, docker_client):
-    from orchestrator.broker.server import IDLE_CLOSE_S, Broker
+    from orchestrator.broker.server import Broker
+    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from orchestrator.policy.agent import init_agent
     from tests.helpers import set_policy
 
@@ -554,11 +555,11 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
         assert disk.lookup(root / name) == key
         assert len(attached_devices(disk.path_of(key, "img"))) == 1
         # Idle past IDLE_CLOSE_S (and the renamed-away boxes, whose folders are gone): released.
-        for entry in broker._boxes.values():
+        for entry in broker.keeper._boxes.values():
             entry.used -= IDLE_CLOSE_S + 1
-        broker._next_sweep = 0
+        broker.keeper._next_sweep = 0
         broker.sweep()
-        assert attached_devices(disk.path_of(key, "img")) == [] and broker._boxes == {}
+        assert attached_devices(disk.path_of(key, "img")) == [] and broker.keeper._boxes == {}
         assert disk.path_of(key, "img").exists()
         assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"  # attached again
     finally:
@@ -567,7 +568,8 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
 
 
 def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, docker_client):
-    from orchestrator.broker.server import IDLE_CLOSE_S, Broker
+    from orchestrator.broker.server import Broker
+    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from orchestrator.policy.agent import init_agent
     from tests.helpers import set_policy
 
@@ -575,14 +577,14 @@ def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, dock
     set_policy(init_agent(root / "alpha"), {"sandbox": {"pool": 0}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
-        entry = broker._acquire(broker._agent("alpha"))  # a call in flight holds the box
+        entry = broker.keeper._acquire(broker._agent("alpha"))  # a call in flight holds the box
         entry.used -= IDLE_CLOSE_S + 1
-        broker._next_sweep = 0
+        broker.keeper._next_sweep = 0
         broker.sweep()
         key = disk.lookup(root / "alpha")
-        assert len(attached_devices(disk.path_of(key, "img"))) == 1 and "alpha" in broker._boxes
+        assert len(attached_devices(disk.path_of(key, "img"))) == 1 and "alpha" in broker.keeper._boxes
         assert entry.box.run("echo still > here.txt", timeout_s=30, max_output_chars=100).ok
-        broker._release(entry)
+        broker.keeper._release(entry)
     finally:
         broker.close()
     assert attached_devices(disk.path_of(key, "img")) == []

@@ -26,6 +26,10 @@ orchestrator.escapes import ALL_PROBES` names escapes/__init__.py); that
 importing a module first runs its package's __init__.py is not counted, or
 every module would make a circle with its own package.
 
+And the broker decides while the sandbox keeps: broker/ takes from
+sandbox/ only the names BROKER_MAY_TAKE_FROM_SANDBOX declares (the keeper,
+the types a reply carries, the wire's limits).
+
 No engine needed. Not here: whether the module names the docs cite exist
 (test_names.py), private names taken across modules (test_private_names.py).
 """
@@ -259,3 +263,88 @@ def test_the_checks_see_two_packages_and_a_circle(tmp_path):
     assert circles(module_graph(tmp_path)) == [
         frozenset({"orchestrator.records.a", "orchestrator.records.b", "orchestrator.records.c"})
     ]  # a lazy import and one under TYPE_CHECKING close it; q -> n -> p -> a is no circle
+
+
+# -- the broker decides, the sandbox keeps: what broker/ may take from sandbox/ -----------------
+
+# Each name of sandbox/ a module of broker/ may use (imported, or read off an imported module),
+# and why. The broker asks the keeper; the rest are the types a reply carries and the wire's
+# limits. A name not here is the broker doing the sandbox's work: give it to the keeper.
+BROKER_MAY_TAKE_FROM_SANDBOX = {
+    # the one interface the broker asks (sandbox/keeper.py), and this host's without a broker
+    "orchestrator.sandbox.keeper.Keeper": "each agent's kept box, disk, egress and wake",
+    "orchestrator.sandbox.keeper.Refused": "what it will not do as things stand: the broker's refusal",
+    "orchestrator.sandbox.keeper.Call": "a call the broker allowed, made on the kept box",
+    "orchestrator.sandbox.keeper.own_container_id": "plain_container.py: which container it runs in",
+    "orchestrator.sandbox.keeper.open_here": "client.py: a box on this host",
+    "orchestrator.sandbox.keeper.diff_here": "client.py: a wake's diff on this host",
+    "orchestrator.sandbox.keeper.undo_here": "client.py: an undo on this host",
+    # a box: what it is, what it answers, how it fails
+    "orchestrator.sandbox.box.Sandbox": "what open_sandbox returns",
+    "orchestrator.sandbox.box.SandboxResult": "a call's reply",
+    "orchestrator.sandbox.box.SandboxError": "a box that failed (refused: false)",
+    # a wake's results, as replies carry them
+    "orchestrator.sandbox.wake_layer.Settled": "begin's reply",
+    "orchestrator.sandbox.wake_layer.WakeChanges": "finish's reply",
+    "orchestrator.sandbox.wake_diff.WakeDiff": "diff's reply",
+    "orchestrator.sandbox.undo_folders.Undone": "undo's reply",
+    "orchestrator.sandbox.undo_folders.UndoRefused": "undo's refusal",
+    "orchestrator.sandbox.workspace_reads.HostFiles": "a workspace read on this host",
+    # the wire's limits, checked at parse
+    "orchestrator.sandbox.workspace_reads.READS": "the reads op read may name",
+    "orchestrator.sandbox.workspace_reads.JOURNAL_DIR": "the one folder append may write",
+    "orchestrator.sandbox.layers.RUN_ID": "a run id's shape",
+    "orchestrator.sandbox.network.MAX_GRANT": "how many hosts a grant may name",
+    # a policy question the broker asks before it serves
+    "orchestrator.sandbox.network.grant_refusal": "the hosts a person's approval may grant",
+    # a moving disk's stream (export, import)
+    "orchestrator.sandbox.workspace_stream.Reads": "import's stream",
+    "orchestrator.sandbox.workspace_stream.Writes": "export's stream",
+    "orchestrator.sandbox.workspace_stream.Summary": "what either end holds",
+}
+
+
+def sandbox_names(path: Path) -> set[str]:
+    """The names of orchestrator.sandbox a file uses: each imported name, and each attribute read
+    off an imported sandbox module (as /work/brief's crossings count counts them)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found, modules = set(), {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("orchestrator.sandbox")
+        ):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full)
+                modules[alias.asname or alias.name] = full
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("orchestrator.sandbox"):
+                    modules[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            base = modules[node.value.id]
+            if base.rsplit(".", 1)[-1][:1].islower():  # a module, not a class
+                found.discard(base)
+                found.add(f"{base}.{node.attr}")
+    return found
+
+
+def test_the_broker_takes_from_the_sandbox_only_the_declared_names():
+    taken: dict[str, list[str]] = {}  # name -> the files of broker/ that take it
+    for path in sorted((PACKAGE / "broker").rglob("*.py")):
+        for name in sandbox_names(path):
+            taken.setdefault(name, []).append(path.name)
+    undeclared = sorted(f"{n} ({', '.join(f)})" for n, f in taken.items() if n not in BROKER_MAY_TAKE_FROM_SANDBOX)
+    assert not undeclared, (
+        "broker/ decides, sandbox/ keeps: ask the keeper (sandbox/keeper.py) rather than take these "
+        "from sandbox/, or declare each in BROKER_MAY_TAKE_FROM_SANDBOX with why:\n  " + "\n  ".join(undeclared)
+    )
+    unused = sorted(set(BROKER_MAY_TAKE_FROM_SANDBOX) - set(taken))
+    assert not unused, f"declared, but broker/ no longer takes them: drop them from the list: {unused}"
+    crossings = sum(len(files) for files in taken.values())
+    assert crossings <= 33, (
+        f"broker/ takes {crossings} names from sandbox/, file by file (67 before the keeper, 33 after)"
+    )

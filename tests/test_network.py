@@ -330,6 +330,36 @@ def test_shutdown_removes_the_proxy_holder_and_network(docker_client, tmp_path):
     assert egress.internal_network not in {n.name for n in networks}
 
 
+def test_a_command_that_started_a_proxy_removes_it_when_it_ends(docker_client, tmp_path):
+    # `wakeloop sandbox exec` on an allowlist agent: its end lets go of what it started
+    # (sandbox/keeper.py let_go_here), in a process of its own, so nothing else it holds goes too.
+    import subprocess
+    import sys
+
+    from orchestrator.policy.agent import init_agent, load_agent
+    from tests.helpers import set_policy
+
+    agent_dir = init_agent(tmp_path / "agent")
+    set_policy(
+        agent_dir, {"sandbox": {"network": "allowlist", "disk": "none", "pool": 0, "allow_hosts": ["x.wakeloop.test"]}}
+    )
+    agent = load_agent(agent_dir)
+    key = network.plan_for(agent.workspace.resolve(), agent.policy.sandbox).key
+    ran = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", "echo $HTTPS_PROXY"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0 and "http" in ran.stdout, (ran.stdout, ran.stderr)
+    assert "could not" not in ran.stderr  # nothing it could not let go of
+    containers, networks = network.leftovers(docker_client)
+    assert key not in {c.labels.get(f"{network.LABEL}.key") for c in containers}
+    assert network.plan_for(agent.workspace.resolve(), agent.policy.sandbox).internal_network not in {
+        n.name for n in networks
+    }
+
+
 def test_setup_and_probe_times_are_reasonable(allowlist_box, allowlist):
     print(f"allowlist setup {allowlist_box.setup_s:.1f}s, probe {allowlist['probe_s']:.1f}s")
     assert allowlist_box.setup_s < 60 and allowlist["probe_s"] < PROBE_TIMEOUT_S

@@ -6,7 +6,8 @@ BrokerSandbox (a Sandbox like any other) and BrokerFiles (files.Files) wrap
 it for one agent; the broker, not this process, reads the policy's timeouts
 and caps. open_sandbox() decides, for `wake`, `serve` and `sandbox exec`
 alike, whether an agent's calls go to the broker ($WAKELOOP_BROKER) or to
-the local engine.
+the local engine (sandbox/keeper.py's open_here; diff_here and undo_here for
+`wakeloop diff` and `undo`).
 
 Not here: the requests and replies (ops.py, replies.py), the line (wire.py),
 serving (server.py, transport.py).
@@ -15,28 +16,21 @@ serving (server.py, transport.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import docker.errors
-
 from orchestrator.broker import nodes, ops, replies, wire
-from orchestrator.errors import ConfigError
 from orchestrator.broker.ops import READ_TIMEOUT_S
 from orchestrator.broker.replies import EngineRate
 from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S
 from orchestrator.policy.agent import Agent
-from orchestrator.sandbox.policy_check import check_against_engine
+from orchestrator.sandbox import keeper
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
-from orchestrator.sandbox.workspace_reads import HostFiles
-from orchestrator.sandbox import undo_folders, wake_diff
 from orchestrator.sandbox.undo_folders import Undone, UndoRefused
 from orchestrator.sandbox.wake_diff import WakeDiff
+from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.workspace_reads import HostFiles
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
@@ -46,10 +40,6 @@ FINISH_TIMEOUT_S = 600.0  # a commit: renames, but a scan hashes every changed f
 UNDO_TIMEOUT_S = 600.0  # renames, one per path: a wake that changed 100,000 files, on a slow disk
 
 R = TypeVar("R")
-
-
-class NoDisk(ConfigError):
-    """An agent without a disk: its wakes write the folder directly, nothing to diff or undo (exit 2)."""
 
 
 class BrokerClient:
@@ -210,8 +200,7 @@ def read_wake_diff(agent: Agent, run_id: str | None, environ: Mapping[str, str] 
     path = broker_socket(environ)
     if path:
         return BrokerClient(path).diff(agent.dir.name, run_id)
-    with _disk_root(agent) as root:
-        return wake_diff.read(root, run_id)
+    return keeper.diff_here(agent, run_id)
 
 
 def undo_wake(agent: Agent, run_id: str, force: bool, environ: Mapping[str, str] = os.environ) -> Undone:
@@ -220,22 +209,7 @@ def undo_wake(agent: Agent, run_id: str, force: bool, environ: Mapping[str, str]
     path = broker_socket(environ)
     if path:
         return BrokerClient(path).undo(agent.dir.name, run_id, force)
-    with _disk_root(agent) as root:
-        return undo_folders.undo(root, run_id, force)
-
-
-@contextmanager
-def _disk_root(agent: Agent) -> Iterator[Path]:
-    """The agent's disk's root on this host (layers.py), attached for the block."""
-    # Only the disk: no container is made, so no allowlist proxy is started for it either.
-    quiet = replace(agent.policy.sandbox, network="none", allow_hosts=(), pool=0)
-    box = DockerSandbox(agent.workspace, quiet, agent=agent.name, warm=0)
-    try:
-        if box.disk_root is None:
-            raise NoDisk(f"{agent.name}: its workspace has no disk (sandbox.disk: none), so no wake is a transaction")
-        yield box.disk_root
-    finally:
-        box.close()
+    return keeper.undo_here(agent, run_id, force)
 
 
 def broker_socket(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -262,41 +236,4 @@ def open_sandbox(
         brokered = BrokerSandbox(*_brokers_for(agent, path))
         brokered.check()
         return brokered
-    client = connect()
-    check_against_engine(agent.policy, client)  # before any container starts
-    box = DockerSandbox(
-        agent.workspace,
-        agent.policy.sandbox,
-        agent=agent.name,
-        run_id=run_id,
-        client=client,
-        warm=warm,
-        ahead_at_begin=fresh,  # a wake's: its pool starts at begin, with the overlay
-    )
-    if box.warning:
-        say(box.warning)
-    if fresh:
-        try:
-            left = box.cleanup_leftovers()  # the caller holds the lock: any container of this workspace is stale
-        except docker.errors.DockerException as exc:
-            box.close()  # its pool has started: nothing of this run may outlive it
-            raise SandboxError(f"cannot remove the containers an earlier wake left: {exc}") from None
-        if left:
-            say(f"removed {left} sandbox container(s) left by an earlier, interrupted wake")
-        _prune_undo(box.disk_root, agent, say)
-    return box
-
-
-def _prune_undo(root: Path | None, agent: Agent, say: Callable[[str], None]) -> None:
-    """At a wake's start: the undo folders older than workspace.keep_undo_days go (undo_folders.prune).
-    A disk whose undo folders cannot be read is said, and the wake goes on."""
-    if root is None:
-        return
-    days = agent.policy.workspace.keep_undo_days
-    try:
-        gone = undo_folders.prune(root, days)
-    except (undo_folders.BadUndoFolder, OSError) as exc:
-        say(f"could not prune the undo folders: {exc}")
-        return
-    if gone:
-        say(f"pruned the undo data of {len(gone)} wake(s) older than {days:g} days (workspace.keep_undo_days)")
+    return keeper.open_here(agent, run_id=run_id, warm=warm, fresh=fresh, say=say)

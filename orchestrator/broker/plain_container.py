@@ -38,7 +38,7 @@ import docker
 from docker.models.containers import Container
 
 from orchestrator.broker import tls
-from orchestrator.broker.server import own_container_id
+from orchestrator.sandbox.keeper import own_container_id
 from orchestrator.errors import ConfigError
 
 LABEL = "wakeloop.broker-of"  # on the plain container: the task container it belongs to

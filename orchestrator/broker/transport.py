@@ -31,11 +31,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import docker
 
 from orchestrator.broker import ops, replies, tls, wire
 from orchestrator.broker.server import Broker, cut_to_line
-from orchestrator.sandbox import netns
 from orchestrator.broker.wire import MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.policy.agent import AgentError
 from orchestrator.policy.ceiling import Ceiling
@@ -298,7 +296,7 @@ def serve(
     if not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     broker = Broker(root, log=lambda line: print(f"broker: {line}", flush=True), ceiling=ceiling)
-    left = _cleanup(broker, root)
+    left = broker.keeper.remove_leftovers()
     socket_path = None if str(address).startswith(tls.SCHEME) else Path(address)
     if socket_path is not None:
         socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,7 +308,7 @@ def serve(
     bound = f"tls://{tls.host_port(str(address))[0]}:{server.socket.getsockname()[1]}" if socket_path is None else ""
     where = socket_path or f"{bound} (mutual TLS: clients of {tls.ORCHESTRATOR_NAME}'s certificate only)"
     print(
-        f"broker: serving run/write/append for agents under {root} (host path {broker.host_root}) "
+        f"broker: serving run/write/append for agents under {root} (host path {broker.keeper.host_root}) "
         f"on {where}, {f'ceiling {ceiling.source}' if ceiling else 'no ceiling'}"
         f"{f'; removed {left} leftover container(s)' if left else ''}",
         flush=True,
@@ -339,22 +337,9 @@ def serve(
         broker.close()  # after the last request: every agent's idle pool containers go
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
-        left = _cleanup(broker, root)
+        left = broker.keeper.remove_leftovers()
     print(f"broker: stopped{f'; removed {left} leftover container(s)' if left else ''}", flush=True)
     return 0
-
-
-def _cleanup(broker: Broker, root: Path) -> int:
-    """Containers a crashed broker left for workspaces under ROOT."""
-    # The low-level list: no per-container inspect to race with removals elsewhere.
-    stale = broker.client.api.containers(all=True, filters={"label": "wakeloop.sandbox=1"})
-    mine = [c["Id"] for c in stale if (c.get("Labels") or {}).get("wakeloop.workspace", "").startswith(str(root) + "/")]
-    for cid in mine:
-        try:
-            broker.client.api.remove_container(cid, force=True)
-        except docker.errors.APIError:
-            pass  # gone already, or being removed
-    return len(mine) + netns.leftovers(broker.client, root)  # and their gVisor boxes' namespace holders
 
 
 def _hand_socket_to_root_owner(socket_path: Path, root: Path) -> None:

@@ -35,7 +35,6 @@ from orchestrator.cli import (
     wake_commands,
 )
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, WakeloopError
-from orchestrator.sandbox.engine import connect
 
 
 EPILOG = """\
@@ -118,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ENVIRONMENT
     finally:
         _release_disks(held_before)
-        _stop_network()
 
 
 def _in_disks_dir(filename) -> bool:
@@ -129,25 +127,8 @@ def _in_disks_dir(filename) -> bool:
 
 def _release_disks(held_before: frozenset) -> None:
     """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
-    that attached), whatever ended it: released unless another process holds it."""
-    from orchestrator.sandbox import disk
+    that attached) and the allowlist proxies it started, whatever ended it (keeper.let_go_here)."""
+    from orchestrator.sandbox import keeper
 
-    if not disk.holding() - held_before:
-        return
-    try:
-        problems = disk.let_go_all(connect(), kept=held_before)
-    except Exception as exc:  # releasing must not mask the command's own result
-        problems = [f"could not release the workspace disk(s): {exc}"]
-    for line in problems:
-        print(f"wakeloop: {line}; `wakeloop disk release AGENT_DIR` retries", file=sys.stderr)
-
-
-def _stop_network() -> None:
-    """Remove the allowlist proxies this process started (network.py); quiet if none."""
-    from orchestrator.sandbox import network
-
-    if network.started():
-        try:
-            network.shutdown(connect())
-        except Exception as exc:  # shutting down must not mask the command's own result
-            print(f"wakeloop: could not remove the allowlist proxy: {exc}", file=sys.stderr)
+    for line in keeper.let_go_here(held_before):
+        print(f"wakeloop: {line}", file=sys.stderr)

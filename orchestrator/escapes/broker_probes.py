@@ -367,7 +367,7 @@ def _calls_in_flight(t: Trial) -> str:
             reply, _ = served.ask({"op": "begin", "agent": name, "run_id": "0123456789ab"}, START_S)
             if not (reply and reply.get("ok")):
                 return f"{name}: could not begin a wake: {reply}"
-            views[name] = served.broker._boxes[name].box.view
+            views[name] = served.broker.keeper._boxes[name].box.view
         fifos = [views["alpha"] / "hold", views["alpha"] / "hold2", views["beta"] / "hold"]
         holders, writers, opened = [], [], []
         try:

@@ -12,7 +12,7 @@ with a `workspace_changes` line in events.jsonl. While a wake runs (a live holde
 lock), the call runs in that wake's overlay and lands with its commit.
 
 Not here: a wake (loop.py), the transaction (sandbox/wake_layer.py), the broker's own wake for
-a call from a client that never begins one (broker/server.py).
+a call from a client that never begins one (sandbox/keeper.py).
 """
 
 from __future__ import annotations

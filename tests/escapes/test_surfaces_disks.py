@@ -52,11 +52,11 @@ def test_a_new_folder_in_a_deleted_ones_place_gets_its_disk_when_named_by_its_pa
 
 
 def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_identity_check(surface_lab, monkeypatch):
-    from orchestrator.broker import server
+    from orchestrator.sandbox import keeper
 
-    before = server._needs_new_box
+    before = keeper._needs_new_box
     monkeypatch.setattr(
-        server, "_needs_new_box", lambda box, place, policy: before(box, (*place[:3], box.identity), policy)
+        keeper, "_needs_new_box", lambda box, place, policy: before(box, (*place[:3], box.identity), policy)
     )
     assert "newcomer's calls ran" in escapes(surface_lab, probes.disks_broker_box_follows_the_folder_not_the_name)
 

@@ -500,6 +500,7 @@ def _switch_off(what, monkeypatch):
     from orchestrator.broker import server, transport
     from orchestrator.policy import agent, load
     from orchestrator.safeio import yamlfile
+    from orchestrator.sandbox import keeper
 
     off = {
         "refuse_aliases": lambda: monkeypatch.setattr(yamlfile, "refuse_aliases", lambda text: None),
@@ -514,7 +515,7 @@ def _switch_off(what, monkeypatch):
         "_user_refusal": lambda: monkeypatch.setattr(Ceiling, "_user_refusal", lambda self, p, u: None),
         "_env_refusal": lambda: monkeypatch.setattr(Ceiling, "_env_refusal", lambda self, p: None),
         "_host_refusal": lambda: monkeypatch.setattr(Ceiling, "_host_refusal", lambda self, p: None),
-        "_close_box": lambda: monkeypatch.setattr(server.Broker, "_close_box", lambda self, box: box.close()),
+        "_close_box": lambda: monkeypatch.setattr(keeper.Keeper, "_close_box", lambda self, box: box.close()),
         "_grant_refusal": lambda: monkeypatch.setattr(server.Broker, "_grant_refusal", lambda self, agent, hosts: ""),
         "_attach_disk": lambda: monkeypatch.setattr(DockerSandbox, "_attach_disk", NoDisk._attach_disk),
     }

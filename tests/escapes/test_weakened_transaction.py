@@ -98,9 +98,9 @@ def test_the_run_id_probe_escapes_a_broker_without_its_id_check(make_lab, monkey
 
 
 def test_the_commit_race_probe_escapes_a_broker_that_serves_calls_during_a_finish(make_lab, monkeypatch):
-    from orchestrator.broker.server import Broker
+    from orchestrator.sandbox.keeper import Keeper
 
-    monkeypatch.setattr(Broker, "_not_layering", lambda self, name: None)
+    monkeypatch.setattr(Keeper, "_not_layering", lambda self, name: None)
     outcome = run_probe(make_lab(), by_name("broker_serves_nothing_while_a_wake_commits"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
     assert "served while the wake's changes were committed" in outcome.observed

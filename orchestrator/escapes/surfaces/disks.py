@@ -206,7 +206,7 @@ def _import_stays_in_its_disk(t: Trial) -> str:
                 broker.import_(ops.Import("alpha"), partial(_given, _stream(members)))
             except BrokerError:
                 refused.append(attack)
-        files = broker._boxes["alpha"].box.disk.files  # type: ignore[union-attr]
+        files = broker.keeper._boxes["alpha"].box.disk.files  # type: ignore[union-attr]
         for path in [files, *files.rglob("*")]:
             st = path.lstat()
             hard_link = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
