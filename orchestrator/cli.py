@@ -28,7 +28,8 @@ from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_FAILED, EXIT_OK, EXIT_USA
 from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records.receipt import FAILED
 from orchestrator.records.shown import json_shown
-from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.engine_client import connect
 
 
 def _print_json(data) -> None:
@@ -252,22 +253,22 @@ def cmd_context(args) -> int:
 
 def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_index
 
-    key = disk.lookup(agent.dir.resolve())
+    key = disk_index.lookup(agent.dir.resolve())
     return bool(key and disk.path_of(key, "img").exists())
 
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
     from orchestrator.views.status import disk_record, render_disks
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_survey
 
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     try:
-        records = disk.survey(root)
+        records = disk_survey.survey(root)
     except PermissionError:
         raise disk.DiskError(
             f"cannot read {disk.disks_dir()} (the disks' folder is root's): run `sudo wakeloop disk list`"
@@ -275,19 +276,19 @@ def cmd_disk_list(args) -> int:
     if args.json:
         _print_json([disk_record(r) for r in records])
     else:
-        print(render_disks(records, disk.disks_dir(), disk.filesystem() if records else None), end="")
+        print(render_disks(records, disk.disks_dir(), disk_survey.filesystem() if records else None), end="")
     return EXIT_OK
 
 
 def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_index
 
     folder = Path(agent_dir).resolve()
     if not folder.is_dir():
         raise AgentError(f"{agent_dir} is not a folder; give an agent's folder, e.g. agents/mine")
-    key = disk.lookup(folder)
+    key = disk_index.lookup(folder)
     if key is None or not disk.path_of(key, "img").exists():
         raise disk.DiskError(
             f"{agent_dir} has no disk in {disk.disks_dir()} (`wakeloop disk list` shows every disk and its folder)"
@@ -296,11 +297,11 @@ def _disk_of(agent_dir: str):
 
 
 def cmd_disk_release(args) -> int:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
-    if not disk.release(connect(), key):
+    if not disk_attach.release(connect(), key):
         raise disk.DiskError(
             f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
             "broker holds it); it is released when that ends"
@@ -329,7 +330,7 @@ def _no_wake(shown: str, state_dir: Path, error: type[Exception], then: str) -> 
 
 
 def cmd_disk_rm(args) -> int:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
@@ -341,7 +342,7 @@ def cmd_disk_rm(args) -> int:
         )
     # held while we delete: no wake starts on a disk going away
     with _no_wake(args.agent_dir, folder / "state", disk.DiskError, "try again when the wake ends"):
-        if not disk.release(connect(), key, delete=True):
+        if not disk_attach.release(connect(), key, delete=True):
             raise disk.DiskError(
                 f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
                 "holds it); try again when that ends"
@@ -1314,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
     try:
@@ -1332,7 +1333,7 @@ def main(argv: list[str] | None = None) -> int:
         if not _in_disks_dir(exc.filename):
             raise
         # A path of root's $WAKELOOP_DISKS that a check before it did not foresee: still one line.
-        print(f"wakeloop: {disk.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
+        print(f"wakeloop: {disk_attach.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     finally:
         _release_disks(held_before)
@@ -1348,12 +1349,12 @@ def _in_disks_dir(filename) -> bool:
 def _release_disks(held_before: frozenset) -> None:
     """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
     that attached), whatever ended it: released unless another process holds it."""
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     if not disk.holding() - held_before:
         return
     try:
-        problems = disk.let_go_all(connect(), kept=held_before)
+        problems = disk_attach.let_go_all(connect(), kept=held_before)
     except Exception as exc:  # releasing must not mask the command's own result
         problems = [f"could not release the workspace disk(s): {exc}"]
     for line in problems:

@@ -31,8 +31,9 @@ from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.engine import DockerSandbox, connect
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
 from orchestrator.sandbox import undo_folders, wake_diff
 from orchestrator.sandbox.undo_folders import Undone, UndoRefused

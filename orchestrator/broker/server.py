@@ -108,7 +108,18 @@ from typing import Any, Callable, Iterator, TypeVar, assert_never
 
 import docker
 
-from orchestrator.sandbox import disk, layers, network, rate, undo_folders, wake_diff, workspace_stream
+from orchestrator.sandbox import (
+    disk,
+    disk_attach,
+    disk_index,
+    disk_room,
+    layers,
+    network,
+    rate,
+    undo_folders,
+    wake_diff,
+    workspace_stream,
+)
 from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
@@ -117,7 +128,8 @@ from orchestrator.broker import nodes, ops, replies, wire
 from orchestrator.broker.ops import APPEND_TIMEOUT_S
 from orchestrator.broker.wire import BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
-from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.engine_client import connect
 from orchestrator.records import placement, stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
@@ -142,7 +154,7 @@ STREAM_SLACK = 64 * 2**20  # an import's stream may be twice its disk's size and
 LOG_LINE_CHARS = 300  # a log line (and a refusal's reason in it) is cut to this
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 # Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
-Place = tuple[Path, Path, str, "disk.Identity | None"]
+Place = tuple[Path, Path, str, "disk_index.Identity | None"]
 T = TypeVar("T")
 
 
@@ -268,14 +280,14 @@ class Broker:
         self.max_calls = int(capacity.get("calls", DEFAULT_MAX_CALLS))
         self.max_calls_per_agent = int(capacity.get("calls_per_agent", DEFAULT_MAX_CALLS_PER_AGENT))
         self.max_agents = int(capacity.get("agents", DEFAULT_MAX_AGENTS))
-        self.disk_overcommit = capacity.get("disk_overcommit", disk.OVERCOMMIT)  # thin disks' bound
+        self.disk_overcommit = capacity.get("disk_overcommit", disk_room.OVERCOMMIT)  # thin disks' bound
         self._next_sweep = time.monotonic() + SWEEP_EVERY_S
         self._rate_lock = threading.Lock()
         self._rate_at: tuple[float, replies.EngineRate] | None = None  # (when, the rate op's answer)
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
         # A swarm task's broker without --plain-container: no loop devices, for its whole life.
-        self.swarm_without_disks = bool(self.node and disk.unavailable())
+        self.swarm_without_disks = bool(self.node and disk_attach.unavailable())
         if self.engine_mounts:
             self.log(
                 f"the engine cannot see this broker's mounts in {disk.disks_dir()}: it mounts each disk "
@@ -367,7 +379,7 @@ class Broker:
         measuring takes seconds, and the `rate` op does it) and the disk its disks may still promise."""
         kept = self._rate_at  # not under _rate_lock, held through a measurement: one read of a tuple
         measured = kept[1].per_s if kept else None
-        return replies.Standing(str(self.root), self.node, measured, disk.promise_room(self.disk_overcommit))
+        return replies.Standing(str(self.root), self.node, measured, disk_room.promise_room(self.disk_overcommit))
 
     def _rate(self) -> replies.EngineRate:
         """The engine's create-start-remove rate (sandbox/rate.py) under the default
@@ -473,7 +485,7 @@ class Broker:
         workspace = agent.workspace.resolve()
         # Which folder has this name now: a kept box made for another (renamed away, a folder
         # swapped in) is not used for it. Its inode and birth mark, never its path.
-        identity = disk.identity_of(agent.dir, within=self.root) if policy.disk else None
+        identity = disk_index.identity_of(agent.dir, within=self.root) if policy.disk else None
         place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name, identity)
         made = None
         while True:
@@ -626,7 +638,9 @@ class Broker:
         for entry in idle:
             if entry:
                 self._close_box(entry.box)
-        for problem in disk.let_go_all(self.client, kept=self._held_before):  # any a box could not: none, normally
+        for problem in disk_attach.let_go_all(
+            self.client, kept=self._held_before
+        ):  # any a box could not: none, normally
             self.log(problem)
 
     # -- a wake as a transaction (sandbox/wake_layer.py): the broker mounts and commits ----------
@@ -802,7 +816,7 @@ class Broker:
         """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history
         a disk it had here before keeps) and write into files/ the stream `receive(limit)` gives once
         the disk is ready: the tree's digest, read back. Refused for an agent placed on this node:
-        its disk here is the one in use. The disk counts as in flight meanwhile (disk.flight): the
+        its disk here is the one in use. The disk counts as in flight meanwhile (disk_room.flight): the
         writes are a call's, bounded by the disk's size."""
         agent = self._agent(req.agent)
         name, size = agent.dir.name, agent.policy.sandbox.disk
@@ -814,8 +828,8 @@ class Broker:
             try:
                 held = self._held_disk(entry)
                 root, files = held.view, held.files
-                disk.unmount_wake(held)
-                with disk.flight(held.key, root):
+                disk_attach.unmount_wake(held)
+                with disk_room.flight(held.key, root):
                     for history in (layers.wakes(root), layers.undos(root)):  # of its life before here, if
                         if history.is_dir():  # it had one: a cut commit's recovery would replay it on these
                             workspace_stream.clear(history)
@@ -840,7 +854,7 @@ class Broker:
                 stale = self._retire(name) if name in self._boxes else None
             if stale:
                 self._close_box(stale.box)
-            if not disk.release(self.client, key, delete=True):
+            if not disk_attach.release(self.client, key, delete=True):
                 raise BrokerError(f"{name}: its disk here is still held (a request in flight); try again")
         self.log(f"{name}: deleted its disk {key} here: it is placed on {there}")
         return replies.Dropped(key)
@@ -850,7 +864,7 @@ class Broker:
         agent = self._agent(name)
         if not agent.policy.sandbox.disk:
             raise BrokerError(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to move")
-        key = disk.lookup(agent.dir)
+        key = disk_index.lookup(agent.dir)
         if key is None:
             raise BrokerError(f"{name}: no disk of its folder on this node ({self.node or 'one host'})")
         return agent, key

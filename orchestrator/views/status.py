@@ -30,7 +30,7 @@ from orchestrator.records.state import count_messages, load_state, lock_holder, 
 from orchestrator.records.models import lifecycle_warning
 from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk_index, disk_survey
 from orchestrator.sandbox.output import clean
 from orchestrator.views.egressview import summary as egress_summary
 
@@ -133,7 +133,7 @@ def _health_line(h: dict) -> str:
 def disk_status(agent: Agent) -> dict:
     """The workspace's disk use against sandbox.disk and sandbox.files: read from its
     mount over workspace/ while a command has it attached, else from its image's blocks
-    on this host (the folder's disk, by its identity: disk.lookup); under compose only
+    on this host (the folder's disk, by its identity: disk_index.lookup); under compose only
     the broker has either."""
     box = agent.policy.sandbox
     data = {"limit_bytes": box.disk or None, "limit_files": box.files if box.disk else None}
@@ -151,12 +151,12 @@ def disk_status(agent: Agent) -> dict:
             "size_bytes": vfs.f_blocks * vfs.f_frsize,
             "used_files": vfs.f_files - vfs.f_ffree,
         }
-    key = disk.lookup(agent.dir.resolve())
-    held = disk.usage(key) if key else None
+    key = disk_index.lookup(agent.dir.resolve())
+    held = disk_survey.usage(key) if key else None
     return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
 
 
-def disk_record(r: disk.DiskRecord) -> dict:
+def disk_record(r: disk_survey.DiskRecord) -> dict:
     """One disk of `wakeloop disk list`, as data (--json)."""
     return {
         "folder": r.folder,
@@ -174,7 +174,7 @@ def disk_record(r: disk.DiskRecord) -> dict:
     }
 
 
-def render_disks(records: list, where: Path, fs: disk.Filesystem | None = None) -> str:
+def render_disks(records: list, where: Path, fs: disk_survey.Filesystem | None = None) -> str:
     """`wakeloop disk list`: one block per disk, for a person; then what they promise
     together, what they hold, and what their filesystem `fs` has free."""
     if not records:

@@ -109,7 +109,7 @@ from orchestrator.sandbox.output import clean
 from orchestrator.broker import nodes
 from orchestrator.broker.client import broker_socket, open_sandbox
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
 from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
