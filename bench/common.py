@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent, load_agent
-from orchestrator.sandbox import disk, netns
-from orchestrator.sandbox.engine import LABEL, connect
+from orchestrator.sandbox import disk, disk_attach, disk_survey, netns
+from orchestrator.sandbox.engine import LABEL
+from orchestrator.sandbox.engine_client import connect
 from tests.helpers import make_agent
 
 PACE_S = 0.3  # the fake API's wait before each answer: a model takes at least this
@@ -198,8 +199,8 @@ def cleanup(tmp: Path) -> int:
             gone += 1
     gone += netns.leftovers(client, tmp)  # the gVisor boxes' namespace holders
     if disk.disks_dir() == tmp / "disks":
-        for key in disk.keys():
-            disk.release(client, key, delete=True, force=True)
+        for key in disk_survey.keys():
+            disk_attach.release(client, key, delete=True, force=True)
     return gone
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common import Stats, cleanup, bench_agent, own_disks, say, stats, timed_ms
 from bench.per_call import Reference
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk_attach
 from orchestrator.sandbox.engine import DockerSandbox
 
 CALLS = 40
@@ -99,7 +99,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=CALLS, help=f"calls per kind (default {CALLS})")
     parser.add_argument("--runtimes", default="runc,runsc", help="comma-separated (default runc,runsc)")
     args = parser.parse_args()
-    reason = disk.unavailable()
+    reason = disk_attach.unavailable()
     if reason:
         raise SystemExit(f"bench: {reason}")
     tmp = Path(tempfile.mkdtemp(prefix="wakeloop-bench-disk-")).resolve()

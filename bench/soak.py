@@ -299,8 +299,8 @@ def state_bytes(root: Path) -> int:
 
 def release_disks(tmp: Path) -> None:
     """Detach and delete every disk the soak made (its folder is the soak's own)."""
-    from orchestrator.sandbox import disk
-    from orchestrator.sandbox.engine import connect
+    from orchestrator.sandbox import disk, disk_attach, disk_survey
+    from orchestrator.sandbox.engine_client import connect
 
     if not (tmp / "disks").is_dir():
         return
@@ -308,8 +308,8 @@ def release_disks(tmp: Path) -> None:
     os.environ[disk.DISKS_ENV] = str(tmp / "disks")  # disk.py reads its folder from here
     try:
         client = connect()
-        for key in disk.keys():
-            disk.release(client, key, delete=True, force=True)
+        for key in disk_survey.keys():
+            disk_attach.release(client, key, delete=True, force=True)
     finally:
         if saved is None:
             os.environ.pop(disk.DISKS_ENV, None)

@@ -78,8 +78,9 @@ def main() -> int:
 def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     import orchestrator
     from orchestrator.policy.agent import init_agent, load_agent
-    from orchestrator.sandbox import disk
-    from orchestrator.sandbox.engine import DockerSandbox, connect
+    from orchestrator.sandbox import disk_attach, disk_survey
+    from orchestrator.sandbox.engine import DockerSandbox
+    from orchestrator.sandbox.engine_client import connect
 
     client = connect()
     st = os.statvfs(place)
@@ -128,19 +129,19 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
         f"promised: {made * 2} GiB; the filesystem has {st.f_bavail * st.f_frsize / 1e9:.1f} GB free "
         f"after; {seconds:.0f} s"
     )
-    if hasattr(disk, "filesystem"):  # what `wakeloop disk list` says of them all, before they go
+    if hasattr(disk_survey, "filesystem"):  # what `wakeloop disk list` says of them all, before they go
         from orchestrator.views.diskview import render_disks
 
-        print("disk list:", render_disks(disk.survey(), place, disk.filesystem()).splitlines()[-1])
-    for key in disk.keys():
-        disk.release(client, key, delete=True, force=True)
+        print("disk list:", render_disks(disk_survey.survey(), place, disk_survey.filesystem()).splitlines()[-1])
+    for key in disk_survey.keys():
+        disk_attach.release(client, key, delete=True, force=True)
     return 0
 
 
 def guard_alone(place: Path, times: int) -> list[float]:
     """The guard's check and mark, then its landing, on a disks' folder of 100 images
     (the lock files of each made by one flight first): what every call pays for it."""
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_room
 
     place.mkdir()
     before = os.environ.get(disk.DISKS_ENV)
@@ -148,12 +149,12 @@ def guard_alone(place: Path, times: int) -> list[float]:
     try:
         for n in range(100):
             (place / f"d{n:03d}.img").write_bytes(b"")
-            with disk.flight(f"d{n:03d}"):
+            with disk_room.flight(f"d{n:03d}"):
                 pass
         xs = []
         for _ in range(times):
             started = time.perf_counter()
-            with disk.flight("d000"):
+            with disk_room.flight("d000"):
                 pass
             xs.append((time.perf_counter() - started) * 1000)
         return xs
@@ -165,23 +166,23 @@ def per_call(tmp: Path, calls: int) -> int:
     import contextlib
     import statistics
     from orchestrator.policy.agent import init_agent, load_agent
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk_room
     from orchestrator.sandbox.engine import DockerSandbox
 
     agent = load_agent(init_agent(tmp / "agent"))
-    guarded = disk.flight
+    guarded = disk_room.flight
     samples = {"guard": [], "none": []}
     with DockerSandbox(agent.workspace, agent.policy.sandbox, agent=agent.name) as box:
         for i in range(calls * 2):
             kind = "guard" if i % 2 == 0 else "none"
-            disk.flight = guarded if kind == "guard" else (lambda *a, **k: contextlib.nullcontext())
+            disk_room.flight = guarded if kind == "guard" else (lambda *a, **k: contextlib.nullcontext())
             box.pool.wait_ready(box.pool.want, 60)  # the warm path, as bench/disk.py
             started = time.perf_counter()
             result = box.run("true", timeout_s=30, max_output_chars=100)
             samples[kind].append((time.perf_counter() - started) * 1000)
             if not result.ok:
                 raise SystemExit(f"bench: a call failed: {result.for_model()}")
-    disk.flight = guarded
+    disk_room.flight = guarded
     samples["guard alone, 100 disks"] = guard_alone(tmp / "many", calls * 5)
     for kind, xs in samples.items():
         p90 = statistics.quantiles(xs, n=10)[-1]

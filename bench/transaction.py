@@ -85,7 +85,7 @@ def one_run(root: Path, files: int, total: int) -> Sample:
     upper, work, merged = layers.upper(root, run_id), layers.work(root, run_id), root / layers.META / "merged"
     for folder in (upper, work, merged):
         folder.mkdir(parents=True)
-    options = transaction.overlay_options(lower, upper, work)
+    options = layers.overlay_options(lower, upper, work)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
     try:
         for i in range(files):

@@ -34,7 +34,7 @@ from bench.common import (
     stats,
     write_1k,
 )
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.workspace_reads import HostFiles
 

@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.policy.agent import init_agent, load_agent
 from tests.helpers.leftovers import our_containers
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_attach, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 
 # Agents' disk images (disk.py) of this session go to a directory of its own,
@@ -216,12 +216,12 @@ def disks_released(request):
         yield
         return
     client = request.getfixturevalue("docker_client")
-    before = disk.keys()
+    before = disk_survey.keys()
     yield
-    for key in disk.keys() - before:
-        if disk.held(key) or _attached(disk.path_of(key, "img")):
+    for key in disk_survey.keys() - before:
+        if disk_attach.held(key) or _attached(disk.path_of(key, "img")):
             _leaks.append(f"{request.node.nodeid}: disk {key} still attached after the test")
-        disk.release(client, key, delete=True, force=True)
+        disk_attach.release(client, key, delete=True, force=True)
 
 
 _leaks: list[str] = []  # tests whose code left a disk attached (disks_released)
@@ -285,10 +285,10 @@ def no_disk_left_behind(request):
     engine = any(item.get_closest_marker("docker") for item in request.session.items)
     client = docker.from_env() if engine else None
     left = [what for what in disk_leftovers(client, where) if not what.startswith("image ")]
-    for key in disk.keys() if client else ():  # cleaned anyway, so the host is left as it was found
-        disk.release(client, key, delete=True, force=True)
+    for key in disk_survey.keys() if client else ():  # cleaned anyway, so the host is left as it was found
+        disk_attach.release(client, key, delete=True, force=True)
     left += disk_leftovers(client, where)  # what even a forced release could not remove
-    for name in (disk.INDEX, "index.partial-index"):
+    for name in (disk_index.INDEX, "index.partial-index"):
         (where / name).unlink(missing_ok=True)
     for view in [*where.glob("*.view"), *where.glob("*.box")]:
         view.rmdir()  # the disks' mount points, unmounted by release: empty, or this fails loudly

@@ -34,8 +34,8 @@ from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.journal_stub import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox import disk, layers, undo_folders, wake_layer
-from orchestrator.sandbox.wake_layer import MAX_LISTED, WakeChanges
+from orchestrator.sandbox import disk, disk_attach, disk_index, disk_room, layers, undo_folders, wake_layer
+from orchestrator.sandbox.changes import MAX_LISTED, WakeChanges
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 from tests.helpers.broker import served, served_tls
@@ -62,7 +62,7 @@ def broker(root):
 def view(root: Path, name: str = "alpha") -> Path:
     """Where the broker mounts agent `name`'s disk: the workspace as its boxes see it
     (the folder under ROOT is not: only the broker mounts the disk): files/ of its root."""
-    return layers.files(disk.path_of(disk.lookup(root / name), "view"))
+    return layers.files(disk.path_of(disk_index.lookup(root / name), "view"))
 
 
 def pool_containers(client, workspace: Path) -> dict[str, int]:
@@ -198,9 +198,9 @@ def test_the_disk_is_the_folders_and_the_mount_source_is_the_host_path_of_the_wo
     entry = broker.keeper._acquire(broker._agent("alpha"))
     broker.keeper._release(entry)
     _, host = entry.box.container_spec(["true"])
-    key = disk.lookup(root / "alpha")
+    key = disk_index.lookup(root / "alpha")
     if disk_setting == "2g":  # the index records where the host sees the folder
-        assert disk.read_index()[key]["folder"] == "/srv/host/agents/alpha"
+        assert disk_index.read_index()[key]["folder"] == "/srv/host/agents/alpha"
     assert [(m["Type"], m["Source"]) for m in host["mounts"]] == (
         [("bind", str(disk.host_box(key)))]  # KEY.box, in $WAKELOOP_DISKS: never a path under ROOT
         if disk_setting == "2g"
@@ -400,7 +400,8 @@ def test_a_swarm_tasks_broker_without_loop_devices_refuses_a_disk_agent_in_one_l
     from orchestrator.broker import nodes
 
     monkeypatch.setenv(nodes.NODE_ENV, "swx-n1")
-    monkeypatch.setattr(disk, "unavailable", lambda: "this host has no loop devices (/dev/loop-control is missing)")
+    no_loops = "this host has no loop devices (/dev/loop-control is missing)"
+    monkeypatch.setattr(disk_attach, "unavailable", lambda: no_loops)
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
         with pytest.raises(BrokerError, match="run the broker with --plain-container"):
@@ -463,7 +464,7 @@ def test_the_rate_op_measures_the_engine_once_however_often_it_is_asked_and_ping
     try:
         before = broker.handle({"op": "ping"})["result"]  # placement's inputs past one host (nodes.py)
         assert before["rate"] is None  # a ping never measures: that takes seconds
-        assert before["room"] == disk.promise_room(broker.keeper.overcommit) and before["room"] > 0
+        assert before["room"] == disk_room.promise_room(broker.keeper.overcommit) and before["room"] > 0
         first = broker.handle({"op": "rate"})["result"]
         assert first["per_s"] > 0 and first["calls"] >= 1 and first["latency_s"] > 0
         assert broker.handle({"op": "rate"})["result"] == first  # kept, not measured again

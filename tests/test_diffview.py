@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from orchestrator.sandbox.transaction import Change
+from orchestrator.sandbox.changes import Change
 from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
 from orchestrator.views import diffview
 

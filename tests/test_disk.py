@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_attach, disk_image, disk_index, disk_mounts, disk_room, disk_survey
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.disk import DiskError
 from orchestrator.sandbox.engine import DockerSandbox
@@ -59,12 +59,12 @@ def test_raising_the_disk_grows_it_in_place_or_says_why_not_and_lowering_it_does
         warning = box.warning or ""
     size_mib = int(df.output.split()[1])
     assert df.output.splitlines()[-1] == "x", df.output
-    if disk._capable(disk.CAP_SYS_RESOURCE):
+    if disk_image.capable(disk_image.CAP_SYS_RESOURCE):
         assert 100 < size_mib <= 128, df.output
     else:  # this machine: root without CAP_SYS_RESOURCE; the disk stays, and a line says why
         assert size_mib <= 64 and "growing a disk in use needs CAP_SYS_RESOURCE" in warning, warning
     with DockerSandbox(agent.workspace, small, agent=agent.name, warm=0) as box:
-        assert "does not shrink" in (box.warning or "") or not disk._capable(disk.CAP_SYS_RESOURCE)
+        assert "does not shrink" in (box.warning or "") or not disk_image.capable(disk_image.CAP_SYS_RESOURCE)
 
 
 def test_status_shows_the_disk_used_against_its_limit(agent, docker_client):
@@ -92,7 +92,7 @@ def test_without_root_a_disk_is_one_line_saying_what_to_do(agent, docker_client,
 def test_without_loop_devices_a_disk_is_one_line(monkeypatch):
     real = os.path.exists
     monkeypatch.setattr(os.path, "exists", lambda p: False if p == "/dev/loop-control" else real(p))
-    assert disk.unavailable() == "this host has no loop devices (/dev/loop-control is missing)"
+    assert disk_attach.unavailable() == "this host has no loop devices (/dev/loop-control is missing)"
 
 
 def test_no_disk_is_a_plain_folder_by_its_path(agent, docker_client):
@@ -115,8 +115,8 @@ def small_disks_dir(tmp_path, monkeypatch, docker_client):
     try:
         yield place
     finally:
-        for key in disk.keys():
-            disk.release(docker_client, key, delete=True, force=True)
+        for key in disk_survey.keys():
+            disk_attach.release(docker_client, key, delete=True, force=True)
         subprocess.run(["umount", "--lazy", str(place)], check=True)  # a loop device may close later
 
 
@@ -163,11 +163,11 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
     from tests.helpers.sync import release_fifo
     from tests.helpers import wait_for
 
-    monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.5)
+    monkeypatch.setattr(disk_room, "ROOM_WAIT_S", 0.5)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     try:
         assert run(first, "mkfifo hold").ok
-        disk.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
+        disk_room.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
         fifo = first.view / "hold"
         import threading
 
@@ -175,7 +175,7 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
         caller = threading.Thread(target=lambda: held.update(result=run(first, "cat hold")))
         caller.start()
         try:
-            wait_for(lambda: disk._in_flight(first.disk.key), "the first call in flight", 30)
+            wait_for(lambda: disk_room.in_flight(first.disk.key), "the first call in flight", 30)
             refused = run(second, "echo y > y")
         finally:
             release_fifo(fifo, 30)
@@ -188,12 +188,12 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
         )
         assert waited and float(waited[1]) >= 0.5, refused.no_room
         assert refused.output == f"refused: {refused.no_room}"
-        disk.settled(first.disk.key)  # synced: what it wrote is counted in the free space now
-        assert not disk._in_flight(first.disk.key) and run(second, "echo y > y").ok
+        disk_room.settled(first.disk.key)  # synced: what it wrote is counted in the free space now
+        assert not disk_room.in_flight(first.disk.key) and run(second, "echo y > y").ok
     finally:
         first.close()
         second.close()
-    with pytest.raises(disk.NoRoom, match="this disk may still take"):  # made only with room for mkfs's worst case
+    with pytest.raises(disk_room.NoRoom, match="this disk may still take"):  # made only with room for mkfs's worst case
         small_box(tmp_path, "huge", 400 * MIB)
 
 
@@ -205,7 +205,7 @@ def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(
     under its own (ENOSPC or EIO from the image), and the reserve is never touched."""
     import threading
 
-    monkeypatch.setattr(disk, "ROOM_WAIT_S", 2.0)
+    monkeypatch.setattr(disk_room, "ROOM_WAIT_S", 2.0)
     boxes = [small_box(tmp_path, f"w{n}") for n in range(6)]
     results, lowest = {}, [os.statvfs(small_disks_dir).f_bavail]
     done = threading.Event()
@@ -236,7 +236,7 @@ def test_many_agents_writing_at_once_never_fill_the_disks_filesystem(
     assert all(r.ok and r.output.strip() == "written" for r in ran), [r.output for r in ran]
     assert all(r.no_room.startswith("sandbox.disk: this call did not start") for r in refused)
     st = os.statvfs(small_disks_dir)
-    assert min(lowest) * st.f_frsize >= st.f_blocks * st.f_frsize * disk.RESERVE * 0.9, min(lowest)
+    assert min(lowest) * st.f_frsize >= st.f_blocks * st.f_frsize * disk_room.RESERVE * 0.9, min(lowest)
 
 
 def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
@@ -252,7 +252,7 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.wake.loop import wake
 
-    monkeypatch.setattr(disk, "ROOM_WAIT_S", 0.2)
+    monkeypatch.setattr(disk_room, "ROOM_WAIT_S", 0.2)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
     second.close()  # its disk is made; its wake opens it again
     set_policy(
@@ -265,11 +265,11 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
     script.write_text(json.dumps([{"tool_calls": [call]}, {"tool_calls": [call]}, {"text": "done"}]))
     try:
         assert run(first, "mkfifo hold").ok
-        disk.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
+        disk_room.settled(first.disk.key)  # landed: in flight below means the call held on the FIFO
         caller = threading.Thread(target=lambda: run(first, "cat hold"))
         caller.start()
         try:
-            wait_for(lambda: disk._in_flight(first.disk.key), "the first call in flight", 30)
+            wait_for(lambda: disk_room.in_flight(first.disk.key), "the first call in flight", 30)
             receipt = wake(load_agent(tmp_path / "second"), script=script)
         finally:
             release_fifo(first.view / "hold", 30)
@@ -304,7 +304,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
             "-c",
             "import sys, time\n"
             "from orchestrator.sandbox import disk\n"
-            "with disk.flight('a'):\n"
+            "with disk_room.flight('a'):\n"
             "    print('flying', flush=True); time.sleep(600)\n",
         ],
         cwd=REPO,
@@ -314,16 +314,16 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
     )
     try:
         assert child.stdout.readline() == "flying\n"
-        assert disk._in_flight("a")
+        assert disk_room.in_flight("a")
     finally:
         child.kill()
         child.wait(30)
-    assert not disk._in_flight("a")
-    with disk.flight("a"):  # and this process's own mark is seen by itself, counted per call
-        with disk.flight("a"):
-            assert disk._in_flight("a")
-        assert disk._in_flight("a")
-    assert not disk._in_flight("a")
+    assert not disk_room.in_flight("a")
+    with disk_room.flight("a"):  # and this process's own mark is seen by itself, counted per call
+        with disk_room.flight("a"):
+            assert disk_room.in_flight("a")
+        assert disk_room.in_flight("a")
+    assert not disk_room.in_flight("a")
 
 
 # -- whose disk: one per agent folder, whatever its name ---------------------------------
@@ -331,7 +331,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
 
 def attached_devices(image) -> list[str]:
     """Loop devices backed by `image` now (sysfs: what the kernel has, not what we think)."""
-    return sorted(d for d, backing in disk._loops().items() if backing == str(image))
+    return sorted(d for d, backing in disk_image.loops().items() if backing == str(image))
 
 
 def open_box(agent_dir, **kwargs) -> DockerSandbox:
@@ -343,7 +343,7 @@ def test_renaming_an_agent_folder_keeps_its_one_disk(agent_dir, docker_client):
     with open_box(agent_dir) as box:
         box.run("echo mine > kept.txt", timeout_s=30, max_output_chars=100)
         first = box.disk
-    images_before = disk.keys()
+    images_before = disk_survey.keys()
     place = agent_dir
     for n in range(4):
         place = place.rename(place.with_name(f"renamed-{n}"))
@@ -351,8 +351,8 @@ def test_renaming_an_agent_folder_keeps_its_one_disk(agent_dir, docker_client):
             assert box.disk.key == first.key and box.disk.image == first.image
             seen = box.run("cat kept.txt", timeout_s=30, max_output_chars=100)
             assert seen.output == "mine\n" and len(attached_devices(first.image)) == 1
-    assert disk.keys() == images_before and attached_devices(first.image) == []
-    assert disk.read_index()[first.key]["folder"] == str(place)  # where it was last seen
+    assert disk_survey.keys() == images_before and attached_devices(first.image) == []
+    assert disk_index.read_index()[first.key]["folder"] == str(place)  # where it was last seen
 
 
 def test_a_folder_made_anew_where_a_deleted_one_was_gets_a_disk_of_its_own(agent_dir, docker_client):
@@ -361,10 +361,10 @@ def test_a_folder_made_anew_where_a_deleted_one_was_gets_a_disk_of_its_own(agent
     with open_box(agent_dir) as box:
         box.run("echo secret > old.txt", timeout_s=30, max_output_chars=100)
         old = box.disk.key
-    before = disk.identity_of(agent_dir)
+    before = disk_index.identity_of(agent_dir)
     subprocess.run(["rm", "-rf", str(agent_dir)], check=True)
     again = init_agent(agent_dir)  # same path, same name; maybe the same inode number
-    assert disk.identity_of(again) != before
+    assert disk_index.identity_of(again) != before
     with open_box(again) as box:
         assert box.disk.key != old
         assert box.run("cat old.txt", timeout_s=30, max_output_chars=100).exit_code != 0
@@ -376,12 +376,12 @@ def test_a_disk_named_the_old_way_is_adopted_by_its_folder(agent_dir, docker_cli
     with open_box(agent_dir) as box:
         box.run("echo before > upgraded.txt", timeout_s=30, max_output_chars=100)
         made = box.disk.key
-    old_style = disk.legacy_key(agent.name, agent.workspace.resolve())
+    old_style = disk_index.legacy_key(agent.name, agent.workspace.resolve())
     for kind in ("img", "lock", "use"):  # as an earlier wakeloop left it: no index entry
         disk.path_of(made, kind).rename(disk.path_of(old_style, kind))
-    disk.forget(made)
+    disk_index.forget(made)
     with open_box(agent_dir) as box:
-        assert box.disk.key == old_style and disk.read_index()[old_style]["adopted"] is True
+        assert box.disk.key == old_style and disk_index.read_index()[old_style]["adopted"] is True
         assert box.run("cat upgraded.txt", timeout_s=30, max_output_chars=100).output == "before\n"
     agent_dir.rename(agent_dir.with_name("moved"))  # adopted once: the folder keeps it when renamed
     with open_box(agent_dir.with_name("moved")) as box:
@@ -394,10 +394,10 @@ def test_a_disk_is_released_when_its_last_holder_closes_and_its_image_is_kept(ag
     image = first.disk.image
     assert first.disk.key == second.disk.key and len(attached_devices(image)) == 1
     first.close()
-    assert len(attached_devices(image)) == 1 and disk.held(first.disk.key)  # the other still has it
+    assert len(attached_devices(image)) == 1 and disk_attach.held(first.disk.key)  # the other still has it
     assert second.run("true", timeout_s=30, max_output_chars=100).ok
     second.close()
-    assert attached_devices(image) == [] and not disk.held(first.disk.key) and image.exists()
+    assert attached_devices(image) == [] and not disk_attach.held(first.disk.key) and image.exists()
     ws = agent_dir / "workspace"
     assert os.stat(ws).st_dev == os.stat(agent_dir).st_dev  # unmounted: `rm -rf` of the folder works
     volumes = docker_client.api.volumes(filters={"label": disk.LABEL}).get("Volumes") or []
@@ -415,8 +415,8 @@ def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_cli
     monkeypatch.setattr(network, "ensure", no_proxy)
     with pytest.raises(SandboxError, match="no proxy today"):
         DockerSandbox(agent_dir / "workspace", policy, agent="agent", warm=0)
-    key = disk.lookup(agent_dir)
-    assert key and attached_devices(disk.path_of(key, "img")) == [] and not disk.held(key)
+    key = disk_index.lookup(agent_dir)
+    assert key and attached_devices(disk.path_of(key, "img")) == [] and not disk_attach.held(key)
 
 
 # -- a one-shot command leaves nothing attached; `wakeloop disk` ---------------------------
@@ -426,7 +426,7 @@ def test_one_shot_commands_release_the_disk_they_attached(agent_dir, docker_clie
     from orchestrator.cli.wakeloop import main
 
     assert main(["sandbox", "exec", str(agent_dir), "--", "echo x > made.txt"]) == 0
-    key = disk.lookup(agent_dir)
+    key = disk_index.lookup(agent_dir)
     assert key and attached_devices(disk.path_of(key, "img")) == []
     assert main(["wake", str(agent_dir)]) == 0  # a dry run: the scripted model drives the real tools
     assert main(["context", str(agent_dir)]) == 0  # reads the memory on the disk, then lets it go
@@ -460,7 +460,7 @@ def test_the_last_holder_releases_the_disk_while_other_threads_fork(agent, docke
         stop.set()
         for forker in forkers:
             forker.join()
-    assert not disk.held(box.disk.key)
+    assert not disk_attach.held(box.disk.key)
 
 
 @pytest.mark.serial  # a wall-clock bound: alone, not beside another worker
@@ -479,8 +479,8 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
     finally:
         proc.kill()
     assert code == 130, err
-    key = disk.lookup(agent_dir)
-    assert attached_devices(disk.path_of(key, "img")) == [] and not disk.held(key), err
+    key = disk_index.lookup(agent_dir)
+    assert attached_devices(disk.path_of(key, "img")) == [] and not disk_attach.held(key), err
 
 
 def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch):
@@ -518,7 +518,7 @@ def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch)
     finally:
         lock.release()
     assert main(["disk", "rm", str(agent_dir), "--yes"]) == 0
-    assert not image.exists() and disk.lookup(agent_dir) is None
+    assert not image.exists() and disk_index.lookup(agent_dir) is None
     err = capsys.readouterr().err
     assert main(["disk", "release", str(agent_dir)]) == 3
     assert "has no disk" in capsys.readouterr().err and err == ""
@@ -541,18 +541,18 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
     for name in ("alpha", "beta"):
         set_policy(init_agent(root / name), {"sandbox": {"pool": 0}})
     broker = Broker(root, client=docker_client, log=lambda line: None)
-    before = disk.keys()
+    before = disk_survey.keys()
     try:
         broker_call(broker, "alpha", "echo mine > kept.txt")
         broker_call(broker, "beta")
-        key = disk.lookup(root / "alpha")
+        key = disk_index.lookup(root / "alpha")
         name = "alpha"
         for n in range(4):  # the attack of issue 20: each rename, then a call
             (root / name).rename(root / f"alpha-{n}")
             name = f"alpha-{n}"
             assert broker_call(broker, name, "cat kept.txt")["output"] == "mine\n"
-        assert disk.keys() - before == {key, disk.lookup(root / "beta")}  # two agents, two disks
-        assert disk.lookup(root / name) == key
+        assert disk_survey.keys() - before == {key, disk_index.lookup(root / "beta")}  # two agents, two disks
+        assert disk_index.lookup(root / name) == key
         assert len(attached_devices(disk.path_of(key, "img"))) == 1
         # Idle past IDLE_CLOSE_S (and the renamed-away boxes, whose folders are gone): released.
         for entry in broker.keeper._boxes.values():
@@ -581,7 +581,7 @@ def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, dock
         entry.used -= IDLE_CLOSE_S + 1
         broker.keeper._next_sweep = 0
         broker.sweep()
-        key = disk.lookup(root / "alpha")
+        key = disk_index.lookup(root / "alpha")
         assert len(attached_devices(disk.path_of(key, "img"))) == 1 and "alpha" in broker.keeper._boxes
         assert entry.box.run("echo still > here.txt", timeout_s=30, max_output_chars=100).ok
         broker.keeper._release(entry)
@@ -642,11 +642,11 @@ def test_a_workspace_swapped_for_a_link_just_before_the_mount_is_not_mounted_thr
         target.mkdir()
         view.symlink_to(target)  # the swap, already made when the mount comes
         with pytest.raises(DiskError, match="never through a link"):
-            disk._mount_view(device, view)
+            disk_mounts.mount_view(device, view)
         assert os.stat(target).st_dev == os.stat(tmp_path).st_dev  # nothing mounted where it points
         view.unlink()
         view.mkdir()
-        disk._mount_view(device, view)  # a real folder: mounted, on that folder
+        disk_mounts.mount_view(device, view)  # a real folder: mounted, on that folder
         assert os.stat(view).st_dev == os.stat(device).st_rdev
     finally:
         subprocess.run(["umount", str(view)], check=False, capture_output=True)

@@ -229,19 +229,9 @@ def circles(graph: dict[str, frozenset[str]]) -> list[frozenset[str]]:
     return found
 
 
-KNOWN_CIRCLES = {
-    # box.py names Settled and WakeChanges (under TYPE_CHECKING), declared in wake_layer.py, which
-    # imports disk.py, which imports box.py. Removed by the rooms branch: delete this line at merge.
-    frozenset({"orchestrator.sandbox.box", "orchestrator.sandbox.disk", "orchestrator.sandbox.wake_layer"}),
-}
-
-
 def test_no_module_imports_itself_round_a_circle():
-    found = set(circles(module_graph(PACKAGE)))
-    new = [" -> ".join(sorted(c)) for c in found - KNOWN_CIRCLES]
-    gone = [" -> ".join(sorted(c)) for c in KNOWN_CIRCLES - found]
-    assert not new, "modules that import each other round a circle:\n  " + "\n  ".join(new)
-    assert not gone, "a known circle is gone: delete its line from KNOWN_CIRCLES:\n  " + "\n  ".join(gone)
+    found = sorted(" -> ".join(sorted(c)) for c in circles(module_graph(PACKAGE)))
+    assert not found, "modules that import each other round a circle:\n  " + "\n  ".join(found)
 
 
 def test_the_checks_see_two_packages_and_a_circle(tmp_path):
@@ -284,8 +274,8 @@ BROKER_MAY_TAKE_FROM_SANDBOX = {
     "orchestrator.sandbox.box.SandboxResult": "a call's reply",
     "orchestrator.sandbox.box.SandboxError": "a box that failed (refused: false)",
     # a wake's results, as replies carry them
-    "orchestrator.sandbox.wake_layer.Settled": "begin's reply",
-    "orchestrator.sandbox.wake_layer.WakeChanges": "finish's reply",
+    "orchestrator.sandbox.changes.Settled": "begin's reply",
+    "orchestrator.sandbox.changes.WakeChanges": "finish's reply",
     "orchestrator.sandbox.wake_diff.WakeDiff": "diff's reply",
     "orchestrator.sandbox.undo_folders.Undone": "undo's reply",
     "orchestrator.sandbox.undo_folders.UndoRefused": "undo's refusal",

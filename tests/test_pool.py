@@ -454,11 +454,11 @@ class HeldMakes:
 
 
 def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits_less(make_sandbox, monkeypatch):
-    from orchestrator.sandbox import engine
+    from orchestrator.sandbox import engine_client
     from orchestrator.sandbox.pool import MakePace
 
     # This wake alone on the engine: other tests' pools are not part of it.
-    monkeypatch.setattr(engine, "_pace", lambda client, runtime: MakePace())
+    monkeypatch.setattr(engine_client, "pace", lambda client, runtime: MakePace())
     box = make_sandbox(warm=2)
     pool = box.pool
     wait_until_ready(box, 1)

@@ -12,7 +12,8 @@ from dataclasses import replace
 import docker
 import pytest
 
-from orchestrator.sandbox.engine import DockerSandbox, connect
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.engine_client import connect
 
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for

@@ -27,7 +27,7 @@ from orchestrator.escapes.registry import THROUGH_A_BROKER
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.placement import read_node
 from orchestrator.records.state import load_state
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import REPO, make_agent, wait_for
 from tests.helpers.mounts import mounts
@@ -159,7 +159,7 @@ def test_the_lab_holds_none_of_the_hosts_disks(stack, host_disk):
     started = time.monotonic()
     host_disk.close()
     assert host_disk.release_problem is None, host_disk.release_problem
-    assert disk.devices(key) == [], f"{device} still attached"
+    assert disk_survey.devices(key) == [], f"{device} still attached"
     print(f"the host's disk released in {time.monotonic() - started:.1f} s with the lab up")
 
 

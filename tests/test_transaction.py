@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import transaction
+from orchestrator.sandbox import layers, transaction
 from orchestrator.sandbox.transaction import check, commit, recover, scan, undo_run
 
 PROTECT = ("deploy/**", "**/.github/**")
@@ -74,7 +74,7 @@ def wake(tmp_path):
             "overlay",
             "overlay",
             "-o",
-            transaction.overlay_options(lower, upper, work),
+            layers.overlay_options(lower, upper, work),
             str(merged),
         ],
         check=True,
@@ -326,7 +326,7 @@ def overlay_wake(lower: Path, tmp_path: Path, script: str) -> Path:
     upper, work, merged = (tmp_path / n for n in ("up", "work", "merged"))
     for folder in (upper, work, merged):
         folder.mkdir(parents=True)
-    options = transaction.overlay_options(lower, upper, work)
+    options = layers.overlay_options(lower, upper, work)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
     try:
         sh(merged, script)

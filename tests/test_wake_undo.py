@@ -46,7 +46,7 @@ def make_wake(root: Path, script: str, protect: tuple[str, ...] = ()) -> str:
     upper, work, merged = layers.upper(root, run_id), layers.work(root, run_id), root / layers.META / f"merged-{run_id}"
     for folder in (layers.files(root), upper, work, merged):
         folder.mkdir(parents=True, exist_ok=True)
-    options = transaction.overlay_options(layers.files(root), upper, work)
+    options = layers.overlay_options(layers.files(root), upper, work)
     subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
     try:
         sh(merged, script)

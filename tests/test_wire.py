@@ -20,7 +20,7 @@ from orchestrator.broker import ops, replies, wire
 from orchestrator.broker.wire import BrokerError
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.sandbox.box import SandboxError, SandboxResult
-from orchestrator.sandbox.transaction import Change
+from orchestrator.sandbox.changes import Change
 from orchestrator.sandbox.undo_folders import Undone
 from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
 from orchestrator.sandbox.workspace_reads import READS

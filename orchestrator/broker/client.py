@@ -29,7 +29,7 @@ from orchestrator.sandbox import keeper
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.undo_folders import Undone, UndoRefused
 from orchestrator.sandbox.wake_diff import WakeDiff
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine

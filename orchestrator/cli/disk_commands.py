@@ -11,19 +11,19 @@ from orchestrator.cli.declare import command, group, json_flag, print_json
 from orchestrator.cli.wake_lock import no_wake
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import AgentError
-from orchestrator.sandbox.engine import connect
+from orchestrator.sandbox.engine_client import connect
 
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
     from orchestrator.views.diskview import disk_record, render_disks
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_survey
 
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
         raise AgentError(f"{root} is not a folder; give the folder that holds the agents")
     try:
-        records = disk.survey(root)
+        records = disk_survey.survey(root)
     except PermissionError:
         raise disk.DiskError(
             f"cannot read {disk.disks_dir()} (the disks' folder is root's): run `sudo wakeloop disk list`"
@@ -31,19 +31,19 @@ def cmd_disk_list(args) -> int:
     if args.json:
         print_json([disk_record(r) for r in records])
     else:
-        print(render_disks(records, disk.disks_dir(), disk.filesystem() if records else None), end="")
+        print(render_disks(records, disk.disks_dir(), disk_survey.filesystem() if records else None), end="")
     return EXIT_OK
 
 
 def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_index
 
     folder = Path(agent_dir).resolve()
     if not folder.is_dir():
         raise AgentError(f"{agent_dir} is not a folder; give an agent's folder, e.g. agents/mine")
-    key = disk.lookup(folder)
+    key = disk_index.lookup(folder)
     if key is None or not disk.path_of(key, "img").exists():
         raise disk.DiskError(
             f"{agent_dir} has no disk in {disk.disks_dir()} (`wakeloop disk list` shows every disk and its folder)"
@@ -52,11 +52,11 @@ def _disk_of(agent_dir: str):
 
 
 def cmd_disk_release(args) -> int:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
-    if not disk.release(connect(), key):
+    if not disk_attach.release(connect(), key):
         raise disk.DiskError(
             f"the disk of {args.agent_dir} is in use (a wake, a `sandbox exec` or the "
             "broker holds it); it is released when that ends"
@@ -66,7 +66,7 @@ def cmd_disk_release(args) -> int:
 
 
 def cmd_disk_rm(args) -> int:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
@@ -78,7 +78,7 @@ def cmd_disk_rm(args) -> int:
         )
     # held while we delete: no wake starts on a disk going away
     with no_wake(args.agent_dir, folder / "state", disk.DiskError, "try again when the wake ends"):
-        if not disk.release(connect(), key, delete=True):
+        if not disk_attach.release(connect(), key, delete=True):
             raise disk.DiskError(
                 f"the disk of {args.agent_dir} is in use (a `sandbox exec` or the broker "
                 "holds it); try again when that ends"

@@ -11,7 +11,7 @@ import sys
 from orchestrator.cli.declare import command, group
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.sandbox.engine import connect
+from orchestrator.sandbox.engine_client import connect
 
 
 def cmd_sandbox_exec(args) -> int:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_attach
 
     held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
     try:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if not _in_disks_dir(exc.filename):
             raise
         # A path of root's $WAKELOOP_DISKS that a check before it did not foresee: still one line.
-        print(f"wakeloop: {disk.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
+        print(f"wakeloop: {disk_attach.refusal(f'{exc.strerror}: {exc.filename}')}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     finally:
         _release_disks(held_before)

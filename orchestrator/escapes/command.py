@@ -34,9 +34,9 @@ from orchestrator.broker import nodes, tls
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_attach
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.engine import check_image, connect
+from orchestrator.sandbox.engine_client import check_image, connect
 from orchestrator.escapes.lab import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
 from orchestrator.escapes.host import WARNING, HostCheck, check_host
 from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER
@@ -164,7 +164,7 @@ def _local_lab(
 def _disks_attachable(policy_disk: int, whole_suite: bool) -> None:
     """One line before any probe where the run would need a disk this process cannot attach:
     the policy's, or (as any user but root) the disk probes' own, which the whole suite runs."""
-    reason = disk.unavailable()
+    reason = disk_attach.unavailable()
     if reason and (policy_disk or (whole_suite and os.geteuid() != 0)):
         raise disk.DiskError(
             f"escapes: {reason}, and the suite attaches workspace disks; run it as root "

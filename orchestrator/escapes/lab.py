@@ -38,7 +38,7 @@ import yaml
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
-from orchestrator.sandbox import disk, disk_holders, network
+from orchestrator.sandbox import disk, disk_attach, disk_holders, disk_index, disk_survey, network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.records import health
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -219,7 +219,7 @@ class Trial:
             health.set_paused(self.dir / "state", True)  # a trial, not an agent serve should wake
         else:
             self.dir = init_agent(lab.base / name)
-        self._disks_before = disk.keys()
+        self._disks_before = disk_survey.keys()
         self.workspace = self.dir / "workspace"
         self.state = self.dir / "state"
         self._boxes: list[DockerSandbox | BrokerSandbox] = []
@@ -315,9 +315,9 @@ class Trial:
         """The disks made since this trial began for a folder of its own (its agent's, a broker's
         under it) or of the lab's (the other agent): never a real agent's, whose first disk may be
         made meanwhile on a busy host (under a broker the lab's base is the agents' ROOT)."""
-        index, ours = disk.read_index(), (self.dir.resolve(), self.lab.home.resolve())
+        index, ours = disk_index.read_index(), (self.dir.resolve(), self.lab.home.resolve())
         made = []
-        for key in sorted(disk.keys() - self._disks_before):
+        for key in sorted(disk_survey.keys() - self._disks_before):
             folder = index.get(key, {}).get("folder")
             where = Path(folder).resolve() if isinstance(folder, str) else None
             if where is not None and any(where == mine or mine in where.parents for mine in ours):
@@ -342,7 +342,7 @@ class Trial:
 
     def _release_disk(self, key: str) -> None:
         try:
-            disk.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
+            disk_attach.release(self.lab.client, key, delete=True, force=True)  # ours, whoever holds it
         except Exception as exc:  # a copy of its mount in another namespace, say: named below
             folder = self._folder_of(key)
             self.left.append(
@@ -352,14 +352,14 @@ class Trial:
     def _folder_of(self, key: str) -> Path:
         """The agent folder whose disk `key` is (the index's last sighting), else the trial's."""
         try:
-            seen = disk.read_index().get(key, {}).get("folder")
+            seen = disk_index.read_index().get(key, {}).get("folder")
         except disk.DiskError:
             seen = None
         return Path(seen) if isinstance(seen, str) and seen else self.dir
 
     def _disk_left(self, key: str, folder: Path) -> str:
         """The disk left, who holds it, and the commands that let go of it."""
-        devices = disk.devices(key)
+        devices = disk_survey.devices(key)
         holders = disk_holders.holders(devices)
         where = f" on {', '.join(devices)}" if devices else ""
         held = "; ".join(h.describe() for h in holders) or "held by no mount namespace found now"

@@ -314,7 +314,8 @@ def _caps_all_disks(t: Trial) -> str:
     are thin (a size is a promise), so the guard is on writing: nothing writes a disk
     (its mkfs, then its calls) unless the disks' filesystem has room for the worst case
     of every call in flight. Ask for one disk larger than that filesystem's free space."""
-    from orchestrator.sandbox.disk import NoRoom, disks_dir
+    from orchestrator.sandbox.disk import disks_dir
+    from orchestrator.sandbox.disk_room import NoRoom
 
     st = os.statvfs(disks_dir())
     free = st.f_bavail * st.f_frsize

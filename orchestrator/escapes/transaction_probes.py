@@ -38,7 +38,7 @@ from orchestrator.escapes.lab import (
     python_command,
 )
 from orchestrator.escapes.setid import kept_bits
-from orchestrator.sandbox import disk, layers
+from orchestrator.sandbox import disk, disk_index, disk_mounts, layers
 from orchestrator.sandbox.engine import DockerSandbox
 
 CATEGORY = "workspace"
@@ -303,14 +303,14 @@ def _racing_the_commit(t: Trial) -> str:
             return reply or {"ok": False, "error": "(no answer in time)"}
 
         begun = ask({"op": "begin", "run_id": RUN})
-        key = disk.lookup(served.root / "alpha")
-        if not begun.get("ok") or key is None or not disk.wake_mounted(key):
+        key = disk_index.lookup(served.root / "alpha")
+        if not begun.get("ok") or key is None or not disk_mounts.wake_mounted(key):
             return f"no wake's overlay to race (sandbox.disk none, or the begin failed): {begun}\n"
         wrote = ask({"op": "run", "command": f"head -c {BIG_MB}M /dev/zero > big"})
         finished: list[dict] = []
         finisher = threading.Thread(target=lambda: finished.append(ask({"op": "finish", "run_id": RUN})))
         finisher.start()
-        while disk.wake_mounted(key) and finisher.is_alive():  # the commit starts as the overlay goes
+        while disk_mounts.wake_mounted(key) and finisher.is_alive():  # the commit starts as the overlay goes
             time.sleep(0.001)
         racing = finisher.is_alive()
         raced = ask({"op": "run", "command": RACE})

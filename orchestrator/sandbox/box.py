@@ -5,19 +5,17 @@ write a file in, and close. Where the box lives (the local engine, the
 broker) is the backend's business (engine.py, broker/client.py).
 
 Not here: how a container is made (engine.py), which backend an agent gets
-(broker/client.py's open_sandbox).
+(broker/client.py's open_sandbox), what a wake changed (changes.py), reading a
+workspace on this host (workspace_reads.py's HostFiles).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from orchestrator.errors import EnvironmentFault
-
-if TYPE_CHECKING:
-    from orchestrator.sandbox.wake_layer import Settled, WakeChanges
-    from orchestrator.sandbox.workspace_reads import Files
+from orchestrator.sandbox.changes import Settled, WakeChanges
 
 WORKSPACE = "/workspace"  # where the agent's workspace is mounted in every box
 TIMEOUT_EXIT = 124  # what `timeout(1)` returns; the model and scripts know it
@@ -38,7 +36,7 @@ class SandboxResult:
     duration_ms: int
     container_id: str
     stopped: bool = False  # killed because the fleet was stopped (records/stopswitch.py)
-    no_room: str = ""  # the call did not start: the disks' filesystem lacked room (disk.py)
+    no_room: str = ""  # the call did not start: the disks' filesystem lacked room (disk_room.py)
     asked_hosts: tuple[str, ...] = ()  # hosts the proxy asked a person about (approve.rules network_host)
 
     @property
@@ -58,6 +56,16 @@ class SandboxResult:
         if self.truncated:
             status += f", output truncated from {self.output_bytes:,} bytes"
         return f"{status}]\n{self.output or '(no output)'}"
+
+
+class Files(Protocol):
+    """What the harness reads of a workspace: this host's (HostFiles), or the
+    broker's under compose, where the workspace is on a disk only it mounts."""
+
+    def read_text(self, rel: str) -> str: ...
+    def read_text_or_none(self, rel: str) -> str | None: ...
+    def journal_names(self) -> list[str]: ...
+    def journal_size(self, day: str) -> int | None: ...
 
 
 class Sandbox(Protocol):
@@ -95,7 +103,7 @@ class Sandbox(Protocol):
         """Release what the box holds (warm containers, connections); idempotent."""
 
     def files(self) -> Files:
-        """How the harness reads this workspace (files.Files): this host's folder or
+        """How the harness reads this workspace (Files): this host's folder or
         disk mount, or the broker's reading of it under compose."""
 
 
@@ -114,6 +122,6 @@ def refused(reason: str) -> SandboxResult:
 
 
 def no_room(reason: str) -> SandboxResult:
-    """A call the disk guard did not start (disk.flight): refused, and marked so that the wake
+    """A call the disk guard did not start (disk_room.flight): refused, and marked so that the wake
     records it and tells the operator (wake/loop.py)."""
     return replace(refused(reason), no_room=reason)

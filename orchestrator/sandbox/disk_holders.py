@@ -8,7 +8,7 @@ of its processes and one of its mount points of the device, and says how to
 let go of it there. Reads only /proc and the devices' numbers: no root needed
 beyond reading other processes' mount tables (root's, for another user's).
 
-Not here: attaching, unmounting and detaching (disk.py).
+Not here: attaching, unmounting and detaching (disk_attach.py).
 """
 
 from __future__ import annotations

@@ -10,16 +10,15 @@ and a count of OOM kills the kernel keeps (read in the box under runc, on
 the host under gVisor: oom.py); never from anything the command prints.
 
 Not here: which tools exist and whether a call is allowed (tools.py, the
-policy), or what the output means (the model decides).
+policy), or what the output means (the model decides); the engine's client
+(engine_client.py), a box's attached stream (box_stream.py), the disk
+(disk_attach.py), a wake's overlay (wake_layer.py), the allowlist (network.py).
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import secrets
-import socket
-import threading
 import time
 import uuid
 from dataclasses import replace
@@ -32,10 +31,12 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import disk, images, oom, wake_layer
+from orchestrator.sandbox import changes, disk, disk_attach, disk_index, disk_room, engine_client, oom, wake_layer
 from orchestrator.sandbox import netns, network
+from orchestrator.sandbox.box_stream import ATTACH_PARAMS, await_line, send_stdin
+from orchestrator.sandbox.engine_client import check_image, connect, first_line
 from orchestrator.sandbox.output import Capture
-from orchestrator.sandbox.pool import AHEAD, EndLine, MakePace, WarmPool, handoff
+from orchestrator.sandbox.pool import AHEAD, EndLine, WarmPool, handoff
 from orchestrator.sandbox.programs import (
     COMMAND_ENV,
     GUARD,
@@ -53,7 +54,8 @@ from orchestrator.sandbox.programs import (
 from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
-from orchestrator.sandbox.workspace_reads import Files, HostFiles
+from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.box import Files
 from orchestrator.sandbox.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
 from orchestrator.sandbox.network import grant_refusal
@@ -61,97 +63,9 @@ from orchestrator.sandbox.network import grant_refusal
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
-ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)
-LAUNCHER_UP_S = 30  # a warm container's launcher to say it listens
-# (two interpreters under a loaded gVisor)
-# Connections the shared client keeps per URL. The SDK makes a pool per URL (so
-# per container: start, wait, inspect, delete) and keeps the 25 most recent, each
-# with its idle connections, closing the rest as they are evicted: serve's sockets
-# to the engine stay near 25-40 whatever the number of wakes. Concurrent requests
-# share a URL only on create and ping; past this size urllib3 would open extra
-# connections and warn, so it covers serve's 4 wakes and a broker's 16 calls.
-ENGINE_POOL = 32
 LABEL = "wakeloop.sandbox"  # on every container we create; the cleanup filter
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BASE_ENV = {"PATH": PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}  # ours, and the command's before the policy's env
-
-
-def engine_url(environ=os.environ) -> str:
-    """Where the engine is: $DOCKER_HOST, else the `docker context` the user selected, else the default."""
-    if environ.get("DOCKER_HOST"):
-        return environ["DOCKER_HOST"]
-    try:
-        from docker.context import ContextAPI
-
-        host = ContextAPI.get_current_context().Host
-    except Exception:  # no config, a broken one: the default socket, as the docker CLI falls back
-        host = None
-    return host or "unix:///var/run/docker.sock"
-
-
-_clients: dict[str, docker.DockerClient] = {}  # one per engine address, for the process's life
-_clients_lock = threading.Lock()
-_paces: dict[tuple[str, str], MakePace] = {}  # the pools open on this engine, per runtime
-
-
-def connect(client: docker.DockerClient | None = None) -> docker.DockerClient:
-    """The process's client for the local engine (checked with a ping), or a SandboxError
-    that says what is wrong and how to fix it. Shared by every wake, sandbox and thread
-    (as the broker's one client always has been: urllib3's pools are thread-safe), so
-    its idle connections are bounded (ENGINE_POOL above), instead of a client per wake
-    whose sockets only the garbage collector would close."""
-    where = engine_url()
-    try:
-        client = client or _shared(where)
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot reach the Docker engine at {where}: {_engine_problem(where, exc)}") from None
-
-
-def _shared(where: str) -> docker.DockerClient:
-    with _clients_lock:
-        if where not in _clients:
-            _clients[where] = docker.DockerClient(base_url=where, timeout=ENGINE_TIMEOUT_S, max_pool_size=ENGINE_POOL)
-        return _clients[where]
-
-
-def _pace(client: docker.DockerClient, runtime: str) -> MakePace:
-    """Shared by every pool of this process on this engine and runtime, so that a wake's
-    pool can tell it is one of a fleet (pool.py: it then grows no more ahead)."""
-    key = (str(client.api.base_url), runtime)
-    with _clients_lock:
-        return _paces.setdefault(key, MakePace())
-
-
-def _engine_problem(where: str, exc: Exception) -> str:
-    """The reason in words, with the one step that fixes it."""
-    path = where[len("unix://") :] if where.startswith("unix://") else None
-    text = str(exc)
-    if path and not os.path.exists(path):
-        return (
-            f"the socket {path} does not exist: the engine is not running: start it "
-            "(`sudo systemctl start docker`, or `sudo dockerd &`), or set DOCKER_HOST"
-        )
-    if "Permission denied" in text or "PermissionError" in text:
-        return (
-            f"permission denied on {path or where}: run as root, or join the group that owns it "
-            "(`sudo usermod -aG docker $USER`, then log in again) and set `sandbox.disk: none` "
-            "in the policy (a workspace disk needs root)"
-        )
-    if "Connection refused" in text or "ConnectionRefused" in text:
-        return "nothing answers there: start it (`sudo systemctl start docker`, or `sudo dockerd &`)"
-    return f"{_first_line(exc)}; start it (`sudo systemctl start docker`, or `sudo dockerd &`) or set DOCKER_HOST"
-
-
-def check_image(client: docker.DockerClient, image: str) -> str | None:
-    """Raise if the image is missing; return a warning line if it is stale."""
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise SandboxError(f"sandbox image {image} not found; build it with `wakeloop image build`") from None
-    reason = images.stale_reason(client, image)
-    return f"warning: {reason}; rebuild it with `wakeloop image build`" if reason else None
 
 
 def resolve_user(setting: str, workspace: Path) -> str:
@@ -185,14 +99,14 @@ class DockerSandbox:
         folder: Path | None = None,
         host_folder: Path | None = None,
         within: Path | None = None,
-        identity: disk.Identity | None = None,
-        overcommit: float = disk.OVERCOMMIT,
+        identity: disk_index.Identity | None = None,
+        overcommit: float = disk_room.OVERCOMMIT,
         ahead_at_begin: bool = False,
         engine_mounts: bool = False,
     ):
         """`host_path`: the workspace's path on the host, if this process sees it elsewhere.
         The agent's disk belongs to `folder` (the agent folder; by default the
-        workspace's parent), by its identity (disk.py); `host_folder` is where the host
+        workspace's parent), by its identity (disk_index.py); `host_folder` is where the host
         sees it, for the index's record; `within` (the broker's ROOT) the filesystem it
         must be on; `identity` the folder's identity if the caller took it already.
         The disk is mounted over the workspace folder, where a person looks, or with
@@ -201,7 +115,7 @@ class DockerSandbox:
         making or mounting it, nor the allowlist's proxy (`policy explain`). close() lets go of the disk: it is
         released (unmounted, detached; the image kept) unless another holder has it.
         `overcommit`: the disks' sizes together stay within this many times their
-        filesystem's size (the broker's ceiling says; disk.OVERCOMMIT otherwise).
+        filesystem's size (the broker's ceiling says; disk_room.OVERCOMMIT otherwise).
         `engine_mounts`: the engine mounts the disk and each wake's overlay itself (a broker
         whose own mounts the engine cannot see: engine_mounts.py)."""
         self._given_workspace = Path(workspace).absolute()
@@ -238,12 +152,8 @@ class DockerSandbox:
             self._egress_plan = self._plan_egress(policy)
             self._netns = self._netns_for(policy)
             self.user = resolve_user(policy.user, self.view)
-            if policy.network == "allowlist" and attach:  # the proxy and netns holder, started on demand
-                try:
-                    self._egress_ca = network.ensure(self.client, self._egress_plan)
-                except network.NetworkError as exc:
-                    raise SandboxError(str(exc)) from None
-                self.wake_began = network.new_wake(self.client, self._egress_plan)
+            if policy.network == "allowlist" and attach:
+                self._start_egress()
         except BaseException:
             self.close()  # the disk attached above is let go
             raise
@@ -252,6 +162,14 @@ class DockerSandbox:
         self.pool = self._new_pool()
         if self.pool or (self.disk and self.disk.hold):
             atexit.register(self.close)  # a safety net; callers close() when done
+
+    def _start_egress(self) -> None:
+        """The allowlist's proxy and netns holder, started on demand; the wake's record begins now."""
+        try:
+            self._egress_ca = network.ensure(self.client, self._egress_plan)
+        except network.NetworkError as exc:
+            raise SandboxError(str(exc)) from None
+        self.wake_began = network.new_wake(self.client, self._egress_plan)
 
     def _new_pool(self) -> WarmPool | None:
         if self._warm <= 0:
@@ -262,7 +180,7 @@ class DockerSandbox:
             make=self._make_warm,
             remove=self._remove,
             alive=self._running,
-            pace=_pace(self.client, self.policy.runtime),
+            pace=engine_client.pace(self.client, self.policy.runtime),
             # A wake's calls bind its overlay, mounted at begin: a container made before would go unused.
             ahead=0 if self._waits_for_begin else AHEAD,
         )
@@ -283,12 +201,12 @@ class DockerSandbox:
             self._netns.close()
         if self.wake and self.disk and self.disk.hold:
             try:
-                disk.unmount_wake(self.disk)
+                disk_attach.unmount_wake(self.disk)
             except disk.DiskError:
                 pass  # let_go's release says so
             self.wake = None
         if self.disk and self.disk.hold:
-            self.release_problem = disk.let_go(self.client, self.disk) or self.release_problem
+            self.release_problem = disk_attach.let_go(self.client, self.disk) or self.release_problem
         atexit.unregister(self.close)
 
     def wind_down(self) -> None:
@@ -326,7 +244,7 @@ class DockerSandbox:
 
     # -- a wake as a transaction (wake_layer.py) ---------------------------------
 
-    def begin(self, run_id: str) -> wake_layer.Settled:
+    def begin(self, run_id: str) -> changes.Settled:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
         now on mounts this wake's overlay; the pool's containers made before go unused
         (_layer_changed). No disk: nothing to do."""
@@ -335,7 +253,7 @@ class DockerSandbox:
             self.run_id = run_id
             self._egress_anew()
         if self.disk is None or self.disk_root is None:  # no disk
-            return wake_layer.Settled()
+            return changes.Settled()
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id
         self._layer_changed()
@@ -343,7 +261,7 @@ class DockerSandbox:
             self.pool.rearm()  # the first container ahead binds the overlay
         return settled
 
-    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> wake_layer.WakeChanges:
+    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> changes.WakeChanges:
         """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
         changes checked against the policy, committed or dropped (wake_layer.finish)."""
         run_id, self.wake, self.begun = self.wake, None, None
@@ -351,11 +269,11 @@ class DockerSandbox:
         if egress:  # the wake's calls are over: their decisions all in the proxy's log before they are read
             network.settle(self.client, egress, self.wake_began)
         if run_id is None or not (self.disk and self.disk.hold):
-            return wake_layer.WakeChanges(self.run_id)
+            return changes.WakeChanges(self.run_id)
         try:
-            disk.unmount_wake(self.disk)  # first: no container made from now on binds it
+            disk_attach.unmount_wake(self.disk)  # first: no container made from now on binds it
         except disk.DiskError as exc:
-            return wake_layer.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
+            return changes.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
         self._layer_changed()
         return wake_layer.finish(self.disk, run_id, protect, protect_git)
 
@@ -391,10 +309,10 @@ class DockerSandbox:
         if not policy.disk:
             return None
         if not attach:  # planned: the folder's disk if it has one, else what a new one would be
-            key = disk.lookup(self.folder) or disk.legacy_key(self.agent, self._host_path)
+            key = disk_index.lookup(self.folder) or disk_index.legacy_key(self.agent, self._host_path)
             return disk.Disk(key, disk.path_of(key, "img"), "/dev/loopN", disk.path_of(key, "view"))
-        disk.require()  # before the index (root's) is read or locked
-        self.identity = self.identity or disk.identity_of(self.folder, within=self._within)
+        disk_attach.require()  # before the index (root's) is read or locked
+        self.identity = self.identity or disk_index.identity_of(self.folder, within=self._within)
         if not self._private_view and self._given_workspace.is_symlink():
             # Mounted over a real workspace folder only: never over one a link names
             # (another agent's workspace, where its own disk is mounted).
@@ -402,7 +320,7 @@ class DockerSandbox:
                 f"sandbox.disk: {self._given_workspace} is a link (to {self.workspace}); "
                 "a disk is mounted only over a real workspace folder: make it one"
             )
-        key = disk.claim(
+        key = disk_index.claim(
             self.folder,
             agent=self.agent,
             host_workspace=self._host_path,
@@ -410,7 +328,7 @@ class DockerSandbox:
             within=self._within,
             identity=self.identity,
         )
-        made = disk.attach(
+        made = disk_attach.attach(
             self.client,
             key=key,
             size=policy.disk,
@@ -435,7 +353,7 @@ class DockerSandbox:
                 else:
                     if self.pool:
                         self.pool.drain()  # its idle containers mount the old disk's volume
-                    self.release_problem = disk.let_go(self.client, old) or self.release_problem
+                    self.release_problem = disk_attach.let_go(self.client, old) or self.release_problem
         self._egress_plan = self._plan_egress(policy)
         self.policy = policy
         self.user = resolve_user(policy.user, self.view)
@@ -631,12 +549,12 @@ class DockerSandbox:
         if not (self.disk and self.disk.hold):  # a folder (no disk limit), or a planned disk
             return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env, grant)
         try:  # thin disks: a call starts only with room for the worst case of every call in flight
-            with disk.flight(self.disk.key, self.disk.view, min(disk.ROOM_WAIT_S, timeout_s)):
+            with disk_room.flight(self.disk.key, self.disk.view, min(disk_room.ROOM_WAIT_S, timeout_s)):
                 halted = stopswitch.read(self.root)  # again: the wait for room may have outlasted a stop
                 if halted is not None:
                     return refused(halted.describe())
                 return self._run_call(argv, stdin, timeout_s, max_output_chars, workdir, command_env, grant)
-        except disk.NoRoom as exc:
+        except disk_room.NoRoom as exc:
             return no_room(str(exc))
 
     def _run_call(
@@ -691,7 +609,7 @@ class DockerSandbox:
                 "Id"
             ]
         except docker.errors.DockerException as exc:
-            raise SandboxError(f"cannot create a sandbox container: {_first_line(exc)}") from None
+            raise SandboxError(f"cannot create a sandbox container: {first_line(exc)}") from None
         metrics.container_made(cid)
         return cid
 
@@ -706,7 +624,7 @@ class DockerSandbox:
             sock = self.client.api.attach_socket(cid, params=ATTACH_PARAMS)
             self._attached[cid] = sock
             self.client.api.start(cid)
-            _await_line(self.client.api, cid, sock, READY_LINE)
+            await_line(self.client.api, cid, sock, READY_LINE)
         except (docker.errors.DockerException, OSError, SandboxError):
             self._remove(cid)
             raise
@@ -742,7 +660,7 @@ class DockerSandbox:
                 api.start(cid)
             deadline.start()
             if stdin is not None:
-                _send_stdin(raw, stdin)
+                send_stdin(raw, stdin)
             capture = Capture(cap)
             held = EndLine(HELD) if hold else None
             kills = None
@@ -752,7 +670,7 @@ class DockerSandbox:
                         data = held.feed(data)
                         if held.found:  # the box stands until stdin closes: count, then release it
                             kills = self._count_ooms(cid)
-                            _send_stdin(raw, b"")
+                            send_stdin(raw, b"")
                             data += held.rest  # the command's, if it printed the line itself
                     capture.add(end.feed(data) if end else data)
                     if end and end.found:
@@ -794,7 +712,7 @@ class DockerSandbox:
             killed = self._oom_at_once(cid, end)
             if killed is not None:
                 return {"ExitCode": end.exit_code, "OOMKilled": killed}
-        self.client.api.wait(cid, timeout=KILL_GRACE_S + ENGINE_TIMEOUT_S)
+        self.client.api.wait(cid, timeout=KILL_GRACE_S + engine_client.ENGINE_TIMEOUT_S)
         state = self.client.api.inspect_container(cid)["State"]
         if end and end.found:  # the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
@@ -861,38 +779,3 @@ class DockerSandbox:
         for cid in stale:
             self._remove(cid)
         return len(stale) + netns.leftovers(self.client, self.workspace, keep=self._netns.name if self._netns else "")
-
-
-ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-
-
-def _await_line(api, cid: str, sock, line: bytes) -> None:
-    """Read the attached stream up to `line`, the container's first output; a box that
-    says anything else, ends, or says nothing for LAUNCHER_UP_S is not made."""
-    deadline = Deadline(api, cid, getattr(sock, "_sock", sock), LAUNCHER_UP_S)
-    deadline.start()
-    seen = b""
-    try:
-        for _stream, data in frames_iter(sock, tty=False):
-            seen += data
-            if not line.startswith(seen[: len(line)]) or seen == line:
-                break
-    finally:
-        deadline.cancel()
-    if seen != line:
-        raise SandboxError(f"the pool's launcher said {seen[:200]!r}, not that it listens")
-
-
-def _send_stdin(raw: socket.socket, data: bytes) -> None:
-    """Send all of stdin, then half-close so the process reads EOF (stdin_once).
-    A process that exits without reading closes the pipe: its output still counts."""
-    try:
-        raw.sendall(data)
-        raw.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(getattr(exc, "explanation", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

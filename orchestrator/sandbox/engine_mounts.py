@@ -16,7 +16,7 @@ from paths it resolves in its own folder (the volumes' Mountpoint, root's):
 - a box outside a wake binds Mountpoint/files/: the agent's files, nothing else;
 - a wake's overlay: a `local` volume of type overlay (wakeloop-wake-KEY-RUN;
   lower Mountpoint/files, upper and work in Mountpoint/.wakeloop/wakes/RUN,
-  transaction.OVERLAY_OPTIONS, nosuid, nodev), mounted by the engine for each of
+  layers.OVERLAY_OPTIONS, nosuid, nodev), mounted by the engine for each of
   the wake's boxes.
 
 The broker reads and commits through its own mount of the same disk: one
@@ -40,7 +40,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox import layers, transaction
+from orchestrator.sandbox import layers
 
 DISK_PREFIX = "wakeloop-disk-"  # the device's volume (disk.VOLUME_PREFIX)
 KEEPER_PREFIX = "wakeloop-keep-"
@@ -140,7 +140,7 @@ def wake_volume(key: str, run_id: str) -> str:
 def offer_wake(client: docker.DockerClient, key: str, root: Path, run_id: str, disk_image: Path) -> None:
     """Wake `run_id`'s overlay, as a volume the engine mounts for each of its boxes; `root`:
     the disk's root as the engine has it (keep)."""
-    layer = transaction.overlay_options(layers.files(root), layers.upper(root, run_id), layers.work(root, run_id))
+    layer = layers.overlay_options(layers.files(root), layers.upper(root, run_id), layers.work(root, run_id))
     options = {"type": "overlay", "device": "overlay", "o": layer}
     try:
         labels = {WAKE_LABEL: key, DISK_LABEL: str(disk_image)}

@@ -60,14 +60,27 @@ import docker.errors
 from orchestrator.errors import ConfigError
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import DEFAULT, SandboxPolicy
-from orchestrator.sandbox import disk, layers, netns, network, rate, undo_folders, wake_diff, workspace_stream
+from orchestrator.sandbox import (
+    disk,
+    disk_attach,
+    disk_index,
+    disk_room,
+    layers,
+    netns,
+    network,
+    rate,
+    undo_folders,
+    wake_diff,
+    workspace_stream,
+)
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.engine import DockerSandbox, connect, resolve_user
+from orchestrator.sandbox.engine import DockerSandbox, resolve_user
+from orchestrator.sandbox.engine_client import connect
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.undo_folders import Undone, UndoRefused
 from orchestrator.sandbox.wake_diff import WakeDiff
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
-from orchestrator.sandbox.workspace_reads import Files
+from orchestrator.sandbox.changes import Settled, WakeChanges
+from orchestrator.sandbox.box import Files
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -85,7 +98,7 @@ RATE_PARALLEL_PER_CORE = 2
 STREAM_SLACK = 64 * 2**20  # an import's stream may be twice its disk's size and this (tar's headers)
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 # Where a kept box is, and for which folder: (workspace, its host path, agent name, disk identity).
-Place = tuple[Path, Path, str, "disk.Identity | None"]
+Place = tuple[Path, Path, str, "disk_index.Identity | None"]
 Call = Callable[[Sandbox], SandboxResult]  # one call the broker allowed, made on the agent's box
 T = TypeVar("T")
 
@@ -186,7 +199,9 @@ class Keeper:
         self.client = connect(client)
         self.host_root = host_root(self.root, self.client)
         self.max_agents = max_agents
-        self.overcommit = disk.OVERCOMMIT if overcommit is None else overcommit  # the ceiling's max.disk_overcommit
+        self.overcommit = (
+            disk_room.OVERCOMMIT if overcommit is None else overcommit
+        )  # the ceiling's max.disk_overcommit
         self._boxes: dict[str, _AgentBox] = {}  # by agent folder name
         self._lock = threading.Lock()  # the broker runs each request on a thread
         self._calls: dict[str, int] = {}  # calls in flight on a box, by agent
@@ -198,7 +213,7 @@ class Keeper:
         self._held_before = disk.holding()  # another's disks in this process (a test, a probe): not ours to let go
         self.engine_mounts = not disks_reach_engine(self.client)  # KEY.box ours, or the engine's mounts
         # A swarm task's broker without --plain-container: no loop devices, for its whole life.
-        self.no_disks = bool(node and disk.unavailable())
+        self.no_disks = bool(node and disk_attach.unavailable())
         if self.engine_mounts:
             self.log(
                 f"the engine cannot see this broker's mounts in {disk.disks_dir()}: it mounts each disk "
@@ -214,7 +229,7 @@ class Keeper:
 
     def room(self) -> int | None:
         """The bytes this node's disks may still promise (None: no disks), for placement."""
-        return disk.promise_room(self.overcommit)
+        return disk_room.promise_room(self.overcommit)
 
     def measured_rate(self) -> rate.Rate | None:
         """The engine's rate if measured, at no cost (not under _rate_lock, held through a measurement)."""
@@ -318,7 +333,7 @@ class Keeper:
         workspace = agent.workspace.resolve()
         # Which folder has this name now: a kept box made for another (renamed away, a folder
         # swapped in) is not used for it. Its inode and birth mark, never its path.
-        identity = disk.identity_of(agent.dir, within=self.root) if policy.disk else None
+        identity = disk_index.identity_of(agent.dir, within=self.root) if policy.disk else None
         place = (workspace, self.host_root / workspace.relative_to(self.root), agent.name, identity)
         made = None
         while True:
@@ -472,7 +487,8 @@ class Keeper:
         for entry in idle:
             if entry:
                 self._close_box(entry.box)
-        for problem in disk.let_go_all(self.client, kept=self._held_before):  # any a box could not: none, normally
+        # any a box could not let go of: none, normally
+        for problem in disk_attach.let_go_all(self.client, kept=self._held_before):
             self.log(problem)
 
     def remove_leftovers(self) -> int:
@@ -634,7 +650,7 @@ class Keeper:
         name = agent.dir.name
         if not agent.policy.sandbox.disk:
             raise Refused(f"{name}: sandbox.disk: none: its workspace is a folder of ROOT, no disk to move")
-        key = disk.lookup(agent.dir)
+        key = disk_index.lookup(agent.dir)
         if key is None:
             raise Refused(f"{name}: no disk of its folder on this node ({self.node or 'one host'})")
         return key
@@ -650,15 +666,15 @@ class Keeper:
     def import_(self, agent: Agent, receive: Callable[[int], workspace_stream.Reads]) -> workspace_stream.Summary:
         """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history a disk
         it had here before keeps) and write into files/ the stream `receive(limit)` gives once the disk is
-        ready: the tree's digest, read back. In flight meanwhile (disk.flight), as a call's writes are."""
+        ready: the tree's digest, read back. In flight meanwhile (disk_room.flight), as a call's writes are."""
         name, size = agent.dir.name, agent.policy.sandbox.disk
         with self._layer_op(name, lambda: self._no_wake_open(name)):
             with self._held(agent) as entry:  # made (from the folder's workspace/, cleared below) if new
                 held = self._held_disk(entry)
                 root, files = held.view, held.files
-                disk.unmount_wake(held)
+                disk_attach.unmount_wake(held)
                 try:
-                    with disk.flight(held.key, root):
+                    with disk_room.flight(held.key, root):
                         for history in (layers.wakes(root), layers.undos(root)):  # of its life before here, if
                             if history.is_dir():  # it had one: a cut commit's recovery would replay it on these
                                 workspace_stream.clear(history)
@@ -676,7 +692,7 @@ class Keeper:
                 stale = self._retire(name) if name in self._boxes else None
             if stale:
                 self._close_box(stale.box)
-            if not disk.release(self.client, key, delete=True):
+            if not disk_attach.release(self.client, key, delete=True):
                 raise Refused(f"{name}: its disk here is still held (a request in flight); try again")
 
     @staticmethod
@@ -779,7 +795,7 @@ def let_go_here(held_before: frozenset[Any]) -> list[str]:
     lines = []
     if disk.holding() - held_before:
         try:
-            problems = disk.let_go_all(connect(), kept=held_before)
+            problems = disk_attach.let_go_all(connect(), kept=held_before)
         except Exception as exc:  # releasing must not mask the command's own result
             problems = [f"could not release the workspace disk(s): {exc}"]
         lines += [f"{line}; `wakeloop disk release AGENT_DIR` retries" for line in problems]

@@ -24,7 +24,7 @@ root's) is renamed in with META. Cut at any instant, the next attach finds
 the staging folder and goes on. The marker must be root's: a box runs as
 another user, so no agent can forge it on a disk it could write whole.
 
-Not here: mounting (disk.py, engine.py), reading and committing a layer
+Not here: mounting (disk_mounts.py, wake_layer.py, engine.py), reading and committing a layer
 (transaction.py, wake_layer.py), the policy's `workspace:` section (policy/schema.py).
 """
 
@@ -34,6 +34,8 @@ import os
 import re
 import stat
 from pathlib import Path
+
+OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # an upper layer scan() can read whole
 
 FILES = "files"
 META = ".wakeloop"
@@ -135,3 +137,9 @@ def _lexists(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def overlay_options(lower: Path, upper: Path, work: Path) -> str:
+    """`mount -o` for a wake's overlay, wherever it is mounted (wake_layer.py, engine_mounts.py):
+    an upper layer scan() can read whole; nothing set-id or a device works through it."""
+    return f"lowerdir={lower},upperdir={upper},workdir={work},{OVERLAY_OPTIONS},nosuid,nodev"

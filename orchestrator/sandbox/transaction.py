@@ -31,7 +31,7 @@ exact record of what it changed:
 - `undo(...)` puts back what one wake changed, the same way (state
   `undoing`), and refuses when a later wake changed one of its paths.
 
-Not here: mounting the overlay and giving it to the boxes (engine.py, disk.py),
+Not here: mounting the overlay and giving it to the boxes (wake_layer.py, engine.py),
 the policy section (policy/schema.py), the wake's events (wake/loop.py).
 """
 
@@ -44,13 +44,13 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from orchestrator.policy.paths import glob_match, is_dotgit
+from orchestrator.sandbox.changes import Change, Refused
 
-OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # an upper layer scan() can read whole
 MANIFEST = "manifest.json"
 OLD, NEW = "old", "new"  # in an undo folder: what a commit replaced; what an undo took away
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -60,18 +60,6 @@ OPAQUE = "trusted.overlay.opaque"
 
 class TransactionError(OSError):
     """A commit or an undo that cannot go on: one line."""
-
-
-@dataclass(frozen=True)
-class Change:
-    path: str  # workspace-relative, posix
-    kind: str  # added | modified | deleted
-    type: str  # file | dir | link | other (after; before, for a deletion)
-    size: int = 0  # bytes after (a file), 0 otherwise
-    mode: int = 0  # permission bits after (0 for a deletion)
-    target: str | None = None  # a link's target, as written: never followed
-    sha256: str | None = None  # a file's content after
-    shared: bool = False  # a file whose inode has links outside the wake's upper layer (_links_outside)
 
 
 class Manifest(TypedDict):
@@ -85,18 +73,6 @@ class Manifest(TypedDict):
     changes: list[dict[str, Any]]  # each a Change, as dataclasses.asdict gives it
     dir_modes: NotRequired[dict[str, int]]  # a modified folder's mode before, by its index in `changes`
     folder_times: NotRequired[dict[str, list[int]]]  # _folder_times: {folder: [atime_ns, mtime_ns]}
-
-
-@dataclass(frozen=True)
-class Refused:
-    change: Change
-    rule: str  # the glob, `protect_git`, `set-id bit`, or SHARED
-
-
-def overlay_options(lower: Path, upper: Path, work: Path) -> str:
-    """`mount -o` for a wake's overlay, wherever it is mounted (wake_layer.py, engine_mounts.py):
-    an upper layer scan() can read whole; nothing set-id or a device works through it."""
-    return f"lowerdir={lower},upperdir={upper},workdir={work},{OVERLAY_OPTIONS},nosuid,nodev"
 
 
 # -- reading the upper layer ---------------------------------------------------------------

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import ConfigError, WakeloopError
 from orchestrator.sandbox import layers, transaction
-from orchestrator.sandbox.transaction import Change
+from orchestrator.sandbox.changes import Change
 
 MANIFEST_CAP = 64 * 2**20  # bytes: a manifest of a wake that changed ~300,000 paths
 DAY_S = 86400.0

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.sandbox import layers, transaction, undo_folders
-from orchestrator.sandbox.transaction import Change
+from orchestrator.sandbox.changes import Change
 from orchestrator.sandbox.undo_folders import NotRegular
 
 TEXT_CAP = 256 * 1024  # bytes of one side shown as text; a bigger file is shown by size and hash

@@ -3,7 +3,7 @@
 `begin(disk, run_id)` first settles what an earlier wake left (see below),
 then mounts the wake's overlay (lower: the disk's files/, read-only; upper
 and work: .wakeloop/wakes/RUN/, on the same disk, where no box looks; the
-options transaction.OVERLAY_OPTIONS, nosuid, nodev) over KEY.box in
+options layers.OVERLAY_OPTIONS, nosuid, nodev) over KEY.box in
 $WAKELOOP_DISKS. Every box of the wake binds its /workspace there (disk.py's
 Disk.mount), the harness reads the workspace there (HostFiles), and the journal
 stub appends there (a box): every call sees the wake's changes so far, and
@@ -58,100 +58,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.records import event_types as ev
-from orchestrator.sandbox import disk, engine_mounts, layers, transaction
-from orchestrator.sandbox.transaction import Change, Refused
+from orchestrator.sandbox import disk, disk_attach, engine_mounts, layers, transaction
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.sandbox.workspace_reads import HostFiles
 
-READ_OPTIONS = f"{transaction.OVERLAY_OPTIONS},nosuid,nodev,noexec"  # LayerFiles': nothing on it runs
-MAX_LISTED = 200  # changes (and refusals) a WakeChanges names; the rest are counted
+READ_OPTIONS = f"{layers.OVERLAY_OPTIONS},nosuid,nodev,noexec"  # LayerFiles': nothing on it runs
 # A wake's layer takes 4 inodes (its folder, upper, work, overlayfs's work/work). A dropped layer frees
 # all of its own at once, when the kernel lets go of its overlay: wait for a margin past 4, so that a
 # few freed early (a folder's) do not pass for it. A disk really this full waits FREED_WAIT_S, once.
 LAYER_INODES = 64
 FREED_WAIT_S = 5.0  # for the inodes a dropped layer frees once the kernel lets go of its overlay
 FREED_POLL_S = 0.02
-
-
-@dataclass(frozen=True)
-class WakeChanges:
-    """What one wake changed: committed (landed in files/) and refused (dropped), with the rule."""
-
-    run_id: str
-    committed: tuple[Change, ...] = ()
-    refused: tuple[Refused, ...] = ()
-    discarded: tuple[Change, ...] = ()  # a wake that died before its commit: what it had changed, dropped
-    error: str = ""  # the commit could not run (one line); nothing landed
-    unnamed: int = 0  # changes past the ones named (a record's cap: back from a broker's reply)
-    unnamed_refused: int = 0  # refusals past the ones named
-
-    @property
-    def empty(self) -> bool:
-        return not (self.committed or self.refused or self.discarded or self.error or self.count)
-
-    @property
-    def count(self) -> int:
-        """Every change that landed (or, discarded, was dropped), named or not."""
-        return len(self.discarded or self.committed) + self.unnamed
-
-    @property
-    def refused_count(self) -> int:
-        return len(self.refused) + self.unnamed_refused
-
-    @classmethod
-    def from_record(cls, record: ev.WorkspaceChanges) -> WakeChanges:
-        """Back from the event (the broker's reply): as much as the record names."""
-        listed = tuple(
-            Change(path, kind, type_, size)
-            for path, kind, type_, size in zip(record.paths, record.kinds, record.types, record.sizes, strict=False)
-        )
-        refused = tuple(
-            Refused(Change(path, kind, "other"), rule)
-            for path, rule, kind in zip(record.refused, record.rules, record.refused_kinds, strict=False)
-        )
-        # A record from before `count` existed names everything it counts but `more`: all changes.
-        unnamed = max(record.count - len(listed), 0) if record.count else record.more
-        unnamed_refused = max(record.refused_count - len(refused), 0)
-        if record.outcome == "discarded":
-            return cls(record.of_run, discarded=listed, unnamed=unnamed)
-        return cls(record.of_run, listed, refused, error=record.error, unnamed=unnamed, unnamed_refused=unnamed_refused)
-
-    def record(self) -> ev.WorkspaceChanges:
-        """The event (capped at MAX_LISTED changes and as many refusals; the rest counted)."""
-        landed = self.discarded or self.committed
-        shown, refused = landed[:MAX_LISTED], self.refused[:MAX_LISTED]
-        return ev.WorkspaceChanges(
-            outcome="error" if self.error else "discarded" if self.discarded else "committed",
-            of_run=self.run_id,
-            paths=tuple(_text(c.path) for c in shown),
-            kinds=tuple(c.kind for c in shown),
-            types=tuple(c.type for c in shown),
-            sizes=tuple(c.size for c in shown),
-            refused=tuple(_text(r.change.path) for r in refused),
-            rules=tuple(r.rule for r in refused),
-            refused_kinds=tuple(r.change.kind for r in refused),
-            more=self.count - len(shown) + self.refused_count - len(refused),
-            count=self.count,
-            refused_count=self.refused_count,
-            error=self.error,
-        )
-
-
-def _text(path: str) -> str:
-    """A path as text any log can hold: a name that is not UTF-8 (`touch $'\\xff'` in the box)
-    comes from scan with lone surrogates, which no UTF-8 writer takes; shown with U+FFFD."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What begin() found an earlier wake left, for the record."""
-
-    lines: tuple[str, ...] = ()  # recovered commits and undos, one line each
-    discarded: tuple[WakeChanges, ...] = field(default=())  # wakes that never reached their commit
 
 
 def begin(held: disk.Disk, run_id: str) -> Settled:
@@ -172,7 +92,7 @@ def begin(held: disk.Disk, run_id: str) -> Settled:
         except engine_mounts.EngineMountError as exc:
             raise disk.DiskError(str(exc)) from None
         return settled
-    _mount(["mount", "-t", "overlay", "overlay", "-o", transaction.overlay_options(files, upper, work), str(held.box)])
+    _mount(["mount", "-t", "overlay", "overlay", "-o", layers.overlay_options(files, upper, work), str(held.box)])
     return settled
 
 
@@ -225,7 +145,7 @@ def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: 
     root = held.view
     upper, lower = layers.upper(root, run_id), layers.files(root)
     try:
-        disk.unmount_wake(held)
+        disk_attach.unmount_wake(held)
         changes = transaction.scan(upper, lower)
         allowed, refused = transaction.check(changes, protect, protect_git)
         if allowed:
@@ -239,7 +159,7 @@ def finish(held: disk.Disk, run_id: str, protect: tuple[str, ...], protect_git: 
 def settle(held: disk.Disk) -> Settled:
     """At an agent's start: a stale overlay unmounted, cut commits and undos finished,
     wakes that never reached their commit discarded (see the module's docstring)."""
-    disk.unmount_wake(held)
+    disk_attach.unmount_wake(held)
     root, lines, discarded = held.view, [], []
     undos = layers.undos(root)
     for folder in sorted(undos.iterdir()) if undos.is_dir() else []:

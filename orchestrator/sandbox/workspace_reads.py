@@ -30,7 +30,6 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 from orchestrator.sandbox.output import decode
 
@@ -38,16 +37,6 @@ READ_CAP = 64 * 1024  # bytes per file in the context; more is cut with a note
 JOURNAL_DIR = "memory/journal"
 CORE_MEMORY = "memory/core.md"
 _JOURNAL_NAME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}\.md")  # fullmatch: ASCII digits, no trailing newline
-
-
-class Files(Protocol):
-    """What the harness reads of a workspace: this host's (HostFiles), or the
-    broker's under compose, where the workspace is on a disk only it mounts."""
-
-    def read_text(self, rel: str) -> str: ...
-    def read_text_or_none(self, rel: str) -> str | None: ...
-    def journal_names(self) -> list[str]: ...
-    def journal_size(self, day: str) -> int | None: ...
 
 
 READS = ("read_text", "read_text_or_none", "journal_names", "journal_size")  # Files' methods, by name

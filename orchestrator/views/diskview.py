@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk_index, disk_survey
 
 
 def disk_status(agent: Agent) -> dict:
     """The workspace's disk use against sandbox.disk and sandbox.files: read from its
     mount over workspace/ while a command has it attached, else from its image's blocks
-    on this host (the folder's disk, by its identity: disk.lookup); under compose only
+    on this host (the folder's disk, by its identity: disk_index.lookup); under compose only
     the broker has either."""
     box = agent.policy.sandbox
     data = {"limit_bytes": box.disk or None, "limit_files": box.files if box.disk else None}
@@ -36,12 +36,12 @@ def disk_status(agent: Agent) -> dict:
             "size_bytes": vfs.f_blocks * vfs.f_frsize,
             "used_files": vfs.f_files - vfs.f_ffree,
         }
-    key = disk.lookup(agent.dir.resolve())
-    held = disk.usage(key) if key else None
+    key = disk_index.lookup(agent.dir.resolve())
+    held = disk_survey.usage(key) if key else None
     return data | ({"host_bytes": held[0], "size_bytes": held[1]} if held else {"attached": False})
 
 
-def disk_record(r: disk.DiskRecord) -> dict:
+def disk_record(r: disk_survey.DiskRecord) -> dict:
     """One disk of `wakeloop disk list`, as data (--json)."""
     return {
         "folder": r.folder,
@@ -59,7 +59,7 @@ def disk_record(r: disk.DiskRecord) -> dict:
     }
 
 
-def render_disks(records: list, where: Path, fs: disk.Filesystem | None = None) -> str:
+def render_disks(records: list, where: Path, fs: disk_survey.Filesystem | None = None) -> str:
     """`wakeloop disk list`: one block per disk, for a person; then what they promise
     together, what they hold, and what their filesystem `fs` has free."""
     if not records:

@@ -25,7 +25,7 @@ from orchestrator.records.events import EventLog
 from orchestrator.safeio.folder import state_folder
 from orchestrator.records.receipt import Status
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.wake_layer import Settled, WakeChanges
+from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.wake.context import REFUSED_FILE
 
 

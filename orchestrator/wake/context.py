@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.sandbox import workspace_reads
+from orchestrator.sandbox import box, workspace_reads
 from orchestrator.policy.agent import Agent
 from orchestrator.records import approvals, tasks
 from orchestrator.records import state as st
@@ -130,7 +130,7 @@ def build_context(
     wake: int,
     now: datetime,
     inbox: str,
-    files: workspace_reads.Files | None = None,
+    files: box.Files | None = None,
     task: tasks.Task | None = None,
 ) -> Context:
     """The context of wake number `wake`: `inbox` as the wake drained it ("" in a dry run),
@@ -145,9 +145,7 @@ def build_context(
     return Context(system=system_prompt(agent, files), first_user=first_user)
 
 
-def next_wake(
-    agent: Agent, *, live: bool, wake: int, now: datetime, files: workspace_reads.Files | None = None
-) -> NextWake:
+def next_wake(agent: Agent, *, live: bool, wake: int, now: datetime, files: box.Files | None = None) -> NextWake:
     """What wake number `wake` would send if it began at `now`, read without changing anything:
     the inbox peeked (a live wake's), the task it would take named, not claimed. A broken
     tasks.json is no task, as the wake takes it (tasks.claim_for_wake)."""
@@ -197,7 +195,7 @@ def refused_section(state_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def system_prompt(agent: Agent, files: workspace_reads.Files | None = None) -> str:
+def system_prompt(agent: Agent, files: box.Files | None = None) -> str:
     """`files`: where the workspace is read (the broker's, under compose); default this host's folder."""
     files = files or workspace_reads.HostFiles(agent.workspace)
     core = files.read_text_or_none(workspace_reads.CORE_MEMORY)

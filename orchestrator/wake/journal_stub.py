@@ -24,7 +24,7 @@ from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
 from orchestrator.wake.tally import Tally
 
 if TYPE_CHECKING:
-    from orchestrator.sandbox.workspace_reads import Files
+    from orchestrator.sandbox.box import Files
 
 STUB_TIMEOUT_S = 30  # the sandbox call that appends the journal stub
 CLOSING_NOTE_CAP = 32 * 1024  # chars of the final budget reply kept in the journal

@@ -27,7 +27,7 @@ from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, comman
 from orchestrator.records import escape_reports
 from orchestrator.escapes.lab import Outcome, Probe, Trial, held
 from orchestrator.escapes.report import text_report
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import run_cli
 from tests.helpers.console import TOKEN, Client
@@ -105,13 +105,13 @@ def test_a_disk_another_namespace_holds_is_reported_and_the_run_goes_on(
     found = re.search(r"`wakeloop disk rm (\S+) --yes` and `rm -r (\S+)`", left["left"])
     assert found and found[1] == found[2], left["left"]
     folder = Path(found[1])
-    key = disk.lookup(folder)
-    assert folder.is_dir() and key and disk.devices(key), "the folder and its disk are kept"
+    key = disk_index.lookup(folder)
+    assert folder.is_dir() and key and disk_survey.devices(key), "the folder and its disk are kept"
     let_go(holder)
     done = run_cli("disk", "rm", str(folder), "--yes")
     assert done.returncode == 0, done.stderr
     subprocess.run(["rm", "-r", str(folder)], check=True)
-    assert not disk.path_of(key, "img").exists() and not disk.devices(key)
+    assert not disk.path_of(key, "img").exists() and not disk_survey.devices(key)
     labs = [p for p in tmp_path.iterdir() if p.name.startswith("wakeloop-escapes-")]
     assert [list(lab.iterdir()) for lab in labs] == [[]], labs  # the lab's folder, empty now
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import disks as probes
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk_attach, disk_index
 
 pytestmark = pytest.mark.docker
 
@@ -23,20 +23,20 @@ COVERED: set[str] = {
 
 def path_keyed(folder, *, agent, host_workspace, host_folder, within=None, identity=None) -> str:
     """The design before issue 20: a disk named by the agent's name and its workspace's path."""
-    return disk.legacy_key(agent, host_workspace)
+    return disk_index.legacy_key(agent, host_workspace)
 
 
 escapes = must_escape  # tests/helpers/support.py
 
 
 def test_renames_multiply_disks_when_a_disk_is_named_by_its_path(surface_lab, monkeypatch):
-    monkeypatch.setattr(disk, "claim", path_keyed)
+    monkeypatch.setattr(disk_index, "claim", path_keyed)
     assert "4 disk images and 4 loop devices" in escapes(surface_lab, probes.disks_one_per_folder_through_renames)
 
 
 def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_it(surface_lab, monkeypatch):
     kept = []
-    monkeypatch.setattr(disk, "let_go", lambda client, held: kept.append(held))  # the box lets go of nothing
+    monkeypatch.setattr(disk_attach, "let_go", lambda client, held: kept.append(held))  # the box lets go of nothing
     try:
         assert "still attached" in escapes(surface_lab, probes.disks_released_after_a_one_shot_call)
     finally:
@@ -46,7 +46,7 @@ def test_a_one_shot_call_leaves_its_disk_attached_when_closing_does_not_release_
 
 
 def test_a_new_folder_in_a_deleted_ones_place_gets_its_disk_when_named_by_its_path(surface_lab, monkeypatch):
-    monkeypatch.setattr(disk, "claim", path_keyed)
+    monkeypatch.setattr(disk_index, "claim", path_keyed)
     observed = escapes(surface_lab, probes.disks_never_handed_to_a_folder_made_in_a_deleted_ones_place)
     assert "got the deleted agent's disk" in observed
 

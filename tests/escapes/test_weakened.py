@@ -646,10 +646,10 @@ def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, 
 
 
 def test_the_all_disks_probe_escapes_without_the_room_check(make_lab, monkeypatch):
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk_room
 
     # The guard always sees room: a sparse image, ~5 MB written by its mkfs.
-    monkeypatch.setattr(disk, "room", lambda key: disk.Room(free=2**62, worst=0, own=0, flying=1))
+    monkeypatch.setattr(disk_room, "room", lambda key: disk_room.Room(free=2**62, worst=0, own=0, flying=1))
     outcome = run_probe(make_lab(), by_name("caps_all_disks_together"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 

@@ -45,12 +45,12 @@ def as_the_box_sees(path: Path) -> Path:
     """`path` in an agent's workspace as a running wake's boxes see it: through the wake's overlay
     (KEY.box, disk.py), whose inode for a FIFO is not the agent's files' (overlayfs gives a lower
     FIFO an inode, and so a pipe, of its own). Outside a wake, `path` itself."""
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox import disk, disk_index, disk_mounts
 
     for folder in path.parents:
         if folder.name == "workspace":
-            key = disk.lookup(folder.parent)
-            if key and disk.wake_mounted(key):
+            key = disk_index.lookup(folder.parent)
+            if key and disk_mounts.wake_mounted(key):
                 return disk.path_of(key, "box") / path.relative_to(folder)
             return path
     return path

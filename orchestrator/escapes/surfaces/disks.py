@@ -28,7 +28,7 @@ import yaml
 from orchestrator.broker.wire import BrokerError
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.sandbox import disk
+from orchestrator.sandbox import disk, disk_index
 
 CATEGORY = "surfaces"
 RENAMES = 3  # renames of one folder between calls (issue 20 saw 4 make 11 disks)
@@ -139,7 +139,7 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
     try:
         call = lambda name, cmd: broker.handle({"op": "run", "agent": name, "command": cmd})
         call("alpha", f"echo {canary} > secret.txt")
-        key = disk.lookup(root / "alpha")
+        key = disk_index.lookup(root / "alpha")
         (root / "alpha").rename(root / "kept")  # alpha's folder, now under another name
         _no_pool(init_agent(root / "alpha"))  # a newcomer under the old name
         seen = call("alpha", "cat secret.txt 2>/dev/null || echo absent")["result"]["output"]
@@ -150,7 +150,7 @@ def _broker_box_follows_the_folder(t: Trial) -> str:
             "the broker served a folder made under a renamed agent's old name with the box "
             "it kept for that agent: the newcomer's calls ran on the renamed agent's disk"
         )
-    if disk.lookup(root / "kept") != key:
+    if disk_index.lookup(root / "kept") != key:
         return escaped("the renamed agent lost its disk: its folder has another one under its new name")
     return held(
         "a kept box serves only the folder it was made for: a newcomer under a renamed "
