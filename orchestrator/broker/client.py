@@ -27,10 +27,10 @@ from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox import keeper
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.undo_folders import Undone, UndoRefused
-from orchestrator.sandbox.wake_diff import WakeDiff
-from orchestrator.sandbox.changes import Settled, WakeChanges
-from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wakes.wake_diff import WakeDiff
+from orchestrator.sandbox.change_set import Settled, WakeChanges
+from orchestrator.sandbox.disks.workspace_reads import HostFiles
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway

@@ -29,7 +29,7 @@ def cmd_send(args) -> int:
 
 
 def cmd_outbox(args) -> int:
-    from orchestrator.sandbox.output import clean
+    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.state import mark_outbox_read, read_outbox, split_messages
 
     agent = load_agent(args.agent_dir)

@@ -1,6 +1,6 @@
 """`wakeloop disk list|release|rm`: the agents' workspace disks.
 
-Not here: the disks (sandbox/disk.py), how they are shown (views/diskview.py).
+Not here: the disks (sandbox/disks/disk.py), how they are shown (views/diskview.py).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from orchestrator.cli.declare import command, group, json_flag, print_json
 from orchestrator.cli.wake_lock import no_wake
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import AgentError
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
     from orchestrator.views.diskview import disk_record, render_disks
-    from orchestrator.sandbox import disk, disk_survey
+    from orchestrator.sandbox.disks import disk, disk_survey
 
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
@@ -38,7 +38,7 @@ def cmd_disk_list(args) -> int:
 def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
-    from orchestrator.sandbox import disk, disk_index
+    from orchestrator.sandbox.disks import disk, disk_index
 
     folder = Path(agent_dir).resolve()
     if not folder.is_dir():
@@ -52,7 +52,7 @@ def _disk_of(agent_dir: str):
 
 
 def cmd_disk_release(args) -> int:
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
@@ -66,7 +66,7 @@ def cmd_disk_release(args) -> int:
 
 
 def cmd_disk_rm(args) -> int:
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)

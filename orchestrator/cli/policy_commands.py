@@ -9,7 +9,7 @@ from orchestrator.cli.declare import command, group, json_flag, print_json
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import load_agent
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 
 
 def cmd_policy_check(args) -> int:

@@ -2,7 +2,7 @@
 and one wake's changes read back or put back.
 
 Not here: the records (records/), how they are rendered (views/), the undo itself
-(sandbox/undo_folders.py, through the broker under compose).
+(sandbox/wakes/undo_folders.py, through the broker under compose).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def cmd_undo(args) -> int:
     from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
     from orchestrator.records.run_ids import resolve
-    from orchestrator.sandbox.undo_folders import UndoRefused
+    from orchestrator.sandbox.wakes.undo_folders import UndoRefused
 
     agent = load_agent(args.agent_dir)
     run = resolve(agent.state_dir, args.run, args.agent_dir)

@@ -11,7 +11,7 @@ import sys
 from orchestrator.cli.declare import command, group
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 
 
 def cmd_sandbox_exec(args) -> int:
@@ -29,7 +29,7 @@ def cmd_sandbox_exec(args) -> int:
 
 
 def cmd_image_build(args) -> int:
-    from orchestrator.sandbox.images import build_sandbox_image
+    from orchestrator.sandbox.containers.images import build_sandbox_image
 
     client = connect()
     print("building the sandbox image from sandbox-image/ ...", flush=True)

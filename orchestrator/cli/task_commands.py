@@ -38,7 +38,7 @@ def cmd_task_rm(args) -> int:
 
 
 def cmd_task_list(args) -> int:
-    from orchestrator.sandbox.output import clean
+    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.tasks import load_tasks
 
     agent = load_agent(args.agent_dir)

@@ -87,7 +87,7 @@ def cmd_context(args) -> int:
 
 def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
-    from orchestrator.sandbox import disk, disk_index
+    from orchestrator.sandbox.disks import disk, disk_index
 
     key = disk_index.lookup(agent.dir.resolve())
     return bool(key and disk.path_of(key, "img").exists())

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
     try:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _in_disks_dir(filename) -> bool:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox.disks import disk
 
     return isinstance(filename, str) and Path(filename).is_relative_to(disk.disks_dir())
 

@@ -5,7 +5,7 @@ write a file in, and close. Where the box lives (the local engine, the
 broker) is the backend's business (engine.py, broker/client.py).
 
 Not here: how a container is made (engine.py), which backend an agent gets
-(broker/client.py's open_sandbox), what a wake changed (changes.py), reading a
+(broker/client.py's open_sandbox), what a wake changed (change_set.py), reading a
 workspace on this host (workspace_reads.py's HostFiles).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from orchestrator.errors import EnvironmentFault
-from orchestrator.sandbox.changes import Settled, WakeChanges
+from orchestrator.sandbox.change_set import Settled, WakeChanges
 
 WORKSPACE = "/workspace"  # where the agent's workspace is mounted in every box
 TIMEOUT_EXIT = 124  # what `timeout(1)` returns; the model and scripts know it

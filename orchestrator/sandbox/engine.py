@@ -31,13 +31,16 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import changes, disk, disk_attach, disk_index, disk_room, engine_client, oom, wake_layer
-from orchestrator.sandbox import netns, network
-from orchestrator.sandbox.box_stream import ATTACH_PARAMS, await_line, send_stdin
-from orchestrator.sandbox.engine_client import check_image, connect, first_line
-from orchestrator.sandbox.output import Capture
-from orchestrator.sandbox.pool import AHEAD, EndLine, WarmPool, handoff
-from orchestrator.sandbox.programs import (
+from orchestrator.sandbox import change_set
+from orchestrator.sandbox.containers import engine_client, oom
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
+from orchestrator.sandbox.wakes import wake_layer
+from orchestrator.sandbox.egress import netns, network
+from orchestrator.sandbox.containers.box_stream import ATTACH_PARAMS, await_line, send_stdin
+from orchestrator.sandbox.containers.engine_client import check_image, connect, first_line
+from orchestrator.sandbox.containers.output import Capture
+from orchestrator.sandbox.containers.pool import AHEAD, EndLine, WarmPool, handoff
+from orchestrator.sandbox.containers.programs import (
     COMMAND_ENV,
     GUARD,
     GUARD_ENV,
@@ -54,11 +57,11 @@ from orchestrator.sandbox.programs import (
 from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
-from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.disks.workspace_reads import HostFiles
 from orchestrator.sandbox.box import Files
-from orchestrator.sandbox.deadline import KILL_GRACE_S, Deadline
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
-from orchestrator.sandbox.network import grant_refusal
+from orchestrator.sandbox.egress.network import grant_refusal
 
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 
@@ -244,7 +247,7 @@ class DockerSandbox:
 
     # -- a wake as a transaction (wake_layer.py) ---------------------------------
 
-    def begin(self, run_id: str) -> changes.Settled:
+    def begin(self, run_id: str) -> change_set.Settled:
         """The wake `run_id` starts: what earlier wakes left is settled, then every box from
         now on mounts this wake's overlay; the pool's containers made before go unused
         (_layer_changed). No disk: nothing to do."""
@@ -253,7 +256,7 @@ class DockerSandbox:
             self.run_id = run_id
             self._egress_anew()
         if self.disk is None or self.disk_root is None:  # no disk
-            return changes.Settled()
+            return change_set.Settled()
         settled = wake_layer.begin(self.disk, run_id)
         self.wake = run_id
         self._layer_changed()
@@ -261,7 +264,7 @@ class DockerSandbox:
             self.pool.rearm()  # the first container ahead binds the overlay
         return settled
 
-    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> changes.WakeChanges:
+    def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> change_set.WakeChanges:
         """The wake ends, whatever its receipt (its calls are over): its overlay unmounted, its
         changes checked against the policy, committed or dropped (wake_layer.finish)."""
         run_id, self.wake, self.begun = self.wake, None, None
@@ -269,11 +272,11 @@ class DockerSandbox:
         if egress:  # the wake's calls are over: their decisions all in the proxy's log before they are read
             network.settle(self.client, egress, self.wake_began)
         if run_id is None or not (self.disk and self.disk.hold):
-            return changes.WakeChanges(self.run_id)
+            return change_set.WakeChanges(self.run_id)
         try:
             disk_attach.unmount_wake(self.disk)  # first: no container made from now on binds it
         except disk.DiskError as exc:
-            return changes.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
+            return change_set.WakeChanges(run_id, error=f"the wake's changes were not committed: {exc}")
         self._layer_changed()
         return wake_layer.finish(self.disk, run_id, protect, protect_git)
 

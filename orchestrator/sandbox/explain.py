@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.policy.paths import GIT_DENY, GIT_DENY_NOTE
 from orchestrator.policy.schema import Policy
-from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
+from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.engine import DockerSandbox
-    from orchestrator.sandbox.network import Egress
+    from orchestrator.sandbox.egress.network import Egress
 
 
 class Registry(Protocol):
@@ -125,7 +125,7 @@ def explain(policy: Policy, box: DockerSandbox, registry: Registry) -> str:
         f"network: {s.network}" + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else ""),
     ]
     if s.network == "allowlist":
-        from orchestrator.sandbox import network
+        from orchestrator.sandbox.egress import network
 
         egress = network.plan_for(box.workspace, s)
         lines += [

@@ -60,26 +60,17 @@ import docker.errors
 from orchestrator.errors import ConfigError
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import DEFAULT, SandboxPolicy
-from orchestrator.sandbox import (
-    disk,
-    disk_attach,
-    disk_index,
-    disk_room,
-    layers,
-    netns,
-    network,
-    rate,
-    undo_folders,
-    wake_diff,
-    workspace_stream,
-)
+from orchestrator.sandbox import rate
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers, workspace_stream
+from orchestrator.sandbox.egress import netns, network
+from orchestrator.sandbox.wakes import undo_folders, wake_diff
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, resolve_user
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.policy_check import check_against_engine
-from orchestrator.sandbox.undo_folders import Undone, UndoRefused
-from orchestrator.sandbox.wake_diff import WakeDiff
-from orchestrator.sandbox.changes import Settled, WakeChanges
+from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wakes.wake_diff import WakeDiff
+from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.sandbox.box import Files
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable

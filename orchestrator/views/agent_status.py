@@ -23,7 +23,7 @@ from orchestrator.records.models import lifecycle_warning
 from orchestrator.records.receipt import Receipt
 from orchestrator.records.state import count_messages, load_state, lock_holder, peek_inbox, read_outbox
 from orchestrator.records.tasks import TaskError, open_tasks
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.views.diskview import disk_line, disk_status, mib
 from orchestrator.views.egressview import summary as egress_summary
 
@@ -172,7 +172,7 @@ def render_agent_status(d: dict) -> str:
         else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)"
     )
     lines.append(f"  disk         {disk_line(d['disk'])}")
-    if r and r.no_room:  # the disk guard (sandbox/disk.py) did not start a call of the last wake
+    if r and r.no_room:  # the disk guard (sandbox/disks/disk.py) did not start a call of the last wake
         lines.append(f"    no room    a call of the last wake did not start: {r.no_room}")
     lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")

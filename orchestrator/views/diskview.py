@@ -2,7 +2,7 @@
 
 Data first (a dict, what `--json` prints and the console shows), then text.
 
-Not here: the disks themselves (sandbox/disk.py), the rest of an agent's
+Not here: the disks themselves (sandbox/disks/disk.py), the rest of an agent's
 status (agent_status.py).
 """
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent
-from orchestrator.sandbox import disk_index, disk_survey
+from orchestrator.sandbox.disks import disk_index, disk_survey
 
 
 def disk_status(agent: Agent) -> dict:

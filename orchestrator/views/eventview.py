@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.records.events import Event
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 
 LOG_VALUE_CAP = 160  # chars of one field on a readable log line
 

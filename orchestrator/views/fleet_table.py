@@ -23,7 +23,7 @@ from orchestrator.records.models import lifecycle_warning
 from orchestrator.records.state import load_state, lock_holder, unread_outbox
 from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.views.agent_status import health_line, health_status
 from orchestrator.views.budgetview import COST_DAYS, budget_line, fleet_budget, usd_by_day
 from orchestrator.views.diskview import disk_status

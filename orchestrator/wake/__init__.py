@@ -9,7 +9,7 @@ model.py (the Messages API and the dry-run script), context.py (system prompt
 and first message), tools.py (the registry the model is offered and each tool's
 handler), task_tools.py (complete_task), approval_gate.py (calls that wait for
 a person), ratelimit.py (the key's rate-limit gate), one_call.py (a call
-outside any wake). The host reads workspace files through sandbox/workspace_reads.py only.
+outside any wake). The host reads workspace files through sandbox/disks/workspace_reads.py only.
 
 Imports broker/client.py, sandbox/, policy/ and records/; never fleet/.
 """

@@ -1,4 +1,4 @@
-"""The wake as a transaction on the workspace (sandbox/wake_layer.py), as the wake sees it.
+"""The wake as a transaction on the workspace (sandbox/wakes/wake_layer.py), as the wake sees it.
 
 `begin`, before anything runs: what earlier wakes left is settled (a cut commit finished, a
 wake that died before its commit discarded and recorded), then this wake's overlay is mounted.
@@ -8,7 +8,7 @@ recorded (event, transcript) and its refusals kept for the next wake's context
 (state/workspace_refused.json). `honest`: a wake whose changes did not land ends
 `not_committed`, a failure, whatever its conversation ended with.
 
-Not here: the overlay and the commit (sandbox/wake_layer.py, sandbox/transaction.py), the
+Not here: the overlay and the commit (sandbox/wakes/wake_layer.py, sandbox/wakes/transaction.py), the
 next wake's words about the refusals (context.py).
 """
 
@@ -25,7 +25,7 @@ from orchestrator.records.events import EventLog
 from orchestrator.safeio.folder import state_folder
 from orchestrator.records.receipt import Status
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.changes import Settled, WakeChanges
+from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.wake.context import REFUSED_FILE
 
 

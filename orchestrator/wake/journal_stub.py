@@ -6,7 +6,7 @@ If today's journal did not grow during the wake (sizes taken without following a
 closing note (the wrap-up turn's reply, stop_reasons.py). The append is made from inside a
 sandbox container (`append_in_sandbox`), which sees nothing but the workspace and refuses a
 symlinked journal rather than follow it. The host never writes a workspace file itself; it
-reads them with sandbox/workspace_reads.py.
+reads them with sandbox/disks/workspace_reads.py.
 
 Not here: what the files mean (context.py) or the agent's own writes (tools.py).
 """
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EventLog, scrub
 from orchestrator.sandbox.box import Sandbox, SandboxError
-from orchestrator.sandbox.output import clean
-from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
+from orchestrator.sandbox.containers.output import clean
+from orchestrator.sandbox.disks.workspace_reads import JOURNAL_DIR
 from orchestrator.wake.tally import Tally
 
 if TYPE_CHECKING:

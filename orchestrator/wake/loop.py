@@ -55,7 +55,7 @@ request, approved calls run and every decided approval is told.
 Not here: the tools (tools.py) and one tool step (tool_step.py), what a stop reason leads to
 (stop_reasons.py), the workspace's transaction (changes.py), the journal trace (journal_stub.py),
 the HTTP and the dry-run script (model.py),
-reading the workspace (sandbox/workspace_reads.py), the lock and state files (state.py),
+reading the workspace (sandbox/disks/workspace_reads.py), the lock and state files (state.py),
 the transcript's format (records/transcript.py), notifications (notify/).
 """
 
@@ -303,7 +303,7 @@ class _Wake:
         self.transcribed = 0  # messages[:transcribed] are in the transcript already
         self.messages_sent = 0  # send_message calls: each notification's id names its number
         self.waiting = 0  # a dry run: the human's messages it left in the inbox
-        self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
+        self.no_room = ""  # the last call the disk guard did not start (sandbox/disks/disk.py)
 
     def let_go(self) -> None:
         """The wake is over: drop what holds its own bound methods (the gate, the registry, the tool step), so
@@ -650,7 +650,7 @@ class _Wake:
         return "stopped", halted.describe()
 
     def _no_room(self, reason: str) -> None:
-        """A call the disk guard did not start (sandbox/disk.py): the model has the line as its
+        """A call the disk guard did not start (sandbox/disks/disk.py): the model has the line as its
         result; the first of the wake is an event, and the operator is told (once a day)."""
         first = not self.no_room
         self.no_room = reason

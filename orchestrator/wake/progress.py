@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 
 Say = Callable[[str], None]  # where a wake's progress lines go (`echo` of loop.wake)
 PROGRESS_CAP = 160  # chars of a tool call or reply shown on a progress line

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 from orchestrator.policy.paths import glob_match, is_dotgit
-from orchestrator.sandbox.changes import Change, Refused
+from orchestrator.sandbox.change_set import Change, Refused
 
 MANIFEST = "manifest.json"
 OLD, NEW = "old", "new"  # in an undo folder: what a commit replaced; what an undo took away
