@@ -26,7 +26,7 @@ import docker
 
 from bench.common import Stats, say, stats
 from orchestrator.policy.schema import SandboxPolicy
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.engine import DockerSandbox
 
 LISTED, ASKED = "listed.wakeloop-bench.test", "asked.wakeloop-bench.test"

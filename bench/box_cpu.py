@@ -6,7 +6,7 @@ Cold calls of `true` (warm=0: each makes its box, runs it, removes it) one after
 another, and the host's busy CPU time (/proc/stat: every process, the engine and
 the kernel included) over them, per call. Under gVisor twice, alternated call by
 call: with its boxes in one empty namespace, as wakeloop runs them
-(sandbox/netns.py), and with the engine making one per box, as before. On two
+(sandbox/egress/netns.py), and with the engine making one per box, as before. On two
 cores at an agent's fastest pace this is the budget every call shares with the
 boxes made for the next ones (docs/benchmarks.md). Run it on a quiet host: any
 other work on the machine is counted too.
@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.common import bench_agent, cleanup, own_disks, stats
-from orchestrator.sandbox import netns
+from orchestrator.sandbox.egress import netns
 from orchestrator.sandbox.engine import DockerSandbox
 
 TICK = os.sysconf("SC_CLK_TCK")

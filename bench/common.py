@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent, load_agent
-from orchestrator.sandbox import disk, disk_attach, disk_survey, netns
+from orchestrator.sandbox.disks import disk, disk_attach, disk_survey
+from orchestrator.sandbox.egress import netns
 from orchestrator.sandbox.engine import LABEL
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 from tests.helpers import make_agent
 
 PACE_S = 0.3  # the fake API's wait before each answer: a model takes at least this
@@ -206,7 +207,7 @@ def cleanup(tmp: Path) -> int:
 
 def as_one_runs_it(config: dict, host: dict) -> tuple[dict, dict]:
     """A box's settings as a person's `docker run` gives them: under gVisor our boxes join one
-    empty namespace (sandbox/netns.py), where `--network none` makes one per container."""
+    empty namespace (sandbox/egress/netns.py), where `--network none` makes one per container."""
     if host["network_mode"].startswith("container:" + netns.PREFIX):
         host = {**host, "network_mode": "none"}
         config = {**config, "hostname": "sandbox"}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common import Stats, cleanup, bench_agent, own_disks, say, stats, timed_ms
 from bench.per_call import Reference
-from orchestrator.sandbox import disk_attach
+from orchestrator.sandbox.disks import disk_attach
 from orchestrator.sandbox.engine import DockerSandbox
 
 CALLS = 40

@@ -29,7 +29,7 @@ import docker
 from bench.common import say, stats
 from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.engine import DockerSandbox
 
 TUNNELLED, INTERCEPTED = "tunnelled.wakeloop-bench.test", "intercepted.wakeloop-bench.test"

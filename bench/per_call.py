@@ -131,7 +131,7 @@ class Reference:
 
     def __init__(self, box: DockerSandbox):
         from orchestrator.sandbox.explain import docker_run_flags
-        from orchestrator.sandbox.programs import write_argv as box_write_argv
+        from orchestrator.sandbox.containers.programs import write_argv as box_write_argv
 
         true_cfg, true_host = as_one_runs_it(*box.container_spec(["bash", "-c", "true"], "bench-ref"))
         write_argv = box_write_argv("bench/ref.txt")

@@ -299,8 +299,8 @@ def state_bytes(root: Path) -> int:
 
 def release_disks(tmp: Path) -> None:
     """Detach and delete every disk the soak made (its folder is the soak's own)."""
-    from orchestrator.sandbox import disk, disk_attach, disk_survey
-    from orchestrator.sandbox.engine_client import connect
+    from orchestrator.sandbox.disks import disk, disk_attach, disk_survey
+    from orchestrator.sandbox.containers.engine_client import connect
 
     if not (tmp / "disks").is_dir():
         return

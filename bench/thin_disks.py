@@ -20,7 +20,7 @@ interleaved call by call, and prints the medians and p90s side by side.
 
 Needs root (losetup, mount) and the sandbox image. Leaves nothing behind.
 
-Not here: the guard itself (orchestrator/sandbox/disk.py), its tests
+Not here: the guard itself (orchestrator/sandbox/disks/disk.py), its tests
 (tests/test_disk.py, on a 300 MiB filesystem).
 """
 
@@ -78,9 +78,9 @@ def main() -> int:
 def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     import orchestrator
     from orchestrator.policy.agent import init_agent, load_agent
-    from orchestrator.sandbox import disk_attach, disk_survey
+    from orchestrator.sandbox.disks import disk_attach, disk_survey
     from orchestrator.sandbox.engine import DockerSandbox
-    from orchestrator.sandbox.engine_client import connect
+    from orchestrator.sandbox.containers.engine_client import connect
 
     client = connect()
     st = os.statvfs(place)
@@ -141,7 +141,7 @@ def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
 def guard_alone(place: Path, times: int) -> list[float]:
     """The guard's check and mark, then its landing, on a disks' folder of 100 images
     (the lock files of each made by one flight first): what every call pays for it."""
-    from orchestrator.sandbox import disk, disk_room
+    from orchestrator.sandbox.disks import disk, disk_room
 
     place.mkdir()
     before = os.environ.get(disk.DISKS_ENV)
@@ -166,7 +166,7 @@ def per_call(tmp: Path, calls: int) -> int:
     import contextlib
     import statistics
     from orchestrator.policy.agent import init_agent, load_agent
-    from orchestrator.sandbox import disk_room
+    from orchestrator.sandbox.disks import disk_room
     from orchestrator.sandbox.engine import DockerSandbox
 
     agent = load_agent(init_agent(tmp / "agent"))

@@ -1,5 +1,5 @@
 """What a wake's transaction costs at its end: reading and committing its changes, undoing them,
-and the disk room the undo data takes (sandbox/transaction.py, sandbox/undo_folders.py).
+and the disk room the undo data takes (sandbox/wakes/transaction.py, sandbox/wakes/undo_folders.py).
 
 On a real overlayfs over a scratch filesystem made for the run (a sparse
 ext4 image on a loop device, as an agent's disk is; or a tmpfs), for a wake
@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.sandbox import layers, transaction, undo_folders
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.wakes import transaction, undo_folders
 
 MIB = 2**20
 CASES = ((10, 1 * MIB), (1000, 1 * MIB), (5000, 5 * MIB), (10, 100 * MIB), (1000, 100 * MIB))  # (files, bytes in all)

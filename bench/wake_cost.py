@@ -36,7 +36,7 @@ from bench.common import (
 )
 from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.sandbox.box import SandboxResult
-from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.disks.workspace_reads import HostFiles
 
 OVERHEAD_STEPS = 60  # model steps in the orchestrator-overhead wake
 CACHE_STEPS = 10  # model steps in the caching wake (9 tool calls, then the end)
@@ -72,7 +72,7 @@ class StandInSandbox:
         """Nothing made ahead."""
 
     def begin(self, run_id: str) -> Settled:
-        """No disk, so no transaction (sandbox/wake_layer.py)."""
+        """No disk, so no transaction (sandbox/wakes/wake_layer.py)."""
         return Settled()
 
     def finish(self, protect: tuple[str, ...] = (), protect_git: bool = True) -> WakeChanges:

@@ -5,7 +5,7 @@ sandbox-image/, proxy-image/, policies/. Installed from the wheel, they are
 under sys.prefix/share/wakeloop/ (pyproject's data-files put them there).
 WAKELOOP_ASSETS names another folder laid out the same way.
 
-Not here: building images (sandbox/images.py, sandbox/network.py), reading a
+Not here: building images (sandbox/containers/images.py, sandbox/egress/network.py), reading a
 policy (policy/schema.py).
 """
 

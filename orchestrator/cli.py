@@ -29,7 +29,7 @@ from orchestrator.policy.agent import AgentError, init_agent, load_agent
 from orchestrator.records.receipt import FAILED
 from orchestrator.records.shown import json_shown
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 
 
 def _print_json(data) -> None:
@@ -57,7 +57,7 @@ def cmd_sandbox_exec(args) -> int:
 
 
 def cmd_image_build(args) -> int:
-    from orchestrator.sandbox.images import build_sandbox_image
+    from orchestrator.sandbox.containers.images import build_sandbox_image
 
     client = connect()
     print("building the sandbox image from sandbox-image/ ...", flush=True)
@@ -253,7 +253,7 @@ def cmd_context(args) -> int:
 
 def _has_disk(agent) -> bool:
     """The agent folder has a disk here (else its workspace/ is what its first wake copies)."""
-    from orchestrator.sandbox import disk, disk_index
+    from orchestrator.sandbox.disks import disk, disk_index
 
     key = disk_index.lookup(agent.dir.resolve())
     return bool(key and disk.path_of(key, "img").exists())
@@ -262,7 +262,7 @@ def _has_disk(agent) -> bool:
 def cmd_disk_list(args) -> int:
     from pathlib import Path
     from orchestrator.views.status import disk_record, render_disks
-    from orchestrator.sandbox import disk, disk_survey
+    from orchestrator.sandbox.disks import disk, disk_survey
 
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
@@ -283,7 +283,7 @@ def cmd_disk_list(args) -> int:
 def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
-    from orchestrator.sandbox import disk, disk_index
+    from orchestrator.sandbox.disks import disk, disk_index
 
     folder = Path(agent_dir).resolve()
     if not folder.is_dir():
@@ -297,7 +297,7 @@ def _disk_of(agent_dir: str):
 
 
 def cmd_disk_release(args) -> int:
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
@@ -330,7 +330,7 @@ def _no_wake(shown: str, state_dir: Path, error: type[Exception], then: str) -> 
 
 
 def cmd_disk_rm(args) -> int:
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     _need_root(disk)  # first: without root the index cannot be read, and no disk would be found
     folder, key = _disk_of(args.agent_dir)
@@ -369,7 +369,7 @@ def cmd_send(args) -> int:
 
 
 def cmd_outbox(args) -> int:
-    from orchestrator.sandbox.output import clean
+    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.state import mark_outbox_read, read_outbox, split_messages
 
     agent = load_agent(args.agent_dir)
@@ -447,7 +447,7 @@ def cmd_task_rm(args) -> int:
 
 
 def cmd_task_list(args) -> int:
-    from orchestrator.sandbox.output import clean
+    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.tasks import load_tasks
 
     agent = load_agent(args.agent_dir)
@@ -723,7 +723,7 @@ def cmd_undo(args) -> int:
     from orchestrator.records import event_types as ev
     from orchestrator.records.events import EVENTS_FILE, EventLog
     from orchestrator.records.run_ids import resolve
-    from orchestrator.sandbox.undo_folders import UndoRefused
+    from orchestrator.sandbox.wakes.undo_folders import UndoRefused
 
     agent = load_agent(args.agent_dir)
     run = resolve(agent.state_dir, args.run, args.agent_dir)
@@ -1315,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):  # bare `wakeloop`, or `wakeloop task` alone
         parser.print_help()
         return EXIT_OK if args.command is None else EXIT_USAGE
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     held_before = disk.holding()  # an embedding process's own (tests): not this command's to let go
     try:
@@ -1341,7 +1341,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _in_disks_dir(filename) -> bool:
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox.disks import disk
 
     return isinstance(filename, str) and Path(filename).is_relative_to(disk.disks_dir())
 
@@ -1349,7 +1349,7 @@ def _in_disks_dir(filename) -> bool:
 def _release_disks(held_before: frozenset) -> None:
     """Let go of every disk this command still holds (a wake, `sandbox exec`, `escapes`, any
     that attached), whatever ended it: released unless another process holds it."""
-    from orchestrator.sandbox import disk, disk_attach
+    from orchestrator.sandbox.disks import disk, disk_attach
 
     if not disk.holding() - held_before:
         return
@@ -1363,7 +1363,7 @@ def _release_disks(held_before: frozenset) -> None:
 
 def _stop_network() -> None:
     """Remove the allowlist proxies this process started (network.py); quiet if none."""
-    from orchestrator.sandbox import network
+    from orchestrator.sandbox.egress import network
 
     if network.started():
         try:

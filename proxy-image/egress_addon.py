@@ -1,6 +1,6 @@
 # The egress proxy's one addon (mitmproxy 8.1.1, Debian bookworm's python3): every
 # decision about one agent's traffic. Config is JSON in $WAKELOOP_EGRESS_CONF, written
-# by orchestrator/sandbox/network.py (proxy_config); credential values arrive as
+# by orchestrator/sandbox/egress/network.py (proxy_config); credential values arrive as
 # $WAKELOOP_SECRET_<VAR> and are popped from the environment at load. Not here: the
 # config's meaning (network.py's docstring), the netns holder (programs.HOLDER_SCRIPT).
 #

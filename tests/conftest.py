@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.policy.agent import init_agent, load_agent
 from tests.helpers.leftovers import our_containers
-from orchestrator.sandbox import disk, disk_attach, disk_index, disk_survey
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 
 # Agents' disk images (disk.py) of this session go to a directory of its own,

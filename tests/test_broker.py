@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.leftovers import our_containers
 from orchestrator.broker import server as broker_module
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.broker.ops import APPEND_MAX_BYTES
 from orchestrator.broker.wire import BrokerError
@@ -33,7 +33,8 @@ from orchestrator.policy.schema import DEFAULT
 from orchestrator.wake.loop import CLOSING_NOTE_CAP
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox import disk, disk_attach, disk_index, disk_room, layers, undo_folders, wake_layer
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers
+from orchestrator.sandbox.wakes import undo_folders, wake_layer
 from orchestrator.sandbox.changes import MAX_LISTED, WakeChanges
 from orchestrator.wake.journal_stub import append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
@@ -269,7 +270,7 @@ def no_model_turn(monkeypatch) -> None:
     """These tests' first calls come straight after begin, from no model: however loaded the host,
     a first call that waits for its fill does not grow the pool (pool.FIRST_TURN_S), which a test
     counting containers ahead would otherwise see or not by the host's load."""
-    from orchestrator.sandbox import pool
+    from orchestrator.sandbox.containers import pool
 
     monkeypatch.setattr(pool, "FIRST_TURN_S", POOL_WAIT_S)
 

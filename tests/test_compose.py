@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 import pytest
 import yaml
-from orchestrator.sandbox import disk
+from orchestrator.sandbox.disks import disk
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 from tests.helpers.life import LIFE_POLICY, live_a_life, prepare
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from orchestrator.policy.agent import load_agent
 from orchestrator.wake.context import build_context, system_prompt
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.sandbox.workspace_reads import READ_CAP, journal_size, read_text
+from orchestrator.sandbox.disks.workspace_reads import READ_CAP, journal_size, read_text
 from orchestrator.records.transcript import prompt_text
 from orchestrator.testing.fakeapi import text, turn
 from tests.helpers import live_wake, run_cli
@@ -182,7 +182,7 @@ def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir,
 
 
 def test_a_name_with_a_trailing_newline_or_non_ascii_digits_is_not_a_journal(agent_dir):
-    from orchestrator.sandbox.workspace_reads import journal_names
+    from orchestrator.sandbox.disks.workspace_reads import journal_names
 
     journal = agent_dir / "workspace/memory/journal"
     (journal / "2026-01-05.md").write_text("real\n")

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from orchestrator.sandbox.deadline import Deadline
+from orchestrator.sandbox.containers.deadline import Deadline
 
 WAIT_S = 30  # generous: a loaded host
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from orchestrator.sandbox.changes import Change
-from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
+from orchestrator.sandbox.wakes.wake_diff import PathDiff, Side, WakeDiff
 from orchestrator.views import diffview
 
 LINES = 10_000  # 30 bytes each: a 300 KB side, over the 250 KB the issue timed

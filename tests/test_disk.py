@@ -1,4 +1,4 @@
-"""The workspace's own disk (orchestrator/sandbox/disk.py), against the real engine and kernel.
+"""The workspace's own disk (orchestrator/sandbox/disks/disk.py), against the real engine and kernel.
 
 The attacks on it (filling it, fallocate --keep-size, inodes, the symlink
 swap) are escape probes (tests/escapes/); here: that an existing workspace
@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.views.status import agent_status, render_agent_status
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.sandbox import disk, disk_attach, disk_image, disk_index, disk_mounts, disk_room, disk_survey
+from orchestrator.sandbox.disks import disk, disk_attach, disk_image, disk_index, disk_mounts, disk_room, disk_survey
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.disk import DiskError
+from orchestrator.sandbox.disks.disk import DiskError
 from orchestrator.sandbox.engine import DockerSandbox
 
 pytestmark = pytest.mark.docker
@@ -303,7 +303,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from orchestrator.sandbox import disk_room\n"
+            "from orchestrator.sandbox.disks import disk_room\n"
             "with disk_room.flight('a'):\n"
             "    print('flying', flush=True); time.sleep(600)\n",
         ],
@@ -405,7 +405,7 @@ def test_a_disk_is_released_when_its_last_holder_closes_and_its_image_is_kept(ag
 
 
 def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_client, monkeypatch):
-    from orchestrator.sandbox import network
+    from orchestrator.sandbox.egress import network
 
     policy = replace(load_agent(agent_dir).policy.sandbox, network="allowlist", allow_hosts=("example.com",))
 

@@ -39,7 +39,7 @@ from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
 from orchestrator.records import approvals, egress
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.wake.loop import wake

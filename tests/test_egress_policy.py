@@ -15,7 +15,8 @@ from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import PolicyError
 from orchestrator.records import secrets
 from orchestrator.records.events import secrets_from_env
-from orchestrator.sandbox import images, network
+from orchestrator.sandbox.containers import images
+from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.explain import _egress_lines
 
 BASE = """\

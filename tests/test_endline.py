@@ -1,10 +1,10 @@
 """The status line a pooled call's launcher, or a cold call's guard, writes after the
-command's output (orchestrator/sandbox/pool.py's EndLine), found in any split of the
+command's output (orchestrator/sandbox/containers/pool.py's EndLine), found in any split of the
 stream, kept out of the output, and never a reason to hold output back unbounded."""
 
 from __future__ import annotations
 
-from orchestrator.sandbox.pool import EndLine
+from orchestrator.sandbox.containers.pool import EndLine
 
 
 def read(chunks, nonce="n"):

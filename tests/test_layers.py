@@ -13,6 +13,12 @@ import nothing of ours; healthcheck.py imports nothing of ours, so compose's
 check starts fast. testing/ (stand-ins for the tests) may import anything,
 and no module of orchestrator/ imports it.
 
+Inside sandbox/, the rooms (containers/, disks/, wakes/, egress/) go down
+too: each may import only the rooms its line in docs/architecture.md §2 names;
+the interface (box.py, changes.py) imports no room; the modules at the top
+(engine.py, rate.py, explain.py, policy_check.py: SANDBOX_TOP) put the rooms
+together and may import any.
+
 Every import counts, a lazy one inside a function too: it runs in the same
 process. No engine needed. Not here: whether the module names the docs cite
 exist (test_names.py).
@@ -88,6 +94,73 @@ def why_not(source: str, target: str) -> str | None:
     return None
 
 
+SANDBOX_ROOMS = {  # room -> the rooms it may import (docs/architecture.md §2)
+    "containers": (),
+    "disks": ("containers",),
+    "wakes": ("disks", "containers"),
+    "egress": ("disks", "containers"),
+}
+SANDBOX_INTERFACE = ("box.py", "changes.py", "__init__.py")  # every room may import these; they import no room
+SANDBOX_TOP = ("engine.py", "keeper.py", "rate.py", "explain.py", "policy_check.py")  # may import every room
+
+
+def room_of(parts: list[str], sandbox: Path) -> str:
+    """The room (`disks`) or top module (`box.py`) of sandbox/ that a dotted name's parts
+    after `orchestrator.sandbox` fall in."""
+    return parts[0] if (sandbox / parts[0]).is_dir() else f"{parts[0]}.py"
+
+
+@functools.cache
+def sandbox_imports(root: Path) -> frozenset[tuple[str, str, str]]:
+    """(importing file, its room, imported room) for every import inside sandbox/, lazy ones too."""
+    sandbox, found = root / "sandbox", set()
+    for path in sorted(sandbox.rglob("*.py")):
+        rel = path.relative_to(sandbox)
+        source = rel.parts[0] if len(rel.parts) > 1 else rel.name
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] != ["orchestrator", "sandbox"] or len(parts) < 3:
+                    continue
+                target = room_of(parts[2:], sandbox)
+                if (sandbox / target).exists() and target != source:
+                    found.add(((Path("sandbox") / rel).as_posix(), source, target))
+    return frozenset(found)
+
+
+def why_not_in_sandbox(source: str, target: str) -> str | None:
+    """Why room (or top module) `source` of sandbox/ may not import `target`, or None when it may."""
+    for name in (source, target):
+        if name not in (*SANDBOX_ROOMS, *SANDBOX_INTERFACE, *SANDBOX_TOP):
+            return f"{name} is in no room of sandbox/: place it in tests/test_layers.py (and docs/architecture.md §2)"
+    if source in SANDBOX_TOP or target in SANDBOX_INTERFACE:
+        return None
+    if source in SANDBOX_INTERFACE:
+        return f"the interface ({', '.join(SANDBOX_INTERFACE[:2])}) imports no room"
+    if target in SANDBOX_TOP:
+        return f"{target} puts the rooms together: no room imports it"
+    allowed = SANDBOX_ROOMS[source]
+    if target not in allowed:
+        if not allowed:
+            return f"{source}/ imports no other room"
+        return f"{source}/ may import only {', '.join(f'{r}/' for r in allowed)}"
+    return None
+
+
+def wrong_room(root: Path) -> list[str]:
+    return sorted(
+        f"{path} imports {target}: {reason}"
+        for path, source, target in sandbox_imports(root)
+        if (reason := why_not_in_sandbox(source, target))
+    )
+
+
 def wrong_way(root: Path) -> list[str]:
     return sorted(
         f"{path} imports {target}: {reason}"
@@ -120,3 +193,38 @@ def test_the_check_sees_an_import_going_up(tmp_path):
         f"records/up.py imports policy: policy is above records ({' < '.join(ORDER)})",
     ]
     assert len(imports(PACKAGE)) > 100  # the real check reads the real package
+
+
+def test_each_room_of_the_sandbox_imports_only_the_rooms_below_it():
+    found = wrong_room(PACKAGE)
+    assert not found, "sandbox/'s rooms import down (docs/architecture.md §2):\n  " + "\n  ".join(found)
+
+
+def test_the_check_sees_a_room_importing_one_it_may_not(tmp_path):
+    files = {
+        "sandbox/__init__.py": "",
+        "sandbox/box.py": "from orchestrator.sandbox.disks import disk\n",
+        "sandbox/engine.py": "from orchestrator.sandbox.egress import network\nfrom orchestrator.sandbox import box\n",
+        "sandbox/containers/__init__.py": "",
+        "sandbox/containers/pool.py": "def late():\n    from orchestrator.sandbox.disks import disk\n",
+        "sandbox/disks/__init__.py": "",
+        "sandbox/disks/disk.py": (
+            "from orchestrator.sandbox.containers import output\nimport orchestrator.sandbox.engine\n"
+        ),
+        "sandbox/egress/__init__.py": "",
+        "sandbox/egress/network.py": "from orchestrator.sandbox.disks.disk import Disk\n",
+        "sandbox/loose.py": "",
+        "sandbox/wakes/__init__.py": "",
+        "sandbox/wakes/wake_layer.py": "from orchestrator.sandbox import loose\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert wrong_room(tmp_path) == [
+        "sandbox/box.py imports disks: the interface (box.py, changes.py) imports no room",
+        "sandbox/containers/pool.py imports disks: containers/ imports no other room",
+        "sandbox/disks/disk.py imports engine.py: engine.py puts the rooms together: no room imports it",
+        "sandbox/wakes/wake_layer.py imports loose.py: loose.py is in no room of sandbox/: "
+        "place it in tests/test_layers.py (and docs/architecture.md §2)",
+    ]
+    assert len(sandbox_imports(PACKAGE)) > 20  # the real check reads the real rooms

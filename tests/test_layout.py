@@ -2,7 +2,7 @@
 
 Two modules called `files` (one writing state/, one reading the workspace) made a reader
 open the wrong one and an import need an alias to say which it meant. A name
-here says the idea (records/atomic.py, sandbox/workspace_reads.py), once.
+here says the idea (records/atomic.py, sandbox/disks/workspace_reads.py), once.
 `__init__.py` is the one name every package has.
 
 No engine needed. Not here: the import order (test_layers.py), names cited in prose (test_names.py).

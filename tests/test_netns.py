@@ -1,5 +1,5 @@
 """A sandbox's gVisor boxes join one empty network namespace; runc boxes keep their own
-(orchestrator/sandbox/netns.py). What they can reach through it: the probe
+(orchestrator/sandbox/egress/netns.py). What they can reach through it: the probe
 boxes_share_no_loopback and its weakened control (tests/escapes/)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from orchestrator.policy.schema import SandboxPolicy
-from orchestrator.sandbox import netns
+from orchestrator.sandbox.egress import netns
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import wait_for
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 from orchestrator.policy.load import policy_from_mapping
 from orchestrator.sandbox.engine import DockerSandbox
 
@@ -441,7 +441,7 @@ def address_matrix(docker_client):
     """{"<name> http|connect": the proxy's answer} for every name in REFUSED and
     PASSED, from the product's config (`*.wakeloop.test` allowed) in a proxy
     with no network, asked by a client in its namespace."""
-    from orchestrator.sandbox.network import PROXY_IMAGE, _ensure_image
+    from orchestrator.sandbox.egress.network import PROXY_IMAGE, _ensure_image
 
     _ensure_image(docker_client)
     conf = network.proxy_config(network.plan(Path("/matrix"), ("*.wakeloop.test",)), MATRIX_SUBNETS)

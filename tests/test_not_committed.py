@@ -2,7 +2,7 @@
 
 A real commit failure, as a wake meets it: the agent fills its disk's
 inodes, so the commit's first step (its undo folder) fails with ENOSPC and
-is rolled back whole (sandbox/transaction.py). The wake, run as the CLI
+is rolled back whole (sandbox/wakes/transaction.py). The wake, run as the CLI
 runs it, ends `not_committed` with exit 1; `wakeloop status`, the console,
 /metrics and a notification sent to a real webhook each say so, as they say
 a dead letter. Not here: the commit's own rollback at every step

@@ -148,7 +148,7 @@ def test_a_docker_group_user_who_is_not_root_is_told_what_to_do_by_every_command
 
 def test_a_permission_error_on_the_disks_folder_that_no_check_foresaw_is_still_one_line(monkeypatch, capsys):
     from orchestrator import cli
-    from orchestrator.sandbox import disk
+    from orchestrator.sandbox.disks import disk
 
     def denied(args) -> int:
         raise PermissionError(13, "Permission denied", str(disk.disks_dir() / "room.lock"))

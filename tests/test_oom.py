@@ -1,10 +1,10 @@
-"""Finding a container's count of OOM kills on the host (orchestrator/sandbox/oom.py),
+"""Finding a container's count of OOM kills on the host (orchestrator/sandbox/containers/oom.py),
 on made-up /proc and cgroup trees: cgroup v1 and v2, a reused pid, nothing to see.
 The engine's use of it, on real containers, is in test_sandbox.py."""
 
 from __future__ import annotations
 
-from orchestrator.sandbox import oom
+from orchestrator.sandbox.containers import oom
 
 CID = "ab" * 32
 

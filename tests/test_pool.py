@@ -107,7 +107,7 @@ def test_ps_shows_wakeloops_programs_as_short_lines_and_the_command_inherits_non
 @pytest.mark.parametrize("warm", [0, 1], ids=["cold", "warm"])
 def test_the_policy_env_reaches_the_command_and_never_the_harness_programs(make_sandbox, agent, warm, monkeypatch):
     from orchestrator.sandbox import engine
-    from orchestrator.sandbox.programs import COMMAND_ENV, write_argv
+    from orchestrator.sandbox.containers.programs import COMMAND_ENV, write_argv
 
     handed, real_handoff = [], engine.handoff  # what each pooled call hands its launcher
     monkeypatch.setattr(engine, "handoff", lambda *a: handed.append(a) or real_handoff(*a))
@@ -148,7 +148,7 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
 
     from prometheus_client import REGISTRY
     from orchestrator import metrics
-    from orchestrator.sandbox.pool import WarmPool
+    from orchestrator.sandbox.containers.pool import WarmPool
 
     metrics.install()
     failed = "wakeloop_sandbox_pool_make_failures_total"
@@ -171,7 +171,7 @@ def test_a_container_made_under_settings_that_changed_meanwhile_is_replaced_not_
     # A wake's begin or finish changes the settings (the box's mount) while a refill is
     # being made: the drain counts that make as coming, so when it lands stale and is
     # removed, one is made under the new settings; before, the pool stayed empty.
-    from orchestrator.sandbox.pool import WarmPool
+    from orchestrator.sandbox.containers.pool import WarmPool
 
     key, door, begun, made, removed = ["old"], threading.Event(), threading.Event(), [], []
 
@@ -197,7 +197,7 @@ def test_a_container_made_under_settings_that_changed_meanwhile_is_replaced_not_
 def lone_or_in_a_fleet(case: str, make, door: threading.Event):
     """A pool of 2 whose makes are `make`'s; with case "fleet", another wake's pool on the same
     engine wants a container too. Closed after, `door` opened first."""
-    from orchestrator.sandbox.pool import MakePace, WarmPool
+    from orchestrator.sandbox.containers.pool import MakePace, WarmPool
 
     pace = MakePace()
     other = (
@@ -259,8 +259,8 @@ def test_a_wakes_first_call_that_waits_for_its_first_fill_grows_a_lone_wakes_poo
     # more ahead begins now (under runsc, growing only at the second call's wait made calls
     # two and three wait too). Not in a fleet: there the one more is another agent's call.
     # Nor when the first call came sooner than any model answers (a dry run's script).
-    from orchestrator.sandbox import pool as pool_module
-    from orchestrator.sandbox.pool import FIRST_TURN_S
+    from orchestrator.sandbox.containers import pool as pool_module
+    from orchestrator.sandbox.containers.pool import FIRST_TURN_S
 
     door = threading.Event()
 
@@ -288,7 +288,7 @@ def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s)
     # (the think time, here 0.3 s) is put off until the call ends, so that it does
     # not compete with the call for the cores; a longer one begins beside the call
     # (2 s: deferred only if a loaded host stretched the 0.3 s turn past 2.5 s).
-    from orchestrator.sandbox.pool import MakePace, WarmPool
+    from orchestrator.sandbox.containers.pool import MakePace, WarmPool
 
     made = []
 
@@ -317,7 +317,7 @@ def test_a_refill_that_fits_in_the_models_turn_begins_when_its_call_ends(make_s)
 def test_a_refill_put_off_until_its_call_ends_begins_when_the_call_raises():
     # engine.py's call that raised (its container removed at once) says ended(), not done():
     # the refill put off until the call's end must begin all the same.
-    from orchestrator.sandbox.pool import MakePace, WarmPool
+    from orchestrator.sandbox.containers.pool import MakePace, WarmPool
 
     made: list[str] = []
 
@@ -344,8 +344,8 @@ def test_what_a_calls_end_sets_off_waits_for_the_harness_unless_a_call_or_close_
     # its own (the call's records, the next request to the model): the used container's
     # removal, and a refill put off until the call's end, begin QUIET_S after that end. A
     # call that comes sooner has its refill begun at once, and close() removes at once.
-    from orchestrator.sandbox import pool as pool_module
-    from orchestrator.sandbox.pool import MakePace, WarmPool
+    from orchestrator.sandbox.containers import pool as pool_module
+    from orchestrator.sandbox.containers.pool import MakePace, WarmPool
 
     made: list[str] = []
     began: list[float] = []
@@ -454,8 +454,8 @@ class HeldMakes:
 
 
 def test_a_wake_whose_calls_come_faster_than_a_refill_keeps_more_ahead_and_waits_less(make_sandbox, monkeypatch):
-    from orchestrator.sandbox import engine_client
-    from orchestrator.sandbox.pool import MakePace
+    from orchestrator.sandbox.containers import engine_client
+    from orchestrator.sandbox.containers.pool import MakePace
 
     # This wake alone on the engine: other tests' pools are not part of it.
     monkeypatch.setattr(engine_client, "pace", lambda client, runtime: MakePace())

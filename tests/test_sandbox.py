@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 
 from orchestrator.sandbox.box import SandboxError
 from tests.helpers import wait_for
@@ -153,7 +153,7 @@ def test_a_cold_call_that_prints_the_guards_held_line_keeps_its_status_and_outpu
 def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
     # So the tests above decide pooled gVisor calls by the kernel's count, not the
     # engine's fallback; found before the box was handed any command.
-    from orchestrator.sandbox import oom
+    from orchestrator.sandbox.containers import oom
 
     box = memory_box(make_sandbox, agent, "pooled")
     counted = box._oom_files[box.pool.idle()[0]]
@@ -163,7 +163,7 @@ def test_a_warm_containers_oom_count_is_found_on_the_host(agent, make_sandbox):
 def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, monkeypatch):
     # The broker in its own container sees no host cgroup: a pooled gVisor call then
     # waits for the engine's word, which is OOMKilled too.
-    from orchestrator.sandbox import oom
+    from orchestrator.sandbox.containers import oom
 
     monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
     box = memory_box(make_sandbox, agent, "pooled")
@@ -175,7 +175,7 @@ def test_pooled_oom_without_a_host_view_asks_the_engine(agent, make_sandbox, mon
 @pytest.mark.parametrize("how", ["pooled", "cold"])
 def test_a_forged_oom_is_not_reported(agent, make_sandbox, monkeypatch, how, view):
     if view == "engine":
-        from orchestrator.sandbox import oom
+        from orchestrator.sandbox.containers import oom
 
         monkeypatch.setattr(oom, "counter_file", lambda pid, cid: None)
     box = memory_box(make_sandbox, agent, how)

@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from orchestrator.sandbox import seccomp
-from orchestrator.sandbox.seccomp import (
+from orchestrator.sandbox.containers import seccomp
+from orchestrator.sandbox.containers.seccomp import (
     ABIS,
     ALLOW,
     ENOSYS,

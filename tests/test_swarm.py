@@ -27,7 +27,7 @@ from orchestrator.escapes.registry import THROUGH_A_BROKER
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.placement import read_node
 from orchestrator.records.state import load_state
-from orchestrator.sandbox import disk, disk_survey
+from orchestrator.sandbox.disks import disk, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import REPO, make_agent, wait_for
 from tests.helpers.mounts import mounts

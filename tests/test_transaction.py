@@ -1,4 +1,4 @@
-"""A wake's changes as a transaction (orchestrator/sandbox/transaction.py), on a real overlayfs.
+"""A wake's changes as a transaction (orchestrator/sandbox/wakes/transaction.py), on a real overlayfs.
 
 The fixture mounts an overlay as a wake's boxes will see it, changes it the
 ways an agent can (write, rm -r, mv, links, hard links, chmod, a file that
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox import layers, transaction
-from orchestrator.sandbox.transaction import check, commit, recover, scan, undo_run
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.wakes import transaction
+from orchestrator.sandbox.wakes.transaction import check, commit, recover, scan, undo_run
 
 PROTECT = ("deploy/**", "**/.github/**")
 CHILD_WAIT_S = 30.0

@@ -3,8 +3,8 @@
 Each wake here is made as the overlay slice's engine makes one: the disk's
 layout (layers.py: files/, .wakeloop/wakes/RUN/{upper,work}) under a folder,
 an overlay mounted over files/, a shell script run in it, unmounted, then
-transaction.scan/check/commit. The reading and undoing (sandbox/wake_diff.py,
-sandbox/undo_folders.py) are tested on that folder; the CLI end to end on an
+transaction.scan/check/commit. The reading and undoing (sandbox/wakes/wake_diff.py,
+sandbox/wakes/undo_folders.py) are tested on that folder; the CLI end to end on an
 agent's real disk, attached as `sandbox exec` attaches it. Needs root (mount).
 """
 
@@ -27,7 +27,8 @@ from orchestrator.console.auth import Access
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import read_history
 from orchestrator.records.state import WakeLock
-from orchestrator.sandbox import layers, transaction, undo_folders, wake_diff
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.wakes import transaction, undo_folders, wake_diff
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.views.diffview import render_text
 from tests.helpers import run_cli, set_policy

@@ -21,9 +21,9 @@ from orchestrator.broker.wire import BrokerError
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.changes import Change
-from orchestrator.sandbox.undo_folders import Undone
-from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
-from orchestrator.sandbox.workspace_reads import READS
+from orchestrator.sandbox.wakes.undo_folders import Undone
+from orchestrator.sandbox.wakes.wake_diff import PathDiff, Side, WakeDiff
+from orchestrator.sandbox.disks.workspace_reads import READS
 from tests.helpers import REPO
 
 EVERY_OP = [

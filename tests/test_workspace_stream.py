@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sandbox.workspace_stream import StreamRefused, clear, digest, pack, unpack
+from orchestrator.sandbox.disks.workspace_stream import StreamRefused, clear, digest, pack, unpack
 
 
 def a_workspace(root: Path) -> Path:

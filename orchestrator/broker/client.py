@@ -32,12 +32,12 @@ from orchestrator.policy.agent import Agent
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.changes import Settled, WakeChanges
-from orchestrator.sandbox.workspace_reads import HostFiles
-from orchestrator.sandbox import undo_folders, wake_diff
-from orchestrator.sandbox.undo_folders import Undone, UndoRefused
-from orchestrator.sandbox.wake_diff import WakeDiff
+from orchestrator.sandbox.disks.workspace_reads import HostFiles
+from orchestrator.sandbox.wakes import undo_folders, wake_diff
+from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wakes.wake_diff import WakeDiff
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway

@@ -19,7 +19,7 @@ history of its earlier wakes (.wakeloop/) stays with the old disk and goes with 
 undo` of a wake before the move is refused on the new node as a wake it does not know.
 
 Not here: placement and discovery (nodes.py), the stream's format and its checks on arrival
-(sandbox/workspace_stream.py), what each broker does (server.py `export`, `import_`, `drop`).
+(sandbox/disks/workspace_stream.py), what each broker does (server.py `export`, `import_`, `drop`).
 """
 
 from __future__ import annotations

@@ -50,9 +50,9 @@ from typing import TypeVar
 
 from orchestrator.broker import replies, wire
 from orchestrator.broker.wire import BrokerError
-from orchestrator.sandbox import layers
-from orchestrator.sandbox.network import MAX_GRANT
-from orchestrator.sandbox.workspace_reads import JOURNAL_DIR, READS
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.egress.network import MAX_GRANT
+from orchestrator.sandbox.disks.workspace_reads import JOURNAL_DIR, READS
 
 MAX_COMMAND_CHARS = 256 * 1024  # a shell string; the kernel's ARG_MAX is ~2 MB
 APPEND_TIMEOUT_S = 30.0  # one journal append; as workspace.STUB_TIMEOUT_S

@@ -15,7 +15,7 @@ comes back as its type, or SandboxError "the sandbox broker sent a malformed
   read                Text | MaybeText | Names | Size   {"value"}: by its `what` (READ_REPLIES)
   begin               Begun           {"lines", "discarded"}: workspace_changes data each
   finish              Finished        {"changes", "egress"}
-  diff                WakeDiff        {"diff"} (sandbox/wake_diff.py)
+  diff                WakeDiff        {"diff"} (sandbox/wakes/wake_diff.py)
   undo                UndoAnswer      {"undone": Undone's fields} or {"refused": "one line"}
   export, import      Streamed        {"sha256", "bytes", "digest", "entries"}; import's first line Ready
   drop                Dropped         {"dropped": the disk's key}
@@ -33,8 +33,8 @@ from typing import Any, Callable, TypeVar
 from orchestrator.broker.wire import JSONObject
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.sandbox.box import SandboxError, SandboxResult
-from orchestrator.sandbox.undo_folders import Undone
-from orchestrator.sandbox.wake_diff import WakeDiff
+from orchestrator.sandbox.wakes.undo_folders import Undone
+from orchestrator.sandbox.wakes.wake_diff import WakeDiff
 
 R = TypeVar("R")
 

@@ -56,7 +56,7 @@ every request that could start a container or a wake (`check`, `run`,
 within POLL_S of it appearing. The file survives the broker's restart, so a
 stop holds until `wakeloop start ROOT` removes it.
 
-Each wake is a transaction (sandbox/wake_layer.py) and the broker does the
+Each wake is a transaction (sandbox/wakes/wake_layer.py) and the broker does the
 mounting and the committing: `begin` settles what the agent's earlier wakes
 left and mounts the wake's overlay in its kept box; `finish` checks the
 wake's changes against the broker's own reading of the policy
@@ -65,7 +65,7 @@ names a run id, never a path. A box with a wake open is kept idle up to
 WAKE_IDLE_CLOSE_S, not IDLE_CLOSE_S. A broker in a container whose mounts
 the engine cannot see (compose without `propagation: rshared`, or on a host
 whose `/` is private; disks_reach_engine) has the engine mount each disk and
-each wake's overlay itself (sandbox/engine_mounts.py), with the same promises.
+each wake's overlay itself (sandbox/disks/engine_mounts.py), with the same promises.
 
 It holds no API key and never parses model output: it passes the sandbox's
 result back as data. A path-prefix proxy in front of docker.sock could not
@@ -81,7 +81,7 @@ to paths moves it) and mounted for reading at the broker's own path, never
 under ROOT. A kept box is used only while the folder under its name is the
 one it was made for: a folder swapped in under that name gets a box (and a
 disk) of its own. So the orchestrator reads a workspace through the broker:
-op `read`, the same no-follow, capped readers (sandbox/workspace_reads.py) a wake uses
+op `read`, the same no-follow, capped readers (sandbox/disks/workspace_reads.py) a wake uses
 on a host, on that mount. At start the broker asks the engine where its own
 ROOT comes from (its own container's mounts); outside a container ROOT is the
 host path. A disk is released (unmounted, volume removed, detached; the image
@@ -108,18 +108,10 @@ from typing import Any, Callable, Iterator, TypeVar, assert_never
 
 import docker
 
-from orchestrator.sandbox import (
-    disk,
-    disk_attach,
-    disk_index,
-    disk_room,
-    layers,
-    network,
-    rate,
-    undo_folders,
-    wake_diff,
-    workspace_stream,
-)
+from orchestrator.sandbox import rate
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers, workspace_stream
+from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.wakes import undo_folders, wake_diff
 from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
@@ -129,7 +121,7 @@ from orchestrator.broker.ops import APPEND_TIMEOUT_S
 from orchestrator.broker.wire import BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.engine_client import connect
+from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.records import placement, stopswitch
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
@@ -643,7 +635,7 @@ class Broker:
         ):  # any a box could not: none, normally
             self.log(problem)
 
-    # -- a wake as a transaction (sandbox/wake_layer.py): the broker mounts and commits ----------
+    # -- a wake as a transaction (sandbox/wakes/wake_layer.py): the broker mounts and commits ----------
 
     def _begin(self, agent: Agent, run_id: str) -> replies.Begun:
         """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""

@@ -35,7 +35,7 @@ import docker
 
 from orchestrator.broker import ops, replies, tls, wire
 from orchestrator.broker.server import Broker, cut_to_line
-from orchestrator.sandbox import netns
+from orchestrator.sandbox.egress import netns
 from orchestrator.broker.wire import MAX_REQUEST_BYTES, BrokerError, Refusal
 from orchestrator.policy.agent import AgentError
 from orchestrator.policy.ceiling import Ceiling

@@ -329,7 +329,7 @@ class Pages:
         }
 
     def wake_diff(self, name: str, run_id: str) -> dict:
-        """What wake `run_id` changed in the workspace (sandbox/wake_diff.py), as diff lines; read on
+        """What wake `run_id` changed in the workspace (sandbox/wakes/wake_diff.py), as diff lines; read on
         the agent's disk (the broker's, under compose), or the one line why not."""
         path = self.agent_dir(name)
         run_id = _whole_run_id(path / "state", run_id, name)

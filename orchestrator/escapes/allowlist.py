@@ -15,7 +15,7 @@ is either an alias of the probe's own server or refused before any lookup;
 which look up a route and send nothing. Refused means the proxy answered 403
 and the probe's server logged no request; reached means the server logged one.
 
-Not here: the proxy itself and its config (sandbox/network.py), the
+Not here: the proxy itself and its config (sandbox/egress/network.py), the
 `network: none` probes (network_probes.py).
 """
 
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 
 CATEGORY = "allowlist"
 SERVER_PORT = 8080  # the probe's own HTTP server

@@ -34,9 +34,9 @@ from orchestrator.broker import nodes, tls
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy
-from orchestrator.sandbox import disk, disk_attach
+from orchestrator.sandbox.disks import disk, disk_attach
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.engine_client import check_image, connect
+from orchestrator.sandbox.containers.engine_client import check_image, connect
 from orchestrator.escapes.core import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
 from orchestrator.escapes.host import WARNING, HostCheck, check_host
 from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER

@@ -37,7 +37,8 @@ import yaml
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
-from orchestrator.sandbox import disk, disk_attach, disk_holders, disk_index, disk_survey, network
+from orchestrator.sandbox.disks import disk, disk_attach, disk_holders, disk_index, disk_survey
+from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.records import health
 from orchestrator.sandbox.box import SandboxError, SandboxResult

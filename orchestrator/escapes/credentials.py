@@ -14,7 +14,7 @@ servers print every request they get; the value found anywhere it was not meant 
 The two private-address and CA settings the servers need are the operator's
 (network.plan_for), set for the probe's length only. Nothing leaves this machine.
 
-Not here: the proxy (sandbox/network.py, proxy-image/), the allowlist probes that need
+Not here: the proxy (sandbox/egress/network.py, proxy-image/), the allowlist probes that need
 no credential (allowlist.py).
 """
 
@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 from orchestrator.policy.schema import Credential, HttpRule
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 
 CATEGORY = "allowlist"
 LABEL = "wakeloop.escapes.credentials"  # on the probes' servers

@@ -19,7 +19,7 @@ import time
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 from orchestrator.escapes.credentials import BOUND, PLAIN, RULED, RULES, credential_box, routes, seen
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 
 CATEGORY = "resources"
 CAP = 2**20  # the probes' max_egress_bytes_per_wake: 1 MiB

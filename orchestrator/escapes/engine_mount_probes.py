@@ -1,4 +1,4 @@
-"""Attacks on a disk the engine mounts itself (sandbox/engine_mounts.py): what a broker in
+"""Attacks on a disk the engine mounts itself (sandbox/disks/engine_mounts.py): what a broker in
 a container uses where the host's `/` is a private mount, as under `docker compose up`
 on these machines.
 
@@ -25,7 +25,7 @@ from orchestrator.escapes.transaction_probes import (
     _protected_paths_by_bash,
     _setid_at_commit,
 )
-from orchestrator.sandbox import layers
+from orchestrator.sandbox.disks import layers
 
 CATEGORY = "workspace"
 LOOK = (  # what /workspace lists; what of the disk's own is reachable anywhere; what `find` may not read

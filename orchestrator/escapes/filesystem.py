@@ -10,7 +10,7 @@ from __future__ import annotations
 import docker.errors
 
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.programs import PYTHON
+from orchestrator.sandbox.containers.programs import PYTHON
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "filesystem"

@@ -382,7 +382,7 @@ def _impostor_log(t: Trial) -> str:
 def _planted_python(t: Trial) -> str:
     from dataclasses import replace
     from orchestrator.sandbox.engine import PATH
-    from orchestrator.sandbox.programs import BASH, PYTHON
+    from orchestrator.sandbox.containers.programs import BASH, PYTHON
 
     # The policy author's mistake: the workspace's bin/ first on the PATH.
     policy = replace(t.lab.policy, env=(("PATH", f"/workspace/bin:{PATH}"),))

@@ -59,7 +59,7 @@ def _ours(t: Trial) -> dict[str, str]:
     """wakeloop's own programs, which pid 1 keeps in its environment (programs.boot),
     and a cold call's command environment (programs.COMMAND_ENV): name -> sha256
     of the exact value, so nothing else may hide under the name."""
-    from orchestrator.sandbox.programs import COMMAND_ENV, GUARD, GUARD_ENV, LAUNCHER, LAUNCHER_ENV, carried
+    from orchestrator.sandbox.containers.programs import COMMAND_ENV, GUARD, GUARD_ENV, LAUNCHER, LAUNCHER_ENV, carried
 
     return {
         GUARD_ENV: hashlib.sha256(GUARD.encode()).hexdigest(),

@@ -222,7 +222,7 @@ else: held(f"raw and packet sockets refused; {note}")
 )
 
 # Two boxes of one sandbox alive at once. Under gVisor they share one empty host namespace
-# (sandbox/netns.py), which only each Sentry's own network stack should hide.
+# (sandbox/egress/netns.py), which only each Sentry's own network stack should hide.
 _LISTENER = r"""
 import time
 tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen(4); tcp.settimeout(0.05)

@@ -525,7 +525,7 @@ def _allowlist_churn(t: Trial) -> str:
     """Each allow_hosts change makes the agent a new box with a new proxy, netns
     holder and network (the old ones cannot be changed in place). Two changes are
     enough to see whether the retired ones go; no host is ever dialled."""
-    from orchestrator.sandbox import network
+    from orchestrator.sandbox.egress import network
 
     lists = [[f"h{i}.wakeloop.test"] for i in range(3)]
     keys: list[str] = []
@@ -559,7 +559,7 @@ def _allowlist_churn(t: Trial) -> str:
 def _egress_keys(client) -> set[str | None]:
     """Keys of every allowlist container and network on the engine. The low-level
     lists: no per-object inspect to race with another process's removals."""
-    from orchestrator.sandbox import network
+    from orchestrator.sandbox.egress import network
 
     label, key = f"{network.LABEL}=1", f"{network.LABEL}.key"
     found = client.api.containers(all=True, filters={"label": label}) + client.api.networks(filters={"label": label})
@@ -579,7 +579,7 @@ def _host_grant(t: Trial) -> str:
     taken-over orchestrator can send at will. The broker must grant only hosts the agent's own
     policy asks about (its network_host globs) and its ceiling allows; nothing is dialled."""
     from orchestrator.policy.ceiling import Ceiling
-    from orchestrator.sandbox import network
+    from orchestrator.sandbox.egress import network
 
     sandbox = {"runtime": t.lab.policy.runtime, "disk": "none", "pool": 0, "network": "allowlist"}
     policy = {

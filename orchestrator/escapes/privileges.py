@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from orchestrator.sandbox.deadline import KILL_GRACE_S
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 from orchestrator.escapes import setid
 from orchestrator.escapes.core import Probe, Trial, escaped, held, python_command
 

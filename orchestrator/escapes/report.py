@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import asdict
 
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.escapes.core import ESCAPED, HELD, INCONCLUSIVE, Outcome
 from orchestrator.escapes.host import WARNING, HostCheck
 from orchestrator.escapes.registry import CATEGORIES

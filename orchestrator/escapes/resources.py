@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from orchestrator.sandbox.deadline import KILL_GRACE_S
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.escapes.core import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent
@@ -314,8 +314,8 @@ def _caps_all_disks(t: Trial) -> str:
     are thin (a size is a promise), so the guard is on writing: nothing writes a disk
     (its mkfs, then its calls) unless the disks' filesystem has room for the worst case
     of every call in flight. Ask for one disk larger than that filesystem's free space."""
-    from orchestrator.sandbox.disk import disks_dir
-    from orchestrator.sandbox.disk_room import NoRoom
+    from orchestrator.sandbox.disks.disk import disks_dir
+    from orchestrator.sandbox.disks.disk_room import NoRoom
 
     st = os.statvfs(disks_dir())
     free = st.f_bavail * st.f_frsize

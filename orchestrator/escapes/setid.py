@@ -2,7 +2,7 @@
 
 A file in /workspace with S_ISUID is, on the host, a program that runs as
 the sandbox's uid for whoever starts it. The box's guard refuses such modes
-in the kernel (orchestrator/sandbox/seccomp.py); these probes ask for them by
+in the kernel (orchestrator/sandbox/containers/seccomp.py); these probes ask for them by
 every syscall that takes a mode, through every ABI this machine's kernel
 accepts (x86_64 and i386's `int 0x80`; aarch64's own table there), and judge
 from the host, by lstat alone, after the call has ended: a file that keeps a
@@ -16,7 +16,7 @@ The syscall numbers here are written out again rather than imported from
 seccomp.py, as an outsider would look them up: a wrong number in the filter
 then shows as an escape, not as two copies of one mistake.
 
-Not here: the filter (sandbox/seccomp.py), the other privilege probes
+Not here: the filter (sandbox/containers/seccomp.py), the other privilege probes
 (privileges.py, which lists these among its own).
 """
 

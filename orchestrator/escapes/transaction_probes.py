@@ -13,7 +13,7 @@ standing in for a box whose seccomp filter was bypassed: the commit's check is t
 second line. The broker probe serves a real Broker on a temp socket (as
 orchestrator.py's probes do) and sends it run ids that walk out.
 
-Not here: the transaction (sandbox/transaction.py, wake_layer.py), the broker's
+Not here: the transaction (sandbox/wakes/transaction.py, wake_layer.py), the broker's
 ops (broker/server.py), the in-box set-id refusals (setid.py), write_file's own
 path checks (workspace_probes.py).
 """
@@ -38,7 +38,7 @@ from orchestrator.escapes.core import (
     python_command,
 )
 from orchestrator.escapes.setid import kept_bits
-from orchestrator.sandbox import disk, disk_index, disk_mounts, layers
+from orchestrator.sandbox.disks import disk, disk_index, disk_mounts, layers
 from orchestrator.sandbox.engine import DockerSandbox
 
 CATEGORY = "workspace"

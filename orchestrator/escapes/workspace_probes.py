@@ -16,7 +16,7 @@ import threading
 import time
 
 from orchestrator.broker.wire import BrokerRefusal
-from orchestrator.sandbox.deadline import KILL_GRACE_S
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 
 CATEGORY = "workspace"

@@ -114,7 +114,7 @@ def measure_host(root: Path, broker: str | None) -> tuple[Host, int]:
 def _engine_rate(policy) -> tuple[float | None, float, str]:
     from orchestrator.errors import WakeloopError
     from orchestrator.sandbox import rate
-    from orchestrator.sandbox.engine_client import connect
+    from orchestrator.sandbox.containers.engine_client import connect
 
     n = cores()
     try:

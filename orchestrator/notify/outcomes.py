@@ -216,7 +216,7 @@ def model_warning(agent, run_id: str = "") -> None:
 
 
 def no_room(agent, run_id: str, wake: int, reason: str) -> None:
-    """A call the disk guard did not start (sandbox/disk.py): the disks' filesystem lacked room
+    """A call the disk guard did not start (sandbox/disks/disk.py): the disks' filesystem lacked room
     for the worst case of the calls in flight. Once a UTC day per agent, as `blocked`."""
     if _first_today(agent.state_dir, "no_room"):
         emit(

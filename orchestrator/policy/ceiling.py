@@ -37,7 +37,7 @@ field; schema.py), so a number added to the schema is a key here at once,
 and tests/test_ceiling.py fails until policies/ceiling.yaml bounds it.
 Every key is optional; one left out is not limited, except the broker's
 capacity (max.calls, max.calls_per_agent, max.agents, max.disk_overcommit),
-which has defaults (server.py; sandbox/disk.py's OVERCOMMIT). With max.disk
+which has defaults (server.py; sandbox/disks/disk.py's OVERCOMMIT). With max.disk
 set, `sandbox.disk: none` (no limit) is over it; with max.max_usd_per_wake,
 max_usd_per_day or max_usd_per_month set, 0 (no cap) is over it.
 max.fleet_usd_per_day and fleet_usd_per_month bound ROOT/budget.yaml (all

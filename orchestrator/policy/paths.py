@@ -5,11 +5,11 @@ no `..`, no control character, not the workspace itself), its normal form
 (`normalise`), the glob language of `allow`, `deny` and `approve` paths
 (`glob_match`), and which spellings a filesystem takes for `.git`
 (`is_dotgit`, GIT_DENY). The policy (schema.py's WriteFileTool, ApproveRule)
-and the box (sandbox/engine.py's write, sandbox/transaction.py's check of a
+and the box (sandbox/engine.py's write, sandbox/wakes/transaction.py's check of a
 wake's changes) both ask here, so the two can never disagree.
 
 Not here: which globs a policy sets (schema.py), the write script's own
-refusals inside the box (sandbox/programs.py).
+refusals inside the box (sandbox/containers/programs.py).
 """
 
 from __future__ import annotations

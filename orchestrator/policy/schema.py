@@ -213,7 +213,7 @@ class TranscriptPolicy:
 
 @dataclass(frozen=True)
 class WorkspacePolicy:
-    """`workspace:`: what a wake may change in the agent's files, by any tool (sandbox/wake_layer.py).
+    """`workspace:`: what a wake may change in the agent's files, by any tool (sandbox/wakes/wake_layer.py).
     A wake's calls see its own changes; the files on the disk change only when the wake ends,
     whatever its receipt: then every change is checked, what passes lands whole, the rest is
     dropped and named in the event log and the next wake's context. Besides `protect` and

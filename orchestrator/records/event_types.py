@@ -464,7 +464,7 @@ class TickSkipped(EventRecord):
 
 @dataclass(frozen=True)
 class WorkspaceChanges(EventRecord):
-    """What a wake changed in the workspace, checked at its end (sandbox/wake_layer.py). Lists run
+    """What a wake changed in the workspace, checked at its end (sandbox/wakes/wake_layer.py). Lists run
     in parallel (one entry per change), capped in count: the rest are counted in `more`."""
 
     TYPE = "workspace_changes"
@@ -485,7 +485,7 @@ class WorkspaceChanges(EventRecord):
 
 @dataclass(frozen=True)
 class WorkspaceUndone(EventRecord):
-    """`wakeloop undo` put back what one wake changed (sandbox/undo_folders.py)."""
+    """`wakeloop undo` put back what one wake changed (sandbox/wakes/undo_folders.py)."""
 
     TYPE = "workspace_undone"
     undone_run: str = ""  # the wake undone

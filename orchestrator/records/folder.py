@@ -22,11 +22,11 @@ without following it, so `state` planted as a link is refused too.
 
 `Refused` is an OSError, so callers that already treat an unreadable file as
 missing or corrupt keep doing so, and a ConfigError, so one the CLI meets is
-one line saying what to remove. sandbox/workspace_reads.py keeps its own walk for
+one line saying what to remove. sandbox/disks/workspace_reads.py keeps its own walk for
 the workspace (it says why a read failed, in the model's words).
 
 Not here: what any file holds (state.py, events.py, transcript.py, ...), the
-workspace's reads for the context (sandbox/workspace_reads.py).
+workspace's reads for the context (sandbox/disks/workspace_reads.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ whether that wake left what it asks for.
 The wakes an agent had are read from its state/: its transcripts' names and
 the `wake_started` events of its retained log (rotated segments too).
 
-Not here: making run ids (wake/loop.py), the ids' form on a disk (sandbox/layers.py).
+Not here: making run ids (wake/loop.py), the ids' form on a disk (sandbox/disks/layers.py).
 """
 
 from __future__ import annotations

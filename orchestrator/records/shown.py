@@ -6,7 +6,7 @@ paragraph separators, surrogates, private and unassigned code points, every spac
 space, and the letters that draw as blank (Hangul fillers, the braille blank). One function
 for the CLI's table and --json, the console and notifications; the confirm page uses it too.
 
-Not here: cleaning a box's output for keeping (sandbox/output.py's clean), an egress record's
+Not here: cleaning a box's output for keeping (sandbox/containers/output.py's clean), an egress record's
 fields (egress.py), Slack's own markup (notify/channels.py).
 """
 

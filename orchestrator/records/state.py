@@ -24,7 +24,7 @@ Every file here is read, written and deleted through folder.py: `state` or
 any file in it planted as a link, a FIFO or a device is refused (a corrupt
 state.json, say, is then rebuilt), and every read is capped.
 
-Not here: the workspace (sandbox/workspace_reads.py) or the event log's format (events.py).
+Not here: the workspace (sandbox/disks/workspace_reads.py) or the event log's format (events.py).
 """
 
 from __future__ import annotations

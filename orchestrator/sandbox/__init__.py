@@ -1,18 +1,23 @@
 """The box: every tool call in a fresh, hardened, disposable container.
 
-box.py (the Sandbox protocol every backend meets, SandboxResult,
-SandboxError), engine.py (the Docker backend: container settings, one call
-start to removal, the host-side deadline), pool.py (containers started ahead),
-oom.py (a box's count of OOM kills, read on the host),
-programs.py (every program of ours that runs inside a box: the seccomp guard,
-the pool's launcher, the write script, the netns holder; the Python ones are
-files in in_box/), seccomp.py (the
-guard's filter: io_uring and set-id modes refused, per syscall ABI, and the
-small BPF assembler it is written with), network.py (the
-allowlist network and its proxy), output.py (cleaning and capping what a
-command prints), images.py (building the sandbox image), explain.py (the
-settings of each call as `docker run` flags), policy_check.py (whether the
-engine has what a policy asks: image, runtime, cpus).
+At the top, the interface and what puts the rooms together: box.py (the
+Sandbox protocol every backend meets, SandboxResult, SandboxError, Files),
+changes.py (what a wake changed: Change, WakeChanges, Settled), engine.py
+(the Docker backend: container settings, one call start to removal),
+rate.py (the engine's measured rate), explain.py (the settings of each call
+as `docker run` flags), policy_check.py (whether the engine has what a
+policy asks: image, runtime, cpus). Then four rooms, each a sub-package:
 
-Imports policy/ and records/ at most; never broker/, wake/ or fleet/.
+- containers/: what runs in a box and how one is made and watched (the
+  in-box programs and their seccomp filter, images, the warm pool, a call's
+  deadline, OOM counts, output capping, the engine's client);
+- disks/: an agent's disk (made, attached, mounted, released, listed, the
+  guard that keeps the host's room) and its files read from the host;
+- wakes/: the wake's transaction (its overlay, its changes checked,
+  committed, undone, diffed);
+- egress/: the allowlist network and its proxy, a sandbox's empty network
+  namespace.
+
+Imports policy/ and records/ at most; never broker/, wake/ or fleet/. Inside,
+each room imports only the rooms below it (docs/architecture.md §2).
 """

@@ -31,13 +31,16 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
-from orchestrator.sandbox import changes, disk, disk_attach, disk_index, disk_room, engine_client, oom, wake_layer
-from orchestrator.sandbox import netns, network
-from orchestrator.sandbox.box_stream import ATTACH_PARAMS, await_line, send_stdin
-from orchestrator.sandbox.engine_client import check_image, connect, first_line
-from orchestrator.sandbox.output import Capture
-from orchestrator.sandbox.pool import AHEAD, EndLine, WarmPool, handoff
-from orchestrator.sandbox.programs import (
+from orchestrator.sandbox import changes
+from orchestrator.sandbox.containers import engine_client, oom
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
+from orchestrator.sandbox.wakes import wake_layer
+from orchestrator.sandbox.egress import netns, network
+from orchestrator.sandbox.containers.box_stream import ATTACH_PARAMS, await_line, send_stdin
+from orchestrator.sandbox.containers.engine_client import check_image, connect, first_line
+from orchestrator.sandbox.containers.output import Capture
+from orchestrator.sandbox.containers.pool import AHEAD, EndLine, WarmPool, handoff
+from orchestrator.sandbox.containers.programs import (
     COMMAND_ENV,
     GUARD,
     GUARD_ENV,
@@ -54,11 +57,11 @@ from orchestrator.sandbox.programs import (
 from orchestrator.policy.paths import check_write_path
 from orchestrator.policy.schema import SandboxPolicy
 from orchestrator.records import stopswitch
-from orchestrator.sandbox.workspace_reads import HostFiles
+from orchestrator.sandbox.disks.workspace_reads import HostFiles
 from orchestrator.sandbox.box import Files
-from orchestrator.sandbox.deadline import KILL_GRACE_S, Deadline
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
-from orchestrator.sandbox.network import grant_refusal
+from orchestrator.sandbox.egress.network import grant_refusal
 
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 

@@ -12,7 +12,7 @@ import shlex
 
 from orchestrator.policy.paths import GIT_DENY, GIT_DENY_NOTE
 from orchestrator.policy.schema import Policy
-from orchestrator.sandbox.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
+from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -107,7 +107,7 @@ def explain(policy: Policy, box, registry) -> str:
         f"network: {s.network}" + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else ""),
     ]
     if s.network == "allowlist":
-        from orchestrator.sandbox import network
+        from orchestrator.sandbox.egress import network
 
         egress = network.plan_for(box.workspace, s)
         lines += [

@@ -1,4 +1,4 @@
-"""One wake's diff (sandbox/wake_diff.py) rendered for a person: a unified diff, as lines.
+"""One wake's diff (sandbox/wakes/wake_diff.py) rendered for a person: a unified diff, as lines.
 
 Text files as `diff -u` would show them; binary and large files by size and
 sha256; links by their targets; folders by their mode; a path a later wake
@@ -9,7 +9,7 @@ for HTML as it renders (templates/wake.html).
 Each line comes with its kind (`DiffLine.kind`: head, add, del, hunk, note,
 same) so the console can colour it without parsing it again.
 
-Not here: reading the sides (sandbox/wake_diff.py), the CLI's --json (the
+Not here: reading the sides (sandbox/wakes/wake_diff.py), the CLI's --json (the
 change set: WakeDiff.change_set).
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.sandbox.output import clean
-from orchestrator.sandbox.wake_diff import PathDiff, Side, WakeDiff
+from orchestrator.sandbox.containers.output import clean
+from orchestrator.sandbox.wakes.wake_diff import PathDiff, Side, WakeDiff
 
 CONTEXT_LINES = 3  # as diff -u
 DIFF_TIMEOUT_S = 5.0  # one file's diff; past it the file is shown by size (GNU diff rarely needs 0.2 s)

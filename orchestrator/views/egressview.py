@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from orchestrator.records.egress import Foreign, Line
 from orchestrator.records.receipt import EgressSum
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 
 
 def format_decision(line: Line) -> str:

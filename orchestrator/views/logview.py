@@ -28,7 +28,7 @@ from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.receipt import Usage
 from orchestrator.records.shown import shown
 from orchestrator.records.transcript import parse_line, prompt_text
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.records.retention import LINE_CAP, holder
 
 POLL_S = 0.2  # how often a followed file is looked at again

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.records.ledger import Price, load_prices, table_entry
 from orchestrator.records.models import catalog, lifecycle_warning
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 
 HEADER = ["MODEL", "LIFECYCLE", "RETIRES", "CONTEXT", "MAX OUT", "USD IN/OUT/READ per MTok", "EFFORT", "THINKING"]
 

@@ -30,8 +30,8 @@ from orchestrator.records.state import count_messages, load_state, lock_holder, 
 from orchestrator.records.models import lifecycle_warning
 from orchestrator.records.tasks import TaskError, open_tasks
 from orchestrator.records.transcript import find_run, read_lines
-from orchestrator.sandbox import disk_index, disk_survey
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.disks import disk_index, disk_survey
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.views.egressview import summary as egress_summary
 
 LOG_VALUE_CAP = 160  # chars of one field on a readable log line
@@ -285,7 +285,7 @@ def render_agent_status(d: dict) -> str:
         else f"  tasks        {tasks} open (`wakeloop task list {d['dir']}`)"
     )
     lines.append(f"  disk         {_render_disk(d['disk'])}")
-    if r and r.no_room:  # the disk guard (sandbox/disk.py) did not start a call of the last wake
+    if r and r.no_room:  # the disk guard (sandbox/disks/disk.py) did not start a call of the last wake
         lines.append(f"    no room    a call of the last wake did not start: {r.no_room}")
     lines.append(f"  state/       {_render_state(d['state'])}")
     lines.append(f"  lock         {'held by ' + d['lock'] if d['lock'] else 'free'}")

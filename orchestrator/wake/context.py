@@ -23,7 +23,7 @@ Approvals decided since the last wake (approval_gate.py) are told after the
 first message: who approved, when and what the call returned, or why it was
 denied, expired or void. So are the changes the last wake made that the
 policy refused at its end (state/workspace_refused.json, which the loop
-writes; sandbox/wake_layer.py), each with its rule, so the model stops trying.
+writes; sandbox/wakes/wake_layer.py), each with its rule, so the model stops trying.
 
 Not here: draining the inbox (state.py) or calling the model (model.py).
 """
@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from orchestrator.sandbox import box, workspace_reads
+from orchestrator.sandbox import box
+from orchestrator.sandbox.disks import workspace_reads
 from orchestrator.policy.agent import Agent
 from orchestrator.records import approvals, tasks
 from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.records.folder import Folder
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 
 JOURNAL_TAIL = 3  # journal files in the context, newest last
 MANDATE_CAP = 64 * 1024  # bytes; a trusted file, still not unbounded

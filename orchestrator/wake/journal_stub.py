@@ -1,7 +1,7 @@
 """The one write the harness makes in a workspace: the journal stub, appended
 from inside a sandbox container (`append_in_sandbox`), which sees nothing but
 the workspace and refuses a symlinked journal rather than follow it. The host
-never writes a workspace file itself; it reads them with sandbox/workspace_reads.py.
+never writes a workspace file itself; it reads them with sandbox/disks/workspace_reads.py.
 
 Not here: what the files mean (context.py) or the agent's own writes (tools.py).
 """

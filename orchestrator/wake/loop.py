@@ -55,7 +55,7 @@ taken without following a symlink), a stub is appended by a sandbox call
 refuses a symlinked journal.
 
 Receipt statuses: done | budget_stop | dead_letter | blocked | skipped_locked | stopped | skipped_node |
-not_committed. A wake's changes are committed at its end (sandbox/wake_layer.py); when they are
+not_committed. A wake's changes are committed at its end (sandbox/wakes/wake_layer.py); when they are
 not (the commit failed and was rolled back, its broker was lost), the wake ends `not_committed`,
 a failure, whatever its conversation ended with (a dead letter stays one, and says so).
 A `stop` event (a scheduler's SIGTERM) ends the wake at the next step
@@ -71,7 +71,7 @@ start of the next wake, after the registry is built and before the first model
 request, approved calls run and every decided approval is told.
 
 Not here: the tools (tools.py), the HTTP and the dry-run script (model.py),
-reading the workspace (sandbox/workspace_reads.py), the lock and state files (state.py),
+reading the workspace (sandbox/disks/workspace_reads.py), the lock and state files (state.py),
 the transcript's format (records/transcript.py), notifications (notify/).
 """
 
@@ -105,14 +105,14 @@ from orchestrator.wake.context import REFUSED_FILE, CACHE, approvals_section, bu
 from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.wake.model import DRY_RUN_SCRIPT, LiveModel, Model, ModelError, ScriptedModel, Turn, load_script
-from orchestrator.sandbox.output import clean
+from orchestrator.sandbox.containers.output import clean
 from orchestrator.broker import nodes
 from orchestrator.broker.client import broker_socket, open_sandbox
 from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.sandbox.changes import Settled, WakeChanges
 from orchestrator.wake.task_tools import complete_task_tools
 from orchestrator.wake.tools import build_registry, error
-from orchestrator.sandbox.workspace_reads import JOURNAL_DIR
+from orchestrator.sandbox.disks.workspace_reads import JOURNAL_DIR
 from orchestrator.wake.journal_stub import append_in_sandbox
 
 CLOSING_NOTE_CAP = 32 * 1024  # chars of the final budget reply kept in the journal
@@ -341,7 +341,7 @@ class _Wake:
         self.transcribed = 0  # messages[:transcribed] are in the transcript already
         self.messages_sent = 0  # send_message calls: each notification's id names its number
         self.waiting = 0  # a dry run: the human's messages it left in the inbox
-        self.no_room = ""  # the last call the disk guard did not start (sandbox/disk.py)
+        self.no_room = ""  # the last call the disk guard did not start (sandbox/disks/disk.py)
         self.node_lost = ""  # past one host: its node stopped answering before the commit
         self.own_box = False  # the wake opened its sandbox itself (not a test's or a caller's)
 
@@ -514,7 +514,7 @@ class _Wake:
             live=self.model.live,
         )
 
-    # -- the wake as a transaction on the workspace (sandbox/wake_layer.py) ----------------
+    # -- the wake as a transaction on the workspace (sandbox/wakes/wake_layer.py) ----------------
 
     def _begin(self) -> None:
         """Before anything runs: what earlier wakes left is settled (a cut commit finished, a wake
@@ -818,7 +818,7 @@ class _Wake:
         return "stopped", halted.describe()
 
     def _no_room(self, reason: str) -> None:
-        """A call the disk guard did not start (sandbox/disk.py): the model has the line as its
+        """A call the disk guard did not start (sandbox/disks/disk.py): the model has the line as its
         result; the first of the wake is an event, and the operator is told (once a day)."""
         first = not self.no_room
         self.no_room = reason

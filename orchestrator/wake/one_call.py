@@ -11,7 +11,7 @@ committed, and its changes are checked against `workspace.protect` and committed
 with a `workspace_changes` line in events.jsonl. While a wake runs (a live holder of the
 lock), the call runs in that wake's overlay and lands with its commit.
 
-Not here: a wake (loop.py), the transaction (sandbox/wake_layer.py), the broker's own wake for
+Not here: a wake (loop.py), the transaction (sandbox/wakes/wake_layer.py), the broker's own wake for
 a call from a client that never begins one (broker/server.py).
 """
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.network import grant_refusal
+from orchestrator.sandbox.egress.network import grant_refusal
 
 TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
 

@@ -26,7 +26,7 @@ from orchestrator.console.auth import Access
 from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, command, report_history, run_suite
 from orchestrator.escapes.core import Outcome, Probe, Trial, held
 from orchestrator.escapes.report import text_report
-from orchestrator.sandbox import disk, disk_index, disk_survey
+from orchestrator.sandbox.disks import disk, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import run_cli
 from tests.helpers.console import TOKEN, Client

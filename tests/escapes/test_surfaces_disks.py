@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import disks as probes
-from orchestrator.sandbox import disk_attach, disk_index
+from orchestrator.sandbox.disks import disk_attach, disk_index
 
 pytestmark = pytest.mark.docker
 
@@ -64,7 +64,7 @@ def test_the_broker_reuses_a_renamed_agents_box_for_a_newcomer_without_the_ident
 def test_an_import_extracted_as_tar_does_by_default_writes_outside_the_disk(surface_lab, monkeypatch):
     import tarfile
 
-    from orchestrator.sandbox import workspace_stream
+    from orchestrator.sandbox.disks import workspace_stream
 
     def extract_all(stream, root):  # what `tar -x` (and tarfile before its filters) would do
         with tarfile.open(fileobj=stream, mode="r|") as tar:

@@ -30,14 +30,14 @@ from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes import credentials
 from orchestrator.escapes.core import run_probe
 from orchestrator.escapes.network_probes import LOCAL_ONLY
-from orchestrator.sandbox import seccomp
-from orchestrator.sandbox.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
+from orchestrator.sandbox.containers import seccomp
+from orchestrator.sandbox.containers.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV
 
 
 from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.programs import guarded
-from orchestrator.sandbox import network
+from orchestrator.sandbox.containers.programs import guarded
+from orchestrator.sandbox.egress import network
 from tests.helpers.proxyconf import (
     ca_with_its_key,
     proxy_allowing_everything,
@@ -645,7 +645,7 @@ def test_the_huge_output_probe_escapes_an_engine_log_without_max_size(make_lab, 
 
 
 def test_the_all_disks_probe_escapes_without_the_room_check(make_lab, monkeypatch):
-    from orchestrator.sandbox import disk_room
+    from orchestrator.sandbox.disks import disk_room
 
     # The guard always sees room: a sparse image, ~5 MB written by its mkfs.
     monkeypatch.setattr(disk_room, "room", lambda key: disk_room.Room(free=2**62, worst=0, own=0, flying=1))
@@ -718,7 +718,7 @@ def test_container_probes_escape_a_box_that_keeps_its_containers(
 
 
 def _deadline_never_fires(monkeypatch):
-    from orchestrator.sandbox import deadline
+    from orchestrator.sandbox.containers import deadline
 
     monkeypatch.setattr(deadline.Deadline, "expire", lambda self: None)
 
@@ -749,7 +749,7 @@ def test_the_loopback_probe_escapes_runc_boxes_that_share_a_namespace(docker_cli
     """runc boxes joined to one holder, as only gVisor's are (netns.py): the namespace is then
     their network, and one box reaches the other's listeners."""
     from orchestrator.escapes.core import Lab
-    from orchestrator.sandbox import netns
+    from orchestrator.sandbox.egress import netns
 
     monkeypatch.setattr(netns, "own_stack", lambda client, runtime: True)
     lab = Lab(client=docker_client, policy=replace(SandboxPolicy(), runtime="runc"), base=tmp_path / "lab")
@@ -759,7 +759,7 @@ def test_the_loopback_probe_escapes_runc_boxes_that_share_a_namespace(docker_cli
 
 @pytest.mark.parametrize("probe_name", ["cleans_binary_output", "strips_nul_bytes", "strips_terminal_escapes"])
 def test_output_probes_escape_without_cleaning(probe_name, make_lab, monkeypatch):
-    from orchestrator.sandbox import output
+    from orchestrator.sandbox.containers import output
 
     monkeypatch.setattr(output, "clean", lambda text: text)
     outcome = run_probe(make_lab(), by_name(probe_name))
@@ -784,7 +784,8 @@ def test_the_path_tricks_probe_escapes_without_the_hosts_path_check(make_lab, mo
 
 def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monkeypatch):
     from orchestrator.escapes import workspace_probes
-    from orchestrator.sandbox import engine, programs
+    from orchestrator.sandbox import engine
+    from orchestrator.sandbox.containers import programs
 
     flags = "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK"
     assert flags in programs.WRITE_SCRIPT
@@ -821,7 +822,7 @@ class AgentFolderAsWorkspace(DockerSandbox):
         return None
 
     def run(self, command, timeout_s, max_output_chars):
-        from orchestrator.sandbox.programs import command_argv
+        from orchestrator.sandbox.containers.programs import command_argv
 
         return self._call(
             command_argv(command),
@@ -854,7 +855,7 @@ def _trusting_read(workspace, rel, cap):
 
 
 def _trusting_journal(workspace):
-    from orchestrator.sandbox import workspace_reads
+    from orchestrator.sandbox.disks import workspace_reads
 
     try:
         return sorted(n for n in os.listdir(workspace / workspace_reads.JOURNAL_DIR) if n.endswith(".md"))
@@ -868,7 +869,7 @@ def _trusting_journal(workspace):
 )
 def test_reader_probes_escape_a_harness_that_trusts_the_workspace(probe_name, make_lab, monkeypatch):
     from orchestrator.escapes import harness
-    from orchestrator.sandbox import workspace_reads
+    from orchestrator.sandbox.disks import workspace_reads
 
     monkeypatch.setattr(workspace_reads, "_read_capped", _trusting_read)
     monkeypatch.setattr(workspace_reads, "journal_names", _trusting_journal)

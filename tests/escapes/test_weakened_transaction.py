@@ -19,7 +19,8 @@ from docker.types import Mount
 from orchestrator.broker import ops
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.core import run_probe
-from orchestrator.sandbox import disk, layers, transaction
+from orchestrator.sandbox.disks import disk, layers
+from orchestrator.sandbox.wakes import transaction
 from orchestrator.sandbox.box import WORKSPACE
 
 COVERED = {

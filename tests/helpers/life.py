@@ -16,7 +16,7 @@ are the undo's).
 or `docker compose exec` (tests/test_compose.py). memory/ is the harness's (the journal stub)
 and .life/ holds the ledgers: neither is in a ledger.
 
-Not here: the transaction that must keep all this (orchestrator/sandbox/transaction.py).
+Not here: the transaction that must keep all this (orchestrator/sandbox/wakes/transaction.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ test's or agent's disk is not this test's to hold), says so on stdout, then
 waits for its stdin to close.
 `mounts(pid)`: what a process's mount namespace has mounted, and where.
 
-Not here: the namespaces' owner in the code (orchestrator/sandbox/disk_holders.py).
+Not here: the namespaces' owner in the code (orchestrator/sandbox/disks/disk_holders.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.sandbox import network
+from orchestrator.sandbox.egress import network
 
 REAL_PROXY_CONFIG = network.proxy_config
 

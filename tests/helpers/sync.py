@@ -45,7 +45,7 @@ def as_the_box_sees(path: Path) -> Path:
     """`path` in an agent's workspace as a running wake's boxes see it: through the wake's overlay
     (KEY.box, disk.py), whose inode for a FIFO is not the agent's files' (overlayfs gives a lower
     FIFO an inode, and so a pipe, of its own). Outside a wake, `path` itself."""
-    from orchestrator.sandbox import disk, disk_index, disk_mounts
+    from orchestrator.sandbox.disks import disk, disk_index, disk_mounts
 
     for folder in path.parents:
         if folder.name == "workspace":

@@ -1,4 +1,4 @@
-"""Surface probes: the workspace disks' life cycle (sandbox/disk.py), attacked as a
+"""Surface probes: the workspace disks' life cycle (sandbox/disks/disk.py), attacked as a
 taken-over orchestrator would, which holds agents/ read-write and can rename,
 delete and remake agent folders between calls.
 
@@ -28,7 +28,7 @@ import yaml
 from orchestrator.broker.wire import BrokerError
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.sandbox import disk, disk_image, disk_index
+from orchestrator.sandbox.disks import disk, disk_image, disk_index
 
 CATEGORY = "surfaces"
 RENAMES = 3  # renames of one folder between calls (issue 20 saw 4 make 11 disks)

@@ -17,8 +17,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox import engine_mounts
-from orchestrator.sandbox.disk import VOLUME_PREFIX, DiskError, path_of, tool
+from orchestrator.sandbox.disks import engine_mounts
+from orchestrator.sandbox.disks.disk import VOLUME_PREFIX, DiskError, path_of, tool
 
 
 BOX_OPTIONS = "nosuid,nodev"  # KEY.box, files/ bound where the box's volume binds it

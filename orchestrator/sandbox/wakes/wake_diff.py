@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.sandbox import layers, transaction, undo_folders
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.wakes import transaction, undo_folders
 from orchestrator.sandbox.changes import Change
-from orchestrator.sandbox.undo_folders import NotRegular
+from orchestrator.sandbox.wakes.undo_folders import NotRegular
 
 TEXT_CAP = 256 * 1024  # bytes of one side shown as text; a bigger file is shown by size and hash
 TEXT_BUDGET = 2 * 2**20  # bytes of text in one wake's diff (under the wire's 32 MiB line, escaped); then by hash

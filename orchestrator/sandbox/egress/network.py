@@ -114,8 +114,8 @@ from orchestrator.errors import EnvironmentFault
 
 from orchestrator.policy.load import parse_host
 from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy, host_glob
-from orchestrator.sandbox.images import inputs_hash
-from orchestrator.sandbox.programs import CA_ENV, CA_FILE, HOLDER_SCRIPT
+from orchestrator.sandbox.containers.images import inputs_hash
+from orchestrator.sandbox.containers.programs import CA_ENV, CA_FILE, HOLDER_SCRIPT
 
 LABEL = "wakeloop.egress"  # on every container and network created here
 PROXY_REPO = "wakeloop-proxy"

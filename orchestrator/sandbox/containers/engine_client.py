@@ -16,9 +16,9 @@ import threading
 import docker
 import docker.errors
 
-from orchestrator.sandbox import images
+from orchestrator.sandbox.containers import images
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.pool import MakePace
+from orchestrator.sandbox.containers.pool import MakePace
 
 ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)
 # Connections the shared client keeps per URL. The SDK makes a pool per URL (so

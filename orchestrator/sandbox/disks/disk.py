@@ -57,7 +57,7 @@ from pathlib import Path
 import docker
 from docker.types import Mount
 
-from orchestrator.sandbox import engine_mounts, layers
+from orchestrator.sandbox.disks import engine_mounts, layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
 
 

@@ -17,8 +17,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from orchestrator.sandbox.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, tool
-from orchestrator.sandbox.disk_room import ROOM_LOCK, check_promise, flight
+from orchestrator.sandbox.disks.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, tool
+from orchestrator.sandbox.disks.disk_room import ROOM_LOCK, check_promise, flight
 
 
 CAP_SYS_RESOURCE = 24  # linux/capability.h: ext4's online resize asks for it

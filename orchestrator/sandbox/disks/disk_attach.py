@@ -33,13 +33,23 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox import disk_holders, engine_mounts, layers
+from orchestrator.sandbox.disks import disk_holders, engine_mounts, layers
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.disk import Disk, DiskError, Hold, disks_dir, holding, locked, nobody_holds, path_of, tool
-from orchestrator.sandbox.disk_image import attach_loop, create, devices_of, grow, loops
-from orchestrator.sandbox.disk_index import forget
-from orchestrator.sandbox.disk_mounts import bind_box, mount_view, mounts_of, no_device_volume, unmount_box
-from orchestrator.sandbox.disk_room import OVERCOMMIT, settled
+from orchestrator.sandbox.disks.disk import (
+    Disk,
+    DiskError,
+    Hold,
+    disks_dir,
+    holding,
+    locked,
+    nobody_holds,
+    path_of,
+    tool,
+)
+from orchestrator.sandbox.disks.disk_image import attach_loop, create, devices_of, grow, loops
+from orchestrator.sandbox.disks.disk_index import forget
+from orchestrator.sandbox.disks.disk_mounts import bind_box, mount_view, mounts_of, no_device_volume, unmount_box
+from orchestrator.sandbox.disks.disk_room import OVERCOMMIT, settled
 
 
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import ConfigError, WakeloopError
-from orchestrator.sandbox import layers, transaction
+from orchestrator.sandbox.disks import layers
+from orchestrator.sandbox.wakes import transaction
 from orchestrator.sandbox.changes import Change
 
 MANIFEST_CAP = 64 * 2**20  # bytes: a manifest of a wake that changed ~300,000 paths

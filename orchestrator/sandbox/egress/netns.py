@@ -35,7 +35,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox import engine_mounts
+from orchestrator.sandbox.disks import engine_mounts
 
 PREFIX = "wakeloop-netns-"
 LABEL = "wakeloop.netns-of"  # on each holder: the workspace of the sandbox it serves

@@ -57,7 +57,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.sandbox.disk import DiskError, disks_dir, locked, path_of
+from orchestrator.sandbox.disks.disk import DiskError, disks_dir, locked, path_of
 
 
 INDEX = "index.json"  # in the disks' directory: which folder each disk belongs to

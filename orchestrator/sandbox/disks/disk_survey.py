@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.sandbox.disk import DiskError, disks_dir, path_of
-from orchestrator.sandbox.disk_attach import held
-from orchestrator.sandbox.disk_image import loops
-from orchestrator.sandbox.disk_index import identity_of, read_index
-from orchestrator.sandbox.disk_mounts import mounts_of
-from orchestrator.sandbox.disk_room import RESERVE, in_flight
+from orchestrator.sandbox.disks.disk import DiskError, disks_dir, path_of
+from orchestrator.sandbox.disks.disk_attach import held
+from orchestrator.sandbox.disks.disk_image import loops
+from orchestrator.sandbox.disks.disk_index import identity_of, read_index
+from orchestrator.sandbox.disks.disk_mounts import mounts_of
+from orchestrator.sandbox.disks.disk_room import RESERVE, in_flight
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import socket
 from docker.utils.socket import frames_iter
 
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.deadline import Deadline
+from orchestrator.sandbox.containers.deadline import Deadline
 
 LAUNCHER_UP_S = 30  # a warm container's launcher to say it listens
 # (two interpreters under a loaded gVisor)

@@ -31,7 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from orchestrator.sandbox.output import decode
+from orchestrator.sandbox.containers.output import decode
 
 READ_CAP = 64 * 1024  # bytes per file in the context; more is cut with a note
 JOURNAL_DIR = "memory/journal"

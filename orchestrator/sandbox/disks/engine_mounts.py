@@ -40,7 +40,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox import layers
+from orchestrator.sandbox.disks import layers
 
 DISK_PREFIX = "wakeloop-disk-"  # the device's volume (disk.VOLUME_PREFIX)
 KEEPER_PREFIX = "wakeloop-keep-"

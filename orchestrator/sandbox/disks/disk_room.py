@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.sandbox.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, path_of
+from orchestrator.sandbox.disks.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, path_of
 
 
 RESERVE = 0.05  # of the disks' filesystem, never left to the calls' worst case

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 
-from orchestrator.sandbox.seccomp import FILTER
+from orchestrator.sandbox.containers.seccomp import FILTER
 
 PYTHON = "/usr/bin/python3"  # the image's interpreter, by absolute path: never looked up on a PATH
 BASH = "/bin/bash"  # the shell a bash call runs, by absolute path likewise
@@ -66,7 +66,7 @@ def _program(name: str, marks: dict[str, str] | None = None) -> str:
     """The program in_box/ holds under `name`, as the box gets it: each mark replaced by its value. A mark is
     valid Python where it stands (a string literal, or text inside one), so ruff and mypy check
     the file as it is; one that is missing fails at import, never in a box."""
-    text = (files("orchestrator.sandbox") / "in_box" / f"{name}.py").read_text(encoding="utf-8")
+    text = (files("orchestrator.sandbox.containers") / "in_box" / f"{name}.py").read_text(encoding="utf-8")
     for mark, value in (marks or {}).items():
         if mark not in text:
             raise RuntimeError(f"in_box/{name}.py has no {mark} to fill in")
