@@ -151,7 +151,7 @@ _flying_lock = threading.Lock()
 def _fly(key: str) -> None:
     """Mark a call in flight: a count here; for other processes, a shared POSIX record lock
     on KEY.call, which goes with the process, however it ends (kill -9 included), and is
-    never inherited by a child (see Hold)."""
+    never inherited by a child (see disk.py's Hold)."""
     with _flying_lock:
         fd, count = _flying.get(key, (None, 0))
         if fd is None:
@@ -171,7 +171,7 @@ def _land(key: str) -> None:
 
 def in_flight(key: str, where: str | None = None) -> bool:
     """A call of `key`'s disk in flight in this process or any other, tested without
-    waiting (under ROOM_LOCK: no mark is made meanwhile). As nobody_holds: only while
+    waiting (under ROOM_LOCK: no mark is made meanwhile). As disk.py's nobody_holds: only while
     this process has no lock on the file, whose closing would drop it."""
     with _flying_lock:
         if key in _flying:
