@@ -90,7 +90,7 @@ DESCRIPTORS_LEFT = f"""
 import gc, json, os, sys
 from dataclasses import replace
 from orchestrator.policy.agent import load_agent
-from orchestrator.sandbox import disk
+from orchestrator.sandbox.disks import disk_room
 from orchestrator.sandbox.engine import DockerSandbox
 
 def open_fds():
@@ -108,11 +108,11 @@ try:
     for _ in range({WARM_CALLS}):  # fills the engine client's pools; from here a new pool evicts one
         assert box.run("true", 30, 1000).exit_code == 0
     gc.disable()
-    disk.settled(box.disk.key)  # a call's disk is synced off its path, a descriptor held meanwhile
+    disk_room.settled(box.disk.key)  # a call's disk is synced off its path, a descriptor held meanwhile
     before = open_fds()
     for _ in range({CALLS}):
         assert box.run("true", 30, 1000).exit_code == 0
-    disk.settled(box.disk.key)
+    disk_room.settled(box.disk.key)
     after = open_fds()
 finally:
     box.close()

@@ -39,8 +39,8 @@ def test_the_wheel_installs_and_runs_the_quick_start_from_anywhere(tmp_path):
     )  # serve --http's pages travel too
     run([str(venv / "bin/python"), "-c", console], home, env=env)
     in_box = (
-        "import re; from orchestrator.sandbox import programs as p; assert 'def bare_repo' in p.WRITE_SCRIPT "
-        "and 'wakeloop:ready' in p.LAUNCHER and 'os.fork()' in p.GUARD "
+        "import re; from orchestrator.sandbox.containers import programs as p; "
+        "assert 'def bare_repo' in p.WRITE_SCRIPT and 'wakeloop:ready' in p.LAUNCHER and 'os.fork()' in p.GUARD "
         "and not re.search(r'__[A-Z][A-Z_]*__', p.GUARD)"  # every mark filled in (dunders are lower case)
     )
     run([str(venv / "bin/python"), "-c", in_box], home, env=env)  # the in-box programs travel as files
