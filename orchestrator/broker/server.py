@@ -113,7 +113,7 @@ from orchestrator.policy.agent import Agent, AgentError, load_agent
 from orchestrator.policy.ceiling import Ceiling, host_covers
 from orchestrator.sandbox.engine import resolve_user
 from orchestrator.policy.schema import DEFAULT, PolicyError, SandboxPolicy
-from orchestrator.broker import nodes, ops, replies, wire
+from orchestrator.broker import edit_op, nodes, ops, replies, wire
 from orchestrator.broker.ops import APPEND_TIMEOUT_S
 from orchestrator.broker.wire import BrokerError
 from orchestrator.sandbox.box import SandboxError, SandboxResult
@@ -315,7 +315,7 @@ class Broker:
                 return replies.Checked(agent.dir.name)
             case ops.Begin():
                 return self._begin(self._startable(req.agent), req.run_id)
-            case ops.Run() | ops.Write() | ops.Append():
+            case ops.Run() | ops.Write() | ops.Edit() | ops.Append():
                 return self._call(self._startable(req.agent), req)
             case _:
                 assert_never(req)
@@ -327,7 +327,7 @@ class Broker:
             raise BrokerError(f"{name}: refused: {halted.describe()}")
         return self._agent(name)
 
-    def _call(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> SandboxResult:
+    def _call(self, agent: Agent, req: ops.Run | ops.Write | ops.Edit | ops.Append) -> SandboxResult:
         """One call that makes a container, as the agent's policy allows it."""
         call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
@@ -874,7 +874,9 @@ class Broker:
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _allowed(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> Callable[[DockerSandbox], SandboxResult]:
+    def _allowed(
+        self, agent: Agent, req: ops.Run | ops.Write | ops.Edit | ops.Append
+    ) -> Callable[[DockerSandbox], SandboxResult]:
         """The call the agent's policy allows, or BrokerError. Append is allowed whatever
         the tools policy says (a bash-less agent still gets its stub): ops.parse held it
         to one path shape and a size cap."""
@@ -888,6 +890,8 @@ class Broker:
                 raise BrokerError(f"{agent.dir.name}: grant_hosts: {refusal}")
             grant = req.grant_hosts
             return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap, grant_hosts=grant)
+        if isinstance(req, ops.Edit):
+            return edit_op.allowed(agent.dir.name, agent.policy, req)
         if isinstance(req, ops.Append):
             return lambda box: box.write(req.path, req.content, timeout_s=APPEND_TIMEOUT_S, append=True)
         tool = agent.policy.tools.write_file

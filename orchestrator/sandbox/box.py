@@ -75,7 +75,13 @@ class Sandbox(Protocol):
         (programs.WRITE_SCRIPT). A broker applies its own copy of the policy's instead."""
 
     def edit(
-        self, tool: str, args: dict, timeout_s: float, max_bytes: int, max_chars: int, protect_git: bool = True
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout_s: float,
+        max_bytes: int,
+        max_chars: int,
+        protect_git: bool = True,
     ) -> SandboxResult:
         """One call of Claude's text editor or memory tool (editor_request.py), in a fresh box: view,
         create, str_replace, insert (and the memory tool's delete, rename). A broker applies its own

@@ -21,7 +21,7 @@ from orchestrator.policy.editor_paths import COMMANDS, spots
 
 OVERHEAD_CHARS = 4096  # what the program prints besides the file's text (headers, notes): the output cap's margin
 MAX_REQUEST_BYTES = 32 << 20  # a request's JSON: file_text is already capped by max_bytes, far below
-FIELDS = {  # the arguments each command takes beside path, and their JSON types
+FIELDS: dict[str, dict[str, type]] = {  # the arguments each command takes beside path, and their JSON types
     "view": {"view_range": list},
     "create": {"file_text": str},
     "str_replace": {"old_str": str, "new_str": str},
@@ -29,7 +29,11 @@ FIELDS = {  # the arguments each command takes beside path, and their JSON types
     "delete": {},
     "rename": {"old_path": str, "new_path": str},
 }
-REQUIRED = {"create": ("file_text",), "str_replace": ("old_str",), "insert": ("insert_line", "insert_text")}
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "create": ("file_text",),
+    "str_replace": ("old_str",),
+    "insert": ("insert_line", "insert_text"),
+}
 
 
 def build(tool: str, args: dict[str, Any], max_bytes: int, max_chars: int, protect_git: bool) -> bytes | str:

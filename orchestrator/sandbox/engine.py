@@ -512,7 +512,13 @@ class DockerSandbox:
         return self._call(write_argv(path, append, protect_git), content, timeout_s, 4096, workdir="/")
 
     def edit(
-        self, tool: str, args: dict, timeout_s: float, max_bytes: int, max_chars: int, protect_git: bool = True
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout_s: float,
+        max_bytes: int,
+        max_chars: int,
+        protect_git: bool = True,
     ) -> SandboxResult:
         """One text editor or memory call (editor_request.py), run by our edit program under our environment."""
         request = editor_request.build(tool, args, max_bytes, max_chars, protect_git)
