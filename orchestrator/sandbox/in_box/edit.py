@@ -369,10 +369,10 @@ def main():
 
 
 try:
-    print(main())
+    sys.stdout.write(main())  # the model's text as it is: no newline of ours after it
 except Failed as exc:
-    print(exc)
+    sys.stdout.write(str(exc))
     sys.exit(1)
 except Refused as exc:
-    print(exc)
+    sys.stdout.write(str(exc))
     sys.exit(3)
