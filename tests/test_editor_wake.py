@@ -6,14 +6,17 @@ both; the next wake's context reads the memory and a view sees the edit.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from orchestrator.console.pages import turns
 from orchestrator.records.event_types import ToolResult
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.testing.fakeapi import edit, memory, text, tool_use, turn
+from orchestrator.views.logview import render_line
 from tests.helpers import live_wake, set_policy
 from tests.helpers.recorded import result_text, tool_results
 
@@ -51,6 +54,15 @@ def test_a_wake_edits_a_file_and_a_memory_and_the_next_wake_sees_both(agent_dir,
     assert (workspace / "memory/core.md").read_text() == "The plan lives in /workspace/plan.md.\n"
     diffs = [r.detail.get("diff") for r in results_of(agent_dir) if r.detail.get("diff")]
     assert diffs[0].splitlines() == ["--- /workspace/plan.md", "+++ /workspace/plan.md", "-two", "+2"]
+
+    lines = [
+        json.loads(x) for x in (agent_dir / "state/transcripts" / f"{receipt.run_id}.jsonl").read_text().splitlines()
+    ]
+    shown = "\n".join(render_line(line) for line in lines)
+    assert "-> str_replace_based_edit_tool str_replace\n     --- /workspace/plan.md" in shown
+    assert "     -two\n     +2" in shown and "@@ after line 0 @@\n     +# Plan" in shown
+    calls = [call for step in turns(lines) for call in step["calls"]]
+    assert calls[0]["input"].splitlines()[2:] == ["-two", "+2"]  # the console's view of it
 
     api = fake_api([turn(edit("view", "/workspace/plan.md", view_range=[3, 3])), turn(text("seen"))])
     assert live_wake(agent_dir).status == "done"

@@ -107,6 +107,12 @@ class _Calls:
         return ToolResult(text=result.output if plain else result.for_model(), is_error=not result.ok, detail=detail)
 
 
+def call_diff(name: str, args: object) -> str:
+    """A tool_use block's input as a diff when it is a text editor or memory edit, else ""
+    (views/logview.py and the console show an edit so, not as a JSON blob)."""
+    return edit_diff(name, args) if name in (EDITOR, MEMORY) and isinstance(args, dict) else ""
+
+
 def edit_diff(tool: str, args: dict[str, Any]) -> str:
     """A str_replace or insert as a few `diff -u`-like lines (the transcript's and console's view of an
     edit); "" for the other commands. Capped: the model's input is kept whole in the transcript."""
