@@ -3,7 +3,8 @@
 `wakeloop log AGENT --run ID` (or `wakeloop transcript AGENT [ID]`) renders
 records/transcript.py's lines: who spoke, what ran, exit codes, timings,
 cost; a text editor or memory str_replace/insert as a small diff. `-f`
-follows the newest transcript until its `end` line; `wakeloop log ROOT` follows every agent's events.jsonl, a line per event prefixed by the
+follows the newest transcript until its `end` line; `wakeloop log ROOT`
+follows every agent's events.jsonl, a line per event prefixed by the
 agent's name. Everything the model or a command wrote is untrusted: cleaned
 of escape sequences (sandbox/output.clean) before it reaches a terminal.
 
