@@ -70,15 +70,31 @@ def walk(root, rel, shown, make=False, write=False):
     return fd, (parts[-1] if parts else None)
 
 
+def _same(fd, name, opened):
+    """Whether the name, not followed, is what was opened. gVisor follows a link that O_NOFOLLOW |
+    O_DIRECTORY names (found by the escape suite's editor_refuses_symlinks): so the name is looked at
+    again, and a link there now, or another inode (a link swapped out after the open), is refused."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    was = os.fstat(opened)
+    return not stat.S_ISLNK(st.st_mode) and (st.st_dev, st.st_ino) == (was.st_dev, was.st_ino)
+
+
 def _into(fd, part, shown):
     try:
-        return os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     except OSError as exc:
         try:  # say "link" wherever it is one: runtimes differ in the errno (gVisor: ENOENT for a dangling one)
             link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
         except OSError:
             link = False
         raise Refused(_why(shown, OSError(40, "") if link else exc)) from None
+    if not _same(fd, part, sub):
+        os.close(sub)
+        raise Refused(_why(shown, OSError(40, "")))
+    return sub
 
 
 def _why(shown, exc):
@@ -102,7 +118,7 @@ def open_file(fd, name, shown, flags):
         if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
             raise Refused(f"{shown}: refused: not a regular file (a folder, FIFO, socket or device)") from None
         raise Refused(_why(shown, OSError(40, "") if stat.S_ISLNK(mode) else err)) from None
-    if not stat.S_ISREG(os.fstat(out).st_mode):
+    if not stat.S_ISREG(os.fstat(out).st_mode) or not _same(fd, name, out):
         os.close(out)
         raise Refused(f"{shown}: refused: not a regular file (a folder, FIFO, socket or device)")
     os.set_blocking(out, True)
