@@ -1,7 +1,7 @@
 """What Claude's text editor saves over write_file: one scripted editing task done both ways.
 
-The task: change five lines across three 2,000-line files (two in a.py, two
-in b.py, one in c.py). The model is scripted at the wire (the real loop and
+The task: change five lines across three 2,000-line files (two in the
+first, two in the second, one in the third: FILES, CHANGES). The model is scripted at the wire (the real loop and
 SDK against testing/fakeapi.py; its usage from its own token estimate, 4
 characters a token, and its prompt-cache model), the tools run in real boxes:
 
@@ -161,7 +161,7 @@ def main() -> None:
         ("wall time (s)", "seconds", "{:>14.2f}"),
         ("model steps", "steps", "{:>14.0f}"),
     ):
-        saved = f"{1 - e[key] / w[key]:>13.0%}" if w[key] else f"{'-':>14}"
+        saved = f"{1 - e[key] / w[key]:>14.1%}" if w[key] else f"{'-':>14}"
         print(f"{label:<32}" + fmt.format(w[key]) + fmt.format(e[key]) + saved)
 
 

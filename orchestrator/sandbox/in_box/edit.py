@@ -222,7 +222,7 @@ def listing(fd, shown):
                 if stat.S_ISDIR(st.st_mode):
                     rows.append(f"{_size(st.st_size)}\t{shown}/{path}/")
                     if depth < 2:
-                        sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dirfd)
+                        sub = _into(dirfd, entry.name, shown)  # never a link swapped in since the stat
                         try:
                             add(sub, path + "/", depth + 1)
                         finally:
