@@ -15,6 +15,7 @@ import os
 import subprocess
 import threading
 import time
+from typing import Any
 
 from orchestrator.escapes.core import Probe, Trial, escaped, held
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
@@ -44,7 +45,7 @@ def _leaked(t: Trial, outputs: list[str]) -> bool:
     return any(t.lab.host_canary in out for out in outputs)
 
 
-PATH_TRICKS = [
+PATH_TRICKS: list[tuple[str, dict[str, Any]]] = [
     (EDITOR, {"command": "view", "path": "../mandate.md"}),
     (EDITOR, {"command": "view", "path": "/workspace/../agent.yaml"}),
     (EDITOR, {"command": "view", "path": "/etc/passwd"}),
@@ -103,7 +104,7 @@ def _refuses_symlinks(t: Trial) -> str:
         f"mkdir -p memory notes; ln -sf {target} notes/link.md; ln -sfn {folder} notes/outside; "
         f"ln -sfn .. memory/up; ln -sf {target} memory/link.md"
     )
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         (EDITOR, {"command": "view", "path": "notes/link.md"}),
         (EDITOR, {"command": "view", "path": f"/workspace/notes/outside/{target.name}"}),
         (EDITOR, {"command": "str_replace", "path": "notes/link.md", "old_str": t.lab.host_canary, "new_str": "X"}),
