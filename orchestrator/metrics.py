@@ -61,7 +61,14 @@ TOKEN_KINDS = {
     "thinking": "thinking_tokens",  # a part of output: not to be summed with it
 }
 
-TOOLS = ("bash", "write_file", "send_message", "complete_task")  # the registry's (wake/tools.py, tasks)
+TOOLS = (  # the registry's (wake/tools.py, wake/editor_tool.py, tasks)
+    "bash",
+    "write_file",
+    "send_message",
+    "complete_task",
+    "str_replace_based_edit_tool",
+    "memory",
+)
 WAKE_STATUSES = STATUSES  # a receipt's (records/receipt.py)
 OTHER = "other"  # every value outside its label's set
 MAX_AGENTS = 2000  # agent label values: a fleet far larger than serve is fitted for

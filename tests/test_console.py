@@ -437,11 +437,16 @@ def test_the_metrics_tool_label_is_the_registrys_tools_and_nothing_else(tmp_path
     from orchestrator.wake.task_tools import complete_task_tools
     from orchestrator.wake.tools import build_registry
 
+    from dataclasses import replace
+
+    from orchestrator.policy.schema import MemoryTool
+
+    every = Policy(tools=replace(Policy().tools, memory=MemoryTool(enabled=True)))  # every tool offered
     registry = build_registry(
-        Policy(),
+        every,
         None,
         outbox=lambda text: None,
-        extra=complete_task_tools(tmp_path, "run", Task("t1", "x"), Policy().tools),
+        extra=complete_task_tools(tmp_path, "run", Task("t1", "x"), every.tools),
     )
     assert set(metrics.TOOLS) == set(registry.names())
 

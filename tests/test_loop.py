@@ -213,7 +213,11 @@ def test_disabled_tool_is_not_offered_and_a_call_is_refused(agent_dir, fake_api,
         ]
     )
     live_wake(agent_dir)
-    assert [t["name"] for t in api.requests[0].body["tools"]] == ["write_file", "send_message"]
+    assert [t["name"] for t in api.requests[0].body["tools"]] == [
+        "write_file",
+        "send_message",
+        "str_replace_based_edit_tool",
+    ]
     bash, first, second = tool_results(api.requests[1])
     assert bash.get("is_error") and "disabled" in result_text(bash)
     assert not first.get("is_error") and second.get("is_error") and "max_per_wake" in result_text(second)

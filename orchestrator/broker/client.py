@@ -15,6 +15,8 @@ serving (server.py, transport.py).
 
 from __future__ import annotations
 
+import json
+
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -65,7 +67,7 @@ class BrokerClient:
     def wind_down(self, agent: str) -> None:
         self._ask(ops.WindDown(agent), replies.WoundDown, WIND_DOWN_TIMEOUT_S)
 
-    def call(self, op: ops.Run | ops.Write | ops.Append, timeout_s: float) -> SandboxResult:
+    def call(self, op: ops.Run | ops.Write | ops.Edit | ops.Append, timeout_s: float) -> SandboxResult:
         """A call that makes a container; `timeout_s` is the call's own, the wait adds a margin."""
         return self._ask(op, SandboxResult, timeout_s + REPLY_MARGIN_S)
 
@@ -115,6 +117,18 @@ class BrokerSandbox:
         # protect_git is not sent: the broker applies its own copy of the agent's policy.
         op = ops.Append if append else ops.Write
         return self.broker.call(op(self.agent, path, content), timeout_s)
+
+    def edit(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout_s: float,
+        max_bytes: int,
+        max_chars: int,
+        protect_git: bool = True,
+    ) -> SandboxResult:
+        # Only the model's arguments are sent: the broker applies its own copy of the agent's policy.
+        return self.broker.call(ops.Edit(self.agent, tool, json.dumps(args)), timeout_s)
 
     def files(self) -> "BrokerFiles":
         return BrokerFiles(self.socket_path, self.agent, self.broker.connect_wait_s)

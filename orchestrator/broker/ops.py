@@ -9,6 +9,8 @@ server applies the policy's: is bash on, may this path be written);
                                         # + "grant_hosts": ["api.example.com"]: a call a person approved
                                         # runs with those hosts too, if X's policy and the ceiling allow
   -> {"op": "write", "agent": "demo", "path": "notes/a.md", "content_b64": "..."}
+  -> {"op": "edit",  "agent": "demo", "tool": "str_replace_based_edit_tool", "args": {"command": "view", ...}}
+                                        # Claude's text editor or memory tool (edit_op.py); tool "memory" too
   -> {"op": "append", "agent": "demo", "path": "memory/journal/2026-01-31.md", "content_b64": "..."}
   -> {"op": "check", "agent": "demo"}   # would X be served as its policy stands? (at wake start;
                                         # X's kept pool makes one container ahead again)
@@ -50,11 +52,15 @@ from typing import TypeVar
 
 from orchestrator.broker import replies, wire
 from orchestrator.broker.wire import BrokerError
+from orchestrator.policy.editor_paths import EDITOR, MEMORY
 from orchestrator.sandbox.disks import layers
 from orchestrator.sandbox.egress.network import MAX_GRANT
 from orchestrator.sandbox.disks.workspace_reads import JOURNAL_DIR, READS
 
 MAX_COMMAND_CHARS = 256 * 1024  # a shell string; the kernel's ARG_MAX is ~2 MB
+MAX_EDIT_CHARS = (
+    24 * 1024 * 1024
+)  # an edit's arguments: a create's file_text, max_bytes at most (the line's cap is 32 MiB)
 APPEND_TIMEOUT_S = 30.0  # one journal append; as workspace.STUB_TIMEOUT_S
 READ_TIMEOUT_S = 60.0  # one read: a first one attaches the agent's disk (mkfs, mount)
 APPEND_MAX_BYTES = 160 * 1024  # the largest harness append is a closing note: journal_stub.CLOSING_NOTE_CAP
@@ -105,6 +111,17 @@ class Write:
     path: str
     content: bytes
     op = "write"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One call of Claude's text editor or memory tool: the model's arguments as it sent them
+    (the broker checks them against its own copy of the policy: broker/edit_op.py)."""
+
+    agent: str
+    tool: str  # editor_paths.EDITOR or MEMORY
+    args_json: str  # the tool_use input, a JSON object, at most MAX_EDIT_CHARS
+    op = "edit"
 
 
 @dataclass(frozen=True)
@@ -181,11 +198,43 @@ class Drop:
 
 
 Request = (
-    Ping | Rate | Check | WindDown | Run | Write | Append | Read | Begin | Finish | Diff | Undo | Export | Import | Drop
+    Ping
+    | Rate
+    | Check
+    | WindDown
+    | Run
+    | Write
+    | Edit
+    | Append
+    | Read
+    | Begin
+    | Finish
+    | Diff
+    | Undo
+    | Export
+    | Import
+    | Drop
 )
 OPS: dict[str, type[Request]] = {
     cls.op: cls
-    for cls in (Run, Write, Append, Check, Read, WindDown, Rate, Ping, Begin, Finish, Diff, Undo, Export, Import, Drop)
+    for cls in (
+        Run,
+        Write,
+        Edit,
+        Append,
+        Check,
+        Read,
+        WindDown,
+        Rate,
+        Ping,
+        Begin,
+        Finish,
+        Diff,
+        Undo,
+        Export,
+        Import,
+        Drop,
+    )
 }
 
 
@@ -209,6 +258,8 @@ def parse(obj: object) -> Request:
         return Run(
             agent, _command(obj.get("command")), _cap(obj.get("max_output_chars")), _hosts(obj.get("grant_hosts", []))
         )
+    if cls is Edit:
+        return Edit(agent, _edit_tool(obj.get("tool")), _edit_args(obj.get("args")))
     if cls in (Write, Append):
         path, content = obj.get("path"), _content(obj.get("content_b64", ""))
         if cls is Append:
@@ -237,6 +288,8 @@ def encode(request: Request) -> bytes:
     body = {"op": request.op, **{f.name: getattr(request, f.name) for f in fields(request)}}
     if isinstance(request, (Write, Append)):
         body["content_b64"] = base64.b64encode(body.pop("content")).decode()
+    if isinstance(request, Edit):
+        body["args"] = json.loads(body.pop("args_json"))
     if isinstance(request, Run) and request.max_output_chars is None:
         del body["max_output_chars"]
     if isinstance(request, Run):
@@ -279,6 +332,22 @@ def _hosts(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or len(value) > MAX_GRANT or not all(isinstance(h, str) for h in value):
         raise BrokerError(f"grant_hosts must be a list of at most {MAX_GRANT} host names")
     return tuple(value)
+
+
+def _edit_tool(tool: object) -> str:
+    if tool not in (EDITOR, MEMORY):
+        raise BrokerError(f"tool must be {EDITOR} or {MEMORY}, got {tool!r:.60}")
+    return str(tool)
+
+
+def _edit_args(args: object) -> str:
+    """The tool_use input as one JSON object's text; what it asks is the server's to judge (edit_op.py)."""
+    if not isinstance(args, dict):
+        raise BrokerError("args must be a JSON object (the tool_use input)")
+    text = json.dumps(args)
+    if len(text) > MAX_EDIT_CHARS:
+        raise BrokerError(f"args is {len(text):,} characters; at most {MAX_EDIT_CHARS:,}")
+    return text
 
 
 def _content(value: object) -> bytes:

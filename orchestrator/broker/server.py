@@ -73,7 +73,7 @@ from typing import assert_never
 
 import docker
 
-from orchestrator.broker import nodes, ops, replies, wire
+from orchestrator.broker import edit_op, nodes, ops, replies, wire
 from orchestrator.broker.ops import APPEND_TIMEOUT_S
 from orchestrator.broker.wire import BrokerError
 from orchestrator.policy.agent import Agent, AgentError, load_agent
@@ -187,7 +187,7 @@ class Broker:
                 case ops.Begin():
                     settled = self.keeper.begin(self._startable(req.agent), req.run_id)
                     return replies.Begun(settled.lines, tuple(w.record() for w in settled.discarded))
-                case ops.Run() | ops.Write() | ops.Append():
+                case ops.Run() | ops.Write() | ops.Edit() | ops.Append():
                     return self._call(self._startable(req.agent), req)
                 case _:
                     assert_never(req)
@@ -199,7 +199,7 @@ class Broker:
             raise BrokerError(f"{name}: refused: {halted.describe()}")
         return self._agent(name)
 
-    def _call(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> SandboxResult:
+    def _call(self, agent: Agent, req: ops.Run | ops.Write | ops.Edit | ops.Append) -> SandboxResult:
         """One call that makes a container, as the agent's policy allows it."""
         call = self._allowed(agent, req)  # a refusal comes before any box or container is made
         name = agent.dir.name
@@ -334,7 +334,7 @@ class Broker:
 
     # -- the three ops that make a container ------------------------------------------
 
-    def _allowed(self, agent: Agent, req: ops.Run | ops.Write | ops.Append) -> keeper.Call:
+    def _allowed(self, agent: Agent, req: ops.Run | ops.Write | ops.Edit | ops.Append) -> keeper.Call:
         """The call the agent's policy allows, or BrokerError. Append is allowed whatever
         the tools policy says (a bash-less agent still gets its stub): ops.parse held it
         to one path shape and a size cap."""
@@ -348,6 +348,11 @@ class Broker:
                 raise BrokerError(f"{agent.dir.name}: grant_hosts: {refusal}")
             grant = req.grant_hosts
             return lambda box: box.run(req.command, timeout_s=bash.timeout_s, max_output_chars=cap, grant_hosts=grant)
+        if isinstance(req, ops.Edit):
+            e = edit_op.allowed(agent.dir.name, agent.policy, req)
+            return lambda box: box.edit(
+                e.tool, e.args, e.timeout_s, e.max_bytes, e.max_characters, protect_git=e.protect_git
+            )
         if isinstance(req, ops.Append):
             return lambda box: box.write(req.path, req.content, timeout_s=APPEND_TIMEOUT_S, append=True)
         tool = agent.policy.tools.write_file

@@ -51,6 +51,7 @@ import yaml
 from orchestrator.broker.client import read_wake_diff
 from orchestrator.errors import ConfigError, WakeloopError
 from orchestrator.views import diffview
+from orchestrator.wake.editor_tool import call_diff
 from orchestrator.fleet.control import scheduler_note
 from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
@@ -387,7 +388,8 @@ def turns(lines: list[dict]) -> list[dict]:
                     call = {
                         "id": block.get("id"),
                         "name": block.get("name"),
-                        "input": json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
+                        "input": call_diff(str(block.get("name")), block.get("input"))  # an edit: a small diff
+                        or json.dumps(block.get("input"), ensure_ascii=False, indent=1)[:8000],
                         "result": None,
                     }
                     results[str(block.get("id"))] = call

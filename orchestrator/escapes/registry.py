@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orchestrator.escapes import allowlist
 from orchestrator.escapes import credentials
+from orchestrator.escapes import editor_probes
 from orchestrator.escapes import egress_cap
 from orchestrator.escapes import engine_mount_probes
 from orchestrator.escapes import filesystem
@@ -35,6 +36,7 @@ CATEGORIES = (
 ALL_PROBES = (
     filesystem.PROBES
     + workspace_probes.PROBES
+    + editor_probes.PROBES
     + transaction_probes.PROBES
     + engine_mount_probes.PROBES
     + privileges.PROBES

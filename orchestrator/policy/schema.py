@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.policy.editor_paths import EDITOR, MEMORY, written
 from orchestrator.policy.paths import GIT_DENY, glob_match, is_dotgit, normalise
 from orchestrator.records.retention import Retention
 from orchestrator.safeio.yamlfile import ConfigFileError
@@ -92,10 +93,11 @@ class WriteFileTool:
     def effective_deny(self) -> tuple[str, ...]:
         return (GIT_DENY if self.protect_git else ()) + self.deny
 
-    def refusal(self, path: str, size: int) -> str | None:
+    def refusal(self, path: str, size: int, offered: bool = True) -> str | None:
         """Why a write_file of `size` bytes to workspace-relative `path` is not
-        allowed, as a sentence for the model, or None when it is."""
-        if not self.enabled:
+        allowed, as a sentence for the model, or None when it is. `offered=False`: the rules
+        alone, for Claude's file tools (editor_paths.py), whether write_file is on or not."""
+        if offered and not self.enabled:
             return "the write_file tool is disabled by this agent's policy"
         rel = normalise(path)
         if rel is None:
@@ -140,11 +142,35 @@ class CompleteTaskTool:
 
 
 @dataclass(frozen=True)
+class TextEditorTool:
+    """Claude's own text editor (`str_replace_based_edit_tool`, type text_editor_20250728): view,
+    str_replace, create, insert, each in a fresh box. Its writes obey write_file's globs, max_bytes
+    and protect_git (policy/editor_paths.py), whether or not write_file itself is offered."""
+
+    enabled: bool = True  # offer the model `str_replace_based_edit_tool` (edits in a fresh box)
+    max_characters: int = 20_000  # what one `view` shows at most; sent to the API as max_characters
+    timeout_s: float = 30  # wall clock per call, enforced from the host
+
+
+@dataclass(frozen=True)
+class MemoryTool:
+    """Claude's memory tool (`memory`, type memory_20250818): /memories is the workspace's memory/
+    (core.md and the journal included), confined there; view, create, str_replace, insert, delete,
+    rename, each in a fresh box, under write_file's globs, max_bytes and protect_git."""
+
+    enabled: bool = False  # offer the model `memory` (its memory/ folder as /memories)
+    max_characters: int = 20_000  # what one `view` shows at most
+    timeout_s: float = 30  # wall clock per call, enforced from the host
+
+
+@dataclass(frozen=True)
 class Tools:
     bash: BashTool = field(default_factory=BashTool)  # `bash`: a command in the box
     write_file: WriteFileTool = field(default_factory=WriteFileTool)  # `write_file`: a file in the box
     send_message: SendMessageTool = field(default_factory=SendMessageTool)  # `send_message`: words to you
     complete_task: CompleteTaskTool = field(default_factory=CompleteTaskTool)  # `complete_task`: close a task
+    text_editor: TextEditorTool = field(default_factory=TextEditorTool)  # Claude's text editor, in the box
+    memory: MemoryTool = field(default_factory=MemoryTool)  # Claude's memory tool: /memories is memory/
 
 
 @dataclass(frozen=True)
@@ -256,6 +282,8 @@ class ApproveRule:
 
     def asks(self, tool: str, args: dict[str, Any]) -> str | None:
         """Which glob of this rule the call matches (to name it to the model and the person), or None."""
+        if tool in (EDITOR, MEMORY) and self.tool == "write_file":  # Claude's file tools write files too
+            return next((g for rel in written(tool, args) for g in self.paths if glob_match(g, rel)), None)
         if tool != self.tool:
             return None
         if tool == "bash":

@@ -1,7 +1,7 @@
 """What every sandbox backend offers, and what a call returns.
 
 The tools and the loop see only this: a Sandbox they can run a command in,
-write a file in, and close. Where the box lives (the local engine, the
+write or edit a file in, and close. Where the box lives (the local engine, the
 broker) is the backend's business (engine.py, broker/client.py).
 
 Not here: how a container is made (engine.py), which backend an agent gets
@@ -81,6 +81,19 @@ class Sandbox(Protocol):
     ) -> SandboxResult:
         """protect_git: refuse, in the box, an embedded bare repository's config and hooks
         (programs.WRITE_SCRIPT). A broker applies its own copy of the policy's instead."""
+
+    def edit(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout_s: float,
+        max_bytes: int,
+        max_chars: int,
+        protect_git: bool = True,
+    ) -> SandboxResult:
+        """One call of Claude's text editor or memory tool (editor_request.py), in a fresh box: view,
+        create, str_replace, insert (and the memory tool's delete, rename). A broker applies its own
+        copy of the policy's caps instead of these."""
 
     def wind_down(self) -> None:
         """The wake expects no more calls but perhaps its journal's stub: make no

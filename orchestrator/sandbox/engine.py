@@ -32,7 +32,7 @@ from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
 from orchestrator.sandbox import change_set
-from orchestrator.sandbox.containers import engine_client, oom
+from orchestrator.sandbox.containers import editor_request, engine_client, oom
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
 from orchestrator.sandbox.wakes import wake_layer
 from orchestrator.sandbox.egress import netns, network
@@ -52,6 +52,7 @@ from orchestrator.sandbox.containers.programs import (
     carried,
     command_argv,
     guarded,
+    edit_argv,
     write_argv,
 )
 from orchestrator.policy.paths import check_write_path
@@ -430,6 +431,21 @@ class DockerSandbox:
             return refused(reason)
         # The write script is ours: it never gets the policy's environment.
         return self._call(write_argv(path, append, protect_git), content, timeout_s, 4096, workdir="/")
+
+    def edit(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        timeout_s: float,
+        max_bytes: int,
+        max_chars: int,
+        protect_git: bool = True,
+    ) -> SandboxResult:
+        """One text editor or memory call (editor_request.py), run by our edit program under our environment."""
+        request = editor_request.build(tool, args, max_bytes, max_chars, protect_git)
+        if isinstance(request, str):
+            return refused(request)
+        return self._call(edit_argv(), request, timeout_s, max_chars + editor_request.OVERHEAD_CHARS, workdir="/")
 
     # -- container settings ---------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orchestrator.policy.editor_paths import EDITOR, EDITOR_TYPE, MEMORY, MEMORY_TYPE
 from orchestrator.policy.paths import GIT_DENY, GIT_DENY_NOTE
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
@@ -93,12 +94,30 @@ def docker_run_flags(config: dict[str, Any], host: dict[str, Any]) -> list[str]:
     return flags
 
 
+def _claude_tools(policy: Policy, offered: list[str]) -> list[str]:
+    """Claude's own file tools (tools.text_editor, tools.memory), as offered, and the rules they write under."""
+    t, w = policy.tools, policy.tools.write_file
+    rules = f"writes under write_file's globs, at most {w.max_bytes:,} bytes a file"
+    lines = []
+    if EDITOR in offered:
+        lines.append(
+            f"  {EDITOR} ({EDITOR_TYPE}): /workspace; view shows at most "
+            f"{t.text_editor.max_characters:,} chars; {rules}; timeout {t.text_editor.timeout_s:g}s"
+        )
+    if MEMORY in offered:
+        lines.append(
+            f"  {MEMORY} ({MEMORY_TYPE}): /memories is workspace memory/, nothing else; {rules}; "
+            f"timeout {t.memory.timeout_s:g}s"
+        )
+    return lines
+
+
 def explain(policy: Policy, box: DockerSandbox, registry: Registry) -> str:
     """The text `policy explain` prints: tools offered, then each call's docker run."""
     lines = [f"policy: {policy.source}", "", "tools offered to the model:"]
     offered = registry.names()
     t = policy.tools
-    for name in ("bash", "write_file", "send_message"):
+    for name in ("bash", "write_file", "send_message", EDITOR, MEMORY):
         if name not in offered:
             lines.append(f"  {name}: NOT OFFERED (disabled); a call to it anyway is refused")
     if "bash" in offered:
@@ -119,6 +138,7 @@ def explain(policy: Policy, box: DockerSandbox, registry: Registry) -> str:
             lines.append("    note: the globs bind write_file only; bash can write anywhere in /workspace")
     if "send_message" in offered:
         lines.append(f"  send_message: at most {t.send_message.max_per_wake} per wake")
+    lines += _claude_tools(policy, offered)
     s = policy.sandbox
     lines += [
         "",

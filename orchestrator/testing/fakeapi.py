@@ -23,6 +23,10 @@ it came in, or it is a 400. Usage splits cache writes by TTL
 (`cache_creation`), counts thinking in `output_tokens_details`, names
 `inference_geo`, and a refusal carries `stop_details`.
 
+It knows Claude's own client tools (CLIENT_TOOLS): a typed entry must carry
+its one name (a text_editor_20250728 under another name is a 400), and the
+scripts can call them (`edit()`, `memory()`: tool_use blocks of those names).
+
 It records every request (body and headers) so tests assert on what the
 harness really sent. Usage numbers are scripted, or computed by a small
 model of prompt caching: every cache_control breakpoint writes its prefix
@@ -90,6 +94,24 @@ def thinking(t: str) -> dict:
 
 def tool_use(name: str, input, id: str | None = None) -> dict:
     return {"type": "tool_use", "id": id or f"toolu_fake_{next(_ids):04d}", "name": name, "input": input}
+
+
+def edit(command: str, path: str, id: str | None = None, **args) -> dict:
+    """A call of Claude's text editor (text_editor_20250728, named str_replace_based_edit_tool)."""
+    return tool_use("str_replace_based_edit_tool", {"command": command, "path": path, **args}, id)
+
+
+def memory(command: str, id: str | None = None, **args) -> dict:
+    """A call of Claude's memory tool (memory_20250818): paths under /memories."""
+    return tool_use("memory", {"command": command, **args}, id)
+
+
+# Anthropic-defined client tools: their type and the one name each must be offered under.
+CLIENT_TOOLS = {
+    "bash_20250124": "bash",
+    "text_editor_20250728": "str_replace_based_edit_tool",
+    "memory_20250818": "memory",
+}
 
 
 def turn(*blocks: dict, stop_reason: str | None = None, usage: dict | None = None) -> Reply:
@@ -161,6 +183,9 @@ def refused(body: dict) -> str:
     sent = [k for k in SAMPLING if k in body]
     if sent:
         return f"{sent[0]}: sampling parameters are not supported with this API version"
+    bad_tool = _tool_refused(body.get("tools") or [])
+    if bad_tool:
+        return bad_tool
     if model not in STRICT:
         return ""
     kind = (body.get("tool_choice") or {}).get("type")
@@ -171,6 +196,27 @@ def refused(body: dict) -> str:
         return f"thinking.type 'enabled' is not supported on {model}; use adaptive (with output_config.effort)"
     if think == "disabled" or (think == "between_tools" and model not in BETWEEN_TOOLS):
         return f"thinking.type {think!r} is not supported on {model}"
+    return ""
+
+
+def _tool_refused(tools: list) -> str:
+    """Why the API would refuse a tool entry: an Anthropic-defined type under another name, an
+    unknown type, a max_characters that is not a positive whole number, a name offered twice."""
+    names = [t.get("name") for t in tools if isinstance(t, dict)]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:
+        return f"tools: tool names must be unique: {twice!r}"
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in (None, "custom"):
+            continue
+        if kind not in CLIENT_TOOLS:
+            return f"tools.{i}.type: unknown tool type {kind!r}"
+        if tool.get("name") != CLIENT_TOOLS[kind]:
+            return f"tools.{i}.name: a {kind} tool must be named {CLIENT_TOOLS[kind]!r}"
+        chars = tool.get("max_characters")
+        if chars is not None and (isinstance(chars, bool) or not isinstance(chars, int) or chars < 1):
+            return f"tools.{i}.max_characters: must be a positive integer"
     return ""
 
 

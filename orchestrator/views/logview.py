@@ -2,8 +2,9 @@
 
 `wakeloop log AGENT --run ID` (or `wakeloop transcript AGENT [ID]`) renders
 records/transcript.py's lines: who spoke, what ran, exit codes, timings,
-cost. `-f` follows the newest transcript until its `end` line; `wakeloop log
-ROOT` follows every agent's events.jsonl, a line per event prefixed by the
+cost; a text editor or memory str_replace/insert as a small diff. `-f`
+follows the newest transcript until its `end` line; `wakeloop log ROOT`
+follows every agent's events.jsonl, a line per event prefixed by the
 agent's name. Everything the model or a command wrote is untrusted: cleaned
 of escape sequences (sandbox/output.clean) before it reaches a terminal.
 
@@ -29,6 +30,7 @@ from orchestrator.records.receipt import Usage
 from orchestrator.safeio.shown import shown
 from orchestrator.records.transcript import parse_line, prompt_text
 from orchestrator.sandbox.containers.output import clean
+from orchestrator.wake.editor_tool import call_diff
 from orchestrator.records.retention import LINE_CAP, holder
 
 POLL_S = 0.2  # how often a followed file is looked at again
@@ -82,11 +84,19 @@ def _assistant(t: str, step: str, line: dict) -> str:
         elif block.get("type") == "thinking":  # a 5.x model's words between tool calls come back as these
             out.append(_indent(f"(thinking) {block.get('thinking')}" if block.get("thinking") else THINKING_OMITTED))
         elif block.get("type") == "tool_use":
+            diff = call_diff(str(block.get("name")), block.get("input"))
             args = json.dumps(block.get("input"), ensure_ascii=False)
-            out.append(f"  -> {block.get('name')} {clean(args)[:INPUT_CAP]}")
+            out.append(f"  -> {block.get('name')} {clean(args)[:INPUT_CAP]}" if not diff else _edit(block, diff))
     tokens = Usage.from_json(line.get("usage")).tokens  # any version's names (receipt.OLD_NAMES)
     head = f"{t} {step}model > ({line.get('stop_reason')}, {tokens:,} tokens, ${line.get('usd_so_far', 0):.4f} so far)"
     return "\n".join([head, *out])
+
+
+def _edit(block: dict, diff: str) -> str:
+    """A text editor or memory str_replace/insert as the edit it is: its command, then a small diff."""
+    return f"  -> {block.get('name')} {clean(str(block['input'].get('command')))}\n" + "\n".join(
+        "     " + row for row in clean(diff).splitlines()
+    )
 
 
 THINKING_OMITTED = "(thinking, not shown: the model was not asked for a summary)"

@@ -236,6 +236,12 @@ def _rules(agent: Agent) -> str:
         "your journal entry and the harness appends it to today's journal for you.",
         "- When you are finished, stop calling tools and reply with a short closing note.",
     ]
+    if tools.memory.enabled:
+        rules.insert(
+            2,
+            "- The memory tool's /memories is this same memory/ folder: /memories/core.md is "
+            "memory/core.md, read into this prompt at every wake.",
+        )
     if tools.send_message.enabled:
         rules.insert(
             2,

@@ -1,7 +1,8 @@
 """The tool registry (seed 003's Registry/Tool): what the model can call, checked against the policy.
 
 Three tools: `bash` and `write_file` run in a fresh sandbox container each
-call; `send_message` appends to state/outbox.txt on the host, where the agent
+call, as do Claude's own text editor and memory tool (editor_tool.py);
+`send_message` appends to state/outbox.txt on the host, where the agent
 can never forge or erase it. A disabled tool is not offered at all, and a
 call to it anyway is refused with a reason.
 
@@ -22,52 +23,17 @@ Not here: the order of calls and the events (loop.py), the container
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.egress.network import grant_refusal
+from orchestrator.wake.editor_tool import editor_tools
+from orchestrator.wake.tool_result import Tool, ToolResult, denied, error, sandbox_detail
 
-TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool}
+__all__ = ["Registry", "Tool", "ToolResult", "build_registry", "check_args", "denied", "error"]
 
-
-@dataclass(frozen=True)
-class ToolResult:
-    text: str  # what the model reads
-    is_error: bool = False
-    denied: str | None = None  # a policy refusal, logged as policy_denied
-    detail: dict[str, Any] = field(default_factory=dict)  # exit code, duration, bytes, ... for the event log
-
-    def to_anthropic(self, tool_use_id: str) -> dict[str, Any]:
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": self.text}
-        if self.is_error:
-            block["is_error"] = True
-        return block
-
-
-def error(text: str, **detail: Any) -> ToolResult:
-    return ToolResult(text=f"ERROR: {text}", is_error=True, detail=detail)
-
-
-def denied(reason: str) -> ToolResult:
-    return ToolResult(text=f"REFUSED by policy: {reason}", is_error=True, denied=reason)
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    handler: Callable[[dict[str, Any]], ToolResult]
-    enabled: bool = True
-    disabled_reason: str = ""
-    granted: Callable[[dict[str, Any], tuple[str, ...]], ToolResult] | None = (
-        None  # bash: run with hosts a person approved
-    )
-
-    def to_anthropic(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool, "array": list}
 
 
 class Asker(Protocol):
@@ -210,6 +176,7 @@ def build_registry(
                 t.send_message.enabled,
                 "the send_message tool is disabled by this agent's policy",
             ),
+            *editor_tools(policy, sandbox, box._timeout),
             *extra,
         ],
         asker,
@@ -302,17 +269,7 @@ def cut_message(text: str, max_chars: int) -> tuple[str, str]:
 
 
 def _from_sandbox(result: SandboxResult, error_on_fail: bool) -> ToolResult:
-    detail = {
-        "exit_code": result.exit_code,
-        "duration_ms": result.duration_ms,
-        "bytes": result.output_bytes,
-        "truncated": result.truncated,
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
-        "container_id": result.container_id,
-        **({"stopped": True} if result.stopped else {}),
-        **({"asked_hosts": list(result.asked_hosts)} if result.asked_hosts else {}),
-    }
+    detail = sandbox_detail(result)
     if result.no_room:  # the disk guard did not start it: the wake records it and tells the operator
         return ToolResult(text=result.for_model(), is_error=True, detail=detail | {"no_room": result.no_room})
     return ToolResult(text=result.for_model(), is_error=error_on_fail and not result.ok, detail=detail)

@@ -1,7 +1,7 @@
 """Every program of ours that runs inside a box, and how each is started.
 
 The seccomp guard (first in every call), the pool's launcher, write_file's
-script and the allowlist network's netns holder. The Python ones are real
+script, the text editor's (in_box/edit.py) and the allowlist network's netns holder. The Python ones are real
 files in in_box/ (shipped as package data, checked by ruff and mypy like the
 rest, for the image's python3: 3.11), read here once at import, so that
 `policy explain`, the escape probes and the engine all name the same text.
@@ -213,6 +213,17 @@ WRITE_SCRIPT = _program("write_script")
 def write_argv(path: str, append: bool = False, protect_git: bool = True) -> list[str]:
     """What a write_file call runs in the box (from /, content on stdin)."""
     return [PYTHON, "-I", "-c", WRITE_SCRIPT, path, "append" if append else "write", "git" if protect_git else "-"]
+
+
+# The text editor's and the memory tool's one program (sandbox/containers/editor_request.py builds its request), run
+# as the write script is: `python3 -I` from /, under our environment, its request on stdin. It walks every
+# path from /workspace with O_NOFOLLOW and edits through the descriptor it opened (in_box/edit.py says how).
+EDIT_SCRIPT = _program("edit")
+
+
+def edit_argv() -> list[str]:
+    """What a text editor or memory call runs in the box (from /, its request as JSON on stdin)."""
+    return [PYTHON, "-I", "-c", EDIT_SCRIPT]
 
 
 NOBODY = "65534"  # the holder sleeps as this uid after dropping everything
