@@ -1,11 +1,10 @@
 """What the text editor saves a wake: five lines changed across three 2,000-line files, with
 write_file (each whole file read, then sent back) and with Claude's text editor (view_range, str_replace).
 
-One agent per wake, its workspace seeded with the same three files (src/alpha.py,
-src/beta.py, src/gamma.py, about 70 KB each), its mandate naming the five lines and
-the change to each. The model is orchestrator/testing/fakeapi.py at the wire (the
-real `anthropic` SDK streaming from it), scripted each way, and it works from what
-the tools answered it:
+One agent per wake, its workspace seeded with the same three Python files (FILES, about
+65 KB each), its mandate naming the five lines and the change to each. The model is
+orchestrator/testing/fakeapi.py at the wire (the real `anthropic` SDK streaming from
+it), scripted each way, and it works from what the tools answered it:
 
 - write_file: per file, `bash cat` the file (the whole of it: it must be sent back),
   then `write_file` it whole with its lines changed (3 reads, 3 writes);
@@ -215,8 +214,6 @@ def on_disk(agent: Agent, write: dict[str, str] | None = None) -> dict[str, str]
 
 
 def one_wake(where: Path, way: str, runtime: str) -> Sample:
-    from orchestrator.records.ledger import cost_usd, load_prices, price_for
-    from orchestrator.testing.fakeapi import cache_model
     from orchestrator.wake.loop import wake
 
     agent = new_agent(where, runtime)
@@ -228,21 +225,7 @@ def one_wake(where: Path, way: str, runtime: str) -> Sample:
         wall = time.perf_counter() - started
     check_receipt(receipt, way)
     posts = [r for r in api.requests if r.path.startswith("/v1/messages")]
-    for rec, chars in zip(posts, model.reply_chars, strict=True):
-        if chars // 4 > rec.body["max_tokens"]:  # a real model would have been cut off there
-            raise SystemExit(
-                f"bench: {way}: a reply of ~{chars // 4:,} tokens past max_tokens {rec.body['max_tokens']}"
-            )
-    usage, sent = receipt.usage, sum(len(r.raw) for r in posts)
-    recount = sum(cache_model(r.body, set())[2] for r in posts)
-    if recount != usage.prompt_tokens or sum(max(1, c // 4) for c in model.reply_chars) != usage.output_tokens:
-        raise SystemExit(f"bench: {way}: the receipt's tokens are not the fake's: {usage} vs {recount} by the rule")
-    if abs(recount * 4 - sent) > sent / 10:  # the rule counts what was sent, not a part of it
-        raise SystemExit(f"bench: {way}: {recount:,} tokens by the rule for {sent:,} bytes sent")
-    # the wake's usage priced as one: right while the model's price has no long-prompt band (Sonnet 5.5's has none)
-    price = price_for(agent.model, load_prices())
-    if price is None or receipt.usd is None or abs(cost_usd(price, usage) - receipt.usd) > 1e-4:
-        raise SystemExit(f"bench: {way}: the receipt's USD ({receipt.usd}) is not {agent.model}'s price of its usage")
+    sent = check_counts(way, posts, model.reply_chars, receipt)
     ends = on_disk(agent)
     if ends != expected():
         wrong = [p for p in FILES if ends[p] != expected()[p]]
@@ -251,10 +234,10 @@ def one_wake(where: Path, way: str, runtime: str) -> Sample:
     return Sample(
         way,
         receipt.model,
-        usage.prompt_tokens,
-        usage.output_tokens,
-        usage.cache_read_tokens,
-        usage.cache_write_tokens,
+        receipt.usage.prompt_tokens,
+        receipt.usage.output_tokens,
+        receipt.usage.cache_read_tokens,
+        receipt.usage.cache_write_tokens,
         receipt.usd,
         wall,
         len(posts),
@@ -262,6 +245,29 @@ def one_wake(where: Path, way: str, runtime: str) -> Sample:
         sum(model.reply_chars),
         digest,
     )
+
+
+def check_counts(way: str, posts: list, reply_chars: list[int], receipt) -> int:
+    """The bytes the wake's requests sent, once its tokens are checked: no reply past its max_tokens,
+    the receipt's tokens the fake's rule applied to what was sent and answered, its USD the model's
+    price of them. Any other: the bench fails."""
+    from orchestrator.records.ledger import cost_usd, load_prices, price_for
+    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN as PER, cache_model
+
+    for rec, chars in zip(posts, reply_chars, strict=True):
+        if chars // PER > rec.body["max_tokens"]:  # a real model would have been cut off there
+            raise SystemExit(f"bench: {way}: a reply of ~{chars // PER:,} tokens past max_tokens")
+    usage, sent = receipt.usage, sum(len(r.raw) for r in posts)
+    recount = sum(cache_model(r.body, set())[2] for r in posts)
+    if recount != usage.prompt_tokens or sum(max(1, c // PER) for c in reply_chars) != usage.output_tokens:
+        raise SystemExit(f"bench: {way}: the receipt's tokens are not the fake's: {usage} vs {recount} by the rule")
+    if abs(recount * PER - sent) > sent / 10:  # the rule counts what was sent, not a part of it
+        raise SystemExit(f"bench: {way}: {recount:,} tokens by the rule for {sent:,} bytes sent")
+    # the wake's usage priced as one: right while the model's price has no long-prompt band (Sonnet 5.5's has none)
+    price = price_for(receipt.model, load_prices())
+    if price is None or receipt.usd is None or abs(cost_usd(price, usage) - receipt.usd) > 1e-4:
+        raise SystemExit(f"bench: {way}: the receipt's USD ({receipt.usd}) is not {receipt.model}'s price of its usage")
+    return sent
 
 
 # -- the table -------------------------------------------------------------------
