@@ -82,3 +82,17 @@ def test_the_api_limit_benches_run_and_the_gated_fleet_ends_with_no_dead_letter(
             assert int(kept.split()[2].replace(",", "")) < int(before.split()[2].replace(",", "")), proc.stdout
         if args[0] == "bench.cache_floor":
             assert any(line.startswith("billed / floor") for line in lines), proc.stdout
+
+
+def test_the_editing_bench_leaves_the_same_files_both_ways_and_nothing_behind():
+    """bench/editing.py: one wake with write_file, one with the text editor, real boxes. The bench itself
+    fails on end files that differ from the expected ones; here, that its table and ratio are printed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.editing", "--runs", "1"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| ")}
+    write, editor = rows["| write_file"], rows["| text editor"]
+    assert write[-1] == editor[-1], proc.stdout  # the end files' digest
+    assert "| write_file / editor" in rows, proc.stdout
+    assert proc.stdout.rstrip().endswith("(removed now): 0")
