@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import Stats, stats
-from orchestrator.policy.schema import Approve, ApproveRule, MAX_APPROVE_RULES
+from orchestrator.policy.schema import MAX_APPROVE_RULES, Approve, ApproveRule
 from orchestrator.records import approvals
 
 N = 200

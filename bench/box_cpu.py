@@ -32,7 +32,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def busy_s() -> float:
     """The host's CPU seconds not idle, since boot (all cores)."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / TICK  # less idle and iowait
 
 

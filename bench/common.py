@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.policy.agent import Agent, load_agent
+from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.disks import disk, disk_attach, disk_survey
 from orchestrator.sandbox.egress import netns
 from orchestrator.sandbox.engine import LABEL
-from orchestrator.sandbox.containers.engine_client import connect
 from tests.helpers import make_agent
 
 PACE_S = 0.3  # the fake API's wait before each answer: a model takes at least this

@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.common import say
@@ -152,7 +152,7 @@ def build_root(root: Path, agents: int, wakes: int) -> None:
 
     receipt, events, transcript, prompts = template_wake(root.parent)
     day0 = receipt.started_at[:10]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rnd = random.Random(7)
     for a in range(agents):
         path = root / f"agent-{a:03d}"

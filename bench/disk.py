@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Stats, cleanup, bench_agent, own_disks, say, stats, timed_ms
+from bench.common import Stats, bench_agent, cleanup, own_disks, say, stats, timed_ms
 from bench.per_call import Reference
 from orchestrator.sandbox.disks import disk_attach
 from orchestrator.sandbox.engine import DockerSandbox

@@ -25,7 +25,7 @@ wire beside them (requests' bodies; replies' content JSON), which need no rule.
 
     python -m bench.editing [--runs 5] [--runtime runsc]
 
-Not here: the editor itself (wake/editor_tool.py, sandbox/in_box/edit.py), its tests
+Not here: the editor itself (wake/editor_tool.py, sandbox/containers/in_box/edit.py), its tests
 (tests/test_editor_wake.py), a model's generation time (the fake answers at once).
 """
 
@@ -252,7 +252,8 @@ def check_counts(way: str, posts: list, reply_chars: list[int], receipt) -> int:
     the receipt's tokens the fake's rule applied to what was sent and answered, its USD the model's
     price of them. Any other: the bench fails."""
     from orchestrator.records.ledger import cost_usd, load_prices, price_for
-    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN as PER, cache_model
+    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN as PER
+    from orchestrator.testing.fakeapi import cache_model
 
     for rec, chars in zip(posts, reply_chars, strict=True):
         if chars // PER > rec.body["max_tokens"]:  # a real model would have been cut off there

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.common import Stats, stats
@@ -81,7 +81,7 @@ def main() -> None:
         size = (state / egress.EGRESS_FILE).stat().st_size
         live = timed(lambda: egress.summarize(state, RUN), args.repeat)
         every = timed(lambda: sum(1 for _ in egress.read(state)), args.repeat)
-        rotated_at = datetime.now(timezone.utc) + timedelta(seconds=1)
+        rotated_at = datetime.now(UTC) + timedelta(seconds=1)
         enforce(state, Retention(rotate_size=1), rotated_at)
         egress.append(state, [decision(RUN, n) for n in range(10)], secrets=())
         rotated = timed(lambda: egress.summarize(state, RUN), args.repeat)

@@ -63,8 +63,8 @@ from bench.scale import SCALE_TOOL_STEPS, scale_tools
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.sandbox import rate
-from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.containers.engine_client import connect
+from orchestrator.sandbox.engine import LABEL
 from tests.helpers import REPO, scrubbed_env
 
 PACE_S = 1.0  # the fake model's answer time (issue 14)

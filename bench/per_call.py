@@ -29,16 +29,16 @@ from pathlib import Path
 
 from bench.common import (
     PACE_S,
-    as_one_runs_it,
     TOKEN_CAP,
     WRITE_BYTES,
     LiveEnv,
     Script,
     Stats,
+    as_one_runs_it,
+    bench_agent,
     check_receipt,
     fake_api,
     idle_cost,
-    bench_agent,
     stats,
     timed_ms,
 )
@@ -130,8 +130,8 @@ class Reference:
     """The CLI commands the sandbox calls are compared with, and the warm container for exec."""
 
     def __init__(self, box: DockerSandbox):
-        from orchestrator.sandbox.explain import docker_run_flags
         from orchestrator.sandbox.containers.programs import write_argv as box_write_argv
+        from orchestrator.sandbox.explain import docker_run_flags
 
         true_cfg, true_host = as_one_runs_it(*box.container_spec(["bash", "-c", "true"], "bench-ref"))
         write_argv = box_write_argv("bench/ref.txt")

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PACE_S, bash_true, cleanup, bench_agent, own_disks, say, stats, write_1k
+from bench.common import PACE_S, bash_true, bench_agent, cleanup, own_disks, say, stats, write_1k
 from bench.disk import measure as disk_cost
 from bench.per_call import Reference, References, back_to_back, paced_wake
 from bench.records_cost import queue_per_notification, transcript_per_step

@@ -28,10 +28,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.sandbox.explain import docker_run_flags
-from orchestrator.sandbox.engine import DockerSandbox
 from bench.common import PACE_S, as_one_runs_it, idle_cost
+from orchestrator.policy.agent import init_agent, load_agent
+from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.explain import docker_run_flags
 
 
 def timed(fn) -> float:

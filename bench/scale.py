@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import KEY, PACE_S, WRITE_BYTES, Script, bench_agent, fake_api, say
-from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.containers.engine_client import connect
+from orchestrator.sandbox.engine import LABEL
 from tests.helpers import REPO
 
 SCALE_TOOL_STEPS = 4  # tool calls in each scale wake (3 bash, 1 write_file), then the end

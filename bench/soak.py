@@ -299,8 +299,8 @@ def state_bytes(root: Path) -> int:
 
 def release_disks(tmp: Path) -> None:
     """Detach and delete every disk the soak made (its folder is the soak's own)."""
-    from orchestrator.sandbox.disks import disk, disk_attach, disk_survey
     from orchestrator.sandbox.containers.engine_client import connect
+    from orchestrator.sandbox.disks import disk, disk_attach, disk_survey
 
     if not (tmp / "disks").is_dir():
         return
@@ -446,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
 def standin_child(root: str) -> int:
     """`wakeloop serve ROOT` (the CLI's own command, its scheduler, sender, console hooks and
     all), each wake's box the stand-in sandbox: nothing of serve's is left out but the engine."""
+    from bench.wake_cost import StandInSandbox
     from orchestrator.cli import wakeloop
     from orchestrator.wake import loop
-    from bench.wake_cost import StandInSandbox
 
     loop.open_sandbox = lambda agent, **_: StandInSandbox(workspace=agent.workspace)
     if os.environ.get(TRACE_ENV):

@@ -78,9 +78,9 @@ def main() -> int:
 def measure(tmp: Path, place: Path, agents: int, threads: int) -> int:
     import orchestrator
     from orchestrator.policy.agent import init_agent, load_agent
+    from orchestrator.sandbox.containers.engine_client import connect
     from orchestrator.sandbox.disks import disk_attach, disk_survey
     from orchestrator.sandbox.engine import DockerSandbox
-    from orchestrator.sandbox.containers.engine_client import connect
 
     client = connect()
     st = os.statvfs(place)
@@ -165,6 +165,7 @@ def guard_alone(place: Path, times: int) -> list[float]:
 def per_call(tmp: Path, calls: int) -> int:
     import contextlib
     import statistics
+
     from orchestrator.policy.agent import init_agent, load_agent
     from orchestrator.sandbox.disks import disk_room
     from orchestrator.sandbox.engine import DockerSandbox

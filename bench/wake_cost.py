@@ -28,14 +28,14 @@ from bench.common import (
     Script,
     Stats,
     bash_true,
+    bench_agent,
     check_receipt,
     fake_api,
-    bench_agent,
     stats,
     write_1k,
 )
-from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.sandbox.box import SandboxResult
+from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.sandbox.disks.workspace_reads import HostFiles
 
 OVERHEAD_STEPS = 60  # model steps in the orchestrator-overhead wake
@@ -175,7 +175,7 @@ def long_mandate() -> str:
 
 def without_cache(script: Script):
     """A responder billing every input token uncached, as if no breakpoint were sent."""
-    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN, strip_cache_control, cache_model, usage
+    from orchestrator.testing.fakeapi import CHARS_PER_TOKEN, cache_model, strip_cache_control, usage
 
     def respond(rec):
         reply = script(rec)

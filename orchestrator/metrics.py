@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Callable, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import Event
@@ -156,6 +156,7 @@ def install(registry: CollectorRegistry | None = None) -> CollectorRegistry:
     """Turn the metrics on in this process (idempotent); returns the registry they live in."""
     global _m
     from prometheus_client import REGISTRY
+
     from orchestrator.records.events import listen
 
     with _install_lock:
@@ -231,6 +232,7 @@ def serve_alone(addr: str, host_check: Callable[[int], Callable[[str | None], bo
     import socket
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
     from prometheus_client import make_wsgi_app
 
     host, port = split_addr(addr)

@@ -19,9 +19,9 @@ import docker
 import pytest
 
 from orchestrator.policy.agent import init_agent, load_agent
-from tests.helpers.leftovers import our_containers
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
+from tests.helpers.leftovers import our_containers
 
 # Agents' disk images (disk.py) of this session go to a directory of its own,
 # in this process and in every CLI it runs (support.scrubbed_env keeps it).

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import live_wake, support
-from tests.helpers.recorded import first_user_text, tool_result_texts
-from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import PolicyError
 from orchestrator.records import approvals
 from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.wake.loop import wake
+from tests.helpers import live_wake, support
+from tests.helpers.recorded import first_user_text, tool_result_texts
 
 ALLOWLIST = "sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n"  # what a network_host rule needs
 PUSH = "echo pushed > pushed.txt; echo push-output"  # stands in for `git push`: it leaves a trace
@@ -226,12 +226,12 @@ def test_the_notification_reaches_a_receiver_and_its_link_approves_in_chromium_a
     """A real webhook receiver gets the `approval` notification; Debian's headless Chromium (as
     tests/test_console_browser.py drives it) opens its link signed out, goes through the sign-in
     form and back to the confirm page, and its button approves; the next wake runs the call."""
-    from tests.helpers.browser import arrived, by_css, chromium
-    from tests.helpers.console import TOKEN
     from orchestrator.console.app import Console, start
     from orchestrator.console.auth import Access
-    from orchestrator.notify.sender import send_due
     from orchestrator.escapes.surfaces.receivers import Hook
+    from orchestrator.notify.sender import send_due
+    from tests.helpers.browser import arrived, by_css, chromium
+    from tests.helpers.console import TOKEN
 
     root = tmp_path / "agents"
     agent_dir = init_agent(root / "ops")
@@ -363,6 +363,7 @@ def test_the_link_key_is_never_seen_half_made_by_readers_racing_its_maker(tmp_pa
     """The console's warm-up and a wake's notification may both be first to need the key: each
     must get the one whole key (it was once read as 0 bytes by the second, failing a probe)."""
     import threading
+
     from orchestrator.records import approval_links
 
     def get(root, start, keys, errors):

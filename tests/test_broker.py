@@ -7,8 +7,8 @@ on the engine. The client is BrokerSandbox, the same class the orchestrator uses
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,27 +19,26 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.helpers.leftovers import our_containers
-from orchestrator.sandbox import keeper as keeper_module
-from orchestrator.sandbox.egress import network
-from orchestrator.policy.agent import init_agent, load_agent
-from orchestrator.broker.ops import APPEND_MAX_BYTES
-from orchestrator.broker.wire import BrokerError
-from orchestrator.broker.server import Broker
-from orchestrator.sandbox.keeper import HOST_ROOT_ENV
 from orchestrator.broker.client import BrokerClient, BrokerSandbox
+from orchestrator.broker.ops import APPEND_MAX_BYTES
+from orchestrator.broker.server import Broker
+from orchestrator.broker.wire import BrokerError
 from orchestrator.escapes.broker_probes import _egress_keys
+from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import DEFAULT
-from orchestrator.wake.journal_stub import CLOSING_NOTE_CAP
-from orchestrator.sandbox.engine import LABEL
+from orchestrator.sandbox import keeper as keeper_module
 from orchestrator.sandbox.box import SandboxError
-from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers
-from orchestrator.sandbox.wakes import undo_folders, wake_layer
 from orchestrator.sandbox.change_set import MAX_LISTED, WakeChanges
-from orchestrator.wake.journal_stub import append_in_sandbox
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers
+from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.engine import LABEL
+from orchestrator.sandbox.keeper import HOST_ROOT_ENV
+from orchestrator.sandbox.wakes import undo_folders, wake_layer
+from orchestrator.wake.journal_stub import CLOSING_NOTE_CAP, append_in_sandbox
 from tests.helpers import REPO, scrubbed_env, set_policy, today, wait_for
 from tests.helpers.broker import served, served_tls
+from tests.helpers.leftovers import our_containers
 
 POOL_WAIT_S = 30  # a pool refill: create and start two containers
 MEMORY_PROBE = (
@@ -175,7 +174,7 @@ def test_the_compose_healthcheck_pings_the_broker_with_the_wires_own_line(broker
     from orchestrator import healthcheck
     from orchestrator.broker import ops
 
-    assert healthcheck.PING == ops.encode(ops.Ping())
+    assert ops.encode(ops.Ping()) == healthcheck.PING
     assert healthcheck.broker(str(broker)) is None and healthcheck.main(["broker", str(broker)]) == 0
     assert healthcheck.main(["broker", str(tmp_path / "no.sock")]) == 1
 

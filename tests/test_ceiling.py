@@ -13,7 +13,6 @@ import pytest
 from orchestrator.policy.ceiling import Ceiling, load_ceiling
 from orchestrator.policy.load import load_policy
 from orchestrator.policy.schema import DEFAULT, PolicyError
-
 from tests.helpers import REPO
 
 SHIPPED = REPO / "policies" / "ceiling.yaml"
@@ -219,6 +218,7 @@ def schema_numbers(cls=None, prefix: str = "") -> dict[str, type]:
     walked from the declared types (not from ceiling.py, whose walk this checks)."""
     import dataclasses
     import typing
+
     from orchestrator.policy.schema import Policy
 
     cls = cls or Policy

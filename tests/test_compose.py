@@ -16,11 +16,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
-from datetime import datetime, timezone
 
 import pytest
 import yaml
+
 from orchestrator.sandbox.disks import disk
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
 from tests.helpers.life import LIFE_POLICY, live_a_life, prepare
@@ -113,7 +114,7 @@ def test_compose_up_wakes_the_demo_agent_and_down_leaves_no_sandbox(compose, doc
 
     # The workspace is on the demo's disk, which only the broker mounts: the
     # orchestrator reads it through the broker, as a wake's context does.
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     context = compose("exec", "-T", "orchestrator", "wakeloop", "context", "/agents/demo").stdout
     assert f"--- {day}.md ---" in context and f"Wake #{wake_no}" in context
     host_journal = REPO / f"agents/demo/workspace/memory/journal/{day}.md"  # the folder, not the disk

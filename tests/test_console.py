@@ -12,10 +12,10 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -27,9 +27,9 @@ from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
 from orchestrator.console.escapes import Runner
 from orchestrator.fleet.wake_history import WakeIndex
-from orchestrator.records.health import load as load_health
 from orchestrator.policy.agent import init_agent
 from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.records.health import load as load_health
 from orchestrator.records.state import append_outbox, peek_inbox
 from orchestrator.records.tasks import load_tasks
 from tests.helpers import REPO, run_cli, scrubbed_env, wait_for
@@ -432,14 +432,12 @@ def series(client: Client) -> set[str]:
 
 
 def test_the_metrics_tool_label_is_the_registrys_tools_and_nothing_else(tmp_path):
-    from orchestrator.policy.schema import Policy
+    from dataclasses import replace
+
+    from orchestrator.policy.schema import MemoryTool, Policy
     from orchestrator.records.tasks import Task
     from orchestrator.wake.task_tools import complete_task_tools
     from orchestrator.wake.tools import build_registry
-
-    from dataclasses import replace
-
-    from orchestrator.policy.schema import MemoryTool
 
     every = Policy(tools=replace(Policy().tools, memory=MemoryTool(enabled=True)))  # every tool offered
     registry = build_registry(

@@ -167,6 +167,7 @@ def test_the_approval_notification_carries_its_links_intact_on_every_channel_and
     """Slack escapes the agent's words (a fake link among them arrives as text), yet our links,
     first in the text, arrive whole; email carries them in the body; the webhook as fields too."""
     import yaml
+
     from orchestrator.notify import outcomes, queue
     from orchestrator.notify.channels import _message, slack_text
     from orchestrator.policy.agent import load_agent

@@ -31,8 +31,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
 from orchestrator.escapes.surfaces.receivers import Hook
+from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, text, tool_use, turn
 from tests.helpers import REPO, make_agent, run_cli, scrubbed_env, wait_for
 from tests.helpers.browser import CHROMEDRIVER, CHROMIUM, arrived, by_css, chromium
 

@@ -8,8 +8,6 @@ jumps, or a host file changes.
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import re
@@ -17,15 +15,17 @@ import stat
 import threading
 import time
 import tracemalloc
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from orchestrator.policy.agent import load_agent
-from orchestrator.wake.context import build_context, system_prompt
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.sandbox.disks.workspace_reads import READ_CAP, journal_size, read_text
 from orchestrator.records.transcript import prompt_text
+from orchestrator.sandbox.disks.workspace_reads import READ_CAP, journal_size, read_text
 from orchestrator.testing.fakeapi import text, turn
+from orchestrator.wake.context import build_context, system_prompt
 from tests.helpers import live_wake, run_cli
 from tests.helpers.recorded import first_user_text
 
@@ -62,7 +62,7 @@ def context_in_thread(agent, deadline_s: float) -> str:
 def test_core_md_symlink_to_host_canary_never_appears_in_context(agent_dir, tmp_path):
     secret = host_canary(tmp_path)
     plant(agent_dir, "memory/core.md").symlink_to(secret)
-    plant(agent_dir, f"memory/journal/{datetime.now(timezone.utc):%Y-%m-%d}.md").symlink_to(secret)
+    plant(agent_dir, f"memory/journal/{datetime.now(UTC):%Y-%m-%d}.md").symlink_to(secret)
     proc = run_cli("context", str(agent_dir))
     assert proc.returncode == 0, proc.stderr
     assert CANARY not in proc.stdout
@@ -134,7 +134,7 @@ def test_invalid_utf8_and_escapes_are_replaced(agent_dir):
 
 
 def test_system_prompt_is_stable_and_first_message_carries_time_and_inbox(agent):
-    now = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     a = build_context(agent, wake=7, now=now, inbox="--- t\nhi there\n")
     b = build_context(agent, wake=8, now=now + timedelta(hours=5), inbox="")
     assert a.system == b.system and a.system_hash == b.system_hash
@@ -168,7 +168,7 @@ def test_journal_symlink_to_host_file_stub_leaves_host_file_unchanged(agent_dir,
     secret = host_canary(tmp_path)
     os.chmod(secret, 0o666)  # writable by anyone: only not following the link protects it
     before = (secret.read_bytes(), secret.stat().st_mtime_ns)
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     plant(agent_dir, f"memory/journal/{day}.md").symlink_to(secret)
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "I forgot to journal."}]))

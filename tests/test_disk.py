@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.sandbox.disks import disk, disk_attach, disk_image, disk_index, disk_mounts, disk_room, disk_survey
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.disks import disk, disk_attach, disk_image, disk_index, disk_mounts, disk_room, disk_survey
 from orchestrator.sandbox.disks.disk import DiskError
 from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.views.agent_status import agent_status, render_agent_status
 
 pytestmark = pytest.mark.docker
 GIB = 2**30
@@ -160,8 +160,8 @@ def test_a_call_starts_only_with_room_for_the_worst_case_of_every_call_in_flight
     """While a call of a 200 MiB disk runs (it may yet fill it), a call of another 200 MiB disk
     would let the two fill the 300 MiB filesystem: it waits, then is refused with one line;
     once the first ends, it runs. A disk that alone could fill it is refused at once."""
-    from tests.helpers.sync import release_fifo
     from tests.helpers import wait_for
+    from tests.helpers.sync import release_fifo
 
     monkeypatch.setattr(disk_room, "ROOM_WAIT_S", 0.5)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
@@ -246,11 +246,12 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
     one notification however many calls it had refused; `status` shows the line."""
     import json
     import threading
-    from tests.helpers.sync import release_fifo
-    from tests.helpers import set_policy, wait_for
+
     from orchestrator.notify import queue
     from orchestrator.records.events import EVENTS_FILE, read_events
     from orchestrator.wake.loop import wake
+    from tests.helpers import set_policy, wait_for
+    from tests.helpers.sync import release_fifo
 
     monkeypatch.setattr(disk_room, "ROOM_WAIT_S", 0.2)
     first, second = small_box(tmp_path, "first", 200 * MIB), small_box(tmp_path, "second", 200 * MIB)
@@ -294,6 +295,7 @@ def test_a_wake_whose_calls_find_no_room_says_so_once_and_status_shows_why(
 def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_path, monkeypatch):
     """The mark of a call in flight is a record lock: it dies with its process, whatever ends it."""
     import sys
+
     from tests.helpers import REPO
 
     monkeypatch.setenv(disk.DISKS_ENV, str(tmp_path))
@@ -485,6 +487,7 @@ def test_ctrl_c_during_a_sandbox_call_still_releases_the_disk(agent_dir, docker_
 
 def test_disk_list_release_and_rm(agent_dir, docker_client, capsys, monkeypatch):
     import json
+
     from orchestrator.cli.wakeloop import main
     from orchestrator.records.state import WakeLock
 
@@ -533,8 +536,8 @@ def broker_call(broker, name: str, command: str = "true"):
 
 def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tmp_path, docker_client):
     from orchestrator.broker.server import Broker
-    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from orchestrator.policy.agent import init_agent
+    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from tests.helpers import set_policy
 
     root = tmp_path / "agents"
@@ -569,8 +572,8 @@ def test_through_the_broker_renames_keep_one_disk_and_an_idle_box_releases_it(tm
 
 def test_the_broker_never_releases_a_disk_while_a_call_of_it_runs(tmp_path, docker_client):
     from orchestrator.broker.server import Broker
-    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from orchestrator.policy.agent import init_agent
+    from orchestrator.sandbox.keeper import IDLE_CLOSE_S
     from tests.helpers import set_policy
 
     root = tmp_path / "agents"

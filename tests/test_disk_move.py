@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.broker import nodes, ops, tls, wire
-from orchestrator.sandbox.box import SandboxResult
 from orchestrator.cli.wakeloop import main
 from orchestrator.records.placement import read_node, write_node
+from orchestrator.sandbox.box import SandboxResult
 from tests.helpers import make_agent
 from tests.helpers.broker import node_process
 

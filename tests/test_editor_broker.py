@@ -10,8 +10,8 @@ import pytest
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
-from orchestrator.sandbox.disks import disk, disk_index, layers
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.disks import disk, disk_index, layers
 from tests.helpers import set_policy
 from tests.helpers.broker import served
 

@@ -30,7 +30,6 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 import pytest
-
 import yaml
 
 from orchestrator.broker.client import BrokerSandbox

@@ -13,8 +13,8 @@ import pytest
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import PolicyError
-from orchestrator.safeio import secrets
 from orchestrator.records.events import secrets_from_env
+from orchestrator.safeio import secrets
 from orchestrator.sandbox.containers import images
 from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.explain import _egress_lines

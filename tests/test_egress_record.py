@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ from orchestrator.views.egressview import format_decision
 from tests.helpers import run_cli
 from tests.helpers.console import TOKEN, Client
 
-NOW = datetime(2026, 12, 2, 1, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 1, 0, tzinfo=UTC)
 XSS = '<script>alert("x")</script>'
 RUN = "3f2a9c1e0b7d"
 OTHER_RUN = "aaaaaaaaaaaa"

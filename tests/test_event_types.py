@@ -15,12 +15,12 @@ import pytest
 from orchestrator import metrics
 from orchestrator.console.pages import turns
 from orchestrator.fleet.scheduler import describe_receipt
-from orchestrator.views.logview import render_line
-from orchestrator.views.agent_status import render_agent_status
 from orchestrator.records import event_types as ev
 from orchestrator.records.events import EVENTS_FILE, EventLog, parse_event, read_events
 from orchestrator.records.receipt import STATUSES, Receipt, Usage
 from orchestrator.records.state import load_state, rebuild_state
+from orchestrator.views.agent_status import render_agent_status
+from orchestrator.views.logview import render_line
 from tests.helpers import REPO, make_agent, run_cli
 
 DESIGN_TYPES = (

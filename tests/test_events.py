@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from orchestrator.records.events import REDACTED, EventLog, read_events, secrets_from_env
-
 from orchestrator.views.eventview import format_event
 from tests.helpers import REPO
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_agent, support
 from orchestrator.fleet import capacity
 from orchestrator.fleet.scheduler import Scheduler, fitted
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.sandbox.engine import LABEL
 from orchestrator.records.receipt import Receipt
+from orchestrator.sandbox.engine import LABEL
+from tests.helpers import make_agent, support
 
 WAIT_S = 120  # six live wakes of five turns on a busy engine
 PACE_S = 0.3  # the fake model's answer time: the pace the pool is built for
@@ -174,7 +174,7 @@ def test_wakes_past_k_wait_in_the_order_they_fell_due_and_none_is_starved(tmp_pa
             wake=1,
             status="done",
             reason="end_turn",
-            started_at=datetime.now(timezone.utc).isoformat(),
+            started_at=datetime.now(UTC).isoformat(),
         )
 
     lines: list[str] = []

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from orchestrator.testing.fakeapi import text, tool_use, turn, usage
-from orchestrator.views.budgetview import fleet_budget
-from orchestrator.views.fleet_table import fleet_notes
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.fleetbudget import BUDGET_FILE, load_fleet_budget
 from orchestrator.policy.schema import Budget, PolicyError
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import FleetCaps, Meter, load_prices, read_book, record
+from orchestrator.testing.fakeapi import text, tool_use, turn, usage
+from orchestrator.views.budgetview import fleet_budget
+from orchestrator.views.fleet_table import fleet_notes
 from tests.helpers import set_policy, today
 
 MODEL = "claude-sonnet-4-6"  # $3 / $15 per million input / output tokens
@@ -45,7 +45,7 @@ def write_ledger(state_dir: Path, days: dict[str, float]) -> None:
 
 
 def last_month() -> str:
-    first = datetime.now(timezone.utc).replace(day=1)
+    first = datetime.now(UTC).replace(day=1)
     return (first - timedelta(days=1)).strftime("%Y-%m-%d")
 
 

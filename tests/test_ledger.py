@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from orchestrator.policy.agent import load_agent
+from orchestrator.policy.schema import Budget
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.ledger import (
     PRICES_ENV,
@@ -27,11 +27,11 @@ from orchestrator.records.ledger import (
     load_prices,
     price_for,
     read_book,
-    table_entry,
     record,
+    table_entry,
     worst_case_usd,
 )
-from orchestrator.policy.schema import Budget
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn, usage
 from tests.helpers import REPO, set_policy
 
 KEY = FAKE_KEY
@@ -320,11 +320,11 @@ def test_a_usd_cap_on_an_unpriced_model_refuses_to_start_with_one_line(agent_dir
 
 
 def test_a_cost_with_unpriced_calls_is_unknown_in_status_and_the_digest_never_zero(agent_dir):
-    from orchestrator.views.agent_status import agent_status, render_agent_status
     from orchestrator.notify.outcomes import digest
+    from orchestrator.policy.schema import Budget
     from orchestrator.records.events import EventLog
     from orchestrator.records.ledger import Meter, Usage, read_book
-    from orchestrator.policy.schema import Budget
+    from orchestrator.views.agent_status import agent_status, render_agent_status
 
     agent = load_agent(agent_dir)
     meter = Meter(agent.state_dir, "model-with-no-price", Budget(allow_unpriced=True), {})

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
 from orchestrator.records.event_types import ModelResponse
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.wake.model import MAX_RETRIES
 from orchestrator.records.state import read_outbox, send_message_to_agent
+from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, api_error, text, tool_use, turn, usage
+from orchestrator.wake.model import MAX_RETRIES
 from tests.helpers import live_wake, run_cli, set_policy, today
 from tests.helpers.recorded import result_text, tool_results
 

@@ -46,18 +46,18 @@ def _as_nobody(groups: list[int]):
 # Where no Python is open to uid 65534 (this one under /root, a checkout under /root): a root
 # process loads every module of ours first, then drops to that user before the command runs, so
 # every file the command opens and the engine's socket are still met as that user.
-DROP_THEN_RUN = """
+DROP_THEN_RUN = f"""
 import importlib, os, pkgutil, sys
 import orchestrator
 for found in pkgutil.walk_packages(orchestrator.__path__, "orchestrator."):
     if not found.name.endswith("__main__"):
         importlib.import_module(found.name)
 os.setgroups([int(g) for g in sys.argv[1].split(",")])
-os.setgid({nobody})
-os.setuid({nobody})
+os.setgid({NOBODY})
+os.setuid({NOBODY})
 from orchestrator.cli.wakeloop import main
 sys.exit(main(sys.argv[2:]))
-""".format(nobody=NOBODY)
+"""
 
 
 def _command(env: dict, groups: list[int]) -> tuple[list[str], bool]:

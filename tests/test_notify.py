@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.testing.fakeapi import text, tool_use, turn
+from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 from orchestrator.notify import outcomes, queue
 from orchestrator.notify.config import NotifyError, parse_notify
 from orchestrator.notify.sender import CAP_S, retry_after, send_due
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.records.events import EVENTS_FILE, read_events
-from tests.helpers import cli_here, make_agent, support
-from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 from orchestrator.records import health
+from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt
+from orchestrator.testing.fakeapi import text, tool_use, turn
+from tests.helpers import cli_here, make_agent, support
 
 TOKEN = "T0KEN-9f8e7d6c5b4a"  # what must never be written anywhere under state/ or printed
 

@@ -20,15 +20,15 @@ import time
 import pytest
 import yaml
 
+from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 from orchestrator.notify import outcomes
 from orchestrator.notify.channels import DeliveryError, deliver
-from orchestrator.notify.config import Channel, DEFAULT_ON
+from orchestrator.notify.config import DEFAULT_ON, Channel
 from orchestrator.notify.sender import send_due
 from orchestrator.policy.agent import AgentError, load_agent
-from orchestrator.policy.schema import PolicyError
 from orchestrator.policy.ceiling import load_ceiling
+from orchestrator.policy.schema import PolicyError
 from tests.helpers import make_agent
-from orchestrator.escapes.surfaces.receivers import Hook, Mailbox
 
 FAKE_KEY = "sk-ant-api03-FAKE-notify-0123456789abcdef"  # planted in a copy of the environment, never the real one
 FAKE_CONSOLE = "console-FAKE-0123456789abcdef"

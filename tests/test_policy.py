@@ -14,7 +14,6 @@ from orchestrator.policy.load import parse_policy, parse_size
 from orchestrator.policy.paths import glob_match, normalise
 from orchestrator.policy.schema import DEFAULT, PolicyError, WriteFileTool
 from orchestrator.sandbox.policy_check import check_against_engine
-
 from tests.helpers import REPO
 
 SHIPPED = sorted(p for p in (REPO / "policies").glob("*.yaml") if p.name != "ceiling.yaml")  # not a policy

@@ -10,15 +10,13 @@ reaching both the model and the event log.
 from __future__ import annotations
 
 import json
-
 import subprocess
 from pathlib import Path
 
-
-from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.state import read_outbox
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from tests.helpers import REPO, live_wake, set_policy
 from tests.helpers.recorded import result_text, tool_results
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
 
-from tests.helpers import support
 from orchestrator.sandbox.engine import LABEL
+from tests.helpers import support
 
 DEADLINE = 30
 
@@ -147,6 +147,7 @@ def test_a_failed_make_or_remove_does_not_stop_the_pool():
             raise RuntimeError("remove failed")
 
     from prometheus_client import REGISTRY
+
     from orchestrator import metrics
     from orchestrator.sandbox.containers.pool import WarmPool
 

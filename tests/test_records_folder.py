@@ -12,24 +12,26 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from orchestrator.policy.agent import AgentError, init_agent, load_agent
-from orchestrator.records import retention, state as st, transcript as tr
-from orchestrator.records.events import EventLog, read_history
 from orchestrator.escapes.surfaces.records import fifo_releaser, returns_within
-from orchestrator.safeio.folder import Folder, Refused, TooBig, capped_lines, state_folder
+from orchestrator.policy.agent import AgentError, init_agent, load_agent
+from orchestrator.records import retention
+from orchestrator.records import state as st
+from orchestrator.records import transcript as tr
+from orchestrator.records.events import EventLog, read_history
 from orchestrator.records.retention import Retention, enforce
+from orchestrator.safeio.folder import Folder, Refused, TooBig, capped_lines, state_folder
 from orchestrator.wake.context import NO_MANDATE, build_context
 from tests.helpers import REPO
 
 HANG_S = 3.0  # a reader that has not returned by then is blocked (ours take ms)
 CANARY = "canary-e5b1c0ffee"
 SPARSE = 100 * 2**30  # bytes: a 100 GB sparse file costs no disk
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 LINK_HOLD_S = 0.0005  # the race below: with links followed, 100 rounds reach outside every time
 
 
@@ -246,7 +248,7 @@ def test_notify_done_jsonl_is_rotated_and_expired_by_the_one_rule(agent_dir):
     assert any("notify/done.jsonl" in line for line in done), done
     kind = retention.KINDS[f"{queue.NOTIFY_DIR}/{queue.DONE_FILE}"]
     assert [p.name.endswith(".jsonl.gz") for p in retention.segments(sd, kind)] == [True]
-    enforce(sd, Retention(keep_size=1), now=datetime.now(timezone.utc) + timedelta(days=1))
+    enforce(sd, Retention(keep_size=1), now=datetime.now(UTC) + timedelta(days=1))
     assert retention.segments(sd, kind) == []
 
 
@@ -315,9 +317,8 @@ def test_notify_sender_lock_and_markers_never_go_through_a_link(agent_dir, tmp_p
     elsewhere = tmp_path / "elsewhere-notify"
     elsewhere.mkdir()
     (agent_dir / "state" / "notify").symlink_to(elsewhere)
-    with pytest.raises(Refused):
-        with sender._sender_lock(agent_dir / "state" / "notify"):
-            pass
+    with pytest.raises(Refused), sender._SenderLock(agent_dir / "state" / "notify"):
+        pass
     with pytest.raises(Refused):
         outcomes._first_today(agent_dir / "state", "blocked")
     assert os.listdir(elsewhere) == []

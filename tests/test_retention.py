@@ -10,12 +10,11 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from orchestrator.views.agent_status import agent_status
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.load import parse_policy
@@ -24,10 +23,10 @@ from orchestrator.records import retention
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_history
 from orchestrator.records.retention import Retention, enforce, segments
 from orchestrator.records.state import OUTBOX_FILE, STATE_FILE, load_state
-
+from orchestrator.views.agent_status import agent_status
 from tests.helpers import REPO
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def log_wakes(state_dir: Path, first: int, count: int, pad: int = 0) -> None:
@@ -58,7 +57,7 @@ def test_the_event_log_rotates_past_its_size_and_is_read_across_segments(tmp_pat
 def test_a_small_young_log_is_left_alone(tmp_path):
     log_wakes(tmp_path, 1, 3)
     before = (tmp_path / EVENTS_FILE).read_bytes()
-    assert enforce(tmp_path, Retention(), datetime.now(timezone.utc)) == []
+    assert enforce(tmp_path, Retention(), datetime.now(UTC)) == []
     assert (tmp_path / EVENTS_FILE).read_bytes() == before
 
 

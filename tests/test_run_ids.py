@@ -13,11 +13,11 @@ import json
 
 import pytest
 
+from orchestrator.policy.agent import init_agent
 from orchestrator.records import event_types as ev
 from orchestrator.records import transcript as tr
 from orchestrator.records.events import EVENTS_FILE, EventLog
 from orchestrator.records.run_ids import RunIdError, known, resolve
-from orchestrator.policy.agent import init_agent
 from tests.helpers import run_cli
 
 A, B, C = "3f2a9c0b1d4e", "3f2a11112222", "abcd00000000"

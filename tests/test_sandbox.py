@@ -12,10 +12,9 @@ from dataclasses import replace
 import docker
 import pytest
 
-from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.sandbox.containers.engine_client import connect
-
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.containers.engine_client import connect
+from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import wait_for
 from tests.helpers.sync import exec_to_interrupt, interrupt
 

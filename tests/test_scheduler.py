@@ -14,24 +14,24 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.leftovers import our_containers
-from tests.helpers.sync import read_until, release_fifo
+from orchestrator.fleet.schedule import first_due, save_tick
+from orchestrator.fleet.scheduler import Scheduler, describe_receipt
 from orchestrator.policy.agent import init_agent
+from orchestrator.policy.schedule_line import ScheduleError, parse_schedule
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt, Usage
-from orchestrator.wake.loop import wake
-from orchestrator.fleet.scheduler import Scheduler, describe_receipt
-from orchestrator.views.fleet_table import status_table
-from orchestrator.fleet.schedule import first_due, save_tick
-from orchestrator.policy.schedule_line import parse_schedule, ScheduleError
 from orchestrator.records.state import WakeLock, lock_holder
+from orchestrator.views.fleet_table import status_table
+from orchestrator.wake.loop import wake
 from tests.helpers import REPO, make_agent, scrubbed_env, wait_for
+from tests.helpers.leftovers import our_containers
+from tests.helpers.sync import read_until, release_fifo
 
 WAIT_S = 90  # the longest any condition here may take on a busy engine
 POLL_S = 0.1
@@ -108,10 +108,8 @@ def test_schedules_are_cron_lines_or_intervals():
     assert parse_schedule("5m").interval_s == 300
     assert parse_schedule("1d").interval_s == 86400
     berlin = parse_schedule("0 9 * * *", "Europe/Berlin")  # 09:00 in Berlin is 08:00Z in winter
-    assert berlin.next_after(datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)) == datetime(
-        2026, 12, 1, 8, 0, tzinfo=timezone.utc
-    )
-    assert berlin.next_after(datetime(2026, 7, 1, 0, 0, tzinfo=timezone.utc)).hour == 7  # and 07:00Z in summer
+    assert berlin.next_after(datetime(2026, 12, 1, 0, 0, tzinfo=UTC)) == datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    assert berlin.next_after(datetime(2026, 7, 1, 0, 0, tzinfo=UTC)).hour == 7  # and 07:00Z in summer
     with pytest.raises(ScheduleError, match="not an IANA name"):
         parse_schedule("0 9 * * *", "Mars/Olympus")
     assert parse_schedule("*/30 * * * *").interval_s is None
@@ -126,26 +124,26 @@ def test_schedules_are_cron_lines_or_intervals():
 
 
 def test_ticks_missed_while_down_come_due_once():
-    now = datetime(2026, 11, 29, 12, 0, 30, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
     cron = parse_schedule("* * * * *")
     due = first_due(cron, now - timedelta(seconds=60), now)
     assert due <= now  # a tick missed by 30 s: due at once...
     assert cron.next_after(now) > now  # ...and after it, the next real tick
     # Ten ticks missed: the first is 9.5 minutes late, more than the interval: not run late.
-    assert first_due(cron, now - timedelta(minutes=10), now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
-    assert first_due(cron, None, now) == datetime(2026, 11, 29, 12, 1, tzinfo=timezone.utc)
+    assert first_due(cron, now - timedelta(minutes=10), now) == datetime(2026, 11, 29, 12, 1, tzinfo=UTC)
+    assert first_due(cron, None, now) == datetime(2026, 11, 29, 12, 1, tzinfo=UTC)
     assert first_due(parse_schedule("60s"), None, now) == now  # a new interval agent starts now
 
 
 def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "late", schedule="60s")
-    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(hours=5))
+    save_tick(agent_dir / "state", datetime.now(UTC) - timedelta(hours=5))
     lines: list[str] = []
     scheduler = Scheduler(root, out=lines.append)
     scheduler._scan(startup=True)  # what serve does first: no wake is run here
     [entry] = scheduler._entries.values()
-    assert entry.due > datetime.now(timezone.utc)  # the next regular tick, not now
+    assert entry.due > datetime.now(UTC)  # the next regular tick, not now
     assert any("late: tick" in line and "more than its interval: skipped" in line for line in lines), lines
     skipped = [e for e in read_events(agent_dir / "state" / EVENTS_FILE) if e.type == "tick_skipped"]
     assert len(skipped) == 1 and "4h 59m" in skipped[0].data["reason"]
@@ -155,7 +153,7 @@ def test_a_tick_missed_by_more_than_its_interval_is_skipped_aloud_not_run_late(t
 def test_a_missed_tick_runs_once_not_once_per_missed_tick(tmp_path):
     root = tmp_path / "agents"
     agent_dir = make_agent(root, "late", schedule="60s")
-    save_tick(agent_dir / "state", datetime.now(timezone.utc) - timedelta(seconds=90))  # 1 missed, 30 s late
+    save_tick(agent_dir / "state", datetime.now(UTC) - timedelta(seconds=90))  # 1 missed, 30 s late
     with serving(root, script_file(tmp_path, QUICK)):
         wait_for(lambda: finished(agent_dir) == 1, "the catch-up wake", WAIT_S)
         # The next tick is 60s away: no second catch-up wake may start meanwhile.
@@ -280,7 +278,7 @@ def test_sigterm_mid_wake_ends_cleanly(tmp_path, docker_client, disk_view):
     lock = WakeLock(agent_dir / "state")
     assert lock.acquire() is None  # free: we can take it
     lock.release()
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     assert "harness stub" in (disk_view(agent_dir) / f"memory/journal/{day}.md").read_text()
     assert our_containers(docker_client, tmp_path) == []
 

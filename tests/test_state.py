@@ -13,11 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import REPO, scrubbed_env, support, wait_for
-from tests.helpers.sync import read_until, release_fifo
-
 from orchestrator.records.events import EVENTS_FILE, EventLog, read_events
-from orchestrator.records.transcript import read_lines, transcript_path
 from orchestrator.records.state import (
     LOCK_FILE,
     STATE_FILE,
@@ -32,6 +28,9 @@ from orchestrator.records.state import (
     save_state,
     send_message_to_agent,
 )
+from orchestrator.records.transcript import read_lines, transcript_path
+from tests.helpers import REPO, scrubbed_env, support, wait_for
+from tests.helpers.sync import read_until, release_fifo
 
 WAKE_TIMEOUT_S = 120  # one CLI wake with a few sandbox calls on a busy engine
 EVENT_DEADLINE_S = 60  # until a started wake reaches its sandbox call

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.leftovers import our_containers
 from orchestrator.broker.server import Broker
 from orchestrator.broker.wire import BrokerError
 from orchestrator.fleet.scheduler import Scheduler
-from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records import stopswitch
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.receipt import Receipt
 from orchestrator.records.state import load_state, lock_holder
+from orchestrator.views.agent_status import agent_status, render_agent_status
 from orchestrator.wake.loop import wake
 from tests.helpers import make_agent, run_cli, support
+from tests.helpers.leftovers import our_containers
 
 FLEET = 20  # agents mid-wake when the switch is flipped (the number)
 START_S = 240  # twenty containers made at once on a loaded 2-core engine

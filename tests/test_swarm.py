@@ -421,13 +421,26 @@ def test_a_nodes_broker_holds_the_ceiling_whatever_the_orchestrator_asks(stack):
 # (tests/escapes/test_through_a_broker.py runs them all through a broker on this host). Not
 # caps_workspace_file_size: the lab's agents folder is a tmpfs, whose pages count against the
 # box's memory, so its 1 GiB file is killed for memory first (exit 137, INCONCLUSIVE).
-ON_A_NODE = """
-blocks_reading_host_files blocks_mount blocks_leaked_host_fds write_file_refuses_path_tricks
-write_file_refuses_symlinks runs_as_unprivileged_user holds_no_capabilities enforces_seccomp_filter
-blocks_setuid_bit_at_creation has_no_interface_but_lo has_no_route_to_metadata hides_api_key
-hides_other_agents_workspaces hides_docker_socket kills_background_processes caps_process_count
-caps_memory blocks_changing_policy_or_mandate
-""".split()
+ON_A_NODE = [
+    "blocks_reading_host_files",
+    "blocks_mount",
+    "blocks_leaked_host_fds",
+    "write_file_refuses_path_tricks",
+    "write_file_refuses_symlinks",
+    "runs_as_unprivileged_user",
+    "holds_no_capabilities",
+    "enforces_seccomp_filter",
+    "blocks_setuid_bit_at_creation",
+    "has_no_interface_but_lo",
+    "has_no_route_to_metadata",
+    "hides_api_key",
+    "hides_other_agents_workspaces",
+    "hides_docker_socket",
+    "kills_background_processes",
+    "caps_process_count",
+    "caps_memory",
+    "blocks_changing_policy_or_mandate",
+]
 
 
 def test_the_escape_suite_holds_through_a_nodes_broker_over_mutual_tls(stack, tmp_path):

@@ -12,9 +12,6 @@ import threading
 
 import pytest
 
-from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
-from tests.helpers import run_cli, set_policy
-from tests.helpers.recorded import first_user_text
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.events import EVENTS_FILE, read_events
 from orchestrator.records.tasks import (
@@ -29,6 +26,9 @@ from orchestrator.records.tasks import (
     open_tasks,
     remove,
 )
+from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
+from tests.helpers import run_cli, set_policy
+from tests.helpers.recorded import first_user_text
 
 KEY = FAKE_KEY
 

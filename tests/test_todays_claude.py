@@ -9,6 +9,7 @@ does not come back unchanged is one. Tools run in the real sandbox.
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,9 @@ from orchestrator.policy.agent import load_agent
 from orchestrator.records import ledger
 from orchestrator.records.event_types import ModelResponse
 from orchestrator.records.events import EVENTS_FILE, read_events
+from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.testing.fakeapi import FAKE_KEY, FakeAPI, Reply, api_error, text, thinking, tool_use, turn, usage
 from orchestrator.views.logview import render_line
-from orchestrator.records.transcript import find_run, read_lines
 from orchestrator.wake.loop import wake
 from orchestrator.wake.model import LiveModel
 from tests.helpers import live_wake, run_cli, set_policy
@@ -295,7 +296,7 @@ def test_metrics_count_thinking_tokens_as_their_own_kind():
 
 def test_an_empty_bucket_seen_by_one_wake_holds_every_request_with_that_key_until_its_reset(monkeypatch):
     import time
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from orchestrator.wake.ratelimit import gate_for
 
@@ -308,7 +309,7 @@ def test_an_empty_bucket_seen_by_one_wake_holds_every_request_with_that_key_unti
             arrived.append(time.time())
             if not empty:
                 return turn(text("ok"))
-            reset = datetime.now(timezone.utc) + timedelta(milliseconds=300)  # the bucket refills then
+            reset = datetime.now(UTC) + timedelta(milliseconds=300)  # the bucket refills then
             resets.append(reset.timestamp())
             headers = {
                 "anthropic-ratelimit-requests-remaining": "0",

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from orchestrator.views.logview import render_line, render_transcript
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import parse_policy
 from orchestrator.policy.schema import Policy, PolicyError
 from orchestrator.records import transcript as tr
+from orchestrator.views.logview import render_line, render_transcript
 
 SECRET = "sk-ant-test-0123456789abcdef"
 
@@ -137,9 +137,9 @@ def test_follow_prints_a_running_wake_as_it_grows_and_stops_at_its_end(tmp_path)
 
 
 def test_log_root_follows_every_agent_a_line_per_event_prefixed_by_its_name(tmp_path):
-    from orchestrator.views.logview import follow_root
     from orchestrator.policy.agent import init_agent
     from orchestrator.records.events import EVENTS_FILE, EventLog
+    from orchestrator.views.logview import follow_root
 
     a, b = init_agent(tmp_path / "alpha"), init_agent(tmp_path / "beta")
     EventLog(a / "state" / EVENTS_FILE, "old").emit("wake_started", wake=1)  # before following: not shown

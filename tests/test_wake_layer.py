@@ -21,8 +21,8 @@ import pytest
 from orchestrator.policy.agent import load_agent
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.records.events import EVENTS_FILE, read_events
-from orchestrator.sandbox.disks import engine_mounts as engine_mounts_mod
 from orchestrator.sandbox.disks import disk, layers
+from orchestrator.sandbox.disks import engine_mounts as engine_mounts_mod
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import text, tool_use, turn
 from orchestrator.wake.context import REFUSED_FILE

@@ -28,8 +28,8 @@ from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.records.events import read_history
 from orchestrator.records.state import WakeLock
 from orchestrator.sandbox.disks import layers
-from orchestrator.sandbox.wakes import transaction, undo_folders, wake_diff
 from orchestrator.sandbox.engine import DockerSandbox
+from orchestrator.sandbox.wakes import transaction, undo_folders, wake_diff
 from orchestrator.views.diffview import render_text
 from tests.helpers import run_cli, set_policy
 from tests.helpers.console import TOKEN, Client

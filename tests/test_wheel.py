@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+
 from tests.helpers import REPO, scrubbed_env
 
 BUILD_TIMEOUT_S = 600  # pip builds the wheel in an isolated env, then installs its dependencies

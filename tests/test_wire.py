@@ -21,9 +21,9 @@ from orchestrator.broker.wire import BrokerError
 from orchestrator.records.event_types import WorkspaceChanges
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.change_set import Change
+from orchestrator.sandbox.disks.workspace_reads import READS
 from orchestrator.sandbox.wakes.undo_folders import Undone
 from orchestrator.sandbox.wakes.wake_diff import PathDiff, Side, WakeDiff
-from orchestrator.sandbox.disks.workspace_reads import READS
 from tests.helpers import REPO
 
 EVERY_OP = [
@@ -213,7 +213,7 @@ EVERY_REPLY_TYPE = {type(r) for r in EVERY_REPLY}
 
 
 def test_every_reply_type_is_declared_in_replies_and_every_read_has_its_own():
-    assert EVERY_REPLY_TYPE == set(get_args(replies.Reply))
+    assert set(get_args(replies.Reply)) == EVERY_REPLY_TYPE
     assert set(replies.READ_REPLIES) == set(READS)
 
 

@@ -16,7 +16,6 @@ serving (server.py, transport.py).
 from __future__ import annotations
 
 import json
-
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,10 +28,10 @@ from orchestrator.broker.wire import BROKER_ENV, REPLY_MARGIN_S
 from orchestrator.policy.agent import Agent
 from orchestrator.sandbox import keeper
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
-from orchestrator.sandbox.wakes.wake_diff import WakeDiff
 from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.sandbox.disks.workspace_reads import HostFiles
+from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
+from orchestrator.sandbox.wakes.wake_diff import WakeDiff
 
 RATE_TIMEOUT_S = 120.0  # a few dozen cold calls on a loaded engine
 WIND_DOWN_TIMEOUT_S = 10.0  # the hint's answer is immediate; a broker this slow is busy anyway
@@ -130,7 +129,7 @@ class BrokerSandbox:
         # Only the model's arguments are sent: the broker applies its own copy of the agent's policy.
         return self.broker.call(ops.Edit(self.agent, tool, json.dumps(args)), timeout_s)
 
-    def files(self) -> "BrokerFiles":
+    def files(self) -> BrokerFiles:
         return BrokerFiles(self.socket_path, self.agent, self.broker.connect_wait_s)
 
     def wind_down(self) -> None:

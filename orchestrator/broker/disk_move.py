@@ -26,10 +26,10 @@ the disk's side: sandbox/keeper.py).
 from __future__ import annotations
 
 import hashlib
-import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, TypeVar
+from typing import BinaryIO, TypeVar
 
 from orchestrator.broker import ops, replies, wire
 from orchestrator.records import placement
@@ -93,7 +93,7 @@ def relay(source: str, dest: str, name: str, say: Callable[[str], None]) -> repl
         got = _reply(replies.Streamed, into_reply, dest)
     except wire.StreamBroken as exc:
         raise SandboxError(f"{name}: the stream from {source} broke: {exc}") from None
-    except (socket.timeout, OSError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise SandboxError(f"{name}: the move broke off: {getattr(exc, 'strerror', None) or exc}") from None
     finally:
         into.close()

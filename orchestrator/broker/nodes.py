@@ -31,10 +31,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.broker import disk_move, ops, replies, tls
 from orchestrator.records import placement

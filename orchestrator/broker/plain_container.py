@@ -38,8 +38,8 @@ import docker
 from docker.models.containers import Container
 
 from orchestrator.broker import tls
-from orchestrator.sandbox.keeper import own_container_id
 from orchestrator.errors import ConfigError
+from orchestrator.sandbox.keeper import own_container_id
 
 LABEL = "wakeloop.broker-of"  # on the plain container: the task container it belongs to
 TLS_DIR = "/run/wakeloop-tls"  # in the plain container: the task's TLS files, copied

@@ -27,8 +27,9 @@ each op does (server.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from orchestrator.broker.wire import JSONObject
 from orchestrator.records.event_types import WorkspaceChanges, parse_record

@@ -28,9 +28,8 @@ import socketserver
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
-
 
 from orchestrator.broker import ops, replies, tls, wire
 from orchestrator.broker.server import Broker, cut_to_line
@@ -59,7 +58,7 @@ def _read_line(sock: socket.socket, limit: int, deadline_s: float) -> bytes:
         sock.settimeout(left)
         try:
             chunk = sock.recv(min(2**20, limit + 1 - size))
-        except socket.timeout:
+        except TimeoutError:
             raise BrokerError(f"no complete request line within {deadline_s:g}s") from None
         newline = chunk.find(b"\n")
         if newline >= 0:

@@ -28,8 +28,9 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from orchestrator.broker import tls
 from orchestrator.errors import EXIT_USAGE, ConfigError
@@ -86,7 +87,7 @@ def request(socket_path: str, line: bytes, timeout_s: float, connect_wait_s: flo
         sock.sendall(line)
         with sock.makefile("rb") as f:
             answer = f.readline(MAX_REQUEST_BYTES)
-    except socket.timeout:
+    except TimeoutError:
         raise SandboxError(f"the sandbox broker at {socket_path} did not answer within {timeout_s:g}s") from None
     except OSError as exc:
         raise SandboxError(f"lost the sandbox broker at {socket_path}: {exc.strerror or exc}") from None

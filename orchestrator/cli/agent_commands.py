@@ -29,8 +29,8 @@ def cmd_send(args) -> int:
 
 
 def cmd_outbox(args) -> int:
-    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.state import mark_outbox_read, read_outbox, split_messages
+    from orchestrator.sandbox.containers.output import clean
 
     agent = load_agent(args.agent_dir)
     text = read_outbox(agent.state_dir)

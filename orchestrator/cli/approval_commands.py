@@ -12,6 +12,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 
 def cmd_approvals(args) -> int:
     from pathlib import Path
+
     from orchestrator.views import fleet_approvals as view
 
     root = Path(args.root)
@@ -25,6 +26,7 @@ def cmd_approvals(args) -> int:
 def cmd_decide(args) -> int:
     """`wakeloop approve|deny AGENT_DIR ID`: one line saying what was decided, or why nothing was."""
     import getpass
+
     from orchestrator.records import approvals
 
     agent = load_agent(args.agent_dir)

@@ -16,8 +16,9 @@ from orchestrator.sandbox.containers.engine_client import connect
 
 def cmd_disk_list(args) -> int:
     from pathlib import Path
-    from orchestrator.views.diskview import disk_record, render_disks
+
     from orchestrator.sandbox.disks import disk, disk_survey
+    from orchestrator.views.diskview import disk_record, render_disks
 
     root = Path(args.root) if args.root else None
     if root and not root.is_dir():
@@ -38,6 +39,7 @@ def cmd_disk_list(args) -> int:
 def _disk_of(agent_dir: str):
     """(the agent folder, its disk's key) for `disk release|rm`, or one line saying why not."""
     from pathlib import Path
+
     from orchestrator.sandbox.disks import disk, disk_index
 
     folder = Path(agent_dir).resolve()

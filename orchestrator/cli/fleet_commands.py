@@ -15,6 +15,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 
 def cmd_serve(args) -> int:
     from functools import partial
+
     from orchestrator import tracing
     from orchestrator.console.listen import Options, attach, check
     from orchestrator.fleet.scheduler import serve
@@ -26,8 +27,9 @@ def cmd_serve(args) -> int:
 
 
 def cmd_broker(args) -> int:
-    from orchestrator.broker.transport import serve
     from pathlib import Path
+
+    from orchestrator.broker.transport import serve
     from orchestrator.policy.agent import CEILING_ENV
     from orchestrator.policy.ceiling import load_ceiling
 

@@ -17,6 +17,7 @@ def send_notifications(agent) -> None:
     """After a standalone wake: one pass of the sender over this agent's queue (progress on stderr).
     What fails waits in state/notify/ for the next pass (the next wake, or serve)."""
     import time
+
     from orchestrator.notify.sender import send_due
 
     report = send_due(agent.state_dir, agent.notify, now=time.time())
@@ -34,6 +35,7 @@ def send_notifications(agent) -> None:
 
 def cmd_notify_test(args) -> int:
     import uuid
+
     from orchestrator.notify.channels import DeliveryError, deliver
     from orchestrator.notify.outcomes import payload
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from orchestrator.cli.declare import command, group, json_flag, print_json
 from orchestrator.errors import EXIT_OK
 from orchestrator.policy.agent import load_agent
-from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.sandbox.containers.engine_client import connect
+from orchestrator.sandbox.engine import DockerSandbox
 
 
 def cmd_policy_check(args) -> int:

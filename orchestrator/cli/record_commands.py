@@ -18,6 +18,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 
 def cmd_status(args) -> int:
     from pathlib import Path
+
     from orchestrator.fleet.schedule import agent_dirs
     from orchestrator.views.agent_status import agent_status, render_agent_status
     from orchestrator.views.fleet_table import fleet_status, render_fleet
@@ -39,9 +40,10 @@ def cmd_status(args) -> int:
 def cmd_log(args) -> int:
     """The retained history, oldest first, across rotated segments; streamed."""
     from pathlib import Path
+
     from orchestrator.records.events import raw_history, read_history
-    from orchestrator.views.eventview import format_event
     from orchestrator.views import logview
+    from orchestrator.views.eventview import format_event
 
     if args.egress:  # one agent's record: a ROOT is refused by load_agent, in one line
         return _egress_log(args.agent_dir, args.run, args.json)
@@ -100,9 +102,9 @@ def cmd_transcript(args) -> int:
 
 
 def _transcript(agent_dir: str, run: str | None, follow: bool, as_json: bool, system: bool) -> int:
-    from orchestrator.views import logview
     from orchestrator.records.run_ids import resolve
     from orchestrator.records.transcript import find_run, read_lines
+    from orchestrator.views import logview
 
     agent = load_agent(agent_dir)
     if run and run != "last":

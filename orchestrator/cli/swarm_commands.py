@@ -15,6 +15,7 @@ from orchestrator.policy.agent import AgentError, load_agent
 
 def cmd_swarm_certs(args) -> int:
     from pathlib import Path
+
     from orchestrator.broker import tls
 
     made = tls.make_certs(Path(args.dir))

@@ -38,8 +38,8 @@ def cmd_task_rm(args) -> int:
 
 
 def cmd_task_list(args) -> int:
-    from orchestrator.sandbox.containers.output import clean
     from orchestrator.records.tasks import load_tasks
+    from orchestrator.sandbox.containers.output import clean
 
     agent = load_agent(args.agent_dir)
     tasks = load_tasks(agent.state_dir)

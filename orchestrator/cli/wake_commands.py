@@ -6,6 +6,7 @@ Not here: the wake itself (wake/loop.py), the notifications sent after it (notif
 from __future__ import annotations
 
 import sys
+from datetime import UTC
 
 from orchestrator.cli.declare import command, json_flag, print_json
 from orchestrator.cli.notify_commands import send_notifications
@@ -22,6 +23,7 @@ def cmd_wake(args) -> int:
     import signal
     import threading
     from pathlib import Path
+
     from orchestrator.wake.loop import wake
 
     agent = load_agent(args.agent_dir)
@@ -51,9 +53,10 @@ def cmd_wake(args) -> int:
 
 def cmd_context(args) -> int:
     """What the next wake sends (context.next_wake): dry or live as `wake` would decide, or as asked."""
-    from datetime import datetime, timezone
-    from orchestrator.wake.context import next_wake
+    from datetime import datetime
+
     from orchestrator.records.state import load_state
+    from orchestrator.wake.context import next_wake
 
     agent = load_agent(args.agent_dir)
     live = True if args.live else False if args.dry_run else not agent.dry_run
@@ -74,7 +77,7 @@ def cmd_context(args) -> int:
             print(f"wakeloop: the workspace is read from the folder, not the agent's disk ({exc})", file=sys.stderr)
     try:
         files = box.files() if box else open_files(agent)
-        upcoming = next_wake(agent, live=live, wake=state.wake + 1, now=datetime.now(timezone.utc), files=files)
+        upcoming = next_wake(agent, live=live, wake=state.wake + 1, now=datetime.now(UTC), files=files)
     finally:
         if box:
             box.close()

@@ -36,7 +36,6 @@ from orchestrator.cli import (
 )
 from orchestrator.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_USAGE, WakeloopError
 
-
 EPILOG = """\
 exit codes: 0 ok (a wake stopped at a budget cap is ok, and says so); 1 the work
 failed (dead letter, blocked, not committed, an escape); 2 bad usage or configuration; 3 the

@@ -20,9 +20,9 @@ start (listen.py).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from urllib.parse import parse_qs, quote
 
 import anyio
@@ -35,24 +35,22 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from orchestrator import metrics
-from orchestrator.console import approval_pages
+from orchestrator.assets import SHIPPED_POLICIES
+from orchestrator.console import approval_pages, template_cache
 from orchestrator.console import pages as pages_mod
-from orchestrator.console import template_cache
 from orchestrator.console.auth import COOKIE, Access
 from orchestrator.console.charts import bars
 from orchestrator.console.escapes import RUNTIMES, Runner
 from orchestrator.console.hosts import Hosts, bind, refused_line
-from orchestrator.assets import SHIPPED_POLICIES
 from orchestrator.errors import ConfigError
-from orchestrator.records import escape_reports
 from orchestrator.fleet.control import request_run
-from orchestrator.safeio.shown import shown
+from orchestrator.records import escape_reports, stopswitch
 from orchestrator.records.health import set_paused
-from orchestrator.records import stopswitch
 from orchestrator.records.state import send_message_to_agent
 from orchestrator.records.tasks import add_task
 from orchestrator.records.tasks import cancel as cancel_task
 from orchestrator.records.tasks import remove as remove_task
+from orchestrator.safeio.shown import shown
 
 HERE = Path(__file__).parent
 CSP = (

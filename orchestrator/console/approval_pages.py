@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.console import pages as pages_mod
-from orchestrator.views import fleet_approvals
 from orchestrator.fleet.control import request_run
 from orchestrator.records import approval_links, approvals
 from orchestrator.records.approval_links import LinkError
+from orchestrator.views import fleet_approvals
 
 GONE = 410  # a link whose approval is decided, lapsed or unknown
 

@@ -55,7 +55,7 @@ class Hosts:
     any_port: frozenset[str]  # NAME accepted with any port, or none
 
     @classmethod
-    def of(cls, listen_host: str, port: int, public_names=(), published_on_loopback: bool = False) -> "Hosts":
+    def of(cls, listen_host: str, port: int, public_names=(), published_on_loopback: bool = False) -> Hosts:
         own = bracketed(listen_host.lower())
         exact = {f"{own}:{port}"}
         any_port: set[str] = set()

@@ -19,8 +19,8 @@ serve's `beside`), the routes (app.py).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import quote
 
 from orchestrator import metrics

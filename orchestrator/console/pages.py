@@ -43,24 +43,18 @@ import re
 import threading
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
 from orchestrator.broker.client import read_wake_diff
 from orchestrator.errors import ConfigError, WakeloopError
-from orchestrator.views import diffview
-from orchestrator.wake.editor_tool import call_diff
 from orchestrator.fleet.control import scheduler_note
-from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.fleet.schedule import agent_dirs, next_wake, stamp, utcnow
-from orchestrator.views.budgetview import COST_DAYS, budget_line, fleet_budget, usd_by_day
-from orchestrator.views.agent_status import agent_status
-from orchestrator.views.fleet_table import current_wake, fleet_row
-from orchestrator.views.egressview import size
-from orchestrator.records import egress, stopswitch
+from orchestrator.fleet.wake_history import WakeIndex
 from orchestrator.policy.agent import Agent, load_agent
+from orchestrator.records import egress, stopswitch
 from orchestrator.records.ledger import LedgerError, read_book
 from orchestrator.records.receipt import Usage
 from orchestrator.records.run_ids import RunIdError, resolve
@@ -68,6 +62,12 @@ from orchestrator.records.state import read_outbox, split_messages
 from orchestrator.records.tasks import TaskError, load_tasks
 from orchestrator.records.transcript import prompt_text, read_lines, transcript_path
 from orchestrator.safeio.folder import Folder
+from orchestrator.views import diffview
+from orchestrator.views.agent_status import agent_status
+from orchestrator.views.budgetview import COST_DAYS, budget_line, fleet_budget, usd_by_day
+from orchestrator.views.egressview import size
+from orchestrator.views.fleet_table import current_wake, fleet_row
+from orchestrator.wake.editor_tool import call_diff
 
 RELOAD_S = 5.0  # a cached agent is loaded again at least this often
 ROW_TTL_S = 120.0  # a cached fleet row is read again at least this often (plus jitter)
@@ -356,7 +356,7 @@ def _utc(stamp: object) -> datetime | None:
         when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return when.astimezone(timezone.utc) if when.tzinfo is not None else None
+    return when.astimezone(UTC) if when.tzinfo is not None else None
 
 
 def turns(lines: list[dict]) -> list[dict]:

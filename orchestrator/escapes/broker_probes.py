@@ -26,7 +26,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, set_agent_policy
 
 CATEGORY = "orchestrator"
@@ -68,7 +67,7 @@ class ServedBroker:
                 s.settimeout(timeout_s)
                 s.sendall(json.dumps(request).encode() + b"\n")
                 line = s.makefile("rb").readline()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 return None, time.monotonic() - started
         try:
             return json.loads(line), time.monotonic() - started
@@ -298,7 +297,7 @@ def _silent_connections(t: Trial) -> str:
                 try:
                     s.recv(4096)  # the broker's "no complete request line", then EOF
                     cut += 1
-                except socket.timeout:
+                except TimeoutError:
                     break
             if cut < len(silent):
                 return escaped(
@@ -332,7 +331,7 @@ def _oversized(served: ServedBroker) -> str | None:
             pass  # the broker stopped reading and closed: what it should do
         try:
             answer = s.makefile("rb").readline()
-        except (socket.timeout, OSError):
+        except (TimeoutError, OSError):
             answer = b""
     seconds = time.monotonic() - started
     if b"request over" not in answer:
@@ -375,7 +374,7 @@ def _calls_in_flight(t: Trial) -> str:
                 done = threading.Event()
 
                 def open_fifo(f=fifo, d=done) -> None:
-                    opened.append(open(f, "wb"))
+                    opened.append(open(f, "wb"))  # noqa: SIM115 (held open: the probe closes it)
                     d.set()
 
                 writer = threading.Thread(target=open_fifo, daemon=True)

@@ -31,18 +31,18 @@ import docker.errors
 import yaml
 
 from orchestrator.broker import nodes, tls
+from orchestrator.escapes.host import WARNING, HostCheck, check_host
+from orchestrator.escapes.lab import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
+from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER
+from orchestrator.escapes.report import failed, json_report, text_report
 from orchestrator.policy.agent import AgentError, load_agent
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schema import Policy
-from orchestrator.sandbox.disks import disk, disk_attach
+from orchestrator.records import escape_reports
+from orchestrator.records.events import now_iso
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.containers.engine_client import check_image, connect
-from orchestrator.escapes.lab import HELD, NO_ENGINE, Lab, Probe, run_suite, temp_lab
-from orchestrator.escapes.host import WARNING, HostCheck, check_host
-from orchestrator.escapes.registry import ALL_PROBES, THROUGH_A_BROKER
-from orchestrator.records import escape_reports
-from orchestrator.escapes.report import failed, json_report, text_report
-from orchestrator.records.events import now_iso
+from orchestrator.sandbox.disks import disk, disk_attach
 
 EXIT_HELD, EXIT_ESCAPED = 0, 1
 

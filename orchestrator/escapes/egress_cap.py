@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.escapes.credentials import BOUND, PLAIN, RULED, RULES, credential_box, routes, seen
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.sandbox.egress import network
 
 CATEGORY = "resources"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import docker.errors
 
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.containers.programs import PYTHON
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "filesystem"
 CVE_2024_21626_FDS = range(3, 10)  # runc leaked its cgroup dir fd as 7 or 8; 3..9 covers the variants

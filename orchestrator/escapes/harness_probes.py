@@ -22,9 +22,9 @@ import os
 import threading
 from dataclasses import asdict
 
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.policy.agent import load_agent
 from orchestrator.policy.schema import Policy
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "harness"
 HARNESS_READ_DEADLINE_S = 10  # building the system prompt takes ms; 10 s means it hung
@@ -32,8 +32,8 @@ PROMPT_MAX_CHARS = 1_000_000  # a prompt larger than this means a planted file w
 
 
 def _registry(t: Trial, sent: list[str]):
-    from orchestrator.wake.tools import build_registry
     from orchestrator.records import state
+    from orchestrator.wake.tools import build_registry
 
     policy = Policy(tools=t.lab.tools, sandbox=t.lab.policy)
 
@@ -170,6 +170,7 @@ blocks_forging_the_outbox = Probe(
 def _build_prompt(t: Trial) -> tuple[str | None, str, float]:
     """The real system prompt for the trial's agent, under a deadline: (prompt, error, seconds)."""
     import time
+
     from orchestrator.wake.context import system_prompt
 
     agent = load_agent(t.dir)
@@ -295,6 +296,7 @@ def _raise_the_box(t: Trial) -> str:
     Taken over, it asks the broker for more than the user allowed; the broker's
     ceiling (here: the lab's own policy) must refuse each ask before any container."""
     import yaml
+
     from orchestrator.broker.server import Broker
     from orchestrator.broker.wire import BrokerError
     from orchestrator.policy.ceiling import Ceiling
@@ -387,8 +389,9 @@ def _impostor_log(t: Trial) -> str:
 
 def _planted_python(t: Trial) -> str:
     from dataclasses import replace
-    from orchestrator.sandbox.engine import PATH
+
     from orchestrator.sandbox.containers.programs import BASH, PYTHON
+    from orchestrator.sandbox.engine import PATH
 
     # The policy author's mistake: the workspace's bin/ first on the PATH.
     policy = replace(t.lab.policy, env=(("PATH", f"/workspace/bin:{PATH}"),))

@@ -28,9 +28,10 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, cast
+from typing import cast
 
 import docker
 import yaml
@@ -38,11 +39,11 @@ import yaml
 from orchestrator.broker.client import BrokerSandbox
 from orchestrator.policy.agent import init_agent
 from orchestrator.policy.schema import SandboxPolicy, Tools
+from orchestrator.records import health
+from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.disks import disk, disk_attach, disk_holders, disk_index, disk_survey
 from orchestrator.sandbox.egress import network
 from orchestrator.sandbox.engine import DockerSandbox
-from orchestrator.records import health
-from orchestrator.sandbox.box import SandboxError, SandboxResult
 
 HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
 
@@ -56,7 +57,7 @@ class Probe:
     name: str  # named for the attack it blocks
     category: str
     expected: str  # the safe outcome, in words
-    attack: Callable[["Trial"], str]  # runs the attack, returns what it observed
+    attack: Callable[[Trial], str]  # runs the attack, returns what it observed
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Lab:
         core.write_text(f"# other agent\n{self.other_canary}\n")
         self.other_workspace = init_agent(core.parents[2]) / "workspace"
 
-    def trial(self, name: str) -> "Trial":
+    def trial(self, name: str) -> Trial:
         return Trial(self, name)
 
     def close(self) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 import time
 
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 from orchestrator.escapes import setid
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "privileges"
 STOPPED_INIT_DEADLINE_S = 4  # the call's own deadline: short, the point is that it is kept

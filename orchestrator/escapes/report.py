@@ -15,10 +15,10 @@ import json
 from collections import Counter
 from dataclasses import asdict
 
-from orchestrator.sandbox.containers.output import clean
-from orchestrator.escapes.lab import ESCAPED, HELD, INCONCLUSIVE, Outcome
 from orchestrator.escapes.host import WARNING, HostCheck
+from orchestrator.escapes.lab import ESCAPED, HELD, INCONCLUSIVE, Outcome
 from orchestrator.escapes.registry import CATEGORIES
+from orchestrator.sandbox.containers.output import clean
 
 WIDTH = {"probe": 38, "category": 11, "verdict": 12, "expected": 48, "observed": 70}  # columns, in characters
 

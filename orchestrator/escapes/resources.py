@@ -15,11 +15,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
-from orchestrator.sandbox.box import SandboxError
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, observed, python_command
 from orchestrator.policy.agent import init_agent
+from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "resources"
 BOMB_DEADLINE_S = 8  # fork/memory bombs: long enough to hit the limit, short for the suite

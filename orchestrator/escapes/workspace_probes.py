@@ -16,8 +16,8 @@ import threading
 import time
 
 from orchestrator.broker.wire import BrokerRefusal
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it

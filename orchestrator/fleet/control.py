@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.safeio.atomic import atomic_write
 from orchestrator.records.state import LockHolder
+from orchestrator.safeio.atomic import atomic_write
 from orchestrator.safeio.folder import state_folder
 
 HEARTBEAT_FILE = "serve.json"  # in ROOT

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import stat
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.policy.schedule_line import DEFAULT_TZ, Schedule, ScheduleError, parse_schedule
@@ -26,7 +26,7 @@ SCHEDULE_FILE = "schedule.json"  # in state/: the last tick handled, so a restar
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def stamp(t: datetime | None) -> str:

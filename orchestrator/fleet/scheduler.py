@@ -53,25 +53,25 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from orchestrator import metrics
-from orchestrator.errors import WakeloopError
-from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent, root_channels
 from orchestrator.broker.client import broker_socket
-from orchestrator.policy.schema import PolicyError
-from orchestrator.records import event_types as ev
-from orchestrator.records.events import EVENTS_FILE, EventLog
-from orchestrator.records.receipt import Receipt
-from orchestrator.policy.schedule_line import Schedule, ScheduleError, parse_schedule
-from orchestrator.fleet.schedule import agent_dirs, first_due, last_tick, misfired, save_tick, stamp, utcnow
+from orchestrator.errors import WakeloopError
 from orchestrator.fleet import capacity, control
+from orchestrator.fleet.schedule import agent_dirs, first_due, last_tick, misfired, save_tick, stamp, utcnow
 from orchestrator.notify import outcomes
 from orchestrator.notify.sender import SenderThread
+from orchestrator.policy.agent import PAUSE_AFTER_FAILURES, Agent, AgentError, load_agent, root_channels
+from orchestrator.policy.schedule_line import Schedule, ScheduleError, parse_schedule
+from orchestrator.policy.schema import PolicyError
+from orchestrator.records import event_types as ev
 from orchestrator.records import health, stopswitch
+from orchestrator.records.events import EVENTS_FILE, EventLog
+from orchestrator.records.receipt import Receipt
 
 RESCAN_S = 2.0  # how often ROOT is listed for added, changed or removed agents
 SHUTDOWN_GRACE_S = 60.0  # after SIGTERM, how long running wakes get to reach a step boundary
@@ -311,7 +311,7 @@ class Scheduler:
         if until > time.time():
             self.say(
                 f"{entry.name}: tick {stamp(tick)} skipped: backing off after {h.failures} failed wake(s), "
-                f"until {stamp(datetime.fromtimestamp(until, timezone.utc))}"
+                f"until {stamp(datetime.fromtimestamp(until, UTC))}"
             )
             return True
         return False

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from orchestrator.records.event_types import WakeFinished
 from orchestrator.records.events import EVENTS_FILE, parse_event
-from orchestrator.safeio.folder import state_folder
 from orchestrator.records.retention import LINE_CAP, history, holder, open_text
+from orchestrator.safeio.folder import state_folder
 
 MARK = '"wake_finished"'
 KEEP = 100  # rows held per file: the newest

@@ -22,19 +22,20 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from orchestrator.notify import queue
 from orchestrator.notify.config import Channel
 from orchestrator.records import approval_links, health
-from orchestrator.records.approvals import Approval
 from orchestrator.records import event_types as ev
+from orchestrator.records.approvals import Approval
 from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, read_history
+from orchestrator.records.models import lifecycle_warning, model_info
 from orchestrator.records.receipt import FAILED, Receipt
 from orchestrator.safeio.folder import state_folder
-from orchestrator.records.models import lifecycle_warning, model_info
 from orchestrator.safeio.shown import shown
 
 WAKE_EVENTS = ("dead_letter", "blocked", "budget_stop", "not_committed")  # receipt statuses that are news by themselves
@@ -225,7 +226,7 @@ def model_warning(agent: Agent, run_id: str = "") -> None:
         payload(
             agent.name,
             "model_warning",
-            f"model/{agent.model}/{datetime.now(timezone.utc):%Y-%m-%d}",
+            f"model/{agent.model}/{datetime.now(UTC):%Y-%m-%d}",
             f"{who(agent.name, agent.dir)}: model {info.lifecycle}",
             f"{said}. Change `model:` in {agent.dir}/agent.yaml; thinking blocks are bound to a model, "
             "so the switch is yours to make.",
@@ -341,7 +342,7 @@ def _health(
 def _first_today(state_dir: Path, what: str) -> bool:
     """True once per UTC day for `what`: a wake blocked by the USD cap is blocked every tick until
     midnight, and one notification says so."""
-    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{what}.day"
     try:  # safeio/folder.py: no link followed, capped
         if state_folder(state_dir).read_text(marker, MARKER_CAP).strip() == today:
@@ -354,7 +355,7 @@ def _first_today(state_dir: Path, what: str) -> bool:
 
 def _first_in(state_dir: Path, what: str, days: int) -> bool:
     """True when `what` was last said `days` or more UTC days ago (or never); marks today."""
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     marker = f"{queue.NOTIFY_DIR}/{what}.day"
     try:  # safeio/folder.py: no link followed, capped
         last = datetime.strptime(state_folder(state_dir).read_text(marker, MARKER_CAP).strip(), "%Y-%m-%d").date()
@@ -370,7 +371,7 @@ def daily(state_dir: Path, name: str, channels: tuple[Channel, ...], today: str 
     """At the first wake of a UTC day, a digest of the last day digested (only if a channel asked)."""
     if not any("daily" in c.on for c in channels):
         return
-    today = today or datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    today = today or datetime.now(UTC).strftime("%Y-%m-%d")
     marker = f"{queue.NOTIFY_DIR}/{DAILY_FILE}"
     try:  # safeio/folder.py: no link followed, capped
         last = state_folder(state_dir).read_text(marker, MARKER_CAP).strip()

@@ -29,11 +29,10 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.notify import queue
 from orchestrator.notify.channels import DeliveryError, deliver
@@ -74,7 +73,7 @@ def send_due(
     folder = queue.notify_dir(state_dir)
     if not (folder / queue.QUEUE_DIR).is_dir():
         return report
-    with _sender_lock(folder) as mine:
+    with _SenderLock(folder) as mine:
         if not mine:
             report.busy = True
             return report
@@ -147,7 +146,7 @@ def _event(state_dir: Path, item: queue.Item, record: ev.EventRecord) -> None:
     EventLog(Path(state_dir) / EVENTS_FILE, str(item.payload.get("run_id") or "notify")).write(record)
 
 
-class _sender_lock:
+class _SenderLock:
     """A non-blocking flock: yields True when this process is the agent's sender now."""
 
     def __init__(self, folder: Path) -> None:

@@ -22,13 +22,13 @@ import yaml
 
 from orchestrator.assets import SHIPPED_POLICIES, shipped_policy
 from orchestrator.errors import ConfigError
-from orchestrator.safeio.folder import Folder, Place
-from orchestrator.records.models import Thinking, check_choice
 from orchestrator.notify.config import Channel, NotifyError, load_root_notify, parse_notify
 from orchestrator.policy.ceiling import load_ceiling
 from orchestrator.policy.load import load_policy, policy_from_mapping
 from orchestrator.policy.schedule_line import DEFAULT_TZ, ScheduleError, parse_schedule
 from orchestrator.policy.schema import Policy, PolicyError
+from orchestrator.records.models import Thinking, check_choice
+from orchestrator.safeio.folder import Folder, Place
 from orchestrator.safeio.yamlfile import line_of, parse_yaml, read_config
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # what `wakeloop init` writes: the current Sonnet

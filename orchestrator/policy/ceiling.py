@@ -47,19 +47,19 @@ where there is no such file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
 import fnmatch
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from orchestrator.notify.config import expand_refusal
 from orchestrator.policy.load import parse_host, parse_size
 from orchestrator.policy.schema import NETWORKS, SIZE_FIELDS, Policy, PolicyError
 from orchestrator.safeio.yamlfile import KeyPath, line_of
-from orchestrator.notify.config import expand_refusal
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -26,8 +26,8 @@ from orchestrator.policy.schema import (
     CREDENTIAL_VAR,
     MAX_APPROVE_RULES,
     MIN_EXPIRES_S,
-    NOT_KEYS,
     NETWORKS,
+    NOT_KEYS,
     SIZE_FIELDS,
     ApproveRule,
     Credential,
@@ -35,8 +35,8 @@ from orchestrator.policy.schema import (
     Policy,
     PolicyError,
 )
-from orchestrator.safeio.folder import Place
 from orchestrator.records.retention import FILE_CAP, MAX_ROTATE_SIZE
+from orchestrator.safeio.folder import Place
 from orchestrator.safeio.secrets import is_wakeloop_own, note_credentials
 from orchestrator.safeio.yamlfile import KeyPath, all_lines, check_duplicates, dotted, line_of, parse_yaml, read_config
 
@@ -61,7 +61,7 @@ MIN_FILES = 64  # inodes; the filesystem's own take eleven
 def parse_size(value: Any) -> int:
     """'64m', '1g', '1GiB', '512MB', '100b' or plain bytes -> bytes. Units are binary
     (k = 1024) whether or not an `i` is written, as Docker's are."""
-    if isinstance(value, bool) or isinstance(value, float):
+    if isinstance(value, (bool, float)):
         raise ValueError(f"expected a size like 64m or 1GiB, got {value!r}")
     if isinstance(value, int):
         return value

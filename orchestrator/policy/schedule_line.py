@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -44,7 +44,7 @@ class Schedule:
             return t + timedelta(seconds=self.interval_s)
         local = t.astimezone(ZoneInfo(self.tz))
         after: datetime = croniter(self.text, local).get_next(datetime)  # croniter ships no types
-        return after.astimezone(timezone.utc)
+        return after.astimezone(UTC)
 
     def describe(self) -> str:
         if self.interval_s is not None:

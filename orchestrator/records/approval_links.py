@@ -39,7 +39,7 @@ import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,15 +164,13 @@ def verify(key: bytes, token: str, now: datetime | None = None) -> Link:
         raise LinkError("this approval link is not one of ours") from None
     if link.action not in ACTIONS:
         raise LinkError("this approval link names no action")
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if now.timestamp() >= link.expires:
-        raise LinkError(
-            f"this approval link expired at {datetime.fromtimestamp(link.expires, timezone.utc):%Y-%m-%d %H:%M} UTC"
-        )
+        raise LinkError(f"this approval link expired at {datetime.fromtimestamp(link.expires, UTC):%Y-%m-%d %H:%M} UTC")
     return link
 
 
-def links_for(root: Path, agent_folder: str, approval: "Approval", base_url: str) -> dict[str, str]:
+def links_for(root: Path, agent_folder: str, approval: Approval, base_url: str) -> dict[str, str]:
     """{approve: URL, deny: URL} for one approval (records/approvals.py's Approval)."""
     key = load_key(root)
     expires = int(datetime.fromisoformat(approval.expires.replace("Z", "+00:00")).timestamp())  # approvals.parse_time

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -96,7 +96,7 @@ class Approval:
 
 
 def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def iso(when: datetime) -> str:

@@ -41,15 +41,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from orchestrator.records import retention
 from orchestrator.records.events import now_iso, scrub, secrets_from_env
-from orchestrator.safeio.jsontext import loads
 from orchestrator.records.receipt import MAX_COUNT, EgressSum
+from orchestrator.safeio.jsontext import loads
 
 EGRESS_FILE = "egress.jsonl"
 retention.register_log(EGRESS_FILE)  # rotated, compressed and expired like events.jsonl

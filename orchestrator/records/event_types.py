@@ -29,9 +29,11 @@ metric (metrics.py).
 
 from __future__ import annotations
 
+import builtins
 import types
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping, Type, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from orchestrator.records.receipt import MAX_COUNT, Receipt, Usage, json_float
 
@@ -63,7 +65,7 @@ class EventRecord:
         return out
 
     @classmethod
-    def from_data(cls: Type[R], data: Mapping[str, Any]) -> R | None:
+    def from_data(cls: builtins.type[R], data: Mapping[str, Any]) -> R | None:
         """The record a line's data describes; None when a field has the wrong type."""
         plan = _plan(cls)
         values: dict[str, Any] = {}

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cached_property
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from orchestrator.records import retention
 from orchestrator.records.event_types import EventRecord, parse_record
@@ -51,7 +52,7 @@ def listen(fn: Listener) -> None:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def secrets_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:

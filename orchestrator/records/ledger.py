@@ -32,16 +32,17 @@ import math
 import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.records.receipt import Usage
 from orchestrator.safeio.atomic import locked
 from orchestrator.safeio.folder import RECORD_CAP, state_folder
 from orchestrator.safeio.jsontext import loads
-from orchestrator.records.receipt import Usage
 
 PRICES_FILE = Path(__file__).with_name("prices.json")
 PRICES_ENV = "WAKELOOP_PRICES"  # a JSON file shaped like prices.json, merged over it
@@ -217,7 +218,7 @@ def check_caps(model: str, budget: Any, prices: dict[str, Price], where: str) ->
 
 
 def today() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return datetime.now(UTC).strftime("%Y-%m-%d")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Not here: choosing a node, or reaching its broker (broker/nodes.py).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.safeio.folder import state_folder
@@ -33,7 +33,7 @@ def read_node(state_dir: Path) -> str | None:
 
 def write_node(state_dir: Path, node: str) -> None:
     """Place the agent on `node` (whole or not at all, no link followed: safeio/folder.py's write_atomic)."""
-    record = {"node": node, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record = {"node": node, "at": datetime.now(UTC).isoformat(timespec="seconds")}
     state_folder(state_dir).write_atomic(PLACEMENT_FILE, json.dumps(record))
 
 

@@ -17,10 +17,11 @@ or how it is shown (views/agent_status.py).
 
 from __future__ import annotations
 
-import math
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Literal, get_args
 
 # skipped_node: past one host, the agent's node's broker did not answer (broker/nodes.py);
 # not_committed: the wake ran, but its changes to the workspace were not committed (a commit

@@ -50,11 +50,11 @@ import gzip
 import os
 import shutil
 import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Callable, Iterator
 
 from orchestrator.safeio.folder import Folder, capped_lines, state_folder
 from orchestrator.safeio.jsontext import loads
@@ -88,7 +88,7 @@ class Kind:
     folder: bool = False
     # A log whose live file cannot simply be renamed away (the outbox: only what a
     # person has read may leave it) brings its own rotation; None: _rotate's.
-    rotate: Callable[[Path, "Kind", Retention, datetime], list[str]] | None = None
+    rotate: Callable[[Path, Kind, Retention, datetime], list[str]] | None = None
 
     def stem_ext(self) -> tuple[str, str]:
         stem, dot, ext = self.file.partition(".")
@@ -183,7 +183,7 @@ def _text(lines: Iterator[bytes]) -> Iterator[str]:
 def enforce(state_dir: Path, rules: Retention, now: datetime | None = None) -> list[str]:
     """Rotate, compress and expire every registered kind in `state_dir`; what was done,
     one line each. The caller holds the agent's wake lock."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     done: list[str] = []
     for kind in KINDS.values():
         if not kind.folder:

@@ -34,15 +34,15 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from orchestrator.records import retention
 from orchestrator.records.event_types import WakeFinished, WakeStarted
 from orchestrator.records.events import read_history
-from orchestrator.safeio.atomic import locked
 from orchestrator.records.receipt import Receipt
+from orchestrator.safeio.atomic import locked
 from orchestrator.safeio.folder import state_folder
 from orchestrator.safeio.jsontext import loads
 
@@ -99,7 +99,7 @@ class WakeLock:
                 continue
             previous = _parse_holder(_read_fd(fd))
             self.stale = previous if previous.pid else None
-            started = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+            started = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()} {started}\n".encode(), 0)
             self.fd = fd
@@ -238,7 +238,7 @@ def _count(value: object) -> int:
 
 
 def _stamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _append(path: Path, text: str) -> None:

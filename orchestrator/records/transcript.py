@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from orchestrator.records.events import now_iso, scrub
 from orchestrator.records import retention
+from orchestrator.records.events import now_iso, scrub
 from orchestrator.safeio.folder import state_folder
 from orchestrator.safeio.jsontext import loads
 
@@ -194,7 +195,7 @@ def prune(
     one expiry rule of state/ (retention.expire) with the transcript's limits,
     then the prompt texts no remaining transcript names. The transcript of run
     `keep` (the wake that is ending) is never removed. Returns what it removed."""
-    when = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    when = datetime.fromtimestamp(time.time() if now is None else now, UTC)
     every = runs(state_dir)
     spare = frozenset(p for p in every if p.stem == keep)
     gone = retention.expire(every, retention_days, max_agent_bytes, when, spare)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from orchestrator.safeio.folder import Folder, state_folder
 

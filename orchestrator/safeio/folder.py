@@ -35,10 +35,11 @@ import errno
 import io
 import os
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Iterator
+from typing import IO
 
 from orchestrator.errors import ConfigError
 

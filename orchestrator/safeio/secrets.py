@@ -13,7 +13,7 @@ Not here: scrubbing itself (records/events.py), what a notification may expand
 from __future__ import annotations
 
 import fnmatch
-from typing import Mapping
+from collections.abc import Mapping
 
 SECRET_NAMES = (
     "ANTHROPIC_API_KEY",  # the model's key

@@ -31,12 +31,14 @@ from docker.types import LogConfig, Mount, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator import metrics
+from orchestrator.policy.paths import check_write_path
+from orchestrator.policy.schema import SandboxPolicy
+from orchestrator.records import stopswitch
 from orchestrator.sandbox import change_set
+from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, Files, SandboxError, SandboxResult, no_room, refused
 from orchestrator.sandbox.containers import editor_request, engine_client, oom
-from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
-from orchestrator.sandbox.wakes import wake_layer
-from orchestrator.sandbox.egress import netns, network
 from orchestrator.sandbox.containers.box_stream import ATTACH_PARAMS, await_line, send_stdin
+from orchestrator.sandbox.containers.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.containers.engine_client import check_image, connect, first_line
 from orchestrator.sandbox.containers.output import Capture
 from orchestrator.sandbox.containers.pool import AHEAD, EndLine, WarmPool, handoff
@@ -51,18 +53,15 @@ from orchestrator.sandbox.containers.programs import (
     READY_LINE,
     carried,
     command_argv,
-    guarded,
     edit_argv,
+    guarded,
     write_argv,
 )
-from orchestrator.policy.paths import check_write_path
-from orchestrator.policy.schema import SandboxPolicy
-from orchestrator.records import stopswitch
+from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
 from orchestrator.sandbox.disks.workspace_reads import HostFiles
-from orchestrator.sandbox.box import Files
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S, Deadline
-from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, SandboxError, SandboxResult, no_room, refused
+from orchestrator.sandbox.egress import netns, network
 from orchestrator.sandbox.egress.network import grant_refusal
+from orchestrator.sandbox.wakes import wake_layer
 
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 

@@ -17,8 +17,8 @@ from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 if TYPE_CHECKING:
-    from orchestrator.sandbox.engine import DockerSandbox
     from orchestrator.sandbox.egress.network import Egress
+    from orchestrator.sandbox.engine import DockerSandbox
 
 
 class Registry(Protocol):

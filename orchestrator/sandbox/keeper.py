@@ -61,17 +61,16 @@ from orchestrator.errors import ConfigError
 from orchestrator.policy.agent import Agent
 from orchestrator.policy.schema import DEFAULT, SandboxPolicy
 from orchestrator.sandbox import rate
+from orchestrator.sandbox.box import Files, Sandbox, SandboxError, SandboxResult
+from orchestrator.sandbox.change_set import Settled, WakeChanges
+from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers, workspace_stream
 from orchestrator.sandbox.egress import netns, network
-from orchestrator.sandbox.wakes import undo_folders, wake_diff
-from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.engine import DockerSandbox, resolve_user
-from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.policy_check import check_against_engine
+from orchestrator.sandbox.wakes import undo_folders, wake_diff
 from orchestrator.sandbox.wakes.undo_folders import Undone, UndoRefused
 from orchestrator.sandbox.wakes.wake_diff import WakeDiff
-from orchestrator.sandbox.change_set import Settled, WakeChanges
-from orchestrator.sandbox.box import Files
 
 HOST_ROOT_ENV = "WAKELOOP_HOST_ROOT"  # where ROOT lives on the host, if not discoverable
 # An agent's box unused this long is closed: its idle containers removed, its disk released (a
@@ -500,9 +499,8 @@ class Keeper:
     def begin(self, agent: Agent, run_id: str) -> Settled:
         """Settle what the agent's earlier wakes left, then mount this wake's overlay in its kept box."""
         name = agent.dir.name
-        with self._layer_op(name, lambda: self._no_call(name, "begin")):
-            with self._held(agent) as entry:
-                settled = entry.box.begin(run_id)
+        with self._layer_op(name, lambda: self._no_call(name, "begin")), self._held(agent) as entry:
+            settled = entry.box.begin(run_id)
         self.log(f"{name}: wake {run_id} begun" + "".join(f"; {line}" for line in settled.lines))
         return settled
 
@@ -650,29 +648,28 @@ class Keeper:
         """Write the agent's workspace (its disk's files/, as committed) to `out` as a tar stream,
         no call or wake of it meanwhile; the tree's digest and entries."""
         name = agent.dir.name
-        with self._layer_op(name, lambda: self._no_wake_open(name)):
-            with self._held(agent) as entry:
-                return workspace_stream.pack(self._held_disk(entry).files, out)
+        with self._layer_op(name, lambda: self._no_wake_open(name)), self._held(agent) as entry:
+            return workspace_stream.pack(self._held_disk(entry).files, out)
 
     def import_(self, agent: Agent, receive: Callable[[int], workspace_stream.Reads]) -> workspace_stream.Summary:
         """Make the agent's disk here (or take the one it has), empty its files/ (and the wake history a disk
         it had here before keeps) and write into files/ the stream `receive(limit)` gives once the disk is
         ready: the tree's digest, read back. In flight meanwhile (disk_room.flight), as a call's writes are."""
         name, size = agent.dir.name, agent.policy.sandbox.disk
-        with self._layer_op(name, lambda: self._no_wake_open(name)):
-            with self._held(agent) as entry:  # made (from the folder's workspace/, cleared below) if new
-                held = self._held_disk(entry)
-                root, files = held.view, held.files
-                disk_attach.unmount_wake(held)
-                try:
-                    with disk_room.flight(held.key, root):
-                        for history in (layers.wakes(root), layers.undos(root)):  # of its life before here, if
-                            if history.is_dir():  # it had one: a cut commit's recovery would replay it on these
-                                workspace_stream.clear(history)
-                        workspace_stream.clear(files)
-                        return workspace_stream.unpack(receive(2 * size + STREAM_SLACK), files)
-                except workspace_stream.StreamRefused as exc:
-                    raise Refused(f"{name}: import refused: {exc}") from None
+        # the disk is made (from the folder's workspace/, cleared below) if new
+        with self._layer_op(name, lambda: self._no_wake_open(name)), self._held(agent) as entry:
+            held = self._held_disk(entry)
+            root, files = held.view, held.files
+            disk_attach.unmount_wake(held)
+            try:
+                with disk_room.flight(held.key, root):
+                    for history in (layers.wakes(root), layers.undos(root)):  # of its life before here, if
+                        if history.is_dir():  # it had one: a cut commit's recovery would replay it on these
+                            workspace_stream.clear(history)
+                    workspace_stream.clear(files)
+                    return workspace_stream.unpack(receive(2 * size + STREAM_SLACK), files)
+            except workspace_stream.StreamRefused as exc:
+                raise Refused(f"{name}: import refused: {exc}") from None
 
     def drop(self, agent: Agent, key: str) -> None:
         """Delete the agent's disk `key` here: its box closed, the disk released and its image removed.

@@ -45,10 +45,10 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
-from datetime import datetime, timedelta, timezone
-from typing import Callable, Sequence, Union
 
 CHARS_PER_TOKEN = 4  # the cache model's token estimate
 CHUNK = 7  # characters per SSE delta: small, to exercise accumulation
@@ -69,7 +69,7 @@ class Reply:
     stop_details: dict | None = None  # refusal: {"type": "refusal", "category": ..., "explanation": ...}
 
 
-Responder = Union[Reply, Callable[["Recorded"], Reply]]
+Responder = Reply | Callable[["Recorded"], Reply]
 
 
 @dataclass
@@ -233,7 +233,7 @@ class FakeAPI:
         replies: Sequence[Responder] = (),
         then: Responder | None = None,
         one_at_a_time: bool = False,
-        bucket: "Bucket | None" = None,
+        bucket: Bucket | None = None,
     ):
         """`one_at_a_time`: requests answered in turn on the server's own thread, not each on a
         thread started for it (the client, one wake, then pays for no thread start of the fake's:
@@ -259,7 +259,7 @@ class FakeAPI:
         host, port = self._server.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "FakeAPI":
+    def __enter__(self) -> FakeAPI:
         self._thread.start()
         return self
 
@@ -444,7 +444,7 @@ class Bucket:
                 self.refused += 1
             else:
                 self.slots -= 1
-            full = datetime.now(timezone.utc) + timedelta(seconds=(self.capacity - self.slots) / self.per_s)
+            full = datetime.now(UTC) + timedelta(seconds=(self.capacity - self.slots) / self.per_s)
             return wait, {
                 "anthropic-ratelimit-requests-limit": str(int(self.per_s * 60)),
                 "anthropic-ratelimit-requests-remaining": str(int(self.slots)),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.sandbox.containers.output import clean
@@ -35,7 +35,7 @@ class DiffLine:
 
 
 def render(diff: WakeDiff) -> list[DiffLine]:
-    when = datetime.fromtimestamp(diff.time, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    when = datetime.fromtimestamp(diff.time, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     out = [
         DiffLine(
             "note",

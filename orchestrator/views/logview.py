@@ -20,18 +20,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from orchestrator.fleet.schedule import agent_dirs
-from orchestrator.views.eventview import format_event
 from orchestrator.records.events import EVENTS_FILE, parse_event
 from orchestrator.records.receipt import Usage
-from orchestrator.safeio.shown import shown
-from orchestrator.records.transcript import parse_line, prompt_text
-from orchestrator.sandbox.containers.output import clean
-from orchestrator.wake.editor_tool import call_diff
 from orchestrator.records.retention import LINE_CAP, holder
+from orchestrator.records.transcript import parse_line, prompt_text
+from orchestrator.safeio.shown import shown
+from orchestrator.sandbox.containers.output import clean
+from orchestrator.views.eventview import format_event
+from orchestrator.wake.editor_tool import call_diff
 
 POLL_S = 0.2  # how often a followed file is looked at again
 INPUT_CAP = 4000  # chars of one tool input shown (the JSON lines keep it whole)

@@ -25,9 +25,10 @@ Not here: the files and their states (records/approvals.py), links
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from orchestrator.policy.schema import Policy
 from orchestrator.records import approvals

@@ -22,8 +22,8 @@ from orchestrator.records import egress
 from orchestrator.records import event_types as ev
 from orchestrator.records import transcript as tr
 from orchestrator.records.events import EventLog
-from orchestrator.safeio.folder import state_folder
 from orchestrator.records.receipt import Status
+from orchestrator.safeio.folder import state_folder
 from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.wake.context import REFUSED_FILE

@@ -38,15 +38,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.sandbox import box
-from orchestrator.sandbox.disks import workspace_reads
 from orchestrator.policy.agent import Agent
 from orchestrator.records import approvals, tasks
 from orchestrator.records import state as st
 from orchestrator.records.event_types import WorkspaceChanges, parse_record
 from orchestrator.safeio.folder import Folder
+from orchestrator.sandbox import box
 from orchestrator.sandbox.containers.output import clean
-
+from orchestrator.sandbox.disks import workspace_reads
 from orchestrator.wake.model import CACHE, Block
 
 if TYPE_CHECKING:

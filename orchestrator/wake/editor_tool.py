@@ -21,7 +21,8 @@ Not here: the registry and the other tools (tools.py), the program in the box
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from orchestrator.policy import editor_paths
 from orchestrator.policy.editor_paths import EDITOR, EDITOR_TYPE, MEMORY, MEMORY_TYPE

@@ -68,7 +68,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator import tracing
@@ -77,12 +77,12 @@ from orchestrator.broker.client import broker_socket, open_sandbox
 from orchestrator.notify import outcomes
 from orchestrator.policy.agent import Agent, AgentError
 from orchestrator.policy.fleetbudget import load_fleet_budget
-from orchestrator.records import event_types as ev
 from orchestrator.records import egress, ledger, retention, stopswitch, tasks
+from orchestrator.records import event_types as ev
 from orchestrator.records import state as st
 from orchestrator.records import transcript as tr
-from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.records.approvals import Approval
+from orchestrator.records.events import EVENTS_FILE, EventLog, now_iso, scrub, secrets_from_env
 from orchestrator.records.receipt import Receipt, Status
 from orchestrator.sandbox.box import Sandbox, SandboxError
 from orchestrator.wake import stop_reasons
@@ -353,7 +353,7 @@ class _Wake:
         if not self.meter.billed:
             return None
         ctx = build_context(
-            self.agent, wake=state.wake + 1, now=datetime.now(timezone.utc), inbox=st.peek_inbox(self.agent.state_dir)
+            self.agent, wake=state.wake + 1, now=datetime.now(UTC), inbox=st.peek_inbox(self.agent.state_dir)
         )
         tools = build_registry(self.agent.policy, None, outbox=lambda text: None).to_anthropic()
         over = self.meter.check(
@@ -381,7 +381,7 @@ class _Wake:
     def _run_in(self, state: st.State, model: Model | None, turns: list[ScriptTurn]) -> Receipt:
         agent, sd = self.agent, self.agent.state_dir
         state = st.bump_wake(sd, state)
-        self.wake_no, now = state.wake, datetime.now(timezone.utc)
+        self.wake_no, now = state.wake, datetime.now(UTC)
         self.day = journal_day(now)
         self.model = model or ScriptedModel(
             turns, name=f"scripted ({agent.model} when live)", variables={"wake": self.wake_no, "today": self.day}

@@ -38,9 +38,9 @@ import random
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 import anthropic

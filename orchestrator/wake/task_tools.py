@@ -15,7 +15,6 @@ from orchestrator.policy.schema import Tools
 from orchestrator.records.tasks import MAX_NOTE_CHARS, Task, TaskError, finish
 from orchestrator.wake.tools import Tool, ToolResult, error
 
-
 COMPLETE_TASK_SCHEMA = {
     "type": "object",
     "properties": {

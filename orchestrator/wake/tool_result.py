@@ -6,8 +6,9 @@ Not here: the tools (tools.py, editor_tool.py), the order of calls and the event
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from orchestrator.sandbox.box import SandboxResult
 

@@ -23,7 +23,8 @@ Not here: the order of calls and the events (loop.py), the container
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult

@@ -59,7 +59,8 @@ def _moby_shims() -> list[tuple[int, list[str]]]:
     found = []
     for entry in os.listdir("/proc"):
         try:
-            args = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace").split("\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read().decode(errors="replace").split("\0")
         except (OSError, ValueError):
             continue
         if args[0].endswith("containerd-shim-runc-v2") and "moby" in args:

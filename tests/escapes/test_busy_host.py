@@ -24,9 +24,9 @@ import pytest
 from orchestrator.console.app import Console, start
 from orchestrator.console.auth import Access
 from orchestrator.escapes import ALL_PROBES, HELD, INCONCLUSIVE, by_name, command, run_suite
-from orchestrator.records import escape_reports
 from orchestrator.escapes.lab import Outcome, Probe, Trial, held
 from orchestrator.escapes.report import text_report
+from orchestrator.records import escape_reports
 from orchestrator.sandbox.disks import disk, disk_index, disk_survey
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers import run_cli

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tests.helpers import must_escape
 from orchestrator.console import approval_pages
 from orchestrator.records import approval_links, approvals
 from orchestrator.safeio import shown
 from orchestrator.safeio.folder import Folder
+from tests.helpers import must_escape
 
 COVERED: set[str] = {
     "approvals_refuse_a_forged_or_borrowed_link",

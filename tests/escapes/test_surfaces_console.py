@@ -10,10 +10,10 @@ import secrets
 
 import jinja2
 
-from tests.helpers import must_escape
 from orchestrator import metrics
 from orchestrator.console import auth
 from orchestrator.console.hosts import Hosts
+from tests.helpers import must_escape
 
 COVERED: set[str] = {
     "console_refuses_foreign_host",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import disks as probes
 from orchestrator.sandbox.disks import disk_attach, disk_index
+from tests.helpers import must_escape
 
 pytestmark = pytest.mark.docker
 

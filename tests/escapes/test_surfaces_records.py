@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tests.helpers import must_escape
 from orchestrator.escapes.surfaces import records as probes
+from tests.helpers import must_escape
 
 COVERED: set[str] = {
     "mandate_link_is_never_followed",

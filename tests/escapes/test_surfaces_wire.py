@@ -8,9 +8,9 @@ import ssl
 
 import pytest
 
-from tests.helpers import must_escape
 from orchestrator.broker import tls
 from orchestrator.escapes.surfaces import wire_probes as probes
+from tests.helpers import must_escape
 
 pytestmark = pytest.mark.docker
 

@@ -18,8 +18,8 @@ from orchestrator.broker import tls
 from orchestrator.cli.wakeloop import main
 from orchestrator.escapes import ESCAPED, HELD
 from orchestrator.escapes.registry import THROUGH_A_BROKER
-from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.records.escape_reports import REPORTS_ENV
+from orchestrator.sandbox.engine import DockerSandbox
 from tests.conftest import SERIAL_PROBES
 from tests.helpers.broker import served_tls
 

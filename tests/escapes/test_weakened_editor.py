@@ -15,8 +15,8 @@ from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.lab import run_probe
 from orchestrator.policy.editor_paths import MEMORY
 from orchestrator.sandbox import engine
-from orchestrator.sandbox.containers import programs
 from orchestrator.sandbox.box import SandboxResult
+from orchestrator.sandbox.containers import programs
 from orchestrator.sandbox.engine import DockerSandbox
 
 COVERED = {

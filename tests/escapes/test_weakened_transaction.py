@@ -19,9 +19,9 @@ from docker.types import Mount
 from orchestrator.broker import ops
 from orchestrator.escapes import ESCAPED, by_name
 from orchestrator.escapes.lab import run_probe
+from orchestrator.sandbox.box import WORKSPACE
 from orchestrator.sandbox.disks import disk, layers
 from orchestrator.sandbox.wakes import transaction
-from orchestrator.sandbox.box import WORKSPACE
 
 COVERED = {
     "transaction_refuses_protected_paths_by_bash",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.testing.fakeapi import FAKE_KEY
 from orchestrator.policy.agent import init_agent, load_agent
+from orchestrator.testing.fakeapi import FAKE_KEY
 from orchestrator.wake.loop import Receipt, wake
 from orchestrator.wake.model import LiveModel
 

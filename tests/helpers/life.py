@@ -179,11 +179,11 @@ def _invariants(after_wake: int) -> str:
         checks.append('test "$(head -1 notes/renamed.txt)" = a')
     if after_wake < 7:
         checks.append("test \"$(stat -c '%a' secret.txt)\" = 600")
-    if 4 <= after_wake:
+    if after_wake >= 4:
         checks.append("sha256sum --quiet -c .life/big.sha256")
     if 3 <= after_wake < 9:
         checks.append(f'test "$(find many -type f | wc -l)" = {MANY if after_wake < 5 else MANY - 200}')
-    if 6 <= after_wake:
+    if after_wake >= 6:
         checks.append("venv/bin/python -c 'import sys; assert sys.prefix.endswith(\"venv\")'")
     return " && ".join(checks) + " && echo LIFE-INVARIANTS-OK"
 

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -73,7 +73,7 @@ def wait_for(condition, what: str, timeout_s: float):
 
 def today() -> str:
     """Today's date in UTC as the journal's file names and the ledger's days have it."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return datetime.now(UTC).strftime("%Y-%m-%d")
 
 
 def must_escape(lab, probe) -> str:

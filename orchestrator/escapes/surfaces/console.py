@@ -25,10 +25,11 @@ from __future__ import annotations
 import http.client
 import os
 import secrets
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from orchestrator.escapes.lab import Probe, escaped, held

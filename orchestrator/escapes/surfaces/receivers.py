@@ -85,7 +85,7 @@ class Hook:
                 self.end_headers()
                 self.wfile.write(b"no" if status >= 300 else b"ok")
 
-            do_GET = do_POST  # only a followed redirect would come as a GET
+            do_GET = do_POST  # noqa: N815 (http.server's name) only a followed redirect would come as a GET
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, args=(POLL_S,), daemon=True).start()

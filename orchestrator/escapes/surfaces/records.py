@@ -23,10 +23,10 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
@@ -35,7 +35,7 @@ HANG_S = 2.0  # a host read of ours takes milliseconds; one still running then i
 SPARSE_BYTES = 100 * 2**30  # a planted 100 GB sparse file: costs no disk
 READ_LIMIT = 16 * 2**20  # the most a reader of the outbox may take of it (state.BOX_CAP)
 MESSAGE_CHARS = 2**20  # a 1 MiB send_message, as a live model sent one (issue 20)
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 
 def returns_within(

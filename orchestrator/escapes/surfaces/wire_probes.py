@@ -19,8 +19,8 @@ import ssl
 from pathlib import Path
 
 from orchestrator.broker import tls
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
 from orchestrator.escapes.broker_probes import ServedBroker
+from orchestrator.escapes.lab import Probe, Trial, escaped, held
 
 CATEGORY = "surfaces"
 ASK = json.dumps({"op": "run", "agent": "alpha", "command": "echo served"}).encode() + b"\n"

@@ -23,7 +23,7 @@ import math
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import docker
 import docker.errors

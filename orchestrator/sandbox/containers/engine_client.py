@@ -16,8 +16,8 @@ import threading
 import docker
 import docker.errors
 
-from orchestrator.sandbox.containers import images
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.containers import images
 from orchestrator.sandbox.containers.pool import MakePace
 
 ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)

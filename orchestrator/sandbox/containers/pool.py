@@ -67,11 +67,11 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Final, TypeVar
+from typing import Final, TypeVar
 
 from orchestrator import metrics
-
 
 MAKERS = 2  # containers made at once: a runsc create and start takes 0.5-0.9 s
 AHEAD = 1  # containers kept ahead at first: one per model turn is the usual pace
@@ -161,15 +161,15 @@ class MakePace:
         self._pools: weakref.WeakSet[WarmPool] = weakref.WeakSet()  # the open pools sharing this engine
         self._lock = threading.Lock()
 
-    def joined(self, pool: "WarmPool") -> None:
+    def joined(self, pool: WarmPool) -> None:
         with self._lock:
             self._pools.add(pool)
 
-    def left(self, pool: "WarmPool") -> None:
+    def left(self, pool: WarmPool) -> None:
         with self._lock:
             self._pools.discard(pool)
 
-    def shared(self, pool: "WarmPool") -> bool:
+    def shared(self, pool: WarmPool) -> bool:
         """Whether another wake's pool on this engine wants containers (a fleet): one
         more ahead here would compete with their calls, and a surplus is a call of theirs."""
         with self._lock:

@@ -57,9 +57,8 @@ from pathlib import Path
 import docker
 from docker.types import Mount
 
-from orchestrator.sandbox.disks import engine_mounts, layers
 from orchestrator.sandbox.box import WORKSPACE, SandboxError
-
+from orchestrator.sandbox.disks import engine_mounts, layers
 
 DISKS_ENV = "WAKELOOP_DISKS"
 HOST_DISKS_ENV = "WAKELOOP_DISKS_HOST"  # where the host has $WAKELOOP_DISKS (a broker in a container)

@@ -33,8 +33,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from orchestrator.sandbox.disks import disk_holders, engine_mounts, layers
 from orchestrator.sandbox.box import SandboxError
+from orchestrator.sandbox.disks import disk_holders, engine_mounts, layers
 from orchestrator.sandbox.disks.disk import (
     Disk,
     DiskError,
@@ -50,7 +50,6 @@ from orchestrator.sandbox.disks.disk_image import attach_loop, create, devices_o
 from orchestrator.sandbox.disks.disk_index import forget
 from orchestrator.sandbox.disks.disk_mounts import bind_box, mount_view, mounts_of, no_device_volume, unmount_box
 from orchestrator.sandbox.disks.disk_room import OVERCOMMIT, settled
-
 
 TOOLS = ("losetup", "mkfs.ext4", "resize2fs", "mount", "umount")
 DETACH_WAIT_S = 10  # a detached loop device goes when its last opener closes it

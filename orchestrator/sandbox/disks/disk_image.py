@@ -20,7 +20,6 @@ from pathlib import Path
 from orchestrator.sandbox.disks.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, tool
 from orchestrator.sandbox.disks.disk_room import ROOM_LOCK, check_promise, flight
 
-
 CAP_SYS_RESOURCE = 24  # linux/capability.h: ext4's online resize asks for it
 
 

@@ -59,7 +59,6 @@ from pathlib import Path
 
 from orchestrator.sandbox.disks.disk import DiskError, disks_dir, locked, path_of
 
-
 INDEX = "index.json"  # in the disks' directory: which folder each disk belongs to
 INDEX_LOCK = "index.lock"  # one process at a time reads-and-writes the index
 INDEX_MAX_BYTES = 16 * 2**20  # ~100k disks; a bigger index is not ours

@@ -20,7 +20,6 @@ import docker.errors
 from orchestrator.sandbox.disks import engine_mounts
 from orchestrator.sandbox.disks.disk import VOLUME_PREFIX, DiskError, path_of, tool
 
-
 BOX_OPTIONS = "nosuid,nodev"  # KEY.box, files/ bound where the box's volume binds it
 VIEW_OPTIONS = "nosuid,nodev,noexec,discard"  # ours: nothing on it runs on the host
 

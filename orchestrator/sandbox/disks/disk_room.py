@@ -37,7 +37,6 @@ from pathlib import Path
 
 from orchestrator.sandbox.disks.disk import TOOL_TIMEOUT_S, DiskError, disks_dir, locked, path_of
 
-
 RESERVE = 0.05  # of the disks' filesystem, never left to the calls' worst case
 OVERCOMMIT = 10  # the disks' sizes together: at most this many times their
 # filesystem's size (the broker's ceiling: max.disk_overcommit)

@@ -102,7 +102,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -114,7 +114,6 @@ from docker.models.networks import Network
 
 from orchestrator.assets import asset_dir
 from orchestrator.errors import EnvironmentFault
-
 from orchestrator.policy.load import parse_host
 from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy, host_glob
 from orchestrator.sandbox.containers.images import inputs_hash
@@ -701,7 +700,7 @@ def decisions(client: docker.DockerClient, egress: Egress, since: float, run_id:
 
 
 def _decisions_in(text: str, since: float, run_id: str) -> list[dict[str, Any]]:
-    began = datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    began = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     out = []
     for line in text.splitlines():
         if not line.startswith(LINE_MARK):

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import ConfigError, WakeloopError
+from orchestrator.sandbox.change_set import Change
 from orchestrator.sandbox.disks import layers
 from orchestrator.sandbox.wakes import transaction
-from orchestrator.sandbox.change_set import Change
 
 MANIFEST_CAP = 64 * 2**20  # bytes: a manifest of a wake that changed ~300,000 paths
 DAY_S = 86400.0

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.sandbox.change_set import Change
 from orchestrator.sandbox.disks import layers
 from orchestrator.sandbox.wakes import transaction, undo_folders
-from orchestrator.sandbox.change_set import Change
 from orchestrator.sandbox.wakes.undo_folders import NotRegular
 
 TEXT_CAP = 256 * 1024  # bytes of one side shown as text; a bigger file is shown by size and hash

@@ -61,10 +61,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.sandbox.disks import disk, disk_attach, engine_mounts, layers
-from orchestrator.sandbox.wakes import transaction
 from orchestrator.sandbox.change_set import Settled, WakeChanges
+from orchestrator.sandbox.disks import disk, disk_attach, engine_mounts, layers
 from orchestrator.sandbox.disks.workspace_reads import HostFiles
+from orchestrator.sandbox.wakes import transaction
 
 READ_OPTIONS = f"{layers.OVERLAY_OPTIONS},nosuid,nodev,noexec"  # LayerFiles': nothing on it runs
 # A wake's layer takes 4 inodes (its folder, upper, work, overlayfs's work/work). A dropped layer frees

@@ -41,7 +41,7 @@ def bare_repo(fd, name, where, shown):
     if not GIT or name not in MARKS | RUNS:
         return
     after = {n.lower() for n in os.listdir(fd)} | {name}
-    if MARKS <= after and RUNS & after:
+    if after >= MARKS and RUNS & after:
         raise Refused(
             f"{shown}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git takes it for a "
             f"repository and would run what its {name} says; protect_git keeps edits out of a repository's "

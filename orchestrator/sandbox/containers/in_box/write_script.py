@@ -14,7 +14,7 @@ def bare_repo(fd: int, name: str, where: str) -> None:
     if not git or name not in MARKS | RUNS:
         return
     after = {n.lower() for n in os.listdir(fd)} | {name}
-    if MARKS <= after and RUNS & after:
+    if after >= MARKS and RUNS & after:
         print(
             f"refused: {rel}: {where or 'the workspace'} holds HEAD, objects/ and refs/, so git "
             f"takes it for a repository and would run what its {name} says; protect_git keeps "
