@@ -303,7 +303,7 @@ def test_a_call_in_flight_in_a_process_killed_with_sigkill_blocks_no_one(tmp_pat
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from orchestrator.sandbox.disks import disk\n"
+            "from orchestrator.sandbox.disks import disk_room\n"
             "with disk_room.flight('a'):\n"
             "    print('flying', flush=True); time.sleep(600)\n",
         ],
