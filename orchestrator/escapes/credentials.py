@@ -230,7 +230,9 @@ def credential_box(t: Trial, bound_rules: tuple[str, ...] = (), budget: int | No
             yield box, value, bound, elsewhere
         finally:
             if box is not None:
-                network.shutdown(t.lab.client, {box._egress().key}, shared=False)
+                egress = box._egress()
+                assert egress is not None  # the probe's policy is an allowlist
+                network.shutdown(t.lab.client, {egress.key}, shared=False)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

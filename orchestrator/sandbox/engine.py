@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import docker
 import docker.errors
@@ -37,9 +37,10 @@ from orchestrator.records import stopswitch
 from orchestrator.sandbox import change_set
 from orchestrator.sandbox.box import TIMEOUT_EXIT, WORKSPACE, Files, SandboxError, SandboxResult, no_room, refused
 from orchestrator.sandbox.containers import editor_request, engine_client, oom
-from orchestrator.sandbox.containers.box_stream import ATTACH_PARAMS, await_line, send_stdin
+from orchestrator.sandbox.containers.box_stream import ATTACH_PARAMS, Attached, await_line, raw_socket, send_stdin
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S, Deadline
 from orchestrator.sandbox.containers.engine_client import check_image, connect, first_line
+from orchestrator.sandbox.containers.engine_shapes import ContainerConfig, ContainerState, HostConfig, Inspected
 from orchestrator.sandbox.containers.output import Capture
 from orchestrator.sandbox.containers.pool import AHEAD, EndLine, WarmPool, handoff
 from orchestrator.sandbox.containers.programs import (
@@ -64,6 +65,7 @@ from orchestrator.sandbox.egress.network import grant_refusal
 from orchestrator.sandbox.wakes import wake_layer
 
 Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
+
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
 LABEL = "wakeloop.sandbox"  # on every container we create; the cleanup filter
@@ -161,13 +163,14 @@ class DockerSandbox:
             self.close()  # the disk attached above is let go
             raise
         self._oom_files: dict[str, Path | None] = {}  # warm container -> its host-side OOM count (oom.py)
-        self._attached: dict = {}  # warm container -> the socket attached to it since before its start
+        self._attached: dict[str, Attached] = {}  # warm container -> the socket attached to it since before its start
         self.pool = self._new_pool()
         if self.pool or (self.disk and self.disk.hold):
             atexit.register(self.close)  # a safety net; callers close() when done
 
     def _start_egress(self) -> None:
         """The allowlist's proxy and netns holder, started on demand; the wake's record begins now."""
+        assert self._egress_plan is not None  # started only under an allowlist, whose plan it is
         try:
             self._egress_ca = network.ensure(self.client, self._egress_plan)
         except network.NetworkError as exc:
@@ -239,10 +242,10 @@ class DockerSandbox:
         granted, self._granted_decisions = self._granted_decisions, []
         return (network.decisions(self.client, egress, self.wake_began, self.run_id) + granted) if egress else []
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- a wake as a transaction (wake_layer.py) ---------------------------------
@@ -448,7 +451,7 @@ class DockerSandbox:
 
     # -- container settings ---------------------------------------------------
 
-    def _plan_egress(self, policy: SandboxPolicy):
+    def _plan_egress(self, policy: SandboxPolicy) -> network.Egress | None:
         """The allowlist's plan, made once per policy (it reads the operator's settings; network.plan_for)."""
         if policy.network != "allowlist":
             return None
@@ -457,7 +460,7 @@ class DockerSandbox:
         except network.NetworkError as exc:
             raise SandboxError(str(exc)) from None
 
-    def _egress(self):
+    def _egress(self) -> network.Egress | None:
         # allowlist: join the agent's netns holder (no default route) and reach
         # out only through the proxy; none/bridge are the engine's own modes.
         return self._egress_plan
@@ -476,7 +479,7 @@ class DockerSandbox:
         workdir: str = WORKSPACE,
         command_env: dict[str, str] | None = None,
         grant: Grant | None = None,
-    ) -> tuple[dict, dict]:
+    ) -> tuple[ContainerConfig, HostConfig]:
         """(container config, host config) for one call, in docker SDK terms.
         Every call is created from exactly these; `policy explain` prints them.
         `command_env` is the environment argv gets when argv is the agent's
@@ -491,7 +494,7 @@ class DockerSandbox:
             **({LAUNCHER_ENV: LAUNCHER} if argv == LAUNCH_ARGV else {}),
             **({COMMAND_ENV: carried(command_env)} if command_env is not None else {}),
         }
-        config = dict(
+        config = ContainerConfig(
             image=p.image,
             command=guarded(argv),  # io_uring and set-id modes refused (seccomp.py)
             user=self.user,
@@ -514,7 +517,7 @@ class DockerSandbox:
             detach=False,
             use_config_proxy=False,  # else the SDK copies the client's proxy settings in
         )
-        host = dict(
+        host = HostConfig(
             mounts=[self.disk.mount(self.wake) if self.disk else self._bind_mount()],
             network_mode=egress.network_mode if egress else self._netns.network_mode if self._netns else p.network,
             read_only=True,
@@ -553,7 +556,7 @@ class DockerSandbox:
 
     def _call(
         self,
-        argv,
+        argv: list[str],
         stdin: bytes | None,
         timeout_s: float,
         max_output_chars: int,
@@ -577,7 +580,7 @@ class DockerSandbox:
 
     def _run_call(
         self,
-        argv,
+        argv: list[str],
         stdin: bytes | None,
         timeout_s: float,
         max_output_chars: int,
@@ -612,7 +615,7 @@ class DockerSandbox:
 
     def _create(
         self,
-        argv,
+        argv: list[str],
         call_id: str,
         stdin: bool,
         workdir: str,
@@ -623,9 +626,9 @@ class DockerSandbox:
             config, host = self.container_spec(argv, call_id, stdin, workdir, command_env=command_env, grant=grant)
             if self._netns and host["network_mode"] == self._netns.network_mode:
                 self._netns.ensure()  # before the box that joins it starts
-            cid = self.client.api.create_container(**config, host_config=self.client.api.create_host_config(**host))[
-                "Id"
-            ]
+            cid: str = self.client.api.create_container(
+                **config, host_config=self.client.api.create_host_config(**host)
+            )["Id"]
         except docker.errors.DockerException as exc:
             raise SandboxError(f"cannot create a sandbox container: {first_line(exc)}") from None
         metrics.container_made(cid)
@@ -646,7 +649,7 @@ class DockerSandbox:
         except (docker.errors.DockerException, OSError, SandboxError):
             self._remove(cid)
             raise
-        self._oom_files[cid] = self._oom_file(cid)
+        self._oom_files[cid] = oom.counter_file_of(self.client, cid)
         return cid
 
     def _settings_key(self) -> str:
@@ -656,12 +659,20 @@ class DockerSandbox:
 
     def _running(self, cid: str) -> bool:
         try:
-            return self.client.api.inspect_container(cid)["State"]["Running"]
+            inspected: Inspected = self.client.api.inspect_container(cid)
+            return inspected["State"]["Running"]
         except docker.errors.DockerException:
             return False
 
     def _attach_and_wait(
-        self, cid, stdin, end: EndLine | None, timeout_s, cap, started, hold: bool = False
+        self,
+        cid: str,
+        stdin: bytes | None,
+        end: EndLine | None,
+        timeout_s: float,
+        cap: int,
+        started: float,
+        hold: bool = False,
     ) -> SandboxResult:
         """Stream the output until the container exits, or (pooled) until its
         launcher's end line; a cold container is started here, after attaching.
@@ -670,7 +681,7 @@ class DockerSandbox:
         api = self.client.api
         params = {**ATTACH_PARAMS, "stdin": int(stdin is not None or hold)}
         sock = self._attached.pop(cid, None) or api.attach_socket(cid, params=params)
-        raw = getattr(sock, "_sock", sock)
+        raw = raw_socket(sock)
         # The deadline is ours to keep: a ptrace-stopped init never exits on its own.
         deadline = Deadline(api, cid, raw, timeout_s, halted=lambda: stopswitch.is_stopped(self.root))
         try:
@@ -687,7 +698,8 @@ class DockerSandbox:
                     if held and not held.found:
                         data = held.feed(data)
                         if held.found:  # the box stands until stdin closes: count, then release it
-                            kills = self._count_ooms(cid)
+                            counted = oom.counter_file_of(self.client, cid)
+                            kills = oom.read_kills(counted) if counted else None
                             send_stdin(raw, b"")
                             data += held.rest  # the command's, if it printed the line itself
                     capture.add(end.feed(data) if end else data)
@@ -722,59 +734,25 @@ class DockerSandbox:
             stopped=deadline.stopped,
         )
 
-    def _final_state(self, cid: str, end: EndLine | None) -> dict:
+    def _final_state(self, cid: str, end: EndLine | None) -> ContainerState:
         """ExitCode and OOMKilled: a pooled call's from its launcher's line and a count of
         OOM kills no command can forge, at once; else the engine's, once the container
         has exited (a cold call's, or a pooled call's that nothing at hand can settle)."""
-        if end and end.found:
-            killed = self._oom_at_once(cid, end)
+        if end and end.exit_code is not None:  # found
+            killed = oom.killed_at_once(end.oom, self._oom_files.get(cid), end.exit_code)
             if killed is not None:
                 return {"ExitCode": end.exit_code, "OOMKilled": killed}
         self.client.api.wait(cid, timeout=KILL_GRACE_S + engine_client.ENGINE_TIMEOUT_S)
-        state = self.client.api.inspect_container(cid)["State"]
-        if end and end.found:  # the engine's exit code is the launcher's, not the command's
+        state: ContainerState = self.client.api.inspect_container(cid)["State"]
+        if end and end.exit_code is not None:  # found: the engine's exit code is the launcher's, not the command's
             state["ExitCode"] = end.exit_code
         return state
-
-    def _oom_file(self, cid: str) -> Path | None:
-        """Where the host counts a running container's OOM kills; None where this process
-        cannot see it (oom.py)."""
-        usual = oom.usual_counter_file(cid)
-        if usual:
-            return usual
-        try:
-            pid = self.client.api.inspect_container(cid)["State"]["Pid"]
-        except docker.errors.DockerException:
-            return None
-        return oom.counter_file(pid, cid)
-
-    def _count_ooms(self, cid: str) -> int | None:
-        """The OOM kills so far in a running container's memory cgroup, read on the host;
-        None where this process cannot see it."""
-        counted = self._oom_file(cid)
-        return oom.read_kills(counted) if counted else None
-
-    def _oom_at_once(self, cid: str, end: EndLine) -> bool | None:
-        """Whether a pooled call was killed at its memory limit, from a count the kernel
-        keeps: the one its launcher read in the box (runc), else the one read here on
-        the host (gVisor, whose box shows no such count, and whose command killed at
-        the limit merely exits 1). None when only the engine can tell."""
-        if end.oom in ("0", "1"):
-            return end.oom == "1"
-        counted = self._oom_files.get(cid)
-        kills = oom.read_kills(counted) if counted else None
-        if kills is not None:
-            return kills > 0
-        # No count here (this process does not see the host's cgroups: the broker in its
-        # own container, a remote engine). A command that ended 0 was not killed; any
-        # other status is the engine's to explain, at the cost of waiting for the exit.
-        return False if end.exit_code == 0 else None
 
     def _remove(self, cid: str) -> None:
         self._oom_files.pop(cid, None)
         sock = self._attached.pop(cid, None)
         if sock is not None:  # an idle warm container's: both objects, as _attach_and_wait closes them
-            raw = getattr(sock, "_sock", sock)
+            raw = raw_socket(sock)
             sock.close()
             raw.close()
         try:

@@ -9,6 +9,7 @@ drift from what runs. Not here: validation (policy/load.py), running anything.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.policy.editor_paths import EDITOR, EDITOR_TYPE, MEMORY, MEMORY_TYPE
@@ -17,6 +18,7 @@ from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, command_argv, write_argv
 
 if TYPE_CHECKING:
+    from orchestrator.sandbox.containers.engine_shapes import ContainerConfig, HostConfig
     from orchestrator.sandbox.egress.network import Egress
     from orchestrator.sandbox.engine import DockerSandbox
 
@@ -29,9 +31,8 @@ class Registry(Protocol):
     def to_anthropic(self) -> list[dict[str, Any]]: ...
 
 
-# A call's (config, host config): the docker SDK's keyword arguments (it has no types), a value's type
-# its key's (str, bool, int, list, dict, Mount, Ulimit, LogConfig).
-Spec = tuple[dict[str, Any], dict[str, Any]]
+# A call's (config, host config): the docker SDK's keyword arguments (engine.py's TypedDicts).
+Spec = tuple["ContainerConfig", "HostConfig"]
 
 # How each docker SDK key reads as a `docker run` flag. A key missing here is
 # printed as "unmapped", never dropped, so a new setting cannot hide.
@@ -52,7 +53,7 @@ _LISTS = {"cap_drop": "--cap-drop", "cap_add": "--cap-add", "security_opt": "--s
 _SKIP = {"image", "command", "detach"}  # the image and argv close the command line
 
 
-def docker_run_flags(config: dict[str, Any], host: dict[str, Any]) -> list[str]:
+def docker_run_flags(config: Mapping[str, Any], host: Mapping[str, Any]) -> list[str]:
     """`docker run` arguments equivalent to one call's (config, host config)."""
     flags = ["--rm"]  # the harness removes every call's container itself
     for key, value in {**config, **host}.items():
@@ -275,7 +276,7 @@ def _specs(box: DockerSandbox) -> dict[str, Spec]:
     }
 
 
-def _command(config: dict[str, Any], host: dict[str, Any], image: str) -> str:
+def _command(config: Mapping[str, Any], host: Mapping[str, Any], image: str) -> str:
     """One flag (with its value) per line, then the image and argv."""
     names = {GUARD: "SECCOMP_GUARD", WRITE_SCRIPT: "WRITE_SCRIPT"}  # long programs, by name
     config = {**config, "environment": {k: names.get(v, v) for k, v in config["environment"].items()}}

@@ -10,7 +10,9 @@ DockerSandbox._attach_and_wait, output.py), the launcher (programs.py).
 from __future__ import annotations
 
 import socket
+from typing import cast
 
+import docker
 from docker.utils.socket import frames_iter
 
 from orchestrator.sandbox.box import SandboxError
@@ -21,11 +23,15 @@ LAUNCHER_UP_S = 30  # a warm container's launcher to say it listens
 
 ATTACH_PARAMS = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
 
+# What the SDK's attach_socket gives: a SocketIO over the engine's socket (unix, tcp),
+# the socket itself over TLS.
+Attached = socket.SocketIO | socket.socket
 
-def await_line(api, cid: str, sock, line: bytes) -> None:
+
+def await_line(api: docker.APIClient, cid: str, sock: Attached, line: bytes) -> None:
     """Read the attached stream up to `line`, the container's first output; a box that
     says anything else, ends, or says nothing for LAUNCHER_UP_S is not made."""
-    deadline = Deadline(api, cid, getattr(sock, "_sock", sock), LAUNCHER_UP_S)
+    deadline = Deadline(api, cid, raw_socket(sock), LAUNCHER_UP_S)
     deadline.start()
     seen = b""
     try:
@@ -37,6 +43,12 @@ def await_line(api, cid: str, sock, line: bytes) -> None:
         deadline.cancel()
     if seen != line:
         raise SandboxError(f"the pool's launcher said {seen[:200]!r}, not that it listens")
+
+
+def raw_socket(sock: Attached) -> socket.socket:
+    """The socket under an attached stream: shut down at its deadline, closed with it.
+    (typeshed does not name a SocketIO's socket, `_sock`.)"""
+    return cast(socket.socket, getattr(sock, "_sock", sock))
 
 
 def send_stdin(raw: socket.socket, data: bytes) -> None:

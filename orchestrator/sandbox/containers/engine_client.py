@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 
 import docker
 import docker.errors
@@ -30,14 +31,14 @@ ENGINE_TIMEOUT_S = 30  # one Docker API request (create, inspect, remove)
 ENGINE_POOL = 32
 
 
-def engine_url(environ=os.environ) -> str:
+def engine_url(environ: Mapping[str, str] = os.environ) -> str:
     """Where the engine is: $DOCKER_HOST, else the `docker context` the user selected, else the default."""
     if environ.get("DOCKER_HOST"):
         return environ["DOCKER_HOST"]
     try:
         from docker.context import ContextAPI
 
-        host = ContextAPI.get_current_context().Host
+        host: str | None = ContextAPI.get_current_context().Host
     except Exception:  # no config, a broken one: the default socket, as the docker CLI falls back
         host = None
     return host or "unix:///var/run/docker.sock"

@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import docker
+import docker.errors
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC = Path("/proc")
 COUNTER_FILES = ("memory.events", "memory.oom_control")  # v2, v1: each has an "oom_kill N" line
@@ -99,3 +102,32 @@ def read_kills(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def counter_file_of(client: docker.DockerClient, cid: str) -> Path | None:
+    """Where the host counts a running container's OOM kills; None where this process
+    cannot see it."""
+    usual = usual_counter_file(cid)
+    if usual:
+        return usual
+    try:
+        pid: int = client.api.inspect_container(cid)["State"]["Pid"]
+    except docker.errors.DockerException:
+        return None
+    return counter_file(pid, cid)
+
+
+def killed_at_once(launcher_said: str | None, counted: Path | None, exit_code: int) -> bool | None:
+    """Whether a pooled call was killed at its memory limit, from a count the kernel
+    keeps: the one its launcher read in the box (runc: "0" or "1"), else the one read
+    here on the host (gVisor, whose box shows no such count, and whose command killed at
+    the limit merely exits 1). None when only the engine can tell."""
+    if launcher_said in ("0", "1"):
+        return launcher_said == "1"
+    kills = read_kills(counted) if counted else None
+    if kills is not None:
+        return kills > 0
+    # No count here (this process does not see the host's cgroups: the broker in its
+    # own container, a remote engine). A command that ended 0 was not killed; any
+    # other status is the engine's to explain, at the cost of waiting for the exit.
+    return False if exit_code == 0 else None

@@ -50,6 +50,7 @@ import fcntl
 import os
 import subprocess
 import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,7 @@ class Disk:
         return Mount(target=WORKSPACE, source=str(layers.files(self.engine_root)), type="bind")
 
 
-def disks_dir(environ=os.environ) -> Path:
+def disks_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(environ.get(DISKS_ENV) or DEFAULT_DISKS)
 
 
@@ -179,7 +180,7 @@ def path_of(key: str, kind: str) -> Path:
     return disks_dir() / f"{key}.{kind}"
 
 
-def holding() -> frozenset:
+def holding() -> frozenset[Hold]:
     """The holds this process has now (a command's start, to let go only its own at the end)."""
     with _holds_lock:
         return frozenset(_holds)
@@ -201,7 +202,7 @@ def tool(*argv: str, check: bool = True, pass_fds: tuple[int, ...] = ()) -> str:
 
 
 @contextmanager
-def locked(path: Path):
+def locked(path: Path) -> Iterator[None]:
     """One process at a time makes, attaches or mounts a given disk."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:

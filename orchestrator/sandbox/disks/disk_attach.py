@@ -160,7 +160,7 @@ def let_go(client: docker.DockerClient, held: Disk) -> str | None:
     return None
 
 
-def let_go_all(client: docker.DockerClient, kept: frozenset = frozenset()) -> list[str]:
+def let_go_all(client: docker.DockerClient, kept: frozenset[Hold] = frozenset()) -> list[str]:
     """Every disk this process still holds but those in `kept` (a command's end, whatever
     ended it): let go, each released if nobody else holds it."""
     left = [hold for hold in holding() if hold not in kept]

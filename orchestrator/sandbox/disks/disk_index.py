@@ -56,6 +56,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, cast
 
 from orchestrator.sandbox.disks.disk import DiskError, disks_dir, locked, path_of
 
@@ -75,6 +76,18 @@ def _new_key(agent: str) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', agent)[:40]}-{secrets.token_hex(6)}"
 
 
+class IndexEntry(TypedDict, total=False):
+    """One disk in the index (read from JSON, so any key may be missing)."""
+
+    ino: int
+    kind: str
+    mark: int
+    dev: int
+    agent: str
+    folder: str  # where the host last saw it
+    adopted: bool
+
+
 @dataclass(frozen=True)
 class Identity:
     """An agent folder as the kernel knows it: no path, no name (see the module's docstring)."""
@@ -84,10 +97,10 @@ class Identity:
     mark: int  # the birth time in ns, or the inode's generation
     dev: int  # st_dev, kept for the record (and the broker's same-filesystem check)
 
-    def matches(self, entry: dict) -> bool:
+    def matches(self, entry: IndexEntry) -> bool:
         return (entry.get("ino"), entry.get("kind"), entry.get("mark")) == (self.ino, self.kind, self.mark)
 
-    def fields(self) -> dict:
+    def fields(self) -> IndexEntry:
         return {"ino": self.ino, "kind": self.kind, "mark": self.mark}
 
 
@@ -117,7 +130,8 @@ def _statx(fd: int) -> tuple[int, int, int]:
 def _generation(fd: int) -> int:
     """The inode's generation (ext4: random when the inode is made), or 0 if none is given."""
     try:
-        return struct.unpack("q", fcntl.ioctl(fd, _FS_IOC_GETVERSION, b"\0" * 8))[0]
+        generation: int = struct.unpack("q", fcntl.ioctl(fd, _FS_IOC_GETVERSION, b"\0" * 8))[0]
+        return generation
     except OSError:
         return 0
 
@@ -164,7 +178,7 @@ def _born_ns(path: Path) -> int:
         os.close(fd)
 
 
-def read_index() -> dict[str, dict]:
+def read_index() -> dict[str, IndexEntry]:
     """Every disk the index knows: key -> {ino, kind, mark, dev, agent, folder (last seen), adopted}."""
     path = disks_dir() / INDEX
     try:
@@ -183,10 +197,11 @@ def read_index() -> dict[str, dict]:
             "aside, and `wakeloop disk list` shows the images it named"
         ) from None
     disks = data.get("disks") if isinstance(data, dict) else None
-    return {k: v for k, v in disks.items() if isinstance(v, dict)} if isinstance(disks, dict) else {}
+    # As _write_index wrote them; read with .get and compared with ==, so a hand-edited entry is no harm.
+    return {k: cast(IndexEntry, v) for k, v in disks.items() if isinstance(v, dict)} if isinstance(disks, dict) else {}
 
 
-def _write_index(entries: dict[str, dict]) -> None:
+def _write_index(entries: dict[str, IndexEntry]) -> None:
     path = disks_dir() / INDEX
     partial = path.with_suffix(".partial-index")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -233,7 +248,7 @@ def claim(
     return key
 
 
-def _adoptable(agent: str, host_workspace: Path, ident: Identity, entries: dict) -> bool:
+def _adoptable(agent: str, host_workspace: Path, ident: Identity, entries: dict[str, IndexEntry]) -> bool:
     """An image named the old way for this agent's name and path, no folder's yet, and
     (where both birth times are known) younger than the folder, which it was made from:
     a folder made later at that path is not the one the image was made for."""

@@ -31,6 +31,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,7 @@ def _worst(where: str, key: str) -> int:
 
 
 @contextmanager
-def flight(key: str, view: Path | None = None, wait_s: float = ROOM_WAIT_S):
+def flight(key: str, view: Path | None = None, wait_s: float = ROOM_WAIT_S) -> Iterator[None]:
     """One call on `key`'s disk, from the check to its last write settled: it starts
     only if room(key) is enough, waiting up to `wait_s` for calls in flight to end,
     else NoRoom (one line). `view`: where the disk is mounted here; the call returns
@@ -196,7 +197,7 @@ class _Settler:
     a paced wake under profile, more while the engine makes a box on the same cores).
     Calls that end during a sync are synced again."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._changed = threading.Condition()
         self._pending: dict[str, tuple[Path, int]] = {}  # key -> (its view, calls ended, not landed)
         self._thread: threading.Thread | None = None

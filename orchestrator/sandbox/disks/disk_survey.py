@@ -17,7 +17,7 @@ from pathlib import Path
 from orchestrator.sandbox.disks.disk import DiskError, disks_dir, path_of
 from orchestrator.sandbox.disks.disk_attach import held
 from orchestrator.sandbox.disks.disk_image import loops
-from orchestrator.sandbox.disks.disk_index import identity_of, read_index
+from orchestrator.sandbox.disks.disk_index import IndexEntry, identity_of, read_index
 from orchestrator.sandbox.disks.disk_mounts import mounts_of
 from orchestrator.sandbox.disks.disk_room import RESERVE, in_flight
 
@@ -87,7 +87,7 @@ def survey(root: Path | None = None) -> list[DiskRecord]:
     return records
 
 
-def _folders_under(root: Path, index: dict[str, dict]) -> dict[str, Path]:
+def _folders_under(root: Path, index: dict[str, IndexEntry]) -> dict[str, Path]:
     """key -> the folder directly under ROOT that has that disk's identity."""
     out = {}
     for child in sorted(Path(root).iterdir()):
