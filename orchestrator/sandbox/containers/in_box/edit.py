@@ -4,13 +4,41 @@
 # a size); what it prints is the model's text. Every path is walked from /workspace one name at a time with
 # O_NOFOLLOW and the file used through the descriptor the walk opened: a link swapped in meanwhile fails
 # the walk (ELOOP, ENOTDIR) instead of being followed, so no check here can race its use.
+from __future__ import annotations  # annotations stay strings: typing (36 ms in the box) is never imported
+
 import json
 import os
 import shutil
 import stat
 import sys
 
-req = json.loads(sys.stdin.buffer.read(64 << 20).decode("utf-8"))
+TYPE_CHECKING = False  # typing.TYPE_CHECKING's value, without importing typing; mypy takes the name as True
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import NotRequired, TypedDict
+
+    class Request(TypedDict):
+        """What editor_request.build writes: the command, where it acts, the policy's caps, its arguments."""
+
+        tool: str  # editor_paths.EDITOR or MEMORY
+        command: str
+        root: str  # the folder the path is confined to ("" the workspace, "memory"), rel the path inside it
+        rel: str
+        shown: str  # the path as the model wrote it, for its text
+        max_bytes: int
+        max_chars: int
+        git: bool  # protect_git
+        view_range: NotRequired[list[int]]  # a list (build checks); its items are checked by _range
+        file_text: NotRequired[str]
+        old_str: NotRequired[str]
+        new_str: NotRequired[str]
+        insert_line: NotRequired[int]
+        insert_text: NotRequired[str]
+        new_rel: NotRequired[str]  # rename: the destination, in the same root
+        new_shown: NotRequired[str]
+
+
+req: Request = json.loads(sys.stdin.buffer.read(64 << 20).decode("utf-8"))
 ROOT, LIMIT, MAX_CHARS = "/workspace", int(req["max_bytes"]), int(req["max_chars"])
 SNIPPET = 4  # lines of context shown around an edit
 MAX_LISTED = 1000  # entries a folder's view shows at most
@@ -27,7 +55,7 @@ class Failed(Exception):
     pass
 
 
-def names(root, rel):
+def names(root: str, rel: str) -> list[str]:
     parts = ([root] if root else []) + ([p for p in rel.split("/")] if rel else [])
     for part in parts:
         if part in ("", ".", "..") or "\0" in part:
@@ -35,7 +63,7 @@ def names(root, rel):
     return parts
 
 
-def bare_repo(fd, name, where, shown):
+def bare_repo(fd: int, name: str, where: str, shown: str) -> None:
     # write_file's protect_git (write_script.py): no write makes a folder git would take for a bare repository.
     name = name.lower()
     if not GIT or name not in MARKS | RUNS:
@@ -49,7 +77,7 @@ def bare_repo(fd, name, where, shown):
         )
 
 
-def walk(root, rel, shown, make=False, write=False):
+def walk(root: str, rel: str, shown: str, make: bool = False, write: bool = False) -> tuple[int, str | None]:
     """(the open folder the last name is in, that name); the name None: the workspace itself."""
     parts = names(root, rel)
     fd = os.open(ROOT, os.O_RDONLY | os.O_DIRECTORY)
@@ -70,7 +98,7 @@ def walk(root, rel, shown, make=False, write=False):
     return fd, (parts[-1] if parts else None)
 
 
-def _same(fd, name, opened):
+def _same(fd: int, name: str, opened: int) -> bool:
     """Whether the name, not followed, is what was opened. gVisor follows a link that O_NOFOLLOW |
     O_DIRECTORY names (found by the escape suite's editor_refuses_symlinks): so the name is looked at
     again, and a link there now, or another inode (a link swapped out after the open), is refused."""
@@ -82,7 +110,7 @@ def _same(fd, name, opened):
     return not stat.S_ISLNK(st.st_mode) and (st.st_dev, st.st_ino) == (was.st_dev, was.st_ino)
 
 
-def _into(fd, part, shown):
+def _into(fd: int, part: str, shown: str) -> int:
     try:
         sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
     except OSError as exc:
@@ -97,7 +125,7 @@ def _into(fd, part, shown):
     return sub
 
 
-def _why(shown, exc):
+def _why(shown: str, exc: OSError) -> str:
     if exc.errno in (40, 20):  # ELOOP, ENOTDIR: a link (or a file) where a folder was walked
         return f"{shown}: refused: the path goes through a symbolic link or a file, which is never followed"
     if exc.errno == 2:
@@ -105,7 +133,7 @@ def _why(shown, exc):
     return f"{shown}: {exc.strerror}"
 
 
-def open_file(fd, name, shown, flags):
+def open_file(fd: int, name: str, shown: str, flags: int) -> int:
     """The regular file `name` in the folder `fd`, opened with `flags`; never a link, FIFO or device."""
     try:
         # O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
@@ -125,7 +153,7 @@ def open_file(fd, name, shown, flags):
     return out
 
 
-def read_text(out, shown, cap):
+def read_text(out: int, shown: str, cap: int) -> tuple[str, int]:
     """(the file's text, cut to `cap` bytes; its size in bytes). A binary file is refused."""
     size = os.fstat(out).st_size
     data = b""
@@ -140,7 +168,7 @@ def read_text(out, shown, cap):
     return text, size
 
 
-def _cut_decode(data):
+def _cut_decode(data: bytes) -> str:
     for drop in range(4):  # a read cut inside a character
         try:
             return data[: len(data) - drop].decode("utf-8")
@@ -150,17 +178,17 @@ def _cut_decode(data):
     return ""
 
 
-def numbered(lines, first):
+def numbered(lines: list[str], first: int) -> str:
     return "\n".join(f"{n:6}\t{line}" for n, line in enumerate(lines, first))
 
 
-def capped(text, note):
+def capped(text: str, note: str) -> str:
     if len(text) <= MAX_CHARS:
         return text
     return text[:MAX_CHARS] + "\n" + note
 
 
-def view(root, rel, shown, rng):
+def view(root: str, rel: str, shown: str, rng: list[int] | None) -> str:
     fd, name = walk(root, rel, shown)
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
@@ -173,6 +201,7 @@ def view(root, rel, shown, rng):
             raise Failed("The `view_range` parameter is not allowed when `path` points to a directory.")
         here = fd if name is None else _open_dir(fd, name, shown)
         return listing(here, shown)
+    assert name is not None  # the workspace itself is a folder, listed above
     out = open_file(fd, name, shown, os.O_RDONLY)
     text, size = read_text(out, shown, LIMIT)
     lines = text.split("\n")
@@ -192,11 +221,11 @@ def view(root, rel, shown, rng):
     )
 
 
-def _open_dir(fd, name, shown):
+def _open_dir(fd: int, name: str, shown: str) -> int:
     return _into(fd, name, shown)
 
 
-def _range(rng, n):
+def _range(rng: list[int], n: int) -> tuple[int, int]:
     ok = isinstance(rng, list) and len(rng) == 2 and all(type(x) is int for x in rng)
     if not ok or not 1 <= rng[0] <= max(n, 1) or not (rng[1] == -1 or rng[0] <= rng[1] <= n):
         raise Failed(
@@ -206,13 +235,13 @@ def _range(rng, n):
     return rng[0], (n if rng[1] == -1 else rng[1])
 
 
-def listing(fd, shown):
-    rows = []
+def listing(fd: int, shown: str) -> str:
+    rows: list[str] = []
 
-    def shown_name(name):  # one entry, one line: a name with a newline is written out
+    def shown_name(name: str) -> str:  # one entry, one line: a name with a newline is written out
         return name if name.isprintable() else repr(name)
 
-    def add(dirfd, prefix, depth):
+    def add(dirfd: int, prefix: str, depth: int) -> None:
         with os.scandir(dirfd) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
                 if entry.name.startswith(".") or len(rows) >= MAX_LISTED:
@@ -236,7 +265,7 @@ def listing(fd, shown):
     return capped(head + ("\n".join(rows) or "(empty)") + more, f"[cut at {MAX_CHARS:,} characters (max_characters)]")
 
 
-def _size(n):
+def _size(n: float) -> str:
     for unit in ("B", "K", "M", "G"):
         if n < 1024:
             return f"{n:.1f}{unit}" if unit != "B" and n < 10 else f"{n:.0f}{unit}"
@@ -244,7 +273,7 @@ def _size(n):
     return f"{n:.0f}T"
 
 
-def replace_all(out, text):
+def replace_all(out: int, text: str) -> None:
     data = text.encode("utf-8")
     if len(data) > LIMIT:
         raise Refused(f"the edited file would be {len(data):,} bytes; this policy allows at most {LIMIT:,} (max_bytes)")
@@ -255,7 +284,7 @@ def replace_all(out, text):
     os.ftruncate(out, len(data))
 
 
-def editable(root, rel, shown):
+def editable(root: str, rel: str, shown: str) -> tuple[int, str]:
     fd, name = walk(root, rel, shown, write=True)
     if name is None:
         raise Refused(f"{shown}: names the folder itself, not a file inside it")
@@ -267,7 +296,7 @@ def editable(root, rel, shown):
     return out, text
 
 
-def snippet(text, line0, count, shown, what):
+def snippet(text: str, line0: int, count: int, shown: str, what: str) -> str:
     lines = text.split("\n")
     first = max(0, line0 - SNIPPET)
     last = min(len(lines), line0 + count + SNIPPET)
@@ -279,7 +308,7 @@ def snippet(text, line0, count, shown, what):
     )
 
 
-def str_replace(root, rel, shown, old, new, what):
+def str_replace(root: str, rel: str, shown: str, old: str, new: str, what: str) -> str:
     if old == "":
         raise Failed("old_str is empty: give the exact text to replace, with enough context to be unique.")
     out, text = editable(root, rel, shown)
@@ -290,9 +319,9 @@ def str_replace(root, rel, shown, old, new, what):
             "Please check your text and try again."
         )
     if count > 1:
-        at = sorted({text[:i].count("\n") + 1 for i in _starts(text, old)})
+        lines = sorted({text[:i].count("\n") + 1 for i in _starts(text, old)})
         raise Failed(
-            f"Found {count} matches for replacement text (lines {', '.join(map(str, at[:20]))}). "
+            f"Found {count} matches for replacement text (lines {', '.join(map(str, lines[:20]))}). "
             "Please provide more context to make a unique match."
         )
     at = text.index(old)
@@ -300,14 +329,14 @@ def str_replace(root, rel, shown, old, new, what):
     return snippet(text[:at] + new + text[at + len(old) :], text[:at].count("\n"), new.count("\n") + 1, shown, what)
 
 
-def _starts(text, old):
+def _starts(text: str, old: str) -> Iterator[int]:
     i = text.find(old)
     while i != -1:
         yield i
         i = text.find(old, i + 1)
 
 
-def insert(root, rel, shown, line, new, what):
+def insert(root: str, rel: str, shown: str, line: int | None, new: str, what: str) -> str:
     out, text = editable(root, rel, shown)
     lines = text.splitlines(keepends=True)
     if type(line) is not int or not 0 <= line <= len(lines):
@@ -321,7 +350,7 @@ def insert(root, rel, shown, line, new, what):
     return snippet(edited, line, new.count("\n") + 1, shown, what)
 
 
-def create(root, rel, shown, content):
+def create(root: str, rel: str, shown: str, content: str) -> str:
     fd, name = walk(root, rel, shown, make=True, write=True)
     if name is None:
         raise Refused(f"{shown}: names the folder itself, not a file inside it")
@@ -330,7 +359,7 @@ def create(root, rel, shown, content):
     return f"File created successfully at: {shown}"
 
 
-def delete(root, rel, shown):
+def delete(root: str, rel: str, shown: str) -> str:
     fd, name = walk(root, rel, shown, write=True)
     if not rel or name is None:
         raise Refused(f"Cannot delete the {shown} directory itself")
@@ -344,11 +373,11 @@ def delete(root, rel, shown):
     return f"Successfully deleted {shown}"
 
 
-def rename(src, dst):
+def rename(src: tuple[str, str, str], dst: tuple[str, str, str]) -> str:
     (sroot, srel, sshown), (droot, drel, dshown) = src, dst
     sfd, sname = walk(sroot, srel, sshown, write=True)
     dfd, dname = walk(droot, drel, dshown, make=True, write=True)
-    if not srel or not drel:
+    if not srel or not drel or sname is None or dname is None:  # a name is None only where its rel is empty
         raise Refused("Cannot rename the /memories directory itself")
     try:
         os.stat(sname, dir_fd=sfd, follow_symlinks=False)
@@ -366,7 +395,7 @@ def rename(src, dst):
     return f"Successfully renamed {sshown} to {dshown}"
 
 
-def main():
+def main() -> str:
     cmd, what = req["command"], ("memory file" if req["tool"] == "memory" else "file")
     here = (req["root"], req["rel"], req["shown"])
     if cmd == "view":
