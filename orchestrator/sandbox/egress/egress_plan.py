@@ -38,7 +38,7 @@ SECRET_PREFIX = "WAKELOOP_SECRET_"  # a credential's value, in the proxy's envir
 # Destinations that are not the public internet, by the address a name resolves to.
 # The addon also refuses whatever Python's ipaddress does not call global; these stay
 # listed so that the record of what is refused does not hang on one library's table.
-# The proxy's own Docker networks are added when its config is written (docker_subnets).
+# The proxy's own Docker networks are added when its config is written (network.py's docker_subnets).
 NON_PUBLIC = (
     "0.0.0.0/8",  # "this network"
     "10.0.0.0/8",  # RFC 1918

@@ -149,6 +149,7 @@ def _proxy_image() -> str:
 
 PROXY_IMAGE = _proxy_image()
 
+
 # -- creating and finding ------------------------------------------------------------
 
 ENSURE_ATTEMPTS = 3  # a network removed under us by another process: look again
