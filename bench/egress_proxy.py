@@ -29,7 +29,7 @@ import docker
 from bench.common import say, stats
 from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import DockerSandbox
 
 TUNNELLED, INTERCEPTED = "tunnelled.wakeloop-bench.test", "intercepted.wakeloop-bench.test"
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="egress-bench-"))
     starts = []
     for i in range(args.starts):
-        egress = network.plan(root / f"start-{i}", ("pypi.org",))
+        egress = egress_plan.plan(root / f"start-{i}", ("pypi.org",))
         t = time.monotonic()
         network.ensure(client, egress)
         starts.append(time.monotonic() - t)
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(
             {
                 VAR: "bench-value-0123456789",
-                network.PRIVATE_OK_ENV: f"{TUNNELLED},{INTERCEPTED}",
-                network.UPSTREAM_CA_ENV: str(root / "ca.pem"),
+                egress_plan.PRIVATE_OK_ENV: f"{TUNNELLED},{INTERCEPTED}",
+                egress_plan.UPSTREAM_CA_ENV: str(root / "ca.pem"),
             }
         )
         workspace = root / "workspace"

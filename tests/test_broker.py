@@ -31,7 +31,7 @@ from orchestrator.sandbox import keeper as keeper_module
 from orchestrator.sandbox.box import SandboxError
 from orchestrator.sandbox.change_set import MAX_LISTED, WakeChanges
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import LABEL
 from orchestrator.sandbox.keeper import HOST_ROOT_ENV
 from orchestrator.sandbox.wakes import undo_folders, wake_layer
@@ -337,7 +337,7 @@ def test_an_allowlist_agents_dead_proxy_is_made_anew_by_its_next_call(root, dock
     monkeypatch.setattr(keeper_module, "EGRESS_CHECK_S", 0.0)  # check on every call
     hosts = ["x.wakeloop.test"]  # never dialled: the test reads only the proxy's address
     set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 1}})
-    egress = network.plan((root / "alpha/workspace").resolve(), tuple(hosts))
+    egress = egress_plan.plan((root / "alpha/workspace").resolve(), tuple(hosts))
     try:
         with served(root) as sock:
             box = BrokerSandbox(sock, "alpha")
@@ -586,13 +586,13 @@ def test_allow_hosts_changed_on_every_call_leaves_one_proxy_not_one_per_change(r
     # box's must go with it, or a request loop leaks one set per request.
     workspace = (root / "alpha/workspace").resolve()
     lists = [[f"h{i}.wakeloop.test"] for i in range(3)]  # never dialled
-    keys = {network.plan(workspace, tuple(hosts)).key for hosts in lists}
+    keys = {egress_plan.plan(workspace, tuple(hosts)).key for hosts in lists}
     broker = Broker(root, client=docker_client, log=lambda line: None)
     try:
         for hosts in lists:
             set_policy(root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}})
             assert broker.handle({"op": "run", "agent": "alpha", "command": "true"})["ok"]
-        assert _egress_keys(docker_client) & keys == {network.plan(workspace, tuple(lists[-1])).key}
+        assert _egress_keys(docker_client) & keys == {egress_plan.plan(workspace, tuple(lists[-1])).key}
         broker.close()
         assert not _egress_keys(docker_client) & keys  # close() removed the last
     finally:
@@ -804,7 +804,7 @@ def test_hosts_are_granted_only_where_the_policy_asks_about_them_and_the_ceiling
             with pytest.raises(BrokerError, match=re.escape(says)):
                 broker.handle({"op": "run", "agent": "alpha", "command": "true", "grant_hosts": grant})
         policy = load_agent(root / "alpha").policy.sandbox
-        assert network.plan_for((root / "alpha/workspace").resolve(), policy).key not in _egress_keys(docker_client)
+        assert egress_plan.plan_for((root / "alpha/workspace").resolve(), policy).key not in _egress_keys(docker_client)
     finally:
         broker.close()
 

@@ -407,12 +407,12 @@ def test_a_disk_is_released_when_its_last_holder_closes_and_its_image_is_kept(ag
 
 
 def test_a_box_that_fails_after_attaching_lets_its_disk_go(agent_dir, docker_client, monkeypatch):
-    from orchestrator.sandbox.egress import network
+    from orchestrator.sandbox.egress import egress_plan, network
 
     policy = replace(load_agent(agent_dir).policy.sandbox, network="allowlist", allow_hosts=("example.com",))
 
     def no_proxy(*args, **kwargs):  # the allowlist's proxy fails to start, after the disk attached
-        raise network.NetworkError("no proxy today")
+        raise egress_plan.NetworkError("no proxy today")
 
     monkeypatch.setattr(network, "ensure", no_proxy)
     with pytest.raises(SandboxError, match="no proxy today"):

@@ -11,7 +11,7 @@ the proxy resolves through the engine's DNS:
 - plain.wakeloop.test: allowed and tunnelled untouched.
 
 Its address is private, as every container's is; the proxy refuses private destinations
-unless the operator names the host in WAKELOOP_EGRESS_PRIVATE_OK (network.plan_for), which
+unless the operator names the host in WAKELOOP_EGRESS_PRIVATE_OK (egress_plan.plan_for), which
 the fixture sets, with the server's CA in WAKELOOP_EGRESS_UPSTREAM_CA; one test shows the
 refusal without it. The server answers every request with a JSON summary (the
 Authorization header only as its SHA-256, unless the path ends in /echo) and prints what
@@ -38,7 +38,7 @@ from orchestrator.escapes.credentials import echo_server
 from orchestrator.policy.agent import init_agent, load_agent
 from orchestrator.policy.load import parse_policy
 from orchestrator.records import approvals, egress
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import DockerSandbox
 from orchestrator.testing.fakeapi import FAKE_KEY, text, tool_use, turn
 from orchestrator.wake.loop import wake
@@ -111,8 +111,8 @@ def operator_env(echo):
     value = "s3cret-" + secrets.token_hex(16)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(TOKEN_VAR, value)
-        patch.setenv(network.PRIVATE_OK_ENV, ",".join(NAMES))
-        patch.setenv(network.UPSTREAM_CA_ENV, str(echo[1]))
+        patch.setenv(egress_plan.PRIVATE_OK_ENV, ",".join(NAMES))
+        patch.setenv(egress_plan.UPSTREAM_CA_ENV, str(echo[1]))
         yield value
 
 
@@ -127,7 +127,7 @@ def box(docker_client, operator_env, tmp_path_factory):
         yield sandbox
     finally:
         sandbox.close()
-        network.shutdown(docker_client, {network.plan_for(workspace, policy).key}, shared=False)
+        network.shutdown(docker_client, {egress_plan.plan_for(workspace, policy).key}, shared=False)
 
 
 def _curl(box, *args: str) -> str:
@@ -253,7 +253,7 @@ def test_a_private_destination_is_refused_unless_the_operator_names_it(docker_cl
     workspace.mkdir()
     policy = parse_policy(POLICY, "agent.yaml").sandbox
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv(network.PRIVATE_OK_ENV)
+        patch.delenv(egress_plan.PRIVATE_OK_ENV)
         with DockerSandbox(workspace, policy, agent="private", client=docker_client) as closed:
             try:
                 out = _curl(closed, "-sS", f"http://{PLAIN_HOST}/private")
@@ -306,8 +306,8 @@ def test_a_host_a_rule_asks_about_waits_for_a_person_and_once_approved_its_call_
 
 def _ask_then_approve(docker_client, echo, fake_api, agent_dir, box):
     agent = load_agent(agent_dir)
-    plan = network.plan_for(agent.workspace, agent.policy.sandbox)
-    grant = network.granted(plan, agent.workspace, (PLAIN_HOST,))
+    plan = egress_plan.plan_for(agent.workspace, agent.policy.sandbox)
+    grant = egress_plan.granted(plan, agent.workspace, (PLAIN_HOST,))
     path = "/asked-" + secrets.token_hex(4)  # the echo server is the module's: this run's own path
     fetch = FETCH.format(host=PLAIN_HOST, path=path)
     try:
@@ -351,9 +351,11 @@ def _ask_then_approve(docker_client, echo, fake_api, agent_dir, box):
 def test_a_grant_is_refused_for_a_host_no_rule_covers_a_wildcard_or_too_many():
     ask = "approve:\n  rules:\n    - network_host: 'plain.*'\n"
     policy = parse_policy("sandbox:\n  network: allowlist\n  allow_hosts: [pypi.org]\n" + ask, "p.yaml").sandbox
-    assert network.grant_refusal(policy, (PLAIN_HOST, "plain.example.org:8443")) == ""
-    assert "not covered by any approve.rules network_host" in network.grant_refusal(policy, ("evil.example.org",))
-    assert "not a wildcard" in network.grant_refusal(policy, ("*.plain.org",))
-    assert "IP address" in network.grant_refusal(policy, ("10.0.0.1",))
-    assert "at most" in network.grant_refusal(policy, tuple(f"plain.h{i}.org" for i in range(network.MAX_GRANT + 1)))
-    assert "not allowlist" in network.grant_refusal(replace(policy, network="none"), (PLAIN_HOST,))
+    assert egress_plan.grant_refusal(policy, (PLAIN_HOST, "plain.example.org:8443")) == ""
+    assert "not covered by any approve.rules network_host" in egress_plan.grant_refusal(policy, ("evil.example.org",))
+    assert "not a wildcard" in egress_plan.grant_refusal(policy, ("*.plain.org",))
+    assert "IP address" in egress_plan.grant_refusal(policy, ("10.0.0.1",))
+    assert "at most" in egress_plan.grant_refusal(
+        policy, tuple(f"plain.h{i}.org" for i in range(egress_plan.MAX_GRANT + 1))
+    )
+    assert "not allowlist" in egress_plan.grant_refusal(replace(policy, network="none"), (PLAIN_HOST,))

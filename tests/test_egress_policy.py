@@ -16,7 +16,7 @@ from orchestrator.policy.schema import PolicyError
 from orchestrator.records.events import secrets_from_env
 from orchestrator.safeio import secrets
 from orchestrator.sandbox.containers import images
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.explain import _egress_lines
 
 BASE = """\
@@ -98,8 +98,8 @@ def test_the_ceiling_bounds_the_budget_and_refuses_no_cap():
 
 def test_the_proxy_config_holds_templates_and_placeholders_never_values(monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_real_value_123456")
-    egress = network.plan_for(Path("/w"), _policy().sandbox, environ={})
-    conf = network.proxy_config(egress)
+    egress = egress_plan.plan_for(Path("/w"), _policy().sandbox, environ={})
+    conf = egress_plan.proxy_config(egress)
     assert "ghp_real_value_123456" not in conf
     intercept = json.loads(conf)["intercept"]["api.github.com"]
     assert intercept["credentials"][0]["value"] == "Bearer ${GITHUB_TOKEN}"
@@ -107,26 +107,26 @@ def test_the_proxy_config_holds_templates_and_placeholders_never_values(monkeypa
     assert intercept["allow"] == ["GET /repos/**", "POST /repos/*/pulls"] and intercept["where"] == "agent.yaml:9"
     assert json.loads(conf)["budget"] == 100 * 2**20
     # The value goes to the proxy's environment only, from the given environment.
-    assert network.secret_env(egress, {"GITHUB_TOKEN": "v"}) == {"WAKELOOP_SECRET_GITHUB_TOKEN": "v"}
-    with pytest.raises(network.NetworkError, match="names GITHUB_TOKEN for api.github.com, which is not set"):
-        network.secret_env(egress, {})
+    assert egress_plan.secret_env(egress, {"GITHUB_TOKEN": "v"}) == {"WAKELOOP_SECRET_GITHUB_TOKEN": "v"}
+    with pytest.raises(egress_plan.NetworkError, match="names GITHUB_TOKEN for api.github.com, which is not set"):
+        egress_plan.secret_env(egress, {})
 
 
 def test_the_box_gets_the_placeholder_and_the_ca_variables_never_the_value():
-    egress = network.plan_for(Path("/w"), _policy().sandbox, environ={})
+    egress = egress_plan.plan_for(Path("/w"), _policy().sandbox, environ={})
     env = egress.env()
     assert env["GH_TOKEN"].startswith("wakeloop-placeholder-GH_TOKEN-")
-    assert all(env[name] == "/tmp/wakeloop-ca.pem" for name in network.CA_VARS)
-    plain = network.plan_for(Path("/w"), _policy("").sandbox, environ={})
-    assert not set(network.CA_VARS) & set(plain.env()) and plain.intercepted == ()
+    assert all(env[name] == "/tmp/wakeloop-ca.pem" for name in egress_plan.CA_VARS)
+    plain = egress_plan.plan_for(Path("/w"), _policy("").sandbox, environ={})
+    assert not set(egress_plan.CA_VARS) & set(plain.env()) and plain.intercepted == ()
 
 
 def test_a_plain_list_keys_as_before_and_any_egress_setting_is_a_new_proxy():
     workspace, hosts = Path("/w"), ("api.github.com", "pypi.org")
-    plain = network.plan_for(workspace, _policy("").sandbox, environ={})
-    assert plain.key == network.plan(workspace, hosts).key  # a running proxy set is found again
-    assert network.plan_for(workspace, _policy().sandbox, environ={}).key != plain.key
-    private = network.plan_for(workspace, _policy("").sandbox, environ={network.PRIVATE_OK_ENV: "pypi.org"})
+    plain = egress_plan.plan_for(workspace, _policy("").sandbox, environ={})
+    assert plain.key == egress_plan.plan(workspace, hosts).key  # a running proxy set is found again
+    assert egress_plan.plan_for(workspace, _policy().sandbox, environ={}).key != plain.key
+    private = egress_plan.plan_for(workspace, _policy("").sandbox, environ={egress_plan.PRIVATE_OK_ENV: "pypi.org"})
     assert private.private_ok == ("pypi.org",) and private.key != plain.key
 
 
@@ -140,7 +140,7 @@ def test_a_changed_proxy_image_folder_is_a_new_tag(tmp_path):
 
 def test_explain_shows_each_credential_as_name_and_host(monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_real_value_123456")
-    egress = network.plan_for(Path("/w"), _policy().sandbox, environ={})
+    egress = egress_plan.plan_for(Path("/w"), _policy().sandbox, environ={})
     text = "\n".join(_egress_lines(egress, 100 * 2**20))
     assert "credential GITHUB_TOKEN -> api.github.com" in text and "GH_TOKEN=<placeholder>" in text
     assert "ghp_real_value_123456" not in text and "api.github.com: only GET /repos/**" in text

@@ -357,9 +357,9 @@ BROKER_MAY_TAKE_FROM_SANDBOX = {
     "orchestrator.sandbox.disks.workspace_reads.READS": "the reads op read may name",
     "orchestrator.sandbox.disks.workspace_reads.JOURNAL_DIR": "the one folder append may write",
     "orchestrator.sandbox.disks.layers.RUN_ID": "a run id's shape",
-    "orchestrator.sandbox.egress.network.MAX_GRANT": "how many hosts a grant may name",
+    "orchestrator.sandbox.egress.egress_plan.MAX_GRANT": "how many hosts a grant may name",
     # a policy question the broker asks before it serves
-    "orchestrator.sandbox.egress.network.grant_refusal": "the hosts a person's approval may grant",
+    "orchestrator.sandbox.egress.egress_plan.grant_refusal": "the hosts a person's approval may grant",
     # a moving disk's stream (export, import)
     "orchestrator.sandbox.disks.workspace_stream.Reads": "import's stream",
     "orchestrator.sandbox.disks.workspace_stream.Writes": "export's stream",

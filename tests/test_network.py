@@ -9,7 +9,7 @@ each attempt did; each test below asserts one promise.
 These tests are about names, ports and routes. The servers live at private
 addresses (the only kind on this machine), which the real proxy refuses by
 address; so the operator's setting that lets it reach a named host at a private
-address (network.PRIVATE_OK_ENV) names the allowed server, and only it. The
+address (egress_plan.PRIVATE_OK_ENV) names the allowed server, and only it. The
 address rules are proven by the tests at the end, against the proxy itself with
 no network, and by the escape suite's `allowlist` probes against the real proxy.
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.policy.load import policy_from_mapping
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import DockerSandbox
 
 SERVER_PORT = 8080  # both test servers listen here
@@ -133,7 +133,7 @@ def allowlist_box(docker_client, tmp_path_factory):
     )
     started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:  # the proxy may reach the allowed server, only it
-        patch.setenv(network.PRIVATE_OK_ENV, ALLOWED)
+        patch.setenv(egress_plan.PRIVATE_OK_ENV, ALLOWED)
         box = DockerSandbox(agent_dir / "workspace", policy.sandbox, client=docker_client, warm=0)
         box.setup_s = time.monotonic() - started
         box.egress = box._egress()
@@ -344,7 +344,7 @@ def test_a_command_that_started_a_proxy_removes_it_when_it_ends(docker_client, t
         agent_dir, {"sandbox": {"network": "allowlist", "disk": "none", "pool": 0, "allow_hosts": ["x.wakeloop.test"]}}
     )
     agent = load_agent(agent_dir)
-    key = network.plan_for(agent.workspace.resolve(), agent.policy.sandbox).key
+    key = egress_plan.plan_for(agent.workspace.resolve(), agent.policy.sandbox).key
     ran = subprocess.run(
         [sys.executable, "-m", "orchestrator", "sandbox", "exec", str(agent_dir), "--", "echo $HTTPS_PROXY"],
         capture_output=True,
@@ -355,7 +355,7 @@ def test_a_command_that_started_a_proxy_removes_it_when_it_ends(docker_client, t
     assert "could not" not in ran.stderr  # nothing it could not let go of
     containers, networks = network.leftovers(docker_client)
     assert key not in {c.labels.get(f"{network.LABEL}.key") for c in containers}
-    assert network.plan_for(agent.workspace.resolve(), agent.policy.sandbox).internal_network not in {
+    assert egress_plan.plan_for(agent.workspace.resolve(), agent.policy.sandbox).internal_network not in {
         n.name for n in networks
     }
 
@@ -407,8 +407,8 @@ def test_bridge_is_the_engines_default_bridge_and_allowlist_joins_the_holder(age
 
 
 def test_proxy_config_allows_exactly_the_list():
-    egress = network.plan(Path("/w"), ("pypi.org", "files.example.org:8443", "*.example.net"))
-    conf = json.loads(network.proxy_config(egress))
+    egress = egress_plan.plan(Path("/w"), ("pypi.org", "files.example.org:8443", "*.example.net"))
+    conf = json.loads(egress_plan.proxy_config(egress))
     assert conf["allow"] == [[False, "pypi.org", None], [False, "files.example.org", 8443], [True, "example.net", None]]
     assert conf["check_addresses"] is True and conf["private_ok"] == [] and conf["intercept"] == {}
 
@@ -474,7 +474,7 @@ def address_matrix(docker_client):
     from orchestrator.sandbox.egress.network import PROXY_IMAGE, ensure_image
 
     ensure_image(docker_client)
-    conf = network.proxy_config(network.plan(Path("/matrix"), ("*.wakeloop.test",)), MATRIX_SUBNETS)
+    conf = egress_plan.proxy_config(egress_plan.plan(Path("/matrix"), ("*.wakeloop.test",)), MATRIX_SUBNETS)
     hosts = "".join(f"{ip} {name}.wakeloop.test\n" for name, ip in {**REFUSED, **PASSED}.items())
     proxy = docker_client.containers.run(
         PROXY_IMAGE,
@@ -519,15 +519,15 @@ def test_the_proxy_passes_a_public_address_on_to_a_connect(address_matrix):
 
 
 def test_proxy_config_refuses_the_non_public_ranges_and_the_docker_subnets():
-    egress = network.plan(Path("/w"), ("pypi.org",))
-    conf = json.loads(network.proxy_config(egress, ("172.18.0.0/16", "fd00:1::/64")))
-    assert conf["blocked"] == [*network.NON_PUBLIC, "172.18.0.0/16", "fd00:1::/64"]
+    egress = egress_plan.plan(Path("/w"), ("pypi.org",))
+    conf = json.loads(egress_plan.proxy_config(egress, ("172.18.0.0/16", "fd00:1::/64")))
+    assert conf["blocked"] == [*egress_plan.NON_PUBLIC, "172.18.0.0/16", "fd00:1::/64"]
 
 
 def test_non_public_ranges_do_not_overlap_and_hold_no_global_address():
     import ipaddress
 
-    nets = [ipaddress.ip_network(n) for n in network.NON_PUBLIC]
+    nets = [ipaddress.ip_network(n) for n in egress_plan.NON_PUBLIC]
     for i, a in enumerate(nets):  # one table, each address in one range
         assert not any(a.version == b.version and a.overlaps(b) for b in nets[i + 1 :]), a
     for net in nets:

@@ -55,7 +55,7 @@ from orchestrator.broker.wire import BrokerError
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
 from orchestrator.sandbox.disks import layers
 from orchestrator.sandbox.disks.workspace_reads import JOURNAL_DIR, READS
-from orchestrator.sandbox.egress.network import MAX_GRANT
+from orchestrator.sandbox.egress.egress_plan import MAX_GRANT
 
 MAX_COMMAND_CHARS = 256 * 1024  # a shell string; the kernel's ARG_MAX is ~2 MB
 MAX_EDIT_CHARS = (

@@ -83,7 +83,7 @@ from orchestrator.records import placement, stopswitch
 from orchestrator.sandbox import keeper
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.disks.workspace_stream import Reads, Summary, Writes
-from orchestrator.sandbox.egress.network import grant_refusal
+from orchestrator.sandbox.egress.egress_plan import grant_refusal
 
 # The broker's capacity when the ceiling does not say (max.calls, max.calls_per_agent, max.agents):
 # a request past them is refused at once, never queued, so a flood cannot pile up threads.

@@ -15,7 +15,7 @@ is either an alias of the probe's own server or refused before any lookup;
 which look up a route and send nothing. Refused means the proxy answered 403
 and the probe's server logged no request; reached means the server logged one.
 
-Not here: the proxy itself and its config (sandbox/egress/network.py), the
+Not here: the proxy itself (sandbox/egress/network.py) and its config (egress_plan.py), the
 `network: none` probes (network_probes.py).
 """
 
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 
 CATEGORY = "allowlist"
 SERVER_PORT = 8080  # the probe's own HTTP server
@@ -72,7 +72,7 @@ def _allowlist_box(t: Trial, allow_hosts: tuple[str, ...]):
     """A box under the lab's policy with `network: allowlist` and `allow_hosts`,
     and its egress plan; its proxy, holder and network are removed afterwards."""
     policy = replace(t.lab.policy, network="allowlist", allow_hosts=allow_hosts)
-    egress = network.plan_for(t.workspace, policy)
+    egress = egress_plan.plan_for(t.workspace, policy)
     try:
         yield t.new_box(policy=policy, warm=0), egress
     finally:

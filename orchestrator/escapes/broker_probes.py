@@ -524,14 +524,14 @@ def _allowlist_churn(t: Trial) -> str:
     """Each allow_hosts change makes the agent a new box with a new proxy, netns
     holder and network (the old ones cannot be changed in place). Two changes are
     enough to see whether the retired ones go; no host is ever dialled."""
-    from orchestrator.sandbox.egress import network
+    from orchestrator.sandbox.egress import egress_plan, network
 
     lists = [[f"h{i}.wakeloop.test"] for i in range(3)]
     keys: list[str] = []
     try:
         with served_broker(t) as served:
             workspace = (served.root / "alpha/workspace").resolve()
-            keys += [network.plan(workspace, tuple(hosts)).key for hosts in lists]
+            keys += [egress_plan.plan(workspace, tuple(hosts)).key for hosts in lists]
             for hosts in lists:
                 set_agent_policy(
                     served.root / "alpha", {"sandbox": {"network": "allowlist", "allow_hosts": hosts, "pool": 0}}
@@ -578,7 +578,7 @@ def _host_grant(t: Trial) -> str:
     taken-over orchestrator can send at will. The broker must grant only hosts the agent's own
     policy asks about (its network_host globs) and its ceiling allows; nothing is dialled."""
     from orchestrator.policy.ceiling import Ceiling
-    from orchestrator.sandbox.egress import network
+    from orchestrator.sandbox.egress import egress_plan, network
 
     sandbox = {"runtime": t.lab.policy.runtime, "disk": "none", "pool": 0, "network": "allowlist"}
     policy = {
@@ -591,8 +591,8 @@ def _host_grant(t: Trial) -> str:
     try:
         with served_broker(t, ceiling, agents={"alpha": policy}) as served:
             workspace = (served.root / "alpha/workspace").resolve()
-            plan = network.plan(workspace, ("a.wakeloop.test",), ask=("*.wakeloop.test",))
-            keys |= {plan.key, *(network.granted(plan, workspace, tuple(h)).key for h in asks)}
+            plan = egress_plan.plan(workspace, ("a.wakeloop.test",), ask=("*.wakeloop.test",))
+            keys |= {plan.key, *(egress_plan.granted(plan, workspace, tuple(h)).key for h in asks)}
             for hosts in asks:
                 reply, _ = served.ask({"op": "run", "agent": "alpha", "command": "true", "grant_hosts": hosts}, START_S)
                 if reply is None:

@@ -12,7 +12,7 @@ servers print every request they get; the value found anywhere it was not meant 
 (in the box, in `elsewhere`'s log, in a request to `bound` for another name) is an escape.
 
 The two private-address and CA settings the servers need are the operator's
-(network.plan_for), set for the probe's length only. Nothing leaves this machine.
+(egress_plan.plan_for), set for the probe's length only. Nothing leaves this machine.
 
 Not here: the proxy (sandbox/egress/network.py, proxy-image/), the allowlist probes that need
 no credential (allowlist.py).
@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 from orchestrator.policy.schema import Credential, HttpRule
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 
 CATEGORY = "allowlist"
 LABEL = "wakeloop.escapes.credentials"  # on the probes' servers
@@ -206,12 +206,12 @@ def credential_box(t: Trial, bound_rules: tuple[str, ...] = (), budget: int | No
     ):
         ca_file = t.dir / "upstream-ca.pem"
         ca_file.write_text(ca_1 + ca_2)
-        saved = {k: os.environ.get(k) for k in (VAR, network.PRIVATE_OK_ENV, network.UPSTREAM_CA_ENV)}
+        saved = {k: os.environ.get(k) for k in (VAR, egress_plan.PRIVATE_OK_ENV, egress_plan.UPSTREAM_CA_ENV)}
         os.environ.update(
             {
                 VAR: value,
-                network.PRIVATE_OK_ENV: ",".join((BOUND, RULED, PLAIN, ATTACKER)),
-                network.UPSTREAM_CA_ENV: str(ca_file),
+                egress_plan.PRIVATE_OK_ENV: ",".join((BOUND, RULED, PLAIN, ATTACKER)),
+                egress_plan.UPSTREAM_CA_ENV: str(ca_file),
             }
         )
         policy = replace(

@@ -42,7 +42,7 @@ from orchestrator.policy.schema import SandboxPolicy, Tools
 from orchestrator.records import health
 from orchestrator.sandbox.box import SandboxError, SandboxResult
 from orchestrator.sandbox.disks import disk, disk_attach, disk_holders, disk_index, disk_survey
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import DockerSandbox
 
 HELD, ESCAPED, INCONCLUSIVE = "HELD", "ESCAPED", "INCONCLUSIVE"
@@ -338,7 +338,9 @@ class Trial:
         # proxy set of its own: retired with it, or a run exhausts the engine's
         # address pools (~30 networks) before its last probe.
         docker_boxes = [b for b in self._boxes if isinstance(b, DockerSandbox)]
-        egress = {network.plan_for(b.workspace, b.policy).key for b in docker_boxes if b.policy.network == "allowlist"}
+        egress = {
+            egress_plan.plan_for(b.workspace, b.policy).key for b in docker_boxes if b.policy.network == "allowlist"
+        }
         if egress:
             network.shutdown(self.lab.client, egress, shared=False)
 

@@ -74,7 +74,7 @@ class Sandbox(Protocol):
     def run(
         self, command: str, timeout_s: float, max_output_chars: int, grant_hosts: tuple[str, ...] = ()
     ) -> SandboxResult:
-        """grant_hosts: an approved call's hosts, allowed for it alone (network.granted)."""
+        """grant_hosts: an approved call's hosts, allowed for it alone (egress_plan.granted)."""
 
     def write(
         self, path: str, content: bytes, timeout_s: float, append: bool = False, protect_git: bool = True

@@ -60,11 +60,11 @@ from orchestrator.sandbox.containers.programs import (
 )
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room
 from orchestrator.sandbox.disks.workspace_reads import HostFiles
-from orchestrator.sandbox.egress import netns, network
-from orchestrator.sandbox.egress.network import grant_refusal
+from orchestrator.sandbox.egress import egress_plan, netns, network
+from orchestrator.sandbox.egress.egress_plan import grant_refusal
 from orchestrator.sandbox.wakes import wake_layer
 
-Grant = tuple[network.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
+Grant = tuple[egress_plan.Egress, str]  # an approved call's own proxy plan, and its CA (or "")
 
 
 SANDBOX_UID = "1000:1000"  # the image's unprivileged user, used when the workspace is root's
@@ -173,7 +173,7 @@ class DockerSandbox:
         assert self._egress_plan is not None  # started only under an allowlist, whose plan it is
         try:
             self._egress_ca = network.ensure(self.client, self._egress_plan)
-        except network.NetworkError as exc:
+        except egress_plan.NetworkError as exc:
             raise SandboxError(str(exc)) from None
         self.wake_began = network.new_wake(self.client, self._egress_plan)
 
@@ -405,7 +405,7 @@ class DockerSandbox:
             return refused(f"the approved hosts cannot be granted: {refusal}")
         egress = self._egress()
         assert egress is not None  # an allowlist's plan: grant_refusal refuses any other network
-        grant = network.granted(egress, self.workspace, hosts)
+        grant = egress_plan.granted(egress, self.workspace, hosts)
         began = time.time()
         try:
             ca = network.ensure(self.client, grant)
@@ -420,7 +420,7 @@ class DockerSandbox:
             network.settle(self.client, grant, began)  # its proxy goes next: its decisions are read now
             self._granted_decisions += network.decisions(self.client, grant, began, self.run_id)
             return result
-        except network.NetworkError as exc:
+        except egress_plan.NetworkError as exc:
             raise SandboxError(str(exc)) from None
         finally:
             network.shutdown(self.client, {grant.key}, shared=False)
@@ -451,21 +451,21 @@ class DockerSandbox:
 
     # -- container settings ---------------------------------------------------
 
-    def _plan_egress(self, policy: SandboxPolicy) -> network.Egress | None:
-        """The allowlist's plan, made once per policy (it reads the operator's settings; network.plan_for)."""
+    def _plan_egress(self, policy: SandboxPolicy) -> egress_plan.Egress | None:
+        """The allowlist's plan, made once per policy (it reads the operator's settings; egress_plan.plan_for)."""
         if policy.network != "allowlist":
             return None
         try:
-            return network.plan_for(self.workspace, policy)
-        except network.NetworkError as exc:
+            return egress_plan.plan_for(self.workspace, policy)
+        except egress_plan.NetworkError as exc:
             raise SandboxError(str(exc)) from None
 
-    def _egress(self) -> network.Egress | None:
+    def _egress(self) -> egress_plan.Egress | None:
         # allowlist: join the agent's netns holder (no default route) and reach
         # out only through the proxy; none/bridge are the engine's own modes.
         return self._egress_plan
 
-    def command_env(self, egress: network.Egress | None = None) -> dict[str, str]:
+    def command_env(self, egress: egress_plan.Egress | None = None) -> dict[str, str]:
         """The agent's command's whole environment: PATH/HOME/LANG, the policy's
         env, the allowlist's proxy variables (`egress`: a granted call's). Never the harness programs'."""
         egress = egress or self._egress()

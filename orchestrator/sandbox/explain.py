@@ -19,7 +19,7 @@ from orchestrator.sandbox.containers.programs import GUARD, WRITE_SCRIPT, comman
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.containers.engine_shapes import ContainerConfig, HostConfig
-    from orchestrator.sandbox.egress.network import Egress
+    from orchestrator.sandbox.egress.egress_plan import Egress
     from orchestrator.sandbox.engine import DockerSandbox
 
 
@@ -146,9 +146,9 @@ def explain(policy: Policy, box: DockerSandbox, registry: Registry) -> str:
         f"network: {s.network}" + (f" (through the proxy, only: {', '.join(s.allow_hosts)})" if s.allow_hosts else ""),
     ]
     if s.network == "allowlist":
-        from orchestrator.sandbox.egress import network
+        from orchestrator.sandbox.egress import egress_plan, network
 
-        egress = network.plan_for(box.workspace, s)
+        egress = egress_plan.plan_for(box.workspace, s)
         lines += [
             f"  the box joins the network namespace of {egress.holder} (internal network "
             f"{egress.internal_network}, no default route, no IPv6); the only way out is the",

@@ -65,7 +65,7 @@ from orchestrator.sandbox.box import Files, Sandbox, SandboxError, SandboxResult
 from orchestrator.sandbox.change_set import Settled, WakeChanges
 from orchestrator.sandbox.containers.engine_client import connect
 from orchestrator.sandbox.disks import disk, disk_attach, disk_index, disk_room, layers, workspace_stream
-from orchestrator.sandbox.egress import netns, network
+from orchestrator.sandbox.egress import egress_plan, netns, network
 from orchestrator.sandbox.engine import DockerSandbox, resolve_user
 from orchestrator.sandbox.policy_check import check_against_engine
 from orchestrator.sandbox.wakes import undo_folders, wake_diff
@@ -404,10 +404,10 @@ class Keeper:
     def _drop_egress(self, workspace: Path, policy: SandboxPolicy) -> None:
         if policy.network != "allowlist":
             return
-        key = network.plan_for(workspace, policy).key
+        key = egress_plan.plan_for(workspace, policy).key
         with self._lock:
             shared = any(
-                e.box.policy.network == "allowlist" and network.plan_for(e.box.workspace, e.box.policy).key == key
+                e.box.policy.network == "allowlist" and egress_plan.plan_for(e.box.workspace, e.box.policy).key == key
                 for e in self._boxes.values()
             )
         if not shared:
@@ -425,7 +425,7 @@ class Keeper:
         ):
             return
         entry.egress_checked = time.monotonic()
-        if network.alive(self.client, network.plan_for(entry.box.workspace, entry.box.policy)):
+        if network.alive(self.client, egress_plan.plan_for(entry.box.workspace, entry.box.policy)):
             return
         if entry.box.wake:  # a new box would not mount the open wake's overlay: from its next wake
             self.log(f"{name}: its allowlist proxy or network holder is gone; a new one comes with its next wake")

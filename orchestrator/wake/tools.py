@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from orchestrator.policy.schema import Policy
 from orchestrator.sandbox.box import Sandbox, SandboxError, SandboxResult
-from orchestrator.sandbox.egress.network import grant_refusal
+from orchestrator.sandbox.egress.egress_plan import grant_refusal
 from orchestrator.wake.editor_tool import editor_tools
 from orchestrator.wake.tool_result import Tool, ToolResult, denied, error, sandbox_detail
 

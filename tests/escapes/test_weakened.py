@@ -32,7 +32,7 @@ from orchestrator.policy.ceiling import Ceiling
 from orchestrator.policy.schema import SandboxPolicy, Tools, WriteFileTool
 from orchestrator.sandbox.containers import seccomp
 from orchestrator.sandbox.containers.programs import GUARD_ENV, LAUNCH_ARGV, LAUNCHER_ENV, guarded
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan, network
 from orchestrator.sandbox.engine import DockerSandbox
 from tests.helpers.proxyconf import (
     ca_with_its_key,
@@ -351,14 +351,14 @@ PROXY_CASES = [
 def test_allowlist_probe_escapes_a_weakened_proxy(weakening, probe_name, make_lab, monkeypatch):
     # Each probe starts its own proxy, from this config; the only server it can
     # reach is the probe's own container on this machine.
-    monkeypatch.setattr(network, "proxy_config", weakening)
+    monkeypatch.setattr(egress_plan, "proxy_config", weakening)
     outcome = run_probe(make_lab(), by_name(probe_name))
     assert outcome.verdict == ESCAPED, f"{weakening.__name__}: {probe_name} said {outcome.verdict}: {outcome.observed}"
     assert "logged" in outcome.observed  # the probe's own server saw the request
 
 
 def test_credential_probe_escapes_a_proxy_that_sends_credentials_to_every_intercepted_host(make_lab, monkeypatch):
-    monkeypatch.setattr(network, "proxy_config", proxy_with_credentials_everywhere)
+    monkeypatch.setattr(egress_plan, "proxy_config", proxy_with_credentials_everywhere)
     outcome = run_probe(make_lab(), by_name("credentials_only_to_their_host"))
     if "no route at all" in outcome.observed:
         pytest.skip("this runtime gives the box no route to the proxy")
@@ -383,7 +383,7 @@ CREDENTIAL_CASES = [
 )
 def test_credential_probe_escapes_a_proxy_with_one_check_off(weakening, probe_name, said, make_lab, monkeypatch):
     # One check of the addon off; the value goes only to the probe's own echo servers.
-    monkeypatch.setattr(network, "proxy_config", weakening)
+    monkeypatch.setattr(egress_plan, "proxy_config", weakening)
     outcome = run_probe(make_lab(), by_name(probe_name))
     if "no route at all" in outcome.observed:
         pytest.skip("this runtime gives the box no route to the proxy")

@@ -1,15 +1,15 @@
 """Weakened configs for the allowlist proxy, for tests only: each is the product's
-`network.proxy_config` with some of its checks taken out. A test monkeypatches
-`network.proxy_config` with one before a proxy is started; product code never
+`egress_plan.proxy_config` with some of its checks taken out. A test monkeypatches
+`egress_plan.proxy_config` with one before a proxy is started; product code never
 builds either."""
 
 from __future__ import annotations
 
 import json
 
-from orchestrator.sandbox.egress import network
+from orchestrator.sandbox.egress import egress_plan
 
-REAL_PROXY_CONFIG = network.proxy_config
+REAL_PROXY_CONFIG = egress_plan.proxy_config
 
 
 def proxy_without_address_rules(egress, docker_subnets=()):

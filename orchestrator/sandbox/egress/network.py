@@ -15,7 +15,7 @@ For a policy with `network: allowlist`, each agent gets:
 - a proxy container (mitmproxy from Debian's packages and one addon of ours:
   proxy-image/) on that internal network, under the alias `wakeloop-proxy`, and
   on the shared egress bridge `wakeloop-egress`. Its config (proxy_config) is
-  generated here from the policy. It refuses every name not on the list, before
+  generated from the policy by egress_plan.py. It refuses every name not on the list, before
   any DNS lookup, and IP-literal targets; then, for a listed name, every
   destination address that is not public internet (NON_PUBLIC and whatever
   Python's `ipaddress` does not call global: loopback, link-local and the
@@ -88,23 +88,22 @@ caps_egress_upload_in_flight fail if a change of mitmproxy breaks it.
 All of it is created on demand, reused while it runs, labelled `wakeloop.egress`
 so leftovers can be found, and removed by `shutdown`, which the CLI calls when
 it exits. The proxy image is tagged by a hash of proxy-image/ (images.py's
-inputs_hash), so a changed proxy-image/ is built anew. Not here: whether a
-policy may use the network (policy/load.py), the sandbox's other settings
+inputs_hash), so a changed proxy-image/ is built anew. Not here: the plan, what a
+policy allows as data (egress_plan.py: Egress, plan, grants, proxy_config, secret_env,
+NON_PUBLIC), whether a policy may use the network (policy/load.py), the sandbox's other settings
 (engine.py), the `bridge` preset (just Docker's default bridge, set in
 engine.py's container_spec), the egress log itself (the records package's egress module).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import docker
 import docker.errors
@@ -113,16 +112,13 @@ from docker.models.containers import Container
 from docker.models.networks import Network
 
 from orchestrator.assets import asset_dir
-from orchestrator.errors import EnvironmentFault
-from orchestrator.policy.load import parse_host
-from orchestrator.policy.schema import Credential, HttpRule, SandboxPolicy, host_glob
 from orchestrator.sandbox.containers.images import inputs_hash
-from orchestrator.sandbox.containers.programs import CA_ENV, CA_FILE, HOLDER_SCRIPT
+from orchestrator.sandbox.containers.programs import CA_ENV, HOLDER_SCRIPT
+from orchestrator.sandbox.egress import egress_plan
+from orchestrator.sandbox.egress.egress_plan import PROXY_ALIAS, Egress, NetworkError, secret_env
 
 LABEL = "wakeloop.egress"  # on every container and network created here
 PROXY_REPO = "wakeloop-proxy"
-PROXY_ALIAS = "wakeloop-proxy"  # the proxy's name on each internal network
-PROXY_PORT = 3128  # the port squid used to listen on; kept, tools and docs know it
 EGRESS_NETWORK = "wakeloop-egress"  # the one bridge with a way out, proxies only
 DEFAULT_PORTS = (80, 443)  # a bare `host` entry: plain HTTP and HTTPS
 READY_TIMEOUT_S = 30  # mitmdump starts in about 1.5 s; a build is not counted
@@ -141,43 +137,6 @@ SETTLE_POLL_S = 0.02  # its line comes within milliseconds
 MARK_POLL_S = 0.005  # after each call of an agent that asks about hosts: on the call's path
 CA_MARK = "wakeloop-egress: ca "  # the CA certificate's line (its newlines as |)
 READY_MARK = "wakeloop-egress: ready"
-CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
-SECRET_PREFIX = "WAKELOOP_SECRET_"  # a credential's value, in the proxy's environment only
-# Destinations that are not the public internet, by the address a name resolves to.
-# The addon also refuses whatever Python's ipaddress does not call global; these stay
-# listed so that the record of what is refused does not hang on one library's table.
-# The proxy's own Docker networks are added when its config is written (docker_subnets).
-NON_PUBLIC = (
-    "0.0.0.0/8",  # "this network"
-    "10.0.0.0/8",  # RFC 1918
-    "100.64.0.0/10",  # carrier-grade NAT
-    "127.0.0.0/8",  # loopback
-    "169.254.0.0/16",  # link-local, the cloud metadata address
-    "172.16.0.0/12",  # RFC 1918 (Docker's default pools)
-    "192.0.0.0/24",  # IETF protocol assignments
-    "192.0.2.0/24",  # documentation
-    "192.168.0.0/16",  # RFC 1918
-    "198.18.0.0/15",  # benchmarking
-    "198.51.100.0/24",  # documentation
-    "203.0.113.0/24",  # documentation
-    "224.0.0.0/4",  # multicast
-    "240.0.0.0/4",  # reserved, broadcast
-    "::/128",
-    "::1/128",  # unspecified, loopback
-    "100::/64",  # discard
-    "2001:db8::/32",  # documentation
-    "fc00::/7",  # unique-local
-    "fe80::/10",  # link-local
-    "fec0::/10",  # site-local (deprecated)
-    "ff00::/8",  # multicast
-)
-
-
-DEFAULT_BUDGET = SandboxPolicy().max_egress_bytes_per_wake
-
-
-class NetworkError(EnvironmentFault):
-    """The allowlist could not be set up: one line for the human."""
 
 
 def _proxy_image() -> str:
@@ -189,231 +148,6 @@ def _proxy_image() -> str:
 
 
 PROXY_IMAGE = _proxy_image()
-
-
-@dataclass(frozen=True)
-class Egress:
-    """The names and settings of one agent's allowlist plumbing; `plan` makes it, `ensure` builds it.
-    `private_ok` and `upstream_ca` are for tests of our own only (no policy key sets them):
-    names the proxy may connect to at a private address, and a CA it trusts upstream besides Debian's."""
-
-    key: str
-    allow_hosts: tuple[str, ...]
-    credentials: tuple[Credential, ...] = ()
-    http: tuple[HttpRule, ...] = ()
-    budget: int = DEFAULT_BUDGET  # bytes per wake through the proxy; 0: no cap
-    ask: tuple[str, ...] = ()  # approve.rules' network_host globs: an unlisted host they cover asks a person
-    private_ok: tuple[str, ...] = ()
-    upstream_ca: str = ""
-
-    @property
-    def internal_network(self) -> str:
-        return f"wakeloop-allow-{self.key}"
-
-    @property
-    def holder(self) -> str:
-        return f"wakeloop-netns-{self.key}"
-
-    @property
-    def proxy(self) -> str:
-        return f"wakeloop-proxy-{self.key}"
-
-    @property
-    def network_mode(self) -> str:
-        return f"container:{self.holder}"
-
-    @property
-    def proxy_url(self) -> str:
-        return f"http://{PROXY_ALIAS}:{PROXY_PORT}"
-
-    @property
-    def intercepted(self) -> tuple[str, ...]:
-        """The hosts whose HTTPS the proxy opens: those with a credential or rules."""
-        return tuple(dict.fromkeys([*(c.host for c in self.credentials), *(r.host for r in self.http)]))
-
-    def placeholder(self, cred: Credential) -> str:
-        """What the box holds in place of a credential: unique to this agent, worthless elsewhere."""
-        digest = hashlib.sha256(f"{self.key}\n{cred.host}\n{cred.var}".encode()).hexdigest()[:24]
-        return f"wakeloop-placeholder-{cred.placeholder_env}-{digest}"
-
-    def env(self) -> dict[str, str]:
-        """What the sandbox gets; both cases, since tools disagree on which they read.
-        With an intercepted host, the CA variables and the credentials' placeholders too."""
-        url = self.proxy_url
-        env = {
-            "HTTP_PROXY": url,
-            "HTTPS_PROXY": url,
-            "http_proxy": url,
-            "https_proxy": url,
-            "NO_PROXY": "localhost,127.0.0.1",
-            "no_proxy": "localhost,127.0.0.1",
-        }
-        if self.intercepted:
-            env |= {name: CA_FILE for name in CA_VARS}
-        env |= {c.placeholder_env: self.placeholder(c) for c in self.credentials if c.placeholder_env}
-        return env
-
-
-def plan(
-    workspace: Path,
-    allow_hosts: tuple[str, ...],
-    credentials: tuple[Credential, ...] = (),
-    http: tuple[HttpRule, ...] = (),
-    budget: int = DEFAULT_BUDGET,
-    private_ok: tuple[str, ...] = (),
-    upstream_ca: str = "",
-    ask: tuple[str, ...] = (),
-) -> Egress:
-    """Pure: the names for this agent and list. One set per agent (keyed by its
-    workspace), so one agent's sandbox never shares a network with another's.
-    The key covers every setting the proxy's config holds (a changed one is a new
-    proxy); a plain list keys as it always did."""
-    extra = [
-        credentials,
-        http,
-        budget if budget != DEFAULT_BUDGET else 0,
-        private_ok,
-        upstream_ca,
-        *([ask] if ask else []),
-    ]
-    text = f"{Path(workspace).resolve()}\n{sorted(allow_hosts)}" + (f"\n{extra!r}" if any(extra) else "")
-    digest = hashlib.sha256(text.encode())
-    return Egress(
-        key=digest.hexdigest()[:12],
-        allow_hosts=tuple(allow_hosts),
-        credentials=tuple(credentials),
-        http=tuple(http),
-        budget=budget,
-        ask=tuple(ask),
-        private_ok=tuple(private_ok),
-        upstream_ca=upstream_ca,
-    )
-
-
-PRIVATE_OK_ENV = "WAKELOOP_EGRESS_PRIVATE_OK"  # names (comma-separated) the proxy may reach at private addresses
-UPSTREAM_CA_ENV = "WAKELOOP_EGRESS_UPSTREAM_CA"  # a PEM file the proxy trusts upstream besides Debian's store
-
-
-def plan_for(workspace: Path, policy: SandboxPolicy, environ: Mapping[str, str] = os.environ) -> Egress:
-    """The plan for a sandbox policy with `network: allowlist`. Two settings are the
-    operator's, never a policy's: read from the environment of the process that makes
-    the proxies (the broker under compose, whose environment compose.override.yaml sets, as it
-    sets its ceiling), off when unset. Tests of our own use them to name their own
-    HTTPS server, which sits at a private address like every container."""
-    private_ok = tuple(n.strip().lower() for n in environ.get(PRIVATE_OK_ENV, "").split(",") if n.strip())
-    ca_path = environ.get(UPSTREAM_CA_ENV, "")
-    try:
-        upstream_ca = Path(ca_path).read_text(encoding="ascii") if ca_path else ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NetworkError(f"{UPSTREAM_CA_ENV}: cannot read {ca_path}: {exc}") from None
-    return plan(
-        workspace,
-        policy.allow_hosts,
-        policy.credentials,
-        policy.http,
-        policy.max_egress_bytes_per_wake,
-        private_ok,
-        upstream_ca,
-        policy.ask_hosts,
-    )
-
-
-MAX_GRANT = 16  # hosts one approved call may be granted
-
-
-def grant_refusal(policy: SandboxPolicy, hosts: tuple[str, ...]) -> str:
-    """Why `hosts` may not be granted to an approved call under `policy`, or "": each must be a
-    host name (port optional), no wildcard, no IP address, that a network_host glob covers; and
-    the policy's network an allowlist (the tools, the engine and the broker all ask this one)."""
-    if policy.network != "allowlist":
-        return f"network is {policy.network}, not allowlist"
-    if len(hosts) > MAX_GRANT:
-        return f"{len(hosts)} hosts; at most {MAX_GRANT}"
-    for entry in hosts:
-        try:
-            wildcard, host, _ = parse_host(entry)
-        except ValueError as exc:
-            return f"{entry!r:.80}: {exc}"
-        if wildcard or entry != entry.lower():
-            return f"{entry!r:.80}: name one host, lower-case, not a wildcard"
-        if host_glob(policy.ask_hosts, host) is None:
-            return f"{host} is not covered by any approve.rules network_host of this agent's policy"
-    return ""
-
-
-def granted(egress: Egress, workspace: Path, hosts: tuple[str, ...]) -> Egress:
-    """The plan for one approved call (records/approvals.py): the agent's list and `hosts`, and
-    nothing asked. Its key differs from the agent's, so the call gets a proxy, network and holder
-    of its own, removed after it (engine.py's _granted_run): the grant outlives no call."""
-    return plan(
-        workspace,
-        tuple(dict.fromkeys([*egress.allow_hosts, *hosts])),
-        egress.credentials,
-        egress.http,
-        egress.budget,
-        egress.private_ok,
-        egress.upstream_ca,
-    )
-
-
-# -- the proxy's config ----------------------------------------------------------------
-
-
-class _Intercepted(TypedDict):
-    """One intercepted host in the proxy's config (proxy-image/egress_addon.py reads it)."""
-
-    credentials: list[dict[str, str]]  # header, value (a template), var, placeholder_env, placeholder
-    allow: list[str] | None  # sandbox.http's rules for the host; None: every request
-    where: str  # the first rule's file:line
-
-
-def proxy_config(egress: Egress, docker_subnets: tuple[str, ...] = ()) -> str:
-    """The addon's config (proxy-image/egress_addon.py), as JSON: the list (validated by
-    policy/load.py's parse_host), the destinations refused (NON_PUBLIC, `docker_subnets`:
-    the proxy's own networks, whatever address pool the engine uses), the intercepted
-    hosts with their credentials (templates, never values) and rules, the budget."""
-    intercept: dict[str, _Intercepted] = {
-        h: {"credentials": [], "allow": None, "where": ""} for h in egress.intercepted
-    }
-    for cred in egress.credentials:
-        intercept[cred.host]["credentials"].append(
-            {
-                "header": cred.header,
-                "value": cred.value,
-                "var": cred.var,
-                "placeholder_env": cred.placeholder_env,
-                "placeholder": egress.placeholder(cred) if cred.placeholder_env else "",
-            }
-        )
-    for rule in egress.http:
-        entry = intercept[rule.host]
-        entry["allow"] = [*(entry["allow"] or []), *rule.allow]
-        entry["where"] = entry["where"] or rule.source
-    conf = {
-        "allow": [list(parse_host(entry)) for entry in egress.allow_hosts],
-        "blocked": [*NON_PUBLIC, *docker_subnets],
-        "check_addresses": True,
-        "private_ok": list(egress.private_ok),
-        "intercept": intercept,
-        "budget": egress.budget,
-        "ask": list(egress.ask),
-    }
-    return json.dumps(conf, sort_keys=True)
-
-
-def secret_env(egress: Egress, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The credentials' values, for the proxy's environment only, from `environ`
-    (the process that makes the proxies). A variable that is not set is a NetworkError."""
-    out = {}
-    for cred in egress.credentials:
-        value = environ.get(cred.var, "")
-        if not value:
-            raise NetworkError(
-                f"sandbox.credentials names {cred.var} for {cred.host}, which is not set where the proxy "
-                "is made (the broker's environment under compose)"
-            )
-        out[SECRET_PREFIX + cred.var] = value
-    return out
 
 
 # -- creating and finding ------------------------------------------------------------
@@ -555,12 +289,13 @@ def _ensure_proxy(
     _started.add(egress.key)
     subnets = docker_subnets(internal, outside)
     upstream = {"WAKELOOP_UPSTREAM_CA": egress.upstream_ca} if egress.upstream_ca else {}
+    # egress_plan.proxy_config, read off its module at each call: the weakened controls replace it there.
     container = client.containers.create(
         PROXY_IMAGE,
         name=egress.proxy,
         user="proxy",
         hostname=PROXY_ALIAS,
-        environment={"WAKELOOP_EGRESS_CONF": proxy_config(egress, subnets), **secrets, **upstream},
+        environment={"WAKELOOP_EGRESS_CONF": egress_plan.proxy_config(egress, subnets), **secrets, **upstream},
         labels={**_labels(egress.key), f"{LABEL}.role": "proxy", f"{LABEL}.allow_hosts": ",".join(egress.allow_hosts)},
         network=internal.name,
         cap_drop=["ALL"],
