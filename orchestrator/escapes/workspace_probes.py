@@ -146,7 +146,7 @@ def _folder_swapped_during_write(t: Trial) -> str:
     )
     worker.start()
     _wait_for(lambda: os.path.lexists(t.workspace / SWAPPED), FOLDER_SWAP_SECONDS)
-    results = []
+    results: list = []
     while worker.is_alive() and len(results) < FOLDER_SWAP_WRITES:
         results.append(t.box.write(f"{SWAPPED}/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
     worker.join(FOLDER_SWAP_SECONDS + 30 + KILL_GRACE_S)
