@@ -16,13 +16,18 @@ import threading
 import time
 
 from orchestrator.broker.wire import BrokerRefusal
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it
 SWAP_SECONDS = 6  # how long the box keeps swapping a symlink in and out during writes
 SWAP_WRITES = 15  # write_file calls made meanwhile
+FOLDER_SWAP_SECONDS = 20  # how long the box swaps a folder for a symlink to another during writes under it
+FOLDER_SWAP_WRITES = 80  # at most this many write_file calls meanwhile (fewer when the swapping ends first)
+# The swapped folder sits deep, so that the write script's walk spends a while between its up-front
+# check and its open of the folder (a mkdir and an open per level), long against one swap.
+SWAPPED = "notes/" + "p/" * 16 + "d"
 SPARSE_SIZE = 100 * 2**30  # a 100 GiB sparse file: size, not disk
 
 
@@ -90,6 +95,77 @@ write_file_survives_symlink_swap = Probe(
     CATEGORY,
     "a symlink swapped in during write_file is refused, never followed",
     _symlink_swapped_during_write,
+)
+
+
+# In the box, as fast as it can: SWAPPED a folder, then gone, then a symlink to .git/hooks (held as long as
+# the rest took: the write escapes when its check sees no link and its open, later, a link), again.
+_FOLDER_SWAPPER = """
+import shutil, time
+d, end, n = {swapped!r}, time.monotonic() + {seconds}, 0
+os.makedirs(".git/hooks", exist_ok=True)
+os.makedirs(os.path.dirname(d), exist_ok=True)
+def clear():
+    if os.path.islink(d):
+        os.unlink(d)
+    elif os.path.isdir(d):
+        shutil.rmtree(d, ignore_errors=True)
+def attempt(step):
+    try:
+        step()
+    except OSError:
+        pass
+while time.monotonic() < end:
+    started = time.monotonic()
+    attempt(clear)
+    attempt(lambda: os.mkdir(d))
+    attempt(clear)
+    attempt(lambda: os.symlink("/workspace/.git/hooks", d))
+    until = 2 * time.monotonic() - started
+    while time.monotonic() < until:
+        pass
+    n += 1
+print("swapped", n)
+"""
+
+
+def _folder_swapped_during_write(t: Trial) -> str:
+    """The box swaps the folder SWAPPED for a symlink to .git/hooks (inside the workspace: a
+    path write_file's globs refuse) while the host writes SWAPPED/race.md again and again. A
+    write the up-front check judged as SWAPPED/race.md must never land in .git/hooks."""
+    swap_out: list = []
+    worker = threading.Thread(
+        target=lambda: swap_out.append(
+            t.new_box().run(
+                python_command(_FOLDER_SWAPPER.format(swapped=SWAPPED, seconds=FOLDER_SWAP_SECONDS)),
+                FOLDER_SWAP_SECONDS + 30,
+                2000,
+            )
+        ),
+        daemon=True,
+    )
+    worker.start()
+    _wait_for(lambda: os.path.lexists(t.workspace / SWAPPED), FOLDER_SWAP_SECONDS)
+    results: list = []
+    while worker.is_alive() and len(results) < FOLDER_SWAP_WRITES:
+        results.append(t.box.write(f"{SWAPPED}/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
+    worker.join(FOLDER_SWAP_SECONDS + 30 + KILL_GRACE_S)
+    wrote = sum(r.exit_code == 0 for r in results)
+    if os.path.lexists(t.workspace / ".git/hooks/race.md"):
+        return escaped(f"a write_file of the folder's race.md followed the link into .git/hooks ({wrote} writes done)")
+    if not swap_out or "swapped" not in swap_out[0].output:
+        return f"the swapper did not run: {swap_out[0].output[-200:] if swap_out else 'no result'}"
+    swaps = swap_out[0].output.split()[-1]
+    return held(
+        f"{wrote} of {len(results)} writes landed in the folder, the rest refused; none in .git/hooks ({swaps} swaps)"
+    )
+
+
+write_file_survives_folder_swap = Probe(
+    "write_file_survives_folder_swap",
+    CATEGORY,
+    "a folder swapped for a symlink during write_file is refused, never followed (gVisor: O_NOFOLLOW|O_DIRECTORY)",
+    _folder_swapped_during_write,
 )
 
 
@@ -224,6 +300,7 @@ def _wait_for(condition, seconds: float) -> bool:
 PROBES = [
     write_file_refuses_symlinks,
     write_file_survives_symlink_swap,
+    write_file_survives_folder_swap,
     write_file_does_not_hang_on_fifo,
     blocks_hardlink_outside_workspace,
     caps_sparse_file_size,

@@ -805,6 +805,33 @@ def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monke
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
+# Under runsc only: runc refuses the link itself (O_NOFOLLOW, ELOOP or ENOTDIR); gVisor follows a link that
+# O_NOFOLLOW | O_DIRECTORY names, which only the write script's check of what it opened stops.
+@pytest.mark.parametrize("runtime", ["runsc"], indirect=True)
+def test_the_folder_swap_probe_escapes_the_write_script_without_its_check_under_gvisor(make_lab, runtime, monkeypatch):
+    from orchestrator.sandbox import engine
+    from orchestrator.sandbox.containers import programs
+
+    check = "if not same(fd, name, out):"
+    assert check in programs.WRITE_SCRIPT
+    weak = programs.WRITE_SCRIPT.replace(check, "if False:")
+    monkeypatch.setattr(
+        engine,
+        "write_argv",
+        lambda path, append=False, protect_git=True: [
+            programs.PYTHON,
+            "-I",
+            "-c",
+            weak,
+            path,
+            "append" if append else "write",
+            "git" if protect_git else "-",
+        ],
+    )
+    outcome = run_probe(make_lab(), by_name("write_file_survives_folder_swap"))
+    assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
 class AgentFolderAsWorkspace(DockerSandbox):
     """The agent's whole folder at /workspace (the symlink swap of issue 11
     pointing one level up), commands starting in its workspace/, as root."""
@@ -938,6 +965,7 @@ COVERED_HERE = (
         "status_line_cannot_be_forged",
         "write_file_refuses_path_tricks",
         "write_file_does_not_hang_on_fifo",
+        "write_file_survives_folder_swap",
         "blocks_tool_writes_into_state",
         "blocks_resetting_state_json",
         "blocks_changing_policy_or_mandate",

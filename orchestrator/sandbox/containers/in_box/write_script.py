@@ -1,5 +1,6 @@
 # In the box, write_file's one program (programs.WRITE_SCRIPT): argv[1] the path, argv[2] "write" or "append",
 # argv[3] "git" (protect_git) or "-"; the content on stdin. Runs as /usr/bin/python3 -I of the sandbox image (3.11).
+import errno
 import os
 import stat
 import sys
@@ -23,7 +24,33 @@ def bare_repo(fd: int, name: str, where: str) -> None:
         sys.exit(3)
 
 
-target = os.path.realpath(os.path.join(root, rel))
+def same(fd: int, name: str, opened: int) -> bool:
+    """Whether the name, not followed, is what was opened. gVisor follows a link that O_NOFOLLOW |
+    O_DIRECTORY names (the escape suite's write_file_survives_folder_swap): so the name is looked at
+    again, and a link there now, or another inode (a link swapped out after the open), is refused.
+    The same lines as in_box/edit.py's _same: each program is one file, sent whole (programs.py)."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    was = os.fstat(opened)
+    return not stat.S_ISLNK(st.st_mode) and (st.st_dev, st.st_ino) == (was.st_dev, was.st_ino)
+
+
+def open_checked(fd: int, name: str, flags: int, mode: int = 0o777) -> int:
+    """`name` in the folder `fd`, opened with `flags` (O_NOFOLLOW among them) and checked to be what the name is."""
+    out = os.open(name, flags, mode, dir_fd=fd)
+    if not same(fd, name, out):
+        os.close(out)
+        raise OSError(errno.ELOOP, "the path goes through a symbolic link, which is never followed")
+    return out
+
+
+try:
+    target = os.path.realpath(os.path.join(root, rel))
+except OSError as exc:  # a link swapped out between realpath's lstat and its readlink
+    print(f"refused: {rel}: {exc.strerror}")
+    sys.exit(3)
 if os.path.commonpath([root, target]) != root or target == root:
     print(f"refused: {rel} resolves to {target}, outside /workspace")
     sys.exit(3)
@@ -42,14 +69,11 @@ try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
             pass
-        fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        fd = open_checked(fd, part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     bare_repo(fd, parts[-1], "/".join(parts[:-1]))
     # O_RDWR|O_NONBLOCK opens even a FIFO at once, so the check below can refuse it.
-    out = os.open(
-        parts[-1],
-        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_APPEND if append else 0),
-        0o644,
-        dir_fd=fd,
+    out = open_checked(
+        fd, parts[-1], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_APPEND if append else 0), 0o644
     )
 except OSError as exc:
     print(f"refused: {rel}: {exc.strerror}")
