@@ -17,6 +17,7 @@ import time
 
 from orchestrator.broker.wire import BrokerRefusal
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
+from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
@@ -146,10 +147,11 @@ print("swapped", n)
 """
 
 
-def _writes_on_the_link(t: Trial) -> tuple[list, str]:
+def _writes_on_the_link(t: Trial) -> tuple[list[SandboxResult], str]:
     """One write per round while the swapper provably holds SWAPPED as the link (it waits for our
     ack, itself a write_file): whatever the timing, each of these writes meets the link."""
-    link, results = t.workspace / SWAPPED, []
+    link = t.workspace / SWAPPED
+    results: list[SandboxResult] = []
     for i in range(1, LINK_WRITES + 1):
         if not _wait_for(lambda i=i: os.path.lexists(t.workspace / f"notes/swap.link-{i}"), HANDOFF_S):
             return results, f"the swapper never put the link in place for round {i}"
@@ -179,7 +181,7 @@ def _folder_swapped_during_write(t: Trial) -> str:
         daemon=True,
     )
     worker.start()
-    raced: list = []
+    raced: list[SandboxResult] = []
     try:
         on_link, stuck = _writes_on_the_link(t)
         while not stuck and worker.is_alive() and len(raced) < FOLDER_SWAP_WRITES:
