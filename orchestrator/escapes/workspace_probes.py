@@ -17,17 +17,21 @@ import time
 
 from orchestrator.broker.wire import BrokerRefusal
 from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
+from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it
 SWAP_SECONDS = 6  # how long the box keeps swapping a symlink in and out during writes
 SWAP_WRITES = 15  # write_file calls made meanwhile
-FOLDER_SWAP_SECONDS = 20  # how long the box swaps a folder for a symlink to another during writes under it
-FOLDER_SWAP_WRITES = 80  # at most this many write_file calls meanwhile (fewer when the swapping ends first)
 # The swapped folder sits deep, so that the write script's walk spends a while between its up-front
 # check and its open of the folder (a mkdir and an open per level), long against one swap.
 SWAPPED = "notes/" + "p/" * 16 + "d"
+LINK_WRITES = 2  # writes made while the box holds SWAPPED as the link (it waits for our ack)
+FOLDER_SWAP_SECONDS = 12  # then how long the box swaps the folder for the link as fast as it can
+FOLDER_SWAP_WRITES = 60  # at most this many write_file calls meanwhile (fewer when the swapping ends first)
+HANDOFF_S = 60  # the box's turn in the hand-off (a new container on a loaded engine), at most
+SWAP_LIMIT_S = 300  # the swapper's own end, should the host's side never say stop
 SPARSE_SIZE = 100 * 2**30  # a 100 GiB sparse file: size, not disk
 
 
@@ -98,13 +102,20 @@ write_file_survives_symlink_swap = Probe(
 )
 
 
-# In the box, as fast as it can: SWAPPED a folder, then gone, then a symlink to .git/hooks (held as long as
-# the rest took: the write escapes when its check sees no link and its open, later, a link), again.
+# The box's side of the folder swap, handing off through files in the workspace. For each of LINK_WRITES
+# rounds it makes SWAPPED the link to .git/hooks, says so (notes/swap.link-N) and holds it until the host's
+# swap-ack.N: whatever the timing, the host's write in between meets the link. Then, for {seconds} s, as
+# fast as it can: SWAPPED a folder, then gone, then the link (held as long as the rest took: a write
+# escapes when its check sees no link and its open, later, a link), again. swap-stop ends it all.
 _FOLDER_SWAPPER = """
 import shutil, time
-d, end, n = {swapped!r}, time.monotonic() + {seconds}, 0
+d, limit = {swapped!r}, time.monotonic() + {limit}
 os.makedirs(".git/hooks", exist_ok=True)
 os.makedirs(os.path.dirname(d), exist_ok=True)
+def stopped():
+    if time.monotonic() > limit:
+        print("swapper out of time"); sys.exit(3)
+    return os.path.exists("swap-stop")
 def clear():
     if os.path.islink(d):
         os.unlink(d)
@@ -115,7 +126,14 @@ def attempt(step):
         step()
     except OSError:
         pass
-while time.monotonic() < end:
+for i in range(1, {rounds} + 1):
+    clear()
+    os.symlink("/workspace/.git/hooks", d)
+    open(f"notes/swap.link-{{i}}", "w").close()
+    while not os.path.exists(f"swap-ack.{{i}}") and not stopped():
+        time.sleep(0.02)
+end, n = time.monotonic() + {seconds}, 0
+while time.monotonic() < end and not stopped():
     started = time.monotonic()
     attempt(clear)
     attempt(lambda: os.mkdir(d))
@@ -129,35 +147,61 @@ print("swapped", n)
 """
 
 
+def _writes_on_the_link(t: Trial) -> tuple[list[SandboxResult], str]:
+    """One write per round while the swapper provably holds SWAPPED as the link (it waits for our
+    ack, itself a write_file): whatever the timing, each of these writes meets the link."""
+    link = t.workspace / SWAPPED
+    results: list[SandboxResult] = []
+    for i in range(1, LINK_WRITES + 1):
+        if not _wait_for(lambda i=i: os.path.lexists(t.workspace / f"notes/swap.link-{i}"), HANDOFF_S):
+            return results, f"the swapper never put the link in place for round {i}"
+        if not link.is_symlink():
+            return results, f"round {i}: {SWAPPED} is not the link the swapper said it placed"
+        results.append(t.box.write(f"{SWAPPED}/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
+        if not link.is_symlink():
+            return results, f"round {i}: the link was gone before the write's end"
+        acked = t.box.write(f"swap-ack.{i}", b"", WRITE_TIMEOUT_S)
+        if acked.exit_code != 0:
+            return results, f"round {i}: the ack failed: {acked.output[-200:]}"
+    return results, ""
+
+
 def _folder_swapped_during_write(t: Trial) -> str:
     """The box swaps the folder SWAPPED for a symlink to .git/hooks (inside the workspace: a
-    path write_file's globs refuse) while the host writes SWAPPED/race.md again and again. A
-    write the up-front check judged as SWAPPED/race.md must never land in .git/hooks."""
+    path write_file's globs refuse) while the host writes SWAPPED/race.md: first while the link
+    is provably in place (handed off through files), then racing the box's fastest swaps. A
+    write the up-front check judged as SWAPPED/race.md must never land in .git/hooks, and a
+    write that met the link must be refused."""
+    swapper = _FOLDER_SWAPPER.format(
+        swapped=SWAPPED, rounds=LINK_WRITES, seconds=FOLDER_SWAP_SECONDS, limit=SWAP_LIMIT_S
+    )
     swap_out: list = []
     worker = threading.Thread(
-        target=lambda: swap_out.append(
-            t.new_box().run(
-                python_command(_FOLDER_SWAPPER.format(swapped=SWAPPED, seconds=FOLDER_SWAP_SECONDS)),
-                FOLDER_SWAP_SECONDS + 30,
-                2000,
-            )
-        ),
+        target=lambda: swap_out.append(t.new_box().run(python_command(swapper), SWAP_LIMIT_S + 10, 2000)),
         daemon=True,
     )
     worker.start()
-    _wait_for(lambda: os.path.lexists(t.workspace / SWAPPED), FOLDER_SWAP_SECONDS)
-    results: list = []
-    while worker.is_alive() and len(results) < FOLDER_SWAP_WRITES:
-        results.append(t.box.write(f"{SWAPPED}/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
-    worker.join(FOLDER_SWAP_SECONDS + 30 + KILL_GRACE_S)
-    wrote = sum(r.exit_code == 0 for r in results)
+    raced: list[SandboxResult] = []
+    try:
+        on_link, stuck = _writes_on_the_link(t)
+        while not stuck and worker.is_alive() and len(raced) < FOLDER_SWAP_WRITES:
+            raced.append(t.box.write(f"{SWAPPED}/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
+    finally:
+        t.box.write("swap-stop", b"", WRITE_TIMEOUT_S)
+        worker.join(SWAP_LIMIT_S + 10 + KILL_GRACE_S)
     if os.path.lexists(t.workspace / ".git/hooks/race.md"):
-        return escaped(f"a write_file of the folder's race.md followed the link into .git/hooks ({wrote} writes done)")
-    if not swap_out or "swapped" not in swap_out[0].output:
-        return f"the swapper did not run: {swap_out[0].output[-200:] if swap_out else 'no result'}"
+        return escaped("a write_file of the folder's race.md followed the link into .git/hooks")
+    if any(r.exit_code == 0 for r in on_link):
+        return escaped(f"a write that met the link was accepted: {[r.output[:80] for r in on_link]}")
+    if stuck or not swap_out or "swapped" not in swap_out[0].output:
+        why = swap_out[0].output[-200:] if swap_out else "no result"
+        return f"the swapper did not run its course: {stuck}; it said: {why}"
     swaps = swap_out[0].output.split()[-1]
+    wrote = sum(r.exit_code == 0 for r in raced)
+    at_open = sum(r.exit_code != 0 and "symbolic link" in r.output for r in raced)
     return held(
-        f"{wrote} of {len(results)} writes landed in the folder, the rest refused; none in .git/hooks ({swaps} swaps)"
+        f"{len(on_link)} writes met the link in place, all refused; of {len(raced)} racing {swaps} swaps, "
+        f"{wrote} landed in the folder, the rest refused ({at_open} at the link's open); none in .git/hooks"
     )
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from docker.types import Mount, Ulimit
 
-from orchestrator.escapes import ESCAPED, by_name, credentials
+from orchestrator.escapes import ESCAPED, HELD, by_name, credentials
 from orchestrator.escapes.lab import run_probe
 from orchestrator.escapes.network_probes import LOCAL_ONLY
 from orchestrator.policy.ceiling import Ceiling
@@ -805,16 +805,15 @@ def test_the_fifo_write_probe_escapes_a_write_script_that_blocks(make_lab, monke
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
 
 
-# Under runsc only: runc refuses the link itself (O_NOFOLLOW, ELOOP or ENOTDIR); gVisor follows a link that
-# O_NOFOLLOW | O_DIRECTORY names, which only the write script's check of what it opened stops.
-@pytest.mark.parametrize("runtime", ["runsc"], indirect=True)
-def test_the_folder_swap_probe_escapes_the_write_script_without_its_check_under_gvisor(make_lab, runtime, monkeypatch):
+def _write_script_without(monkeypatch, *checks: tuple[str, str]) -> None:
+    """write_file runs the write script with each (line, replacement) of `checks` swapped in."""
     from orchestrator.sandbox import engine
     from orchestrator.sandbox.containers import programs
 
-    check = "if not same(fd, name, out):"
-    assert check in programs.WRITE_SCRIPT
-    weak = programs.WRITE_SCRIPT.replace(check, "if False:")
+    weak = programs.WRITE_SCRIPT
+    for line, replacement in checks:
+        assert line in weak
+        weak = weak.replace(line, replacement)
     monkeypatch.setattr(
         engine,
         "write_argv",
@@ -828,8 +827,34 @@ def test_the_folder_swap_probe_escapes_the_write_script_without_its_check_under_
             "git" if protect_git else "-",
         ],
     )
+
+
+UP_FRONT_CHECK = ("os.path.realpath(os.path.join(root, rel))", "os.path.normpath(os.path.join(root, rel))")
+POST_OPEN_CHECK = ("if not same(fd, name, out):", "if False:")
+
+
+# Under runsc only: runc refuses the link itself (O_NOFOLLOW, ELOOP or ENOTDIR); gVisor follows a link that
+# O_NOFOLLOW | O_DIRECTORY names, which only the write script's checks stop.
+@pytest.mark.parametrize("runtime", ["runsc"], indirect=True)
+def test_the_folder_swap_probe_escapes_the_write_script_without_its_checks_under_gvisor(make_lab, runtime, monkeypatch):
+    """With both of the write script's link checks off (the up-front realpath and the look again at
+    each name it opened), the probe's writes made while the box holds the folder as a link to
+    .git/hooks (it waits for the host's ack, so every such write meets the link, whatever the
+    timing) follow it under gVisor: the probe says ESCAPED on every run, no race to win."""
+    _write_script_without(monkeypatch, UP_FRONT_CHECK, POST_OPEN_CHECK)
     outcome = run_probe(make_lab(), by_name("write_file_survives_folder_swap"))
     assert outcome.verdict == ESCAPED, f"said {outcome.verdict}: {outcome.observed}"
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"], indirect=True)
+def test_the_write_script_refuses_a_link_its_open_met_with_its_up_front_check_off(make_lab, runtime, monkeypatch):
+    """The other half: with the up-front check off, each write on the held link reaches the walk,
+    as a write does that loses the race (the link swapped in after the check), and the look again
+    at what it opened (gVisor) or O_NOFOLLOW (runc) alone refuses it. So the probe's race is
+    guarded by that check, shown here without a race."""
+    _write_script_without(monkeypatch, UP_FRONT_CHECK)
+    outcome = run_probe(make_lab(), by_name("write_file_survives_folder_swap"))
+    assert outcome.verdict == HELD, f"said {outcome.verdict}: {outcome.observed}"
 
 
 class AgentFolderAsWorkspace(DockerSandbox):
