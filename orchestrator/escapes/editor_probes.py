@@ -179,7 +179,8 @@ def _swap_edit(t: Trial, i: int) -> dict:
 def _edits_on_the_link(t: Trial) -> tuple[list[tuple[int, str]], str]:
     """One edit per round while the swapper provably holds the link in place (it waits for
     our ack): whatever the timing, each of these edits meets the symlink."""
-    race, answers = t.workspace / "notes" / "race.md", []
+    race = t.workspace / "notes" / "race.md"
+    answers: list[tuple[int, str]] = []
     for i in range(1, LINK_EDITS + 1):
         if not _wait_for(lambda i=i: _marker(t, "state") == f"link-{i}", HANDOFF_S):
             return answers, f"the swapper never put the link in place for round {i}"
@@ -193,7 +194,8 @@ def _edits_on_the_link(t: Trial) -> tuple[list[tuple[int, str]], str]:
 def _edits_in_the_race(t: Trial) -> tuple[int, int, list[tuple[int, str]]]:
     """Edits while the swapper flips, until RACED_EDITS of them provably overlapped a whole
     flip (file → link → file counted twice over during the call), MAX_RACE_EDITS at most."""
-    raced, answers = 0, []
+    raced = 0
+    answers: list[tuple[int, str]] = []
     while raced < RACED_EDITS and len(answers) < MAX_RACE_EDITS:
         before = _flips(t)
         answers.append(_edit(t, EDITOR, _swap_edit(t, len(answers))))
