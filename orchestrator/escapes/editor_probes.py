@@ -13,24 +13,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
-import time
 from typing import Any
 
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.escapes.swap_race import judged, race_swaps
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 EDIT_TIMEOUT_S = 10  # one edit call; a FIFO or a huge file must not stretch it
 MAX_BYTES = 1_048_576  # write_file's default max_bytes, which the tools take
 MAX_CHARS = 20_000  # the text editor's default max_characters
 HUGE_MB = 64  # the planted file a view must not return whole
-LINK_EDITS = 4  # edits made while the box holds the symlink in place (str_replace and insert)
-RACED_EDITS = 4  # edits that must overlap a whole file/link flip of the box's fastest swaps
-MAX_RACE_EDITS = 16  # edits tried at most to get those
-HANDOFF_S = 60  # the box's turn in the hand-off (a new container on a loaded engine), at most
-SWAP_LIMIT_S = 300  # the swapper's own end, should the host's side never say stop
 
 
 def _edit(t: Trial, tool: str, args: dict) -> tuple[int, str]:
@@ -140,99 +133,22 @@ editor_refuses_symlinks = Probe(
 )
 
 
-def _swapper(t: Trial) -> str:
-    """The box's side of the swap, handing off through files in notes/: for each of LINK_EDITS
-    rounds it puts the link in place, says so in notes/state and holds it until the host's
-    swap-ack.N; then it flips file and link as fast as it can, counting whole flips in
-    notes/flips, until swap-stop, which also ends a hold (a probe that gave up). The host's
-    markers are at the workspace's top: notes/ is the box's, which the host must not make."""
-    return (
-        f"end=$((SECONDS+{SWAP_LIMIT_S})); mkdir -p notes; "
-        f"link() {{ ln -sfn {t.lab.canary_path} notes/race.tmp && mv -fT notes/race.tmp notes/race.md; }}; "
-        f"file() {{ echo {t.lab.host_canary} > notes/race.tmp2 && mv -fT notes/race.tmp2 notes/race.md; }}; "
-        "put() { echo $2 > notes/$1.tmp && mv -fT notes/$1.tmp notes/$1; }; "
-        'late() { [ $SECONDS -ge $end ] && echo "swapper out of time" && exit 3; }; '
-        f"for i in $(seq 1 {LINK_EDITS}); do link; put state link-$i; "
-        "until [ -e swap-ack.$i ] || [ -e swap-stop ]; do late; sleep 0.02; done; file; done; "
-        "n=0; until [ -e swap-stop ]; do late; link; file; n=$((n+1)); put flips $n; done; echo swapped $n"
-    )
-
-
-def _marker(t: Trial, name: str) -> str:
-    try:
-        return (t.workspace / "notes" / name).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
-
-
-def _flips(t: Trial) -> int:
-    text = _marker(t, "flips")
-    return int(text) if text.isdigit() else 0
+def _survives_symlink_swap(t: Trial) -> str:
+    """The box swaps notes/race.md between a file and a symlink to the host canary while the
+    host issues str_replace and insert calls on it (swap_race.py says how, deterministically)."""
+    before = t.lab.canary_path.read_bytes()
+    race = race_swaps(t, "notes/race.md", t.lab.host_canary, lambda i: _edit(t, EDITOR, _swap_edit(t, i))[0])
+    if t.lab.canary_path.read_bytes() != before:
+        return escaped("an edit through the swapped symlink reached the host canary")
+    if any(code == 0 for code in race.on_link):
+        return escaped(f"an edit that met the symlink was accepted (exit codes {race.on_link})")
+    return judged(race, "edits")
 
 
 def _swap_edit(t: Trial, i: int) -> dict:
     if i % 2:
         return {"command": "str_replace", "path": "notes/race.md", "old_str": t.lab.host_canary, "new_str": "ESCAPE"}
     return {"command": "insert", "path": "notes/race.md", "insert_line": 0, "insert_text": "ESCAPE-EDIT"}
-
-
-def _edits_on_the_link(t: Trial) -> tuple[list[tuple[int, str]], str]:
-    """One edit per round while the swapper provably holds the link in place (it waits for
-    our ack): whatever the timing, each of these edits meets the symlink."""
-    race = t.workspace / "notes" / "race.md"
-    answers: list[tuple[int, str]] = []
-    for i in range(1, LINK_EDITS + 1):
-        if not _wait_for(lambda i=i: _marker(t, "state") == f"link-{i}", HANDOFF_S):
-            return answers, f"the swapper never put the link in place for round {i}"
-        if not race.is_symlink():
-            return answers, f"round {i}: notes/race.md is not the link the swapper said it placed"
-        answers.append(_edit(t, EDITOR, _swap_edit(t, i)))
-        (t.workspace / f"swap-ack.{i}").touch()
-    return answers, ""
-
-
-def _edits_in_the_race(t: Trial) -> tuple[int, int, list[tuple[int, str]]]:
-    """Edits while the swapper flips, until RACED_EDITS of them provably overlapped a whole
-    flip (file → link → file counted twice over during the call), MAX_RACE_EDITS at most."""
-    raced = 0
-    answers: list[tuple[int, str]] = []
-    while raced < RACED_EDITS and len(answers) < MAX_RACE_EDITS:
-        before = _flips(t)
-        answers.append(_edit(t, EDITOR, _swap_edit(t, len(answers))))
-        raced += _flips(t) - before >= 2
-    return raced, len(answers), answers
-
-
-def _survives_symlink_swap(t: Trial) -> str:
-    """The box swaps notes/race.md between a file and a symlink to the host canary while the
-    host issues str_replace and insert calls on it: first edits made while the link is
-    provably in place (handed off through files), then edits racing the box's fastest swaps."""
-    before = t.lab.canary_path.read_bytes()
-    swap_out: list = []
-    worker = threading.Thread(
-        target=lambda: swap_out.append(t.new_box().run(_swapper(t), SWAP_LIMIT_S + 10, 2000)), daemon=True
-    )
-    worker.start()
-    try:
-        on_link, stuck = _edits_on_the_link(t)
-        raced, racing, in_race = _edits_in_the_race(t) if not stuck else (0, 0, [])
-    finally:
-        (t.workspace / "swap-stop").touch()
-        worker.join(SWAP_LIMIT_S + 10 + KILL_GRACE_S)
-    if t.lab.canary_path.read_bytes() != before:
-        return escaped("an edit through the swapped symlink reached the host canary")
-    if any(code == 0 for code, _ in on_link):
-        return escaped(f"an edit that met the symlink was accepted: {[out[:80] for _, out in on_link]}")
-    if stuck or not swap_out or "swapped" not in swap_out[0].output:
-        why = swap_out[0].output[-200:] if swap_out else "no result"
-        return f"the swapper did not run its course: {stuck}; it said: {why}"
-    if raced < RACED_EDITS:
-        return f"too little raced to judge: {raced} of {racing} edits overlapped a whole flip"
-    landed = sum(code == 0 for code, _ in in_race)
-    return held(
-        f"{len(on_link)} edits met the link in place, all refused; {raced} of {racing} edits raced whole "
-        f"flips: {landed} landed in the regular file, {racing - landed} refused; canary intact"
-    )
 
 
 editor_survives_symlink_swap = Probe(
@@ -304,16 +220,6 @@ def _tree(top) -> set[str]:
     """Every path under `top` (find(1): deep trees are deeper than Python recursion)."""
     out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
     return set(out.splitlines())
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    """Poll `condition` until it holds or `seconds` pass (no blind sleep)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 PROBES = [
