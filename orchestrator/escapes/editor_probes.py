@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
-import time
 from typing import Any
 
 from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.escapes.swap_race import judged, race_swaps
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
-from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 EDIT_TIMEOUT_S = 10  # one edit call; a FIFO or a huge file must not stretch it
 MAX_BYTES = 1_048_576  # write_file's default max_bytes, which the tools take
 MAX_CHARS = 20_000  # the text editor's default max_characters
 HUGE_MB = 64  # the planted file a view must not return whole
-SWAP_SECONDS = 6  # how long the box keeps swapping a symlink in and out during edits
-SWAP_EDITS = 12  # edit calls made meanwhile
 
 
 def _edit(t: Trial, tool: str, args: dict) -> tuple[int, str]:
@@ -138,35 +134,21 @@ editor_refuses_symlinks = Probe(
 
 
 def _survives_symlink_swap(t: Trial) -> str:
-    """The box swaps notes/race.md between a file and a symlink to the host canary as fast as it
-    can while the host issues str_replace and insert calls on it."""
+    """The box swaps notes/race.md between a file and a symlink to the host canary while the
+    host issues str_replace and insert calls on it (swap_race.py says how, deterministically)."""
     before = t.lab.canary_path.read_bytes()
-    swapper = (
-        f"end=$((SECONDS+{SWAP_SECONDS})); mkdir -p notes; while [ $SECONDS -lt $end ]; do "
-        f"ln -sfn {t.lab.canary_path} notes/race.tmp && mv -fT notes/race.tmp notes/race.md; "
-        f"echo {t.lab.host_canary} > notes/race.tmp2 && mv -fT notes/race.tmp2 notes/race.md; done; echo swapped"
-    )
-    swap_out: list = []
-    worker = threading.Thread(
-        target=lambda: swap_out.append(t.new_box().run(swapper, SWAP_SECONDS + 20, 2000)), daemon=True
-    )
-    worker.start()
-    _wait_for(lambda: os.path.lexists(t.workspace / "notes/race.md"), SWAP_SECONDS)
-    answers = []
-    for i in range(SWAP_EDITS):
-        args = (
-            {"command": "str_replace", "path": "notes/race.md", "old_str": t.lab.host_canary, "new_str": "ESCAPE"}
-            if i % 2
-            else {"command": "insert", "path": "notes/race.md", "insert_line": 0, "insert_text": "ESCAPE-EDIT"}
-        )
-        answers.append(_edit(t, EDITOR, args))
-    worker.join(SWAP_SECONDS + 20 + KILL_GRACE_S)
+    race = race_swaps(t, "notes/race.md", t.lab.host_canary, lambda i: _edit(t, EDITOR, _swap_edit(t, i))[0])
     if t.lab.canary_path.read_bytes() != before:
-        return escaped("an edit raced through the swapped symlink into the host canary")
-    if not swap_out or "swapped" not in swap_out[0].output:
-        return f"the swapper did not run: {swap_out[0].output[-200:] if swap_out else 'no result'}"
-    landed = sum(code == 0 for code, _ in answers)
-    return held(f"{landed} edits landed in the regular file, {len(answers) - landed} refused; canary intact")
+        return escaped("an edit through the swapped symlink reached the host canary")
+    if any(code == 0 for code in race.on_link):
+        return escaped(f"an edit that met the symlink was accepted (exit codes {race.on_link})")
+    return judged(race, "edits")
+
+
+def _swap_edit(t: Trial, i: int) -> dict:
+    if i % 2:
+        return {"command": "str_replace", "path": "notes/race.md", "old_str": t.lab.host_canary, "new_str": "ESCAPE"}
+    return {"command": "insert", "path": "notes/race.md", "insert_line": 0, "insert_text": "ESCAPE-EDIT"}
 
 
 editor_survives_symlink_swap = Probe(
@@ -238,16 +220,6 @@ def _tree(top) -> set[str]:
     """Every path under `top` (find(1): deep trees are deeper than Python recursion)."""
     out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
     return set(out.splitlines())
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    """Poll `condition` until it holds or `seconds` pass (no blind sleep)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 PROBES = [

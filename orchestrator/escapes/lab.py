@@ -452,3 +452,13 @@ def temp_lab(client: docker.DockerClient, policy: SandboxPolicy, base: Path | No
     """A lab in `base`, or in a new temp dir the caller removes (lab.base)."""
     base = Path(base) if base else Path(tempfile.mkdtemp(prefix="wakeloop-escapes-"))
     return Lab(client=client, policy=policy, base=base, **kwargs)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    """Poll `condition` until it holds or `seconds` pass (no blind sleep): the probes' hand-offs with a box."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False

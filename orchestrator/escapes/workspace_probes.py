@@ -9,6 +9,7 @@ host file outside the workspace; it must stay byte-for-byte the same.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import subprocess
@@ -16,14 +17,13 @@ import threading
 import time
 
 from orchestrator.broker.wire import BrokerRefusal
-from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command, wait_for
+from orchestrator.escapes.swap_race import judged, race_swaps
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
 
 CATEGORY = "workspace"
 WRITE_TIMEOUT_S = 10  # one write_file call; a FIFO must not stretch it
-SWAP_SECONDS = 6  # how long the box keeps swapping a symlink in and out during writes
-SWAP_WRITES = 15  # write_file calls made meanwhile
 # The swapped folder sits deep, so that the write script's walk spends a while between its up-front
 # check and its open of the folder (a mkdir and an open per level), long against one swap.
 SWAPPED = "notes/" + "p/" * 16 + "d"
@@ -67,31 +67,22 @@ write_file_refuses_symlinks = Probe(
 
 
 def _symlink_swapped_during_write(t: Trial) -> str:
-    """The box swaps memory/race.md between a file and a symlink to the host
-    canary as fast as it can while the host issues write_file calls on it."""
+    """The box swaps memory/race.md between a file and a symlink to the host canary while the
+    host issues write_file calls on it (swap_race.py says how, deterministically)."""
     before = t.lab.canary_path.read_bytes()
-    target = str(t.lab.canary_path)
-    swapper = (
-        f"end=$((SECONDS+{SWAP_SECONDS})); mkdir -p memory; while [ $SECONDS -lt $end ]; do "
-        f"ln -sfn {target} memory/race.tmp && mv -fT memory/race.tmp memory/race.md; "
-        "echo x > memory/race.tmp2 && mv -fT memory/race.tmp2 memory/race.md; done; echo swapped"
-    )
-    results, swap_out = [], []
-    worker = threading.Thread(
-        target=lambda: swap_out.append(t.new_box().run(swapper, SWAP_SECONDS + 20, 2000)), daemon=True
-    )
-    worker.start()
-    _wait_for(lambda: os.path.lexists(t.workspace / "memory/race.md"), SWAP_SECONDS)
-    for _ in range(SWAP_WRITES):
-        results.append(t.box.write("memory/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S))
-    worker.join(SWAP_SECONDS + 20 + KILL_GRACE_S)
+    race = race_swaps(t, "memory/race.md", "x", lambda i: _swap_write(t))
     if _canary_changed(t, before):
-        return escaped("a write_file raced through the swapped symlink into the host canary")
-    wrote = sum(r.exit_code == 0 for r in results)
-    refused = sum(r.exit_code != 0 for r in results)
-    if not swap_out or "swapped" not in swap_out[0].output:
-        return f"the swapper did not run: {swap_out[0].output[-200:] if swap_out else 'no result'}"
-    return held(f"{wrote} writes landed in the regular file, {refused} refused the symlink; canary intact")
+        return escaped("a write_file through the swapped symlink reached the host canary")
+    if any(code == 0 for code in race.on_link):
+        return escaped(f"a write_file that met the symlink was accepted (exit codes {race.on_link})")
+    return judged(race, "writes")
+
+
+def _swap_write(t: Trial) -> int:
+    try:
+        return t.box.write("memory/race.md", b"ESCAPE-WRITE\n", WRITE_TIMEOUT_S).exit_code
+    except BrokerRefusal:  # through a broker (escapes --broker): refused at its wire, never written
+        return -1
 
 
 write_file_survives_symlink_swap = Probe(
@@ -153,7 +144,7 @@ def _writes_on_the_link(t: Trial) -> tuple[list[SandboxResult], str]:
     link = t.workspace / SWAPPED
     results: list[SandboxResult] = []
     for i in range(1, LINK_WRITES + 1):
-        if not _wait_for(lambda i=i: os.path.lexists(t.workspace / f"notes/swap.link-{i}"), HANDOFF_S):
+        if not wait_for(functools.partial(os.path.lexists, t.workspace / f"notes/swap.link-{i}"), HANDOFF_S):
             return results, f"the swapper never put the link in place for round {i}"
         if not link.is_symlink():
             return results, f"round {i}: {SWAPPED} is not the link the swapper said it placed"
@@ -329,16 +320,6 @@ def _tree(top) -> set[str]:
     """Every path under `top` (find(1): the probe's trees are deeper than Python recursion)."""
     out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
     return set(out.splitlines())
-
-
-def _wait_for(condition, seconds: float) -> bool:
-    """Poll `condition` until it holds or `seconds` pass (no blind sleep)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 PROBES = [
