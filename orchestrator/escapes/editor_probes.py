@@ -12,10 +12,9 @@ Not here: write_file's probes (workspace_probes.py), the tools' offer (wake/edit
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Any
 
-from orchestrator.escapes.lab import Probe, Trial, escaped, held
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, paths_under
 from orchestrator.escapes.swap_race import judged, race_swaps
 from orchestrator.policy.editor_paths import EDITOR, MEMORY
 
@@ -64,10 +63,10 @@ PATH_TRICKS: list[tuple[str, dict[str, Any]]] = [
 
 
 def _refuses_path_tricks(t: Trial) -> str:
-    before = _tree(t.dir)
+    before = paths_under(t.dir)
     t.run("mkdir -p memory && echo core > memory/core.md")
     answers = [(tool, args, *_edit(t, tool, args)) for tool, args in PATH_TRICKS]
-    after = _tree(t.dir)
+    after = paths_under(t.dir)
     outside = [p for p in after - before if not p.startswith(str(t.workspace) + "/")]
     if outside:
         return escaped(f"files appeared outside the workspace: {outside[:3]}")
@@ -214,12 +213,6 @@ editor_refuses_insert_past_end = Probe(
     "an insert past the end of a file (or before its start) is refused and changes nothing",
     _refuses_insert_past_end,
 )
-
-
-def _tree(top) -> set[str]:
-    """Every path under `top` (find(1): deep trees are deeper than Python recursion)."""
-    out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
-    return set(out.splitlines())
 
 
 PROBES = [

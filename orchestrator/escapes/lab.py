@@ -462,3 +462,9 @@ def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def paths_under(top: Path) -> set[str]:
+    """Every path under `top`, by find(1): a probe's trees are deeper than Python's recursion."""
+    out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
+    return set(out.splitlines())

@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import os
 import stat
-import subprocess
 import threading
 import time
 
 from orchestrator.broker.wire import BrokerRefusal
-from orchestrator.escapes.lab import Probe, Trial, escaped, held, python_command, wait_for
+from orchestrator.escapes.lab import Probe, Trial, escaped, held, paths_under, python_command, wait_for
 from orchestrator.escapes.swap_race import judged, race_swaps
 from orchestrator.sandbox.box import SandboxResult
 from orchestrator.sandbox.containers.deadline import KILL_GRACE_S
@@ -272,7 +271,7 @@ else: held(f"sparse file stays at {{size}} bytes ({{how}})")
 
 
 def _write_file_refuses_path_tricks(t: Trial) -> str:
-    before = _tree(t.dir)
+    before = paths_under(t.dir)
     tricks = [
         "../state/state.json",
         "../mandate.md",
@@ -297,7 +296,7 @@ def _write_file_refuses_path_tricks(t: Trial) -> str:
             outcomes.append((path, -1))
         except Exception as exc:  # the host choking on a name is itself the finding
             return escaped(f"write_file raised {type(exc).__name__} on {path[:40]!r}")
-    after = _tree(t.dir)
+    after = paths_under(t.dir)
     outside = [p for p in after - before if not p.startswith(str(t.workspace) + "/")]
     if outside:
         return escaped(f"files appeared outside the workspace: {outside[:3]}")
@@ -314,12 +313,6 @@ write_file_refuses_path_tricks = Probe(
     "names with '..', a leading '/', NUL, newline or escapes are refused; very long ones fail cleanly",
     _write_file_refuses_path_tricks,
 )
-
-
-def _tree(top) -> set[str]:
-    """Every path under `top` (find(1): the probe's trees are deeper than Python recursion)."""
-    out = subprocess.run(["find", str(top), "-xdev"], capture_output=True, text=True, check=False).stdout
-    return set(out.splitlines())
 
 
 PROBES = [

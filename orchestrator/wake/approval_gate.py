@@ -35,7 +35,8 @@ from orchestrator.records import approvals
 from orchestrator.records import event_types as ev
 from orchestrator.records import transcript as tr
 from orchestrator.records.events import EventLog
-from orchestrator.wake.tools import Registry, ToolResult, error
+from orchestrator.wake.tool_result import ToolResult, error
+from orchestrator.wake.tools import Registry
 
 WAITING = (
     "WAITING for a person: this {tool} call matches this agent's approval rule ({rule}) and was "

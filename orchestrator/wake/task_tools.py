@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.policy.schema import Tools
 from orchestrator.records.tasks import MAX_NOTE_CHARS, Task, TaskError, finish
-from orchestrator.wake.tools import Tool, ToolResult, error
+from orchestrator.wake.tool_result import Tool, ToolResult, error
 
 COMPLETE_TASK_SCHEMA = {
     "type": "object",

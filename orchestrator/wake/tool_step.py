@@ -24,7 +24,8 @@ from orchestrator.records.events import EventLog
 from orchestrator.wake.model import Block, Turn
 from orchestrator.wake.progress import short
 from orchestrator.wake.tally import Tally
-from orchestrator.wake.tools import Registry, ToolResult, error
+from orchestrator.wake.tool_result import ToolResult, error
+from orchestrator.wake.tools import Registry
 
 EVENT_INPUT_CAP = 2000  # chars per tool argument kept in the event log
 

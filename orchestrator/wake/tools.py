@@ -32,8 +32,6 @@ from orchestrator.sandbox.egress.egress_plan import grant_refusal
 from orchestrator.wake.editor_tool import editor_tools
 from orchestrator.wake.tool_result import Tool, ToolResult, denied, error, sandbox_detail
 
-__all__ = ["Registry", "Tool", "ToolResult", "build_registry", "check_args", "denied", "error"]
-
 TYPES = {"string": str, "integer": int, "object": dict, "boolean": bool, "array": list}
 
 
