@@ -183,10 +183,12 @@ def _folder_swapped_during_write(t: Trial) -> str:
         return escaped("a write_file of the folder's race.md followed the link into .git/hooks")
     if any(r.exit_code == 0 for r in on_link):
         return escaped(f"a write that met the link was accepted: {[r.output[:80] for r in on_link]}")
-    if stuck or not swap_out or "swapped" not in swap_out[0].output:
-        why = swap_out[0].output[-200:] if swap_out else "no result"
-        return f"the swapper did not run its course: {stuck}; it said: {why}"
-    swaps = swap_out[0].output.split()[-1]
+    if stuck:  # the hand-off failed: no write provably met the link
+        return f"the swapper did not run its course: {stuck}\n"
+    # The held rounds carry the verdict; the race phase's own count is only told (a box cut short
+    # says nothing: its output was seen empty once, on a loaded engine).
+    said = swap_out[0].output if swap_out else ""
+    swaps = said.split()[-1] if "swapped" in said else "an untold number of"
     wrote = sum(r.exit_code == 0 for r in raced)
     at_open = sum(r.exit_code != 0 and "symbolic link" in r.output for r in raced)
     return held(
